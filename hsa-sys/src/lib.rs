@@ -17,7 +17,12 @@
 //! assert!(table.core_.is_null());
 //! ```
 
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 #![allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 #![allow(rust_2018_idioms)]
 

@@ -26,7 +26,9 @@ fn main() -> ExitCode {
         Some("bindgen") => match &args[1..] {
             [] => bindgen_cmd(false),
             [flag] if flag == "--check" => bindgen_cmd(true),
-            other => Err(format!("unknown arguments to `bindgen`: {other:?} (expected nothing or --check)")),
+            other => Err(format!(
+                "unknown arguments to `bindgen`: {other:?} (expected nothing or --check)"
+            )),
         },
         Some("help") | Some("--help") | None => {
             println!("usage: cargo xtask bindgen [--check]");
@@ -51,7 +53,8 @@ fn workspace_root() -> PathBuf {
 }
 
 fn bindgen_cmd(check: bool) -> Result<(), String> {
-    let include = std::env::var("HSA_INCLUDE_DIR").unwrap_or_else(|_| DEFAULT_HSA_INCLUDE.to_string());
+    let include =
+        std::env::var("HSA_INCLUDE_DIR").unwrap_or_else(|_| DEFAULT_HSA_INCLUDE.to_string());
     let include = PathBuf::from(include);
     for header in HEADERS {
         let path = include.join(header);
@@ -72,23 +75,33 @@ fn bindgen_cmd(check: bool) -> Result<(), String> {
                 .lines()
                 .zip(generated.lines())
                 .position(|(a, b)| a != b)
-                .map_or_else(|| "length differs".to_string(), |i| format!("first difference at line {}", i + 1));
+                .map_or_else(
+                    || "length differs".to_string(),
+                    |i| format!("first difference at line {}", i + 1),
+                );
             return Err(format!(
                 "{} is out of date with the headers in {} ({first}); run `cargo xtask bindgen`",
                 target.display(),
                 include.display()
             ));
         }
-        println!("hsa-sys bindings match the headers in {}", include.display());
+        println!(
+            "hsa-sys bindings match the headers in {}",
+            include.display()
+        );
     } else {
-        std::fs::write(&target, generated).map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        std::fs::write(&target, generated)
+            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
         println!("wrote {}", target.display());
     }
     Ok(())
 }
 
 fn generate(include: &Path) -> Result<String, String> {
-    let wrapper: String = HEADERS.iter().map(|h| format!("#include \"{}\"\n", include.join(h).display())).collect();
+    let wrapper: String = HEADERS
+        .iter()
+        .map(|h| format!("#include \"{}\"\n", include.join(h).display()))
+        .collect();
     let bindings = bindgen::Builder::default()
         .header_contents("kreplay_hsa_wrapper.hpp", &wrapper)
         // hsa_api_trace.h is C++ (decltype); with AMD_INTERNAL_BUILD it includes its siblings
