@@ -1,0 +1,160 @@
+//! What the loop needs from a device backend.
+
+use crate::{Decline, DispatchInfo, RestoreFailure};
+
+/// Where a snapshot is kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StoreTier {
+    /// No storage was used (nothing to snapshot, or nothing stored yet).
+    #[default]
+    None,
+    /// A shadow copy in the agent's own memory.
+    Device,
+    /// Pinned or ordinary host memory.
+    Host,
+    /// A memory-mapped spill file.
+    File,
+}
+
+impl StoreTier {
+    /// Lower-case name (`none`, `device`, `host`, `file`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreTier::None => "none",
+            StoreTier::Device => "device",
+            StoreTier::Host => "host",
+            StoreTier::File => "file",
+        }
+    }
+}
+
+/// How restores find the bytes to write back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RestoreStrategy {
+    /// Write back the whole footprint.
+    #[default]
+    Full,
+    /// Write back the chunks whose hash changed.
+    Hash,
+    /// Write back the chunks learned to be written (verified).
+    Writeset,
+}
+
+impl RestoreStrategy {
+    /// Lower-case name (`full`, `hash`, `writeset`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreStrategy::Full => "full",
+            RestoreStrategy::Hash => "hash",
+            RestoreStrategy::Writeset => "writeset",
+        }
+    }
+}
+
+/// What a snapshot or restore plans (at ENTER) or did (at EXIT).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemoryOpReport {
+    /// Bytes the operation expects to move (the footprint for a snapshot).
+    pub bytes_planned: u64,
+    /// Bytes actually moved (0 in a plan).
+    pub bytes_moved: u64,
+    /// Allocations covered.
+    pub regions: u64,
+    /// Chunks covered (or moved, at EXIT).
+    pub chunks: u64,
+    /// Where the snapshot is kept.
+    pub tier: StoreTier,
+    /// How restores pick bytes.
+    pub strategy: RestoreStrategy,
+}
+
+/// What a restore between passes prepares for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RestoreRequest {
+    /// The pass that just ran (0-based).
+    pub completed_pass: u64,
+    /// The pass that runs next (`completed_pass + 1`).
+    pub next_pass: u64,
+    /// Whether the next pass may be the final one, i.e. its results are what the application
+    /// sees: true before the last of N passes and whenever a continue callback could stop the
+    /// loop after it. A backend must then restore exactly (verified), never approximately.
+    pub next_may_be_final: bool,
+}
+
+/// The device steps of one replayed dispatch, implemented by a backend.
+///
+/// The loop calls them in SPEC's order on one thread and times each. Every step that can fail
+/// returns the [`Decline`] it produced; the loop then takes the safe path (see
+/// [`run_dispatch`](crate::run_dispatch)).
+///
+/// **The application's completion fires exactly once per dispatch**: either through
+/// [`run_once`](Self::run_once) (the dispatch ran unchanged, with its own completion), or through
+/// [`fire_completion`](Self::fire_completion) after replayed passes (which run with the
+/// application's completion withheld). The loop calls exactly one of the two, exactly once.
+pub trait ReplayDevice {
+    /// A snapshot taken by [`take_snapshot`](Self::take_snapshot).
+    type Snapshot;
+
+    /// Can this dispatch be replayed at all? Declines graph launches and multi-packet batches
+    /// (`batch_or_graph`). Called before anything is locked.
+    fn check_replayable(&mut self, info: &DispatchInfo) -> Result<(), Decline>;
+
+    /// Takes the agent's writer lock, waiting for ordinary dispatches in flight. Fails with
+    /// `reentrant_dispatch` when the calling thread already holds the agent (a dispatch issued
+    /// from a replay callback). On success the loop calls
+    /// [`unlock_agent`](Self::unlock_agent) exactly once, on every path.
+    fn lock_agent(&mut self, info: &DispatchInfo) -> Result<(), Decline>;
+
+    /// Releases the lock taken by [`lock_agent`](Self::lock_agent).
+    fn unlock_agent(&mut self, info: &DispatchInfo);
+
+    /// Drains the dispatch's queue, every sibling queue on the agent and its async copies.
+    /// Fails with `queue_drain_stuck` or `agent_drain_stuck`.
+    fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline>;
+
+    /// Plans the snapshot (which regions, how many bytes, which tier) without copying. Fails
+    /// with `untracked_memory` or `footprint_budget`.
+    fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline>;
+
+    /// Takes the planned snapshot. Fails with `snapshot_failed` (or `footprint_budget` when the
+    /// store ran out); a failed snapshot must leave device memory untouched.
+    fn take_snapshot(
+        &mut self,
+        info: &DispatchInfo,
+    ) -> Result<(Self::Snapshot, MemoryOpReport), Decline>;
+
+    /// Runs pass `pass`: submits the kernel (application completion withheld) and waits for it
+    /// and every completion handler of the pass. Called on the loop's thread with the replay
+    /// mask installed, so `ContextRegistry::is_active` there sees this pass's mask. Fails with
+    /// `pass_drain_stuck`.
+    fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline>;
+
+    /// Plans the restore `request` describes (bytes expected to move), without moving any.
+    fn plan_restore(
+        &mut self,
+        info: &DispatchInfo,
+        snapshot: &Self::Snapshot,
+        request: &RestoreRequest,
+    ) -> MemoryOpReport;
+
+    /// Writes the snapshot back so the next pass sees the bytes the first pass saw.
+    fn restore(
+        &mut self,
+        info: &DispatchInfo,
+        snapshot: &mut Self::Snapshot,
+        request: &RestoreRequest,
+    ) -> Result<MemoryOpReport, RestoreFailure>;
+
+    /// Frees the snapshot once the passes are over (on every path after a successful
+    /// [`take_snapshot`](Self::take_snapshot)).
+    fn discard_snapshot(&mut self, info: &DispatchInfo, snapshot: Self::Snapshot);
+
+    /// Runs the dispatch once, unchanged, **its own completion included**: the ordinary path
+    /// (opt-out, single pass) and every decline. Called with the agent lock still held when one
+    /// was taken, so it must not take that lock again.
+    fn run_once(&mut self, info: &DispatchInfo);
+
+    /// Fires the application's completion once after replayed passes (also after a failed pass
+    /// or restore, so the application never hangs).
+    fn fire_completion(&mut self, info: &DispatchInfo);
+}

@@ -1,0 +1,105 @@
+//! What the loop tells the tool, and what it asks it.
+
+use crate::{DispatchInfo, MemoryOpReport, ReplayOutcome, RestoreRequest};
+
+/// ENTER or EXIT of a phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Before the phase's work.
+    Enter,
+    /// After the phase's work.
+    Exit,
+}
+
+/// The tool's answer at CONFIG ENTER.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ToolAnswer {
+    /// What `replay_pass_count` returned; `None` when the tool left it NULL (opt-out).
+    pub pass_count: Option<u64>,
+    /// Whether a `replay_continue` callback is set.
+    pub has_continue: bool,
+}
+
+impl ToolAnswer {
+    /// No pass-count callback: the dispatch is not replayed.
+    pub const OPT_OUT: ToolAnswer = ToolAnswer {
+        pass_count: None,
+        has_continue: false,
+    };
+
+    /// `pass_count` passes, without a continue callback.
+    pub fn passes(pass_count: u64) -> Self {
+        ToolAnswer {
+            pass_count: Some(pass_count),
+            has_continue: false,
+        }
+    }
+
+    /// `pass_count` passes (0 = indefinite) with a continue callback.
+    pub fn passes_with_continue(pass_count: u64) -> Self {
+        ToolAnswer {
+            pass_count: Some(pass_count),
+            has_continue: true,
+        }
+    }
+}
+
+/// What the tool did to its continue callback at PASS EXIT.
+///
+/// A callback set where none was is consulted from the next pass that was prepared as a possible
+/// final pass (its restore was exact), so memory is right wherever it stops the loop. Clearing
+/// the callback of an indefinite loop ends the loop after that pass (nothing could stop it
+/// later); clearing it in an N-pass loop runs the remaining passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ContinueChange {
+    /// Left as it was.
+    #[default]
+    Keep,
+    /// A continue callback is set now (new or replaced).
+    Set,
+    /// The continue callback was removed.
+    Clear,
+}
+
+/// The tool side of the loop (implemented by the C ABI adapter, or by a Rust tool).
+///
+/// `total_passes` is always N, or 0 for an indefinite loop. Every ENTER is followed by its EXIT.
+pub trait ReplayTool {
+    /// CONFIG ENTER: the tool says whether and how often to replay. (The C adapter calls the
+    /// tool's `replay_pass_count` in here.)
+    fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer;
+
+    /// PASS ENTER of pass `pass` (0-based). The replay context toggles are armed during this
+    /// call only.
+    fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64);
+
+    /// PASS EXIT of pass `pass`. Returns what the tool did to its continue callback here (SPEC
+    /// lets it override it at PASS EXIT); [`ContinueChange::Keep`] in the common case.
+    fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange;
+
+    /// The continue callback: false stops the loop after `current_pass`. Never consulted after
+    /// the last of N passes.
+    fn should_continue(
+        &mut self,
+        info: &DispatchInfo,
+        current_pass: u64,
+        total_passes: u64,
+    ) -> bool;
+
+    /// SNAPSHOT ENTER (with the plan) and EXIT (with what was copied; `bytes_moved` 0 when the
+    /// snapshot failed and nothing usable was kept).
+    fn snapshot(&mut self, info: &DispatchInfo, phase: Phase, report: &MemoryOpReport);
+
+    /// RESTORE ENTER (with the plan) and EXIT (with what was written back), between passes.
+    fn restore(
+        &mut self,
+        info: &DispatchInfo,
+        phase: Phase,
+        request: &RestoreRequest,
+        report: &MemoryOpReport,
+    );
+
+    /// CONFIG EXIT, with how the dispatch went (declines and failures included). Delivered
+    /// after the last pass and before the application's completion fires.
+    fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome);
+}
