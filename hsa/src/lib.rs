@@ -1,1 +1,147 @@
-//! placeholder
+//! The HSA backend of kreplay.
+//!
+//! Given the `HsaApiTable` a tools library receives in `OnLoad` (from the real ROCm runtime or
+//! from `kreplay-softhsa`), [`install`] keeps a copy of the runtime's own entries for kreplay's
+//! calls and writes wrappers into the table:
+//!
+//! - `hsa_amd_memory_pool_allocate/free` and `hsa_memory_allocate/free` feed the snapshot
+//!   inventory (owner agent and kind from `hsa_amd_pointer_info`);
+//! - `hsa_queue_create/destroy`: application queues become intercept queues whose packets reach
+//!   kreplay's handler; a single kernel dispatch with a replay service configured runs through
+//!   the pass loop (writer lock on the agent, drain of every queue on the agent and its async
+//!   copies, snapshot, passes with kreplay's own completion signal, restores, the application's
+//!   completion fired once); anything else is forwarded unchanged;
+//! - `hsa_amd_memory_async_copy` is serialized against replays on the agents it touches and
+//!   counted until its completion signal fires (SPEC §3 rule 9).
+//!
+//! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
+//! through [`ToolHooks`], implemented by the C ABI crate. After [`finalize`] every wrapper passes
+//! straight through.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn hooks() -> Arc<dyn kreplay_hsa::ToolHooks> { unimplemented!() }
+//! # let table: *mut hsa_sys::HsaApiTable = std::ptr::null_mut();
+//! // In a tools library's OnLoad(table, ...):
+//! // SAFETY: `table` is the runtime's table, valid and ours to modify during OnLoad.
+//! unsafe { kreplay_hsa::install(table, hooks(), kreplay_hsa::InstallOptions::default()) }
+//!     .expect("kreplay installs into the HSA table");
+//! ```
+
+mod backend;
+mod copies;
+mod dispatch;
+mod memory;
+mod original;
+mod queues;
+
+use std::fmt;
+use std::sync::Arc;
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_drain::DrainConfig;
+use kreplay_passloop::{DispatchInfo, ReplayRecord, ReplayTool};
+use kreplay_snapshot::SnapshotConfig;
+
+/// One executed kernel: an ordinary dispatch (`pass == None`) or one pass of a replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DispatchRecord {
+    /// The dispatch (the same `dispatch_id` for every pass of one replay).
+    pub info: DispatchInfo,
+    /// The pass index when replayed.
+    pub pass: Option<u64>,
+    /// Start timestamp in system ticks (0 when the runtime gave none).
+    pub start_ticks: u64,
+    /// End timestamp in system ticks (0 when the runtime gave none).
+    pub end_ticks: u64,
+}
+
+/// What the backend needs from the tool layer.
+pub trait ToolHooks: Send + Sync + 'static {
+    /// Whether a KERNEL_REPLAY service is configured (asked on every dispatch: keep it cheap).
+    fn replay_configured(&self) -> bool;
+    /// Whether any KERNEL_DISPATCH tracing service is configured (cheap as well).
+    fn dispatch_tracing_configured(&self) -> bool;
+    /// The replay tool adapter for one dispatch.
+    fn replay_tool(&self) -> Box<dyn ReplayTool + '_>;
+    /// Contexts whose replay mask the loop installs.
+    fn contexts(&self) -> &ContextRegistry;
+    /// A kernel finished (ordinary, or one pass). Called on the replay loop's thread for passes
+    /// (so the pass's context mask applies) and on a runtime handler thread otherwise.
+    fn dispatch_completed(&self, record: &DispatchRecord);
+    /// A dispatch went through the replay loop (cost record and outcome).
+    fn replay_finished(&self, record: &ReplayRecord);
+    /// A warning for the user.
+    fn warn(&self, message: &str);
+    /// A warning printed once per `key` for the life of the process.
+    fn warn_once(&self, key: &'static str, message: &str);
+}
+
+/// Settings of the backend (the C ABI layer fills them from the environment).
+#[derive(Clone, Debug, Default)]
+pub struct InstallOptions {
+    /// Snapshot budget, store tier and restore strategy.
+    pub snapshot: SnapshotConfig,
+    /// Drain and pass deadlines.
+    pub drain: DrainConfig,
+    /// Skip every restore between passes. Only for demonstrating what replay without restore
+    /// does to an application's results (`kreplay demo --no-restore`); never in a real tool.
+    pub skip_restore: bool,
+}
+
+/// Why [`install`] failed; the table is left unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallError {
+    /// kreplay is already installed in this process.
+    AlreadyInstalled,
+    /// The table is unusable (null, or an entry kreplay needs is missing).
+    Table(String),
+    /// The snapshot configuration is invalid.
+    Config(String),
+}
+
+impl fmt::Display for InstallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InstallError::AlreadyInstalled => f.write_str("kreplay is already installed into an HSA table in this process"),
+            InstallError::Table(why) => write!(f, "cannot install into the HSA table: {why}"),
+            InstallError::Config(why) => write!(f, "invalid snapshot configuration: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for InstallError {}
+
+/// Installs kreplay's wrappers into `table` (once per process).
+///
+/// # Safety
+/// `table` must point to a valid `HsaApiTable` whose core and AMD extension tables are valid and
+/// may be modified, and which outlives every call made through it (the `OnLoad` contract).
+pub unsafe fn install(
+    table: *mut hsa_sys::HsaApiTable,
+    hooks: Arc<dyn ToolHooks>,
+    options: InstallOptions,
+) -> Result<(), InstallError> {
+    // SAFETY: forwarded from the caller.
+    unsafe { backend::install(table, hooks, options) }
+}
+
+/// Stops replaying: from now on every wrapper passes straight through (SPEC §3 rule 4).
+pub fn finalize() {
+    backend::finalize();
+}
+
+/// Whether [`install`] succeeded in this process.
+pub fn is_installed() -> bool {
+    backend::installed().is_some()
+}
+
+/// Number of allocations the inventory tracks now (0 before installation).
+pub fn tracked_allocations() -> usize {
+    backend::installed().map_or(0, |b| b.inventory.len())
+}
+
+/// The kind kreplay recorded for the allocation containing `addr`, if it tracks one.
+pub fn tracked_kind(addr: u64) -> Option<kreplay_snapshot::MemoryKind> {
+    backend::installed().and_then(|b| b.inventory.lookup(addr)).map(|a| a.kind)
+}

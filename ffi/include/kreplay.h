@@ -1,0 +1,595 @@
+/*
+ * kreplay.h -- the C interface of kreplay (library `libkreplay`).
+ *
+ * kreplay replays one GPU kernel dispatch several times ("passes") so that a profiling tool can
+ * collect a different set of data in each pass, restoring the device memory the kernel may touch
+ * between passes so that the application cannot tell its kernel ran more than once.
+ *
+ * A tool is a shared library (or code linked into the application) that defines
+ * `kreplay_configure`. kreplay calls it once at start-up; the tool answers with an initialize and a
+ * finalize function. Inside initialize the tool creates contexts, configures callback tracing
+ * services on them and starts them. Configuring services is only possible until every tool's
+ * initialize has returned (afterwards: KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
+ *
+ * Kernel replay is one callback tracing kind (KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY). At most one
+ * context in the process may configure it. For every dispatch it sees CONFIG ENTER and answers with
+ * a pass-count callback (and optionally a continue callback); kreplay then takes a snapshot, runs
+ * the passes (PASS ENTER / PASS EXIT around each, RESTORE ENTER / EXIT between them) and ends with
+ * CONFIG EXIT. During PASS ENTER the tool may mask its other contexts on and off for the pass.
+ *
+ * Conventions:
+ *  - Every enumeration value below is part of the ABI: values are only ever appended (each group's
+ *    `_LAST` value grows), never renumbered.
+ *  - Enumerations are carried in fixed-width integer typedefs (`kreplay_status_t` is int32_t, the
+ *    others uint32_t) so their size never depends on the compiler.
+ *  - Payload structures begin with `size` (the number of bytes kreplay filled in), are flat (no
+ *    unions) and have every field that does not apply set to zero.
+ *  - Functions never abort the process: a failure is returned as a status.
+ *  - kreplay supports 64-bit targets only; the layouts below are checked against that.
+ */
+#ifndef KREPLAY_H
+#define KREPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if !defined(UINTPTR_MAX) || UINTPTR_MAX != UINT64_MAX
+#error "kreplay supports 64-bit targets only"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ============================================================================================== */
+/* Version                                                                                        */
+/* ============================================================================================== */
+
+/** Major version of this header (incompatible ABI changes). */
+#define KREPLAY_VERSION_MAJOR 0
+/** Minor version of this header (compatible additions). */
+#define KREPLAY_VERSION_MINOR 1
+/** Patch version of this header. */
+#define KREPLAY_VERSION_PATCH 0
+/** The version as one number: major * 10000 + minor * 100 + patch (passed to kreplay_configure). */
+#define KREPLAY_VERSION                                                                            \
+    (KREPLAY_VERSION_MAJOR * 10000 + KREPLAY_VERSION_MINOR * 100 + KREPLAY_VERSION_PATCH)
+
+/* ============================================================================================== */
+/* Status codes                                                                                   */
+/* ============================================================================================== */
+
+/** The result of every kreplay function (one of the KREPLAY_STATUS_* values). */
+typedef int32_t kreplay_status_t;
+
+/** Values of kreplay_status_t. */
+enum kreplay_status_values {
+    /** The call succeeded. */
+    KREPLAY_STATUS_SUCCESS = 0,
+    /** An unspecified internal error (including an internal fault caught at the boundary). */
+    KREPLAY_STATUS_ERROR = 1,
+    /** A replay context toggle was called outside PASS ENTER; nothing changed. */
+    KREPLAY_STATUS_ERROR_CONTEXT_ERROR = 2,
+    /** A replay context toggle named a context that was not started when the replay began. */
+    KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED = 3,
+    /** This service kind is already configured on this context, or (KERNEL_REPLAY) on another. */
+    KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED = 4,
+    /** The context id was never returned by kreplay_create_context. */
+    KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND = 5,
+    /** An argument is invalid: a NULL out-pointer, an unknown kind or operation, ... */
+    KREPLAY_STATUS_ERROR_INVALID_ARGUMENT = 6,
+    /** Configuration is closed: tool initialization has ended (or, for force_configure, begun). */
+    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED = 7,
+    /** kreplay has not initialized its tools yet. */
+    KREPLAY_STATUS_ERROR_NOT_INITIALIZED = 8,
+    /** Replay of a dispatch was declined (see kreplay_replay_decline_reason_t); it ran once. */
+    KREPLAY_STATUS_ERROR_REPLAY_DECLINED = 9,
+    /** Restoring memory between passes failed: application data was lost (reported loudly). */
+    KREPLAY_STATUS_ERROR_RESTORE_FAILED = 10,
+    /** kreplay ran out of memory or another resource. */
+    KREPLAY_STATUS_ERROR_OUT_OF_RESOURCES = 11,
+    /** One past the last status value (grows as values are appended). */
+    KREPLAY_STATUS_LAST = 12
+};
+
+/**
+ * A short human-readable description of `status` (static storage, never NULL). Unknown values
+ * give a description saying so.
+ */
+const char* kreplay_get_status_string(kreplay_status_t status);
+
+/**
+ * The identifier of `status`, e.g. "KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND" (static storage,
+ * never NULL; "KREPLAY_STATUS_UNKNOWN" for unknown values).
+ */
+const char* kreplay_get_status_name(kreplay_status_t status);
+
+/**
+ * Writes the library's version numbers (any pointer may be NULL to skip that number).
+ * Always returns KREPLAY_STATUS_SUCCESS.
+ */
+kreplay_status_t kreplay_get_version(uint32_t* major, uint32_t* minor, uint32_t* patch);
+
+/* ============================================================================================== */
+/* Basic types                                                                                    */
+/* ============================================================================================== */
+
+/** A context: a bundle of configured services that is started and stopped as one. Handle 0 is
+ *  never a valid context. */
+typedef struct kreplay_context_id_t {
+    uint64_t handle;
+} kreplay_context_id_t;
+
+/** A GPU agent (device) as named by the backend (for HSA: the hsa_agent_t handle). */
+typedef struct kreplay_agent_id_t {
+    uint64_t handle;
+} kreplay_agent_id_t;
+
+/** A queue of an agent as named by the backend (for HSA: the address of the hsa_queue_t). */
+typedef struct kreplay_queue_id_t {
+    uint64_t handle;
+} kreplay_queue_id_t;
+
+/** Storage a tool may use to carry its own value or pointer from one callback to the next. */
+typedef union kreplay_user_data_t {
+    uint64_t value;
+    void* ptr;
+} kreplay_user_data_t;
+
+/** A three-dimensional size (work-items or work-groups). */
+typedef struct kreplay_dim3_t {
+    uint32_t x;
+    uint32_t y;
+    uint32_t z;
+} kreplay_dim3_t;
+
+/* ============================================================================================== */
+/* Dispatch information                                                                           */
+/* ============================================================================================== */
+
+/** Describes one kernel dispatch. 128 bytes; the same `dispatch_id` is used for every pass. */
+typedef struct kreplay_kernel_dispatch_info_t {
+    /** sizeof(kreplay_kernel_dispatch_info_t) as filled in by kreplay. */
+    uint64_t size;                     /*   0 */
+    /** The agent the kernel runs on. */
+    kreplay_agent_id_t agent_id;       /*   8 */
+    /** The queue the dispatch was submitted to. */
+    kreplay_queue_id_t queue_id;       /*  16 */
+    /** The kernel (for HSA: the kernel object handle). */
+    uint64_t kernel_id;                /*  24 */
+    /** A process-unique id of this dispatch (1, 2, ...). */
+    uint64_t dispatch_id;              /*  32 */
+    /** Private (scratch) memory per work-item, in bytes. */
+    uint32_t private_segment_size;     /*  40 */
+    /** Group (LDS) memory per work-group, in bytes. */
+    uint32_t group_segment_size;       /*  44 */
+    /** Work-items per work-group. */
+    kreplay_dim3_t workgroup_size;     /*  48 */
+    /** Work-items in the whole grid. */
+    kreplay_dim3_t grid_size;          /*  60 */
+    /** Reserved, zero. */
+    uint8_t reserved_padding[56];      /*  72 */
+} kreplay_kernel_dispatch_info_t;
+
+/* ============================================================================================== */
+/* Callback tracing kinds, operations and phases                                                  */
+/* ============================================================================================== */
+
+/** A callback tracing kind (one of the KREPLAY_CALLBACK_TRACING_* values). */
+typedef uint32_t kreplay_callback_tracing_kind_t;
+
+/** Values of kreplay_callback_tracing_kind_t. */
+enum kreplay_callback_tracing_kind_values {
+    /** Not a kind; invalid as an argument. */
+    KREPLAY_CALLBACK_TRACING_NONE = 0,
+    /** Kernel dispatches (operations: kreplay_kernel_dispatch_operation_t). In a replayed
+     *  dispatch every pass produces its own records, carrying the pass index. */
+    KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH = 1,
+    /** Kernel replay (operations: kreplay_kernel_replay_operation_t). One context at most. */
+    KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY = 2,
+    /** One past the last kind (grows as kinds are appended). */
+    KREPLAY_CALLBACK_TRACING_LAST = 3
+};
+
+/** An operation of a callback tracing kind (values depend on the kind). */
+typedef uint32_t kreplay_tracing_operation_t;
+
+/** Operations of KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH. */
+typedef uint32_t kreplay_kernel_dispatch_operation_t;
+
+/** Values of kreplay_kernel_dispatch_operation_t. */
+enum kreplay_kernel_dispatch_operation_values {
+    /** Not an operation. */
+    KREPLAY_KERNEL_DISPATCH_NONE = 0,
+    /** ENTER before the dispatch packet is submitted, EXIT right after (once per pass). */
+    KREPLAY_KERNEL_DISPATCH_ENQUEUE = 1,
+    /** Phase NONE: the dispatch (of one pass) completed; timestamps are set. */
+    KREPLAY_KERNEL_DISPATCH_COMPLETE = 2,
+    /** One past the last operation. */
+    KREPLAY_KERNEL_DISPATCH_LAST = 3
+};
+
+/** Operations of KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY. */
+typedef uint32_t kreplay_kernel_replay_operation_t;
+
+/** Values of kreplay_kernel_replay_operation_t (ABI: only appended). */
+enum kreplay_kernel_replay_operation_values {
+    /** Not an operation. */
+    KREPLAY_KERNEL_REPLAY_NONE = 0,
+    /** ENTER: the tool decides the pass count; EXIT: the dispatch's replay is over. Payload:
+     *  kreplay_callback_tracing_kernel_replay_data_t. */
+    KREPLAY_KERNEL_REPLAY_CONFIG = 1,
+    /** Around each pass. Payload: kreplay_callback_tracing_kernel_replay_data_t. */
+    KREPLAY_KERNEL_REPLAY_PASS = 2,
+    /** Around taking the snapshot. Payload: kreplay_callback_tracing_kernel_replay_memory_data_t. */
+    KREPLAY_KERNEL_REPLAY_SNAPSHOT = 3,
+    /** Around each restore between passes. Payload:
+     *  kreplay_callback_tracing_kernel_replay_memory_data_t. */
+    KREPLAY_KERNEL_REPLAY_RESTORE = 4,
+    /** One past the last operation. */
+    KREPLAY_KERNEL_REPLAY_LAST = 5
+};
+
+/** The phase of a callback (one of the KREPLAY_CALLBACK_PHASE_* values). */
+typedef uint32_t kreplay_callback_phase_t;
+
+/** Values of kreplay_callback_phase_t. */
+enum kreplay_callback_phase_values {
+    /** A single callback without a pair (e.g. KERNEL_DISPATCH COMPLETE). */
+    KREPLAY_CALLBACK_PHASE_NONE = 0,
+    /** Before the operation. */
+    KREPLAY_CALLBACK_PHASE_ENTER = 1,
+    /** After the operation. */
+    KREPLAY_CALLBACK_PHASE_EXIT = 2,
+    /** One past the last phase. */
+    KREPLAY_CALLBACK_PHASE_LAST = 3
+};
+
+/** The name of a kind, e.g. "KERNEL_REPLAY" (static storage; NULL for an unknown kind). */
+const char* kreplay_get_callback_tracing_kind_name(kreplay_callback_tracing_kind_t kind);
+
+/** The name of an operation of `kind`, e.g. "PASS" (static storage; NULL when unknown). */
+const char* kreplay_get_callback_tracing_operation_name(kreplay_callback_tracing_kind_t kind,
+                                                        kreplay_tracing_operation_t operation);
+
+/* ============================================================================================== */
+/* Decline reasons                                                                                */
+/* ============================================================================================== */
+
+/** Why kreplay ran a dispatch once instead of replaying it (KREPLAY_REPLAY_DECLINE_* values). */
+typedef uint32_t kreplay_replay_decline_reason_t;
+
+/** Values of kreplay_replay_decline_reason_t. */
+enum kreplay_replay_decline_reason_values {
+    /** Not declined (replayed, or the tool opted out / asked for one pass). */
+    KREPLAY_REPLAY_DECLINE_NONE = 0,
+    /** The kernel may touch memory kreplay does not track. */
+    KREPLAY_REPLAY_DECLINE_UNTRACKED_MEMORY = 1,
+    /** The snapshot would exceed KREPLAY_MAX_SNAPSHOT_BYTES or the memory available. */
+    KREPLAY_REPLAY_DECLINE_FOOTPRINT_BUDGET = 2,
+    /** Taking the snapshot failed (out of memory, a copy failed); memory is untouched. */
+    KREPLAY_REPLAY_DECLINE_SNAPSHOT_FAILED = 3,
+    /** The dispatch's queue did not become idle within KREPLAY_DRAIN_TIMEOUT_MS. */
+    KREPLAY_REPLAY_DECLINE_QUEUE_DRAIN_STUCK = 4,
+    /** A sibling queue or an asynchronous copy on the agent did not become idle in time. */
+    KREPLAY_REPLAY_DECLINE_AGENT_DRAIN_STUCK = 5,
+    /** A pass, or a completion handler of a pass, did not finish in time. */
+    KREPLAY_REPLAY_DECLINE_PASS_DRAIN_STUCK = 6,
+    /** The dispatch was issued from inside a replay callback on the same agent. */
+    KREPLAY_REPLAY_DECLINE_REENTRANT_DISPATCH = 7,
+    /** The pass count was invalid (0 without a continue callback). */
+    KREPLAY_REPLAY_DECLINE_INVALID_PASS_COUNT = 8,
+    /** A graph launch or a multi-packet batch: never replayed. */
+    KREPLAY_REPLAY_DECLINE_BATCH_OR_GRAPH = 9,
+    /** One past the last reason. */
+    KREPLAY_REPLAY_DECLINE_LAST = 10
+};
+
+/**
+ * The short name of a decline reason: "none", "untracked_memory", "footprint_budget",
+ * "snapshot_failed", "queue_drain_stuck", "agent_drain_stuck", "pass_drain_stuck",
+ * "reentrant_dispatch", "invalid_pass_count", "batch_or_graph"; "unknown" for any other value.
+ * Static storage, never NULL.
+ */
+const char* kreplay_get_decline_reason_string(kreplay_replay_decline_reason_t reason);
+
+/* ============================================================================================== */
+/* Snapshot storage tiers and restore strategies                                                  */
+/* ============================================================================================== */
+
+/** Where a snapshot is kept (KREPLAY_SNAPSHOT_TIER_* values). */
+typedef uint32_t kreplay_snapshot_tier_t;
+
+/** Values of kreplay_snapshot_tier_t. */
+enum kreplay_snapshot_tier_values {
+    /** No snapshot (not taken, or nothing to keep). */
+    KREPLAY_SNAPSHOT_TIER_NONE = 0,
+    /** A shadow copy in the agent's own memory. */
+    KREPLAY_SNAPSHOT_TIER_DEVICE = 1,
+    /** Pinned or ordinary host memory. */
+    KREPLAY_SNAPSHOT_TIER_HOST = 2,
+    /** A memory-mapped spill file (KREPLAY_SPILL_DIR). */
+    KREPLAY_SNAPSHOT_TIER_FILE = 3,
+    /** Regions are spread over more than one tier. */
+    KREPLAY_SNAPSHOT_TIER_MIXED = 4,
+    /** One past the last tier. */
+    KREPLAY_SNAPSHOT_TIER_LAST = 5
+};
+
+/** How memory is restored between passes (KREPLAY_RESTORE_STRATEGY_* values). */
+typedef uint32_t kreplay_restore_strategy_t;
+
+/** Values of kreplay_restore_strategy_t. */
+enum kreplay_restore_strategy_values {
+    /** No restore (one pass, or the snapshot was declined). */
+    KREPLAY_RESTORE_STRATEGY_NONE = 0,
+    /** Every snapshotted byte is copied back. */
+    KREPLAY_RESTORE_STRATEGY_FULL = 1,
+    /** Chunks whose hash changed are copied back. */
+    KREPLAY_RESTORE_STRATEGY_HASH = 2,
+    /** Chunks in the write set learned from pass 0 are copied back (and verified). */
+    KREPLAY_RESTORE_STRATEGY_WRITESET = 3,
+    /** One past the last strategy. */
+    KREPLAY_RESTORE_STRATEGY_LAST = 4
+};
+
+/* ============================================================================================== */
+/* Kernel replay payloads                                                                         */
+/* ============================================================================================== */
+
+/**
+ * Asked at CONFIG ENTER (if the tool set it): how many passes to run for this dispatch.
+ * NULL: not replayed (runs once). 1: runs once. N > 1: N passes (at most N with a continue
+ * callback). 0: indefinite, requires a continue callback (without one the dispatch runs once and
+ * a diagnostic is printed). `user_data` is the record's user data as left by CONFIG ENTER.
+ */
+typedef uint64_t (*kreplay_pass_count_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
+                                            kreplay_user_data_t user_data);
+
+/**
+ * Asked after each PASS EXIT except the last of a fixed count: return non-zero to run another
+ * pass, zero to stop. `total_passes` is 0 for an indefinite replay.
+ */
+typedef int (*kreplay_continue_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
+                                     uint64_t current_pass, uint64_t total_passes,
+                                     kreplay_user_data_t user_data);
+
+/**
+ * Masks a context on (start) or off (stop) for this and the following passes of the current
+ * dispatch. Legal only during PASS ENTER (else KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing
+ * changes); only for contexts started when the replay began (else
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED). Never changes the global started state; the mask is
+ * reset when the dispatch's replay ends.
+ */
+typedef kreplay_status_t (*kreplay_context_toggle_cb_t)(kreplay_context_id_t context_id);
+
+/** Payload of KERNEL_REPLAY CONFIG and PASS records. 184 bytes. */
+typedef struct kreplay_callback_tracing_kernel_replay_data_t {
+    /** sizeof this struct. */
+    uint64_t size;                                     /*   0 */
+    /** The dispatch being replayed (always set). */
+    kreplay_kernel_dispatch_info_t dispatch_info;      /*   8 */
+    /** PASS: the 0-based pass index. CONFIG EXIT: the number of passes that ran. */
+    uint64_t current_pass;                             /* 136 */
+    /** PASS: the pass count N, or 0 if indefinite. */
+    uint64_t total_passes;                             /* 144 */
+    /** CONFIG ENTER: the tool sets it (NULL: do not replay this dispatch). */
+    kreplay_pass_count_cb_t replay_pass_count;         /* 152 */
+    /** CONFIG ENTER: the tool may set it; PASS EXIT: the tool may override it. */
+    kreplay_continue_cb_t replay_continue;             /* 160 */
+    /** PASS ENTER: set by kreplay (see kreplay_context_toggle_cb_t). */
+    kreplay_context_toggle_cb_t replay_start_context;  /* 168 */
+    /** PASS ENTER: set by kreplay (see kreplay_context_toggle_cb_t). */
+    kreplay_context_toggle_cb_t replay_stop_context;   /* 176 */
+} kreplay_callback_tracing_kernel_replay_data_t;
+
+/** Payload of KERNEL_REPLAY SNAPSHOT and RESTORE records: what replay's memory work costs.
+ *  200 bytes. */
+typedef struct kreplay_callback_tracing_kernel_replay_memory_data_t {
+    /** sizeof this struct. */
+    uint64_t size;                                     /*   0 */
+    /** The dispatch being replayed. */
+    kreplay_kernel_dispatch_info_t dispatch_info;      /*   8 */
+    /** RESTORE: the pass whose writes are undone (the next pass is current_pass + 1).
+     *  SNAPSHOT: 0. */
+    uint64_t current_pass;                             /* 136 */
+    /** Bytes the snapshot covers (ENTER and EXIT). */
+    uint64_t bytes_planned;                            /* 144 */
+    /** EXIT: bytes actually copied (snapshot: into the store; restore: back to the agent). */
+    uint64_t bytes_moved;                              /* 152 */
+    /** Number of memory regions (allocations) in the snapshot. */
+    uint64_t regions;                                  /* 160 */
+    /** RESTORE EXIT: number of chunks copied back. */
+    uint64_t chunks_restored;                          /* 168 */
+    /** Where the snapshot lives (kreplay_snapshot_tier_t). */
+    kreplay_snapshot_tier_t tier;                      /* 176 */
+    /** How restores are done (kreplay_restore_strategy_t). */
+    kreplay_restore_strategy_t strategy;               /* 180 */
+    /** EXIT: KREPLAY_STATUS_SUCCESS, ERROR_REPLAY_DECLINED (snapshot) or ERROR_RESTORE_FAILED. */
+    kreplay_status_t status;                           /* 184 */
+    /** SNAPSHOT EXIT with status ERROR_REPLAY_DECLINED: why (kreplay_replay_decline_reason_t). */
+    kreplay_replay_decline_reason_t decline_reason;    /* 188 */
+    /** RESTORE EXIT with status ERROR_RESTORE_FAILED: bytes that could not be restored. */
+    uint64_t bytes_lost;                               /* 192 */
+} kreplay_callback_tracing_kernel_replay_memory_data_t;
+
+/* ============================================================================================== */
+/* Kernel dispatch payload                                                                        */
+/* ============================================================================================== */
+
+/** `replay_pass` of a dispatch that was not replayed. */
+#define KREPLAY_REPLAY_PASS_NONE UINT64_MAX
+
+/** Payload of KERNEL_DISPATCH records. 160 bytes. */
+typedef struct kreplay_callback_tracing_kernel_dispatch_data_t {
+    /** sizeof this struct. */
+    uint64_t size;                                     /*   0 */
+    /** The dispatch. */
+    kreplay_kernel_dispatch_info_t dispatch_info;      /*   8 */
+    /** COMPLETE: start of execution in nanoseconds (0 if the backend cannot tell). */
+    uint64_t start_timestamp;                          /* 136 */
+    /** COMPLETE: end of execution in nanoseconds (0 if the backend cannot tell). */
+    uint64_t end_timestamp;                            /* 144 */
+    /** The 0-based pass index, or KREPLAY_REPLAY_PASS_NONE when the dispatch is not replayed. */
+    uint64_t replay_pass;                              /* 152 */
+} kreplay_callback_tracing_kernel_dispatch_data_t;
+
+/* ============================================================================================== */
+/* Callback tracing service                                                                       */
+/* ============================================================================================== */
+
+/** One callback record. 48 bytes. */
+typedef struct kreplay_callback_tracing_record_t {
+    /** The context whose service produced this record. */
+    kreplay_context_id_t context_id;                   /*   0 */
+    /** The operating-system id of the thread running the callback. */
+    uint64_t thread_id;                                /*   8 */
+    /** Equal for every record of one operation (ENTER, EXIT, every PASS of one dispatch). */
+    uint64_t correlation_id;                           /*  16 */
+    /** kreplay_callback_tracing_kind_t. */
+    kreplay_callback_tracing_kind_t kind;              /*  24 */
+    /** An operation of `kind`. */
+    kreplay_tracing_operation_t operation;             /*  28 */
+    /** kreplay_callback_phase_t. */
+    kreplay_callback_phase_t phase;                    /*  32 */
+    /** KERNEL_REPLAY CONFIG EXIT: why the dispatch was not replayed
+     *  (kreplay_replay_decline_reason_t, NONE if it was or if the tool opted out). Else 0. */
+    kreplay_replay_decline_reason_t decline_reason;    /*  36 */
+    /** The kind- and operation-specific payload (see the operation values). Valid only during
+     *  the callback; fields marked "the tool sets" may be written. */
+    void* payload;                                     /*  40 */
+} kreplay_callback_tracing_record_t;
+
+/**
+ * A callback tracing callback. `user_data` is storage for this record's operation: what the tool
+ * writes at ENTER it sees again at EXIT and, for kernel replay, in every PASS of the same
+ * dispatch. `callback_data` is the pointer given when the service was configured.
+ */
+typedef void (*kreplay_callback_tracing_cb_t)(kreplay_callback_tracing_record_t record,
+                                              kreplay_user_data_t* user_data,
+                                              void* callback_data);
+
+/* ============================================================================================== */
+/* Contexts                                                                                       */
+/* ============================================================================================== */
+
+/**
+ * Creates a context (stopped, without services).
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if `context_id` is NULL.
+ */
+kreplay_status_t kreplay_create_context(kreplay_context_id_t* context_id);
+
+/**
+ * Starts a context: its services receive callbacks from now on.
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context.
+ */
+kreplay_status_t kreplay_start_context(kreplay_context_id_t context_id);
+
+/**
+ * Stops a context: its services receive no further callbacks.
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context.
+ */
+kreplay_status_t kreplay_stop_context(kreplay_context_id_t context_id);
+
+/**
+ * Writes 1 to `*status` if the context is started (global state; replay masks are not
+ * considered), else 0. KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if `status` is NULL,
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context.
+ */
+kreplay_status_t kreplay_context_is_active(kreplay_context_id_t context_id, int* status);
+
+/**
+ * Configures a callback tracing service of `kind` on a context.
+ *
+ * `operations` lists the operations of `kind` to report; `operations_count == 0` means all of
+ * them (`operations` is then not read and may be NULL). `callback_data` is passed to every call of
+ * `callback`.
+ *
+ * Errors: KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED after tool initialization has ended;
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown kind, an unknown operation
+ * or `operations == NULL` with a non-zero count; KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an
+ * unknown context; KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if the context already has this
+ * kind, or if `kind` is KERNEL_REPLAY and another context has configured it.
+ */
+kreplay_status_t kreplay_configure_callback_tracing_service(kreplay_context_id_t context_id,
+                                                           kreplay_callback_tracing_kind_t kind,
+                                                           const uint32_t* operations,
+                                                           size_t operations_count,
+                                                           kreplay_callback_tracing_cb_t callback,
+                                                           void* callback_data);
+
+/* ============================================================================================== */
+/* Tools: discovery and lifecycle                                                                 */
+/* ============================================================================================== */
+
+/** Identifies a tool. kreplay sets `handle`; the tool may set `name` (a string with static
+ *  storage) inside kreplay_configure. */
+typedef struct kreplay_client_id_t {
+    const char* name;                                  /*   0 */
+    uint32_t handle;                                   /*   8 */
+} kreplay_client_id_t;
+
+/** Given to the tool's initialize: calling it with the tool's client id finalizes the tool early
+ *  (its contexts are stopped, then its finalize runs once). */
+typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);
+
+/** The tool's initialize: create, configure and start contexts here. Return 0 on success; any
+ *  other value marks the tool as failed (its contexts are stopped and its services removed). */
+typedef int (*kreplay_tool_initialize_t)(kreplay_client_finalize_t finalize_func,
+                                         void* tool_data);
+
+/** The tool's finalize, called once at shutdown (tools in reverse order of initialization). */
+typedef void (*kreplay_tool_finalize_t)(void* tool_data);
+
+/** What kreplay_configure returns. Must stay valid until the tool's finalize has run. */
+typedef struct kreplay_tool_configure_result_t {
+    /** sizeof(kreplay_tool_configure_result_t); smaller results are rejected. */
+    size_t size;                                       /*   0 */
+    /** Called once after every tool was configured (may be NULL). */
+    kreplay_tool_initialize_t initialize;              /*   8 */
+    /** Called once at shutdown (may be NULL). */
+    kreplay_tool_finalize_t finalize;                  /*  16 */
+    /** Passed to initialize and finalize. */
+    void* tool_data;                                   /*  24 */
+} kreplay_tool_configure_result_t;
+
+/** The type of kreplay_configure. */
+typedef kreplay_tool_configure_result_t* (*kreplay_configure_func_t)(
+    uint32_t version, const char* runtime_version, uint32_t priority,
+    kreplay_client_id_t* client_id);
+
+/**
+ * Defined by a tool (not by kreplay) and exported with default visibility. kreplay looks it up in
+ * the process and in each library listed in KREPLAY_TOOL_LIBRARIES (colon-separated paths).
+ * `version` is KREPLAY_VERSION of the library, `runtime_version` its version as a string,
+ * `priority` the tool's rank among those found (0 first). Return NULL to stay inactive.
+ */
+kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char* runtime_version,
+                                                   uint32_t priority,
+                                                   kreplay_client_id_t* client_id);
+
+/**
+ * Registers a configure function for a tool linked into the application (no symbol lookup
+ * needed). Must be called before kreplay initializes its tools; such tools come first, in
+ * registration order. KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL,
+ * KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED once tool initialization has begun.
+ */
+kreplay_status_t kreplay_force_configure(kreplay_configure_func_t configure_func);
+
+/**
+ * Writes 1 to `*status` once kreplay has begun initializing tools (from then on
+ * kreplay_force_configure is refused), else 0. KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if NULL.
+ */
+kreplay_status_t kreplay_is_initialized(int* status);
+
+/**
+ * Writes 1 to `*status` once kreplay has finalized its tools, else 0.
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if NULL.
+ */
+kreplay_status_t kreplay_is_finalized(int* status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KREPLAY_H */

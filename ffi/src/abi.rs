@@ -1,0 +1,735 @@
+//! `#[repr(C)]` mirrors of every type in `include/kreplay.h`, with their layouts checked at
+//! compile time.
+//!
+//! C enumerations are carried as transparent integer newtypes with associated constants (for
+//! example [`Status::SUCCESS`]), so any value a C caller passes is representable and can be
+//! validated instead of being undefined behaviour. Each newtype knows the C prefix of its values
+//! ([`Status::C_PREFIX`]) and lists them ([`Status::VALUES`]); a test compares that list with the
+//! header.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::fmt;
+use std::mem::{align_of, offset_of, size_of};
+
+use kreplay_ctxmask::ContextId;
+use static_assertions::{assert_eq_align, assert_eq_size, const_assert, const_assert_eq};
+
+/// Major version of the C ABI (`KREPLAY_VERSION_MAJOR`).
+pub const VERSION_MAJOR: u32 = 0;
+/// Minor version of the C ABI (`KREPLAY_VERSION_MINOR`).
+pub const VERSION_MINOR: u32 = 1;
+/// Patch version of the C ABI (`KREPLAY_VERSION_PATCH`).
+pub const VERSION_PATCH: u32 = 0;
+/// The version as one number, `major * 10000 + minor * 100 + patch` (`KREPLAY_VERSION`).
+pub const VERSION: u32 = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH;
+/// The version as a string, handed to `kreplay_configure` as `runtime_version`.
+pub const VERSION_STRING: &CStr = c"0.1.0";
+/// `replay_pass` of a dispatch that is not replayed (`KREPLAY_REPLAY_PASS_NONE`).
+pub const REPLAY_PASS_NONE: u64 = u64::MAX;
+
+/// Defines a transparent integer newtype standing for a C enumeration.
+macro_rules! abi_enum {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident($repr:ty);
+        prefix = $prefix:literal;
+        last = $last:literal;
+        $( $(#[$vmeta:meta])* $variant:ident = $value:literal => $label:literal, )*
+    ) => {
+        $(#[$meta])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        pub struct $name(pub $repr);
+
+        impl $name {
+            $( $(#[$vmeta])* pub const $variant: $name = $name($value); )*
+            /// One past the last value (grows as values are appended).
+            pub const LAST: $name = $name($last);
+            /// The prefix of the C identifiers of these values.
+            pub const C_PREFIX: &'static str = $prefix;
+            /// Every value with the suffix of its C identifier (`C_PREFIX` + suffix), `LAST`
+            /// included.
+            pub const VALUES: &'static [(&'static str, $name)] =
+                &[ $( (stringify!($variant), $name::$variant), )* ("LAST", $name::LAST) ];
+
+            /// The label of a named value (`LAST` and unknown values have none).
+            pub fn label(self) -> Option<&'static CStr> {
+                match self {
+                    $( $name::$variant => Some($label), )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.label() {
+                    Some(label) => write!(f, "{}({})", stringify!($name), label.to_string_lossy()),
+                    None => write!(f, "{}({})", stringify!($name), self.0),
+                }
+            }
+        }
+    };
+}
+
+abi_enum! {
+    /// `kreplay_status_t`: the result of every C function.
+    pub struct Status(i32);
+    prefix = "KREPLAY_STATUS_";
+    last = 12;
+    /// The call succeeded.
+    SUCCESS = 0 => c"KREPLAY_STATUS_SUCCESS",
+    /// An unspecified internal error (including a fault caught at the C boundary).
+    ERROR = 1 => c"KREPLAY_STATUS_ERROR",
+    /// A replay context toggle was called outside PASS ENTER.
+    ERROR_CONTEXT_ERROR = 2 => c"KREPLAY_STATUS_ERROR_CONTEXT_ERROR",
+    /// A replay context toggle named a context not started when the replay began.
+    ERROR_CONTEXT_NOT_STARTED = 3 => c"KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED",
+    /// The kind is already configured on the context (or KERNEL_REPLAY on another context).
+    ERROR_SERVICE_ALREADY_CONFIGURED = 4 => c"KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED",
+    /// The context id is unknown.
+    ERROR_CONTEXT_NOT_FOUND = 5 => c"KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND",
+    /// An argument is invalid.
+    ERROR_INVALID_ARGUMENT = 6 => c"KREPLAY_STATUS_ERROR_INVALID_ARGUMENT",
+    /// Configuration is closed.
+    ERROR_CONFIGURATION_LOCKED = 7 => c"KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED",
+    /// Tools are not initialized yet.
+    ERROR_NOT_INITIALIZED = 8 => c"KREPLAY_STATUS_ERROR_NOT_INITIALIZED",
+    /// Replay of a dispatch was declined; it ran once.
+    ERROR_REPLAY_DECLINED = 9 => c"KREPLAY_STATUS_ERROR_REPLAY_DECLINED",
+    /// A restore between passes failed: application data was lost.
+    ERROR_RESTORE_FAILED = 10 => c"KREPLAY_STATUS_ERROR_RESTORE_FAILED",
+    /// Out of memory or another resource.
+    ERROR_OUT_OF_RESOURCES = 11 => c"KREPLAY_STATUS_ERROR_OUT_OF_RESOURCES",
+}
+
+impl Status {
+    /// Is this [`Status::SUCCESS`]?
+    pub const fn is_success(self) -> bool {
+        self.0 == Status::SUCCESS.0
+    }
+
+    /// The C identifier of this status, `KREPLAY_STATUS_UNKNOWN` for unknown values.
+    pub fn name(self) -> &'static CStr {
+        self.label().unwrap_or(c"KREPLAY_STATUS_UNKNOWN")
+    }
+
+    /// A short human-readable description of this status.
+    pub fn description(self) -> &'static CStr {
+        match self {
+            Status::SUCCESS => c"success",
+            Status::ERROR => c"internal error",
+            Status::ERROR_CONTEXT_ERROR => {
+                c"context toggle called outside PASS ENTER of a kernel replay; nothing changed"
+            }
+            Status::ERROR_CONTEXT_NOT_STARTED => {
+                c"context was not started when the kernel replay began"
+            }
+            Status::ERROR_SERVICE_ALREADY_CONFIGURED => c"service is already configured",
+            Status::ERROR_CONTEXT_NOT_FOUND => c"context not found",
+            Status::ERROR_INVALID_ARGUMENT => c"invalid argument",
+            Status::ERROR_CONFIGURATION_LOCKED => {
+                c"configuration is locked: tool initialization has ended"
+            }
+            Status::ERROR_NOT_INITIALIZED => c"kreplay has not initialized its tools yet",
+            Status::ERROR_REPLAY_DECLINED => c"kernel replay declined; the dispatch ran once",
+            Status::ERROR_RESTORE_FAILED => {
+                c"restoring memory between passes failed; application data was lost"
+            }
+            Status::ERROR_OUT_OF_RESOURCES => c"out of memory or another resource",
+            _ => c"unknown kreplay status",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({})",
+            self.description().to_string_lossy(),
+            self.name().to_string_lossy()
+        )
+    }
+}
+
+abi_enum! {
+    /// `kreplay_callback_tracing_kind_t`.
+    pub struct CallbackKind(u32);
+    prefix = "KREPLAY_CALLBACK_TRACING_";
+    last = 3;
+    /// Not a kind.
+    NONE = 0 => c"NONE",
+    /// Kernel dispatches (operations: [`KernelDispatchOperation`]).
+    KERNEL_DISPATCH = 1 => c"KERNEL_DISPATCH",
+    /// Kernel replay (operations: [`KernelReplayOperation`]).
+    KERNEL_REPLAY = 2 => c"KERNEL_REPLAY",
+}
+
+impl CallbackKind {
+    /// Can a service of this kind be configured (a real kind, not NONE or out of range)?
+    pub const fn is_configurable(self) -> bool {
+        self.0 > CallbackKind::NONE.0 && self.0 < CallbackKind::LAST.0
+    }
+
+    /// One past the last operation of this kind (0 for a kind that is not configurable).
+    pub const fn operation_limit(self) -> u32 {
+        match self {
+            CallbackKind::KERNEL_DISPATCH => KernelDispatchOperation::LAST.0,
+            CallbackKind::KERNEL_REPLAY => KernelReplayOperation::LAST.0,
+            _ => 0,
+        }
+    }
+
+    /// The name of operation `operation` of this kind (None when unknown).
+    pub fn operation_name(self, operation: u32) -> Option<&'static CStr> {
+        match self {
+            CallbackKind::KERNEL_DISPATCH => KernelDispatchOperation(operation).label(),
+            CallbackKind::KERNEL_REPLAY => KernelReplayOperation(operation).label(),
+            _ => None,
+        }
+    }
+}
+
+abi_enum! {
+    /// `kreplay_kernel_dispatch_operation_t`: operations of KERNEL_DISPATCH.
+    pub struct KernelDispatchOperation(u32);
+    prefix = "KREPLAY_KERNEL_DISPATCH_";
+    last = 3;
+    /// Not an operation.
+    NONE = 0 => c"NONE",
+    /// ENTER before the packet is submitted, EXIT right after (once per pass).
+    ENQUEUE = 1 => c"ENQUEUE",
+    /// Phase NONE: the dispatch (of one pass) completed.
+    COMPLETE = 2 => c"COMPLETE",
+}
+
+abi_enum! {
+    /// `kreplay_kernel_replay_operation_t`: operations of KERNEL_REPLAY (ABI: only appended).
+    pub struct KernelReplayOperation(u32);
+    prefix = "KREPLAY_KERNEL_REPLAY_";
+    last = 5;
+    /// Not an operation.
+    NONE = 0 => c"NONE",
+    /// The tool decides the pass count (ENTER); the dispatch's replay is over (EXIT).
+    CONFIG = 1 => c"CONFIG",
+    /// Around each pass.
+    PASS = 2 => c"PASS",
+    /// Around taking the snapshot.
+    SNAPSHOT = 3 => c"SNAPSHOT",
+    /// Around each restore.
+    RESTORE = 4 => c"RESTORE",
+}
+
+abi_enum! {
+    /// `kreplay_callback_phase_t`.
+    pub struct CallbackPhase(u32);
+    prefix = "KREPLAY_CALLBACK_PHASE_";
+    last = 3;
+    /// A single callback without a pair.
+    NONE = 0 => c"NONE",
+    /// Before the operation.
+    ENTER = 1 => c"ENTER",
+    /// After the operation.
+    EXIT = 2 => c"EXIT",
+}
+
+abi_enum! {
+    /// `kreplay_replay_decline_reason_t`: why a dispatch ran once instead of being replayed.
+    pub struct DeclineReason(u32);
+    prefix = "KREPLAY_REPLAY_DECLINE_";
+    last = 10;
+    /// Not declined.
+    NONE = 0 => c"none",
+    /// The kernel may touch memory kreplay does not track.
+    UNTRACKED_MEMORY = 1 => c"untracked_memory",
+    /// The snapshot would exceed the budget or the memory available.
+    FOOTPRINT_BUDGET = 2 => c"footprint_budget",
+    /// Taking the snapshot failed.
+    SNAPSHOT_FAILED = 3 => c"snapshot_failed",
+    /// The dispatch's queue did not drain in time.
+    QUEUE_DRAIN_STUCK = 4 => c"queue_drain_stuck",
+    /// A sibling queue or async copy on the agent did not drain in time.
+    AGENT_DRAIN_STUCK = 5 => c"agent_drain_stuck",
+    /// A pass or its completion handlers did not finish in time.
+    PASS_DRAIN_STUCK = 6 => c"pass_drain_stuck",
+    /// Issued from inside a replay callback on the same agent.
+    REENTRANT_DISPATCH = 7 => c"reentrant_dispatch",
+    /// The pass count was invalid (0 without a continue callback).
+    INVALID_PASS_COUNT = 8 => c"invalid_pass_count",
+    /// A graph launch or multi-packet batch.
+    BATCH_OR_GRAPH = 9 => c"batch_or_graph",
+}
+
+impl DeclineReason {
+    /// The short name of the reason (`"unknown"` for values out of range).
+    pub fn as_cstr(self) -> &'static CStr {
+        self.label().unwrap_or(c"unknown")
+    }
+}
+
+impl fmt::Display for DeclineReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.as_cstr().to_string_lossy())
+    }
+}
+
+abi_enum! {
+    /// `kreplay_snapshot_tier_t`: where a snapshot is kept.
+    pub struct SnapshotTier(u32);
+    prefix = "KREPLAY_SNAPSHOT_TIER_";
+    last = 5;
+    /// No snapshot.
+    NONE = 0 => c"none",
+    /// A shadow copy in the agent's own memory.
+    DEVICE = 1 => c"device",
+    /// Pinned or ordinary host memory.
+    HOST = 2 => c"host",
+    /// A memory-mapped spill file.
+    FILE = 3 => c"file",
+    /// Spread over more than one tier.
+    MIXED = 4 => c"mixed",
+}
+
+abi_enum! {
+    /// `kreplay_restore_strategy_t`: how memory is restored between passes.
+    pub struct RestoreStrategy(u32);
+    prefix = "KREPLAY_RESTORE_STRATEGY_";
+    last = 4;
+    /// No restore.
+    NONE = 0 => c"none",
+    /// Every snapshotted byte is copied back.
+    FULL = 1 => c"full",
+    /// Chunks whose hash changed are copied back.
+    HASH = 2 => c"hash",
+    /// Chunks of the write set learned from pass 0 are copied back.
+    WRITESET = 3 => c"writeset",
+}
+
+/// `kreplay_context_id_t`: a context as the C ABI names it (handle 0 is never valid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContextHandle {
+    /// The context's id.
+    pub handle: u64,
+}
+
+impl From<ContextId> for ContextHandle {
+    fn from(id: ContextId) -> Self {
+        ContextHandle { handle: id.0 }
+    }
+}
+
+impl From<ContextHandle> for ContextId {
+    fn from(handle: ContextHandle) -> Self {
+        ContextId(handle.handle)
+    }
+}
+
+/// `kreplay_agent_id_t`: a GPU agent as the backend names it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId {
+    /// The backend's handle of the agent.
+    pub handle: u64,
+}
+
+/// `kreplay_queue_id_t`: a queue as the backend names it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueId {
+    /// The backend's handle of the queue.
+    pub handle: u64,
+}
+
+/// `kreplay_user_data_t`: a tool's own value or pointer carried between callbacks.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union UserData {
+    /// As an integer.
+    pub value: u64,
+    /// As a pointer.
+    pub ptr: *mut c_void,
+}
+
+impl UserData {
+    /// The all-zero user data every operation starts with.
+    pub const ZERO: UserData = UserData { value: 0 };
+
+    /// The stored bits as an integer (whichever member the tool wrote).
+    pub fn bits(&self) -> u64 {
+        // SAFETY: both members are 8 bytes of plain data on the supported 64-bit targets, so
+        // reading the integer member is defined whichever member was written.
+        unsafe { self.value }
+    }
+}
+
+impl Default for UserData {
+    fn default() -> Self {
+        UserData::ZERO
+    }
+}
+
+impl fmt::Debug for UserData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UserData({:#x})", self.bits())
+    }
+}
+
+/// `kreplay_dim3_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Dim3 {
+    /// X extent.
+    pub x: u32,
+    /// Y extent.
+    pub y: u32,
+    /// Z extent.
+    pub z: u32,
+}
+
+/// `kreplay_kernel_dispatch_info_t`: one kernel dispatch (128 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelDispatchInfo {
+    /// `size_of::<KernelDispatchInfo>()`.
+    pub size: u64,
+    /// The agent the kernel runs on.
+    pub agent_id: AgentId,
+    /// The queue the dispatch was submitted to.
+    pub queue_id: QueueId,
+    /// The kernel.
+    pub kernel_id: u64,
+    /// Process-unique dispatch id (same for every pass).
+    pub dispatch_id: u64,
+    /// Private memory per work-item in bytes.
+    pub private_segment_size: u32,
+    /// Group memory per work-group in bytes.
+    pub group_segment_size: u32,
+    /// Work-items per work-group.
+    pub workgroup_size: Dim3,
+    /// Work-items in the grid.
+    pub grid_size: Dim3,
+    /// Reserved, zero.
+    pub reserved_padding: [u8; 56],
+}
+
+impl Default for KernelDispatchInfo {
+    /// All fields zero except `size`.
+    fn default() -> Self {
+        KernelDispatchInfo {
+            size: size_of::<KernelDispatchInfo>() as u64,
+            agent_id: AgentId::default(),
+            queue_id: QueueId::default(),
+            kernel_id: 0,
+            dispatch_id: 0,
+            private_segment_size: 0,
+            group_segment_size: 0,
+            workgroup_size: Dim3::default(),
+            grid_size: Dim3::default(),
+            reserved_padding: [0; 56],
+        }
+    }
+}
+
+/// `kreplay_pass_count_cb_t`.
+pub type PassCountFn = Option<unsafe extern "C" fn(KernelDispatchInfo, UserData) -> u64>;
+/// `kreplay_continue_cb_t`.
+pub type ContinueFn = Option<unsafe extern "C" fn(KernelDispatchInfo, u64, u64, UserData) -> c_int>;
+/// `kreplay_context_toggle_cb_t`.
+pub type ContextToggleFn = Option<unsafe extern "C" fn(ContextHandle) -> Status>;
+
+/// `kreplay_callback_tracing_kernel_replay_data_t`: payload of KERNEL_REPLAY CONFIG and PASS
+/// records (184 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelReplayData {
+    /// `size_of::<KernelReplayData>()`.
+    pub size: u64,
+    /// The dispatch being replayed.
+    pub dispatch_info: KernelDispatchInfo,
+    /// PASS: 0-based pass index; CONFIG EXIT: passes that ran.
+    pub current_pass: u64,
+    /// PASS: N, or 0 if indefinite.
+    pub total_passes: u64,
+    /// CONFIG ENTER: set by the tool.
+    pub replay_pass_count: PassCountFn,
+    /// CONFIG ENTER: set by the tool; PASS EXIT: may be overridden.
+    pub replay_continue: ContinueFn,
+    /// PASS ENTER: set by kreplay.
+    pub replay_start_context: ContextToggleFn,
+    /// PASS ENTER: set by kreplay.
+    pub replay_stop_context: ContextToggleFn,
+}
+
+impl KernelReplayData {
+    /// A payload for `dispatch_info` with every other field zero.
+    pub fn new(dispatch_info: KernelDispatchInfo) -> Self {
+        KernelReplayData {
+            size: size_of::<KernelReplayData>() as u64,
+            dispatch_info,
+            current_pass: 0,
+            total_passes: 0,
+            replay_pass_count: None,
+            replay_continue: None,
+            replay_start_context: None,
+            replay_stop_context: None,
+        }
+    }
+}
+
+/// `kreplay_callback_tracing_kernel_replay_memory_data_t`: payload of KERNEL_REPLAY SNAPSHOT and
+/// RESTORE records (200 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelReplayMemoryData {
+    /// `size_of::<KernelReplayMemoryData>()`.
+    pub size: u64,
+    /// The dispatch being replayed.
+    pub dispatch_info: KernelDispatchInfo,
+    /// RESTORE: the pass whose writes are undone; SNAPSHOT: 0.
+    pub current_pass: u64,
+    /// Bytes the snapshot covers.
+    pub bytes_planned: u64,
+    /// EXIT: bytes actually copied.
+    pub bytes_moved: u64,
+    /// Memory regions in the snapshot.
+    pub regions: u64,
+    /// RESTORE EXIT: chunks copied back.
+    pub chunks_restored: u64,
+    /// Where the snapshot lives.
+    pub tier: SnapshotTier,
+    /// How restores are done.
+    pub strategy: RestoreStrategy,
+    /// EXIT: success, [`Status::ERROR_REPLAY_DECLINED`] or [`Status::ERROR_RESTORE_FAILED`].
+    pub status: Status,
+    /// SNAPSHOT EXIT when declined: why.
+    pub decline_reason: DeclineReason,
+    /// RESTORE EXIT when failed: bytes that could not be restored.
+    pub bytes_lost: u64,
+}
+
+impl KernelReplayMemoryData {
+    /// A payload for `dispatch_info` with every other field zero.
+    pub fn new(dispatch_info: KernelDispatchInfo) -> Self {
+        KernelReplayMemoryData {
+            size: size_of::<KernelReplayMemoryData>() as u64,
+            dispatch_info,
+            current_pass: 0,
+            bytes_planned: 0,
+            bytes_moved: 0,
+            regions: 0,
+            chunks_restored: 0,
+            tier: SnapshotTier::NONE,
+            strategy: RestoreStrategy::NONE,
+            status: Status::SUCCESS,
+            decline_reason: DeclineReason::NONE,
+            bytes_lost: 0,
+        }
+    }
+}
+
+/// `kreplay_callback_tracing_kernel_dispatch_data_t`: payload of KERNEL_DISPATCH records
+/// (160 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelDispatchData {
+    /// `size_of::<KernelDispatchData>()`.
+    pub size: u64,
+    /// The dispatch.
+    pub dispatch_info: KernelDispatchInfo,
+    /// COMPLETE: start of execution in nanoseconds (0 if unknown).
+    pub start_timestamp: u64,
+    /// COMPLETE: end of execution in nanoseconds (0 if unknown).
+    pub end_timestamp: u64,
+    /// 0-based pass index, or [`REPLAY_PASS_NONE`] when not replayed.
+    pub replay_pass: u64,
+}
+
+impl KernelDispatchData {
+    /// A payload for a dispatch that is not replayed (`replay_pass` = [`REPLAY_PASS_NONE`]).
+    pub fn new(dispatch_info: KernelDispatchInfo) -> Self {
+        KernelDispatchData {
+            size: size_of::<KernelDispatchData>() as u64,
+            dispatch_info,
+            start_timestamp: 0,
+            end_timestamp: 0,
+            replay_pass: REPLAY_PASS_NONE,
+        }
+    }
+}
+
+/// `kreplay_callback_tracing_record_t`: one callback record (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CallbackRecord {
+    /// The context whose service produced the record.
+    pub context_id: ContextHandle,
+    /// OS id of the calling thread.
+    pub thread_id: u64,
+    /// Equal for every record of one operation.
+    pub correlation_id: u64,
+    /// The kind.
+    pub kind: CallbackKind,
+    /// An operation of `kind`.
+    pub operation: u32,
+    /// The phase.
+    pub phase: CallbackPhase,
+    /// KERNEL_REPLAY CONFIG EXIT: why the dispatch was not replayed.
+    pub decline_reason: DeclineReason,
+    /// The payload for this kind and operation.
+    pub payload: *mut c_void,
+}
+
+/// `kreplay_callback_tracing_cb_t`.
+pub type CallbackFn = unsafe extern "C" fn(CallbackRecord, *mut UserData, *mut c_void);
+
+/// `kreplay_client_id_t`: identifies a tool.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ClientId {
+    /// Set by the tool (static storage) or NULL.
+    pub name: *const c_char,
+    /// Set by kreplay.
+    pub handle: u32,
+}
+
+/// `kreplay_client_finalize_t`.
+pub type ClientFinalizeFn = Option<unsafe extern "C" fn(ClientId)>;
+/// `kreplay_tool_initialize_t`.
+pub type ToolInitializeFn = Option<unsafe extern "C" fn(ClientFinalizeFn, *mut c_void) -> c_int>;
+/// `kreplay_tool_finalize_t`.
+pub type ToolFinalizeFn = Option<unsafe extern "C" fn(*mut c_void)>;
+
+/// `kreplay_tool_configure_result_t`: what a tool's `kreplay_configure` returns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ToolConfigureResult {
+    /// `size_of::<ToolConfigureResult>()`.
+    pub size: usize,
+    /// Called once after every tool was configured.
+    pub initialize: ToolInitializeFn,
+    /// Called once at shutdown.
+    pub finalize: ToolFinalizeFn,
+    /// Passed to initialize and finalize.
+    pub tool_data: *mut c_void,
+}
+
+/// `kreplay_configure_func_t` (never NULL on the Rust side).
+pub type ConfigureFn =
+    unsafe extern "C" fn(u32, *const c_char, u32, *mut ClientId) -> *mut ToolConfigureResult;
+
+// ------------------------------------------------------------------------------------------------
+// Layout checks (SPEC.md section 2). The C test `tests/c/layout.c` asserts the same numbers.
+// ------------------------------------------------------------------------------------------------
+
+/// The size of the field `select` picks out of a `T` (usable in constants).
+const fn field_size<T, F>(_select: fn(&T) -> &F) -> usize {
+    size_of::<F>()
+}
+
+/// Asserts a field's offset and size.
+macro_rules! check_field {
+    ($type:ty, $field:ident, $offset:expr, $size:expr) => {
+        const_assert_eq!(offset_of!($type, $field), $offset);
+        const_assert_eq!(field_size(|value: &$type| &value.$field), $size);
+    };
+}
+
+const_assert_eq!(size_of::<usize>(), 8);
+assert_eq_size!(Status, i32);
+assert_eq_size!(CallbackKind, u32);
+assert_eq_size!(DeclineReason, u32);
+
+assert_eq_size!(ContextHandle, u64);
+assert_eq_size!(AgentId, u64);
+assert_eq_size!(QueueId, u64);
+assert_eq_align!(ContextHandle, u64);
+check_field!(ContextHandle, handle, 0, 8);
+check_field!(AgentId, handle, 0, 8);
+check_field!(QueueId, handle, 0, 8);
+assert_eq_size!(UserData, u64);
+assert_eq_align!(UserData, u64);
+const_assert_eq!(offset_of!(UserData, value), 0);
+const_assert_eq!(offset_of!(UserData, ptr), 0);
+assert_eq_size!(Dim3, [u32; 3]);
+assert_eq_align!(Dim3, u32);
+check_field!(Dim3, x, 0, 4);
+check_field!(Dim3, y, 4, 4);
+check_field!(Dim3, z, 8, 4);
+
+assert_eq_size!(KernelDispatchInfo, [u8; 128]);
+assert_eq_align!(KernelDispatchInfo, u64);
+check_field!(KernelDispatchInfo, size, 0, 8);
+check_field!(KernelDispatchInfo, agent_id, 8, 8);
+check_field!(KernelDispatchInfo, queue_id, 16, 8);
+check_field!(KernelDispatchInfo, kernel_id, 24, 8);
+check_field!(KernelDispatchInfo, dispatch_id, 32, 8);
+check_field!(KernelDispatchInfo, private_segment_size, 40, 4);
+check_field!(KernelDispatchInfo, group_segment_size, 44, 4);
+check_field!(KernelDispatchInfo, workgroup_size, 48, 12);
+check_field!(KernelDispatchInfo, grid_size, 60, 12);
+check_field!(KernelDispatchInfo, reserved_padding, 72, 56);
+
+assert_eq_size!(KernelReplayData, [u8; 184]);
+assert_eq_align!(KernelReplayData, u64);
+check_field!(KernelReplayData, size, 0, 8);
+check_field!(KernelReplayData, dispatch_info, 8, 128);
+check_field!(KernelReplayData, current_pass, 136, 8);
+check_field!(KernelReplayData, total_passes, 144, 8);
+check_field!(KernelReplayData, replay_pass_count, 152, 8);
+check_field!(KernelReplayData, replay_continue, 160, 8);
+check_field!(KernelReplayData, replay_start_context, 168, 8);
+check_field!(KernelReplayData, replay_stop_context, 176, 8);
+
+assert_eq_size!(KernelReplayMemoryData, [u8; 200]);
+assert_eq_align!(KernelReplayMemoryData, u64);
+check_field!(KernelReplayMemoryData, size, 0, 8);
+check_field!(KernelReplayMemoryData, dispatch_info, 8, 128);
+check_field!(KernelReplayMemoryData, current_pass, 136, 8);
+check_field!(KernelReplayMemoryData, bytes_planned, 144, 8);
+check_field!(KernelReplayMemoryData, bytes_moved, 152, 8);
+check_field!(KernelReplayMemoryData, regions, 160, 8);
+check_field!(KernelReplayMemoryData, chunks_restored, 168, 8);
+check_field!(KernelReplayMemoryData, tier, 176, 4);
+check_field!(KernelReplayMemoryData, strategy, 180, 4);
+check_field!(KernelReplayMemoryData, status, 184, 4);
+check_field!(KernelReplayMemoryData, decline_reason, 188, 4);
+check_field!(KernelReplayMemoryData, bytes_lost, 192, 8);
+
+assert_eq_size!(KernelDispatchData, [u8; 160]);
+assert_eq_align!(KernelDispatchData, u64);
+check_field!(KernelDispatchData, size, 0, 8);
+check_field!(KernelDispatchData, dispatch_info, 8, 128);
+check_field!(KernelDispatchData, start_timestamp, 136, 8);
+check_field!(KernelDispatchData, end_timestamp, 144, 8);
+check_field!(KernelDispatchData, replay_pass, 152, 8);
+
+assert_eq_size!(CallbackRecord, [u8; 48]);
+assert_eq_align!(CallbackRecord, u64);
+check_field!(CallbackRecord, context_id, 0, 8);
+check_field!(CallbackRecord, thread_id, 8, 8);
+check_field!(CallbackRecord, correlation_id, 16, 8);
+check_field!(CallbackRecord, kind, 24, 4);
+check_field!(CallbackRecord, operation, 28, 4);
+check_field!(CallbackRecord, phase, 32, 4);
+check_field!(CallbackRecord, decline_reason, 36, 4);
+check_field!(CallbackRecord, payload, 40, 8);
+
+assert_eq_size!(ClientId, [u64; 2]);
+check_field!(ClientId, name, 0, 8);
+check_field!(ClientId, handle, 8, 4);
+
+assert_eq_size!(ToolConfigureResult, [u64; 4]);
+check_field!(ToolConfigureResult, size, 0, 8);
+check_field!(ToolConfigureResult, initialize, 8, 8);
+check_field!(ToolConfigureResult, finalize, 16, 8);
+check_field!(ToolConfigureResult, tool_data, 24, 8);
+
+// Nullable function pointers are one pointer wide, as in C.
+assert_eq_size!(PassCountFn, usize);
+assert_eq_size!(ContinueFn, usize);
+assert_eq_size!(ContextToggleFn, usize);
+const_assert!(align_of::<PassCountFn>() == 8);
+// Operation filters are 64-bit masks.
+const_assert!(KernelReplayOperation::LAST.0 <= 64 && KernelDispatchOperation::LAST.0 <= 64);

@@ -1,0 +1,249 @@
+//! The exported `extern "C"` functions of `kreplay.h`.
+//!
+//! Every function that can fail returns a [`Status`]; none lets a panic cross into C (a panic is
+//! caught and reported as [`Status::ERROR`]). Out-pointers are checked for NULL
+//! ([`Status::ERROR_INVALID_ARGUMENT`]).
+
+use std::ffi::{c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use kreplay_ctxmask::{ContextError, ContextRegistry};
+
+use crate::abi::{
+    CallbackKind, ConfigureFn, ContextHandle, DeclineReason, Status, VERSION_MAJOR, VERSION_MINOR,
+    VERSION_PATCH,
+};
+use crate::{lifecycle, services};
+
+/// Runs `body`, turning a panic into [`Status::ERROR`] (with a line on stderr).
+pub(crate) fn guard(body: impl FnOnce() -> Status) -> Status {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(status) => status,
+        Err(_) => {
+            crate::kreplay_error!("internal error caught at the C interface");
+            Status::ERROR
+        }
+    }
+}
+
+fn context_status(result: Result<(), ContextError>) -> Status {
+    match result {
+        Ok(()) => Status::SUCCESS,
+        Err(ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
+    }
+}
+
+/// `kreplay_get_status_string`: a short description of `status` (never NULL).
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_get_status_string(status: Status) -> *const c_char {
+    status.description().as_ptr()
+}
+
+/// `kreplay_get_status_name`: the identifier of `status` (never NULL).
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_get_status_name(status: Status) -> *const c_char {
+    status.name().as_ptr()
+}
+
+/// `kreplay_get_version`: writes the version numbers (NULL pointers are skipped).
+///
+/// # Safety
+/// Each pointer is NULL or valid for writing a `u32`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_get_version(
+    major: *mut u32,
+    minor: *mut u32,
+    patch: *mut u32,
+) -> Status {
+    for (out, value) in [
+        (major, VERSION_MAJOR),
+        (minor, VERSION_MINOR),
+        (patch, VERSION_PATCH),
+    ] {
+        if !out.is_null() {
+            // SAFETY: non-null and, per the contract, valid for writing a u32.
+            unsafe { out.write(value) };
+        }
+    }
+    Status::SUCCESS
+}
+
+/// `kreplay_get_callback_tracing_kind_name`: the name of `kind`, NULL when unknown.
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_get_callback_tracing_kind_name(kind: CallbackKind) -> *const c_char {
+    kind.label().map_or(std::ptr::null(), |name| name.as_ptr())
+}
+
+/// `kreplay_get_callback_tracing_operation_name`: the name of an operation of `kind`, NULL when
+/// unknown.
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_get_callback_tracing_operation_name(
+    kind: CallbackKind,
+    operation: u32,
+) -> *const c_char {
+    kind.operation_name(operation)
+        .map_or(std::ptr::null(), |name| name.as_ptr())
+}
+
+/// `kreplay_get_decline_reason_string`: the short name of `reason` (`"unknown"` when unknown).
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_get_decline_reason_string(reason: DeclineReason) -> *const c_char {
+    reason.as_cstr().as_ptr()
+}
+
+/// `kreplay_create_context`: creates a stopped context without services.
+///
+/// # Safety
+/// `context_id` is NULL or valid for writing a `kreplay_context_id_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_create_context(context_id: *mut ContextHandle) -> Status {
+    if context_id.is_null() {
+        return Status::ERROR_INVALID_ARGUMENT;
+    }
+    guard(|| {
+        let id = ContextRegistry::global().create();
+        lifecycle::note_context_created(id);
+        // SAFETY: non-null and, per the contract, valid for writing.
+        unsafe { context_id.write(ContextHandle::from(id)) };
+        Status::SUCCESS
+    })
+}
+
+/// `kreplay_start_context`: starts a context.
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_start_context(context_id: ContextHandle) -> Status {
+    guard(|| context_status(ContextRegistry::global().start(context_id.into())))
+}
+
+/// `kreplay_stop_context`: stops a context.
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_stop_context(context_id: ContextHandle) -> Status {
+    guard(|| context_status(ContextRegistry::global().stop(context_id.into())))
+}
+
+/// `kreplay_context_is_active`: writes 1 if the context is started (global state), else 0.
+///
+/// # Safety
+/// `status` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_context_is_active(
+    context_id: ContextHandle,
+    status: *mut c_int,
+) -> Status {
+    if status.is_null() {
+        return Status::ERROR_INVALID_ARGUMENT;
+    }
+    guard(
+        || match ContextRegistry::global().is_started(context_id.into()) {
+            Ok(started) => {
+                // SAFETY: non-null and, per the contract, valid for writing.
+                unsafe { status.write(c_int::from(started)) };
+                Status::SUCCESS
+            }
+            Err(ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
+        },
+    )
+}
+
+/// `kreplay_configure_callback_tracing_service`: see [`services::configure_callback_tracing`].
+/// `operations_count == 0` means every operation (the pointer is not read);
+/// `operations == NULL` with a non-zero count or a NULL callback is
+/// [`Status::ERROR_INVALID_ARGUMENT`].
+///
+/// # Safety
+/// When `operations_count` is non-zero, `operations` is NULL or points to that many readable
+/// `u32`s. `callback`, if non-NULL, is a function of type `kreplay_callback_tracing_cb_t` that
+/// may be called with `callback_data` from any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
+    context_id: ContextHandle,
+    kind: CallbackKind,
+    operations: *const u32,
+    operations_count: usize,
+    callback: Option<crate::abi::CallbackFn>,
+    callback_data: *mut std::ffi::c_void,
+) -> Status {
+    guard(|| {
+        if services::configuration_locked() {
+            return Status::ERROR_CONFIGURATION_LOCKED;
+        }
+        let Some(callback) = callback else {
+            return Status::ERROR_INVALID_ARGUMENT;
+        };
+        let operations = match (operations.is_null(), operations_count) {
+            (_, 0) => None,
+            (true, _) => return Status::ERROR_INVALID_ARGUMENT,
+            (false, count) => {
+                // SAFETY: non-null and, per the contract, `count` readable u32s.
+                Some(unsafe { std::slice::from_raw_parts(operations, count) })
+            }
+        };
+        match services::configure_callback_tracing(
+            context_id.into(),
+            kind,
+            operations,
+            callback,
+            callback_data,
+        ) {
+            Ok(()) => Status::SUCCESS,
+            Err(status) => status,
+        }
+    })
+}
+
+/// `kreplay_force_configure`: registers a configure function of a tool linked into the
+/// application.
+#[unsafe(no_mangle)]
+pub extern "C" fn kreplay_force_configure(configure_func: Option<ConfigureFn>) -> Status {
+    let Some(configure) = configure_func else {
+        return Status::ERROR_INVALID_ARGUMENT;
+    };
+    guard(|| match lifecycle::force_configure(configure) {
+        Ok(()) => Status::SUCCESS,
+        Err(status) => status,
+    })
+}
+
+/// `kreplay_is_initialized`: writes 1 once tool initialization has begun, else 0.
+///
+/// # Safety
+/// `status` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_is_initialized(status: *mut c_int) -> Status {
+    if status.is_null() {
+        return Status::ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and, per the contract, valid for writing.
+    unsafe { status.write(c_int::from(lifecycle::is_initialized())) };
+    Status::SUCCESS
+}
+
+/// `kreplay_is_finalized`: writes 1 once tools were finalized, else 0.
+///
+/// # Safety
+/// `status` is NULL or valid for writing an `int`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_is_finalized(status: *mut c_int) -> Status {
+    if status.is_null() {
+        return Status::ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and, per the contract, valid for writing.
+    unsafe { status.write(c_int::from(lifecycle::is_finalized())) };
+    Status::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_the_boundary_becomes_error_status() {
+        // The default hook prints the panic message; that is expected here.
+        let status = guard(|| panic!("deliberate panic to check the C boundary"));
+        assert_eq!(status, Status::ERROR);
+        assert_eq!(
+            guard(|| Status::ERROR_CONTEXT_NOT_FOUND),
+            Status::ERROR_CONTEXT_NOT_FOUND
+        );
+    }
+}

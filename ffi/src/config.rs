@@ -1,0 +1,403 @@
+//! Configuration from the environment (SPEC.md section 5).
+//!
+//! Every variable is optional. A malformed value is an error naming the variable and the value,
+//! never a silent default.
+//!
+//! | variable | values | default |
+//! |---|---|---|
+//! | `KREPLAY_MAX_SNAPSHOT_BYTES` | bytes, optionally with `K`/`M`/`G`/`T` (binary, `KiB` etc. also accepted); `0` = derive | `0` |
+//! | `KREPLAY_DRAIN_TIMEOUT_MS` | milliseconds, at least 1 | `10000` |
+//! | `KREPLAY_SNAPSHOT_STORE` | `auto`, `device`, `host`, `file` | `auto` |
+//! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset` | `auto` |
+//! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
+//! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
+//!
+//! ```
+//! use kreplay::config::{Config, RestoreMode};
+//!
+//! let config = Config::from_lookup(|name| match name {
+//!     "KREPLAY_RESTORE" => Some("writeset".to_owned()),
+//!     "KREPLAY_MAX_SNAPSHOT_BYTES" => Some("512M".to_owned()),
+//!     _ => None,
+//! })
+//! .unwrap();
+//! assert_eq!(config.restore, RestoreMode::WriteSet);
+//! assert_eq!(config.max_snapshot_bytes, Some(512 << 20));
+//!
+//! let err = Config::from_lookup(|name| {
+//!     (name == "KREPLAY_RESTORE").then(|| "fast".to_owned())
+//! })
+//! .unwrap_err();
+//! assert_eq!(err.variable, "KREPLAY_RESTORE");
+//! assert_eq!(err.value, "fast");
+//! ```
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::logging::LogLevel;
+
+/// `KREPLAY_MAX_SNAPSHOT_BYTES`.
+pub const ENV_MAX_SNAPSHOT_BYTES: &str = "KREPLAY_MAX_SNAPSHOT_BYTES";
+/// `KREPLAY_DRAIN_TIMEOUT_MS`.
+pub const ENV_DRAIN_TIMEOUT_MS: &str = "KREPLAY_DRAIN_TIMEOUT_MS";
+/// `KREPLAY_SNAPSHOT_STORE`.
+pub const ENV_SNAPSHOT_STORE: &str = "KREPLAY_SNAPSHOT_STORE";
+/// `KREPLAY_RESTORE`.
+pub const ENV_RESTORE: &str = "KREPLAY_RESTORE";
+/// `KREPLAY_SPILL_DIR`.
+pub const ENV_SPILL_DIR: &str = "KREPLAY_SPILL_DIR";
+/// `KREPLAY_LOG`.
+pub const ENV_LOG: &str = "KREPLAY_LOG";
+
+/// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+/// Where snapshots are kept (`KREPLAY_SNAPSHOT_STORE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SnapshotStore {
+    /// Device shadow when the agent has room, else host memory, else a spill file.
+    #[default]
+    Auto,
+    /// Only a device-resident shadow.
+    Device,
+    /// Only host memory.
+    Host,
+    /// Only a memory-mapped spill file.
+    File,
+}
+
+/// How memory is restored between passes (`KREPLAY_RESTORE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum RestoreMode {
+    /// kreplay chooses per dispatch.
+    #[default]
+    Auto,
+    /// Copy everything back.
+    Full,
+    /// Copy back the chunks whose hash changed.
+    Hash,
+    /// Copy back the write set learned from pass 0 (verified).
+    WriteSet,
+}
+
+/// kreplay's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Snapshot budget in bytes; `None` (`0` in the environment) derives it from the memory
+    /// available.
+    pub max_snapshot_bytes: Option<u64>,
+    /// How long to wait for queues, copies and passes to drain before declining.
+    pub drain_timeout: Duration,
+    /// Where snapshots are kept.
+    pub snapshot_store: SnapshotStore,
+    /// How memory is restored.
+    pub restore: RestoreMode,
+    /// Folder for spill files; `None` means the system temporary directory.
+    pub spill_dir: Option<PathBuf>,
+    /// How much is printed.
+    pub log: LogLevel,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_snapshot_bytes: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            snapshot_store: SnapshotStore::Auto,
+            restore: RestoreMode::Auto,
+            spill_dir: None,
+            log: LogLevel::Warn,
+        }
+    }
+}
+
+/// A malformed configuration variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The variable, e.g. `KREPLAY_RESTORE`.
+    pub variable: &'static str,
+    /// The value it held.
+    pub value: String,
+    /// What was expected.
+    pub expected: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {}={:?}: expected {}",
+            self.variable, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads the process environment. A variable that is set but not valid Unicode is an error.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        for variable in [
+            ENV_MAX_SNAPSHOT_BYTES,
+            ENV_DRAIN_TIMEOUT_MS,
+            ENV_SNAPSHOT_STORE,
+            ENV_RESTORE,
+            ENV_SPILL_DIR,
+            ENV_LOG,
+        ] {
+            if let Err(std::env::VarError::NotUnicode(raw)) = std::env::var(variable) {
+                return Err(ConfigError {
+                    variable,
+                    value: raw.to_string_lossy().into_owned(),
+                    expected: "a UTF-8 value".to_owned(),
+                });
+            }
+        }
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the variables through `lookup` (`None` = not set).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        if let Some(value) = lookup(ENV_MAX_SNAPSHOT_BYTES) {
+            let bytes = parse_bytes(&value).ok_or_else(|| ConfigError {
+                variable: ENV_MAX_SNAPSHOT_BYTES,
+                value: value.clone(),
+                expected: "a byte count such as 0, 1073741824, 512M or 4GiB (0 = derive)"
+                    .to_owned(),
+            })?;
+            config.max_snapshot_bytes = (bytes != 0).then_some(bytes);
+        }
+        if let Some(value) = lookup(ENV_DRAIN_TIMEOUT_MS) {
+            let millis = value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .ok_or_else(|| ConfigError {
+                    variable: ENV_DRAIN_TIMEOUT_MS,
+                    value: value.clone(),
+                    expected: "a whole number of milliseconds, at least 1".to_owned(),
+                })?;
+            config.drain_timeout = Duration::from_millis(millis);
+        }
+        if let Some(value) = lookup(ENV_SNAPSHOT_STORE) {
+            config.snapshot_store = parse_choice(
+                ENV_SNAPSHOT_STORE,
+                &value,
+                &[
+                    ("auto", SnapshotStore::Auto),
+                    ("device", SnapshotStore::Device),
+                    ("host", SnapshotStore::Host),
+                    ("file", SnapshotStore::File),
+                ],
+            )?;
+        }
+        if let Some(value) = lookup(ENV_RESTORE) {
+            config.restore = parse_choice(
+                ENV_RESTORE,
+                &value,
+                &[
+                    ("auto", RestoreMode::Auto),
+                    ("full", RestoreMode::Full),
+                    ("hash", RestoreMode::Hash),
+                    ("writeset", RestoreMode::WriteSet),
+                ],
+            )?;
+        }
+        if let Some(value) = lookup(ENV_SPILL_DIR) {
+            if value.trim().is_empty() {
+                return Err(ConfigError {
+                    variable: ENV_SPILL_DIR,
+                    value,
+                    expected: "a directory path".to_owned(),
+                });
+            }
+            config.spill_dir = Some(PathBuf::from(value));
+        }
+        if let Some(value) = lookup(ENV_LOG) {
+            config.log = value.parse().map_err(|_| ConfigError {
+                variable: ENV_LOG,
+                value: value.clone(),
+                expected: "one of off, warn, info, debug".to_owned(),
+            })?;
+        }
+        Ok(config)
+    }
+
+    /// The spill folder to use: `spill_dir`, else the system temporary directory.
+    pub fn spill_dir_or_temp(&self) -> PathBuf {
+        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+}
+
+fn parse_choice<T: Copy>(
+    variable: &'static str,
+    value: &str,
+    choices: &[(&str, T)],
+) -> Result<T, ConfigError> {
+    let trimmed = value.trim();
+    choices
+        .iter()
+        .find(|(name, _)| trimmed.eq_ignore_ascii_case(name))
+        .map(|&(_, choice)| choice)
+        .ok_or_else(|| ConfigError {
+            variable,
+            value: value.to_owned(),
+            expected: format!(
+                "one of {}",
+                choices
+                    .iter()
+                    .map(|(name, _)| *name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+}
+
+/// Parses a byte count: decimal digits, optionally followed by a binary unit `K`, `M`, `G` or `T`
+/// (also `KB`/`KiB`, ..., any case). `None` for anything else or on overflow.
+fn parse_bytes(text: &str) -> Option<u64> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    if digits.is_empty() {
+        return None;
+    }
+    let number: u64 = digits.parse().ok()?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config_from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn unset_environment_gives_documented_defaults() {
+        let config = config_from(&[]).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.max_snapshot_bytes, None);
+        assert_eq!(config.drain_timeout, Duration::from_secs(10));
+        assert_eq!(config.snapshot_store, SnapshotStore::Auto);
+        assert_eq!(config.restore, RestoreMode::Auto);
+        assert_eq!(config.spill_dir, None);
+        assert_eq!(config.log, LogLevel::Warn);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let config = config_from(&[
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "4096"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "250"),
+            ("KREPLAY_SNAPSHOT_STORE", "file"),
+            ("KREPLAY_RESTORE", "Hash"),
+            ("KREPLAY_SPILL_DIR", "/var/tmp/kreplay"),
+            ("KREPLAY_LOG", "debug"),
+        ])
+        .unwrap();
+        assert_eq!(config.max_snapshot_bytes, Some(4096));
+        assert_eq!(config.drain_timeout, Duration::from_millis(250));
+        assert_eq!(config.snapshot_store, SnapshotStore::File);
+        assert_eq!(config.restore, RestoreMode::Hash);
+        assert_eq!(config.spill_dir, Some(PathBuf::from("/var/tmp/kreplay")));
+        assert_eq!(config.log, LogLevel::Debug);
+    }
+
+    #[test]
+    fn snapshot_budget_zero_means_derive_and_units_are_binary() {
+        let budget = |v: &str| {
+            config_from(&[("KREPLAY_MAX_SNAPSHOT_BYTES", v)])
+                .unwrap()
+                .max_snapshot_bytes
+        };
+        assert_eq!(budget("0"), None);
+        assert_eq!(budget("1k"), Some(1024));
+        assert_eq!(budget("3MiB"), Some(3 << 20));
+        assert_eq!(budget(" 2 G "), Some(2 << 30));
+        assert_eq!(budget("1TB"), Some(1 << 40));
+        assert_eq!(budget("18446744073709551615"), Some(u64::MAX));
+    }
+
+    #[test]
+    fn every_store_and_restore_choice_parses() {
+        for (text, store) in [
+            ("auto", SnapshotStore::Auto),
+            ("device", SnapshotStore::Device),
+            ("HOST", SnapshotStore::Host),
+            ("file", SnapshotStore::File),
+        ] {
+            let config = config_from(&[("KREPLAY_SNAPSHOT_STORE", text)]).unwrap();
+            assert_eq!(config.snapshot_store, store);
+        }
+        for (text, mode) in [
+            ("auto", RestoreMode::Auto),
+            ("full", RestoreMode::Full),
+            ("hash", RestoreMode::Hash),
+            ("writeset", RestoreMode::WriteSet),
+        ] {
+            assert_eq!(
+                config_from(&[("KREPLAY_RESTORE", text)]).unwrap().restore,
+                mode
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_values_are_errors_naming_variable_and_value() {
+        let cases = [
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "lots"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "-1"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "12X"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", ""),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "18446744073709551616"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "17179869184G"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "0"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "1.5"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "soon"),
+            ("KREPLAY_SNAPSHOT_STORE", "gpu"),
+            ("KREPLAY_SNAPSHOT_STORE", ""),
+            ("KREPLAY_RESTORE", "fast"),
+            ("KREPLAY_SPILL_DIR", ""),
+            ("KREPLAY_SPILL_DIR", "  "),
+            ("KREPLAY_LOG", "trace"),
+        ];
+        for (variable, value) in cases {
+            let err = config_from(&[(variable, value)]).unwrap_err();
+            assert_eq!(err.variable, variable, "{variable}={value:?}");
+            assert_eq!(err.value, value);
+            let message = err.to_string();
+            assert!(message.contains(variable), "{message}");
+            assert!(message.contains(&format!("{value:?}")), "{message}");
+        }
+    }
+
+    #[test]
+    fn choice_errors_list_the_accepted_values() {
+        let err = config_from(&[("KREPLAY_SNAPSHOT_STORE", "gpu")]).unwrap_err();
+        assert_eq!(err.expected, "one of auto, device, host, file");
+        let err = config_from(&[("KREPLAY_RESTORE", "fast")]).unwrap_err();
+        assert_eq!(err.expected, "one of auto, full, hash, writeset");
+    }
+}

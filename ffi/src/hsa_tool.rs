@@ -1,0 +1,434 @@
+//! kreplay as an HSA tools library: `OnLoad` / `OnUnload`, and the bridge between the HSA backend
+//! and the tools configured through the C ABI.
+//!
+//! [`on_load`] reads the `KREPLAY_*` configuration, initializes every tool (their
+//! `kreplay_configure` / initialize, where contexts and services are configured), and installs
+//! the HSA backend into the runtime's table with [`Hooks`] as its view of the tools: the
+//! KERNEL_REPLAY owner drives each replay through [`CReplayTool`], and KERNEL_DISPATCH services
+//! receive one COMPLETE record per executed kernel (per pass when replayed, filtered by the
+//! pass's context mask).
+
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
+use kreplay_passloop::{
+    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
+    RestoreRequest,
+};
+use parking_lot::Mutex;
+
+use crate::abi::{
+    AgentId, CallbackPhase, DeclineReason, Dim3, KernelDispatchData, KernelDispatchInfo,
+    KernelDispatchOperation, KernelReplayData, KernelReplayMemoryData, KernelReplayOperation,
+    QueueId, RestoreStrategy, SnapshotTier, Status, UserData,
+};
+use crate::config::{Config, RestoreMode, SnapshotStore};
+use crate::logging::{self, Severity};
+use crate::services::{self, CallbackService, TraceEvent};
+
+static SKIP_RESTORE: AtomicBool = AtomicBool::new(false);
+static COLLECT_RECORDS: AtomicBool = AtomicBool::new(false);
+static RECORDS: Mutex<Vec<ReplayRecord>> = Mutex::new(Vec::new());
+
+/// Makes replay skip every restore (set before [`on_load`]). Only to demonstrate the wrong
+/// results replay without restore gives; never in a real tool.
+pub fn set_skip_restore_for_demo(skip: bool) {
+    SKIP_RESTORE.store(skip, Ordering::Relaxed);
+}
+
+/// Keeps the cost record of every dispatch that goes through the replay loop, for
+/// [`take_replay_records`]. Off by default (a long-running process would accumulate them).
+pub fn set_collect_replay_records(collect: bool) {
+    COLLECT_RECORDS.store(collect, Ordering::Relaxed);
+}
+
+/// The records kept since the last call (see [`set_collect_replay_records`]).
+pub fn take_replay_records() -> Vec<ReplayRecord> {
+    std::mem::take(&mut *RECORDS.lock())
+}
+
+fn snapshot_config(config: &Config) -> kreplay_snapshot::SnapshotConfig {
+    kreplay_snapshot::SnapshotConfig {
+        // None in the configuration (0 in the environment) derives the budget from available memory.
+        max_bytes: kreplay_snapshot::SnapshotConfig::budget_from_setting(
+            config.max_snapshot_bytes.unwrap_or(0),
+        ),
+        store: match config.snapshot_store {
+            SnapshotStore::Auto => kreplay_snapshot::StoreTier::Auto,
+            SnapshotStore::Device => kreplay_snapshot::StoreTier::Device,
+            SnapshotStore::Host => kreplay_snapshot::StoreTier::Host,
+            SnapshotStore::File => kreplay_snapshot::StoreTier::File,
+        },
+        strategy: match config.restore {
+            RestoreMode::Auto => kreplay_snapshot::RestoreStrategy::Auto,
+            RestoreMode::Full => kreplay_snapshot::RestoreStrategy::Full,
+            RestoreMode::Hash => kreplay_snapshot::RestoreStrategy::Hash,
+            RestoreMode::WriteSet => kreplay_snapshot::RestoreStrategy::Writeset,
+        },
+        spill_dir: config.spill_dir.clone(),
+        ..Default::default()
+    }
+}
+
+/// What the exported `OnLoad` does: configuration, tool initialization, backend installation.
+///
+/// # Safety
+/// `table` must be the runtime's valid `HsaApiTable`, modifiable and alive for every later call
+/// through it (the `OnLoad` contract).
+pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    logging::set_level(config.log);
+    crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
+    let options = InstallOptions {
+        snapshot: snapshot_config(&config),
+        drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
+        skip_restore: SKIP_RESTORE.load(Ordering::Relaxed),
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { kreplay_hsa::install(table, Arc::new(Hooks), options) }.map_err(|e| e.to_string())
+}
+
+/// What the exported `OnUnload` does: replay stops, tools are finalized.
+pub fn on_unload() {
+    kreplay_hsa::finalize();
+    crate::lifecycle::finalize_tools();
+}
+
+/// HSA tools-library entry point: the runtime calls it with its API table at start-up.
+///
+/// # Safety
+/// Called by the HSA runtime with its valid API table.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn OnLoad(
+    table: *mut hsa_sys::HsaApiTable,
+    _runtime_version: u64,
+    _failed_tool_count: u64,
+    _failed_tool_names: *const *const c_char,
+) -> bool {
+    let loaded = std::panic::catch_unwind(|| {
+        // SAFETY: the runtime passes its valid table.
+        unsafe { on_load(table) }
+    });
+    match loaded {
+        Ok(Ok(())) => true,
+        Ok(Err(why)) => {
+            eprintln!("kreplay: not loaded: {why}");
+            false
+        }
+        Err(_) => {
+            eprintln!("kreplay: not loaded: internal error");
+            false
+        }
+    }
+}
+
+/// HSA tools-library entry point: the runtime calls it at shutdown.
+#[unsafe(no_mangle)]
+pub extern "C" fn OnUnload() {
+    if std::panic::catch_unwind(on_unload).is_err() {
+        eprintln!("kreplay: internal error while unloading");
+    }
+}
+
+fn dispatch_info(info: &DispatchInfo) -> KernelDispatchInfo {
+    let dim = |d: [u32; 3]| Dim3 {
+        x: d[0],
+        y: d[1],
+        z: d[2],
+    };
+    KernelDispatchInfo {
+        agent_id: AgentId {
+            handle: info.agent_id,
+        },
+        queue_id: QueueId {
+            handle: info.queue_id,
+        },
+        kernel_id: info.kernel_id,
+        dispatch_id: info.dispatch_id,
+        private_segment_size: info.private_segment_size,
+        group_segment_size: info.group_segment_size,
+        workgroup_size: dim(info.workgroup_size),
+        grid_size: dim(info.grid_size),
+        ..Default::default()
+    }
+}
+
+/// The backend's view of the tools configured through the C ABI.
+struct Hooks;
+
+impl ToolHooks for Hooks {
+    fn replay_configured(&self) -> bool {
+        services::replay_configured()
+    }
+
+    fn dispatch_tracing_configured(&self) -> bool {
+        services::dispatch_tracing_configured()
+    }
+
+    fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
+        Box::new(CReplayTool::new(services::replay_owner()))
+    }
+
+    fn contexts(&self) -> &ContextRegistry {
+        ContextRegistry::global()
+    }
+
+    fn dispatch_completed(&self, record: &DispatchRecord) {
+        let mut payload = KernelDispatchData::new(dispatch_info(&record.info));
+        payload.start_timestamp = record.start_ticks;
+        payload.end_timestamp = record.end_ticks;
+        if let Some(pass) = record.pass {
+            payload.replay_pass = pass;
+        }
+        let event = TraceEvent {
+            operation: KernelDispatchOperation::COMPLETE.0,
+            phase: CallbackPhase::NONE,
+            correlation_id: services::next_correlation_id(),
+            decline_reason: DeclineReason::NONE,
+            payload: (&mut payload as *mut KernelDispatchData).cast::<c_void>(),
+        };
+        for service in services::dispatch_tracers().iter() {
+            let mut user_data = UserData::ZERO;
+            // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours during the call.
+            unsafe { service.deliver(&event, &mut user_data) };
+        }
+    }
+
+    fn replay_finished(&self, record: &ReplayRecord) {
+        if COLLECT_RECORDS.load(Ordering::Relaxed) {
+            RECORDS.lock().push(record.clone());
+        }
+    }
+
+    fn warn(&self, message: &str) {
+        logging::log(Severity::Warn, format_args!("{message}"));
+    }
+
+    fn warn_once(&self, key: &'static str, message: &str) {
+        logging::warn_once(key, format_args!("{message}"));
+    }
+}
+
+fn decline_reason(outcome: &ReplayOutcome) -> DeclineReason {
+    let Some(decline) = outcome.decline() else {
+        return DeclineReason::NONE;
+    };
+    DeclineReason::VALUES
+        .iter()
+        .map(|(_, v)| *v)
+        .find(|v| {
+            v.label()
+                .is_some_and(|l| l.to_bytes() == decline.reason.as_str().as_bytes())
+        })
+        .unwrap_or(DeclineReason::NONE)
+}
+
+fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
+    match t {
+        kreplay_passloop::StoreTier::None => SnapshotTier::NONE,
+        kreplay_passloop::StoreTier::Device => SnapshotTier::DEVICE,
+        kreplay_passloop::StoreTier::Host => SnapshotTier::HOST,
+        kreplay_passloop::StoreTier::File => SnapshotTier::FILE,
+    }
+}
+
+fn strategy(s: kreplay_passloop::RestoreStrategy) -> RestoreStrategy {
+    match s {
+        kreplay_passloop::RestoreStrategy::Full => RestoreStrategy::FULL,
+        kreplay_passloop::RestoreStrategy::Hash => RestoreStrategy::HASH,
+        kreplay_passloop::RestoreStrategy::Writeset => RestoreStrategy::WRITESET,
+    }
+}
+
+fn phase(p: Phase) -> CallbackPhase {
+    match p {
+        Phase::Enter => CallbackPhase::ENTER,
+        Phase::Exit => CallbackPhase::EXIT,
+    }
+}
+
+/// The KERNEL_REPLAY owner's callbacks as the pass loop's tool, for one dispatch.
+///
+/// One payload lives for the whole dispatch, so what the tool sets at CONFIG ENTER
+/// (`replay_pass_count`, `replay_continue`) and at PASS EXIT (a new `replay_continue`) stays; one
+/// `user_data` is shared by every callback of the dispatch.
+struct CReplayTool {
+    owner: Option<CallbackService>,
+    payload: KernelReplayData,
+    user_data: UserData,
+    correlation_id: u64,
+}
+
+impl CReplayTool {
+    fn new(owner: Option<CallbackService>) -> Self {
+        CReplayTool {
+            owner,
+            payload: KernelReplayData::new(KernelDispatchInfo::default()),
+            user_data: UserData::ZERO,
+            correlation_id: 0,
+        }
+    }
+
+    /// Delivers one KERNEL_REPLAY record with `payload` to the owner (started contexts only; the
+    /// owner's own replay mask does not silence it).
+    fn deliver(
+        &mut self,
+        operation: KernelReplayOperation,
+        phase: CallbackPhase,
+        decline: DeclineReason,
+        payload: *mut c_void,
+    ) -> bool {
+        let Some(owner) = self.owner else {
+            return false;
+        };
+        let event = TraceEvent {
+            operation: operation.0,
+            phase,
+            correlation_id: self.correlation_id,
+            decline_reason: decline,
+            payload,
+        };
+        // SAFETY: `payload` points to the KERNEL_REPLAY payload type the header documents for
+        // `operation`, alive and exclusively ours for the call.
+        unsafe { owner.deliver_if_started(&event, &mut self.user_data) }
+    }
+
+    fn deliver_replay(
+        &mut self,
+        operation: KernelReplayOperation,
+        phase: CallbackPhase,
+        decline: DeclineReason,
+    ) -> bool {
+        let payload = (&mut self.payload as *mut KernelReplayData).cast::<c_void>();
+        self.deliver(operation, phase, decline, payload)
+    }
+
+    fn deliver_memory(
+        &mut self,
+        operation: KernelReplayOperation,
+        phase: Phase,
+        pass: u64,
+        report: &MemoryOpReport,
+    ) {
+        let mut data = KernelReplayMemoryData::new(self.payload.dispatch_info);
+        data.current_pass = pass;
+        data.bytes_planned = report.bytes_planned;
+        data.bytes_moved = report.bytes_moved;
+        data.regions = report.regions;
+        data.chunks_restored = if operation == KernelReplayOperation::RESTORE {
+            report.chunks
+        } else {
+            0
+        };
+        data.tier = tier(report.tier);
+        data.strategy = strategy(report.strategy);
+        data.status = Status::SUCCESS;
+        let payload = (&mut data as *mut KernelReplayMemoryData).cast::<c_void>();
+        self.deliver(operation, self::phase(phase), DeclineReason::NONE, payload);
+    }
+}
+
+impl ReplayTool for CReplayTool {
+    fn config_enter(&mut self, info: &DispatchInfo) -> kreplay_passloop::ToolAnswer {
+        self.payload = KernelReplayData::new(dispatch_info(info));
+        self.correlation_id = services::next_correlation_id();
+        if !self.deliver_replay(
+            KernelReplayOperation::CONFIG,
+            CallbackPhase::ENTER,
+            DeclineReason::NONE,
+        ) {
+            return kreplay_passloop::ToolAnswer::OPT_OUT;
+        }
+        let Some(pass_count) = self.payload.replay_pass_count else {
+            return kreplay_passloop::ToolAnswer::OPT_OUT;
+        };
+        // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented arguments.
+        let n = unsafe { pass_count(self.payload.dispatch_info, self.user_data) };
+        kreplay_passloop::ToolAnswer {
+            pass_count: Some(n),
+            has_continue: self.payload.replay_continue.is_some(),
+        }
+    }
+
+    fn pass_enter(&mut self, _info: &DispatchInfo, pass: u64, total_passes: u64) {
+        self.payload.current_pass = pass;
+        self.payload.total_passes = total_passes;
+        crate::replay::arm_toggles(&mut self.payload);
+        self.deliver_replay(
+            KernelReplayOperation::PASS,
+            CallbackPhase::ENTER,
+            DeclineReason::NONE,
+        );
+        crate::replay::disarm_toggles(&mut self.payload);
+    }
+
+    fn pass_exit(&mut self, _info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange {
+        self.payload.current_pass = pass;
+        self.payload.total_passes = total_passes;
+        let before = self.payload.replay_continue.map(|f| f as usize);
+        self.deliver_replay(
+            KernelReplayOperation::PASS,
+            CallbackPhase::EXIT,
+            DeclineReason::NONE,
+        );
+        match (before, self.payload.replay_continue.map(|f| f as usize)) {
+            (Some(a), Some(b)) if a == b => ContinueChange::Keep,
+            (None, None) => ContinueChange::Keep,
+            (_, Some(_)) => ContinueChange::Set,
+            (Some(_), None) => ContinueChange::Clear,
+        }
+    }
+
+    fn should_continue(
+        &mut self,
+        _info: &DispatchInfo,
+        current_pass: u64,
+        total_passes: u64,
+    ) -> bool {
+        match self.payload.replay_continue {
+            // SAFETY: the tool's own `kreplay_continue_cb_t`, called with the documented arguments.
+            Some(f) => unsafe {
+                f(
+                    self.payload.dispatch_info,
+                    current_pass,
+                    total_passes,
+                    self.user_data,
+                ) != 0
+            },
+            None => true,
+        }
+    }
+
+    fn snapshot(&mut self, _info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
+        self.deliver_memory(KernelReplayOperation::SNAPSHOT, phase, 0, report);
+    }
+
+    fn restore(
+        &mut self,
+        _info: &DispatchInfo,
+        phase: Phase,
+        request: &RestoreRequest,
+        report: &MemoryOpReport,
+    ) {
+        self.deliver_memory(
+            KernelReplayOperation::RESTORE,
+            phase,
+            request.completed_pass,
+            report,
+        );
+    }
+
+    fn config_exit(&mut self, _info: &DispatchInfo, outcome: &ReplayOutcome) {
+        self.payload.current_pass = match outcome {
+            ReplayOutcome::Replayed { passes, .. } => *passes,
+            ReplayOutcome::RanOnce { .. } => 1,
+            ReplayOutcome::PassFailed { pass, .. } => pass + 1,
+            ReplayOutcome::RestoreFailed { after_pass, .. } => after_pass + 1,
+        };
+        let reason = decline_reason(outcome);
+        self.deliver_replay(KernelReplayOperation::CONFIG, CallbackPhase::EXIT, reason);
+    }
+}

@@ -1,0 +1,644 @@
+//! Tool discovery and lifecycle.
+//!
+//! [`initialize_tools`] (called once when the runtime loads kreplay) finds every tool's
+//! `kreplay_configure`:
+//! 1. functions registered with `kreplay_force_configure`, in registration order;
+//! 2. the symbol `kreplay_configure` in the process's global scope;
+//! 3. the symbol in each library of `KREPLAY_TOOL_LIBRARIES` (colon-separated paths, loaded with
+//!    `RTLD_NOW | RTLD_LOCAL`; a path that fails to load, or lacks the symbol, is reported on
+//!    stderr and in [`InitReport::load_errors`], and the other tools still load).
+//!
+//! The same function found twice is used once. Every configure function is called (its
+//! `priority` is its rank), then every tool's `initialize`, in the same order; contexts a tool
+//! creates on the initializing thread are attributed to it. A tool whose initialize returns
+//! non-zero is failed: its contexts are stopped and their services removed. Then configuration is
+//! locked. [`finalize_tools`] (called when the runtime unloads kreplay) stops each active tool's
+//! contexts and calls its `finalize`, in reverse order.
+//!
+//! ```
+//! use kreplay::abi::{ClientId, ToolConfigureResult};
+//! use kreplay::lifecycle::{self, ToolSearch, ToolState};
+//! use std::ffi::c_char;
+//!
+//! unsafe extern "C" fn configure(
+//!     _version: u32, _runtime: *const c_char, _priority: u32, client: *mut ClientId,
+//! ) -> *mut ToolConfigureResult {
+//!     unsafe { (*client).name = c"doc-tool".as_ptr() };
+//!     std::ptr::null_mut() // this tool stays inactive
+//! }
+//!
+//! lifecycle::force_configure(configure).unwrap();
+//! let report = lifecycle::initialize_tools_with(&ToolSearch::default()).unwrap();
+//! assert_eq!(report.tools[0].name.as_deref(), Some("doc-tool"));
+//! assert_eq!(report.tools[0].state, ToolState::Declined);
+//! assert!(lifecycle::is_initialized());
+//! assert_eq!(lifecycle::finalize_tools(), 0);
+//! ```
+
+use std::cell::RefCell;
+use std::ffi::{CStr, c_void};
+use std::fmt;
+use std::mem::size_of;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use kreplay_ctxmask::{ContextId, ContextRegistry};
+use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+use parking_lot::Mutex;
+
+use crate::abi::{
+    ClientId, ConfigureFn, Status, ToolConfigureResult, ToolFinalizeFn, ToolInitializeFn, VERSION,
+    VERSION_STRING,
+};
+use crate::services;
+
+/// The environment variable listing tool libraries (colon-separated paths).
+pub const ENV_TOOL_LIBRARIES: &str = "KREPLAY_TOOL_LIBRARIES";
+
+/// Where a tool's configure function was found.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ToolOrigin {
+    /// Registered with `kreplay_force_configure`.
+    Forced,
+    /// The `kreplay_configure` symbol of the process's global scope.
+    Process,
+    /// A library of `KREPLAY_TOOL_LIBRARIES`.
+    Library(PathBuf),
+}
+
+impl fmt::Display for ToolOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToolOrigin::Forced => f.write_str("kreplay_force_configure"),
+            ToolOrigin::Process => f.write_str("the process"),
+            ToolOrigin::Library(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Where a tool is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ToolState {
+    /// Its configure returned NULL: it stays inactive.
+    Declined,
+    /// Its configure result was malformed (too small): ignored.
+    Rejected,
+    /// Configured, initialize not called yet.
+    Configured,
+    /// Its initialize is running.
+    Initializing,
+    /// Its initialize returned non-zero: its contexts were stopped, its services removed.
+    Failed,
+    /// Initialized and receiving callbacks.
+    Active,
+    /// Its finalize has run.
+    Finalized,
+}
+
+/// What kreplay knows about one tool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolSummary {
+    /// The client handle kreplay gave the tool (1, 2, ...).
+    pub client: u32,
+    /// The name the tool set in its client id, if any.
+    pub name: Option<String>,
+    /// Where it was found.
+    pub origin: ToolOrigin,
+    /// Its state.
+    pub state: ToolState,
+    /// The contexts it created during its initialize.
+    pub contexts: Vec<ContextId>,
+}
+
+/// A tool library that could not be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolLoadError {
+    /// The path from `KREPLAY_TOOL_LIBRARIES`.
+    pub path: PathBuf,
+    /// Why.
+    pub message: String,
+}
+
+impl fmt::Display for ToolLoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{ENV_TOOL_LIBRARIES}: cannot use {}: {}",
+            self.path.display(),
+            self.message
+        )
+    }
+}
+
+/// The outcome of [`initialize_tools`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InitReport {
+    /// Every tool found, in priority order.
+    pub tools: Vec<ToolSummary>,
+    /// Libraries that could not be used (also printed on stderr).
+    pub load_errors: Vec<ToolLoadError>,
+}
+
+impl InitReport {
+    /// How many tools ended initialization active.
+    pub fn active_tools(&self) -> usize {
+        self.tools
+            .iter()
+            .filter(|tool| tool.state == ToolState::Active)
+            .count()
+    }
+}
+
+/// Why tools could not be initialized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LifecycleError {
+    /// Tool initialization already ran (or is running) in this process.
+    AlreadyInitialized,
+}
+
+impl fmt::Display for LifecycleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LifecycleError::AlreadyInitialized => {
+                f.write_str("kreplay tools are already initialized in this process")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LifecycleError {}
+
+/// Where to look for tools.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolSearch {
+    /// Look up `kreplay_configure` in the process's global scope.
+    pub search_process: bool,
+    /// Tool libraries to load, in order.
+    pub libraries: Vec<PathBuf>,
+}
+
+impl ToolSearch {
+    /// The process plus the libraries of `KREPLAY_TOOL_LIBRARIES`.
+    pub fn from_env() -> ToolSearch {
+        let libraries = match std::env::var_os(ENV_TOOL_LIBRARIES) {
+            Some(value) => std::env::split_paths(&value)
+                .filter(|path| !path.as_os_str().is_empty())
+                .collect(),
+            None => Vec::new(),
+        };
+        ToolSearch {
+            search_process: true,
+            libraries,
+        }
+    }
+
+    /// Parses a `KREPLAY_TOOL_LIBRARIES` value: colon-separated, empty entries skipped.
+    pub fn parse_libraries(value: &str) -> Vec<PathBuf> {
+        value
+            .split(':')
+            .filter(|entry| !entry.is_empty())
+            .map(PathBuf::from)
+            .collect()
+    }
+}
+
+const UNINITIALIZED: u8 = 0;
+const INITIALIZING: u8 = 1;
+const INITIALIZED: u8 = 2;
+const FINALIZING: u8 = 3;
+const FINALIZED: u8 = 4;
+
+static PHASE: AtomicU8 = AtomicU8::new(UNINITIALIZED);
+
+struct Tool {
+    summary: ToolSummary,
+    initialize: ToolInitializeFn,
+    finalize: ToolFinalizeFn,
+    tool_data: *mut c_void,
+    finalize_requested: bool,
+}
+
+// SAFETY: `tool_data` is the tool's opaque pointer, only handed back to the tool's own functions,
+// which the tool contract allows kreplay to call from the thread that initializes or finalizes.
+unsafe impl Send for Tool {}
+
+struct LifecycleState {
+    forced: Vec<ConfigureFn>,
+    tools: Vec<Tool>,
+    /// Tool libraries stay loaded for the life of the process.
+    libraries: Vec<Library>,
+}
+
+static STATE: Mutex<LifecycleState> = Mutex::new(LifecycleState {
+    forced: Vec::new(),
+    tools: Vec::new(),
+    libraries: Vec::new(),
+});
+
+thread_local! {
+    /// Contexts created on this thread while a tool's initialize runs here.
+    static CREATED_DURING_INIT: RefCell<Option<Vec<ContextId>>> = const { RefCell::new(None) };
+}
+
+/// Has tool initialization begun (from then on `kreplay_force_configure` is refused)?
+pub fn is_initialized() -> bool {
+    PHASE.load(Ordering::Acquire) != UNINITIALIZED
+}
+
+/// Have the tools been finalized?
+pub fn is_finalized() -> bool {
+    PHASE.load(Ordering::Acquire) == FINALIZED
+}
+
+/// Registers a configure function of a tool linked into the application. Refused with
+/// [`Status::ERROR_CONFIGURATION_LOCKED`] once tool initialization has begun.
+pub fn force_configure(configure: ConfigureFn) -> Result<(), Status> {
+    let mut state = STATE.lock();
+    // Checked under the state lock, which initialize_tools holds while it leaves UNINITIALIZED.
+    if PHASE.load(Ordering::Acquire) != UNINITIALIZED {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    state.forced.push(configure);
+    Ok(())
+}
+
+/// Records a context created by `kreplay_create_context` (attributed to the tool whose initialize
+/// is running on this thread, if any).
+pub(crate) fn note_context_created(context: ContextId) {
+    CREATED_DURING_INIT.with(|created| {
+        if let Some(list) = created.borrow_mut().as_mut() {
+            list.push(context);
+        }
+    });
+}
+
+/// A snapshot of every tool kreplay knows about.
+pub fn tools() -> Vec<ToolSummary> {
+    STATE
+        .lock()
+        .tools
+        .iter()
+        .map(|tool| tool.summary.clone())
+        .collect()
+}
+
+/// Discovers and initializes tools as [`ToolSearch::from_env`] describes, then locks
+/// configuration. Runs once per process; a second call is
+/// [`LifecycleError::AlreadyInitialized`].
+pub fn initialize_tools() -> Result<InitReport, LifecycleError> {
+    initialize_tools_with(&ToolSearch::from_env())
+}
+
+/// [`initialize_tools`] with an explicit search (forced configure functions are always used).
+pub fn initialize_tools_with(search: &ToolSearch) -> Result<InitReport, LifecycleError> {
+    let forced = {
+        let state = STATE.lock();
+        PHASE
+            .compare_exchange(
+                UNINITIALIZED,
+                INITIALIZING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map_err(|_| LifecycleError::AlreadyInitialized)?;
+        state.forced.clone()
+    };
+
+    let mut report = InitReport::default();
+    let candidates = discover(search, forced, &mut report.load_errors);
+
+    // Configure every candidate (no kreplay lock is held while tool code runs).
+    let mut configured = Vec::with_capacity(candidates.len());
+    for (priority, (configure, origin)) in candidates.into_iter().enumerate() {
+        configured.push(configure_tool(
+            configure,
+            origin,
+            priority as u32 + 1,
+            priority as u32,
+        ));
+    }
+    STATE.lock().tools.extend(configured);
+
+    let count = STATE.lock().tools.len();
+    for index in 0..count {
+        initialize_tool(index);
+    }
+
+    services::lock_configuration();
+    PHASE.store(INITIALIZED, Ordering::Release);
+    report.tools = tools();
+    crate::kreplay_info!(
+        "{} tool(s) found, {} active",
+        report.tools.len(),
+        report.active_tools()
+    );
+    Ok(report)
+}
+
+/// Stops every active tool's contexts and calls its finalize, in reverse order of
+/// initialization. Returns how many tools were finalized (0 if tools were never initialized or
+/// are already finalized).
+pub fn finalize_tools() -> usize {
+    if PHASE
+        .compare_exchange(INITIALIZED, FINALIZING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return 0;
+    }
+    let jobs: Vec<FinalizeJob> = {
+        let mut state = STATE.lock();
+        state
+            .tools
+            .iter_mut()
+            .rev()
+            .filter(|tool| tool.summary.state == ToolState::Active)
+            .map(|tool| {
+                tool.summary.state = ToolState::Finalized;
+                FinalizeJob::of(tool)
+            })
+            .collect()
+    };
+    let finalized = jobs.len();
+    for job in jobs {
+        job.run();
+    }
+    PHASE.store(FINALIZED, Ordering::Release);
+    finalized
+}
+
+/// Forgets tools, forced configure functions and services and reopens configuration, so that a
+/// test harness sharing one process can run lifecycle scenarios one after another. Tools are not
+/// finalized; loaded libraries stay loaded. Not for production use.
+pub(crate) fn reset() {
+    let mut state = STATE.lock();
+    state.forced.clear();
+    state.tools.clear();
+    services::reset();
+    PHASE.store(UNINITIALIZED, Ordering::Release);
+}
+
+fn discover(
+    search: &ToolSearch,
+    forced: Vec<ConfigureFn>,
+    load_errors: &mut Vec<ToolLoadError>,
+) -> Vec<(ConfigureFn, ToolOrigin)> {
+    let mut found: Vec<(ConfigureFn, ToolOrigin)> = Vec::new();
+    let mut add = |configure: ConfigureFn, origin: ToolOrigin| {
+        let address = configure as usize;
+        if !found.iter().any(|(known, _)| *known as usize == address) {
+            found.push((configure, origin));
+        }
+    };
+    for configure in forced {
+        add(configure, ToolOrigin::Forced);
+    }
+    if search.search_process {
+        let this = Library::this();
+        // SAFETY: a `kreplay_configure` symbol, wherever a tool defines it, has the type declared
+        // in kreplay.h, which `ConfigureFn` mirrors.
+        if let Ok(symbol) = unsafe { this.get::<ConfigureFn>(b"kreplay_configure\0") } {
+            add(*symbol, ToolOrigin::Process);
+        }
+    }
+    for path in &search.libraries {
+        match load_tool_library(path) {
+            Ok((library, configure)) => {
+                STATE.lock().libraries.push(library);
+                add(configure, ToolOrigin::Library(path.clone()));
+            }
+            Err(message) => {
+                let error = ToolLoadError {
+                    path: path.clone(),
+                    message,
+                };
+                crate::kreplay_error!("{error}");
+                load_errors.push(error);
+            }
+        }
+    }
+    found
+}
+
+fn load_tool_library(path: &Path) -> Result<(Library, ConfigureFn), String> {
+    // SAFETY: loading a library runs its initializers; the user asked for exactly this library
+    // to be loaded into the process by listing it in KREPLAY_TOOL_LIBRARIES.
+    let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+        .map_err(|err| err.to_string())?;
+    // SAFETY: as in `discover`: the symbol has the type declared in kreplay.h. The pointer is
+    // used only while the library stays loaded, which is for the life of the process.
+    let configure = unsafe { library.get::<ConfigureFn>(b"kreplay_configure\0") }
+        .map(|symbol| *symbol)
+        .map_err(|err| format!("the library does not define kreplay_configure ({err})"));
+    match configure {
+        Ok(configure) => Ok((library, configure)),
+        Err(message) => {
+            // Not a tool, but keep it loaded: unloading libraries has surprised processes before.
+            STATE.lock().libraries.push(library);
+            Err(message)
+        }
+    }
+}
+
+fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, priority: u32) -> Tool {
+    let mut client_id = ClientId {
+        name: std::ptr::null(),
+        handle: client,
+    };
+    // SAFETY: `configure` is a tool's `kreplay_configure` (type checked by its declaration in
+    // kreplay.h); the version string is a static NUL-terminated string and `client_id` is valid
+    // for the call.
+    let result = unsafe { configure(VERSION, VERSION_STRING.as_ptr(), priority, &mut client_id) };
+    let name = if client_id.name.is_null() {
+        None
+    } else {
+        // SAFETY: the contract asks the tool to set a NUL-terminated string with static storage.
+        Some(
+            unsafe { CStr::from_ptr(client_id.name) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    let mut tool = Tool {
+        summary: ToolSummary {
+            client,
+            name,
+            origin,
+            state: ToolState::Declined,
+            contexts: Vec::new(),
+        },
+        initialize: None,
+        finalize: None,
+        tool_data: std::ptr::null_mut(),
+        finalize_requested: false,
+    };
+    if result.is_null() {
+        crate::kreplay_info!("tool {} stays inactive", describe(&tool.summary));
+        return tool;
+    }
+    // SAFETY: a non-null result points to a `kreplay_tool_configure_result_t` whose first field,
+    // `size`, tells how much of it the tool filled in; only that field is read before checking.
+    let size = unsafe { std::ptr::addr_of!((*result).size).read_unaligned() };
+    if size < size_of::<ToolConfigureResult>() {
+        crate::kreplay_error!(
+            "tool {} returned a configure result of {size} bytes (expected at least {}); ignored",
+            describe(&tool.summary),
+            size_of::<ToolConfigureResult>()
+        );
+        tool.summary.state = ToolState::Rejected;
+        return tool;
+    }
+    // SAFETY: the size check above shows the whole struct was provided by the tool.
+    let result = unsafe { result.read_unaligned() };
+    tool.initialize = result.initialize;
+    tool.finalize = result.finalize;
+    tool.tool_data = result.tool_data;
+    tool.summary.state = ToolState::Configured;
+    tool
+}
+
+fn initialize_tool(index: usize) {
+    let (initialize, tool_data) = {
+        let mut state = STATE.lock();
+        let tool = &mut state.tools[index];
+        if tool.summary.state != ToolState::Configured {
+            return;
+        }
+        tool.summary.state = ToolState::Initializing;
+        (tool.initialize, tool.tool_data)
+    };
+
+    CREATED_DURING_INIT.with(|created| *created.borrow_mut() = Some(Vec::new()));
+    let rc = match initialize {
+        // SAFETY: the tool's initialize, called once with the finalize trampoline and the tool's
+        // own data, exactly as kreplay.h documents.
+        Some(initialize) => unsafe { initialize(Some(client_finalize), tool_data) },
+        None => 0,
+    };
+    let contexts = CREATED_DURING_INIT
+        .with(|created| created.borrow_mut().take())
+        .unwrap_or_default();
+
+    let (early_finalize, description) = {
+        let mut state = STATE.lock();
+        let tool = &mut state.tools[index];
+        tool.summary.contexts = contexts.clone();
+        let description = describe(&tool.summary);
+        let early_finalize = if rc != 0 {
+            tool.summary.state = ToolState::Failed;
+            None
+        } else if tool.finalize_requested {
+            tool.summary.state = ToolState::Finalized;
+            Some(FinalizeJob::of(tool))
+        } else {
+            tool.summary.state = ToolState::Active;
+            None
+        };
+        (early_finalize, description)
+    };
+
+    if rc != 0 {
+        let registry = ContextRegistry::global();
+        for &context in &contexts {
+            let _ = registry.stop(context);
+            let _ = services::remove_context(context);
+        }
+        crate::kreplay_warn!(
+            "tool {description} failed to initialize (returned {rc}); its {} context(s) were stopped",
+            contexts.len()
+        );
+    } else if let Some(job) = early_finalize {
+        crate::kreplay_info!("tool {description} finalized itself during initialize");
+        job.run();
+    } else {
+        crate::kreplay_info!("tool {description} initialized");
+    }
+}
+
+struct FinalizeJob {
+    contexts: Vec<ContextId>,
+    finalize: ToolFinalizeFn,
+    tool_data: *mut c_void,
+}
+
+impl FinalizeJob {
+    fn of(tool: &Tool) -> FinalizeJob {
+        FinalizeJob {
+            contexts: tool.summary.contexts.clone(),
+            finalize: tool.finalize,
+            tool_data: tool.tool_data,
+        }
+    }
+
+    /// Stops the tool's contexts (no callback reaches it once finalize runs), then finalizes it.
+    fn run(self) {
+        let registry = ContextRegistry::global();
+        for &context in &self.contexts {
+            let _ = registry.stop(context);
+        }
+        if let Some(finalize) = self.finalize {
+            // SAFETY: the tool's finalize, called once with its own data as kreplay.h documents.
+            unsafe { finalize(self.tool_data) };
+        }
+    }
+}
+
+/// `kreplay_client_finalize_t` handed to every tool's initialize.
+unsafe extern "C" fn client_finalize(client: ClientId) {
+    let _ = std::panic::catch_unwind(|| finalize_client(client.handle));
+}
+
+fn finalize_client(handle: u32) {
+    let job = {
+        let mut state = STATE.lock();
+        match state
+            .tools
+            .iter_mut()
+            .find(|tool| tool.summary.client == handle)
+        {
+            Some(tool) if tool.summary.state == ToolState::Active => {
+                tool.summary.state = ToolState::Finalized;
+                Some(FinalizeJob::of(tool))
+            }
+            Some(tool) if tool.summary.state == ToolState::Initializing => {
+                tool.finalize_requested = true;
+                None
+            }
+            Some(tool) => {
+                crate::kreplay_warn!(
+                    "tool {} asked to be finalized while {:?}; ignored",
+                    describe(&tool.summary),
+                    tool.summary.state
+                );
+                None
+            }
+            None => {
+                crate::kreplay_warn!("finalize requested for unknown client {handle}; ignored");
+                None
+            }
+        }
+    };
+    if let Some(job) = job {
+        job.run();
+    }
+}
+
+fn describe(tool: &ToolSummary) -> String {
+    match &tool.name {
+        Some(name) => format!("{name:?} (client {}, from {})", tool.client, tool.origin),
+        None => format!("client {} (from {})", tool.client, tool.origin),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_library_lists_split_on_colons_and_skip_empty_entries() {
+        assert_eq!(
+            ToolSearch::parse_libraries("/a/libx.so::/b/liby.so:"),
+            vec![PathBuf::from("/a/libx.so"), PathBuf::from("/b/liby.so")]
+        );
+        assert!(ToolSearch::parse_libraries("").is_empty());
+    }
+}

@@ -1,0 +1,321 @@
+//! A small leveled logger writing to stderr, every line prefixed `kreplay:`.
+//!
+//! The level comes from `KREPLAY_LOG=off|warn|info|debug` (default `warn`), read on first use, or
+//! from [`set_level`]. Errors are printed at every level but `off`. A malformed `KREPLAY_LOG` is
+//! reported once as an error and the default level is used for the logger itself;
+//! [`crate::config::Config::from_env`] reports the same value as a startup error.
+//!
+//! ```
+//! use kreplay::logging::{self, LogLevel};
+//!
+//! logging::set_level(LogLevel::Info);
+//! assert!(logging::enabled(LogLevel::Info));
+//! assert!(!logging::enabled(LogLevel::Debug));
+//! kreplay::kreplay_info!("{} contexts configured", 2);
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::Write;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use parking_lot::Mutex;
+
+/// How much kreplay prints (`KREPLAY_LOG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum LogLevel {
+    /// Nothing at all.
+    Off,
+    /// Errors and warnings (the default).
+    #[default]
+    Warn,
+    /// Also one-line notes about what kreplay does (tools found, replays declined, ...).
+    Info,
+    /// Also per-dispatch detail.
+    Debug,
+}
+
+impl LogLevel {
+    /// The value as written in `KREPLAY_LOG`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Off => "off",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+        }
+    }
+
+    fn from_u8(value: u8) -> LogLevel {
+        match value {
+            0 => LogLevel::Off,
+            1 => LogLevel::Warn,
+            2 => LogLevel::Info,
+            _ => LogLevel::Debug,
+        }
+    }
+}
+
+/// `KREPLAY_LOG` held a value that is not `off`, `warn`, `info` or `debug`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseLogLevelError {
+    /// The rejected text.
+    pub value: String,
+}
+
+impl fmt::Display for ParseLogLevelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is not a log level (expected one of off, warn, info, debug)",
+            self.value
+        )
+    }
+}
+
+impl std::error::Error for ParseLogLevelError {}
+
+impl FromStr for LogLevel {
+    type Err = ParseLogLevelError;
+
+    /// Parses `off`, `warn`, `info` or `debug` (ASCII case-insensitive, surrounding spaces
+    /// ignored).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        [
+            LogLevel::Off,
+            LogLevel::Warn,
+            LogLevel::Info,
+            LogLevel::Debug,
+        ]
+        .into_iter()
+        .find(|level| trimmed.eq_ignore_ascii_case(level.as_str()))
+        .ok_or_else(|| ParseLogLevelError {
+            value: text.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The severity of one message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// Something failed; printed unless the level is `off`.
+    Error,
+    /// Printed at `warn` and above.
+    Warn,
+    /// Printed at `info` and above.
+    Info,
+    /// Printed at `debug`.
+    Debug,
+}
+
+impl Severity {
+    fn threshold(self) -> LogLevel {
+        match self {
+            Severity::Error | Severity::Warn => LogLevel::Warn,
+            Severity::Info => LogLevel::Info,
+            Severity::Debug => LogLevel::Debug,
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Severity::Error => "error",
+            Severity::Warn => "warning",
+            Severity::Info => "info",
+            Severity::Debug => "debug",
+        }
+    }
+}
+
+const LEVEL_UNSET: u8 = u8::MAX;
+static LEVEL: AtomicU8 = AtomicU8::new(LEVEL_UNSET);
+static ONCE_KEYS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// The current level (reads `KREPLAY_LOG` on first use).
+pub fn level() -> LogLevel {
+    let raw = LEVEL.load(Ordering::Relaxed);
+    if raw != LEVEL_UNSET {
+        return LogLevel::from_u8(raw);
+    }
+    let from_env = std::env::var("KREPLAY_LOG").ok();
+    let (chosen, bad) = match from_env.as_deref().map(str::parse::<LogLevel>) {
+        None => (LogLevel::default(), None),
+        Some(Ok(level)) => (level, None),
+        Some(Err(err)) => (LogLevel::default(), Some(err)),
+    };
+    // Only the first thread to resolve the level reports a malformed value.
+    if LEVEL
+        .compare_exchange(
+            LEVEL_UNSET,
+            chosen as u8,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    {
+        if let Some(err) = bad {
+            emit(
+                Severity::Error,
+                format_args!("invalid KREPLAY_LOG: {err}; using \"warn\""),
+            );
+        }
+        chosen
+    } else {
+        LogLevel::from_u8(LEVEL.load(Ordering::Relaxed))
+    }
+}
+
+/// Sets the level, overriding `KREPLAY_LOG`.
+pub fn set_level(level: LogLevel) {
+    LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+/// Would a message needing `level` be printed?
+pub fn enabled(level: LogLevel) -> bool {
+    level != LogLevel::Off && self::level() >= level
+}
+
+/// Would a message of `severity` be printed?
+pub fn severity_enabled(severity: Severity) -> bool {
+    enabled(severity.threshold())
+}
+
+/// The line printed for a message, without the trailing newline:
+/// `kreplay: <error|warning|info|debug>: <message>`.
+pub fn format_line(severity: Severity, message: fmt::Arguments<'_>) -> String {
+    format!("kreplay: {}: {}", severity.tag(), message)
+}
+
+/// Prints `message` at `severity` if the level allows it; returns whether it was printed.
+pub fn log(severity: Severity, message: fmt::Arguments<'_>) -> bool {
+    if !severity_enabled(severity) {
+        return false;
+    }
+    emit(severity, message);
+    true
+}
+
+fn emit(severity: Severity, message: fmt::Arguments<'_>) {
+    let mut line = format_line(severity, message);
+    line.push('\n');
+    // A closed or full stderr must not turn into a panic: the message is dropped.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// Prints a warning the first time it is called with `key`, and never again for that key in this
+/// process. Returns whether it printed. Keys that are suppressed by the level are not spent.
+pub fn warn_once(key: &'static str, message: fmt::Arguments<'_>) -> bool {
+    if !severity_enabled(Severity::Warn) {
+        return false;
+    }
+    let first = {
+        let mut keys = ONCE_KEYS.lock();
+        keys.get_or_insert_with(HashSet::new).insert(key)
+    };
+    if first {
+        emit(Severity::Warn, message);
+    }
+    first
+}
+
+/// Prints an error (unless `KREPLAY_LOG=off`).
+#[macro_export]
+macro_rules! kreplay_error {
+    ($($arg:tt)*) => {
+        $crate::logging::log($crate::logging::Severity::Error, format_args!($($arg)*))
+    };
+}
+
+/// Prints a warning (at `KREPLAY_LOG=warn` and above).
+#[macro_export]
+macro_rules! kreplay_warn {
+    ($($arg:tt)*) => {
+        $crate::logging::log($crate::logging::Severity::Warn, format_args!($($arg)*))
+    };
+}
+
+/// Prints a note (at `KREPLAY_LOG=info` and above).
+#[macro_export]
+macro_rules! kreplay_info {
+    ($($arg:tt)*) => {
+        $crate::logging::log($crate::logging::Severity::Info, format_args!($($arg)*))
+    };
+}
+
+/// Prints detail (at `KREPLAY_LOG=debug`).
+#[macro_export]
+macro_rules! kreplay_debug {
+    ($($arg:tt)*) => {
+        $crate::logging::log($crate::logging::Severity::Debug, format_args!($($arg)*))
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_levels_parse_case_insensitively_and_reject_others() {
+        assert_eq!("off".parse::<LogLevel>(), Ok(LogLevel::Off));
+        assert_eq!(" WARN ".parse::<LogLevel>(), Ok(LogLevel::Warn));
+        assert_eq!("Info".parse::<LogLevel>(), Ok(LogLevel::Info));
+        assert_eq!("debug".parse::<LogLevel>(), Ok(LogLevel::Debug));
+        let err = "verbose".parse::<LogLevel>().unwrap_err();
+        assert_eq!(err.value, "verbose");
+        assert!(err.to_string().contains("off, warn, info, debug"));
+        assert!("".parse::<LogLevel>().is_err());
+    }
+
+    #[test]
+    fn lines_carry_the_kreplay_prefix_and_severity() {
+        assert_eq!(
+            format_line(Severity::Warn, format_args!("x = {}", 3)),
+            "kreplay: warning: x = 3"
+        );
+        assert_eq!(
+            format_line(Severity::Error, format_args!("lost")),
+            "kreplay: error: lost"
+        );
+    }
+
+    // The level is process-wide, so every level-dependent check lives in this one test.
+    #[test]
+    fn level_filters_messages_and_warn_once_fires_once_per_key() {
+        set_level(LogLevel::Off);
+        assert!(!kreplay_error!("hidden"));
+        assert!(!warn_once("logging-test-key", format_args!("hidden")));
+
+        set_level(LogLevel::Warn);
+        assert!(kreplay_error!("logging test: an error line"));
+        assert!(kreplay_warn!("logging test: a warning line"));
+        assert!(!kreplay_info!("hidden"));
+        assert!(!kreplay_debug!("hidden"));
+        assert!(warn_once(
+            "logging-test-key",
+            format_args!("logging test: once")
+        ));
+        assert!(!warn_once(
+            "logging-test-key",
+            format_args!("never printed")
+        ));
+        assert!(warn_once(
+            "logging-test-other-key",
+            format_args!("logging test: other")
+        ));
+
+        set_level(LogLevel::Debug);
+        assert!(kreplay_info!("logging test: info line"));
+        assert!(kreplay_debug!("logging test: debug line"));
+        assert!(enabled(LogLevel::Debug));
+        assert!(!enabled(LogLevel::Off));
+        set_level(LogLevel::Warn);
+    }
+}

@@ -1,0 +1,473 @@
+//! The process-wide registry of configured callback tracing services, as the backend sees it.
+//!
+//! Tools configure services through `kreplay_configure_callback_tracing_service` (or
+//! [`configure_callback_tracing`] from Rust) while their `initialize` runs; when tool
+//! initialization ends the configuration is locked and the set of services never changes again.
+//!
+//! The backend reads the configuration through cheap, lock-free-to-hold snapshots:
+//! - [`replay_configured`] / [`dispatch_tracing_configured`]: one relaxed atomic load each, for the
+//!   ordinary dispatch path;
+//! - [`replay_owner`]: the single KERNEL_REPLAY service, if any;
+//! - [`dispatch_tracers`]: every KERNEL_DISPATCH service;
+//! - [`table`]: all of it at once.
+//!
+//! Delivering a record goes through [`CallbackService::deliver`], which honours the service's
+//! operation filter and whether its context is active for the dispatch happening now on this
+//! thread (globally started and not masked off by a replay pass).
+//!
+//! ```
+//! use kreplay::abi::{CallbackKind, CallbackRecord, UserData};
+//! use kreplay::services;
+//! use kreplay_ctxmask::ContextRegistry;
+//! use std::ffi::c_void;
+//!
+//! unsafe extern "C" fn on_record(_: CallbackRecord, _: *mut UserData, _: *mut c_void) {}
+//!
+//! let ctx = ContextRegistry::global().create();
+//! services::configure_callback_tracing(ctx, CallbackKind::KERNEL_DISPATCH, None, on_record,
+//!                                      std::ptr::null_mut())
+//!     .unwrap();
+//! assert!(services::dispatch_tracing_configured());
+//! assert!(services::dispatch_tracers().iter().any(|s| s.context == ctx));
+//! ```
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use kreplay_ctxmask::{ContextId, ContextRegistry};
+use parking_lot::{Mutex, RwLock};
+
+use crate::abi::{
+    CallbackFn, CallbackKind, CallbackPhase, CallbackRecord, ContextHandle, DeclineReason, Status,
+    UserData,
+};
+
+/// Which operations of one kind a service reports (a bit per operation value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OperationFilter {
+    bits: u64,
+}
+
+impl OperationFilter {
+    /// Every operation of `kind` (NONE excluded). Empty for a kind that is not configurable.
+    pub const fn all_of(kind: CallbackKind) -> OperationFilter {
+        let limit = kind.operation_limit();
+        let bits = if limit <= 1 {
+            0
+        } else {
+            // Bits 1..limit.
+            (u64::MAX >> (64 - limit)) & !1
+        };
+        OperationFilter { bits }
+    }
+
+    /// Exactly `operations` of `kind`; `None` if one of them is NONE or not an operation of
+    /// `kind`. Duplicates are allowed.
+    pub fn from_operations(kind: CallbackKind, operations: &[u32]) -> Option<OperationFilter> {
+        let valid = OperationFilter::all_of(kind);
+        let mut bits = 0u64;
+        for &operation in operations {
+            if !valid.contains(operation) {
+                return None;
+            }
+            bits |= 1u64 << operation;
+        }
+        Some(OperationFilter { bits })
+    }
+
+    /// Does the filter let `operation` through?
+    pub const fn contains(self, operation: u32) -> bool {
+        operation < 64 && self.bits & (1u64 << operation) != 0
+    }
+
+    /// Does the filter let nothing through?
+    pub const fn is_empty(self) -> bool {
+        self.bits == 0
+    }
+}
+
+/// One configured callback tracing service.
+#[derive(Clone, Copy, Debug)]
+pub struct CallbackService {
+    /// The context the service belongs to.
+    pub context: ContextId,
+    /// Its kind.
+    pub kind: CallbackKind,
+    /// The operations it reports.
+    pub operations: OperationFilter,
+    /// The tool's callback.
+    pub callback: CallbackFn,
+    /// The tool's pointer, passed to every call.
+    pub callback_data: *mut c_void,
+}
+
+// SAFETY: a service is the tool's promise that `callback` may be called with `callback_data` from
+// any thread (runtime threads deliver records). kreplay never dereferences `callback_data`; it only
+// hands it back to the tool's callback.
+unsafe impl Send for CallbackService {}
+// SAFETY: as above; a `CallbackService` is immutable plain data.
+unsafe impl Sync for CallbackService {}
+
+/// What one record says, apart from the service that receives it.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceEvent {
+    /// An operation of the service's kind (e.g. `KernelReplayOperation::PASS.0`).
+    pub operation: u32,
+    /// The phase.
+    pub phase: CallbackPhase,
+    /// Shared by every record of one operation (see [`next_correlation_id`]).
+    pub correlation_id: u64,
+    /// KERNEL_REPLAY CONFIG EXIT: why the dispatch was not replayed; else NONE.
+    pub decline_reason: DeclineReason,
+    /// The payload for this kind and operation (e.g. `*mut KernelReplayData`).
+    pub payload: *mut c_void,
+}
+
+impl CallbackService {
+    /// Does this service report `operation`?
+    pub fn wants(&self, operation: u32) -> bool {
+        self.operations.contains(operation)
+    }
+
+    /// The record this service would receive for `event`, stamped with the calling thread.
+    pub fn record(&self, event: &TraceEvent) -> CallbackRecord {
+        CallbackRecord {
+            context_id: ContextHandle::from(self.context),
+            thread_id: current_thread_id(),
+            correlation_id: event.correlation_id,
+            kind: self.kind,
+            operation: event.operation,
+            phase: event.phase,
+            decline_reason: event.decline_reason,
+            payload: event.payload,
+        }
+    }
+
+    /// Calls the tool's callback for `event` if the service reports this operation and its
+    /// context is active for the dispatch happening now on this thread
+    /// (`ContextRegistry::global().is_active`: started, and not masked off by the innermost
+    /// replay loop of this thread). Returns whether the callback ran.
+    ///
+    /// # Safety
+    /// `event.payload` must point to the payload type the header documents for this kind and
+    /// operation (or be null where none is documented), valid for reads and for the writes the
+    /// header allows the tool, for the duration of the call.
+    pub unsafe fn deliver(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
+        if !self.wants(event.operation) || !ContextRegistry::global().is_active(self.context) {
+            return false;
+        }
+        // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive reference.
+        unsafe { self.invoke(event, user_data) };
+        true
+    }
+
+    /// Like [`deliver`](Self::deliver), but consults only the context's global started state,
+    /// not replay masks. For the KERNEL_REPLAY owner: a tool masking its own replay context off
+    /// for a pass must still see the rest of that replay.
+    ///
+    /// # Safety
+    /// As for [`deliver`](Self::deliver).
+    pub unsafe fn deliver_if_started(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
+        let started = ContextRegistry::global()
+            .is_started(self.context)
+            .unwrap_or(false);
+        if !self.wants(event.operation) || !started {
+            return false;
+        }
+        // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive reference.
+        unsafe { self.invoke(event, user_data) };
+        true
+    }
+
+    /// # Safety
+    /// As for [`deliver`](Self::deliver).
+    unsafe fn invoke(&self, event: &TraceEvent, user_data: &mut UserData) {
+        let record = self.record(event);
+        // SAFETY: `callback` is the tool's function of type `kreplay_callback_tracing_cb_t`,
+        // registered for exactly this use; the record is by value, `user_data` is valid for the
+        // call, and the payload is the caller's responsibility.
+        unsafe { (self.callback)(record, user_data, self.callback_data) };
+    }
+}
+
+/// Every configured service, grouped by kind. Immutable: configuring publishes a new table.
+#[derive(Debug, Default)]
+pub struct ServiceTable {
+    by_kind: [Arc<[CallbackService]>; CallbackKind::LAST.0 as usize],
+}
+
+impl ServiceTable {
+    /// The services of `kind`, in configuration order (empty for unknown kinds).
+    pub fn of_kind(&self, kind: CallbackKind) -> &[CallbackService] {
+        self.by_kind
+            .get(kind.0 as usize)
+            .map(|services| &services[..])
+            .unwrap_or(&[])
+    }
+
+    /// The KERNEL_REPLAY service (at most one exists).
+    pub fn replay_owner(&self) -> Option<&CallbackService> {
+        self.of_kind(CallbackKind::KERNEL_REPLAY).first()
+    }
+
+    /// The KERNEL_DISPATCH services.
+    pub fn dispatch_tracers(&self) -> &[CallbackService] {
+        self.of_kind(CallbackKind::KERNEL_DISPATCH)
+    }
+
+    /// Is any service configured?
+    pub fn is_empty(&self) -> bool {
+        self.by_kind.iter().all(|services| services.is_empty())
+    }
+
+    fn build(services: &[CallbackService]) -> ServiceTable {
+        let mut table = ServiceTable::default();
+        for (index, slot) in table.by_kind.iter_mut().enumerate() {
+            *slot = services
+                .iter()
+                .filter(|service| service.kind.0 as usize == index)
+                .copied()
+                .collect();
+        }
+        table
+    }
+}
+
+/// The authoritative list (configuration order); guarded so checks and insertion are atomic.
+static SERVICES: Mutex<Vec<CallbackService>> = Mutex::new(Vec::new());
+/// The published table readers use.
+static TABLE: RwLock<Option<Arc<ServiceTable>>> = RwLock::new(None);
+static LOCKED: AtomicBool = AtomicBool::new(false);
+static REPLAY_CONFIGURED: AtomicBool = AtomicBool::new(false);
+static DISPATCH_TRACING_CONFIGURED: AtomicBool = AtomicBool::new(false);
+static NEXT_CORRELATION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Is a KERNEL_REPLAY service configured? One relaxed atomic load.
+#[inline]
+pub fn replay_configured() -> bool {
+    REPLAY_CONFIGURED.load(Ordering::Relaxed)
+}
+
+/// Is any KERNEL_DISPATCH service configured? One relaxed atomic load.
+#[inline]
+pub fn dispatch_tracing_configured() -> bool {
+    DISPATCH_TRACING_CONFIGURED.load(Ordering::Relaxed)
+}
+
+/// Has tool initialization ended, closing configuration?
+pub fn configuration_locked() -> bool {
+    LOCKED.load(Ordering::Acquire)
+}
+
+/// The current table of services.
+pub fn table() -> Arc<ServiceTable> {
+    if let Some(table) = TABLE.read().as_ref() {
+        return Arc::clone(table);
+    }
+    Arc::new(ServiceTable::default())
+}
+
+/// The KERNEL_REPLAY service, if one is configured.
+pub fn replay_owner() -> Option<CallbackService> {
+    if !replay_configured() {
+        return None;
+    }
+    table().replay_owner().copied()
+}
+
+/// Every KERNEL_DISPATCH service, in configuration order (a shared slice: no copy is made).
+pub fn dispatch_tracers() -> Arc<[CallbackService]> {
+    match TABLE.read().as_ref() {
+        Some(table) => Arc::clone(&table.by_kind[CallbackKind::KERNEL_DISPATCH.0 as usize]),
+        None => Arc::from(Vec::new()),
+    }
+}
+
+/// A fresh correlation id (1, 2, ...) for one operation's records.
+pub fn next_correlation_id() -> u64 {
+    NEXT_CORRELATION_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The operating-system id of the calling thread (what records carry as `thread_id`).
+pub fn current_thread_id() -> u64 {
+    thread_id::current()
+}
+
+#[cfg(target_os = "linux")]
+mod thread_id {
+    use std::ffi::c_int;
+
+    // SAFETY: `gettid` is provided by glibc (2.30+) and musl with exactly this signature.
+    unsafe extern "C" {
+        fn gettid() -> c_int;
+    }
+
+    thread_local! {
+        static TID: u64 = {
+            // SAFETY: gettid has no preconditions and cannot fail.
+            let tid = unsafe { gettid() };
+            tid as u64
+        };
+    }
+
+    pub(super) fn current() -> u64 {
+        TID.with(|tid| *tid)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod thread_id {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn current() -> u64 {
+        TID.with(|tid| *tid)
+    }
+}
+
+/// Configures a callback tracing service (the Rust form of
+/// `kreplay_configure_callback_tracing_service`). `operations: None` means every operation of
+/// `kind`.
+///
+/// Errors, checked in this order: [`Status::ERROR_CONFIGURATION_LOCKED`] once tool initialization
+/// has ended; [`Status::ERROR_INVALID_ARGUMENT`] for a kind that is not configurable or an
+/// operation that is not one of `kind`; [`Status::ERROR_CONTEXT_NOT_FOUND`] for an unknown
+/// context; [`Status::ERROR_SERVICE_ALREADY_CONFIGURED`] when the context already has `kind`, or
+/// when `kind` is KERNEL_REPLAY and another context owns it.
+pub fn configure_callback_tracing(
+    context: ContextId,
+    kind: CallbackKind,
+    operations: Option<&[u32]>,
+    callback: CallbackFn,
+    callback_data: *mut c_void,
+) -> Result<(), Status> {
+    let mut services = SERVICES.lock();
+    // Checked under the lock: `lock_configuration` takes it too, so nothing slips in after.
+    if LOCKED.load(Ordering::Acquire) {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    if !kind.is_configurable() {
+        return Err(Status::ERROR_INVALID_ARGUMENT);
+    }
+    let filter = match operations {
+        None => OperationFilter::all_of(kind),
+        Some(list) => {
+            OperationFilter::from_operations(kind, list).ok_or(Status::ERROR_INVALID_ARGUMENT)?
+        }
+    };
+    if ContextRegistry::global().is_started(context).is_err() {
+        return Err(Status::ERROR_CONTEXT_NOT_FOUND);
+    }
+    if services
+        .iter()
+        .any(|s| s.kind == kind && (s.context == context || kind == CallbackKind::KERNEL_REPLAY))
+    {
+        return Err(Status::ERROR_SERVICE_ALREADY_CONFIGURED);
+    }
+    services.push(CallbackService {
+        context,
+        kind,
+        operations: filter,
+        callback,
+        callback_data,
+    });
+    publish(&services);
+    Ok(())
+}
+
+/// Closes configuration (called when tool initialization ends).
+pub(crate) fn lock_configuration() {
+    let _services = SERVICES.lock();
+    LOCKED.store(true, Ordering::Release);
+}
+
+/// Removes every service of `context` (a tool whose initialize failed). Refused once locked.
+pub(crate) fn remove_context(context: ContextId) -> Result<usize, Status> {
+    let mut services = SERVICES.lock();
+    if LOCKED.load(Ordering::Acquire) {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    let before = services.len();
+    services.retain(|s| s.context != context);
+    let removed = before - services.len();
+    if removed > 0 {
+        publish(&services);
+    }
+    Ok(removed)
+}
+
+/// Forgets every service and unlocks configuration (for test harnesses sharing one process).
+pub(crate) fn reset() {
+    let mut services = SERVICES.lock();
+    services.clear();
+    LOCKED.store(false, Ordering::Release);
+    publish(&services);
+}
+
+fn publish(services: &[CallbackService]) {
+    let table = ServiceTable::build(services);
+    REPLAY_CONFIGURED.store(
+        !table.of_kind(CallbackKind::KERNEL_REPLAY).is_empty(),
+        Ordering::Relaxed,
+    );
+    DISPATCH_TRACING_CONFIGURED.store(!table.dispatch_tracers().is_empty(), Ordering::Relaxed);
+    *TABLE.write() = Some(Arc::new(table));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{KernelDispatchOperation, KernelReplayOperation};
+
+    #[test]
+    fn all_operations_filter_covers_exactly_the_kinds_operations() {
+        let replay = OperationFilter::all_of(CallbackKind::KERNEL_REPLAY);
+        assert!(!replay.contains(KernelReplayOperation::NONE.0));
+        for op in 1..KernelReplayOperation::LAST.0 {
+            assert!(replay.contains(op));
+        }
+        assert!(!replay.contains(KernelReplayOperation::LAST.0));
+        assert!(!replay.contains(64));
+        assert!(!replay.contains(u32::MAX));
+
+        let dispatch = OperationFilter::all_of(CallbackKind::KERNEL_DISPATCH);
+        assert!(dispatch.contains(KernelDispatchOperation::ENQUEUE.0));
+        assert!(dispatch.contains(KernelDispatchOperation::COMPLETE.0));
+        assert!(!dispatch.contains(KernelDispatchOperation::LAST.0));
+
+        assert!(OperationFilter::all_of(CallbackKind::NONE).is_empty());
+        assert!(OperationFilter::all_of(CallbackKind(77)).is_empty());
+    }
+
+    #[test]
+    fn explicit_operation_lists_keep_only_those_and_reject_unknown_ones() {
+        let kind = CallbackKind::KERNEL_REPLAY;
+        let filter = OperationFilter::from_operations(
+            kind,
+            &[KernelReplayOperation::PASS.0, KernelReplayOperation::PASS.0],
+        )
+        .unwrap();
+        assert!(filter.contains(KernelReplayOperation::PASS.0));
+        assert!(!filter.contains(KernelReplayOperation::CONFIG.0));
+        assert!(OperationFilter::from_operations(kind, &[0]).is_none());
+        assert!(OperationFilter::from_operations(kind, &[5]).is_none());
+        assert!(OperationFilter::from_operations(kind, &[u32::MAX]).is_none());
+        assert!(
+            OperationFilter::from_operations(
+                CallbackKind::KERNEL_DISPATCH,
+                &[KernelReplayOperation::RESTORE.0]
+            )
+            .is_none()
+        );
+        assert!(
+            OperationFilter::from_operations(kind, &[])
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

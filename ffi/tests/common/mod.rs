@@ -1,0 +1,113 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+/// kreplay's registries are process-wide: tests that reset or lock them run one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The folder of kreplay.h.
+pub fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+/// A C source of tests/c.
+pub fn c_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("c")
+        .join(name)
+}
+
+/// A scratch folder for this test binary's build products.
+pub fn scratch_dir(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("kreplay-ffi-tests")
+        .join(test);
+    std::fs::create_dir_all(&dir).expect("create scratch folder");
+    dir
+}
+
+/// Is there a working compiler called `program`? Prints why not when there is none.
+pub fn have_compiler(program: &str) -> bool {
+    match Command::new(program).arg("--version").output() {
+        Ok(output) if output.status.success() => true,
+        _ => {
+            eprintln!("skipped: no working `{program}` on this machine");
+            false
+        }
+    }
+}
+
+/// Runs `program args...`, panicking with its output if it fails.
+pub fn run_ok(program: &str, args: &[&std::ffi::OsStr]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {program}: {err}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{program} {:?} failed ({}):\n{stdout}\n{}",
+        args,
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Compiles tests/c/tool.c into a shared library at `output`.
+pub fn build_tool_library(output: &Path) {
+    let include = include_dir();
+    let source = c_source("tool.c");
+    run_ok(
+        "cc",
+        &[
+            "-std=c99".as_ref(),
+            "-Wall".as_ref(),
+            "-Wextra".as_ref(),
+            "-Werror".as_ref(),
+            "-pedantic".as_ref(),
+            "-fPIC".as_ref(),
+            "-shared".as_ref(),
+            "-I".as_ref(),
+            include.as_os_str(),
+            source.as_os_str(),
+            "-o".as_ref(),
+            output.as_os_str(),
+        ],
+    );
+}
+
+/// What tests/c/tool.c recorded: (configure, initialize, finalize) calls, (version, priority,
+/// client handle) seen, and whether initialize got its data and a finalize function.
+pub struct ToolProbe {
+    pub calls: [i32; 3],
+    pub seen: [u32; 3],
+    pub tool_data_ok: bool,
+}
+
+/// Reads the probe of a loaded tests/c/tool.c library (the library is already loaded, so this
+/// shares its state).
+pub fn probe_tool_library(path: &Path) -> ToolProbe {
+    type ProbeFn = unsafe extern "C" fn(*mut i32, *mut u32, *mut i32);
+    // SAFETY: the library is tests/c/tool.c, whose initializers do nothing.
+    let library = unsafe { libloading::Library::new(path) }.expect("open tool library");
+    // SAFETY: `tool_probe` has exactly this signature in tests/c/tool.c.
+    let probe = unsafe { library.get::<ProbeFn>(b"tool_probe\0") }.expect("tool_probe symbol");
+    let mut calls = [0i32; 3];
+    let mut seen = [0u32; 3];
+    let mut ok = 0i32;
+    // SAFETY: the arrays have the lengths tool_probe writes.
+    unsafe { probe(calls.as_mut_ptr(), seen.as_mut_ptr(), &mut ok) };
+    ToolProbe {
+        calls,
+        seen,
+        tool_data_ok: ok != 0,
+    }
+}

@@ -1,0 +1,128 @@
+//! The installed backend: process-global state behind the `extern "C"` wrappers.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hsa_sys::*;
+use kreplay_drain::DrainConfig;
+use kreplay_locks::AgentLocks;
+use kreplay_snapshot::{Inventory, Snapshotter};
+
+use crate::copies::CopyTracker;
+use crate::original::Original;
+use crate::queues::QueueRegistry;
+use crate::{InstallError, InstallOptions, ToolHooks};
+
+pub(crate) struct Backend {
+    pub(crate) original: Original,
+    pub(crate) inventory: Arc<Inventory>,
+    pub(crate) snapshotter: Snapshotter,
+    pub(crate) locks: AgentLocks,
+    pub(crate) queues: QueueRegistry,
+    pub(crate) copies: CopyTracker,
+    pub(crate) hooks: Arc<dyn ToolHooks>,
+    pub(crate) drain: DrainConfig,
+    /// See [`InstallOptions::skip_restore`].
+    pub(crate) skip_restore: bool,
+    /// Signal-wait timeouts are in timestamp ticks; this converts.
+    pub(crate) ticks_per_second: u64,
+    finalized: AtomicBool,
+    next_dispatch_id: AtomicU64,
+}
+
+static BACKEND: OnceLock<Backend> = OnceLock::new();
+
+/// The installed backend. Only the wrappers call this, and they exist only after installation.
+pub(crate) fn backend() -> &'static Backend {
+    BACKEND.get().expect("kreplay's HSA wrappers run only after installation")
+}
+
+pub(crate) fn installed() -> Option<&'static Backend> {
+    BACKEND.get()
+}
+
+/// Runs a wrapper body; a panic becomes `HSA_STATUS_ERROR` instead of crossing into C.
+pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(status) => status,
+        Err(_) => {
+            eprintln!("kreplay: internal error in an HSA wrapper; the call failed with HSA_STATUS_ERROR");
+            HSA_STATUS_ERROR
+        }
+    }
+}
+
+impl Backend {
+    pub(crate) fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn next_dispatch_id(&self) -> u64 {
+        self.next_dispatch_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn ticks(&self, d: Duration) -> u64 {
+        let ticks = d.as_nanos().saturating_mul(u128::from(self.ticks_per_second)) / 1_000_000_000;
+        u64::try_from(ticks).unwrap_or(u64::MAX)
+    }
+}
+
+/// See [`crate::install`].
+pub(crate) unsafe fn install(
+    table: *mut HsaApiTable,
+    hooks: Arc<dyn ToolHooks>,
+    options: InstallOptions,
+) -> Result<(), InstallError> {
+    if BACKEND.get().is_some() {
+        return Err(InstallError::AlreadyInstalled);
+    }
+    // SAFETY: the caller guarantees `table` is a valid, initialized HSA API table.
+    let original = unsafe { Original::capture(table) }.map_err(InstallError::Table)?;
+    let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
+    let inventory = Arc::new(Inventory::new());
+    let snapshotter = Snapshotter::new(inventory.clone(), Arc::new(crate::memory::HsaMemory), options.snapshot)
+        .map_err(|e| InstallError::Config(e.to_string()))?;
+    let locks = AgentLocks::new();
+    locks.set_enabled(hooks.replay_configured());
+    let backend = Backend {
+        original,
+        inventory,
+        snapshotter,
+        locks,
+        queues: QueueRegistry::default(),
+        copies: CopyTracker::default(),
+        hooks,
+        drain: options.drain,
+        skip_restore: options.skip_restore,
+        ticks_per_second,
+        finalized: AtomicBool::new(false),
+        next_dispatch_id: AtomicU64::new(0),
+    };
+    BACKEND.set(backend).map_err(|_| InstallError::AlreadyInstalled)?;
+    // SAFETY: checked non-null by `Original::capture`; the caller lets us modify the table (the
+    // hsa_api_trace contract of a tools library's OnLoad). The backend is set, so the wrappers
+    // find it from their first call on.
+    unsafe {
+        let core = &mut *(*table).core_;
+        let amd = &mut *(*table).amd_ext_;
+        core.hsa_queue_create_fn = Some(crate::queues::queue_create);
+        core.hsa_queue_destroy_fn = Some(crate::queues::queue_destroy);
+        core.hsa_memory_allocate_fn = Some(crate::memory::memory_allocate);
+        core.hsa_memory_free_fn = Some(crate::memory::memory_free);
+        amd.hsa_amd_memory_pool_allocate_fn = Some(crate::memory::pool_allocate);
+        amd.hsa_amd_memory_pool_free_fn = Some(crate::memory::pool_free);
+        amd.hsa_amd_memory_async_copy_fn = Some(crate::copies::async_copy);
+    }
+    Ok(())
+}
+
+/// See [`crate::finalize`].
+pub(crate) fn finalize() {
+    if let Some(b) = BACKEND.get() {
+        b.finalized.store(true, Ordering::Release);
+        b.locks.set_enabled(false);
+        b.snapshotter.release_cached_store();
+    }
+}

@@ -1,0 +1,152 @@
+//! Allocation tracking (the alloc/free wrappers) and the snapshot crate's view of HSA memory.
+
+use std::ffi::c_void;
+
+use hsa_sys::*;
+use kreplay_snapshot::{CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind};
+
+use crate::backend::{Backend, backend, guarded};
+
+/// Classifies a fresh allocation from the runtime's pointer info (SPEC §3 rule 3):
+/// returns (base, size, owner agent, kind).
+fn classify(b: &Backend, ptr: *const c_void) -> Option<(u64, u64, u64, MemoryKind)> {
+    let info = b.original.pointer_info(ptr)?;
+    let flags = info.global_flags;
+    let kind = if b.original.agent_device_type(info.agentOwner) == Some(HSA_DEVICE_TYPE_CPU) {
+        MemoryKind::Host
+    } else if flags & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT != 0 {
+        MemoryKind::Kernarg
+    } else if flags & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED != 0 {
+        MemoryKind::CoarseDevice
+    } else {
+        MemoryKind::FineDevice
+    };
+    let base = info.agentBaseAddress as u64;
+    (base != 0).then_some((base, info.sizeInBytes as u64, info.agentOwner.handle, kind))
+}
+
+/// Records a successful allocation in the inventory (after finalization: nothing).
+fn track(ptr: *mut c_void, executable: bool) {
+    let b = backend();
+    if b.is_finalized() || ptr.is_null() {
+        return;
+    }
+    match classify(b, ptr) {
+        Some((base, size, owner, kind)) => {
+            let kind = if executable { MemoryKind::Executable } else { kind };
+            b.inventory.on_alloc(base, size, owner, kind);
+        }
+        None => b.hooks.warn(&format!("allocation {ptr:p} has no pointer info; it is not tracked")),
+    }
+}
+
+/// Forgets an allocation before the runtime frees it (waits for a restore in progress).
+fn untrack(ptr: *mut c_void) {
+    let b = backend();
+    if !b.is_finalized() && !ptr.is_null() {
+        b.inventory.on_free(ptr as u64);
+    }
+}
+
+/// `HSA_AMD_MEMORY_POOL_EXECUTABLE_FLAG` of newer runtimes (bit 2 of the allocate flags).
+const POOL_EXECUTABLE_FLAG: u32 = 1 << 2;
+
+pub(crate) unsafe extern "C" fn pool_allocate(
+    pool: hsa_amd_memory_pool_t,
+    size: usize,
+    flags: u32,
+    ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let status = backend().original.pool_allocate(pool, size, flags, ptr);
+        if status == HSA_STATUS_SUCCESS && !ptr.is_null() {
+            // SAFETY: the runtime wrote the new allocation through the caller's valid out pointer.
+            track(unsafe { *ptr }, flags & POOL_EXECUTABLE_FLAG != 0);
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn pool_free(ptr: *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        untrack(ptr);
+        backend().original.pool_free(ptr)
+    })
+}
+
+pub(crate) unsafe extern "C" fn memory_allocate(region: hsa_region_t, size: usize, ptr: *mut *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        let status = backend().original.memory_allocate(region, size, ptr);
+        if status == HSA_STATUS_SUCCESS && !ptr.is_null() {
+            // SAFETY: the runtime wrote the new allocation through the caller's valid out pointer.
+            track(unsafe { *ptr }, false);
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        untrack(ptr);
+        backend().original.memory_free(ptr)
+    })
+}
+
+/// Device memory as the snapshot crate sees it: copies through the runtime's `hsa_memory_copy`,
+/// direct host access where the runtime reports a host address for the allocation, and device
+/// shadows allocated from the agent's coarse-grained pool (never tracked).
+pub(crate) struct HsaMemory;
+
+fn copy_failed(addr: u64, len: usize, status: hsa_status_t) -> CopyError {
+    CopyError::failed(addr, len as u64, format!("hsa_memory_copy returned status {status:#x}"))
+}
+
+impl DeviceMemory for HsaMemory {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+        let status = backend().original.memory_copy(dst.as_mut_ptr().cast(), addr as *const c_void, dst.len());
+        if status == HSA_STATUS_SUCCESS { Ok(()) } else { Err(copy_failed(addr, dst.len(), status)) }
+    }
+
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+        let status = backend().original.memory_copy(addr as *mut c_void, src.as_ptr().cast(), src.len());
+        if status == HSA_STATUS_SUCCESS { Ok(()) } else { Err(copy_failed(addr, src.len(), status)) }
+    }
+
+    fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
+        let info = backend().original.pointer_info(addr as *const c_void)?;
+        let host = info.hostBaseAddress as u64;
+        let base = info.agentBaseAddress as u64;
+        let end = base.checked_add(info.sizeInBytes as u64)?;
+        if host == 0 || addr < base || addr.checked_add(len)? > end {
+            return None;
+        }
+        let ptr = (host + (addr - base)) as *mut u8;
+        // SAFETY: the runtime reports `hostBaseAddress` as the host-visible address of this live
+        // allocation, and [addr, addr+len) lies inside it; the snapshot crate holds the
+        // inventory's read side while it uses the window, so the allocation cannot be freed.
+        Some(unsafe { HostWindow::new(ptr, len as usize) })
+    }
+
+    fn alloc_shadow(&self, agent: u64, size: u64) -> Option<u64> {
+        let b = backend();
+        let pool = b.original.coarse_pool(hsa_agent_t { handle: agent })?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        let status = b.original.pool_allocate(pool, usize::try_from(size).ok()?, 0, &mut ptr);
+        (status == HSA_STATUS_SUCCESS && !ptr.is_null()).then_some(ptr as u64)
+    }
+
+    fn free_shadow(&self, addr: u64, _size: u64) {
+        backend().original.pool_free(addr as *mut c_void);
+    }
+
+    fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
+        let b = backend();
+        for c in copies {
+            let status = b.original.memory_copy(c.dst as *mut c_void, c.src as *const c_void, c.len as usize);
+            if status != HSA_STATUS_SUCCESS {
+                return Err(copy_failed(c.dst, c.len as usize, status));
+            }
+        }
+        Ok(())
+    }
+}

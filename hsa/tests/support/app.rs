@@ -1,0 +1,468 @@
+//! The application side: softhsa's table copied the way a tools library receives it, kreplay
+//! installed into the copy, and a small HSA program that talks to the runtime through the copy
+//! only (agents, pools, allocations, queues, AQL packets, signals, async copies).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
+
+use hsa_sys::*;
+use kreplay_hsa::{InstallOptions, ToolHooks};
+
+/// How long any single wait of a scenario may take before it counts as a failure.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// The root table and its core / AMD extension tables, owned together; the root points at the
+/// copies beside it (what the runtime hands a tools library in `OnLoad`).
+pub struct Tables {
+    root: HsaApiTable,
+    core: CoreApiTable,
+    amd: AmdExtTable,
+}
+
+impl Tables {
+    /// Copies softhsa's tables into a leaked, process-lifetime `Tables` and points the root at
+    /// the copies.
+    fn from_softhsa() -> *mut Tables {
+        let source = kreplay_softhsa::api_table();
+        // SAFETY: softhsa's table and its sub-tables are valid statics for the whole process;
+        // the copies are plain data (function pointers).
+        let (core, amd) = unsafe { (*source.core_, *source.amd_ext_) };
+        let tables = Box::into_raw(Box::new(Tables { root: *source, core, amd }));
+        // SAFETY: `tables` was just leaked, so it is valid and uniquely ours here; the root now
+        // points at the copies that live beside it for the rest of the process.
+        unsafe {
+            (*tables).root.core_ = &raw mut (*tables).core;
+            (*tables).root.amd_ext_ = &raw mut (*tables).amd;
+        }
+        tables
+    }
+}
+
+/// Calls one entry of the (wrapped) table copy.
+macro_rules! hsa {
+    ($app:expr, $table:ident . $entry:ident ( $($arg:expr),* $(,)? )) => {{
+        let f = $app.tables().$table.$entry.expect(concat!("table entry ", stringify!($entry)));
+        // SAFETY: the entry is softhsa's (or kreplay's wrapper of it); every call site passes
+        // arguments that satisfy that HSA function's contract (valid out pointers, live handles).
+        unsafe { f($($arg),*) }
+    }};
+}
+
+fn ok(status: hsa_status_t, what: &str) {
+    assert_eq!(status, HSA_STATUS_SUCCESS, "{what} failed with status {status:#x}");
+}
+
+/// The application: a handle to the table copy kreplay was installed into.
+#[derive(Clone, Copy)]
+pub struct App {
+    tables: &'static Tables,
+    /// The CPU agent.
+    pub cpu: hsa_agent_t,
+    /// GPU agents 0 and 1.
+    pub gpus: [hsa_agent_t; 2],
+    ticks_per_second: u64,
+}
+
+// SAFETY: `Tables` holds function pointers and pointers to its own (never modified after
+// installation) sub-tables; the HSA API is callable from any thread.
+unsafe impl Send for App {}
+// SAFETY: see `Send`; the tables are only read.
+unsafe impl Sync for App {}
+
+/// The memory pools of one agent.
+#[derive(Clone, Copy, Debug)]
+pub struct Pools {
+    /// Coarse-grained device memory (snapshotted by replays on this agent).
+    pub coarse: hsa_amd_memory_pool_t,
+    /// Fine-grained memory (never snapshotted).
+    pub fine: hsa_amd_memory_pool_t,
+    /// Kernel-argument memory (never snapshotted).
+    pub kernarg: hsa_amd_memory_pool_t,
+}
+
+/// A queue the application created (an intercept queue while kreplay is installed).
+#[derive(Clone, Copy, Debug)]
+pub struct Queue(pub *mut hsa_queue_t);
+
+// SAFETY: a queue handle is only used through the thread-safe HSA queue API.
+unsafe impl Send for Queue {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Queue {}
+
+/// A device (or host) address the application allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ptr(pub u64);
+
+impl Ptr {
+    pub fn raw(self) -> *mut c_void {
+        self.0 as *mut c_void
+    }
+}
+
+/// One AQL packet as 64 bytes; the first 16 bits are its header, stored last on submission.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Aql([u8; 64]);
+
+impl Aql {
+    /// A kernel dispatch packet (1-D grid, system-scope fences, no barrier bit).
+    pub fn dispatch(kernel: u64, grid: u32, workgroup: u16, kernarg: Ptr, completion: hsa_signal_t) -> Aql {
+        let header = (HSA_PACKET_TYPE_KERNEL_DISPATCH << HSA_PACKET_HEADER_TYPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCACQUIRE_FENCE_SCOPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCRELEASE_FENCE_SCOPE);
+        let packet = hsa_kernel_dispatch_packet_t {
+            header: header as u16,
+            setup: 1 << HSA_KERNEL_DISPATCH_PACKET_SETUP_DIMENSIONS,
+            workgroup_size_x: workgroup,
+            workgroup_size_y: 1,
+            workgroup_size_z: 1,
+            reserved0: 0,
+            grid_size_x: grid,
+            grid_size_y: 1,
+            grid_size_z: 1,
+            private_segment_size: 0,
+            group_segment_size: 0,
+            kernel_object: kernel,
+            kernarg_address: kernarg.raw(),
+            reserved2: 0,
+            completion_signal: completion,
+        };
+        // SAFETY: a dispatch packet is 64 bytes of plain data.
+        Aql(unsafe { std::mem::transmute::<hsa_kernel_dispatch_packet_t, [u8; 64]>(packet) })
+    }
+
+    /// A barrier-AND packet without dependencies.
+    pub fn barrier(completion: hsa_signal_t) -> Aql {
+        let header = (HSA_PACKET_TYPE_BARRIER_AND << HSA_PACKET_HEADER_TYPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCACQUIRE_FENCE_SCOPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCRELEASE_FENCE_SCOPE);
+        let packet = hsa_barrier_and_packet_t {
+            header: header as u16,
+            completion_signal: completion,
+            ..Default::default()
+        };
+        // SAFETY: a barrier-AND packet is 64 bytes of plain data.
+        Aql(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
+    }
+
+    fn header_and_setup(&self) -> u32 {
+        u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+}
+
+/// Initializes softhsa, installs kreplay into a copy of its table and returns the application
+/// view of that copy.
+pub fn install(hooks: Arc<dyn ToolHooks>, options: InstallOptions) -> App {
+    let tables = Tables::from_softhsa();
+    // SAFETY: `tables` is valid and leaked; nothing else references it yet.
+    let init = unsafe { (*tables).core.hsa_init_fn }.expect("hsa_init");
+    // SAFETY: hsa_init takes no arguments (the runtime calls OnLoad from inside it).
+    ok(unsafe { init() }, "hsa_init");
+    // SAFETY: the root points at valid sub-tables that live for the rest of the process and
+    // that only kreplay modifies (here, before any other use).
+    unsafe { kreplay_hsa::install(&raw mut (*tables).root, hooks, options) }.expect("kreplay installs");
+    // SAFETY: installation is over; from now on the tables are only read.
+    let tables: &'static Tables = unsafe { &*tables };
+    App::new(tables)
+}
+
+impl App {
+    fn new(tables: &'static Tables) -> App {
+        let mut app = App { tables, cpu: hsa_agent_t { handle: 0 }, gpus: [hsa_agent_t { handle: 0 }; 2], ticks_per_second: 1 };
+        let mut agents: Vec<hsa_agent_t> = Vec::new();
+        unsafe extern "C" fn collect(agent: hsa_agent_t, data: *mut c_void) -> hsa_status_t {
+            // SAFETY: `data` is the Vec passed below, alive for the walk.
+            unsafe { (*data.cast::<Vec<hsa_agent_t>>()).push(agent) };
+            HSA_STATUS_SUCCESS
+        }
+        ok(hsa!(app, core.hsa_iterate_agents_fn(Some(collect), (&raw mut agents).cast())), "hsa_iterate_agents");
+        let gpus: Vec<_> = agents.iter().copied().filter(|&a| app.device_type(a) == HSA_DEVICE_TYPE_GPU).collect();
+        app.cpu = *agents.iter().find(|&&a| app.device_type(a) == HSA_DEVICE_TYPE_CPU).expect("a CPU agent");
+        assert!(gpus.len() >= 2, "softhsa is configured with two GPU agents, found {}", gpus.len());
+        app.gpus = [gpus[0], gpus[1]];
+        let mut hz = 0u64;
+        ok(
+            hsa!(app, core.hsa_system_get_info_fn(HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&raw mut hz).cast())),
+            "timestamp frequency",
+        );
+        app.ticks_per_second = hz.max(1);
+        app
+    }
+
+    fn tables(&self) -> &'static Tables {
+        self.tables
+    }
+
+    fn device_type(&self, agent: hsa_agent_t) -> hsa_device_type_t {
+        let mut device: hsa_device_type_t = 0;
+        ok(hsa!(self, core.hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_DEVICE, (&raw mut device).cast())), "agent info");
+        device
+    }
+
+    fn pool_u32(&self, pool: hsa_amd_memory_pool_t, attribute: hsa_amd_memory_pool_info_t) -> u32 {
+        let mut value = 0u64;
+        ok(hsa!(self, amd.hsa_amd_memory_pool_get_info_fn(pool, attribute, (&raw mut value).cast())), "pool info");
+        value as u32
+    }
+
+    /// Every global pool of `agent` that allows runtime allocation, with its global flags.
+    fn global_pools(&self, agent: hsa_agent_t) -> Vec<(hsa_amd_memory_pool_t, u32)> {
+        let mut pools: Vec<hsa_amd_memory_pool_t> = Vec::new();
+        unsafe extern "C" fn collect(pool: hsa_amd_memory_pool_t, data: *mut c_void) -> hsa_status_t {
+            // SAFETY: `data` is the Vec passed below, alive for the walk.
+            unsafe { (*data.cast::<Vec<hsa_amd_memory_pool_t>>()).push(pool) };
+            HSA_STATUS_SUCCESS
+        }
+        ok(
+            hsa!(self, amd.hsa_amd_agent_iterate_memory_pools_fn(agent, Some(collect), (&raw mut pools).cast())),
+            "iterate pools",
+        );
+        pools
+            .into_iter()
+            .filter(|&p| {
+                self.pool_u32(p, HSA_AMD_MEMORY_POOL_INFO_SEGMENT) == HSA_AMD_SEGMENT_GLOBAL
+                    && self.pool_u32(p, HSA_AMD_MEMORY_POOL_INFO_RUNTIME_ALLOC_ALLOWED) & 0xff != 0
+            })
+            .map(|p| (p, self.pool_u32(p, HSA_AMD_MEMORY_POOL_INFO_GLOBAL_FLAGS)))
+            .collect()
+    }
+
+    /// The coarse-grained, fine-grained and kernarg pools of a GPU agent.
+    pub fn pools(&self, agent: hsa_agent_t) -> Pools {
+        let pools = self.global_pools(agent);
+        let find = |want: u32, not: u32| {
+            pools
+                .iter()
+                .find(|(_, f)| f & want != 0 && f & not == 0)
+                .map(|(p, _)| *p)
+                .unwrap_or_else(|| panic!("agent {} has no pool with flags {want:#x} (pools: {pools:?})", agent.handle))
+        };
+        Pools {
+            coarse: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED, 0),
+            fine: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED, HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT),
+            kernarg: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT, 0),
+        }
+    }
+
+    /// A pool of the CPU agent that is neither kernarg-only (host memory).
+    pub fn host_pool(&self) -> hsa_amd_memory_pool_t {
+        self.global_pools(self.cpu)
+            .into_iter()
+            .find(|(_, f)| f & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT == 0)
+            .map(|(p, _)| p)
+            .expect("the CPU agent has a system pool")
+    }
+
+    /// Allocates `bytes` from `pool` through the (wrapped) table.
+    pub fn alloc(&self, pool: hsa_amd_memory_pool_t, bytes: usize) -> Ptr {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        ok(hsa!(self, amd.hsa_amd_memory_pool_allocate_fn(pool, bytes, 0, &raw mut ptr)), "pool allocate");
+        assert!(!ptr.is_null());
+        Ptr(ptr as u64)
+    }
+
+    /// Frees an allocation through the (wrapped) table.
+    pub fn free(&self, ptr: Ptr) {
+        ok(hsa!(self, amd.hsa_amd_memory_pool_free_fn(ptr.raw())), "pool free");
+    }
+
+    /// Allocates a buffer of `values` in `pool` and writes them.
+    pub fn buffer(&self, pool: hsa_amd_memory_pool_t, values: &[u32]) -> Ptr {
+        let ptr = self.alloc(pool, std::mem::size_of_val(values));
+        self.write(ptr, values);
+        ptr
+    }
+
+    /// Writes `values` at `ptr` with `hsa_memory_copy`.
+    pub fn write(&self, ptr: Ptr, values: &[u32]) {
+        ok(
+            hsa!(self, core.hsa_memory_copy_fn(ptr.raw(), values.as_ptr().cast(), std::mem::size_of_val(values))),
+            "memory copy to device",
+        );
+    }
+
+    /// Reads `len` values at `ptr` with `hsa_memory_copy`.
+    pub fn read(&self, ptr: Ptr, len: usize) -> Vec<u32> {
+        let mut out = vec![0u32; len];
+        ok(
+            hsa!(self, core.hsa_memory_copy_fn(out.as_mut_ptr().cast(), ptr.0 as *const c_void, len * 4)),
+            "memory copy from device",
+        );
+        out
+    }
+
+    /// Kernel arguments in `agent`'s kernarg pool.
+    pub fn kernargs<T: Copy>(&self, pools: &Pools, args: T) -> Ptr {
+        let ptr = self.alloc(pools.kernarg, std::mem::size_of::<T>());
+        // SAFETY: kernarg memory is host-accessible (fine-grained), freshly allocated with room
+        // for a T; the write is unaligned-safe.
+        unsafe { std::ptr::write_unaligned(ptr.0 as *mut T, args) };
+        ptr
+    }
+
+    /// The size and owner of the allocation containing `ptr`, as the runtime reports it.
+    pub fn allocation_size(&self, ptr: Ptr) -> u64 {
+        let mut info = hsa_amd_pointer_info_t { size: std::mem::size_of::<hsa_amd_pointer_info_t>() as u32, ..Default::default() };
+        ok(
+            hsa!(self, amd.hsa_amd_pointer_info_fn(ptr.raw(), &raw mut info, None, std::ptr::null_mut(), std::ptr::null_mut())),
+            "pointer info",
+        );
+        info.sizeInBytes as u64
+    }
+
+    /// Creates a queue on `agent`.
+    pub fn queue(&self, agent: hsa_agent_t) -> Queue {
+        let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
+        ok(
+            hsa!(self, core.hsa_queue_create_fn(agent, 64, HSA_QUEUE_TYPE_MULTI, None, std::ptr::null_mut(), 0, 0, &raw mut queue)),
+            "queue create",
+        );
+        Queue(queue)
+    }
+
+    /// Destroys a queue.
+    pub fn destroy_queue(&self, queue: Queue) {
+        ok(hsa!(self, core.hsa_queue_destroy_fn(queue.0)), "queue destroy");
+    }
+
+    /// Writes `packets` into `queue` (body first, header last with release order) and rings
+    /// the doorbell once for all of them. While kreplay is installed, this call runs its
+    /// intercept handler (and so a whole replay) before it returns.
+    pub fn submit(&self, queue: Queue, packets: &[Aql]) {
+        // SAFETY: `queue.0` is a live queue this application created.
+        let q = unsafe { &*queue.0 };
+        let first = hsa!(self, core.hsa_queue_add_write_index_scacq_screl_fn(queue.0, packets.len() as u64));
+        for (i, packet) in packets.iter().enumerate() {
+            let index = first + i as u64;
+            let deadline = Instant::now() + WAIT;
+            while index - hsa!(self, core.hsa_queue_load_read_index_scacquire_fn(queue.0)) >= u64::from(q.size) {
+                assert!(Instant::now() < deadline, "queue {} stayed full", q.id);
+                std::thread::yield_now();
+            }
+            let slot = (q.base_address as usize + (index % u64::from(q.size)) as usize * 64) as *mut u8;
+            // SAFETY: `slot` is the 64-byte ring slot this application claimed; bytes 4..64 are
+            // the packet body, written before the header publishes it.
+            unsafe { std::ptr::copy_nonoverlapping(packet.0.as_ptr().add(4), slot.add(4), 60) };
+            // SAFETY: the slot is 64-byte aligned, so its first 4 bytes are an aligned u32 that
+            // the packet processor reads atomically; release order publishes the body.
+            let header = unsafe { &*slot.cast::<std::sync::atomic::AtomicU32>() };
+            header.store(packet.header_and_setup(), std::sync::atomic::Ordering::Release);
+        }
+        let last = first + packets.len() as u64 - 1;
+        hsa!(self, core.hsa_signal_store_screlease_fn(q.doorbell_signal, last as i64));
+    }
+
+    /// Dispatches one kernel on `queue`.
+    pub fn dispatch(&self, queue: Queue, packet: Aql) {
+        self.submit(queue, &[packet]);
+    }
+
+    /// A signal with `initial` value.
+    pub fn signal(&self, initial: i64) -> hsa_signal_t {
+        let mut signal = hsa_signal_t { handle: 0 };
+        ok(hsa!(self, core.hsa_signal_create_fn(initial, 0, std::ptr::null(), &raw mut signal)), "signal create");
+        signal
+    }
+
+    /// The signal's current value.
+    pub fn load(&self, signal: hsa_signal_t) -> i64 {
+        hsa!(self, core.hsa_signal_load_scacquire_fn(signal))
+    }
+
+    /// Waits until `signal` is 0, at most [`WAIT`]; returns the value it ended at.
+    pub fn wait_zero(&self, signal: hsa_signal_t) -> i64 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ticks = (left.as_nanos() * u128::from(self.ticks_per_second) / 1_000_000_000) as u64;
+            let value =
+                hsa!(self, core.hsa_signal_wait_scacquire_fn(signal, HSA_SIGNAL_CONDITION_EQ, 0, ticks, HSA_WAIT_STATE_BLOCKED));
+            if value == 0 || Instant::now() >= deadline {
+                return value;
+            }
+        }
+    }
+
+    /// Asynchronously copies `bytes` from `src` (owned by `src_agent`) to `dst` (owned by
+    /// `dst_agent`), decrementing `completion` when it landed.
+    pub fn async_copy(&self, dst: Ptr, dst_agent: hsa_agent_t, src: Ptr, src_agent: hsa_agent_t, bytes: usize, completion: hsa_signal_t) {
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_memory_async_copy_fn(dst.raw(), dst_agent, src.0 as *const c_void, src_agent, bytes, 0, std::ptr::null(), completion)
+            ),
+            "async copy",
+        );
+    }
+}
+
+/// The packets kreplay forwarded to the next handler of a queue's intercept chain, one entry per
+/// writer call (what the hardware queue would receive).
+pub type Forwarded = Mutex<Vec<Vec<Aql>>>;
+
+unsafe extern "C" fn observe_and_forward(
+    packets: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    // SAFETY: the runtime hands `count` 64-byte packets at `packets`, valid for this call; they
+    // are copied.
+    let copied: Vec<Aql> = unsafe { std::slice::from_raw_parts(packets.cast::<Aql>(), count as usize) }.to_vec();
+    // SAFETY: `data` is the leaked `Forwarded` registered with this handler.
+    unsafe { &*data.cast::<Forwarded>() }.lock().push(copied);
+    if let Some(writer) = writer {
+        // SAFETY: the writer is valid during this handler call; the packets are the ones given.
+        unsafe { writer(packets, count) };
+    }
+}
+
+impl App {
+    /// Registers a handler after kreplay's in `queue`'s intercept chain that records what
+    /// kreplay forwards and passes it on unchanged.
+    pub fn observe_forwarded(&self, queue: Queue) -> &'static Forwarded {
+        let forwarded: &'static Forwarded = Box::leak(Box::new(Mutex::new(Vec::new())));
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_queue_intercept_register_fn(
+                    queue.0,
+                    Some(observe_and_forward),
+                    (forwarded as *const Forwarded).cast_mut().cast()
+                )
+            ),
+            "intercept register",
+        );
+        forwarded
+    }
+}
+
+impl Aql {
+    /// The packet type in the header.
+    pub fn packet_type(&self) -> u32 {
+        self.header_and_setup() & 0xff
+    }
+
+    /// The packet as a kernel dispatch, if it is one.
+    pub fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
+        (self.packet_type() == HSA_PACKET_TYPE_KERNEL_DISPATCH)
+            // SAFETY: 64 bytes of plain data in the dispatch layout.
+            .then(|| unsafe { std::mem::transmute::<[u8; 64], hsa_kernel_dispatch_packet_t>(self.0) })
+    }
+}
+
+impl PartialEq for Aql {
+    fn eq(&self, other: &Aql) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl std::fmt::Debug for Aql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Aql(type {}, {:02x?})", self.packet_type(), &self.0[..8])
+    }
+}

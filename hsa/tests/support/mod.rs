@@ -1,0 +1,90 @@
+//! Support for the end-to-end tests: a one-process-per-scenario harness, the HSA application
+//! side ([`app`]) and the test tool ([`tool`]).
+
+pub mod app;
+pub mod tool;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Set in a child process to the name of the scenario it runs.
+const CHILD_ENV: &str = "KREPLAY_HSA_E2E_SCENARIO";
+/// Printed by a child when its scenario returned (so a child that ran nothing cannot pass).
+const DONE_MARK: &str = "kreplay-e2e-scenario-done:";
+/// The longest a scenario's process may run.
+const CHILD_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `scenario` in a process of its own.
+///
+/// kreplay's HSA backend is process-global (installed once, plain `extern "C"` wrappers), so
+/// each scenario re-executes this test binary for its own test only. In that child (marked by
+/// an environment variable) the scenario runs; in the parent the child's exit status and
+/// completion mark are asserted, with the child's output printed on failure.
+pub fn isolated(name: &str, scenario: fn()) {
+    if let Ok(running) = std::env::var(CHILD_ENV) {
+        assert_eq!(running, name, "a scenario child must run only its own test");
+        scenario();
+        println!("{DONE_MARK}{name}");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut child = Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the scenario's process starts");
+    // The pipes close when the child exits; readers report through a channel so the wait is
+    // bounded by a deadline.
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut pipes: Vec<Box<dyn Read + Send>> = Vec::new();
+    pipes.push(Box::new(child.stdout.take().expect("piped stdout")));
+    pipes.push(Box::new(child.stderr.take().expect("piped stderr")));
+    for (i, mut pipe) in pipes.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            let _ = tx.send((i, String::from_utf8_lossy(&bytes).into_owned()));
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + CHILD_DEADLINE;
+    let mut output = [String::new(), String::new()];
+    let mut timed_out = false;
+    for _ in 0..2 {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((i, text)) => output[i] = text,
+            Err(_) => {
+                timed_out = true;
+                break;
+            }
+        }
+    }
+    if timed_out {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("the scenario's process is waited for");
+    let report = format!("--- stdout of {name} ---\n{}\n--- stderr of {name} ---\n{}", output[0], output[1]);
+    assert!(!timed_out, "scenario {name} did not finish within {CHILD_DEADLINE:?}\n{report}");
+    assert!(status.success(), "scenario {name} failed ({status})\n{report}");
+    assert!(output[0].contains(&format!("{DONE_MARK}{name}")), "scenario {name} did not run its body\n{report}");
+}
+
+/// Declares scenarios: each becomes a `#[test]` that runs its body in a process of its own.
+macro_rules! scenarios {
+    ($( $(#[$meta:meta])* fn $name:ident() $body:block )*) => {
+        $(
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                fn body() $body
+                $crate::support::isolated(stringify!($name), body);
+            }
+        )*
+    };
+}
