@@ -134,10 +134,8 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
 
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table we own for the rest of the test.
-    assert!(
-        unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) },
-        "OnLoad succeeds"
-    );
+    let loaded = unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
+    assert!(loaded, "OnLoad succeeds");
 
     // The application, through the (now wrapped) table only.
     // SAFETY: the table stays alive and valid while `hsa` is used.
