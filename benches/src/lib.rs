@@ -1,1 +1,55 @@
-//! placeholder
+//! Snapshot and restore benchmarks for kreplay.
+//!
+//! This library measures what replay's memory work costs and sets every figure beside a ceiling
+//! measured in the same run: a memcpy of the same bytes (the copy ceiling) and a read-only pass
+//! and a one-thread xxh3 over them (read ceilings). It provides
+//!
+//! * [`HostDevice`]: a device whose memory is host memory (optionally with host windows,
+//!   device shadows, a "device" hash and batched writes), implementing
+//!   [`kreplay_snapshot::DeviceMemory`];
+//! * [`run_matrix`]: footprints × tiers × strategies × dirty fractions, returning [`BenchRow`]s;
+//! * [`format_table`], [`write_csv`] and [`write_svg`] (restore time against dirty fraction).
+//!
+//! The criterion benches live in `benches/`; `examples/matrix.rs` runs the matrix once and
+//! writes the table, CSV and SVG.
+//!
+//! # Example
+//!
+//! ```
+//! use kreplay_benches::*;
+//! use kreplay_snapshot::{RestoreStrategy, StoreTier};
+//!
+//! let config = MatrixConfig {
+//!     footprints: vec![1 << 20],
+//!     dirty_fractions: vec![0.0, 0.5],
+//!     strategies: vec![RestoreStrategy::Full, RestoreStrategy::Hash],
+//!     tiers: vec![StoreTier::Host],
+//!     chunk_size: 16 << 10,
+//!     repeats: 1,
+//!     ..Default::default()
+//! };
+//! let rows = run_matrix(&config).unwrap();
+//! // 3 ceilings, then per strategy: cold and warm snapshot + 2 restores, + 1 detect row for hash.
+//! assert_eq!(rows.len(), 3 + 2 * 4 + 1);
+//! assert!(rows.iter().all(|r| r.seconds > 0.0 && r.ceiling_gbps > 0.0));
+//!
+//! let mut csv = Vec::new();
+//! write_csv(&rows, &mut csv).unwrap();
+//! assert_eq!(String::from_utf8(csv).unwrap().lines().count(), rows.len() + 1);
+//! let mut svg = Vec::new();
+//! write_svg(&rows, &mut svg).unwrap();
+//! assert!(String::from_utf8(svg).unwrap().starts_with("<svg"));
+//! println!("{}", format_table(&rows));
+//! ```
+
+mod device;
+mod matrix;
+mod output;
+mod workload;
+
+pub use device::{DeviceStats, HostDevice, HostDeviceOptions};
+pub use matrix::{BenchRow, MatrixConfig, Operation, run_matrix};
+pub use output::{
+    format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
+};
+pub use workload::{ChunkMap, SplitMix64};

@@ -1,1 +1,100 @@
-//! placeholder
+//! Allocation inventory, snapshot and restore of device memory for kernel replay.
+//!
+//! A replayed kernel runs several times and every pass must start from the bytes the first pass
+//! saw. This crate keeps track of device allocations ([`Inventory`], fed by a backend's alloc
+//! and free hooks), copies the ones a replay may touch ([`Filter::for_replay`]: the dispatch's
+//! agent, coarse-grained device memory only) into a [`Snapshot`], and writes them back between
+//! passes. It knows nothing about any GPU runtime: a backend implements the small
+//! [`DeviceMemory`] trait (two required copy methods plus optional capabilities).
+//!
+//! * **Safety against frees.** Snapshot and restore copies hold the inventory's read side;
+//!   `on_free` takes the write side, so memory cannot be freed under a copy. A region freed (or
+//!   whose address now belongs to a newer allocation generation) is skipped, never written.
+//! * **Declines, not aborts.** A snapshot that cannot be complete (budget, out of memory in every
+//!   tier, a failed copy, an untracked required address) is a typed [`SnapshotError`] whose
+//!   [`reason`](SnapshotError::reason) is the SPEC decline reason; device memory is untouched.
+//! * **Tiered store.** A device-resident shadow when the device offers one, else host memory
+//!   (registered with the device if it can pin), else a memory-mapped spill file
+//!   ([`StoreTier`]).
+//! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying; restores
+//!   write back only changed chunks ([`RestoreStrategy::Hash`]) or a write set learned after
+//!   pass 0 and re-verified every K restores and before any possibly-final pass
+//!   ([`RestoreStrategy::Writeset`]). Copies run in parallel on rayon; partial restores are
+//!   merged into runs and issued as one batch when the device batches.
+//!
+//! The auto strategy: snapshots under [`AUTO_FULL_BELOW_BYTES`] restore in full, and so do
+//! device-tier snapshots when the device has no hash kernel and the memory is not host-visible
+//! (hashing would pull every byte over the host link while a full restore stays on the device).
+//! All others learn a write set (hash pass on the first restore, then only the learned chunks,
+//! verified every K-th restore and before any possibly-final pass), and switch to full restores
+//! once a hash pass finds more than [`AUTO_FULL_ABOVE_DIRTY_FRACTION`] of the chunks changed.
+//!
+//! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
+//! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,
+//! whichever is larger.
+//!
+//! # Example
+//!
+//! A toy device whose "device memory" is one host buffer, addressed by offset:
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use kreplay_snapshot::*;
+//!
+//! struct Toy(Mutex<Vec<u8>>);
+//! impl DeviceMemory for Toy {
+//!     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+//!         let mem = self.0.lock().unwrap();
+//!         dst.copy_from_slice(&mem[addr as usize..addr as usize + dst.len()]);
+//!         Ok(())
+//!     }
+//!     fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+//!         self.0.lock().unwrap()[addr as usize..addr as usize + src.len()].copy_from_slice(src);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let device = Arc::new(Toy(Mutex::new(vec![1u8; 8192])));
+//! let inventory = Arc::new(Inventory::new());
+//! inventory.on_alloc(0, 4096, 1, MemoryKind::CoarseDevice);   // snapshotted
+//! inventory.on_alloc(4096, 4096, 1, MemoryKind::Kernarg);      // excluded
+//!
+//! let config = SnapshotConfig {
+//!     chunk_size: 1024,
+//!     store: StoreTier::Host,
+//!     strategy: RestoreStrategy::Hash,
+//!     ..Default::default()
+//! };
+//! let snapshotter = Snapshotter::new(inventory, device.clone(), config).unwrap();
+//! let mut snapshot = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
+//! assert_eq!(snapshot.report().bytes_moved, 4096);
+//!
+//! device.0.lock().unwrap()[100] = 42;                        // pass 0 mutates memory
+//! let report = snapshot
+//!     .restore(&RestoreRequest { next_pass: 1, may_be_final: true })
+//!     .unwrap();
+//! assert_eq!(device.0.lock().unwrap()[100], 1);              // restored
+//! assert_eq!(report.chunks_restored, 1);                     // one 1 KiB chunk was dirty
+//! ```
+
+mod config;
+mod copy;
+mod device;
+mod inventory;
+mod layout;
+mod report;
+mod snapshot;
+mod store;
+
+pub use config::{
+    ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, ENV_MAX_SNAPSHOT_BYTES, ENV_RESTORE,
+    ENV_SNAPSHOT_STORE, ENV_SPILL_DIR, MIN_CHUNK_SIZE, ParseEnumError, RestoreStrategy,
+    SnapshotConfig, StoreTier,
+};
+pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
+pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
+pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
+pub use snapshot::{
+    AUTO_FULL_ABOVE_DIRTY_FRACTION, AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot,
+    SnapshotPlan, Snapshotter,
+};

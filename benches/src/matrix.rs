@@ -1,0 +1,390 @@
+//! The measurement matrix: snapshot and restore cost against ceilings measured in the same run.
+
+use std::fmt;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kreplay_snapshot::{
+    Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig,
+    Snapshotter, StoreTier,
+};
+use rayon::prelude::*;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::device::{HostDevice, HostDeviceOptions};
+use crate::workload::ChunkMap;
+
+/// What a row measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// Ceiling: the best of a one-thread and a parallel memcpy of the footprint between two
+    /// host buffers.
+    Memcpy,
+    /// Ceiling: a parallel read-only pass (summing words) over the footprint.
+    ReadPass,
+    /// Ceiling: one thread hashing the footprint with xxh3 in chunks.
+    Xxh3OneThread,
+    /// Taking a snapshot (copy into the store, plus chunk hashes when the strategy needs them)
+    /// into a store kept from an earlier snapshot, as successive replays do.
+    Snapshot,
+    /// The first snapshot of a snapshotter: the store is allocated and its pages faulted in.
+    SnapshotCold,
+    /// One steady-state restore after a pass dirtied the given fraction of chunks.
+    Restore,
+    /// A hash pass over the live memory with nothing to restore (hash strategy, 0% dirty).
+    Detect,
+}
+
+impl Operation {
+    /// The name used in tables and CSV.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Memcpy => "memcpy",
+            Operation::ReadPass => "read_pass",
+            Operation::Xxh3OneThread => "xxh3_1t",
+            Operation::Snapshot => "snapshot",
+            Operation::SnapshotCold => "snapshot_cold",
+            Operation::Restore => "restore",
+            Operation::Detect => "detect",
+        }
+    }
+
+    /// Whether the row is a ceiling measurement.
+    pub fn is_ceiling(self) -> bool {
+        matches!(
+            self,
+            Operation::Memcpy | Operation::ReadPass | Operation::Xxh3OneThread
+        )
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// Tracked bytes.
+    pub footprint: u64,
+    /// Fraction of chunks the simulated pass changed (0 for snapshots and ceilings).
+    pub dirty_fraction: f64,
+    /// Restore strategy configured (`None` for ceilings).
+    pub strategy: Option<RestoreStrategy>,
+    /// Store tier used (`None` for ceilings).
+    pub tier: Option<StoreTier>,
+    /// What was measured.
+    pub operation: Operation,
+    /// Best wall time over the repetitions.
+    pub seconds: f64,
+    /// Footprint bytes per second, in GB/s (10^9): for partial restores an effective rate.
+    pub gbps: f64,
+    /// The ceiling the row compares to (memcpy for snapshot and restore, the read pass for
+    /// detection; the row's own rate for ceilings).
+    pub ceiling_gbps: f64,
+    /// `gbps / ceiling_gbps`.
+    pub ratio: f64,
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct MatrixConfig {
+    /// Footprints in bytes.
+    pub footprints: Vec<u64>,
+    /// Dirty fractions in `0.0..=1.0`.
+    pub dirty_fractions: Vec<f64>,
+    /// Strategies (each gets its own snapshots).
+    pub strategies: Vec<RestoreStrategy>,
+    /// Store tiers (`Auto` is allowed and reported as the tier it picked).
+    pub tiers: Vec<StoreTier>,
+    /// Chunk size.
+    pub chunk_size: u64,
+    /// The footprint is split into this many allocations of equal size.
+    pub regions: usize,
+    /// Timed repetitions per measurement; the best is kept.
+    pub repeats: usize,
+    /// Whether the device hands out host windows (a software device) or is reached through
+    /// reads and writes only (a discrete GPU).
+    pub host_windows: bool,
+    /// Spill directory for the file tier (`None`: the system temporary directory).
+    pub spill_dir: Option<PathBuf>,
+}
+
+impl Default for MatrixConfig {
+    fn default() -> Self {
+        MatrixConfig {
+            footprints: vec![256 << 20],
+            dirty_fractions: vec![0.0, 0.01, 0.1, 1.0],
+            strategies: vec![
+                RestoreStrategy::Full,
+                RestoreStrategy::Hash,
+                RestoreStrategy::Writeset,
+            ],
+            tiers: vec![StoreTier::Host, StoreTier::File, StoreTier::Device],
+            chunk_size: kreplay_snapshot::DEFAULT_CHUNK_SIZE,
+            regions: 4,
+            repeats: 3,
+            host_windows: true,
+            spill_dir: None,
+        }
+    }
+}
+
+fn best<F: FnMut() -> Result<Duration, String>>(repeats: usize, mut f: F) -> Result<f64, String> {
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats.max(1) {
+        best = best.min(f()?.as_secs_f64());
+    }
+    Ok(best)
+}
+
+fn timed(f: impl FnOnce()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+fn rate(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 / seconds / 1e9
+    } else {
+        f64::INFINITY
+    }
+}
+
+fn try_buffer(len: usize, fill: u8) -> Result<Vec<u8>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|e| format!("ceiling buffer of {len} bytes: {e}"))?;
+    v.resize(len, fill);
+    Ok(v)
+}
+
+/// Ceiling rows for one footprint: memcpy, read pass, one-thread xxh3.
+fn ceilings(footprint: u64, chunk_size: u64, repeats: usize) -> Result<Vec<BenchRow>, String> {
+    let len = usize::try_from(footprint).map_err(|_| "footprint exceeds the address space")?;
+    let src = try_buffer(len, 0xA5)?;
+    let mut dst = try_buffer(len, 0)?;
+    let piece = 1 << 20;
+    let one = best(repeats, || Ok(timed(|| dst.copy_from_slice(&src))))?;
+    let par = best(repeats, || {
+        Ok(timed(|| {
+            dst.par_chunks_mut(piece)
+                .zip(src.par_chunks(piece))
+                .for_each(|(d, s)| d.copy_from_slice(s))
+        }))
+    })?;
+    black_box(&dst);
+    drop(dst);
+    let read = best(repeats, || {
+        Ok(timed(|| {
+            let sum = src
+                .par_chunks(piece)
+                .map(|c| {
+                    c.chunks_exact(8)
+                        .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
+                        .fold(0u64, u64::wrapping_add)
+                })
+                .reduce(|| 0, u64::wrapping_add);
+            black_box(sum);
+        }))
+    })?;
+    let xxh = best(repeats, || {
+        Ok(timed(|| {
+            let h = src
+                .chunks(chunk_size as usize)
+                .map(xxh3_64)
+                .fold(0, |a, b| a ^ b);
+            black_box(h);
+        }))
+    })?;
+    let row = |operation, seconds: f64| {
+        let gbps = rate(footprint, seconds);
+        BenchRow {
+            footprint,
+            dirty_fraction: 0.0,
+            strategy: None,
+            tier: None,
+            operation,
+            seconds,
+            gbps,
+            ceiling_gbps: gbps,
+            ratio: 1.0,
+        }
+    };
+    Ok(vec![
+        row(Operation::Memcpy, one.min(par)),
+        row(Operation::ReadPass, read),
+        row(Operation::Xxh3OneThread, xxh),
+    ])
+}
+
+/// A device with `footprint` bytes of tracked memory in `regions` allocations.
+struct Bench {
+    device: Arc<HostDevice>,
+    inventory: Arc<Inventory>,
+    map: ChunkMap,
+}
+
+impl Bench {
+    fn new(config: &MatrixConfig, footprint: u64) -> Result<Self, String> {
+        let options = HostDeviceOptions {
+            device_shadow: true,
+            device_hash: false,
+            batched_writes: true,
+        };
+        let device = if config.host_windows {
+            // SAFETY: the matrix runs one operation at a time on this thread: nothing touches
+            // device memory while a snapshot or restore runs, and nothing is freed meanwhile.
+            unsafe { HostDevice::with_host_windows(options) }
+        } else {
+            HostDevice::new(options)
+        };
+        let device = Arc::new(device);
+        let inventory = Arc::new(Inventory::new());
+        let n = config.regions.max(1) as u64;
+        for i in 0..n {
+            let size = footprint / n + u64::from(i < footprint % n);
+            let addr = device.alloc_tracked(&inventory, size, 1, MemoryKind::CoarseDevice)?;
+            device
+                .fill(addr, size, i as u8 ^ 0x3C)
+                .map_err(|e| e.to_string())?;
+        }
+        let regions = inventory.select(&Filter::for_replay(1));
+        let map = ChunkMap::new(&regions, config.chunk_size);
+        Ok(Bench {
+            device,
+            inventory,
+            map,
+        })
+    }
+
+    fn snapshotter(
+        &self,
+        config: &MatrixConfig,
+        strategy: RestoreStrategy,
+        tier: StoreTier,
+    ) -> Result<Snapshotter, String> {
+        let snapshot_config = SnapshotConfig {
+            store: tier,
+            strategy,
+            chunk_size: config.chunk_size,
+            // Timed restores are steady-state (unverified) ones; verification is measured as
+            // the detect row.
+            verify_every: 0,
+            spill_dir: config.spill_dir.clone(),
+            ..Default::default()
+        };
+        Snapshotter::new(self.inventory.clone(), self.device.clone(), snapshot_config)
+            .map_err(|e| e.to_string())
+    }
+}
+
+const NOT_FINAL: RestoreRequest = RestoreRequest {
+    next_pass: 1,
+    may_be_final: false,
+};
+
+/// Run the matrix: for every footprint, the ceilings, then for every tier and strategy the
+/// snapshot and, for every dirty fraction, a steady-state restore (after one untimed pass that
+/// lets the write set be learned); the hash strategy at 0% dirty also yields the detect row.
+/// Every figure is the best of `repeats` runs.
+pub fn run_matrix(config: &MatrixConfig) -> Result<Vec<BenchRow>, String> {
+    let mut rows = Vec::new();
+    for &footprint in &config.footprints {
+        let ceiling_rows = ceilings(footprint, config.chunk_size, config.repeats)?;
+        let copy_ceiling = ceiling_rows[0].gbps;
+        let read_ceiling = ceiling_rows[1].gbps;
+        rows.extend(ceiling_rows);
+        let bench = Bench::new(config, footprint)?;
+        let row = |strategy, tier, operation, dirty_fraction, seconds: f64, ceiling: f64| {
+            let gbps = rate(footprint, seconds);
+            BenchRow {
+                footprint,
+                dirty_fraction,
+                strategy: Some(strategy),
+                tier: Some(tier),
+                operation,
+                seconds,
+                gbps,
+                ceiling_gbps: ceiling,
+                ratio: gbps / ceiling,
+            }
+        };
+        for &tier in &config.tiers {
+            for &strategy in &config.strategies {
+                let snapshotter = bench.snapshotter(config, strategy, tier)?;
+                let take = || -> Result<(Snapshot, Duration), String> {
+                    let plan = snapshotter
+                        .plan(&Filter::for_replay(1))
+                        .map_err(|e| e.to_string())?;
+                    let start = Instant::now();
+                    let s = snapshotter.take(plan).map_err(|e| e.to_string())?;
+                    Ok((s, start.elapsed()))
+                };
+                // The first snapshot allocates the store; the others reuse it, as successive
+                // replays do.
+                let (first, cold) = take()?;
+                let used_tier = first.tier();
+                drop(first);
+                rows.push(row(
+                    strategy,
+                    used_tier,
+                    Operation::SnapshotCold,
+                    0.0,
+                    cold.as_secs_f64(),
+                    copy_ceiling,
+                ));
+                let seconds = best(config.repeats, || take().map(|(_, t)| t))?;
+                rows.push(row(
+                    strategy,
+                    used_tier,
+                    Operation::Snapshot,
+                    0.0,
+                    seconds,
+                    copy_ceiling,
+                ));
+                for (i, &fraction) in config.dirty_fractions.iter().enumerate() {
+                    let chunks = bench.map.pick(fraction, 0xC0FFEE + i as u64);
+                    let (mut snapshot, _) = take()?;
+                    let mut salt = 0;
+                    let mut pass = |snapshot: &mut Snapshot| -> Result<Duration, String> {
+                        salt += 1;
+                        bench
+                            .map
+                            .dirty(&bench.device, &chunks, salt)
+                            .map_err(|e| e.to_string())?;
+                        let start = Instant::now();
+                        snapshot.restore(&NOT_FINAL).map_err(|e| e.to_string())?;
+                        Ok(start.elapsed())
+                    };
+                    pass(&mut snapshot)?; // pass 0: the write set is learned here
+                    let seconds = best(config.repeats, || pass(&mut snapshot))?;
+                    rows.push(row(
+                        strategy,
+                        used_tier,
+                        Operation::Restore,
+                        fraction,
+                        seconds,
+                        copy_ceiling,
+                    ));
+                    if strategy == RestoreStrategy::Hash && fraction == 0.0 {
+                        rows.push(row(
+                            strategy,
+                            used_tier,
+                            Operation::Detect,
+                            0.0,
+                            seconds,
+                            read_ceiling,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
+}

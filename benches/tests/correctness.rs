@@ -1,0 +1,357 @@
+//! Restore correctness under every strategy and tier, on devices with and without host access:
+//! random dirty patterns, writes across chunk boundaries, a writer whose write set changes, and
+//! verification before every possibly-final pass. After every restore that the strategy
+//! guarantees exact (all of them, as long as the writer stays within its learned write set; for
+//! the write set, every verified restore), tracked memory is byte-identical to the snapshot.
+
+use std::sync::Arc;
+
+use kreplay_benches::{HostDevice, HostDeviceOptions, SplitMix64};
+use kreplay_snapshot::*;
+
+const CS: u64 = 4096;
+
+#[derive(Clone, Copy, Debug)]
+enum DeviceKind {
+    /// Host windows plus every optional capability.
+    SoftwareFull,
+    /// Host windows only.
+    SoftwarePlain,
+    /// Reads and writes only, with batched writes.
+    DiscreteBatched,
+    /// Reads and writes only, with a device hash kernel and shadows.
+    DiscreteHashing,
+}
+
+const DEVICES: [DeviceKind; 4] = [
+    DeviceKind::SoftwareFull,
+    DeviceKind::SoftwarePlain,
+    DeviceKind::DiscreteBatched,
+    DeviceKind::DiscreteHashing,
+];
+const TIERS: [StoreTier; 4] = [
+    StoreTier::Auto,
+    StoreTier::Host,
+    StoreTier::File,
+    StoreTier::Device,
+];
+const STRATEGIES: [RestoreStrategy; 4] = [
+    RestoreStrategy::Auto,
+    RestoreStrategy::Full,
+    RestoreStrategy::Hash,
+    RestoreStrategy::Writeset,
+];
+
+fn device(kind: DeviceKind) -> HostDevice {
+    let (windows, options) = match kind {
+        DeviceKind::SoftwareFull => (true, HostDeviceOptions::all()),
+        DeviceKind::SoftwarePlain => (true, HostDeviceOptions::default()),
+        DeviceKind::DiscreteBatched => (
+            false,
+            HostDeviceOptions {
+                batched_writes: true,
+                ..Default::default()
+            },
+        ),
+        DeviceKind::DiscreteHashing => (
+            false,
+            HostDeviceOptions {
+                device_shadow: true,
+                device_hash: true,
+                ..Default::default()
+            },
+        ),
+    };
+    if windows {
+        // SAFETY: each test drives its device from one thread: no access to device memory runs
+        // concurrently with a snapshot or restore, and frees go through the inventory first.
+        unsafe { HostDevice::with_host_windows(options) }
+    } else {
+        HostDevice::new(options)
+    }
+}
+
+/// Tracked regions with random contents, and the bytes each must hold after a restore.
+struct World {
+    device: Arc<HostDevice>,
+    inventory: Arc<Inventory>,
+    regions: Vec<(u64, u64)>,
+    expected: Vec<Vec<u8>>,
+    rng: SplitMix64,
+}
+
+impl World {
+    /// Sizes chosen to end mid-chunk, be shorter than a chunk, and be a single byte.
+    fn new(kind: DeviceKind, sizes: &[u64], seed: u64) -> Self {
+        let device = Arc::new(device(kind));
+        let inventory = Arc::new(Inventory::new());
+        let mut rng = SplitMix64::new(seed);
+        let mut regions = Vec::new();
+        let mut expected = Vec::new();
+        for &size in sizes {
+            let addr = device
+                .alloc_tracked(&inventory, size, 1, MemoryKind::CoarseDevice)
+                .unwrap();
+            let data: Vec<u8> = (0..size).map(|_| rng.next_u64() as u8).collect();
+            device.write(addr, &data).unwrap();
+            regions.push((addr, size));
+            expected.push(data);
+        }
+        // Memory that must never be snapshotted or restored: another agent, and kernarg.
+        device
+            .alloc_tracked(&inventory, 3 * CS, 2, MemoryKind::CoarseDevice)
+            .unwrap();
+        device
+            .alloc_tracked(&inventory, CS, 1, MemoryKind::Kernarg)
+            .unwrap();
+        World {
+            device,
+            inventory,
+            regions,
+            expected,
+            rng,
+        }
+    }
+
+    fn snapshotter(&self, tier: StoreTier, strategy: RestoreStrategy) -> Snapshotter {
+        let config = SnapshotConfig {
+            store: tier,
+            strategy,
+            chunk_size: CS,
+            verify_every: 0,
+            keep_store: false,
+            ..Default::default()
+        };
+        Snapshotter::new(self.inventory.clone(), self.device.clone(), config).unwrap()
+    }
+
+    fn identical(&self) -> bool {
+        self.regions
+            .iter()
+            .zip(&self.expected)
+            .all(|(&(addr, size), data)| self.device.to_vec(addr, size).unwrap() == *data)
+    }
+
+    /// Perform write `op` = (region, offset, len) with random bytes.
+    fn write(&mut self, (region, offset, len): (usize, u64, u64)) {
+        let bytes: Vec<u8> = (0..len).map(|_| self.rng.next_u64() as u8).collect();
+        self.device
+            .write(self.regions[region].0 + offset, &bytes)
+            .unwrap();
+    }
+
+    /// A random write set: `n` random small writes, plus writes straddling chunk boundaries,
+    /// the first byte and the last byte of each region.
+    fn write_set(&mut self, n: usize) -> Vec<(usize, u64, u64)> {
+        let mut ops = Vec::new();
+        for (r, &(_, size)) in self.regions.iter().enumerate() {
+            ops.push((r, 0, 1));
+            ops.push((r, size - 1, 1));
+            if size > CS + 4 {
+                ops.push((r, CS - 2, 4)); // straddles the first chunk boundary
+            }
+        }
+        for _ in 0..n {
+            let r = self.rng.below(self.regions.len() as u64) as usize;
+            let size = self.regions[r].1;
+            let offset = self.rng.below(size);
+            let len = (1 + self.rng.below(300)).min(size - offset);
+            ops.push((r, offset, len));
+        }
+        ops
+    }
+
+    /// A random subset of `ops`.
+    fn subset(&mut self, ops: &[(usize, u64, u64)]) -> Vec<(usize, u64, u64)> {
+        ops.iter()
+            .copied()
+            .filter(|_| self.rng.below(2) == 0)
+            .collect()
+    }
+}
+
+fn supports(kind: DeviceKind, tier: StoreTier) -> bool {
+    tier != StoreTier::Device
+        || matches!(kind, DeviceKind::SoftwareFull | DeviceKind::DiscreteHashing)
+}
+
+const SIZES: [u64; 5] = [3 * CS + 5, 10 * CS, 1, CS - 1, 7 * CS + CS / 2];
+
+#[test]
+fn random_writes_within_the_write_set_are_restored_exactly_after_every_pass() {
+    for kind in DEVICES {
+        for tier in TIERS.into_iter().filter(|&t| supports(kind, t)) {
+            for strategy in STRATEGIES {
+                let what = format!("{kind:?} {tier} {strategy}");
+                let mut w = World::new(kind, &SIZES, 7);
+                let snap = w.snapshotter(tier, strategy);
+                let mut s = snap.snapshot(&Filter::for_replay(1)).unwrap();
+                let ops = w.write_set(12);
+                let passes = 6;
+                for pass in 0..passes {
+                    let this_pass = if pass == 0 {
+                        ops.clone()
+                    } else {
+                        w.subset(&ops)
+                    };
+                    for op in this_pass {
+                        w.write(op);
+                    }
+                    if pass + 1 == passes {
+                        break; // no restore after the last pass
+                    }
+                    let req = RestoreRequest {
+                        next_pass: pass + 1,
+                        may_be_final: pass + 2 == passes,
+                    };
+                    let r = s.restore(&req).unwrap();
+                    assert!(
+                        w.identical(),
+                        "{what}: pass {pass} restore left differences"
+                    );
+                    assert_eq!(r.regions_skipped, 0, "{what}");
+                    assert_eq!(r.repaired_chunks, 0, "{what}: writer stayed in its set");
+                    if req.may_be_final && r.strategy != RestoreStrategy::Full {
+                        assert!(r.verified, "{what}: final-pass restore must verify");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_writer_leaving_its_write_set_is_caught_by_verification_and_repaired() {
+    let mut write_set_cases = 0;
+    for kind in DEVICES {
+        for tier in TIERS.into_iter().filter(|&t| supports(kind, t)) {
+            for strategy in STRATEGIES {
+                let what = format!("{kind:?} {tier} {strategy}");
+                let mut w = World::new(kind, &SIZES, 11);
+                let mut s = w
+                    .snapshotter(tier, strategy)
+                    .snapshot(&Filter::for_replay(1))
+                    .unwrap();
+                // Pass 0 writes inside region 1 only; the write set is learned from it.
+                w.write((1, 100, 10));
+                let r = s
+                    .restore(&RestoreRequest {
+                        next_pass: 1,
+                        may_be_final: false,
+                    })
+                    .unwrap();
+                assert!(w.identical(), "{what}");
+                assert_eq!(r.repaired_chunks, 0);
+                // Pass 1 also writes a chunk of region 4 (outside the learned set) across a
+                // chunk boundary: two chunks outside the set.
+                w.write((1, 100, 10));
+                w.write((4, 2 * CS - 1, 2));
+                let r = s
+                    .restore(&RestoreRequest {
+                        next_pass: 2,
+                        may_be_final: false,
+                    })
+                    .unwrap();
+                let writeset = r.strategy == RestoreStrategy::Writeset && !r.verified;
+                if writeset {
+                    assert!(
+                        !w.identical(),
+                        "{what}: an unverified write set cannot see it"
+                    );
+                } else {
+                    assert!(w.identical(), "{what}");
+                }
+                // The next pass may be final: verification runs and repairs.
+                let r = s
+                    .restore(&RestoreRequest {
+                        next_pass: 3,
+                        may_be_final: true,
+                    })
+                    .unwrap();
+                assert!(w.identical(), "{what}: final verification left differences");
+                if writeset {
+                    write_set_cases += 1;
+                    assert!(r.verified, "{what}");
+                    assert_eq!(
+                        r.repaired_chunks, 2,
+                        "{what}: both chunks repaired and reported"
+                    );
+                    assert_eq!(r.chunks_restored, 2, "{what}");
+                }
+            }
+        }
+    }
+    // The write-set strategy on every device and tier it supports (4 + 3 + 3 + 4).
+    assert_eq!(write_set_cases, 14);
+}
+
+#[test]
+fn auto_switches_from_write_set_to_full_restores_exactly() {
+    for kind in DEVICES {
+        // Above the auto strategy's full-restore threshold.
+        let sizes = [
+            AUTO_FULL_BELOW_BYTES / 2 + 5,
+            AUTO_FULL_BELOW_BYTES / 2 + 3 * CS,
+        ];
+        let mut w = World::new(kind, &sizes, 3);
+        let mut s = w
+            .snapshotter(StoreTier::Host, RestoreStrategy::Auto)
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        assert_eq!(s.report().strategy, RestoreStrategy::Writeset, "{kind:?}");
+        let small = w.write_set(5);
+        let mut strategies = Vec::new();
+        for pass in 0..4u64 {
+            if pass < 2 {
+                for op in small.clone() {
+                    w.write(op);
+                }
+            } else {
+                // Most of memory changes.
+                for r in 0..2 {
+                    let size = w.regions[r].1;
+                    w.write((r, 0, size));
+                }
+            }
+            let r = s
+                .restore(&RestoreRequest {
+                    next_pass: pass + 1,
+                    may_be_final: pass == 2,
+                })
+                .unwrap();
+            assert!(w.identical(), "{kind:?} pass {pass}");
+            strategies.push(r.strategy);
+        }
+        assert_eq!(
+            strategies,
+            [
+                RestoreStrategy::Writeset,
+                RestoreStrategy::Writeset,
+                RestoreStrategy::Writeset,
+                RestoreStrategy::Full
+            ],
+            "{kind:?}"
+        );
+    }
+}
+
+#[test]
+fn freed_region_is_skipped_while_the_others_are_restored() {
+    for kind in DEVICES {
+        for strategy in STRATEGIES {
+            let mut w = World::new(kind, &SIZES, 5);
+            let mut s = w
+                .snapshotter(StoreTier::Host, strategy)
+                .snapshot(&Filter::for_replay(1))
+                .unwrap();
+            w.write((0, 0, 50));
+            w.write((2, 0, 1));
+            let (gone, _) = w.regions.remove(2);
+            w.expected.remove(2);
+            assert!(w.device.free_tracked(&w.inventory, gone));
+            let r = s.restore(&RestoreRequest::default()).unwrap();
+            assert_eq!(r.regions_skipped, 1, "{kind:?} {strategy}");
+            assert!(w.identical(), "{kind:?} {strategy}");
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! Snapshot configuration: store tier, restore strategy, chunking, budget.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Where a snapshot's bytes are kept (`KREPLAY_SNAPSHOT_STORE=auto|device|host|file`).
+///
+/// `Auto` is a configuration value only; reports always name the tier actually used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StoreTier {
+    /// Try device, then host, then file.
+    #[default]
+    Auto,
+    /// A device-resident shadow allocated on the agent.
+    Device,
+    /// Host memory (registered with the device when it offers that).
+    Host,
+    /// A memory-mapped spill file in the spill directory.
+    File,
+}
+
+impl StoreTier {
+    /// The configuration spelling (`auto`, `device`, `host`, `file`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreTier::Auto => "auto",
+            StoreTier::Device => "device",
+            StoreTier::Host => "host",
+            StoreTier::File => "file",
+        }
+    }
+}
+
+/// How a restore finds what to write back (`KREPLAY_RESTORE=auto|full|hash|writeset`).
+///
+/// `Auto` is a configuration value only; restore reports always name the strategy used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RestoreStrategy {
+    /// Chosen per snapshot (see the crate docs for the rule).
+    #[default]
+    Auto,
+    /// Write every byte back.
+    Full,
+    /// Hash every chunk of live memory and write back the chunks whose hash changed.
+    Hash,
+    /// Learn the changed chunks by hashing after pass 0, then write back only those, verifying
+    /// with hashes every K restores and before any pass that may be the final one.
+    Writeset,
+}
+
+impl RestoreStrategy {
+    /// The configuration spelling (`auto`, `full`, `hash`, `writeset`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreStrategy::Auto => "auto",
+            RestoreStrategy::Full => "full",
+            RestoreStrategy::Hash => "hash",
+            RestoreStrategy::Writeset => "writeset",
+        }
+    }
+}
+
+impl fmt::Display for StoreTier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for RestoreStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A malformed store tier or restore strategy name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseEnumError {
+    what: &'static str,
+    value: String,
+    expected: &'static str,
+}
+
+impl fmt::Display for ParseEnumError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid {} {:?}: expected one of {}",
+            self.what, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ParseEnumError {}
+
+fn parse_name<T: Copy>(
+    s: &str,
+    what: &'static str,
+    expected: &'static str,
+    table: &[(&str, T)],
+) -> Result<T, ParseEnumError> {
+    table
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(s.trim()))
+        .map(|&(_, v)| v)
+        .ok_or_else(|| ParseEnumError {
+            what,
+            value: s.to_owned(),
+            expected,
+        })
+}
+
+impl FromStr for StoreTier {
+    type Err = ParseEnumError;
+    /// Accepts `auto`, `device`, `host`, `file` (ASCII case-insensitive, surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_name(
+            s,
+            "snapshot store tier",
+            "auto, device, host, file",
+            &[
+                ("auto", StoreTier::Auto),
+                ("device", StoreTier::Device),
+                ("host", StoreTier::Host),
+                ("file", StoreTier::File),
+            ],
+        )
+    }
+}
+
+impl FromStr for RestoreStrategy {
+    type Err = ParseEnumError;
+    /// Accepts `auto`, `full`, `hash`, `writeset` (ASCII case-insensitive, surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_name(
+            s,
+            "restore strategy",
+            "auto, full, hash, writeset",
+            &[
+                ("auto", RestoreStrategy::Auto),
+                ("full", RestoreStrategy::Full),
+                ("hash", RestoreStrategy::Hash),
+                ("writeset", RestoreStrategy::Writeset),
+            ],
+        )
+    }
+}
+
+/// A configuration value that cannot be used, naming the variable (or field) at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The environment variable or `SnapshotConfig` field.
+    pub variable: &'static str,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.variable, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Default chunk size for hashing and partial restores: 64 KiB.
+pub const DEFAULT_CHUNK_SIZE: u64 = 64 * 1024;
+/// Smallest accepted chunk size.
+pub const MIN_CHUNK_SIZE: u64 = 512;
+/// Default write-set verification period (`verify_every`).
+pub const DEFAULT_VERIFY_EVERY: u32 = 8;
+
+/// How snapshots are stored and restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotConfig {
+    /// Largest snapshot footprint accepted, in bytes; a larger plan is declined with
+    /// `footprint_budget`. `None` = no budget (allocation failures are still typed errors).
+    /// See [`SnapshotConfig::budget_from_setting`] for `KREPLAY_MAX_SNAPSHOT_BYTES`.
+    pub max_bytes: Option<u64>,
+    /// Store tier: `Auto` tries device, host, file in that order; any other value forces it.
+    pub store: StoreTier,
+    /// Restore strategy.
+    pub strategy: RestoreStrategy,
+    /// Chunk size in bytes for hashing and partial restores (at least [`MIN_CHUNK_SIZE`]).
+    pub chunk_size: u64,
+    /// Write-set strategy: verify with hashes on every K-th restore (1 = every restore, which is
+    /// the hash strategy; 0 = only before a pass that may be the final one). A restore whose
+    /// request says the next pass may be final always verifies.
+    pub verify_every: u32,
+    /// Directory for spill files; `None` = the system temporary directory.
+    pub spill_dir: Option<PathBuf>,
+    /// Keep the last host or file store when a snapshot drops and reuse it for the next snapshot
+    /// that fits (saves allocating and faulting in fresh pages). Device shadows are never kept.
+    pub keep_store: bool,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            max_bytes: None,
+            store: StoreTier::Auto,
+            strategy: RestoreStrategy::Auto,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            verify_every: DEFAULT_VERIFY_EVERY,
+            spill_dir: None,
+            keep_store: true,
+        }
+    }
+}
+
+/// Environment variable for the snapshot budget.
+pub const ENV_MAX_SNAPSHOT_BYTES: &str = "KREPLAY_MAX_SNAPSHOT_BYTES";
+/// Environment variable for the store tier.
+pub const ENV_SNAPSHOT_STORE: &str = "KREPLAY_SNAPSHOT_STORE";
+/// Environment variable for the restore strategy.
+pub const ENV_RESTORE: &str = "KREPLAY_RESTORE";
+/// Environment variable for the spill directory.
+pub const ENV_SPILL_DIR: &str = "KREPLAY_SPILL_DIR";
+
+impl SnapshotConfig {
+    /// The budget for a `KREPLAY_MAX_SNAPSHOT_BYTES` value: `0` derives it from available memory
+    /// ([`SnapshotConfig::derived_budget`]), any other value is the budget in bytes.
+    pub fn budget_from_setting(value: u64) -> Option<u64> {
+        if value == 0 {
+            Self::derived_budget()
+        } else {
+            Some(value)
+        }
+    }
+
+    /// A budget derived from the host's available memory: `MemAvailable` from `/proc/meminfo`
+    /// minus a safety margin of a quarter of it or 512 MiB, whichever is larger (so a snapshot
+    /// never takes the last memory the application and the kernel need). `None` when
+    /// `/proc/meminfo` cannot be read (no budget; allocation failures are still caught).
+    pub fn derived_budget() -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        budget_from_meminfo(&text)
+    }
+
+    /// Read `KREPLAY_MAX_SNAPSHOT_BYTES`, `KREPLAY_SNAPSHOT_STORE`, `KREPLAY_RESTORE` and
+    /// `KREPLAY_SPILL_DIR` through `lookup` (unset variables keep the defaults). A malformed value
+    /// is an error naming the variable.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut config = SnapshotConfig::default();
+        if let Some(v) = lookup(ENV_MAX_SNAPSHOT_BYTES) {
+            let bytes: u64 = v.trim().parse().map_err(|_| ConfigError {
+                variable: ENV_MAX_SNAPSHOT_BYTES,
+                message: format!("{v:?} is not a byte count (0 = derive from available memory)"),
+            })?;
+            config.max_bytes = Self::budget_from_setting(bytes);
+        }
+        if let Some(v) = lookup(ENV_SNAPSHOT_STORE) {
+            config.store = v.parse().map_err(|e: ParseEnumError| ConfigError {
+                variable: ENV_SNAPSHOT_STORE,
+                message: e.to_string(),
+            })?;
+        }
+        if let Some(v) = lookup(ENV_RESTORE) {
+            config.strategy = v.parse().map_err(|e: ParseEnumError| ConfigError {
+                variable: ENV_RESTORE,
+                message: e.to_string(),
+            })?;
+        }
+        if let Some(v) = lookup(ENV_SPILL_DIR) {
+            if v.is_empty() {
+                return Err(ConfigError {
+                    variable: ENV_SPILL_DIR,
+                    message: "empty path".into(),
+                });
+            }
+            config.spill_dir = Some(PathBuf::from(v));
+        }
+        Ok(config)
+    }
+
+    /// [`SnapshotConfig::from_lookup`] over the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Check the values that have limits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.chunk_size < MIN_CHUNK_SIZE {
+            return Err(ConfigError {
+                variable: "chunk_size",
+                message: format!(
+                    "{} bytes is below the minimum of {MIN_CHUNK_SIZE}",
+                    self.chunk_size
+                ),
+            });
+        }
+        if usize::try_from(self.chunk_size).is_err() {
+            return Err(ConfigError {
+                variable: "chunk_size",
+                message: "does not fit the address space".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The spill directory to use.
+    pub(crate) fn spill_dir(&self) -> PathBuf {
+        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
+    }
+}
+
+/// The derivation rule of [`SnapshotConfig::derived_budget`] on a `/proc/meminfo` text.
+pub(crate) fn budget_from_meminfo(meminfo: &str) -> Option<u64> {
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    let available = kib.checked_mul(1024)?;
+    let margin = (available / 4).max(512 << 20);
+    Some(available.saturating_sub(margin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_parse_known_names_and_reject_others_clearly() {
+        assert_eq!("host".parse::<StoreTier>(), Ok(StoreTier::Host));
+        assert_eq!(" File ".parse::<StoreTier>(), Ok(StoreTier::File));
+        assert_eq!(
+            "writeset".parse::<RestoreStrategy>(),
+            Ok(RestoreStrategy::Writeset)
+        );
+        let err = "gpu".parse::<StoreTier>().unwrap_err().to_string();
+        assert!(
+            err.contains("\"gpu\"") && err.contains("auto, device, host, file"),
+            "{err}"
+        );
+        let err = "fast".parse::<RestoreStrategy>().unwrap_err().to_string();
+        assert!(
+            err.contains("restore strategy") && err.contains("writeset"),
+            "{err}"
+        );
+        for t in [
+            StoreTier::Auto,
+            StoreTier::Device,
+            StoreTier::Host,
+            StoreTier::File,
+        ] {
+            assert_eq!(t.as_str().parse::<StoreTier>(), Ok(t));
+        }
+    }
+
+    #[test]
+    fn derived_budget_keeps_a_quarter_or_512_mib_free() {
+        let gib = 1u64 << 30;
+        let text = format!("MemTotal: 99 kB\nMemAvailable:   {} kB\n", 8 * gib / 1024);
+        assert_eq!(budget_from_meminfo(&text), Some(6 * gib));
+        let small = format!("MemAvailable: {} kB\n", gib / 1024);
+        assert_eq!(budget_from_meminfo(&small), Some(gib - (512 << 20)));
+        assert_eq!(budget_from_meminfo("MemAvailable: 1000 kB\n"), Some(0));
+        assert_eq!(budget_from_meminfo("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn lookup_names_the_malformed_variable() {
+        let err = SnapshotConfig::from_lookup(|n| {
+            (n == ENV_MAX_SNAPSHOT_BYTES).then(|| "12x".to_string())
+        })
+        .unwrap_err();
+        assert_eq!(err.variable, ENV_MAX_SNAPSHOT_BYTES);
+        let err = SnapshotConfig::from_lookup(|n| (n == ENV_RESTORE).then(|| "all".to_string()))
+            .unwrap_err();
+        assert_eq!(err.variable, ENV_RESTORE);
+        let ok = SnapshotConfig::from_lookup(|n| match n {
+            ENV_MAX_SNAPSHOT_BYTES => Some("4096".into()),
+            ENV_SNAPSHOT_STORE => Some("file".into()),
+            ENV_SPILL_DIR => Some("/tmp/x".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(ok.max_bytes, Some(4096));
+        assert_eq!(ok.store, StoreTier::File);
+        assert_eq!(ok.spill_dir, Some(PathBuf::from("/tmp/x")));
+        assert!(
+            SnapshotConfig {
+                chunk_size: 100,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

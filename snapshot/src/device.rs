@@ -1,0 +1,207 @@
+//! What the snapshot needs from a device: the [`DeviceMemory`] trait a backend implements.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+/// A device copy (or hash, or shadow operation) that did not happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyError {
+    /// The device does not offer this optional capability.
+    Unsupported,
+    /// The operation was attempted and failed.
+    Failed {
+        /// Device address the failing operation started at.
+        addr: u64,
+        /// Length of the failing operation in bytes.
+        len: u64,
+        /// What the backend said.
+        detail: String,
+    },
+}
+
+impl CopyError {
+    /// A failed operation on `[addr, addr + len)`.
+    pub fn failed(addr: u64, len: u64, detail: impl Into<String>) -> Self {
+        CopyError::Failed {
+            addr,
+            len,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CopyError::Unsupported => f.write_str("operation not supported by the device"),
+            CopyError::Failed { addr, len, detail } => {
+                write!(
+                    f,
+                    "device copy of {len} bytes at {addr:#x} failed: {detail}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for CopyError {}
+
+/// Optional capabilities a device announces up front, so strategies can be chosen without
+/// trying. (Capabilities that are naturally per call — host access, shadow allocation — are
+/// announced by their method returning `Some`.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`DeviceMemory::hash_chunks`] is implemented (a device hash kernel).
+    pub device_hash: bool,
+    /// [`DeviceMemory::write_batch`] issues one device operation for the whole list.
+    pub batched_writes: bool,
+}
+
+/// Direct host access to a host-visible device range, handed out by
+/// [`DeviceMemory::host_window`]. The snapshot copies through it with plain loads and stores.
+#[derive(Debug, Clone, Copy)]
+pub struct HostWindow {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a HostWindow is a (pointer, length) pair; whoever constructed it promised (see `new`)
+// that the range may be read and written from any thread while the allocation is live.
+unsafe impl Send for HostWindow {}
+// SAFETY: as above; shared use only hands out the raw pointer.
+unsafe impl Sync for HostWindow {}
+
+impl HostWindow {
+    /// Wrap a host pointer to device memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes, from any thread, for as long as
+    /// the allocation containing the range stays live in the [`crate::Inventory`] (the snapshot
+    /// only uses a window while it holds the inventory's read side, which excludes frees), and
+    /// nothing else may write the range during a snapshot or restore (the backend has drained
+    /// the agent). `ptr` must not be null unless `len` is 0.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        HostWindow {
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len,
+        }
+    }
+
+    /// The host pointer to the first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// One device-to-device copy of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// Destination device address.
+    pub dst: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Bytes to copy.
+    pub len: u64,
+}
+
+/// One host-to-device write of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkWrite<'a> {
+    /// Destination device address.
+    pub addr: u64,
+    /// Bytes to write there.
+    pub data: &'a [u8],
+}
+
+/// The device memory operations a snapshot needs. A backend implements this for its device;
+/// only `read` and `write` are required, everything else is an optional capability whose
+/// default says "not supported".
+///
+/// Device addresses are opaque `u64`s: the snapshot never dereferences one unless the device
+/// hands out a [`HostWindow`] for it.
+///
+/// Rules for implementors: no method may call back into the inventory's `on_alloc`/`on_free`
+/// (snapshot and restore hold its read side while calling the device), and memory handed out
+/// by [`alloc_shadow`](DeviceMemory::alloc_shadow) must not be reported to the inventory.
+/// Methods may be called from several threads at once (rayon workers).
+pub trait DeviceMemory: Send + Sync {
+    /// Copy `dst.len()` bytes at device address `addr` into host memory.
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError>;
+
+    /// Copy `src` into device memory at `addr`.
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError>;
+
+    /// Capabilities announced up front.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Direct host access to `[addr, addr + len)` if that range is host-visible (on a software
+    /// device all memory is; on a discrete GPU usually none is).
+    fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
+        let _ = (addr, len);
+        None
+    }
+
+    /// Allocate `size` bytes of device memory on `agent` to hold a device-resident snapshot.
+    /// `None` when unsupported or when the agent has no room. A device that returns `Some` must
+    /// implement [`copy_on_device`](DeviceMemory::copy_on_device).
+    fn alloc_shadow(&self, agent: u64, size: u64) -> Option<u64> {
+        let _ = (agent, size);
+        None
+    }
+
+    /// Free memory returned by [`alloc_shadow`](DeviceMemory::alloc_shadow).
+    fn free_shadow(&self, addr: u64, size: u64) {
+        let _ = (addr, size);
+    }
+
+    /// Perform every device-to-device copy of the list (ideally as one device operation) and
+    /// return when all are complete.
+    fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
+        let _ = copies;
+        Err(CopyError::Unsupported)
+    }
+
+    /// A device hash kernel: for each `chunk_size` chunk of `[addr, addr + len)` (the last one
+    /// may be shorter), store `xxh3_64` (seed 0) of its bytes in `out[i]`.
+    /// `out.len() == len.div_ceil(chunk_size)`. Announce it with `Capabilities::device_hash`.
+    fn hash_chunks(
+        &self,
+        addr: u64,
+        len: u64,
+        chunk_size: u64,
+        out: &mut [u64],
+    ) -> Result<(), CopyError> {
+        let _ = (addr, len, chunk_size, out);
+        Err(CopyError::Unsupported)
+    }
+
+    /// Perform every write of the list. The default issues one [`write`](DeviceMemory::write)
+    /// per entry; a device with `Capabilities::batched_writes` does it in one device operation.
+    fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
+        writes.iter().try_for_each(|w| self.write(w.addr, w.data))
+    }
+
+    /// Register (pin) a host store so device copies to and from it run at full speed. Returns
+    /// whether it did; the store is unregistered before it is freed.
+    fn register_host(&self, ptr: *const u8, len: usize) -> bool {
+        let _ = (ptr, len);
+        false
+    }
+
+    /// Undo a successful [`register_host`](DeviceMemory::register_host).
+    fn unregister_host(&self, ptr: *const u8, len: usize) {
+        let _ = (ptr, len);
+    }
+}

@@ -1,0 +1,207 @@
+//! How a snapshot's regions are laid out in the store and cut into chunks and copy pieces.
+
+use std::ops::Range;
+
+use crate::inventory::Region;
+
+/// Each region starts at a multiple of this in the store (keeps copies cache-line aligned).
+const STORE_ALIGN: u64 = 64;
+/// Target size of one parallel copy job; a whole number of chunks.
+const PIECE_BYTES: u64 = 1 << 20;
+
+/// A run of whole chunks inside one region: the unit of parallel copy and batched writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Piece {
+    /// Index of the region in the layout.
+    pub region: usize,
+    /// First chunk, counted within the region.
+    pub first: usize,
+    /// Number of chunks.
+    pub count: usize,
+}
+
+/// Regions, their store offsets and their chunking.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub regions: Vec<Region>,
+    /// Byte offset of each region in the store.
+    pub store_offset: Vec<u64>,
+    /// Global index of each region's first chunk; one extra entry holds the total.
+    pub first_chunk: Vec<usize>,
+    pub chunk_size: u64,
+    /// Sum of region sizes.
+    pub bytes: u64,
+    /// Bytes the store needs (regions plus alignment padding).
+    pub store_len: u64,
+}
+
+impl Layout {
+    pub(crate) fn new(regions: Vec<Region>, chunk_size: u64) -> Self {
+        let mut store_offset = Vec::with_capacity(regions.len());
+        let mut first_chunk = Vec::with_capacity(regions.len() + 1);
+        let (mut offset, mut chunks, mut bytes) = (0u64, 0usize, 0u64);
+        for r in &regions {
+            offset = offset.next_multiple_of(STORE_ALIGN);
+            store_offset.push(offset);
+            first_chunk.push(chunks);
+            offset += r.size;
+            bytes += r.size;
+            chunks += chunk_count(r.size, chunk_size);
+        }
+        first_chunk.push(chunks);
+        Layout {
+            regions,
+            store_offset,
+            first_chunk,
+            chunk_size,
+            bytes,
+            store_len: offset,
+        }
+    }
+
+    /// Total number of chunks.
+    pub(crate) fn chunks(&self) -> usize {
+        self.first_chunk.last().copied().unwrap_or(0)
+    }
+
+    /// Number of chunks of region `r`.
+    pub(crate) fn region_chunks(&self, r: usize) -> usize {
+        self.first_chunk[r + 1] - self.first_chunk[r]
+    }
+
+    /// Global chunk indices of a piece.
+    pub(crate) fn global(&self, p: &Piece) -> Range<usize> {
+        let start = self.first_chunk[p.region] + p.first;
+        start..start + p.count
+    }
+
+    /// Byte offset within the region and length of chunks `first..first + count` of region `r`.
+    pub(crate) fn span(&self, r: usize, first: usize, count: usize) -> (u64, u64) {
+        let size = self.regions[r].size;
+        let start = first as u64 * self.chunk_size;
+        let end = ((first + count) as u64 * self.chunk_size).min(size);
+        (start, end - start)
+    }
+
+    /// Byte offset within the region and length of a piece.
+    pub(crate) fn piece_span(&self, p: &Piece) -> (u64, u64) {
+        self.span(p.region, p.first, p.count)
+    }
+
+    /// Byte range of a piece in the store.
+    pub(crate) fn store_range(&self, p: &Piece) -> Range<usize> {
+        let (off, len) = self.piece_span(p);
+        let start = (self.store_offset[p.region] + off) as usize;
+        start..start + len as usize
+    }
+
+    fn chunks_per_piece(&self) -> usize {
+        (PIECE_BYTES / self.chunk_size).max(1) as usize
+    }
+
+    /// Pieces covering every live region entirely.
+    pub(crate) fn full_pieces(&self, live: &[bool]) -> Vec<Piece> {
+        self.runs(live, |_| true)
+    }
+
+    /// Pieces covering the chunks of live regions for which `marked(global chunk index)` holds,
+    /// merging neighbours up to the piece size. In store order.
+    pub(crate) fn runs(&self, live: &[bool], marked: impl Fn(usize) -> bool) -> Vec<Piece> {
+        let per_piece = self.chunks_per_piece();
+        let mut pieces = Vec::new();
+        for (r, _) in self.regions.iter().enumerate().filter(|(r, _)| live[*r]) {
+            let base = self.first_chunk[r];
+            let mut open: Option<Piece> = None;
+            for k in 0..self.region_chunks(r) {
+                if marked(base + k) {
+                    match &mut open {
+                        Some(p) if p.count < per_piece => p.count += 1,
+                        _ => {
+                            pieces.extend(open.take());
+                            open = Some(Piece {
+                                region: r,
+                                first: k,
+                                count: 1,
+                            });
+                        }
+                    }
+                } else {
+                    pieces.extend(open.take());
+                }
+            }
+            pieces.extend(open);
+        }
+        pieces
+    }
+}
+
+/// Chunks needed for `size` bytes.
+pub(crate) fn chunk_count(size: u64, chunk_size: u64) -> usize {
+    size.div_ceil(chunk_size) as usize
+}
+
+/// Split `slice` into the given sorted, non-overlapping ranges.
+pub(crate) fn split_ranges<T>(
+    mut slice: &mut [T],
+    ranges: impl IntoIterator<Item = Range<usize>>,
+) -> Vec<&mut [T]> {
+    let mut parts = Vec::new();
+    let mut pos = 0;
+    for range in ranges {
+        let rest = std::mem::take(&mut slice);
+        let (_, tail) = rest.split_at_mut(range.start - pos);
+        let (part, tail) = tail.split_at_mut(range.len());
+        parts.push(part);
+        slice = tail;
+        pos = range.end;
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(base: u64, size: u64) -> Region {
+        Region {
+            base,
+            size,
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn layout_aligns_regions_and_counts_partial_last_chunks() {
+        let l = Layout::new(vec![region(0, 1000), region(1 << 20, 4096)], 512);
+        assert_eq!(l.store_offset, vec![0, 1024]);
+        assert_eq!(l.first_chunk, vec![0, 2, 10]);
+        assert_eq!(l.bytes, 5096);
+        assert_eq!(l.store_len, 1024 + 4096);
+        assert_eq!(l.span(0, 1, 1), (512, 488));
+    }
+
+    #[test]
+    fn runs_merge_neighbours_split_at_piece_size_and_skip_dead_regions() {
+        let cs = PIECE_BYTES / 2;
+        let l = Layout::new(vec![region(0, 5 * cs), region(1 << 40, 2 * cs)], cs);
+        // chunks 0,1,2 marked (split after 2 per piece), 4 marked, region 1 all marked but dead.
+        let marked = [true, true, true, false, true, true, true];
+        let pieces = l.runs(&[true, false], |c| marked[c]);
+        let spans: Vec<_> = pieces
+            .iter()
+            .map(|p| (p.region, p.first, p.count))
+            .collect();
+        assert_eq!(spans, vec![(0, 0, 2), (0, 2, 1), (0, 4, 1)]);
+        assert_eq!(l.full_pieces(&[false, true]).len(), 1);
+    }
+
+    #[test]
+    fn split_ranges_yields_the_requested_parts() {
+        let mut v: Vec<u32> = (0..10).collect();
+        let parts = split_ranges(&mut v, [1..3, 3..4, 7..10]);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(&*parts[0], &[1, 2]);
+        assert_eq!(&*parts[1], &[3]);
+        assert_eq!(&*parts[2], &[7, 8, 9]);
+    }
+}

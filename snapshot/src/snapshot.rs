@@ -1,0 +1,586 @@
+//! Taking snapshots and restoring them.
+
+use std::collections::TryReserveError;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
+use crate::copy::{copy_to_host, copy_to_shadow, hash_live, windows, write_back};
+use crate::device::{Capabilities, DeviceMemory};
+use crate::inventory::{Filter, Inventory, Region};
+use crate::layout::{Layout, Piece};
+use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
+use crate::store::{Store, StoreSource};
+
+/// Under the auto strategy, snapshots smaller than this are always restored in full.
+pub const AUTO_FULL_BELOW_BYTES: u64 = 1 << 20;
+/// Under the auto strategy, once a hash pass finds more than this fraction of chunks changed,
+/// later restores are full.
+pub const AUTO_FULL_ABOVE_DIRTY_FRACTION: f64 = 0.5;
+
+/// Takes snapshots of device memory through one device. Holds the configuration and a kept
+/// store for reuse. `Send + Sync`; several snapshots may be taken at once (each gets its own
+/// store).
+pub struct Snapshotter {
+    inventory: Arc<Inventory>,
+    source: Arc<StoreSource>,
+    config: SnapshotConfig,
+}
+
+/// The selection a snapshot will copy, with its size: what SNAPSHOT ENTER reports as planned.
+#[derive(Clone, Debug)]
+pub struct SnapshotPlan {
+    layout: Layout,
+    agent: Option<u64>,
+}
+
+impl SnapshotPlan {
+    /// The regions to copy, sorted by base.
+    pub fn regions(&self) -> &[Region] {
+        &self.layout.regions
+    }
+
+    /// Bytes to copy.
+    pub fn bytes(&self) -> u64 {
+        self.layout.bytes
+    }
+
+    /// Chunks those bytes form.
+    pub fn chunks(&self) -> u64 {
+        self.layout.chunks() as u64
+    }
+
+    /// The owner agent the plan is restricted to (where a device shadow would be allocated).
+    pub fn agent(&self) -> Option<u64> {
+        self.agent
+    }
+}
+
+/// How restores of one snapshot decide what to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Full,
+    Hash,
+    Writeset,
+    /// Auto with hashes: write set until a hash pass sees a high dirty fraction, then full.
+    Adaptive,
+}
+
+/// What one restore does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Write every chunk.
+    Full,
+    /// Write the learned write set without hashing.
+    Learned,
+    /// Hash every live chunk and write the changed ones; `learn` adds them to the write set.
+    Detect { learn: bool },
+}
+
+/// The restore a [`RestoreRequest`] would get, known before it runs (RESTORE ENTER data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestorePlan {
+    /// Strategy the restore will use (never `Auto`).
+    pub strategy: RestoreStrategy,
+    /// Whether it hashes every live chunk.
+    pub verify: bool,
+    /// Upper bound of the bytes it writes.
+    pub bytes_planned: u64,
+    /// Bytes it hashes.
+    pub bytes_to_hash: u64,
+}
+
+/// A request to restore memory before the next pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreRequest {
+    /// Index of the pass that will run on the restored memory.
+    pub next_pass: u64,
+    /// Whether that pass may be the last one (the last of N, or whenever a continue callback
+    /// could stop the loop). Such a restore always verifies with hashes.
+    pub may_be_final: bool,
+}
+
+/// Host copies (or a device shadow) of every selected region, and the state of dirty detection.
+/// Dropping it frees the store (or keeps it for the next snapshot, see
+/// `SnapshotConfig::keep_store`).
+pub struct Snapshot {
+    layout: Layout,
+    store: Store,
+    source: Arc<StoreSource>,
+    inventory: Arc<Inventory>,
+    caps: Capabilities,
+    mode: Mode,
+    verify_every: u32,
+    keep_store: bool,
+    report: SnapshotReport,
+    /// Hash of every chunk as snapshotted (empty under `Mode::Full`).
+    hashes: Vec<u64>,
+    /// Scratch for hashes of live memory, reused across restores.
+    live_hashes: Vec<u64>,
+    /// Learned write set (`None` until the first learning hash pass).
+    learned: Option<WriteSet>,
+    restores_since_hash: u32,
+    /// Set after a failed restore: the next one hashes everything.
+    needs_verify: bool,
+    /// Dirty fraction seen by the latest hash pass.
+    dirty_fraction: Option<f64>,
+}
+
+fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+impl Snapshotter {
+    /// A snapshotter over `inventory` and `device`. Fails when the configuration is invalid.
+    pub fn new(
+        inventory: Arc<Inventory>,
+        device: Arc<dyn DeviceMemory>,
+        config: SnapshotConfig,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Snapshotter {
+            inventory,
+            source: Arc::new(StoreSource::new(device)),
+            config,
+        })
+    }
+
+    /// The inventory snapshots are taken from.
+    pub fn inventory(&self) -> &Arc<Inventory> {
+        &self.inventory
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SnapshotConfig {
+        &self.config
+    }
+
+    /// Select the regions `filter` picks and check the plan against the budget.
+    ///
+    /// Errors: `UntrackedMemory` when a required address lies in no tracked allocation,
+    /// `FootprintBudget` when the plan exceeds `max_bytes`.
+    pub fn plan(&self, filter: &Filter) -> Result<SnapshotPlan, SnapshotError> {
+        let regions = self
+            .inventory
+            .select_checked(filter)
+            .map_err(|addr| SnapshotError::UntrackedMemory { addr })?;
+        let layout = Layout::new(regions, self.config.chunk_size);
+        self.check_budget(layout.bytes)?;
+        Ok(SnapshotPlan {
+            layout,
+            agent: filter.agent(),
+        })
+    }
+
+    fn check_budget(&self, planned: u64) -> Result<(), SnapshotError> {
+        match self.config.max_bytes {
+            Some(budget) if planned > budget => {
+                Err(SnapshotError::FootprintBudget { planned, budget })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Copy the planned regions into a store. Regions freed since planning are left out (and
+    /// counted in `regions_skipped`). Device memory is only read; on error every store is
+    /// released and nothing was written.
+    pub fn take(&self, plan: SnapshotPlan) -> Result<Snapshot, SnapshotError> {
+        let start = Instant::now();
+        self.check_budget(plan.layout.bytes)?;
+        let device: &dyn DeviceMemory = &*self.source.device;
+        let caps = device.capabilities();
+        // Allocate before pinning the inventory: a backend's shadow allocation must not wait
+        // on (or deadlock with) frees.
+        let mut store = self
+            .source
+            .acquire(plan.layout.store_len, plan.agent, &self.config)
+            .map_err(|detail| SnapshotError::StoreUnavailable {
+                tier: self.config.store,
+                bytes: plan.layout.store_len,
+                detail,
+            })?;
+        let tier = store.tier();
+        let planned = plan.layout.bytes;
+        let pinned = self.inventory.pin();
+        let live: Vec<bool> = plan
+            .layout
+            .regions
+            .iter()
+            .map(|r| pinned.is_live(r))
+            .collect();
+        let skipped = live.iter().filter(|l| !**l).count() as u64;
+        let layout = if skipped == 0 {
+            plan.layout
+        } else {
+            let kept = plan
+                .layout
+                .regions
+                .iter()
+                .zip(&live)
+                .filter(|(_, l)| **l)
+                .map(|(r, _)| *r)
+                .collect();
+            Layout::new(kept, self.config.chunk_size)
+        };
+        let all_live = vec![true; layout.regions.len()];
+        let wins = windows(device, &layout, &all_live);
+        let host_access = wins.iter().all(Option::is_some);
+        let mode = self.mode_for(layout.bytes, tier, caps, host_access);
+        let hashed = mode != Mode::Full;
+        let mut hashes = try_vec(if hashed { layout.chunks() } else { 0 }, 0u64).map_err(|e| {
+            SnapshotError::StoreUnavailable {
+                tier,
+                bytes: layout.chunks() as u64 * 8,
+                detail: format!("chunk hash table: {e}"),
+            }
+        })?;
+        let copied = match store.device_addr() {
+            Some(shadow) => copy_to_shadow(device, &layout, shadow).and_then(|n| {
+                if hashed {
+                    hash_live(device, caps, &layout, &all_live, &wins, &mut hashes)?;
+                }
+                Ok(n)
+            }),
+            None => {
+                let len = layout.store_len as usize;
+                let dst = &mut store.bytes_mut()[..len];
+                copy_to_host(
+                    device,
+                    &layout,
+                    &wins,
+                    dst,
+                    hashed.then_some(&mut hashes[..]),
+                )
+            }
+        };
+        drop(pinned);
+        let bytes_moved = match copied {
+            Ok(n) => n,
+            Err(e) => {
+                if self.config.keep_store {
+                    self.source.give_back(store);
+                }
+                return Err(SnapshotError::CopyFailed(e));
+            }
+        };
+
+        let report = SnapshotReport {
+            bytes_planned: planned,
+            bytes_moved,
+            regions: layout.regions.len() as u64,
+            regions_skipped: skipped,
+            chunks: layout.chunks() as u64,
+            tier,
+            strategy: match mode {
+                Mode::Full => RestoreStrategy::Full,
+                Mode::Hash => RestoreStrategy::Hash,
+                Mode::Writeset | Mode::Adaptive => RestoreStrategy::Writeset,
+            },
+            pinned: store.pinned(),
+            hashed,
+            elapsed: start.elapsed(),
+        };
+        Ok(Snapshot {
+            layout,
+            store,
+            source: self.source.clone(),
+            inventory: self.inventory.clone(),
+            caps,
+            mode,
+            verify_every: self.config.verify_every,
+            keep_store: self.config.keep_store,
+            report,
+            hashes,
+            live_hashes: Vec::new(),
+            learned: None,
+            restores_since_hash: 0,
+            needs_verify: false,
+            dirty_fraction: None,
+        })
+    }
+
+    /// [`plan`](Snapshotter::plan) then [`take`](Snapshotter::take).
+    pub fn snapshot(&self, filter: &Filter) -> Result<Snapshot, SnapshotError> {
+        self.take(self.plan(filter)?)
+    }
+
+    /// Free the store kept for reuse, if any.
+    pub fn release_cached_store(&self) {
+        self.source.release_cached();
+    }
+
+    /// The auto rule: small footprints restore in full, and so do device shadows when the
+    /// device has no hash kernel and the memory is not host-visible (hashing would then drag
+    /// every byte over the host link while a full restore stays on the device); everything
+    /// else learns a write set.
+    fn mode_for(&self, bytes: u64, tier: StoreTier, caps: Capabilities, host_access: bool) -> Mode {
+        match self.config.strategy {
+            RestoreStrategy::Full => Mode::Full,
+            RestoreStrategy::Hash => Mode::Hash,
+            RestoreStrategy::Writeset => Mode::Writeset,
+            RestoreStrategy::Auto => {
+                let costly_hash = tier == StoreTier::Device && !caps.device_hash && !host_access;
+                if bytes < AUTO_FULL_BELOW_BYTES || costly_hash {
+                    Mode::Full
+                } else {
+                    Mode::Adaptive
+                }
+            }
+        }
+    }
+}
+
+impl Snapshot {
+    /// What taking the snapshot did.
+    pub fn report(&self) -> &SnapshotReport {
+        &self.report
+    }
+
+    /// The regions held, sorted by base.
+    pub fn regions(&self) -> &[Region] {
+        &self.layout.regions
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.layout.bytes
+    }
+
+    /// The tier the bytes are stored in.
+    pub fn tier(&self) -> StoreTier {
+        self.report.tier
+    }
+
+    /// The chunk size of hashing and partial restores.
+    pub fn chunk_size(&self) -> u64 {
+        self.layout.chunk_size
+    }
+
+    /// Chunks in the learned write set, once a hash pass has learned it.
+    pub fn learned_chunks(&self) -> Option<u64> {
+        self.learned.as_ref().map(|set| set.count)
+    }
+
+    fn step(&self, req: &RestoreRequest) -> (Step, RestoreStrategy) {
+        match self.mode {
+            Mode::Full => (Step::Full, RestoreStrategy::Full),
+            Mode::Hash => (Step::Detect { learn: false }, RestoreStrategy::Hash),
+            Mode::Writeset | Mode::Adaptive => {
+                if self.mode == Mode::Adaptive
+                    && self
+                        .dirty_fraction
+                        .is_some_and(|f| f > AUTO_FULL_ABOVE_DIRTY_FRACTION)
+                {
+                    return (Step::Full, RestoreStrategy::Full);
+                }
+                let due =
+                    self.verify_every > 0 && self.restores_since_hash + 1 >= self.verify_every;
+                let step = if self.learned.is_none() || self.needs_verify || req.may_be_final || due
+                {
+                    Step::Detect { learn: true }
+                } else {
+                    Step::Learned
+                };
+                (step, RestoreStrategy::Writeset)
+            }
+        }
+    }
+
+    /// What [`restore`](Snapshot::restore) would do for `req`, before doing it.
+    pub fn plan_restore(&self, req: &RestoreRequest) -> RestorePlan {
+        let (step, strategy) = self.step(req);
+        self.plan_for(step, strategy)
+    }
+
+    fn plan_for(&self, step: Step, strategy: RestoreStrategy) -> RestorePlan {
+        let all = self.layout.bytes;
+        let (bytes_planned, bytes_to_hash) = match step {
+            Step::Full => (all, 0),
+            Step::Learned => (self.learned.as_ref().map_or(0, |set| set.bytes), 0),
+            Step::Detect { .. } => (all, all),
+        };
+        RestorePlan {
+            strategy,
+            verify: matches!(step, Step::Detect { .. }),
+            bytes_planned,
+            bytes_to_hash,
+        }
+    }
+
+    /// Write the snapshot back so device memory holds the snapshotted bytes again, writing only
+    /// what the strategy finds changed. Regions freed (or reused by a newer allocation) since
+    /// the snapshot are skipped, never written, and listed in the report. Frees wait until the
+    /// restore is done.
+    ///
+    /// A hash pass that cannot read device memory falls back to a full restore. An error means
+    /// device memory may now differ from the snapshot: it says how many bytes were not restored.
+    pub fn restore(&mut self, req: &RestoreRequest) -> Result<RestoreReport, RestoreError> {
+        let start = Instant::now();
+        let (mut step, strategy) = self.step(req);
+        let plan = self.plan_for(step, strategy);
+        let device: &dyn DeviceMemory = &*self.source.device;
+        let layout = &self.layout;
+
+        let pinned = self.inventory.pin();
+        let live: Vec<bool> = layout.regions.iter().map(|r| pinned.is_live(r)).collect();
+        let skipped: Vec<Region> = layout
+            .regions
+            .iter()
+            .zip(&live)
+            .filter(|(_, l)| !**l)
+            .map(|(r, _)| *r)
+            .collect();
+        let wins = windows(device, layout, &live);
+        let live_chunks: usize = (0..layout.regions.len())
+            .filter(|&r| live[r])
+            .map(|r| layout.region_chunks(r))
+            .sum();
+        let mut report = RestoreReport {
+            bytes_planned: plan.bytes_planned,
+            bytes_moved: 0,
+            bytes_hashed: 0,
+            regions: (layout.regions.len() - skipped.len()) as u64,
+            regions_skipped: skipped.len() as u64,
+            skipped,
+            chunks: live_chunks as u64,
+            chunks_restored: 0,
+            repaired_chunks: 0,
+            tier: self.report.tier,
+            strategy,
+            verified: false,
+            elapsed: Default::default(),
+        };
+
+        let mut pieces: Vec<Piece> = Vec::new();
+        if let Step::Detect { learn } = step {
+            let hashed = if self.live_hashes.len() == layout.chunks() {
+                Ok(())
+            } else {
+                try_vec(layout.chunks(), 0u64)
+                    .map(|v| self.live_hashes = v)
+                    .map_err(|_| ())
+            }
+            .and_then(|()| {
+                hash_live(
+                    device,
+                    self.caps,
+                    layout,
+                    &live,
+                    &wins,
+                    &mut self.live_hashes,
+                )
+                .map_err(|_| ())
+            });
+            match hashed {
+                Ok(bytes) => {
+                    report.bytes_hashed = bytes;
+                    report.verified = true;
+                    let (snap, now) = (&self.hashes, &self.live_hashes);
+                    pieces = layout.runs(&live, |c| snap[c] != now[c]);
+                    let dirty: usize = pieces.iter().map(|p| p.count).sum();
+                    if live_chunks > 0 {
+                        self.dirty_fraction = Some(dirty as f64 / live_chunks as f64);
+                    }
+                    self.restores_since_hash = 0;
+                    self.needs_verify = false;
+                    if learn {
+                        match &mut self.learned {
+                            // Chunks changed outside the learned set: repaired by this restore.
+                            Some(set) => report.repaired_chunks = set.add(layout, &pieces),
+                            None => {
+                                self.learned = WriteSet::new(layout);
+                                if let Some(set) = &mut self.learned {
+                                    set.add(layout, &pieces);
+                                }
+                            }
+                        }
+                        // No memory for the set: keep detecting on every restore.
+                        self.needs_verify = self.learned.is_none();
+                    }
+                }
+                Err(()) => {
+                    // Unknown what changed: write everything back.
+                    step = Step::Full;
+                    report.strategy = RestoreStrategy::Full;
+                }
+            }
+        }
+        match step {
+            Step::Full => pieces = layout.full_pieces(&live),
+            Step::Learned => {
+                if let Some(set) = &self.learned {
+                    pieces = layout.runs(&live, |c| set.chunks[c]);
+                }
+                self.restores_since_hash += 1;
+            }
+            Step::Detect { .. } => {}
+        }
+
+        let outcome = write_back(device, self.caps, layout, &wins, &self.store, &pieces);
+        drop(pinned);
+        report.bytes_moved = outcome.bytes;
+        report.chunks_restored = outcome.chunks;
+        report.elapsed = start.elapsed();
+        match outcome.error {
+            None => Ok(report),
+            Some(error) => {
+                self.needs_verify = true;
+                Err(RestoreError {
+                    error,
+                    bytes_lost: outcome.lost_bytes,
+                    chunks_lost: outcome.lost_chunks,
+                    report: Box::new(report),
+                })
+            }
+        }
+    }
+}
+
+/// The learned write set: the chunks restores write without hashing.
+#[derive(Debug)]
+struct WriteSet {
+    /// One flag per chunk of the layout.
+    chunks: Vec<bool>,
+    /// Flags set.
+    count: u64,
+    /// Bytes of the flagged chunks.
+    bytes: u64,
+}
+
+impl WriteSet {
+    /// An empty set for `layout`, or `None` when there is no memory for it.
+    fn new(layout: &Layout) -> Option<Self> {
+        Some(WriteSet {
+            chunks: try_vec(layout.chunks(), false).ok()?,
+            count: 0,
+            bytes: 0,
+        })
+    }
+
+    /// Add the chunks of `pieces`; returns how many were not in the set yet.
+    fn add(&mut self, layout: &Layout, pieces: &[Piece]) -> u64 {
+        let mut added = 0;
+        for p in pieces {
+            for (k, c) in (p.first..p.first + p.count).zip(layout.global(p)) {
+                if !self.chunks[c] {
+                    self.chunks[c] = true;
+                    self.bytes += layout.span(p.region, k, 1).1;
+                    added += 1;
+                }
+            }
+        }
+        self.count += added;
+        added
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if self.keep_store {
+            self.source.give_back(self.store.take());
+        }
+    }
+}

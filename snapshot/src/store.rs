@@ -1,0 +1,277 @@
+//! The tiered snapshot store: device shadow, host mapping, spill file.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+use parking_lot::Mutex;
+
+use crate::config::{SnapshotConfig, StoreTier};
+use crate::device::DeviceMemory;
+
+/// Where a store's bytes live.
+pub(crate) enum Backing {
+    /// Nothing to hold (an empty plan), in the tier that was asked for.
+    Empty(StoreTier),
+    /// A device allocation from `alloc_shadow`.
+    Device { addr: u64 },
+    /// Anonymous host mapping, possibly registered with the device.
+    Host { map: MmapMut, pinned: bool },
+    /// Shared mapping of a spill file (already unlinked where the platform allows).
+    File {
+        map: MmapMut,
+        _file: File,
+        path: Option<PathBuf>,
+    },
+}
+
+/// A snapshot store: `capacity` bytes in one tier. Dropping it frees the bytes (shadow freed,
+/// host store unregistered, spill file removed).
+pub(crate) struct Store {
+    pub(crate) backing: Backing,
+    pub(crate) capacity: u64,
+    device: Arc<dyn DeviceMemory>,
+}
+
+impl Store {
+    pub(crate) fn tier(&self) -> StoreTier {
+        match self.backing {
+            Backing::Empty(tier) => tier,
+            Backing::Host { .. } => StoreTier::Host,
+            Backing::Device { .. } => StoreTier::Device,
+            Backing::File { .. } => StoreTier::File,
+        }
+    }
+
+    pub(crate) fn pinned(&self) -> bool {
+        matches!(self.backing, Backing::Host { pinned: true, .. })
+    }
+
+    /// Host-addressable bytes of the store (host and file tiers; empty otherwise).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Host { map, .. } | Backing::File { map, .. } => map,
+            Backing::Empty(_) | Backing::Device { .. } => &[],
+        }
+    }
+
+    /// Mutable host-addressable bytes (host and file tiers; empty otherwise).
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.backing {
+            Backing::Host { map, .. } | Backing::File { map, .. } => map,
+            Backing::Empty(_) | Backing::Device { .. } => &mut [],
+        }
+    }
+
+    /// The device address of a device-tier store.
+    pub(crate) fn device_addr(&self) -> Option<u64> {
+        match self.backing {
+            Backing::Device { addr } => Some(addr),
+            _ => None,
+        }
+    }
+
+    /// Move the bytes out, leaving an empty store behind (whose drop frees nothing).
+    pub(crate) fn take(&mut self) -> Store {
+        Store {
+            backing: std::mem::replace(&mut self.backing, Backing::Empty(StoreTier::Host)),
+            capacity: std::mem::take(&mut self.capacity),
+            device: self.device.clone(),
+        }
+    }
+
+    /// Whether a store may be kept for reuse after its snapshot drops.
+    pub(crate) fn reusable(&self) -> bool {
+        matches!(self.backing, Backing::Host { .. } | Backing::File { .. })
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        match &mut self.backing {
+            Backing::Device { addr } => self.device.free_shadow(*addr, self.capacity),
+            Backing::Host { map, pinned: true } => {
+                self.device.unregister_host(map.as_ptr(), map.len())
+            }
+            Backing::File { path, .. } => {
+                if let Some(p) = path.take() {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            Backing::Host { .. } | Backing::Empty(_) => {}
+        }
+    }
+}
+
+/// Allocates stores and keeps the last reusable one.
+pub(crate) struct StoreSource {
+    pub(crate) device: Arc<dyn DeviceMemory>,
+    cached: Mutex<Option<Store>>,
+}
+
+impl StoreSource {
+    pub(crate) fn new(device: Arc<dyn DeviceMemory>) -> Self {
+        StoreSource {
+            device,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// A store of at least `len` bytes. Under `Auto`: a device shadow on `agent` if the device
+    /// has room, else the kept (host or file) store if it fits, else fresh host memory, else a
+    /// spill file.
+    /// A forced tier tries that tier only. The error lists what each tier said.
+    pub(crate) fn acquire(
+        &self,
+        len: u64,
+        agent: Option<u64>,
+        config: &SnapshotConfig,
+    ) -> Result<Store, String> {
+        if len == 0 {
+            let tier = match config.store {
+                StoreTier::Auto => StoreTier::Host,
+                forced => forced,
+            };
+            return Ok(Store {
+                backing: Backing::Empty(tier),
+                capacity: 0,
+                device: self.device.clone(),
+            });
+        }
+        let tiers: &[StoreTier] = match config.store {
+            StoreTier::Auto => &[StoreTier::Device, StoreTier::Host, StoreTier::File],
+            StoreTier::Device => &[StoreTier::Device],
+            StoreTier::Host => &[StoreTier::Host],
+            StoreTier::File => &[StoreTier::File],
+        };
+        let mut notes = Vec::new();
+        let mut cache_checked = false;
+        for &tier in tiers {
+            if tier != StoreTier::Device && !cache_checked {
+                cache_checked = true;
+                let kept = self.cached.lock().take();
+                match kept {
+                    Some(kept)
+                        if kept.capacity >= len
+                            && (config.store == StoreTier::Auto || kept.tier() == tier) =>
+                    {
+                        return Ok(kept);
+                    }
+                    // Too small or the wrong tier: free it before allocating a new one.
+                    other => drop(other),
+                }
+            }
+            match self.allocate(tier, len, agent, config) {
+                Ok(store) => return Ok(store),
+                Err(why) => notes.push(format!("{tier}: {why}")),
+            }
+        }
+        Err(notes.join("; "))
+    }
+
+    /// Offer a store back for reuse; kept when reusable and larger than the one already kept.
+    pub(crate) fn give_back(&self, store: Store) {
+        if !store.reusable() {
+            return;
+        }
+        let mut slot = self.cached.lock();
+        if slot
+            .as_ref()
+            .is_none_or(|kept| kept.capacity < store.capacity)
+        {
+            *slot = Some(store);
+        }
+    }
+
+    /// Free the kept store, if any.
+    pub(crate) fn release_cached(&self) {
+        let kept = self.cached.lock().take();
+        drop(kept);
+    }
+
+    fn allocate(
+        &self,
+        tier: StoreTier,
+        len: u64,
+        agent: Option<u64>,
+        config: &SnapshotConfig,
+    ) -> Result<Store, String> {
+        let device = self.device.clone();
+        let backing = match tier {
+            StoreTier::Device => {
+                let agent = agent.ok_or("no owner agent in the filter")?;
+                let addr = self
+                    .device
+                    .alloc_shadow(agent, len)
+                    .ok_or("no device shadow available on the agent")?;
+                Backing::Device { addr }
+            }
+            StoreTier::Host => {
+                let size = usize::try_from(len).map_err(|_| "size exceeds the address space")?;
+                let map = MmapOptions::new()
+                    .len(size)
+                    .map_anon()
+                    .map_err(|e| format!("host allocation of {len} bytes failed: {e}"))?;
+                let pinned = self.device.register_host(map.as_ptr(), map.len());
+                Backing::Host { map, pinned }
+            }
+            StoreTier::File => spill_file(&config.spill_dir(), len)?,
+            StoreTier::Auto => return Err("auto is not a tier".into()),
+        };
+        Ok(Store {
+            backing,
+            capacity: len,
+            device,
+        })
+    }
+}
+
+static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
+/// disk is an error now, not a fault while copying), map it, and unlink it at once so it
+/// disappears with the mapping even if the process dies.
+fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
+    let size = usize::try_from(len).map_err(|_| "size exceeds the address space")?;
+    let name = format!(
+        "kreplay-spill-{}-{}",
+        std::process::id(),
+        SPILL_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let path = dir.join(name);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let fail = |what: String| {
+        let _ = std::fs::remove_file(&path);
+        what
+    };
+    let zeros = vec![0u8; (1 << 20).min(size)];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(zeros.len());
+        file.write_all(&zeros[..n])
+            .map_err(|e| fail(format!("cannot fill {}: {e}", path.display())))?;
+        left -= n;
+    }
+    // SAFETY: the file was just created (create_new) by this process under a unique name and
+    // is unlinked right below; no other mapping or writer of it exists, so the mapping's bytes
+    // change only through this MmapMut.
+    let map = unsafe { MmapOptions::new().len(size).map_mut(&file) }
+        .map_err(|e| fail(format!("cannot map {}: {e}", path.display())))?;
+    let path = match std::fs::remove_file(&path) {
+        Ok(()) => None,
+        Err(_) => Some(path),
+    };
+    Ok(Backing::File {
+        map,
+        _file: file,
+        path,
+    })
+}

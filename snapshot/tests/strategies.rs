@@ -1,0 +1,372 @@
+//! Partial restores: hash, write set (learning, verification, repair), auto, batching.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::*;
+use kreplay_snapshot::*;
+
+const CS: u64 = 4096;
+
+fn config(strategy: RestoreStrategy, store: StoreTier) -> SnapshotConfig {
+    SnapshotConfig {
+        strategy,
+        store,
+        chunk_size: CS,
+        ..Default::default()
+    }
+}
+
+/// One 64-chunk buffer with a known pattern.
+fn setup(caps: Caps) -> (Arc<TestDevice>, Arc<Inventory>, u64, Vec<u8>) {
+    let dev = TestDevice::new(caps);
+    let inv = Arc::new(Inventory::new());
+    let a = dev.alloc(&inv, 64 * CS, 1, MemoryKind::CoarseDevice, 0);
+    let data = pattern((64 * CS) as usize, 1);
+    dev.poke(a, &data);
+    (dev, inv, a, data)
+}
+
+fn dirty(dev: &TestDevice, a: u64, chunks: &[u64]) {
+    for &c in chunks {
+        dev.poke(a + c * CS + 17, &[0xEE; 3]);
+    }
+}
+
+#[test]
+fn hash_restore_writes_only_changed_chunks_in_every_hashing_mode() {
+    let modes = [
+        (
+            "host window",
+            Caps {
+                host_visible: true,
+                ..Default::default()
+            },
+        ),
+        ("scratch reads", Caps::default()),
+        (
+            "device hash",
+            Caps {
+                device_hash: true,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, caps) in modes {
+        let (dev, inv, a, data) = setup(caps);
+        let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Host))
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        assert!(s.report().hashed);
+        dirty(&dev, a, &[0, 5, 6, 63]);
+        let r = s.restore(&not_final(1)).unwrap();
+        assert_eq!(r.strategy, RestoreStrategy::Hash, "{name}");
+        assert!(r.verified);
+        assert_eq!(r.chunks_restored, 4, "{name}");
+        assert_eq!(r.bytes_moved, 4 * CS, "{name}");
+        assert_eq!(r.bytes_hashed, 64 * CS);
+        assert_eq!(dev.peek(a, 64 * CS), data, "{name}");
+        if caps.device_hash {
+            assert!(dev.counters.hash_calls.load(Ordering::Relaxed) >= 1);
+        }
+        let r = s.restore(&not_final(2)).unwrap();
+        assert_eq!(r.chunks_restored, 0, "{name}: nothing changed");
+    }
+}
+
+#[test]
+fn writeset_learns_after_pass_zero_then_restores_only_the_learned_chunks() {
+    let (dev, inv, a, data) = setup(Caps::default());
+    let mut s = snapshotter(
+        &dev,
+        &inv,
+        config(RestoreStrategy::Writeset, StoreTier::Host),
+    )
+    .snapshot(&Filter::for_replay(1))
+    .unwrap();
+    assert_eq!(s.learned_chunks(), None);
+    dirty(&dev, a, &[3, 4]);
+    let r = s.restore(&not_final(1)).unwrap();
+    assert!(r.verified, "the first restore learns by hashing");
+    assert_eq!(r.strategy, RestoreStrategy::Writeset);
+    assert_eq!(r.chunks_restored, 2);
+    assert_eq!(s.learned_chunks(), Some(2));
+
+    dirty(&dev, a, &[3, 4]);
+    let plan = s.plan_restore(&not_final(2));
+    assert!(!plan.verify);
+    assert_eq!(plan.bytes_planned, 2 * CS);
+    assert_eq!(plan.bytes_to_hash, 0);
+    let reads_before = dev.counters.reads.load(Ordering::Relaxed);
+    let r = s.restore(&not_final(2)).unwrap();
+    assert!(!r.verified);
+    assert_eq!(r.bytes_hashed, 0);
+    assert_eq!(r.chunks_restored, 2);
+    assert_eq!(
+        dev.counters.reads.load(Ordering::Relaxed),
+        reads_before,
+        "no device reads without verification"
+    );
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn writeset_change_outside_the_learned_set_is_repaired_by_verification_before_the_final_pass() {
+    let (dev, inv, a, data) = setup(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let mut s = snapshotter(
+        &dev,
+        &inv,
+        config(RestoreStrategy::Writeset, StoreTier::Host),
+    )
+    .snapshot(&Filter::for_replay(1))
+    .unwrap();
+    dirty(&dev, a, &[10]);
+    s.restore(&not_final(1)).unwrap(); // learns {10}
+    // The writer's write set grows: chunk 20 is written too.
+    dirty(&dev, a, &[10, 20]);
+    let r = s.restore(&not_final(2)).unwrap();
+    assert!(!r.verified);
+    assert_eq!(r.chunks_restored, 1);
+    assert_ne!(
+        dev.peek(a, 64 * CS),
+        data,
+        "unverified restore misses chunk 20"
+    );
+    dirty(&dev, a, &[10]);
+    // The next pass may be the final one: verification is forced.
+    let plan = s.plan_restore(&FINAL);
+    assert!(plan.verify);
+    let r = s.restore(&FINAL).unwrap();
+    assert!(r.verified);
+    assert_eq!(r.repaired_chunks, 1, "chunk 20 repaired and reported");
+    assert_eq!(r.chunks_restored, 2);
+    assert_eq!(s.learned_chunks(), Some(2));
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn writeset_verifies_every_kth_restore() {
+    let (dev, inv, _a, _data) = setup(Caps::default());
+    let mut s = snapshotter(
+        &dev,
+        &inv,
+        SnapshotConfig {
+            verify_every: 3,
+            ..config(RestoreStrategy::Writeset, StoreTier::Host)
+        },
+    )
+    .snapshot(&Filter::for_replay(1))
+    .unwrap();
+    let verified: Vec<bool> = (1..=7)
+        .map(|p| s.restore(&not_final(p)).unwrap().verified)
+        .collect();
+    assert_eq!(verified, [true, false, false, true, false, false, true]);
+
+    let mut s = snapshotter(
+        &dev,
+        &inv,
+        SnapshotConfig {
+            verify_every: 0,
+            ..config(RestoreStrategy::Writeset, StoreTier::Host)
+        },
+    )
+    .snapshot(&Filter::for_replay(1))
+    .unwrap();
+    let verified: Vec<bool> = (1..=4)
+        .map(|p| {
+            let req = RestoreRequest {
+                next_pass: p,
+                may_be_final: p == 4,
+            };
+            s.restore(&req).unwrap().verified
+        })
+        .collect();
+    assert_eq!(verified, [true, false, false, true]);
+}
+
+#[test]
+fn auto_restores_small_snapshots_in_full() {
+    let (dev, inv, a, data) = setup(Caps::default()); // 256 KiB < 1 MiB
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    assert_eq!(s.report().strategy, RestoreStrategy::Full);
+    assert!(!s.report().hashed);
+    dirty(&dev, a, &[1]);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.strategy, RestoreStrategy::Full);
+    assert_eq!(r.chunks_restored, 64);
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn auto_learns_a_write_set_and_switches_to_full_when_most_chunks_change() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let n = 512u64; // 2 MiB of 4 KiB chunks
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    let data = pattern((n * CS) as usize, 2);
+    dev.poke(a, &data);
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    assert_eq!(s.report().strategy, RestoreStrategy::Writeset);
+    dirty(&dev, a, &[7]);
+    let r = s.restore(&not_final(1)).unwrap();
+    assert_eq!(
+        (r.strategy, r.verified, r.chunks_restored),
+        (RestoreStrategy::Writeset, true, 1)
+    );
+    dirty(&dev, a, &[7]);
+    let r = s.restore(&not_final(2)).unwrap();
+    assert_eq!(
+        (r.strategy, r.verified, r.chunks_restored),
+        (RestoreStrategy::Writeset, false, 1)
+    );
+    // Now most of memory changes; the forced verification sees it.
+    let most: Vec<u64> = (0..n).filter(|c| c % 4 != 0).collect();
+    dirty(&dev, a, &most);
+    let r = s.restore(&FINAL).unwrap();
+    assert!(r.verified);
+    assert_eq!(r.chunks_restored, most.len() as u64);
+    assert_eq!(dev.peek(a, n * CS), data);
+    let r = s.restore(&not_final(4)).unwrap();
+    assert_eq!(r.strategy, RestoreStrategy::Full);
+    assert_eq!(r.chunks_restored, n);
+}
+
+#[test]
+fn auto_on_a_device_shadow_without_a_hash_kernel_restores_in_full() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let a = dev.alloc(&inv, 2 << 20, 1, MemoryKind::CoarseDevice, 9);
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Auto))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    assert_eq!(s.tier(), StoreTier::Device);
+    assert_eq!(s.report().strategy, RestoreStrategy::Full);
+    dev.poke(a, &[1; 100]);
+    let copies = dev.counters.device_copies.load(Ordering::Relaxed);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.tier, StoreTier::Device);
+    assert_eq!(
+        dev.counters.device_copies.load(Ordering::Relaxed),
+        copies + 1,
+        "one batch"
+    );
+    assert_eq!(r.bytes_moved, 2 << 20);
+    assert_eq!(dev.peek(a, 100), vec![9; 100]);
+}
+
+#[test]
+fn device_shadow_with_device_hash_restores_scattered_chunks_in_one_device_copy() {
+    let (dev, inv, a, data) = setup(Caps {
+        shadow: true,
+        device_hash: true,
+        ..Default::default()
+    });
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Device))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    dirty(&dev, a, &[1, 9, 30, 31, 50]);
+    let copies = dev.counters.device_copies.load(Ordering::Relaxed);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.chunks_restored, 5);
+    assert_eq!(
+        dev.counters.device_copies.load(Ordering::Relaxed),
+        copies + 1
+    );
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn scattered_chunk_restores_are_one_batched_call_when_the_device_batches() {
+    let (dev, inv, a, data) = setup(Caps {
+        batched: true,
+        ..Default::default()
+    });
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Host))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    dirty(&dev, a, &[2, 8, 9, 40]);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.chunks_restored, 4);
+    assert_eq!(dev.counters.batches.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        dev.counters.writes.load(Ordering::Relaxed),
+        3,
+        "adjacent dirty chunks 8 and 9 merged into one write"
+    );
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn hash_pass_that_cannot_read_memory_falls_back_to_a_full_restore() {
+    let (dev, inv, a, data) = setup(Caps::default());
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Host))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    dirty(&dev, a, &[12]);
+    dev.fail_reads.store(true, Ordering::Relaxed);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.strategy, RestoreStrategy::Full);
+    assert!(!r.verified);
+    assert_eq!(r.chunks_restored, 64);
+    assert_eq!(dev.peek(a, 64 * CS), data);
+}
+
+#[test]
+fn restore_plan_matches_what_the_restore_does() {
+    let (dev, inv, a, _) = setup(Caps::default());
+    let mut s = snapshotter(
+        &dev,
+        &inv,
+        config(RestoreStrategy::Writeset, StoreTier::Host),
+    )
+    .snapshot(&Filter::for_replay(1))
+    .unwrap();
+    for pass in 1..6 {
+        dirty(&dev, a, &[pass]);
+        let req = not_final(pass);
+        let plan = s.plan_restore(&req);
+        let r = s.restore(&req).unwrap();
+        assert_eq!(plan.strategy, r.strategy);
+        assert_eq!(plan.verify, r.verified);
+        assert_eq!(plan.bytes_planned, r.bytes_planned);
+        assert!(r.bytes_moved <= plan.bytes_planned);
+    }
+}
+
+#[test]
+fn auto_on_a_host_visible_device_shadow_learns_a_write_set() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let a = dev.alloc(&inv, 2 << 20, 1, MemoryKind::CoarseDevice, 9);
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Auto))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    assert_eq!(s.tier(), StoreTier::Device);
+    assert_eq!(s.report().strategy, RestoreStrategy::Writeset);
+    dev.poke(a + 5 * CS, &[1; 10]);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(
+        (r.strategy, r.chunks_restored),
+        (RestoreStrategy::Writeset, 1)
+    );
+    assert_eq!(dev.peek(a + 5 * CS, 10), vec![9; 10]);
+}
