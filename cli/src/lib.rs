@@ -1,0 +1,62 @@
+//! The `kreplay` command line: the user's front door to kernel replay.
+//!
+//! `kreplay demo` runs a small HSA application on the embedded software HSA runtime under a
+//! tool that replays every dispatch in N passes (a different tracing context active on each
+//! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
+//! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`].
+//!
+//! ```
+//! let mut out = Vec::new();
+//! let status = kreplay_cli::run(["--help"], &mut out);
+//! assert_eq!(status, kreplay_cli::args::EXIT_OK);
+//! assert!(String::from_utf8(out).unwrap().contains("demo"));
+//!
+//! let status = kreplay_cli::run(["demo", "--passes", "0"], &mut Vec::new());
+//! assert_eq!(status, kreplay_cli::args::EXIT_USAGE);
+//! ```
+
+pub mod args;
+pub mod demo;
+pub mod format;
+
+use std::ffi::OsString;
+use std::io::Write;
+
+use args::{Command, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+
+/// Parses `args` (without the program name), runs the command and returns the exit status.
+/// Normal output goes to `out`; errors go to stderr, prefixed `kreplay: error:`.
+pub fn run<I, S>(args: I, out: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = S>,
+    S: Into<OsString>,
+{
+    let command = match args::parse(args) {
+        Ok(command) => command,
+        Err(error) => {
+            eprintln!("kreplay: error: {error}");
+            return EXIT_USAGE;
+        }
+    };
+    let printed = match command {
+        Command::Help(topic) => out.write_all(args::help_text(topic).as_bytes()),
+        Command::Version => writeln!(out, "kreplay {}", env!("CARGO_PKG_VERSION")),
+        Command::Demo(options) => {
+            return match demo::run(&options, out) {
+                Ok(outcome) if outcome.passed => EXIT_OK,
+                Ok(_) => EXIT_FAILURE,
+                Err(error) => {
+                    eprintln!("kreplay: error: {error}");
+                    EXIT_FAILURE
+                }
+            };
+        }
+    };
+    match printed {
+        Ok(()) => EXIT_OK,
+        Err(error) => {
+            eprintln!("kreplay: error: cannot write the output: {error}");
+            EXIT_FAILURE
+        }
+    }
+}

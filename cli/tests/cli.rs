@@ -1,0 +1,206 @@
+//! End-to-end tests of the `kreplay` binary: each test runs the built executable.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs `kreplay args...` with no `KREPLAY_*` settings inherited from the environment.
+fn kreplay(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    command.output().expect("the kreplay binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A fresh path in the test scratch directory.
+fn scratch(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kreplay-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+#[test]
+fn demo_with_default_options_passes_verification_and_exits_0() {
+    let output = kreplay(&["demo"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    assert!(
+        text.contains("verification: PASS — results equal an unprofiled run (3 buffers,"),
+        "{text}"
+    );
+    assert!(
+        text.contains("12 replayed, 12 as planned; 48 kernel runs"),
+        "{text}"
+    );
+    assert!(
+        text.contains("every pass reached exactly its own context"),
+        "{text}"
+    );
+    // One table row per dispatch, each seen by c0, c1, c2, c3 on passes 0..3.
+    let rows = text.lines().filter(|l| l.contains("c0|c1|c2|c3")).count();
+    assert_eq!(rows, 12, "{text}");
+}
+
+#[test]
+fn demo_without_restore_shows_the_wrong_answer_and_exits_1() {
+    let output = kreplay(&["demo", "--no-restore", "--elements", "16k"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}\n{}", stderr(&output));
+    assert!(text.contains("verification: FAIL — buffer "), "{text}");
+    assert!(text.contains("(profiled) != "), "{text}");
+    assert!(
+        text.contains("Restoring the snapshot before every pass is what prevents this"),
+        "{text}"
+    );
+    assert!(!text.contains("verification: PASS"), "{text}");
+}
+
+#[test]
+fn demo_with_one_pass_replays_nothing_and_still_passes() {
+    let output = kreplay(&["demo", "--passes", "1", "--elements", "4096"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    assert!(
+        text.contains("0 replayed, 12 as planned; 12 kernel runs"),
+        "{text}"
+    );
+    assert!(text.contains("verification: PASS"), "{text}");
+    assert!(text.contains("no dispatch was replayed"), "{text}");
+}
+
+#[test]
+fn demo_csv_and_json_carry_the_replay_pass_of_every_pass_record() {
+    let csv_path = scratch("passes.csv");
+    let json_path = scratch("passes.json");
+    let output = kreplay(&[
+        "demo",
+        "--passes",
+        "3",
+        "--elements",
+        "8192",
+        "--csv",
+        csv_path.to_str().unwrap(),
+        "--json",
+        json_path.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+
+    let csv = std::fs::read_to_string(&csv_path).expect("the CSV file was written");
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column in {header:?}"))
+    };
+    let (pass, contexts, dispatch) = (
+        column("replay_pass"),
+        column("contexts"),
+        column("dispatch_id"),
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 12 * 3, "{csv}");
+    for (i, row) in rows.iter().enumerate() {
+        let expected = (i % 3).to_string();
+        assert_eq!(row[pass], expected, "row {i}: {row:?}");
+        // The tool masks every context but pass i's own: context i alone saw pass i.
+        assert_eq!(row[contexts], expected, "row {i}: {row:?}");
+        assert_eq!(
+            row[dispatch],
+            rows[i - i % 3][dispatch],
+            "passes share a dispatch id"
+        );
+    }
+
+    let json = std::fs::read_to_string(&json_path).expect("the JSON file was written");
+    assert_eq!(json.matches("\"replay_pass\": ").count(), 12 * 3);
+    assert!(json.contains("\"verification\": {\"pass\": true"), "{json}");
+    let _ = std::fs::remove_file(csv_path);
+    let _ = std::fs::remove_file(json_path);
+}
+
+#[test]
+fn bad_arguments_are_explained_and_exit_2() {
+    for (args, needle) in [
+        (
+            vec!["demo", "--passes", "0"],
+            "invalid value '0' for '--passes'",
+        ),
+        (
+            vec!["demo", "--passes", "lots"],
+            "invalid value 'lots' for '--passes'",
+        ),
+        (
+            vec!["demo", "--elements"],
+            "option '--elements' needs a value",
+        ),
+        (
+            vec!["demo", "--frobnicate"],
+            "unknown option '--frobnicate'",
+        ),
+        (vec!["demo", "--no-restore", "--no-restore"], "given twice"),
+        (vec!["bench-all"], "unknown command 'bench-all'"),
+        (vec![], "no command given"),
+    ] {
+        let output = kreplay(&args);
+        let error = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {error}");
+        assert!(error.starts_with("kreplay: error: "), "{args:?}: {error}");
+        assert!(error.contains(needle), "{args:?}: {error}");
+        assert!(
+            error.contains("--help"),
+            "{args:?} should point at the help: {error}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+}
+
+#[test]
+fn help_lists_the_commands_and_each_command_has_its_own_help() {
+    let output = kreplay(&["--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    let text = stdout(&output);
+    assert!(text.contains("Commands:"), "{text}");
+    assert!(text.contains("  demo "), "{text}");
+    assert!(text.contains("  help "), "{text}");
+
+    let output = kreplay(&["demo", "--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    let text = stdout(&output);
+    for option in ["--passes", "--no-restore", "--elements", "--json", "--csv"] {
+        assert!(text.contains(option), "{option} missing: {text}");
+    }
+    assert_eq!(stdout(&kreplay(&["help", "demo"])), text);
+}
+
+#[test]
+fn an_unwritable_output_file_is_an_error_exit_1() {
+    let output = kreplay(&[
+        "demo",
+        "--elements",
+        "1024",
+        "--csv",
+        "/nonexistent-kreplay-dir/out.csv",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).contains("cannot write /nonexistent-kreplay-dir/out.csv"));
+}
