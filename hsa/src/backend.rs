@@ -36,7 +36,9 @@ static BACKEND: OnceLock<Backend> = OnceLock::new();
 
 /// The installed backend. Only the wrappers call this, and they exist only after installation.
 pub(crate) fn backend() -> &'static Backend {
-    BACKEND.get().expect("kreplay's HSA wrappers run only after installation")
+    BACKEND
+        .get()
+        .expect("kreplay's HSA wrappers run only after installation")
 }
 
 pub(crate) fn installed() -> Option<&'static Backend> {
@@ -48,7 +50,9 @@ pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(status) => status,
         Err(_) => {
-            eprintln!("kreplay: internal error in an HSA wrapper; the call failed with HSA_STATUS_ERROR");
+            eprintln!(
+                "kreplay: internal error in an HSA wrapper; the call failed with HSA_STATUS_ERROR"
+            );
             HSA_STATUS_ERROR
         }
     }
@@ -59,12 +63,37 @@ impl Backend {
         self.finalized.load(Ordering::Acquire)
     }
 
+    /// Whether dispatches and copies go through replay handling now: a replay service is
+    /// configured and kreplay is not finalized.
+    ///
+    /// A tool may configure its replay service after installation (its initialization can run
+    /// after `OnLoad`), so the agents' reader side is switched on here, the first time the
+    /// service is seen, rather than only at installation; without it ordinary dispatches and
+    /// async copies would not wait for replay windows (SPEC §3 rules 1 and 9).
+    pub(crate) fn replay_active(&self) -> bool {
+        if self.is_finalized() || !self.hooks.replay_configured() {
+            return false;
+        }
+        if !self.locks.is_enabled() {
+            self.locks.set_enabled(true);
+            if self.is_finalized() {
+                // Lost a race with `finalize`: leave the reader side off as it wants.
+                self.locks.set_enabled(false);
+                return false;
+            }
+        }
+        true
+    }
+
     pub(crate) fn next_dispatch_id(&self) -> u64 {
         self.next_dispatch_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub(crate) fn ticks(&self, d: Duration) -> u64 {
-        let ticks = d.as_nanos().saturating_mul(u128::from(self.ticks_per_second)) / 1_000_000_000;
+        let ticks = d
+            .as_nanos()
+            .saturating_mul(u128::from(self.ticks_per_second))
+            / 1_000_000_000;
         u64::try_from(ticks).unwrap_or(u64::MAX)
     }
 }
@@ -82,8 +111,12 @@ pub(crate) unsafe fn install(
     let original = unsafe { Original::capture(table) }.map_err(InstallError::Table)?;
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
     let inventory = Arc::new(Inventory::new());
-    let snapshotter = Snapshotter::new(inventory.clone(), Arc::new(crate::memory::HsaMemory), options.snapshot)
-        .map_err(|e| InstallError::Config(e.to_string()))?;
+    let snapshotter = Snapshotter::new(
+        inventory.clone(),
+        Arc::new(crate::memory::HsaMemory),
+        options.snapshot,
+    )
+    .map_err(|e| InstallError::Config(e.to_string()))?;
     let locks = AgentLocks::new();
     locks.set_enabled(hooks.replay_configured());
     let backend = Backend {
@@ -100,7 +133,9 @@ pub(crate) unsafe fn install(
         finalized: AtomicBool::new(false),
         next_dispatch_id: AtomicU64::new(0),
     };
-    BACKEND.set(backend).map_err(|_| InstallError::AlreadyInstalled)?;
+    BACKEND
+        .set(backend)
+        .map_err(|_| InstallError::AlreadyInstalled)?;
     // SAFETY: checked non-null by `Original::capture`; the caller lets us modify the table (the
     // hsa_api_trace contract of a tools library's OnLoad). The backend is set, so the wrappers
     // find it from their first call on.

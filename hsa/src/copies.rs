@@ -70,19 +70,26 @@ pub(crate) unsafe extern "C" fn async_copy(
 ) -> hsa_status_t {
     guarded(|| {
         let b = backend();
-        if b.is_finalized() || !b.hooks.replay_configured() {
-            return b.original.async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, completion);
+        if !b.replay_active() {
+            return b.original.async_copy(
+                dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
+            );
         }
         let mut agents: Vec<u64> = Vec::with_capacity(2);
         for agent in [src_agent, dst_agent] {
-            if !agents.contains(&agent.handle) && b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU) {
+            if !agents.contains(&agent.handle)
+                && b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU)
+            {
                 agents.push(agent.handle);
             }
         }
         agents.sort_unstable(); // one lock order for every thread
         // Reader side of each agent: waits while a replay holds the agent. A copy issued from a
         // replay callback on the same agent (re-entrant) proceeds without it.
-        let _guards: Vec<_> = agents.iter().filter_map(|&a| b.locks.read(a).ok()).collect();
+        let _guards: Vec<_> = agents
+            .iter()
+            .filter_map(|&a| b.locks.read(a).ok())
+            .collect();
         let proxy = match b.original.signal_create(1) {
             Ok(s) => s,
             Err(status) => return status,
@@ -91,7 +98,9 @@ pub(crate) unsafe extern "C" fn async_copy(
         for counter in &counters {
             counter.start();
         }
-        let status = b.original.async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy);
+        let status = b
+            .original
+            .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy);
         if status != HSA_STATUS_SUCCESS {
             for counter in &counters {
                 counter.finish();
@@ -99,8 +108,18 @@ pub(crate) unsafe extern "C" fn async_copy(
             b.original.signal_destroy(proxy);
             return status;
         }
-        let pending = Box::into_raw(Box::new(PendingCopy { proxy, application: completion, counters }));
-        let status = b.original.signal_async_handler(proxy, HSA_SIGNAL_CONDITION_EQ, 0, Some(copy_landed), pending.cast());
+        let pending = Box::into_raw(Box::new(PendingCopy {
+            proxy,
+            application: completion,
+            counters,
+        }));
+        let status = b.original.signal_async_handler(
+            proxy,
+            HSA_SIGNAL_CONDITION_EQ,
+            0,
+            Some(copy_landed),
+            pending.cast(),
+        );
         if status != HSA_STATUS_SUCCESS {
             // No handler: wait here so the copy is still counted and the application still sees
             // its completion exactly once.

@@ -4,6 +4,7 @@
 //! [`HsaReplay`] as its device; everything else is forwarded unchanged (tracked for drains, and
 //! under the agent's reader lock while a replay service is configured).
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -12,8 +13,8 @@ use hsa_sys::*;
 use kreplay_drain::{PassCompletion, QueueView};
 use kreplay_locks::WriteGuard;
 use kreplay_passloop::{
-    Decline, DeclineReason, DispatchInfo, MemoryOpReport, ReplayDevice, RestoreFailure, RestoreRequest, RestoreStrategy,
-    StoreTier,
+    Decline, DeclineReason, DispatchInfo, MemoryOpReport, ReplayDevice, RestoreFailure,
+    RestoreRequest, RestoreStrategy, StoreTier,
 };
 use kreplay_snapshot::{Filter, Snapshot, SnapshotError, SnapshotPlan};
 
@@ -61,64 +62,170 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     }
     // SAFETY: the runtime hands us `count` packets at `pkts`, valid for this call; we copy them.
     let packets: Vec<Packet> =
-        unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) }.iter().map(|p| Packet(*p)).collect();
+        unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) }
+            .iter()
+            .map(|p| Packet(*p))
+            .collect();
     // SAFETY: `data` is the `QueueState` registered with this queue; the registry keeps it alive
     // until the queue is destroyed, and the runtime calls no handler after that.
     let state = unsafe { &*data.cast::<QueueState>() };
-    let mut forwarded = false;
-    let outcome = catch_unwind(AssertUnwindSafe(|| handle(backend(), state, &packets, writer, &mut forwarded)));
+    let progress = Cell::new(Progress::Untouched);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        handle(backend(), state, &packets, writer, &progress)
+    }));
     if outcome.is_err() {
-        if forwarded {
-            eprintln!("kreplay: internal error while replaying on queue {}: results of this dispatch are unreliable", state.id);
-        } else {
-            eprintln!("kreplay: internal error on queue {}: forwarding its packets unchanged", state.id);
-            // SAFETY: `writer` is valid for this handler call; the packets are ours.
-            unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
-        }
+        recover(state, &packets, writer, progress.get());
     }
 }
 
-fn handle(b: &Backend, state: &QueueState, packets: &[Packet], writer: Writer, forwarded: &mut bool) {
-    let replay = !b.is_finalized() && b.hooks.replay_configured();
-    if !replay {
-        *forwarded = true;
-        forward(b, state, packets, writer, false);
+/// How far the handling of one handler call got: what must still happen if it panics, so the
+/// application neither loses its dispatch nor waits for ever on its completion signal.
+#[derive(Clone, Copy, Debug)]
+enum Progress {
+    /// Nothing was forwarded and no pass was submitted.
+    Untouched,
+    /// Replay passes were submitted with this application completion signal withheld; device
+    /// memory holds what the last pass left.
+    Withheld(hsa_signal_t),
+    /// Passes ran, then memory was restored from the snapshot (the bytes the dispatch started
+    /// from); the application's completion is still withheld.
+    Restored,
+    /// The packets were forwarded (their own completion included) or the withheld completion
+    /// was fired.
+    Done,
+}
+
+/// After a panic in the handler: forward the packets unchanged if nothing happened yet, fire a
+/// withheld completion once, and say what this means for the application's results.
+fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Progress) {
+    match progress {
+        Progress::Untouched => {
+            eprintln!(
+                "kreplay: internal error on queue {}: forwarding its packets unchanged",
+                state.id
+            );
+            // SAFETY: `writer` is valid for this handler call; the packets are ours.
+            unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
+        }
+        Progress::Restored => {
+            eprintln!(
+                "kreplay: internal error while replaying a dispatch on queue {}: replay stopped \
+                 after a restore; the dispatch runs once more from the restored memory",
+                state.id
+            );
+            // SAFETY: as above; the dispatch carries the application's own completion signal.
+            unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
+        }
+        Progress::Withheld(signal) => {
+            eprintln!(
+                "kreplay: internal error while replaying a dispatch on queue {}: replay stopped, \
+                 device memory may NOT match an ordinary run; the application's completion fires now",
+                state.id
+            );
+            if signal.handle != 0 {
+                backend().original.signal_subtract(signal, 1);
+            }
+        }
+        Progress::Done => eprintln!(
+            "kreplay: internal error after a dispatch on queue {} was submitted: results of this \
+             dispatch are unreliable",
+            state.id
+        ),
+    }
+}
+
+fn handle(
+    b: &Backend,
+    state: &QueueState,
+    packets: &[Packet],
+    writer: Writer,
+    progress: &Cell<Progress>,
+) {
+    if !b.replay_active() {
+        forward(b, state, packets, &[], writer, false, progress);
         return;
     }
-    let batch = packets.len() > 1;
-    if batch && packets.iter().any(|p| p.as_dispatch().is_some()) {
+    if packets.len() > 1 {
+        handle_batch(b, state, packets, writer, progress);
+        return;
+    }
+    let packet = &packets[0];
+    match packet.as_dispatch() {
+        Some(dispatch) => {
+            replay_dispatch(b, state, dispatch, writer, false, progress);
+        }
+        None => forward(
+            b,
+            state,
+            std::slice::from_ref(packet),
+            &[],
+            writer,
+            true,
+            progress,
+        ),
+    }
+}
+
+/// A multi-packet batch (SPEC §3 rule 7): the tool hears of each dispatch in it (CONFIG ENTER,
+/// then CONFIG EXIT with `batch_or_graph` unless it opted out), nothing is replayed, and the
+/// batch is forwarded unchanged, in one piece, after the last of them.
+fn handle_batch(
+    b: &Backend,
+    state: &QueueState,
+    packets: &[Packet],
+    writer: Writer,
+    progress: &Cell<Progress>,
+) {
+    if packets.iter().any(|p| p.as_dispatch().is_some()) {
         b.hooks.warn_once(
             "batch_or_graph",
             "a multi-packet batch reached a queue: its dispatches run once, not replayed (batch_or_graph)",
         );
     }
-    for packet in packets {
-        match packet.as_dispatch() {
-            Some(dispatch) => {
-                *forwarded = true;
-                replay_dispatch(b, state, dispatch, writer, batch);
-            }
-            None => {
-                *forwarded = true;
-                forward(b, state, std::slice::from_ref(packet), writer, true);
-            }
-        }
-    }
+    let infos: Vec<Option<DispatchInfo>> = packets
+        .iter()
+        .map(|packet| {
+            packet
+                .as_dispatch()
+                .map(|dispatch| replay_dispatch(b, state, dispatch, writer, true, progress))
+        })
+        .collect();
+    forward(b, state, packets, &infos, writer, true, progress);
 }
 
 /// Forwards packets unchanged: under the agent's reader lock and followed by an in-flight marker
 /// when `track` (a replay service is configured), with dispatch records when tracing asks.
-fn forward(b: &Backend, state: &QueueState, packets: &[Packet], writer: Writer, track: bool) {
+/// `infos[i]`, when given, is the dispatch the tool already knows packet `i` as (so its record
+/// carries the same dispatch id); other dispatches get a fresh id.
+fn forward(
+    b: &Backend,
+    state: &QueueState,
+    packets: &[Packet],
+    infos: &[Option<DispatchInfo>],
+    writer: Writer,
+    track: bool,
+    progress: &Cell<Progress>,
+) {
     // A thread inside its own replay window on this agent proceeds without the reader side.
-    let _read = if track { b.locks.read(state.agent.handle).ok() } else { None };
+    let _read = if track {
+        b.locks.read(state.agent.handle).ok()
+    } else {
+        None
+    };
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
     let patched: Vec<Packet>;
-    let to_write = if tracing { patched = trace_completions(b, state, packets); &patched } else { packets };
+    let to_write = if tracing {
+        patched = trace_completions(b, state, packets, infos);
+        &patched
+    } else {
+        packets
+    };
     if track {
         b.original.signal_add(state.in_flight, 1);
     }
     // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
     unsafe { writer(to_write.as_ptr().cast(), to_write.len() as u64) };
+    progress.set(Progress::Done);
     if track {
         let marker = state.marker();
         // SAFETY: as above; a barrier-AND packet is one 64-byte AQL packet.
@@ -139,8 +246,16 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
     let traced = unsafe { Box::from_raw(arg.cast::<TracedDispatch>()) };
     let result = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
-        let (start, end) = b.original.dispatch_time(traced.agent, traced.proxy).unwrap_or((0, 0));
-        b.hooks.dispatch_completed(&DispatchRecord { info: traced.info, pass: None, start_ticks: start, end_ticks: end });
+        let (start, end) = b
+            .original
+            .dispatch_time(traced.agent, traced.proxy)
+            .unwrap_or((0, 0));
+        b.hooks.dispatch_completed(&DispatchRecord {
+            info: traced.info,
+            pass: None,
+            start_ticks: start,
+            end_ticks: end,
+        });
         if traced.application.handle != 0 {
             b.original.signal_subtract(traced.application, 1);
         }
@@ -154,20 +269,40 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
 
 /// Gives each dispatch a completion signal of kreplay's own whose handler delivers the
 /// dispatch record and then completes the application's signal.
-fn trace_completions(b: &Backend, state: &QueueState, packets: &[Packet]) -> Vec<Packet> {
+fn trace_completions(
+    b: &Backend,
+    state: &QueueState,
+    packets: &[Packet],
+    infos: &[Option<DispatchInfo>],
+) -> Vec<Packet> {
     packets
         .iter()
-        .map(|packet| {
-            let Some(mut dispatch) = packet.as_dispatch() else { return *packet };
-            let Ok(proxy) = b.original.signal_create(1) else { return *packet };
-            let info = dispatch_info(b, state, &dispatch);
+        .enumerate()
+        .map(|(i, packet)| {
+            let Some(mut dispatch) = packet.as_dispatch() else {
+                return *packet;
+            };
+            let Ok(proxy) = b.original.signal_create(1) else {
+                return *packet;
+            };
+            let info = infos
+                .get(i)
+                .copied()
+                .flatten()
+                .unwrap_or_else(|| dispatch_info(b, state, &dispatch));
             let traced = Box::into_raw(Box::new(TracedDispatch {
                 proxy,
                 application: dispatch.completion_signal,
                 agent: state.agent,
                 info,
             }));
-            let status = b.original.signal_async_handler(proxy, HSA_SIGNAL_CONDITION_EQ, 0, Some(traced_complete), traced.cast());
+            let status = b.original.signal_async_handler(
+                proxy,
+                HSA_SIGNAL_CONDITION_EQ,
+                0,
+                Some(traced_complete),
+                traced.cast(),
+            );
             if status != HSA_STATUS_SUCCESS {
                 // SAFETY: not registered, so the box is still ours.
                 drop(unsafe { Box::from_raw(traced) });
@@ -180,7 +315,11 @@ fn trace_completions(b: &Backend, state: &QueueState, packets: &[Packet]) -> Vec
         .collect()
 }
 
-fn dispatch_info(b: &Backend, state: &QueueState, p: &hsa_kernel_dispatch_packet_t) -> DispatchInfo {
+fn dispatch_info(
+    b: &Backend,
+    state: &QueueState,
+    p: &hsa_kernel_dispatch_packet_t,
+) -> DispatchInfo {
     DispatchInfo {
         agent_id: state.agent.handle,
         queue_id: state.id,
@@ -188,15 +327,38 @@ fn dispatch_info(b: &Backend, state: &QueueState, p: &hsa_kernel_dispatch_packet
         dispatch_id: b.next_dispatch_id(),
         private_segment_size: p.private_segment_size,
         group_segment_size: p.group_segment_size,
-        workgroup_size: [u32::from(p.workgroup_size_x), u32::from(p.workgroup_size_y), u32::from(p.workgroup_size_z)],
+        workgroup_size: [
+            u32::from(p.workgroup_size_x),
+            u32::from(p.workgroup_size_y),
+            u32::from(p.workgroup_size_z),
+        ],
         grid_size: [p.grid_size_x, p.grid_size_y, p.grid_size_z],
     }
 }
 
-fn replay_dispatch(b: &Backend, state: &QueueState, dispatch: hsa_kernel_dispatch_packet_t, writer: Writer, in_batch: bool) {
+/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it. A
+/// member of a batch is not submitted here: the caller forwards the whole batch afterwards.
+fn replay_dispatch(
+    b: &Backend,
+    state: &QueueState,
+    dispatch: hsa_kernel_dispatch_packet_t,
+    writer: Writer,
+    in_batch: bool,
+    progress: &Cell<Progress>,
+) -> DispatchInfo {
     let info = dispatch_info(b, state, &dispatch);
     let mut tool = b.hooks.replay_tool();
-    let mut device = HsaReplay { b, state, dispatch, writer, in_batch, guard: None, plan: None, pass_signal: None };
+    let mut device = HsaReplay {
+        b,
+        state,
+        dispatch,
+        writer,
+        in_batch,
+        progress,
+        guard: None,
+        plan: None,
+        pass_signal: None,
+    };
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
     if let Some(diagnostic) = record.diagnostic() {
@@ -207,6 +369,7 @@ fn replay_dispatch(b: &Backend, state: &QueueState, dispatch: hsa_kernel_dispatc
         }
     }
     b.hooks.replay_finished(&record);
+    info
 }
 
 /// The device steps of one replayed dispatch on HSA.
@@ -216,6 +379,7 @@ struct HsaReplay<'a> {
     dispatch: hsa_kernel_dispatch_packet_t,
     writer: Writer,
     in_batch: bool,
+    progress: &'a Cell<Progress>,
     guard: Option<WriteGuard>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
@@ -233,7 +397,10 @@ impl Drop for HsaReplay<'_> {
 }
 
 fn decline_from(reason: &str, detail: String) -> Decline {
-    let reason = DeclineReason::ALL.into_iter().find(|r| r.as_str() == reason).unwrap_or(DeclineReason::SnapshotFailed);
+    let reason = DeclineReason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == reason)
+        .unwrap_or(DeclineReason::SnapshotFailed);
     Decline::new(reason, detail)
 }
 
@@ -254,12 +421,17 @@ fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
     match s {
         kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
         kreplay_snapshot::RestoreStrategy::Writeset => RestoreStrategy::Writeset,
-        kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => RestoreStrategy::Full,
+        kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => {
+            RestoreStrategy::Full
+        }
     }
 }
 
 fn snapshot_request(r: &RestoreRequest) -> kreplay_snapshot::RestoreRequest {
-    kreplay_snapshot::RestoreRequest { next_pass: r.next_pass, may_be_final: r.next_may_be_final }
+    kreplay_snapshot::RestoreRequest {
+        next_pass: r.next_pass,
+        may_be_final: r.next_may_be_final,
+    }
 }
 
 /// Waits for one pass's completion signal.
@@ -281,7 +453,12 @@ impl PassCompletion for PassSignal<'_> {
     fn wait_complete(&self, deadline: Instant) -> bool {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if self.b.original.signal_wait_eq(self.signal, 0, self.b.ticks(left)) == 0 {
+            if self
+                .b
+                .original
+                .signal_wait_eq(self.signal, 0, self.b.ticks(left))
+                == 0
+            {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -296,7 +473,10 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
         if self.in_batch {
-            return Err(Decline::new(DeclineReason::BatchOrGraph, "the dispatch arrived in a multi-packet batch"));
+            return Err(Decline::new(
+                DeclineReason::BatchOrGraph,
+                "the dispatch arrived in a multi-packet batch",
+            ));
         }
         Ok(())
     }
@@ -307,7 +487,10 @@ impl ReplayDevice for HsaReplay<'_> {
                 self.guard = Some(guard);
                 Ok(())
             }
-            Err(e) => Err(Decline::new(DeclineReason::ReentrantDispatch, e.to_string())),
+            Err(e) => Err(Decline::new(
+                DeclineReason::ReentrantDispatch,
+                e.to_string(),
+            )),
         }
     }
 
@@ -317,9 +500,18 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
         let queues = self.b.queues.on_agent(info.agent_id);
-        let views: Vec<QueueIdle<'_>> = queues.iter().map(|s| QueueIdle { backend: self.b, state: s }).collect();
+        let views: Vec<QueueIdle<'_>> = queues
+            .iter()
+            .map(|s| QueueIdle {
+                backend: self.b,
+                state: s,
+            })
+            .collect();
         let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
-        let own = QueueIdle { backend: self.b, state: self.state };
+        let own = QueueIdle {
+            backend: self.b,
+            state: self.state,
+        };
         let copies = self.b.copies.counter(info.agent_id);
         kreplay_drain::drain_agent(&own, &siblings, &[&*copies], &self.b.drain)
             .map(|_| ())
@@ -327,7 +519,11 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
-        let plan = self.b.snapshotter.plan(&Filter::for_replay(info.agent_id)).map_err(snapshot_decline)?;
+        let plan = self
+            .b
+            .snapshotter
+            .plan(&Filter::for_replay(info.agent_id))
+            .map_err(snapshot_decline)?;
         let report = MemoryOpReport {
             bytes_planned: plan.bytes(),
             regions: plan.regions().len() as u64,
@@ -338,10 +534,17 @@ impl ReplayDevice for HsaReplay<'_> {
         Ok(report)
     }
 
-    fn take_snapshot(&mut self, info: &DispatchInfo) -> Result<(Snapshot, MemoryOpReport), Decline> {
+    fn take_snapshot(
+        &mut self,
+        info: &DispatchInfo,
+    ) -> Result<(Snapshot, MemoryOpReport), Decline> {
         let plan = match self.plan.take() {
             Some(plan) => plan,
-            None => self.b.snapshotter.plan(&Filter::for_replay(info.agent_id)).map_err(snapshot_decline)?,
+            None => self
+                .b
+                .snapshotter
+                .plan(&Filter::for_replay(info.agent_id))
+                .map_err(snapshot_decline)?,
         };
         let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
         let r = snapshot.report();
@@ -360,11 +563,12 @@ impl ReplayDevice for HsaReplay<'_> {
         let signal = match self.pass_signal {
             Some(s) => s,
             None => {
-                let s = self
-                    .b
-                    .original
-                    .signal_create(0)
-                    .map_err(|st| Decline::new(DeclineReason::PassDrainStuck, format!("cannot create a pass signal: {st:#x}")))?;
+                let s = self.b.original.signal_create(0).map_err(|st| {
+                    Decline::new(
+                        DeclineReason::PassDrainStuck,
+                        format!("cannot create a pass signal: {st:#x}"),
+                    )
+                })?;
                 self.pass_signal = Some(s);
                 s
             }
@@ -373,6 +577,8 @@ impl ReplayDevice for HsaReplay<'_> {
         let mut packet = self.dispatch;
         packet.completion_signal = signal;
         let bytes = dispatch_bytes(&packet);
+        self.progress
+            .set(Progress::Withheld(self.dispatch.completion_signal));
         // SAFETY: the writer is valid for the handler call this loop runs in.
         unsafe { (self.writer)((&bytes as *const Packet).cast(), 1) };
         let waited = kreplay_drain::wait_pass(&PassSignal { b: self.b, signal }, &self.b.drain);
@@ -380,13 +586,27 @@ impl ReplayDevice for HsaReplay<'_> {
             return Err(decline_from(stuck.reason(), stuck.to_string()));
         }
         if self.b.hooks.dispatch_tracing_configured() {
-            let (start, end) = self.b.original.dispatch_time(self.state.agent, signal).unwrap_or((0, 0));
-            self.b.hooks.dispatch_completed(&DispatchRecord { info: *info, pass: Some(pass), start_ticks: start, end_ticks: end });
+            let (start, end) = self
+                .b
+                .original
+                .dispatch_time(self.state.agent, signal)
+                .unwrap_or((0, 0));
+            self.b.hooks.dispatch_completed(&DispatchRecord {
+                info: *info,
+                pass: Some(pass),
+                start_ticks: start,
+                end_ticks: end,
+            });
         }
         Ok(())
     }
 
-    fn plan_restore(&mut self, _info: &DispatchInfo, snapshot: &Snapshot, request: &RestoreRequest) -> MemoryOpReport {
+    fn plan_restore(
+        &mut self,
+        _info: &DispatchInfo,
+        snapshot: &Snapshot,
+        request: &RestoreRequest,
+    ) -> MemoryOpReport {
         let plan = snapshot.plan_restore(&snapshot_request(request));
         MemoryOpReport {
             bytes_planned: plan.bytes_planned,
@@ -423,6 +643,7 @@ impl ReplayDevice for HsaReplay<'_> {
         }
         match snapshot.restore(&snapshot_request(request)) {
             Ok(report) => {
+                self.progress.set(Progress::Restored);
                 if report.repaired_chunks > 0 {
                     self.b.hooks.warn(&format!(
                         "restore before pass {} repaired {} chunk(s) written outside the learned write set",
@@ -443,14 +664,29 @@ impl ReplayDevice for HsaReplay<'_> {
         drop(snapshot);
     }
 
-    fn run_once(&mut self, _info: &DispatchInfo) {
-        forward(self.b, self.state, &[dispatch_bytes(&self.dispatch)], self.writer, true);
+    fn run_once(&mut self, info: &DispatchInfo) {
+        if self.in_batch {
+            // Forwarded with the rest of its batch, unchanged, once the loop saw every member.
+            return;
+        }
+        forward(
+            self.b,
+            self.state,
+            &[dispatch_bytes(&self.dispatch)],
+            &[Some(*info)],
+            self.writer,
+            true,
+            self.progress,
+        );
     }
 
     fn fire_completion(&mut self, _info: &DispatchInfo) {
         if self.dispatch.completion_signal.handle != 0 {
-            self.b.original.signal_subtract(self.dispatch.completion_signal, 1);
+            self.b
+                .original
+                .signal_subtract(self.dispatch.completion_signal, 1);
         }
+        self.progress.set(Progress::Done);
     }
 }
 

@@ -10,22 +10,68 @@
 //!   kreplay's handler; a single kernel dispatch with a replay service configured runs through
 //!   the pass loop (writer lock on the agent, drain of every queue on the agent and its async
 //!   copies, snapshot, passes with kreplay's own completion signal, restores, the application's
-//!   completion fired once); anything else is forwarded unchanged;
+//!   completion fired once); a multi-packet batch is forwarded unchanged in one piece, each of
+//!   its dispatches declined as `batch_or_graph`; anything else is forwarded unchanged;
 //! - `hsa_amd_memory_async_copy` is serialized against replays on the agents it touches and
 //!   counted until its completion signal fires (SPEC §3 rule 9).
 //!
 //! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
-//! through [`ToolHooks`], implemented by the C ABI crate. After [`finalize`] every wrapper passes
-//! straight through.
+//! through [`ToolHooks`], implemented by the C ABI crate. The replay service may be configured
+//! after installation: ordinary dispatches and copies start waiting for replay windows from the
+//! first one that sees it configured. A panic inside kreplay never reaches the runtime, and the
+//! application's dispatch still runs (or its completion still fires) exactly once. After
+//! [`finalize`] every wrapper passes straight through.
 //!
-//! ```no_run
-//! # use std::sync::Arc;
-//! # fn hooks() -> Arc<dyn kreplay_hsa::ToolHooks> { unimplemented!() }
-//! # let table: *mut hsa_sys::HsaApiTable = std::ptr::null_mut();
-//! // In a tools library's OnLoad(table, ...):
-//! // SAFETY: `table` is the runtime's table, valid and ours to modify during OnLoad.
-//! unsafe { kreplay_hsa::install(table, hooks(), kreplay_hsa::InstallOptions::default()) }
-//!     .expect("kreplay installs into the HSA table");
+//! Installing into a copy of softhsa's table (what the runtime hands a tools library in
+//! `OnLoad`) and allocating through it, as the application would:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kreplay_softhsa::{OwnedApiTable, testing::Hsa};
+//! # use kreplay_ctxmask::ContextRegistry;
+//! # use kreplay_hsa::{DispatchRecord, ToolHooks};
+//! # use kreplay_passloop::{DispatchInfo, ReplayRecord, ReplayTool, ToolAnswer};
+//! # struct NoServices(ContextRegistry);
+//! # struct Once;
+//! # impl ReplayTool for Once {
+//! #     fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer { ToolAnswer::OPT_OUT }
+//! #     fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
+//! #     fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> kreplay_passloop::ContinueChange {
+//! #         kreplay_passloop::ContinueChange::Keep
+//! #     }
+//! #     fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool { false }
+//! #     fn snapshot(&mut self, _: &DispatchInfo, _: kreplay_passloop::Phase, _: &kreplay_passloop::MemoryOpReport) {}
+//! #     fn restore(&mut self, _: &DispatchInfo, _: kreplay_passloop::Phase,
+//! #                _: &kreplay_passloop::RestoreRequest, _: &kreplay_passloop::MemoryOpReport) {}
+//! #     fn config_exit(&mut self, _: &DispatchInfo, _: &kreplay_passloop::ReplayOutcome) {}
+//! # }
+//! # impl ToolHooks for NoServices {
+//! #     fn replay_configured(&self) -> bool { false }
+//! #     fn dispatch_tracing_configured(&self) -> bool { false }
+//! #     fn replay_tool(&self) -> Box<dyn ReplayTool + '_> { Box::new(Once) }
+//! #     fn contexts(&self) -> &ContextRegistry { &self.0 }
+//! #     fn dispatch_completed(&self, _: &DispatchRecord) {}
+//! #     fn replay_finished(&self, _: &ReplayRecord) {}
+//! #     fn warn(&self, _: &str) {}
+//! #     fn warn_once(&self, _: &'static str, _: &str) {}
+//! # }
+//! let mut table = OwnedApiTable::softhsa();
+//! // SAFETY: the copy's sub-tables are valid for as long as `table` lives.
+//! let runtime = unsafe { Hsa::from_table(table.table()) };
+//! let _session = runtime.init().unwrap();
+//! let tool = Arc::new(NoServices(ContextRegistry::new())); // the C ABI layer, in a real tool
+//!
+//! // SAFETY: the table is valid, ours to modify, and outlives every call made through it.
+//! unsafe { kreplay_hsa::install(table.as_mut_ptr(), tool, Default::default()) }.unwrap();
+//!
+//! // The application calls through the modified table: its device allocations are tracked.
+//! // SAFETY: as above.
+//! let app = unsafe { Hsa::from_table(table.table()) };
+//! let gpu = app.gpu_agents().unwrap()[0];
+//! let buffer = app.allocate(app.coarse_pool(gpu).unwrap(), 4096).unwrap();
+//! assert_eq!(kreplay_hsa::tracked_kind(buffer as u64), Some(kreplay_snapshot::MemoryKind::CoarseDevice));
+//! app.free(buffer).unwrap();
+//! assert_eq!(kreplay_hsa::tracked_kind(buffer as u64), None);
 //! ```
 
 mod backend;
@@ -103,7 +149,9 @@ pub enum InstallError {
 impl fmt::Display for InstallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            InstallError::AlreadyInstalled => f.write_str("kreplay is already installed into an HSA table in this process"),
+            InstallError::AlreadyInstalled => {
+                f.write_str("kreplay is already installed into an HSA table in this process")
+            }
             InstallError::Table(why) => write!(f, "cannot install into the HSA table: {why}"),
             InstallError::Config(why) => write!(f, "invalid snapshot configuration: {why}"),
         }
@@ -143,5 +191,7 @@ pub fn tracked_allocations() -> usize {
 
 /// The kind kreplay recorded for the allocation containing `addr`, if it tracks one.
 pub fn tracked_kind(addr: u64) -> Option<kreplay_snapshot::MemoryKind> {
-    backend::installed().and_then(|b| b.inventory.lookup(addr)).map(|a| a.kind)
+    backend::installed()
+        .and_then(|b| b.inventory.lookup(addr))
+        .map(|a| a.kind)
 }

@@ -33,10 +33,16 @@ fn track(ptr: *mut c_void, executable: bool) {
     }
     match classify(b, ptr) {
         Some((base, size, owner, kind)) => {
-            let kind = if executable { MemoryKind::Executable } else { kind };
+            let kind = if executable {
+                MemoryKind::Executable
+            } else {
+                kind
+            };
             b.inventory.on_alloc(base, size, owner, kind);
         }
-        None => b.hooks.warn(&format!("allocation {ptr:p} has no pointer info; it is not tracked")),
+        None => b.hooks.warn(&format!(
+            "allocation {ptr:p} has no pointer info; it is not tracked"
+        )),
     }
 }
 
@@ -74,7 +80,11 @@ pub(crate) unsafe extern "C" fn pool_free(ptr: *mut c_void) -> hsa_status_t {
     })
 }
 
-pub(crate) unsafe extern "C" fn memory_allocate(region: hsa_region_t, size: usize, ptr: *mut *mut c_void) -> hsa_status_t {
+pub(crate) unsafe extern "C" fn memory_allocate(
+    region: hsa_region_t,
+    size: usize,
+    ptr: *mut *mut c_void,
+) -> hsa_status_t {
     guarded(|| {
         let status = backend().original.memory_allocate(region, size, ptr);
         if status == HSA_STATUS_SUCCESS && !ptr.is_null() {
@@ -98,18 +108,37 @@ pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
 pub(crate) struct HsaMemory;
 
 fn copy_failed(addr: u64, len: usize, status: hsa_status_t) -> CopyError {
-    CopyError::failed(addr, len as u64, format!("hsa_memory_copy returned status {status:#x}"))
+    CopyError::failed(
+        addr,
+        len as u64,
+        format!("hsa_memory_copy returned status {status:#x}"),
+    )
 }
 
 impl DeviceMemory for HsaMemory {
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        let status = backend().original.memory_copy(dst.as_mut_ptr().cast(), addr as *const c_void, dst.len());
-        if status == HSA_STATUS_SUCCESS { Ok(()) } else { Err(copy_failed(addr, dst.len(), status)) }
+        let status = backend().original.memory_copy(
+            dst.as_mut_ptr().cast(),
+            addr as *const c_void,
+            dst.len(),
+        );
+        if status == HSA_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(copy_failed(addr, dst.len(), status))
+        }
     }
 
     fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        let status = backend().original.memory_copy(addr as *mut c_void, src.as_ptr().cast(), src.len());
-        if status == HSA_STATUS_SUCCESS { Ok(()) } else { Err(copy_failed(addr, src.len(), status)) }
+        let status =
+            backend()
+                .original
+                .memory_copy(addr as *mut c_void, src.as_ptr().cast(), src.len());
+        if status == HSA_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(copy_failed(addr, src.len(), status))
+        }
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
@@ -131,7 +160,9 @@ impl DeviceMemory for HsaMemory {
         let b = backend();
         let pool = b.original.coarse_pool(hsa_agent_t { handle: agent })?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
-        let status = b.original.pool_allocate(pool, usize::try_from(size).ok()?, 0, &mut ptr);
+        let status = b
+            .original
+            .pool_allocate(pool, usize::try_from(size).ok()?, 0, &mut ptr);
         (status == HSA_STATUS_SUCCESS && !ptr.is_null()).then_some(ptr as u64)
     }
 
@@ -142,7 +173,11 @@ impl DeviceMemory for HsaMemory {
     fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
         let b = backend();
         for c in copies {
-            let status = b.original.memory_copy(c.dst as *mut c_void, c.src as *const c_void, c.len as usize);
+            let status = b.original.memory_copy(
+                c.dst as *mut c_void,
+                c.src as *const c_void,
+                c.len as usize,
+            );
             if status != HSA_STATUS_SUCCESS {
                 return Err(copy_failed(c.dst, c.len as usize, status));
             }

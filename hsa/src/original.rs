@@ -90,9 +90,16 @@ impl Original {
         }
         // SAFETY: both pointers were checked non-null and the caller guarantees they are valid.
         // The tables may be shorter than ours if the runtime is older: copy only what it declares.
-        let (core, amd) = unsafe { (copy_table::<CoreApiTable>(root.core_.cast()), copy_table::<AmdExtTable>(root.amd_ext_.cast())) };
+        let (core, amd) = unsafe {
+            (
+                copy_table::<CoreApiTable>(root.core_.cast()),
+                copy_table::<AmdExtTable>(root.amd_ext_.cast()),
+            )
+        };
         if let Some(entry) = missing_entry(&core, &amd) {
-            return Err(format!("the HSA runtime does not provide {entry}, which kreplay needs"));
+            return Err(format!(
+                "the HSA runtime does not provide {entry}, which kreplay needs"
+            ));
         }
         Ok(Self { core, amd })
     }
@@ -100,8 +107,15 @@ impl Original {
     pub(crate) fn signal_create(&self, initial: i64) -> Result<hsa_signal_t, hsa_status_t> {
         let mut signal = hsa_signal_t { handle: 0 };
         // `consumers` may be null when their count is 0; `signal` is a valid out pointer.
-        let status = call!(self.core, hsa_signal_create_fn(initial, 0, std::ptr::null(), &mut signal));
-        if status == HSA_STATUS_SUCCESS { Ok(signal) } else { Err(status) }
+        let status = call!(
+            self.core,
+            hsa_signal_create_fn(initial, 0, std::ptr::null(), &mut signal)
+        );
+        if status == HSA_STATUS_SUCCESS {
+            Ok(signal)
+        } else {
+            Err(status)
+        }
     }
 
     pub(crate) fn signal_destroy(&self, signal: hsa_signal_t) {
@@ -122,14 +136,30 @@ impl Original {
     }
 
     /// Waits until `signal` equals `value` or `timeout_ticks` pass; returns the last value seen.
-    pub(crate) fn signal_wait_eq(&self, signal: hsa_signal_t, value: i64, timeout_ticks: u64) -> i64 {
+    pub(crate) fn signal_wait_eq(
+        &self,
+        signal: hsa_signal_t,
+        value: i64,
+        timeout_ticks: u64,
+    ) -> i64 {
         call!(
             self.core,
-            hsa_signal_wait_scacquire_fn(signal, HSA_SIGNAL_CONDITION_EQ, value, timeout_ticks, HSA_WAIT_STATE_BLOCKED)
+            hsa_signal_wait_scacquire_fn(
+                signal,
+                HSA_SIGNAL_CONDITION_EQ,
+                value,
+                timeout_ticks,
+                HSA_WAIT_STATE_BLOCKED
+            )
         )
     }
 
-    pub(crate) fn memory_copy(&self, dst: *mut c_void, src: *const c_void, size: usize) -> hsa_status_t {
+    pub(crate) fn memory_copy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        size: usize,
+    ) -> hsa_status_t {
         // The caller passes ranges inside live allocations (or host memory it owns).
         call!(self.core, hsa_memory_copy_fn(dst, src, size))
     }
@@ -142,7 +172,13 @@ impl Original {
         // Null agent list outputs are allowed; `info.size` says how much the runtime may write.
         let status = call!(
             self.amd,
-            hsa_amd_pointer_info_fn(ptr.cast_mut(), &mut info, None, std::ptr::null_mut(), std::ptr::null_mut())
+            hsa_amd_pointer_info_fn(
+                ptr.cast_mut(),
+                &mut info,
+                None,
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            )
         );
         (status == HSA_STATUS_SUCCESS && info.type_ != HSA_EXT_POINTER_TYPE_UNKNOWN).then_some(info)
     }
@@ -150,8 +186,14 @@ impl Original {
     pub(crate) fn agent_device_type(&self, agent: hsa_agent_t) -> Option<hsa_device_type_t> {
         let mut device: hsa_device_type_t = 0;
         // HSA_AGENT_INFO_DEVICE writes one hsa_device_type_t.
-        let status =
-            call!(self.core, hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_DEVICE, (&mut device as *mut hsa_device_type_t).cast()));
+        let status = call!(
+            self.core,
+            hsa_agent_get_info_fn(
+                agent,
+                HSA_AGENT_INFO_DEVICE,
+                (&mut device as *mut hsa_device_type_t).cast()
+            )
+        );
         (status == HSA_STATUS_SUCCESS).then_some(device)
     }
 
@@ -159,10 +201,12 @@ impl Original {
     pub(crate) fn coarse_pool(&self, agent: hsa_agent_t) -> Option<hsa_amd_memory_pool_t> {
         unsafe extern "C" fn visit(pool: hsa_amd_memory_pool_t, data: *mut c_void) -> hsa_status_t {
             // SAFETY: `data` is the `(&Original, Option<pool>)` pair passed below, alive for the walk.
-            let (original, found) = unsafe { &mut *data.cast::<(&Original, Option<hsa_amd_memory_pool_t>)>() };
+            let (original, found) =
+                unsafe { &mut *data.cast::<(&Original, Option<hsa_amd_memory_pool_t>)>() };
             let segment = original.pool_info_u32(pool, HSA_AMD_MEMORY_POOL_INFO_SEGMENT);
             let flags = original.pool_info_u32(pool, HSA_AMD_MEMORY_POOL_INFO_GLOBAL_FLAGS);
-            let alloc = original.pool_info_u32(pool, HSA_AMD_MEMORY_POOL_INFO_RUNTIME_ALLOC_ALLOWED);
+            let alloc =
+                original.pool_info_u32(pool, HSA_AMD_MEMORY_POOL_INFO_RUNTIME_ALLOC_ALLOWED);
             if segment == Some(HSA_AMD_SEGMENT_GLOBAL)
                 && flags.is_some_and(|f| f & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED != 0)
                 && alloc.is_some_and(|a| a & 0xff != 0)
@@ -174,27 +218,55 @@ impl Original {
         }
         let mut state: (&Original, Option<hsa_amd_memory_pool_t>) = (self, None);
         // `visit` only touches `state`, which outlives the call.
-        call!(self.amd, hsa_amd_agent_iterate_memory_pools_fn(agent, Some(visit), (&mut state as *mut (&Original, Option<hsa_amd_memory_pool_t>)).cast()));
+        call!(
+            self.amd,
+            hsa_amd_agent_iterate_memory_pools_fn(
+                agent,
+                Some(visit),
+                (&mut state as *mut (&Original, Option<hsa_amd_memory_pool_t>)).cast()
+            )
+        );
         state.1
     }
 
     /// A pool attribute of at most 4 bytes (segment, flags, booleans), zero-extended.
-    pub(crate) fn pool_info_u32(&self, pool: hsa_amd_memory_pool_t, attribute: hsa_amd_memory_pool_info_t) -> Option<u32> {
+    pub(crate) fn pool_info_u32(
+        &self,
+        pool: hsa_amd_memory_pool_t,
+        attribute: hsa_amd_memory_pool_info_t,
+    ) -> Option<u32> {
         let mut value = 0u64;
         // Every attribute read through here is at most 4 bytes; an 8-byte buffer is large enough.
-        let status = call!(self.amd, hsa_amd_memory_pool_get_info_fn(pool, attribute, (&mut value as *mut u64).cast()));
+        let status = call!(
+            self.amd,
+            hsa_amd_memory_pool_get_info_fn(pool, attribute, (&mut value as *mut u64).cast())
+        );
         (status == HSA_STATUS_SUCCESS).then_some(value as u32)
     }
 
-    pub(crate) fn pool_allocate(&self, pool: hsa_amd_memory_pool_t, size: usize, flags: u32, out: *mut *mut c_void) -> hsa_status_t {
-        call!(self.amd, hsa_amd_memory_pool_allocate_fn(pool, size, flags, out))
+    pub(crate) fn pool_allocate(
+        &self,
+        pool: hsa_amd_memory_pool_t,
+        size: usize,
+        flags: u32,
+        out: *mut *mut c_void,
+    ) -> hsa_status_t {
+        call!(
+            self.amd,
+            hsa_amd_memory_pool_allocate_fn(pool, size, flags, out)
+        )
     }
 
     pub(crate) fn pool_free(&self, ptr: *mut c_void) -> hsa_status_t {
         call!(self.amd, hsa_amd_memory_pool_free_fn(ptr))
     }
 
-    pub(crate) fn memory_allocate(&self, region: hsa_region_t, size: usize, out: *mut *mut c_void) -> hsa_status_t {
+    pub(crate) fn memory_allocate(
+        &self,
+        region: hsa_region_t,
+        size: usize,
+        out: *mut *mut c_void,
+    ) -> hsa_status_t {
         call!(self.core, hsa_memory_allocate_fn(region, size, out))
     }
 
@@ -214,7 +286,12 @@ impl Original {
         deps: *const hsa_signal_t,
         completion: hsa_signal_t,
     ) -> hsa_status_t {
-        call!(self.amd, hsa_amd_memory_async_copy_fn(dst, dst_agent, src, src_agent, size, num_deps, deps, completion))
+        call!(
+            self.amd,
+            hsa_amd_memory_async_copy_fn(
+                dst, dst_agent, src, src_agent, size, num_deps, deps, completion
+            )
+        )
     }
 
     pub(crate) fn signal_async_handler(
@@ -225,7 +302,10 @@ impl Original {
         handler: hsa_amd_signal_handler,
         arg: *mut c_void,
     ) -> hsa_status_t {
-        call!(self.amd, hsa_amd_signal_async_handler_fn(signal, condition, value, handler, arg))
+        call!(
+            self.amd,
+            hsa_amd_signal_async_handler_fn(signal, condition, value, handler, arg)
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -242,7 +322,16 @@ impl Original {
     ) -> hsa_status_t {
         call!(
             self.amd,
-            hsa_amd_queue_intercept_create_fn(agent, size, type_, callback, data, private_segment_size, group_segment_size, out)
+            hsa_amd_queue_intercept_create_fn(
+                agent,
+                size,
+                type_,
+                callback,
+                data,
+                private_segment_size,
+                group_segment_size,
+                out
+            )
         )
     }
 
@@ -252,7 +341,10 @@ impl Original {
         handler: hsa_amd_queue_intercept_handler,
         data: *mut c_void,
     ) -> hsa_status_t {
-        call!(self.amd, hsa_amd_queue_intercept_register_fn(queue, handler, data))
+        call!(
+            self.amd,
+            hsa_amd_queue_intercept_register_fn(queue, handler, data)
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -267,14 +359,32 @@ impl Original {
         group_segment_size: u32,
         out: *mut *mut hsa_queue_t,
     ) -> hsa_status_t {
-        call!(self.core, hsa_queue_create_fn(agent, size, type_, callback, data, private_segment_size, group_segment_size, out))
+        call!(
+            self.core,
+            hsa_queue_create_fn(
+                agent,
+                size,
+                type_,
+                callback,
+                data,
+                private_segment_size,
+                group_segment_size,
+                out
+            )
+        )
     }
 
     /// Timestamp ticks per second (signal wait timeouts are given in ticks).
     pub(crate) fn timestamp_frequency(&self) -> Option<u64> {
         let mut hz = 0u64;
         // HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY writes one uint64_t.
-        let status = call!(self.core, hsa_system_get_info_fn(HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&mut hz as *mut u64).cast()));
+        let status = call!(
+            self.core,
+            hsa_system_get_info_fn(
+                HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
+                (&mut hz as *mut u64).cast()
+            )
+        );
         (status == HSA_STATUS_SUCCESS && hz != 0).then_some(hz)
     }
 
@@ -282,14 +392,28 @@ impl Original {
         call!(self.core, hsa_queue_destroy_fn(queue))
     }
 
-    pub(crate) fn set_profiler_enabled(&self, queue: *mut hsa_queue_t, enabled: bool) -> hsa_status_t {
-        call!(self.amd, hsa_amd_profiling_set_profiler_enabled_fn(queue, i32::from(enabled)))
+    pub(crate) fn set_profiler_enabled(
+        &self,
+        queue: *mut hsa_queue_t,
+        enabled: bool,
+    ) -> hsa_status_t {
+        call!(
+            self.amd,
+            hsa_amd_profiling_set_profiler_enabled_fn(queue, i32::from(enabled))
+        )
     }
 
     /// Start and end ticks of the last dispatch that completed with `signal`.
-    pub(crate) fn dispatch_time(&self, agent: hsa_agent_t, signal: hsa_signal_t) -> Option<(u64, u64)> {
+    pub(crate) fn dispatch_time(
+        &self,
+        agent: hsa_agent_t,
+        signal: hsa_signal_t,
+    ) -> Option<(u64, u64)> {
         let mut time = hsa_amd_profiling_dispatch_time_t::default();
-        let status = call!(self.amd, hsa_amd_profiling_get_dispatch_time_fn(agent, signal, &mut time));
+        let status = call!(
+            self.amd,
+            hsa_amd_profiling_get_dispatch_time_fn(agent, signal, &mut time)
+        );
         (status == HSA_STATUS_SUCCESS).then_some((time.start, time.end))
     }
 }
@@ -303,9 +427,15 @@ unsafe fn copy_table<T: Default>(src: *const ApiTableVersion) -> T {
     let mut out = T::default();
     // SAFETY: `src` is valid per the caller; the version header is the first member of every table.
     let declared = unsafe { (*src).minor_id } as usize;
-    let len = if declared == 0 { std::mem::size_of::<T>() } else { declared.min(std::mem::size_of::<T>()) };
+    let len = if declared == 0 {
+        std::mem::size_of::<T>()
+    } else {
+        declared.min(std::mem::size_of::<T>())
+    };
     // SAFETY: `len` bytes are readable at `src` (caller) and writable in `out` (len <= size_of T);
     // the regions do not overlap. Entries past `len` stay null (Default).
-    unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), (&mut out as *mut T).cast::<u8>(), len) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.cast::<u8>(), (&mut out as *mut T).cast::<u8>(), len)
+    };
     out
 }

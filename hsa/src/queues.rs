@@ -70,8 +70,12 @@ impl QueueView for QueueIdle<'_> {
     fn wait_idle(&self, deadline: Instant) -> bool {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let ticks = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
-            if self.backend.original.signal_wait_eq(self.state.in_flight, 0, ticks) == 0 {
+            if self.backend.original.signal_wait_eq(
+                self.state.in_flight,
+                0,
+                self.backend.ticks(left),
+            ) == 0
+            {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -90,11 +94,19 @@ pub(crate) struct QueueRegistry {
 impl QueueRegistry {
     /// Every queue on `agent` (the caller's own included).
     pub(crate) fn on_agent(&self, agent: u64) -> Vec<Arc<QueueState>> {
-        self.by_agent.lock().get(&agent).cloned().unwrap_or_default()
+        self.by_agent
+            .lock()
+            .get(&agent)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn add(&self, state: Arc<QueueState>) {
-        self.by_agent.lock().entry(state.agent.handle).or_default().push(state);
+        self.by_agent
+            .lock()
+            .entry(state.agent.handle)
+            .or_default()
+            .push(state);
     }
 
     fn remove(&self, queue: *mut hsa_queue_t) -> Option<Arc<QueueState>> {
@@ -126,7 +138,16 @@ pub(crate) unsafe extern "C" fn queue_create(
     guarded(|| {
         let b = backend();
         if b.is_finalized() {
-            return b.original.queue_create(agent, size, type_, callback, data, private_segment_size, group_segment_size, queue);
+            return b.original.queue_create(
+                agent,
+                size,
+                type_,
+                callback,
+                data,
+                private_segment_size,
+                group_segment_size,
+                queue,
+            );
         }
         if queue.is_null() {
             return HSA_STATUS_ERROR_INVALID_ARGUMENT;
@@ -135,8 +156,16 @@ pub(crate) unsafe extern "C" fn queue_create(
             Ok(s) => s,
             Err(status) => return status,
         };
-        let status =
-            b.original.intercept_create(agent, size, type_, callback, data, private_segment_size, group_segment_size, queue);
+        let status = b.original.intercept_create(
+            agent,
+            size,
+            type_,
+            callback,
+            data,
+            private_segment_size,
+            group_segment_size,
+            queue,
+        );
         if status != HSA_STATUS_SUCCESS {
             b.original.signal_destroy(in_flight);
             return status;
@@ -145,10 +174,19 @@ pub(crate) unsafe extern "C" fn queue_create(
         let q = unsafe { *queue };
         // SAFETY: `q` is the live queue the runtime just created.
         let id = unsafe { (*q).id };
-        let state = Arc::new(QueueState { queue: q, id, agent, in_flight });
+        let state = Arc::new(QueueState {
+            queue: q,
+            id,
+            agent,
+            in_flight,
+        });
         // Per-pass timestamps for dispatch records; harmless for the application.
         b.original.set_profiler_enabled(q, true);
-        let status = b.original.intercept_register(q, Some(crate::dispatch::intercept_handler), Arc::as_ptr(&state).cast_mut().cast());
+        let status = b.original.intercept_register(
+            q,
+            Some(crate::dispatch::intercept_handler),
+            Arc::as_ptr(&state).cast_mut().cast(),
+        );
         if status != HSA_STATUS_SUCCESS {
             b.original.queue_destroy(q);
             b.original.signal_destroy(in_flight);

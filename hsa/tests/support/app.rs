@@ -10,41 +10,15 @@ use std::time::{Duration, Instant};
 
 use hsa_sys::*;
 use kreplay_hsa::{InstallOptions, ToolHooks};
+use kreplay_softhsa::OwnedApiTable;
 
 /// How long any single wait of a scenario may take before it counts as a failure.
 pub const WAIT: Duration = Duration::from_secs(5);
 
-/// The root table and its core / AMD extension tables, owned together; the root points at the
-/// copies beside it (what the runtime hands a tools library in `OnLoad`).
-pub struct Tables {
-    root: HsaApiTable,
-    core: CoreApiTable,
-    amd: AmdExtTable,
-}
-
-impl Tables {
-    /// Copies softhsa's tables into a leaked, process-lifetime `Tables` and points the root at
-    /// the copies.
-    fn from_softhsa() -> *mut Tables {
-        let source = kreplay_softhsa::api_table();
-        // SAFETY: softhsa's table and its sub-tables are valid statics for the whole process;
-        // the copies are plain data (function pointers).
-        let (core, amd) = unsafe { (*source.core_, *source.amd_ext_) };
-        let tables = Box::into_raw(Box::new(Tables { root: *source, core, amd }));
-        // SAFETY: `tables` was just leaked, so it is valid and uniquely ours here; the root now
-        // points at the copies that live beside it for the rest of the process.
-        unsafe {
-            (*tables).root.core_ = &raw mut (*tables).core;
-            (*tables).root.amd_ext_ = &raw mut (*tables).amd;
-        }
-        tables
-    }
-}
-
 /// Calls one entry of the (wrapped) table copy.
 macro_rules! hsa {
     ($app:expr, $table:ident . $entry:ident ( $($arg:expr),* $(,)? )) => {{
-        let f = $app.tables().$table.$entry.expect(concat!("table entry ", stringify!($entry)));
+        let f = $app.$table().$entry.expect(concat!("table entry ", stringify!($entry)));
         // SAFETY: the entry is softhsa's (or kreplay's wrapper of it); every call site passes
         // arguments that satisfy that HSA function's contract (valid out pointers, live handles).
         unsafe { f($($arg),*) }
@@ -52,13 +26,16 @@ macro_rules! hsa {
 }
 
 fn ok(status: hsa_status_t, what: &str) {
-    assert_eq!(status, HSA_STATUS_SUCCESS, "{what} failed with status {status:#x}");
+    assert_eq!(
+        status, HSA_STATUS_SUCCESS,
+        "{what} failed with status {status:#x}"
+    );
 }
 
 /// The application: a handle to the table copy kreplay was installed into.
 #[derive(Clone, Copy)]
 pub struct App {
-    tables: &'static Tables,
+    table: &'static HsaApiTable,
     /// The CPU agent.
     pub cpu: hsa_agent_t,
     /// GPU agents 0 and 1.
@@ -66,8 +43,8 @@ pub struct App {
     ticks_per_second: u64,
 }
 
-// SAFETY: `Tables` holds function pointers and pointers to its own (never modified after
-// installation) sub-tables; the HSA API is callable from any thread.
+// SAFETY: the table holds function pointers and pointers to its own sub-tables, never modified
+// after installation; the HSA API is callable from any thread.
 unsafe impl Send for App {}
 // SAFETY: see `Send`; the tables are only read.
 unsafe impl Sync for App {}
@@ -109,7 +86,13 @@ pub struct Aql([u8; 64]);
 
 impl Aql {
     /// A kernel dispatch packet (1-D grid, system-scope fences, no barrier bit).
-    pub fn dispatch(kernel: u64, grid: u32, workgroup: u16, kernarg: Ptr, completion: hsa_signal_t) -> Aql {
+    pub fn dispatch(
+        kernel: u64,
+        grid: u32,
+        workgroup: u16,
+        kernarg: Ptr,
+        completion: hsa_signal_t,
+    ) -> Aql {
         let header = (HSA_PACKET_TYPE_KERNEL_DISPATCH << HSA_PACKET_HEADER_TYPE)
             | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCACQUIRE_FENCE_SCOPE)
             | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCRELEASE_FENCE_SCOPE);
@@ -148,76 +131,145 @@ impl Aql {
         Aql(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
     }
 
+    /// The same packet with its barrier bit set (it starts only after every earlier packet of
+    /// its queue completed).
+    pub fn with_barrier(mut self) -> Aql {
+        self.0[1] |= 1 << (HSA_PACKET_HEADER_BARRIER - 8);
+        self
+    }
+
+    /// Replaces a dispatch packet's kernel object.
+    pub fn set_kernel(&mut self, kernel: u64) {
+        let offset = std::mem::offset_of!(hsa_kernel_dispatch_packet_t, kernel_object);
+        self.0[offset..offset + 8].copy_from_slice(&kernel.to_ne_bytes());
+    }
+
     fn header_and_setup(&self) -> u32 {
         u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
     }
 }
 
-/// Initializes softhsa, installs kreplay into a copy of its table and returns the application
-/// view of that copy.
+/// Initializes softhsa, installs kreplay into a copy of its table (owned for the rest of the
+/// process) and returns the application view of that copy.
 pub fn install(hooks: Arc<dyn ToolHooks>, options: InstallOptions) -> App {
-    let tables = Tables::from_softhsa();
-    // SAFETY: `tables` is valid and leaked; nothing else references it yet.
-    let init = unsafe { (*tables).core.hsa_init_fn }.expect("hsa_init");
-    // SAFETY: hsa_init takes no arguments (the runtime calls OnLoad from inside it).
-    ok(unsafe { init() }, "hsa_init");
+    let table: &'static mut OwnedApiTable = Box::leak(Box::new(OwnedApiTable::softhsa()));
+    // SAFETY: the copy's sub-tables are valid; hsa_init takes no arguments (the runtime calls
+    // a tools library's OnLoad from inside it, after which kreplay is installed below).
+    ok(
+        unsafe { (*table.table().core_).hsa_init_fn.expect("hsa_init")() },
+        "hsa_init",
+    );
     // SAFETY: the root points at valid sub-tables that live for the rest of the process and
     // that only kreplay modifies (here, before any other use).
-    unsafe { kreplay_hsa::install(&raw mut (*tables).root, hooks, options) }.expect("kreplay installs");
-    // SAFETY: installation is over; from now on the tables are only read.
-    let tables: &'static Tables = unsafe { &*tables };
-    App::new(tables)
+    unsafe { kreplay_hsa::install(table.as_mut_ptr(), hooks, options) }.expect("kreplay installs");
+    App::new(table.table())
 }
 
 impl App {
-    fn new(tables: &'static Tables) -> App {
-        let mut app = App { tables, cpu: hsa_agent_t { handle: 0 }, gpus: [hsa_agent_t { handle: 0 }; 2], ticks_per_second: 1 };
+    fn new(table: &'static HsaApiTable) -> App {
+        let mut app = App {
+            table,
+            cpu: hsa_agent_t { handle: 0 },
+            gpus: [hsa_agent_t { handle: 0 }; 2],
+            ticks_per_second: 1,
+        };
         let mut agents: Vec<hsa_agent_t> = Vec::new();
         unsafe extern "C" fn collect(agent: hsa_agent_t, data: *mut c_void) -> hsa_status_t {
             // SAFETY: `data` is the Vec passed below, alive for the walk.
             unsafe { (*data.cast::<Vec<hsa_agent_t>>()).push(agent) };
             HSA_STATUS_SUCCESS
         }
-        ok(hsa!(app, core.hsa_iterate_agents_fn(Some(collect), (&raw mut agents).cast())), "hsa_iterate_agents");
-        let gpus: Vec<_> = agents.iter().copied().filter(|&a| app.device_type(a) == HSA_DEVICE_TYPE_GPU).collect();
-        app.cpu = *agents.iter().find(|&&a| app.device_type(a) == HSA_DEVICE_TYPE_CPU).expect("a CPU agent");
-        assert!(gpus.len() >= 2, "softhsa is configured with two GPU agents, found {}", gpus.len());
+        ok(
+            hsa!(
+                app,
+                core.hsa_iterate_agents_fn(Some(collect), (&raw mut agents).cast())
+            ),
+            "hsa_iterate_agents",
+        );
+        let gpus: Vec<_> = agents
+            .iter()
+            .copied()
+            .filter(|&a| app.device_type(a) == HSA_DEVICE_TYPE_GPU)
+            .collect();
+        app.cpu = *agents
+            .iter()
+            .find(|&&a| app.device_type(a) == HSA_DEVICE_TYPE_CPU)
+            .expect("a CPU agent");
+        assert!(
+            gpus.len() >= 2,
+            "softhsa is configured with two GPU agents, found {}",
+            gpus.len()
+        );
         app.gpus = [gpus[0], gpus[1]];
         let mut hz = 0u64;
         ok(
-            hsa!(app, core.hsa_system_get_info_fn(HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&raw mut hz).cast())),
+            hsa!(
+                app,
+                core.hsa_system_get_info_fn(
+                    HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
+                    (&raw mut hz).cast()
+                )
+            ),
             "timestamp frequency",
         );
         app.ticks_per_second = hz.max(1);
         app
     }
 
-    fn tables(&self) -> &'static Tables {
-        self.tables
+    fn core(&self) -> &'static CoreApiTable {
+        // SAFETY: the root's core table is valid for the process (leaked `OwnedApiTable`).
+        unsafe { &*self.table.core_ }
+    }
+
+    fn amd(&self) -> &'static AmdExtTable {
+        // SAFETY: as for `core`.
+        unsafe { &*self.table.amd_ext_ }
     }
 
     fn device_type(&self, agent: hsa_agent_t) -> hsa_device_type_t {
         let mut device: hsa_device_type_t = 0;
-        ok(hsa!(self, core.hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_DEVICE, (&raw mut device).cast())), "agent info");
+        ok(
+            hsa!(
+                self,
+                core.hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_DEVICE, (&raw mut device).cast())
+            ),
+            "agent info",
+        );
         device
     }
 
     fn pool_u32(&self, pool: hsa_amd_memory_pool_t, attribute: hsa_amd_memory_pool_info_t) -> u32 {
         let mut value = 0u64;
-        ok(hsa!(self, amd.hsa_amd_memory_pool_get_info_fn(pool, attribute, (&raw mut value).cast())), "pool info");
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_memory_pool_get_info_fn(pool, attribute, (&raw mut value).cast())
+            ),
+            "pool info",
+        );
         value as u32
     }
 
     /// Every global pool of `agent` that allows runtime allocation, with its global flags.
     fn global_pools(&self, agent: hsa_agent_t) -> Vec<(hsa_amd_memory_pool_t, u32)> {
         let mut pools: Vec<hsa_amd_memory_pool_t> = Vec::new();
-        unsafe extern "C" fn collect(pool: hsa_amd_memory_pool_t, data: *mut c_void) -> hsa_status_t {
+        unsafe extern "C" fn collect(
+            pool: hsa_amd_memory_pool_t,
+            data: *mut c_void,
+        ) -> hsa_status_t {
             // SAFETY: `data` is the Vec passed below, alive for the walk.
             unsafe { (*data.cast::<Vec<hsa_amd_memory_pool_t>>()).push(pool) };
             HSA_STATUS_SUCCESS
         }
         ok(
-            hsa!(self, amd.hsa_amd_agent_iterate_memory_pools_fn(agent, Some(collect), (&raw mut pools).cast())),
+            hsa!(
+                self,
+                amd.hsa_amd_agent_iterate_memory_pools_fn(
+                    agent,
+                    Some(collect),
+                    (&raw mut pools).cast()
+                )
+            ),
             "iterate pools",
         );
         pools
@@ -238,11 +290,19 @@ impl App {
                 .iter()
                 .find(|(_, f)| f & want != 0 && f & not == 0)
                 .map(|(p, _)| *p)
-                .unwrap_or_else(|| panic!("agent {} has no pool with flags {want:#x} (pools: {pools:?})", agent.handle))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "agent {} has no pool with flags {want:#x} (pools: {pools:?})",
+                        agent.handle
+                    )
+                })
         };
         Pools {
             coarse: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED, 0),
-            fine: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED, HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT),
+            fine: find(
+                HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED,
+                HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT,
+            ),
             kernarg: find(HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT, 0),
         }
     }
@@ -259,14 +319,23 @@ impl App {
     /// Allocates `bytes` from `pool` through the (wrapped) table.
     pub fn alloc(&self, pool: hsa_amd_memory_pool_t, bytes: usize) -> Ptr {
         let mut ptr: *mut c_void = std::ptr::null_mut();
-        ok(hsa!(self, amd.hsa_amd_memory_pool_allocate_fn(pool, bytes, 0, &raw mut ptr)), "pool allocate");
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_memory_pool_allocate_fn(pool, bytes, 0, &raw mut ptr)
+            ),
+            "pool allocate",
+        );
         assert!(!ptr.is_null());
         Ptr(ptr as u64)
     }
 
     /// Frees an allocation through the (wrapped) table.
     pub fn free(&self, ptr: Ptr) {
-        ok(hsa!(self, amd.hsa_amd_memory_pool_free_fn(ptr.raw())), "pool free");
+        ok(
+            hsa!(self, amd.hsa_amd_memory_pool_free_fn(ptr.raw())),
+            "pool free",
+        );
     }
 
     /// Allocates a buffer of `values` in `pool` and writes them.
@@ -279,7 +348,14 @@ impl App {
     /// Writes `values` at `ptr` with `hsa_memory_copy`.
     pub fn write(&self, ptr: Ptr, values: &[u32]) {
         ok(
-            hsa!(self, core.hsa_memory_copy_fn(ptr.raw(), values.as_ptr().cast(), std::mem::size_of_val(values))),
+            hsa!(
+                self,
+                core.hsa_memory_copy_fn(
+                    ptr.raw(),
+                    values.as_ptr().cast(),
+                    std::mem::size_of_val(values)
+                )
+            ),
             "memory copy to device",
         );
     }
@@ -288,7 +364,10 @@ impl App {
     pub fn read(&self, ptr: Ptr, len: usize) -> Vec<u32> {
         let mut out = vec![0u32; len];
         ok(
-            hsa!(self, core.hsa_memory_copy_fn(out.as_mut_ptr().cast(), ptr.0 as *const c_void, len * 4)),
+            hsa!(
+                self,
+                core.hsa_memory_copy_fn(out.as_mut_ptr().cast(), ptr.0 as *const c_void, len * 4)
+            ),
             "memory copy from device",
         );
         out
@@ -305,9 +384,21 @@ impl App {
 
     /// The size and owner of the allocation containing `ptr`, as the runtime reports it.
     pub fn allocation_size(&self, ptr: Ptr) -> u64 {
-        let mut info = hsa_amd_pointer_info_t { size: std::mem::size_of::<hsa_amd_pointer_info_t>() as u32, ..Default::default() };
+        let mut info = hsa_amd_pointer_info_t {
+            size: std::mem::size_of::<hsa_amd_pointer_info_t>() as u32,
+            ..Default::default()
+        };
         ok(
-            hsa!(self, amd.hsa_amd_pointer_info_fn(ptr.raw(), &raw mut info, None, std::ptr::null_mut(), std::ptr::null_mut())),
+            hsa!(
+                self,
+                amd.hsa_amd_pointer_info_fn(
+                    ptr.raw(),
+                    &raw mut info,
+                    None,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut()
+                )
+            ),
             "pointer info",
         );
         info.sizeInBytes as u64
@@ -317,7 +408,19 @@ impl App {
     pub fn queue(&self, agent: hsa_agent_t) -> Queue {
         let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
         ok(
-            hsa!(self, core.hsa_queue_create_fn(agent, 64, HSA_QUEUE_TYPE_MULTI, None, std::ptr::null_mut(), 0, 0, &raw mut queue)),
+            hsa!(
+                self,
+                core.hsa_queue_create_fn(
+                    agent,
+                    64,
+                    HSA_QUEUE_TYPE_MULTI,
+                    None,
+                    std::ptr::null_mut(),
+                    0,
+                    0,
+                    &raw mut queue
+                )
+            ),
             "queue create",
         );
         Queue(queue)
@@ -325,7 +428,10 @@ impl App {
 
     /// Destroys a queue.
     pub fn destroy_queue(&self, queue: Queue) {
-        ok(hsa!(self, core.hsa_queue_destroy_fn(queue.0)), "queue destroy");
+        ok(
+            hsa!(self, core.hsa_queue_destroy_fn(queue.0)),
+            "queue destroy",
+        );
     }
 
     /// Writes `packets` into `queue` (body first, header last with release order) and rings
@@ -334,25 +440,37 @@ impl App {
     pub fn submit(&self, queue: Queue, packets: &[Aql]) {
         // SAFETY: `queue.0` is a live queue this application created.
         let q = unsafe { &*queue.0 };
-        let first = hsa!(self, core.hsa_queue_add_write_index_scacq_screl_fn(queue.0, packets.len() as u64));
+        let first = hsa!(
+            self,
+            core.hsa_queue_add_write_index_scacq_screl_fn(queue.0, packets.len() as u64)
+        );
         for (i, packet) in packets.iter().enumerate() {
             let index = first + i as u64;
             let deadline = Instant::now() + WAIT;
-            while index - hsa!(self, core.hsa_queue_load_read_index_scacquire_fn(queue.0)) >= u64::from(q.size) {
+            while index - hsa!(self, core.hsa_queue_load_read_index_scacquire_fn(queue.0))
+                >= u64::from(q.size)
+            {
                 assert!(Instant::now() < deadline, "queue {} stayed full", q.id);
                 std::thread::yield_now();
             }
-            let slot = (q.base_address as usize + (index % u64::from(q.size)) as usize * 64) as *mut u8;
+            let slot =
+                (q.base_address as usize + (index % u64::from(q.size)) as usize * 64) as *mut u8;
             // SAFETY: `slot` is the 64-byte ring slot this application claimed; bytes 4..64 are
             // the packet body, written before the header publishes it.
             unsafe { std::ptr::copy_nonoverlapping(packet.0.as_ptr().add(4), slot.add(4), 60) };
             // SAFETY: the slot is 64-byte aligned, so its first 4 bytes are an aligned u32 that
             // the packet processor reads atomically; release order publishes the body.
             let header = unsafe { &*slot.cast::<std::sync::atomic::AtomicU32>() };
-            header.store(packet.header_and_setup(), std::sync::atomic::Ordering::Release);
+            header.store(
+                packet.header_and_setup(),
+                std::sync::atomic::Ordering::Release,
+            );
         }
         let last = first + packets.len() as u64 - 1;
-        hsa!(self, core.hsa_signal_store_screlease_fn(q.doorbell_signal, last as i64));
+        hsa!(
+            self,
+            core.hsa_signal_store_screlease_fn(q.doorbell_signal, last as i64)
+        );
     }
 
     /// Dispatches one kernel on `queue`.
@@ -363,7 +481,13 @@ impl App {
     /// A signal with `initial` value.
     pub fn signal(&self, initial: i64) -> hsa_signal_t {
         let mut signal = hsa_signal_t { handle: 0 };
-        ok(hsa!(self, core.hsa_signal_create_fn(initial, 0, std::ptr::null(), &raw mut signal)), "signal create");
+        ok(
+            hsa!(
+                self,
+                core.hsa_signal_create_fn(initial, 0, std::ptr::null(), &raw mut signal)
+            ),
+            "signal create",
+        );
         signal
     }
 
@@ -377,9 +501,18 @@ impl App {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let ticks = (left.as_nanos() * u128::from(self.ticks_per_second) / 1_000_000_000) as u64;
-            let value =
-                hsa!(self, core.hsa_signal_wait_scacquire_fn(signal, HSA_SIGNAL_CONDITION_EQ, 0, ticks, HSA_WAIT_STATE_BLOCKED));
+            let ticks =
+                (left.as_nanos() * u128::from(self.ticks_per_second) / 1_000_000_000) as u64;
+            let value = hsa!(
+                self,
+                core.hsa_signal_wait_scacquire_fn(
+                    signal,
+                    HSA_SIGNAL_CONDITION_EQ,
+                    0,
+                    ticks,
+                    HSA_WAIT_STATE_BLOCKED
+                )
+            );
             if value == 0 || Instant::now() >= deadline {
                 return value;
             }
@@ -388,11 +521,58 @@ impl App {
 
     /// Asynchronously copies `bytes` from `src` (owned by `src_agent`) to `dst` (owned by
     /// `dst_agent`), decrementing `completion` when it landed.
-    pub fn async_copy(&self, dst: Ptr, dst_agent: hsa_agent_t, src: Ptr, src_agent: hsa_agent_t, bytes: usize, completion: hsa_signal_t) {
+    pub fn async_copy(
+        &self,
+        dst: Ptr,
+        dst_agent: hsa_agent_t,
+        src: Ptr,
+        src_agent: hsa_agent_t,
+        bytes: usize,
+        completion: hsa_signal_t,
+    ) {
         ok(
             hsa!(
                 self,
-                amd.hsa_amd_memory_async_copy_fn(dst.raw(), dst_agent, src.0 as *const c_void, src_agent, bytes, 0, std::ptr::null(), completion)
+                amd.hsa_amd_memory_async_copy_fn(
+                    dst.raw(),
+                    dst_agent,
+                    src.0 as *const c_void,
+                    src_agent,
+                    bytes,
+                    0,
+                    std::ptr::null(),
+                    completion
+                )
+            ),
+            "async copy",
+        );
+    }
+
+    /// Like [`async_copy`](Self::async_copy), starting only once `dependency` reached 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn async_copy_after(
+        &self,
+        dst: Ptr,
+        dst_agent: hsa_agent_t,
+        src: Ptr,
+        src_agent: hsa_agent_t,
+        bytes: usize,
+        dependency: hsa_signal_t,
+        completion: hsa_signal_t,
+    ) {
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_memory_async_copy_fn(
+                    dst.raw(),
+                    dst_agent,
+                    src.0 as *const c_void,
+                    src_agent,
+                    bytes,
+                    1,
+                    &dependency,
+                    completion
+                )
             ),
             "async copy",
         );
@@ -411,8 +591,9 @@ unsafe extern "C" fn observe_and_forward(
     writer: hsa_amd_queue_intercept_packet_writer,
 ) {
     // SAFETY: the runtime hands `count` 64-byte packets at `packets`, valid for this call; they
-    // are copied.
-    let copied: Vec<Aql> = unsafe { std::slice::from_raw_parts(packets.cast::<Aql>(), count as usize) }.to_vec();
+    // are copied byte-wise (a writer's caller need not align them to 64 bytes).
+    let bytes = unsafe { std::slice::from_raw_parts(packets.cast::<[u8; 64]>(), count as usize) };
+    let copied: Vec<Aql> = bytes.iter().map(|b| Aql(*b)).collect();
     // SAFETY: `data` is the leaked `Forwarded` registered with this handler.
     unsafe { &*data.cast::<Forwarded>() }.lock().push(copied);
     if let Some(writer) = writer {
@@ -451,7 +632,9 @@ impl Aql {
     pub fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
         (self.packet_type() == HSA_PACKET_TYPE_KERNEL_DISPATCH)
             // SAFETY: 64 bytes of plain data in the dispatch layout.
-            .then(|| unsafe { std::mem::transmute::<[u8; 64], hsa_kernel_dispatch_packet_t>(self.0) })
+            .then(|| unsafe {
+                std::mem::transmute::<[u8; 64], hsa_kernel_dispatch_packet_t>(self.0)
+            })
     }
 }
 

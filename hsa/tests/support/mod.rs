@@ -41,9 +41,10 @@ pub fn isolated(name: &str, scenario: fn()) {
     // The pipes close when the child exits; readers report through a channel so the wait is
     // bounded by a deadline.
     let (tx, rx) = mpsc::channel::<(usize, String)>();
-    let mut pipes: Vec<Box<dyn Read + Send>> = Vec::new();
-    pipes.push(Box::new(child.stdout.take().expect("piped stdout")));
-    pipes.push(Box::new(child.stderr.take().expect("piped stderr")));
+    let pipes: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(child.stdout.take().expect("piped stdout")),
+        Box::new(child.stderr.take().expect("piped stderr")),
+    ];
     for (i, mut pipe) in pipes.into_iter().enumerate() {
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -69,10 +70,22 @@ pub fn isolated(name: &str, scenario: fn()) {
         let _ = child.kill();
     }
     let status = child.wait().expect("the scenario's process is waited for");
-    let report = format!("--- stdout of {name} ---\n{}\n--- stderr of {name} ---\n{}", output[0], output[1]);
-    assert!(!timed_out, "scenario {name} did not finish within {CHILD_DEADLINE:?}\n{report}");
-    assert!(status.success(), "scenario {name} failed ({status})\n{report}");
-    assert!(output[0].contains(&format!("{DONE_MARK}{name}")), "scenario {name} did not run its body\n{report}");
+    let report = format!(
+        "--- stdout of {name} ---\n{}\n--- stderr of {name} ---\n{}",
+        output[0], output[1]
+    );
+    assert!(
+        !timed_out,
+        "scenario {name} did not finish within {CHILD_DEADLINE:?}\n{report}"
+    );
+    assert!(
+        status.success(),
+        "scenario {name} failed ({status})\n{report}"
+    );
+    assert!(
+        output[0].contains(&format!("{DONE_MARK}{name}")),
+        "scenario {name} did not run its body\n{report}"
+    );
 }
 
 /// Declares scenarios: each becomes a `#[test]` that runs its body in a process of its own.

@@ -9,7 +9,8 @@ use std::time::Instant;
 use kreplay_ctxmask::{ContextId, ContextRegistry};
 use kreplay_hsa::{DispatchRecord, ToolHooks};
 use kreplay_passloop::{
-    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool, RestoreRequest, ToolAnswer,
+    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
+    RestoreRequest, ToolAnswer,
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -19,13 +20,47 @@ use super::app::WAIT;
 /// CONFIG ENTER (the C ABI's `user_data`): every later callback of the dispatch reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    ConfigEnter { token: u64, info: DispatchInfo },
-    PassEnter { token: u64, dispatch: u64, pass: u64, total: u64 },
-    PassExit { token: u64, dispatch: u64, pass: u64, total: u64 },
-    Continue { token: u64, dispatch: u64, pass: u64, total: u64, answer: bool },
-    Snapshot { token: u64, dispatch: u64, phase: Phase, report: MemoryOpReport },
-    Restore { token: u64, dispatch: u64, phase: Phase, request: RestoreRequest, report: MemoryOpReport },
-    ConfigExit { token: u64, dispatch: u64, outcome: ReplayOutcome },
+    ConfigEnter {
+        token: u64,
+        info: DispatchInfo,
+    },
+    PassEnter {
+        token: u64,
+        dispatch: u64,
+        pass: u64,
+        total: u64,
+    },
+    PassExit {
+        token: u64,
+        dispatch: u64,
+        pass: u64,
+        total: u64,
+    },
+    Continue {
+        token: u64,
+        dispatch: u64,
+        pass: u64,
+        total: u64,
+        answer: bool,
+    },
+    Snapshot {
+        token: u64,
+        dispatch: u64,
+        phase: Phase,
+        report: MemoryOpReport,
+    },
+    Restore {
+        token: u64,
+        dispatch: u64,
+        phase: Phase,
+        request: RestoreRequest,
+        report: MemoryOpReport,
+    },
+    ConfigExit {
+        token: u64,
+        dispatch: u64,
+        outcome: ReplayOutcome,
+    },
 }
 
 impl Event {
@@ -63,7 +98,9 @@ impl Event {
             Event::PassExit { pass, .. } => format!("pass-exit-{pass}"),
             Event::Continue { pass, answer, .. } => format!("continue-{pass}-{answer}"),
             Event::Snapshot { phase, .. } => format!("snapshot-{}", phase_name(*phase)),
-            Event::Restore { phase, request, .. } => format!("restore-{}-{}", phase_name(*phase), request.next_pass),
+            Event::Restore { phase, request, .. } => {
+                format!("restore-{}-{}", phase_name(*phase), request.next_pass)
+            }
             Event::ConfigExit { .. } => "config-exit".into(),
         }
     }
@@ -93,8 +130,16 @@ pub struct Script {
 
 impl Script {
     /// Answers every CONFIG ENTER with `answer`.
-    pub fn new(answer: impl Fn(&TestHooks, &DispatchInfo) -> ToolAnswer + Send + Sync + 'static) -> Script {
-        Script { answer: Box::new(answer), pass_enter: None, pass_exit: None, should_continue: None, snapshot: None }
+    pub fn new(
+        answer: impl Fn(&TestHooks, &DispatchInfo) -> ToolAnswer + Send + Sync + 'static,
+    ) -> Script {
+        Script {
+            answer: Box::new(answer),
+            pass_enter: None,
+            pass_exit: None,
+            should_continue: None,
+            snapshot: None,
+        }
     }
 
     /// The same number of passes for every dispatch.
@@ -103,7 +148,10 @@ impl Script {
     }
 
     /// Runs `f` at PASS ENTER (the context toggles are armed while it runs).
-    pub fn on_pass_enter(mut self, f: impl Fn(&TestHooks, &DispatchInfo, u64, u64) + Send + Sync + 'static) -> Script {
+    pub fn on_pass_enter(
+        mut self,
+        f: impl Fn(&TestHooks, &DispatchInfo, u64, u64) + Send + Sync + 'static,
+    ) -> Script {
         self.pass_enter = Some(Box::new(f));
         self
     }
@@ -118,13 +166,19 @@ impl Script {
     }
 
     /// Runs `f` at SNAPSHOT ENTER and EXIT.
-    pub fn on_snapshot(mut self, f: impl Fn(&TestHooks, &DispatchInfo, Phase) + Send + Sync + 'static) -> Script {
+    pub fn on_snapshot(
+        mut self,
+        f: impl Fn(&TestHooks, &DispatchInfo, Phase) + Send + Sync + 'static,
+    ) -> Script {
         self.snapshot = Some(Box::new(f));
         self
     }
 
     /// The continue callback.
-    pub fn on_continue(mut self, f: impl Fn(&TestHooks, &DispatchInfo, u64, u64) -> bool + Send + Sync + 'static) -> Script {
+    pub fn on_continue(
+        mut self,
+        f: impl Fn(&TestHooks, &DispatchInfo, u64, u64) -> bool + Send + Sync + 'static,
+    ) -> Script {
         self.should_continue = Some(Box::new(f));
         self
     }
@@ -194,7 +248,10 @@ impl TestHooks {
 
     /// The replay callbacks of one dispatch.
     pub fn events_of(&self, dispatch: u64) -> Vec<Event> {
-        self.events().into_iter().filter(|e| e.dispatch() == dispatch).collect()
+        self.events()
+            .into_iter()
+            .filter(|e| e.dispatch() == dispatch)
+            .collect()
     }
 
     /// Labels of the replay callbacks of one dispatch, in order.
@@ -217,22 +274,8 @@ impl TestHooks {
         self.warned_keys.lock().clone()
     }
 
-    /// Waits (at most [`WAIT`]) until `n` dispatches went through the replay loop and returns
-    /// their records in completion order. The application's completion fires before the loop's
-    /// record is delivered, so a scenario waits here rather than on its signal alone.
-    pub fn wait_finished(&self, n: usize) -> Vec<ReplayRecord> {
-        let deadline = Instant::now() + WAIT;
-        let mut finished = self.finished.lock();
-        while finished.len() < n {
-            if self.finished_changed.wait_until(&mut finished, deadline).timed_out() {
-                break;
-            }
-        }
-        assert!(finished.len() >= n, "only {} of {n} dispatches finished the replay loop in time", finished.len());
-        finished.clone()
-    }
-
-    /// The loop record of one dispatch (waiting for it like [`wait_finished`](Self::wait_finished)).
+    /// The loop record of one dispatch (waiting at most [`WAIT`] for it: the application's
+    /// completion fires before the loop's record is delivered).
     pub fn finished_record(&self, dispatch: u64) -> ReplayRecord {
         let deadline = Instant::now() + WAIT;
         let mut finished = self.finished.lock();
@@ -240,7 +283,11 @@ impl TestHooks {
             if let Some(record) = finished.iter().find(|r| r.info.dispatch_id == dispatch) {
                 return record.clone();
             }
-            if self.finished_changed.wait_until(&mut finished, deadline).timed_out() {
+            if self
+                .finished_changed
+                .wait_until(&mut finished, deadline)
+                .timed_out()
+            {
                 panic!("dispatch {dispatch} never finished the replay loop");
             }
         }
@@ -272,7 +319,11 @@ impl ToolHooks for TestHooks {
     }
 
     fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
-        Box::new(Adapter { hooks: self, script: self.script.read().clone(), token: 0 })
+        Box::new(Adapter {
+            hooks: self,
+            script: self.script.read().clone(),
+            token: 0,
+        })
     }
 
     fn contexts(&self) -> &ContextRegistry {
@@ -280,7 +331,12 @@ impl ToolHooks for TestHooks {
     }
 
     fn dispatch_completed(&self, record: &DispatchRecord) {
-        let kept: Vec<_> = self.tracing.iter().filter(|&&c| self.registry.is_active(c)).map(|&c| (c, *record)).collect();
+        let kept: Vec<_> = self
+            .tracing
+            .iter()
+            .filter(|&&c| self.registry.is_active(c))
+            .map(|&c| (c, *record))
+            .collect();
         self.records.lock().extend(kept);
     }
 
@@ -310,40 +366,87 @@ struct Adapter<'a> {
 impl ReplayTool for Adapter<'_> {
     fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer {
         self.token = self.hooks.next_token.fetch_add(1, Ordering::Relaxed);
-        self.hooks.push(Event::ConfigEnter { token: self.token, info: *info });
+        self.hooks.push(Event::ConfigEnter {
+            token: self.token,
+            info: *info,
+        });
         (self.script.answer)(self.hooks, info)
     }
 
     fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total: u64) {
-        self.hooks.push(Event::PassEnter { token: self.token, dispatch: info.dispatch_id, pass, total });
+        self.hooks.push(Event::PassEnter {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            pass,
+            total,
+        });
         if let Some(f) = &self.script.pass_enter {
             f(self.hooks, info, pass, total);
         }
     }
 
     fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total: u64) -> ContinueChange {
-        self.hooks.push(Event::PassExit { token: self.token, dispatch: info.dispatch_id, pass, total });
-        self.script.pass_exit.as_ref().map_or(ContinueChange::Keep, |f| f(self.hooks, info, pass, total))
+        self.hooks.push(Event::PassExit {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            pass,
+            total,
+        });
+        self.script
+            .pass_exit
+            .as_ref()
+            .map_or(ContinueChange::Keep, |f| f(self.hooks, info, pass, total))
     }
 
     fn should_continue(&mut self, info: &DispatchInfo, pass: u64, total: u64) -> bool {
-        let answer = self.script.should_continue.as_ref().is_none_or(|f| f(self.hooks, info, pass, total));
-        self.hooks.push(Event::Continue { token: self.token, dispatch: info.dispatch_id, pass, total, answer });
+        let answer = self
+            .script
+            .should_continue
+            .as_ref()
+            .is_none_or(|f| f(self.hooks, info, pass, total));
+        self.hooks.push(Event::Continue {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            pass,
+            total,
+            answer,
+        });
         answer
     }
 
     fn snapshot(&mut self, info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
-        self.hooks.push(Event::Snapshot { token: self.token, dispatch: info.dispatch_id, phase, report: *report });
+        self.hooks.push(Event::Snapshot {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            phase,
+            report: *report,
+        });
         if let Some(f) = &self.script.snapshot {
             f(self.hooks, info, phase);
         }
     }
 
-    fn restore(&mut self, info: &DispatchInfo, phase: Phase, request: &RestoreRequest, report: &MemoryOpReport) {
-        self.hooks.push(Event::Restore { token: self.token, dispatch: info.dispatch_id, phase, request: *request, report: *report });
+    fn restore(
+        &mut self,
+        info: &DispatchInfo,
+        phase: Phase,
+        request: &RestoreRequest,
+        report: &MemoryOpReport,
+    ) {
+        self.hooks.push(Event::Restore {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            phase,
+            request: *request,
+            report: *report,
+        });
     }
 
     fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome) {
-        self.hooks.push(Event::ConfigExit { token: self.token, dispatch: info.dispatch_id, outcome: outcome.clone() });
+        self.hooks.push(Event::ConfigExit {
+            token: self.token,
+            dispatch: info.dispatch_id,
+            outcome: outcome.clone(),
+        });
     }
 }
