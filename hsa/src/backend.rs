@@ -28,11 +28,17 @@ pub(crate) struct Backend {
     pub(crate) skip_restore: bool,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
+    /// Per agent: see [`Backend::host_visible_device_memory`].
+    host_visible: parking_lot::Mutex<std::collections::HashMap<u64, bool>>,
     finalized: AtomicBool,
     next_dispatch_id: AtomicU64,
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
+
+/// Vendor name the software HSA runtime (kreplay-softhsa) reports for its agents, whose device
+/// memory is host memory.
+pub(crate) const SOFTWARE_RUNTIME_VENDOR: &str = "kreplay";
 
 /// The installed backend. Only the wrappers call this, and they exist only after installation.
 pub(crate) fn backend() -> &'static Backend {
@@ -85,6 +91,19 @@ impl Backend {
         true
     }
 
+    /// Whether the CPU may read and write `agent`'s device memory directly at the address the
+    /// runtime reports as `hostBaseAddress`. Only the software runtime (vendor
+    /// [`SOFTWARE_RUNTIME_VENDOR`]) guarantees that for coarse-grained memory; on a real GPU the
+    /// snapshot goes through the runtime's copies instead. Cached per agent.
+    pub(crate) fn host_visible_device_memory(&self, agent: hsa_agent_t) -> bool {
+        if let Some(&visible) = self.host_visible.lock().get(&agent.handle) {
+            return visible;
+        }
+        let visible = self.original.agent_vendor(agent).as_deref() == Some(SOFTWARE_RUNTIME_VENDOR);
+        self.host_visible.lock().insert(agent.handle, visible);
+        visible
+    }
+
     pub(crate) fn next_dispatch_id(&self) -> u64 {
         self.next_dispatch_id.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -130,6 +149,7 @@ pub(crate) unsafe fn install(
         drain: options.drain,
         skip_restore: options.skip_restore,
         ticks_per_second,
+        host_visible: parking_lot::Mutex::default(),
         finalized: AtomicBool::new(false),
         next_dispatch_id: AtomicU64::new(0),
     };

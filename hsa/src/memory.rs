@@ -142,7 +142,11 @@ impl DeviceMemory for HsaMemory {
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
-        let info = backend().original.pointer_info(addr as *const c_void)?;
+        let b = backend();
+        let info = b.original.pointer_info(addr as *const c_void)?;
+        if !b.host_visible_device_memory(info.agentOwner) {
+            return None;
+        }
         let host = info.hostBaseAddress as u64;
         let base = info.agentBaseAddress as u64;
         let end = base.checked_add(info.sizeInBytes as u64)?;

@@ -197,6 +197,20 @@ impl Original {
         (status == HSA_STATUS_SUCCESS).then_some(device)
     }
 
+    /// The agent's vendor name (`HSA_AGENT_INFO_VENDOR_NAME`).
+    pub(crate) fn agent_vendor(&self, agent: hsa_agent_t) -> Option<String> {
+        let mut name = [0u8; 64];
+        // HSA_AGENT_INFO_VENDOR_NAME writes a NUL-padded char[64].
+        let status = call!(
+            self.core,
+            hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_VENDOR_NAME, name.as_mut_ptr().cast())
+        );
+        (status == HSA_STATUS_SUCCESS).then(|| {
+            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            String::from_utf8_lossy(&name[..len]).into_owned()
+        })
+    }
+
     /// The agent's first pool that is global, coarse-grained and allows runtime allocation.
     pub(crate) fn coarse_pool(&self, agent: hsa_agent_t) -> Option<hsa_amd_memory_pool_t> {
         unsafe extern "C" fn visit(pool: hsa_amd_memory_pool_t, data: *mut c_void) -> hsa_status_t {
