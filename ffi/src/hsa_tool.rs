@@ -178,8 +178,8 @@ impl ToolHooks for Hooks {
 
     fn dispatch_completed(&self, record: &DispatchRecord) {
         let mut payload = KernelDispatchData::new(dispatch_info(&record.info));
-        payload.start_timestamp = record.start_ticks;
-        payload.end_timestamp = record.end_ticks;
+        payload.start_timestamp = record.start_ns;
+        payload.end_timestamp = record.end_ns;
         if let Some(pass) = record.pass {
             payload.replay_pass = pass;
         }

@@ -108,6 +108,12 @@ impl Backend {
         self.next_dispatch_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Timestamp ticks as nanoseconds.
+    pub(crate) fn nanos(&self, ticks: u64) -> u64 {
+        let ns = u128::from(ticks) * 1_000_000_000 / u128::from(self.ticks_per_second.max(1));
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+
     pub(crate) fn ticks(&self, d: Duration) -> u64 {
         let ticks = d
             .as_nanos()

@@ -253,8 +253,8 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
         b.hooks.dispatch_completed(&DispatchRecord {
             info: traced.info,
             pass: None,
-            start_ticks: start,
-            end_ticks: end,
+            start_ns: b.nanos(start),
+            end_ns: b.nanos(end),
         });
         if traced.application.handle != 0 {
             b.original.signal_subtract(traced.application, 1);
@@ -594,8 +594,8 @@ impl ReplayDevice for HsaReplay<'_> {
             self.b.hooks.dispatch_completed(&DispatchRecord {
                 info: *info,
                 pass: Some(pass),
-                start_ticks: start,
-                end_ticks: end,
+                start_ns: self.b.nanos(start),
+                end_ns: self.b.nanos(end),
             });
         }
         Ok(())

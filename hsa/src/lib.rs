@@ -96,10 +96,10 @@ pub struct DispatchRecord {
     pub info: DispatchInfo,
     /// The pass index when replayed.
     pub pass: Option<u64>,
-    /// Start timestamp in system ticks (0 when the runtime gave none).
-    pub start_ticks: u64,
-    /// End timestamp in system ticks (0 when the runtime gave none).
-    pub end_ticks: u64,
+    /// Start of execution in nanoseconds of the runtime's system clock (0 when it gave none).
+    pub start_ns: u64,
+    /// End of execution in nanoseconds of the runtime's system clock (0 when it gave none).
+    pub end_ns: u64,
 }
 
 /// What the backend needs from the tool layer.

@@ -520,7 +520,7 @@ scenarios! {
             assert_eq!((record.info.queue_id, record.info.agent_id), (queue, agent));
             assert_eq!(record.info.workgroup_size, [workgroup, 1, 1]);
             assert_eq!(record.info.grid_size, [100, 1, 1]);
-            assert!(record.start_ticks > 0 && record.start_ticks <= record.end_ticks, "{record:?}");
+            assert!(record.start_ns > 0 && record.start_ns <= record.end_ns, "{record:?}");
         }
         assert_eq!(runs(6), 3);
         assert!(env.hooks.events().is_empty(), "no replay callbacks without a replay service");
