@@ -48,6 +48,8 @@
 //! unsafe { hsa.queue_destroy(queue) }.unwrap();
 //! ```
 
+#![warn(missing_docs)]
+
 mod api;
 mod copy;
 mod grid;

@@ -63,7 +63,13 @@ impl OwnedApiTable {
                 Box::new(copy_or_default(table.image_ext_)),
             )
         };
-        let mut owned = OwnedApiTable { root: Box::new(*table), core, amd, finalizer, image };
+        let mut owned = OwnedApiTable {
+            root: Box::new(*table),
+            core,
+            amd,
+            finalizer,
+            image,
+        };
         owned.root.core_ = &mut *owned.core;
         owned.root.amd_ext_ = &mut *owned.amd;
         owned.root.finalizer_ext_ = &mut *owned.finalizer;

@@ -1,0 +1,854 @@
+//! Entry points of the AMD extension table (`AmdExtTable`).
+
+use super::core::{QueueCallback, allocate, create_queue, create_signal, for_each};
+use super::{
+    HsaResult, guard_or, info, put, put_bytes, read_array, unsupported_entries, with_runtime,
+};
+use crate::copy::CopyJob;
+use crate::handlers::SignalHandler;
+use crate::memory::{Allocation, Backing};
+use crate::queue::QueueKind;
+use crate::runtime::{self, Runtime};
+use crate::signal::{Order, WaitCondition, condition_holds, wait_any};
+use crate::time::deadline_after;
+use crate::topology::AgentKind;
+use hsa_sys::*;
+use std::ffi::{c_int, c_void};
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::Ordering;
+
+// ---------------------------------------------------------------------------------------------
+// Coherency and profiling
+
+pub(crate) unsafe extern "C" fn hsa_amd_coherency_get_type(
+    agent: hsa_agent_t,
+    coherency_type: *mut hsa_amd_coherency_type_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.gpu_agent(agent.handle)?;
+        // SAFETY: HSA contract: `coherency_type` points to an hsa_amd_coherency_type_t.
+        unsafe { put(coherency_type, HSA_AMD_COHERENCY_TYPE_COHERENT) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_coherency_set_type(
+    agent: hsa_agent_t,
+    coherency_type: hsa_amd_coherency_type_t,
+) -> hsa_status_t {
+    // Host memory is always coherent; both settings are accepted.
+    with_runtime(|rt| {
+        rt.gpu_agent(agent.handle)?;
+        if coherency_type > HSA_AMD_COHERENCY_TYPE_NONCOHERENT {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_profiling_set_profiler_enabled(
+    queue: *mut hsa_queue_t,
+    enable: c_int,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.queue(queue)?.set_profiling(enable != 0);
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_profiling_async_copy_enable(enable: bool) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.async_copy_profiling.store(enable, Ordering::Release);
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_profiling_get_dispatch_time(
+    agent: hsa_agent_t,
+    signal: hsa_signal_t,
+    time: *mut hsa_amd_profiling_dispatch_time_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.gpu_agent(agent.handle)?;
+        let (start, end) = rt.signal(signal.handle)?.dispatch_time();
+        // SAFETY: HSA contract: `time` points to an hsa_amd_profiling_dispatch_time_t.
+        unsafe { put(time, hsa_amd_profiling_dispatch_time_t { start, end }) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_profiling_get_async_copy_time(
+    signal: hsa_signal_t,
+    time: *mut hsa_amd_profiling_async_copy_time_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let (start, end) = rt.signal(signal.handle)?.copy_time();
+        // SAFETY: HSA contract: `time` points to an hsa_amd_profiling_async_copy_time_t.
+        unsafe { put(time, hsa_amd_profiling_async_copy_time_t { start, end }) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_profiling_convert_tick_to_system_domain(
+    agent: hsa_agent_t,
+    agent_tick: u64,
+    system_tick: *mut u64,
+) -> hsa_status_t {
+    // Agents use the system timestamp directly, so the conversion is the identity.
+    with_runtime(|rt| {
+        rt.agent(agent.handle)?;
+        // SAFETY: HSA contract: `system_tick` points to a u64.
+        unsafe { put(system_tick, agent_tick) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals
+
+pub(crate) unsafe extern "C" fn hsa_amd_signal_create(
+    initial_value: hsa_signal_value_t,
+    num_consumers: u32,
+    consumers: *const hsa_agent_t,
+    _attributes: u64,
+    signal: *mut hsa_signal_t,
+) -> hsa_status_t {
+    with_runtime(|rt| create_signal(rt, initial_value, num_consumers, consumers, signal))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_signal_async_handler(
+    signal: hsa_signal_t,
+    cond: hsa_signal_condition_t,
+    value: hsa_signal_value_t,
+    handler: hsa_amd_signal_handler,
+    arg: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let signal = rt.signal(signal.handle)?;
+        let handler = handler.ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        condition_holds(cond, 0, 0).ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        rt.handlers.register(SignalHandler {
+            signal,
+            cond,
+            value,
+            handler,
+            arg: arg as usize,
+        })
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_async_function(
+    callback: Option<unsafe extern "C" fn(*mut c_void)>,
+    arg: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let callback = callback.ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        rt.handlers.call(callback, arg as usize)
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_signal_wait_any(
+    signal_count: u32,
+    signals: *mut hsa_signal_t,
+    conds: *mut hsa_signal_condition_t,
+    values: *mut hsa_signal_value_t,
+    timeout_hint: u64,
+    wait_hint: hsa_wait_state_t,
+    satisfying_value: *mut hsa_signal_value_t,
+) -> u32 {
+    let run = || -> Result<u32, hsa_status_t> {
+        let rt = runtime::current()?;
+        let count = signal_count as usize;
+        if count == 0 {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: each array holds `signal_count` elements.
+        let (handles, conds, values) = unsafe {
+            (
+                read_array(signals, count)?,
+                read_array(conds, count)?,
+                read_array(values, count)?,
+            )
+        };
+        let waits = handles
+            .iter()
+            .zip(conds.iter().zip(values.iter()))
+            .map(|(s, (&cond, &compare))| {
+                Ok(WaitCondition {
+                    signal: rt.signal(s.handle)?,
+                    cond,
+                    compare,
+                })
+            })
+            .collect::<Result<Vec<_>, hsa_status_t>>()?;
+        let (index, value) = wait_any(
+            &waits,
+            deadline_after(timeout_hint),
+            wait_hint,
+            Order::Acquire,
+        )
+        .ok_or(HSA_STATUS_ERROR)?;
+        if !satisfying_value.is_null() {
+            // SAFETY: HSA contract: a non-null `satisfying_value` points to a signal value.
+            unsafe { put(satisfying_value, value)? };
+        }
+        Ok(index as u32)
+    };
+    guard_or(Err(HSA_STATUS_ERROR), run).unwrap_or(u32::MAX)
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_signal_value_pointer(
+    signal: hsa_signal_t,
+    value_ptr: *mut *mut hsa_signal_value_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let signal = rt.signal(signal.handle)?;
+        // SAFETY: HSA contract: `value_ptr` points to storage for a pointer. The value lives as
+        // long as the signal (until hsa_signal_destroy); writes through it wake nobody.
+        unsafe { put(value_ptr, signal.value_ptr()) }
+    })
+}
+
+unsupported_entries! {
+    /// Signals are process-local.
+    hsa_amd_ipc_signal_create(hsa_signal_t, *mut hsa_amd_ipc_signal_t);
+    /// Signals are process-local.
+    hsa_amd_ipc_signal_attach(*const hsa_amd_ipc_signal_t, *mut hsa_signal_t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queues
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn hsa_amd_queue_intercept_create(
+    agent: hsa_agent_t,
+    size: u32,
+    queue_type: hsa_queue_type32_t,
+    callback: QueueCallback,
+    data: *mut c_void,
+    _private_segment_size: u32,
+    _group_segment_size: u32,
+    queue: *mut *mut hsa_queue_t,
+) -> hsa_status_t {
+    create_queue(true, agent, size, queue_type, callback, data, queue)
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_queue_intercept_register(
+    queue: *mut hsa_queue_t,
+    callback: hsa_amd_queue_intercept_handler,
+    user_data: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let q = rt.queue(queue)?;
+        let QueueKind::Intercept(state) = &q.kind else {
+            return Err(HSA_STATUS_ERROR_INVALID_QUEUE);
+        };
+        if state.register(callback, user_data as usize) {
+            Ok(())
+        } else {
+            Err(HSA_STATUS_ERROR_INVALID_ARGUMENT)
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_queue_set_priority(
+    queue: *mut hsa_queue_t,
+    priority: hsa_amd_queue_priority_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        // Every queue gets a thread of its own; priorities are validated and accepted.
+        rt.queue(queue)?;
+        if priority > HSA_AMD_QUEUE_PRIORITY_HIGH {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(())
+    })
+}
+
+fn compute_units(rt: &Runtime) -> usize {
+    rt.config.effective_worker_threads() + 1
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_queue_cu_set_mask(
+    queue: *const hsa_queue_t,
+    num_cu_mask_count: u32,
+    cu_mask: *const u32,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let q = rt.queue(queue)?;
+        if num_cu_mask_count == 0 || !num_cu_mask_count.is_multiple_of(32) || cu_mask.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: `cu_mask` holds num_cu_mask_count bits (checked multiple of 32).
+        let mask = unsafe { read_array(cu_mask, num_cu_mask_count as usize / 32) }?;
+        let units = compute_units(rt);
+        let reduced = mask.iter().enumerate().any(|(word, bits)| {
+            (0..32).any(|bit| bits & (1 << bit) != 0 && word * 32 + bit >= units)
+        });
+        q.set_cu_mask(mask);
+        if reduced {
+            Err(HSA_STATUS_CU_MASK_REDUCED)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_queue_cu_get_mask(
+    queue: *const hsa_queue_t,
+    num_cu_mask_count: u32,
+    cu_mask: *mut u32,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let q = rt.queue(queue)?;
+        if num_cu_mask_count == 0 || cu_mask.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let units = compute_units(rt);
+        let mut mask = q.cu_mask();
+        if mask.is_empty() {
+            mask = (0..units.div_ceil(32))
+                .map(|word| {
+                    let bits = units.saturating_sub(word * 32).min(32);
+                    if bits == 32 {
+                        u32::MAX
+                    } else {
+                        (1u32 << bits) - 1
+                    }
+                })
+                .collect();
+        }
+        let words = num_cu_mask_count.div_ceil(32) as usize;
+        mask.resize(words, 0);
+        let bytes: Vec<u8> = mask.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        // SAFETY: HSA contract: `cu_mask` has room for num_cu_mask_count bits (rounded up to
+        // whole 32-bit words).
+        unsafe { put_bytes(cu_mask.cast(), &bytes) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_runtime_queue_create_register(
+    callback: hsa_amd_runtime_queue_notifier,
+    _user_data: *mut c_void,
+) -> hsa_status_t {
+    // softhsa never creates queues of its own, so the notifier has nothing to report.
+    with_runtime(|_| {
+        callback
+            .map(|_| ())
+            .ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_register_system_event_handler(
+    callback: hsa_amd_system_event_callback_t,
+    _data: *mut c_void,
+) -> hsa_status_t {
+    // softhsa raises no system events (no memory faults on host memory).
+    with_runtime(|_| {
+        callback
+            .map(|_| ())
+            .ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory pools and allocations
+
+type PoolCallback =
+    Option<unsafe extern "C" fn(hsa_amd_memory_pool_t, *mut c_void) -> hsa_status_t>;
+
+fn pool_index(rt: &Runtime, pool: hsa_amd_memory_pool_t) -> Result<usize, hsa_status_t> {
+    rt.topology
+        .pool_index(pool.handle)
+        .ok_or(HSA_STATUS_ERROR_INVALID_MEMORY_POOL)
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_agent_iterate_memory_pools(
+    agent: hsa_agent_t,
+    callback: PoolCallback,
+    data: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let index = rt.agent(agent.handle)?;
+        let callback = callback.ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        let pools = &rt.topology.agents[index].pools;
+        for_each(
+            pools.iter().map(|&p| rt.topology.pools[p].handle),
+            |handle| {
+                // SAFETY: the application's callback, called with (pool, data) per the contract.
+                unsafe { callback(hsa_amd_memory_pool_t { handle }, data) }
+            },
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_get_info(
+    memory_pool: hsa_amd_memory_pool_t,
+    attribute: hsa_amd_memory_pool_info_t,
+    value: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let bytes = info::pool(rt, pool_index(rt, memory_pool)?, attribute)?;
+        // SAFETY: HSA contract: `value` has room for the attribute's type.
+        unsafe { put_bytes(value, &bytes) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_agent_memory_pool_get_info(
+    agent: hsa_agent_t,
+    memory_pool: hsa_amd_memory_pool_t,
+    attribute: hsa_amd_agent_memory_pool_info_t,
+    value: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let agent = rt.agent(agent.handle)?;
+        let bytes = info::agent_pool(rt, agent, pool_index(rt, memory_pool)?, attribute)?;
+        // SAFETY: HSA contract: `value` has room for the attribute's type.
+        unsafe { put_bytes(value, &bytes) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_allocate(
+    memory_pool: hsa_amd_memory_pool_t,
+    size: usize,
+    _flags: u32,
+    ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| allocate(rt, pool_index(rt, memory_pool)?, size, ptr))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_free(ptr: *mut c_void) -> hsa_status_t {
+    // SAFETY: the same contract as hsa_memory_free, which frees any runtime allocation.
+    unsafe { super::core::hsa_memory_free(ptr) }
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_agents_allow_access(
+    num_agents: u32,
+    agents: *const hsa_agent_t,
+    _flags: *const u32,
+    ptr: *const c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if num_agents == 0 || ptr.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: `agents` lists `num_agents` agents.
+        let agents = unsafe { read_array(agents, num_agents as usize) }?;
+        let indices = agents
+            .iter()
+            .map(|a| rt.agent(a.handle))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Memory the runtime did not allocate (plain host memory) is already reachable.
+        let _ = rt.memory.update(ptr as usize, |a| {
+            for index in indices {
+                if !a.granted.contains(&index) {
+                    a.granted.push(index);
+                }
+            }
+        });
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_can_migrate(
+    src_memory_pool: hsa_amd_memory_pool_t,
+    dst_memory_pool: hsa_amd_memory_pool_t,
+    result: *mut bool,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        pool_index(rt, src_memory_pool)?;
+        pool_index(rt, dst_memory_pool)?;
+        // SAFETY: HSA contract: `result` points to a bool.
+        unsafe { put(result, false) }
+    })
+}
+
+/// Shared body of `hsa_amd_memory_lock` and `hsa_amd_memory_lock_to_pool`.
+fn lock(
+    rt: &Runtime,
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *mut hsa_agent_t,
+    num_agent: c_int,
+    agent_ptr: *mut *mut c_void,
+) -> HsaResult {
+    if host_ptr.is_null() || size == 0 || agent_ptr.is_null() || num_agent < 0 {
+        return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: HSA contract: `agents` lists `num_agent` agents (null with 0 means all).
+    let agents = unsafe { read_array(agents.cast_const(), num_agent as usize) }?;
+    let granted = agents
+        .iter()
+        .map(|a| rt.agent(a.handle))
+        .collect::<Result<Vec<_>, _>>()?;
+    rt.memory.lock(
+        host_ptr as usize,
+        size,
+        0,
+        HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED,
+    )?;
+    rt.memory
+        .update(host_ptr as usize, |a| a.granted = granted)?;
+    // Agents share the host address space, so the agent pointer is the host pointer.
+    // SAFETY: `agent_ptr` is the caller's out pointer (checked non-null).
+    unsafe { put(agent_ptr, host_ptr) }
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_lock(
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *mut hsa_agent_t,
+    num_agent: c_int,
+    agent_ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| lock(rt, host_ptr, size, agents, num_agent, agent_ptr))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn hsa_amd_memory_lock_to_pool(
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *mut hsa_agent_t,
+    num_agent: c_int,
+    pool: hsa_amd_memory_pool_t,
+    _flags: u32,
+    agent_ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        pool_index(rt, pool)?;
+        lock(rt, host_ptr, size, agents, num_agent, agent_ptr)
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_unlock(host_ptr: *mut c_void) -> hsa_status_t {
+    with_runtime(|rt| rt.memory.unlock(host_ptr as usize))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_fill(
+    ptr: *mut c_void,
+    value: u32,
+    count: usize,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if ptr.is_null() || !(ptr as usize).is_multiple_of(4) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let bytes = count
+            .checked_mul(4)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        let allocation = rt
+            .memory
+            .find(ptr as usize)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        if ptr as usize - allocation.base + bytes > allocation.size {
+            return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
+        }
+        let words = ptr.cast::<u32>();
+        for i in 0..count {
+            // SAFETY: the range [ptr, ptr + 4*count) lies inside a live runtime allocation
+            // (checked above) and ptr is 4-byte aligned.
+            unsafe { words.add(i).write(value) };
+        }
+        Ok(())
+    })
+}
+
+/// The agents that can reach an allocation: every agent for host memory, otherwise the owner
+/// and the agents granted access.
+fn accessible_agents(rt: &Runtime, allocation: &Allocation) -> Vec<hsa_agent_t> {
+    let host = match allocation.backing {
+        Backing::Pool { pool, .. } => rt.topology.pools[pool].kind.is_host(),
+        Backing::Locked => true,
+    };
+    let agents = &rt.topology.agents;
+    let indices: Vec<usize> = if host {
+        (0..agents.len()).collect()
+    } else {
+        let mut v = vec![allocation.owner];
+        v.extend(
+            allocation
+                .granted
+                .iter()
+                .filter(|&&g| g != allocation.owner),
+        );
+        v
+    };
+    indices
+        .into_iter()
+        .map(|i| hsa_agent_t {
+            handle: agents[i].handle,
+        })
+        .collect()
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_pointer_info(
+    ptr: *const c_void,
+    info: *mut hsa_amd_pointer_info_t,
+    alloc: Option<unsafe extern "C" fn(usize) -> *mut c_void>,
+    num_agents_accessible: *mut u32,
+    accessible: *mut *mut hsa_agent_t,
+) -> hsa_status_t {
+    type P = hsa_amd_pointer_info_t;
+    with_runtime(|rt| {
+        if info.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: `info` points to a struct whose `size` field the caller set.
+        let given = unsafe { std::ptr::addr_of!((*info).size).read_unaligned() } as usize;
+        if given < offset_of!(P, type_) + size_of::<hsa_amd_pointer_type_t>() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        if !accessible.is_null() && alloc.is_none() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let found = rt.memory.find(ptr as usize);
+        let base = found.as_ref().map_or(0, |a| a.base);
+        let kind = match found.as_ref().map(|a| a.backing) {
+            Some(Backing::Pool { .. }) => HSA_EXT_POINTER_TYPE_HSA,
+            Some(Backing::Locked) => HSA_EXT_POINTER_TYPE_LOCKED,
+            None => HSA_EXT_POINTER_TYPE_UNKNOWN,
+        };
+        let owner = found
+            .as_ref()
+            .map_or(0, |a| rt.topology.agents[a.owner].handle);
+        let base_ptr = base as *mut c_void;
+        // Writes one field when it lies within the size the caller declared.
+        macro_rules! field {
+            ($name:ident, $value:expr) => {
+                let value = $value;
+                if offset_of!(P, $name) + size_of_val(&value) <= given {
+                    // SAFETY: the field lies within the `given` bytes the caller declared for
+                    // `info`; the write is unaligned-safe.
+                    unsafe { std::ptr::addr_of_mut!((*info).$name).write_unaligned(value) };
+                }
+            };
+        }
+        field!(type_, kind);
+        field!(agentBaseAddress, base_ptr);
+        field!(hostBaseAddress, base_ptr);
+        field!(sizeInBytes, found.as_ref().map_or(0, |a| a.size));
+        field!(
+            userData,
+            found.as_ref().map_or(0, |a| a.user_data) as *mut c_void
+        );
+        field!(agentOwner, hsa_agent_t { handle: owner });
+        field!(global_flags, found.as_ref().map_or(0, |a| a.global_flags));
+        let list = found
+            .as_ref()
+            .map_or_else(Vec::new, |a| accessible_agents(rt, a));
+        if !num_agents_accessible.is_null() {
+            // SAFETY: a non-null out pointer of the caller.
+            unsafe { put(num_agents_accessible, list.len() as u32)? };
+        }
+        if let (false, Some(alloc)) = (accessible.is_null(), alloc) {
+            let array = if list.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                // SAFETY: the caller's allocator, called with a byte count per the contract.
+                let array =
+                    unsafe { alloc(list.len() * size_of::<hsa_agent_t>()) }.cast::<hsa_agent_t>();
+                if array.is_null() {
+                    return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+                }
+                for (i, agent) in list.iter().enumerate() {
+                    // SAFETY: the allocator returned room for list.len() agents.
+                    unsafe { array.add(i).write_unaligned(*agent) };
+                }
+                array
+            };
+            // SAFETY: a non-null out pointer of the caller.
+            unsafe { put(accessible, array)? };
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_pointer_info_set_userdata(
+    ptr: *const c_void,
+    userdata: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.memory
+            .update(ptr as usize, |a| a.user_data = userdata as usize)
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_register_deallocation_callback(
+    ptr: *mut c_void,
+    callback: hsa_amd_deallocation_callback_t,
+    user_data: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.memory
+            .add_dealloc_callback(ptr as usize, callback, user_data as usize)
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_deregister_deallocation_callback(
+    ptr: *mut c_void,
+    callback: hsa_amd_deallocation_callback_t,
+) -> hsa_status_t {
+    with_runtime(|rt| rt.memory.remove_dealloc_callback(ptr as usize, callback))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Asynchronous copies
+
+/// Validates the dependencies and completion signal and queues `work` on an agent's engine.
+fn submit_copy(
+    rt: &Runtime,
+    engine: usize,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+    completion_signal: hsa_signal_t,
+    work: Box<dyn FnOnce() + Send>,
+) -> HsaResult {
+    let completion = rt.signal(completion_signal.handle)?;
+    // SAFETY: HSA contract: `dep_signals` lists `num_dep_signals` signals.
+    let deps = unsafe { read_array(dep_signals, num_dep_signals as usize) }?
+        .iter()
+        .map(|s| rt.signal(s.handle))
+        .collect::<Result<Vec<_>, _>>()?;
+    rt.copies.submit(
+        engine,
+        CopyJob {
+            deps,
+            completion,
+            profile: rt.async_copy_profiling.load(Ordering::Acquire),
+            work,
+        },
+    )
+}
+
+/// The agent whose engine runs a copy between `a` and `b`: a GPU when one is involved.
+fn engine_agent(rt: &Runtime, a: usize, b: usize) -> usize {
+    if rt.topology.agents[a].kind == AgentKind::Gpu {
+        a
+    } else {
+        b
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy(
+    dst: *mut c_void,
+    dst_agent: hsa_agent_t,
+    src: *const c_void,
+    src_agent: hsa_agent_t,
+    size: usize,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+    completion_signal: hsa_signal_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if dst.is_null() || src.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let engine = engine_agent(rt, rt.agent(dst_agent.handle)?, rt.agent(src_agent.handle)?);
+        let (dst, src) = (dst as usize, src as usize);
+        let work = Box::new(move || {
+            // SAFETY: the hsa_amd_memory_async_copy contract keeps both `size`-byte ranges valid
+            // until the completion signal is decremented; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, size) };
+        });
+        submit_copy(
+            rt,
+            engine,
+            num_dep_signals,
+            dep_signals,
+            completion_signal,
+            work,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
+    dst: *const hsa_pitched_ptr_t,
+    dst_offset: *const hsa_dim3_t,
+    src: *const hsa_pitched_ptr_t,
+    src_offset: *const hsa_dim3_t,
+    range: *const hsa_dim3_t,
+    copy_agent: hsa_agent_t,
+    _dir: hsa_amd_copy_direction_t,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+    completion_signal: hsa_signal_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let engine = rt.agent(copy_agent.handle)?;
+        if [dst_offset, src_offset, range].iter().any(|p| p.is_null())
+            || dst.is_null()
+            || src.is_null()
+        {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: the five pointers (checked non-null) point to their structs.
+        let (dst, dst_offset, src, src_offset, range) = unsafe {
+            (
+                dst.read_unaligned(),
+                dst_offset.read_unaligned(),
+                src.read_unaligned(),
+                src_offset.read_unaligned(),
+                range.read_unaligned(),
+            )
+        };
+        let fits = |p: &hsa_pitched_ptr_t, o: &hsa_dim3_t| {
+            !p.base.is_null()
+                && (o.x as usize + range.x as usize) <= p.pitch
+                && (range.z <= 1 || (o.y as usize + range.y as usize) * p.pitch <= p.slice)
+        };
+        if !fits(&dst, &dst_offset) || !fits(&src, &src_offset) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let address = |p: &hsa_pitched_ptr_t, o: &hsa_dim3_t, y: u32, z: u32| {
+            p.base as usize
+                + (o.z as usize + z as usize) * p.slice
+                + (o.y as usize + y as usize) * p.pitch
+                + o.x as usize
+        };
+        let rows: Vec<(usize, usize)> = (0..range.z)
+            .flat_map(|z| (0..range.y).map(move |y| (y, z)))
+            .map(|(y, z)| {
+                (
+                    address(&src, &src_offset, y, z),
+                    address(&dst, &dst_offset, y, z),
+                )
+            })
+            .collect();
+        let width = range.x as usize;
+        let work = Box::new(move || {
+            for (from, to) in rows {
+                // SAFETY: the hsa_amd_memory_async_copy_rect contract keeps both pitched regions
+                // valid until completion; each row lies within its pitch (checked above).
+                unsafe { std::ptr::copy(from as *const u8, to as *mut u8, width) };
+            }
+        });
+        submit_copy(
+            rt,
+            engine,
+            num_dep_signals,
+            dep_signals,
+            completion_signal,
+            work,
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Not provided: interop, images, IPC, SVM, migration.
+
+type ImageDescriptor = *const hsa_ext_image_descriptor_t;
+
+unsupported_entries! {
+    /// Memory never migrates between pools in softhsa.
+    hsa_amd_memory_migrate(*const c_void, hsa_amd_memory_pool_t, u32);
+    hsa_amd_interop_map_buffer(u32, *mut hsa_agent_t, c_int, u32, *mut usize, *mut *mut c_void, *mut usize, *mut *const c_void);
+    hsa_amd_interop_unmap_buffer(*mut c_void);
+    hsa_amd_image_create(hsa_agent_t, ImageDescriptor, *const hsa_amd_image_descriptor_t, *const c_void, hsa_access_permission_t, *mut hsa_ext_image_t);
+    hsa_amd_ipc_memory_create(*mut c_void, usize, *mut hsa_amd_ipc_memory_t);
+    hsa_amd_ipc_memory_attach(*const hsa_amd_ipc_memory_t, usize, u32, *const hsa_agent_t, *mut *mut c_void);
+    hsa_amd_ipc_memory_detach(*mut c_void);
+    hsa_amd_svm_attributes_set(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
+    hsa_amd_svm_attributes_get(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
+    hsa_amd_svm_prefetch_async(*mut c_void, usize, hsa_agent_t, u32, *const hsa_signal_t, hsa_signal_t);
+}

@@ -1,0 +1,197 @@
+//! Queue interception as tools see it in ROCm: the application writes packets into an intercept
+//! queue; a store to its doorbell hands the new packets to a chain of handlers, synchronously in
+//! the storing thread; each handler passes packets on through a writer, and the last writer
+//! copies them into the hardware queue and rings its doorbell.
+//!
+//! The writer callback has no context argument, so the current chain position lives in a
+//! thread-local stack of frames.
+
+use crate::queue::{Packet, Queue, QueueKind, packet_type};
+use hsa_sys::{AQL_PACKET_SIZE, HSA_PACKET_TYPE_INVALID, hsa_amd_queue_intercept_handler};
+use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+type HandlerFn = unsafe extern "C" fn(
+    *const c_void,
+    u64,
+    u64,
+    *mut c_void,
+    hsa_sys::hsa_amd_queue_intercept_packet_writer,
+);
+
+#[derive(Clone, Copy)]
+struct Handler {
+    f: HandlerFn,
+    data: usize,
+}
+
+/// The intercept side of a queue created by `hsa_amd_queue_intercept_create`.
+pub(crate) struct InterceptState {
+    /// The hardware queue that finally executes the packets.
+    pub(crate) hw: Arc<Queue>,
+    handlers: RwLock<Arc<[Handler]>>,
+    /// Serializes processing of this queue's packets between threads.
+    lock: Mutex<()>,
+}
+
+impl InterceptState {
+    pub(crate) fn new(hw: Arc<Queue>) -> Self {
+        Self {
+            hw,
+            handlers: RwLock::new(Arc::from(Vec::new())),
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Appends a handler to the chain (`hsa_amd_queue_intercept_register`).
+    pub(crate) fn register(&self, handler: hsa_amd_queue_intercept_handler, data: usize) -> bool {
+        let Some(f) = handler else { return false };
+        let mut handlers = self.handlers.write();
+        let mut chain = handlers.to_vec();
+        chain.push(Handler { f, data });
+        *handlers = Arc::from(chain);
+        true
+    }
+}
+
+/// One level of a handler chain being run by this thread.
+#[derive(Clone)]
+struct Frame {
+    /// Identity of the intercept queue being processed.
+    queue: usize,
+    hw: Arc<Queue>,
+    handlers: Arc<[Handler]>,
+    level: usize,
+    user_pkt_index: u64,
+}
+
+thread_local! {
+    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops the frame it pushed when dropped.
+struct FrameGuard;
+
+impl FrameGuard {
+    fn push(frame: Frame) -> Self {
+        FRAMES.with(|f| f.borrow_mut().push(frame));
+        FrameGuard
+    }
+}
+
+impl Drop for FrameGuard {
+    fn drop(&mut self) {
+        FRAMES.with(|f| f.borrow_mut().pop());
+    }
+}
+
+fn processing_on_this_thread(queue: usize) -> bool {
+    FRAMES.with(|f| f.borrow().iter().any(|frame| frame.queue == queue))
+}
+
+/// Called after every store to an intercept queue's doorbell, in the storing thread.
+///
+/// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
+/// re-reads the write index before it returns, so those packets are handled there.
+pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
+    let QueueKind::Intercept(state) = &queue.kind else {
+        return;
+    };
+    let id = Arc::as_ptr(queue) as usize;
+    if processing_on_this_thread(id) {
+        return;
+    }
+    let _serial = state.lock.lock();
+    loop {
+        if queue.is_stopped() {
+            return;
+        }
+        let read = queue.read_index.load(Ordering::Acquire);
+        let write = queue.write_index.load(Ordering::Acquire);
+        let mut batch: Vec<Packet> = Vec::new();
+        for index in read..write {
+            let header = queue.header(index).load(Ordering::Acquire);
+            if packet_type(header) == HSA_PACKET_TYPE_INVALID {
+                // Reserved but not yet published: its producer rings the doorbell again later.
+                break;
+            }
+            batch.push(queue.read_packet(index));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let frame = Frame {
+            queue: id,
+            hw: state.hw.clone(),
+            handlers: state.handlers.read().clone(),
+            level: 0,
+            user_pkt_index: read,
+        };
+        forward(&frame, 0, batch.as_ptr().cast(), batch.len() as u64);
+        queue.consume(read, batch.len() as u64);
+    }
+}
+
+/// Passes packets to handler `level` of the chain, or into the hardware queue past the last one.
+fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
+    match frame.handlers.get(level) {
+        Some(handler) => {
+            let _guard = FrameGuard::push(Frame {
+                level,
+                ..frame.clone()
+            });
+            // SAFETY: the tool registered this handler for this queue; the arguments follow the
+            // hsa_amd_queue_intercept_handler contract (count packets at `packets`, valid for the
+            // duration of the call).
+            unsafe {
+                (handler.f)(
+                    packets,
+                    count,
+                    frame.user_pkt_index,
+                    handler.data as *mut c_void,
+                    Some(writer),
+                )
+            };
+        }
+        None => write_to_hardware(&frame.hw, packets, count),
+    }
+}
+
+/// The writer given to handlers: passes packets to the next level of the chain this thread is
+/// running. Outside a handler it has nowhere to write and does nothing.
+unsafe extern "C" fn writer(packets: *const c_void, count: u64) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let top = FRAMES.with(|f| f.borrow().last().cloned());
+        if let Some(top) = top
+            && !packets.is_null()
+            && count > 0
+        {
+            forward(&top, top.level + 1, packets, count);
+        }
+    }));
+}
+
+/// Copies packets into a hardware queue: claims a slot, waits while the ring is full, writes
+/// the body, stores the header last with release order and rings the doorbell.
+fn write_to_hardware(hw: &Queue, packets: *const c_void, count: u64) {
+    for i in 0..count as usize {
+        // SAFETY: the caller (a handler, through the writer contract) passes `count` packets of
+        // 64 initialized bytes at `packets`.
+        let packet = unsafe { Packet::read_from(packets.cast::<u8>().add(i * AQL_PACKET_SIZE)) };
+        if packet_type(packet.header()) == HSA_PACKET_TYPE_INVALID {
+            // An INVALID packet would stall the hardware queue for ever; there is nothing to run.
+            continue;
+        }
+        let index = hw.write_index.fetch_add(1, Ordering::AcqRel);
+        if !hw.wait_for_slot(index) {
+            return;
+        }
+        hw.write_packet(index, &packet);
+        hw.doorbell
+            .store(index as i64, crate::signal::Order::Release);
+    }
+}

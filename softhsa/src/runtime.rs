@@ -1,0 +1,249 @@
+//! The process-global runtime: reference-counted `hsa_init` / `hsa_shut_down`, the configuration
+//! for the next initialization, and the registries that turn handles into objects.
+
+use crate::SoftHsaConfig;
+use crate::copy::CopyEngines;
+use crate::grid::Workers;
+use crate::handlers::AsyncHandlers;
+use crate::handles::next_handle;
+use crate::memory::Memory;
+use crate::queue::Queue;
+use crate::signal::Signal;
+use crate::topology::{AgentKind, Topology};
+use hsa_sys::{
+    HSA_STATUS_ERROR_INVALID_AGENT, HSA_STATUS_ERROR_INVALID_QUEUE,
+    HSA_STATUS_ERROR_INVALID_SIGNAL, HSA_STATUS_ERROR_NOT_INITIALIZED,
+    HSA_STATUS_ERROR_REFCOUNT_OVERFLOW, HSA_STATUS_SUCCESS, hsa_queue_t, hsa_signal_value_t,
+    hsa_status_t,
+};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+/// One initialized runtime instance (from the `hsa_init` that found the count at 0 to the
+/// `hsa_shut_down` that brings it back to 0).
+pub(crate) struct Runtime {
+    pub(crate) config: SoftHsaConfig,
+    pub(crate) topology: Topology,
+    pub(crate) memory: Memory,
+    pub(crate) workers: Workers,
+    pub(crate) copies: CopyEngines,
+    pub(crate) handlers: AsyncHandlers,
+    /// `hsa_amd_profiling_async_copy_enable`.
+    pub(crate) async_copy_profiling: AtomicBool,
+    signals: RwLock<HashMap<u64, Arc<Signal>>>,
+    signal_groups: RwLock<HashMap<u64, Arc<[Arc<Signal>]>>>,
+    queues: RwLock<HashMap<usize, Arc<Queue>>>,
+    next_queue_id: AtomicU64,
+}
+
+impl Runtime {
+    fn start(config: SoftHsaConfig) -> Self {
+        let workers = Workers::start(config.effective_worker_threads());
+        Self {
+            topology: Topology::new(&config),
+            config,
+            memory: Memory::default(),
+            workers,
+            copies: CopyEngines::default(),
+            handlers: AsyncHandlers::default(),
+            async_copy_profiling: AtomicBool::new(false),
+            signals: RwLock::new(HashMap::new()),
+            signal_groups: RwLock::new(HashMap::new()),
+            queues: RwLock::new(HashMap::new()),
+            next_queue_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Stops every thread and frees every object of this instance.
+    fn stop(&self) {
+        let queues: Vec<Arc<Queue>> = self.queues.write().drain().map(|(_, q)| q).collect();
+        for queue in &queues {
+            crate::queue::stop_queue(self, queue);
+        }
+        self.copies.shutdown();
+        self.handlers.shutdown();
+        self.workers.shutdown();
+        self.memory.free_all(&self.topology);
+        self.signals.write().clear();
+        self.signal_groups.write().clear();
+    }
+
+    /// The index of a valid agent, or `HSA_STATUS_ERROR_INVALID_AGENT`.
+    pub(crate) fn agent(&self, handle: u64) -> Result<usize, hsa_status_t> {
+        self.topology
+            .agent_index(handle)
+            .ok_or(HSA_STATUS_ERROR_INVALID_AGENT)
+    }
+
+    /// The index of a valid GPU agent, or `HSA_STATUS_ERROR_INVALID_AGENT`.
+    pub(crate) fn gpu_agent(&self, handle: u64) -> Result<usize, hsa_status_t> {
+        let index = self.agent(handle)?;
+        if self.topology.agents[index].kind == AgentKind::Gpu {
+            Ok(index)
+        } else {
+            Err(HSA_STATUS_ERROR_INVALID_AGENT)
+        }
+    }
+
+    /// Creates and registers a signal.
+    pub(crate) fn create_signal(&self, initial: hsa_signal_value_t) -> Arc<Signal> {
+        let signal = Arc::new(Signal::new(next_handle(), initial));
+        self.signals.write().insert(signal.handle(), signal.clone());
+        signal
+    }
+
+    /// The signal behind a handle, or `HSA_STATUS_ERROR_INVALID_SIGNAL`.
+    pub(crate) fn signal(&self, handle: u64) -> Result<Arc<Signal>, hsa_status_t> {
+        self.signals
+            .read()
+            .get(&handle)
+            .cloned()
+            .ok_or(HSA_STATUS_ERROR_INVALID_SIGNAL)
+    }
+
+    /// Unregisters a signal; `HSA_STATUS_ERROR_INVALID_SIGNAL` if the handle names none.
+    pub(crate) fn destroy_signal(&self, handle: u64) -> Result<(), hsa_status_t> {
+        self.signals
+            .write()
+            .remove(&handle)
+            .map(|_| ())
+            .ok_or(HSA_STATUS_ERROR_INVALID_SIGNAL)
+    }
+
+    pub(crate) fn add_signal_group(&self, signals: Arc<[Arc<Signal>]>) -> u64 {
+        let handle = next_handle();
+        self.signal_groups.write().insert(handle, signals);
+        handle
+    }
+
+    pub(crate) fn signal_group(&self, handle: u64) -> Option<Arc<[Arc<Signal>]>> {
+        self.signal_groups.read().get(&handle).cloned()
+    }
+
+    pub(crate) fn remove_signal_group(&self, handle: u64) -> bool {
+        self.signal_groups.write().remove(&handle).is_some()
+    }
+
+    pub(crate) fn next_queue_id(&self) -> u64 {
+        self.next_queue_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a queue under the address of its `hsa_queue_t`.
+    pub(crate) fn register_queue(&self, queue: Arc<Queue>) {
+        self.queues.write().insert(queue.hsa_ptr() as usize, queue);
+    }
+
+    /// The queue behind an `hsa_queue_t` pointer, or `HSA_STATUS_ERROR_INVALID_QUEUE`.
+    pub(crate) fn queue(&self, ptr: *const hsa_queue_t) -> Result<Arc<Queue>, hsa_status_t> {
+        self.queues
+            .read()
+            .get(&(ptr as usize))
+            .cloned()
+            .ok_or(HSA_STATUS_ERROR_INVALID_QUEUE)
+    }
+
+    /// Unregisters a queue; returns it if it was registered.
+    pub(crate) fn unregister_queue(&self, ptr: *const hsa_queue_t) -> Option<Arc<Queue>> {
+        self.queues.write().remove(&(ptr as usize))
+    }
+
+    /// How many queues the application created on `agent` (an intercept queue counts once).
+    pub(crate) fn queues_on_agent(&self, agent: usize) -> usize {
+        self.queues
+            .read()
+            .values()
+            .filter(|q| q.agent() == agent)
+            .count()
+    }
+}
+
+struct Global {
+    refcount: u32,
+    /// Configuration for the next initialization.
+    next: SoftHsaConfig,
+    /// Configuration of the live instance.
+    active: Option<SoftHsaConfig>,
+}
+
+static GLOBAL: Mutex<Option<Global>> = Mutex::new(None);
+static CURRENT: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
+
+fn with_global<R>(f: impl FnOnce(&mut Global) -> R) -> R {
+    let mut guard = GLOBAL.lock();
+    let global = guard.get_or_insert_with(|| Global {
+        refcount: 0,
+        next: SoftHsaConfig::default(),
+        active: None,
+    });
+    f(global)
+}
+
+/// The live runtime instance, or `HSA_STATUS_ERROR_NOT_INITIALIZED`.
+pub(crate) fn current() -> Result<Arc<Runtime>, hsa_status_t> {
+    CURRENT
+        .read()
+        .clone()
+        .ok_or(HSA_STATUS_ERROR_NOT_INITIALIZED)
+}
+
+/// `hsa_init`: the first call starts a fresh instance, later ones count references.
+pub(crate) fn init() -> hsa_status_t {
+    with_global(|g| {
+        if g.refcount == u32::MAX {
+            return HSA_STATUS_ERROR_REFCOUNT_OVERFLOW;
+        }
+        if g.refcount == 0 {
+            let config = g.next.clone();
+            *CURRENT.write() = Some(Arc::new(Runtime::start(config.clone())));
+            g.active = Some(config);
+        }
+        g.refcount += 1;
+        HSA_STATUS_SUCCESS
+    })
+}
+
+/// `hsa_shut_down`: the call that brings the count to 0 stops and frees the instance.
+pub(crate) fn shut_down() -> hsa_status_t {
+    with_global(|g| {
+        if g.refcount == 0 {
+            return HSA_STATUS_ERROR_NOT_INITIALIZED;
+        }
+        g.refcount -= 1;
+        if g.refcount == 0 {
+            let runtime = CURRENT.write().take();
+            g.active = None;
+            if let Some(runtime) = runtime {
+                runtime.stop();
+            }
+        }
+        HSA_STATUS_SUCCESS
+    })
+}
+
+/// See [`crate::configure`].
+pub(crate) fn configure(config: SoftHsaConfig) -> Result<(), String> {
+    config.validate()?;
+    with_global(|g| {
+        if let Some(active) = &g.active
+            && *active != config
+        {
+            return Err(format!(
+                "softhsa is initialized with {active:?}; it cannot change to {config:?} \
+                 until every hsa_init has been matched by hsa_shut_down"
+            ));
+        }
+        g.next = config;
+        Ok(())
+    })
+}
+
+/// Joins a thread unless it is the calling thread (a runtime object destroyed from one of its
+/// own threads, e.g. a queue destroyed from its error callback).
+pub(crate) fn join_unless_current(handle: JoinHandle<()>) {
+    if handle.thread().id() != std::thread::current().id() {
+        let _ = handle.join();
+    }
+}

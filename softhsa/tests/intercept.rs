@@ -1,0 +1,429 @@
+//! Queue interception (`hsa_amd_queue_intercept_create` / `_register`) through the API table.
+
+mod common;
+
+use common::*;
+use hsa_sys::*;
+use kreplay_softhsa::testing::{Dispatch, Hsa};
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// What a counting handler saw.
+#[derive(Default)]
+struct Seen {
+    packets: AtomicU32,
+    calls: AtomicU32,
+    first_index: AtomicU64,
+    kernels: Mutex<Vec<u64>>,
+    log: Mutex<Vec<&'static str>>,
+}
+
+fn seen(data: *mut c_void) -> &'static Seen {
+    // SAFETY: every handler below is registered with a pointer to a Seen that outlives the queue.
+    unsafe { &*data.cast::<Seen>() }
+}
+
+/// Reads the kernel objects of a batch of dispatch packets.
+fn kernel_objects(pkts: *const c_void, count: u64) -> Vec<u64> {
+    let packets = pkts.cast::<hsa_kernel_dispatch_packet_t>();
+    (0..count as usize)
+        // SAFETY: the runtime hands `count` packets at `pkts` to the handler.
+        .map(|i| unsafe { (*packets.add(i)).kernel_object })
+        .collect()
+}
+
+unsafe extern "C" fn count_and_forward(
+    pkts: *const c_void,
+    count: u64,
+    user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let s = seen(data);
+    if s.calls.fetch_add(1, Ordering::AcqRel) == 0 {
+        s.first_index.store(user_pkt_index, Ordering::Release);
+    }
+    s.packets.fetch_add(count as u32, Ordering::AcqRel);
+    s.kernels
+        .lock()
+        .unwrap()
+        .extend(kernel_objects(pkts, count));
+    s.log.lock().unwrap().push("first");
+    // SAFETY: the writer the runtime gave us, called with the packets we were given.
+    unsafe { writer.unwrap()(pkts, count) };
+}
+
+unsafe extern "C" fn second_in_chain(
+    pkts: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let s = seen(data);
+    s.packets.fetch_add(count as u32, Ordering::AcqRel);
+    s.log.lock().unwrap().push("second");
+    // SAFETY: the writer the runtime gave us, called with the packets we were given.
+    unsafe { writer.unwrap()(pkts, count) };
+}
+
+fn register(
+    hsa: &Hsa,
+    queue: *mut hsa_queue_t,
+    handler: hsa_amd_queue_intercept_handler,
+    data: &Seen,
+) -> hsa_status_t {
+    let f = hsa.amd().hsa_amd_queue_intercept_register_fn.unwrap();
+    // SAFETY: table entry with the HSA signature; `data` outlives the queue.
+    unsafe { f(queue, handler, std::ptr::from_ref(data).cast_mut().cast()) }
+}
+
+#[test]
+fn a_handler_sees_counts_and_forwards_every_packet() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let s = Seen::default();
+    assert_eq!(
+        register(&hsa, queue, Some(count_and_forward), &s),
+        HSA_STATUS_SUCCESS
+    );
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 64 * 4)
+        .unwrap()
+        .cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let done = hsa.signal_create(3).unwrap();
+    for _ in 0..3 {
+        // SAFETY: live queue; args outlive the dispatches.
+        unsafe {
+            hsa.dispatch(
+                queue,
+                &Dispatch::linear(add_one_kernel(), 64, 16, (&raw mut args).cast(), done),
+            )
+        };
+    }
+    assert!(hsa.wait_zero(done, PROMPT));
+    assert_eq!(s.packets.load(Ordering::Acquire), 3);
+    assert_eq!(
+        s.first_index.load(Ordering::Acquire),
+        0,
+        "user_pkt_index of the first packet"
+    );
+    assert_eq!(*s.kernels.lock().unwrap(), vec![add_one_kernel(); 3]);
+    // SAFETY: completed; 64 u32s.
+    assert!(unsafe { read_u32s(data, 64) }.iter().all(|&v| v == 3));
+    // The application's view: its own ring, fully consumed.
+    let core = *hsa.core();
+    // SAFETY: table entries on a live queue; ring headers are readable.
+    unsafe {
+        assert_eq!(
+            core.hsa_queue_load_read_index_scacquire_fn.unwrap()(queue),
+            3
+        );
+        let header = (*queue).base_address.cast::<u16>().read_volatile();
+        assert_eq!(
+            u32::from(header & 0xff),
+            HSA_PACKET_TYPE_INVALID,
+            "slot handed back"
+        );
+        hsa.queue_destroy(queue).unwrap();
+    }
+}
+
+/// Forwards each packet twice: a copy with its own completion signal (waited for, so the
+/// handler blocks on forwarded work), then the original.
+unsafe extern "C" fn forward_twice(
+    pkts: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let hsa = Hsa::softhsa();
+    let s = seen(data);
+    let writer = writer.unwrap();
+    let packets = pkts.cast::<hsa_kernel_dispatch_packet_t>();
+    for i in 0..count as usize {
+        // SAFETY: the runtime hands `count` packets at `pkts`.
+        let original = unsafe { *packets.add(i) };
+        let mut replay = original;
+        let mine = hsa.signal_create(1).unwrap();
+        replay.completion_signal = mine;
+        // SAFETY: the runtime's writer, given one 64-byte packet.
+        unsafe { writer(std::ptr::from_ref(&replay).cast(), 1) };
+        if !hsa.wait_zero(mine, PROMPT) {
+            s.log
+                .lock()
+                .unwrap()
+                .push("the forwarded copy did not complete");
+        }
+        hsa.signal_destroy(mine).unwrap();
+        s.packets.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: as above.
+        unsafe { writer(std::ptr::from_ref(&original).cast(), 1) };
+    }
+}
+
+#[test]
+fn a_handler_that_forwards_a_packet_twice_runs_the_kernel_twice() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[1];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let s = Seen::default();
+    assert_eq!(
+        register(&hsa, queue, Some(forward_twice), &s),
+        HSA_STATUS_SUCCESS
+    );
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+        .unwrap()
+        .cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: live queue; args outlive the dispatch.
+    unsafe {
+        hsa.dispatch(
+            queue,
+            &Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut args).cast(), done),
+        )
+    };
+    assert!(hsa.wait_zero(done, PROMPT));
+    // SAFETY: both runs completed (the copy before the original was forwarded).
+    assert_eq!(unsafe { *data }, 2, "x += 1 ran twice");
+    assert_eq!(
+        hsa.signal_load(done),
+        0,
+        "the application's signal was decremented once"
+    );
+    assert!(
+        s.log.lock().unwrap().is_empty(),
+        "{:?}",
+        s.log.lock().unwrap()
+    );
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+#[test]
+fn handlers_form_a_chain_in_registration_order() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let first = Seen::default();
+    let second = Seen::default();
+    assert_eq!(
+        register(&hsa, queue, Some(count_and_forward), &first),
+        HSA_STATUS_SUCCESS
+    );
+    assert_eq!(
+        register(&hsa, queue, Some(second_in_chain), &second),
+        HSA_STATUS_SUCCESS
+    );
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+        .unwrap()
+        .cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: live queue; args outlive the dispatch.
+    unsafe {
+        hsa.dispatch(
+            queue,
+            &Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut args).cast(), done),
+        )
+    };
+    assert!(hsa.wait_zero(done, PROMPT));
+    assert_eq!(first.packets.load(Ordering::Acquire), 1);
+    assert_eq!(
+        second.packets.load(Ordering::Acquire),
+        1,
+        "the first handler's writer fed the second"
+    );
+    assert_eq!(*first.log.lock().unwrap(), vec!["first"]);
+    assert_eq!(*second.log.lock().unwrap(), vec!["second"]);
+    // SAFETY: completed.
+    let value = unsafe { *data };
+    assert_eq!(
+        value, 1,
+        "the last writer reached the hardware queue exactly once"
+    );
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+/// The state of the re-entrancy test: the handler submits one extra packet into the very queue
+/// it is handling, from inside the handler.
+struct Reentry {
+    seen: Seen,
+    queue: AtomicU64,
+    extra: Mutex<Option<Dispatch>>,
+}
+
+unsafe extern "C" fn resubmit_into_same_queue(
+    pkts: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    // SAFETY: registered with a pointer to a Reentry that outlives the queue.
+    let r = unsafe { &*data.cast::<Reentry>() };
+    r.seen.packets.fetch_add(count as u32, Ordering::AcqRel);
+    if let Some(extra) = r.extra.lock().unwrap().take() {
+        let queue = r.queue.load(Ordering::Acquire) as *mut hsa_queue_t;
+        // SAFETY: the intercept queue is live; ringing its doorbell here re-enters the runtime
+        // on this thread, which must not deadlock.
+        unsafe { Hsa::softhsa().dispatch(queue, &extra) };
+    }
+    // SAFETY: the runtime's writer, given the packets we were given.
+    unsafe { writer.unwrap()(pkts, count) };
+}
+
+#[test]
+fn a_handler_submitting_to_its_own_queue_does_not_deadlock_and_its_packet_runs() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+        .unwrap()
+        .cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let done = hsa.signal_create(2).unwrap();
+    let packet = Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut args).cast(), done);
+    let r = Reentry {
+        seen: Seen::default(),
+        queue: AtomicU64::new(queue as u64),
+        extra: Mutex::new(Some(packet)),
+    };
+    let f = hsa.amd().hsa_amd_queue_intercept_register_fn.unwrap();
+    // SAFETY: table entry; `r` outlives the queue.
+    let status = unsafe {
+        f(
+            queue,
+            Some(resubmit_into_same_queue),
+            std::ptr::from_ref(&r).cast_mut().cast(),
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    // SAFETY: live queue; args outlive the dispatches.
+    unsafe { hsa.dispatch(queue, &packet) };
+    assert!(hsa.wait_zero(done, PROMPT), "both packets completed");
+    assert_eq!(
+        r.seen.packets.load(Ordering::Acquire),
+        2,
+        "the nested packet was handled too"
+    );
+    // SAFETY: completed.
+    assert_eq!(unsafe { *data }, 2);
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+#[test]
+fn without_handlers_packets_go_straight_to_the_hardware_queue() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[1];
+    let queue = hsa.intercept_queue_create(gpu, 4).unwrap();
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+        .unwrap()
+        .cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let done = hsa.signal_create(10).unwrap();
+    for _ in 0..10 {
+        // SAFETY: live queue; args outlive the dispatches.
+        unsafe {
+            hsa.dispatch(
+                queue,
+                &Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut args).cast(), done),
+            )
+        };
+    }
+    assert!(hsa.wait_zero(done, PROMPT));
+    // SAFETY: completed.
+    let value = unsafe { *data };
+    assert_eq!(
+        value, 10,
+        "both rings (size 4) wrapped without losing packets"
+    );
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+#[test]
+fn registering_on_a_plain_queue_or_without_a_handler_is_rejected() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let plain = hsa.queue_create(gpu, 16).unwrap();
+    let intercept = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let s = Seen::default();
+    assert_eq!(
+        register(&hsa, plain, Some(count_and_forward), &s),
+        HSA_STATUS_ERROR_INVALID_QUEUE
+    );
+    assert_eq!(
+        register(&hsa, intercept, None, &s),
+        HSA_STATUS_ERROR_INVALID_ARGUMENT
+    );
+    // SAFETY: both created above.
+    unsafe {
+        hsa.queue_destroy(plain).unwrap();
+        hsa.queue_destroy(intercept).unwrap();
+    }
+}
+
+unsafe extern "C" fn record_queue_error(
+    status: hsa_status_t,
+    queue: *mut hsa_queue_t,
+    data: *mut c_void,
+) {
+    // SAFETY: registered with a pointer to an AtomicU64 pair that outlives the queue.
+    let out = unsafe { &*data.cast::<[AtomicU64; 2]>() };
+    out[0].store(queue as u64, Ordering::Release);
+    out[1].store(u64::from(status), Ordering::Release);
+}
+
+#[test]
+fn errors_of_the_hardware_queue_are_reported_against_the_intercept_queue() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let out = [AtomicU64::new(0), AtomicU64::new(0)];
+    let mut queue = std::ptr::null_mut();
+    let create = hsa.amd().hsa_amd_queue_intercept_create_fn.unwrap();
+    // SAFETY: table entry; `out` outlives the queue.
+    let status = unsafe {
+        create(
+            gpu,
+            16,
+            HSA_QUEUE_TYPE_MULTI,
+            Some(record_queue_error),
+            std::ptr::from_ref(&out).cast_mut().cast(),
+            0,
+            0,
+            &mut queue,
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: live queue.
+    unsafe {
+        hsa.dispatch(
+            queue,
+            &Dispatch::linear(0xdead, 1, 1, std::ptr::null_mut(), done),
+        )
+    };
+    let deadline = std::time::Instant::now() + PROMPT;
+    while out[1].load(Ordering::Acquire) == 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        out[1].load(Ordering::Acquire),
+        u64::from(HSA_STATUS_ERROR_INVALID_CODE_OBJECT)
+    );
+    assert_eq!(out[0].load(Ordering::Acquire), queue as u64);
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}

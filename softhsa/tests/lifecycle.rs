@@ -1,0 +1,295 @@
+//! `hsa_init` / `hsa_shut_down` and object lifetimes. The tests of this file observe the global
+//! state of the runtime, so they run one at a time (the SERIAL lock), in their own process.
+
+mod common;
+
+use common::*;
+use hsa_sys::*;
+use kreplay_softhsa::testing::{Dispatch, Hsa};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Threads of this process whose name starts with `prefix` (Linux), or `None` elsewhere.
+fn threads_named(prefix: &str) -> Option<usize> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    Some(
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with(prefix))
+            .count(),
+    )
+}
+
+/// Waits (bounded) until the number of threads named `prefix*` satisfies `ok`. Thread names
+/// lag a little: a new thread takes its name when it first runs, and a joined thread can linger
+/// in /proc for a moment after its join returned.
+fn eventually(prefix: &str, ok: impl Fn(usize) -> bool) -> bool {
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        match threads_named(prefix) {
+            None => return true,
+            Some(n) if ok(n) => return true,
+            Some(_) if Instant::now() > deadline => return false,
+            Some(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+fn settles_at(prefix: &str, expected: usize) -> bool {
+    eventually(prefix, |n| n == expected)
+}
+
+#[test]
+fn calls_before_hsa_init_return_not_initialized() {
+    let _serial = serial();
+    let hsa = Hsa::softhsa();
+    let (c, a) = (*hsa.core(), *hsa.amd());
+    let mut value = 0u64;
+    let mut signal = hsa_signal_t { handle: 0 };
+    // SAFETY: table entries with HSA signatures; out pointers are live locals.
+    unsafe {
+        assert_eq!(
+            c.hsa_shut_down_fn.unwrap()(),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            c.hsa_system_get_info_fn.unwrap()(HSA_SYSTEM_INFO_TIMESTAMP, (&raw mut value).cast()),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            c.hsa_iterate_agents_fn.unwrap()(None, std::ptr::null_mut()),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            c.hsa_signal_create_fn.unwrap()(0, 0, std::ptr::null(), &mut signal),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            a.hsa_amd_memory_pool_free_fn.unwrap()(std::ptr::null_mut()),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            c.hsa_executable_destroy_fn.unwrap()(hsa_executable_t { handle: 1 }),
+            HSA_STATUS_ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            c.hsa_signal_load_relaxed_fn.unwrap()(hsa_signal_t { handle: 1 }),
+            0
+        );
+    }
+}
+
+#[test]
+fn init_and_shut_down_are_reference_counted() {
+    let _serial = serial();
+    let hsa = Hsa::softhsa();
+    let outer = hsa.init().unwrap();
+    let inner = hsa.init().unwrap();
+    drop(inner);
+    let s = hsa
+        .signal_create(1)
+        .expect("still initialized after one of two shut-downs");
+    hsa.signal_destroy(s).unwrap();
+    drop(outer);
+    assert_eq!(
+        hsa.signal_create(1).err(),
+        Some(HSA_STATUS_ERROR_NOT_INITIALIZED)
+    );
+    let shut_down = hsa.core().hsa_shut_down_fn.unwrap();
+    // SAFETY: table entry with the HSA signature.
+    assert_eq!(unsafe { shut_down() }, HSA_STATUS_ERROR_NOT_INITIALIZED);
+}
+
+#[test]
+fn a_new_init_starts_fresh_and_old_handles_are_invalid() {
+    let _serial = serial();
+    let hsa = Hsa::softhsa();
+    let session = hsa.init().unwrap();
+    let old_gpu = hsa.gpu_agents().unwrap()[0];
+    let old_signal = hsa.signal_create(1).unwrap();
+    let old_buffer = hsa
+        .allocate(hsa.coarse_pool(old_gpu).unwrap(), 4096)
+        .unwrap();
+    drop(session);
+    let _session = hsa.init().unwrap();
+    assert_eq!(
+        hsa.signal_destroy(old_signal),
+        Err(HSA_STATUS_ERROR_INVALID_SIGNAL)
+    );
+    assert_eq!(
+        hsa.device_type(old_gpu),
+        Err(HSA_STATUS_ERROR_INVALID_AGENT)
+    );
+    assert_eq!(
+        hsa.free(old_buffer),
+        Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+        "freed by the shut-down"
+    );
+    assert_eq!(hsa.gpu_agents().unwrap().len(), 2);
+}
+
+#[test]
+fn destroyed_queues_and_freed_allocations_are_no_longer_valid() {
+    let _serial = serial();
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    let buffer = hsa.allocate(hsa.coarse_pool(gpu).unwrap(), 64).unwrap();
+    // SAFETY: created above; the second destroy is what is being tested (nothing else runs in
+    // this process, so the address cannot have been reused).
+    unsafe {
+        hsa.queue_destroy(queue).unwrap();
+        assert_eq!(
+            hsa.queue_destroy(queue),
+            Err(HSA_STATUS_ERROR_INVALID_QUEUE)
+        );
+    }
+    let register = hsa.amd().hsa_amd_queue_intercept_register_fn.unwrap();
+    // SAFETY: table entry; the queue pointer is stale on purpose.
+    let value = unsafe { register(queue, None, std::ptr::null_mut()) };
+    assert_eq!(value, HSA_STATUS_ERROR_INVALID_QUEUE);
+    hsa.free(buffer).unwrap();
+    assert_eq!(hsa.free(buffer), Err(HSA_STATUS_ERROR_INVALID_ALLOCATION));
+}
+
+#[test]
+fn destroying_an_intercept_queue_also_stops_its_hardware_queue() {
+    let _serial = serial();
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    assert!(settles_at("softhsa-queue", 0));
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    assert!(
+        settles_at("softhsa-queue", 1),
+        "one packet processor, for the hardware queue"
+    );
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+    assert!(
+        settles_at("softhsa-queue", 0),
+        "the hardware queue's processor stopped"
+    );
+}
+
+unsafe extern "C" fn never_done(_: hsa_signal_value_t, _: *mut std::ffi::c_void) -> bool {
+    true
+}
+
+#[test]
+fn the_last_shut_down_stops_every_runtime_thread() {
+    let _serial = serial();
+    let hsa = Hsa::softhsa();
+    {
+        let _session = hsa.init().unwrap();
+        let gpu = hsa.gpu_agents().unwrap()[0];
+        let queue = hsa.queue_create(gpu, 16).unwrap();
+        let blocked = hsa.signal_create(1).unwrap();
+        let done = hsa.signal_create(1).unwrap();
+        // A barrier that can never be satisfied keeps the processor waiting at shut-down.
+        // SAFETY: live queue.
+        unsafe {
+            hsa.submit(
+                queue,
+                &kreplay_softhsa::testing::barrier_and_packet(&[blocked], done, true),
+            )
+        };
+        let buffer = hsa.allocate(hsa.coarse_pool(gpu).unwrap(), 64).unwrap();
+        let copy = hsa.amd().hsa_amd_memory_async_copy_fn.unwrap();
+        let handler = hsa.amd().hsa_amd_signal_async_handler_fn.unwrap();
+        // SAFETY: table entries; the copy waits on `blocked` for ever, the handler never fires.
+        unsafe {
+            assert_eq!(
+                copy(
+                    buffer.cast(),
+                    gpu,
+                    buffer.add(32).cast(),
+                    gpu,
+                    8,
+                    1,
+                    &blocked,
+                    done
+                ),
+                HSA_STATUS_SUCCESS
+            );
+            assert_eq!(
+                handler(
+                    blocked,
+                    HSA_SIGNAL_CONDITION_EQ,
+                    0,
+                    Some(never_done),
+                    std::ptr::null_mut()
+                ),
+                HSA_STATUS_SUCCESS
+            );
+        }
+        assert!(
+            eventually("softhsa-", |n| n >= 4),
+            "workers, processor, copy engine and handler thread are running"
+        );
+    }
+    assert!(
+        settles_at("softhsa-", 0),
+        "every thread stopped by hsa_shut_down"
+    );
+}
+
+#[test]
+fn many_threads_may_init_work_and_shut_down_concurrently() {
+    let _serial = serial();
+    let kernel = add_one_kernel();
+    let workers: Vec<_> = (0..6)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let hsa = Hsa::softhsa();
+                for i in 0..15 {
+                    let _session = hsa.init().unwrap();
+                    let s = hsa.signal_create(1).unwrap();
+                    if i % 5 == t % 5 {
+                        let gpu = hsa.gpu_agents().unwrap()[t % 2];
+                        let data = hsa
+                            .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+                            .unwrap()
+                            .cast::<u32>();
+                        let mut args = AddOneArgs { data };
+                        let queue = hsa.queue_create(gpu, 4).unwrap();
+                        // SAFETY: live queue; args outlive the dispatch (waited for below).
+                        unsafe {
+                            hsa.dispatch(
+                                queue,
+                                &Dispatch::linear(kernel, 1, 1, (&raw mut args).cast(), s),
+                            )
+                        };
+                        assert!(hsa.wait_zero(s, PROMPT));
+                        // SAFETY: completed.
+                        assert_eq!(unsafe { *data }, 1);
+                        // SAFETY: created above.
+                        unsafe { hsa.queue_destroy(queue) }.unwrap();
+                    } else {
+                        hsa.signal_store(s, 0);
+                    }
+                    assert_eq!(hsa.signal_load(s), 0);
+                    hsa.signal_destroy(s).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let shut_down = Hsa::softhsa().core().hsa_shut_down_fn.unwrap();
+    // SAFETY: table entry with the HSA signature.
+    let value = unsafe { shut_down() };
+    assert_eq!(
+        value, HSA_STATUS_ERROR_NOT_INITIALIZED,
+        "every init was matched"
+    );
+    assert!(settles_at("softhsa-", 0));
+}
