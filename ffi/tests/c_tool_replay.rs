@@ -79,24 +79,7 @@ fn libkreplay() -> PathBuf {
 
 fn build_c_tool() -> PathBuf {
     let out = common::scratch_dir("c_tool_replay").join("libreplay_tool.so");
-    let include = common::include_dir();
-    let source = common::c_source("replay_tool.c");
-    common::run_ok(
-        "cc",
-        &[
-            "-std=c99".as_ref(),
-            "-Wall".as_ref(),
-            "-Wextra".as_ref(),
-            "-Werror".as_ref(),
-            "-fPIC".as_ref(),
-            "-shared".as_ref(),
-            "-I".as_ref(),
-            include.as_os_str(),
-            source.as_os_str(),
-            "-o".as_ref(),
-            out.as_os_str(),
-        ],
-    );
+    common::build_c_library("replay_tool.c", &out);
     out
 }
 

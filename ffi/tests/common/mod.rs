@@ -63,8 +63,14 @@ pub fn run_ok(program: &str, args: &[&std::ffi::OsStr]) -> String {
 
 /// Compiles tests/c/tool.c into a shared library at `output`.
 pub fn build_tool_library(output: &Path) {
+    build_c_library("tool.c", output);
+}
+
+/// Compiles tests/c/`source` against kreplay.h (C99, warnings as errors) into a shared library
+/// at `output`.
+pub fn build_c_library(source: &str, output: &Path) {
     let include = include_dir();
-    let source = c_source("tool.c");
+    let source = c_source(source);
     run_ok(
         "cc",
         &[
