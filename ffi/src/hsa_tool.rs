@@ -197,6 +197,49 @@ impl ToolHooks for Hooks {
         }
     }
 
+    fn dispatch_enqueue(
+        &self,
+        infos: &[DispatchInfo],
+        pass: Option<u64>,
+        submit: &mut dyn FnMut(),
+    ) {
+        let tracers = services::dispatch_tracers();
+        let mut payloads: Vec<KernelDispatchData> = infos
+            .iter()
+            .map(|info| {
+                let mut payload = KernelDispatchData::new(dispatch_info(info));
+                if let Some(pass) = pass {
+                    payload.replay_pass = pass;
+                }
+                payload
+            })
+            .collect();
+        let correlation: Vec<u64> = infos
+            .iter()
+            .map(|_| services::next_correlation_id())
+            .collect();
+        // One user_data per (service, dispatch), carried from ENTER to EXIT.
+        let mut user_data = vec![UserData::ZERO; tracers.len() * infos.len()];
+        let mut deliver = |phase: CallbackPhase, payloads: &mut [KernelDispatchData]| {
+            for (s, service) in tracers.iter().enumerate() {
+                for (d, payload) in payloads.iter_mut().enumerate() {
+                    let event = TraceEvent {
+                        operation: KernelDispatchOperation::ENQUEUE.0,
+                        phase,
+                        correlation_id: correlation[d],
+                        decline_reason: DeclineReason::NONE,
+                        payload: (payload as *mut KernelDispatchData).cast::<c_void>(),
+                    };
+                    // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
+                    unsafe { service.deliver(&event, &mut user_data[s * infos.len() + d]) };
+                }
+            }
+        };
+        deliver(CallbackPhase::ENTER, &mut payloads);
+        submit();
+        deliver(CallbackPhase::EXIT, &mut payloads);
+    }
+
     fn replay_finished(&self, record: &ReplayRecord) {
         if COLLECT_RECORDS.load(Ordering::Relaxed) {
             RECORDS.lock().push(record.clone());

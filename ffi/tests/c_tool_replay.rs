@@ -41,6 +41,8 @@ const CONFIG: u32 = 1;
 const PASS: u32 = 2;
 const SNAPSHOT: u32 = 3;
 const RESTORE: u32 = 4;
+const ENQUEUE: u32 = 1;
+const COMPLETE: u32 = 2;
 const ENTER: u32 = 1;
 const EXIT: u32 = 2;
 const ELEMENTS: usize = 4096;
@@ -290,15 +292,24 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
                 || e.decline_reason == 0),
             "not declined"
         );
-        let records: Vec<(u32, u64)> = events
+        let records: Vec<(u32, u64, u32, u32)> = events
             .iter()
             .filter(|e| e.kind == KIND_DISPATCH && e.dispatch_id == id)
-            .map(|e| (e.tracer, e.current_pass))
+            .map(|e| (e.tracer, e.current_pass, e.operation, e.phase))
+            .collect();
+        let expected: Vec<(u32, u64, u32, u32)> = (0..3u64)
+            .flat_map(|pass| {
+                let tracer = pass as u32;
+                [
+                    (tracer, pass, ENQUEUE, ENTER),
+                    (tracer, pass, ENQUEUE, EXIT),
+                    (tracer, pass, COMPLETE, 0),
+                ]
+            })
             .collect();
         assert_eq!(
-            records,
-            vec![(0, 0), (1, 1), (2, 2)],
-            "one record per pass, from the one context enabled on it"
+            records, expected,
+            "per pass: ENQUEUE ENTER/EXIT and COMPLETE, only from the context enabled on it"
         );
     }
 

@@ -213,19 +213,21 @@ fn forward(
         None
     };
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
-    let patched: Vec<Packet>;
-    let to_write = if tracing {
-        patched = trace_completions(b, state, packets, infos);
-        &patched
-    } else {
-        packets
-    };
     if track {
         b.original.signal_add(state.in_flight, 1);
     }
-    // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
-    unsafe { writer(to_write.as_ptr().cast(), to_write.len() as u64) };
-    progress.set(Progress::Done);
+    if tracing {
+        let (patched, traced) = trace_completions(b, state, packets, infos);
+        b.hooks.dispatch_enqueue(&traced, None, &mut || {
+            // SAFETY: `writer` is valid during this handler call; the packets are initialized.
+            unsafe { writer(patched.as_ptr().cast(), patched.len() as u64) };
+            progress.set(Progress::Done);
+        });
+    } else {
+        // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
+        unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
+        progress.set(Progress::Done);
+    }
     if track {
         let marker = state.marker();
         // SAFETY: as above; a barrier-AND packet is one 64-byte AQL packet.
@@ -268,21 +270,20 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
 }
 
 /// Gives each dispatch a completion signal of kreplay's own whose handler delivers the
-/// dispatch record and then completes the application's signal.
+/// dispatch record and then completes the application's signal. Returns the packets to write
+/// and the dispatches among them.
 fn trace_completions(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-) -> Vec<Packet> {
-    packets
+) -> (Vec<Packet>, Vec<DispatchInfo>) {
+    let mut traced_infos = Vec::new();
+    let patched = packets
         .iter()
         .enumerate()
         .map(|(i, packet)| {
             let Some(mut dispatch) = packet.as_dispatch() else {
-                return *packet;
-            };
-            let Ok(proxy) = b.original.signal_create(1) else {
                 return *packet;
             };
             let info = infos
@@ -290,6 +291,10 @@ fn trace_completions(
                 .copied()
                 .flatten()
                 .unwrap_or_else(|| dispatch_info(b, state, &dispatch));
+            traced_infos.push(info);
+            let Ok(proxy) = b.original.signal_create(1) else {
+                return *packet;
+            };
             let traced = Box::into_raw(Box::new(TracedDispatch {
                 proxy,
                 application: dispatch.completion_signal,
@@ -312,7 +317,8 @@ fn trace_completions(
             dispatch.completion_signal = proxy;
             dispatch_bytes(&dispatch)
         })
-        .collect()
+        .collect();
+    (patched, traced_infos)
 }
 
 fn dispatch_info(
@@ -579,8 +585,18 @@ impl ReplayDevice for HsaReplay<'_> {
         let bytes = dispatch_bytes(&packet);
         self.progress
             .set(Progress::Withheld(self.dispatch.completion_signal));
-        // SAFETY: the writer is valid for the handler call this loop runs in.
-        unsafe { (self.writer)((&bytes as *const Packet).cast(), 1) };
+        let writer = self.writer;
+        let mut submit = || {
+            // SAFETY: the writer is valid for the handler call this loop runs in.
+            unsafe { writer((&bytes as *const Packet).cast(), 1) };
+        };
+        if self.b.hooks.dispatch_tracing_configured() {
+            self.b
+                .hooks
+                .dispatch_enqueue(std::slice::from_ref(info), Some(pass), &mut submit);
+        } else {
+            submit();
+        }
         let waited = kreplay_drain::wait_pass(&PassSignal { b: self.b, signal }, &self.b.drain);
         if let Err(stuck) = waited {
             return Err(decline_from(stuck.reason(), stuck.to_string()));

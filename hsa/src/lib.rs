@@ -115,6 +115,19 @@ pub trait ToolHooks: Send + Sync + 'static {
     /// A kernel finished (ordinary, or one pass). Called on the replay loop's thread for passes
     /// (so the pass's context mask applies) and on a runtime handler thread otherwise.
     fn dispatch_completed(&self, record: &DispatchRecord);
+    /// KERNEL_DISPATCH ENQUEUE: `submit` writes `infos` (one pass `pass` of a replay, or
+    /// ordinary dispatches) to the hardware queue; a tool layer announces them before (ENTER)
+    /// and after (EXIT) calling it. Called only while dispatch tracing is configured, on the
+    /// thread submitting (the pass's mask applies). The default just submits.
+    fn dispatch_enqueue(
+        &self,
+        infos: &[DispatchInfo],
+        pass: Option<u64>,
+        submit: &mut dyn FnMut(),
+    ) {
+        let _ = (infos, pass);
+        submit();
+    }
     /// A dispatch went through the replay loop (cost record and outcome).
     fn replay_finished(&self, record: &ReplayRecord);
     /// A warning for the user.

@@ -118,6 +118,16 @@ static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_d
     e->tracer = (uint32_t)(uintptr_t)data;
     e->dispatch_id = p->dispatch_info.dispatch_id;
     e->current_pass = p->replay_pass;
+    if (record.operation == KREPLAY_KERNEL_DISPATCH_ENQUEUE) {
+        /* user_data written at ENTER must come back at EXIT */
+        if (record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
+            user->value = 0xe0 + p->replay_pass;
+        } else if (user->value != 0xe0 + p->replay_pass) {
+            fail("ENQUEUE EXIT lost the user_data of its ENTER", (int)user->value);
+        }
+    } else if (p->end_timestamp < p->start_timestamp || p->start_timestamp == 0) {
+        fail("COMPLETE without ordered timestamps", 0);
+    }
 }
 
 static int tool_initialize(kreplay_client_finalize_t finalize, void* tool_data) {
@@ -130,10 +140,10 @@ static int tool_initialize(kreplay_client_finalize_t finalize, void* tool_data) 
         return -1;
     if (kreplay_start_context(replay_context) != KREPLAY_STATUS_SUCCESS) return -1;
     for (c = 0; c < TRACERS; c++) {
-        uint32_t complete = KREPLAY_KERNEL_DISPATCH_COMPLETE;
+        uint32_t operations[2] = {KREPLAY_KERNEL_DISPATCH_ENQUEUE, KREPLAY_KERNEL_DISPATCH_COMPLETE};
         if (kreplay_create_context(&tracers[c]) != KREPLAY_STATUS_SUCCESS) return -1;
-        if (kreplay_configure_callback_tracing_service(tracers[c], KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, &complete,
-                                                       1, on_dispatch, (void*)(uintptr_t)c) != KREPLAY_STATUS_SUCCESS)
+        if (kreplay_configure_callback_tracing_service(tracers[c], KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, operations,
+                                                       2, on_dispatch, (void*)(uintptr_t)c) != KREPLAY_STATUS_SUCCESS)
             return -1;
         if (kreplay_start_context(tracers[c]) != KREPLAY_STATUS_SUCCESS) return -1;
     }
