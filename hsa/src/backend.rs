@@ -26,6 +26,8 @@ pub(crate) struct Backend {
     pub(crate) drain: DrainConfig,
     /// See [`InstallOptions::skip_restore`].
     pub(crate) skip_restore: bool,
+    /// The snapshot store tier is chosen automatically (not forced by configuration).
+    pub(crate) auto_store: bool,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
     /// Per agent: see [`Backend::host_visible_device_memory`].
@@ -136,6 +138,7 @@ pub(crate) unsafe fn install(
     let original = unsafe { Original::capture(table) }.map_err(InstallError::Table)?;
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
     let inventory = Arc::new(Inventory::new());
+    let auto_store = options.snapshot.store == kreplay_snapshot::StoreTier::Auto;
     let snapshotter = Snapshotter::new(
         inventory.clone(),
         Arc::new(crate::memory::HsaMemory),
@@ -154,6 +157,7 @@ pub(crate) unsafe fn install(
         hooks,
         drain: options.drain,
         skip_restore: options.skip_restore,
+        auto_store,
         ticks_per_second,
         host_visible: parking_lot::Mutex::default(),
         finalized: AtomicBool::new(false),

@@ -162,6 +162,12 @@ impl DeviceMemory for HsaMemory {
 
     fn alloc_shadow(&self, agent: u64, size: u64) -> Option<u64> {
         let b = backend();
+        if b.auto_store && b.host_visible_device_memory(hsa_agent_t { handle: agent }) {
+            // Device memory that is host memory gains nothing from a device shadow, and a fresh
+            // shadow costs page faults on every snapshot where the host store is reused: let the
+            // automatic choice fall through to the host tier. A forced device tier still gets one.
+            return None;
+        }
         let pool = b.original.coarse_pool(hsa_agent_t { handle: agent })?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         let status = b

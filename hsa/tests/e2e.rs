@@ -368,12 +368,50 @@ scenarios! {
 
         assert_eq!(env.app.wait_zero(done), 0);
         assert_eq!(env.outcome(env.only_dispatch()), replayed(5, LoopEnd::LastPass));
+        assert_eq!(
+            snapshot_exit(&env.hooks.events_of(env.only_dispatch())).tier,
+            StoreTier::Host,
+            "on a runtime whose device memory is host memory, the automatic store is the host tier"
+        );
         assert_eq!(runs(2), 5, "the accumulating kernel ran five times");
         for (buf, init) in bufs.iter().zip(&initial) {
             let mut expected = init.clone();
             expected[..1000].iter_mut().for_each(|x| *x += 1);
             assert_eq!(env.app.read(*buf, init.len()), expected, "exactly +1, not +5");
         }
+    }
+
+    /// A forced device tier: the snapshot lives in a shadow allocated from the agent's own
+    /// coarse-grained pool (never tracked), restores copy device to device, results are +1.
+    fn a_forced_device_store_keeps_the_snapshot_in_a_device_shadow() {
+        let snapshot = SnapshotConfig {
+            store: kreplay_snapshot::StoreTier::Device,
+            strategy: kreplay_snapshot::RestoreStrategy::Full,
+            ..Default::default()
+        };
+        let env = setup_with(0, InstallOptions { snapshot, ..options() });
+        env.hooks.set_script(Script::passes(3));
+        let q = env.app.queue(env.app.gpus[0]);
+        let initial: Vec<Vec<u32>> = vec![values(3, 2048), values(11, 50_000)];
+        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let done = env.app.signal(1);
+        let packet = env.add(0, &bufs, 2048, 4, None, 64, done);
+        let tracked_before = kreplay_hsa::tracked_allocations();
+
+        env.app.dispatch(q, packet);
+
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = env.only_dispatch();
+        assert_eq!(env.outcome(id), replayed(3, LoopEnd::LastPass));
+        for (buf, init) in bufs.iter().zip(&initial) {
+            let mut expected = init.clone();
+            expected[..2048].iter_mut().for_each(|x| *x += 1);
+            assert_eq!(env.app.read(*buf, init.len()), expected, "exactly +1, not +3");
+        }
+        let events = env.hooks.events_of(id);
+        assert_eq!(snapshot_exit(&events).tier, StoreTier::Device);
+        assert!(restore_exits(&events).iter().all(|(_, r)| r.tier == StoreTier::Device && r.bytes_moved > 0));
+        assert_eq!(kreplay_hsa::tracked_allocations(), tracked_before, "shadows are not tracked");
     }
 
     /// The same with a host store and write-set restores: still exactly +1, and each restore
