@@ -8,10 +8,12 @@
 //!   device shadows, a "device" hash and batched writes), implementing
 //!   [`kreplay_snapshot::DeviceMemory`];
 //! * [`run_matrix`]: footprints × tiers × strategies × dirty fractions, returning [`BenchRow`]s;
-//! * [`format_table`], [`write_csv`] and [`write_svg`] (restore time against dirty fraction).
+//! * [`format_table`], [`write_csv`] and [`write_svg`] (restore time against dirty fraction);
+//! * [`check_targets`]: the design's snapshot/restore targets judged from one run's rows.
 //!
-//! The criterion benches live in `benches/`; `examples/matrix.rs` runs the matrix once and
-//! writes the table, CSV and SVG.
+//! The criterion benches live in `benches/` (`cargo bench -p kreplay-benches`; the `large`
+//! feature or `KREPLAY_BENCH_LARGE=1` adds 256 MiB to 4 GiB). `kreplay bench` runs the matrix
+//! once from the command line and prints the table and the targets.
 //!
 //! # Example
 //!
@@ -45,11 +47,16 @@
 mod device;
 mod matrix;
 mod output;
+mod targets;
 mod workload;
 
 pub use device::{DeviceStats, HostDevice, HostDeviceOptions};
 pub use matrix::{BenchRow, MatrixConfig, Operation, run_matrix};
 pub use output::{
-    format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
+    CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
+};
+pub use targets::{
+    DETECTION_MIN_RATIO, FULL_COPY_MIN_RATIO, HASH_RESTORE_COPY_FACTOR, Target, TargetCheck,
+    WRITESET_IDLE_MAX_RATIO, WRITESET_MAX_RATIO, check_targets,
 };
 pub use workload::{ChunkMap, SplitMix64};

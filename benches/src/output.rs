@@ -37,10 +37,11 @@ pub fn format_table(rows: &[BenchRow]) -> String {
         "operation",
         "time",
         "GB/s",
+        "ceiling",
         "ceiling GB/s",
         "ratio",
     ];
-    let cells: Vec<[String; 9]> = rows
+    let cells: Vec<[String; 10]> = rows
         .iter()
         .map(|r| {
             [
@@ -51,6 +52,7 @@ pub fn format_table(rows: &[BenchRow]) -> String {
                 r.operation.to_string(),
                 format_seconds(r.seconds),
                 format!("{:.2}", r.gbps),
+                r.operation.ceiling().to_string(),
                 format!("{:.2}", r.ceiling_gbps),
                 format!("{:.3}", r.ratio),
             ]
@@ -66,7 +68,7 @@ pub fn format_table(rows: &[BenchRow]) -> String {
     let mut line = |fields: &[String]| {
         for (i, (f, w)) in fields.iter().zip(widths).enumerate() {
             // Text columns left-aligned, numbers right-aligned.
-            if i < 5 {
+            if i < 5 || i == 7 {
                 let _ = write!(out, "{f:<w$}  ");
             } else {
                 let _ = write!(out, "{f:>w$}  ");
@@ -104,16 +106,17 @@ pub fn format_seconds(s: f64) -> String {
     }
 }
 
-/// Write the rows as CSV with a header line.
+/// The header line of [`write_csv`] (without the newline).
+pub const CSV_HEADER: &str = "footprint_bytes,dirty_fraction,strategy,tier,operation,seconds,gb_per_s,ceiling,ceiling_gb_per_s,ratio";
+
+/// Write the rows as CSV with a header line ([`CSV_HEADER`]); `ceiling` names the operation the
+/// row is compared to.
 pub fn write_csv(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
-    writeln!(
-        w,
-        "footprint_bytes,dirty_fraction,strategy,tier,operation,seconds,gb_per_s,ceiling_gb_per_s,ratio"
-    )?;
+    writeln!(w, "{CSV_HEADER}")?;
     for r in rows {
         writeln!(
             w,
-            "{},{},{},{},{},{:.9},{:.4},{:.4},{:.5}",
+            "{},{},{},{},{},{:.9},{:.4},{},{:.4},{:.5}",
             r.footprint,
             r.dirty_fraction,
             r.strategy.map_or("", |s| s.as_str()),
@@ -121,6 +124,7 @@ pub fn write_csv(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
             r.operation,
             r.seconds,
             r.gbps,
+            r.operation.ceiling(),
             r.ceiling_gbps,
             r.ratio
         )?;
@@ -364,10 +368,12 @@ mod tests {
         assert!(lines[0].starts_with("footprint_bytes,dirty_fraction,strategy"));
         assert_eq!(
             lines[2],
-            "1073741824,0.1,hash,host,restore,0.020000000,1.0000,2.0000,0.50000"
+            "1073741824,0.1,hash,host,restore,0.020000000,1.0000,memcpy,2.0000,0.50000"
         );
         let table = format_table(&rows);
         assert_eq!(table.lines().count(), 3);
         assert!(table.contains("ceiling GB/s") && table.contains("10%"));
+        assert!(table.lines().nth(2).unwrap().contains("memcpy"));
+        assert_eq!(lines[0], CSV_HEADER);
     }
 }

@@ -71,11 +71,17 @@ impl ChunkMap {
         )
     }
 
+    /// How many of `chunks` chunks [`ChunkMap::pick`] picks for `fraction`:
+    /// `round(fraction * chunks)`, `fraction` clamped to `0.0..=1.0`.
+    pub fn picked(chunks: u64, fraction: f64) -> u64 {
+        ((fraction.clamp(0.0, 1.0) * chunks as f64).round() as u64).min(chunks)
+    }
+
     /// `round(fraction * chunks)` distinct chunks, in a seeded random order (a prefix of one
     /// permutation, so smaller fractions pick subsets of larger ones).
     pub fn pick(&self, fraction: f64, seed: u64) -> Vec<u64> {
         let n = self.chunks();
-        let k = ((fraction.clamp(0.0, 1.0) * n as f64).round() as u64).min(n);
+        let k = Self::picked(n, fraction);
         let mut all: Vec<u64> = (0..n).collect();
         let mut rng = SplitMix64::new(seed);
         for i in 0..k {
@@ -126,5 +132,8 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..16).collect::<Vec<_>>());
         assert!(map.pick(0.0, 1).is_empty());
+        assert_eq!(ChunkMap::picked(16, 0.25), 4);
+        assert_eq!(ChunkMap::picked(16, 2.0), 16);
+        assert_eq!(ChunkMap::picked(1000, 0.01), 10);
     }
 }

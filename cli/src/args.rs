@@ -20,6 +20,8 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use kreplay_snapshot::{RestoreStrategy, StoreTier};
+
 /// Exit status of a successful run (demo: verification passed).
 pub const EXIT_OK: i32 = 0;
 /// Exit status when a run fails (demo: verification failed, or an error stopped it).
@@ -35,6 +37,33 @@ pub const MAX_PASSES: u32 = 64;
 pub const DEFAULT_ELEMENTS: usize = 1 << 20;
 /// Most elements per demo buffer (256 MiB each).
 pub const MAX_ELEMENTS: usize = 1 << 26;
+
+/// Default footprints of `kreplay bench` (64 MiB and 256 MiB: well under a minute on 2 cores).
+pub const DEFAULT_FOOTPRINTS: [u64; 2] = [64 << 20, 256 << 20];
+/// Smallest footprint `kreplay bench` accepts.
+pub const MIN_FOOTPRINT: u64 = 4 << 10;
+/// Largest footprint `kreplay bench` accepts.
+pub const MAX_FOOTPRINT: u64 = 64 << 30;
+/// Default dirty percentages of `kreplay bench`.
+pub const DEFAULT_DIRTY_PERCENT: [f64; 4] = [0.0, 1.0, 10.0, 100.0];
+/// Default timed repetitions of every `kreplay bench` measurement (the best is kept).
+pub const DEFAULT_REPEATS: usize = 3;
+/// Most repetitions `kreplay bench` accepts.
+pub const MAX_REPEATS: usize = 1000;
+
+/// Default tracked allocations (besides the replayed dispatch's own buffer) of
+/// `kreplay bench-dispatch`.
+pub const DEFAULT_ALLOCATIONS: usize = 1000;
+/// Most tracked allocations `kreplay bench-dispatch` accepts.
+pub const MAX_ALLOCATIONS: usize = 100_000;
+/// Default timed dispatches per configuration of `kreplay bench-dispatch`.
+pub const DEFAULT_DISPATCHES: usize = 3000;
+/// Fewest timed dispatches per configuration `kreplay bench-dispatch` accepts.
+pub const MIN_DISPATCHES: usize = 10;
+/// Most timed dispatches per configuration `kreplay bench-dispatch` accepts.
+pub const MAX_DISPATCHES: usize = 1_000_000;
+/// Default passes of the replayed dispatch of `kreplay bench-dispatch`.
+pub const DEFAULT_DISPATCH_PASSES: u64 = 2;
 
 /// One entry of the command list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,13 +82,23 @@ pub const COMMANDS: &[CommandInfo] = &[
                   HSA runtime and verify its results against an unprofiled run",
     },
     CommandInfo {
+        name: "bench",
+        summary: "measure snapshot and restore (footprints x dirty fractions x strategies x \
+                  tiers) beside memcpy and read ceilings measured in the same run",
+    },
+    CommandInfo {
+        name: "bench-dispatch",
+        summary: "measure the fixed cost kreplay adds per dispatch (replayed, opted out, no \
+                  replay service) on the software HSA runtime",
+    },
+    CommandInfo {
         name: "help",
         summary: "show this help, or the help of one command (`kreplay help demo`)",
     },
 ];
 
 /// What the command line asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     /// Print a help text.
     Help(HelpTopic),
@@ -67,6 +106,10 @@ pub enum Command {
     Version,
     /// Run `kreplay demo`.
     Demo(DemoOptions),
+    /// Run `kreplay bench`.
+    Bench(BenchOptions),
+    /// Run `kreplay bench-dispatch`.
+    BenchDispatch(DispatchBenchOptions),
 }
 
 /// Which help text to print.
@@ -76,6 +119,23 @@ pub enum HelpTopic {
     Main,
     /// `kreplay demo`.
     Demo,
+    /// `kreplay bench`.
+    Bench,
+    /// `kreplay bench-dispatch`.
+    BenchDispatch,
+}
+
+impl HelpTopic {
+    /// The topic of a command name (`demo`, `bench`, ...), if it has one.
+    pub fn of_command(name: &str) -> Option<HelpTopic> {
+        match name {
+            "demo" => Some(HelpTopic::Demo),
+            "bench" => Some(HelpTopic::Bench),
+            "bench-dispatch" => Some(HelpTopic::BenchDispatch),
+            "help" => Some(HelpTopic::Main),
+            _ => None,
+        }
+    }
 }
 
 /// Options of `kreplay demo`.
@@ -105,6 +165,84 @@ impl Default for DemoOptions {
     }
 }
 
+/// Options of `kreplay bench` (the snapshot/restore matrix).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchOptions {
+    /// Tracked bytes per matrix (`--footprints`).
+    pub footprints: Vec<u64>,
+    /// Fractions of chunks a simulated pass dirties, in `0.0..=1.0` (`--dirty`, given in percent).
+    pub dirty_fractions: Vec<f64>,
+    /// Restore strategies (`--strategies`).
+    pub strategies: Vec<RestoreStrategy>,
+    /// Snapshot store tiers (`--tiers`).
+    pub tiers: Vec<StoreTier>,
+    /// Timed repetitions per measurement; the best is kept (`--repeats`).
+    pub repeats: usize,
+    /// Where to write every row as CSV (`--csv`).
+    pub csv: Option<PathBuf>,
+    /// Where to write the plot of restore time against dirty fraction (`--svg`).
+    pub svg: Option<PathBuf>,
+    /// Measure a device without host windows, reached through reads and writes only, like a
+    /// discrete GPU (`--discrete`).
+    pub discrete: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            footprints: DEFAULT_FOOTPRINTS.to_vec(),
+            dirty_fractions: DEFAULT_DIRTY_PERCENT.iter().map(|p| p / 100.0).collect(),
+            strategies: vec![
+                RestoreStrategy::Full,
+                RestoreStrategy::Hash,
+                RestoreStrategy::Writeset,
+            ],
+            tiers: vec![StoreTier::Host, StoreTier::File, StoreTier::Device],
+            repeats: DEFAULT_REPEATS,
+            csv: None,
+            svg: None,
+            discrete: false,
+        }
+    }
+}
+
+/// Which services `kreplay bench-dispatch` configures in its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DispatchService {
+    /// A tool with the KERNEL_REPLAY service: replayed and opted-out dispatches are measured here,
+    /// dispatches with no replay service in a child process (`--service none`).
+    Replay,
+    /// No tool and no service: only ordinary dispatches with no replay service are measured.
+    None,
+}
+
+/// Options of `kreplay bench-dispatch` (the fixed cost per dispatch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DispatchBenchOptions {
+    /// Tracked allocations besides the replayed dispatch's own buffer (`--allocations`).
+    pub allocations: usize,
+    /// Timed dispatches per measured configuration (`--dispatches`).
+    pub dispatches: usize,
+    /// Passes of the replayed dispatch (`--passes`).
+    pub passes: u64,
+    /// Which services this process configures (`--service`).
+    pub service: DispatchService,
+    /// Where to write every figure as CSV (`--csv`).
+    pub csv: Option<PathBuf>,
+}
+
+impl Default for DispatchBenchOptions {
+    fn default() -> Self {
+        DispatchBenchOptions {
+            allocations: DEFAULT_ALLOCATIONS,
+            dispatches: DEFAULT_DISPATCHES,
+            passes: DEFAULT_DISPATCH_PASSES,
+            service: DispatchService::Replay,
+            csv: None,
+        }
+    }
+}
+
 /// A bad command line: what is wrong and which help to read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsageError {
@@ -122,10 +260,16 @@ impl UsageError {
         }
     }
 
-    fn demo(message: impl Into<String>) -> Self {
+    /// An error of the command whose help is `topic`.
+    fn of(topic: HelpTopic, message: impl Into<String>) -> Self {
         UsageError {
             message: message.into(),
-            help: "kreplay demo --help",
+            help: match topic {
+                HelpTopic::Main => "kreplay --help",
+                HelpTopic::Demo => "kreplay demo --help",
+                HelpTopic::Bench => "kreplay bench --help",
+                HelpTopic::BenchDispatch => "kreplay bench-dispatch --help",
+            },
         }
     }
 }
@@ -163,6 +307,8 @@ where
         "-V" | "--version" => Ok(Command::Version),
         "help" => parse_help(rest),
         "demo" => parse_demo(rest),
+        "bench" => parse_bench(rest),
+        "bench-dispatch" => parse_bench_dispatch(rest),
         other if other.starts_with('-') => Err(UsageError::main(format!(
             "unknown option '{other}' (options go after the command)"
         ))),
@@ -184,78 +330,319 @@ fn command_names() -> String {
 fn parse_help(rest: &[String]) -> Result<Command, UsageError> {
     match rest {
         [] => Ok(Command::Help(HelpTopic::Main)),
-        [topic] if topic == "demo" => Ok(Command::Help(HelpTopic::Demo)),
-        [topic] if topic == "help" => Ok(Command::Help(HelpTopic::Main)),
-        [topic] => Err(UsageError::main(format!(
-            "no help for '{topic}'; commands: {}",
-            command_names()
-        ))),
+        [topic] => HelpTopic::of_command(topic)
+            .map(Command::Help)
+            .ok_or_else(|| {
+                UsageError::main(format!(
+                    "no help for '{topic}'; commands: {}",
+                    command_names()
+                ))
+            }),
         [_, extra, ..] => Err(UsageError::main(format!(
             "unexpected argument '{extra}' after the help topic"
         ))),
     }
 }
 
-fn parse_demo(rest: &[String]) -> Result<Command, UsageError> {
-    if rest.iter().any(|arg| arg == "-h" || arg == "--help") {
-        return Ok(Command::Help(HelpTopic::Demo));
+/// One option a command accepts.
+struct OptionSpec {
+    name: &'static str,
+    takes_value: bool,
+}
+
+const fn flag(name: &'static str) -> OptionSpec {
+    OptionSpec {
+        name,
+        takes_value: false,
     }
-    let mut options = DemoOptions::default();
-    let mut seen: Vec<&str> = Vec::new();
+}
+
+const fn valued(name: &'static str) -> OptionSpec {
+    OptionSpec {
+        name,
+        takes_value: true,
+    }
+}
+
+/// An option as given: its name and its value (`None` for a flag).
+type GivenOption<'a> = (&'static str, Option<&'a str>);
+
+/// Splits the arguments of `kreplay <command>` into options and their values (`--name value` or
+/// `--name=value`), refusing unknown, repeated and stray arguments, missing values and values
+/// given to flags. Returns `None` when `-h`/`--help` is among them.
+fn read_options<'a>(
+    topic: HelpTopic,
+    command: &str,
+    specs: &[OptionSpec],
+    rest: &'a [String],
+) -> Result<Option<Vec<GivenOption<'a>>>, UsageError> {
+    if rest.iter().any(|arg| arg == "-h" || arg == "--help") {
+        return Ok(None);
+    }
+    let error = |message: String| UsageError::of(topic, message);
+    let mut options: Vec<GivenOption<'a>> = Vec::new();
     let mut args = rest.iter();
     while let Some(arg) = args.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((name, value)) if name.starts_with("--") => (name, Some(value)),
             _ => (arg.as_str(), None),
         };
-        let known = ["--passes", "--no-restore", "--elements", "--json", "--csv"];
-        let Some(&name) = known.iter().find(|&&k| k == name) else {
+        let Some(spec) = specs.iter().find(|spec| spec.name == name) else {
             return Err(if name.starts_with('-') {
-                UsageError::demo(format!("unknown option '{name}' for 'kreplay demo'"))
+                error(format!("unknown option '{name}' for 'kreplay {command}'"))
             } else {
-                UsageError::demo(format!("unexpected argument '{arg}' for 'kreplay demo'"))
+                error(format!(
+                    "unexpected argument '{arg}' for 'kreplay {command}'"
+                ))
             });
         };
-        if seen.contains(&name) {
-            return Err(UsageError::demo(format!("option '{name}' given twice")));
+        if options.iter().any(|(seen, _)| *seen == spec.name) {
+            return Err(error(format!("option '{name}' given twice")));
         }
-        seen.push(name);
-        if name == "--no-restore" {
-            if inline.is_some() {
-                return Err(UsageError::demo("option '--no-restore' takes no value"));
-            }
-            options.restore = false;
-            continue;
-        }
-        let value = match inline {
-            Some(value) => value,
-            None => args
-                .next()
-                .map(String::as_str)
-                .ok_or_else(|| UsageError::demo(format!("option '{name}' needs a value")))?,
+        let value = if spec.takes_value {
+            Some(match inline {
+                Some(value) => value,
+                None => args
+                    .next()
+                    .map(String::as_str)
+                    .ok_or_else(|| error(format!("option '{name}' needs a value")))?,
+            })
+        } else if inline.is_some() {
+            return Err(error(format!("option '{name}' takes no value")));
+        } else {
+            None
         };
+        options.push((spec.name, value));
+    }
+    Ok(Some(options))
+}
+
+fn parse_demo(rest: &[String]) -> Result<Command, UsageError> {
+    const SPECS: [OptionSpec; 5] = [
+        valued("--passes"),
+        flag("--no-restore"),
+        valued("--elements"),
+        valued("--json"),
+        valued("--csv"),
+    ];
+    let Some(given) = read_options(HelpTopic::Demo, "demo", &SPECS, rest)? else {
+        return Ok(Command::Help(HelpTopic::Demo));
+    };
+    let mut options = DemoOptions::default();
+    for (name, value) in given {
+        let value = value.unwrap_or_default();
+        let topic = HelpTopic::Demo;
         match name {
+            "--no-restore" => options.restore = false,
             "--passes" => {
-                let passes = parse_count(name, value, 1, u64::from(MAX_PASSES))?;
+                let passes = parse_count(topic, name, value, 1, u64::from(MAX_PASSES))?;
                 options.passes = u32::try_from(passes).unwrap_or(MAX_PASSES);
             }
             "--elements" => {
-                let elements = parse_count(name, value, 1, MAX_ELEMENTS as u64)?;
+                let elements = parse_count(topic, name, value, 1, MAX_ELEMENTS as u64)?;
                 options.elements = usize::try_from(elements).unwrap_or(MAX_ELEMENTS);
             }
-            "--json" => options.json = Some(parse_path(name, value)?),
-            "--csv" => options.csv = Some(parse_path(name, value)?),
-            _ => unreachable!("every known option is handled above"),
+            "--json" => options.json = Some(parse_path(topic, name, value)?),
+            "--csv" => options.csv = Some(parse_path(topic, name, value)?),
+            _ => unreachable!("every demo option is handled above"),
         }
     }
     Ok(Command::Demo(options))
 }
 
+fn parse_bench(rest: &[String]) -> Result<Command, UsageError> {
+    const SPECS: [OptionSpec; 8] = [
+        valued("--footprints"),
+        valued("--dirty"),
+        valued("--strategies"),
+        valued("--tiers"),
+        valued("--repeats"),
+        valued("--csv"),
+        valued("--svg"),
+        flag("--discrete"),
+    ];
+    let topic = HelpTopic::Bench;
+    let Some(given) = read_options(topic, "bench", &SPECS, rest)? else {
+        return Ok(Command::Help(topic));
+    };
+    let mut options = BenchOptions::default();
+    for (name, value) in given {
+        let value = value.unwrap_or_default();
+        match name {
+            "--footprints" => options.footprints = parse_list(topic, name, value, parse_size)?,
+            "--dirty" => {
+                options.dirty_fractions = parse_list(topic, name, value, parse_percent)?
+                    .into_iter()
+                    .map(|p| p / 100.0)
+                    .collect();
+            }
+            "--strategies" => {
+                options.strategies = parse_list(topic, name, value, |item| {
+                    item.parse::<RestoreStrategy>()
+                        .map_err(|_| "expected full, hash, writeset or auto".to_string())
+                })?;
+            }
+            "--tiers" => {
+                options.tiers = parse_list(topic, name, value, |item| {
+                    item.parse::<StoreTier>()
+                        .map_err(|_| "expected host, file, device or auto".to_string())
+                })?;
+            }
+            "--repeats" => {
+                let repeats = parse_count(topic, name, value, 1, MAX_REPEATS as u64)?;
+                options.repeats = usize::try_from(repeats).unwrap_or(MAX_REPEATS);
+            }
+            "--csv" => options.csv = Some(parse_path(topic, name, value)?),
+            "--svg" => options.svg = Some(parse_path(topic, name, value)?),
+            "--discrete" => options.discrete = true,
+            _ => unreachable!("every bench option is handled above"),
+        }
+    }
+    Ok(Command::Bench(options))
+}
+
+fn parse_bench_dispatch(rest: &[String]) -> Result<Command, UsageError> {
+    const SPECS: [OptionSpec; 5] = [
+        valued("--allocations"),
+        valued("--dispatches"),
+        valued("--passes"),
+        valued("--service"),
+        valued("--csv"),
+    ];
+    let topic = HelpTopic::BenchDispatch;
+    let Some(given) = read_options(topic, "bench-dispatch", &SPECS, rest)? else {
+        return Ok(Command::Help(topic));
+    };
+    let mut options = DispatchBenchOptions::default();
+    for (name, value) in given {
+        let value = value.unwrap_or_default();
+        match name {
+            "--allocations" => {
+                let n = parse_count(topic, name, value, 0, MAX_ALLOCATIONS as u64)?;
+                options.allocations = usize::try_from(n).unwrap_or(MAX_ALLOCATIONS);
+            }
+            "--dispatches" => {
+                let n = parse_count(
+                    topic,
+                    name,
+                    value,
+                    MIN_DISPATCHES as u64,
+                    MAX_DISPATCHES as u64,
+                )?;
+                options.dispatches = usize::try_from(n).unwrap_or(MAX_DISPATCHES);
+            }
+            "--passes" => {
+                options.passes = parse_count(topic, name, value, 2, u64::from(MAX_PASSES))?
+            }
+            "--service" => {
+                options.service = match value {
+                    "replay" => DispatchService::Replay,
+                    "none" => DispatchService::None,
+                    _ => {
+                        return Err(UsageError::of(
+                            topic,
+                            format!(
+                                "invalid value '{value}' for '--service': expected replay or none"
+                            ),
+                        ));
+                    }
+                };
+            }
+            "--csv" => options.csv = Some(parse_path(topic, name, value)?),
+            _ => unreachable!("every bench-dispatch option is handled above"),
+        }
+    }
+    Ok(Command::BenchDispatch(options))
+}
+
+/// A comma-separated list whose items `item` parses; empty items and repeated items are errors.
+fn parse_list<T: PartialEq>(
+    topic: HelpTopic,
+    option: &str,
+    value: &str,
+    item: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, UsageError> {
+    let bad = |why: String| {
+        UsageError::of(
+            topic,
+            format!("invalid value '{value}' for '{option}': {why}"),
+        )
+    };
+    let mut items = Vec::new();
+    for text in value.split(',').map(str::trim) {
+        if text.is_empty() {
+            return Err(bad("empty item in the comma-separated list".into()));
+        }
+        let parsed = item(text).map_err(|why| bad(format!("'{text}': {why}")))?;
+        if items.contains(&parsed) {
+            return Err(bad(format!("'{text}' is listed twice")));
+        }
+        items.push(parsed);
+    }
+    Ok(items)
+}
+
+/// A byte count with an optional binary unit: `4096`, `64K`, `16M`, `1G`, `1GiB`, `2T`, within
+/// [`MIN_FOOTPRINT`]..=[`MAX_FOOTPRINT`].
+fn parse_size(text: &str) -> Result<u64, String> {
+    let expected = "expected a size like 16M, 256M or 1G";
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return Err(expected.into());
+    }
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(expected.into()),
+    };
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("too large (at most {}GiB)", MAX_FOOTPRINT >> 30))?;
+    if bytes < MIN_FOOTPRINT {
+        return Err(format!("too small (at least {}KiB)", MIN_FOOTPRINT >> 10));
+    }
+    if bytes > MAX_FOOTPRINT {
+        return Err(format!("too large (at most {}GiB)", MAX_FOOTPRINT >> 30));
+    }
+    Ok(bytes)
+}
+
+/// A percentage from 0 to 100, decimals allowed, with an optional `%`.
+fn parse_percent(text: &str) -> Result<f64, String> {
+    let number = text.strip_suffix('%').unwrap_or(text);
+    let plain = !number.is_empty()
+        && number.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && number.chars().filter(|&c| c == '.').count() <= 1
+        && number != ".";
+    match number.parse::<f64>() {
+        Ok(p) if plain && (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err("expected a percentage from 0 to 100".into()),
+    }
+}
+
 /// A whole number within `min..=max`; `_` separators and a `k`/`K` (×1024) or `m`/`M`
 /// (×1048576) suffix are accepted.
-fn parse_count(option: &str, value: &str, min: u64, max: u64) -> Result<u64, UsageError> {
-    let bad =
-        |why: String| UsageError::demo(format!("invalid value '{value}' for '{option}': {why}"));
+fn parse_count(
+    topic: HelpTopic,
+    option: &str,
+    value: &str,
+    min: u64,
+    max: u64,
+) -> Result<u64, UsageError> {
+    let bad = |why: String| {
+        UsageError::of(
+            topic,
+            format!("invalid value '{value}' for '{option}': {why}"),
+        )
+    };
     let (digits, scale) = match value.chars().last() {
         Some('k' | 'K') => (&value[..value.len() - 1], 1u64 << 10),
         Some('m' | 'M') => (&value[..value.len() - 1], 1u64 << 20),
@@ -279,11 +666,12 @@ fn parse_count(option: &str, value: &str, min: u64, max: u64) -> Result<u64, Usa
     Ok(number)
 }
 
-fn parse_path(option: &str, value: &str) -> Result<PathBuf, UsageError> {
+fn parse_path(topic: HelpTopic, option: &str, value: &str) -> Result<PathBuf, UsageError> {
     if value.is_empty() {
-        return Err(UsageError::demo(format!(
-            "option '{option}' needs a file path"
-        )));
+        return Err(UsageError::of(
+            topic,
+            format!("option '{option}' needs a file path"),
+        ));
     }
     Ok(PathBuf::from(value))
 }
@@ -325,6 +713,75 @@ pub fn help_text(topic: HelpTopic) -> String {
              \x20 -h, --help     show this help\n\n\
              Exit status: 0 when verification passes, 1 when it fails (or a dispatch was not\n\
              replayed as planned), 2 for a bad command line.\n"
+        ),
+        HelpTopic::Bench => format!(
+            "kreplay bench — snapshot and restore cost beside ceilings measured in the same run\n\n\
+             Usage: kreplay bench [options]\n\n\
+             For every footprint: measures the ceilings (memcpy of the footprint, a parallel read\n\
+             pass, one-thread xxh3), then for every store tier and restore strategy a snapshot\n\
+             (first and steady-state) and, for every dirty fraction, a steady-state restore after a\n\
+             pass that changed that fraction of the 64 KiB chunks. The device is host memory split\n\
+             into 4 tracked allocations. Prints one row per measurement with the ceiling beside it,\n\
+             then the design's targets judged from this run's rows.\n\n\
+             Options:\n\
+             \x20 --footprints LIST  comma list of sizes (K/M/G/T = KiB/MiB/GiB/TiB), {}K to {}G\n\
+             \x20                    (default 64M,256M)\n\
+             \x20 --dirty LIST       comma list of dirty percentages, 0 to 100 (default 0,1,10,100)\n\
+             \x20 --strategies LIST  restore strategies: full, hash, writeset, auto\n\
+             \x20                    (default full,hash,writeset)\n\
+             \x20 --tiers LIST       snapshot store tiers: host, file, device, auto\n\
+             \x20                    (default host,file,device)\n\
+             \x20 --repeats N        timed repetitions per measurement, best kept, 1 to {MAX_REPEATS}\n\
+             \x20                    (default {DEFAULT_REPEATS})\n\
+             \x20 --csv PATH         write every row as CSV\n\
+             \x20 --svg PATH         write a plot of restore time against dirty fraction (largest\n\
+             \x20                    footprint) with the memcpy ceiling\n\
+             \x20 --discrete         a device without host windows, reached through reads and\n\
+             \x20                    writes only, like a GPU behind PCIe\n\
+             \x20 -h, --help         show this help\n\n\
+             The matrix needs about 3x the largest footprint of free memory (and the footprint\n\
+             again on disk for the file tier). The fixed cost per dispatch is measured by\n\
+             'kreplay bench-dispatch'.\n\n\
+             Exit status: 0 when the matrix ran (targets not met are reported, not failures), 1\n\
+             when it could not run or its output could not be written, 2 for a bad command line.\n",
+            MIN_FOOTPRINT >> 10,
+            MAX_FOOTPRINT >> 30,
+        ),
+        HelpTopic::BenchDispatch => format!(
+            "kreplay bench-dispatch — the fixed cost kreplay adds per dispatch, on softhsa\n\n\
+             Usage: kreplay bench-dispatch [options]\n\n\
+             Installs kreplay in this process on the software HSA runtime (as the demo does) with a\n\
+             minimal tool that owns the KERNEL_REPLAY service, and times dispatches of an empty\n\
+             kernel (one work-item) submitted and waited for one at a time, round-robin over:\n\
+             \x20 - a queue of softhsa's own table (no interception, no kreplay): the baseline;\n\
+             \x20 - an intercept queue of softhsa's own table with a pass-through handler\n\
+             \x20   (softhsa's interception machinery alone);\n\
+             \x20 - an intercept queue of softhsa's own table whose handler runs the dispatch\n\
+             \x20   N times and waits for each run, as a replay loop must, with nothing else;\n\
+             \x20 - a queue of the table kreplay is installed in, the tool answering N passes\n\
+             \x20   (a: replayed), and the same queue with the tool leaving the pass-count\n\
+             \x20   callback NULL (b: opted out).\n\
+             The replayed dispatch's agent owns one 4 KiB coarse-grained buffer while the other\n\
+             tracked allocations are fine-grained, kernarg or on the other agent, so the snapshot\n\
+             is tiny and the inventory walk is what costs. (c), an ordinary dispatch with no replay\n\
+             service configured, needs a process without one: it is measured in a child process\n\
+             started as 'kreplay bench-dispatch --service none'. Medians are reported, with\n\
+             kreplay's own timing of its replay loop beside them.\n\n\
+             Round trips include thread wake-ups, which on a virtual machine can cost tens of\n\
+             µs when they cross vCPUs; 'taskset -c 0 kreplay bench-dispatch' keeps every thread\n\
+             on one CPU and takes that out.\n\n\
+             Options:\n\
+             \x20 --allocations N  tracked allocations besides the 4 KiB buffer, 0 to {MAX_ALLOCATIONS}\n\
+             \x20                  (default {DEFAULT_ALLOCATIONS})\n\
+             \x20 --dispatches N   timed dispatches per configuration, {MIN_DISPATCHES} to {MAX_DISPATCHES}\n\
+             \x20                  (default {DEFAULT_DISPATCHES})\n\
+             \x20 --passes N       passes of the replayed dispatch, 2 to {MAX_PASSES} (default {DEFAULT_DISPATCH_PASSES})\n\
+             \x20 --service S      replay: measure (a) and (b) here and (c) in a child process\n\
+             \x20                  (default); none: configure no tool and measure only (c)\n\
+             \x20 --csv PATH       write every figure as CSV (nanoseconds)\n\
+             \x20 -h, --help       show this help\n\n\
+             Exit status: 0 when the measurements ran (targets not met are reported, not\n\
+             failures), 1 when they could not run, 2 for a bad command line.\n"
         ),
     }
 }
@@ -450,6 +907,147 @@ mod tests {
         );
     }
 
+    fn bench(args: &[&str]) -> Result<BenchOptions, UsageError> {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        match parse(all)? {
+            Command::Bench(options) => Ok(options),
+            other => panic!("expected a bench command, got {other:?}"),
+        }
+    }
+
+    fn bench_dispatch(args: &[&str]) -> Result<DispatchBenchOptions, UsageError> {
+        let mut all = vec!["bench-dispatch"];
+        all.extend_from_slice(args);
+        match parse(all)? {
+            Command::BenchDispatch(options) => Ok(options),
+            other => panic!("expected a bench-dispatch command, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_lists_are_read_with_units_percentages_and_names() {
+        let options = bench(&[
+            "--footprints",
+            "16M,256MiB,1G,4096",
+            "--dirty=0,0.5,1%,100",
+            "--strategies",
+            "writeset,FULL",
+            "--tiers",
+            "device, host",
+            "--repeats",
+            "5",
+            "--csv",
+            "m.csv",
+            "--svg=m.svg",
+            "--discrete",
+        ])
+        .unwrap();
+        assert_eq!(
+            options,
+            BenchOptions {
+                footprints: vec![16 << 20, 256 << 20, 1 << 30, 4096],
+                dirty_fractions: vec![0.0, 0.005, 0.01, 1.0],
+                strategies: vec![RestoreStrategy::Writeset, RestoreStrategy::Full],
+                tiers: vec![StoreTier::Device, StoreTier::Host],
+                repeats: 5,
+                csv: Some(PathBuf::from("m.csv")),
+                svg: Some(PathBuf::from("m.svg")),
+                discrete: true,
+            }
+        );
+        let defaults = bench(&[]).unwrap();
+        assert_eq!(defaults, BenchOptions::default());
+        assert_eq!(defaults.footprints, vec![64 << 20, 256 << 20]);
+        assert_eq!(defaults.dirty_fractions, vec![0.0, 0.01, 0.1, 1.0]);
+    }
+
+    #[test]
+    fn bad_bench_values_name_the_option_and_the_item() {
+        for (args, needle) in [
+            (vec!["--footprints", "16X"], "'16X': expected a size"),
+            (vec!["--footprints", "1K"], "'1K': too small"),
+            (vec!["--footprints", "65G"], "'65G': too large"),
+            (vec!["--footprints", "16M,,1G"], "empty item"),
+            (vec!["--footprints", "1G,1024M"], "'1024M' is listed twice"),
+            (
+                vec!["--dirty", "101"],
+                "'101': expected a percentage from 0 to 100",
+            ),
+            (vec!["--dirty", "-1"], "'-1': expected a percentage"),
+            (vec!["--dirty", "1e1"], "'1e1': expected a percentage"),
+            (
+                vec!["--strategies", "fast"],
+                "'fast': expected full, hash, writeset",
+            ),
+            (vec!["--tiers", "gpu"], "'gpu': expected host, file, device"),
+            (vec!["--repeats", "0"], "at least 1"),
+            (vec!["--svg", ""], "needs a file path"),
+        ] {
+            let error = bench(&args).unwrap_err();
+            let text = error.to_string();
+            assert!(text.contains(args[0]), "{text}");
+            assert!(text.contains(needle), "{args:?}: {text}");
+            assert_eq!(error.help, "kreplay bench --help");
+        }
+        assert_eq!(
+            bench(&["--discrete=yes"]).unwrap_err().message,
+            "option '--discrete' takes no value"
+        );
+        assert_eq!(
+            bench(&["--passes", "2"]).unwrap_err().message,
+            "unknown option '--passes' for 'kreplay bench'"
+        );
+    }
+
+    #[test]
+    fn bench_dispatch_options_are_read_and_checked() {
+        assert_eq!(
+            bench_dispatch(&[]).unwrap(),
+            DispatchBenchOptions::default()
+        );
+        let options = bench_dispatch(&[
+            "--allocations",
+            "0",
+            "--dispatches=2k",
+            "--passes",
+            "3",
+            "--service",
+            "none",
+            "--csv",
+            "d.csv",
+        ])
+        .unwrap();
+        assert_eq!(
+            options,
+            DispatchBenchOptions {
+                allocations: 0,
+                dispatches: 2048,
+                passes: 3,
+                service: DispatchService::None,
+                csv: Some(PathBuf::from("d.csv")),
+            }
+        );
+        for (args, needle) in [
+            (vec!["--passes", "1"], "at least 2"),
+            (vec!["--dispatches", "5"], "at least 10"),
+            (vec!["--allocations", "200000"], "too large"),
+            (vec!["--service", "all"], "expected replay or none"),
+        ] {
+            let error = bench_dispatch(&args).unwrap_err();
+            assert!(error.message.contains(needle), "{args:?}: {error}");
+            assert_eq!(error.help, "kreplay bench-dispatch --help");
+        }
+        assert_eq!(
+            parse(["bench-dispatch", "--dispatches", "x", "-h"]).unwrap(),
+            Command::Help(HelpTopic::BenchDispatch)
+        );
+        assert_eq!(
+            parse(["help", "bench"]).unwrap(),
+            Command::Help(HelpTopic::Bench)
+        );
+    }
+
     #[test]
     fn main_help_lists_every_command() {
         let text = help_text(HelpTopic::Main);
@@ -459,6 +1057,33 @@ mod tests {
         let demo = help_text(HelpTopic::Demo);
         for option in ["--passes", "--no-restore", "--elements", "--json", "--csv"] {
             assert!(demo.contains(option), "{option} missing from demo help");
+        }
+        let bench = help_text(HelpTopic::Bench);
+        for option in [
+            "--footprints",
+            "--dirty",
+            "--strategies",
+            "--tiers",
+            "--repeats",
+            "--csv",
+            "--svg",
+            "--discrete",
+            "bench-dispatch",
+        ] {
+            assert!(bench.contains(option), "{option} missing from bench help");
+        }
+        let dispatch = help_text(HelpTopic::BenchDispatch);
+        for option in [
+            "--allocations",
+            "--dispatches",
+            "--passes",
+            "--service",
+            "--csv",
+        ] {
+            assert!(
+                dispatch.contains(option),
+                "{option} missing from bench-dispatch help"
+            );
         }
     }
 }

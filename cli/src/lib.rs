@@ -3,6 +3,8 @@
 //! `kreplay demo` runs a small HSA application on the embedded software HSA runtime under a
 //! tool that replays every dispatch in N passes (a different tracing context active on each
 //! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
+//! `kreplay bench` measures snapshot and restore beside ceilings measured in the same run, and
+//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`]).
 //! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`].
 //!
 //! ```
@@ -16,6 +18,7 @@
 //! ```
 
 pub mod args;
+pub mod bench;
 pub mod demo;
 pub mod format;
 
@@ -51,11 +54,26 @@ where
                 }
             };
         }
+        Command::Bench(options) => return finished(bench::run(&options, out).map(drop)),
+        Command::BenchDispatch(options) => {
+            return finished(bench::dispatch::run(&options, out).map(drop));
+        }
     };
     match printed {
         Ok(()) => EXIT_OK,
         Err(error) => {
             eprintln!("kreplay: error: cannot write the output: {error}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// The exit status of a command that either ran or failed with an error (printed to stderr).
+fn finished(result: Result<(), String>) -> i32 {
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(error) => {
+            eprintln!("kreplay: error: {error}");
             EXIT_FAILURE
         }
     }

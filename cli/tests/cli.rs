@@ -175,12 +175,191 @@ fn bad_arguments_are_explained_and_exit_2() {
 }
 
 #[test]
+fn bench_prints_the_matrix_with_ceilings_and_targets_and_writes_csv_and_svg() {
+    let csv_path = scratch("matrix.csv");
+    let svg_path = scratch("restore.svg");
+    let started = std::time::Instant::now();
+    let output = kreplay(&[
+        "bench",
+        "--footprints",
+        "4M",
+        "--dirty",
+        "0,1",
+        "--repeats",
+        "1",
+        "--csv",
+        csv_path.to_str().unwrap(),
+        "--svg",
+        svg_path.to_str().unwrap(),
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("footprint  "))
+        .unwrap_or_else(|| panic!("no table header: {text}"));
+    for column in ["time", "GB/s", "ceiling", "ceiling GB/s", "ratio"] {
+        assert!(header.contains(column), "{column} missing: {header}");
+    }
+    // Ceilings first, then 3 tiers x 3 strategies x (2 snapshots + 2 restores) + 3 detect rows.
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("4MiB")).collect();
+    assert_eq!(rows.len(), 3 + 3 * 3 * 4 + 3, "{text}");
+    assert!(
+        rows.iter()
+            .any(|r| r.contains(" detect ") && r.contains("read_pass"))
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.contains(" restore "))
+            .all(|r| r.contains("memcpy")),
+        "{text}"
+    );
+    assert!(
+        text.contains("targets (judged from this run's rows):"),
+        "{text}"
+    );
+    assert!(text.contains("write-set restore at 1% dirty <= 1/10 of full restore"));
+    assert!(text.contains(" met, "), "{text}");
+
+    let csv = std::fs::read_to_string(&csv_path).expect("the CSV file was written");
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some(kreplay_benches::CSV_HEADER));
+    assert_eq!(lines.count(), rows.len());
+    let svg = std::fs::read_to_string(&svg_path).expect("the SVG file was written");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(svg.contains("memcpy ceiling"));
+    let _ = std::fs::remove_file(csv_path);
+    let _ = std::fs::remove_file(svg_path);
+}
+
+#[test]
+fn bench_dispatch_measures_every_path_and_writes_its_figures() {
+    let csv_path = scratch("dispatch.csv");
+    let output = kreplay(&[
+        "bench-dispatch",
+        "--dispatches",
+        "40",
+        "--allocations",
+        "30",
+        "--csv",
+        csv_path.to_str().unwrap(),
+    ]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    for needle in [
+        "softhsa queue (baseline)",
+        "kreplay queue, replayed (2 passes)",
+        "kreplay queue, tool opts out",
+        "kreplay queue, no service",
+        "child, no replay service",
+        "30 others (10 fine-grained on its agent, 10 kernarg, 10 on another agent)",
+        "(a) replayed, 2 passes",
+        "(b) opted out",
+        "(c) no replay service",
+        "target < 100.00 µs",
+        "target < 1.00 µs",
+    ] {
+        assert!(text.contains(needle), "{needle} missing: {text}");
+    }
+    let csv = std::fs::read_to_string(&csv_path).expect("the CSV file was written");
+    assert!(csv.starts_with("measurement,median_ns,p10_ns,p90_ns,samples\n"));
+    for name in [
+        "softhsa.round_trip,",
+        "replayed.round_trip,",
+        "opted_out.submit,",
+        "none.no_service.submit,",
+        "replay_loop.snapshot,",
+        "derived.a_replay_fixed_cost_vs_runs,",
+        "derived.b_opt_out_handler,",
+        "derived.c_no_service_handler,",
+    ] {
+        assert!(csv.contains(name), "{name} missing: {csv}");
+    }
+    // 40 timed dispatches per lane (plus as many path checks for the kreplay lanes).
+    assert!(csv.contains("softhsa.submit,"), "{csv}");
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("softhsa.submit,") && l.ends_with(",40")),
+        "{csv}"
+    );
+    let _ = std::fs::remove_file(csv_path);
+}
+
+#[test]
+fn bad_bench_arguments_are_explained_and_exit_2() {
+    for (args, needle) in [
+        (
+            vec!["bench", "--footprints", "4X"],
+            "invalid value '4X' for '--footprints'",
+        ),
+        (
+            vec!["bench", "--dirty", "150"],
+            "invalid value '150' for '--dirty'",
+        ),
+        (
+            vec!["bench", "--strategies", "full,best"],
+            "'best': expected full, hash, writeset or auto",
+        ),
+        (
+            vec!["bench", "--tiers", "ram"],
+            "'ram': expected host, file",
+        ),
+        (
+            vec!["bench", "--repeats"],
+            "option '--repeats' needs a value",
+        ),
+        (vec!["bench", "--quick"], "unknown option '--quick'"),
+        (
+            vec!["bench-dispatch", "--passes", "1"],
+            "invalid value '1' for '--passes'",
+        ),
+        (
+            vec!["bench-dispatch", "--service", "maybe"],
+            "expected replay or none",
+        ),
+    ] {
+        let output = kreplay(&args);
+        let error = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {error}");
+        assert!(error.starts_with("kreplay: error: "), "{args:?}: {error}");
+        assert!(error.contains(needle), "{args:?}: {error}");
+        assert!(
+            error.contains(&format!("'kreplay {} --help'", args[0])),
+            "{error}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+}
+
+#[test]
+fn bench_with_an_unwritable_output_file_fails_before_measuring() {
+    let output = kreplay(&[
+        "bench",
+        "--footprints",
+        "4M",
+        "--svg",
+        "/nonexistent-kreplay-dir/plot.svg",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).contains("cannot write /nonexistent-kreplay-dir/plot.svg"));
+    assert!(
+        !stdout(&output).contains("footprint "),
+        "{}",
+        stdout(&output)
+    );
+}
+
+#[test]
 fn help_lists_the_commands_and_each_command_has_its_own_help() {
     let output = kreplay(&["--help"]);
     assert_eq!(output.status.code(), Some(0));
     let text = stdout(&output);
     assert!(text.contains("Commands:"), "{text}");
     assert!(text.contains("  demo "), "{text}");
+    assert!(text.contains("  bench "), "{text}");
+    assert!(text.contains("  bench-dispatch "), "{text}");
     assert!(text.contains("  help "), "{text}");
 
     let output = kreplay(&["demo", "--help"]);
@@ -190,6 +369,14 @@ fn help_lists_the_commands_and_each_command_has_its_own_help() {
         assert!(text.contains(option), "{option} missing: {text}");
     }
     assert_eq!(stdout(&kreplay(&["help", "demo"])), text);
+
+    for command in ["bench", "bench-dispatch"] {
+        let output = kreplay(&[command, "--help"]);
+        assert_eq!(output.status.code(), Some(0));
+        let text = stdout(&output);
+        assert!(text.starts_with(&format!("kreplay {command} — ")), "{text}");
+        assert_eq!(stdout(&kreplay(&["help", command])), text);
+    }
 }
 
 #[test]

@@ -1,0 +1,408 @@
+//! The snapshot and restore targets of kreplay's design, evaluated from the rows of one matrix
+//! run: every verdict compares figures measured in that same run.
+
+use std::fmt;
+
+use kreplay_snapshot::{RestoreStrategy, StoreTier};
+
+use crate::matrix::{BenchRow, MatrixConfig, Operation};
+use crate::output::{format_bytes, format_seconds};
+
+/// Full snapshot and restore must reach this fraction of the memcpy ceiling.
+pub const FULL_COPY_MIN_RATIO: f64 = 0.8;
+/// Hash detection must reach this fraction of the read ceiling.
+pub const DETECTION_MIN_RATIO: f64 = 0.8;
+/// A hash restore at 1% dirty may cost the hash pass plus this many copies of the dirty bytes.
+pub const HASH_RESTORE_COPY_FACTOR: f64 = 1.5;
+/// A write-set restore at 1% dirty may cost at most this fraction of a full restore.
+pub const WRITESET_MAX_RATIO: f64 = 0.1;
+/// A write-set restore at 0% dirty must cost less than this fraction of a full restore.
+pub const WRITESET_IDLE_MAX_RATIO: f64 = 0.01;
+
+/// One performance target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Full snapshot and full restore at >= 80% of memcpy.
+    FullCopy,
+    /// Hash detection (a hash restore with nothing dirty) at >= 80% of the read ceiling.
+    HashDetection,
+    /// A hash restore at 1% dirty costs at most the hash pass plus 1.5 copies of the dirty bytes.
+    HashRestore,
+    /// A write-set restore at 1% dirty costs at most 1/10 of a full restore.
+    WritesetRestore,
+    /// A write-set restore at 0% dirty costs less than 1% of a full restore.
+    WritesetIdle,
+}
+
+impl Target {
+    /// Every target, in the order they are reported.
+    pub const ALL: [Target; 5] = [
+        Target::FullCopy,
+        Target::HashDetection,
+        Target::HashRestore,
+        Target::WritesetRestore,
+        Target::WritesetIdle,
+    ];
+
+    /// The target in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Target::FullCopy => "full snapshot/restore >= 80% of memcpy",
+            Target::HashDetection => "hash detection >= 80% of the read ceiling",
+            Target::HashRestore => {
+                "hash restore at 1% dirty <= hash pass + 1.5x copy of the dirty bytes"
+            }
+            Target::WritesetRestore => "write-set restore at 1% dirty <= 1/10 of full restore",
+            Target::WritesetIdle => "write-set restore at 0% dirty < 1% of full restore",
+        }
+    }
+
+    /// What a run must include for the target to be evaluated.
+    pub fn needs(self) -> &'static str {
+        match self {
+            Target::FullCopy => "strategy full",
+            Target::HashDetection => "strategy hash and dirty 0%",
+            Target::HashRestore => "strategy hash and dirty 0% and 1%",
+            Target::WritesetRestore => "strategies full and writeset and dirty 1%",
+            Target::WritesetIdle => "strategies full and writeset and dirty 0%",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The verdict on one target at one footprint and store tier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetCheck {
+    /// The target.
+    pub target: Target,
+    /// The footprint (`None` when the target could not be evaluated at all).
+    pub footprint: Option<u64>,
+    /// The store tier (`None` when the target could not be evaluated at all).
+    pub tier: Option<StoreTier>,
+    /// `Some(true)` met, `Some(false)` not met, `None` not evaluated.
+    pub met: Option<bool>,
+    /// The measured numbers and the limit they were held to (or why nothing was evaluated).
+    pub detail: String,
+}
+
+impl TargetCheck {
+    /// `met`, `NOT MET` or `not evaluated`.
+    pub fn verdict(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "NOT MET",
+            None => "not evaluated",
+        }
+    }
+}
+
+fn same(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// Lookup of rows by what they measured.
+struct Rows<'a>(&'a [BenchRow]);
+
+impl<'a> Rows<'a> {
+    fn find(
+        &self,
+        footprint: u64,
+        tier: StoreTier,
+        strategy: RestoreStrategy,
+        operation: Operation,
+        dirty: f64,
+    ) -> Option<&'a BenchRow> {
+        self.0.iter().find(|r| {
+            r.footprint == footprint
+                && r.tier == Some(tier)
+                && r.strategy == Some(strategy)
+                && r.operation == operation
+                && same(r.dirty_fraction, dirty)
+        })
+    }
+
+    fn ceiling(&self, footprint: u64, operation: Operation) -> Option<&'a BenchRow> {
+        self.0
+            .iter()
+            .find(|r| r.footprint == footprint && r.operation == operation)
+    }
+
+    /// The store tiers measured at `footprint`, in the order they appear.
+    fn tiers(&self, footprint: u64) -> Vec<StoreTier> {
+        let mut tiers = Vec::new();
+        for r in self.0.iter().filter(|r| r.footprint == footprint) {
+            if let Some(tier) = r.tier
+                && !tiers.contains(&tier)
+            {
+                tiers.push(tier);
+            }
+        }
+        tiers
+    }
+}
+
+/// The verdict (`met`) and the detail line of one target at one footprint and tier, or `None`
+/// when the rows it needs are missing.
+fn evaluate(
+    target: Target,
+    config: &MatrixConfig,
+    rows: &Rows<'_>,
+    footprint: u64,
+    tier: StoreTier,
+) -> Option<(bool, String)> {
+    use RestoreStrategy::{Full, Hash, Writeset};
+    let find = |strategy, operation, dirty| rows.find(footprint, tier, strategy, operation, dirty);
+    match target {
+        Target::FullCopy => {
+            let snapshot = find(Full, Operation::Snapshot, 0.0)?;
+            let slowest_restore = rows
+                .0
+                .iter()
+                .filter(|r| {
+                    r.footprint == footprint
+                        && r.tier == Some(tier)
+                        && r.strategy == Some(Full)
+                        && r.operation == Operation::Restore
+                })
+                .min_by(|a, b| a.ratio.total_cmp(&b.ratio));
+            let mut detail = format!(
+                "snapshot {:.2} GB/s ({:.2}x)",
+                snapshot.gbps, snapshot.ratio
+            );
+            let mut worst = snapshot.ratio;
+            if let Some(restore) = slowest_restore {
+                detail += &format!(
+                    ", slowest full restore {:.2} GB/s ({:.2}x)",
+                    restore.gbps, restore.ratio
+                );
+                worst = worst.min(restore.ratio);
+            }
+            detail += &format!(
+                " of memcpy {:.2} GB/s; need >= {FULL_COPY_MIN_RATIO:.2}x",
+                snapshot.ceiling_gbps
+            );
+            Some((worst >= FULL_COPY_MIN_RATIO, detail))
+        }
+        Target::HashDetection => {
+            let detect = find(Hash, Operation::Detect, 0.0)?;
+            Some((
+                detect.ratio >= DETECTION_MIN_RATIO,
+                format!(
+                    "hash pass {:.2} GB/s = {:.2}x of the read pass {:.2} GB/s; need >= \
+                     {DETECTION_MIN_RATIO:.2}x",
+                    detect.gbps, detect.ratio, detect.ceiling_gbps
+                ),
+            ))
+        }
+        Target::HashRestore => {
+            let restore = find(Hash, Operation::Restore, 0.01)?;
+            let detect = find(Hash, Operation::Detect, 0.0)?;
+            let memcpy = rows.ceiling(footprint, Operation::Memcpy)?;
+            let dirty = config.dirty_bytes(footprint, 0.01);
+            let copy = dirty as f64 / (memcpy.gbps * 1e9);
+            let limit = detect.seconds + HASH_RESTORE_COPY_FACTOR * copy;
+            Some((
+                restore.seconds <= limit,
+                format!(
+                    "restore {} vs limit {} = hash pass {} + {HASH_RESTORE_COPY_FACTOR} x copy of \
+                     {} at memcpy {:.2} GB/s ({})",
+                    format_seconds(restore.seconds),
+                    format_seconds(limit),
+                    format_seconds(detect.seconds),
+                    format_bytes(dirty),
+                    memcpy.gbps,
+                    format_seconds(copy)
+                ),
+            ))
+        }
+        Target::WritesetRestore | Target::WritesetIdle => {
+            let (dirty, max, strict) = if target == Target::WritesetRestore {
+                (0.01, WRITESET_MAX_RATIO, false)
+            } else {
+                (0.0, WRITESET_IDLE_MAX_RATIO, true)
+            };
+            let writeset = find(Writeset, Operation::Restore, dirty)?;
+            let full = find(Full, Operation::Restore, dirty)?;
+            let ratio = writeset.seconds / full.seconds;
+            let met = if strict { ratio < max } else { ratio <= max };
+            Some((
+                met,
+                format!(
+                    "write set {} = {ratio:.4}x of full restore {}; need {} {max:.2}x",
+                    format_seconds(writeset.seconds),
+                    format_seconds(full.seconds),
+                    if strict { "<" } else { "<=" }
+                ),
+            ))
+        }
+    }
+}
+
+/// Evaluates every [`Target`] at every footprint and store tier of `rows` (the result of
+/// [`crate::run_matrix`] with `config`). A target the run has no rows for yields one check with
+/// `met: None` saying what the run must include.
+///
+/// ```
+/// use kreplay_benches::{MatrixConfig, Target, check_targets, run_matrix};
+/// use kreplay_snapshot::StoreTier;
+///
+/// let config = MatrixConfig {
+///     footprints: vec![1 << 20],
+///     dirty_fractions: vec![0.0, 0.01],
+///     tiers: vec![StoreTier::Host],
+///     chunk_size: 4096,
+///     repeats: 1,
+///     ..Default::default()
+/// };
+/// let checks = check_targets(&config, &run_matrix(&config).unwrap());
+/// assert_eq!(checks.len(), Target::ALL.len()); // one footprint, one tier
+/// assert!(checks.iter().all(|c| c.met.is_some()));
+/// ```
+pub fn check_targets(config: &MatrixConfig, rows: &[BenchRow]) -> Vec<TargetCheck> {
+    let rows = Rows(rows);
+    let mut footprints: Vec<u64> = Vec::new();
+    for r in rows.0 {
+        if !footprints.contains(&r.footprint) {
+            footprints.push(r.footprint);
+        }
+    }
+    let mut checks = Vec::new();
+    for target in Target::ALL {
+        let before = checks.len();
+        for &footprint in &footprints {
+            for tier in rows.tiers(footprint) {
+                if let Some((met, detail)) = evaluate(target, config, &rows, footprint, tier) {
+                    checks.push(TargetCheck {
+                        target,
+                        footprint: Some(footprint),
+                        tier: Some(tier),
+                        met: Some(met),
+                        detail,
+                    });
+                }
+            }
+        }
+        if checks.len() == before {
+            checks.push(TargetCheck {
+                target,
+                footprint: None,
+                tier: None,
+                met: None,
+                detail: format!("this run lacks the rows it needs ({})", target.needs()),
+            });
+        }
+    }
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn row(
+        strategy: Option<RestoreStrategy>,
+        operation: Operation,
+        dirty: f64,
+        seconds: f64,
+        ceiling_gbps: f64,
+    ) -> BenchRow {
+        let gbps = 64.0 * MIB as f64 / seconds / 1e9;
+        BenchRow {
+            footprint: 64 * MIB,
+            dirty_fraction: dirty,
+            strategy,
+            tier: strategy.map(|_| StoreTier::Host),
+            operation,
+            seconds,
+            gbps,
+            ceiling_gbps,
+            ratio: gbps / ceiling_gbps,
+        }
+    }
+
+    fn config() -> MatrixConfig {
+        MatrixConfig {
+            footprints: vec![64 * MIB],
+            chunk_size: 64 << 10,
+            ..Default::default()
+        }
+    }
+
+    /// memcpy 10 ms, read pass 5 ms; full copies at `full` seconds, detection at `detect`,
+    /// hash restore at 1% at `hash1`, write set at `ws1` / `ws0`.
+    fn rows(full: f64, detect: f64, hash1: f64, ws1: f64, ws0: f64) -> Vec<BenchRow> {
+        use RestoreStrategy::*;
+        let memcpy = 64.0 * MIB as f64 / 0.010 / 1e9;
+        let read = 64.0 * MIB as f64 / 0.005 / 1e9;
+        vec![
+            row(None, Operation::Memcpy, 0.0, 0.010, memcpy),
+            row(None, Operation::ReadPass, 0.0, 0.005, read),
+            row(Some(Full), Operation::Snapshot, 0.0, full, memcpy),
+            row(Some(Full), Operation::Restore, 0.0, full, memcpy),
+            row(Some(Full), Operation::Restore, 0.01, full, memcpy),
+            row(Some(Hash), Operation::Restore, 0.0, detect, memcpy),
+            row(Some(Hash), Operation::Detect, 0.0, detect, read),
+            row(Some(Hash), Operation::Restore, 0.01, hash1, memcpy),
+            row(Some(Writeset), Operation::Restore, 0.0, ws0, memcpy),
+            row(Some(Writeset), Operation::Restore, 0.01, ws1, memcpy),
+        ]
+    }
+
+    fn verdicts(checks: &[TargetCheck]) -> Vec<Option<bool>> {
+        checks.iter().map(|c| c.met).collect()
+    }
+
+    #[test]
+    fn figures_within_the_limits_meet_every_target() {
+        let checks = check_targets(&config(), &rows(0.011, 0.006, 0.0061, 0.001, 0.00005));
+        assert_eq!(verdicts(&checks), vec![Some(true); 5], "{checks:#?}");
+        assert!(
+            checks[0].detail.contains("need >= 0.80x"),
+            "{}",
+            checks[0].detail
+        );
+        assert_eq!(checks[0].tier, Some(StoreTier::Host));
+    }
+
+    #[test]
+    fn each_target_fails_when_its_figure_crosses_the_limit() {
+        // 1% of 1024 chunks of 64 KiB = 10 chunks = 640 KiB; a copy at memcpy speed (6.7 GB/s)
+        // takes ~0.098 ms, so the hash restore limit is 6.3 ms + 0.147 ms.
+        let checks = check_targets(&config(), &rows(0.0126, 0.0063, 0.0066, 0.0013, 0.0002));
+        assert_eq!(
+            verdicts(&checks),
+            vec![
+                Some(false),
+                Some(false),
+                Some(false),
+                Some(false),
+                Some(false)
+            ],
+            "{checks:#?}"
+        );
+        assert!(checks[2].detail.contains("640KiB"), "{}", checks[2].detail);
+    }
+
+    #[test]
+    fn targets_without_their_rows_are_reported_as_not_evaluated() {
+        let only_full: Vec<BenchRow> = rows(0.011, 0.006, 0.0061, 0.001, 0.00005)
+            .into_iter()
+            .filter(|r| r.strategy.is_none() || r.strategy == Some(RestoreStrategy::Full))
+            .collect();
+        let checks = check_targets(&config(), &only_full);
+        assert_eq!(verdicts(&checks), vec![Some(true), None, None, None, None]);
+        assert!(
+            checks[1].detail.contains("strategy hash"),
+            "{}",
+            checks[1].detail
+        );
+        assert_eq!(checks[1].verdict(), "not evaluated");
+    }
+}

@@ -1,0 +1,1249 @@
+//! `kreplay bench-dispatch`: the fixed cost kreplay adds per dispatch, on the software HSA
+//! runtime, in-process.
+//!
+//! kreplay is installed into a copy of softhsa's table the way a runtime loads a tools library
+//! (as `kreplay demo` does). Dispatches of an empty kernel (one work-item) are submitted and
+//! waited for one at a time, round-robin over *lanes*: a queue of softhsa's own table (the
+//! baseline), an intercept queue of softhsa's own table with a pass-through handler (softhsa's
+//! interception machinery alone), and a queue of the table kreplay is installed in, used with the
+//! tool answering N passes (replayed) or leaving the pass-count callback NULL (opted out).
+//!
+//! Once a tool configured the replay service it stays configured for the life of the process,
+//! so the ordinary path with no replay service is measured in a child process that runs
+//! `kreplay bench-dispatch --service none` (no tool at all) and hands its figures back as CSV.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::io::Write;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hsa_sys::*;
+use kreplay_passloop::{RanOnceReason, ReplayOutcome, ReplayRecord};
+use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind, dispatch_packet};
+use kreplay_softhsa::{OwnedApiTable, WorkGroup};
+
+use super::tool;
+use crate::args::{DispatchBenchOptions, DispatchService};
+use crate::format::{Align, Table, format_bytes};
+
+/// Bytes of the replayed dispatch's own coarse-grained buffer.
+pub const BUFFER_BYTES: usize = 4096;
+/// Bytes of each of the other tracked allocations.
+pub const OTHER_ALLOCATION_BYTES: usize = 4096;
+/// The replayed-dispatch target: fixed cost below this, in nanoseconds.
+pub const REPLAY_TARGET_NS: f64 = 100_000.0;
+/// The opt-out and no-service target: added cost below this, in nanoseconds.
+pub const ORDINARY_TARGET_NS: f64 = 1_000.0;
+/// Idle queues of kreplay's table on the agent besides the measured one (drained by a replay).
+pub const IDLE_SIBLINGS: usize = 1;
+/// How long one dispatch may take before the benchmark gives up.
+const DISPATCH_DEADLINE: Duration = Duration::from_secs(30);
+/// Packets per queue.
+const QUEUE_SIZE: u32 = 256;
+
+static RAN: AtomicBool = AtomicBool::new(false);
+
+/// A series' median and spread, in nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stat {
+    /// The median.
+    pub median: f64,
+    /// The 10th percentile.
+    pub p10: f64,
+    /// The 90th percentile.
+    pub p90: f64,
+    /// Values the statistic summarizes (0 for a figure derived from other medians).
+    pub samples: usize,
+}
+
+impl Stat {
+    /// The statistic of `values` (sorted in place); `None` when empty.
+    pub fn of(values: &mut [f64]) -> Option<Stat> {
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let position = q * (values.len() - 1) as f64;
+            let (low, high) = (position.floor() as usize, position.ceil() as usize);
+            let weight = position - low as f64;
+            values[low] * (1.0 - weight) + values[high] * weight
+        };
+        Some(Stat {
+            median: at(0.5),
+            p10: at(0.1),
+            p90: at(0.9),
+            samples: values.len(),
+        })
+    }
+
+    /// A figure computed from other medians.
+    fn derived(value: f64) -> Stat {
+        Stat {
+            median: value,
+            p10: f64::NAN,
+            p90: f64::NAN,
+            samples: 0,
+        }
+    }
+}
+
+/// Named figures in nanoseconds (`<lane>.submit`, `<lane>.round_trip`, `kernel.run`,
+/// `replay_loop.*`, `derived.*`; figures of the child process are prefixed `none.`).
+pub type Figures = BTreeMap<String, Stat>;
+
+/// Where a queue comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QueueKind {
+    /// softhsa's own table, no interception.
+    Softhsa,
+    /// softhsa's own table, an intercept queue with a pass-through handler.
+    Intercept,
+    /// softhsa's own table, an intercept queue whose handler runs each dispatch N times the way
+    /// a replay loop does, with nothing else.
+    Runs,
+    /// The table kreplay is installed in.
+    Kreplay,
+}
+
+/// One way of submitting the dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneKind {
+    Softhsa,
+    Intercept,
+    Runs,
+    Replayed,
+    OptedOut,
+    NoService,
+}
+
+impl LaneKind {
+    fn key(self) -> &'static str {
+        match self {
+            LaneKind::Softhsa => "softhsa",
+            LaneKind::Intercept => "intercept",
+            LaneKind::Runs => "runs",
+            LaneKind::Replayed => "replayed",
+            LaneKind::OptedOut => "opted_out",
+            LaneKind::NoService => "no_service",
+        }
+    }
+}
+
+/// A queue, its completion signal and the packet dispatched on it, plus the samples.
+struct Lane {
+    kind: LaneKind,
+    hsa: Hsa,
+    queue: *mut hsa_queue_t,
+    signal: hsa_signal_t,
+    packet: hsa_kernel_dispatch_packet_t,
+    /// What the tool answers at CONFIG ENTER before this lane's dispatch (`None`: no tool).
+    tool_passes: Option<u64>,
+    submit: Vec<f64>,
+    round_trip: Vec<f64>,
+}
+
+impl Lane {
+    /// Submits one dispatch and waits for it; returns (submit, round trip) in nanoseconds.
+    fn time_one(&self) -> Result<(f64, f64), String> {
+        if let Some(passes) = self.tool_passes {
+            tool::set_passes(passes);
+        }
+        self.hsa.signal_store(self.signal, 1);
+        let start = Instant::now();
+        // SAFETY: the queue is live and was created through `self.hsa`'s runtime; the packet is
+        // a 64-byte kernel dispatch packet with no kernel arguments.
+        unsafe { self.hsa.submit(self.queue, &self.packet) };
+        let submitted = start.elapsed();
+        if !self.hsa.wait_zero(self.signal, DISPATCH_DEADLINE) {
+            return Err(format!(
+                "a dispatch on the {} lane did not complete within {} s",
+                self.kind.key(),
+                DISPATCH_DEADLINE.as_secs()
+            ));
+        }
+        let done = start.elapsed();
+        Ok((submitted.as_nanos() as f64, done.as_nanos() as f64))
+    }
+}
+
+/// What one process set up: lanes and everything to release.
+struct Rig {
+    plain: Hsa,
+    app: Hsa,
+    gpu: hsa_agent_t,
+    lanes: Vec<Lane>,
+    queues: Vec<(Hsa, *mut hsa_queue_t)>,
+    signals: Vec<(Hsa, hsa_signal_t)>,
+    allocations: Vec<*mut u8>,
+    /// What the N-runs handler needs; boxed so its address stays put while the queue lives.
+    runs: Option<Box<RunsHandler>>,
+    /// Tracked allocations by kind: (fine-grained on the agent, kernarg, on another agent).
+    tracked: (usize, usize, usize),
+}
+
+impl Drop for Rig {
+    /// Releases everything; statuses are ignored (nothing is left to report them to).
+    fn drop(&mut self) {
+        for (hsa, queue) in self.queues.drain(..) {
+            // SAFETY: a queue this rig created through `hsa`, destroyed once; no packet is in
+            // flight (every dispatch was waited for, or the rig gave up on the process).
+            let _ = unsafe { hsa.queue_destroy(queue) };
+        }
+        for (hsa, signal) in self.signals.drain(..) {
+            let _ = hsa.signal_destroy(signal);
+        }
+        for ptr in self.allocations.drain(..) {
+            let _ = self.app.free(ptr);
+        }
+    }
+}
+
+fn empty_kernel(_: &WorkGroup) {}
+
+/// softhsa's pass-through intercept handler: every packet goes on unchanged.
+unsafe extern "C" fn pass_through(
+    packets: *const c_void,
+    count: u64,
+    _user_packet_index: u64,
+    _data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    if let Some(writer) = writer {
+        // SAFETY: the runtime hands `count` packets at `packets`, valid for this call, and a
+        // writer valid for this call.
+        unsafe { writer(packets, count) };
+    }
+}
+
+/// The N-runs handler's state: the table to call, its own pass signal and the run count.
+struct RunsHandler {
+    hsa: Hsa,
+    signal: hsa_signal_t,
+    runs: u64,
+    /// Dispatches that did not complete in time (the handler then gives up on them).
+    stuck: std::sync::atomic::AtomicU64,
+}
+
+/// An intercept handler that does what a replay loop must do and nothing else: a single kernel
+/// dispatch is submitted `runs` times through the writer with the handler's own completion
+/// signal, each run waited for (a look at the signal, then a blocking wait if needed), then the
+/// application's completion signal is decremented once. Anything else is forwarded unchanged.
+unsafe extern "C" fn run_n_times(
+    packets: *const c_void,
+    count: u64,
+    _user_packet_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let Some(writer) = writer else { return };
+    // SAFETY: `data` is the rig's boxed `RunsHandler` (or null), alive until after the queue is
+    // destroyed (the rig destroys its queues first).
+    let handler = unsafe { data.cast::<RunsHandler>().as_ref() };
+    let (Some(handler), Some(subtract)) = (
+        handler,
+        handler.and_then(|h| h.hsa.core().hsa_signal_subtract_screlease_fn),
+    ) else {
+        // SAFETY: as in `pass_through`.
+        unsafe { writer(packets, count) };
+        return;
+    };
+    // SAFETY: the runtime hands `count` >= 1 packets of 64 bytes at `packets`, valid for this
+    // call.
+    let mut packet = unsafe {
+        packets
+            .cast::<hsa_kernel_dispatch_packet_t>()
+            .read_unaligned()
+    };
+    if count != 1 || u32::from(packet.header) & 0xff != HSA_PACKET_TYPE_KERNEL_DISPATCH {
+        // SAFETY: as in `pass_through`.
+        unsafe { writer(packets, count) };
+        return;
+    }
+    let application = packet.completion_signal;
+    packet.completion_signal = handler.signal;
+    // The table wrappers only panic on a missing entry (softhsa's table has them all); should
+    // one panic anyway, the application's completion is still fired below.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        for _ in 0..handler.runs {
+            handler.hsa.signal_store(handler.signal, 1);
+            // SAFETY: one packet, valid for the call; the writer is valid during this handler.
+            unsafe { writer((&raw const packet).cast(), 1) };
+            // As kreplay's pass loop does: look first, block only if the run is not done yet.
+            if handler.hsa.signal_load(handler.signal) != 0
+                && !handler.hsa.wait_zero(handler.signal, DISPATCH_DEADLINE)
+            {
+                handler.stuck.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+    }));
+    if application.handle != 0 {
+        // SAFETY: the application's completion signal, a live signal of this runtime.
+        unsafe { subtract(application, 1) };
+    }
+}
+
+fn hsa_error(call: &str) -> impl Fn(hsa_status_t) -> String + '_ {
+    move |status| format!("{call} failed with status {status:#x}")
+}
+
+impl Rig {
+    fn new(plain: Hsa, app: Hsa, options: &DispatchBenchOptions) -> Result<Rig, String> {
+        let gpus = app.gpu_agents().map_err(hsa_error("hsa_iterate_agents"))?;
+        let gpu = *gpus
+            .first()
+            .ok_or("the software HSA runtime reports no GPU agent")?;
+        let mut rig = Rig {
+            plain,
+            app,
+            gpu,
+            lanes: Vec::new(),
+            queues: Vec::new(),
+            signals: Vec::new(),
+            allocations: Vec::new(),
+            runs: None,
+            tracked: (0, 0, 0),
+        };
+        rig.allocate(&gpus, options.allocations)?;
+        let kernel = kreplay_softhsa::register_kernel("kreplay_bench_empty", empty_kernel);
+        let replay = options.service == DispatchService::Replay;
+
+        let softhsa = rig.queue(QueueKind::Softhsa)?;
+        rig.lane(LaneKind::Softhsa, plain, softhsa, kernel, None)?;
+        let intercept = rig.queue(QueueKind::Intercept)?;
+        rig.lane(LaneKind::Intercept, plain, intercept, kernel, None)?;
+        if replay {
+            let signal = plain
+                .signal_create(0)
+                .map_err(hsa_error("hsa_signal_create"))?;
+            rig.signals.push((plain, signal));
+            rig.runs = Some(Box::new(RunsHandler {
+                hsa: plain,
+                signal,
+                runs: options.passes,
+                stuck: std::sync::atomic::AtomicU64::new(0),
+            }));
+            let runs = rig.queue(QueueKind::Runs)?;
+            rig.lane(LaneKind::Runs, plain, runs, kernel, None)?;
+        }
+        let kreplay_queue = rig.queue(QueueKind::Kreplay)?;
+        for _ in 0..IDLE_SIBLINGS {
+            // Idle sibling queues on the agent: a replay drains them too.
+            rig.queue(QueueKind::Kreplay)?;
+        }
+        if replay {
+            rig.lane(
+                LaneKind::Replayed,
+                app,
+                kreplay_queue,
+                kernel,
+                Some(options.passes),
+            )?;
+            rig.lane(LaneKind::OptedOut, app, kreplay_queue, kernel, Some(0))?;
+        } else {
+            rig.lane(LaneKind::NoService, app, kreplay_queue, kernel, None)?;
+        }
+        Ok(rig)
+    }
+
+    /// The replayed dispatch's buffer, then `others` allocations that are tracked but never
+    /// snapshotted for it: fine-grained on its agent, kernarg, and coarse-grained on another
+    /// agent, in turn.
+    fn allocate(&mut self, gpus: &[hsa_agent_t], others: usize) -> Result<(), String> {
+        let app = self.app;
+        let pool = |agent, kind, what: &str| {
+            app.pool(agent, kind)
+                .map_err(|status| format!("no {what} pool ({status:#x})"))
+        };
+        let coarse = pool(self.gpu, PoolKind::Coarse, "coarse-grained")?;
+        let fine = pool(self.gpu, PoolKind::Fine, "fine-grained")?;
+        let kernarg = match app.pool(self.gpu, PoolKind::Kernarg) {
+            Ok(p) => p,
+            Err(_) => {
+                let cpu = app.cpu_agent().map_err(hsa_error("hsa_iterate_agents"))?;
+                pool(cpu, PoolKind::Kernarg, "kernarg")?
+            }
+        };
+        let other_agent = match gpus.get(1) {
+            Some(&other) => Some(pool(other, PoolKind::Coarse, "coarse-grained")?),
+            None => None,
+        };
+        let buffer = app
+            .allocate(coarse, BUFFER_BYTES)
+            .map_err(hsa_error("hsa_amd_memory_pool_allocate"))?;
+        self.allocations.push(buffer);
+        for i in 0..others {
+            let (pool, count) = match (i % 3, other_agent) {
+                (1, _) => (kernarg, &mut self.tracked.1),
+                (2, Some(other)) => (other, &mut self.tracked.2),
+                _ => (fine, &mut self.tracked.0),
+            };
+            let ptr = app
+                .allocate(pool, OTHER_ALLOCATION_BYTES)
+                .map_err(hsa_error("hsa_amd_memory_pool_allocate"))?;
+            self.allocations.push(ptr);
+            *count += 1;
+        }
+        Ok(())
+    }
+
+    /// A queue on the agent: through softhsa's own table (plain, or an intercept queue with the
+    /// pass-through handler) with profiling on, as kreplay turns it on for its own queues; or
+    /// through the table kreplay is installed in.
+    fn queue(&mut self, kind: QueueKind) -> Result<*mut hsa_queue_t, String> {
+        let hsa = if kind == QueueKind::Kreplay {
+            self.app
+        } else {
+            self.plain
+        };
+        let intercept = matches!(kind, QueueKind::Intercept | QueueKind::Runs);
+        let queue = if intercept {
+            hsa.intercept_queue_create(self.gpu, QUEUE_SIZE)
+                .map_err(hsa_error("hsa_amd_queue_intercept_create"))?
+        } else {
+            hsa.queue_create(self.gpu, QUEUE_SIZE)
+                .map_err(hsa_error("hsa_queue_create"))?
+        };
+        self.queues.push((hsa, queue));
+        if intercept {
+            let register = hsa
+                .amd()
+                .hsa_amd_queue_intercept_register_fn
+                .ok_or("the table has no hsa_amd_queue_intercept_register")?;
+            let (handler, data): (unsafe extern "C" fn(_, _, _, _, _), *mut c_void) =
+                match &self.runs {
+                    Some(runs) if kind == QueueKind::Runs => (
+                        run_n_times,
+                        std::ptr::from_ref::<RunsHandler>(runs).cast_mut().cast(),
+                    ),
+                    _ => (pass_through, std::ptr::null_mut()),
+                };
+            // SAFETY: a live intercept queue of this runtime and a handler with the HSA
+            // signature; its data (if any) is boxed in the rig and outlives the queue.
+            let status = unsafe { register(queue, Some(handler), data) };
+            if status != HSA_STATUS_SUCCESS {
+                return Err(hsa_error("hsa_amd_queue_intercept_register")(status));
+            }
+        }
+        if kind != QueueKind::Kreplay {
+            let enable = hsa
+                .amd()
+                .hsa_amd_profiling_set_profiler_enabled_fn
+                .ok_or("the table has no hsa_amd_profiling_set_profiler_enabled")?;
+            // SAFETY: a live queue of this runtime.
+            let status = unsafe { enable(queue, 1) };
+            if status != HSA_STATUS_SUCCESS {
+                return Err(hsa_error("hsa_amd_profiling_set_profiler_enabled")(status));
+            }
+        }
+        Ok(queue)
+    }
+
+    fn lane(
+        &mut self,
+        kind: LaneKind,
+        hsa: Hsa,
+        queue: *mut hsa_queue_t,
+        kernel: u64,
+        tool_passes: Option<u64>,
+    ) -> Result<(), String> {
+        let signal = hsa
+            .signal_create(0)
+            .map_err(hsa_error("hsa_signal_create"))?;
+        self.signals.push((hsa, signal));
+        let packet = dispatch_packet(&Dispatch::linear(
+            kernel,
+            1,
+            1,
+            std::ptr::null_mut(),
+            signal,
+        ));
+        self.lanes.push(Lane {
+            kind,
+            hsa,
+            queue,
+            signal,
+            packet,
+            tool_passes,
+            submit: Vec::new(),
+            round_trip: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn lane_of(&self, kind: LaneKind) -> Option<&Lane> {
+        self.lanes.iter().find(|l| l.kind == kind)
+    }
+
+    /// The softhsa lane's last dispatch as the packet processor timed it (start to end of the
+    /// kernel), in nanoseconds.
+    fn kernel_time(&self) -> Option<f64> {
+        let lane = self.lane_of(LaneKind::Softhsa)?;
+        let get = self.plain.amd().hsa_amd_profiling_get_dispatch_time_fn?;
+        let mut time = hsa_amd_profiling_dispatch_time_t { start: 0, end: 0 };
+        // SAFETY: the lane's signal completed a dispatch on a profiled queue of this agent;
+        // `time` is a valid out-pointer.
+        let status = unsafe { get(self.gpu, lane.signal, &mut time) };
+        (status == HSA_STATUS_SUCCESS && time.end >= time.start)
+            .then(|| (time.end - time.start) as f64 * 1e9 / ticks_per_second(&self.plain) as f64)
+    }
+
+    /// Replayed and opted-out dispatches with kreplay's cost records on: checks that each took
+    /// the path it stands for and returns the medians of the loop's own timings.
+    fn check_paths(&mut self, count: usize, passes: u64) -> Result<Figures, String> {
+        kreplay::hsa_tool::set_collect_replay_records(true);
+        let _ = kreplay::hsa_tool::take_replay_records();
+        let before = tool::counts();
+        let result = (|| {
+            for kind in [LaneKind::Replayed, LaneKind::OptedOut] {
+                let lane = self.lane_of(kind).ok_or("missing lane")?;
+                for _ in 0..count {
+                    lane.time_one()?;
+                }
+            }
+            Ok::<(), String>(())
+        })();
+        kreplay::hsa_tool::set_collect_replay_records(false);
+        let records = kreplay::hsa_tool::take_replay_records();
+        result?;
+        let after = tool::counts();
+        let (replayed, opted_out) = records.split_at(records.len().min(count));
+        if records.len() != 2 * count {
+            return Err(format!(
+                "{} dispatches went through the replay loop, {} were expected",
+                records.len(),
+                2 * count
+            ));
+        }
+        for record in replayed {
+            let ReplayOutcome::Replayed { passes: ran, .. } = record.outcome else {
+                return Err(format!(
+                    "a dispatch meant to be replayed was not: {:?}",
+                    record.outcome
+                ));
+            };
+            if ran != passes || record.cost.bytes_snapshotted != BUFFER_BYTES as u64 {
+                return Err(format!(
+                    "a replayed dispatch ran {ran} passes over a {} byte snapshot; {passes} \
+                     passes over {BUFFER_BYTES} bytes were expected",
+                    record.cost.bytes_snapshotted
+                ));
+            }
+        }
+        if let Some(record) = opted_out.iter().find(|r| {
+            !matches!(
+                r.outcome,
+                ReplayOutcome::RanOnce {
+                    why: RanOnceReason::OptedOut
+                }
+            )
+        }) {
+            return Err(format!(
+                "a dispatch meant to opt out went otherwise: {:?}",
+                record.outcome
+            ));
+        }
+        let enters = after.pass_enters - before.pass_enters;
+        if enters != count as u64 * passes || after.errors != 0 {
+            return Err(format!(
+                "the tool saw {enters} PASS ENTERs ({} expected) and {} bad records",
+                count as u64 * passes,
+                after.errors
+            ));
+        }
+        Ok(loop_figures(replayed, opted_out))
+    }
+
+    /// Warm-up rounds, then `rounds` timed rounds, each dispatching once on every lane in turn.
+    fn time_lanes(&mut self, rounds: usize) -> Result<Figures, String> {
+        let warm_up = warm_up_rounds(rounds);
+        let mut kernel = Vec::with_capacity(rounds);
+        for round in 0..warm_up + rounds {
+            for i in 0..self.lanes.len() {
+                let (submit, round_trip) = self.lanes[i].time_one()?;
+                if round >= warm_up {
+                    self.lanes[i].submit.push(submit);
+                    self.lanes[i].round_trip.push(round_trip);
+                    if self.lanes[i].kind == LaneKind::Softhsa
+                        && let Some(ns) = self.kernel_time()
+                    {
+                        kernel.push(ns);
+                    }
+                }
+            }
+        }
+        let mut figures = Figures::new();
+        for lane in &mut self.lanes {
+            let key = lane.kind.key();
+            if let Some(s) = Stat::of(&mut lane.submit) {
+                figures.insert(format!("{key}.submit"), s);
+            }
+            if let Some(s) = Stat::of(&mut lane.round_trip) {
+                figures.insert(format!("{key}.round_trip"), s);
+            }
+        }
+        if let Some(s) = Stat::of(&mut kernel) {
+            figures.insert("kernel.run".into(), s);
+        }
+        if let Some(runs) = &self.runs {
+            let stuck = runs.stuck.load(Ordering::Relaxed);
+            if stuck > 0 {
+                return Err(format!(
+                    "{stuck} run(s) of the N-runs handler did not complete within {} s",
+                    DISPATCH_DEADLINE.as_secs()
+                ));
+            }
+        }
+        Ok(figures)
+    }
+}
+
+/// Untimed rounds before `rounds` timed ones.
+fn warm_up_rounds(rounds: usize) -> usize {
+    (rounds / 10).clamp(20, 500)
+}
+
+fn ticks_per_second(hsa: &Hsa) -> u64 {
+    let Some(get_info) = hsa.core().hsa_system_get_info_fn else {
+        return 1_000_000_000;
+    };
+    let mut frequency: u64 = 0;
+    // SAFETY: TIMESTAMP_FREQUENCY is a u64 written to a valid out-pointer.
+    let status = unsafe {
+        get_info(
+            HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY,
+            (&raw mut frequency).cast(),
+        )
+    };
+    if status == HSA_STATUS_SUCCESS && frequency > 0 {
+        frequency
+    } else {
+        1_000_000_000
+    }
+}
+
+/// Medians of the replay loop's own timings (`replay_loop.*`) and of the opted-out dispatches'
+/// time in the loop (`opt_out_loop.total`).
+fn loop_figures(replayed: &[ReplayRecord], opted_out: &[ReplayRecord]) -> Figures {
+    let ns = |d: Duration| d.as_nanos() as f64;
+    type Series = (&'static str, fn(&ReplayRecord) -> Duration);
+    let series: [Series; 7] = [
+        ("replay_loop.total", |r| r.cost.total),
+        ("replay_loop.passes", |r| r.cost.pass_times.iter().sum()),
+        ("replay_loop.outside_passes", |r| {
+            r.cost
+                .total
+                .saturating_sub(r.cost.pass_times.iter().sum::<Duration>())
+        }),
+        ("replay_loop.lock_wait", |r| r.cost.lock_wait),
+        ("replay_loop.drain", |r| r.cost.drain),
+        ("replay_loop.snapshot", |r| r.cost.snapshot),
+        ("replay_loop.restores", |r| {
+            r.cost.restore_times.iter().sum()
+        }),
+    ];
+    let mut figures = Figures::new();
+    for (name, f) in series {
+        let mut values: Vec<f64> = replayed.iter().map(|r| ns(f(r))).collect();
+        if let Some(s) = Stat::of(&mut values) {
+            figures.insert(name.into(), s);
+        }
+    }
+    let mut values: Vec<f64> = opted_out.iter().map(|r| ns(r.cost.total)).collect();
+    if let Some(s) = Stat::of(&mut values) {
+        figures.insert("opt_out_loop.total".into(), s);
+    }
+    figures
+}
+
+/// Installs kreplay on softhsa in this process and measures what `options.service` asks for.
+fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, usize)), String> {
+    let replay = options.service == DispatchService::Replay;
+    if replay {
+        tool::register()?;
+    }
+    let plain = Hsa::softhsa();
+    // A runtime loads tools inside hsa_init, with the runtime up: hold one reference around
+    // kreplay's OnLoad .. OnUnload, as the demo does.
+    let hold = plain.init().map_err(hsa_error("hsa_init"))?;
+    let mut table = OwnedApiTable::softhsa();
+    // SAFETY: `table` is a complete, writable copy of softhsa's table that outlives every call
+    // made through it (it is dropped after on_unload).
+    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
+        .map_err(|e| format!("cannot install kreplay: {e}"))?;
+    let result = (|| {
+        if let Some(why) = tool::setup_error() {
+            return Err(format!("the benchmark tool could not set up: {why}"));
+        }
+        if replay != kreplay::services::replay_configured() {
+            return Err("the replay service is not configured as this measurement needs".into());
+        }
+        // SAFETY: the copy's sub-tables are valid for as long as `table` lives.
+        let app = unsafe { Hsa::from_table(table.table()) };
+        let _session = app.init().map_err(hsa_error("hsa_init"))?;
+        let mut rig = Rig::new(plain, app, options)?;
+        let mut figures = Figures::new();
+        let before = tool::counts();
+        figures.extend(rig.time_lanes(options.dispatches)?);
+        if replay {
+            let after = tool::counts();
+            let rounds = (options.dispatches + warm_up_rounds(options.dispatches)) as u64;
+            let passes = (
+                after.config_enters - before.config_enters,
+                after.pass_enters - before.pass_enters,
+            );
+            if passes != (2 * rounds, rounds * options.passes) {
+                return Err(format!(
+                    "during the timed rounds the tool saw {} CONFIG ENTERs and {} PASS ENTERs; \
+                     {} and {} were expected",
+                    passes.0,
+                    passes.1,
+                    2 * rounds,
+                    rounds * options.passes
+                ));
+            }
+            // After the timed rounds, so that every lane's threads start from the same history.
+            let count = options.dispatches.min(1000);
+            figures.extend(rig.check_paths(count, options.passes)?);
+        }
+        let tracked = rig.tracked;
+        drop(rig);
+        Ok((figures, tracked))
+    })();
+    kreplay::hsa_tool::on_unload();
+    drop(table);
+    drop(hold);
+    result
+}
+
+/// Runs `kreplay bench-dispatch --service none` in a child process and reads its figures.
+fn measure_in_child(options: &DispatchBenchOptions) -> Result<Figures, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the kreplay executable to start a child: {e}"))?;
+    let csv =
+        std::env::temp_dir().join(format!("kreplay-bench-dispatch-{}.csv", std::process::id()));
+    let output = std::process::Command::new(&exe)
+        .arg("bench-dispatch")
+        .args(["--service", "none"])
+        .args(["--allocations", &options.allocations.to_string()])
+        .args(["--dispatches", &options.dispatches.to_string()])
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let text = std::fs::read_to_string(&csv);
+    let _ = std::fs::remove_file(&csv);
+    if !output.status.success() {
+        return Err(format!(
+            "the child process measuring dispatches with no replay service failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let text = text.map_err(|e| format!("cannot read the child's figures: {e}"))?;
+    parse_csv(&text)
+}
+
+/// The CSV [`write_csv`] writes, read back.
+fn parse_csv(text: &str) -> Result<Figures, String> {
+    let mut lines = text.lines();
+    if lines.next() != Some(CSV_HEADER) {
+        return Err("the child's figures lack the CSV header".into());
+    }
+    let number = |s: &str| {
+        if s.is_empty() {
+            Ok(f64::NAN)
+        } else {
+            s.parse::<f64>()
+                .map_err(|e| format!("bad number '{s}': {e}"))
+        }
+    };
+    let mut figures = Figures::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split(',').collect();
+        let [name, median, p10, p90, samples] = fields[..] else {
+            return Err(format!("bad line in the child's figures: '{line}'"));
+        };
+        figures.insert(
+            name.to_string(),
+            Stat {
+                median: number(median)?,
+                p10: number(p10)?,
+                p90: number(p90)?,
+                samples: samples.parse().map_err(|e| format!("bad count: {e}"))?,
+            },
+        );
+    }
+    Ok(figures)
+}
+
+/// Header of the CSV `--csv` writes.
+pub const CSV_HEADER: &str = "measurement,median_ns,p10_ns,p90_ns,samples";
+
+fn write_csv(figures: &Figures, path: &Path) -> Result<(), String> {
+    let cell = |v: f64| {
+        if v.is_nan() {
+            String::new()
+        } else {
+            format!("{v:.1}")
+        }
+    };
+    let mut text = format!("{CSV_HEADER}\n");
+    for (name, s) in figures {
+        text += &format!(
+            "{name},{},{},{},{}\n",
+            cell(s.median),
+            cell(s.p10),
+            cell(s.p90),
+            s.samples
+        );
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// What [`run`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DispatchBenchOutcome {
+    /// Every figure, in nanoseconds (those of the child process prefixed `none.`).
+    pub figures: Figures,
+    /// Target verdicts: (name, met).
+    pub targets: Vec<(&'static str, bool)>,
+}
+
+/// Runs `kreplay bench-dispatch`, printing the report to `out`. kreplay installs into one HSA
+/// table per process, so this runs once per process (and not after `kreplay demo`).
+pub fn run(
+    options: &DispatchBenchOptions,
+    out: &mut dyn Write,
+) -> Result<DispatchBenchOutcome, String> {
+    if RAN.swap(true, Ordering::SeqCst) {
+        return Err(
+            "kreplay bench-dispatch already ran in this process (kreplay installs into \
+                    one HSA table per process)"
+                .into(),
+        );
+    }
+    let mut figures = Figures::new();
+    if options.service == DispatchService::Replay {
+        // The child reports as a `--service none` run: its figures are already `none.*`.
+        for (name, stat) in measure_in_child(options)? {
+            if name.starts_with("none.") {
+                figures.insert(name, stat);
+            }
+        }
+    }
+    let (measured, tracked) = measure(options)?;
+    let prefix = if options.service == DispatchService::None {
+        "none."
+    } else {
+        ""
+    };
+    for (name, stat) in measured {
+        figures.insert(format!("{prefix}{name}"), stat);
+    }
+    let targets = derive(options, &mut figures);
+    let report = render(options, &figures, tracked, &targets);
+    out.write_all(report.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write the report: {e}"))?;
+    if let Some(path) = &options.csv {
+        write_csv(&figures, path)?;
+    }
+    Ok(DispatchBenchOutcome { figures, targets })
+}
+
+/// Adds the `derived.*` figures and returns the target verdicts.
+fn derive(options: &DispatchBenchOptions, figures: &mut Figures) -> Vec<(&'static str, bool)> {
+    let median = |figures: &Figures, name: &str| figures.get(name).map(|s| s.median);
+    let mut derived: Vec<(&'static str, f64)> = Vec::new();
+    let mut targets = Vec::new();
+    let n = options.passes as f64;
+    if let (Some(replayed), Some(base)) = (
+        median(figures, "replayed.round_trip"),
+        median(figures, "softhsa.round_trip"),
+    ) {
+        let fixed = replayed - n * base;
+        derived.push(("derived.a_replay_fixed_cost", fixed));
+        targets.push(("a_replay_fixed_cost", fixed < REPLAY_TARGET_NS));
+    }
+    if let (Some(replayed), Some(runs)) = (
+        median(figures, "replayed.round_trip"),
+        median(figures, "runs.round_trip"),
+    ) {
+        let fixed = replayed - runs;
+        derived.push(("derived.a_replay_fixed_cost_vs_runs", fixed));
+        targets.push(("a_replay_fixed_cost_vs_runs", fixed < REPLAY_TARGET_NS));
+    }
+    for (prefix, lane, name, total) in [
+        (
+            "",
+            "opted_out",
+            "derived.b_opt_out_handler",
+            "derived.b_opt_out_total",
+        ),
+        (
+            "none.",
+            "no_service",
+            "derived.c_no_service_handler",
+            "derived.c_no_service_total",
+        ),
+    ] {
+        if let (Some(submit), Some(intercept)) = (
+            median(figures, &format!("{prefix}{lane}.submit")),
+            median(figures, &format!("{prefix}intercept.submit")),
+        ) {
+            derived.push((name, submit - intercept));
+            targets.push((
+                &name["derived.".len()..],
+                submit - intercept < ORDINARY_TARGET_NS,
+            ));
+        }
+        if let (Some(rt), Some(base)) = (
+            median(figures, &format!("{prefix}{lane}.round_trip")),
+            median(figures, &format!("{prefix}softhsa.round_trip")),
+        ) {
+            derived.push((total, rt - base));
+        }
+    }
+    for prefix in ["", "none."] {
+        if let (Some(intercept), Some(base)) = (
+            median(figures, &format!("{prefix}intercept.submit")),
+            median(figures, &format!("{prefix}softhsa.submit")),
+        ) {
+            let name = if prefix.is_empty() {
+                "derived.interception"
+            } else {
+                "derived.none_interception"
+            };
+            derived.push((name, intercept - base));
+        }
+    }
+    for (name, value) in derived {
+        figures.insert(name.to_string(), Stat::derived(value));
+    }
+    targets
+}
+
+fn us(ns: f64) -> String {
+    if ns.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.2} µs", ns / 1e3)
+    }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "NOT MET" }
+}
+
+fn render(
+    options: &DispatchBenchOptions,
+    figures: &Figures,
+    tracked: (usize, usize, usize),
+    targets: &[(&'static str, bool)],
+) -> String {
+    let get = |name: &str| figures.get(name).copied();
+    let median = |name: &str| get(name).map_or(f64::NAN, |s| s.median);
+    let met = |name: &str| targets.iter().find(|(n, _)| *n == name).map(|t| t.1);
+    let cpus = super::cpus();
+    let replay = options.service == DispatchService::Replay;
+    let passes = options.passes;
+    let mut text = format!(
+        "kreplay bench-dispatch: fixed cost per dispatch on the software HSA runtime ({cpus})\n\
+         empty kernel (1 work-item), one dispatch at a time, {} timed dispatches per lane \
+         (round-robin, after a warm-up)\n\
+         tracked allocations: the dispatch's {} coarse-grained buffer + {} others ({} fine-grained \
+         on its agent, {} kernarg, {} on another agent)\n\n",
+        options.dispatches,
+        format_bytes(BUFFER_BYTES as u64),
+        tracked.0 + tracked.1 + tracked.2,
+        tracked.0,
+        tracked.1,
+        tracked.2,
+    );
+    let mut table = Table::new(&[
+        ("lane", Align::Left),
+        ("process", Align::Left),
+        ("submit median", Align::Right),
+        ("p10", Align::Right),
+        ("p90", Align::Right),
+        ("round trip median", Align::Right),
+        ("p10", Align::Right),
+        ("p90", Align::Right),
+    ]);
+    let runs_label = format!("intercept queue, runs it {passes}x");
+    let lanes: [(&str, &str); 8] = [
+        ("softhsa", "softhsa queue (baseline)"),
+        ("intercept", "intercept queue, pass-through"),
+        ("runs", &runs_label),
+        ("replayed", "kreplay queue, replayed"),
+        ("opted_out", "kreplay queue, tool opts out"),
+        ("none.softhsa", "softhsa queue (baseline)"),
+        ("none.intercept", "intercept queue, pass-through"),
+        ("none.no_service", "kreplay queue, no service"),
+    ];
+    for (key, label) in lanes {
+        let (Some(submit), Some(rt)) = (
+            get(&format!("{key}.submit")),
+            get(&format!("{key}.round_trip")),
+        ) else {
+            continue;
+        };
+        let label = if key == "replayed" {
+            format!("{label} ({passes} passes)")
+        } else {
+            label.to_string()
+        };
+        let process = if replay && key.starts_with("none.") {
+            "child, no replay service".to_string()
+        } else if key.starts_with("none.") {
+            "this, no replay service".to_string()
+        } else {
+            "this, replay service".to_string()
+        };
+        table.row(vec![
+            label,
+            process,
+            us(submit.median),
+            us(submit.p10),
+            us(submit.p90),
+            us(rt.median),
+            us(rt.p10),
+            us(rt.p90),
+        ]);
+    }
+    text += &table.render();
+    text += "\nsubmit: writing the packet and ringing the doorbell, until the doorbell store \
+             returns; on an intercept queue the handlers run inside that store, so for a \
+             replayed dispatch it holds the whole replay.\n\
+             round trip: from the start of submit until a blocking wait sees the completion \
+             signal at 0. It includes waking softhsa's packet processor thread and the waiting \
+             thread: on a virtual machine a wake-up across vCPUs can cost tens of µs, and which \
+             lanes pay it depends on where the scheduler placed their threads ('taskset -c 0 \
+             kreplay bench-dispatch' keeps every thread on one CPU and takes that out).\n";
+    for key in ["kernel.run", "none.kernel.run"] {
+        if let Some(s) = get(key) {
+            text += &format!(
+                "kernel run time (packet processor timestamps, softhsa queue{}): median {}, \
+                 p10 {}, p90 {}\n",
+                if key.starts_with("none.") && replay {
+                    ", child"
+                } else {
+                    ""
+                },
+                us(s.median),
+                us(s.p10),
+                us(s.p90)
+            );
+        }
+    }
+
+    if replay {
+        let loop_total = get("replay_loop.total");
+        text += &format!(
+            "\nkreplay's own cost records ({} replayed and {} opted-out dispatches, medians):\n",
+            loop_total.map_or(0, |s| s.samples),
+            get("opt_out_loop.total").map_or(0, |s| s.samples)
+        );
+        text += &format!(
+            "  replayed: in the loop {}, of which passes {} and outside the passes {} (lock wait \
+             {}, drain {}, snapshot {}, restores {}, callbacks and the rest {})\n",
+            us(median("replay_loop.total")),
+            us(median("replay_loop.passes")),
+            us(median("replay_loop.outside_passes")),
+            us(median("replay_loop.lock_wait")),
+            us(median("replay_loop.drain")),
+            us(median("replay_loop.snapshot")),
+            us(median("replay_loop.restores")),
+            us(median("replay_loop.outside_passes")
+                - median("replay_loop.lock_wait")
+                - median("replay_loop.drain")
+                - median("replay_loop.snapshot")
+                - median("replay_loop.restores")),
+        );
+        text += &format!(
+            "  opted out: in the loop {} (CONFIG ENTER/EXIT callbacks, then the dispatch is \
+             forwarded)\n",
+            us(median("opt_out_loop.total"))
+        );
+    }
+
+    text += "\nfixed cost per dispatch (differences of medians):\n";
+    let line = |text: &mut String, label: &str, value: f64, target: Option<(f64, bool)>| {
+        *text += &format!("  {label} = {}", us(value));
+        if let Some((limit, met)) = target {
+            *text += &format!("   target < {}: {}", us(limit), verdict(met));
+        }
+        text.push('\n');
+    };
+    if replay {
+        let fixed = median("derived.a_replay_fixed_cost");
+        line(
+            &mut text,
+            &format!(
+                "(a) replayed, {passes} passes: round trip {} - {passes}-runs handler round trip {}",
+                us(median("replayed.round_trip")),
+                us(median("runs.round_trip"))
+            ),
+            median("derived.a_replay_fixed_cost_vs_runs"),
+            met("a_replay_fixed_cost_vs_runs").map(|m| (REPLAY_TARGET_NS, m)),
+        );
+        text += &format!(
+            "      includes: kreplay's handler and pass loop, the tool's CONFIG, PASS, SNAPSHOT \
+             and RESTORE callbacks, the agent's writer lock, the drain of the dispatch's queue \
+             and {} idle sibling queue(s) on the agent, the inventory walk over {} tracked \
+             allocations, the {} snapshot and {} restore(s); not the {passes} runs of the \
+             kernel, which the {passes}-runs handler (an intercept handler that submits the \
+             dispatch {passes} times and waits for each, then completes the application's \
+             signal) pays as well\n",
+            IDLE_SIBLINGS,
+            tracked.0 + tracked.1 + tracked.2 + 1,
+            format_bytes(BUFFER_BYTES as u64),
+            passes - 1
+        );
+        line(
+            &mut text,
+            &format!(
+                "    the same against {passes} x baseline round trip {}",
+                us(median("softhsa.round_trip"))
+            ),
+            fixed,
+            met("a_replay_fixed_cost").map(|m| (REPLAY_TARGET_NS, m)),
+        );
+        text += &format!(
+            "      also includes the difference between a run waited for inside a handler and \
+             an ordinary dispatch waited for by the application ({passes}-runs handler - \
+             {passes} x baseline = {})\n",
+            us(median("runs.round_trip") - passes as f64 * median("softhsa.round_trip"))
+        );
+        line(
+            &mut text,
+            "(b) opted out, kreplay's handler: opt-out submit - intercept submit",
+            median("derived.b_opt_out_handler"),
+            met("b_opt_out_handler").map(|m| (ORDINARY_TARGET_NS, m)),
+        );
+        line(
+            &mut text,
+            "    with softhsa's interception: opt-out round trip - baseline round trip",
+            median("derived.b_opt_out_total"),
+            None,
+        );
+        text += "      includes: the replay-service check, the dispatch's info, the tool's \
+                 CONFIG ENTER (pass-count callback left NULL) and CONFIG EXIT callbacks, the \
+                 agent's reader lock, counting the dispatch in flight and the idle marker \
+                 packet written after it\n";
+    }
+    line(
+        &mut text,
+        &format!(
+            "(c) no replay service, kreplay's handler: submit - intercept submit{}",
+            if replay { " (child process)" } else { "" }
+        ),
+        median("derived.c_no_service_handler"),
+        met("c_no_service_handler").map(|m| (ORDINARY_TARGET_NS, m)),
+    );
+    line(
+        &mut text,
+        "    with softhsa's interception: round trip - baseline round trip",
+        median("derived.c_no_service_total"),
+        None,
+    );
+    text += "      includes: one relaxed load of the replay-service flag (and of the dispatch \
+             tracing flag), then the packets are forwarded unchanged\n";
+    let interception = if replay {
+        median("derived.interception")
+    } else {
+        median("derived.none_interception")
+    };
+    text += &format!(
+        "softhsa's interception machinery alone (intercept submit - baseline submit): {} — paid \
+         by any tool that intercepts queues, not kreplay's code\n",
+        us(interception)
+    );
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_percentiles_interpolate_between_samples() {
+        let mut values: Vec<f64> = (1..=11).rev().map(f64::from).collect();
+        let s = Stat::of(&mut values).unwrap();
+        assert_eq!((s.median, s.p10, s.p90, s.samples), (6.0, 2.0, 10.0, 11));
+        let mut two = vec![4.0, 2.0];
+        assert_eq!(Stat::of(&mut two).unwrap().median, 3.0);
+        assert!(Stat::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn figures_survive_the_csv_round_trip() {
+        let mut figures = Figures::new();
+        figures.insert(
+            "softhsa.submit".into(),
+            Stat {
+                median: 1500.0,
+                p10: 1000.0,
+                p90: 2500.5,
+                samples: 10,
+            },
+        );
+        figures.insert("derived.x".into(), Stat::derived(-12.5));
+        let path = std::env::temp_dir().join(format!("kreplay-cli-csv-{}", std::process::id()));
+        write_csv(&figures, &path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(text.starts_with(CSV_HEADER));
+        let back = parse_csv(&text).unwrap();
+        assert_eq!(back["softhsa.submit"], figures["softhsa.submit"]);
+        assert_eq!(back["derived.x"].median, -12.5);
+        assert!(back["derived.x"].p10.is_nan());
+        assert!(parse_csv("nonsense").is_err());
+    }
+
+    #[test]
+    fn derived_figures_subtract_the_baselines_and_judge_the_targets() {
+        let stat = |median| Stat {
+            median,
+            p10: median,
+            p90: median,
+            samples: 1,
+        };
+        let mut figures = Figures::new();
+        for (name, v) in [
+            ("softhsa.submit", 2_000.0),
+            ("softhsa.round_trip", 30_000.0),
+            ("intercept.submit", 3_000.0),
+            ("replayed.round_trip", 150_000.0),
+            ("opted_out.submit", 5_500.0),
+            ("opted_out.round_trip", 36_000.0),
+            ("none.softhsa.round_trip", 29_000.0),
+            ("none.softhsa.submit", 2_000.0),
+            ("none.intercept.submit", 3_100.0),
+            ("none.no_service.submit", 3_400.0),
+            ("none.no_service.round_trip", 31_000.0),
+        ] {
+            figures.insert(name.into(), stat(v));
+        }
+        let targets = derive(&DispatchBenchOptions::default(), &mut figures);
+        assert_eq!(figures["derived.a_replay_fixed_cost"].median, 90_000.0);
+        assert_eq!(figures["derived.b_opt_out_handler"].median, 2_500.0);
+        assert_eq!(figures["derived.b_opt_out_total"].median, 6_000.0);
+        assert_eq!(figures["derived.c_no_service_handler"].median, 300.0);
+        assert_eq!(figures["derived.c_no_service_total"].median, 2_000.0);
+        assert_eq!(figures["derived.interception"].median, 1_000.0);
+        assert_eq!(
+            targets,
+            vec![
+                ("a_replay_fixed_cost", true),
+                ("b_opt_out_handler", false),
+                ("c_no_service_handler", true),
+            ]
+        );
+    }
+}
