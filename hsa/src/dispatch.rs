@@ -216,23 +216,48 @@ fn forward(
     if track {
         b.original.signal_add(state.in_flight, 1);
     }
+    // The packets and, when tracked, the in-flight marker go to the hardware queue in one write
+    // (one doorbell), so tracking adds a packet but no extra wake-up of the packet processor.
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
-        b.hooks.dispatch_enqueue(&traced, None, &mut || {
-            // SAFETY: `writer` is valid during this handler call; the packets are initialized.
-            unsafe { writer(patched.as_ptr().cast(), patched.len() as u64) };
-            progress.set(Progress::Done);
-        });
-    } else {
-        // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
-        unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
-        progress.set(Progress::Done);
+        submit_traced(b, state, patched, &traced, writer, track, progress);
+        return;
     }
+    let mut batch = Vec::with_capacity(packets.len() + 1);
+    batch.extend_from_slice(packets);
     if track {
-        let marker = state.marker();
-        // SAFETY: as above; a barrier-AND packet is one 64-byte AQL packet.
-        unsafe { writer((&marker as *const hsa_barrier_and_packet_t).cast(), 1) };
+        batch.push(marker_packet(state));
     }
+    // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
+    unsafe { writer(batch.as_ptr().cast(), batch.len() as u64) };
+    progress.set(Progress::Done);
+}
+
+/// The in-flight marker of `state` as one AQL packet.
+fn marker_packet(state: &QueueState) -> Packet {
+    let marker = state.marker();
+    // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
+    Packet(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; AQL]>(marker) })
+}
+
+/// Writes traced packets (and the marker) inside the tool layer's ENQUEUE announcement.
+fn submit_traced(
+    b: &Backend,
+    state: &QueueState,
+    mut patched: Vec<Packet>,
+    traced: &[DispatchInfo],
+    writer: Writer,
+    track: bool,
+    progress: &Cell<Progress>,
+) {
+    if track {
+        patched.push(marker_packet(state));
+    }
+    b.hooks.dispatch_enqueue(traced, None, &mut || {
+        // SAFETY: `writer` is valid during this handler call; the packets are initialized.
+        unsafe { writer(patched.as_ptr().cast(), patched.len() as u64) };
+        progress.set(Progress::Done);
+    });
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.
