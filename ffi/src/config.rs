@@ -13,7 +13,8 @@
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //!
 //! ```
-//! use kreplay::config::{Config, RestoreMode};
+//! use kreplay::config::Config;
+//! use kreplay_snapshot::RestoreStrategy;
 //!
 //! let config = Config::from_lookup(|name| match name {
 //!     "KREPLAY_RESTORE" => Some("writeset".to_owned()),
@@ -21,7 +22,7 @@
 //!     _ => None,
 //! })
 //! .unwrap();
-//! assert_eq!(config.restore, RestoreMode::WriteSet);
+//! assert_eq!(config.restore, RestoreStrategy::Writeset);
 //! assert_eq!(config.max_snapshot_bytes, Some(512 << 20));
 //!
 //! let err = Config::from_lookup(|name| {
@@ -35,6 +36,8 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
 
 use crate::logging::LogLevel;
 
@@ -54,34 +57,6 @@ pub const ENV_LOG: &str = "KREPLAY_LOG";
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
 
-/// Where snapshots are kept (`KREPLAY_SNAPSHOT_STORE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum SnapshotStore {
-    /// Device shadow when the agent has room, else host memory, else a spill file.
-    #[default]
-    Auto,
-    /// Only a device-resident shadow.
-    Device,
-    /// Only host memory.
-    Host,
-    /// Only a memory-mapped spill file.
-    File,
-}
-
-/// How memory is restored between passes (`KREPLAY_RESTORE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum RestoreMode {
-    /// kreplay chooses per dispatch.
-    #[default]
-    Auto,
-    /// Copy everything back.
-    Full,
-    /// Copy back the chunks whose hash changed.
-    Hash,
-    /// Copy back the write set learned from pass 0 (verified).
-    WriteSet,
-}
-
 /// kreplay's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -90,10 +65,11 @@ pub struct Config {
     pub max_snapshot_bytes: Option<u64>,
     /// How long to wait for queues, copies and passes to drain before declining.
     pub drain_timeout: Duration,
-    /// Where snapshots are kept.
-    pub snapshot_store: SnapshotStore,
-    /// How memory is restored.
-    pub restore: RestoreMode,
+    /// Where snapshots are kept (`auto`: device shadow when the agent has room, else host
+    /// memory, else a spill file).
+    pub snapshot_store: StoreTier,
+    /// How memory is restored between passes (`auto`: chosen per dispatch).
+    pub restore: RestoreStrategy,
     /// Folder for spill files; `None` means the system temporary directory.
     pub spill_dir: Option<PathBuf>,
     /// How much is printed.
@@ -105,8 +81,8 @@ impl Default for Config {
         Config {
             max_snapshot_bytes: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-            snapshot_store: SnapshotStore::Auto,
-            restore: RestoreMode::Auto,
+            snapshot_store: StoreTier::Auto,
+            restore: RestoreStrategy::Auto,
             spill_dir: None,
             log: LogLevel::Warn,
         }
@@ -187,25 +163,12 @@ impl Config {
             config.snapshot_store = parse_choice(
                 ENV_SNAPSHOT_STORE,
                 &value,
-                &[
-                    ("auto", SnapshotStore::Auto),
-                    ("device", SnapshotStore::Device),
-                    ("host", SnapshotStore::Host),
-                    ("file", SnapshotStore::File),
-                ],
+                "one of auto, device, host, file",
             )?;
         }
         if let Some(value) = lookup(ENV_RESTORE) {
-            config.restore = parse_choice(
-                ENV_RESTORE,
-                &value,
-                &[
-                    ("auto", RestoreMode::Auto),
-                    ("full", RestoreMode::Full),
-                    ("hash", RestoreMode::Hash),
-                    ("writeset", RestoreMode::WriteSet),
-                ],
-            )?;
+            config.restore =
+                parse_choice(ENV_RESTORE, &value, "one of auto, full, hash, writeset")?;
         }
         if let Some(value) = lookup(ENV_SPILL_DIR) {
             if value.trim().is_empty() {
@@ -227,34 +190,36 @@ impl Config {
         Ok(config)
     }
 
+    /// The snapshot crate's configuration these settings give (budget, tier, strategy, spill
+    /// folder; chunk size and verification interval at their defaults).
+    pub fn snapshot_config(&self) -> SnapshotConfig {
+        SnapshotConfig {
+            // None (0 in the environment) derives the budget from the memory available.
+            max_bytes: SnapshotConfig::budget_from_setting(self.max_snapshot_bytes.unwrap_or(0)),
+            store: self.snapshot_store,
+            strategy: self.restore,
+            spill_dir: self.spill_dir.clone(),
+            ..SnapshotConfig::default()
+        }
+    }
+
     /// The spill folder to use: `spill_dir`, else the system temporary directory.
     pub fn spill_dir_or_temp(&self) -> PathBuf {
         self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
 }
 
-fn parse_choice<T: Copy>(
+/// Parses a choice with its own `FromStr` (the snapshot crate's names, any ASCII case).
+fn parse_choice<T: std::str::FromStr>(
     variable: &'static str,
     value: &str,
-    choices: &[(&str, T)],
+    expected: &str,
 ) -> Result<T, ConfigError> {
-    let trimmed = value.trim();
-    choices
-        .iter()
-        .find(|(name, _)| trimmed.eq_ignore_ascii_case(name))
-        .map(|&(_, choice)| choice)
-        .ok_or_else(|| ConfigError {
-            variable,
-            value: value.to_owned(),
-            expected: format!(
-                "one of {}",
-                choices
-                    .iter()
-                    .map(|(name, _)| *name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        })
+    value.parse().map_err(|_| ConfigError {
+        variable,
+        value: value.to_owned(),
+        expected: expected.to_owned(),
+    })
 }
 
 /// Parses a byte count: decimal digits, optionally followed by a binary unit `K`, `M`, `G` or `T`
@@ -300,8 +265,8 @@ mod tests {
         assert_eq!(config, Config::default());
         assert_eq!(config.max_snapshot_bytes, None);
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
-        assert_eq!(config.snapshot_store, SnapshotStore::Auto);
-        assert_eq!(config.restore, RestoreMode::Auto);
+        assert_eq!(config.snapshot_store, StoreTier::Auto);
+        assert_eq!(config.restore, RestoreStrategy::Auto);
         assert_eq!(config.spill_dir, None);
         assert_eq!(config.log, LogLevel::Warn);
     }
@@ -319,10 +284,32 @@ mod tests {
         .unwrap();
         assert_eq!(config.max_snapshot_bytes, Some(4096));
         assert_eq!(config.drain_timeout, Duration::from_millis(250));
-        assert_eq!(config.snapshot_store, SnapshotStore::File);
-        assert_eq!(config.restore, RestoreMode::Hash);
+        assert_eq!(config.snapshot_store, StoreTier::File);
+        assert_eq!(config.restore, RestoreStrategy::Hash);
         assert_eq!(config.spill_dir, Some(PathBuf::from("/var/tmp/kreplay")));
         assert_eq!(config.log, LogLevel::Debug);
+    }
+
+    #[test]
+    fn the_snapshot_configuration_carries_budget_tier_strategy_and_spill_folder() {
+        let config = config_from(&[
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "4K"),
+            ("KREPLAY_SNAPSHOT_STORE", "file"),
+            ("KREPLAY_RESTORE", "writeset"),
+            ("KREPLAY_SPILL_DIR", "/var/tmp/kreplay"),
+        ])
+        .unwrap()
+        .snapshot_config();
+        assert_eq!(config.max_bytes, Some(4096));
+        assert_eq!(config.store, StoreTier::File);
+        assert_eq!(config.strategy, RestoreStrategy::Writeset);
+        assert_eq!(config.spill_dir, Some(PathBuf::from("/var/tmp/kreplay")));
+        let derived = config_from(&[]).unwrap().snapshot_config();
+        assert_eq!(
+            derived.max_bytes,
+            SnapshotConfig::derived_budget(),
+            "0 derives the budget"
+        );
     }
 
     #[test]
@@ -343,19 +330,19 @@ mod tests {
     #[test]
     fn every_store_and_restore_choice_parses() {
         for (text, store) in [
-            ("auto", SnapshotStore::Auto),
-            ("device", SnapshotStore::Device),
-            ("HOST", SnapshotStore::Host),
-            ("file", SnapshotStore::File),
+            ("auto", StoreTier::Auto),
+            ("device", StoreTier::Device),
+            ("HOST", StoreTier::Host),
+            ("file", StoreTier::File),
         ] {
             let config = config_from(&[("KREPLAY_SNAPSHOT_STORE", text)]).unwrap();
             assert_eq!(config.snapshot_store, store);
         }
         for (text, mode) in [
-            ("auto", RestoreMode::Auto),
-            ("full", RestoreMode::Full),
-            ("hash", RestoreMode::Hash),
-            ("writeset", RestoreMode::WriteSet),
+            ("auto", RestoreStrategy::Auto),
+            ("full", RestoreStrategy::Full),
+            ("hash", RestoreStrategy::Hash),
+            ("writeset", RestoreStrategy::Writeset),
         ] {
             assert_eq!(
                 config_from(&[("KREPLAY_RESTORE", text)]).unwrap().restore,

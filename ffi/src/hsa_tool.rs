@@ -25,7 +25,7 @@ use crate::abi::{
     KernelDispatchOperation, KernelReplayData, KernelReplayMemoryData, KernelReplayOperation,
     QueueId, RestoreStrategy, SnapshotTier, Status, UserData,
 };
-use crate::config::{Config, RestoreMode, SnapshotStore};
+use crate::config::Config;
 use crate::logging::{self, Severity};
 use crate::services::{self, CallbackService, TraceEvent};
 
@@ -50,29 +50,6 @@ pub fn take_replay_records() -> Vec<ReplayRecord> {
     std::mem::take(&mut *RECORDS.lock())
 }
 
-fn snapshot_config(config: &Config) -> kreplay_snapshot::SnapshotConfig {
-    kreplay_snapshot::SnapshotConfig {
-        // None in the configuration (0 in the environment) derives the budget from available memory.
-        max_bytes: kreplay_snapshot::SnapshotConfig::budget_from_setting(
-            config.max_snapshot_bytes.unwrap_or(0),
-        ),
-        store: match config.snapshot_store {
-            SnapshotStore::Auto => kreplay_snapshot::StoreTier::Auto,
-            SnapshotStore::Device => kreplay_snapshot::StoreTier::Device,
-            SnapshotStore::Host => kreplay_snapshot::StoreTier::Host,
-            SnapshotStore::File => kreplay_snapshot::StoreTier::File,
-        },
-        strategy: match config.restore {
-            RestoreMode::Auto => kreplay_snapshot::RestoreStrategy::Auto,
-            RestoreMode::Full => kreplay_snapshot::RestoreStrategy::Full,
-            RestoreMode::Hash => kreplay_snapshot::RestoreStrategy::Hash,
-            RestoreMode::WriteSet => kreplay_snapshot::RestoreStrategy::Writeset,
-        },
-        spill_dir: config.spill_dir.clone(),
-        ..Default::default()
-    }
-}
-
 /// What the exported `OnLoad` does: configuration, tool initialization, backend installation.
 ///
 /// # Safety
@@ -83,7 +60,7 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     logging::set_level(config.log);
     crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
     let options = InstallOptions {
-        snapshot: snapshot_config(&config),
+        snapshot: config.snapshot_config(),
         drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
         skip_restore: SKIP_RESTORE.load(Ordering::Relaxed),
     };

@@ -208,15 +208,6 @@ impl Default for SnapshotConfig {
     }
 }
 
-/// Environment variable for the snapshot budget.
-pub const ENV_MAX_SNAPSHOT_BYTES: &str = "KREPLAY_MAX_SNAPSHOT_BYTES";
-/// Environment variable for the store tier.
-pub const ENV_SNAPSHOT_STORE: &str = "KREPLAY_SNAPSHOT_STORE";
-/// Environment variable for the restore strategy.
-pub const ENV_RESTORE: &str = "KREPLAY_RESTORE";
-/// Environment variable for the spill directory.
-pub const ENV_SPILL_DIR: &str = "KREPLAY_SPILL_DIR";
-
 impl SnapshotConfig {
     /// The budget for a `KREPLAY_MAX_SNAPSHOT_BYTES` value: `0` derives it from available memory
     /// ([`SnapshotConfig::derived_budget`]), any other value is the budget in bytes.
@@ -235,47 +226,6 @@ impl SnapshotConfig {
     pub fn derived_budget() -> Option<u64> {
         let text = std::fs::read_to_string("/proc/meminfo").ok()?;
         budget_from_meminfo(&text)
-    }
-
-    /// Read `KREPLAY_MAX_SNAPSHOT_BYTES`, `KREPLAY_SNAPSHOT_STORE`, `KREPLAY_RESTORE` and
-    /// `KREPLAY_SPILL_DIR` through `lookup` (unset variables keep the defaults). A malformed value
-    /// is an error naming the variable.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let mut config = SnapshotConfig::default();
-        if let Some(v) = lookup(ENV_MAX_SNAPSHOT_BYTES) {
-            let bytes: u64 = v.trim().parse().map_err(|_| ConfigError {
-                variable: ENV_MAX_SNAPSHOT_BYTES,
-                message: format!("{v:?} is not a byte count (0 = derive from available memory)"),
-            })?;
-            config.max_bytes = Self::budget_from_setting(bytes);
-        }
-        if let Some(v) = lookup(ENV_SNAPSHOT_STORE) {
-            config.store = v.parse().map_err(|e: ParseEnumError| ConfigError {
-                variable: ENV_SNAPSHOT_STORE,
-                message: e.to_string(),
-            })?;
-        }
-        if let Some(v) = lookup(ENV_RESTORE) {
-            config.strategy = v.parse().map_err(|e: ParseEnumError| ConfigError {
-                variable: ENV_RESTORE,
-                message: e.to_string(),
-            })?;
-        }
-        if let Some(v) = lookup(ENV_SPILL_DIR) {
-            if v.is_empty() {
-                return Err(ConfigError {
-                    variable: ENV_SPILL_DIR,
-                    message: "empty path".into(),
-                });
-            }
-            config.spill_dir = Some(PathBuf::from(v));
-        }
-        Ok(config)
-    }
-
-    /// [`SnapshotConfig::from_lookup`] over the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Check the values that have limits.
@@ -363,25 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn lookup_names_the_malformed_variable() {
-        let err = SnapshotConfig::from_lookup(|n| {
-            (n == ENV_MAX_SNAPSHOT_BYTES).then(|| "12x".to_string())
-        })
-        .unwrap_err();
-        assert_eq!(err.variable, ENV_MAX_SNAPSHOT_BYTES);
-        let err = SnapshotConfig::from_lookup(|n| (n == ENV_RESTORE).then(|| "all".to_string()))
-            .unwrap_err();
-        assert_eq!(err.variable, ENV_RESTORE);
-        let ok = SnapshotConfig::from_lookup(|n| match n {
-            ENV_MAX_SNAPSHOT_BYTES => Some("4096".into()),
-            ENV_SNAPSHOT_STORE => Some("file".into()),
-            ENV_SPILL_DIR => Some("/tmp/x".into()),
-            _ => None,
-        })
-        .unwrap();
-        assert_eq!(ok.max_bytes, Some(4096));
-        assert_eq!(ok.store, StoreTier::File);
-        assert_eq!(ok.spill_dir, Some(PathBuf::from("/tmp/x")));
+    fn chunk_sizes_below_the_minimum_are_rejected() {
         assert!(
             SnapshotConfig {
                 chunk_size: 100,

@@ -87,9 +87,8 @@ mod snapshot;
 mod store;
 
 pub use config::{
-    ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, ENV_MAX_SNAPSHOT_BYTES, ENV_RESTORE,
-    ENV_SNAPSHOT_STORE, ENV_SPILL_DIR, MIN_CHUNK_SIZE, ParseEnumError, RestoreStrategy,
-    SnapshotConfig, StoreTier,
+    ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MIN_CHUNK_SIZE, ParseEnumError,
+    RestoreStrategy, SnapshotConfig, StoreTier,
 };
 pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
