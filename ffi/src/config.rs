@@ -305,10 +305,11 @@ mod tests {
         assert_eq!(config.strategy, RestoreStrategy::Writeset);
         assert_eq!(config.spill_dir, Some(PathBuf::from("/var/tmp/kreplay")));
         let derived = config_from(&[]).unwrap().snapshot_config();
+        // MemAvailable moves between reads: compare whether a budget was derived, not its value.
         assert_eq!(
-            derived.max_bytes,
-            SnapshotConfig::derived_budget(),
-            "0 derives the budget"
+            derived.max_bytes.is_some(),
+            SnapshotConfig::derived_budget().is_some(),
+            "0 derives the budget from available memory"
         );
     }
 
