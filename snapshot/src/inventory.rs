@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 /// What kind of memory an allocation is. Only [`MemoryKind::CoarseDevice`] is ever snapshotted
@@ -223,6 +223,26 @@ impl Table {
             .filter(|a| a.contains(addr))
     }
 
+    /// Entries overlapping [base, end): the one starting at or below `base` (if it reaches past
+    /// it, or starts exactly there) and every one starting inside the range.
+    fn overlapping(&self, base: u64, end: u64) -> impl Iterator<Item = &Allocation> {
+        let below = self
+            .by_base
+            .range(..=base)
+            .next_back()
+            .map(|(_, a)| a)
+            .filter(move |a| a.base == base || a.end() > base);
+        let inside = (end > base)
+            .then(|| {
+                self.by_base
+                    .range(base.saturating_add(1)..end)
+                    .map(|(_, a)| a)
+            })
+            .into_iter()
+            .flatten();
+        below.into_iter().chain(inside)
+    }
+
     fn select(&self, filter: &Filter) -> Vec<Region> {
         self.by_base
             .values()
@@ -240,11 +260,16 @@ impl Table {
 
 /// The set of live allocations, fed by a backend's alloc/free hooks. Thread-safe.
 ///
-/// Allocations are kept in an ordered map behind one reader/writer lock: `on_alloc` and
-/// `on_free` take the write side for a map insert/remove (O(log n), no I/O, no allocation beyond
-/// the map node), lookups take the read side. Snapshot and restore copies hold the read side for
-/// their whole duration, so a free from another thread waits until the copy is done and can
-/// never race a write into freed memory.
+/// Allocations are kept in an ordered map behind a reader/writer lock held only for the map
+/// operation itself (O(log n), no I/O): `on_alloc` and `on_free` take its write side, lookups its
+/// read side.
+///
+/// Copies are fenced per agent. A snapshot or restore of one agent's memory holds that agent's
+/// *copy fence* (read side) for its whole duration; freeing an allocation of that agent takes the
+/// fence's write side first, so it waits until the copy is done and can never race a write into
+/// freed memory. Allocations, and frees of other agents' memory, do not wait. (An allocation
+/// that overlaps stale entries whose free was missed also waits for the stale entries' fences
+/// before dropping them.) A copy not restricted to one agent fences every agent.
 ///
 /// ```
 /// use kreplay_snapshot::{Filter, Inventory, MemoryKind};
@@ -260,6 +285,12 @@ impl Table {
 #[derive(Debug)]
 pub struct Inventory {
     table: RwLock<Table>,
+    /// Read side: a copy fenced to one agent, or a free/overlap drop (with that agent's fence).
+    /// Write side: a copy fenced to every agent.
+    all_agents: RwLock<()>,
+    /// One copy fence per agent, created on first use and kept for the life of the process
+    /// (agents are few; leaking one small lock each gives guards that outlive no borrow).
+    fences: Mutex<Vec<(u64, &'static RwLock<()>)>>,
 }
 
 impl Default for Inventory {
@@ -276,6 +307,33 @@ impl Inventory {
                 by_base: BTreeMap::new(),
                 next_generation: 1,
             }),
+            all_agents: RwLock::new(()),
+            fences: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The copy fence of `agent`.
+    fn fence(&self, agent: u64) -> &'static RwLock<()> {
+        let mut fences = self.fences.lock();
+        if let Some((_, fence)) = fences.iter().find(|(a, _)| *a == agent) {
+            return fence;
+        }
+        let fence: &'static RwLock<()> = Box::leak(Box::new(RwLock::new(())));
+        fences.push((agent, fence));
+        fence
+    }
+
+    /// Waits until no copy of any of `agents`' memory is in progress; holding the returned
+    /// guards keeps new copies of them from starting.
+    fn exclude_copies(&self, agents: &mut SmallVec<[u64; 2]>) -> CopyExclusion<'_> {
+        agents.sort_unstable();
+        agents.dedup();
+        let all = self.all_agents.read();
+        // One order (ascending agent) for every thread that takes several fences.
+        let fences = agents.iter().map(|&a| self.fence(a).write()).collect();
+        CopyExclusion {
+            _all: all,
+            _fences: fences,
         }
     }
 
@@ -285,26 +343,20 @@ impl Inventory {
     /// overlaps the new one must have been freed without the free being seen: it is dropped and
     /// will never be snapshotted or restored into.
     pub fn on_alloc(&self, base: u64, size: u64, owner_agent: u64, kind: MemoryKind) -> u64 {
+        let end = base.saturating_add(size);
+        // Stale entries overlapping [base, end) are dropped; a copy may be writing into them, so
+        // wait for their agents' copies first (never while holding the map lock).
+        let mut stale_agents: SmallVec<[u64; 2]> = self
+            .table
+            .read()
+            .overlapping(base, end)
+            .map(|a| a.owner_agent)
+            .collect();
+        let _exclusion = (!stale_agents.is_empty()).then(|| self.exclude_copies(&mut stale_agents));
         let mut table = self.table.write();
         let generation = table.next_generation;
         table.next_generation += 1;
-        let end = base.saturating_add(size);
-        // Stale entries overlapping [base, end): the one starting at or below base, and any
-        // starting inside the new range.
-        let mut stale: SmallVec<[u64; 2]> = SmallVec::new();
-        if let Some((&b, a)) = table.by_base.range(..=base).next_back()
-            && (b == base || a.end() > base)
-        {
-            stale.push(b);
-        }
-        if end > base {
-            stale.extend(
-                table
-                    .by_base
-                    .range(base.saturating_add(1)..end)
-                    .map(|(&b, _)| b),
-            );
-        }
+        let stale: SmallVec<[u64; 2]> = table.overlapping(base, end).map(|a| a.base).collect();
         for b in stale {
             table.by_base.remove(&b);
         }
@@ -324,8 +376,15 @@ impl Inventory {
     /// Forget the allocation that starts at `base`. Returns it, or `None` when no tracked
     /// allocation starts there (memory allocated before tracking began, or a double free).
     ///
-    /// Waits while a snapshot or restore copy is in progress.
+    /// Waits while a snapshot or restore copy of the allocation's agent is in progress.
     pub fn on_free(&self, base: u64) -> Option<Allocation> {
+        let agent = self
+            .table
+            .read()
+            .by_base
+            .get(&base)
+            .map(|a| a.owner_agent)?;
+        let _exclusion = self.exclude_copies(&mut SmallVec::from_elem(agent, 1));
         self.table.write().by_base.remove(&base)
     }
 
@@ -374,21 +433,54 @@ impl Inventory {
         Ok(table.select(filter))
     }
 
-    /// Hold the read side: frees wait until the returned guard drops.
-    pub(crate) fn pin(&self) -> Pinned<'_> {
+    /// Fences copies of `agent`'s memory (every agent's when `None`): frees of that memory wait
+    /// until the returned guard drops.
+    pub(crate) fn pin(&self, agent: Option<u64>) -> Pinned<'_> {
+        let fence = match agent {
+            Some(agent) => {
+                let all = self.all_agents.read();
+                Fence::One {
+                    _all: all,
+                    _agent: self.fence(agent).read(),
+                }
+            }
+            None => Fence::All {
+                _all: self.all_agents.write(),
+            },
+        };
         Pinned {
-            table: self.table.read(),
+            inventory: self,
+            _fence: fence,
         }
     }
 }
 
-/// The inventory's read side, held across a copy so that no free can run meanwhile.
+/// Guards that keep copies of some agents' memory from starting (see [`Inventory::on_free`]).
+struct CopyExclusion<'a> {
+    _all: RwLockReadGuard<'a, ()>,
+    _fences: SmallVec<[RwLockWriteGuard<'static, ()>; 2]>,
+}
+
+/// The guards of a copy fence, held for their release on drop.
+enum Fence<'a> {
+    One {
+        _all: RwLockReadGuard<'a, ()>,
+        _agent: RwLockReadGuard<'static, ()>,
+    },
+    All {
+        _all: RwLockWriteGuard<'a, ()>,
+    },
+}
+
+/// A copy fence held across a snapshot or restore copy, so that no free of the copied memory can
+/// run meanwhile.
 pub(crate) struct Pinned<'a> {
-    table: RwLockReadGuard<'a, Table>,
+    inventory: &'a Inventory,
+    _fence: Fence<'a>,
 }
 
 impl Pinned<'_> {
     pub(crate) fn is_live(&self, region: &Region) -> bool {
-        self.table.is_live(region)
+        self.inventory.is_live(region)
     }
 }

@@ -104,6 +104,8 @@ pub struct RestoreRequest {
 /// Dropping it frees the store (or keeps it for the next snapshot, see
 /// `SnapshotConfig::keep_store`).
 pub struct Snapshot {
+    /// The agent whose memory was snapshotted (`None`: not restricted to one agent).
+    agent: Option<u64>,
     layout: Layout,
     store: Store,
     source: Arc<StoreSource>,
@@ -204,7 +206,7 @@ impl Snapshotter {
             })?;
         let tier = store.tier();
         let planned = plan.layout.bytes;
-        let pinned = self.inventory.pin();
+        let pinned = self.inventory.pin(plan.agent);
         let live: Vec<bool> = plan
             .layout
             .regions
@@ -284,6 +286,7 @@ impl Snapshotter {
             elapsed: start.elapsed(),
         };
         Ok(Snapshot {
+            agent: plan.agent,
             layout,
             store,
             source: self.source.clone(),
@@ -424,7 +427,7 @@ impl Snapshot {
         let device: &dyn DeviceMemory = &*self.source.device;
         let layout = &self.layout;
 
-        let pinned = self.inventory.pin();
+        let pinned = self.inventory.pin(self.agent);
         let live: Vec<bool> = layout.regions.iter().map(|r| pinned.is_live(r)).collect();
         let skipped: Vec<Region> = layout
             .regions

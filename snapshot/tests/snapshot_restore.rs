@@ -373,39 +373,14 @@ fn free_waits_until_a_restore_in_progress_is_done() {
     let inv = Arc::new(Inventory::new());
     let a = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
     let b = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
-    let mut s = snapshotter(&dev, &inv, full(StoreTier::Host))
-        .snapshot(&Filter::for_replay(1))
-        .unwrap();
+    let (release, restorer) = restore_held_in_a_write(&dev, &inv);
 
-    // Hold the restore inside its first device write until released.
-    let (in_write_tx, in_write_rx) = mpsc::channel::<()>();
-    let (release_tx, release_rx) = mpsc::channel::<()>();
-    let release_rx = parking_lot::Mutex::new(release_rx);
-    *dev.on_write.lock() = Some(Box::new(move || {
-        let _ = in_write_tx.send(());
-        let _ = release_rx.lock().recv_timeout(Duration::from_secs(10));
-    }));
-    let restore_done = Arc::new(AtomicBool::new(false));
-    let restorer = {
-        let done = restore_done.clone();
-        std::thread::spawn(move || {
-            let r = s.restore(&FINAL);
-            done.store(true, Ordering::SeqCst);
-            r.map(|r| r.bytes_moved)
-        })
-    };
-    in_write_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("restore reached the device");
-
-    let (freed_tx, freed_rx) = mpsc::channel::<bool>();
+    let (freed_tx, freed_rx) = mpsc::channel::<()>();
     let freer = {
         let inv = inv.clone();
-        let done = restore_done.clone();
         std::thread::spawn(move || {
             inv.on_free(b);
-            // Whether the restore had finished when the free got through.
-            let _ = freed_tx.send(done.load(Ordering::SeqCst));
+            let _ = freed_tx.send(());
         })
     };
     // The free must not get through while the restore is held in its write.
@@ -413,15 +388,106 @@ fn free_waits_until_a_restore_in_progress_is_done() {
         freed_rx.recv_timeout(Duration::from_millis(200)).is_err(),
         "free completed during a restore"
     );
-    let _ = release_tx.send(());
-    let _ = release_tx.send(());
-    let freed_after_restore = freed_rx
+    for _ in 0..2 {
+        let _ = release.send(());
+    }
+    assert_eq!(
+        restorer.join().unwrap(),
+        8192,
+        "the restore wrote both buffers"
+    );
+    freed_rx
         .recv_timeout(Duration::from_secs(10))
         .expect("free completes after the restore");
-    assert!(freed_after_restore);
-    assert_eq!(restorer.join().unwrap().unwrap(), 8192);
     freer.join().unwrap();
     assert!(inv.get(a).is_some() && inv.get(b).is_none());
+}
+
+/// Holds a restore of agent 1's memory inside its first device write; returns the channel that
+/// releases it and the restoring thread.
+fn restore_held_in_a_write(
+    dev: &Arc<TestDevice>,
+    inv: &Arc<Inventory>,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<u64>) {
+    let mut s = snapshotter(dev, inv, full(StoreTier::Host))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    let (in_write_tx, in_write_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let release_rx = parking_lot::Mutex::new(release_rx);
+    *dev.on_write.lock() = Some(Box::new(move || {
+        let _ = in_write_tx.send(());
+        let _ = release_rx.lock().recv_timeout(Duration::from_secs(10));
+    }));
+    let restorer = std::thread::spawn(move || s.restore(&FINAL).unwrap().bytes_moved);
+    in_write_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("restore reached the device");
+    (release_tx, restorer)
+}
+
+#[test]
+fn allocs_and_other_agents_frees_do_not_wait_for_a_restore() {
+    let dev = TestDevice::new(Caps::default());
+    let inv = Arc::new(Inventory::new());
+    let a = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
+    let other = dev.alloc(&inv, 4096, 2, MemoryKind::CoarseDevice, 0);
+    let (release, restorer) = restore_held_in_a_write(&dev, &inv);
+
+    // While agent 1's restore is held: a free on agent 2 and new allocations on both agents.
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let worker = {
+        let inv = inv.clone();
+        std::thread::spawn(move || {
+            assert!(inv.on_free(other).is_some());
+            inv.on_alloc(0x7000_0000, 4096, 2, MemoryKind::CoarseDevice);
+            inv.on_alloc(0x7100_0000, 4096, 1, MemoryKind::CoarseDevice);
+            let _ = done_tx.send(());
+        })
+    };
+    let got_through = done_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+    for _ in 0..2 {
+        let _ = release.send(());
+    }
+    assert!(
+        got_through,
+        "an alloc or another agent's free waited for agent 1's restore"
+    );
+    assert_eq!(restorer.join().unwrap(), 4096);
+    worker.join().unwrap();
+    assert!(inv.get(a).is_some() && inv.get(other).is_none());
+}
+
+#[test]
+fn an_alloc_dropping_a_stale_entry_waits_for_the_restore_writing_into_it() {
+    let dev = TestDevice::new(Caps::default());
+    let inv = Arc::new(Inventory::new());
+    let a = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
+    let (release, restorer) = restore_held_in_a_write(&dev, &inv);
+
+    // A new allocation at `a` means its free was missed: `a` is stale, but the restore may be
+    // writing into it right now, so dropping it must wait.
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let worker = {
+        let inv = inv.clone();
+        std::thread::spawn(move || {
+            inv.on_alloc(a, 4096, 3, MemoryKind::CoarseDevice);
+            let _ = done_tx.send(());
+        })
+    };
+    assert!(
+        done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a stale entry was dropped during a restore writing into it"
+    );
+    for _ in 0..2 {
+        let _ = release.send(());
+    }
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the alloc completes after the restore");
+    assert_eq!(restorer.join().unwrap(), 4096);
+    worker.join().unwrap();
+    assert_eq!(inv.get(a).map(|x| x.owner_agent), Some(3));
 }
 
 #[test]
