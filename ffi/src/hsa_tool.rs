@@ -63,6 +63,7 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
         snapshot: config.snapshot_config(),
         drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
         skip_restore: SKIP_RESTORE.load(Ordering::Relaxed),
+        ..InstallOptions::default()
     };
     // SAFETY: forwarded from the caller.
     unsafe { kreplay_hsa::install(table, Arc::new(Hooks), options) }.map_err(|e| e.to_string())

@@ -28,6 +28,13 @@ pub(crate) struct Backend {
     pub(crate) skip_restore: bool,
     /// The snapshot store tier is chosen automatically (not forced by configuration).
     pub(crate) auto_store: bool,
+    /// See [`InstallOptions::force_runtime_copies`].
+    pub(crate) force_runtime_copies: bool,
+    /// Host ranges locked for the agents (snapshot stores): (host address, length, the address
+    /// agents use).
+    pub(crate) locked_host: parking_lot::Mutex<Vec<(usize, usize, usize)>>,
+    /// The CPU agent, looked up on first use.
+    pub(crate) cpu_agent: OnceLock<Option<hsa_agent_t>>,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
     /// Per agent: see [`Backend::host_visible_device_memory`].
@@ -98,6 +105,9 @@ impl Backend {
     /// [`SOFTWARE_RUNTIME_VENDOR`]) guarantees that for coarse-grained memory; on a real GPU the
     /// snapshot goes through the runtime's copies instead. Cached per agent.
     pub(crate) fn host_visible_device_memory(&self, agent: hsa_agent_t) -> bool {
+        if self.force_runtime_copies {
+            return false;
+        }
         if let Some(&visible) = self.host_visible.lock().get(&agent.handle) {
             return visible;
         }
@@ -158,6 +168,9 @@ pub(crate) unsafe fn install(
         drain: options.drain,
         skip_restore: options.skip_restore,
         auto_store,
+        force_runtime_copies: options.force_runtime_copies,
+        locked_host: parking_lot::Mutex::default(),
+        cpu_agent: OnceLock::new(),
         ticks_per_second,
         host_visible: parking_lot::Mutex::default(),
         finalized: AtomicBool::new(false),

@@ -146,6 +146,10 @@ pub struct InstallOptions {
     /// Skip every restore between passes. Only for demonstrating what replay without restore
     /// does to an application's results (`kreplay demo --no-restore`); never in a real tool.
     pub skip_restore: bool,
+    /// Copy device memory only through the runtime's copy API (`hsa_memory_copy`, batched
+    /// `hsa_amd_memory_async_copy`), even on the software runtime where the CPU could touch it
+    /// directly: the path a discrete GPU takes, so it can be exercised without one.
+    pub force_runtime_copies: bool,
 }
 
 /// Why [`install`] failed; the table is left unchanged.

@@ -3,7 +3,11 @@
 use std::ffi::c_void;
 
 use hsa_sys::*;
-use kreplay_snapshot::{CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind};
+use std::time::Instant;
+
+use kreplay_snapshot::{
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
+};
 
 use crate::backend::{Backend, backend, guarded};
 
@@ -115,7 +119,134 @@ fn copy_failed(addr: u64, len: usize, status: hsa_status_t) -> CopyError {
     )
 }
 
+impl HsaMemory {
+    /// The address agents use for host memory at `ptr`: its locked alias when it lies in a
+    /// range [`DeviceMemory::register_host`] locked, else `ptr` itself.
+    fn agent_address(b: &Backend, ptr: *const u8) -> *const c_void {
+        let addr = ptr as usize;
+        b.locked_host
+            .lock()
+            .iter()
+            .find(|&&(host, len, _)| addr >= host && addr < host + len)
+            .map_or(ptr.cast(), |&(host, _, agent)| {
+                (agent + (addr - host)) as *const c_void
+            })
+    }
+
+    /// Waits until `signal` reaches 0 within the pass deadline.
+    fn wait_copies(b: &Backend, signal: hsa_signal_t) -> bool {
+        let deadline = Instant::now() + b.drain.pass_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if b.original.signal_wait_eq(signal, 0, b.ticks(left)) == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+}
+
 impl DeviceMemory for HsaMemory {
+    fn capabilities(&self) -> Capabilities {
+        // Writes of scattered chunks go out as one list of async copies with one completion
+        // signal (used where the snapshot cannot touch device memory directly).
+        Capabilities {
+            batched_writes: true,
+            ..Capabilities::default()
+        }
+    }
+
+    fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
+        let b = backend();
+        let Some(first) = writes.first() else {
+            return Ok(());
+        };
+        let Some(cpu) = *b.cpu_agent.get_or_init(|| b.original.cpu_agent()) else {
+            return writes.iter().try_for_each(|w| self.write(w.addr, w.data));
+        };
+        let signal = b
+            .original
+            .signal_create(writes.len() as i64)
+            .map_err(|status| {
+                CopyError::failed(
+                    first.addr,
+                    0,
+                    format!("cannot create a copy signal: status {status:#x}"),
+                )
+            })?;
+        let mut failure = None;
+        let mut submitted = 0usize;
+        for w in writes {
+            let Some(info) = b.original.pointer_info(w.addr as *const c_void) else {
+                failure = Some(CopyError::failed(
+                    w.addr,
+                    w.data.len() as u64,
+                    "no allocation at this address",
+                ));
+                break;
+            };
+            let status = b.original.async_copy(
+                w.addr as *mut c_void,
+                info.agentOwner,
+                Self::agent_address(b, w.data.as_ptr()),
+                cpu,
+                w.data.len(),
+                0,
+                std::ptr::null(),
+                signal,
+            );
+            if status != HSA_STATUS_SUCCESS {
+                failure = Some(CopyError::failed(
+                    w.addr,
+                    w.data.len() as u64,
+                    format!("hsa_amd_memory_async_copy returned status {status:#x}"),
+                ));
+                break;
+            }
+            submitted += 1;
+        }
+        // Copies never submitted will never count down: take them off before waiting.
+        if submitted < writes.len() {
+            b.original
+                .signal_subtract(signal, (writes.len() - submitted) as i64);
+        }
+        if !Self::wait_copies(b, signal) {
+            // Copies may still reference the signal: it is left alive.
+            return Err(CopyError::failed(
+                first.addr,
+                0,
+                "batched copies did not complete before the pass deadline",
+            ));
+        }
+        b.original.signal_destroy(signal);
+        failure.map_or(Ok(()), Err)
+    }
+
+    fn register_host(&self, ptr: *const u8, len: usize) -> bool {
+        let b = backend();
+        match b.original.memory_lock(ptr.cast_mut().cast(), len) {
+            Some(agent_ptr) => {
+                b.locked_host
+                    .lock()
+                    .push((ptr as usize, len, agent_ptr as usize));
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn unregister_host(&self, ptr: *const u8, _len: usize) {
+        let b = backend();
+        let mut locked = b.locked_host.lock();
+        if let Some(i) = locked.iter().position(|&(host, _, _)| host == ptr as usize) {
+            locked.swap_remove(i);
+            drop(locked);
+            b.original.memory_unlock(ptr.cast_mut().cast());
+        }
+    }
+
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
         let status = backend().original.memory_copy(
             dst.as_mut_ptr().cast(),

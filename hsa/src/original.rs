@@ -60,6 +60,7 @@ required!(
     core.hsa_agent_get_info_fn,
     core.hsa_queue_create_fn,
     core.hsa_system_get_info_fn,
+    core.hsa_iterate_agents_fn,
     amd.hsa_amd_memory_pool_allocate_fn,
     amd.hsa_amd_memory_pool_free_fn,
     amd.hsa_amd_memory_pool_get_info_fn,
@@ -71,6 +72,8 @@ required!(
     amd.hsa_amd_queue_intercept_register_fn,
     amd.hsa_amd_profiling_get_dispatch_time_fn,
     amd.hsa_amd_profiling_set_profiler_enabled_fn,
+    amd.hsa_amd_memory_lock_fn,
+    amd.hsa_amd_memory_unlock_fn,
 );
 
 impl Original {
@@ -195,6 +198,46 @@ impl Original {
             )
         );
         (status == HSA_STATUS_SUCCESS).then_some(device)
+    }
+
+    /// The first CPU agent (where host memory lives, for async copies from it).
+    pub(crate) fn cpu_agent(&self) -> Option<hsa_agent_t> {
+        unsafe extern "C" fn visit(agent: hsa_agent_t, data: *mut c_void) -> hsa_status_t {
+            // SAFETY: `data` is the `(&Original, Option<agent>)` pair passed below, alive for the walk.
+            let (original, found) =
+                unsafe { &mut *data.cast::<(&Original, Option<hsa_agent_t>)>() };
+            if original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_CPU) {
+                *found = Some(agent);
+                return HSA_STATUS_INFO_BREAK;
+            }
+            HSA_STATUS_SUCCESS
+        }
+        let mut state: (&Original, Option<hsa_agent_t>) = (self, None);
+        // `visit` only touches `state`, which outlives the call.
+        call!(
+            self.core,
+            hsa_iterate_agents_fn(
+                Some(visit),
+                (&mut state as *mut (&Original, Option<hsa_agent_t>)).cast()
+            )
+        );
+        state.1
+    }
+
+    /// Locks (pins) host memory for every agent; returns the address agents must use for it.
+    pub(crate) fn memory_lock(&self, ptr: *mut c_void, size: usize) -> Option<*mut c_void> {
+        let mut agent_ptr: *mut c_void = std::ptr::null_mut();
+        // A null agent list with count 0 makes the memory accessible to every agent.
+        let status = call!(
+            self.amd,
+            hsa_amd_memory_lock_fn(ptr, size, std::ptr::null_mut(), 0, &mut agent_ptr)
+        );
+        (status == HSA_STATUS_SUCCESS && !agent_ptr.is_null()).then_some(agent_ptr)
+    }
+
+    pub(crate) fn memory_unlock(&self, ptr: *mut c_void) {
+        // `ptr` was locked by `memory_lock` and is no longer used by any agent.
+        call!(self.amd, hsa_amd_memory_unlock_fn(ptr));
     }
 
     /// The agent's vendor name (`HSA_AGENT_INFO_VENDOR_NAME`).

@@ -414,6 +414,48 @@ scenarios! {
         assert_eq!(kreplay_hsa::tracked_allocations(), tracked_before, "shadows are not tracked");
     }
 
+    /// The copy path of a discrete GPU, forced on softhsa: no direct host access, so the snapshot
+    /// reads through `hsa_memory_copy` and restores write the changed chunks back as one batch
+    /// of `hsa_amd_memory_async_copy` from a locked host store. Results are still exactly +1.
+    fn runtime_copies_alone_restore_the_changed_chunks_in_one_batch() {
+        let snapshot = SnapshotConfig {
+            store: kreplay_snapshot::StoreTier::Host,
+            strategy: kreplay_snapshot::RestoreStrategy::Hash,
+            chunk_size: 4096,
+            ..Default::default()
+        };
+        let env = setup_with(0, InstallOptions { snapshot, force_runtime_copies: true, ..options() });
+        env.hooks.set_script(Script::passes(4));
+        let q = env.app.queue(env.app.gpus[0]);
+        let initial: Vec<Vec<u32>> = vec![values(2, 65_536), values(6, 16_384)];
+        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let done = env.app.signal(1);
+
+        // The kernel changes the first 1000 elements of each buffer: one 4 KiB chunk apiece.
+        env.app.dispatch(q, env.add(0, &bufs, 1000, 5, None, 64, done));
+
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = env.only_dispatch();
+        assert_eq!(env.outcome(id), replayed(4, LoopEnd::LastPass));
+        assert_eq!(runs(5), 4);
+        for (buf, init) in bufs.iter().zip(&initial) {
+            let mut expected = init.clone();
+            expected[..1000].iter_mut().for_each(|x| *x += 1);
+            assert_eq!(env.app.read(*buf, init.len()), expected, "exactly +1, not +4");
+        }
+        let events = env.hooks.events_of(id);
+        let footprint: u64 = bufs.iter().map(|b| env.app.allocation_size(*b)).sum();
+        let restores = restore_exits(&events);
+        assert_eq!(restores.len(), 3);
+        for (next, report) in restores {
+            assert_eq!(report.strategy, RestoreStrategy::Hash);
+            assert!(
+                report.bytes_moved > 0 && report.bytes_moved < footprint / 8,
+                "restore before pass {next} wrote back only the changed chunks: {report:?}"
+            );
+        }
+    }
+
     /// The same with a host store and write-set restores: still exactly +1, and each restore
     /// writes back only the chunks the kernel changed, not the footprint.
     fn write_set_restores_from_a_host_store_prevent_accumulation() {
