@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hsa_sys::*;
 use kreplay_drain::DrainConfig;
@@ -118,6 +118,20 @@ impl Backend {
 
     pub(crate) fn next_dispatch_id(&self) -> u64 {
         self.next_dispatch_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Waits until `signal` reaches 0 or `deadline` passes (the runtime's wait may return early,
+    /// e.g. on a timeout hint or a spurious wake-up, so this re-waits). True when it reached 0.
+    pub(crate) fn wait_signal_zero(&self, signal: hsa_signal_t, deadline: Instant) -> bool {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.original.signal_wait_eq(signal, 0, self.ticks(left)) == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
     }
 
     /// Timestamp ticks as nanoseconds.

@@ -482,20 +482,7 @@ impl PassCompletion for PassSignal<'_> {
     }
 
     fn wait_complete(&self, deadline: Instant) -> bool {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self
-                .b
-                .original
-                .signal_wait_eq(self.signal, 0, self.b.ticks(left))
-                == 0
-            {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-        }
+        self.b.wait_signal_zero(self.signal, deadline)
     }
 }
 

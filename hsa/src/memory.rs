@@ -134,20 +134,6 @@ impl HsaMemory {
                 (agent + (addr - host)) as *const c_void
             })
     }
-
-    /// Waits until `signal` reaches 0 within the pass deadline.
-    fn wait_copies(b: &Backend, signal: hsa_signal_t) -> bool {
-        let deadline = Instant::now() + b.drain.pass_timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if b.original.signal_wait_eq(signal, 0, b.ticks(left)) == 0 {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-        }
-    }
 }
 
 impl DeviceMemory for HsaMemory {
@@ -214,7 +200,7 @@ impl DeviceMemory for HsaMemory {
             b.original
                 .signal_subtract(signal, (writes.len() - submitted) as i64);
         }
-        if !Self::wait_copies(b, signal) {
+        if !b.wait_signal_zero(signal, Instant::now() + b.drain.pass_timeout) {
             // Copies may still reference the signal: it is left alive.
             return Err(CopyError::failed(
                 first.addr,

@@ -68,20 +68,8 @@ impl QueueView for QueueIdle<'_> {
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if self.backend.original.signal_wait_eq(
-                self.state.in_flight,
-                0,
-                self.backend.ticks(left),
-            ) == 0
-            {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-        }
+        self.backend
+            .wait_signal_zero(self.state.in_flight, deadline)
     }
 }
 
