@@ -7,27 +7,21 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Instant;
 
 use hsa_sys::*;
-use kreplay_drain::{PassCompletion, QueueView};
-use kreplay_locks::WriteGuard;
-use kreplay_passloop::{
-    Decline, DeclineReason, DispatchInfo, MemoryOpReport, ReplayDevice, RestoreFailure,
-    RestoreRequest, RestoreStrategy, StoreTier,
-};
-use kreplay_snapshot::{Filter, Snapshot, SnapshotError, SnapshotPlan};
+use kreplay_passloop::DispatchInfo;
 
 use crate::backend::{Backend, backend};
-use crate::queues::{QueueIdle, QueueState};
+use crate::queues::QueueState;
+use crate::replay::replay_dispatch;
 use crate::{DispatchRecord, ToolHooks};
 
-type Writer = unsafe extern "C" fn(*const c_void, u64);
+pub(crate) type Writer = unsafe extern "C" fn(*const c_void, u64);
 
 /// One 64-byte AQL packet.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Packet([u8; AQL]);
+pub(crate) struct Packet([u8; AQL]);
 const AQL: usize = hsa_sys::AQL_PACKET_SIZE;
 
 impl Packet {
@@ -43,7 +37,7 @@ impl Packet {
     }
 }
 
-fn dispatch_bytes(p: &hsa_kernel_dispatch_packet_t) -> Packet {
+pub(crate) fn dispatch_bytes(p: &hsa_kernel_dispatch_packet_t) -> Packet {
     // SAFETY: as above, same size, plain data.
     Packet(unsafe { std::mem::transmute::<hsa_kernel_dispatch_packet_t, [u8; AQL]>(*p) })
 }
@@ -81,7 +75,7 @@ pub(crate) unsafe extern "C" fn intercept_handler(
 /// How far the handling of one handler call got: what must still happen if it panics, so the
 /// application neither loses its dispatch nor waits for ever on its completion signal.
 #[derive(Clone, Copy, Debug)]
-enum Progress {
+pub(crate) enum Progress {
     /// Nothing was forwarded and no pass was submitted.
     Untouched,
     /// Replay passes were submitted with this application completion signal withheld; device
@@ -197,7 +191,7 @@ fn handle_batch(
 /// when `track` (a replay service is configured), with dispatch records when tracing asks.
 /// `infos[i]`, when given, is the dispatch the tool already knows packet `i` as (so its record
 /// carries the same dispatch id); other dispatches get a fresh id.
-fn forward(
+pub(crate) fn forward(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
@@ -346,7 +340,7 @@ fn trace_completions(
     (patched, traced_infos)
 }
 
-fn dispatch_info(
+pub(crate) fn dispatch_info(
     b: &Backend,
     state: &QueueState,
     p: &hsa_kernel_dispatch_packet_t,
@@ -364,357 +358,6 @@ fn dispatch_info(
             u32::from(p.workgroup_size_z),
         ],
         grid_size: [p.grid_size_x, p.grid_size_y, p.grid_size_z],
-    }
-}
-
-/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it. A
-/// member of a batch is not submitted here: the caller forwards the whole batch afterwards.
-fn replay_dispatch(
-    b: &Backend,
-    state: &QueueState,
-    dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
-    in_batch: bool,
-    progress: &Cell<Progress>,
-) -> DispatchInfo {
-    let info = dispatch_info(b, state, &dispatch);
-    let mut tool = b.hooks.replay_tool();
-    let mut device = HsaReplay {
-        b,
-        state,
-        dispatch,
-        writer,
-        in_batch,
-        progress,
-        guard: None,
-        plan: None,
-        pass_signal: None,
-    };
-    let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
-    drop(device);
-    if let Some(diagnostic) = record.diagnostic() {
-        if record.outcome.is_failure() {
-            eprintln!("kreplay: {diagnostic}");
-        } else {
-            b.hooks.warn(&diagnostic);
-        }
-    }
-    b.hooks.replay_finished(&record);
-    info
-}
-
-/// The device steps of one replayed dispatch on HSA.
-struct HsaReplay<'a> {
-    b: &'a Backend,
-    state: &'a QueueState,
-    dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
-    in_batch: bool,
-    progress: &'a Cell<Progress>,
-    guard: Option<WriteGuard>,
-    plan: Option<SnapshotPlan>,
-    pass_signal: Option<hsa_signal_t>,
-}
-
-impl Drop for HsaReplay<'_> {
-    fn drop(&mut self) {
-        if let Some(signal) = self.pass_signal.take() {
-            // A pass that got stuck may still reference the signal: leave it alive then.
-            if self.b.original.signal_load(signal) == 0 {
-                self.b.original.signal_destroy(signal);
-            }
-        }
-    }
-}
-
-fn decline_from(reason: &str, detail: String) -> Decline {
-    let reason = DeclineReason::ALL
-        .into_iter()
-        .find(|r| r.as_str() == reason)
-        .unwrap_or(DeclineReason::SnapshotFailed);
-    Decline::new(reason, detail)
-}
-
-fn snapshot_decline(e: SnapshotError) -> Decline {
-    decline_from(e.reason(), e.to_string())
-}
-
-fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
-    match t {
-        kreplay_snapshot::StoreTier::Device => StoreTier::Device,
-        kreplay_snapshot::StoreTier::Host => StoreTier::Host,
-        kreplay_snapshot::StoreTier::File => StoreTier::File,
-        kreplay_snapshot::StoreTier::Auto => StoreTier::None,
-    }
-}
-
-fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
-    match s {
-        kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
-        kreplay_snapshot::RestoreStrategy::Writeset => RestoreStrategy::Writeset,
-        kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => {
-            RestoreStrategy::Full
-        }
-    }
-}
-
-fn snapshot_request(r: &RestoreRequest) -> kreplay_snapshot::RestoreRequest {
-    kreplay_snapshot::RestoreRequest {
-        next_pass: r.next_pass,
-        may_be_final: r.next_may_be_final,
-    }
-}
-
-/// Waits for one pass's completion signal.
-struct PassSignal<'a> {
-    b: &'a Backend,
-    signal: hsa_signal_t,
-}
-
-impl PassCompletion for PassSignal<'_> {
-    fn is_complete(&self) -> bool {
-        self.b.original.signal_load(self.signal) == 0
-    }
-
-    fn pending_handlers(&self) -> usize {
-        // Pass records are delivered synchronously after the wait, on the loop's thread.
-        0
-    }
-
-    fn wait_complete(&self, deadline: Instant) -> bool {
-        self.b.wait_signal_zero(self.signal, deadline)
-    }
-}
-
-impl ReplayDevice for HsaReplay<'_> {
-    type Snapshot = Snapshot;
-
-    fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
-        if self.in_batch {
-            return Err(Decline::new(
-                DeclineReason::BatchOrGraph,
-                "the dispatch arrived in a multi-packet batch",
-            ));
-        }
-        Ok(())
-    }
-
-    fn lock_agent(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        match self.b.locks.write(info.agent_id) {
-            Ok(guard) => {
-                self.guard = Some(guard);
-                Ok(())
-            }
-            Err(e) => Err(Decline::new(
-                DeclineReason::ReentrantDispatch,
-                e.to_string(),
-            )),
-        }
-    }
-
-    fn unlock_agent(&mut self, _info: &DispatchInfo) {
-        self.guard = None;
-    }
-
-    fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        let queues = self.b.queues.on_agent(info.agent_id);
-        let views: Vec<QueueIdle<'_>> = queues
-            .iter()
-            .map(|s| QueueIdle {
-                backend: self.b,
-                state: s,
-            })
-            .collect();
-        let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
-        let own = QueueIdle {
-            backend: self.b,
-            state: self.state,
-        };
-        let copies = self.b.copies.counter(info.agent_id);
-        kreplay_drain::drain_agent(&own, &siblings, &[&*copies], &self.b.drain)
-            .map(|_| ())
-            .map_err(|stuck| decline_from(stuck.reason(), stuck.to_string()))
-    }
-
-    fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
-        let plan = self
-            .b
-            .snapshotter
-            .plan(&Filter::for_replay(info.agent_id))
-            .map_err(snapshot_decline)?;
-        let report = MemoryOpReport {
-            bytes_planned: plan.bytes(),
-            regions: plan.regions().len() as u64,
-            chunks: plan.chunks(),
-            ..Default::default()
-        };
-        self.plan = Some(plan);
-        Ok(report)
-    }
-
-    fn take_snapshot(
-        &mut self,
-        info: &DispatchInfo,
-    ) -> Result<(Snapshot, MemoryOpReport), Decline> {
-        let plan = match self.plan.take() {
-            Some(plan) => plan,
-            None => self
-                .b
-                .snapshotter
-                .plan(&Filter::for_replay(info.agent_id))
-                .map_err(snapshot_decline)?,
-        };
-        let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
-        let r = snapshot.report();
-        let report = MemoryOpReport {
-            bytes_planned: r.bytes_planned,
-            bytes_moved: r.bytes_moved,
-            regions: r.regions,
-            chunks: r.chunks,
-            tier: tier(r.tier),
-            strategy: strategy(r.strategy),
-        };
-        Ok((snapshot, report))
-    }
-
-    fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
-        let signal = match self.pass_signal {
-            Some(s) => s,
-            None => {
-                let s = self.b.original.signal_create(0).map_err(|st| {
-                    Decline::new(
-                        DeclineReason::PassDrainStuck,
-                        format!("cannot create a pass signal: {st:#x}"),
-                    )
-                })?;
-                self.pass_signal = Some(s);
-                s
-            }
-        };
-        self.b.original.signal_add(signal, 1);
-        let mut packet = self.dispatch;
-        packet.completion_signal = signal;
-        let bytes = dispatch_bytes(&packet);
-        self.progress
-            .set(Progress::Withheld(self.dispatch.completion_signal));
-        let writer = self.writer;
-        let mut submit = || {
-            // SAFETY: the writer is valid for the handler call this loop runs in.
-            unsafe { writer((&bytes as *const Packet).cast(), 1) };
-        };
-        if self.b.hooks.dispatch_tracing_configured() {
-            self.b
-                .hooks
-                .dispatch_enqueue(std::slice::from_ref(info), Some(pass), &mut submit);
-        } else {
-            submit();
-        }
-        let waited = kreplay_drain::wait_pass(&PassSignal { b: self.b, signal }, &self.b.drain);
-        if let Err(stuck) = waited {
-            return Err(decline_from(stuck.reason(), stuck.to_string()));
-        }
-        if self.b.hooks.dispatch_tracing_configured() {
-            let (start, end) = self
-                .b
-                .original
-                .dispatch_time(self.state.agent, signal)
-                .unwrap_or((0, 0));
-            self.b.hooks.dispatch_completed(&DispatchRecord {
-                info: *info,
-                pass: Some(pass),
-                start_ns: self.b.nanos(start),
-                end_ns: self.b.nanos(end),
-            });
-        }
-        Ok(())
-    }
-
-    fn plan_restore(
-        &mut self,
-        _info: &DispatchInfo,
-        snapshot: &Snapshot,
-        request: &RestoreRequest,
-    ) -> MemoryOpReport {
-        let plan = snapshot.plan_restore(&snapshot_request(request));
-        MemoryOpReport {
-            bytes_planned: plan.bytes_planned,
-            regions: snapshot.regions().len() as u64,
-            tier: tier(snapshot.tier()),
-            strategy: strategy(plan.strategy),
-            ..Default::default()
-        }
-    }
-
-    fn restore(
-        &mut self,
-        _info: &DispatchInfo,
-        snapshot: &mut Snapshot,
-        request: &RestoreRequest,
-    ) -> Result<MemoryOpReport, RestoreFailure> {
-        let to_report = |r: &kreplay_snapshot::RestoreReport| MemoryOpReport {
-            bytes_planned: r.bytes_planned,
-            bytes_moved: r.bytes_moved,
-            regions: r.regions,
-            chunks: r.chunks_restored,
-            tier: tier(r.tier),
-            strategy: strategy(r.strategy),
-        };
-        if self.b.skip_restore {
-            let plan = snapshot.plan_restore(&snapshot_request(request));
-            return Ok(MemoryOpReport {
-                bytes_planned: plan.bytes_planned,
-                regions: snapshot.regions().len() as u64,
-                tier: tier(snapshot.tier()),
-                strategy: strategy(plan.strategy),
-                ..Default::default()
-            });
-        }
-        match snapshot.restore(&snapshot_request(request)) {
-            Ok(report) => {
-                self.progress.set(Progress::Restored);
-                if report.repaired_chunks > 0 {
-                    self.b.hooks.warn(&format!(
-                        "restore before pass {} repaired {} chunk(s) written outside the learned write set",
-                        request.next_pass, report.repaired_chunks
-                    ));
-                }
-                Ok(to_report(&report))
-            }
-            Err(e) => Err(RestoreFailure {
-                report: to_report(&e.report),
-                bytes_unrestored: e.bytes_lost,
-                detail: format!("{} ({} chunk(s) lost)", e.error, e.chunks_lost),
-            }),
-        }
-    }
-
-    fn discard_snapshot(&mut self, _info: &DispatchInfo, snapshot: Snapshot) {
-        drop(snapshot);
-    }
-
-    fn run_once(&mut self, info: &DispatchInfo) {
-        if self.in_batch {
-            // Forwarded with the rest of its batch, unchanged, once the loop saw every member.
-            return;
-        }
-        forward(
-            self.b,
-            self.state,
-            &[dispatch_bytes(&self.dispatch)],
-            &[Some(*info)],
-            self.writer,
-            true,
-            self.progress,
-        );
-    }
-
-    fn fire_completion(&mut self, _info: &DispatchInfo) {
-        if self.dispatch.completion_signal.handle != 0 {
-            self.b
-                .original
-                .signal_subtract(self.dispatch.completion_signal, 1);
-        }
-        self.progress.set(Progress::Done);
     }
 }
 

@@ -80,6 +80,7 @@ mod dispatch;
 mod memory;
 mod original;
 mod queues;
+mod replay;
 
 use std::fmt;
 use std::sync::Arc;
