@@ -1,6 +1,6 @@
 //! What the loop needs from a device backend.
 
-use crate::{Decline, DispatchInfo, RestoreFailure};
+use crate::{Decline, DeclineReason, DispatchInfo, RestoreFailure};
 
 /// Where a snapshot is kept.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -66,6 +66,21 @@ pub struct MemoryOpReport {
     pub tier: StoreTier,
     /// How restores pick bytes.
     pub strategy: RestoreStrategy,
+    /// SNAPSHOT EXIT: why the snapshot was not taken (the replay was declined, memory is
+    /// untouched). Set by the loop.
+    pub declined: Option<DeclineReason>,
+    /// RESTORE EXIT: the restore failed; device memory no longer matches the snapshot. Set by
+    /// the loop.
+    pub failed: bool,
+    /// RESTORE EXIT of a failed restore: bytes that should have been written back and were not.
+    pub bytes_lost: u64,
+    /// RESTORE EXIT: chunks found changed outside the learned write set and written back by
+    /// this restore (a repair; the count is included in `chunks`).
+    pub repaired_chunks: u64,
+    /// RESTORE EXIT: the restore wrote the learned write set back without checking the rest of
+    /// the footprint (an explicit opt-in); the next pass may not start from the first pass's
+    /// bytes.
+    pub unverified: bool,
 }
 
 /// What a restore between passes prepares for.
@@ -112,6 +127,16 @@ pub trait ReplayDevice {
     /// Fails with `queue_drain_stuck` or `agent_drain_stuck`.
     fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline>;
 
+    /// Acquires everything the passes will need (completion signals, packet slots, ...), after
+    /// the drain and before the snapshot: once the snapshot is taken, running out of a resource
+    /// could only abandon the replay halfway, so a failure here is a decline (the dispatch runs
+    /// once, memory untouched). Resources are released when the device is dropped or by
+    /// [`discard_snapshot`](Self::discard_snapshot). The default acquires nothing.
+    fn prepare(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
+        let _ = info;
+        Ok(())
+    }
+
     /// Plans the snapshot (which regions, how many bytes, which tier) without copying. Fails
     /// with `untracked_memory` or `footprint_budget`.
     fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline>;
@@ -124,9 +149,11 @@ pub trait ReplayDevice {
     ) -> Result<(Self::Snapshot, MemoryOpReport), Decline>;
 
     /// Runs pass `pass`: submits the kernel (application completion withheld) and waits for it
-    /// and every completion handler of the pass. Called on the loop's thread with the replay
-    /// mask installed, so `ContextRegistry::is_active` there sees this pass's mask. Fails with
-    /// `pass_drain_stuck`.
+    /// and every completion handler of the pass, however long the kernel runs (a running pass is
+    /// never abandoned: a backend warns about a long pass and keeps waiting). Called on the
+    /// loop's thread with the replay mask installed, so `ContextRegistry::is_active` there sees
+    /// this pass's mask. An error (`pass_drain_stuck`) means the pass could not be run at all or
+    /// its completion can never come; the loop then stops.
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline>;
 
     /// Plans the restore `request` describes (bytes expected to move), without moving any.

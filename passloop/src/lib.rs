@@ -91,7 +91,7 @@ pub use outcome::{
     Decline, DeclineReason, LoopEnd, RanOnceReason, ReplayCost, ReplayOutcome, ReplayRecord,
     RestoreFailure,
 };
-pub use plan::ReplayPlan;
+pub use plan::{DEFAULT_MAX_PASSES, LoopLimits, ReplayPlan};
 pub use run::run_dispatch;
 pub use tool::{ContinueChange, Phase, ReplayTool, ToolAnswer};
 

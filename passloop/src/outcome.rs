@@ -22,7 +22,8 @@ pub enum DeclineReason {
     PassDrainStuck,
     /// The dispatch was issued from inside a replay callback on the same agent.
     ReentrantDispatch,
-    /// The tool returned 0 passes without a continue callback.
+    /// The tool returned 0 passes without a continue callback, or more passes than the cap
+    /// ([`LoopLimits::max_passes`](crate::LoopLimits::max_passes)).
     InvalidPassCount,
     /// The dispatch is part of a graph launch or a multi-packet batch.
     BatchOrGraph,
@@ -128,6 +129,32 @@ pub enum LoopEnd {
     /// An indefinite loop's continue callback was cleared at PASS EXIT, so nothing could ever
     /// stop the loop later: it ended after that pass.
     ContinueCleared,
+    /// An indefinite loop reached the cap on passes
+    /// ([`LoopLimits::max_passes`](crate::LoopLimits::max_passes)): ended early by kreplay.
+    MaxPasses,
+    /// The per-dispatch time budget
+    /// ([`LoopLimits::budget`](crate::LoopLimits::budget)) was spent: no further pass was started
+    /// (the running one was never cut short). Ended early by kreplay.
+    Budget,
+}
+
+impl LoopEnd {
+    /// Lower-case name (`last_pass`, `continue_stopped`, `continue_cleared`, `max_passes`,
+    /// `budget`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopEnd::LastPass => "last_pass",
+            LoopEnd::ContinueStopped => "continue_stopped",
+            LoopEnd::ContinueCleared => "continue_cleared",
+            LoopEnd::MaxPasses => "max_passes",
+            LoopEnd::Budget => "budget",
+        }
+    }
+
+    /// Whether kreplay ended the loop before the tool's plan did (cap or budget).
+    pub fn is_early(self) -> bool {
+        matches!(self, LoopEnd::MaxPasses | LoopEnd::Budget)
+    }
 }
 
 /// How one dispatch went through the loop.
@@ -232,6 +259,14 @@ impl ReplayRecord {
             info.dispatch_id, info.kernel_id, info.agent_id, info.queue_id
         );
         match &self.outcome {
+            ReplayOutcome::Replayed { passes, end } if end.is_early() => Some(format!(
+                "replay of {which} ended early after {passes} pass(es) ({}); memory is as after \
+                 one run",
+                match end {
+                    LoopEnd::MaxPasses => "the cap on passes was reached",
+                    _ => "the per-dispatch time budget was spent",
+                }
+            )),
             ReplayOutcome::Replayed { .. }
             | ReplayOutcome::RanOnce {
                 why: RanOnceReason::OptedOut | RanOnceReason::SinglePass,

@@ -1,6 +1,35 @@
 //! SPEC's pass-count table as a pure function.
 
+use std::time::Duration;
+
 use crate::{Decline, DeclineReason, RanOnceReason, ToolAnswer};
+
+/// The cap on passes per dispatch unless configured otherwise (`KREPLAY_MAX_PASSES`).
+pub const DEFAULT_MAX_PASSES: u64 = 1024;
+
+/// Limits the loop applies to every dispatch, whatever the tool answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoopLimits {
+    /// The most passes one dispatch may run (at least 1): a larger pass count is declined as
+    /// `invalid_pass_count`, and an indefinite loop ends after this many passes
+    /// ([`LoopEnd::MaxPasses`](crate::LoopEnd::MaxPasses)).
+    pub max_passes: u64,
+    /// Time per dispatch (from CONFIG ENTER) after which no further pass starts
+    /// ([`LoopEnd::Budget`](crate::LoopEnd::Budget)); a running pass is never cut short. With a
+    /// budget every restore is exact, since any pass may turn out to be the last. `None`: no
+    /// budget.
+    pub budget: Option<Duration>,
+}
+
+impl Default for LoopLimits {
+    /// [`DEFAULT_MAX_PASSES`], no budget.
+    fn default() -> Self {
+        LoopLimits {
+            max_passes: DEFAULT_MAX_PASSES,
+            budget: None,
+        }
+    }
+}
 
 /// What to do with a dispatch, decided from the tool's CONFIG ENTER answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,8 +55,23 @@ impl ReplayPlan {
     /// | N > 1 | any | replay N (at most N with continue) |
     /// | 0 | set | replay indefinitely (`total_passes` 0) |
     /// | 0 | unset | once, declined with `invalid_pass_count` |
+    /// | N > [`DEFAULT_MAX_PASSES`] | any | once, declined with `invalid_pass_count` |
     pub fn from_answer(answer: &ToolAnswer) -> ReplayPlan {
+        Self::from_answer_within(answer, &LoopLimits::default())
+    }
+
+    /// [`from_answer`](Self::from_answer) with the cap of `limits` (a pass count above
+    /// `limits.max_passes` is declined with a diagnostic naming the cap).
+    pub fn from_answer_within(answer: &ToolAnswer, limits: &LoopLimits) -> ReplayPlan {
+        let cap = limits.max_passes.max(1);
         match (answer.pass_count, answer.has_continue) {
+            (Some(n), _) if n > cap => ReplayPlan::Once(RanOnceReason::Declined(Decline::new(
+                DeclineReason::InvalidPassCount,
+                format!(
+                    "replay_pass_count returned {n}, above the cap of {cap} passes per dispatch \
+                     (KREPLAY_MAX_PASSES)"
+                ),
+            ))),
             (None, _) => ReplayPlan::Once(RanOnceReason::OptedOut),
             (Some(1), _) => ReplayPlan::Once(RanOnceReason::SinglePass),
             (Some(0), false) => ReplayPlan::Once(RanOnceReason::Declined(Decline::new(

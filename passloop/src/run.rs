@@ -5,17 +5,19 @@ use std::time::Instant;
 use kreplay_ctxmask::ContextRegistry;
 
 use crate::{
-    ContinueChange, Decline, DispatchInfo, LoopEnd, MemoryOpReport, Phase, RanOnceReason,
-    ReplayCost, ReplayDevice, ReplayOutcome, ReplayPlan, ReplayRecord, ReplayTool, RestoreRequest,
+    ContinueChange, Decline, DispatchInfo, LoopEnd, LoopLimits, MemoryOpReport, Phase,
+    RanOnceReason, ReplayCost, ReplayDevice, ReplayOutcome, ReplayPlan, ReplayRecord, ReplayTool,
+    RestoreRequest,
 };
 
 /// Runs one dispatch through SPEC's callback flow and returns what happened and what it cost.
 ///
 /// ```text
-/// CONFIG ENTER ; plan from the pass-count table
-///   [replay] check_replayable ; lock ; drain ; SNAPSHOT ENTER/EXIT ; begin_replay
+/// CONFIG ENTER ; plan from the pass-count table and the tool's limits
+///   [replay] check_replayable ; lock ; drain ; prepare ; SNAPSHOT ENTER/EXIT ; begin_replay
 ///            for each pass: PASS ENTER (armed) ; run_pass ; PASS EXIT ;
-///                           stop if last / continue says so ; else RESTORE ENTER/EXIT
+///                           stop if last / cap reached / budget spent / continue says so ;
+///                           else RESTORE ENTER/EXIT
 ///            end replay mask ; discard snapshot
 /// CONFIG EXIT
 /// run_once (not replayed) or fire_completion (replayed) — exactly one of them, once
@@ -38,13 +40,16 @@ where
     D: ReplayDevice + ?Sized,
 {
     let started = Instant::now();
+    let limits = tool.limits();
     let mut run = Run {
         tool,
         registry,
         info,
         cost: ReplayCost::default(),
+        limits,
+        started,
     };
-    let plan = ReplayPlan::from_answer(&run.tool.config_enter(info));
+    let plan = ReplayPlan::from_answer_within(&run.tool.config_enter(info), &limits);
     let (outcome, total_passes) = match plan {
         ReplayPlan::Once(why) => (run.finish(device, ReplayOutcome::RanOnce { why }), 0),
         ReplayPlan::Replay {
@@ -87,6 +92,8 @@ struct Run<'a, T: ?Sized> {
     registry: &'a ContextRegistry,
     info: &'a DispatchInfo,
     cost: ReplayCost,
+    limits: LoopLimits,
+    started: Instant,
 }
 
 impl<T: ReplayTool + ?Sized> Run<'_, T> {
@@ -145,6 +152,10 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
         if let Err(decline) = drained {
             return declined(decline);
         }
+        // Everything the passes need, before the point of no return.
+        if let Err(decline) = device.prepare(info) {
+            return declined(decline);
+        }
 
         let planning = Instant::now();
         let planned = device.plan_snapshot(info);
@@ -166,6 +177,7 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
             Err(decline) => {
                 let nothing_kept = MemoryOpReport {
                     bytes_moved: 0,
+                    declined: Some(decline.reason),
                     ..plan
                 };
                 self.tool.snapshot(info, Phase::Exit, &nothing_kept);
@@ -217,6 +229,26 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
                     end: LoopEnd::LastPass,
                 };
             }
+            // kreplay's own limits end the loop before the tool's plan; the restore before this
+            // pass was exact (indefinite loops and budgets always restore exactly).
+            if may_be_final {
+                if total == 0 && passes >= self.limits.max_passes {
+                    return ReplayOutcome::Replayed {
+                        passes,
+                        end: LoopEnd::MaxPasses,
+                    };
+                }
+                if self
+                    .limits
+                    .budget
+                    .is_some_and(|budget| self.started.elapsed() >= budget)
+                {
+                    return ReplayOutcome::Replayed {
+                        passes,
+                        end: LoopEnd::Budget,
+                    };
+                }
+            }
             if may_be_final {
                 if continue_set && !self.tool.should_continue(info, pass, total) {
                     return ReplayOutcome::Replayed {
@@ -235,7 +267,10 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
             let request = RestoreRequest {
                 completed_pass: pass,
                 next_pass: passes,
-                next_may_be_final: total == 0 || continue_set || passes + 1 == total,
+                next_may_be_final: total == 0
+                    || continue_set
+                    || passes + 1 == total
+                    || self.limits.budget.is_some(),
             };
             let planning = Instant::now();
             let planned = device.plan_restore(info, snapshot, &request);
@@ -253,8 +288,12 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
                 }
                 Err(failure) => {
                     self.cost.bytes_restored += failure.report.bytes_moved;
-                    self.tool
-                        .restore(info, Phase::Exit, &request, &failure.report);
+                    let report = MemoryOpReport {
+                        failed: true,
+                        bytes_lost: failure.bytes_unrestored,
+                        ..failure.report
+                    };
+                    self.tool.restore(info, Phase::Exit, &request, &report);
                     return ReplayOutcome::RestoreFailed {
                         after_pass: pass,
                         failure,

@@ -1,6 +1,6 @@
 //! What the loop tells the tool, and what it asks it.
 
-use crate::{DispatchInfo, MemoryOpReport, ReplayOutcome, RestoreRequest};
+use crate::{DispatchInfo, LoopLimits, MemoryOpReport, ReplayOutcome, RestoreRequest};
 
 /// ENTER or EXIT of a phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +65,12 @@ pub enum ContinueChange {
 ///
 /// `total_passes` is always N, or 0 for an indefinite loop. Every ENTER is followed by its EXIT.
 pub trait ReplayTool {
+    /// The limits for this dispatch (cap on passes, time budget), asked once before CONFIG
+    /// ENTER. The default is [`LoopLimits::default`].
+    fn limits(&self) -> LoopLimits {
+        LoopLimits::default()
+    }
+
     /// CONFIG ENTER: the tool says whether and how often to replay. (The C adapter calls the
     /// tool's `replay_pass_count` in here.)
     fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer;
@@ -86,11 +92,13 @@ pub trait ReplayTool {
         total_passes: u64,
     ) -> bool;
 
-    /// SNAPSHOT ENTER (with the plan) and EXIT (with what was copied; `bytes_moved` 0 when the
-    /// snapshot failed and nothing usable was kept).
+    /// SNAPSHOT ENTER (with the plan) and EXIT (with what was copied; when the snapshot was
+    /// declined, `bytes_moved` is 0 and `report.declined` says why).
     fn snapshot(&mut self, info: &DispatchInfo, phase: Phase, report: &MemoryOpReport);
 
-    /// RESTORE ENTER (with the plan) and EXIT (with what was written back), between passes.
+    /// RESTORE ENTER (with the plan) and EXIT (with what was written back, repairs and whether
+    /// it was verified; a failed restore has `report.failed` and `report.bytes_lost`), between
+    /// passes.
     fn restore(
         &mut self,
         info: &DispatchInfo,

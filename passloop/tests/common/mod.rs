@@ -13,9 +13,9 @@ use std::rc::Rc;
 
 use kreplay_ctxmask::{ContextId, ContextRegistry};
 use kreplay_passloop::{
-    ContinueChange, Decline, DeclineReason, DispatchInfo, MemoryOpReport, Phase, ReplayDevice,
-    ReplayOutcome, ReplayRecord, ReplayTool, RestoreFailure, RestoreRequest, RestoreStrategy,
-    StoreTier, ToolAnswer, run_dispatch,
+    ContinueChange, Decline, DeclineReason, DispatchInfo, LoopLimits, MemoryOpReport, Phase,
+    ReplayDevice, ReplayOutcome, ReplayRecord, ReplayTool, RestoreFailure, RestoreRequest,
+    RestoreStrategy, StoreTier, ToolAnswer, run_dispatch,
 };
 
 /// One thing the tool was told or the device was asked to do.
@@ -69,6 +69,8 @@ pub struct Faults {
     pub not_replayable: Option<Decline>,
     pub lock: Option<Decline>,
     pub drain: Option<Decline>,
+    /// Acquiring the passes' resources fails.
+    pub prepare: Option<Decline>,
     pub plan_snapshot: Option<Decline>,
     pub take_snapshot: Option<Decline>,
     /// This pass runs its kernel but its completion handlers never drain.
@@ -94,6 +96,10 @@ pub struct HostDevice {
     /// How often the application's completion fired (through run_once or fire_completion).
     pub completions: u32,
     pub live_snapshots: u32,
+    /// How often `prepare` succeeded.
+    pub prepared: u32,
+    /// The passes' resources are held (from `prepare` until the lock is released).
+    pub holds_resources: bool,
     /// The registry whose active contexts each pass's dispatch observes.
     pub registry: Rc<ContextRegistry>,
     /// `registry.active_contexts()` as seen by each pass's dispatch.
@@ -139,6 +145,8 @@ impl HostDevice {
             unlocks: 0,
             completions: 0,
             live_snapshots: 0,
+            prepared: 0,
+            holds_resources: false,
             registry: registry.clone(),
             active_per_pass: Vec::new(),
         }
@@ -169,6 +177,7 @@ impl HostDevice {
             chunks: self.buffers.len() as u64,
             tier: StoreTier::Host,
             strategy: RestoreStrategy::Full,
+            ..Default::default()
         }
     }
 }
@@ -195,6 +204,7 @@ impl ReplayDevice for HostDevice {
         self.push(Event::Unlock);
         assert!(self.lock_held, "unlock without lock");
         self.lock_held = false;
+        self.holds_resources = false;
         self.unlocks += 1;
     }
 
@@ -204,9 +214,23 @@ impl ReplayDevice for HostDevice {
         self.faults.drain.clone().map_or(Ok(()), Err)
     }
 
+    fn prepare(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        self.assert_locked("prepare");
+        if let Some(decline) = self.faults.prepare.clone() {
+            return Err(decline);
+        }
+        self.prepared += 1;
+        self.holds_resources = true;
+        Ok(())
+    }
+
     fn plan_snapshot(&mut self, _info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
         self.push(Event::PlanSnapshot);
         self.assert_locked("plan_snapshot");
+        assert!(
+            self.holds_resources,
+            "the passes' resources are acquired before the snapshot"
+        );
         match self.faults.plan_snapshot.clone() {
             Some(decline) => Err(decline),
             None => Ok(self.plan()),
@@ -335,6 +359,10 @@ pub struct ScriptedTool {
     /// Runs at the start of every callback with the callback's name.
     pub on_any_callback: Box<dyn FnMut(&'static str)>,
     pub outcomes: Vec<ReplayOutcome>,
+    /// The limits the tool hands the loop.
+    pub limits: LoopLimits,
+    /// The reports of every SNAPSHOT and RESTORE EXIT, in order.
+    pub exit_reports: Vec<MemoryOpReport>,
 }
 
 impl ScriptedTool {
@@ -347,6 +375,8 @@ impl ScriptedTool {
             on_pass_exit: Box::new(|_| ContinueChange::Keep),
             on_any_callback: Box::new(|_| {}),
             outcomes: Vec::new(),
+            limits: LoopLimits::default(),
+            exit_reports: Vec::new(),
         }
     }
 
@@ -356,6 +386,10 @@ impl ScriptedTool {
 }
 
 impl ReplayTool for ScriptedTool {
+    fn limits(&self) -> LoopLimits {
+        self.limits
+    }
+
     fn config_enter(&mut self, _info: &DispatchInfo) -> ToolAnswer {
         (self.on_any_callback)("config_enter");
         self.push(Event::ConfigEnter);
@@ -407,6 +441,9 @@ impl ReplayTool for ScriptedTool {
     fn snapshot(&mut self, _info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
         (self.on_any_callback)("snapshot");
         let (planned, moved) = (report.bytes_planned, report.bytes_moved);
+        if phase == Phase::Exit {
+            self.exit_reports.push(*report);
+        }
         self.push(match phase {
             Phase::Enter => Event::SnapshotEnter { planned, moved },
             Phase::Exit => Event::SnapshotExit { planned, moved },
@@ -422,6 +459,9 @@ impl ReplayTool for ScriptedTool {
     ) {
         (self.on_any_callback)("restore");
         let next_pass = request.next_pass;
+        if phase == Phase::Exit {
+            self.exit_reports.push(*report);
+        }
         self.push(match phase {
             Phase::Enter => Event::RestoreEnter {
                 next_pass,
