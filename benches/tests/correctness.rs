@@ -35,11 +35,12 @@ const TIERS: [StoreTier; 4] = [
     StoreTier::File,
     StoreTier::Device,
 ];
-const STRATEGIES: [RestoreStrategy; 4] = [
+const STRATEGIES: [RestoreStrategy; 5] = [
     RestoreStrategy::Auto,
     RestoreStrategy::Full,
     RestoreStrategy::Hash,
     RestoreStrategy::Writeset,
+    RestoreStrategy::WritesetUnverified,
 ];
 
 fn device(kind: DeviceKind) -> HostDevice {

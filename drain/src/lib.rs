@@ -200,8 +200,9 @@ pub trait PassCompletion {
 pub struct DrainConfig {
     /// Budget for one [`drain_agent`] call (own queue, siblings and copies together).
     pub timeout: Duration,
-    /// Budget for one [`wait_pass`] call (completion and handlers together). It must cover the
-    /// kernel's own run time.
+    /// Budget for one [`wait_pass`] call (completion and handlers together). For
+    /// [`wait_pass_patiently`], which never gives up on a running pass, the interval between
+    /// warnings about a long pass.
     pub pass_timeout: Duration,
 }
 
@@ -543,6 +544,38 @@ pub fn wait_pass(
         handlers_waited_on,
         elapsed: start.elapsed(),
     })
+}
+
+/// Waits until `pass` has completed and all its completion handlers have finished, however
+/// long that takes: a running pass is never abandoned (its late writes would land after the
+/// application was told it was done). Each time `config.pass_timeout` passes without the pass
+/// finishing, `on_slow` is called with the time waited so far (a backend warns there) and the
+/// wait goes on.
+pub fn wait_pass_patiently(
+    pass: &dyn PassCompletion,
+    config: &DrainConfig,
+    on_slow: &mut dyn FnMut(Duration),
+) -> PassReport {
+    let start = Instant::now();
+    let interval = config.pass_timeout.max(Duration::from_millis(1));
+
+    let waited_for_completion = !pass.is_complete();
+    if waited_for_completion {
+        while !pass.wait_complete(Instant::now() + interval) {
+            on_slow(start.elapsed());
+        }
+    }
+    let handlers_waited_on = pass.pending_handlers();
+    if handlers_waited_on > 0 {
+        while !pass.wait_handlers(Instant::now() + interval) {
+            on_slow(start.elapsed());
+        }
+    }
+    PassReport {
+        waited_for_completion,
+        handlers_waited_on,
+        elapsed: start.elapsed(),
+    }
 }
 
 /// A count of operations in flight (async copies, completion handlers) with a blocking wait for

@@ -433,6 +433,48 @@ fn pass_that_never_completes_is_pass_drain_stuck_on_completion() {
 }
 
 #[test]
+fn a_long_pass_is_waited_for_with_a_warning_per_interval_never_abandoned() {
+    // The pass completes only after the third warning, its handler after the fifth: the wait
+    // must still be there, and report success.
+    let pass = TestPass::new(false, 1);
+    let mut warnings: Vec<Duration> = Vec::new();
+    let report = wait_pass_patiently(
+        &pass,
+        &DrainConfig::new(LONG).with_pass_timeout(SHORT),
+        &mut |waited| {
+            warnings.push(waited);
+            match warnings.len() {
+                3 => pass.complete.store(true, Ordering::SeqCst),
+                5 => pass.handlers.finish(),
+                _ => {}
+            }
+        },
+    );
+    assert_eq!(
+        warnings.len(),
+        5,
+        "one warning per interval until the pass finished"
+    );
+    assert!(warnings.windows(2).all(|w| w[0] < w[1]), "{warnings:?}");
+    assert!(
+        warnings[0] >= SHORT,
+        "the first warning comes after one interval"
+    );
+    assert!(report.waited_for_completion);
+    assert_eq!(report.handlers_waited_on, 1);
+    assert!(pass.is_complete() && pass.pending_handlers() == 0);
+}
+
+#[test]
+fn a_finished_pass_is_not_warned_about() {
+    let pass = TestPass::new(true, 0);
+    let report = wait_pass_patiently(&pass, &DrainConfig::new(SHORT), &mut |_| {
+        panic!("no warning for a pass that is done")
+    });
+    assert!(!report.waited_for_completion);
+}
+
+#[test]
 fn wait_until_stops_only_at_the_deadline() {
     let strategy = WaitStrategy::DEFAULT;
     assert!(strategy.wait_until(Instant::now() + LONG, || true));

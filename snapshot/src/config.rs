@@ -32,7 +32,8 @@ impl StoreTier {
     }
 }
 
-/// How a restore finds what to write back (`KREPLAY_RESTORE=auto|full|hash|writeset`).
+/// How a restore finds what to write back
+/// (`KREPLAY_RESTORE=auto|full|hash|writeset|writeset-unverified`).
 ///
 /// `Auto` is a configuration value only; restore reports always name the strategy used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -44,19 +45,27 @@ pub enum RestoreStrategy {
     Full,
     /// Hash every chunk of live memory and write back the chunks whose hash changed.
     Hash,
-    /// Learn the changed chunks by hashing after pass 0, then write back only those, verifying
-    /// with hashes every K restores and before any pass that may be the final one.
+    /// Learn the changed chunks from pass 0 and verify before every pass: every live chunk is
+    /// hashed, changed chunks are written back, and a change outside the learned set is
+    /// reported as a repair. Every pass starts from the snapshotted bytes.
     Writeset,
+    /// The opt-in shortcut: learn the changed chunks by hashing after pass 0, then write back
+    /// only those without hashing, verifying every K restores and before any pass that may be
+    /// the final one. A pass that writes outside the learned set makes the following passes
+    /// start from bytes the first pass never saw; restores that skipped verification report
+    /// `unverified`.
+    WritesetUnverified,
 }
 
 impl RestoreStrategy {
-    /// The configuration spelling (`auto`, `full`, `hash`, `writeset`).
+    /// The configuration spelling (`auto`, `full`, `hash`, `writeset`, `writeset-unverified`).
     pub fn as_str(self) -> &'static str {
         match self {
             RestoreStrategy::Auto => "auto",
             RestoreStrategy::Full => "full",
             RestoreStrategy::Hash => "hash",
             RestoreStrategy::Writeset => "writeset",
+            RestoreStrategy::WritesetUnverified => "writeset-unverified",
         }
     }
 }
@@ -130,17 +139,19 @@ impl FromStr for StoreTier {
 
 impl FromStr for RestoreStrategy {
     type Err = ParseEnumError;
-    /// Accepts `auto`, `full`, `hash`, `writeset` (ASCII case-insensitive, surrounding spaces ignored).
+    /// Accepts `auto`, `full`, `hash`, `writeset`, `writeset-unverified` (ASCII
+    /// case-insensitive, surrounding spaces ignored).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         parse_name(
             s,
             "restore strategy",
-            "auto, full, hash, writeset",
+            "auto, full, hash, writeset, writeset-unverified",
             &[
                 ("auto", RestoreStrategy::Auto),
                 ("full", RestoreStrategy::Full),
                 ("hash", RestoreStrategy::Hash),
                 ("writeset", RestoreStrategy::Writeset),
+                ("writeset-unverified", RestoreStrategy::WritesetUnverified),
             ],
         )
     }

@@ -17,17 +17,22 @@
 //!   (registered with the device if it can pin), else a memory-mapped spill file
 //!   ([`StoreTier`]).
 //! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying; restores
-//!   write back only changed chunks ([`RestoreStrategy::Hash`]) or a write set learned after
-//!   pass 0 and re-verified every K restores and before any possibly-final pass
-//!   ([`RestoreStrategy::Writeset`]). Copies run in parallel on rayon; partial restores are
+//!   write back only changed chunks ([`RestoreStrategy::Hash`]), or learn a write set from
+//!   pass 0 and verify it before every pass ([`RestoreStrategy::Writeset`]: every live chunk is
+//!   hashed, so each pass starts from the snapshotted bytes; writes stay proportional to the
+//!   bytes changed, reads are the whole footprint; a change outside the learned set is written
+//!   back and reported as a repair). Only the explicit opt-in
+//!   [`RestoreStrategy::WritesetUnverified`] writes the learned set without hashing (checked
+//!   every K restores and before any possibly-final pass), and its reports say so
+//!   ([`RestoreReport::unverified`]). Copies run in parallel on rayon; partial restores are
 //!   merged into runs and issued as one batch when the device batches.
 //!
 //! The auto strategy: snapshots under [`AUTO_FULL_BELOW_BYTES`] restore in full, and so do
 //! device-tier snapshots when the device has no hash kernel and the memory is not host-visible
 //! (hashing would pull every byte over the host link while a full restore stays on the device).
-//! All others learn a write set (hash pass on the first restore, then only the learned chunks,
-//! verified every K-th restore and before any possibly-final pass), and switch to full restores
-//! once a hash pass finds more than [`AUTO_FULL_ABOVE_DIRTY_FRACTION`] of the chunks changed.
+//! All others learn a verified write set (every restore hashes; never the unverified shortcut),
+//! and switch to full restores once a hash pass finds more than
+//! [`AUTO_FULL_ABOVE_DIRTY_FRACTION`] of the chunks changed.
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,

@@ -61,6 +61,10 @@ pub struct RestoreReport {
     /// Whether this restore compared hashes of every live chunk (hash strategy, write-set
     /// learning or verification).
     pub verified: bool,
+    /// Whether this restore wrote a learned write set back without checking the rest of the
+    /// footprint (only under the opt-in `WritesetUnverified`): memory outside the set may differ
+    /// from the snapshot.
+    pub unverified: bool,
     /// Wall time.
     pub elapsed: Duration,
 }

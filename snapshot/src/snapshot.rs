@@ -61,8 +61,12 @@ impl SnapshotPlan {
 enum Mode {
     Full,
     Hash,
+    /// A write set verified before every pass.
     Writeset,
-    /// Auto with hashes: write set until a hash pass sees a high dirty fraction, then full.
+    /// A write set written without hashing between verifications (the opt-in shortcut).
+    WritesetUnverified,
+    /// Auto with hashes: verified write set until a hash pass sees a high dirty fraction, then
+    /// full.
     Adaptive,
 }
 
@@ -279,7 +283,9 @@ impl Snapshotter {
             strategy: match mode {
                 Mode::Full => RestoreStrategy::Full,
                 Mode::Hash => RestoreStrategy::Hash,
-                Mode::Writeset | Mode::Adaptive => RestoreStrategy::Writeset,
+                Mode::Writeset | Mode::WritesetUnverified | Mode::Adaptive => {
+                    RestoreStrategy::Writeset
+                }
             },
             pinned: store.pinned(),
             hashed,
@@ -324,6 +330,7 @@ impl Snapshotter {
             RestoreStrategy::Full => Mode::Full,
             RestoreStrategy::Hash => Mode::Hash,
             RestoreStrategy::Writeset => Mode::Writeset,
+            RestoreStrategy::WritesetUnverified => Mode::WritesetUnverified,
             RestoreStrategy::Auto => {
                 let costly_hash = tier == StoreTier::Device && !caps.device_hash && !host_access;
                 if bytes < AUTO_FULL_BELOW_BYTES || costly_hash {
@@ -371,6 +378,8 @@ impl Snapshot {
         match self.mode {
             Mode::Full => (Step::Full, RestoreStrategy::Full),
             Mode::Hash => (Step::Detect { learn: false }, RestoreStrategy::Hash),
+            // Verified write sets hash before every pass: what the learned set does not cover
+            // is found and written back (a repair), so every pass starts from the snapshot.
             Mode::Writeset | Mode::Adaptive => {
                 if self.mode == Mode::Adaptive
                     && self
@@ -379,6 +388,9 @@ impl Snapshot {
                 {
                     return (Step::Full, RestoreStrategy::Full);
                 }
+                (Step::Detect { learn: true }, RestoreStrategy::Writeset)
+            }
+            Mode::WritesetUnverified => {
                 let due =
                     self.verify_every > 0 && self.restores_since_hash + 1 >= self.verify_every;
                 let step = if self.learned.is_none() || self.needs_verify || req.may_be_final || due
@@ -454,6 +466,7 @@ impl Snapshot {
             tier: self.report.tier,
             strategy,
             verified: false,
+            unverified: matches!(step, Step::Learned),
             elapsed: Default::default(),
         };
 

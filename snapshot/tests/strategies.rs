@@ -77,12 +77,12 @@ fn hash_restore_writes_only_changed_chunks_in_every_hashing_mode() {
 }
 
 #[test]
-fn writeset_learns_after_pass_zero_then_restores_only_the_learned_chunks() {
+fn unverified_writeset_learns_after_pass_zero_then_restores_only_the_learned_chunks() {
     let (dev, inv, a, data) = setup(Caps::default());
     let mut s = snapshotter(
         &dev,
         &inv,
-        config(RestoreStrategy::Writeset, StoreTier::Host),
+        config(RestoreStrategy::WritesetUnverified, StoreTier::Host),
     )
     .snapshot(&Filter::for_replay(1))
     .unwrap();
@@ -102,6 +102,7 @@ fn writeset_learns_after_pass_zero_then_restores_only_the_learned_chunks() {
     let reads_before = dev.counters.reads.load(Ordering::Relaxed);
     let r = s.restore(&not_final(2)).unwrap();
     assert!(!r.verified);
+    assert!(r.unverified, "the shortcut reports itself");
     assert_eq!(r.bytes_hashed, 0);
     assert_eq!(r.chunks_restored, 2);
     assert_eq!(
@@ -113,7 +114,7 @@ fn writeset_learns_after_pass_zero_then_restores_only_the_learned_chunks() {
 }
 
 #[test]
-fn writeset_change_outside_the_learned_set_is_repaired_by_verification_before_the_final_pass() {
+fn unverified_writeset_misses_a_change_outside_the_set_until_the_final_verification() {
     let (dev, inv, a, data) = setup(Caps {
         host_visible: true,
         ..Default::default()
@@ -121,7 +122,7 @@ fn writeset_change_outside_the_learned_set_is_repaired_by_verification_before_th
     let mut s = snapshotter(
         &dev,
         &inv,
-        config(RestoreStrategy::Writeset, StoreTier::Host),
+        config(RestoreStrategy::WritesetUnverified, StoreTier::Host),
     )
     .snapshot(&Filter::for_replay(1))
     .unwrap();
@@ -150,14 +151,14 @@ fn writeset_change_outside_the_learned_set_is_repaired_by_verification_before_th
 }
 
 #[test]
-fn writeset_verifies_every_kth_restore() {
+fn unverified_writeset_verifies_every_kth_restore() {
     let (dev, inv, _a, _data) = setup(Caps::default());
     let mut s = snapshotter(
         &dev,
         &inv,
         SnapshotConfig {
             verify_every: 3,
-            ..config(RestoreStrategy::Writeset, StoreTier::Host)
+            ..config(RestoreStrategy::WritesetUnverified, StoreTier::Host)
         },
     )
     .snapshot(&Filter::for_replay(1))
@@ -172,7 +173,7 @@ fn writeset_verifies_every_kth_restore() {
         &inv,
         SnapshotConfig {
             verify_every: 0,
-            ..config(RestoreStrategy::Writeset, StoreTier::Host)
+            ..config(RestoreStrategy::WritesetUnverified, StoreTier::Host)
         },
     )
     .snapshot(&Filter::for_replay(1))
@@ -228,8 +229,9 @@ fn auto_learns_a_write_set_and_switches_to_full_when_most_chunks_change() {
     dirty(&dev, a, &[7]);
     let r = s.restore(&not_final(2)).unwrap();
     assert_eq!(
-        (r.strategy, r.verified, r.chunks_restored),
-        (RestoreStrategy::Writeset, false, 1)
+        (r.strategy, r.verified, r.unverified, r.chunks_restored),
+        (RestoreStrategy::Writeset, true, false, 1),
+        "auto never takes the unverified shortcut"
     );
     // Now most of memory changes; the forced verification sees it.
     let most: Vec<u64> = (0..n).filter(|c| c % 4 != 0).collect();
@@ -369,4 +371,65 @@ fn auto_on_a_host_visible_device_shadow_learns_a_write_set() {
         (RestoreStrategy::Writeset, 1)
     );
     assert_eq!(dev.peek(a + 5 * CS, 10), vec![9; 10]);
+}
+
+/// SPEC §3 rule 11: under `writeset` and under `auto` above the full-restore threshold, a pass
+/// that writes outside the set learned from pass 0 must not make the next pass start from bytes
+/// the first pass never saw: every restore verifies, repairs and reports the repair.
+#[test]
+fn verified_writeset_and_auto_repair_a_write_outside_the_learned_set_before_the_very_next_pass() {
+    for strategy in [RestoreStrategy::Writeset, RestoreStrategy::Auto] {
+        let dev = TestDevice::new(Caps::default());
+        let inv = Arc::new(Inventory::new());
+        let n = 512u64; // 2 MiB: auto learns a write set
+        let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+        let data = pattern((n * CS) as usize, 5);
+        dev.poke(a, &data);
+        let mut s = snapshotter(&dev, &inv, config(strategy, StoreTier::Host))
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        assert_eq!(
+            s.report().strategy,
+            RestoreStrategy::Writeset,
+            "{strategy:?}"
+        );
+        dirty(&dev, a, &[3]);
+        let r = s.restore(&not_final(1)).unwrap();
+        assert_eq!((r.chunks_restored, r.repaired_chunks), (1, 0));
+        // Pass 1 writes chunk 3 again and chunk 40, outside the learned set; the next pass is
+        // not a possible final one.
+        dirty(&dev, a, &[3, 40]);
+        let plan = s.plan_restore(&not_final(2));
+        assert!(plan.verify, "{strategy:?}: every restore verifies");
+        let r = s.restore(&not_final(2)).unwrap();
+        assert_eq!(
+            dev.peek(a, n * CS),
+            data,
+            "{strategy:?}: pass 2 starts from the bytes pass 0 saw"
+        );
+        assert!(r.verified && !r.unverified, "{strategy:?}");
+        assert_eq!(r.repaired_chunks, 1, "{strategy:?}: the repair is reported");
+        assert_eq!(
+            r.chunks_restored, 2,
+            "{strategy:?}: only changed chunks are written"
+        );
+        assert_eq!(r.bytes_moved, 2 * CS);
+        assert_eq!(
+            r.bytes_hashed,
+            n * CS,
+            "{strategy:?}: the cost is one hash of the footprint"
+        );
+    }
+}
+
+#[test]
+fn writeset_unverified_is_parsed_as_its_own_opt_in() {
+    assert_eq!(
+        "writeset-unverified".parse::<RestoreStrategy>(),
+        Ok(RestoreStrategy::WritesetUnverified)
+    );
+    assert_eq!(
+        RestoreStrategy::WritesetUnverified.as_str(),
+        "writeset-unverified"
+    );
 }
