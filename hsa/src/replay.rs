@@ -71,7 +71,8 @@ struct HsaReplay<'a> {
 impl Drop for HsaReplay<'_> {
     fn drop(&mut self) {
         if let Some(signal) = self.pass_signal.take() {
-            // A pass that got stuck may still reference the signal: leave it alive then.
+            // Every submitted pass was waited for, so no packet references the signal any more
+            // (checked all the same: a signal still in use is left alive).
             if self.b.original.signal_load(signal) == 0 {
                 self.b.original.signal_destroy(signal);
             }
@@ -103,7 +104,8 @@ fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
 fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
     match s {
         kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
-        kreplay_snapshot::RestoreStrategy::Writeset => RestoreStrategy::Writeset,
+        kreplay_snapshot::RestoreStrategy::Writeset
+        | kreplay_snapshot::RestoreStrategy::WritesetUnverified => RestoreStrategy::Writeset,
         kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => {
             RestoreStrategy::Full
         }
@@ -188,6 +190,20 @@ impl ReplayDevice for HsaReplay<'_> {
             .map_err(|stuck| decline_from(stuck.reason(), stuck.to_string()))
     }
 
+    fn prepare(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        // The passes' completion signal, before the snapshot: a failure here is a decline.
+        if self.pass_signal.is_none() {
+            let signal = self.b.original.signal_create(0).map_err(|status| {
+                Decline::new(
+                    DeclineReason::SnapshotFailed,
+                    format!("cannot create the pass completion signal (status {status:#x})"),
+                )
+            })?;
+            self.pass_signal = Some(signal);
+        }
+        Ok(())
+    }
+
     fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
         let plan = self
             .b
@@ -225,23 +241,18 @@ impl ReplayDevice for HsaReplay<'_> {
             chunks: r.chunks,
             tier: tier(r.tier),
             strategy: strategy(r.strategy),
+            ..Default::default()
         };
         Ok((snapshot, report))
     }
 
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
-        let signal = match self.pass_signal {
-            Some(s) => s,
-            None => {
-                let s = self.b.original.signal_create(0).map_err(|st| {
-                    Decline::new(
-                        DeclineReason::PassDrainStuck,
-                        format!("cannot create a pass signal: {st:#x}"),
-                    )
-                })?;
-                self.pass_signal = Some(s);
-                s
-            }
+        // Acquired by `prepare` before the snapshot; without it no pass is ever submitted.
+        let Some(signal) = self.pass_signal else {
+            return Err(Decline::new(
+                DeclineReason::PassDrainStuck,
+                "no pass completion signal was acquired",
+            ));
         };
         self.b.original.signal_add(signal, 1);
         let mut packet = self.dispatch;
@@ -261,10 +272,21 @@ impl ReplayDevice for HsaReplay<'_> {
         } else {
             submit();
         }
-        let waited = kreplay_drain::wait_pass(&PassSignal { b: self.b, signal }, &self.b.drain);
-        if let Err(stuck) = waited {
-            return Err(decline_from(stuck.reason(), stuck.to_string()));
-        }
+        // A running pass is never abandoned: its kernel may still write, and the application
+        // must not see its completion before that. A long pass is warned about and waited for.
+        kreplay_drain::wait_pass_patiently(
+            &PassSignal { b: self.b, signal },
+            &self.b.drain,
+            &mut |waited| {
+                self.b.hooks.warn(&format!(
+                    "pass {pass} of dispatch {} (kernel {}) still running after {:.1} s; \
+                     waiting for it (a running pass is never abandoned)",
+                    info.dispatch_id,
+                    info.kernel_id,
+                    waited.as_secs_f64()
+                ))
+            },
+        );
         if self.b.hooks.dispatch_tracing_configured() {
             let (start, end) = self
                 .b
@@ -310,6 +332,9 @@ impl ReplayDevice for HsaReplay<'_> {
             chunks: r.chunks_restored,
             tier: tier(r.tier),
             strategy: strategy(r.strategy),
+            repaired_chunks: r.repaired_chunks,
+            unverified: r.unverified,
+            ..Default::default()
         };
         if self.b.skip_restore {
             let plan = snapshot.plan_restore(&snapshot_request(request));

@@ -152,7 +152,19 @@ impl Aql {
 /// Initializes softhsa, installs kreplay into a copy of its table (owned for the rest of the
 /// process) and returns the application view of that copy.
 pub fn install(hooks: Arc<dyn ToolHooks>, options: InstallOptions) -> App {
-    let table: &'static mut OwnedApiTable = Box::leak(Box::new(OwnedApiTable::softhsa()));
+    install_into(
+        Box::leak(Box::new(OwnedApiTable::softhsa())),
+        hooks,
+        options,
+    )
+}
+
+/// [`install`] into a table copy the scenario prepared (e.g. with a runtime entry replaced).
+pub fn install_into(
+    table: &'static mut OwnedApiTable,
+    hooks: Arc<dyn ToolHooks>,
+    options: InstallOptions,
+) -> App {
     // SAFETY: the copy's sub-tables are valid; hsa_init takes no arguments (the runtime calls
     // a tools library's OnLoad from inside it, after which kreplay is installed below).
     ok(
