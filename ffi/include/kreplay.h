@@ -267,17 +267,19 @@ enum kreplay_replay_decline_reason_values {
     KREPLAY_REPLAY_DECLINE_UNTRACKED_MEMORY = 1,
     /** The snapshot would exceed KREPLAY_MAX_SNAPSHOT_BYTES or the memory available. */
     KREPLAY_REPLAY_DECLINE_FOOTPRINT_BUDGET = 2,
-    /** Taking the snapshot failed (out of memory, a copy failed); memory is untouched. */
+    /** Taking the snapshot, or acquiring what the passes need (a completion signal, ...), failed;
+     *  memory is untouched. */
     KREPLAY_REPLAY_DECLINE_SNAPSHOT_FAILED = 3,
     /** The dispatch's queue did not become idle within KREPLAY_DRAIN_TIMEOUT_MS. */
     KREPLAY_REPLAY_DECLINE_QUEUE_DRAIN_STUCK = 4,
     /** A sibling queue or an asynchronous copy on the agent did not become idle in time. */
     KREPLAY_REPLAY_DECLINE_AGENT_DRAIN_STUCK = 5,
-    /** A pass, or a completion handler of a pass, did not finish in time. */
+    /** A pass could not be run or waited for (a running pass is never abandoned: a long pass is
+     *  waited for, with warnings). */
     KREPLAY_REPLAY_DECLINE_PASS_DRAIN_STUCK = 6,
     /** The dispatch was issued from inside a replay callback on the same agent. */
     KREPLAY_REPLAY_DECLINE_REENTRANT_DISPATCH = 7,
-    /** The pass count was invalid (0 without a continue callback). */
+    /** The pass count was invalid: 0 without a continue callback, or above KREPLAY_MAX_PASSES. */
     KREPLAY_REPLAY_DECLINE_INVALID_PASS_COUNT = 8,
     /** A graph launch or a multi-packet batch: never replayed. */
     KREPLAY_REPLAY_DECLINE_BATCH_OR_GRAPH = 9,
@@ -292,6 +294,54 @@ enum kreplay_replay_decline_reason_values {
  * Static storage, never NULL.
  */
 const char* kreplay_get_decline_reason_string(kreplay_replay_decline_reason_t reason);
+
+/** How a dispatch's replay ended, reported at CONFIG EXIT (KREPLAY_REPLAY_OUTCOME_* values). */
+typedef uint32_t kreplay_replay_outcome_t;
+
+/** Values of kreplay_replay_outcome_t. */
+enum kreplay_replay_outcome_values {
+    /** Not known yet (every record but CONFIG EXIT). */
+    KREPLAY_REPLAY_OUTCOME_NONE = 0,
+    /** Replayed: every planned pass ran, or the tool's continue callback stopped the loop. */
+    KREPLAY_REPLAY_OUTCOME_REPLAYED = 1,
+    /** Not replayed by the tool's choice (no pass-count callback, or one pass): ran once. */
+    KREPLAY_REPLAY_OUTCOME_RAN_ONCE = 2,
+    /** Replay was declined (see decline_reason): ran once, memory untouched by replay. */
+    KREPLAY_REPLAY_OUTCOME_DECLINED = 3,
+    /** kreplay ended the loop before the tool's plan (see end_reason: the cap on passes or the
+     *  time budget); memory is as after one run. */
+    KREPLAY_REPLAY_OUTCOME_ENDED_EARLY = 4,
+    /** A pass could not be run or waited for; the loop stopped. */
+    KREPLAY_REPLAY_OUTCOME_PASS_FAILED = 5,
+    /** A restore between passes failed: application data was lost (see bytes_lost). */
+    KREPLAY_REPLAY_OUTCOME_RESTORE_FAILED = 6,
+    /** One past the last outcome. */
+    KREPLAY_REPLAY_OUTCOME_LAST = 7
+};
+
+/** Why the passes of a replay stopped, reported at CONFIG EXIT (KREPLAY_REPLAY_END_* values). */
+typedef uint32_t kreplay_replay_end_t;
+
+/** Values of kreplay_replay_end_t. */
+enum kreplay_replay_end_values {
+    /** No loop ended (not replayed, or it failed). */
+    KREPLAY_REPLAY_END_NONE = 0,
+    /** All N passes ran. */
+    KREPLAY_REPLAY_END_LAST_PASS = 1,
+    /** The tool's continue callback returned 0. */
+    KREPLAY_REPLAY_END_CONTINUE_STOPPED = 2,
+    /** An indefinite loop's continue callback was cleared at PASS EXIT. */
+    KREPLAY_REPLAY_END_CONTINUE_CLEARED = 3,
+    /** An indefinite loop reached KREPLAY_MAX_PASSES passes. */
+    KREPLAY_REPLAY_END_MAX_PASSES = 4,
+    /** KREPLAY_REPLAY_BUDGET_MS was spent: no further pass was started (none was cut short). */
+    KREPLAY_REPLAY_END_BUDGET = 5,
+    /** One past the last end reason. */
+    KREPLAY_REPLAY_END_LAST = 6
+};
+
+/** The cap on passes per dispatch when the environment variable KREPLAY_MAX_PASSES is not set. */
+#define KREPLAY_DEFAULT_MAX_PASSES 1024
 
 /* ============================================================================================== */
 /* Snapshot storage tiers and restore strategies                                                  */
@@ -327,7 +377,8 @@ enum kreplay_restore_strategy_values {
     KREPLAY_RESTORE_STRATEGY_FULL = 1,
     /** Chunks whose hash changed are copied back. */
     KREPLAY_RESTORE_STRATEGY_HASH = 2,
-    /** Chunks in the write set learned from pass 0 are copied back (and verified). */
+    /** Chunks that changed are copied back, using the write set learned from pass 0; verified
+     *  before every pass unless KREPLAY_RESTORE=writeset-unverified (see `unverified`). */
     KREPLAY_RESTORE_STRATEGY_WRITESET = 3,
     /** One past the last strategy. */
     KREPLAY_RESTORE_STRATEGY_LAST = 4
@@ -363,7 +414,8 @@ typedef int (*kreplay_continue_cb_t)(kreplay_kernel_dispatch_info_t dispatch_inf
  */
 typedef kreplay_status_t (*kreplay_context_toggle_cb_t)(kreplay_context_id_t context_id);
 
-/** Payload of KERNEL_REPLAY CONFIG and PASS records. 184 bytes. */
+/** Payload of KERNEL_REPLAY CONFIG and PASS records. 216 bytes (read `size` first: the fields
+ *  from byte 184 on were appended). */
 typedef struct kreplay_callback_tracing_kernel_replay_data_t {
     /** sizeof this struct. */
     uint64_t size;                                     /*   0 */
@@ -381,10 +433,23 @@ typedef struct kreplay_callback_tracing_kernel_replay_data_t {
     kreplay_context_toggle_cb_t replay_start_context;  /* 168 */
     /** PASS ENTER: set by kreplay (see kreplay_context_toggle_cb_t). */
     kreplay_context_toggle_cb_t replay_stop_context;   /* 176 */
+    /** CONFIG EXIT: how the replay ended (kreplay_replay_outcome_t). */
+    kreplay_replay_outcome_t outcome;                  /* 184 */
+    /** CONFIG EXIT: why the passes stopped (kreplay_replay_end_t). */
+    kreplay_replay_end_t end_reason;                   /* 188 */
+    /** CONFIG EXIT: KREPLAY_STATUS_SUCCESS, ERROR_REPLAY_DECLINED, ERROR (a pass failed) or
+     *  ERROR_RESTORE_FAILED. */
+    kreplay_status_t status;                           /* 192 */
+    /** CONFIG EXIT of a declined replay or failed pass: why (kreplay_replay_decline_reason_t). */
+    kreplay_replay_decline_reason_t decline_reason;    /* 196 */
+    /** CONFIG EXIT: the passes that ran (1 when the dispatch ran once). */
+    uint64_t passes_run;                               /* 200 */
+    /** CONFIG EXIT after a failed restore: bytes that could not be restored. */
+    uint64_t bytes_lost;                               /* 208 */
 } kreplay_callback_tracing_kernel_replay_data_t;
 
-/** Payload of KERNEL_REPLAY SNAPSHOT and RESTORE records: what replay's memory work costs.
- *  200 bytes. */
+/** Payload of KERNEL_REPLAY SNAPSHOT and RESTORE records: what replay's memory work costs and how
+ *  it went. 216 bytes (read `size` first: the fields from byte 200 on were appended). */
 typedef struct kreplay_callback_tracing_kernel_replay_memory_data_t {
     /** sizeof this struct. */
     uint64_t size;                                     /*   0 */
@@ -411,7 +476,59 @@ typedef struct kreplay_callback_tracing_kernel_replay_memory_data_t {
     kreplay_replay_decline_reason_t decline_reason;    /* 188 */
     /** RESTORE EXIT with status ERROR_RESTORE_FAILED: bytes that could not be restored. */
     uint64_t bytes_lost;                               /* 192 */
+    /** RESTORE EXIT: chunks found changed outside the write set learned from pass 0 and copied
+     *  back (a repair; included in chunks_restored). */
+    uint64_t chunks_repaired;                          /* 200 */
+    /** RESTORE EXIT: 1 when the restore copied a learned write set back without checking the
+     *  rest of the snapshot (only with KREPLAY_RESTORE=writeset-unverified): the next pass may
+     *  not start from the bytes the first pass saw. Else 0. */
+    uint32_t unverified;                               /* 208 */
+    /** Reserved, zero. */
+    uint32_t reserved;                                 /* 212 */
 } kreplay_callback_tracing_kernel_replay_memory_data_t;
+
+/** Per-process replay counters (kreplay_get_counters). 240 bytes; fields are only appended. */
+typedef struct kreplay_counters_t {
+    /** In: the bytes the caller provides (sizeof(kreplay_counters_t) as it compiled). Out: the
+     *  bytes kreplay filled in. */
+    uint64_t size;                                     /*   0 */
+    /** Dispatches that went through the replay loop (while KERNEL_REPLAY was configured). */
+    uint64_t dispatches;                               /*   8 */
+    /** Dispatches replayed (outcome REPLAYED or ENDED_EARLY). */
+    uint64_t replays;                                  /*  16 */
+    /** Passes run, all replays together. */
+    uint64_t passes;                                   /*  24 */
+    /** Dispatches the tool chose to run once (no pass-count callback, or one pass). */
+    uint64_t ran_once;                                 /*  32 */
+    /** Replays declined, every reason together. */
+    uint64_t declines;                                 /*  40 */
+    /** Replays kreplay ended early (KREPLAY_MAX_PASSES, KREPLAY_REPLAY_BUDGET_MS). */
+    uint64_t ended_early;                              /*  48 */
+    /** Replays stopped by a pass that failed. */
+    uint64_t pass_failures;                            /*  56 */
+    /** Replays stopped by a failed restore. */
+    uint64_t restore_failures;                         /*  64 */
+    /** Bytes copied into snapshots. */
+    uint64_t bytes_snapshotted;                        /*  72 */
+    /** Bytes written back by restores. */
+    uint64_t bytes_restored;                           /*  80 */
+    /** Bytes failed restores could not write back. */
+    uint64_t bytes_lost;                               /*  88 */
+    /** Chunks written outside a learned write set, repaired by verified restores. */
+    uint64_t chunks_repaired;                          /*  96 */
+    /** Restores that skipped verification (KREPLAY_RESTORE=writeset-unverified). */
+    uint64_t unverified_restores;                      /* 104 */
+    /** Declines per reason, indexed by kreplay_replay_decline_reason_t (entry 0 unused). */
+    uint64_t declines_by_reason[16];                   /* 112 */
+} kreplay_counters_t;
+
+/**
+ * Copies the replay counters of this process into `*counters`. Set `counters->size` to
+ * sizeof(kreplay_counters_t) first: kreplay fills at most that many bytes and sets `size` to the
+ * bytes it filled. KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if `counters` is NULL or `size` < 8.
+ * Callable from any thread at any time.
+ */
+kreplay_status_t kreplay_get_counters(kreplay_counters_t* counters);
 
 /* ============================================================================================== */
 /* Kernel dispatch payload                                                                        */

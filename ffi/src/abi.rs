@@ -26,6 +26,9 @@ pub const VERSION: u32 = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_P
 pub const VERSION_STRING: &CStr = c"0.1.0";
 /// `replay_pass` of a dispatch that is not replayed (`KREPLAY_REPLAY_PASS_NONE`).
 pub const REPLAY_PASS_NONE: u64 = u64::MAX;
+/// The cap on passes per dispatch when `KREPLAY_MAX_PASSES` is not set
+/// (`KREPLAY_DEFAULT_MAX_PASSES`).
+pub const DEFAULT_MAX_PASSES: u64 = kreplay_passloop::DEFAULT_MAX_PASSES;
 
 /// Defines a transparent integer newtype standing for a C enumeration.
 macro_rules! abi_enum {
@@ -306,6 +309,47 @@ abi_enum! {
     WRITESET = 3 => c"writeset",
 }
 
+abi_enum! {
+    /// `kreplay_replay_outcome_t`: how a dispatch's replay ended (CONFIG EXIT).
+    pub struct ReplayOutcomeKind(u32);
+    prefix = "KREPLAY_REPLAY_OUTCOME_";
+    last = 7;
+    /// Not known yet (every record but CONFIG EXIT).
+    NONE = 0 => c"none",
+    /// Replayed: every planned pass ran, or the tool's continue callback stopped the loop.
+    REPLAYED = 1 => c"replayed",
+    /// Not replayed by the tool's choice (no pass-count callback, or one pass): ran once.
+    RAN_ONCE = 2 => c"ran_once",
+    /// Replay was declined (see the decline reason): ran once, memory untouched by replay.
+    DECLINED = 3 => c"declined",
+    /// kreplay ended the loop before the tool's plan (see the end reason: the cap on passes or
+    /// the time budget); memory is as after one run.
+    ENDED_EARLY = 4 => c"ended_early",
+    /// A pass could not be run or waited for; the loop stopped.
+    PASS_FAILED = 5 => c"pass_failed",
+    /// A restore between passes failed: application data was lost (see `bytes_lost`).
+    RESTORE_FAILED = 6 => c"restore_failed",
+}
+
+abi_enum! {
+    /// `kreplay_replay_end_t`: why the passes of a replay stopped (CONFIG EXIT).
+    pub struct ReplayEnd(u32);
+    prefix = "KREPLAY_REPLAY_END_";
+    last = 6;
+    /// No passes ran to an end (not replayed, or failed).
+    NONE = 0 => c"none",
+    /// All N passes ran.
+    LAST_PASS = 1 => c"last_pass",
+    /// The tool's continue callback returned 0.
+    CONTINUE_STOPPED = 2 => c"continue_stopped",
+    /// An indefinite loop's continue callback was cleared at PASS EXIT.
+    CONTINUE_CLEARED = 3 => c"continue_cleared",
+    /// An indefinite loop reached KREPLAY_MAX_PASSES.
+    MAX_PASSES = 4 => c"max_passes",
+    /// KREPLAY_REPLAY_BUDGET_MS was spent; no further pass was started.
+    BUDGET = 5 => c"budget",
+}
+
 /// `kreplay_context_id_t`: a context as the C ABI names it (handle 0 is never valid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -440,7 +484,7 @@ pub type ContinueFn = Option<unsafe extern "C" fn(KernelDispatchInfo, u64, u64, 
 pub type ContextToggleFn = Option<unsafe extern "C" fn(ContextHandle) -> Status>;
 
 /// `kreplay_callback_tracing_kernel_replay_data_t`: payload of KERNEL_REPLAY CONFIG and PASS
-/// records (184 bytes).
+/// records (216 bytes: SPEC's 184, then the CONFIG EXIT outcome).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KernelReplayData {
@@ -460,6 +504,19 @@ pub struct KernelReplayData {
     pub replay_start_context: ContextToggleFn,
     /// PASS ENTER: set by kreplay.
     pub replay_stop_context: ContextToggleFn,
+    /// CONFIG EXIT: how the replay ended.
+    pub outcome: ReplayOutcomeKind,
+    /// CONFIG EXIT: why the passes stopped.
+    pub end_reason: ReplayEnd,
+    /// CONFIG EXIT: SUCCESS, ERROR_REPLAY_DECLINED, ERROR (a pass failed) or
+    /// ERROR_RESTORE_FAILED.
+    pub status: Status,
+    /// CONFIG EXIT of a declined replay or failed pass: why.
+    pub decline_reason: DeclineReason,
+    /// CONFIG EXIT: passes that ran (1 when the dispatch ran once).
+    pub passes_run: u64,
+    /// CONFIG EXIT after a failed restore: bytes that could not be restored.
+    pub bytes_lost: u64,
 }
 
 impl KernelReplayData {
@@ -474,12 +531,18 @@ impl KernelReplayData {
             replay_continue: None,
             replay_start_context: None,
             replay_stop_context: None,
+            outcome: ReplayOutcomeKind::NONE,
+            end_reason: ReplayEnd::NONE,
+            status: Status::SUCCESS,
+            decline_reason: DeclineReason::NONE,
+            passes_run: 0,
+            bytes_lost: 0,
         }
     }
 }
 
 /// `kreplay_callback_tracing_kernel_replay_memory_data_t`: payload of KERNEL_REPLAY SNAPSHOT and
-/// RESTORE records (200 bytes).
+/// RESTORE records (216 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KernelReplayMemoryData {
@@ -507,6 +570,14 @@ pub struct KernelReplayMemoryData {
     pub decline_reason: DeclineReason,
     /// RESTORE EXIT when failed: bytes that could not be restored.
     pub bytes_lost: u64,
+    /// RESTORE EXIT: chunks found changed outside the learned write set and written back (a
+    /// repair; included in `chunks_restored`).
+    pub chunks_repaired: u64,
+    /// RESTORE EXIT: 1 when the restore wrote a learned write set without checking the rest of
+    /// the footprint (`KREPLAY_RESTORE=writeset-unverified`), else 0.
+    pub unverified: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
 
 impl KernelReplayMemoryData {
@@ -525,6 +596,71 @@ impl KernelReplayMemoryData {
             status: Status::SUCCESS,
             decline_reason: DeclineReason::NONE,
             bytes_lost: 0,
+            chunks_repaired: 0,
+            unverified: 0,
+            reserved: 0,
+        }
+    }
+}
+
+/// `kreplay_counters_t`: what replay did in this process so far (`kreplay_get_counters`).
+///
+/// The caller sets `size` to the bytes it provides; kreplay fills that much (at most its own
+/// size) and sets `size` to the bytes it filled. Fields are only ever appended.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counters {
+    /// In: bytes the caller provides. Out: bytes kreplay filled in.
+    pub size: u64,
+    /// Dispatches that went through the replay loop (a KERNEL_REPLAY service was configured).
+    pub dispatches: u64,
+    /// Dispatches replayed (outcome REPLAYED or ENDED_EARLY).
+    pub replays: u64,
+    /// Passes run in all replays.
+    pub passes: u64,
+    /// Dispatches the tool chose to run once (no pass-count callback, or one pass).
+    pub ran_once: u64,
+    /// Replays declined (every reason).
+    pub declines: u64,
+    /// Replays kreplay ended early (cap on passes, time budget).
+    pub ended_early: u64,
+    /// Replays stopped by a pass that failed.
+    pub pass_failures: u64,
+    /// Replays stopped by a failed restore.
+    pub restore_failures: u64,
+    /// Bytes copied into snapshots.
+    pub bytes_snapshotted: u64,
+    /// Bytes written back by restores.
+    pub bytes_restored: u64,
+    /// Bytes failed restores could not write back.
+    pub bytes_lost: u64,
+    /// Chunks written outside a learned write set and repaired by a verified restore.
+    pub chunks_repaired: u64,
+    /// Restores that skipped verification (`KREPLAY_RESTORE=writeset-unverified`).
+    pub unverified_restores: u64,
+    /// Declines per reason, indexed by `kreplay_replay_decline_reason_t` (entry 0 unused).
+    pub declines_by_reason: [u64; 16],
+}
+
+impl Default for Counters {
+    /// All zero except `size`.
+    fn default() -> Self {
+        Counters {
+            size: size_of::<Counters>() as u64,
+            dispatches: 0,
+            replays: 0,
+            passes: 0,
+            ran_once: 0,
+            declines: 0,
+            ended_early: 0,
+            pass_failures: 0,
+            restore_failures: 0,
+            bytes_snapshotted: 0,
+            bytes_restored: 0,
+            bytes_lost: 0,
+            chunks_repaired: 0,
+            unverified_restores: 0,
+            declines_by_reason: [0; 16],
         }
     }
 }
@@ -640,6 +776,8 @@ const_assert_eq!(size_of::<usize>(), 8);
 assert_eq_size!(Status, i32);
 assert_eq_size!(CallbackKind, u32);
 assert_eq_size!(DeclineReason, u32);
+assert_eq_size!(ReplayOutcomeKind, u32);
+assert_eq_size!(ReplayEnd, u32);
 
 assert_eq_size!(ContextHandle, u64);
 assert_eq_size!(AgentId, u64);
@@ -671,7 +809,7 @@ check_field!(KernelDispatchInfo, workgroup_size, 48, 12);
 check_field!(KernelDispatchInfo, grid_size, 60, 12);
 check_field!(KernelDispatchInfo, reserved_padding, 72, 56);
 
-assert_eq_size!(KernelReplayData, [u8; 184]);
+assert_eq_size!(KernelReplayData, [u8; 216]);
 assert_eq_align!(KernelReplayData, u64);
 check_field!(KernelReplayData, size, 0, 8);
 check_field!(KernelReplayData, dispatch_info, 8, 128);
@@ -681,8 +819,14 @@ check_field!(KernelReplayData, replay_pass_count, 152, 8);
 check_field!(KernelReplayData, replay_continue, 160, 8);
 check_field!(KernelReplayData, replay_start_context, 168, 8);
 check_field!(KernelReplayData, replay_stop_context, 176, 8);
+check_field!(KernelReplayData, outcome, 184, 4);
+check_field!(KernelReplayData, end_reason, 188, 4);
+check_field!(KernelReplayData, status, 192, 4);
+check_field!(KernelReplayData, decline_reason, 196, 4);
+check_field!(KernelReplayData, passes_run, 200, 8);
+check_field!(KernelReplayData, bytes_lost, 208, 8);
 
-assert_eq_size!(KernelReplayMemoryData, [u8; 200]);
+assert_eq_size!(KernelReplayMemoryData, [u8; 216]);
 assert_eq_align!(KernelReplayMemoryData, u64);
 check_field!(KernelReplayMemoryData, size, 0, 8);
 check_field!(KernelReplayMemoryData, dispatch_info, 8, 128);
@@ -696,6 +840,28 @@ check_field!(KernelReplayMemoryData, strategy, 180, 4);
 check_field!(KernelReplayMemoryData, status, 184, 4);
 check_field!(KernelReplayMemoryData, decline_reason, 188, 4);
 check_field!(KernelReplayMemoryData, bytes_lost, 192, 8);
+check_field!(KernelReplayMemoryData, chunks_repaired, 200, 8);
+check_field!(KernelReplayMemoryData, unverified, 208, 4);
+check_field!(KernelReplayMemoryData, reserved, 212, 4);
+
+assert_eq_size!(Counters, [u8; 240]);
+assert_eq_align!(Counters, u64);
+check_field!(Counters, size, 0, 8);
+check_field!(Counters, dispatches, 8, 8);
+check_field!(Counters, replays, 16, 8);
+check_field!(Counters, passes, 24, 8);
+check_field!(Counters, ran_once, 32, 8);
+check_field!(Counters, declines, 40, 8);
+check_field!(Counters, ended_early, 48, 8);
+check_field!(Counters, pass_failures, 56, 8);
+check_field!(Counters, restore_failures, 64, 8);
+check_field!(Counters, bytes_snapshotted, 72, 8);
+check_field!(Counters, bytes_restored, 80, 8);
+check_field!(Counters, bytes_lost, 88, 8);
+check_field!(Counters, chunks_repaired, 96, 8);
+check_field!(Counters, unverified_restores, 104, 8);
+check_field!(Counters, declines_by_reason, 112, 128);
+const_assert!(DeclineReason::LAST.0 as usize <= 16);
 
 assert_eq_size!(KernelDispatchData, [u8; 160]);
 assert_eq_align!(KernelDispatchData, u64);

@@ -5,13 +5,14 @@
 //! ([`Status::ERROR_INVALID_ARGUMENT`]).
 
 use std::ffi::{c_char, c_int};
+use std::mem::size_of;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kreplay_ctxmask::{ContextError, ContextRegistry};
 
 use crate::abi::{
-    CallbackKind, ConfigureFn, ContextHandle, DeclineReason, Status, VERSION_MAJOR, VERSION_MINOR,
-    VERSION_PATCH,
+    CallbackKind, ConfigureFn, ContextHandle, Counters, DeclineReason, Status, VERSION_MAJOR,
+    VERSION_MINOR, VERSION_PATCH,
 };
 use crate::{lifecycle, services};
 
@@ -89,6 +90,39 @@ pub extern "C" fn kreplay_get_callback_tracing_operation_name(
 #[unsafe(no_mangle)]
 pub extern "C" fn kreplay_get_decline_reason_string(reason: DeclineReason) -> *const c_char {
     reason.as_cstr().as_ptr()
+}
+
+/// `kreplay_get_counters`: copies the per-process replay counters into `*counters`. The caller
+/// sets `counters->size` to the bytes it provides (at least 8); kreplay fills at most that many
+/// and sets `size` to the bytes it filled.
+///
+/// # Safety
+/// `counters` is NULL or valid for reading and writing `counters->size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kreplay_get_counters(counters: *mut Counters) -> Status {
+    if counters.is_null() {
+        return Status::ERROR_INVALID_ARGUMENT;
+    }
+    guard(|| {
+        // SAFETY: non-null; the first field is the caller's size, 8 bytes it must provide.
+        let provided = unsafe { counters.cast::<u64>().read_unaligned() };
+        if provided < 8 {
+            return Status::ERROR_INVALID_ARGUMENT;
+        }
+        let mut value = crate::counters::snapshot();
+        let filled = (provided as usize).min(size_of::<Counters>());
+        value.size = filled as u64;
+        // SAFETY: the caller provides `provided` >= `filled` writable bytes; the source is a
+        // local of at least `filled` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&value as *const Counters).cast::<u8>(),
+                counters.cast::<u8>(),
+                filled,
+            )
+        };
+        Status::SUCCESS
+    })
 }
 
 /// `kreplay_create_context`: creates a stopped context without services.

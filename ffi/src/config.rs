@@ -8,7 +8,9 @@
 //! | `KREPLAY_MAX_SNAPSHOT_BYTES` | bytes, optionally with `K`/`M`/`G`/`T` (binary, `KiB` etc. also accepted); `0` = derive | `0` |
 //! | `KREPLAY_DRAIN_TIMEOUT_MS` | milliseconds, at least 1 | `10000` |
 //! | `KREPLAY_SNAPSHOT_STORE` | `auto`, `device`, `host`, `file` | `auto` |
-//! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset` | `auto` |
+//! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset`, `writeset-unverified` | `auto` |
+//! | `KREPLAY_MAX_PASSES` | a whole number of passes, at least 1 | `1024` |
+//! | `KREPLAY_REPLAY_BUDGET_MS` | milliseconds per dispatch, at least 1 | no budget |
 //! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //!
@@ -53,6 +55,10 @@ pub const ENV_RESTORE: &str = "KREPLAY_RESTORE";
 pub const ENV_SPILL_DIR: &str = "KREPLAY_SPILL_DIR";
 /// `KREPLAY_LOG`.
 pub const ENV_LOG: &str = "KREPLAY_LOG";
+/// `KREPLAY_MAX_PASSES`.
+pub const ENV_MAX_PASSES: &str = "KREPLAY_MAX_PASSES";
+/// `KREPLAY_REPLAY_BUDGET_MS`.
+pub const ENV_REPLAY_BUDGET_MS: &str = "KREPLAY_REPLAY_BUDGET_MS";
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -74,6 +80,12 @@ pub struct Config {
     pub spill_dir: Option<PathBuf>,
     /// How much is printed.
     pub log: LogLevel,
+    /// The cap on passes per dispatch: a larger pass count is declined (`invalid_pass_count`)
+    /// and an indefinite loop ends after this many passes.
+    pub max_passes: u64,
+    /// Time per dispatch after which no further pass starts (a running pass always finishes);
+    /// `None`: no budget.
+    pub replay_budget: Option<Duration>,
 }
 
 impl Default for Config {
@@ -85,6 +97,8 @@ impl Default for Config {
             restore: RestoreStrategy::Auto,
             spill_dir: None,
             log: LogLevel::Warn,
+            max_passes: kreplay_passloop::DEFAULT_MAX_PASSES,
+            replay_budget: None,
         }
     }
 }
@@ -122,6 +136,8 @@ impl Config {
             ENV_RESTORE,
             ENV_SPILL_DIR,
             ENV_LOG,
+            ENV_MAX_PASSES,
+            ENV_REPLAY_BUDGET_MS,
         ] {
             if let Err(std::env::VarError::NotUnicode(raw)) = std::env::var(variable) {
                 return Err(ConfigError {
@@ -167,8 +183,11 @@ impl Config {
             )?;
         }
         if let Some(value) = lookup(ENV_RESTORE) {
-            config.restore =
-                parse_choice(ENV_RESTORE, &value, "one of auto, full, hash, writeset")?;
+            config.restore = parse_choice(
+                ENV_RESTORE,
+                &value,
+                "one of auto, full, hash, writeset, writeset-unverified",
+            )?;
         }
         if let Some(value) = lookup(ENV_SPILL_DIR) {
             if value.trim().is_empty() {
@@ -179,6 +198,21 @@ impl Config {
                 });
             }
             config.spill_dir = Some(PathBuf::from(value));
+        }
+        if let Some(value) = lookup(ENV_MAX_PASSES) {
+            config.max_passes = parse_positive(&value).ok_or_else(|| ConfigError {
+                variable: ENV_MAX_PASSES,
+                value: value.clone(),
+                expected: "a whole number of passes, at least 1 (digits only)".to_owned(),
+            })?;
+        }
+        if let Some(value) = lookup(ENV_REPLAY_BUDGET_MS) {
+            let millis = parse_positive(&value).ok_or_else(|| ConfigError {
+                variable: ENV_REPLAY_BUDGET_MS,
+                value: value.clone(),
+                expected: "a whole number of milliseconds, at least 1 (digits only)".to_owned(),
+            })?;
+            config.replay_budget = Some(Duration::from_millis(millis));
         }
         if let Some(value) = lookup(ENV_LOG) {
             config.log = value.parse().map_err(|_| ConfigError {
@@ -207,6 +241,15 @@ impl Config {
     pub fn spill_dir_or_temp(&self) -> PathBuf {
         self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
+}
+
+/// Parses a whole number of at least 1 written as ASCII digits only (no sign, no spaces, no
+/// unit); `None` otherwise or on overflow.
+fn parse_positive(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|&n| n > 0)
 }
 
 /// Parses a choice with its own `FromStr` (the snapshot crate's names, any ASCII case).
@@ -269,6 +312,25 @@ mod tests {
         assert_eq!(config.restore, RestoreStrategy::Auto);
         assert_eq!(config.spill_dir, None);
         assert_eq!(config.log, LogLevel::Warn);
+        assert_eq!(config.max_passes, 1024);
+        assert_eq!(config.replay_budget, None);
+    }
+
+    #[test]
+    fn the_cap_on_passes_and_the_replay_budget_are_read() {
+        let config = config_from(&[
+            ("KREPLAY_MAX_PASSES", "64"),
+            ("KREPLAY_REPLAY_BUDGET_MS", "1500"),
+        ])
+        .unwrap();
+        assert_eq!(config.max_passes, 64);
+        assert_eq!(config.replay_budget, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            config_from(&[("KREPLAY_MAX_PASSES", "18446744073709551615")])
+                .unwrap()
+                .max_passes,
+            u64::MAX
+        );
     }
 
     #[test]
@@ -344,6 +406,7 @@ mod tests {
             ("full", RestoreStrategy::Full),
             ("hash", RestoreStrategy::Hash),
             ("writeset", RestoreStrategy::Writeset),
+            ("writeset-unverified", RestoreStrategy::WritesetUnverified),
         ] {
             assert_eq!(
                 config_from(&[("KREPLAY_RESTORE", text)]).unwrap().restore,
@@ -370,6 +433,17 @@ mod tests {
             ("KREPLAY_SPILL_DIR", ""),
             ("KREPLAY_SPILL_DIR", "  "),
             ("KREPLAY_LOG", "trace"),
+            ("KREPLAY_MAX_PASSES", "0"),
+            ("KREPLAY_MAX_PASSES", ""),
+            ("KREPLAY_MAX_PASSES", "-5"),
+            ("KREPLAY_MAX_PASSES", "+5"),
+            ("KREPLAY_MAX_PASSES", " 5"),
+            ("KREPLAY_MAX_PASSES", "5k"),
+            ("KREPLAY_MAX_PASSES", "18446744073709551616"),
+            ("KREPLAY_REPLAY_BUDGET_MS", "0"),
+            ("KREPLAY_REPLAY_BUDGET_MS", "1.5"),
+            ("KREPLAY_REPLAY_BUDGET_MS", "10s"),
+            ("KREPLAY_RESTORE", "writeset_unverified"),
         ];
         for (variable, value) in cases {
             let err = config_from(&[(variable, value)]).unwrap_err();
@@ -386,6 +460,9 @@ mod tests {
         let err = config_from(&[("KREPLAY_SNAPSHOT_STORE", "gpu")]).unwrap_err();
         assert_eq!(err.expected, "one of auto, device, host, file");
         let err = config_from(&[("KREPLAY_RESTORE", "fast")]).unwrap_err();
-        assert_eq!(err.expected, "one of auto, full, hash, writeset");
+        assert_eq!(
+            err.expected,
+            "one of auto, full, hash, writeset, writeset-unverified"
+        );
     }
 }

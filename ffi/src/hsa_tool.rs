@@ -10,26 +10,31 @@
 
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
 use kreplay_passloop::{
-    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
-    RestoreRequest,
+    ContinueChange, DispatchInfo, LoopLimits, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord,
+    ReplayTool, RestoreRequest,
 };
 use parking_lot::Mutex;
 
 use crate::abi::{
     AgentId, CallbackPhase, DeclineReason, Dim3, KernelDispatchData, KernelDispatchInfo,
     KernelDispatchOperation, KernelReplayData, KernelReplayMemoryData, KernelReplayOperation,
-    QueueId, RestoreStrategy, SnapshotTier, Status, UserData,
+    QueueId, ReplayOutcomeKind, RestoreStrategy, SnapshotTier, Status, UserData,
 };
 use crate::config::Config;
 use crate::logging::{self, Severity};
 use crate::services::{self, CallbackService, TraceEvent};
 
 static SKIP_RESTORE: AtomicBool = AtomicBool::new(false);
+/// `KREPLAY_MAX_PASSES` as read at load.
+static MAX_PASSES: AtomicU64 = AtomicU64::new(kreplay_passloop::DEFAULT_MAX_PASSES);
+/// `KREPLAY_REPLAY_BUDGET_MS` as read at load (0: no budget).
+static BUDGET_MS: AtomicU64 = AtomicU64::new(0);
 static COLLECT_RECORDS: AtomicBool = AtomicBool::new(false);
 static RECORDS: Mutex<Vec<ReplayRecord>> = Mutex::new(Vec::new());
 
@@ -58,6 +63,17 @@ pub fn take_replay_records() -> Vec<ReplayRecord> {
 pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
     logging::set_level(config.log);
+    // Everything that can refuse the load is checked before any tool code runs: a tool
+    // initialized into a kreplay that then fails to load would be left without replay.
+    // SAFETY: forwarded from the caller (null is checked, not read).
+    unsafe { kreplay_hsa::check_table(table) }.map_err(|e| e.to_string())?;
+    MAX_PASSES.store(config.max_passes, Ordering::Relaxed);
+    BUDGET_MS.store(
+        config
+            .replay_budget
+            .map_or(0, |b| b.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
+        Ordering::Relaxed,
+    );
     crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
     let options = InstallOptions {
         snapshot: config.snapshot_config(),
@@ -69,10 +85,23 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     unsafe { kreplay_hsa::install(table, Arc::new(Hooks), options) }.map_err(|e| e.to_string())
 }
 
-/// What the exported `OnUnload` does: replay stops, tools are finalized.
+/// What the exported `OnUnload` does: replay stops, tools are finalized, and the replay
+/// counters are printed (`KREPLAY_LOG=info`).
 pub fn on_unload() {
     kreplay_hsa::finalize();
     crate::lifecycle::finalize_tools();
+    if services::replay_configured() || crate::counters::snapshot().dispatches > 0 {
+        crate::kreplay_info!("{}", crate::counters::summary(&crate::counters::snapshot()));
+    }
+}
+
+/// The loop limits read at load (`KREPLAY_MAX_PASSES`, `KREPLAY_REPLAY_BUDGET_MS`).
+fn loop_limits() -> LoopLimits {
+    let budget_ms = BUDGET_MS.load(Ordering::Relaxed);
+    LoopLimits {
+        max_passes: MAX_PASSES.load(Ordering::Relaxed),
+        budget: (budget_ms > 0).then(|| Duration::from_millis(budget_ms)),
+    }
 }
 
 /// HSA tools-library entry point: the runtime calls it with its API table at start-up.
@@ -219,6 +248,7 @@ impl ToolHooks for Hooks {
     }
 
     fn replay_finished(&self, record: &ReplayRecord) {
+        crate::counters::record_dispatch(record);
         if COLLECT_RECORDS.load(Ordering::Relaxed) {
             RECORDS.lock().push(record.clone());
         }
@@ -231,20 +261,6 @@ impl ToolHooks for Hooks {
     fn warn_once(&self, key: &'static str, message: &str) {
         logging::warn_once(key, format_args!("{message}"));
     }
-}
-
-fn decline_reason(outcome: &ReplayOutcome) -> DeclineReason {
-    let Some(decline) = outcome.decline() else {
-        return DeclineReason::NONE;
-    };
-    DeclineReason::VALUES
-        .iter()
-        .map(|(_, v)| *v)
-        .find(|v| {
-            v.label()
-                .is_some_and(|l| l.to_bytes() == decline.reason.as_str().as_bytes())
-        })
-        .unwrap_or(DeclineReason::NONE)
 }
 
 fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
@@ -346,13 +362,30 @@ impl CReplayTool {
         };
         data.tier = tier(report.tier);
         data.strategy = strategy(report.strategy);
-        data.status = Status::SUCCESS;
+        if phase == Phase::Exit {
+            if let Some(reason) = report.declined {
+                data.status = Status::ERROR_REPLAY_DECLINED;
+                data.decline_reason = crate::counters::decline_reason(reason);
+            } else if report.failed {
+                data.status = Status::ERROR_RESTORE_FAILED;
+                data.bytes_lost = report.bytes_lost;
+            }
+            if operation == KernelReplayOperation::RESTORE {
+                data.chunks_repaired = report.repaired_chunks;
+                data.unverified = u32::from(report.unverified);
+                crate::counters::record_restore(report);
+            }
+        }
         let payload = (&mut data as *mut KernelReplayMemoryData).cast::<c_void>();
         self.deliver(operation, self::phase(phase), DeclineReason::NONE, payload);
     }
 }
 
 impl ReplayTool for CReplayTool {
+    fn limits(&self) -> LoopLimits {
+        loop_limits()
+    }
+
     fn config_enter(&mut self, info: &DispatchInfo) -> kreplay_passloop::ToolAnswer {
         self.payload = KernelReplayData::new(dispatch_info(info));
         self.correlation_id = services::next_correlation_id();
@@ -443,13 +476,40 @@ impl ReplayTool for CReplayTool {
     }
 
     fn config_exit(&mut self, _info: &DispatchInfo, outcome: &ReplayOutcome) {
-        self.payload.current_pass = match outcome {
+        let passes = match outcome {
             ReplayOutcome::Replayed { passes, .. } => *passes,
             ReplayOutcome::RanOnce { .. } => 1,
             ReplayOutcome::PassFailed { pass, .. } => pass + 1,
             ReplayOutcome::RestoreFailed { after_pass, .. } => after_pass + 1,
         };
-        let reason = decline_reason(outcome);
-        self.deliver_replay(KernelReplayOperation::CONFIG, CallbackPhase::EXIT, reason);
+        let (kind, end, reason) = crate::counters::classify(outcome);
+        let p = &mut self.payload;
+        p.current_pass = passes;
+        p.passes_run = passes;
+        p.outcome = kind;
+        p.end_reason = end;
+        p.decline_reason = reason;
+        p.status = match kind {
+            ReplayOutcomeKind::DECLINED => Status::ERROR_REPLAY_DECLINED,
+            ReplayOutcomeKind::PASS_FAILED => Status::ERROR,
+            ReplayOutcomeKind::RESTORE_FAILED => Status::ERROR_RESTORE_FAILED,
+            _ => Status::SUCCESS,
+        };
+        p.bytes_lost = match outcome {
+            ReplayOutcome::RestoreFailed { failure, .. } => failure.bytes_unrestored,
+            _ => 0,
+        };
+        // The record's own field keeps its meaning: why the dispatch was not replayed.
+        let record_reason =
+            if kind == ReplayOutcomeKind::DECLINED || kind == ReplayOutcomeKind::PASS_FAILED {
+                reason
+            } else {
+                DeclineReason::NONE
+            };
+        self.deliver_replay(
+            KernelReplayOperation::CONFIG,
+            CallbackPhase::EXIT,
+            record_reason,
+        );
     }
 }

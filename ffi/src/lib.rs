@@ -33,6 +33,7 @@
 pub mod abi;
 pub mod api;
 pub mod config;
+pub mod counters;
 pub mod hsa_tool;
 pub mod lifecycle;
 pub mod logging;

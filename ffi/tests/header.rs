@@ -9,9 +9,9 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use kreplay::abi::{
-    CallbackKind, CallbackPhase, DeclineReason, KernelDispatchOperation, KernelReplayOperation,
-    REPLAY_PASS_NONE, RestoreStrategy, SnapshotTier, Status, VERSION, VERSION_MAJOR, VERSION_MINOR,
-    VERSION_PATCH,
+    CallbackKind, CallbackPhase, DEFAULT_MAX_PASSES, DeclineReason, KernelDispatchOperation,
+    KernelReplayOperation, REPLAY_PASS_NONE, ReplayEnd, ReplayOutcomeKind, RestoreStrategy,
+    SnapshotTier, Status, VERSION, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH,
 };
 
 fn compile_only(compiler: &str, standard: &str, source: &str) {
@@ -134,11 +134,21 @@ fn rust_constants() -> BTreeMap<String, u64> {
         RestoreStrategy::VALUES,
         |v| u64::from(v.0),
     );
+    add(
+        &mut map,
+        ReplayOutcomeKind::C_PREFIX,
+        ReplayOutcomeKind::VALUES,
+        |v| u64::from(v.0),
+    );
+    add(&mut map, ReplayEnd::C_PREFIX, ReplayEnd::VALUES, |v| {
+        u64::from(v.0)
+    });
     map.insert("KREPLAY_VERSION_MAJOR".into(), u64::from(VERSION_MAJOR));
     map.insert("KREPLAY_VERSION_MINOR".into(), u64::from(VERSION_MINOR));
     map.insert("KREPLAY_VERSION_PATCH".into(), u64::from(VERSION_PATCH));
     map.insert("KREPLAY_VERSION".into(), u64::from(VERSION));
     map.insert("KREPLAY_REPLAY_PASS_NONE".into(), REPLAY_PASS_NONE);
+    map.insert("KREPLAY_DEFAULT_MAX_PASSES".into(), DEFAULT_MAX_PASSES);
     map
 }
 

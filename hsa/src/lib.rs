@@ -192,6 +192,20 @@ pub unsafe fn install(
     unsafe { backend::install(table, hooks, options) }
 }
 
+/// Checks that `table` is one [`install`] can use (not null, core and AMD extension tables
+/// present, every entry kreplay needs provided) without changing anything, so a tools library
+/// can refuse a bad table before it initializes any tool.
+///
+/// # Safety
+/// `table` is null or points to a readable `HsaApiTable` whose non-null sub-table pointers are
+/// readable tables (as the runtime hands to a tools library's `OnLoad`).
+pub unsafe fn check_table(table: *const hsa_sys::HsaApiTable) -> Result<(), InstallError> {
+    // SAFETY: forwarded from the caller; capturing only reads the tables.
+    unsafe { original::Original::capture(table) }
+        .map(drop)
+        .map_err(InstallError::Table)
+}
+
 /// Stops replaying: from now on every wrapper passes straight through (SPEC §3 rule 4).
 pub fn finalize() {
     backend::finalize();

@@ -24,6 +24,8 @@ KREPLAY_CHECK_SIZE(kreplay_callback_phase_t, 4);
 KREPLAY_CHECK_SIZE(kreplay_replay_decline_reason_t, 4);
 KREPLAY_CHECK_SIZE(kreplay_snapshot_tier_t, 4);
 KREPLAY_CHECK_SIZE(kreplay_restore_strategy_t, 4);
+KREPLAY_CHECK_SIZE(kreplay_replay_outcome_t, 4);
+KREPLAY_CHECK_SIZE(kreplay_replay_end_t, 4);
 _Static_assert((kreplay_status_t)-1 < 0, "kreplay_status_t is signed");
 
 /* Basic types. */
@@ -60,8 +62,8 @@ KREPLAY_CHECK_SIZE(kreplay_continue_cb_t, 8);
 KREPLAY_CHECK_SIZE(kreplay_context_toggle_cb_t, 8);
 KREPLAY_CHECK_SIZE(kreplay_callback_tracing_cb_t, 8);
 
-/* kreplay_callback_tracing_kernel_replay_data_t: 184 bytes. */
-KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_data_t, 184);
+/* kreplay_callback_tracing_kernel_replay_data_t: SPEC's 184 bytes, then the CONFIG EXIT outcome. */
+KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_data_t, 216);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, size, 0, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, dispatch_info, 8, 128);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, current_pass, 136, 8);
@@ -70,9 +72,15 @@ KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, replay_pass_c
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, replay_continue, 160, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, replay_start_context, 168, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, replay_stop_context, 176, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, outcome, 184, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, end_reason, 188, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, status, 192, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, decline_reason, 196, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, passes_run, 200, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, bytes_lost, 208, 8);
 
-/* kreplay_callback_tracing_kernel_replay_memory_data_t: 200 bytes. */
-KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_memory_data_t, 200);
+/* kreplay_callback_tracing_kernel_replay_memory_data_t: 216 bytes. */
+KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_memory_data_t, 216);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, size, 0, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, dispatch_info, 8, 128);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, current_pass, 136, 8);
@@ -85,6 +93,27 @@ KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, strate
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, status, 184, 4);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, decline_reason, 188, 4);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, bytes_lost, 192, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, chunks_repaired, 200, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, unverified, 208, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, reserved, 212, 4);
+
+/* kreplay_counters_t: 240 bytes. */
+KREPLAY_CHECK_SIZE(kreplay_counters_t, 240);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, size, 0, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, dispatches, 8, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, replays, 16, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, passes, 24, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, ran_once, 32, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, declines, 40, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, ended_early, 48, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, pass_failures, 56, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, restore_failures, 64, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, bytes_snapshotted, 72, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, bytes_restored, 80, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, bytes_lost, 88, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, chunks_repaired, 96, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, unverified_restores, 104, 8);
+KREPLAY_CHECK_FIELD(kreplay_counters_t, declines_by_reason, 112, 128);
 
 /* kreplay_callback_tracing_kernel_dispatch_data_t: 160 bytes. */
 KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_dispatch_data_t, 160);
