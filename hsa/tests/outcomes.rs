@@ -86,7 +86,7 @@ scenarios! {
         unsafe {
             let core = (*table.as_mut_ptr()).core_;
             let real = (*core).hsa_signal_create_fn.expect("hsa_signal_create");
-            REAL_SIGNAL_CREATE.set(real).ok().expect("set once");
+            assert!(REAL_SIGNAL_CREATE.set(real).is_ok(), "set once");
             (*core).hsa_signal_create_fn = Some(flaky_signal_create);
         }
         let hooks = TestHooks::new(0);

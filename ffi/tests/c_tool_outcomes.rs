@@ -1,0 +1,421 @@
+//! A C tool learns how every replay ended from the payloads alone, and reads the per-process
+//! counters through `kreplay_get_counters`: a pass count above `KREPLAY_MAX_PASSES` is declined
+//! as invalid_pass_count, an indefinite loop ends early at the cap, a write outside the learned
+//! write set is repaired before the very next pass and reported at RESTORE EXIT. Before any of
+//! that, `OnLoad(NULL)` is refused without running any tool's initialize, and kreplay still
+//! loads afterwards.
+//!
+//! One test in this file: the loaded library and its tool are process-wide.
+
+mod common;
+
+use std::ffi::{CStr, c_char, c_int};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hsa_sys::HsaApiTable;
+use kreplay::abi::{
+    Counters, DeclineReason, KernelReplayOperation, ReplayEnd, ReplayOutcomeKind, Status,
+};
+use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
+use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
+
+/// Mirror of `outcomes_event_t` in tests/c/outcomes_tool.c.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    operation: u32,
+    record_decline_reason: u32,
+    dispatch_id: u64,
+    current_pass: u64,
+    outcome: u32,
+    end_reason: u32,
+    status: i32,
+    decline_reason: u32,
+    passes_run: u64,
+    bytes_lost: u64,
+    bytes_moved: u64,
+    chunks_restored: u64,
+    chunks_repaired: u64,
+    unverified: u32,
+    strategy: u32,
+}
+
+/// Elements of the buffer: 2 MiB, many 64 KiB chunks.
+const ELEMENTS: usize = 512 * 1024;
+/// Elements the kernel increments (the first chunk).
+const TOUCHED: u32 = 64;
+/// An element far from the touched ones (another chunk), written by one chosen run only.
+const STRAY: usize = ELEMENTS / 2;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Args {
+    data: *mut u32,
+}
+
+/// Runs of the kernel so far.
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+/// The run (1-based) that also writes the stray element (0: none).
+static STRAY_ON_RUN: AtomicUsize = AtomicUsize::new(0);
+static STRAY_WRITES: AtomicU32 = AtomicU32::new(0);
+
+/// `x[i] += 1` over the first `TOUCHED` elements; the chosen run also does `x[STRAY] += 1`.
+fn touch(group: &WorkGroup) {
+    // SAFETY: the test passes an `Args` kernarg block.
+    let args: Args = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        let run = RUNS.fetch_add(1, Ordering::SeqCst) + 1;
+        if run == STRAY_ON_RUN.load(Ordering::SeqCst) {
+            STRAY_WRITES.fetch_add(1, Ordering::SeqCst);
+            // SAFETY: the buffer holds ELEMENTS u32; only work-group 0 writes this element.
+            unsafe { *args.data.add(STRAY) += 1 };
+        }
+    }
+    for [x, _, _] in group.work_items() {
+        if x < TOUCHED {
+            // SAFETY: as above; each work-item owns one element.
+            unsafe { *args.data.add(x as usize) += 1 };
+        }
+    }
+}
+
+fn libkreplay() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps folder");
+    [
+        deps.join("libkreplay.so"),
+        deps.parent().expect("target folder").join("libkreplay.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
+}
+
+#[test]
+fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
+    assert!(
+        common::have_compiler("cc"),
+        "the C ABI test needs the system C compiler `cc`"
+    );
+    let tool_path = common::scratch_dir("c_tool_outcomes").join("liboutcomes_tool.so");
+    common::build_c_library("outcomes_tool.c", &tool_path);
+    // SAFETY: setting the environment before any other thread of this test reads it.
+    unsafe {
+        std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
+        std::env::set_var("KREPLAY_MAX_PASSES", "4");
+        std::env::set_var("KREPLAY_RESTORE", "writeset");
+    }
+
+    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
+    let library = unsafe {
+        libloading::os::unix::Library::open(
+            Some(libkreplay()),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+        )
+    }
+    .expect("load libkreplay.so");
+    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
+    type OnUnload = unsafe extern "C" fn();
+    // SAFETY: the exported entry points have exactly these signatures.
+    let (on_load, on_unload) = unsafe {
+        (
+            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
+            *library
+                .get::<OnUnload>(b"OnUnload\0")
+                .expect("OnUnload exported"),
+        )
+    };
+
+    // A bad table is refused before any tool is initialized...
+    // SAFETY: OnLoad must cope with a null table (that is what is tested).
+    let loaded = unsafe { on_load(std::ptr::null_mut(), 1, 0, std::ptr::null()) };
+    assert!(!loaded, "OnLoad(NULL) fails");
+    // SAFETY: the tool library's kreplay_* references resolve to the global libkreplay.
+    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
+    type Initialized = unsafe extern "C" fn() -> c_int;
+    // SAFETY: signature as defined in outcomes_tool.c.
+    let initialized = unsafe {
+        *tool
+            .get::<Initialized>(b"outcomes_tool_initialized\0")
+            .unwrap()
+    };
+    // SAFETY: a plain accessor of the tool.
+    let before = unsafe { initialized() };
+    assert_eq!(
+        before, 0,
+        "no tool's initialize ran for a table kreplay cannot use"
+    );
+    // ... and kreplay still loads with a good one.
+    let mut table = OwnedApiTable::softhsa();
+    // SAFETY: `table` is a valid table we own for the rest of the test.
+    let loaded = unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
+    assert!(loaded, "OnLoad succeeds after a refused OnLoad(NULL)");
+    // SAFETY: a plain accessor.
+    assert_eq!(unsafe { initialized() }, 1, "the tool initialized once");
+
+    // SAFETY: the table stays alive and valid while `hsa` is used.
+    let hsa = unsafe { Hsa::from_table(table.table()) };
+    let _session = hsa.init().expect("hsa_init");
+    let gpu = hsa.gpu_agents().expect("agents")[0];
+    let pool = hsa.coarse_pool(gpu).expect("coarse pool");
+    let kernarg_pool = hsa.pool(gpu, PoolKind::Kernarg).expect("kernarg pool");
+    let kernel = register_kernel("c_tool_outcomes_touch", touch);
+    let queue = hsa.queue_create(gpu, 64).expect("queue");
+    let data = hsa
+        .allocate(pool, ELEMENTS * 4)
+        .expect("buffer")
+        .cast::<u32>();
+    let init: Vec<u32> = (0..ELEMENTS as u32)
+        .map(|i| i.wrapping_mul(2654435761))
+        .collect();
+    // SAFETY: softhsa device memory is host memory; the buffer holds ELEMENTS u32.
+    unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), data, ELEMENTS) };
+    let args = hsa
+        .allocate(kernarg_pool, std::mem::size_of::<Args>())
+        .expect("kernargs")
+        .cast::<Args>();
+    // SAFETY: the kernarg allocation holds one Args.
+    unsafe { args.write(Args { data }) };
+
+    type Answer = unsafe extern "C" fn(u64, c_int);
+    // SAFETY: signature as defined in outcomes_tool.c.
+    let answer = unsafe { *tool.get::<Answer>(b"outcomes_tool_answer\0").unwrap() };
+    let mut expected_runs = 0usize;
+    let mut ran = 0u32;
+    let mut dispatch = |passes: u64, with_continue: bool, stray_on_pass: Option<usize>| {
+        // SAFETY: the tool reads these between dispatches only.
+        unsafe { answer(passes, c_int::from(with_continue)) };
+        let before = RUNS.load(Ordering::SeqCst);
+        STRAY_ON_RUN.store(
+            stray_on_pass.map_or(0, |p| before + p + 1),
+            Ordering::SeqCst,
+        );
+        let done = hsa.signal_create(1).expect("signal");
+        // SAFETY: `queue` is live; the packet names a registered kernel with valid kernargs.
+        unsafe {
+            hsa.dispatch(
+                queue,
+                &Dispatch::linear(kernel, TOUCHED, 64, args.cast(), done),
+            )
+        };
+        assert!(
+            hsa.wait_zero(done, Duration::from_secs(10)),
+            "completion fires"
+        );
+        assert_eq!(hsa.signal_load(done), 0, "completion fires exactly once");
+        hsa.signal_destroy(done).expect("destroy signal");
+        ran += 1;
+        RUNS.load(Ordering::SeqCst) - before
+    };
+
+    // (a) 5 passes with a cap of 4: declined, runs once.
+    assert_eq!(dispatch(5, false, None), 1);
+    expected_runs += 1;
+    // (b) indefinite, continue never says stop: ends early at the cap.
+    assert_eq!(dispatch(0, true, None), 4);
+    expected_runs += 1;
+    // (c) 3 passes; pass 1 also writes far outside what pass 0 wrote.
+    assert_eq!(dispatch(3, false, Some(1)), 3);
+    expected_runs += 1;
+    assert_eq!(
+        STRAY_WRITES.load(Ordering::SeqCst),
+        1,
+        "the stray write happened"
+    );
+    // (d) one pass: the ordinary path.
+    assert_eq!(dispatch(1, false, None), 1);
+    expected_runs += 1;
+
+    // SAFETY: every dispatch completed; nothing writes the buffer any more.
+    let now = unsafe { std::slice::from_raw_parts(data, ELEMENTS) };
+    for (i, (now, init)) in now.iter().zip(&init).enumerate() {
+        let want = if i < TOUCHED as usize {
+            init.wrapping_add(expected_runs as u32)
+        } else {
+            *init
+        };
+        assert_eq!(
+            *now, want,
+            "element {i}: as after {expected_runs} ordinary runs"
+        );
+    }
+
+    // What the C tool saw.
+    type Count = unsafe extern "C" fn() -> usize;
+    type Events = unsafe extern "C" fn() -> *const Event;
+    type Failures = unsafe extern "C" fn(*mut *const c_char) -> c_int;
+    type GetCounters = unsafe extern "C" fn(*mut Counters) -> Status;
+    // SAFETY: signatures as defined in outcomes_tool.c; no replay runs any more.
+    let (events, failures, counters) = unsafe {
+        let count = tool.get::<Count>(b"outcomes_tool_event_count\0").unwrap()();
+        let events = std::slice::from_raw_parts(
+            tool.get::<Events>(b"outcomes_tool_events\0").unwrap()(),
+            count,
+        )
+        .to_vec();
+        let mut first: *const c_char = std::ptr::null();
+        let failures = tool.get::<Failures>(b"outcomes_tool_failures\0").unwrap()(&mut first);
+        let first = CStr::from_ptr(first).to_string_lossy().into_owned();
+        let mut counters = Counters {
+            size: 0,
+            ..Counters::default()
+        };
+        let status = tool
+            .get::<GetCounters>(b"outcomes_tool_counters\0")
+            .unwrap()(&mut counters);
+        assert_eq!(status, Status::SUCCESS);
+        (events, (failures, first), counters)
+    };
+    assert_eq!(
+        failures.0, 0,
+        "the C tool's own checks failed: {}",
+        failures.1
+    );
+
+    let config_exits: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.operation == KernelReplayOperation::CONFIG.0)
+        .collect();
+    assert_eq!(config_exits.len(), 4, "{events:#?}");
+    let outcome = |e: &Event| {
+        (
+            ReplayOutcomeKind(e.outcome),
+            ReplayEnd(e.end_reason),
+            Status(e.status),
+            DeclineReason(e.decline_reason),
+            e.passes_run,
+            e.bytes_lost,
+        )
+    };
+    assert_eq!(
+        outcome(config_exits[0]),
+        (
+            ReplayOutcomeKind::DECLINED,
+            ReplayEnd::NONE,
+            Status::ERROR_REPLAY_DECLINED,
+            DeclineReason::INVALID_PASS_COUNT,
+            1,
+            0
+        ),
+        "above the cap"
+    );
+    assert_eq!(
+        DeclineReason(config_exits[0].record_decline_reason),
+        DeclineReason::INVALID_PASS_COUNT
+    );
+    assert_eq!(
+        outcome(config_exits[1]),
+        (
+            ReplayOutcomeKind::ENDED_EARLY,
+            ReplayEnd::MAX_PASSES,
+            Status::SUCCESS,
+            DeclineReason::NONE,
+            4,
+            0
+        ),
+        "indefinite loop at the cap"
+    );
+    assert_eq!(
+        outcome(config_exits[2]),
+        (
+            ReplayOutcomeKind::REPLAYED,
+            ReplayEnd::LAST_PASS,
+            Status::SUCCESS,
+            DeclineReason::NONE,
+            3,
+            0
+        )
+    );
+    assert_eq!(
+        outcome(config_exits[3]),
+        (
+            ReplayOutcomeKind::RAN_ONCE,
+            ReplayEnd::NONE,
+            Status::SUCCESS,
+            DeclineReason::NONE,
+            1,
+            0
+        )
+    );
+
+    // The memory records of dispatch (c).
+    let id = config_exits[2].dispatch_id;
+    let memory: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.dispatch_id == id && e.operation != KernelReplayOperation::CONFIG.0)
+        .collect();
+    assert_eq!(
+        memory.len(),
+        3,
+        "SNAPSHOT EXIT and two RESTORE EXITs: {memory:#?}"
+    );
+    assert_eq!(memory[0].operation, KernelReplayOperation::SNAPSHOT.0);
+    assert_eq!(
+        (
+            Status(memory[0].status),
+            DeclineReason(memory[0].decline_reason)
+        ),
+        (Status::SUCCESS, DeclineReason::NONE)
+    );
+    for restore in &memory[1..] {
+        assert_eq!(restore.operation, KernelReplayOperation::RESTORE.0);
+        assert_eq!(Status(restore.status), Status::SUCCESS);
+        assert_eq!(
+            (restore.unverified, restore.bytes_lost),
+            (0, 0),
+            "{restore:?}"
+        );
+    }
+    assert_eq!(memory[1].chunks_repaired, 0, "pass 0 stayed in its set");
+    assert_eq!(
+        (memory[2].current_pass, memory[2].chunks_repaired),
+        (1, 1),
+        "the write outside the learned set is repaired before pass 2 and reported"
+    );
+
+    // The counters, as read through the C ABI.
+    assert_eq!(counters.size, std::mem::size_of::<Counters>() as u64);
+    assert_eq!(counters.dispatches, u64::from(ran));
+    assert_eq!(counters.replays, 2);
+    assert_eq!(counters.ended_early, 1);
+    assert_eq!(counters.passes, 4 + 3);
+    assert_eq!(counters.ran_once, 1);
+    assert_eq!(counters.declines, 1);
+    assert_eq!(
+        counters.declines_by_reason[DeclineReason::INVALID_PASS_COUNT.0 as usize],
+        1
+    );
+    assert_eq!(counters.chunks_repaired, 1);
+    assert_eq!(counters.unverified_restores, 0);
+    assert_eq!((counters.restore_failures, counters.bytes_lost), (0, 0));
+    assert!(counters.bytes_snapshotted >= 2 * (ELEMENTS as u64) * 4);
+    assert!(counters.bytes_restored > 0);
+
+    // A caller that provides only the first fields gets only those.
+    // SAFETY: the exported function with the header's signature.
+    let get = unsafe {
+        *library
+            .get::<GetCounters>(b"kreplay_get_counters\0")
+            .expect("kreplay_get_counters exported")
+    };
+    let mut short = [u64::MAX; 3];
+    short[0] = 16;
+    // SAFETY: 16 writable bytes are provided, as `size` says.
+    assert_eq!(unsafe { get(short.as_mut_ptr().cast()) }, Status::SUCCESS);
+    assert_eq!(
+        short,
+        [16, u64::from(ran), u64::MAX],
+        "at most `size` bytes written"
+    );
+    // SAFETY: null is refused, not written.
+    let refused = unsafe { get(std::ptr::null_mut()) };
+    assert_eq!(refused, Status::ERROR_INVALID_ARGUMENT);
+
+    // SAFETY: the queue is live and no longer used.
+    unsafe { hsa.queue_destroy(queue) }.expect("queue destroy");
+    hsa.free(data.cast()).expect("free");
+    // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
+    unsafe { on_unload() };
+}
