@@ -513,3 +513,214 @@ impl ReplayTool for CReplayTool {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::services::OperationFilter;
+    use kreplay_passloop::{Decline, LoopEnd, RanOnceReason, RestoreFailure};
+
+    /// What one KERNEL_REPLAY record carried: (operation, phase, record's decline reason, the
+    /// replay payload if CONFIG/PASS, the memory payload if SNAPSHOT/RESTORE).
+    type Seen = (
+        u32,
+        CallbackPhase,
+        DeclineReason,
+        Option<KernelReplayData>,
+        Option<KernelReplayMemoryData>,
+    );
+
+    static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
+
+    unsafe extern "C" fn record(
+        record: crate::abi::CallbackRecord,
+        _user: *mut UserData,
+        _data: *mut c_void,
+    ) {
+        let (mut replay, mut memory) = (None, None);
+        // SAFETY: KERNEL_REPLAY payloads by operation, as the header documents; valid during the
+        // call.
+        unsafe {
+            if record.operation == KernelReplayOperation::CONFIG.0
+                || record.operation == KernelReplayOperation::PASS.0
+            {
+                let p = record.payload.cast::<KernelReplayData>();
+                if record.phase == CallbackPhase::ENTER
+                    && record.operation == KernelReplayOperation::CONFIG.0
+                {
+                    unsafe extern "C" fn three(_: KernelDispatchInfo, _: UserData) -> u64 {
+                        3
+                    }
+                    (*p).replay_pass_count = Some(three);
+                }
+                replay = Some(*p);
+            } else {
+                memory = Some(*record.payload.cast::<KernelReplayMemoryData>());
+            }
+        }
+        SEEN.lock().push((
+            record.operation,
+            record.phase,
+            record.decline_reason,
+            replay,
+            memory,
+        ));
+    }
+
+    fn tool() -> CReplayTool {
+        let registry = ContextRegistry::global();
+        let context = registry.create();
+        registry.start(context).unwrap();
+        CReplayTool::new(Some(CallbackService {
+            context,
+            kind: crate::abi::CallbackKind::KERNEL_REPLAY,
+            operations: OperationFilter::all_of(crate::abi::CallbackKind::KERNEL_REPLAY),
+            callback: record,
+            callback_data: std::ptr::null_mut(),
+        }))
+    }
+
+    fn last() -> Seen {
+        *SEEN.lock().last().expect("a record")
+    }
+
+    /// Every unhappy ending reaches the C payloads, not only stderr: a declined snapshot, a
+    /// failed restore with the bytes lost, a repair, an unverified restore, and each CONFIG EXIT.
+    #[test]
+    fn declines_failures_and_repairs_reach_the_c_payloads() {
+        let info = DispatchInfo::default();
+        let mut t = tool();
+        assert_eq!(t.config_enter(&info).pass_count, Some(3));
+
+        t.snapshot(
+            &info,
+            Phase::Exit,
+            &MemoryOpReport {
+                bytes_planned: 4096,
+                declined: Some(kreplay_passloop::DeclineReason::FootprintBudget),
+                ..Default::default()
+            },
+        );
+        let m = last().4.expect("memory payload");
+        assert_eq!(
+            (m.status, m.decline_reason, m.bytes_moved),
+            (
+                Status::ERROR_REPLAY_DECLINED,
+                DeclineReason::FOOTPRINT_BUDGET,
+                0
+            )
+        );
+
+        let request = RestoreRequest {
+            completed_pass: 1,
+            next_pass: 2,
+            next_may_be_final: true,
+        };
+        t.restore(
+            &info,
+            Phase::Exit,
+            &request,
+            &MemoryOpReport {
+                bytes_moved: 100,
+                failed: true,
+                bytes_lost: 900,
+                ..Default::default()
+            },
+        );
+        let m = last().4.expect("memory payload");
+        assert_eq!(
+            (m.status, m.bytes_lost, m.current_pass),
+            (Status::ERROR_RESTORE_FAILED, 900, 1)
+        );
+
+        t.restore(
+            &info,
+            Phase::Exit,
+            &request,
+            &MemoryOpReport {
+                chunks: 3,
+                repaired_chunks: 2,
+                unverified: true,
+                ..Default::default()
+            },
+        );
+        let m = last().4.expect("memory payload");
+        assert_eq!(
+            (m.status, m.chunks_restored, m.chunks_repaired, m.unverified),
+            (Status::SUCCESS, 3, 2, 1)
+        );
+
+        let endings = [
+            (
+                ReplayOutcome::RestoreFailed {
+                    after_pass: 1,
+                    failure: RestoreFailure {
+                        report: MemoryOpReport::default(),
+                        bytes_unrestored: 900,
+                        detail: String::new(),
+                    },
+                },
+                (
+                    ReplayOutcomeKind::RESTORE_FAILED,
+                    crate::abi::ReplayEnd::NONE,
+                    Status::ERROR_RESTORE_FAILED,
+                    DeclineReason::NONE,
+                    2,
+                    900,
+                ),
+            ),
+            (
+                ReplayOutcome::Replayed {
+                    passes: 2,
+                    end: LoopEnd::Budget,
+                },
+                (
+                    ReplayOutcomeKind::ENDED_EARLY,
+                    crate::abi::ReplayEnd::BUDGET,
+                    Status::SUCCESS,
+                    DeclineReason::NONE,
+                    2,
+                    0,
+                ),
+            ),
+            (
+                ReplayOutcome::RanOnce {
+                    why: RanOnceReason::Declined(Decline::new(
+                        kreplay_passloop::DeclineReason::SnapshotFailed,
+                        "no signal",
+                    )),
+                },
+                (
+                    ReplayOutcomeKind::DECLINED,
+                    crate::abi::ReplayEnd::NONE,
+                    Status::ERROR_REPLAY_DECLINED,
+                    DeclineReason::SNAPSHOT_FAILED,
+                    1,
+                    0,
+                ),
+            ),
+        ];
+        for (outcome, expected) in endings {
+            t.config_exit(&info, &outcome);
+            let (operation, phase, record_reason, replay, _) = last();
+            assert_eq!(
+                (operation, phase),
+                (KernelReplayOperation::CONFIG.0, CallbackPhase::EXIT)
+            );
+            let p = replay.expect("replay payload");
+            assert_eq!(
+                (
+                    p.outcome,
+                    p.end_reason,
+                    p.status,
+                    p.decline_reason,
+                    p.passes_run,
+                    p.bytes_lost
+                ),
+                expected,
+                "{outcome:?}"
+            );
+            assert_eq!(record_reason, expected.3, "the record's own field agrees");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! `KREPLAY_REPLAY_BUDGET_MS`: a pass that runs past the per-dispatch budget is finished, never
+//! cut short, the application's completion waits for it, and no further pass starts; the C tool
+//! learns at CONFIG EXIT that kreplay ended the loop early because of the budget. A dispatch
+//! within the budget runs all its passes.
+//!
+//! One test in this file: the loaded library and its tool are process-wide. The C tool is
+//! tests/c/outcomes_tool.c.
+
+mod common;
+
+use std::ffi::{c_char, c_int};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hsa_sys::HsaApiTable;
+use kreplay::abi::{KernelReplayOperation, ReplayEnd, ReplayOutcomeKind, Status};
+use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
+use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
+
+/// Mirror of `outcomes_event_t` in tests/c/outcomes_tool.c (the fields read here first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    operation: u32,
+    record_decline_reason: u32,
+    dispatch_id: u64,
+    current_pass: u64,
+    outcome: u32,
+    end_reason: u32,
+    status: i32,
+    decline_reason: u32,
+    passes_run: u64,
+    bytes_lost: u64,
+    bytes_moved: u64,
+    chunks_restored: u64,
+    chunks_repaired: u64,
+    unverified: u32,
+    strategy: u32,
+}
+
+/// Long enough that the quick three-pass dispatch fits even on a loaded machine.
+const BUDGET: Duration = Duration::from_millis(1000);
+const ELEMENTS: u32 = 64;
+/// The longest anything may take before the test counts it as a failure.
+const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Args {
+    data: *mut u32,
+}
+
+/// Runs started so far.
+static STARTED: AtomicUsize = AtomicUsize::new(0);
+/// While false, a run waits (at most `WAIT`) before doing its work.
+static GATE_OPEN: AtomicBool = AtomicBool::new(true);
+
+/// `x[i] += 1`, behind the gate.
+fn gated_add(group: &WorkGroup) {
+    // SAFETY: the test passes an `Args` kernarg block.
+    let args: Args = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        STARTED.fetch_add(1, Ordering::SeqCst);
+    }
+    let deadline = Instant::now() + WAIT;
+    while !GATE_OPEN.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    for [x, _, _] in group.work_items() {
+        if x < ELEMENTS {
+            // SAFETY: the buffer holds ELEMENTS u32; each work-item owns one.
+            unsafe { *args.data.add(x as usize) += 1 };
+        }
+    }
+}
+
+fn libkreplay() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps folder");
+    [
+        deps.join("libkreplay.so"),
+        deps.parent().expect("target folder").join("libkreplay.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
+}
+
+#[test]
+fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
+    assert!(
+        common::have_compiler("cc"),
+        "the C ABI test needs the system C compiler `cc`"
+    );
+    let tool_path = common::scratch_dir("c_tool_budget").join("liboutcomes_tool.so");
+    common::build_c_library("outcomes_tool.c", &tool_path);
+    // SAFETY: setting the environment before any other thread of this test reads it.
+    unsafe {
+        std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
+        std::env::set_var("KREPLAY_REPLAY_BUDGET_MS", BUDGET.as_millis().to_string());
+    }
+    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
+    let library = unsafe {
+        libloading::os::unix::Library::open(
+            Some(libkreplay()),
+            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+        )
+    }
+    .expect("load libkreplay.so");
+    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
+    type OnUnload = unsafe extern "C" fn();
+    // SAFETY: the exported entry points have exactly these signatures.
+    let (on_load, on_unload) = unsafe {
+        (
+            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
+            *library
+                .get::<OnUnload>(b"OnUnload\0")
+                .expect("OnUnload exported"),
+        )
+    };
+    let mut table = OwnedApiTable::softhsa();
+    // SAFETY: `table` is a valid table we own for the rest of the test.
+    assert!(unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
+    // SAFETY: kreplay loaded the tool library; this opens the same one.
+    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
+    type Answer = unsafe extern "C" fn(u64, c_int);
+    // SAFETY: signature as defined in outcomes_tool.c.
+    let answer = unsafe { *tool.get::<Answer>(b"outcomes_tool_answer\0").unwrap() };
+
+    // SAFETY: the table stays alive and valid while `hsa` is used.
+    let hsa = unsafe { Hsa::from_table(table.table()) };
+    let _session = hsa.init().expect("hsa_init");
+    let gpu = hsa.gpu_agents().expect("agents")[0];
+    let pool = hsa.coarse_pool(gpu).expect("coarse pool");
+    let kernarg_pool = hsa.pool(gpu, PoolKind::Kernarg).expect("kernarg pool");
+    let kernel = register_kernel("c_tool_budget_gated_add", gated_add);
+    let queue = hsa.queue_create(gpu, 64).expect("queue");
+    let data = hsa
+        .allocate(pool, ELEMENTS as usize * 4)
+        .expect("buffer")
+        .cast::<u32>();
+    let init: Vec<u32> = (0..ELEMENTS).map(|i| 100 + 7 * i).collect();
+    // SAFETY: softhsa device memory is host memory; the buffer holds ELEMENTS u32.
+    unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), data, ELEMENTS as usize) };
+    let args = hsa
+        .allocate(kernarg_pool, std::mem::size_of::<Args>())
+        .expect("kernargs")
+        .cast::<Args>();
+    // SAFETY: the kernarg allocation holds one Args.
+    unsafe { args.write(Args { data }) };
+
+    // Five passes wanted; pass 0 stays blocked until the budget is spent. The replay runs in
+    // this thread, so a second thread releases the kernel, and first looks at the completion.
+    // SAFETY: the tool reads its answer between dispatches only.
+    unsafe { answer(5, 0) };
+    GATE_OPEN.store(false, Ordering::SeqCst);
+    let done = hsa.signal_create(1).expect("signal");
+    let completion_while_running = std::thread::scope(|scope| {
+        let releaser = scope.spawn(|| {
+            let deadline = Instant::now() + WAIT;
+            while STARTED.load(Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < deadline, "pass 0 never started");
+                std::thread::yield_now();
+            }
+            // The pass outlives the budget (which began before the pass started).
+            std::thread::sleep(BUDGET + Duration::from_millis(20));
+            let completion = hsa.signal_load(done);
+            GATE_OPEN.store(true, Ordering::SeqCst);
+            completion
+        });
+        // SAFETY: `queue` is live; the packet names a registered kernel with valid kernargs.
+        unsafe {
+            hsa.dispatch(
+                queue,
+                &Dispatch::linear(kernel, ELEMENTS, 64, args.cast(), done),
+            )
+        };
+        releaser.join().expect("the releasing thread")
+    });
+    assert_eq!(
+        completion_while_running, 1,
+        "the completion waits for the running pass"
+    );
+    assert!(hsa.wait_zero(done, WAIT), "completion fires");
+    assert_eq!(hsa.signal_load(done), 0, "completion fires exactly once");
+    assert_eq!(STARTED.load(Ordering::SeqCst), 1, "no further pass started");
+
+    // Within the budget: all passes.
+    // SAFETY: as above.
+    unsafe { answer(3, 0) };
+    let quick = hsa.signal_create(1).expect("signal");
+    // SAFETY: as above.
+    unsafe {
+        hsa.dispatch(
+            queue,
+            &Dispatch::linear(kernel, ELEMENTS, 64, args.cast(), quick),
+        )
+    };
+    assert!(hsa.wait_zero(quick, WAIT), "completion fires");
+    assert_eq!(STARTED.load(Ordering::SeqCst), 4);
+
+    // SAFETY: every dispatch completed.
+    let now = unsafe { std::slice::from_raw_parts(data, ELEMENTS as usize) };
+    let expected: Vec<u32> = init.iter().map(|x| x + 2).collect();
+    assert_eq!(now, &expected[..], "as after two ordinary runs");
+
+    type Count = unsafe extern "C" fn() -> usize;
+    type Events = unsafe extern "C" fn() -> *const Event;
+    // SAFETY: signatures as defined in outcomes_tool.c; no replay runs any more.
+    let events = unsafe {
+        let count = tool.get::<Count>(b"outcomes_tool_event_count\0").unwrap()();
+        std::slice::from_raw_parts(
+            tool.get::<Events>(b"outcomes_tool_events\0").unwrap()(),
+            count,
+        )
+        .to_vec()
+    };
+    let exits: Vec<(ReplayOutcomeKind, ReplayEnd, Status, u64)> = events
+        .iter()
+        .filter(|e| e.operation == KernelReplayOperation::CONFIG.0)
+        .map(|e| {
+            (
+                ReplayOutcomeKind(e.outcome),
+                ReplayEnd(e.end_reason),
+                Status(e.status),
+                e.passes_run,
+            )
+        })
+        .collect();
+    assert_eq!(
+        exits,
+        vec![
+            (
+                ReplayOutcomeKind::ENDED_EARLY,
+                ReplayEnd::BUDGET,
+                Status::SUCCESS,
+                1
+            ),
+            (
+                ReplayOutcomeKind::REPLAYED,
+                ReplayEnd::LAST_PASS,
+                Status::SUCCESS,
+                3
+            ),
+        ]
+    );
+
+    hsa.signal_destroy(done).expect("destroy");
+    hsa.signal_destroy(quick).expect("destroy");
+    // SAFETY: the queue is live and no longer used.
+    unsafe { hsa.queue_destroy(queue) }.expect("queue destroy");
+    hsa.free(data.cast()).expect("free");
+    // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
+    unsafe { on_unload() };
+}
