@@ -219,6 +219,9 @@ fn sorted(contexts: &[usize]) -> Vec<usize> {
 
 fn outcome_text(outcome: &ReplayOutcome) -> String {
     match outcome {
+        ReplayOutcome::Replayed { passes, end } if end.is_early() => {
+            format!("ended early after {passes} pass(es): {}", end.as_str())
+        }
         ReplayOutcome::Replayed { .. } => "replayed".into(),
         ReplayOutcome::RanOnce { why } => match why {
             RanOnceReason::OptedOut => "opted out".into(),
