@@ -11,6 +11,7 @@ mod common;
 
 use std::ffi::{CStr, c_char, c_int};
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 /// The run (1-based) that also writes the stray element (0: none).
 static STRAY_ON_RUN: AtomicUsize = AtomicUsize::new(0);
 static STRAY_WRITES: AtomicU32 = AtomicU32::new(0);
+/// What each run saw at the stray element before writing anything.
+static SEEN_AT_STRAY: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// `x[i] += 1` over the first `TOUCHED` elements; the chosen run also does `x[STRAY] += 1`.
 fn touch(group: &WorkGroup) {
@@ -67,6 +70,9 @@ fn touch(group: &WorkGroup) {
     let args: Args = unsafe { group.kernargs() };
     if group.group_id() == [0, 0, 0] {
         let run = RUNS.fetch_add(1, Ordering::SeqCst) + 1;
+        // SAFETY: the buffer holds ELEMENTS u32; only work-group 0 touches this element.
+        let at_stray = unsafe { args.data.add(STRAY).read() };
+        SEEN_AT_STRAY.lock().unwrap().push(at_stray);
         if run == STRAY_ON_RUN.load(Ordering::SeqCst) {
             STRAY_WRITES.fetch_add(1, Ordering::SeqCst);
             // SAFETY: the buffer holds ELEMENTS u32; only work-group 0 writes this element.
@@ -105,7 +111,8 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     unsafe {
         std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
         std::env::set_var("KREPLAY_MAX_PASSES", "4");
-        std::env::set_var("KREPLAY_RESTORE", "writeset");
+        // KREPLAY_RESTORE stays unset: `auto` learns a write set for this 2 MiB footprint.
+        std::env::remove_var("KREPLAY_RESTORE");
     }
 
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
@@ -128,10 +135,16 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
         )
     };
 
-    // A bad table is refused before any tool is initialized...
+    // Bad tables are refused before any tool is initialized...
     // SAFETY: OnLoad must cope with a null table (that is what is tested).
     let loaded = unsafe { on_load(std::ptr::null_mut(), 1, 0, std::ptr::null()) };
     assert!(!loaded, "OnLoad(NULL) fails");
+    let mut hollow = OwnedApiTable::softhsa();
+    // SAFETY: our own copy; its root is made to point at no core table.
+    unsafe { (*hollow.as_mut_ptr()).core_ = std::ptr::null_mut() };
+    // SAFETY: OnLoad must refuse a table without a core table (that is what is tested).
+    let loaded = unsafe { on_load(hollow.as_mut_ptr(), 1, 0, std::ptr::null()) };
+    assert!(!loaded, "OnLoad with a table lacking its core table fails");
     // SAFETY: the tool library's kreplay_* references resolve to the global libkreplay.
     let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
     type Initialized = unsafe extern "C" fn() -> c_int;
@@ -216,8 +229,16 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     // (b) indefinite, continue never says stop: ends early at the cap.
     assert_eq!(dispatch(0, true, None), 4);
     expected_runs += 1;
-    // (c) 3 passes; pass 1 also writes far outside what pass 0 wrote.
-    assert_eq!(dispatch(3, false, Some(1)), 3);
+    // (c) 4 passes; pass 1 also writes far outside what pass 0 wrote. Pass 2 cannot be the
+    // last one, yet it must start from the bytes pass 0 saw.
+    let seen_before = SEEN_AT_STRAY.lock().unwrap().len();
+    assert_eq!(dispatch(4, false, Some(1)), 4);
+    let seen: Vec<u32> = SEEN_AT_STRAY.lock().unwrap()[seen_before..].to_vec();
+    assert_eq!(
+        seen,
+        vec![init[STRAY]; 4],
+        "every pass saw the bytes the first pass saw"
+    );
     expected_runs += 1;
     assert_eq!(
         STRAY_WRITES.load(Ordering::SeqCst),
@@ -324,7 +345,7 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
             ReplayEnd::LAST_PASS,
             Status::SUCCESS,
             DeclineReason::NONE,
-            3,
+            4,
             0
         )
     );
@@ -348,8 +369,8 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
         .collect();
     assert_eq!(
         memory.len(),
-        3,
-        "SNAPSHOT EXIT and two RESTORE EXITs: {memory:#?}"
+        4,
+        "SNAPSHOT EXIT and three RESTORE EXITs: {memory:#?}"
     );
     assert_eq!(memory[0].operation, KernelReplayOperation::SNAPSHOT.0);
     assert_eq!(
@@ -370,9 +391,18 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     }
     assert_eq!(memory[1].chunks_repaired, 0, "pass 0 stayed in its set");
     assert_eq!(
+        kreplay::abi::RestoreStrategy(memory[2].strategy),
+        kreplay::abi::RestoreStrategy::WRITESET,
+        "auto chose a write set"
+    );
+    assert_eq!(
         (memory[2].current_pass, memory[2].chunks_repaired),
         (1, 1),
         "the write outside the learned set is repaired before pass 2 and reported"
+    );
+    assert_eq!(
+        memory[3].chunks_repaired, 0,
+        "nothing left to repair before pass 3"
     );
 
     // The counters, as read through the C ABI.
@@ -380,7 +410,7 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     assert_eq!(counters.dispatches, u64::from(ran));
     assert_eq!(counters.replays, 2);
     assert_eq!(counters.ended_early, 1);
-    assert_eq!(counters.passes, 4 + 3);
+    assert_eq!(counters.passes, 4 + 4);
     assert_eq!(counters.ran_once, 1);
     assert_eq!(counters.declines, 1);
     assert_eq!(
