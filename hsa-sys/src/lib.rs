@@ -28,5 +28,7 @@
 
 include!("bindings.rs");
 
+pub mod layouts;
+
 /// Size in bytes of one AQL packet slot in a queue's ring buffer.
 pub const AQL_PACKET_SIZE: usize = 64;
