@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 use kreplay_drain::DrainConfig;
 use kreplay_locks::AgentLocks;
@@ -22,6 +23,8 @@ pub(crate) struct Backend {
     pub(crate) locks: AgentLocks,
     pub(crate) queues: QueueRegistry,
     pub(crate) copies: CopyTracker,
+    /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
+    pub(crate) vmem: crate::vmem::VmemTracker,
     pub(crate) hooks: Arc<dyn ToolHooks>,
     pub(crate) drain: DrainConfig,
     /// See [`InstallOptions::skip_restore`].
@@ -178,6 +181,7 @@ pub(crate) unsafe fn install(
         locks,
         queues: QueueRegistry::default(),
         copies: CopyTracker::default(),
+        vmem: crate::vmem::VmemTracker::default(),
         hooks,
         drain: options.drain,
         skip_restore: options.skip_restore,
@@ -193,21 +197,89 @@ pub(crate) unsafe fn install(
     BACKEND
         .set(backend)
         .map_err(|_| InstallError::AlreadyInstalled)?;
-    // SAFETY: checked non-null by `Original::capture`; the caller lets us modify the table (the
-    // hsa_api_trace contract of a tools library's OnLoad). The backend is set, so the wrappers
-    // find it from their first call on.
-    unsafe {
-        let core = &mut *(*table).core_;
-        let amd = &mut *(*table).amd_ext_;
-        core.hsa_queue_create_fn = Some(crate::queues::queue_create);
-        core.hsa_queue_destroy_fn = Some(crate::queues::queue_destroy);
-        core.hsa_memory_allocate_fn = Some(crate::memory::memory_allocate);
-        core.hsa_memory_free_fn = Some(crate::memory::memory_free);
-        amd.hsa_amd_memory_pool_allocate_fn = Some(crate::memory::pool_allocate);
-        amd.hsa_amd_memory_pool_free_fn = Some(crate::memory::pool_free);
-        amd.hsa_amd_memory_async_copy_fn = Some(crate::copies::async_copy);
-    }
+    let b = installed().expect("set just above");
+    // SAFETY: `Original::capture` checked the table's shape and that both sub-tables are
+    // non-null; the caller lets us modify the table (the hsa_api_trace contract of a tools
+    // library's OnLoad). The backend is set, so the wrappers find it from their first call on.
+    unsafe { install_wrappers(table, &b.original) };
     Ok(())
+}
+
+/// Writes a wrapper over a core entry the runtime has (inside its declared size, non-null).
+macro_rules! wrap_core {
+    ($table:expr, $original:expr, $($entry:ident = $wrapper:expr),* $(,)?) => {$({
+        let offset = std::mem::offset_of!(CoreApiTable, $entry);
+        if $original.shape().core_has(offset) && $original.core().$entry.is_some() {
+            let mut typed = CoreApiTable::default();
+            typed.$entry = Some($wrapper);
+            // SAFETY: the entry lies inside the size the runtime declares for its core table
+            // (checked), and `typed.$entry` has the entry's type.
+            unsafe { crate::layout::write_entry($table, offset, typed.$entry) };
+        }
+    })*};
+}
+
+/// Writes a wrapper over an AMD extension entry the runtime has, at its offset in the runtime's
+/// own order.
+macro_rules! wrap_amd {
+    ($table:expr, $original:expr, $($entry:ident = $wrapper:expr),* $(,)?) => {$({
+        let shape = $original.shape();
+        let v2 = std::mem::offset_of!(AmdExtTableV2, $entry);
+        if let Some(offset) = crate::layout::amd_offset(shape.amd_order, v2)
+            .filter(|&o| shape.amd_has(o))
+            .filter(|_| $original.amd().$entry.is_some())
+        {
+            let mut typed = AmdExtTableV2::default();
+            typed.$entry = Some($wrapper);
+            // SAFETY: the entry lies inside the size the runtime declares for its AMD extension
+            // table, at its offset in that table's order (checked), and `typed.$entry` has the
+            // entry's type (the same in every order).
+            unsafe { crate::layout::write_entry($table, offset, typed.$entry) };
+        }
+    })*};
+}
+
+/// Installs every wrapper whose entry the runtime has.
+///
+/// # Safety
+/// `table` is the table `original` was captured from, writable.
+unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
+    // SAFETY: the caller's table; `capture` checked both pointers non-null.
+    let (core, amd) = unsafe { ((*table).core_.cast::<u8>(), (*table).amd_ext_.cast::<u8>()) };
+    use crate::{copies, memory, queues, vmem};
+    wrap_core!(
+        core,
+        original,
+        hsa_queue_create_fn = queues::queue_create,
+        hsa_queue_destroy_fn = queues::queue_destroy,
+        hsa_memory_allocate_fn = memory::memory_allocate,
+        hsa_memory_free_fn = memory::memory_free,
+        hsa_memory_copy_fn = copies::memory_copy,
+    );
+    wrap_amd!(
+        amd,
+        original,
+        hsa_amd_memory_pool_allocate_fn = memory::pool_allocate,
+        hsa_amd_memory_pool_free_fn = memory::pool_free,
+        hsa_amd_memory_async_copy_fn = copies::async_copy,
+        hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
+        hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,
+        hsa_amd_memory_fill_fn = copies::memory_fill,
+        hsa_amd_memory_lock_fn = memory::memory_lock,
+        hsa_amd_memory_lock_to_pool_fn = memory::memory_lock_to_pool,
+        hsa_amd_memory_unlock_fn = memory::memory_unlock,
+        hsa_amd_ipc_memory_attach_fn = memory::ipc_memory_attach,
+        hsa_amd_ipc_memory_detach_fn = memory::ipc_memory_detach,
+        hsa_amd_interop_map_buffer_fn = memory::interop_map_buffer,
+        hsa_amd_interop_unmap_buffer_fn = memory::interop_unmap_buffer,
+        hsa_amd_vmem_handle_create_fn = vmem::handle_create,
+        hsa_amd_vmem_handle_release_fn = vmem::handle_release,
+        hsa_amd_vmem_import_shareable_handle_fn = vmem::import_shareable_handle,
+        hsa_amd_vmem_retain_alloc_handle_fn = vmem::retain_alloc_handle,
+        hsa_amd_vmem_map_fn = vmem::map,
+        hsa_amd_vmem_unmap_fn = vmem::unmap,
+        hsa_amd_vmem_set_access_fn = vmem::set_access,
+    );
 }
 
 /// See [`crate::finalize`].

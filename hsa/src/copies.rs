@@ -1,21 +1,34 @@
-//! Async copies serialized against replays (SPEC §3 rule 9).
+//! Runtime writes serialized against replays (SPEC §3 rule 9).
 //!
-//! While a replay service is configured, `hsa_amd_memory_async_copy` takes the reader side of
-//! the lock of every GPU agent it touches, so a copy submitted during a replay waits until the
-//! replay ends. Each copy runs with a completion signal of kreplay's own; when it reaches 0 (the
-//! copy landed), a handler counts the copy finished and only then decrements the application's
-//! signal. A replay's drain waits for the agent's count to reach zero, i.e. for every earlier
-//! copy's completion, not merely its submission.
+//! While a replay service is configured, every runtime entry that writes (or reads) an agent's
+//! memory outside a kernel takes the reader side of the lock of every GPU agent it touches, so
+//! it waits while a replay holds that agent and a replay waits for it:
+//!
+//! - the asynchronous ones (`hsa_amd_memory_async_copy`, `hsa_amd_memory_async_copy_on_engine`,
+//!   `hsa_amd_memory_async_copy_rect`) run with a completion signal of kreplay's own; when it
+//!   reaches 0 (the copy landed), a handler counts the copy finished and only then decrements
+//!   the application's signal. A replay's drain waits for the agent's count to reach zero, i.e.
+//!   for every earlier copy's completion, not merely its submission;
+//! - the synchronous ones (`hsa_memory_copy`, `hsa_amd_memory_fill`) hold the reader side and
+//!   the count for the length of the call, so a replay starts only after they returned.
+//!
+//! The agents a write touches are the GPU owners of the memory at its source and destination
+//! (`hsa_amd_pointer_info`), plus the agents the call names. A write issued from a replay
+//! callback on the agent being replayed (re-entrant) proceeds without the lock. Plain CPU
+//! stores into host-visible device memory never reach the runtime and cannot be fenced (see
+//! `docs/rocm.md`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use hsa_sys::layouts::hsa_amd_sdma_engine_id_t;
 use hsa_sys::*;
 use kreplay_drain::InFlightCounter;
 use parking_lot::Mutex;
 
-use crate::backend::{backend, guarded};
+use crate::backend::{Backend, backend, guarded};
+use crate::original::forward;
 
 /// In-flight async copies per agent.
 #[derive(Default)]
@@ -56,6 +69,105 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
     false
 }
 
+/// The GPU agents among `agents`, deduplicated and sorted (one lock order for every thread).
+fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent_t>) -> Vec<u64> {
+    let mut gpus: Vec<u64> = Vec::with_capacity(2);
+    for agent in agents {
+        if agent.handle != 0
+            && !gpus.contains(&agent.handle)
+            && b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU)
+        {
+            gpus.push(agent.handle);
+        }
+    }
+    gpus.sort_unstable();
+    gpus
+}
+
+/// The agent owning the allocation at `ptr`, if the runtime knows one.
+fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
+    if ptr.is_null() {
+        return None;
+    }
+    b.original.pointer_info(ptr).map(|info| info.agentOwner)
+}
+
+/// A runtime write fenced against replays: the reader side of each agent it touches, and its
+/// count of in-flight work, for as long as this lives (or, for an asynchronous write, until its
+/// completion is seen: see [`Fence::submit_async`]).
+struct Fence<'a> {
+    _guards: Vec<kreplay_locks::ReadAccess<'a>>,
+    counters: Vec<Arc<InFlightCounter>>,
+}
+
+impl<'a> Fence<'a> {
+    /// Waits while a replay holds any of `agents`, then counts one write on each.
+    fn enter(b: &'a Backend, agents: &[u64]) -> Self {
+        // A write issued from a replay callback on the same agent (re-entrant) proceeds
+        // without the reader side.
+        let guards = agents
+            .iter()
+            .filter_map(|&a| b.locks.read(a).ok())
+            .collect();
+        let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();
+        for counter in &counters {
+            counter.start();
+        }
+        Fence {
+            _guards: guards,
+            counters,
+        }
+    }
+
+    /// Submits an asynchronous write with a completion signal of kreplay's own (`submit` gets
+    /// it); the write stays counted until that signal reaches 0, then the application's
+    /// `completion` is decremented.
+    fn submit_async(
+        mut self,
+        b: &Backend,
+        completion: hsa_signal_t,
+        submit: impl FnOnce(hsa_signal_t) -> hsa_status_t,
+    ) -> hsa_status_t {
+        let proxy = match b.original.signal_create(1) {
+            Ok(s) => s,
+            Err(status) => return status,
+        };
+        let status = submit(proxy);
+        if status != HSA_STATUS_SUCCESS {
+            b.original.signal_destroy(proxy);
+            return status; // dropping `self` finishes the counts
+        }
+        let pending = Box::into_raw(Box::new(PendingCopy {
+            proxy,
+            application: completion,
+            counters: std::mem::take(&mut self.counters),
+        }));
+        let status = b.original.signal_async_handler(
+            proxy,
+            HSA_SIGNAL_CONDITION_EQ,
+            0,
+            Some(copy_landed),
+            pending.cast(),
+        );
+        if status != HSA_STATUS_SUCCESS {
+            // No handler: wait here so the copy is still counted and the application still sees
+            // its completion exactly once.
+            b.original.signal_wait_eq(proxy, 0, u64::MAX);
+            // SAFETY: the handler was not registered, so `pending` is still ours to run.
+            unsafe { copy_landed(0, pending.cast()) };
+        }
+        HSA_STATUS_SUCCESS
+    }
+}
+
+impl Drop for Fence<'_> {
+    fn drop(&mut self) {
+        for counter in &self.counters {
+            counter.finish();
+        }
+    }
+}
+
 /// Wrapper of `hsa_amd_memory_async_copy`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe extern "C" fn async_copy(
@@ -75,58 +187,122 @@ pub(crate) unsafe extern "C" fn async_copy(
                 dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
             );
         }
-        let mut agents: Vec<u64> = Vec::with_capacity(2);
-        for agent in [src_agent, dst_agent] {
-            if !agents.contains(&agent.handle)
-                && b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU)
-            {
-                agents.push(agent.handle);
-            }
-        }
-        agents.sort_unstable(); // one lock order for every thread
-        // Reader side of each agent: waits while a replay holds the agent. A copy issued from a
-        // replay callback on the same agent (re-entrant) proceeds without it.
-        let _guards: Vec<_> = agents
-            .iter()
-            .filter_map(|&a| b.locks.read(a).ok())
-            .collect();
-        let proxy = match b.original.signal_create(1) {
-            Ok(s) => s,
-            Err(status) => return status,
+        let agents = gpu_agents(b, [src_agent, dst_agent]);
+        Fence::enter(b, &agents).submit_async(b, completion, |proxy| {
+            b.original
+                .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy)
+        })
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_async_copy_on_engine` (ROCm 5.6+).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn async_copy_on_engine(
+    dst: *mut c_void,
+    dst_agent: hsa_agent_t,
+    src: *const c_void,
+    src_agent: hsa_agent_t,
+    size: usize,
+    num_deps: u32,
+    deps: *const hsa_signal_t,
+    completion: hsa_signal_t,
+    engine: hsa_amd_sdma_engine_id_t,
+    force_sdma: bool,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let forward = |signal| {
+            forward!(
+                b,
+                amd.hsa_amd_memory_async_copy_on_engine_fn(
+                    dst, dst_agent, src, src_agent, size, num_deps, deps, signal, engine,
+                    force_sdma
+                )
+            )
         };
-        let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();
-        for counter in &counters {
-            counter.start();
+        if !b.replay_active() {
+            return forward(completion);
         }
-        let status = b
-            .original
-            .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy);
-        if status != HSA_STATUS_SUCCESS {
-            for counter in &counters {
-                counter.finish();
+        let agents = gpu_agents(b, [src_agent, dst_agent]);
+        Fence::enter(b, &agents).submit_async(b, completion, forward)
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_async_copy_rect`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn async_copy_rect(
+    dst: *const hsa_pitched_ptr_t,
+    dst_offset: *const hsa_dim3_t,
+    src: *const hsa_pitched_ptr_t,
+    src_offset: *const hsa_dim3_t,
+    range: *const hsa_dim3_t,
+    copy_agent: hsa_agent_t,
+    dir: hsa_amd_copy_direction_t,
+    num_deps: u32,
+    deps: *const hsa_signal_t,
+    completion: hsa_signal_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let forward = |signal| {
+            forward!(
+                b,
+                amd.hsa_amd_memory_async_copy_rect_fn(
+                    dst, dst_offset, src, src_offset, range, copy_agent, dir, num_deps, deps,
+                    signal
+                )
+            )
+        };
+        if !b.replay_active() {
+            return forward(completion);
+        }
+        let base = |p: *const hsa_pitched_ptr_t| -> *const c_void {
+            if p.is_null() {
+                std::ptr::null()
+            } else {
+                // SAFETY: a non-null pitched pointer of the caller (the runtime validates the
+                // rest and reports bad arguments itself).
+                unsafe { p.read_unaligned() }.base.cast_const()
             }
-            b.original.signal_destroy(proxy);
-            return status;
+        };
+        let touched = [owner(b, base(dst)), owner(b, base(src)), Some(copy_agent)];
+        let agents = gpu_agents(b, touched.into_iter().flatten());
+        Fence::enter(b, &agents).submit_async(b, completion, forward)
+    })
+}
+
+/// Wrapper of `hsa_memory_copy` (synchronous).
+pub(crate) unsafe extern "C" fn memory_copy(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        if !b.replay_active() {
+            return b.original.memory_copy(dst, src, size);
         }
-        let pending = Box::into_raw(Box::new(PendingCopy {
-            proxy,
-            application: completion,
-            counters,
-        }));
-        let status = b.original.signal_async_handler(
-            proxy,
-            HSA_SIGNAL_CONDITION_EQ,
-            0,
-            Some(copy_landed),
-            pending.cast(),
-        );
-        if status != HSA_STATUS_SUCCESS {
-            // No handler: wait here so the copy is still counted and the application still sees
-            // its completion exactly once.
-            b.original.signal_wait_eq(proxy, 0, u64::MAX);
-            // SAFETY: the handler was not registered, so `pending` is still ours to run.
-            unsafe { copy_landed(0, pending.cast()) };
+        let touched = [owner(b, dst), owner(b, src)];
+        let agents = gpu_agents(b, touched.into_iter().flatten());
+        let _fence = Fence::enter(b, &agents);
+        b.original.memory_copy(dst, src, size)
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_fill` (synchronous).
+pub(crate) unsafe extern "C" fn memory_fill(
+    ptr: *mut c_void,
+    value: u32,
+    count: usize,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let forward = || forward!(b, amd.hsa_amd_memory_fill_fn(ptr, value, count));
+        if !b.replay_active() {
+            return forward();
         }
-        HSA_STATUS_SUCCESS
+        let agents = gpu_agents(b, owner(b, ptr));
+        let _fence = Fence::enter(b, &agents);
+        forward()
     })
 }

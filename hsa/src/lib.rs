@@ -77,10 +77,14 @@
 mod backend;
 mod copies;
 mod dispatch;
+mod layout;
 mod memory;
 mod original;
 mod queues;
 mod replay;
+mod vmem;
+
+pub use layout::{AmdOrder, TableShape, Version};
 
 use std::fmt;
 use std::sync::Arc;
@@ -192,17 +196,18 @@ pub unsafe fn install(
     unsafe { backend::install(table, hooks, options) }
 }
 
-/// Checks that `table` is one [`install`] can use (not null, core and AMD extension tables
-/// present, every entry kreplay needs provided) without changing anything, so a tools library
-/// can refuse a bad table before it initializes any tool.
+/// Checks that `table` is one [`install`] can use, without changing anything, so a tools library
+/// can refuse a bad table before it initializes any tool: not null, the shape of a runtime
+/// kreplay supports (majors and sizes of the root, core and AMD extension tables; see
+/// `docs/rocm.md`), and every entry kreplay needs provided. Returns the shape.
 ///
 /// # Safety
-/// `table` is null or points to a readable `HsaApiTable` whose non-null sub-table pointers are
-/// readable tables (as the runtime hands to a tools library's `OnLoad`).
-pub unsafe fn check_table(table: *const hsa_sys::HsaApiTable) -> Result<(), InstallError> {
+/// `table` is null or points to a readable `HsaApiTable` whose `core_` and `amd_ext_` are null or
+/// point to tables at least as long as their `minor_id` says (what a runtime hands `OnLoad`).
+pub unsafe fn check_table(table: *const hsa_sys::HsaApiTable) -> Result<TableShape, InstallError> {
     // SAFETY: forwarded from the caller; capturing only reads the tables.
     unsafe { original::Original::capture(table) }
-        .map(drop)
+        .map(|original| *original.shape())
         .map_err(InstallError::Table)
 }
 
@@ -226,4 +231,17 @@ pub fn tracked_kind(addr: u64) -> Option<kreplay_snapshot::MemoryKind> {
     backend::installed()
         .and_then(|b| b.inventory.lookup(addr))
         .map(|a| a.kind)
+}
+
+/// The owner agent kreplay recorded for the allocation containing `addr`, if it tracks one.
+pub fn tracked_owner(addr: u64) -> Option<u64> {
+    backend::installed()
+        .and_then(|b| b.inventory.lookup(addr))
+        .map(|a| a.owner_agent)
+}
+
+/// For a virtual memory mapping (`hsa_amd_vmem_map`) containing `addr`: the agents it was made
+/// accessible to with `hsa_amd_vmem_set_access`, each with its `hsa_access_permission_t`.
+pub fn tracked_access(addr: u64) -> Option<Vec<(u64, u32)>> {
+    vmem::access(addr)
 }

@@ -12,6 +12,7 @@ use kreplay_snapshot::{
 };
 
 use crate::backend::{Backend, backend, guarded};
+use crate::original::forward;
 
 /// Classifies a fresh allocation from the runtime's pointer info (SPEC §3 rule 3):
 /// returns (base, size, owner agent, kind).
@@ -57,6 +58,24 @@ fn untrack(ptr: *mut c_void) {
     let b = backend();
     if !b.is_finalized() && !ptr.is_null() {
         b.inventory.on_free(ptr as u64);
+    }
+}
+
+/// Forgets the allocation containing `ptr` (by the base its entry was recorded under) before
+/// the runtime releases it: for entries that take an interior or host address.
+fn untrack_containing(ptr: *const c_void) {
+    let b = backend();
+    if b.is_finalized() || ptr.is_null() {
+        return;
+    }
+    let base = b
+        .original
+        .pointer_info(ptr)
+        .map(|info| info.agentBaseAddress as u64)
+        .filter(|&base| base != 0)
+        .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base));
+    if let Some(base) = base {
+        b.inventory.on_free(base);
     }
 }
 
@@ -106,6 +125,134 @@ pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
         untrack(ptr);
         backend().original.memory_free(ptr)
     })
+}
+
+/// Wrapper of `hsa_amd_memory_lock`: locked host memory is memory a kernel may write, tracked
+/// (as host memory at the address agents use) so the snapshot rules can include it.
+pub(crate) unsafe extern "C" fn memory_lock(
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *mut hsa_agent_t,
+    num_agent: std::ffi::c_int,
+    agent_ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_memory_lock_fn(host_ptr, size, agents, num_agent, agent_ptr)
+        );
+        track_out(status, agent_ptr);
+        status
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_lock_to_pool`: see [`memory_lock`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn memory_lock_to_pool(
+    host_ptr: *mut c_void,
+    size: usize,
+    agents: *mut hsa_agent_t,
+    num_agent: std::ffi::c_int,
+    pool: hsa_amd_memory_pool_t,
+    flags: u32,
+    agent_ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_memory_lock_to_pool_fn(
+                host_ptr, size, agents, num_agent, pool, flags, agent_ptr
+            )
+        );
+        track_out(status, agent_ptr);
+        status
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_unlock`.
+pub(crate) unsafe extern "C" fn memory_unlock(host_ptr: *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        untrack_containing(host_ptr);
+        forward!(backend(), amd.hsa_amd_memory_unlock_fn(host_ptr))
+    })
+}
+
+/// Wrapper of `hsa_amd_ipc_memory_attach`: memory another process shares is tracked like an
+/// allocation of this one (its owner and kind from the runtime's pointer info).
+pub(crate) unsafe extern "C" fn ipc_memory_attach(
+    handle: *const hsa_amd_ipc_memory_t,
+    len: usize,
+    num_agents: u32,
+    mapping_agents: *const hsa_agent_t,
+    mapped_ptr: *mut *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_ipc_memory_attach_fn(handle, len, num_agents, mapping_agents, mapped_ptr)
+        );
+        track_out(status, mapped_ptr);
+        status
+    })
+}
+
+/// Wrapper of `hsa_amd_ipc_memory_detach`.
+pub(crate) unsafe extern "C" fn ipc_memory_detach(mapped_ptr: *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        untrack_containing(mapped_ptr);
+        forward!(backend(), amd.hsa_amd_ipc_memory_detach_fn(mapped_ptr))
+    })
+}
+
+/// Wrapper of `hsa_amd_interop_map_buffer`: a graphics buffer mapped for agents is tracked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn interop_map_buffer(
+    num_agents: u32,
+    agents: *mut hsa_agent_t,
+    interop_handle: std::ffi::c_int,
+    flags: u32,
+    size: *mut usize,
+    ptr: *mut *mut c_void,
+    metadata_size: *mut usize,
+    metadata: *mut *const c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_interop_map_buffer_fn(
+                num_agents,
+                agents,
+                interop_handle,
+                flags,
+                size,
+                ptr,
+                metadata_size,
+                metadata
+            )
+        );
+        track_out(status, ptr);
+        status
+    })
+}
+
+/// Wrapper of `hsa_amd_interop_unmap_buffer`.
+pub(crate) unsafe extern "C" fn interop_unmap_buffer(ptr: *mut c_void) -> hsa_status_t {
+    guarded(|| {
+        untrack_containing(ptr);
+        forward!(backend(), amd.hsa_amd_interop_unmap_buffer_fn(ptr))
+    })
+}
+
+/// Tracks the memory a successful call returned through `out`.
+fn track_out(status: hsa_status_t, out: *mut *mut c_void) {
+    if status == HSA_STATUS_SUCCESS && !out.is_null() {
+        // SAFETY: the runtime wrote the new address through the caller's valid out pointer.
+        track(unsafe { *out }, false);
+    }
 }
 
 /// Device memory as the snapshot crate sees it: copies through the runtime's `hsa_memory_copy`,

@@ -5,12 +5,19 @@
 
 use std::ffi::c_void;
 
+use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 
+use crate::layout::{self, TableShape};
+
 /// Copies of the runtime's core and AMD extension tables as they were before installation.
+///
+/// The AMD extension entries are kept in the ROCm 5.6+ order whatever the runtime's own order
+/// ([`layout::copy_amd`]); an entry the runtime does not have is null here.
 pub(crate) struct Original {
     core: CoreApiTable,
-    amd: AmdExtTable,
+    amd: AmdExtTableV2,
+    shape: TableShape,
 }
 
 // SAFETY: the tables hold only function pointers into the runtime, which are callable from any
@@ -29,20 +36,36 @@ macro_rules! call {
     }};
 }
 
+/// Calls a runtime entry on behalf of the application (a wrapper forwarding its call):
+/// `HSA_STATUS_ERROR` if the runtime lacks it, which never happens for a wrapper, installed only
+/// over an entry the runtime has.
+macro_rules! forward {
+    ($b:expr, $table:ident . $entry:ident ( $($arg:expr),* $(,)? )) => {{
+        match $b.original.$table().$entry {
+            // SAFETY: the runtime's own entry point, called with the application's arguments
+            // unchanged (or kreplay's completion signal in place of the application's), under
+            // the same HSA contract the application's call was made under.
+            Some(f) => unsafe { f($($arg),*) },
+            None => hsa_sys::HSA_STATUS_ERROR,
+        }
+    }};
+}
+pub(crate) use forward;
+
 /// Entries kreplay calls itself; installation fails with a clear message if one is missing.
 macro_rules! required {
     ($($table:ident . $entry:ident),* $(,)?) => {
-        fn missing_entry(core: &CoreApiTable, amd: &AmdExtTable) -> Option<&'static str> {
+        fn missing_entry(core: &CoreApiTable, amd: &AmdExtTableV2) -> Option<&'static str> {
             $( if $table(core, amd).$entry.is_none() { return Some(stringify!($entry)); } )*
             None
         }
     };
 }
 
-fn core<'a>(core: &'a CoreApiTable, _: &'a AmdExtTable) -> &'a CoreApiTable {
+fn core<'a>(core: &'a CoreApiTable, _: &'a AmdExtTableV2) -> &'a CoreApiTable {
     core
 }
-fn amd<'a>(_: &'a CoreApiTable, amd: &'a AmdExtTable) -> &'a AmdExtTable {
+fn amd<'a>(_: &'a CoreApiTable, amd: &'a AmdExtTableV2) -> &'a AmdExtTableV2 {
     amd
 }
 
@@ -77,34 +100,45 @@ required!(
 );
 
 impl Original {
-    /// Copies the tables behind `table`.
+    /// Checks the table's shape ([`layout::inspect`]), then copies the tables behind it.
     ///
     /// # Safety
     /// `table` must point to a valid `HsaApiTable` whose `core_` and `amd_ext_` point to valid,
     /// fully initialized tables (as the runtime hands to a tools library's `OnLoad`).
     pub(crate) unsafe fn capture(table: *const HsaApiTable) -> Result<Self, String> {
-        if table.is_null() {
-            return Err("the HSA API table is null".into());
-        }
-        // SAFETY: the caller guarantees `table` is valid; we only read it.
-        let root = unsafe { &*table };
-        if root.core_.is_null() || root.amd_ext_.is_null() {
-            return Err("the HSA API table has no core or AMD extension table".into());
-        }
-        // SAFETY: both pointers were checked non-null and the caller guarantees they are valid.
-        // The tables may be shorter than ours if the runtime is older: copy only what it declares.
+        // SAFETY: forwarded from the caller.
+        let shape = unsafe { layout::inspect(table) }?;
+        // SAFETY: `inspect` checked both pointers non-null and the sizes they declare; the
+        // caller guarantees that many bytes are readable.
         let (core, amd) = unsafe {
             (
-                copy_table::<CoreApiTable>(root.core_.cast()),
-                copy_table::<AmdExtTable>(root.amd_ext_.cast()),
+                layout::copy_core((*table).core_, &shape),
+                layout::copy_amd((*table).amd_ext_, &shape),
             )
         };
         if let Some(entry) = missing_entry(&core, &amd) {
             return Err(format!(
-                "the HSA runtime does not provide {entry}, which kreplay needs"
+                "the HSA runtime ({}, {}) does not provide {entry}, which kreplay needs",
+                shape.release,
+                layout::describe(&shape)
             ));
         }
-        Ok(Self { core, amd })
+        Ok(Self { core, amd, shape })
+    }
+
+    /// The shape of the runtime's table.
+    pub(crate) fn shape(&self) -> &TableShape {
+        &self.shape
+    }
+
+    /// The runtime's AMD extension entries (ROCm 5.6+ order; absent ones are null).
+    pub(crate) fn amd(&self) -> &AmdExtTableV2 {
+        &self.amd
+    }
+
+    /// The runtime's core entries.
+    pub(crate) fn core(&self) -> &CoreApiTable {
+        &self.core
     }
 
     pub(crate) fn signal_create(&self, initial: i64) -> Result<hsa_signal_t, hsa_status_t> {
@@ -222,6 +256,38 @@ impl Original {
             )
         );
         state.1
+    }
+
+    /// Every agent of the system.
+    pub(crate) fn agents(&self) -> Vec<hsa_agent_t> {
+        unsafe extern "C" fn visit(agent: hsa_agent_t, data: *mut c_void) -> hsa_status_t {
+            // SAFETY: `data` is the Vec passed below, alive for the walk.
+            unsafe { (*data.cast::<Vec<hsa_agent_t>>()).push(agent) };
+            HSA_STATUS_SUCCESS
+        }
+        let mut agents: Vec<hsa_agent_t> = Vec::new();
+        // `visit` only touches `agents`, which outlives the call.
+        call!(
+            self.core,
+            hsa_iterate_agents_fn(Some(visit), (&raw mut agents).cast())
+        );
+        agents
+    }
+
+    /// Every memory pool of `agent`.
+    pub(crate) fn pools(&self, agent: hsa_agent_t) -> Vec<hsa_amd_memory_pool_t> {
+        unsafe extern "C" fn visit(pool: hsa_amd_memory_pool_t, data: *mut c_void) -> hsa_status_t {
+            // SAFETY: `data` is the Vec passed below, alive for the walk.
+            unsafe { (*data.cast::<Vec<hsa_amd_memory_pool_t>>()).push(pool) };
+            HSA_STATUS_SUCCESS
+        }
+        let mut pools: Vec<hsa_amd_memory_pool_t> = Vec::new();
+        // `visit` only touches `pools`, which outlives the call.
+        call!(
+            self.amd,
+            hsa_amd_agent_iterate_memory_pools_fn(agent, Some(visit), (&raw mut pools).cast())
+        );
+        pools
     }
 
     /// Locks (pins) host memory for every agent; returns the address agents must use for it.
@@ -473,26 +539,4 @@ impl Original {
         );
         (status == HSA_STATUS_SUCCESS).then_some((time.start, time.end))
     }
-}
-
-/// Copies a versioned API table, taking at most the number of bytes the source declares.
-///
-/// # Safety
-/// `src` must point to a valid table whose `version.minor_id` holds its size in bytes (the
-/// hsa_api_trace.h convention), or to a table at least `size_of::<T>()` bytes long.
-unsafe fn copy_table<T: Default>(src: *const ApiTableVersion) -> T {
-    let mut out = T::default();
-    // SAFETY: `src` is valid per the caller; the version header is the first member of every table.
-    let declared = unsafe { (*src).minor_id } as usize;
-    let len = if declared == 0 {
-        std::mem::size_of::<T>()
-    } else {
-        declared.min(std::mem::size_of::<T>())
-    };
-    // SAFETY: `len` bytes are readable at `src` (caller) and writable in `out` (len <= size_of T);
-    // the regions do not overlap. Entries past `len` stay null (Default).
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.cast::<u8>(), (&mut out as *mut T).cast::<u8>(), len)
-    };
-    out
 }

@@ -1,0 +1,282 @@
+//! The virtual memory API of ROCm 6.0+ (`hsa_amd_vmem_*`): physical memory handles mapped into
+//! reserved address ranges. A mapped range is an allocation like any other for the snapshot
+//! inventory, owned by the agent of the pool its handle came from; the agents it was made
+//! accessible to are recorded beside it.
+//!
+//! Handles are counted as the runtime counts them (created or imported: 1, each retain: +1,
+//! each release: -1). Reserving and freeing address ranges, and exporting a handle, neither
+//! create nor write memory and pass through unwrapped.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+
+use hsa_sys::layouts::{
+    hsa_amd_memory_access_desc_t, hsa_amd_memory_type_t, hsa_amd_vmem_alloc_handle_t,
+};
+use hsa_sys::*;
+use kreplay_snapshot::MemoryKind;
+use parking_lot::Mutex;
+
+use crate::backend::{Backend, backend, guarded};
+use crate::original::forward;
+
+/// What kreplay knows of one physical memory handle.
+#[derive(Clone, Copy, Debug)]
+struct Handle {
+    /// Owner agent and kind of the memory, from its pool.
+    owner: u64,
+    kind: MemoryKind,
+    references: u64,
+}
+
+/// One mapped range.
+#[derive(Clone, Debug)]
+struct Mapping {
+    size: u64,
+    /// (agent, `hsa_access_permission_t`) as last set with `hsa_amd_vmem_set_access`.
+    access: Vec<(u64, u32)>,
+}
+
+/// Handles and mappings of the process.
+#[derive(Default)]
+pub(crate) struct VmemTracker {
+    handles: Mutex<HashMap<u64, Handle>>,
+    mappings: Mutex<HashMap<u64, Mapping>>,
+}
+
+impl VmemTracker {
+    /// The access list of the mapping containing `addr`.
+    pub(crate) fn access(&self, addr: u64) -> Option<Vec<(u64, u32)>> {
+        self.mappings
+            .lock()
+            .iter()
+            .find(|(base, m)| addr >= **base && addr - **base < m.size)
+            .map(|(_, m)| m.access.clone())
+    }
+}
+
+/// The owner agent and memory kind of a pool (the agent whose pool list holds it).
+fn pool_owner(b: &Backend, pool: hsa_amd_memory_pool_t) -> Option<(u64, MemoryKind)> {
+    let agent = b.original.agents().into_iter().find(|&agent| {
+        b.original
+            .pools(agent)
+            .iter()
+            .any(|p| p.handle == pool.handle)
+    })?;
+    let flags = b
+        .original
+        .pool_info_u32(pool, HSA_AMD_MEMORY_POOL_INFO_GLOBAL_FLAGS)
+        .unwrap_or(0);
+    let kind = if b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_CPU) {
+        MemoryKind::Host
+    } else if flags & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT != 0 {
+        MemoryKind::Kernarg
+    } else if flags & HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED != 0 {
+        MemoryKind::CoarseDevice
+    } else {
+        MemoryKind::FineDevice
+    };
+    Some((agent.handle, kind))
+}
+
+/// Records one more reference to `handle`, learning its pool from the runtime if it is new.
+fn retain(b: &Backend, handle: hsa_amd_vmem_alloc_handle_t, pool: Option<hsa_amd_memory_pool_t>) {
+    if let Some(h) = b.vmem.handles.lock().get_mut(&handle.handle) {
+        h.references += 1;
+        return;
+    }
+    let pool = pool.or_else(|| {
+        let mut pool = hsa_amd_memory_pool_t { handle: 0 };
+        let mut kind: hsa_amd_memory_type_t = 0;
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_get_alloc_properties_from_handle_fn(handle, &mut pool, &mut kind)
+        );
+        (status == HSA_STATUS_SUCCESS).then_some(pool)
+    });
+    match pool.and_then(|p| pool_owner(b, p)) {
+        Some((owner, kind)) => {
+            b.vmem
+                .handles
+                .lock()
+                .entry(handle.handle)
+                .or_insert(Handle {
+                    owner,
+                    kind,
+                    references: 0,
+                });
+            if let Some(h) = b.vmem.handles.lock().get_mut(&handle.handle) {
+                h.references += 1;
+            }
+        }
+        None => b.hooks.warn(&format!(
+            "virtual memory handle {:#x} has no known pool; memory mapped from it is not tracked",
+            handle.handle
+        )),
+    }
+}
+
+pub(crate) unsafe extern "C" fn handle_create(
+    pool: hsa_amd_memory_pool_t,
+    size: usize,
+    type_: hsa_amd_memory_type_t,
+    flags: u64,
+    out: *mut hsa_amd_vmem_alloc_handle_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_handle_create_fn(pool, size, type_, flags, out)
+        );
+        if status == HSA_STATUS_SUCCESS && !out.is_null() && !b.is_finalized() {
+            // SAFETY: the runtime wrote the handle through the caller's valid out pointer.
+            retain(b, unsafe { out.read_unaligned() }, Some(pool));
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn import_shareable_handle(
+    dmabuf_fd: c_int,
+    out: *mut hsa_amd_vmem_alloc_handle_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_import_shareable_handle_fn(dmabuf_fd, out)
+        );
+        if status == HSA_STATUS_SUCCESS && !out.is_null() && !b.is_finalized() {
+            // SAFETY: the runtime wrote the handle through the caller's valid out pointer.
+            retain(b, unsafe { out.read_unaligned() }, None);
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn retain_alloc_handle(
+    out: *mut hsa_amd_vmem_alloc_handle_t,
+    addr: *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, amd.hsa_amd_vmem_retain_alloc_handle_fn(out, addr));
+        if status == HSA_STATUS_SUCCESS && !out.is_null() && !b.is_finalized() {
+            // SAFETY: the runtime wrote the handle through the caller's valid out pointer.
+            retain(b, unsafe { out.read_unaligned() }, None);
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn handle_release(
+    handle: hsa_amd_vmem_alloc_handle_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, amd.hsa_amd_vmem_handle_release_fn(handle));
+        if status == HSA_STATUS_SUCCESS {
+            let mut handles = b.vmem.handles.lock();
+            if let Some(h) = handles.get_mut(&handle.handle) {
+                h.references = h.references.saturating_sub(1);
+                if h.references == 0 {
+                    handles.remove(&handle.handle);
+                }
+            }
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn map(
+    va: *mut c_void,
+    size: usize,
+    in_offset: usize,
+    handle: hsa_amd_vmem_alloc_handle_t,
+    flags: u64,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_map_fn(va, size, in_offset, handle, flags)
+        );
+        if status != HSA_STATUS_SUCCESS || b.is_finalized() || va.is_null() {
+            return status;
+        }
+        let known = b.vmem.handles.lock().get(&handle.handle).copied();
+        let known = known.or_else(|| {
+            retain(b, handle, None);
+            // Not the application's reference: only learned to classify the mapping.
+            let mut handles = b.vmem.handles.lock();
+            let h = handles.get_mut(&handle.handle)?;
+            h.references -= 1;
+            let copy = *h;
+            if h.references == 0 {
+                handles.remove(&handle.handle);
+            }
+            Some(copy)
+        });
+        match known {
+            Some(h) => {
+                b.inventory
+                    .on_alloc(va as u64, size as u64, h.owner, h.kind);
+                b.vmem.mappings.lock().insert(
+                    va as u64,
+                    Mapping {
+                        size: size as u64,
+                        access: Vec::new(),
+                    },
+                );
+            }
+            None => b.hooks.warn(&format!(
+                "mapping {va:p} of virtual memory handle {:#x} is not tracked",
+                handle.handle
+            )),
+        }
+        status
+    })
+}
+
+pub(crate) unsafe extern "C" fn unmap(va: *mut c_void, size: usize) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        if !b.is_finalized() && b.vmem.mappings.lock().remove(&(va as u64)).is_some() {
+            // Before the runtime unmaps it: waits for a restore in progress.
+            b.inventory.on_free(va as u64);
+        }
+        forward!(b, amd.hsa_amd_vmem_unmap_fn(va, size))
+    })
+}
+
+pub(crate) unsafe extern "C" fn set_access(
+    va: *mut c_void,
+    size: usize,
+    desc: *const hsa_amd_memory_access_desc_t,
+    count: usize,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
+        if status == HSA_STATUS_SUCCESS && !desc.is_null() {
+            let access: Vec<(u64, u32)> = (0..count)
+                .map(|i| {
+                    // SAFETY: the runtime accepted `count` descriptors at `desc`.
+                    let d = unsafe { desc.add(i).read_unaligned() };
+                    (d.agent_handle.handle, d.permissions)
+                })
+                .collect();
+            // Each call replaces the previous permissions of every agent.
+            if let Some(m) = b.vmem.mappings.lock().get_mut(&(va as u64)) {
+                m.access = access;
+            }
+        }
+        status
+    })
+}
+
+/// The recorded access list of the mapping containing `addr` (for tests and diagnostics).
+pub(crate) fn access(addr: u64) -> Option<Vec<(u64, u32)>> {
+    crate::backend::installed().and_then(|b| b.vmem.access(addr))
+}
