@@ -773,3 +773,39 @@ const _: () = {
             == sizes::AMD_6_0 as usize
     );
 };
+
+/// Whether an AMD extension table of this version is in the ROCm 5.6+ order
+/// ([`AmdExtTableV2`]): major 2 or later, or major 1 at ROCm 5.6's size.
+pub fn amd_ext_is_v2(version: &ApiTableVersion) -> bool {
+    version.major_id >= 2 || (version.major_id == 1 && version.minor_id >= sizes::AMD_5_6)
+}
+
+/// Reads an AMD extension table of either order into the bound (ROCm 5.2) layout, by entry
+/// name: for code written against the bindings that calls through a table of another release.
+/// Entries past the table's declared size (`minor_id`) are null.
+///
+/// # Safety
+/// `table` points to a readable AMD extension table at least `minor_id` bytes long.
+pub unsafe fn read_amd_ext_as_v1(table: *const AmdExtTable) -> AmdExtTable {
+    // SAFETY: the version header is the first 16 bytes of every table (caller: readable).
+    let version = unsafe { (*table).version };
+    if amd_ext_is_v2(&version) {
+        // SAFETY: forwarded from the caller.
+        unsafe { read_prefix::<AmdExtTableV2>(table.cast(), version.minor_id as usize) }.to_v1()
+    } else {
+        // SAFETY: forwarded from the caller.
+        unsafe { read_prefix::<AmdExtTable>(table.cast(), version.minor_id as usize) }
+    }
+}
+
+/// A `T` whose first `min(len, size_of T)` bytes come from `src`, the rest zero.
+///
+/// # Safety
+/// `len` bytes are readable at `src`; all-zero is a valid `T` (a table of nullable entries).
+unsafe fn read_prefix<T: Default>(src: *const u8, len: usize) -> T {
+    let mut out = T::default();
+    let len = len.min(std::mem::size_of::<T>());
+    // SAFETY: per the caller, and `out` has room for `len <= size_of::<T>()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(src, (&raw mut out).cast::<u8>(), len) };
+    out
+}

@@ -68,7 +68,7 @@ mod topology;
 mod wake;
 
 pub use kernel::{KernelFn, WorkGroup, kernel_name, register_kernel};
-pub use owned::OwnedApiTable;
+pub use owned::{OwnedApiTable, TABLE_LAYOUT_ENV, TableLayout};
 
 /// How the next runtime instance is built (see [`configure`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

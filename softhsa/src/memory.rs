@@ -1,10 +1,12 @@
 //! Runtime allocations: real, zeroed, page-aligned host memory charged to a pool's budget, plus
 //! the address map `hsa_amd_pointer_info` answers from.
 
+use crate::api::HsaResult;
 use crate::topology::{ALLOC_GRANULE, Topology};
 use hsa_sys::{
     HSA_STATUS_ERROR_INVALID_ALLOCATION, HSA_STATUS_ERROR_INVALID_ARGUMENT,
-    HSA_STATUS_ERROR_OUT_OF_RESOURCES, hsa_amd_deallocation_callback_t, hsa_status_t,
+    HSA_STATUS_ERROR_OUT_OF_RESOURCES, HSA_STATUS_ERROR_RESOURCE_FREE,
+    hsa_amd_deallocation_callback_t, hsa_status_t,
 };
 use parking_lot::RwLock;
 use std::alloc::Layout;
@@ -17,6 +19,8 @@ pub(crate) enum Backing {
     Pool { pool: usize, charged: u64 },
     /// Application memory registered with `hsa_amd_memory_lock`.
     Locked,
+    /// A physical memory handle mapped into a reserved range (`hsa_amd_vmem_map`).
+    Vmem { handle: u64 },
 }
 
 /// What the address map knows about one range.
@@ -31,6 +35,9 @@ pub(crate) struct Allocation {
     pub(crate) user_data: usize,
     /// Agents granted access explicitly (`hsa_amd_agents_allow_access`), by index.
     pub(crate) granted: Vec<usize>,
+    /// For a virtual memory mapping: (agent index, `hsa_access_permission_t`) as last set with
+    /// `hsa_amd_vmem_set_access`.
+    pub(crate) permissions: Vec<(usize, u32)>,
     dealloc_callbacks: Vec<(DeallocCallback, usize)>,
 }
 
@@ -40,6 +47,29 @@ type DeallocCallback = unsafe extern "C" fn(*mut std::ffi::c_void, *mut std::ffi
 #[derive(Default)]
 pub(crate) struct Memory {
     map: RwLock<BTreeMap<usize, Allocation>>,
+    vmem: parking_lot::Mutex<Vmem>,
+}
+
+/// The virtual memory API's state: reserved address ranges (inaccessible anonymous mappings),
+/// physical memory handles (one memory file each, charged to its pool) and the handles mapped
+/// into reserved ranges (shared mappings of the file, so two mappings of one handle see the
+/// same bytes, as on ROCm).
+#[derive(Default)]
+struct Vmem {
+    reservations: BTreeMap<usize, usize>,
+    handles: std::collections::HashMap<u64, PhysicalHandle>,
+    next_handle: u64,
+}
+
+struct PhysicalHandle {
+    fd: std::os::fd::OwnedFd,
+    size: usize,
+    pool: usize,
+    charged: u64,
+    /// Application references (create: 1, retain: +1, release: -1) plus one per mapping; the
+    /// memory is returned when both reach zero.
+    references: u64,
+    mappings: u64,
 }
 
 fn layout_for(charged: u64) -> Result<Layout, hsa_status_t> {
@@ -83,6 +113,7 @@ impl Memory {
                 global_flags: p.kind.global_flags(),
                 user_data: 0,
                 granted: Vec::new(),
+                permissions: Vec::new(),
                 dealloc_callbacks: Vec::new(),
             },
         );
@@ -134,6 +165,7 @@ impl Memory {
                 global_flags,
                 user_data: 0,
                 granted: Vec::new(),
+                permissions: Vec::new(),
                 dealloc_callbacks: Vec::new(),
             },
         );
@@ -150,6 +182,234 @@ impl Memory {
             }
             _ => Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
         }
+    }
+
+    /// `hsa_amd_vmem_address_reserve`: an inaccessible range of `size` bytes (a multiple of the
+    /// allocation granule), at `address` when that range is free.
+    pub(crate) fn vmem_reserve(&self, size: usize, address: usize) -> Result<usize, hsa_status_t> {
+        if size == 0 || !size.is_multiple_of(ALLOC_GRANULE) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: a new anonymous mapping with no access; `address` is only a hint (no
+        // MAP_FIXED), so nothing existing is replaced.
+        let ptr = unsafe {
+            libc::mmap(
+                address as *mut libc::c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+        }
+        self.vmem.lock().reservations.insert(ptr as usize, size);
+        Ok(ptr as usize)
+    }
+
+    /// `hsa_amd_vmem_address_free`: the whole reserved range, with nothing mapped in it.
+    pub(crate) fn vmem_free(&self, va: usize, size: usize) -> Result<(), hsa_status_t> {
+        let mut vmem = self.vmem.lock();
+        match vmem.reservations.get(&va) {
+            None => return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+            Some(&reserved) if reserved != size => return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
+            Some(_) => {}
+        }
+        if self.map.read().range(va..va + size).next().is_some() {
+            return Err(HSA_STATUS_ERROR_RESOURCE_FREE);
+        }
+        vmem.reservations.remove(&va);
+        // SAFETY: exactly the range `vmem_reserve` mapped, with nothing mapped in it any more.
+        unsafe { libc::munmap(va as *mut libc::c_void, size) };
+        Ok(())
+    }
+
+    /// `hsa_amd_vmem_handle_create`: `size` bytes (a multiple of the granule) of pool `pool`.
+    pub(crate) fn vmem_create(
+        &self,
+        topology: &Topology,
+        pool: usize,
+        size: usize,
+    ) -> Result<u64, hsa_status_t> {
+        use std::os::fd::FromRawFd;
+        if size == 0 || !size.is_multiple_of(ALLOC_GRANULE) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let charged = u64::try_from(size).map_err(|_| HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
+        let budget = &topology.pools[pool].budget;
+        budget.reserve(charged)?;
+        // SAFETY: a C string literal names the memory file; the flags are valid.
+        let fd = unsafe { libc::memfd_create(c"softhsa-vmem".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            budget.release(charged);
+            return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+        }
+        // SAFETY: `fd` is a new descriptor owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a valid descriptor; the file is sized once, zero-filled by the kernel.
+        if unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), size as libc::off_t) }
+            != 0
+        {
+            budget.release(charged);
+            return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+        }
+        let mut vmem = self.vmem.lock();
+        vmem.next_handle += 1;
+        let handle = vmem.next_handle;
+        vmem.handles.insert(
+            handle,
+            PhysicalHandle {
+                fd,
+                size,
+                pool,
+                charged,
+                references: 1,
+                mappings: 0,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// `hsa_amd_vmem_handle_release`: drops one application reference; the memory goes once it
+    /// is neither referenced nor mapped.
+    pub(crate) fn vmem_release(&self, topology: &Topology, handle: u64) -> HsaResult {
+        let mut vmem = self.vmem.lock();
+        let h = vmem
+            .handles
+            .get_mut(&handle)
+            .filter(|h| h.references > 0)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        h.references -= 1;
+        drop_unused(&mut vmem, topology, handle);
+        Ok(())
+    }
+
+    /// `hsa_amd_vmem_retain_alloc_handle`: the handle mapped at `addr`, one reference more.
+    pub(crate) fn vmem_retain(&self, addr: usize) -> Result<u64, hsa_status_t> {
+        let handle = match self.find(addr).map(|a| a.backing) {
+            Some(Backing::Vmem { handle }) => handle,
+            _ => return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+        };
+        let mut vmem = self.vmem.lock();
+        let h = vmem
+            .handles
+            .get_mut(&handle)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        h.references += 1;
+        Ok(handle)
+    }
+
+    /// `hsa_amd_vmem_get_alloc_properties_from_handle`: the handle's pool.
+    pub(crate) fn vmem_pool(&self, handle: u64) -> Result<usize, hsa_status_t> {
+        self.vmem
+            .lock()
+            .handles
+            .get(&handle)
+            .map(|h| h.pool)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)
+    }
+
+    /// `hsa_amd_vmem_map`: the whole handle at `va`, inside one reservation, over nothing else
+    /// mapped. The range becomes an allocation of the handle's pool's agent.
+    pub(crate) fn vmem_map(
+        &self,
+        topology: &Topology,
+        va: usize,
+        size: usize,
+        offset: usize,
+        handle: u64,
+    ) -> HsaResult {
+        use std::os::fd::AsRawFd;
+        let mut vmem = self.vmem.lock();
+        let inside = vmem
+            .reservations
+            .range(..=va)
+            .next_back()
+            .is_some_and(|(&base, &len)| va.checked_add(size).is_some_and(|end| end <= base + len));
+        let h = vmem
+            .handles
+            .get_mut(&handle)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        if !inside || size != h.size || offset != 0 {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let mut map = self.map.write();
+        if map
+            .range(..va + size)
+            .next_back()
+            .is_some_and(|(_, a)| a.base + a.size > va)
+        {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: [va, va+size) lies inside a reservation of ours (checked) with nothing mapped
+        // in it (checked), so MAP_FIXED replaces only our own inaccessible pages.
+        let ptr = unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                h.fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
+        }
+        h.mappings += 1;
+        let p = &topology.pools[h.pool];
+        map.insert(
+            va,
+            Allocation {
+                base: va,
+                size,
+                backing: Backing::Vmem { handle },
+                owner: p.agent,
+                global_flags: p.kind.global_flags(),
+                user_data: 0,
+                granted: Vec::new(),
+                permissions: Vec::new(),
+                dealloc_callbacks: Vec::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// `hsa_amd_vmem_unmap`: the mapping at `va` (its whole size) goes back to reserved.
+    pub(crate) fn vmem_unmap(&self, topology: &Topology, va: usize, size: usize) -> HsaResult {
+        let mut vmem = self.vmem.lock();
+        let handle = {
+            let mut map = self.map.write();
+            let handle = match map.get(&va) {
+                Some(a) if a.size != size => return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
+                Some(Allocation {
+                    backing: Backing::Vmem { handle },
+                    ..
+                }) => *handle,
+                _ => return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+            };
+            map.remove(&va);
+            handle
+        };
+        // SAFETY: [va, va+size) is a mapping of ours inside a reservation; it becomes an
+        // inaccessible anonymous range again (MAP_FIXED over our own pages).
+        unsafe {
+            libc::mmap(
+                va as *mut libc::c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if let Some(h) = vmem.handles.get_mut(&handle) {
+            h.mappings -= 1;
+        }
+        drop_unused(&mut vmem, topology, handle);
+        Ok(())
     }
 
     /// The allocation containing `addr`, if any.
@@ -219,6 +479,27 @@ impl Memory {
         for (_, allocation) in all {
             release(topology, allocation);
         }
+        let vmem = std::mem::take(&mut *self.vmem.lock());
+        for (va, size) in vmem.reservations {
+            // SAFETY: a range `vmem_reserve` mapped; the runtime is going away and nothing may
+            // use its memory any more.
+            unsafe { libc::munmap(va as *mut libc::c_void, size) };
+        }
+        for h in vmem.handles.into_values() {
+            topology.pools[h.pool].budget.release(h.charged);
+        }
+    }
+}
+
+/// Returns a handle's memory and budget once it is neither referenced nor mapped.
+fn drop_unused(vmem: &mut Vmem, topology: &Topology, handle: u64) {
+    if vmem
+        .handles
+        .get(&handle)
+        .is_some_and(|h| h.references == 0 && h.mappings == 0)
+        && let Some(h) = vmem.handles.remove(&handle)
+    {
+        topology.pools[h.pool].budget.release(h.charged);
     }
 }
 

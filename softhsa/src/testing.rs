@@ -198,11 +198,12 @@ impl Hsa {
     /// `table.core_` and `table.amd_ext_` must point to valid tables whose entries have the HSA
     /// signatures and stay callable while the returned value is used.
     pub unsafe fn from_table(table: &HsaApiTable) -> Self {
-        // SAFETY: the caller guarantees both pointers are valid tables.
+        // SAFETY: the caller guarantees both pointers are valid tables; the AMD extension
+        // table is read by entry name in whichever order its version says it has.
         unsafe {
             Self {
                 core: *table.core_,
-                amd: *table.amd_ext_,
+                amd: hsa_sys::layouts::read_amd_ext_as_v1(table.amd_ext_),
             }
         }
     }

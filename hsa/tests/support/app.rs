@@ -36,6 +36,8 @@ fn ok(status: hsa_status_t, what: &str) {
 #[derive(Clone, Copy)]
 pub struct App {
     table: &'static HsaApiTable,
+    /// The AMD extension entries by name, whatever the order of the table's layout.
+    amd: &'static AmdExtTable,
     /// The CPU agent.
     pub cpu: hsa_agent_t,
     /// GPU agents 0 and 1.
@@ -153,8 +155,9 @@ impl Aql {
 /// Initializes softhsa, installs kreplay into a copy of its table (owned for the rest of the
 /// process) and returns the application view of that copy.
 pub fn install(hooks: Arc<dyn ToolHooks>, options: InstallOptions) -> App {
+    let layout = kreplay_softhsa::TableLayout::from_env().expect("a known table layout");
     install_into(
-        Box::leak(Box::new(OwnedApiTable::softhsa())),
+        Box::leak(Box::new(OwnedApiTable::softhsa_with(layout))),
         hooks,
         options,
     )
@@ -166,6 +169,15 @@ pub fn install_into(
     hooks: Arc<dyn ToolHooks>,
     options: InstallOptions,
 ) -> App {
+    // The scenario runs on the table layout its process was started for (`isolated`).
+    let layout = kreplay_softhsa::TableLayout::from_env().expect("a known table layout");
+    // SAFETY: the copy's sub-tables are valid and as long as they declare.
+    let shape = unsafe { kreplay_hsa::check_table(table.table()) }.expect("a supported table");
+    let order = match layout {
+        kreplay_softhsa::TableLayout::Rocm52 => kreplay_hsa::AmdOrder::Rocm52,
+        _ => kreplay_hsa::AmdOrder::Rocm56,
+    };
+    assert_eq!(shape.amd_order, order, "the scenario runs on the {layout:?} layout");
     // SAFETY: the copy's sub-tables are valid; hsa_init takes no arguments (the runtime calls
     // a tools library's OnLoad from inside it, after which kreplay is installed below).
     ok(
@@ -182,6 +194,10 @@ impl App {
     fn new(table: &'static HsaApiTable) -> App {
         let mut app = App {
             table,
+            // SAFETY: the root's AMD extension table is valid for the process (leaked copy).
+            amd: Box::leak(Box::new(unsafe {
+                hsa_sys::layouts::read_amd_ext_as_v1(table.amd_ext_)
+            })),
             cpu: hsa_agent_t { handle: 0 },
             gpus: [hsa_agent_t { handle: 0 }; 2],
             ticks_per_second: 1,
@@ -235,8 +251,17 @@ impl App {
     }
 
     fn amd(&self) -> &'static AmdExtTable {
-        // SAFETY: as for `core`.
-        unsafe { &*self.table.amd_ext_ }
+        self.amd
+    }
+
+    /// The AMD extension table when it is in the ROCm 5.6+ order (the entries of those
+    /// releases, through kreplay's wrappers), `None` in the ROCm 5.2 layout.
+    pub fn amd_v2(&self) -> Option<&'static hsa_sys::layouts::AmdExtTableV2> {
+        // SAFETY: as for `core`; the version says which order the table has.
+        unsafe {
+            let amd = self.table.amd_ext_;
+            hsa_sys::layouts::amd_ext_is_v2(&(*amd).version).then(|| &*amd.cast())
+        }
     }
 
     fn device_type(&self, agent: hsa_agent_t) -> hsa_device_type_t {

@@ -16,7 +16,11 @@ const DONE_MARK: &str = "kreplay-e2e-scenario-done:";
 /// The longest a scenario's process may run.
 const CHILD_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Runs `scenario` in a process of its own.
+/// The API table layouts every scenario runs against (softhsa's `KREPLAY_SOFTHSA_TABLE`): the
+/// ROCm 5.2 layout of the bindings and the ROCm 6.x/7.x one.
+pub const LAYOUTS: [&str; 2] = ["5.2", "6.2"];
+
+/// Runs `scenario` in a process of its own, once per table layout of [`LAYOUTS`].
 ///
 /// kreplay's HSA backend is process-global (installed once, plain `extern "C"` wrappers), so
 /// each scenario re-executes this test binary for its own test only. In that child (marked by
@@ -29,10 +33,18 @@ pub fn isolated(name: &str, scenario: fn()) {
         println!("{DONE_MARK}{name}");
         return;
     }
+    for layout in LAYOUTS {
+        isolated_with(name, layout);
+    }
+}
+
+/// Runs the scenario `name` in a child process whose softhsa hands out `layout`'s table.
+pub fn isolated_with(name: &str, layout: &str) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, name)
+        .env(kreplay_softhsa::TABLE_LAYOUT_ENV, layout)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -71,16 +83,16 @@ pub fn isolated(name: &str, scenario: fn()) {
     }
     let status = child.wait().expect("the scenario's process is waited for");
     let report = format!(
-        "--- stdout of {name} ---\n{}\n--- stderr of {name} ---\n{}",
+        "--- stdout of {name} (table layout {layout}) ---\n{}\n--- stderr of {name} ---\n{}",
         output[0], output[1]
     );
     assert!(
         !timed_out,
-        "scenario {name} did not finish within {CHILD_DEADLINE:?}\n{report}"
+        "scenario {name} (table layout {layout}) did not finish within {CHILD_DEADLINE:?}\n{report}"
     );
     assert!(
         status.success(),
-        "scenario {name} failed ({status})\n{report}"
+        "scenario {name} (table layout {layout}) failed ({status})\n{report}"
     );
     assert!(
         output[0].contains(&format!("{DONE_MARK}{name}")),

@@ -558,6 +558,10 @@ fn accessible_agents(rt: &Runtime, allocation: &Allocation) -> Vec<hsa_agent_t> 
     let host = match allocation.backing {
         Backing::Pool { pool, .. } => rt.topology.pools[pool].kind.is_host(),
         Backing::Locked => true,
+        Backing::Vmem { handle } => rt
+            .memory
+            .vmem_pool(handle)
+            .is_ok_and(|pool| rt.topology.pools[pool].kind.is_host()),
     };
     let agents = &rt.topology.agents;
     let indices: Vec<usize> = if host {
@@ -603,7 +607,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_pointer_info(
         let found = rt.memory.find(ptr as usize);
         let base = found.as_ref().map_or(0, |a| a.base);
         let kind = match found.as_ref().map(|a| a.backing) {
-            Some(Backing::Pool { .. }) => HSA_EXT_POINTER_TYPE_HSA,
+            Some(Backing::Pool { .. } | Backing::Vmem { .. }) => HSA_EXT_POINTER_TYPE_HSA,
             Some(Backing::Locked) => HSA_EXT_POINTER_TYPE_LOCKED,
             None => HSA_EXT_POINTER_TYPE_UNKNOWN,
         };
@@ -851,4 +855,252 @@ unsupported_entries! {
     hsa_amd_svm_attributes_set(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
     hsa_amd_svm_attributes_get(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
     hsa_amd_svm_prefetch_async(*mut c_void, usize, hsa_agent_t, u32, *const hsa_signal_t, hsa_signal_t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ROCm 5.6+ and 6.x entries (only in the tables handed out in those layouts)
+
+use hsa_sys::layouts::{
+    hsa_amd_memory_access_desc_t, hsa_amd_memory_type_t, hsa_amd_sdma_engine_id_t,
+    hsa_amd_vmem_alloc_handle_t,
+};
+
+/// The SDMA engines every copy direction offers (softhsa copies on one worker per agent, so the
+/// engine only selects nothing; two are reported as on a small GPU).
+const SDMA_ENGINES: u32 = 0x3;
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_on_engine(
+    dst: *mut c_void,
+    dst_agent: hsa_agent_t,
+    src: *const c_void,
+    src_agent: hsa_agent_t,
+    size: usize,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+    completion_signal: hsa_signal_t,
+    engine_id: hsa_amd_sdma_engine_id_t,
+    _force_copy_on_sdma: bool,
+) -> hsa_status_t {
+    if !engine_id.is_power_of_two() || engine_id & SDMA_ENGINES == 0 {
+        return guard_or(HSA_STATUS_ERROR, || match runtime::current() {
+            Ok(_) => HSA_STATUS_ERROR_INVALID_ARGUMENT,
+            Err(status) => status,
+        });
+    }
+    // SAFETY: the same contract as hsa_amd_memory_async_copy, forwarded from the caller.
+    unsafe {
+        hsa_amd_memory_async_copy(
+            dst,
+            dst_agent,
+            src,
+            src_agent,
+            size,
+            num_dep_signals,
+            dep_signals,
+            completion_signal,
+        )
+    }
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_memory_copy_engine_status(
+    dst_agent: hsa_agent_t,
+    src_agent: hsa_agent_t,
+    engine_ids_mask: *mut u32,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.agent(dst_agent.handle)?;
+        rt.agent(src_agent.handle)?;
+        // SAFETY: the caller's out pointer (checked non-null by `put`).
+        unsafe { put(engine_ids_mask, SDMA_ENGINES) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_address_reserve(
+    va: *mut *mut c_void,
+    size: usize,
+    address: u64,
+    _flags: u64,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if va.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let ptr = rt.memory.vmem_reserve(size, address as usize)?;
+        // SAFETY: the caller's out pointer (checked non-null).
+        unsafe { put(va, ptr as *mut c_void) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_address_reserve_align(
+    va: *mut *mut c_void,
+    size: usize,
+    address: u64,
+    alignment: u64,
+    flags: u64,
+) -> hsa_status_t {
+    if alignment != 0 && (!alignment.is_power_of_two() || alignment > 4096) {
+        // Reservations are page aligned; a larger alignment is not offered.
+        return guard_or(HSA_STATUS_ERROR, || match runtime::current() {
+            Ok(_) => HSA_STATUS_ERROR_INVALID_ARGUMENT,
+            Err(status) => status,
+        });
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { hsa_amd_vmem_address_reserve(va, size, address, flags) }
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_address_free(
+    va: *mut c_void,
+    size: usize,
+) -> hsa_status_t {
+    with_runtime(|rt| rt.memory.vmem_free(va as usize, size))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_handle_create(
+    pool: hsa_amd_memory_pool_t,
+    size: usize,
+    _type: hsa_amd_memory_type_t,
+    _flags: u64,
+    memory_handle: *mut hsa_amd_vmem_alloc_handle_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if memory_handle.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let pool = pool_index(rt, pool)?;
+        let handle = rt.memory.vmem_create(&rt.topology, pool, size)?;
+        // SAFETY: the caller's out pointer (checked non-null).
+        unsafe { put(memory_handle, hsa_amd_vmem_alloc_handle_t { handle }) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_handle_release(
+    memory_handle: hsa_amd_vmem_alloc_handle_t,
+) -> hsa_status_t {
+    with_runtime(|rt| rt.memory.vmem_release(&rt.topology, memory_handle.handle))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_map(
+    va: *mut c_void,
+    size: usize,
+    in_offset: usize,
+    memory_handle: hsa_amd_vmem_alloc_handle_t,
+    _flags: u64,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        rt.memory.vmem_map(
+            &rt.topology,
+            va as usize,
+            size,
+            in_offset,
+            memory_handle.handle,
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_unmap(va: *mut c_void, size: usize) -> hsa_status_t {
+    with_runtime(|rt| rt.memory.vmem_unmap(&rt.topology, va as usize, size))
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_set_access(
+    va: *mut c_void,
+    size: usize,
+    desc: *const hsa_amd_memory_access_desc_t,
+    desc_cnt: usize,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        // SAFETY: HSA contract: `desc` lists `desc_cnt` descriptors.
+        let desc = unsafe { read_array(desc, desc_cnt) }?;
+        let mut granted = Vec::with_capacity(desc.len());
+        for d in &desc {
+            let agent = rt.agent(d.agent_handle.handle)?;
+            if d.permissions > HSA_ACCESS_PERMISSION_RW {
+                return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+            }
+            granted.push((agent, d.permissions));
+        }
+        match rt.memory.find(va as usize) {
+            Some(a) if a.base == va as usize && a.size == size => {}
+            Some(_) => return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
+            None => return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+        }
+        // Each call replaces the permissions of every agent.
+        rt.memory.update(va as usize, |a| {
+            a.granted = granted
+                .iter()
+                .filter(|(_, p)| *p != 0)
+                .map(|(agent, _)| *agent)
+                .collect();
+            a.permissions = granted;
+        })
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_get_access(
+    va: *mut c_void,
+    perms: *mut hsa_access_permission_t,
+    agent_handle: hsa_agent_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let agent = rt.agent(agent_handle.handle)?;
+        let allocation = rt
+            .memory
+            .find(va as usize)
+            .filter(|a| matches!(a.backing, Backing::Vmem { .. }))
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        let permission = allocation
+            .permissions
+            .iter()
+            .find(|(a, _)| *a == agent)
+            .map(|(_, p)| *p)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        // SAFETY: the caller's out pointer (checked non-null by `put`).
+        unsafe { put(perms, permission) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_retain_alloc_handle(
+    memory_handle: *mut hsa_amd_vmem_alloc_handle_t,
+    addr: *mut c_void,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if memory_handle.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let handle = rt.memory.vmem_retain(addr as usize)?;
+        // SAFETY: the caller's out pointer (checked non-null).
+        unsafe { put(memory_handle, hsa_amd_vmem_alloc_handle_t { handle }) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn hsa_amd_vmem_get_alloc_properties_from_handle(
+    memory_handle: hsa_amd_vmem_alloc_handle_t,
+    pool: *mut hsa_amd_memory_pool_t,
+    type_: *mut hsa_amd_memory_type_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        let index = rt.memory.vmem_pool(memory_handle.handle)?;
+        let handle = rt.topology.pools[index].handle;
+        // SAFETY: the caller's out pointers (each checked non-null by `put`).
+        unsafe {
+            put(pool, hsa_amd_memory_pool_t { handle })?;
+            put(type_, hsa_sys::layouts::MEMORY_TYPE_NONE)
+        }
+    })
+}
+
+unsupported_entries! {
+    /// Sharing memory between processes (dma-buf) is not provided.
+    hsa_amd_vmem_export_shareable_handle(*mut c_int, hsa_amd_vmem_alloc_handle_t, u64);
+    hsa_amd_vmem_import_shareable_handle(c_int, *mut hsa_amd_vmem_alloc_handle_t);
+    hsa_amd_portable_export_dmabuf(*const c_void, usize, *mut c_int, *mut u64);
+    hsa_amd_portable_close_dmabuf(c_int);
+    /// No stream performance monitor.
+    hsa_amd_spm_acquire(hsa_agent_t);
+    hsa_amd_spm_release(hsa_agent_t);
+    hsa_amd_spm_set_dest_buffer(hsa_agent_t, usize, *mut u32, *mut u32, *mut c_void, *mut bool);
+    /// No scratch memory to limit.
+    hsa_amd_agent_set_async_scratch_limit(hsa_agent_t, usize);
+    hsa_amd_queue_get_info(*mut hsa_queue_t, u32, *mut c_void);
 }

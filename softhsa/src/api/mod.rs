@@ -9,7 +9,7 @@ pub(crate) mod core;
 mod info;
 mod table;
 
-pub(crate) use table::api_table;
+pub(crate) use table::{amd_table_v2, api_table};
 
 use crate::runtime::{self, Runtime};
 use hsa_sys::{

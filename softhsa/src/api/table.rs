@@ -2,6 +2,7 @@
 //! and image tables are present with null entries (softhsa has neither extension).
 
 use super::{amd, core};
+use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 use std::mem::size_of;
 use std::sync::OnceLock;
@@ -26,7 +27,7 @@ fn version(major: u32, size: usize, step: u32) -> ApiTableVersion {
     }
 }
 
-fn core_table() -> CoreApiTable {
+pub(crate) fn core_table() -> CoreApiTable {
     CoreApiTable {
         version: version(
             HSA_CORE_API_TABLE_MAJOR_VERSION,
@@ -173,7 +174,7 @@ fn core_table() -> CoreApiTable {
     }
 }
 
-fn amd_table() -> AmdExtTable {
+pub(crate) fn amd_table() -> AmdExtTable {
     AmdExtTable {
         version: version(
             HSA_AMD_EXT_API_TABLE_MAJOR_VERSION,
@@ -273,8 +274,41 @@ fn build() -> Tables {
     }
 }
 
+/// softhsa's AMD extension table in the ROCm 5.6+ order, with the entries of those releases:
+/// the caller sets its version (major and size) for the release it imitates.
+pub(crate) fn amd_table_v2() -> AmdExtTableV2 {
+    AmdExtTableV2 {
+        hsa_amd_memory_async_copy_on_engine_fn: Some(amd::hsa_amd_memory_async_copy_on_engine),
+        hsa_amd_memory_copy_engine_status_fn: Some(amd::hsa_amd_memory_copy_engine_status),
+        hsa_amd_spm_acquire_fn: Some(amd::hsa_amd_spm_acquire),
+        hsa_amd_spm_release_fn: Some(amd::hsa_amd_spm_release),
+        hsa_amd_spm_set_dest_buffer_fn: Some(amd::hsa_amd_spm_set_dest_buffer),
+        hsa_amd_portable_export_dmabuf_fn: Some(amd::hsa_amd_portable_export_dmabuf),
+        hsa_amd_portable_close_dmabuf_fn: Some(amd::hsa_amd_portable_close_dmabuf),
+        hsa_amd_vmem_address_reserve_fn: Some(amd::hsa_amd_vmem_address_reserve),
+        hsa_amd_vmem_address_free_fn: Some(amd::hsa_amd_vmem_address_free),
+        hsa_amd_vmem_handle_create_fn: Some(amd::hsa_amd_vmem_handle_create),
+        hsa_amd_vmem_handle_release_fn: Some(amd::hsa_amd_vmem_handle_release),
+        hsa_amd_vmem_map_fn: Some(amd::hsa_amd_vmem_map),
+        hsa_amd_vmem_unmap_fn: Some(amd::hsa_amd_vmem_unmap),
+        hsa_amd_vmem_set_access_fn: Some(amd::hsa_amd_vmem_set_access),
+        hsa_amd_vmem_get_access_fn: Some(amd::hsa_amd_vmem_get_access),
+        hsa_amd_vmem_export_shareable_handle_fn: Some(amd::hsa_amd_vmem_export_shareable_handle),
+        hsa_amd_vmem_import_shareable_handle_fn: Some(amd::hsa_amd_vmem_import_shareable_handle),
+        hsa_amd_vmem_retain_alloc_handle_fn: Some(amd::hsa_amd_vmem_retain_alloc_handle),
+        hsa_amd_vmem_get_alloc_properties_from_handle_fn: Some(
+            amd::hsa_amd_vmem_get_alloc_properties_from_handle,
+        ),
+        hsa_amd_agent_set_async_scratch_limit_fn: Some(amd::hsa_amd_agent_set_async_scratch_limit),
+        hsa_amd_queue_get_info_fn: Some(amd::hsa_amd_queue_get_info),
+        hsa_amd_vmem_address_reserve_align_fn: Some(amd::hsa_amd_vmem_address_reserve_align),
+        ..AmdExtTableV2::from_v1(&amd_table())
+    }
+}
+
 /// See [`crate::api_table`].
 pub(crate) fn api_table() -> &'static HsaApiTable {
+    // (the ROCm 5.2 layout; `OwnedApiTable::softhsa_with` hands out the others)
     static TABLES: OnceLock<Tables> = OnceLock::new();
     &TABLES.get_or_init(build).api
 }
@@ -312,5 +346,18 @@ mod tests {
         assert!(entries(amd).iter().all(|&e| e != 0));
         assert_eq!(core.version.minor_id as usize, size_of::<CoreApiTable>());
         assert!(!api.finalizer_ext_.is_null() && !api.image_ext_.is_null());
+    }
+
+    #[test]
+    fn the_rocm6_amd_table_fills_every_entry_and_keeps_the_shared_ones() {
+        let v2 = amd_table_v2();
+        assert!(entries(&v2).iter().all(|&e| e != 0));
+        // SAFETY: softhsa's table points to leaked, initialized tables.
+        let v1 = unsafe { &*api_table().amd_ext_ };
+        assert_eq!(
+            v2.hsa_amd_pointer_info_fn.map(|f| f as usize),
+            v1.hsa_amd_pointer_info_fn.map(|f| f as usize)
+        );
+        assert_eq!(entries(&v2.to_v1()), entries(v1));
     }
 }
