@@ -177,7 +177,10 @@ pub fn install_into(
         kreplay_softhsa::TableLayout::Rocm52 => kreplay_hsa::AmdOrder::Rocm52,
         _ => kreplay_hsa::AmdOrder::Rocm56,
     };
-    assert_eq!(shape.amd_order, order, "the scenario runs on the {layout:?} layout");
+    assert_eq!(
+        shape.amd_order, order,
+        "the scenario runs on the {layout:?} layout"
+    );
     // SAFETY: the copy's sub-tables are valid; hsa_init takes no arguments (the runtime calls
     // a tools library's OnLoad from inside it, after which kreplay is installed below).
     ok(
@@ -245,12 +248,12 @@ impl App {
         app
     }
 
-    fn core(&self) -> &'static CoreApiTable {
+    pub fn core(&self) -> &'static CoreApiTable {
         // SAFETY: the root's core table is valid for the process (leaked `OwnedApiTable`).
         unsafe { &*self.table.core_ }
     }
 
-    fn amd(&self) -> &'static AmdExtTable {
+    pub fn amd(&self) -> &'static AmdExtTable {
         self.amd
     }
 

@@ -27,13 +27,18 @@ pub const LAYOUTS: [&str; 2] = ["5.2", "6.2"];
 /// an environment variable) the scenario runs; in the parent the child's exit status and
 /// completion mark are asserted, with the child's output printed on failure.
 pub fn isolated(name: &str, scenario: fn()) {
+    isolated_on(name, &LAYOUTS, scenario);
+}
+
+/// [`isolated`] for the table layouts `layouts` only.
+pub fn isolated_on(name: &str, layouts: &[&str], scenario: fn()) {
     if let Ok(running) = std::env::var(CHILD_ENV) {
         assert_eq!(running, name, "a scenario child must run only its own test");
         scenario();
         println!("{DONE_MARK}{name}");
         return;
     }
-    for layout in LAYOUTS {
+    for layout in layouts {
         isolated_with(name, layout);
     }
 }
