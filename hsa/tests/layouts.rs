@@ -2,7 +2,7 @@
 //! entries it wraps in each supported layout (ROCm 5.2, 5.5, 5.6 and 6.x/7.x).
 
 #[macro_use]
-#[allow(dead_code)]
+#[allow(dead_code, unused_macros)]
 mod support;
 
 use hsa_sys::layouts::sizes;
@@ -10,7 +10,7 @@ use kreplay_hsa::{AmdOrder, InstallError, check_table};
 use kreplay_softhsa::{OwnedApiTable, TableLayout};
 use support::tool::TestHooks;
 
-/// The root, core and AMD extension version headers of a table, as (major, size, step).
+/// Overwrites the (major, size) of the root, core and AMD extension version headers.
 fn set_versions(
     table: &mut OwnedApiTable,
     root: Option<(u32, u32)>,
@@ -105,16 +105,20 @@ fn an_unknown_major_is_refused_naming_what_was_seen() {
     );
 }
 
+/// A table layout, the (major, size) written over its root, core and AMD extension headers, and
+/// what the refusal must say.
+type Case = (
+    TableLayout,
+    Option<(u32, u32)>,
+    Option<(u32, u32)>,
+    Option<(u32, u32)>,
+    &'static str,
+);
+
 #[test]
 fn inconsistent_sizes_and_mixed_majors_are_refused() {
-    let cases: [(
-        TableLayout,
-        Option<(u32, u32)>,
-        Option<(u32, u32)>,
-        Option<(u32, u32)>,
-        &str,
-    ); 6] = [
-        // A major-1 AMD table of a size no 5.x release had (5.6's order or 5.2's?).
+    let cases: [Case; 6] = [
+        // A major-1 AMD table of a size no 5.x release had: neither order can be assumed.
         (
             TableLayout::Rocm56,
             None,

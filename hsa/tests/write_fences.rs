@@ -11,7 +11,7 @@
 //! before the replay ends, so the pass waits out its bound, which is what the test checks.
 
 #[macro_use]
-#[allow(dead_code)]
+#[allow(dead_code, unused_macros)]
 mod support;
 
 use std::ffi::c_void;
