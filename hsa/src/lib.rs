@@ -1,19 +1,24 @@
 //! The HSA backend of kreplay.
 //!
 //! Given the `HsaApiTable` a tools library receives in `OnLoad` (from the real ROCm runtime or
-//! from `kreplay-softhsa`), [`install`] keeps a copy of the runtime's own entries for kreplay's
-//! calls and writes wrappers into the table:
+//! from `kreplay-softhsa`), [`install`] first checks which ROCm release laid the table out
+//! ([`check_table`]: majors and sizes; see `docs/rocm.md`), keeps a copy of the runtime's own
+//! entries for kreplay's calls and writes wrappers into the table, each at its offset in that
+//! release's order and only where the runtime's table has the entry:
 //!
-//! - `hsa_amd_memory_pool_allocate/free` and `hsa_memory_allocate/free` feed the snapshot
-//!   inventory (owner agent and kind from `hsa_amd_pointer_info`);
+//! - `hsa_amd_memory_pool_allocate/free`, `hsa_memory_allocate/free`, `hsa_amd_memory_lock`
+//!   (and `_to_pool`, `unlock`), IPC and interop mappings and `hsa_amd_vmem_*` mappings feed the
+//!   snapshot inventory (owner agent and kind from `hsa_amd_pointer_info`, or from the pool of a
+//!   virtual memory handle);
 //! - `hsa_queue_create/destroy`: application queues become intercept queues whose packets reach
 //!   kreplay's handler; a single kernel dispatch with a replay service configured runs through
 //!   the pass loop (writer lock on the agent, drain of every queue on the agent and its async
 //!   copies, snapshot, passes with kreplay's own completion signal, restores, the application's
 //!   completion fired once); a multi-packet batch is forwarded unchanged in one piece, each of
 //!   its dispatches declined as `batch_or_graph`; anything else is forwarded unchanged;
-//! - `hsa_amd_memory_async_copy` is serialized against replays on the agents it touches and
-//!   counted until its completion signal fires (SPEC §3 rule 9).
+//! - every runtime write path (`hsa_amd_memory_async_copy`, `_on_engine`, `_rect`,
+//!   `hsa_memory_copy`, `hsa_amd_memory_fill`) is serialized against replays on the agents it
+//!   touches, the asynchronous ones counted until their completion signal fires (SPEC §3 rule 9).
 //!
 //! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
 //! through [`ToolHooks`], implemented by the C ABI crate. The replay service may be configured
