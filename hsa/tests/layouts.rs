@@ -278,3 +278,51 @@ scenarios! {
         );
     }
 }
+
+scenarios! {
+    /// A ROCm 7.x AMD extension table is longer than any layout kreplay knows (entries appended
+    /// after ROCm 6.2's): kreplay wraps what it knows, never touches the entries past 576
+    /// bytes, and allocations through the table are tracked.
+    fn a_longer_rocm_7_table_is_used_up_to_the_entries_kreplay_knows() {
+        const BYTES: usize = 704;
+        let table: &'static mut OwnedApiTable =
+            Box::leak(Box::new(OwnedApiTable::softhsa_with(TableLayout::Rocm62)));
+        let longer: &'static mut [u64; BYTES / 8] = Box::leak(Box::new([0u64; BYTES / 8]));
+        let root = table.as_mut_ptr();
+        // SAFETY: softhsa's 576-byte table is copied into the front of the 704-byte one; the
+        // appended entries hold garbage that must never be read or called.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (*root).amd_ext_.cast::<u64>(),
+                longer.as_mut_ptr(),
+                sizes::AMD_6_2 as usize / 8,
+            );
+        }
+        for (i, word) in longer.iter_mut().enumerate().skip(sizes::AMD_6_2 as usize / 8) {
+            *word = 0xbad0_0000 + i as u64;
+        }
+        longer[0] = (BYTES as u64) << 32 | 2; // major 2, minor_id 704
+        // SAFETY: the root is owned by `table`; the longer table lives for the process.
+        unsafe { (*root).amd_ext_ = longer.as_mut_ptr().cast() };
+        let tail_before = longer[sizes::AMD_6_2 as usize / 8..].to_vec();
+
+        // SAFETY: softhsa's init through the copy, then a valid table, ours, alive for the
+        // process.
+        unsafe {
+            assert_eq!((*table.table().core_).hsa_init_fn.expect("hsa_init")(), 0);
+            let shape = kreplay_hsa::check_table(root).expect("accepted");
+            assert_eq!((shape.amd.size, shape.amd_order), (BYTES as u32, AmdOrder::Rocm56));
+            kreplay_hsa::install(root, TestHooks::new(0), Default::default())
+                .expect("kreplay installs");
+        }
+        assert_eq!(&longer[sizes::AMD_6_2 as usize / 8..], &tail_before[..]);
+
+        let app = support::app::App::from_installed(table.table());
+        let gpu = app.gpus[0];
+        let buffer = app.alloc(app.pools(gpu).coarse, 4096);
+        assert_eq!(
+            kreplay_hsa::tracked_kind(buffer.0),
+            Some(kreplay_snapshot::MemoryKind::CoarseDevice)
+        );
+    }
+}

@@ -194,6 +194,12 @@ pub fn install_into(
 }
 
 impl App {
+    /// The application view of a table kreplay was already installed into.
+    #[allow(dead_code)] // for tests that install into a table of their own
+    pub fn from_installed(table: &'static HsaApiTable) -> App {
+        App::new(table)
+    }
+
     fn new(table: &'static HsaApiTable) -> App {
         let mut app = App {
             table,
