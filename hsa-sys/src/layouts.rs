@@ -677,6 +677,8 @@ assert_offsets!(CoreApiTable {
     hsa_queue_create_fn: 72,
     hsa_soft_queue_create_fn: 80,
     hsa_queue_destroy_fn: 88,
+    hsa_agent_iterate_regions_fn: 232,
+    hsa_region_get_info_fn: 240,
     hsa_memory_allocate_fn: 280,
     hsa_memory_free_fn: 288,
     hsa_memory_copy_fn: 296,

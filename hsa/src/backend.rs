@@ -23,6 +23,8 @@ pub(crate) struct Backend {
     pub(crate) locks: AgentLocks,
     pub(crate) queues: QueueRegistry,
     pub(crate) copies: CopyTracker,
+    /// Ring buffers of soft queues.
+    pub(crate) soft_queues: crate::soft_queues::SoftQueues,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
     pub(crate) vmem: crate::vmem::VmemTracker,
     pub(crate) hooks: Arc<dyn ToolHooks>,
@@ -181,6 +183,7 @@ pub(crate) unsafe fn install(
         locks,
         queues: QueueRegistry::default(),
         copies: CopyTracker::default(),
+        soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
         hooks,
         drain: options.drain,
@@ -246,12 +249,13 @@ macro_rules! wrap_amd {
 unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
     // SAFETY: the caller's table; `capture` checked both pointers non-null.
     let (core, amd) = unsafe { ((*table).core_.cast::<u8>(), (*table).amd_ext_.cast::<u8>()) };
-    use crate::{copies, memory, queues, vmem};
+    use crate::{copies, memory, queues, soft_queues, vmem};
     wrap_core!(
         core,
         original,
         hsa_queue_create_fn = queues::queue_create,
-        hsa_queue_destroy_fn = queues::queue_destroy,
+        hsa_queue_destroy_fn = soft_queues::queue_destroy,
+        hsa_soft_queue_create_fn = soft_queues::soft_queue_create,
         hsa_memory_allocate_fn = memory::memory_allocate,
         hsa_memory_free_fn = memory::memory_free,
         hsa_memory_copy_fn = copies::memory_copy,

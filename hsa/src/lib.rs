@@ -87,6 +87,7 @@ mod memory;
 mod original;
 mod queues;
 mod replay;
+mod soft_queues;
 mod vmem;
 
 pub use layout::{AmdOrder, TableShape, Version};

@@ -261,3 +261,41 @@ fn locked_host_memory_is_tracked_until_unlocked() {
         assert_eq!(kreplay_hsa::tracked_kind(other_ptr as u64), None);
     });
 }
+
+/// The ring buffer of a soft queue (memory a kernel may write when it enqueues packets for the
+/// host) is tracked from creation to destruction, owned by its region's agent.
+#[test]
+fn a_soft_queue_ring_buffer_is_tracked_until_the_queue_is_destroyed() {
+    support::isolated(
+        "a_soft_queue_ring_buffer_is_tracked_until_the_queue_is_destroyed",
+        || {
+            let (app, _hooks) = setup();
+            let create = app
+                .core()
+                .hsa_soft_queue_create_fn
+                .expect("soft queue create");
+            let destroy = app.core().hsa_queue_destroy_fn.expect("queue destroy");
+            let doorbell = app.signal(0);
+            // softhsa's regions are its pools.
+            let region = hsa_region_t {
+                handle: app.host_pool().handle,
+            };
+            let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
+            // SAFETY: a valid region and doorbell signal; `queue` is a valid out pointer.
+            ok(
+                unsafe { create(region, 64, HSA_QUEUE_TYPE_MULTI, 0, doorbell, &mut queue) },
+                "soft queue create",
+            );
+            // SAFETY: the queue was just created.
+            let ring = unsafe { (*queue).base_address } as u64;
+            assert_eq!(
+                kreplay_hsa::tracked_kind(ring + 64 * 63),
+                Some(MemoryKind::Host)
+            );
+            assert_eq!(kreplay_hsa::tracked_owner(ring), Some(app.cpu.handle));
+            // SAFETY: the soft queue is live and unused.
+            ok(unsafe { destroy(queue) }, "queue destroy");
+            assert_eq!(kreplay_hsa::tracked_kind(ring), None);
+        },
+    );
+}
