@@ -7,8 +7,8 @@
 //! release's order and only where the runtime's table has the entry:
 //!
 //! - `hsa_amd_memory_pool_allocate/free`, `hsa_memory_allocate/free`, `hsa_amd_memory_lock`
-//!   (and `_to_pool`, `unlock`), IPC and interop mappings and `hsa_amd_vmem_*` mappings feed the
-//!   snapshot inventory (owner agent and kind from `hsa_amd_pointer_info`, or from the pool of a
+//!   (and `_to_pool`, `unlock`), IPC and interop mappings, `hsa_amd_vmem_*` mappings and the ring
+//!   buffers of soft queues (`hsa_soft_queue_create`) feed the snapshot inventory (owner agent and kind from `hsa_amd_pointer_info`, or from the pool of a
 //!   virtual memory handle);
 //! - `hsa_queue_create/destroy`: application queues become intercept queues whose packets reach
 //!   kreplay's handler; a single kernel dispatch with a replay service configured runs through
