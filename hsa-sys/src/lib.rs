@@ -4,6 +4,9 @@
 //! `hsa/hsa_api_trace.h`) and committed, so no ordinary build needs libclang or ROCm. Regenerate
 //! with `cargo xtask bindgen`; `cargo xtask bindgen --check` fails when this file is stale.
 //!
+//! Later releases moved entries of the AMD extension table (ROCm 5.6) and raised the tables'
+//! majors (ROCm 6.0): their layouts are in [`layouts`], written by hand, offsets asserted.
+//!
 //! Only types and constants are bound: a tools library never links the runtime, it receives an
 //! [`HsaApiTable`] in `OnLoad` and calls through its function pointers. Enums are plain integer
 //! constants (a C runtime may hand back values no Rust enum lists); bindgen's layout assertions

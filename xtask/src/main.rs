@@ -4,6 +4,11 @@
 //! `libhsa-runtime-dev` (ROCm 5.2.3); `cargo xtask bindgen --check` fails when the committed file
 //! differs from what the headers give. Only these commands need libclang and the headers; an
 //! ordinary build of the workspace uses the committed bindings.
+//!
+//! The table layouts of later releases (ROCm 5.6 to 7.x) are not generated: no distribution
+//! ships their headers where CI can install them. They are written by hand in
+//! `hsa-sys/src/layouts.rs` from the public `hsa_api_trace.h` of each release, with the offset of
+//! every entry kreplay uses asserted at compile time.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
