@@ -796,7 +796,12 @@ pub unsafe fn read_amd_ext_as_v1(table: *const AmdExtTable) -> AmdExtTable {
         unsafe { read_prefix::<AmdExtTableV2>(table.cast(), version.minor_id as usize) }.to_v1()
     } else {
         // SAFETY: forwarded from the caller.
-        unsafe { read_prefix::<AmdExtTable>(table.cast(), version.minor_id as usize) }
+        let mut v1 = unsafe { read_prefix::<AmdExtTable>(table.cast(), version.minor_id as usize) };
+        if version.minor_id != sizes::AMD_5_2 {
+            // ROCm 5.5 inserted hsa_amd_spm_* before the last entry of the bound layout.
+            v1.hsa_amd_queue_cu_get_mask_fn = None;
+        }
+        v1
     }
 }
 
