@@ -1,0 +1,164 @@
+//! The injected library's configuration, from `KREPLAY_*` environment variables.
+
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
+
+use crate::memory::ShadowBudget;
+
+/// How loudly the injected library speaks on standard error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Nothing, not even the summary.
+    Off,
+    /// Warnings and the exit summary (default).
+    Warn,
+    /// Also one line per replayed launch.
+    Info,
+    /// Also every tracked allocation and free.
+    Debug,
+}
+
+/// Everything the injected library reads at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Passes per kernel launch (`KREPLAY_CUDA_PASSES`, default 1 = no replay).
+    pub passes: u64,
+    /// Snapshot store, strategy, budget and spill directory.
+    pub snapshot: SnapshotConfig,
+    /// What a device shadow must leave free.
+    pub shadow: ShadowBudget,
+    /// Log level (`KREPLAY_LOG`).
+    pub log: LogLevel,
+}
+
+fn parse_u64(var: &'static str, value: &str) -> Result<u64, String> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map_err(|_| format!("{var}={value:?}: expected a non-negative integer"))
+}
+
+impl Config {
+    /// Read the configuration through `lookup` (the environment in production).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let passes = match lookup("KREPLAY_CUDA_PASSES") {
+            Some(v) => {
+                let n = parse_u64("KREPLAY_CUDA_PASSES", &v)?;
+                if n == 0 {
+                    return Err(format!(
+                        "KREPLAY_CUDA_PASSES={v:?}: at least 1 pass is needed (1 = no replay)"
+                    ));
+                }
+                n
+            }
+            None => 1,
+        };
+        let mut snapshot = SnapshotConfig::default();
+        if let Some(v) = lookup("KREPLAY_SNAPSHOT_STORE") {
+            snapshot.store = v
+                .parse::<StoreTier>()
+                .map_err(|e| format!("KREPLAY_SNAPSHOT_STORE: {e}"))?;
+        }
+        if let Some(v) = lookup("KREPLAY_RESTORE") {
+            snapshot.strategy = v
+                .parse::<RestoreStrategy>()
+                .map_err(|e| format!("KREPLAY_RESTORE: {e}"))?;
+        }
+        snapshot.max_bytes = match lookup("KREPLAY_MAX_SNAPSHOT_BYTES") {
+            Some(v) => {
+                SnapshotConfig::budget_from_setting(parse_u64("KREPLAY_MAX_SNAPSHOT_BYTES", &v)?)
+            }
+            None => SnapshotConfig::derived_budget(),
+        };
+        if let Some(v) = lookup("KREPLAY_SPILL_DIR") {
+            snapshot.spill_dir = Some(v.into());
+        }
+        let mut shadow = ShadowBudget::default();
+        if let Some(v) = lookup("KREPLAY_CUDA_SHADOW_HEADROOM_MIB") {
+            shadow.min_headroom = parse_u64("KREPLAY_CUDA_SHADOW_HEADROOM_MIB", &v)?
+                .checked_mul(1 << 20)
+                .ok_or_else(|| format!("KREPLAY_CUDA_SHADOW_HEADROOM_MIB={v:?}: too large"))?;
+        }
+        let log = match lookup("KREPLAY_LOG").as_deref().map(str::trim) {
+            None | Some("warn") => LogLevel::Warn,
+            Some("off") => LogLevel::Off,
+            Some("info") => LogLevel::Info,
+            Some("debug") => LogLevel::Debug,
+            Some(other) => {
+                return Err(format!(
+                    "KREPLAY_LOG={other:?}: expected one of off, warn, info, debug"
+                ));
+            }
+        };
+        snapshot
+            .validate()
+            .map_err(|e| format!("snapshot configuration: {e}"))?;
+        Ok(Config {
+            passes,
+            snapshot,
+            shadow,
+            log,
+        })
+    }
+
+    /// Read the configuration from the environment.
+    pub fn from_env() -> Result<Config, String> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&str, &str)]) -> Result<Config, String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_mean_no_replay_and_auto_tiers() {
+        let c = with(&[]).unwrap();
+        assert_eq!(c.passes, 1);
+        assert_eq!(c.snapshot.store, StoreTier::Auto);
+        assert_eq!(c.snapshot.strategy, RestoreStrategy::Auto);
+        assert_eq!(c.log, LogLevel::Warn);
+        assert_eq!(c.shadow, ShadowBudget::default());
+    }
+
+    #[test]
+    fn settings_are_read() {
+        let c = with(&[
+            ("KREPLAY_CUDA_PASSES", "4"),
+            ("KREPLAY_SNAPSHOT_STORE", "host"),
+            ("KREPLAY_RESTORE", "full"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1048576"),
+            ("KREPLAY_CUDA_SHADOW_HEADROOM_MIB", "512"),
+            ("KREPLAY_LOG", "info"),
+        ])
+        .unwrap();
+        assert_eq!(c.passes, 4);
+        assert_eq!(c.snapshot.store, StoreTier::Host);
+        assert_eq!(c.snapshot.strategy, RestoreStrategy::Full);
+        assert_eq!(c.snapshot.max_bytes, Some(1 << 20));
+        assert_eq!(c.shadow.min_headroom, 512 << 20);
+        assert_eq!(c.log, LogLevel::Info);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_what_was_expected() {
+        for (var, value, expect) in [
+            ("KREPLAY_CUDA_PASSES", "four", "non-negative integer"),
+            ("KREPLAY_CUDA_PASSES", "0", "at least 1"),
+            ("KREPLAY_SNAPSHOT_STORE", "gpu", "auto, device, host, file"),
+            ("KREPLAY_RESTORE", "fast", "writeset"),
+            ("KREPLAY_LOG", "loud", "off, warn, info, debug"),
+            ("KREPLAY_CUDA_SHADOW_HEADROOM_MIB", "-1", "non-negative"),
+        ] {
+            let err = with(&[(var, value)]).unwrap_err();
+            assert!(err.contains(var) && err.contains(expect), "{err}");
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The part of CUPTI's callback API kreplay uses, declared here from the public headers
+//! (`cupti_callbacks.h`, `cupti_driver_cbid.h`, `generated_cuda_meta.h`) and resolved from
+//! `libcupti` at run time.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use libloading::Library;
+
+use crate::driver::{CuContext, CuDevicePtr, CuFunction, CuLaunchConfig, CuStream};
+
+/// `CUptiResult`.
+pub type CuptiResult = c_int;
+/// `CUpti_CallbackDomain`.
+pub type CallbackDomain = c_int;
+/// `CUpti_CallbackId`.
+pub type CallbackId = u32;
+/// `CUpti_SubscriberHandle`.
+pub type SubscriberHandle = *mut c_void;
+/// `CUpti_CallbackFunc`.
+pub type CallbackFunc = unsafe extern "C" fn(
+    userdata: *mut c_void,
+    domain: CallbackDomain,
+    cbid: CallbackId,
+    data: *const c_void,
+);
+
+/// `CUPTI_CB_DOMAIN_DRIVER_API`.
+pub const CB_DOMAIN_DRIVER_API: CallbackDomain = 1;
+/// `CUPTI_API_ENTER`.
+pub const API_ENTER: c_int = 0;
+/// `CUPTI_API_EXIT`.
+pub const API_EXIT: c_int = 1;
+
+/// Driver-API callback ids (`CUpti_driver_api_trace_cbid`), as CUDA 13.0's
+/// `cupti_driver_cbid.h` numbers them (read from the header on the project's H200 machine).
+#[allow(missing_docs)]
+pub mod cbid {
+    use super::CallbackId;
+    pub const CU_MEM_ALLOC_V2: CallbackId = 243;
+    pub const CU_MEM_ALLOC_PITCH_V2: CallbackId = 244;
+    pub const CU_MEM_FREE_V2: CallbackId = 245;
+    pub const CU_LAUNCH_KERNEL: CallbackId = 307;
+    pub const CU_MEM_ALLOC_MANAGED: CallbackId = 371;
+    pub const CU_LAUNCH_KERNEL_PTSZ: CallbackId = 442;
+    pub const CU_LAUNCH_COOPERATIVE_KERNEL: CallbackId = 477;
+    pub const CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: CallbackId = 478;
+    pub const CU_GRAPH_LAUNCH: CallbackId = 514;
+    pub const CU_GRAPH_LAUNCH_PTSZ: CallbackId = 515;
+    pub const CU_MEM_ALLOC_ASYNC: CallbackId = 598;
+    pub const CU_MEM_ALLOC_ASYNC_PTSZ: CallbackId = 599;
+    pub const CU_MEM_FREE_ASYNC: CallbackId = 600;
+    pub const CU_MEM_FREE_ASYNC_PTSZ: CallbackId = 601;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC: CallbackId = 611;
+    pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: CallbackId = 612;
+    pub const CU_LAUNCH_KERNEL_EX: CallbackId = 652;
+    pub const CU_LAUNCH_KERNEL_EX_PTSZ: CallbackId = 653;
+
+    /// Every callback kreplay enables.
+    pub const SUBSCRIBED: [CallbackId; 18] = [
+        CU_MEM_ALLOC_V2,
+        CU_MEM_ALLOC_PITCH_V2,
+        CU_MEM_FREE_V2,
+        CU_LAUNCH_KERNEL,
+        CU_MEM_ALLOC_MANAGED,
+        CU_LAUNCH_KERNEL_PTSZ,
+        CU_LAUNCH_COOPERATIVE_KERNEL,
+        CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
+        CU_GRAPH_LAUNCH,
+        CU_GRAPH_LAUNCH_PTSZ,
+        CU_MEM_ALLOC_ASYNC,
+        CU_MEM_ALLOC_ASYNC_PTSZ,
+        CU_MEM_FREE_ASYNC,
+        CU_MEM_FREE_ASYNC_PTSZ,
+        CU_MEM_ALLOC_FROM_POOL_ASYNC,
+        CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        CU_LAUNCH_KERNEL_EX,
+        CU_LAUNCH_KERNEL_EX_PTSZ,
+    ];
+}
+
+/// `CUpti_CallbackData` (cupti_callbacks.h).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CallbackData {
+    /// `CUPTI_API_ENTER` or `CUPTI_API_EXIT`.
+    pub callback_site: c_int,
+    /// The API function's name.
+    pub function_name: *const c_char,
+    /// The API call's parameter struct (`<function>_params`).
+    pub function_params: *const c_void,
+    /// The call's `CUresult` (valid at EXIT).
+    pub function_return_value: *const c_void,
+    /// The kernel's name for launches.
+    pub symbol_name: *const c_char,
+    /// The context of the call.
+    pub context: CuContext,
+    /// Unique id of that context.
+    pub context_uid: u32,
+    /// Per-call scratch shared by ENTER and EXIT.
+    pub correlation_data: *mut u64,
+    /// The call's correlation id.
+    pub correlation_id: u32,
+}
+
+/// `cuLaunchKernel_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct LaunchKernelParams {
+    pub f: CuFunction,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: CuStream,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// `cuLaunchKernelEx_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct LaunchKernelExParams {
+    pub config: *const CuLaunchConfig,
+    pub f: CuFunction,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+
+/// `cuLaunchCooperativeKernel_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct LaunchCooperativeKernelParams {
+    pub f: CuFunction,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: CuStream,
+    pub kernel_params: *mut *mut c_void,
+}
+
+/// `cuMemAlloc_v2_params`, and the leading fields of `cuMemAllocManaged_params`,
+/// `cuMemAllocAsync_params` and `cuMemAllocFromPoolAsync_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocParams {
+    pub dptr: *mut CuDevicePtr,
+    pub bytesize: usize,
+}
+
+/// `cuMemAllocPitch_v2_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocPitchParams {
+    pub dptr: *mut CuDevicePtr,
+    pub pitch: *mut usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+    pub element_size_bytes: u32,
+}
+
+/// `cuMemFree_v2_params`, and the leading field of `cuMemFreeAsync_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemFreeParams {
+    pub dptr: CuDevicePtr,
+}
+
+/// The CUPTI entry points kreplay calls.
+pub struct Cupti {
+    _lib: Library,
+    /// `cuptiSubscribe`.
+    pub subscribe:
+        unsafe extern "C" fn(*mut SubscriberHandle, CallbackFunc, *mut c_void) -> CuptiResult,
+    /// `cuptiEnableCallback`.
+    pub enable_callback:
+        unsafe extern "C" fn(u32, SubscriberHandle, CallbackDomain, CallbackId) -> CuptiResult,
+    /// `cuptiUnsubscribe`.
+    pub unsubscribe: unsafe extern "C" fn(SubscriberHandle) -> CuptiResult,
+    /// `cuptiGetResultString`.
+    pub result_string: unsafe extern "C" fn(CuptiResult, *mut *const c_char) -> CuptiResult,
+}
+
+impl std::fmt::Debug for Cupti {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cupti").finish_non_exhaustive()
+    }
+}
+
+/// Where libcupti is looked for when `KREPLAY_CUPTI_PATH` names none.
+pub const CUPTI_NAMES: [&str; 4] = [
+    "libcupti.so.13",
+    "libcupti.so",
+    "/usr/local/cuda/lib64/libcupti.so",
+    "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
+];
+
+impl Cupti {
+    /// Open `path` and resolve the entry points.
+    pub fn load_from(path: &str) -> Result<Cupti, String> {
+        // SAFETY: loading libcupti runs its initialisers, which have no preconditions on us.
+        let lib = unsafe { Library::new(path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
+        // SAFETY: each symbol gets the prototype its public header declares; the pointers stay
+        // valid while `_lib` is kept in the struct.
+        unsafe {
+            let subscribe = *lib
+                .get(b"cuptiSubscribe\0")
+                .map_err(|e| format!("{path}: {e}"))?;
+            let enable_callback = *lib
+                .get(b"cuptiEnableCallback\0")
+                .map_err(|e| format!("{path}: {e}"))?;
+            let unsubscribe = *lib
+                .get(b"cuptiUnsubscribe\0")
+                .map_err(|e| format!("{path}: {e}"))?;
+            let result_string = *lib
+                .get(b"cuptiGetResultString\0")
+                .map_err(|e| format!("{path}: {e}"))?;
+            Ok(Cupti {
+                _lib: lib,
+                subscribe,
+                enable_callback,
+                unsubscribe,
+                result_string,
+            })
+        }
+    }
+
+    /// Open libcupti (`KREPLAY_CUPTI_PATH`, else [`CUPTI_NAMES`]).
+    pub fn load() -> Result<Cupti, String> {
+        if let Ok(path) = std::env::var("KREPLAY_CUPTI_PATH") {
+            return Cupti::load_from(&path);
+        }
+        let mut notes = Vec::new();
+        for name in CUPTI_NAMES {
+            match Cupti::load_from(name) {
+                Ok(c) => return Ok(c),
+                Err(e) => notes.push(e),
+            }
+        }
+        Err(notes.join("; "))
+    }
+
+    /// CUPTI's text for a result code.
+    pub fn describe(&self, rc: CuptiResult) -> String {
+        let mut s: *const c_char = std::ptr::null();
+        // SAFETY: writes a pointer to a static string.
+        let ok = unsafe { (self.result_string)(rc, &mut s) } == 0 && !s.is_null();
+        if ok {
+            // SAFETY: a NUL-terminated static string from CUPTI.
+            unsafe { std::ffi::CStr::from_ptr(s) }
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            format!("CUptiResult {rc}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn callback_data_has_the_header_layout() {
+        // Offsets of CUpti_CallbackData on LP64 (checked against cupti_callbacks.h by a C
+        // program on the H200 machine, see docs/cuda.md).
+        assert_eq!(offset_of!(CallbackData, function_name), 8);
+        assert_eq!(offset_of!(CallbackData, function_params), 16);
+        assert_eq!(offset_of!(CallbackData, function_return_value), 24);
+        assert_eq!(offset_of!(CallbackData, context), 40);
+        assert_eq!(offset_of!(CallbackData, context_uid), 48);
+        assert_eq!(offset_of!(CallbackData, correlation_data), 56);
+        assert_eq!(size_of::<CallbackData>(), 72);
+        assert_eq!(offset_of!(LaunchKernelParams, stream), 40);
+        assert_eq!(size_of::<LaunchKernelParams>(), 64);
+        assert_eq!(size_of::<LaunchKernelExParams>(), 32);
+        assert_eq!(offset_of!(CuLaunchConfig, stream), 32);
+        assert_eq!(size_of::<CuLaunchConfig>(), 56);
+    }
+
+    #[test]
+    fn subscribed_ids_are_distinct() {
+        let mut ids = cbid::SUBSCRIBED.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), cbid::SUBSCRIBED.len());
+    }
+
+    #[test]
+    fn a_missing_cupti_is_a_clear_error() {
+        let err = Cupti::load_from("/nonexistent/libcupti.so").unwrap_err();
+        assert!(err.contains("/nonexistent/libcupti.so"), "{err}");
+    }
+}

@@ -1,0 +1,337 @@
+//! The few CUDA driver API entry points kreplay uses, resolved from `libcuda` at run time.
+//!
+//! Nothing here links against CUDA: [`Driver::load`] opens the library with `dlopen` and looks
+//! each symbol up. A machine without a driver gets a [`LoadError`] naming what was tried, never a
+//! panic, so the crate builds and its GPU-free tests run anywhere.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::fmt;
+use std::sync::OnceLock;
+
+use libloading::Library;
+
+/// `CUresult`.
+pub type CuResult = c_int;
+/// `CUdevice` (an ordinal).
+pub type CuDevice = c_int;
+/// `CUdeviceptr`.
+pub type CuDevicePtr = u64;
+/// `CUcontext`.
+pub type CuContext = *mut c_void;
+/// `CUstream`.
+pub type CuStream = *mut c_void;
+/// `CUfunction`.
+pub type CuFunction = *mut c_void;
+/// `CUmodule`.
+pub type CuModule = *mut c_void;
+
+/// `CUDA_SUCCESS`.
+pub const CUDA_SUCCESS: CuResult = 0;
+/// `CU_STREAM_NON_BLOCKING`: kreplay's stream never waits for the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `CU_STREAM_PER_THREAD`: the handle of the calling thread's default stream.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_MEMHOSTREGISTER_PORTABLE`.
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+/// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES` (static shared memory of a function).
+pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
+/// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` (local memory per thread).
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: c_int = 3;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+
+/// `CUlaunchConfig` of `cuLaunchKernelEx` (cuda.h, CUDA 12 and 13).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CuLaunchConfig {
+    /// Grid size in blocks.
+    pub grid_dim: [c_uint; 3],
+    /// Block size in threads.
+    pub block_dim: [c_uint; 3],
+    /// Dynamic shared memory per block.
+    pub shared_mem_bytes: c_uint,
+    /// Stream.
+    pub stream: CuStream,
+    /// Launch attributes (`CUlaunchAttribute *`), passed through untouched.
+    pub attrs: *mut c_void,
+    /// Number of attributes.
+    pub num_attrs: c_uint,
+}
+
+/// The driver library could not be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadError(pub String);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// A failed driver call: which one and what the driver said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CuError {
+    /// The entry point.
+    pub call: &'static str,
+    /// Its `CUresult`.
+    pub code: CuResult,
+    /// The driver's name for the code (`CUDA_ERROR_...`), when it gave one.
+    pub name: String,
+}
+
+impl fmt::Display for CuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {} ({})", self.call, self.name, self.code)
+    }
+}
+
+impl std::error::Error for CuError {}
+
+type LaunchKernelFn = unsafe extern "C" fn(
+    CuFunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CuStream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CuResult;
+type LaunchKernelExFn = unsafe extern "C" fn(
+    *const CuLaunchConfig,
+    CuFunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CuResult;
+
+macro_rules! driver_table {
+    ($( $field:ident : $sym:literal => fn($($arg:ty),*) ; )*) => {
+        /// The resolved entry points (see the module docs). Fields are the raw C functions;
+        /// call them through the safe-ish wrappers below where one exists.
+        #[allow(missing_docs)]
+        pub struct Driver {
+            _lib: Library,
+            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+            pub launch_kernel: LaunchKernelFn,
+            pub launch_kernel_ptsz: LaunchKernelFn,
+            pub launch_kernel_ex: Option<LaunchKernelExFn>,
+            pub launch_kernel_ex_ptsz: Option<LaunchKernelExFn>,
+        }
+
+        impl Driver {
+            fn resolve(lib: Library) -> Result<Driver, LoadError> {
+                // SAFETY: each symbol is looked up by its exported C name and given the
+                // prototype cuda.h declares for it; the pointers stay valid while `_lib` (kept
+                // in the struct) is loaded.
+                unsafe {
+                    $( let $field = *lib
+                        .get::<unsafe extern "C" fn($($arg),*) -> CuResult>($sym)
+                        .map_err(|e| LoadError(format!("libcuda lacks {}: {e}",
+                            String::from_utf8_lossy(&$sym[..$sym.len() - 1]))))?; )*
+                    let launch_kernel = *lib.get::<LaunchKernelFn>(b"cuLaunchKernel\0")
+                        .map_err(|e| LoadError(format!("libcuda lacks cuLaunchKernel: {e}")))?;
+                    let launch_kernel_ptsz = *lib.get::<LaunchKernelFn>(b"cuLaunchKernel_ptsz\0")
+                        .map_err(|e| LoadError(format!("libcuda lacks cuLaunchKernel_ptsz: {e}")))?;
+                    let launch_kernel_ex = lib.get::<LaunchKernelExFn>(b"cuLaunchKernelEx\0")
+                        .ok().map(|s| *s);
+                    let launch_kernel_ex_ptsz = lib.get::<LaunchKernelExFn>(b"cuLaunchKernelEx_ptsz\0")
+                        .ok().map(|s| *s);
+                    Ok(Driver { _lib: lib, $( $field, )* launch_kernel, launch_kernel_ptsz,
+                        launch_kernel_ex, launch_kernel_ex_ptsz })
+                }
+            }
+        }
+    };
+}
+
+driver_table! {
+    init: b"cuInit\0" => fn(c_uint);
+    driver_get_version: b"cuDriverGetVersion\0" => fn(*mut c_int);
+    get_error_name: b"cuGetErrorName\0" => fn(CuResult, *mut *const c_char);
+    device_get_count: b"cuDeviceGetCount\0" => fn(*mut c_int);
+    device_get: b"cuDeviceGet\0" => fn(*mut CuDevice, c_int);
+    primary_ctx_retain: b"cuDevicePrimaryCtxRetain\0" => fn(*mut CuContext, CuDevice);
+    primary_ctx_release: b"cuDevicePrimaryCtxRelease_v2\0" => fn(CuDevice);
+    ctx_get_current: b"cuCtxGetCurrent\0" => fn(*mut CuContext);
+    ctx_set_current: b"cuCtxSetCurrent\0" => fn(CuContext);
+    ctx_get_device: b"cuCtxGetDevice\0" => fn(*mut CuDevice);
+    ctx_synchronize: b"cuCtxSynchronize\0" => fn();
+    stream_create: b"cuStreamCreate\0" => fn(*mut CuStream, c_uint);
+    stream_destroy: b"cuStreamDestroy_v2\0" => fn(CuStream);
+    stream_synchronize: b"cuStreamSynchronize\0" => fn(CuStream);
+    stream_synchronize_ptsz: b"cuStreamSynchronize_ptsz\0" => fn(CuStream);
+    stream_is_capturing: b"cuStreamIsCapturing\0" => fn(CuStream, *mut c_int);
+    stream_is_capturing_ptsz: b"cuStreamIsCapturing_ptsz\0" => fn(CuStream, *mut c_int);
+    mem_alloc: b"cuMemAlloc_v2\0" => fn(*mut CuDevicePtr, usize);
+    mem_free: b"cuMemFree_v2\0" => fn(CuDevicePtr);
+    mem_get_info: b"cuMemGetInfo_v2\0" => fn(*mut usize, *mut usize);
+    memcpy_dtod_async: b"cuMemcpyDtoDAsync_v2\0" => fn(CuDevicePtr, CuDevicePtr, usize, CuStream);
+    memcpy_dtoh_async: b"cuMemcpyDtoHAsync_v2\0" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
+    memcpy_htod_async: b"cuMemcpyHtoDAsync_v2\0" => fn(CuDevicePtr, *const c_void, usize, CuStream);
+    mem_host_register: b"cuMemHostRegister_v2\0" => fn(*mut c_void, usize, c_uint);
+    mem_host_unregister: b"cuMemHostUnregister\0" => fn(*mut c_void);
+    func_get_attribute: b"cuFuncGetAttribute\0" => fn(*mut c_int, c_int, CuFunction);
+    module_load_data: b"cuModuleLoadData\0" => fn(*mut CuModule, *const c_void);
+    module_get_function: b"cuModuleGetFunction\0" => fn(*mut CuFunction, CuModule, *const c_char);
+    module_unload: b"cuModuleUnload\0" => fn(CuModule);
+}
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+static DRIVER: OnceLock<Result<Driver, LoadError>> = OnceLock::new();
+
+/// Library names tried, in order, when `KREPLAY_CUDA_DRIVER` does not name one.
+pub const DRIVER_NAMES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+impl Driver {
+    /// Open `path` as the driver library and resolve every entry point, then `cuInit(0)`.
+    pub fn load_from(path: &str) -> Result<Driver, LoadError> {
+        let driver = Driver::open(path)?;
+        // SAFETY: cuInit takes a flags word that must be 0.
+        let rc = unsafe { (driver.init)(0) };
+        if rc != CUDA_SUCCESS {
+            return Err(LoadError(format!(
+                "cuInit failed: {} ({rc}): no usable GPU",
+                driver.error_name(rc)
+            )));
+        }
+        Ok(driver)
+    }
+
+    /// Open `path` and resolve every entry point, without calling `cuInit`.
+    fn open(path: &str) -> Result<Driver, LoadError> {
+        // SAFETY: loading libcuda runs its initialisers, which have no preconditions on us.
+        let lib = unsafe { Library::new(path) }
+            .map_err(|e| LoadError(format!("cannot load the CUDA driver {path}: {e}")))?;
+        Driver::resolve(lib)
+    }
+
+    /// Open the driver (`KREPLAY_CUDA_DRIVER`, else [`DRIVER_NAMES`]); `init` calls `cuInit`.
+    fn load(init: bool) -> Result<Driver, LoadError> {
+        let one = |path: &str| {
+            if init {
+                Driver::load_from(path)
+            } else {
+                Driver::open(path)
+            }
+        };
+        if let Ok(path) = std::env::var("KREPLAY_CUDA_DRIVER") {
+            return one(&path);
+        }
+        let mut notes = Vec::new();
+        for name in DRIVER_NAMES {
+            match one(name) {
+                Ok(d) => return Ok(d),
+                Err(e) => notes.push(e.0),
+            }
+        }
+        Err(LoadError(notes.join("; ")))
+    }
+
+    /// The process-wide driver, loaded (and `cuInit` called) on first use. A machine without
+    /// a driver or GPU gets the reason, never a panic.
+    pub fn get() -> Result<&'static Driver, LoadError> {
+        DRIVER
+            .get_or_init(|| Driver::load(true))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The process-wide driver for code running inside `cuInit` (the injection entry point):
+    /// resolved without calling `cuInit` again.
+    pub fn get_in_init() -> Result<&'static Driver, LoadError> {
+        DRIVER
+            .get_or_init(|| Driver::load(false))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The driver's name for a `CUresult`.
+    pub fn error_name(&self, code: CuResult) -> String {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it unset and
+        // returns an error for an unknown code).
+        let rc = unsafe { (self.get_error_name)(code, &mut name) };
+        if rc != CUDA_SUCCESS || name.is_null() {
+            return format!("CUresult {code}");
+        }
+        // SAFETY: the driver returned a NUL-terminated static string.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Turn a `CUresult` into a `Result`.
+    pub fn check(&self, call: &'static str, code: CuResult) -> Result<(), CuError> {
+        if code == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(CuError {
+                call,
+                code,
+                name: self.error_name(code),
+            })
+        }
+    }
+
+    /// The calling thread's current context (null when none).
+    pub fn current_context(&self) -> CuContext {
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        let rc = unsafe { (self.ctx_get_current)(&mut ctx) };
+        if rc == CUDA_SUCCESS {
+            ctx
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    /// Make `ctx` current on the calling thread unless it already is.
+    ///
+    /// # Safety
+    /// `ctx` is a context handle the driver gave out and that has not been destroyed.
+    pub unsafe fn make_current(&self, ctx: CuContext) -> Result<(), CuError> {
+        if self.current_context() == ctx {
+            return Ok(());
+        }
+        // SAFETY: ctx is alive by the caller's promise.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+    }
+
+    /// The device ordinal of the current context.
+    pub fn current_device(&self) -> Result<CuDevice, CuError> {
+        let mut dev: CuDevice = 0;
+        // SAFETY: writes one int.
+        self.check("cuCtxGetDevice", unsafe { (self.ctx_get_device)(&mut dev) })?;
+        Ok(dev)
+    }
+
+    /// Free and total memory of the current context's device.
+    pub fn mem_info(&self) -> Result<(u64, u64), CuError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        self.check("cuMemGetInfo_v2", unsafe {
+            (self.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> Result<i32, CuError> {
+        let mut n: c_int = 0;
+        // SAFETY: writes one int.
+        self.check("cuDeviceGetCount", unsafe {
+            (self.device_get_count)(&mut n)
+        })?;
+        Ok(n)
+    }
+}

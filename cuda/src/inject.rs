@@ -1,0 +1,599 @@
+//! Injection into unmodified CUDA applications: `InitializeInjection`, the CUPTI driver-API
+//! callback, allocation tracking and the built-in replay of every launch.
+//!
+//! Loaded through `CUDA_INJECTION64_PATH=/path/to/libkreplay_cuda.so`: the driver calls
+//! [`InitializeInjection`] during `cuInit`. kreplay then subscribes to CUPTI's driver-API
+//! callbacks for allocations, frees and launches. With `KREPLAY_CUDA_PASSES=N` (N > 1) every
+//! kernel launch is replayed N times (see [`crate::window`]); an exit summary is printed on
+//! standard error.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ffi::{CStr, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_locks::AgentLocks;
+use kreplay_passloop::{
+    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
+    RestoreRequest, ToolAnswer,
+};
+use kreplay_snapshot::{Filter, Inventory, MemoryKind, Snapshotter};
+use parking_lot::Mutex;
+
+use crate::config::{Config, LogLevel};
+use crate::cupti::{
+    self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CallbackData, CallbackDomain, CallbackId,
+    Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams,
+    MemFreeParams, SubscriberHandle, cbid,
+};
+use crate::driver::{CUDA_SUCCESS, CuContext, CuResult, Driver};
+use crate::guard::Guard;
+use crate::launch::{CudaLaunch, Launch, LaunchApi};
+use crate::memory::CudaMemory;
+use crate::window::{Window, WindowContext};
+
+/// The built-in tool: every launch `passes` times, nothing else.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedPasses(pub u64);
+
+impl ReplayTool for FixedPasses {
+    fn config_enter(&mut self, _info: &DispatchInfo) -> ToolAnswer {
+        ToolAnswer::passes(self.0)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
+    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
+    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
+    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
+}
+
+/// One device (context) as the backend keeps it.
+struct DeviceState {
+    ordinal: i32,
+    memory: Arc<CudaMemory>,
+    snapshotter: Snapshotter,
+    filter: Filter,
+}
+
+/// Counters printed in the exit summary.
+#[derive(Default)]
+struct Stats {
+    launches: AtomicU64,
+    replayed: AtomicU64,
+    passes: AtomicU64,
+    failed: AtomicU64,
+    graph_launches: AtomicU64,
+    cooperative: AtomicU64,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    bytes_snapshotted: AtomicU64,
+    bytes_restored: AtomicU64,
+    snapshot_ns: AtomicU64,
+    restore_ns: AtomicU64,
+    restores: AtomicU64,
+    declines: Mutex<BTreeMap<String, u64>>,
+}
+
+struct Backend {
+    driver: &'static Driver,
+    config: Config,
+    inventory: Arc<Inventory>,
+    locks: AgentLocks,
+    registry: ContextRegistry,
+    devices: Mutex<Vec<(usize, Arc<DeviceState>)>>,
+    ordinals: Mutex<Vec<(usize, i32)>>,
+    next_dispatch: AtomicU64,
+    stats: Stats,
+    warned_graph: AtomicBool,
+    warned_managed: AtomicBool,
+    warned_cooperative: AtomicBool,
+}
+
+static BACKEND: OnceLock<Backend> = OnceLock::new();
+static CUPTI: OnceLock<(Cupti, usize)> = OnceLock::new();
+
+/// A launch between its API ENTER and EXIT on this thread.
+struct Pending {
+    window: Window,
+    launch: Launch,
+}
+
+thread_local! {
+    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+}
+
+fn log(level: LogLevel, msg: impl std::fmt::Display) {
+    let configured = BACKEND.get().map_or(LogLevel::Warn, |b| b.config.log);
+    if level <= configured && configured != LogLevel::Off {
+        eprintln!("kreplay-cuda: {msg}");
+    }
+}
+
+impl Backend {
+    fn ordinal(&self, ctx: CuContext) -> Option<i32> {
+        let key = ctx as usize;
+        if let Some(&(_, o)) = self.ordinals.lock().iter().find(|(c, _)| *c == key) {
+            return Some(o);
+        }
+        // The call's context is current on the calling thread inside its callback.
+        let o = self.driver.current_device().ok()?;
+        self.ordinals.lock().push((key, o));
+        Some(o)
+    }
+
+    fn device(&self, ctx: CuContext) -> Result<Arc<DeviceState>, String> {
+        let key = ctx as usize;
+        let mut devices = self.devices.lock();
+        if let Some((_, d)) = devices.iter().find(|(c, _)| *c == key) {
+            return Ok(d.clone());
+        }
+        let ordinal = self.ordinal(ctx).ok_or("cannot tell the launch's device")?;
+        // SAFETY: the context of a launch in progress; applications launch in primary contexts,
+        // which stay alive until CUDA is torn down at exit.
+        let memory = unsafe {
+            CudaMemory::new(
+                self.driver,
+                ctx,
+                self.config.shadow,
+                self.config.snapshot.store,
+            )
+        }
+        .map_err(|e| e.to_string())?;
+        let snapshotter = Snapshotter::new(
+            self.inventory.clone(),
+            memory.clone(),
+            self.config.snapshot.clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        let state = Arc::new(DeviceState {
+            ordinal,
+            memory,
+            snapshotter,
+            filter: Filter::for_replay(ordinal as u64),
+        });
+        devices.push((key, state.clone()));
+        Ok(state)
+    }
+
+    fn on_alloc(&self, ctx: CuContext, base: u64, size: u64, what: &str) {
+        let Some(ordinal) = self.ordinal(ctx) else {
+            log(
+                LogLevel::Warn,
+                format!("{what} at {base:#x}: unknown device, not tracked"),
+            );
+            return;
+        };
+        self.inventory
+            .on_alloc(base, size, ordinal as u64, MemoryKind::CoarseDevice);
+        self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+        log(
+            LogLevel::Debug,
+            format!("{what} {size} bytes at {base:#x} on device {ordinal}"),
+        );
+    }
+
+    fn on_free(&self, base: u64) {
+        if self.inventory.on_free(base).is_some() {
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            log(LogLevel::Debug, format!("free at {base:#x}"));
+        }
+    }
+
+    /// The application is about to allocate: give back kreplay's kept shadow on its device.
+    fn before_app_alloc(&self, ctx: CuContext) {
+        let key = ctx as usize;
+        let state = self
+            .devices
+            .lock()
+            .iter()
+            .find(|(c, _)| *c == key)
+            .map(|(_, d)| d.clone());
+        if let Some(d) = state {
+            d.memory.release_kept_shadow();
+        }
+    }
+
+    fn launch_enter(&self, launch: Launch) {
+        self.stats.launches.fetch_add(1, Ordering::Relaxed);
+        if self.config.passes <= 1 {
+            return;
+        }
+        let device = match self.device(launch.ctx) {
+            Ok(d) => d,
+            Err(e) => {
+                log(LogLevel::Warn, format!("launch not replayed: {e}"));
+                return;
+            }
+        };
+        let ops = CudaLaunch {
+            driver: self.driver,
+            launch,
+        };
+        let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
+        let info = launch.dispatch_info(id, |a| ops.attribute(a));
+        let cx = WindowContext {
+            locks: &self.locks,
+            snapshotter: &device.snapshotter,
+            filter: &device.filter,
+        };
+        let window = Window::enter(cx, &mut FixedPasses(self.config.passes), info, &ops);
+        debug_assert_eq!(info.agent_id, device.ordinal as u64);
+        PENDING.with(|p| *p.borrow_mut() = Some(Pending { window, launch }));
+    }
+
+    fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
+        let Some(Pending { window, launch }) = PENDING.with(|p| p.borrow_mut().take()) else {
+            return;
+        };
+        let ops = CudaLaunch {
+            driver: self.driver,
+            launch,
+        };
+        let launched = self
+            .driver
+            .check("kernel launch", result)
+            .map_err(|e| e.to_string());
+        let record = window.exit(
+            &mut FixedPasses(self.config.passes),
+            &self.registry,
+            &ops,
+            launched,
+        );
+        self.account(&record, symbol);
+    }
+
+    fn account(&self, record: &ReplayRecord, symbol: Option<&CStr>) {
+        let s = &self.stats;
+        let c = &record.cost;
+        s.passes.fetch_add(c.passes_run, Ordering::Relaxed);
+        s.bytes_snapshotted
+            .fetch_add(c.bytes_snapshotted, Ordering::Relaxed);
+        s.bytes_restored
+            .fetch_add(c.bytes_restored, Ordering::Relaxed);
+        s.snapshot_ns
+            .fetch_add(c.snapshot.as_nanos() as u64, Ordering::Relaxed);
+        let restore: Duration = c.restore_times.iter().sum();
+        s.restore_ns
+            .fetch_add(restore.as_nanos() as u64, Ordering::Relaxed);
+        s.restores
+            .fetch_add(c.restore_times.len() as u64, Ordering::Relaxed);
+        let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
+        match &record.outcome {
+            ReplayOutcome::Replayed { passes, .. } => {
+                s.replayed.fetch_add(1, Ordering::Relaxed);
+                log(
+                    LogLevel::Info,
+                    format!(
+                        "replayed {name} x{passes}: snapshot {} B in {:?}, restores {} B in {:?}",
+                        c.bytes_snapshotted, c.snapshot, c.bytes_restored, restore
+                    ),
+                );
+            }
+            ReplayOutcome::RanOnce { .. } => {
+                if let Some(d) = record.outcome.decline() {
+                    *s.declines
+                        .lock()
+                        .entry(d.reason.as_str().to_owned())
+                        .or_default() += 1;
+                    log(LogLevel::Info, format!("{name} ran once: {d}"));
+                }
+            }
+            ReplayOutcome::PassFailed { .. } | ReplayOutcome::RestoreFailed { .. } => {
+                s.failed.fetch_add(1, Ordering::Relaxed);
+                let why = record.diagnostic().unwrap_or_default();
+                log(LogLevel::Warn, format!("replay of {name} failed: {why}"));
+            }
+        }
+    }
+
+    fn summary(&self) -> String {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let declines: Vec<String> = s
+            .declines
+            .lock()
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        let shadow: u64 = self
+            .devices
+            .lock()
+            .iter()
+            .map(|(_, d)| d.memory.shadow_bytes())
+            .sum();
+        format!(
+            "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
+             declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
+             bytes_snapshotted={} bytes_restored={} restores={} snapshot_ms={:.3} restore_ms={:.3} \
+             shadow_bytes_held={}",
+            self.config.passes,
+            l(&s.launches),
+            l(&s.replayed),
+            l(&s.passes),
+            l(&s.failed),
+            declines.join(","),
+            l(&s.graph_launches),
+            l(&s.cooperative),
+            l(&s.allocations),
+            l(&s.frees),
+            l(&s.bytes_snapshotted),
+            l(&s.bytes_restored),
+            l(&s.restores),
+            l(&s.snapshot_ns) as f64 / 1e6,
+            l(&s.restore_ns) as f64 / 1e6,
+            shadow,
+        )
+    }
+
+    /// One driver-API callback.
+    ///
+    /// # Safety
+    /// `data` is the `CUpti_CallbackData` CUPTI passes for a driver-API callback of `id`.
+    unsafe fn handle(&self, id: CallbackId, data: &CallbackData) {
+        let enter = data.callback_site == API_ENTER;
+        let exit = data.callback_site == API_EXIT;
+        // SAFETY: at EXIT, function_return_value points to the call's CUresult.
+        let result = || unsafe { *(data.function_return_value as *const CuResult) };
+        let params = data.function_params;
+        match id {
+            cbid::CU_MEM_ALLOC_V2
+            | cbid::CU_MEM_ALLOC_ASYNC
+            | cbid::CU_MEM_ALLOC_ASYNC_PTSZ
+            | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC
+            | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+                if enter {
+                    self.before_app_alloc(data.context);
+                } else if exit && result() == CUDA_SUCCESS {
+                    // SAFETY: these calls' parameter structs start with (CUdeviceptr*, size_t),
+                    // and on success *dptr holds the new allocation.
+                    let (base, size) = unsafe {
+                        let p = &*(params as *const MemAllocParams);
+                        (*p.dptr, p.bytesize as u64)
+                    };
+                    self.on_alloc(data.context, base, size, "cuMemAlloc");
+                }
+            }
+            cbid::CU_MEM_ALLOC_PITCH_V2 => {
+                if enter {
+                    self.before_app_alloc(data.context);
+                } else if exit && result() == CUDA_SUCCESS {
+                    // SAFETY: cuMemAllocPitch_v2_params; on success both out-pointers are set.
+                    let (base, size) = unsafe {
+                        let p = &*(params as *const MemAllocPitchParams);
+                        (*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64))
+                    };
+                    self.on_alloc(data.context, base, size, "cuMemAllocPitch");
+                }
+            }
+            cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
+                if enter =>
+            {
+                // SAFETY: these parameter structs start with the CUdeviceptr being freed.
+                let base = unsafe { (*(params as *const MemFreeParams)).dptr };
+                self.on_free(base);
+            }
+            cbid::CU_MEM_ALLOC_MANAGED
+                if exit && !self.warned_managed.swap(true, Ordering::Relaxed) =>
+            {
+                log(
+                    LogLevel::Warn,
+                    "managed memory (cuMemAllocManaged) is not snapshotted: kernels that \
+                     write it are replayed without restoring it",
+                );
+            }
+            cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ if enter => {
+                self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_graph.swap(true, Ordering::Relaxed) {
+                    log(LogLevel::Warn, "graph launches run once, not replayed");
+                }
+            }
+            cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
+                if enter =>
+            {
+                self.stats.launches.fetch_add(1, Ordering::Relaxed);
+                self.stats.cooperative.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_cooperative.swap(true, Ordering::Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        "cooperative launches run once, not replayed",
+                    );
+                }
+            }
+            cbid::CU_LAUNCH_KERNEL
+            | cbid::CU_LAUNCH_KERNEL_PTSZ
+            | cbid::CU_LAUNCH_KERNEL_EX
+            | cbid::CU_LAUNCH_KERNEL_EX_PTSZ => {
+                if enter {
+                    let Some(ordinal) = self.ordinal(data.context) else {
+                        return;
+                    };
+                    // SAFETY: params is the call's parameter struct for this callback id.
+                    let launch = unsafe { decode_launch(id, params, data.context, ordinal) };
+                    self.launch_enter(launch);
+                } else if exit {
+                    let symbol = (!data.symbol_name.is_null())
+                        // SAFETY: CUPTI's NUL-terminated kernel name, valid during the callback.
+                        .then(|| unsafe { CStr::from_ptr(data.symbol_name) });
+                    self.launch_exit(result(), symbol);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The launch a launch callback describes.
+///
+/// # Safety
+/// `params` is the parameter struct of driver-API callback `id` (one of the four launch ids).
+unsafe fn decode_launch(
+    id: CallbackId,
+    params: *const c_void,
+    ctx: CuContext,
+    device: i32,
+) -> Launch {
+    let per_thread = matches!(
+        id,
+        cbid::CU_LAUNCH_KERNEL_PTSZ | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+    );
+    if matches!(
+        id,
+        cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+    ) {
+        // SAFETY: cuLaunchKernelEx_params, whose config points to the caller's CUlaunchConfig.
+        let (p, c) = unsafe {
+            let p = *(params as *const LaunchKernelExParams);
+            (p, *p.config)
+        };
+        Launch {
+            ctx,
+            device,
+            api: LaunchApi::KernelEx { config: p.config },
+            per_thread,
+            function: p.f,
+            grid: c.grid_dim,
+            block: c.block_dim,
+            shared_mem_bytes: c.shared_mem_bytes,
+            stream: c.stream,
+            params: p.kernel_params,
+            extra: p.extra,
+        }
+    } else {
+        // SAFETY: cuLaunchKernel_params.
+        let p = unsafe { *(params as *const LaunchKernelParams) };
+        Launch {
+            ctx,
+            device,
+            api: LaunchApi::Kernel,
+            per_thread,
+            function: p.f,
+            grid: p.grid,
+            block: p.block,
+            shared_mem_bytes: p.shared_mem_bytes,
+            stream: p.stream,
+            params: p.kernel_params,
+            extra: p.extra,
+        }
+    }
+}
+
+/// CUPTI's callback: ignores kreplay's own calls (the re-entry guard), never unwinds.
+unsafe extern "C" fn on_callback(
+    _userdata: *mut c_void,
+    domain: CallbackDomain,
+    id: CallbackId,
+    data: *const c_void,
+) {
+    if Guard::active() || domain != CB_DOMAIN_DRIVER_API || data.is_null() {
+        return;
+    }
+    let Some(backend) = BACKEND.get() else {
+        return;
+    };
+    let _guard = Guard::enter();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
+        let data = unsafe { &*(data as *const CallbackData) };
+        // SAFETY: as above, for callback id `id`.
+        unsafe { backend.handle(id, data) }
+    }));
+    if outcome.is_err() {
+        eprintln!("kreplay-cuda: internal error in callback {id}; the call was left alone");
+    }
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> c_int;
+}
+
+extern "C" fn print_summary() {
+    let _ = catch_unwind(|| {
+        if let Some(b) = BACKEND.get()
+            && b.config.log != LogLevel::Off
+        {
+            eprintln!("kreplay-cuda: {}", b.summary());
+        }
+    });
+}
+
+fn initialize() -> Result<(), String> {
+    let config = Config::from_env()?;
+    let driver = Driver::get_in_init().map_err(|e| e.to_string())?;
+    let cupti = Cupti::load()?;
+    let locks = AgentLocks::new();
+    locks.set_enabled(config.passes > 1);
+    let passes = config.passes;
+    let backend = Backend {
+        driver,
+        config,
+        inventory: Arc::new(Inventory::new()),
+        locks,
+        registry: ContextRegistry::new(),
+        devices: Mutex::new(Vec::new()),
+        ordinals: Mutex::new(Vec::new()),
+        next_dispatch: AtomicU64::new(1),
+        stats: Stats::default(),
+        warned_graph: AtomicBool::new(false),
+        warned_managed: AtomicBool::new(false),
+        warned_cooperative: AtomicBool::new(false),
+    };
+    if BACKEND.set(backend).is_err() {
+        return Err("already initialized".into());
+    }
+    let mut subscriber: SubscriberHandle = std::ptr::null_mut();
+    // SAFETY: subscribes our callback (a plain extern "C" fn that never unwinds) with no user
+    // data; CUPTI writes the handle.
+    let rc = unsafe { (cupti.subscribe)(&mut subscriber, on_callback, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(format!(
+            "cuptiSubscribe failed: {} (another CUPTI client in the process?)",
+            cupti.describe(rc)
+        ));
+    }
+    for id in cupti::cbid::SUBSCRIBED {
+        // SAFETY: a valid subscriber handle, the driver-API domain and a callback id of it.
+        let rc = unsafe { (cupti.enable_callback)(1, subscriber, CB_DOMAIN_DRIVER_API, id) };
+        if rc != 0 {
+            log(
+                LogLevel::Warn,
+                format!("cuptiEnableCallback({id}) failed: {}", cupti.describe(rc)),
+            );
+        }
+    }
+    let _ = CUPTI.set((cupti, subscriber as usize));
+    // SAFETY: registers a plain extern "C" function that never unwinds.
+    unsafe { atexit(print_summary) };
+    log(
+        LogLevel::Info,
+        format!("injected: {passes} pass(es) per kernel launch"),
+    );
+    Ok(())
+}
+
+/// The entry point CUDA calls in the library named by `CUDA_INJECTION64_PATH`. Returns 1 when
+/// kreplay is installed, 0 when it is not (the reason is printed; the application then runs
+/// untouched).
+#[unsafe(no_mangle)]
+pub extern "C" fn InitializeInjection() -> c_int {
+    match catch_unwind(initialize) {
+        Ok(Ok(())) => 1,
+        Ok(Err(e)) => {
+            eprintln!("kreplay-cuda: not installed: {e}");
+            0
+        }
+        Err(_) => {
+            eprintln!("kreplay-cuda: not installed: internal error during initialization");
+            0
+        }
+    }
+}

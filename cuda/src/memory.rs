@@ -1,0 +1,346 @@
+//! `kreplay_snapshot::DeviceMemory` for one CUDA device (one context).
+//!
+//! Every copy runs on a non-blocking stream of kreplay's own, created in the device's context,
+//! and is waited for before the call returns. The snapshot's tiers map as follows:
+//!
+//! * **device shadow**: `cuMemAlloc` on the device, granted only when it leaves the application
+//!   [`ShadowBudget`]'s headroom free (`cuMemGetInfo`); the shadow is kept after a snapshot and
+//!   reused by the next one, and given back as soon as the application allocates again
+//!   ([`CudaMemory::release_kept_shadow`]) so it never competes with the application;
+//! * **pinned host**: the snapshot crate's host store, page-locked with `cuMemHostRegister`
+//!   (`register_host`), so copies to and from it run at the link's full speed;
+//! * **spill file**: the snapshot crate's own, copied through host reads and writes.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use kreplay_snapshot::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, StoreTier};
+use parking_lot::Mutex;
+
+use crate::driver::{
+    CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING, CuContext, CuDevicePtr, CuError, CuStream,
+    Driver,
+};
+use crate::guard::Guard;
+
+/// How much device memory a shadow must leave to the application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShadowBudget {
+    /// Bytes that must stay free on the device after the shadow is allocated, at least.
+    pub min_headroom: u64,
+    /// Fraction (in percent) of the device's total memory that must stay free, at least.
+    pub headroom_percent: u64,
+}
+
+impl Default for ShadowBudget {
+    /// At least 2 GiB or 10% of the device, whichever is larger, stays free.
+    fn default() -> Self {
+        ShadowBudget {
+            min_headroom: 2 << 30,
+            headroom_percent: 10,
+        }
+    }
+}
+
+impl ShadowBudget {
+    /// The headroom on a device of `total` bytes.
+    pub fn headroom(&self, total: u64) -> u64 {
+        self.min_headroom
+            .max(total / 100 * self.headroom_percent.min(100))
+    }
+
+    /// Whether a shadow of `size` bytes may be allocated with `free` of `total` bytes free.
+    pub fn allows(&self, size: u64, free: u64, total: u64) -> bool {
+        size.checked_add(self.headroom(total))
+            .is_some_and(|need| need <= free)
+    }
+}
+
+/// A device shadow allocation kreplay holds.
+#[derive(Clone, Copy, Debug)]
+struct Shadow {
+    addr: CuDevicePtr,
+    size: u64,
+}
+
+/// Device memory of one CUDA context, as the snapshot sees it.
+pub struct CudaMemory {
+    driver: &'static Driver,
+    ctx: usize,
+    stream: usize,
+    budget: ShadowBudget,
+    /// The shadow not in use, kept for the next snapshot.
+    kept: Mutex<Option<Shadow>>,
+    /// The shadow a live snapshot holds.
+    lent: Mutex<Option<Shadow>>,
+    /// Whether shadows are allowed at all (the configured tier).
+    shadows: bool,
+}
+
+impl std::fmt::Debug for CudaMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaMemory")
+            .field("ctx", &format_args!("{:#x}", self.ctx))
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed(addr: u64, len: u64, e: CuError) -> CopyError {
+    CopyError::failed(addr, len, e.to_string())
+}
+
+impl CudaMemory {
+    /// Memory of context `ctx`, with a new non-blocking stream of kreplay's own in it.
+    /// `tier` is the configured snapshot tier: shadows are handed out under `Auto` and `Device`.
+    ///
+    /// # Safety
+    /// `ctx` is a live context that stays alive as long as the returned memory (kreplay uses
+    /// the primary contexts applications launch in, which live until CUDA is torn down).
+    pub unsafe fn new(
+        driver: &'static Driver,
+        ctx: CuContext,
+        budget: ShadowBudget,
+        tier: StoreTier,
+    ) -> Result<Arc<CudaMemory>, CuError> {
+        let _guard = Guard::enter();
+        // SAFETY: ctx is alive by the caller's promise.
+        unsafe { driver.make_current(ctx) }?;
+        let mut stream: CuStream = std::ptr::null_mut();
+        // SAFETY: creates a stream in the current context (ctx) and writes its handle.
+        driver.check("cuStreamCreate", unsafe {
+            (driver.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING)
+        })?;
+        Ok(Arc::new(CudaMemory {
+            driver,
+            ctx: ctx as usize,
+            stream: stream as usize,
+            budget,
+            kept: Mutex::new(None),
+            lent: Mutex::new(None),
+            shadows: matches!(tier, StoreTier::Auto | StoreTier::Device),
+        }))
+    }
+
+    /// The context this memory belongs to.
+    pub fn context(&self) -> CuContext {
+        self.ctx as CuContext
+    }
+
+    fn stream(&self) -> CuStream {
+        self.stream as CuStream
+    }
+
+    /// Make the context current on this (possibly worker) thread.
+    fn enter(&self) -> Result<Guard, CuError> {
+        let guard = Guard::enter();
+        // SAFETY: the context of this memory; contexts kreplay replays on are primary contexts
+        // that live until the process tears CUDA down.
+        unsafe { self.driver.make_current(self.context()) }?;
+        Ok(guard)
+    }
+
+    fn sync(&self) -> Result<(), CuError> {
+        // SAFETY: our own stream, alive as long as self.
+        self.driver.check("cuStreamSynchronize", unsafe {
+            (self.driver.stream_synchronize)(self.stream())
+        })
+    }
+
+    /// Free the kept shadow (the application is allocating: leave it the memory). Returns the
+    /// bytes given back.
+    pub fn release_kept_shadow(&self) -> u64 {
+        let Some(shadow) = self.kept.lock().take() else {
+            return 0;
+        };
+        if let Ok(_guard) = self.enter() {
+            // SAFETY: the shadow was allocated by cuMemAlloc in this context and is not in use
+            // (it is not lent to a snapshot).
+            unsafe { (self.driver.mem_free)(shadow.addr) };
+        }
+        shadow.size
+    }
+
+    /// Bytes of device memory kreplay holds now (kept and lent shadows).
+    pub fn shadow_bytes(&self) -> u64 {
+        self.kept.lock().map_or(0, |s| s.size) + self.lent.lock().map_or(0, |s| s.size)
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        self.release_kept_shadow();
+        if let Ok(_guard) = self.enter() {
+            // SAFETY: our own stream, no longer used by anyone.
+            unsafe { (self.driver.stream_destroy)(self.stream()) };
+        }
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+        let len = dst.len() as u64;
+        let _guard = self.enter().map_err(|e| failed(addr, len, e))?;
+        // SAFETY: dst is a live host buffer of dst.len() bytes; addr..addr+len is a tracked
+        // device allocation the caller keeps alive (inventory fence); we wait for the copy below.
+        let rc = unsafe {
+            (self.driver.memcpy_dtoh_async)(
+                dst.as_mut_ptr().cast::<c_void>(),
+                addr,
+                dst.len(),
+                self.stream(),
+            )
+        };
+        self.driver
+            .check("cuMemcpyDtoHAsync_v2", rc)
+            .and_then(|()| self.sync())
+            .map_err(|e| failed(addr, len, e))
+    }
+
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+        self.write_batch(&[ChunkWrite { addr, data: src }])
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            device_hash: false,
+            batched_writes: true,
+        }
+    }
+
+    fn alloc_shadow(&self, _agent: u64, size: u64) -> Option<u64> {
+        if !self.shadows || size == 0 {
+            return None;
+        }
+        let _guard = self.enter().ok()?;
+        let mut kept = self.kept.lock();
+        if let Some(shadow) = kept.take_if(|s| s.size >= size) {
+            *self.lent.lock() = Some(shadow);
+            return Some(shadow.addr);
+        }
+        // Too small (or none): free it before measuring what is free.
+        if let Some(old) = kept.take() {
+            // SAFETY: a shadow of ours, not lent.
+            unsafe { (self.driver.mem_free)(old.addr) };
+        }
+        let (free, total) = self.driver.mem_info().ok()?;
+        if !self.budget.allows(size, free, total) {
+            return None;
+        }
+        let mut addr: CuDevicePtr = 0;
+        // SAFETY: allocates in the current context (ours) and writes the address.
+        let rc = unsafe { (self.driver.mem_alloc)(&mut addr, size as usize) };
+        self.driver.check("cuMemAlloc_v2", rc).ok()?;
+        *self.lent.lock() = Some(Shadow { addr, size });
+        Some(addr)
+    }
+
+    fn free_shadow(&self, addr: u64, _size: u64) {
+        let mut lent = self.lent.lock();
+        match *lent {
+            Some(shadow) if shadow.addr == addr => {
+                *lent = None;
+                // Keep it for the next snapshot; the application's next allocation frees it.
+                let mut kept = self.kept.lock();
+                if let Some(old) = kept.replace(shadow)
+                    && let Ok(_guard) = self.enter()
+                {
+                    // SAFETY: an older kept shadow of ours, not lent.
+                    unsafe { (self.driver.mem_free)(old.addr) };
+                }
+            }
+            _ => {
+                if let Ok(_guard) = self.enter() {
+                    // SAFETY: the snapshot hands back only addresses alloc_shadow gave out.
+                    unsafe { (self.driver.mem_free)(addr) };
+                }
+            }
+        }
+    }
+
+    fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
+        let Some(first) = copies.first() else {
+            return Ok(());
+        };
+        let _guard = self.enter().map_err(|e| failed(first.dst, first.len, e))?;
+        for c in copies {
+            // SAFETY: both ranges are live device memory of this context (a tracked allocation
+            // fenced by the inventory, and our shadow); the stream is waited for below.
+            let rc = unsafe {
+                (self.driver.memcpy_dtod_async)(c.dst, c.src, c.len as usize, self.stream())
+            };
+            if let Err(e) = self.driver.check("cuMemcpyDtoDAsync_v2", rc) {
+                let _ = self.sync();
+                return Err(failed(c.dst, c.len, e));
+            }
+        }
+        self.sync().map_err(|e| failed(first.dst, first.len, e))
+    }
+
+    fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
+        let Some(first) = writes.first() else {
+            return Ok(());
+        };
+        let _guard = self
+            .enter()
+            .map_err(|e| failed(first.addr, first.data.len() as u64, e))?;
+        for w in writes {
+            // SAFETY: w.data is a live host buffer (the snapshot store) that outlives the wait
+            // below; the destination is a tracked, fenced device allocation.
+            let rc = unsafe {
+                (self.driver.memcpy_htod_async)(
+                    w.addr,
+                    w.data.as_ptr().cast::<c_void>(),
+                    w.data.len(),
+                    self.stream(),
+                )
+            };
+            if let Err(e) = self.driver.check("cuMemcpyHtoDAsync_v2", rc) {
+                let _ = self.sync();
+                return Err(failed(w.addr, w.data.len() as u64, e));
+            }
+        }
+        self.sync()
+            .map_err(|e| failed(first.addr, first.data.len() as u64, e))
+    }
+
+    fn register_host(&self, ptr: *const u8, len: usize) -> bool {
+        let Ok(_guard) = self.enter() else {
+            return false;
+        };
+        // SAFETY: ptr..ptr+len is the snapshot's host mapping, alive until unregister_host.
+        let rc = unsafe {
+            (self.driver.mem_host_register)(ptr as *mut c_void, len, CU_MEMHOSTREGISTER_PORTABLE)
+        };
+        rc == crate::driver::CUDA_SUCCESS
+    }
+
+    fn unregister_host(&self, ptr: *const u8, _len: usize) {
+        if let Ok(_guard) = self.enter() {
+            // SAFETY: ptr was registered by register_host and is still mapped.
+            unsafe { (self.driver.mem_host_unregister)(ptr as *mut c_void) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shadow_budget_leaves_the_larger_of_the_minimum_and_the_fraction_free() {
+        let gib = 1u64 << 30;
+        let budget = ShadowBudget::default();
+        // 141 GB device: 10% (14 GiB) beats the 2 GiB minimum.
+        let total = 141 * gib;
+        assert_eq!(budget.headroom(total), total / 100 * 10);
+        assert!(budget.allows(gib, 100 * gib, total));
+        assert!(!budget.allows(90 * gib, 100 * gib, total));
+        // Small device: the 2 GiB minimum applies.
+        assert_eq!(budget.headroom(8 * gib), 2 * gib);
+        assert!(budget.allows(gib, 3 * gib, 8 * gib));
+        assert!(!budget.allows(gib + 1, 3 * gib, 8 * gib));
+        // No overflow on absurd sizes.
+        assert!(!budget.allows(u64::MAX, u64::MAX, total));
+    }
+}

@@ -1,0 +1,448 @@
+//! One kernel launch replayed from its API ENTER and EXIT callbacks.
+//!
+//! CUPTI cannot hold a launch back: between the launch's API ENTER and EXIT callbacks the driver
+//! submits it, whatever the callbacks do. So the replay window is split in two:
+//!
+//! * **At API ENTER** ([`Window::enter`]), before the driver submits the launch: CONFIG ENTER
+//!   (the tool's pass count), then, for a replay, the device's writer lock, the drain
+//!   (every stream of the device idle) and the snapshot, with the tool's SNAPSHOT ENTER/EXIT.
+//! * **The application's own launch is pass 0**: it runs on the application's bytes.
+//! * **At API EXIT** ([`Window::exit`]): `kreplay_passloop::run_dispatch` drives the rest with a
+//!   [`ReplayDevice`] whose lock, drain and snapshot steps hand over what ENTER did (or the
+//!   decline ENTER met), whose pass 0 waits for the application's launch and whose later passes
+//!   re-launch it with the same parameters on the same stream, restoring the snapshot between
+//!   passes. After the last pass the memory is what the application's own launch would have
+//!   left; the application's stream order is untouched, so there is no completion to fire.
+//!
+//! The GPU side is behind [`LaunchOps`], so the same window runs over a host fake in tests.
+
+use std::time::{Duration, Instant};
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_locks::{AgentLocks, OwnedReadAccess, WriteGuard};
+use kreplay_passloop::{
+    ContinueChange, Decline, DeclineReason, DispatchInfo, MemoryOpReport, Phase, ReplayDevice,
+    ReplayOutcome, ReplayPlan, ReplayRecord, ReplayTool, RestoreFailure, RestoreRequest,
+    RestoreStrategy, StoreTier, ToolAnswer, run_dispatch,
+};
+use kreplay_snapshot::{Filter, Snapshot, SnapshotError, Snapshotter};
+
+/// What the window needs from the GPU for one launch.
+pub trait LaunchOps {
+    /// Whether the launch can be replayed at all (a launch captured into a graph cannot).
+    fn replayable(&self) -> Result<(), String>;
+    /// Wait until every stream of the launch's device is idle.
+    fn drain(&self) -> Result<(), String>;
+    /// Wait until the launch's stream has finished everything submitted to it.
+    fn wait(&self) -> Result<(), String>;
+    /// Submit the launch again with the same parameters on the same stream.
+    fn relaunch(&self) -> Result<(), String>;
+}
+
+/// The shared pieces a window uses.
+#[derive(Clone, Copy)]
+pub struct WindowContext<'a> {
+    /// Per-device locks (replay windows write, ordinary launches read).
+    pub locks: &'a AgentLocks,
+    /// Snapshots of the launch's device.
+    pub snapshotter: &'a Snapshotter,
+    /// The tracked allocations a snapshot covers.
+    pub filter: &'a Filter,
+}
+
+/// What ENTER did before the launch, and how long it took.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EnterCost {
+    /// Waiting for the writer lock.
+    pub lock_wait: Duration,
+    /// The drain.
+    pub drain: Duration,
+    /// Planning and taking the snapshot.
+    pub snapshot: Duration,
+}
+
+enum State {
+    /// Not replayed: an ordinary launch (holding the reader side while replay is configured).
+    Ordinary(#[allow(dead_code)] Option<OwnedReadAccess>),
+    /// Replay was wanted but declined before the launch; memory untouched.
+    Declined(Decline),
+    /// Locked, drained and snapshotted: ready for passes.
+    Ready {
+        lock: Option<WriteGuard>,
+        plan: MemoryOpReport,
+        taken: Option<Box<(Snapshot, MemoryOpReport)>>,
+    },
+}
+
+/// A launch between its API ENTER and EXIT.
+pub struct Window {
+    info: DispatchInfo,
+    answer: ToolAnswer,
+    state: State,
+    cost: EnterCost,
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("info", &self.info)
+            .field("answer", &self.answer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The passloop's tier name for a snapshot tier.
+pub fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
+    match t {
+        kreplay_snapshot::StoreTier::Device => StoreTier::Device,
+        kreplay_snapshot::StoreTier::Host => StoreTier::Host,
+        kreplay_snapshot::StoreTier::File => StoreTier::File,
+        kreplay_snapshot::StoreTier::Auto => StoreTier::None,
+    }
+}
+
+/// The passloop's strategy name for a snapshot strategy.
+pub fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
+    match s {
+        kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
+        kreplay_snapshot::RestoreStrategy::Writeset
+        | kreplay_snapshot::RestoreStrategy::WritesetUnverified => RestoreStrategy::Writeset,
+        kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => {
+            RestoreStrategy::Full
+        }
+    }
+}
+
+fn snapshot_decline(e: &SnapshotError) -> Decline {
+    let reason = DeclineReason::ALL
+        .into_iter()
+        .find(|r| r.as_str() == e.reason())
+        .unwrap_or(DeclineReason::SnapshotFailed);
+    Decline::new(reason, e.to_string())
+}
+
+impl Window {
+    /// API ENTER of a launch: ask the tool, and for a replay lock, drain and snapshot.
+    pub fn enter<T: ReplayTool + ?Sized, O: LaunchOps + ?Sized>(
+        cx: WindowContext<'_>,
+        tool: &mut T,
+        info: DispatchInfo,
+        ops: &O,
+    ) -> Window {
+        let answer = tool.config_enter(&info);
+        let mut cost = EnterCost::default();
+        let state = match ReplayPlan::from_answer(&answer) {
+            ReplayPlan::Once(_) => State::Ordinary(cx.locks.read_owned(info.agent_id).ok()),
+            ReplayPlan::Replay { .. } => Self::prepare(cx, tool, &info, ops, &mut cost),
+        };
+        Window {
+            info,
+            answer,
+            state,
+            cost,
+        }
+    }
+
+    fn prepare<T: ReplayTool + ?Sized, O: LaunchOps + ?Sized>(
+        cx: WindowContext<'_>,
+        tool: &mut T,
+        info: &DispatchInfo,
+        ops: &O,
+        cost: &mut EnterCost,
+    ) -> State {
+        if let Err(why) = ops.replayable() {
+            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
+        }
+        let waited = Instant::now();
+        let lock = match cx.locks.write(info.agent_id) {
+            Ok(lock) => lock,
+            Err(e) => {
+                return State::Declined(Decline::new(
+                    DeclineReason::ReentrantDispatch,
+                    e.to_string(),
+                ));
+            }
+        };
+        cost.lock_wait = waited.elapsed();
+        let draining = Instant::now();
+        let drained = ops.drain();
+        cost.drain = draining.elapsed();
+        if let Err(why) = drained {
+            return State::Declined(Decline::new(DeclineReason::AgentDrainStuck, why));
+        }
+        let snapping = Instant::now();
+        let plan = match cx.snapshotter.plan(cx.filter) {
+            Ok(plan) => plan,
+            Err(e) => return State::Declined(snapshot_decline(&e)),
+        };
+        let planned = MemoryOpReport {
+            bytes_planned: plan.bytes(),
+            regions: plan.regions().len() as u64,
+            chunks: plan.chunks(),
+            ..Default::default()
+        };
+        tool.snapshot(info, Phase::Enter, &planned);
+        let taken = cx.snapshotter.take(plan);
+        cost.snapshot = snapping.elapsed();
+        match taken {
+            Ok(snapshot) => {
+                let r = snapshot.report();
+                let report = MemoryOpReport {
+                    bytes_planned: r.bytes_planned,
+                    bytes_moved: r.bytes_moved,
+                    regions: r.regions,
+                    chunks: r.chunks,
+                    tier: tier(r.tier),
+                    strategy: strategy(r.strategy),
+                    ..Default::default()
+                };
+                tool.snapshot(info, Phase::Exit, &report);
+                State::Ready {
+                    lock: Some(lock),
+                    plan: planned,
+                    taken: Some(Box::new((snapshot, report))),
+                }
+            }
+            Err(e) => {
+                let decline = snapshot_decline(&e);
+                tool.snapshot(
+                    info,
+                    Phase::Exit,
+                    &MemoryOpReport {
+                        bytes_moved: 0,
+                        declined: Some(decline.reason),
+                        ..planned
+                    },
+                );
+                State::Declined(decline)
+            }
+        }
+    }
+
+    /// The dispatch this window is about.
+    pub fn info(&self) -> &DispatchInfo {
+        &self.info
+    }
+
+    /// Whether ENTER prepared a replay (locked, drained, snapshotted).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.state, State::Ready { .. })
+    }
+
+    /// API EXIT of the launch: run the passes. `launched` is the driver's verdict on the
+    /// application's own launch (`Err` with its error: nothing is replayed then).
+    pub fn exit<T: ReplayTool + ?Sized, O: LaunchOps + ?Sized>(
+        self,
+        tool: &mut T,
+        registry: &ContextRegistry,
+        ops: &O,
+        launched: Result<(), String>,
+    ) -> ReplayRecord {
+        let Window {
+            info,
+            answer,
+            state,
+            cost,
+        } = self;
+        let mut device = ExitDevice {
+            state,
+            ops,
+            launched,
+        };
+        let mut adapter = AfterEnter {
+            inner: tool,
+            answer,
+        };
+        let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
+        record.cost.lock_wait += cost.lock_wait;
+        record.cost.drain += cost.drain;
+        record.cost.snapshot += cost.snapshot;
+        record.cost.total += cost.lock_wait + cost.drain + cost.snapshot;
+        record
+    }
+}
+
+/// The tool as the loop sees it at API EXIT: CONFIG ENTER and the SNAPSHOT callbacks were
+/// delivered at API ENTER already.
+struct AfterEnter<'t, T: ?Sized> {
+    inner: &'t mut T,
+    answer: ToolAnswer,
+}
+
+impl<T: ReplayTool + ?Sized> ReplayTool for AfterEnter<'_, T> {
+    fn config_enter(&mut self, _info: &DispatchInfo) -> ToolAnswer {
+        self.answer
+    }
+    fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) {
+        self.inner.pass_enter(info, pass, total_passes)
+    }
+    fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange {
+        self.inner.pass_exit(info, pass, total_passes)
+    }
+    fn should_continue(&mut self, info: &DispatchInfo, current: u64, total: u64) -> bool {
+        self.inner.should_continue(info, current, total)
+    }
+    fn snapshot(&mut self, _info: &DispatchInfo, _phase: Phase, _report: &MemoryOpReport) {}
+    fn restore(
+        &mut self,
+        info: &DispatchInfo,
+        phase: Phase,
+        request: &RestoreRequest,
+        report: &MemoryOpReport,
+    ) {
+        self.inner.restore(info, phase, request, report)
+    }
+    fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome) {
+        self.inner.config_exit(info, outcome)
+    }
+}
+
+/// The device at API EXIT (see the module docs).
+struct ExitDevice<'o, O: ?Sized> {
+    state: State,
+    ops: &'o O,
+    launched: Result<(), String>,
+}
+
+fn snapshot_request(r: &RestoreRequest) -> kreplay_snapshot::RestoreRequest {
+    kreplay_snapshot::RestoreRequest {
+        next_pass: r.next_pass,
+        may_be_final: r.next_may_be_final,
+    }
+}
+
+fn restore_report(r: &kreplay_snapshot::RestoreReport) -> MemoryOpReport {
+    MemoryOpReport {
+        bytes_planned: r.bytes_planned,
+        bytes_moved: r.bytes_moved,
+        regions: r.regions,
+        chunks: r.chunks_restored,
+        tier: tier(r.tier),
+        strategy: strategy(r.strategy),
+        repaired_chunks: r.repaired_chunks,
+        unverified: r.unverified,
+        ..Default::default()
+    }
+}
+
+impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
+    type Snapshot = Snapshot;
+
+    fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        match &self.state {
+            State::Declined(d) => Err(d.clone()),
+            State::Ordinary(_) => Err(Decline::new(
+                DeclineReason::SnapshotFailed,
+                "no snapshot was taken before the launch",
+            )),
+            State::Ready { .. } => Ok(()),
+        }
+    }
+
+    fn lock_agent(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        // Taken at API ENTER, before the drain.
+        Ok(())
+    }
+
+    fn unlock_agent(&mut self, _info: &DispatchInfo) {
+        if let State::Ready { lock, .. } = &mut self.state {
+            drop(lock.take());
+        }
+    }
+
+    fn drain(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        // Done at API ENTER, before the application's launch was submitted.
+        Ok(())
+    }
+
+    fn plan_snapshot(&mut self, _info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
+        match &self.state {
+            State::Ready { plan, .. } => Ok(*plan),
+            _ => Err(Decline::new(DeclineReason::SnapshotFailed, "no snapshot")),
+        }
+    }
+
+    fn take_snapshot(
+        &mut self,
+        _info: &DispatchInfo,
+    ) -> Result<(Snapshot, MemoryOpReport), Decline> {
+        match &mut self.state {
+            State::Ready { taken, .. } => taken
+                .take()
+                .map(|b| *b)
+                .ok_or_else(|| Decline::new(DeclineReason::SnapshotFailed, "snapshot used up")),
+            _ => Err(Decline::new(DeclineReason::SnapshotFailed, "no snapshot")),
+        }
+    }
+
+    fn run_pass(&mut self, _info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
+        if pass == 0 {
+            // The application's own launch.
+            if let Err(why) = &self.launched {
+                return Err(Decline::new(
+                    DeclineReason::PassDrainStuck,
+                    format!("the application's launch failed: {why}"),
+                ));
+            }
+        } else {
+            self.ops.relaunch().map_err(|why| {
+                Decline::new(
+                    DeclineReason::PassDrainStuck,
+                    format!("re-launch of pass {pass} failed: {why}"),
+                )
+            })?;
+        }
+        self.ops.wait().map_err(|why| {
+            Decline::new(
+                DeclineReason::PassDrainStuck,
+                format!("pass {pass} did not complete: {why}"),
+            )
+        })
+    }
+
+    fn plan_restore(
+        &mut self,
+        _info: &DispatchInfo,
+        snapshot: &Snapshot,
+        request: &RestoreRequest,
+    ) -> MemoryOpReport {
+        let plan = snapshot.plan_restore(&snapshot_request(request));
+        MemoryOpReport {
+            bytes_planned: plan.bytes_planned,
+            regions: snapshot.regions().len() as u64,
+            tier: tier(snapshot.tier()),
+            strategy: strategy(plan.strategy),
+            ..Default::default()
+        }
+    }
+
+    fn restore(
+        &mut self,
+        _info: &DispatchInfo,
+        snapshot: &mut Snapshot,
+        request: &RestoreRequest,
+    ) -> Result<MemoryOpReport, RestoreFailure> {
+        snapshot
+            .restore(&snapshot_request(request))
+            .map(|r| restore_report(&r))
+            .map_err(|e| RestoreFailure {
+                report: restore_report(&e.report),
+                bytes_unrestored: e.bytes_lost,
+                detail: e.to_string(),
+            })
+    }
+
+    fn discard_snapshot(&mut self, _info: &DispatchInfo, snapshot: Snapshot) {
+        drop(snapshot);
+    }
+
+    fn run_once(&mut self, _info: &DispatchInfo) {
+        // The application's launch was submitted between API ENTER and EXIT: it is the one run.
+    }
+
+    fn fire_completion(&mut self, _info: &DispatchInfo) {
+        // Nothing is withheld on CUDA: the application's launch sits in its stream in order,
+        // and every later operation on that stream waits for it (and for the re-launches,
+        // which were waited for before API EXIT returns).
+    }
+}

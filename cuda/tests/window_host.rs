@@ -1,0 +1,317 @@
+//! The split replay window (API ENTER / the application's launch / API EXIT) over a host fake:
+//! "device memory" is a host buffer and the "kernel" adds 1 to every word, so a forgotten or
+//! misplaced restore shows up as a wrong sum.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::{LaunchOps, Window, WindowContext};
+use kreplay_locks::AgentLocks;
+use kreplay_passloop::{
+    ContinueChange, DeclineReason, DispatchInfo, LoopEnd, MemoryOpReport, Phase, ReplayOutcome,
+    ReplayTool, RestoreRequest, ToolAnswer,
+};
+use kreplay_snapshot::{
+    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, RestoreStrategy, SnapshotConfig,
+    Snapshotter, StoreTier,
+};
+
+const AGENT: u64 = 0;
+const WORDS: usize = 4096;
+
+struct HostMemory(Mutex<Vec<u32>>);
+
+impl DeviceMemory for HostMemory {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+        let mem = self.0.lock().unwrap();
+        let bytes: &[u8] = bytemuck(&mem);
+        dst.copy_from_slice(&bytes[addr as usize..addr as usize + dst.len()]);
+        Ok(())
+    }
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+        let mut mem = self.0.lock().unwrap();
+        let bytes = bytemuck_mut(&mut mem);
+        bytes[addr as usize..addr as usize + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+}
+
+fn bytemuck(v: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding and any byte pattern is valid for u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 4) }
+}
+
+fn bytemuck_mut(v: &mut [u32]) -> &mut [u8] {
+    // SAFETY: as above; the borrow is unique.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len() * 4) }
+}
+
+/// Launch operations of the fake: `relaunch` runs the kernel, `wait` and `drain` are no-ops.
+struct FakeLaunch {
+    memory: Arc<HostMemory>,
+    events: Arc<Mutex<Vec<String>>>,
+    replayable: Result<(), String>,
+}
+
+impl FakeLaunch {
+    fn kernel(&self) {
+        self.memory
+            .0
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .for_each(|x| *x += 1);
+    }
+    /// The application's own launch (what the driver submits between ENTER and EXIT).
+    fn app_launch(&self) {
+        self.events.lock().unwrap().push("app launch".into());
+        self.kernel();
+    }
+}
+
+impl LaunchOps for FakeLaunch {
+    fn replayable(&self) -> Result<(), String> {
+        self.replayable.clone()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.events.lock().unwrap().push("drain".into());
+        Ok(())
+    }
+    fn wait(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.events.lock().unwrap().push("relaunch".into());
+        self.kernel();
+        Ok(())
+    }
+}
+
+/// A tool asking for `passes` and logging every callback.
+struct LogTool {
+    passes: u64,
+    events: Arc<Mutex<Vec<String>>>,
+    outcome: RefCell<Option<ReplayOutcome>>,
+}
+
+impl LogTool {
+    fn log(&self, s: String) {
+        self.events.lock().unwrap().push(s);
+    }
+}
+
+impl ReplayTool for LogTool {
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        self.log("config enter".into());
+        ToolAnswer::passes(self.passes)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, pass: u64, _: u64) {
+        self.log(format!("pass enter {pass}"));
+    }
+    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, phase: Phase, _: &MemoryOpReport) {
+        self.log(format!("snapshot {phase:?}"));
+    }
+    fn restore(&mut self, _: &DispatchInfo, phase: Phase, _: &RestoreRequest, _: &MemoryOpReport) {
+        if phase == Phase::Exit {
+            self.log("restore".into());
+        }
+    }
+    fn config_exit(&mut self, _: &DispatchInfo, outcome: &ReplayOutcome) {
+        self.log("config exit".into());
+        *self.outcome.borrow_mut() = Some(outcome.clone());
+    }
+}
+
+struct Rig {
+    memory: Arc<HostMemory>,
+    locks: AgentLocks,
+    snapshotter: Snapshotter,
+    filter: Filter,
+    events: Arc<Mutex<Vec<String>>>,
+}
+
+fn rig(config: SnapshotConfig) -> Rig {
+    let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
+    let inventory = Arc::new(Inventory::new());
+    inventory.on_alloc(0, (WORDS * 4) as u64, AGENT, MemoryKind::CoarseDevice);
+    let snapshotter = Snapshotter::new(inventory, memory.clone(), config).unwrap();
+    let locks = AgentLocks::new();
+    locks.set_enabled(true);
+    Rig {
+        memory,
+        locks,
+        snapshotter,
+        filter: Filter::for_replay(AGENT),
+        events: Arc::default(),
+    }
+}
+
+/// ENTER, the application's launch, EXIT; returns the tool's outcome.
+fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) -> ReplayOutcome {
+    let ops = FakeLaunch {
+        memory: rig.memory.clone(),
+        events: rig.events.clone(),
+        replayable,
+    };
+    let mut tool = LogTool {
+        passes,
+        events: rig.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = WindowContext {
+        locks: &rig.locks,
+        snapshotter: &rig.snapshotter,
+        filter: &rig.filter,
+    };
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    let launched = if app_ok {
+        ops.app_launch();
+        Ok(())
+    } else {
+        Err("CUDA_ERROR_INVALID_VALUE".to_string())
+    };
+    let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, launched);
+    assert_eq!(tool.outcome.borrow().as_ref(), Some(&record.outcome));
+    record.outcome
+}
+
+fn words(rig: &Rig) -> Vec<u32> {
+    rig.memory.0.lock().unwrap().clone()
+}
+
+fn expect_one_run(rig: &Rig) {
+    let got = words(rig);
+    let bad = (0..WORDS).find(|&i| got[i] != i as u32 + 1);
+    assert_eq!(bad, None, "word {bad:?} is not what one run leaves");
+}
+
+#[test]
+fn four_passes_leave_memory_as_one_run_for_every_strategy_and_tier() {
+    for (store, strategy) in [
+        (StoreTier::Host, RestoreStrategy::Full),
+        (StoreTier::Host, RestoreStrategy::Hash),
+        (StoreTier::Host, RestoreStrategy::Writeset),
+        (StoreTier::File, RestoreStrategy::Full),
+    ] {
+        let r = rig(SnapshotConfig {
+            store,
+            strategy,
+            chunk_size: 1024,
+            ..Default::default()
+        });
+        let outcome = launch(&r, 4, true, Ok(()));
+        assert_eq!(
+            outcome,
+            ReplayOutcome::Replayed {
+                passes: 4,
+                end: LoopEnd::LastPass
+            },
+            "{store} {strategy}"
+        );
+        expect_one_run(&r);
+        let events = r.events.lock().unwrap();
+        assert_eq!(events.iter().filter(|e| *e == "relaunch").count(), 3);
+        assert_eq!(events.iter().filter(|e| *e == "restore").count(), 3);
+    }
+}
+
+#[test]
+fn the_tool_is_asked_and_the_snapshot_taken_before_the_applications_launch() {
+    let r = rig(SnapshotConfig::default());
+    launch(&r, 2, true, Ok(()));
+    let events = r.events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            "config enter",
+            "drain",
+            "snapshot Enter",
+            "snapshot Exit",
+            "app launch",
+            "pass enter 0",
+            "restore",
+            "pass enter 1",
+            "relaunch",
+            "config exit",
+        ]
+    );
+}
+
+#[test]
+fn one_pass_is_the_ordinary_path_with_no_snapshot() {
+    let r = rig(SnapshotConfig::default());
+    let outcome = launch(&r, 1, true, Ok(()));
+    assert!(
+        matches!(outcome, ReplayOutcome::RanOnce { .. }),
+        "{outcome:?}"
+    );
+    expect_one_run(&r);
+    let events = r.events.lock().unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.starts_with("snapshot") || e == "relaunch")
+    );
+}
+
+#[test]
+fn a_snapshot_over_budget_declines_and_the_launch_runs_once() {
+    let r = rig(SnapshotConfig {
+        max_bytes: Some(100),
+        ..Default::default()
+    });
+    let outcome = launch(&r, 4, true, Ok(()));
+    assert_eq!(
+        outcome.decline().map(|d| d.reason),
+        Some(DeclineReason::FootprintBudget)
+    );
+    expect_one_run(&r);
+    assert!(!r.events.lock().unwrap().iter().any(|e| e == "relaunch"));
+}
+
+#[test]
+fn a_captured_launch_is_declined_as_a_graph_and_runs_once() {
+    let r = rig(SnapshotConfig::default());
+    let outcome = launch(&r, 4, true, Err("being captured".into()));
+    assert_eq!(
+        outcome.decline().map(|d| d.reason),
+        Some(DeclineReason::BatchOrGraph)
+    );
+    expect_one_run(&r);
+    assert!(!r.events.lock().unwrap().iter().any(|e| e == "drain"));
+}
+
+#[test]
+fn a_failed_application_launch_is_never_replayed() {
+    let r = rig(SnapshotConfig::default());
+    let outcome = launch(&r, 4, false, Ok(()));
+    assert!(
+        matches!(outcome, ReplayOutcome::PassFailed { pass: 0, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(words(&r), (0..WORDS as u32).collect::<Vec<_>>());
+    assert!(!r.events.lock().unwrap().iter().any(|e| e == "relaunch"));
+}
+
+#[test]
+fn the_device_lock_is_released_after_exit_and_reentry_is_declined() {
+    let r = rig(SnapshotConfig::default());
+    launch(&r, 3, true, Ok(()));
+    assert!(!r.locks.agent_lock(AGENT).is_locked(), "released at EXIT");
+    // A launch issued while this thread holds the device (from inside a replay window).
+    let held = r.locks.write(AGENT).unwrap();
+    let outcome = launch(&r, 3, true, Ok(()));
+    assert_eq!(
+        outcome.decline().map(|d| d.reason),
+        Some(DeclineReason::ReentrantDispatch)
+    );
+    drop(held);
+    assert_eq!(words(&r)[0], 2, "two launches, each counted once");
+}
