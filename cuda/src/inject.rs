@@ -143,6 +143,7 @@ impl Backend {
         let memory = unsafe {
             CudaMemory::new(
                 self.driver,
+                self.inventory.clone(),
                 ctx,
                 self.config.shadow,
                 self.config.snapshot.store,

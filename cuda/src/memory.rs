@@ -14,7 +14,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use kreplay_snapshot::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, StoreTier};
+use kreplay_snapshot::{
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, Inventory, StoreTier,
+};
 use parking_lot::Mutex;
 
 use crate::driver::{
@@ -66,6 +68,8 @@ struct Shadow {
 /// Device memory of one CUDA context, as the snapshot sees it.
 pub struct CudaMemory {
     driver: &'static Driver,
+    /// The application's allocations (for allocation boundaries when merging copies).
+    inventory: Arc<Inventory>,
     ctx: usize,
     stream: usize,
     budget: ShadowBudget,
@@ -86,6 +90,55 @@ impl std::fmt::Debug for CudaMemory {
     }
 }
 
+/// Merge copies that continue each other into one: the snapshot hands restores over in pieces
+/// of at most 1 MiB, and one driver copy per piece is launch-bound (about 0.25 TB/s measured on
+/// the H200 against 2 TB/s for whole allocations). A copy may not span two allocations (the
+/// driver rejects it with `CUDA_ERROR_INVALID_VALUE`, and neighbouring allocations are often
+/// adjacent in the address space), so two copies merge only when `same_allocation` says that
+/// both their destinations and both their sources lie in one allocation.
+pub fn coalesce_copies(
+    copies: &[DeviceCopy],
+    same_allocation: impl Fn(u64, u64) -> bool,
+) -> Vec<DeviceCopy> {
+    let mut out: Vec<DeviceCopy> = Vec::with_capacity(copies.len().min(64));
+    for c in copies.iter().filter(|c| c.len > 0) {
+        match out.last_mut() {
+            Some(last)
+                if last.dst.checked_add(last.len) == Some(c.dst)
+                    && last.src.checked_add(last.len) == Some(c.src)
+                    && same_allocation(last.dst, c.dst)
+                    && same_allocation(last.src, c.src) =>
+            {
+                last.len += c.len;
+            }
+            _ => out.push(*c),
+        }
+    }
+    out
+}
+
+/// Merge host-to-device writes whose destinations (in one allocation) and host sources both
+/// continue each other, as [`coalesce_copies`] does for device copies.
+pub fn coalesce_writes(
+    writes: &[ChunkWrite<'_>],
+    same_allocation: impl Fn(u64, u64) -> bool,
+) -> Vec<(u64, *const u8, usize)> {
+    let mut out: Vec<(u64, *const u8, usize)> = Vec::with_capacity(writes.len().min(64));
+    for w in writes.iter().filter(|w| !w.data.is_empty()) {
+        match out.last_mut() {
+            Some((addr, ptr, len))
+                if addr.checked_add(*len as u64) == Some(w.addr)
+                    && ptr.wrapping_add(*len) == w.data.as_ptr()
+                    && same_allocation(*addr, w.addr) =>
+            {
+                *len += w.data.len();
+            }
+            _ => out.push((w.addr, w.data.as_ptr(), w.data.len())),
+        }
+    }
+    out
+}
+
 fn failed(addr: u64, len: u64, e: CuError) -> CopyError {
     CopyError::failed(addr, len, e.to_string())
 }
@@ -99,6 +152,7 @@ impl CudaMemory {
     /// the primary contexts applications launch in, which live until CUDA is torn down).
     pub unsafe fn new(
         driver: &'static Driver,
+        inventory: Arc<Inventory>,
         ctx: CuContext,
         budget: ShadowBudget,
         tier: StoreTier,
@@ -113,6 +167,7 @@ impl CudaMemory {
         })?;
         Ok(Arc::new(CudaMemory {
             driver,
+            inventory,
             ctx: ctx as usize,
             stream: stream as usize,
             budget,
@@ -159,6 +214,18 @@ impl CudaMemory {
             unsafe { (self.driver.mem_free)(shadow.addr) };
         }
         shadow.size
+    }
+
+    /// Whether `a` and `b` lie in one allocation: kreplay's shadow, or one tracked allocation.
+    /// (Called while the snapshot holds the inventory's copy fence, so no free can intervene.)
+    fn same_allocation(&self, a: u64, b: u64) -> bool {
+        let in_shadow = |s: Shadow, x: u64| x >= s.addr && x - s.addr < s.size;
+        if let Some(s) = *self.lent.lock()
+            && in_shadow(s, a)
+        {
+            return in_shadow(s, b);
+        }
+        self.inventory.lookup(a).is_some_and(|al| al.contains(b))
     }
 
     /// Bytes of device memory kreplay holds now (kept and lent shadows).
@@ -263,7 +330,7 @@ impl DeviceMemory for CudaMemory {
             return Ok(());
         };
         let _guard = self.enter().map_err(|e| failed(first.dst, first.len, e))?;
-        for c in copies {
+        for c in coalesce_copies(copies, |a, b| self.same_allocation(a, b)) {
             // SAFETY: both ranges are live device memory of this context (a tracked allocation
             // fenced by the inventory, and our shadow); the stream is waited for below.
             let rc = unsafe {
@@ -284,20 +351,16 @@ impl DeviceMemory for CudaMemory {
         let _guard = self
             .enter()
             .map_err(|e| failed(first.addr, first.data.len() as u64, e))?;
-        for w in writes {
-            // SAFETY: w.data is a live host buffer (the snapshot store) that outlives the wait
-            // below; the destination is a tracked, fenced device allocation.
+        for (addr, ptr, len) in coalesce_writes(writes, |a, b| self.same_allocation(a, b)) {
+            // SAFETY: ptr..ptr+len spans host buffers of the list that continue each other
+            // (checked by coalesce_writes), all alive (the snapshot store) until the wait below;
+            // the destination is a tracked, fenced device allocation.
             let rc = unsafe {
-                (self.driver.memcpy_htod_async)(
-                    w.addr,
-                    w.data.as_ptr().cast::<c_void>(),
-                    w.data.len(),
-                    self.stream(),
-                )
+                (self.driver.memcpy_htod_async)(addr, ptr.cast::<c_void>(), len, self.stream())
             };
             if let Err(e) = self.driver.check("cuMemcpyHtoDAsync_v2", rc) {
                 let _ = self.sync();
-                return Err(failed(w.addr, w.data.len() as u64, e));
+                return Err(failed(addr, len as u64, e));
             }
         }
         self.sync()
@@ -326,6 +389,97 @@ impl DeviceMemory for CudaMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contiguous_copies_merge_and_others_stay_apart() {
+        let c = |dst, src, len| DeviceCopy { dst, src, len };
+        let anywhere = |_, _| true;
+        let merged = coalesce_copies(
+            &[
+                c(0x1000, 0x9000, 0x100),
+                c(0x1100, 0x9100, 0x100),
+                c(0x1200, 0x9200, 0x0),
+                c(0x1200, 0x9200, 0x200),
+                // destination continues, source does not
+                c(0x1400, 0xa000, 0x100),
+                // gap in the destination
+                c(0x2000, 0xa100, 0x100),
+            ],
+            anywhere,
+        );
+        assert_eq!(
+            merged,
+            [
+                c(0x1000, 0x9000, 0x400),
+                c(0x1400, 0xa000, 0x100),
+                c(0x2000, 0xa100, 0x100)
+            ]
+        );
+        assert!(coalesce_copies(&[], anywhere).is_empty());
+    }
+
+    #[test]
+    fn copies_never_merge_across_adjacent_allocations() {
+        // Two allocations back to back in the address space, copied into one shadow: the
+        // driver rejects a copy that spans both, so they must stay two copies.
+        let allocations = [(0x1000u64, 0x1000u64), (0x2000, 0x1000)];
+        let same = |a: u64, b: u64| {
+            let which = |x: u64| allocations.iter().position(|&(s, l)| x >= s && x < s + l);
+            (0x9000..0xb000).contains(&a) && (0x9000..0xb000).contains(&b)
+                || which(a).is_some() && which(a) == which(b)
+        };
+        let c = |dst, src, len| DeviceCopy { dst, src, len };
+        let pieces = [
+            c(0x9000, 0x1000, 0x800),
+            c(0x9800, 0x1800, 0x800),
+            c(0xa000, 0x2000, 0x1000),
+        ];
+        assert_eq!(
+            coalesce_copies(&pieces, same),
+            [c(0x9000, 0x1000, 0x1000), c(0xa000, 0x2000, 0x1000)]
+        );
+        let store = vec![0u8; 0x2000];
+        let writes = [
+            ChunkWrite {
+                addr: 0x1000,
+                data: &store[..0x1000],
+            },
+            ChunkWrite {
+                addr: 0x2000,
+                data: &store[0x1000..],
+            },
+        ];
+        assert_eq!(coalesce_writes(&writes, same).len(), 2);
+    }
+
+    #[test]
+    fn writes_merge_only_when_host_and_device_ranges_both_continue() {
+        let store = vec![7u8; 4096];
+        let w = |addr, from: usize, to: usize| ChunkWrite {
+            addr,
+            data: &store[from..to],
+        };
+        let merged = coalesce_writes(
+            &[
+                w(0x10000, 0, 1024),
+                w(0x10400, 1024, 2048),
+                // device continues, host jumps
+                w(0x10800, 3072, 4096),
+                // host continues, device jumps
+                w(0x20000, 0, 512),
+            ],
+            |_, _| true,
+        );
+        let base = store.as_ptr();
+        assert_eq!(
+            merged,
+            [
+                (0x10000, base, 2048),
+                (0x10800, base.wrapping_add(3072), 1024),
+                (0x20000, base, 512)
+            ]
+        );
+    }
 
     #[test]
     fn shadow_budget_leaves_the_larger_of_the_minimum_and_the_fraction_free() {

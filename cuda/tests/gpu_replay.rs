@@ -150,8 +150,16 @@ fn replay_add_one(
     let inventory = Arc::new(Inventory::new());
     inventory.on_alloc(buf, (words * 4) as u64, 0, MemoryKind::CoarseDevice);
     // SAFETY: the primary context retained by setup, alive for the test process.
-    let memory =
-        unsafe { CudaMemory::new(d, g.ctx, ShadowBudget::default(), config.store) }.unwrap();
+    let memory = unsafe {
+        CudaMemory::new(
+            d,
+            inventory.clone(),
+            g.ctx,
+            ShadowBudget::default(),
+            config.store,
+        )
+    }
+    .unwrap();
     let snapshotter = Snapshotter::new(inventory, memory, config).unwrap();
     let locks = AgentLocks::new();
     locks.set_enabled(true);

@@ -2,6 +2,8 @@
 
 usage: python3 run_workloads.py LIBKREPLAY_CUDA_SO PASSES WORKLOAD_DIR [C_PROGRAM]
 Prints one line per workload: PASS/FAIL, wall times, and kreplay's exit summary.
+KREPLAY_WORKLOADS=a.py,b.py picks the scripts (default: all four). Each program runs once
+unmeasured first (imports, caches, clocks), then plain and injected, each timed once.
 """
 import os
 import subprocess
@@ -9,8 +11,8 @@ import sys
 import time
 
 lib, passes, wdir = sys.argv[1], sys.argv[2], sys.argv[3]
-programs = [[sys.executable, os.path.join(wdir, f)] for f in
-            ("inplace.py", "matmul_acc.py", "index_add.py", "feedback.py")]
+names = os.environ.get("KREPLAY_WORKLOADS", "inplace.py,matmul_acc.py,index_add.py,feedback.py")
+programs = [[sys.executable, os.path.join(wdir, f)] for f in names.split(",") if f]
 if len(sys.argv) > 4:
     programs.insert(0, [sys.argv[4]])
 
@@ -32,6 +34,7 @@ def run(cmd, inject):
 failures = 0
 for cmd in programs:
     name = os.path.basename(cmd[-1])
+    run(cmd, False)  # warm-up, not measured
     rc0, t0, s0, _, e0 = run(cmd, False)
     rc1, t1, s1, k1, e1 = run(cmd, True)
     ok = rc0 == 0 and rc1 == 0 and s0 == s1 and len(s0) > 0
