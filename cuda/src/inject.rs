@@ -598,3 +598,81 @@ pub extern "C" fn InitializeInjection() -> c_int {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn launch_parameters_are_decoded_for_both_entry_points_and_their_per_thread_variants() {
+        let mut args: [*mut c_void; 1] = [std::ptr::null_mut()];
+        let p = LaunchKernelParams {
+            f: 0x10 as CuFunction,
+            grid: [4, 2, 1],
+            block: [128, 1, 1],
+            shared_mem_bytes: 64,
+            stream: 0x20 as CuStream,
+            kernel_params: args.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        let ctx = 0x30 as CuContext;
+        for (id, per_thread) in [
+            (cbid::CU_LAUNCH_KERNEL, false),
+            (cbid::CU_LAUNCH_KERNEL_PTSZ, true),
+        ] {
+            // SAFETY: a cuLaunchKernel_params for a launch callback id.
+            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 2) };
+            assert_eq!(l.api, LaunchApi::Kernel);
+            assert_eq!(l.per_thread, per_thread);
+            assert_eq!(
+                (l.grid, l.block, l.shared_mem_bytes),
+                ([4, 2, 1], [128, 1, 1], 64)
+            );
+            assert_eq!(
+                (l.function, l.stream, l.params),
+                (p.f, p.stream, p.kernel_params)
+            );
+            assert_eq!((l.ctx, l.device), (ctx, 2));
+        }
+        let config = CuLaunchConfig {
+            grid_dim: [7, 1, 1],
+            block_dim: [32, 2, 1],
+            shared_mem_bytes: 128,
+            stream: 0x40 as CuStream,
+            attrs: std::ptr::null_mut(),
+            num_attrs: 0,
+        };
+        let ex = LaunchKernelExParams {
+            config: &raw const config,
+            f: 0x50 as CuFunction,
+            kernel_params: args.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        for (id, per_thread) in [
+            (cbid::CU_LAUNCH_KERNEL_EX, false),
+            (cbid::CU_LAUNCH_KERNEL_EX_PTSZ, true),
+        ] {
+            // SAFETY: a cuLaunchKernelEx_params whose config points to a live CUlaunchConfig.
+            let l = unsafe { decode_launch(id, (&raw const ex).cast(), ctx, 0) };
+            assert_eq!(
+                l.api,
+                LaunchApi::KernelEx {
+                    config: &raw const config
+                }
+            );
+            assert_eq!(l.per_thread, per_thread);
+            assert_eq!(
+                (l.grid, l.block, l.shared_mem_bytes),
+                ([7, 1, 1], [32, 2, 1], 128)
+            );
+            assert_eq!((l.function, l.stream), (ex.f, config.stream));
+        }
+    }
+
+    #[test]
+    fn the_built_in_tool_asks_for_the_configured_passes() {
+        let answer = FixedPasses(38).config_enter(&DispatchInfo::default());
+        assert_eq!(answer, ToolAnswer::passes(38));
+    }
+}

@@ -315,3 +315,74 @@ fn the_device_lock_is_released_after_exit_and_reentry_is_declined() {
     drop(held);
     assert_eq!(words(&r)[0], 2, "two launches, each counted once");
 }
+
+#[test]
+fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let ops = FakeLaunch {
+        memory: r.memory.clone(),
+        events: r.events.clone(),
+        replayable: Ok(()),
+    };
+    let mut tool = LogTool {
+        passes: 4,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = WindowContext {
+        locks: &r.locks,
+        snapshotter: &r.snapshotter,
+        filter: &r.filter,
+    };
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    assert!(window.is_ready());
+
+    // Another thread's ordinary (single-pass) launch on the same device.
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let other = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = FakeLaunch {
+                memory: r.memory.clone(),
+                events: r.events.clone(),
+                replayable: Ok(()),
+            };
+            let mut tool = LogTool {
+                passes: 1,
+                events: r.events.clone(),
+                outcome: RefCell::new(None),
+            };
+            let cx = WindowContext {
+                locks: &r.locks,
+                snapshotter: &r.snapshotter,
+                filter: &r.filter,
+            };
+            let w = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+            entered_tx.send(()).unwrap();
+            ops.app_launch();
+            w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+        })
+    };
+    assert!(
+        entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the ordinary launch got past API ENTER while a replay window was open"
+    );
+    ops.app_launch();
+    let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+    assert!(matches!(
+        record.outcome,
+        ReplayOutcome::Replayed { passes: 4, .. }
+    ));
+    entered_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the ordinary launch proceeds once the window closes");
+    other.join().unwrap();
+    let got = words(&r);
+    assert!(
+        got.iter().enumerate().all(|(i, &x)| x == i as u32 + 2),
+        "one replayed launch and one ordinary launch leave +2"
+    );
+}
