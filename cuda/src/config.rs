@@ -30,11 +30,13 @@ pub struct Config {
     pub log: LogLevel,
 }
 
+/// Digits only (no sign, space or unit), as every numeric `KREPLAY_*` setting.
 fn parse_u64(var: &'static str, value: &str) -> Result<u64, String> {
-    value
-        .trim()
-        .parse::<u64>()
-        .map_err(|_| format!("{var}={value:?}: expected a non-negative integer"))
+    let bad = || format!("{var}={value:?}: expected a non-negative integer (digits only)");
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    value.parse::<u64>().map_err(|_| bad())
 }
 
 impl Config {
@@ -151,6 +153,9 @@ mod tests {
     fn bad_values_name_the_variable_and_what_was_expected() {
         for (var, value, expect) in [
             ("KREPLAY_CUDA_PASSES", "four", "non-negative integer"),
+            ("KREPLAY_CUDA_PASSES", "+4", "digits only"),
+            ("KREPLAY_CUDA_PASSES", " 4", "digits only"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1G", "digits only"),
             ("KREPLAY_CUDA_PASSES", "0", "at least 1"),
             ("KREPLAY_SNAPSHOT_STORE", "gpu", "auto, device, host, file"),
             ("KREPLAY_RESTORE", "fast", "writeset"),
