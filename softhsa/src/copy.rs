@@ -45,6 +45,7 @@ pub(crate) struct CopyEngines {
 impl CopyEngines {
     /// Queues `job` on `agent`'s engine; returns before the copy runs.
     pub(crate) fn submit(&self, agent: usize, job: CopyJob) -> Result<(), hsa_sys::hsa_status_t> {
+        crate::faults::check(crate::faults::Fault::AsyncCopy)?;
         let engine = {
             let mut engines = self.engines.lock();
             if self.stopped.load(Ordering::Acquire) {
@@ -126,6 +127,9 @@ fn engine_loop(shared: &EngineShared) {
         if ready != Some(true) {
             return;
         }
+        crate::faults::delay(crate::faults::Fault::AsyncCopyDelay, || {
+            shared.stop.load(Ordering::Acquire)
+        });
         let start = now_ticks();
         (job.work)();
         if job.profile {

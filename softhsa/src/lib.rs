@@ -52,6 +52,7 @@
 
 mod api;
 mod copy;
+pub mod faults;
 mod grid;
 mod handlers;
 mod handles;

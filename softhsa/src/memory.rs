@@ -89,6 +89,7 @@ impl Memory {
         if size == 0 {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
+        crate::faults::check(crate::faults::Fault::PoolAllocate)?;
         let charged = size
             .checked_next_multiple_of(ALLOC_GRANULE)
             .and_then(|s| u64::try_from(s).ok())

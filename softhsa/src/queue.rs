@@ -503,6 +503,7 @@ fn processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
             std::thread::park();
             continue;
         }
+        crate::faults::delay(crate::faults::Fault::QueueStall, || queue.is_stopped());
         let packet = queue.read_packet(read);
         match execute(rt, queue, &packet) {
             Ok(()) => queue.consume(read, 1),
@@ -564,6 +565,7 @@ fn dispatch(rt: &Runtime, queue: &Queue, p: &hsa_kernel_dispatch_packet_t) -> Re
     if grid.group_count().is_none() {
         return Err(Halt::Failed(HSA_STATUS_ERROR_INVALID_PACKET_FORMAT));
     }
+    crate::faults::delay(crate::faults::Fault::SlowKernel, || queue.is_stopped());
     let start = now_ticks();
     rt.workers
         .run(grid)

@@ -196,6 +196,9 @@ pub(crate) fn init() -> hsa_status_t {
             return HSA_STATUS_ERROR_REFCOUNT_OVERFLOW;
         }
         if g.refcount == 0 {
+            if let Err(status) = crate::faults::init_from_env() {
+                return status;
+            }
             let config = g.next.clone();
             *CURRENT.write() = Some(Arc::new(Runtime::start(config.clone())));
             g.active = Some(config);

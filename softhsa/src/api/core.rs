@@ -674,6 +674,7 @@ pub(crate) unsafe extern "C" fn hsa_memory_copy(
         if dst.is_null() || src.is_null() {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
+        crate::faults::check(crate::faults::Fault::Copy)?;
         // SAFETY: HSA contract: both ranges are `size` bytes of accessible memory; `copy`
         // tolerates overlap.
         unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), size) };
@@ -708,6 +709,7 @@ pub(crate) fn create_signal(
     if signal.is_null() {
         return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
     }
+    crate::faults::check(crate::faults::Fault::SignalCreate)?;
     // SAFETY: HSA contract: `consumers` lists `num_consumers` agents.
     let consumers = unsafe { read_array(consumers, num_consumers as usize) }?;
     for consumer in consumers {
