@@ -92,6 +92,12 @@ pub const COMMANDS: &[CommandInfo] = &[
                   replay service) on the software HSA runtime",
     },
     CommandInfo {
+        name: "stress",
+        summary: "run many threads of seeded dispatches, copies, fills and allocations under \
+                  kreplay (optionally with injected faults) and check every byte and completion \
+                  against a run without kreplay",
+    },
+    CommandInfo {
         name: "help",
         summary: "show this help, or the help of one command (`kreplay help demo`)",
     },
@@ -110,6 +116,8 @@ pub enum Command {
     Bench(BenchOptions),
     /// Run `kreplay bench-dispatch`.
     BenchDispatch(DispatchBenchOptions),
+    /// Run `kreplay stress`.
+    Stress(StressOptions),
 }
 
 /// Which help text to print.
@@ -123,6 +131,8 @@ pub enum HelpTopic {
     Bench,
     /// `kreplay bench-dispatch`.
     BenchDispatch,
+    /// `kreplay stress`.
+    Stress,
 }
 
 impl HelpTopic {
@@ -132,6 +142,7 @@ impl HelpTopic {
             "demo" => Some(HelpTopic::Demo),
             "bench" => Some(HelpTopic::Bench),
             "bench-dispatch" => Some(HelpTopic::BenchDispatch),
+            "stress" => Some(HelpTopic::Stress),
             "help" => Some(HelpTopic::Main),
             _ => None,
         }
@@ -161,6 +172,52 @@ impl Default for DemoOptions {
             elements: DEFAULT_ELEMENTS,
             json: None,
             csv: None,
+        }
+    }
+}
+
+/// Default seconds of `kreplay stress`.
+pub const DEFAULT_STRESS_SECONDS: u64 = 10;
+/// Most seconds `kreplay stress` accepts (one day).
+pub const MAX_STRESS_SECONDS: u64 = 86_400;
+/// Default application threads of `kreplay stress`.
+pub const DEFAULT_STRESS_THREADS: usize = 8;
+/// Most application threads `kreplay stress` accepts.
+pub const MAX_STRESS_THREADS: usize = 256;
+
+/// Options of `kreplay stress`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StressOptions {
+    /// How long the application threads run under kreplay (`--seconds`).
+    pub seconds: u64,
+    /// Seed of every thread's operations and of the faults (`--seed`).
+    pub seed: u64,
+    /// Application threads (`--threads`).
+    pub threads: usize,
+    /// Fault spec for softhsa (`--faults`); `None` falls back to `KREPLAY_SOFTHSA_FAULTS`.
+    pub faults: Option<String>,
+    /// What the application mix draws from (`--no-opt-out`, `--no-shared-queues`, ...).
+    pub mix: kreplay_workloads::stress::Mix,
+    /// The tool toggles contexts in every replay (`--no-toggles` turns it off).
+    pub toggles: bool,
+    /// The tool dispatches from inside its callbacks (`--no-reentrant` turns it off).
+    pub reentrant: bool,
+    /// Replay restores memory between passes (`--no-restore` turns it off, to show the check
+    /// catching lost data).
+    pub restore: bool,
+}
+
+impl Default for StressOptions {
+    fn default() -> Self {
+        StressOptions {
+            seconds: DEFAULT_STRESS_SECONDS,
+            seed: 1,
+            threads: DEFAULT_STRESS_THREADS,
+            faults: None,
+            mix: kreplay_workloads::stress::Mix::ALL,
+            toggles: true,
+            reentrant: true,
+            restore: true,
         }
     }
 }
@@ -269,6 +326,7 @@ impl UsageError {
                 HelpTopic::Demo => "kreplay demo --help",
                 HelpTopic::Bench => "kreplay bench --help",
                 HelpTopic::BenchDispatch => "kreplay bench-dispatch --help",
+                HelpTopic::Stress => "kreplay stress --help",
             },
         }
     }
@@ -309,6 +367,7 @@ where
         "demo" => parse_demo(rest),
         "bench" => parse_bench(rest),
         "bench-dispatch" => parse_bench_dispatch(rest),
+        "stress" => parse_stress(rest),
         other if other.starts_with('-') => Err(UsageError::main(format!(
             "unknown option '{other}' (options go after the command)"
         ))),
@@ -555,6 +614,69 @@ fn parse_bench_dispatch(rest: &[String]) -> Result<Command, UsageError> {
     Ok(Command::BenchDispatch(options))
 }
 
+fn parse_stress(rest: &[String]) -> Result<Command, UsageError> {
+    const SPECS: [OptionSpec; 13] = [
+        valued("--seconds"),
+        valued("--seed"),
+        valued("--threads"),
+        valued("--faults"),
+        flag("--no-opt-out"),
+        flag("--no-shared-queues"),
+        flag("--no-alloc-free"),
+        flag("--no-async-copy"),
+        flag("--no-memory-copy"),
+        flag("--no-fill"),
+        flag("--no-toggles"),
+        flag("--no-reentrant"),
+        flag("--no-restore"),
+    ];
+    let topic = HelpTopic::Stress;
+    let Some(given) = read_options(topic, "stress", &SPECS, rest)? else {
+        return Ok(Command::Help(topic));
+    };
+    let mut options = StressOptions::default();
+    for (name, value) in given {
+        let value = value.unwrap_or_default();
+        match name {
+            "--seconds" => {
+                options.seconds = parse_count(topic, name, value, 1, MAX_STRESS_SECONDS)?;
+            }
+            "--seed" => {
+                options.seed = value.parse().map_err(|_| {
+                    UsageError::of(
+                        topic,
+                        format!("invalid value '{value}' for '--seed': expected a whole number from 0 to {}", u64::MAX),
+                    )
+                })?;
+            }
+            "--threads" => {
+                let n = parse_count(topic, name, value, 1, MAX_STRESS_THREADS as u64)?;
+                options.threads = usize::try_from(n).unwrap_or(MAX_STRESS_THREADS);
+            }
+            "--faults" => {
+                kreplay_softhsa::faults::FaultPlan::parse(value).map_err(|e| {
+                    UsageError::of(
+                        topic,
+                        format!("invalid value '{value}' for '--faults': {e}"),
+                    )
+                })?;
+                options.faults = Some(value.to_string());
+            }
+            "--no-opt-out" => options.mix.opt_out = false,
+            "--no-shared-queues" => options.mix.shared_queues = false,
+            "--no-alloc-free" => options.mix.alloc_free = false,
+            "--no-async-copy" => options.mix.async_copy = false,
+            "--no-memory-copy" => options.mix.memory_copy = false,
+            "--no-fill" => options.mix.fill = false,
+            "--no-toggles" => options.toggles = false,
+            "--no-reentrant" => options.reentrant = false,
+            "--no-restore" => options.restore = false,
+            _ => unreachable!("every stress option is handled above"),
+        }
+    }
+    Ok(Command::Stress(options))
+}
+
 /// A comma-separated list whose items `item` parses; empty items and repeated items are errors.
 fn parse_list<T: PartialEq>(
     topic: HelpTopic,
@@ -679,6 +801,40 @@ fn parse_path(topic: HelpTopic, option: &str, value: &str) -> Result<PathBuf, Us
 /// The help text of `topic`.
 pub fn help_text(topic: HelpTopic) -> String {
     match topic {
+        HelpTopic::Stress => format!(
+            "kreplay stress — nothing lost under many threads, queues, agents and faults\n\n\
+             Usage: kreplay stress [options]\n\n\
+             Installs kreplay in this process on the software HSA runtime with a tool that replays\n\
+             some dispatches in 2 to 4 passes and opts the others out, toggles its contexts in\n\
+             every pass and dispatches from inside its callbacks. N application threads, each\n\
+             owning buffers on 2 GPU agents, run a seeded mix of dispatches (private and shared\n\
+             queues), temporary allocations, async copies, hsa_memory_copy and fills for the\n\
+             given time. The same operations then run without kreplay and without faults, and\n\
+             every buffer is compared. Prints operations, replays, passes, bytes restored,\n\
+             declines per reason, restore failures and the faults that struck.\n\n\
+             Options:\n\
+             \x20 --seconds S         how long the threads run under kreplay, 1 to {MAX_STRESS_SECONDS}\n\
+             \x20                     (default {DEFAULT_STRESS_SECONDS})\n\
+             \x20 --seed X            seed of the operations and of the faults (default 1)\n\
+             \x20 --threads N         application threads, 1 to {MAX_STRESS_THREADS} (default {DEFAULT_STRESS_THREADS})\n\
+             \x20 --faults SPEC       softhsa fault injection, e.g. copy:0.01,signal_create:0.001,\n\
+             \x20                     pool_allocate:0.01,async_copy:0.01,slow_kernel:0.01@20,\n\
+             \x20                     queue_stall:0.001@500,async_copy_delay:0.05@5[,seed:N]\n\
+             \x20                     (default: KREPLAY_SOFTHSA_FAULTS; a spec without seed uses --seed)\n\
+             \x20 --no-opt-out        every dispatch asks to be replayed\n\
+             \x20 --no-shared-queues  only private queues\n\
+             \x20 --no-alloc-free     no temporary allocations\n\
+             \x20 --no-async-copy     no hsa_amd_memory_async_copy\n\
+             \x20 --no-memory-copy    no hsa_memory_copy\n\
+             \x20 --no-fill           no hsa_amd_memory_fill\n\
+             \x20 --no-toggles        the tool leaves its contexts alone\n\
+             \x20 --no-reentrant      the tool dispatches nothing from its callbacks\n\
+             \x20 --no-restore        skip restores between passes, to see the check fail\n\
+             \x20 -h, --help          show this help\n\n\
+             Exit status: 0 when every buffer equals the reference and every completion fired\n\
+             exactly once, 1 otherwise (a reproducing command line is printed), 2 for a bad\n\
+             command line.\n"
+        ),
         HelpTopic::Main => {
             let width = COMMANDS.iter().map(|c| c.name.len()).max().unwrap_or(0);
             let mut text = String::from(

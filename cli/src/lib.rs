@@ -4,7 +4,9 @@
 //! tool that replays every dispatch in N passes (a different tracing context active on each
 //! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
 //! `kreplay bench` measures snapshot and restore beside ceilings measured in the same run, and
-//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`]).
+//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`]). `kreplay
+//! stress` runs the stress mix under kreplay, with optional fault injection, and checks every
+//! byte and completion against a run without it ([`stress`]).
 //! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`].
 //!
 //! ```
@@ -21,6 +23,7 @@ pub mod args;
 pub mod bench;
 pub mod demo;
 pub mod format;
+pub mod stress;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -57,6 +60,16 @@ where
         Command::Bench(options) => return finished(bench::run(&options, out).map(drop)),
         Command::BenchDispatch(options) => {
             return finished(bench::dispatch::run(&options, out).map(drop));
+        }
+        Command::Stress(options) => {
+            return match stress::run(&options, out) {
+                Ok(outcome) if outcome.passed => EXIT_OK,
+                Ok(_) => EXIT_FAILURE,
+                Err(error) => {
+                    eprintln!("kreplay: error: {error}");
+                    EXIT_FAILURE
+                }
+            };
         }
     };
     match printed {

@@ -10,8 +10,7 @@
 //!
 //! kreplay installs into one HSA table per process, so the demo runs once per process.
 
-pub mod app;
-pub mod kernels;
+pub use kreplay_workloads::demo::{app, kernels};
 pub mod order;
 pub mod output;
 pub mod report;

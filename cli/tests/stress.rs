@@ -1,0 +1,193 @@
+//! `kreplay stress` in the test suite: short seeded runs of the built binary (each bounded by the
+//! command's own watchdog as well as by its few seconds of operations).
+//!
+//! Parts of the mix that lose data today because of known, open defects are switched off here
+//! with the command's own flags, each named below; the command runs them by default.
+//! - `--no-memory-copy`, `--no-fill`: `hsa_memory_copy` and `hsa_amd_memory_fill` into a buffer
+//!   of an agent while another thread replays a dispatch there are not fenced against the
+//!   replay, so the replay's restores revert them (issue 8, item 1).
+//! - `--no-reentrant`: a tool dispatch from PASS ENTER is erased by the replay's restores, and
+//!   with several application threads the re-entrant dispatch can deadlock (issue 8, item 5).
+//! - no `signal_create` fault: a pass signal that cannot be created fails the pass after the
+//!   snapshot, so the kernel never runs (issue 8, item 3).
+
+use std::process::{Command, Output};
+
+/// The narrowing that keeps the known defects out (see the module comment).
+const KNOWN_DEFECTS_OFF: [&str; 3] = ["--no-memory-copy", "--no-fill", "--no-reentrant"];
+
+fn kreplay(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().copied());
+    command.output().expect("the kreplay binary runs")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "--- stdout ---\n{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn stress(extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut args = vec!["stress", "--seconds", "2", "--threads", "4"];
+    args.extend_from_slice(extra);
+    kreplay(&args, env)
+}
+
+/// The line starting with `prefix`.
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in\n{out}"))
+}
+
+/// The number right after `label` in the line starting with `prefix`.
+fn number_after(out: &str, prefix: &str, label: &str) -> u64 {
+    let line = line(out, prefix);
+    let at = line
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"));
+    let digits: String = line[at + label.len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {label:?} in {line:?}"))
+}
+
+/// The number right before `label` in the line starting with `prefix`.
+fn number_before(out: &str, prefix: &str, label: &str) -> u64 {
+    let line = line(out, prefix);
+    let at = line
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"));
+    let before = &line[..at];
+    let start = before
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    before[start..]
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before {label:?} in {line:?}"))
+}
+
+#[test]
+fn a_short_seeded_stress_run_loses_no_byte_and_no_completion() {
+    let mut args = vec!["--seed", "7"];
+    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
+    let output = stress(&args, &[]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(out.contains("stress: PASSED"), "{out}");
+    assert!(
+        out.contains("equal the reference run without kreplay"),
+        "{out}"
+    );
+    assert!(out.contains("completions: 0 lost, 0 extra"), "{out}");
+    // The run really mixed what it claims: replays with passes and restores, opted-out
+    // dispatches, shared queues, allocations, async copies and context toggles.
+    assert!(
+        number_before(&out, "operations:", " dispatches") > 100,
+        "{out}"
+    );
+    for label in [
+        " to be replayed",
+        " opted out",
+        " on shared",
+        " alloc/free",
+        " async copies",
+    ] {
+        assert!(
+            number_before(&out, "operations:", label) > 0,
+            "{label}: {out}"
+        );
+    }
+    assert!(number_before(&out, "replay:", " replayed") > 0, "{out}");
+    assert!(number_before(&out, "replay:", " passes") > 0, "{out}");
+    assert!(
+        number_before(&out, "tool:", " toggles as specified") > 0,
+        "{out}"
+    );
+}
+
+#[test]
+fn a_stress_run_with_injected_faults_loses_nothing_and_reports_the_faults() {
+    let mut args = vec![
+        "--seed",
+        "11",
+        "--faults",
+        "pool_allocate:0.03,async_copy:0.03,slow_kernel:0.02@3,async_copy_delay:0.03@3",
+    ];
+    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
+    let output = stress(&args, &[]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(out.contains("stress: PASSED"), "{out}");
+    assert!(out.contains("faults injected:"), "{out}");
+    assert!(
+        number_after(&out, "faults injected:", "pool_allocate=") > 0
+            && number_after(&out, "faults injected:", "async_copy=") > 0,
+        "{out}"
+    );
+    assert!(
+        number_before(&out, "operations:", " runtime calls retried") > 0,
+        "the application saw the faults and retried: {out}"
+    );
+}
+
+#[test]
+fn a_stress_run_without_restores_reports_the_lost_bytes_and_exits_1() {
+    let output = kreplay(
+        &[
+            "stress",
+            "--seconds",
+            "1",
+            "--threads",
+            "2",
+            "--no-restore",
+            "--no-memory-copy",
+            "--no-fill",
+            "--no-reentrant",
+            "--no-opt-out",
+        ],
+        &[],
+    );
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    assert!(out.contains("differ from the reference"), "{out}");
+    assert!(out.contains("stress: FAILED"), "{out}");
+    assert!(
+        out.contains("reproduce with: kreplay stress --seconds 1 --seed 1 --threads 2"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_malformed_fault_spec_is_a_usage_error_naming_the_option_or_variable() {
+    let output = kreplay(&["stress", "--faults", "copy:2"], &[]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("'--faults'") && text(&output).contains("[0, 1]"),
+        "{}",
+        text(&output)
+    );
+
+    let output = kreplay(
+        &["stress", "--seconds", "1"],
+        &[("KREPLAY_SOFTHSA_FAULTS", "stall:0.1")],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(
+        text(&output).contains("KREPLAY_SOFTHSA_FAULTS") && text(&output).contains("'stall'"),
+        "{}",
+        text(&output)
+    );
+}
