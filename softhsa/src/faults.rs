@@ -114,6 +114,8 @@ pub struct FaultRate {
     pub skip_first: u64,
     /// For the slowing faults: how long.
     pub delay: Duration,
+    /// Strikes after which the fault stops (`u64::MAX`: never stops).
+    pub at_most: u64,
 }
 
 /// Which faults strike, how often, from which seed.
@@ -145,6 +147,7 @@ impl FaultPlan {
         self.rates[fault.index()] = Some(FaultRate {
             probability: probability.clamp(0.0, 1.0),
             skip_first: 0,
+            at_most: u64::MAX,
             delay: fault.default_delay(),
         });
         self
@@ -155,6 +158,7 @@ impl FaultPlan {
         let rate = self.rates[fault.index()].get_or_insert(FaultRate {
             probability: 1.0,
             skip_first: 0,
+            at_most: u64::MAX,
             delay,
         });
         rate.delay = delay;
@@ -167,9 +171,23 @@ impl FaultPlan {
         let rate = self.rates[fault.index()].get_or_insert(FaultRate {
             probability: 1.0,
             skip_first: 0,
+            at_most: u64::MAX,
             delay: fault.default_delay(),
         });
         rate.skip_first = count;
+        self
+    }
+
+    /// Lets `fault` strike at most `count` times (adds it with probability 1 if absent):
+    /// `FaultPlan::new(0).at_most(Fault::QueueStall, 1)` stalls one packet only.
+    pub fn at_most(mut self, fault: Fault, count: u64) -> Self {
+        let rate = self.rates[fault.index()].get_or_insert(FaultRate {
+            probability: 1.0,
+            skip_first: 0,
+            at_most: u64::MAX,
+            delay: fault.default_delay(),
+        });
+        rate.at_most = count;
         self
     }
 
@@ -247,6 +265,7 @@ impl FaultPlan {
             plan.rates[fault.index()] = Some(FaultRate {
                 probability,
                 skip_first: 0,
+                at_most: u64::MAX,
                 delay,
             });
         }
@@ -297,6 +316,8 @@ struct Active {
     plan: FaultPlan,
     /// Opportunities seen, per fault.
     seen: [AtomicU64; 7],
+    /// Strikes of this plan, per fault.
+    struck: [AtomicU64; 7],
 }
 
 static ACTIVE: RwLock<Option<Arc<Active>>> = RwLock::new(None);
@@ -313,6 +334,7 @@ pub fn install(plan: Option<FaultPlan>) {
         Arc::new(Active {
             plan,
             seen: [const { AtomicU64::new(0) }; 7],
+            struck: [const { AtomicU64::new(0) }; 7],
         })
     });
 }
@@ -345,6 +367,7 @@ pub(crate) fn init_from_env() -> Result<(), hsa_status_t> {
                 Arc::new(Active {
                     plan,
                     seen: [const { AtomicU64::new(0) }; 7],
+                    struck: [const { AtomicU64::new(0) }; 7],
                 })
             });
             Ok(())
@@ -384,6 +407,15 @@ fn strikes(fault: Fault) -> Option<Duration> {
         return None;
     }
     if decides(active.plan.seed, fault, n, rate.probability) {
+        let struck = &active.struck[fault.index()];
+        if struck
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                (s < rate.at_most).then_some(s + 1)
+            })
+            .is_err()
+        {
+            return None;
+        }
         FIRED[fault.index()].fetch_add(1, Ordering::SeqCst);
         Some(rate.delay)
     } else {

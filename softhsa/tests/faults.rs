@@ -334,3 +334,22 @@ fn an_environment_spec_switches_faults_on_at_hsa_init() {
     assert!(ok, "{text}");
     assert!(text.contains("child-checked"), "{text}");
 }
+
+#[test]
+fn at_most_stops_the_fault_after_that_many_strikes() {
+    let _turn = serial();
+    let (hsa, _session) = open();
+    let (src, dst) = buffers(&hsa, 64);
+    faults::install(Some(FaultPlan::new(1).at_most(Fault::Copy, 2)));
+    let statuses: Vec<u32> = (0..4).map(|_| memory_copy(&hsa, dst, src, 64)).collect();
+    assert_eq!(
+        statuses,
+        [
+            HSA_STATUS_ERROR,
+            HSA_STATUS_ERROR,
+            HSA_STATUS_SUCCESS,
+            HSA_STATUS_SUCCESS
+        ]
+    );
+    assert_eq!(faults::fired(Fault::Copy), 2);
+}
