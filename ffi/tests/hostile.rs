@@ -6,7 +6,8 @@
 //! are those of one ordinary run, its completion fires exactly once per dispatch, and every
 //! invalid answer is declined with its reason.
 //!
-//! kreplay's state is process-wide, so each test runs its body in a process of its own.
+//! kreplay's state is process-wide, so each test runs its body in a process of its own. The
+//! seeds are fixed; `KREPLAY_HOSTILE_SEED=N` replaces them for a longer campaign.
 //!
 //! The unbounded answers (a pass count of `UINT64_MAX`, or 0 with a continue callback that never
 //! says stop) hang today: `an_unbounded_pass_count_ends_at_the_cap_with_results_intact` is
@@ -111,6 +112,16 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// `KREPLAY_HOSTILE_SEED` when set (for longer campaigns over many seeds), else `default`.
+fn seed(default: u64) -> u64 {
+    match std::env::var("KREPLAY_HOSTILE_SEED") {
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("KREPLAY_HOSTILE_SEED={value:?} is not a whole number")),
+        Err(_) => default,
+    }
 }
 
 static DRAWS: AtomicU64 = AtomicU64::new(0);
@@ -259,7 +270,7 @@ fn random_garbage_calls_from_many_threads_get_defined_statuses() {
         "random_garbage_calls_from_many_threads_get_defined_statuses",
         &[],
         || {
-            SEED.store(0x4055_71e5, Ordering::Relaxed);
+            SEED.store(seed(0x4055_71e5), Ordering::Relaxed);
             let mut real = Vec::new();
             for _ in 0..4 {
                 let mut ctx = ContextHandle::default();
@@ -583,7 +594,7 @@ const WORDS: u32 = 1024;
 /// The application: threads each adding one to their own buffer, one dispatch at a time,
 /// waiting for each completion (bounded) and checking it fired exactly once.
 fn hostile_tool_run(unbounded: bool) {
-    SEED.store(if unbounded { 0x0b0 } else { 0x7001 }, Ordering::Relaxed);
+    SEED.store(seed(if unbounded { 0x0b0 } else { 0x7001 }), Ordering::Relaxed);
     let registered = TOOL.set(HostileTool {
         unbounded,
         tally: Tally::default(),
