@@ -594,7 +594,10 @@ const WORDS: u32 = 1024;
 /// The application: threads each adding one to their own buffer, one dispatch at a time,
 /// waiting for each completion (bounded) and checking it fired exactly once.
 fn hostile_tool_run(unbounded: bool) {
-    SEED.store(seed(if unbounded { 0x0b0 } else { 0x7001 }), Ordering::Relaxed);
+    SEED.store(
+        seed(if unbounded { 0x0b0 } else { 0x7001 }),
+        Ordering::Relaxed,
+    );
     let registered = TOOL.set(HostileTool {
         unbounded,
         tally: Tally::default(),
