@@ -459,7 +459,13 @@ unsafe extern "C" fn continue_cb(
     })
 }
 
-fn choose_answer(unbounded: bool) -> Answer {
+/// The answer for dispatch `id`: random (threads interleave, so which dispatch gets which
+/// random answer varies), except that every tenth dispatch answers 0 without a continue
+/// callback, so every run has invalid answers to check.
+fn choose_answer(id: u64, unbounded: bool) -> Answer {
+    if id % 10 == 3 {
+        return Answer::ZeroWithoutContinue;
+    }
     let n = pick(&[0u64, 1, 2, 3, 5]);
     match draw() % 5 {
         0 => Answer::OptOut,
@@ -501,7 +507,7 @@ unsafe extern "C" fn on_replay(record: CallbackRecord, _user: *mut UserData, _: 
         match (operation, record.phase) {
             (KernelReplayOperation::CONFIG, CallbackPhase::ENTER) => {
                 tool.config_enters.fetch_add(1, Ordering::SeqCst);
-                let answer = choose_answer(tool.unbounded);
+                let answer = choose_answer(id, tool.unbounded);
                 tool.answers.lock().unwrap().insert(id, answer);
                 let (count, cont): (PassCountFn, ContinueFn) = match answer {
                     Answer::OptOut => (None, pick(&[None, Some(continue_cb as _)])),
@@ -719,6 +725,13 @@ fn hostile_tool_run(unbounded: bool) {
         }
     }
     assert!(invalid > 0, "the seed exercised invalid answers");
+    let mut declines: HashMap<&str, u64> = HashMap::new();
+    for record in &records {
+        if let Some(decline) = record.outcome.decline() {
+            *declines.entry(decline.reason.as_str()).or_default() += 1;
+        }
+    }
+    println!("declines: {declines:?}");
     println!(
         "hostile tool: {dispatches} dispatches, {invalid} invalid answers, {} garbage calls",
         tool.tally.calls.load(Ordering::Relaxed)
