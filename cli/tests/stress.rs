@@ -191,3 +191,41 @@ fn a_malformed_fault_spec_is_a_usage_error_naming_the_option_or_variable() {
         text(&output)
     );
 }
+
+#[test]
+fn stress_options_parse_and_bad_values_name_the_option() {
+    use kreplay_cli::args::{Command as Cli, parse};
+    let Ok(Cli::Stress(options)) = parse([
+        "stress",
+        "--seconds",
+        "5",
+        "--seed",
+        "18446744073709551615",
+        "--threads=2",
+        "--no-fill",
+        "--no-reentrant",
+        "--faults",
+        "copy:0.5,seed:3",
+    ]) else {
+        panic!("a valid stress command line");
+    };
+    assert_eq!(
+        (options.seconds, options.seed, options.threads),
+        (5, u64::MAX, 2)
+    );
+    assert!(!options.mix.fill && options.mix.memory_copy && !options.reentrant && options.toggles);
+    assert_eq!(options.faults.as_deref(), Some("copy:0.5,seed:3"));
+    for (args, needle) in [
+        (vec!["stress", "--seconds", "0"], "'--seconds'"),
+        (vec!["stress", "--threads", "100000"], "'--threads'"),
+        (vec!["stress", "--seed", "-1"], "'--seed'"),
+        (
+            vec!["stress", "--faults", "slow_kernel:0.1@x"],
+            "'--faults'",
+        ),
+        (vec!["stress", "--no-fill", "--no-fill"], "given twice"),
+    ] {
+        let error = parse(args.clone()).expect_err(&format!("{args:?}"));
+        assert!(error.to_string().contains(needle), "{args:?}: {error}");
+    }
+}
