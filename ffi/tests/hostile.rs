@@ -9,9 +9,9 @@
 //! kreplay's state is process-wide, so each test runs its body in a process of its own. The
 //! seeds are fixed; `KREPLAY_HOSTILE_SEED=N` replaces them for a longer campaign.
 //!
-//! The unbounded answers (a pass count of `UINT64_MAX`, or 0 with a continue callback that never
-//! says stop) hang today: `an_unbounded_pass_count_ends_at_the_cap_with_results_intact` is
-//! ignored until the pass cap `KREPLAY_MAX_PASSES` exists (issue 8, item 7).
+//! The unbounded answers (a pass count of `UINT64_MAX` or 2^40, 0 with a continue callback that
+//! never says stop) run under `KREPLAY_MAX_PASSES=8`: each is declined as `invalid_pass_count` or
+//! ends at the cap, saying so.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
@@ -323,9 +323,20 @@ enum Answer {
 }
 
 impl Answer {
-    /// Whether kreplay must decline it as `invalid_pass_count`.
-    fn invalid(self) -> bool {
-        matches!(self, Answer::ZeroWithoutContinue)
+    /// Whether kreplay must decline it as `invalid_pass_count` (0 without continue, or more
+    /// passes than the cap).
+    fn invalid(self, cap: u64) -> bool {
+        match self {
+            Answer::ZeroWithoutContinue => true,
+            Answer::Passes(n) | Answer::PassesWithContinue(n, _) => n > cap,
+            Answer::OptOut => false,
+        }
+    }
+
+    /// Whether only kreplay's cap can end it (0 passes and a continue callback that never
+    /// says stop).
+    fn endless(self) -> bool {
+        matches!(self, Answer::PassesWithContinue(0, None))
     }
 }
 
@@ -461,10 +472,14 @@ unsafe extern "C" fn continue_cb(
 
 /// The answer for dispatch `id`: random (threads interleave, so which dispatch gets which
 /// random answer varies), except that every tenth dispatch answers 0 without a continue
-/// callback, so every run has invalid answers to check.
+/// callback (and, when unbounded, others `UINT64_MAX` and an endless loop), so every run has
+/// those answers to check.
 fn choose_answer(id: u64, unbounded: bool) -> Answer {
-    if id % 10 == 3 {
-        return Answer::ZeroWithoutContinue;
+    match id % 10 {
+        3 => return Answer::ZeroWithoutContinue,
+        5 if unbounded => return Answer::Passes(u64::MAX),
+        7 if unbounded => return Answer::PassesWithContinue(0, None),
+        _ => {}
     }
     let n = pick(&[0u64, 1, 2, 3, 5]);
     match draw() % 5 {
@@ -594,6 +609,8 @@ fn add_one(group: &WorkGroup) {
 }
 
 const THREADS: usize = 3;
+/// kreplay's cap on passes when `KREPLAY_MAX_PASSES` is unset (README's configuration table).
+const DEFAULT_MAX_PASSES: u64 = 1024;
 const DISPATCHES_PER_THREAD: u32 = 40;
 const WORDS: u32 = 1024;
 
@@ -702,11 +719,16 @@ fn hostile_tool_run(unbounded: bool) {
         dispatches,
         "one loop record per dispatch"
     );
+    let cap: u64 = std::env::var("KREPLAY_MAX_PASSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_MAX_PASSES);
     let mut invalid = 0;
+    let mut endless = 0;
     for record in &records {
         let answer = answers[&record.info.dispatch_id];
         let reason = record.outcome.decline().map(|d| d.reason.as_str());
-        if answer.invalid() {
+        if answer.invalid(cap) {
             invalid += 1;
             assert_eq!(
                 reason,
@@ -717,12 +739,32 @@ fn hostile_tool_run(unbounded: bool) {
             );
         } else {
             assert!(
-                !record.outcome.is_failure(),
+                !record.outcome.is_failure() && reason.is_none(),
                 "dispatch {} answered {answer:?}: {:?}",
                 record.info.dispatch_id,
                 record.outcome
             );
+            assert!(
+                record.cost.passes_run <= cap,
+                "dispatch {} ran {} passes, over the cap of {cap}",
+                record.info.dispatch_id,
+                record.cost.passes_run
+            );
+            if answer.endless() {
+                endless += 1;
+                // Ended by the cap, or by the tool clearing its continue callback at PASS EXIT;
+                // either way the outcome says why.
+                let outcome = format!("{:?}", record.outcome);
+                assert!(
+                    outcome.contains("MaxPasses") || outcome.contains("ContinueCleared"),
+                    "dispatch {} answered {answer:?}: {outcome}",
+                    record.info.dispatch_id
+                );
+            }
         }
+    }
+    if unbounded {
+        assert!(endless > 0, "the seed exercised endless answers");
     }
     assert!(invalid > 0, "the seed exercised invalid answers");
     let mut declines: HashMap<&str, u64> = HashMap::new();
@@ -753,7 +795,6 @@ fn a_hostile_tool_neither_crashes_hangs_nor_changes_application_results() {
 /// The unbounded answers too (`UINT64_MAX`, 2^40, 0 with a continue callback that never stops):
 /// each must end at the pass cap with its reason, the application unchanged.
 #[test]
-#[ignore = "hangs until the pass cap KREPLAY_MAX_PASSES exists (issue 8, item 7)"]
 fn an_unbounded_pass_count_ends_at_the_cap_with_results_intact() {
     isolated(
         "an_unbounded_pass_count_ends_at_the_cap_with_results_intact",

@@ -223,6 +223,35 @@ scenarios! {
         env.still_replays(buf, 4096, 2);
     }
 
+    /// No signal can be created: everything a replay needs is acquired before the snapshot, so
+    /// the replay is declined, the dispatch runs once and memory is as after one run.
+    fn a_signal_that_cannot_be_created_declines_the_replay_before_the_snapshot() {
+        let env = setup(InstallOptions {
+            drain: DrainConfig::new(WAIT),
+            ..Default::default()
+        });
+        env.hooks.set_script(Script::passes(3));
+        let init = values(6, 4096);
+        let buf = env.app.buffer(env.pools.coarse, &init);
+
+        let (_, outcome) = env.dispatch_with(
+            FaultPlan::new(1).with(Fault::SignalCreate, 1.0),
+            buf,
+            4096,
+            1,
+        );
+
+        assert!(faults::fired(Fault::SignalCreate) > 0, "the fault struck");
+        assert!(declined(&outcome).is_some(), "a decline: {outcome:?}");
+        assert_eq!(runs(1), 1, "the declined dispatch ran once");
+        assert_eq!(
+            env.app.read(buf, 4096),
+            plus(&init, 1),
+            "memory as after one run"
+        );
+        env.still_replays(buf, 4096, 2);
+    }
+
     /// A sibling queue that stalls longer than the drain budget: the replay is declined as
     /// `agent_drain_stuck` before any snapshot, the dispatch runs once, and the stalled work
     /// lands whole.
@@ -316,64 +345,4 @@ scenarios! {
         assert_eq!(env.app.read(target, 1024), values(1000, 1024), "the late copy is not undone");
         assert_eq!(env.app.read(buf, 4096), plus(&init, 1));
     }
-}
-
-/// No signal can be created: everything a replay needs is acquired before the snapshot, so
-/// the replay is declined, the dispatch runs once and memory is as after one run.
-fn signal_create_scenario() {
-    let env = setup(InstallOptions {
-        drain: DrainConfig::new(WAIT),
-        ..Default::default()
-    });
-    env.hooks.set_script(Script::passes(3));
-    let init = values(6, 4096);
-    let buf = env.app.buffer(env.pools.coarse, &init);
-
-    let (_, outcome) = env.dispatch_with(
-        FaultPlan::new(1).with(Fault::SignalCreate, 1.0),
-        buf,
-        4096,
-        1,
-    );
-
-    assert!(faults::fired(Fault::SignalCreate) > 0, "the fault struck");
-    assert!(declined(&outcome).is_some(), "a decline: {outcome:?}");
-    assert_eq!(runs(1), 1, "the declined dispatch ran once");
-    assert_eq!(
-        env.app.read(buf, 4096),
-        plus(&init, 1),
-        "memory as after one run"
-    );
-    env.still_replays(buf, 4096, 2);
-}
-
-/// Runs [`signal_create_scenario`] in a process of its own, as `scenarios!` does, but with
-/// `--include-ignored` so that the child runs it too.
-#[test]
-#[ignore = "fails until pass signals are acquired before the snapshot (issue 8, item 3)"]
-fn a_signal_that_cannot_be_created_declines_the_replay_before_the_snapshot() {
-    const NAME: &str = "a_signal_that_cannot_be_created_declines_the_replay_before_the_snapshot";
-    const CHILD: &str = "KREPLAY_HSA_FAULTS_CHILD";
-    if std::env::var_os(CHILD).is_some() {
-        signal_create_scenario();
-        return;
-    }
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            NAME,
-            "--nocapture",
-            "--test-threads=1",
-            "--include-ignored",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .expect("the scenario's process runs");
-    assert!(
-        output.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("1 passed"));
 }
