@@ -867,8 +867,8 @@ fn status_result(status: hsa_status_t) -> Result<(), hsa_status_t> {
     }
 }
 
-/// Starts the stress mix's own shared objects for a tool: exposed so a tool built on the same
-/// table can dispatch [`StressKernels::tool_add`] from inside its callbacks.
+/// What a tool needs to dispatch [`StressKernels::tool_add`] from inside its callbacks, on the
+/// same table as the application (so the dispatch goes through kreplay like any other).
 pub mod tool_side {
     use super::*;
     use kernels::AddOneArgs;
