@@ -241,3 +241,23 @@ fn a_stress_run_with_queues_stalled_past_the_drain_budget_loses_nothing() {
         "{out}"
     );
 }
+
+#[test]
+fn faults_come_from_the_environment_when_no_option_names_them() {
+    let mut args = vec!["--seed", "5"];
+    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
+    let output = stress(
+        &args,
+        &[(
+            "KREPLAY_SOFTHSA_FAULTS",
+            "pool_allocate:0.05,async_copy:0.05",
+        )],
+    );
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("faults: async_copy:0.05,pool_allocate:0.05,seed:5"),
+        "the variable's plan, drawn from --seed: {out}"
+    );
+    assert!(out.contains("faults injected:"), "{out}");
+}

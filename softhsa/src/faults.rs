@@ -11,8 +11,8 @@
 //! A plan is switched on for the whole process with [`install`] (per test) or, at the `hsa_init`
 //! that starts an instance, from the environment variable [`ENV_VAR`]
 //! (`KREPLAY_SOFTHSA_FAULTS=copy:0.01,signal_create:0.001,queue_stall:0.001@500,seed:7`); a
-//! malformed value makes that `hsa_init` fail and names the variable on stderr. A plan installed
-//! with [`install`] wins over the environment.
+//! malformed value makes that `hsa_init` fail and names the variable on stderr. Once
+//! [`install`] has been called (with a plan or with `None`), the environment is no longer read.
 //!
 //! What each fault does, as an application sees it:
 //!
@@ -321,15 +321,16 @@ struct Active {
 }
 
 static ACTIVE: RwLock<Option<Arc<Active>>> = RwLock::new(None);
-/// Whether the plan came from [`install`] (then the environment is not consulted).
+/// Whether [`install`] was called (then the environment is not consulted any more).
 static INSTALLED_BY_API: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Faults that struck since the last [`reset_counts`], per fault.
 static FIRED: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
 
 /// Switches `plan` on for the whole process (replacing any plan, from the environment too) and
-/// restarts its decision sequence. `None` switches fault injection off.
+/// restarts its decision sequence. `None` switches fault injection off. From the first call on,
+/// the environment variable is no longer consulted: what was installed last is in force.
 pub fn install(plan: Option<FaultPlan>) {
-    INSTALLED_BY_API.store(plan.is_some(), Ordering::SeqCst);
+    INSTALLED_BY_API.store(true, Ordering::SeqCst);
     *ACTIVE.write() = plan.map(|plan| {
         Arc::new(Active {
             plan,

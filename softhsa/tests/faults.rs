@@ -353,3 +353,26 @@ fn at_most_stops_the_fault_after_that_many_strikes() {
     );
     assert_eq!(faults::fired(Fault::Copy), 2);
 }
+
+#[test]
+fn once_installed_the_api_wins_over_the_environment_even_when_it_removes_the_plan() {
+    if in_child() {
+        faults::install(None);
+        let (hsa, _session) = open();
+        let gpu = hsa.gpu_agents().unwrap()[0];
+        let pool = hsa.coarse_pool(gpu).unwrap();
+        let ptr = hsa
+            .allocate(pool, 64)
+            .expect("the environment's plan is not read after install(None)");
+        hsa.free(ptr).unwrap();
+        assert!(faults::current().is_none());
+        println!("child-checked");
+        return;
+    }
+    let (ok, text) = child_with_env(
+        "once_installed_the_api_wins_over_the_environment_even_when_it_removes_the_plan",
+        "pool_allocate:1",
+    );
+    assert!(ok, "{text}");
+    assert!(text.contains("child-checked"), "{text}");
+}

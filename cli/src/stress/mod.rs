@@ -67,6 +67,9 @@ pub fn run(options: &StressOptions, out: &mut dyn Write) -> Result<StressOutcome
         );
     }
     let plan = fault_plan(options)?;
+    // From here on this command decides when faults strike (softhsa would otherwise read
+    // KREPLAY_SOFTHSA_FAULTS itself at every hsa_init, the reference run's too).
+    faults::install(None);
     let kernels = workload::kernels::StressKernels::register();
     let config = StressConfig {
         threads: options.threads,
