@@ -213,7 +213,9 @@ unsafe extern "C" fn initialize(_finalize: ClientFinalizeFn, _tool_data: *mut c_
     })
 }
 
-unsafe extern "C" fn finalize(_tool_data: *mut c_void) {}
+unsafe extern "C" fn finalize(_tool_data: *mut c_void) {
+    guarded("finalize", (), |_| ());
+}
 
 fn set_up(tool: &StressTool) -> Result<(), String> {
     let create = || {
@@ -299,7 +301,7 @@ unsafe extern "C" fn on_dispatch_record(
 }
 
 unsafe extern "C" fn pass_count(info: KernelDispatchInfo, _user_data: UserData) -> u64 {
-    2 + info.dispatch_id % 3
+    guarded("pass-count callback", 1, |_| 2 + info.dispatch_id % 3)
 }
 
 unsafe extern "C" fn on_replay_record(
