@@ -257,7 +257,12 @@ fn c_program_built_against_header_runs_against_libkreplay() {
     let binary = dir.join("abi_smoke");
     let include = common::include_dir();
     let source = common::c_source("abi_smoke.c");
-    let rpath = format!("-Wl,-rpath,{}", library.parent().unwrap().display());
+    // The program records the library's SONAME (libkreplay.so.0), which is looked up at run
+    // time: install that name beside the program, as a package would.
+    let soname = dir.join(format!("libkreplay.so.{}", kreplay::abi::VERSION_MAJOR));
+    let _ = std::fs::remove_file(&soname);
+    std::os::unix::fs::symlink(&library, &soname).expect("install the SONAME link");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
     common::run_ok(
         "cc",
         &[
