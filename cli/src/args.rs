@@ -162,6 +162,8 @@ pub struct DemoOptions {
     pub json: Option<PathBuf>,
     /// Where to write the per-pass records as CSV (`--csv`).
     pub csv: Option<PathBuf>,
+    /// Tool libraries to load beside the demo's own tool (`--tool`, repeatable).
+    pub tools: Vec<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -172,6 +174,7 @@ impl Default for DemoOptions {
             elements: DEFAULT_ELEMENTS,
             json: None,
             csv: None,
+            tools: Vec::new(),
         }
     }
 }
@@ -407,12 +410,15 @@ fn parse_help(rest: &[String]) -> Result<Command, UsageError> {
 struct OptionSpec {
     name: &'static str,
     takes_value: bool,
+    /// May be given more than once (each value is kept).
+    repeatable: bool,
 }
 
 const fn flag(name: &'static str) -> OptionSpec {
     OptionSpec {
         name,
         takes_value: false,
+        repeatable: false,
     }
 }
 
@@ -420,6 +426,15 @@ const fn valued(name: &'static str) -> OptionSpec {
     OptionSpec {
         name,
         takes_value: true,
+        repeatable: false,
+    }
+}
+
+const fn repeated(name: &'static str) -> OptionSpec {
+    OptionSpec {
+        name,
+        takes_value: true,
+        repeatable: true,
     }
 }
 
@@ -455,7 +470,7 @@ fn read_options<'a>(
                 ))
             });
         };
-        if options.iter().any(|(seen, _)| *seen == spec.name) {
+        if !spec.repeatable && options.iter().any(|(seen, _)| *seen == spec.name) {
             return Err(error(format!("option '{name}' given twice")));
         }
         let value = if spec.takes_value {
@@ -477,12 +492,13 @@ fn read_options<'a>(
 }
 
 fn parse_demo(rest: &[String]) -> Result<Command, UsageError> {
-    const SPECS: [OptionSpec; 5] = [
+    const SPECS: [OptionSpec; 6] = [
         valued("--passes"),
         flag("--no-restore"),
         valued("--elements"),
         valued("--json"),
         valued("--csv"),
+        repeated("--tool"),
     ];
     let Some(given) = read_options(HelpTopic::Demo, "demo", &SPECS, rest)? else {
         return Ok(Command::Help(HelpTopic::Demo));
@@ -503,6 +519,7 @@ fn parse_demo(rest: &[String]) -> Result<Command, UsageError> {
             }
             "--json" => options.json = Some(parse_path(topic, name, value)?),
             "--csv" => options.csv = Some(parse_path(topic, name, value)?),
+            "--tool" => options.tools.push(parse_path(topic, name, value)?),
             _ => unreachable!("every demo option is handled above"),
         }
     }
@@ -866,9 +883,13 @@ pub fn help_text(topic: HelpTopic) -> String {
              \x20                k/M suffixes multiply by 1024 / 1048576\n\
              \x20 --json PATH    write every dispatch and pass record as JSON\n\
              \x20 --csv PATH     write one CSV row per pass (column replay_pass)\n\
+             \x20 --tool PATH    load a tool library (a C tool defining kreplay_configure, see\n\
+             \x20                docs/c-tools.md) against this process's kreplay; repeatable,\n\
+             \x20                and KREPLAY_TOOL_LIBRARIES adds more. If it configures kernel\n\
+             \x20                replay, it chooses the passes and the demo's tool only observes\n\
              \x20 -h, --help     show this help\n\n\
              Exit status: 0 when verification passes, 1 when it fails (or a dispatch was not\n\
-             replayed as planned), 2 for a bad command line.\n"
+             replayed as planned, or a requested tool cannot be used), 2 for a bad command line.\n"
         ),
         HelpTopic::Bench => format!(
             "kreplay bench — snapshot and restore cost beside ceilings measured in the same run\n\n\
@@ -972,6 +993,9 @@ mod tests {
             "--json",
             "out.json",
             "--csv=out.csv",
+            "--tool",
+            "a.so",
+            "--tool=b.so",
         ])
         .unwrap();
         assert_eq!(
@@ -982,8 +1006,17 @@ mod tests {
                 elements: 65536,
                 json: Some(PathBuf::from("out.json")),
                 csv: Some(PathBuf::from("out.csv")),
+                tools: vec![PathBuf::from("a.so"), PathBuf::from("b.so")],
             }
         );
+    }
+
+    #[test]
+    fn only_the_tool_option_may_be_repeated() {
+        let error = demo(&["--csv", "a.csv", "--csv", "b.csv"]).unwrap_err();
+        assert!(error.to_string().contains("given twice"), "{error}");
+        assert!(demo(&["--tool"]).is_err());
+        assert!(demo(&["--tool", ""]).is_err());
     }
 
     #[test]

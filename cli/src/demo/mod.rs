@@ -8,9 +8,14 @@
 //! 3. The tool's observations, kreplay's cost records and the two runs' buffers are joined into
 //!    a table and checked ([`report`]); `--json` / `--csv` write them out ([`output`]).
 //!
+//! Tool libraries given with `--tool` or `KREPLAY_TOOL_LIBRARIES` are loaded first and run
+//! against the same kreplay ([`host`]); when one of them drives kernel replay, the demo's tool
+//! steps aside and the table shows what its tracing context observed.
+//!
 //! kreplay installs into one HSA table per process, so the demo runs once per process.
 
 pub use kreplay_workloads::demo::{app, kernels};
+pub mod host;
 pub mod order;
 pub mod output;
 pub mod report;
@@ -48,6 +53,8 @@ pub enum DemoError {
     App(app::AppError),
     /// kreplay or the tool could not be set up.
     Setup(String),
+    /// A tool library asked for with `--tool` or `KREPLAY_TOOL_LIBRARIES` cannot be used.
+    Tool(String),
     /// Writing the output (terminal, `--json`, `--csv`) failed.
     Output(String),
 }
@@ -60,6 +67,7 @@ impl std::fmt::Display for DemoError {
             ),
             DemoError::App(e) => write!(f, "the application failed: {e}"),
             DemoError::Setup(e) => write!(f, "cannot set up kreplay: {e}"),
+            DemoError::Tool(e) => f.write_str(e),
             DemoError::Output(e) => f.write_str(e),
         }
     }
@@ -88,13 +96,16 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
         elements: options.elements,
         rounds: ROUNDS,
     };
+    // Tool libraries are checked before any work starts.
+    let external =
+        host::ExternalTools::load(&host::requested(&options.tools)).map_err(DemoError::Tool)?;
     let kernels = KernelSet::register();
 
     // 1. Unprofiled reference, straight through softhsa's table.
     let reference = app::run(kreplay_softhsa::api_table(), &kernels, &config)?;
 
     // 2. Profiled run through a copy of the table kreplay is installed in.
-    let profiled = profiled_run(plan, &kernels, &config)?;
+    let (profiled, external_names) = profiled_run(plan, &external, &kernels, &config)?;
     let records = kreplay::hsa_tool::take_replay_records();
     let tool = tool::report();
 
@@ -119,6 +130,7 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
         &problems,
         &verification,
         &line,
+        tool.replay_by_other.then_some(external_names.as_slice()),
     );
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
@@ -148,7 +160,14 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
 
 /// Loads kreplay into a copy of softhsa's table, as a runtime loads a tools library, and runs
 /// the application through it.
-fn profiled_run(plan: Plan, kernels: &KernelSet, config: &AppConfig) -> Result<AppRun, DemoError> {
+///
+/// Returns the run and the names of the external tools (checked active after initialization).
+fn profiled_run(
+    plan: Plan,
+    external: &host::ExternalTools,
+    kernels: &KernelSet,
+    config: &AppConfig,
+) -> Result<(AppRun, Vec<String>), DemoError> {
     tool::register(plan.passes).map_err(DemoError::Setup)?;
     if !plan.restore {
         kreplay::hsa_tool::set_skip_restore_for_demo(true);
@@ -166,10 +185,18 @@ fn profiled_run(plan: Plan, kernels: &KernelSet, config: &AppConfig) -> Result<A
     // SAFETY: `table` is a complete, writable copy of softhsa's table that outlives every call
     // made through it (it is dropped after on_unload, and only this function uses it).
     unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }.map_err(DemoError::Setup)?;
+    let names = match external.check_initialized() {
+        Ok(names) => names,
+        Err(why) => {
+            kreplay::hsa_tool::on_unload();
+            runtime.release()?;
+            return Err(DemoError::Tool(why));
+        }
+    };
     let run = app::run(table.table(), kernels, config);
     kreplay::hsa_tool::on_unload();
     runtime.release()?;
-    Ok(run?)
+    Ok((run?, names))
 }
 
 /// One `hsa_init` reference on softhsa's own table, released once.
@@ -230,17 +257,24 @@ fn render(
     problems: &[String],
     verification: &Verification,
     line: &str,
+    replay_driven_by: Option<&[String]>,
 ) -> String {
     let mut text = String::new();
     let dispatches = profiled.dispatches.len();
+    let passes = match replay_driven_by {
+        Some(tools) => format!("passes chosen by tool {}", tools.join(", ")),
+        None => format!(
+            "{} pass{} each",
+            plan.passes,
+            if plan.passes == 1 { "" } else { "es" }
+        ),
+    };
     text.push_str(&format!(
         "kreplay demo: {dispatches} dispatches ({ROUNDS} rounds of {DISPATCHES_PER_ROUND} kernels) on \
-         softhsa agent '{}' ({} GPU agents), {} pass{} each{}; {} elements per buffer, {} of \
+         softhsa agent '{}' ({} GPU agents), {passes}{}; {} elements per buffer, {} of \
          device memory\n\n",
         profiled.agent_name,
         profiled.gpu_agents,
-        plan.passes,
-        if plan.passes == 1 { "" } else { "es" },
         if plan.restore { "" } else { ", restores SKIPPED (--no-restore)" },
         options.elements,
         format_bytes(profiled.device_bytes),
@@ -285,7 +319,7 @@ fn render(
             .enumerate()
             .all(|(i, c)| c == &[i % plan.passes.max(1) as usize])
     });
-    if plan.passes > 1 {
+    if plan.passes > 1 && replay_driven_by.is_none() {
         text.push_str(&format!(
             "per-pass masking: {}\n",
             if masking_ok {

@@ -118,8 +118,13 @@ pub fn build_rows(
     }
     if tool.dispatches.len() != kernels.len() {
         problems.push(format!(
-            "the application made {} dispatches, the tool saw CONFIG ENTER for {}",
+            "the application made {} dispatches, the tool saw {} for {}",
             kernels.len(),
+            if tool.replay_by_other {
+                "dispatch records"
+            } else {
+                "CONFIG ENTER"
+            },
             tool.dispatches.len()
         ));
     }
@@ -143,7 +148,7 @@ pub fn build_rows(
             let record = records
                 .iter()
                 .find(|r| r.info.dispatch_id == seen.dispatch_id);
-            let mut row = row_of(plan, seen, record, &kernel_name);
+            let mut row = row_of(plan, tool.replay_by_other, seen, record, &kernel_name);
             if let Some(expected) = kernels.get(index)
                 && row.kernel != *expected
             {
@@ -161,6 +166,7 @@ pub fn build_rows(
 
 fn row_of(
     plan: Plan,
+    replay_by_other: bool,
     seen: &DispatchObservation,
     record: Option<&ReplayRecord>,
     kernel_name: &impl Fn(u64) -> Option<&'static str>,
@@ -206,9 +212,67 @@ fn row_of(
         row.pass_times = cost.pass_times.clone();
         row.restore_times = cost.restore_times.clone();
     }
-    let problems = check_plan(plan, seen, record, &row);
+    let problems = if replay_by_other {
+        check_observed(record, &row)
+    } else {
+        check_plan(plan, seen, record, &row)
+    };
     row.problems.extend(problems);
     row
+}
+
+/// Everything about `row` that contradicts itself when another tool chose the passes: the
+/// demo's one tracing context must have seen each pass kreplay ran exactly once, and replay
+/// must not have failed.
+fn check_observed(record: Option<&ReplayRecord>, row: &DispatchRow) -> Vec<String> {
+    let mut problems = Vec::new();
+    let observed = row.pass_contexts.len() as u64;
+    match record {
+        None if observed > 0 => {
+            problems.push("kreplay has no cost record of this replayed dispatch".into())
+        }
+        None => {}
+        Some(record) => {
+            if matches!(
+                record.outcome,
+                ReplayOutcome::PassFailed { .. } | ReplayOutcome::RestoreFailed { .. }
+            ) {
+                problems.push(format!("replay failed: {}", outcome_text(&record.outcome)));
+            }
+            let ran = if matches!(record.outcome, ReplayOutcome::Replayed { .. }) {
+                record.cost.passes_run
+            } else {
+                0
+            };
+            if observed != ran {
+                problems.push(format!(
+                    "kreplay reports {ran} replayed passes, the tracing context saw {observed}"
+                ));
+            }
+        }
+    }
+    // Every pass runs the same kernel once: each must produce the records of pass 0.
+    if let Some(&first) = row.pass_records.first()
+        && let Some(pass) = row
+            .pass_records
+            .iter()
+            .position(|&records| records == 0 || records != first)
+    {
+        problems.push(format!(
+            "pass {pass} produced {} dispatch records, pass 0 produced {first}",
+            row.pass_records[pass]
+        ));
+    }
+    if observed == 0 && row.unreplayed_records == 0 {
+        problems.push("the dispatch produced no dispatch record".into());
+    }
+    if observed > 0 && row.unreplayed_records > 0 {
+        problems.push(format!(
+            "{} dispatch records of a replayed dispatch carried no pass",
+            row.unreplayed_records
+        ));
+    }
+    problems
 }
 
 fn sorted(contexts: &[usize]) -> Vec<usize> {

@@ -13,6 +13,12 @@
 //! - every event is checked against the callback order ([`OrderCheck`]).
 //!
 //! Dispatch records are counted per dispatch, per context and per `replay_pass`.
+//!
+//! Only one context in the process may configure kernel replay. When another tool (one given
+//! with `kreplay demo --tool`, initialized before this one) already drives replay, this tool
+//! steps aside: it keeps one KERNEL_DISPATCH context and reports what that context observed
+//! ([`ToolReport::replay_by_other`]), so the demo still verifies the application and prints
+//! its table.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void};
@@ -126,6 +132,23 @@ impl DispatchObservation {
             problems: Vec::new(),
         }
     }
+
+    /// A dispatch known only from its dispatch records (another tool drove its replay).
+    fn observed(dispatch_id: u64, kernel_id: u64) -> Self {
+        DispatchObservation {
+            dispatch_id,
+            kernel_id,
+            planned_passes: 0,
+            passes: Vec::new(),
+            unreplayed_contexts: Vec::new(),
+            unreplayed_records: 0,
+            snapshot: None,
+            restores: Vec::new(),
+            config_exit: None,
+            toggles_ok: 0,
+            problems: Vec::new(),
+        }
+    }
 }
 
 /// What the tool saw over the whole run.
@@ -137,7 +160,11 @@ pub struct ToolReport {
     pub initialized: bool,
     /// Whether finalize ran.
     pub finalized: bool,
-    /// Every dispatch whose CONFIG ENTER came, by dispatch id.
+    /// Another tool owns the KERNEL_REPLAY service: this tool only traced dispatches, and
+    /// `dispatches` are built from the dispatch records it received.
+    pub replay_by_other: bool,
+    /// Every dispatch whose CONFIG ENTER came (or, when `replay_by_other`, every dispatch with a
+    /// dispatch record), by dispatch id.
     pub dispatches: Vec<DispatchObservation>,
     /// Problems not tied to one finished dispatch.
     pub problems: Vec<String>,
@@ -172,6 +199,25 @@ pub fn report() -> ToolReport {
         dispatches.insert(*id, lock(&state.progress).observation.clone());
     }
     let records = lock(&tool.records);
+    if setup.replay_by_other {
+        // No CONFIG ENTER comes to this tool: every dispatch it traced is one it observed.
+        let kernels = lock(&tool.kernels);
+        for (id, counts) in records.iter() {
+            let passes = counts.keys().filter_map(|(pass, _)| *pass).max();
+            let observation = dispatches.entry(*id).or_insert_with(|| {
+                DispatchObservation::observed(*id, kernels.get(id).copied().unwrap_or(0))
+            });
+            if let Some(last) = passes {
+                observation.passes = vec![
+                    PassObservation {
+                        exited: true,
+                        ..PassObservation::default()
+                    };
+                    last as usize + 1
+                ];
+            }
+        }
+    }
     for (id, counts) in records.iter() {
         let Some(observation) = dispatches.get_mut(id) else {
             problems.push(format!(
@@ -205,6 +251,7 @@ pub fn report() -> ToolReport {
         tracing_contexts: setup.tracing.clone(),
         initialized: setup.initialized,
         finalized: setup.finalized,
+        replay_by_other: setup.replay_by_other,
         dispatches: dispatches.into_values().collect(),
         problems,
     }
@@ -224,6 +271,8 @@ struct Setup {
     never_started: ContextHandle,
     initialized: bool,
     finalized: bool,
+    /// KERNEL_REPLAY was already configured by another tool's context.
+    replay_by_other: bool,
 }
 
 /// Dispatch records: (replay pass, context slot) → count.
@@ -235,6 +284,8 @@ struct DemoTool {
     in_flight: Mutex<HashMap<u64, Arc<DispatchState>>>,
     finished: Mutex<Vec<DispatchObservation>>,
     records: Mutex<BTreeMap<u64, RecordCounts>>,
+    /// Dispatch id → kernel id, from the dispatch records.
+    kernels: Mutex<BTreeMap<u64, u64>>,
     problems: Mutex<Vec<String>>,
 }
 
@@ -274,6 +325,7 @@ impl DemoTool {
             in_flight: Mutex::default(),
             finished: Mutex::default(),
             records: Mutex::default(),
+            kernels: Mutex::default(),
             problems: Mutex::default(),
         }
     }
@@ -399,8 +451,37 @@ fn set_up_contexts(tool: &DemoTool) -> Result<Setup, String> {
         status => Err(format!("kreplay_start_context: {status}")),
     };
 
-    let mut setup = Setup::default();
-    for slot in 0..tool.passes as usize {
+    let mut setup = Setup {
+        replay: create()?,
+        ..Setup::default()
+    };
+    // SAFETY: as in `configure` above.
+    let replay = unsafe {
+        kreplay_configure_callback_tracing_service(
+            setup.replay,
+            CallbackKind::KERNEL_REPLAY,
+            std::ptr::null(),
+            0,
+            Some(on_replay_record),
+            std::ptr::null_mut(),
+        )
+    };
+    match replay {
+        Status::SUCCESS => start(setup.replay)?,
+        // Another tool's context drives replay: observe its passes with one tracing context.
+        Status::ERROR_SERVICE_ALREADY_CONFIGURED => setup.replay_by_other = true,
+        status => {
+            return Err(format!(
+                "kreplay_configure_callback_tracing_service(KERNEL_REPLAY): {status}"
+            ));
+        }
+    }
+    let slots = if setup.replay_by_other {
+        1
+    } else {
+        tool.passes
+    };
+    for slot in 0..slots as usize {
         let context = create()?;
         configure(
             context,
@@ -411,14 +492,6 @@ fn set_up_contexts(tool: &DemoTool) -> Result<Setup, String> {
         start(context)?;
         setup.tracing.push(context);
     }
-    setup.replay = create()?;
-    configure(
-        setup.replay,
-        CallbackKind::KERNEL_REPLAY,
-        on_replay_record,
-        std::ptr::null_mut(),
-    )?;
-    start(setup.replay)?;
     setup.never_started = create()?;
     setup.initialized = true;
     Ok(setup)
@@ -457,6 +530,10 @@ unsafe extern "C" fn on_dispatch_record(
         // valid for the duration of the callback.
         let payload = unsafe { &*record.payload.cast::<KernelDispatchData>() };
         let pass = (payload.replay_pass != REPLAY_PASS_NONE).then_some(payload.replay_pass);
+        lock(&tool.kernels).insert(
+            payload.dispatch_info.dispatch_id,
+            payload.dispatch_info.kernel_id,
+        );
         *lock(&tool.records)
             .entry(payload.dispatch_info.dispatch_id)
             .or_default()

@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests (also those of kreplay-cli, which include this file:
+//! paths are derived from `kreplay::HEADER_PATH`, not from the including crate).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -13,15 +14,32 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// The folder of kreplay.h.
 pub fn include_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+    Path::new(kreplay::HEADER_PATH)
+        .parent()
+        .expect("the header lies in a folder")
+        .to_path_buf()
+}
+
+/// The kreplay package's folder (ffi/).
+fn ffi_dir() -> PathBuf {
+    include_dir()
+        .parent()
+        .expect("include/ lies in the package folder")
+        .to_path_buf()
 }
 
 /// A C source of tests/c.
 pub fn c_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("c")
-        .join(name)
+    ffi_dir().join("tests").join("c").join(name)
+}
+
+/// A file under the repository's examples/ folder.
+pub fn example_source(relative: &str) -> PathBuf {
+    ffi_dir()
+        .parent()
+        .expect("ffi/ lies in the repository")
+        .join("examples")
+        .join(relative)
 }
 
 /// A scratch folder for this test binary's build products.
@@ -69,25 +87,35 @@ pub fn build_tool_library(output: &Path) {
 /// Compiles tests/c/`source` against kreplay.h (C99, warnings as errors) into a shared library
 /// at `output`.
 pub fn build_c_library(source: &str, output: &Path) {
+    build_c_library_from(&c_source(source), output, "c99", &[]);
+}
+
+/// Compiles `source` against kreplay.h as C `standard` (e.g. "c11"), warnings as errors, into a
+/// shared library at `output`; `link` is appended to the command line (e.g. `-L dir -lkreplay`).
+pub fn build_c_library_from(
+    source: &Path,
+    output: &Path,
+    standard: &str,
+    link: &[&std::ffi::OsStr],
+) {
     let include = include_dir();
-    let source = c_source(source);
-    run_ok(
-        "cc",
-        &[
-            "-std=c99".as_ref(),
-            "-Wall".as_ref(),
-            "-Wextra".as_ref(),
-            "-Werror".as_ref(),
-            "-pedantic".as_ref(),
-            "-fPIC".as_ref(),
-            "-shared".as_ref(),
-            "-I".as_ref(),
-            include.as_os_str(),
-            source.as_os_str(),
-            "-o".as_ref(),
-            output.as_os_str(),
-        ],
-    );
+    let standard = format!("-std={standard}");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        standard.as_ref(),
+        "-Wall".as_ref(),
+        "-Wextra".as_ref(),
+        "-Werror".as_ref(),
+        "-pedantic".as_ref(),
+        "-fPIC".as_ref(),
+        "-shared".as_ref(),
+        "-I".as_ref(),
+        include.as_os_str(),
+        source.as_os_str(),
+        "-o".as_ref(),
+        output.as_os_str(),
+    ];
+    args.extend_from_slice(link);
+    run_ok("cc", &args);
 }
 
 /// What tests/c/tool.c recorded: (configure, initialize, finalize) calls, (version, priority,

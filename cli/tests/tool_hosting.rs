@@ -1,0 +1,247 @@
+//! `kreplay demo --tool PATH` (and `KREPLAY_TOOL_LIBRARIES`) hosts tools written in C against the
+//! one kreplay of the `kreplay` process: the example tool of examples/c-tool, compiled here with
+//! the system C compiler, replays the demo's dispatches, and the demo still verifies the
+//! application. A tool that cannot be used stops the demo with a non-zero exit and a message
+//! naming it.
+
+#[path = "../../ffi/tests/common/mod.rs"]
+mod common;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const KREPLAY: &str = env!("CARGO_BIN_EXE_kreplay");
+
+fn scratch(test: &str) -> PathBuf {
+    common::scratch_dir(&format!("tool_hosting/{test}"))
+}
+
+/// examples/c-tool/pass_counter.c as a shared library that resolves kreplay's functions from
+/// the process that loads it.
+fn example_tool(dir: &Path) -> PathBuf {
+    assert!(common::have_compiler("cc"), "these tests need `cc`");
+    let out = dir.join("libpass_counter.so");
+    common::build_c_library_from(
+        &common::example_source("c-tool/pass_counter.c"),
+        &out,
+        "c11",
+        &[],
+    );
+    out
+}
+
+/// The libkreplay.so cargo built for this test run (the cdylib of the kreplay package).
+fn libkreplay() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps folder");
+    [
+        deps.join("libkreplay.so"),
+        deps.parent().expect("target folder").join("libkreplay.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds libkreplay.so (the cdylib of a dependency) into deps/")
+}
+
+/// The example tool linked with `-lkreplay`, its run path pointing at `lib_dir` (where
+/// `libkreplay.so.0`, the SONAME, may or may not be installed).
+fn example_tool_linked(dir: &Path, lib_dir: &Path) -> PathBuf {
+    assert!(common::have_compiler("cc"), "these tests need `cc`");
+    let link_dir = dir.join("link");
+    std::fs::create_dir_all(&link_dir).expect("link folder");
+    let link_name = link_dir.join("libkreplay.so");
+    let _ = std::fs::remove_file(&link_name);
+    std::os::unix::fs::symlink(libkreplay(), &link_name).expect("symlink for -lkreplay");
+    let out = dir.join("libpass_counter_linked.so");
+    let rpath = format!("-Wl,-rpath,{}", lib_dir.display());
+    common::build_c_library_from(
+        &common::example_source("c-tool/pass_counter.c"),
+        &out,
+        "c11",
+        &[
+            "-L".as_ref(),
+            link_dir.as_os_str(),
+            "-lkreplay".as_ref(),
+            rpath.as_ref(),
+        ],
+    );
+    out
+}
+
+fn kreplay(args: &[&OsStr], env: &[(&str, &OsStr)]) -> Output {
+    let mut command = Command::new(KREPLAY);
+    command
+        .args(args)
+        .env_remove("KREPLAY_TOOL_LIBRARIES")
+        .env_remove("EXAMPLE_TOOL_PASSES");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("run kreplay")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn assert_replayed_by_example(output: &Output, summary: &Path, passes: u64) {
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "kreplay demo with the example tool must pass:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("passes chosen by tool pass_counter"),
+        "the demo names the tool that drives replay:\n{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "dispatches: 12, 12 replayed, 12 as planned; {} kernel runs",
+            12 * passes
+        )),
+        "every dispatch replayed in the tool's {passes} passes, seen by the demo:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("verification: PASS"),
+        "results equal the unprofiled run:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("per-pass masking"),
+        "the demo's masking check does not apply to another tool's passes:\n{stdout}"
+    );
+    let summary = std::fs::read_to_string(summary).expect("the example tool wrote its summary");
+    assert!(
+        summary.contains(&format!(
+            "pass_counter: 12 dispatches, 12 replayed, 0 declined; {} passes;",
+            12 * passes
+        )),
+        "the C tool itself saw every dispatch replayed: {summary}"
+    );
+    assert!(
+        summary.contains(&format!(
+            "0 restore failures; {} completions in passes, 0 single; 0 user_data errors",
+            12 * passes
+        )),
+        "the C tool's dispatch tracing saw one completion per pass: {summary}"
+    );
+}
+
+#[test]
+fn demo_tool_option_hosts_a_c_tool_that_takes_its_kreplay_functions_from_the_binary() {
+    let dir = scratch("from_binary");
+    let tool = example_tool(&dir);
+    let summary = dir.join("summary.txt");
+    let _ = std::fs::remove_file(&summary);
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "4k".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("EXAMPLE_TOOL_OUTPUT", summary.as_os_str())],
+    );
+    assert_replayed_by_example(&output, &summary, 3);
+}
+
+#[test]
+fn tool_libraries_variable_hosts_a_c_tool_linked_with_lkreplay_against_the_same_kreplay() {
+    let dir = scratch("linked");
+    // libkreplay.so.0 (the SONAME) installed where the tool's run path points.
+    let lib_dir = dir.join("lib");
+    std::fs::create_dir_all(&lib_dir).expect("lib folder");
+    let soname = lib_dir.join("libkreplay.so.0");
+    let _ = std::fs::remove_file(&soname);
+    std::os::unix::fs::symlink(libkreplay(), &soname).expect("install libkreplay.so.0");
+    let tool = example_tool_linked(&dir, &lib_dir);
+    let summary = dir.join("summary.txt");
+    let _ = std::fs::remove_file(&summary);
+    let output = kreplay(
+        &["demo".as_ref(), "--elements".as_ref(), "4k".as_ref()],
+        &[
+            ("KREPLAY_TOOL_LIBRARIES", tool.as_os_str()),
+            ("EXAMPLE_TOOL_PASSES", "2".as_ref()),
+            ("EXAMPLE_TOOL_OUTPUT", summary.as_os_str()),
+        ],
+    );
+    assert_replayed_by_example(&output, &summary, 2);
+}
+
+/// Runs the demo with a tool that cannot be used: exit status 1, no verification line, and
+/// stderr names the tool and says why.
+fn assert_refused(output: &Output, tool: &Path, why: &str) {
+    let stdout = text(&output.stdout);
+    let stderr = text(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "an unusable tool must fail the demo:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("verification:"),
+        "the demo does not run without its tool:\n{stdout}"
+    );
+    let expected = format!("kreplay: error: cannot use tool {}: ", tool.display());
+    assert!(
+        stderr.contains(&expected) && stderr.contains(why),
+        "stderr must say `{expected}...{why}`, it says:\n{stderr}"
+    );
+}
+
+#[test]
+fn demo_fails_loudly_when_a_requested_tool_cannot_be_used() {
+    let dir = scratch("refused");
+    let demo = |tool: &Path, env: &[(&str, &OsStr)]| {
+        kreplay(
+            &[
+                "demo".as_ref(),
+                "--elements".as_ref(),
+                "1k".as_ref(),
+                "--tool".as_ref(),
+                tool.as_os_str(),
+            ],
+            env,
+        )
+    };
+
+    let missing = dir.join("no-such-tool.so");
+    assert_refused(&demo(&missing, &[]), &missing, "no such file");
+
+    let not_a_tool_source = dir.join("not_a_tool.c");
+    std::fs::write(&not_a_tool_source, "int not_a_tool(void) { return 1; }\n").expect("write");
+    let not_a_tool = dir.join("libnot_a_tool.so");
+    common::build_c_library_from(&not_a_tool_source, &not_a_tool, "c99", &[]);
+    assert_refused(
+        &demo(&not_a_tool, &[]),
+        &not_a_tool,
+        "does not define kreplay_configure",
+    );
+
+    let tool = example_tool(&dir);
+    assert_refused(
+        &demo(&tool, &[("EXAMPLE_TOOL_PASSES", "0".as_ref())]),
+        &tool,
+        "its initialize returned non-zero",
+    );
+
+    // Linked with -lkreplay, but libkreplay.so.0 is nowhere the loader looks.
+    let nowhere = dir.join("empty-lib");
+    std::fs::create_dir_all(&nowhere).expect("empty folder");
+    let linked = example_tool_linked(&dir, &nowhere);
+    assert_refused(&demo(&linked, &[]), &linked, "libkreplay.so.0");
+}
+
+#[test]
+fn a_bad_entry_in_the_tool_libraries_variable_fails_the_demo() {
+    let dir = scratch("bad_variable");
+    let missing = dir.join("missing.so");
+    let output = kreplay(
+        &["demo".as_ref(), "--elements".as_ref(), "1k".as_ref()],
+        &[("KREPLAY_TOOL_LIBRARIES", missing.as_os_str())],
+    );
+    assert_refused(&output, &missing, "no such file");
+}
