@@ -17,21 +17,90 @@
  * the passes (PASS ENTER / PASS EXIT around each, RESTORE ENTER / EXIT between them) and ends with
  * CONFIG EXIT. During PASS ENTER the tool may mask its other contexts on and off for the pass.
  *
- * Conventions:
+ * docs/c-tools.md shows how to build, link and load a tool; docs/abi.md states the contract this
+ * header implements (pass-count table, callback flow, safety rules, configuration).
+ *
+ * Conventions (the ABI promise):
  *  - Every enumeration value below is part of the ABI: values are only ever appended (each group's
- *    `_LAST` value grows), never renumbered.
+ *    `_LAST` value grows), never renumbered. A tool must expect values it does not know (a newer
+ *    library may report a new operation, decline reason or status) and ignore them.
  *  - Enumerations are carried in fixed-width integer typedefs (`kreplay_status_t` is int32_t, the
  *    others uint32_t) so their size never depends on the compiler.
  *  - Payload structures begin with `size` (the number of bytes kreplay filled in), are flat (no
- *    unions) and have every field that does not apply set to zero.
+ *    unions) and have every field that does not apply set to zero. Structures only grow by
+ *    appending fields; an existing field never moves. A tool built against an older header reads
+ *    the fields it knows; a tool built against a newer header checks `size` before reading a
+ *    field an older library may not have filled in (offsetof(field) + sizeof(field) <= size).
+ *  - The structure a tool hands to kreplay (kreplay_tool_configure_result_t) carries `size` too:
+ *    kreplay rejects one smaller than it needs and ignores bytes it does not know.
+ *  - Within one major version (KREPLAY_VERSION_MAJOR, the `0` of the SONAME libkreplay.so.0)
+ *    functions are only added, never removed or changed.
  *  - Functions never abort the process: a failure is returned as a status.
  *  - kreplay supports 64-bit targets only; the layouts below are checked against that.
+ *
+ * When each function may be called:
+ *  - Any time, from any thread, also inside callbacks (none of them blocks on a replay):
+ *    kreplay_get_status_string, kreplay_get_status_name, kreplay_get_version,
+ *    kreplay_get_callback_tracing_kind_name, kreplay_get_callback_tracing_operation_name,
+ *    kreplay_get_decline_reason_string, kreplay_create_context, kreplay_start_context,
+ *    kreplay_stop_context, kreplay_context_is_active, kreplay_is_initialized,
+ *    kreplay_is_finalized. Starting or stopping a context takes effect for the next record
+ *    kreplay delivers; inside a replay, prefer the PASS ENTER toggles, which only mask the
+ *    current dispatch.
+ *  - Until tool initialization ends (in practice: inside kreplay_configure or the tool's
+ *    initialize): kreplay_configure_callback_tracing_service (afterwards
+ *    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
+ *  - Before tool initialization begins: kreplay_force_configure (afterwards
+ *    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
+ *  - Only during PASS ENTER, and only through the payload's pointers: replay_start_context and
+ *    replay_stop_context (elsewhere KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing changes).
+ *  - No function of this version returns KREPLAY_STATUS_ERROR_NOT_INITIALIZED: contexts can be
+ *    created and queried before kreplay has initialized its tools. The value is reserved for
+ *    functions that need initialized tools.
+ *  - A callback may submit GPU work. On the agent being replayed, such a dispatch runs exactly
+ *    once, unreplayed (decline reason "reentrant_dispatch"); it never deadlocks.
+ *
+ * Threads:
+ *  - kreplay_configure and every tool's initialize run one after another on the thread that
+ *    loads kreplay (for HSA: the thread in hsa_init that calls OnLoad); finalize runs on the
+ *    thread that unloads it (OnUnload, from hsa_shut_down), or on the thread that calls the
+ *    client finalize function.
+ *  - KERNEL_REPLAY records, the pass-count and continue callbacks, and the KERNEL_DISPATCH
+ *    records of a replayed dispatch's passes run on the thread that submitted the dispatch (for
+ *    HSA: the thread that rang the queue's doorbell), in the order docs/abi.md gives, never
+ *    overlapping one another.
+ *  - KERNEL_DISPATCH COMPLETE records of dispatches that were not replayed arrive on a thread of
+ *    the runtime (for HSA: its asynchronous signal handler thread).
+ *  - Callbacks for different dispatches may run at the same time on different threads (replays on
+ *    different agents run in parallel; ordinary dispatches are traced while another agent
+ *    replays). A callback must be thread-safe and should return promptly: while a replay
+ *    callback runs, the agent being replayed does no other work.
+ *
+ * Lifetimes of pointers:
+ *  - `record.payload`: valid only for the duration of the callback; copy what you need.
+ *  - `user_data` (the pointer argument of a callback): valid only during the callback; the value
+ *    stored through it is carried from ENTER to EXIT of the same operation (and, for kernel
+ *    replay, through every record and callback of the same dispatch).
+ *  - `callback_data`, `tool_data`: the tool's own; kreplay never dereferences or frees them and
+ *    passes them until the tool is finalized.
+ *  - `operations` of kreplay_configure_callback_tracing_service: read during the call only.
+ *  - `client_id->name`: read when kreplay_configure returns (kreplay keeps a copy); a string
+ *    literal is the usual choice.
+ *  - The kreplay_tool_configure_result_t returned by kreplay_configure: must stay valid until the
+ *    tool's finalize has run (a `static` object is the usual choice).
+ *  - Strings returned by kreplay (names, descriptions, `runtime_version`): static storage, never
+ *    freed.
+ *  - Function pointers kreplay puts into payloads (replay_start_context, replay_stop_context):
+ *    callable while the record is delivered (PASS ENTER); calls at other times are refused.
  */
 #ifndef KREPLAY_H
 #define KREPLAY_H
 
 #include <stddef.h>
 #include <stdint.h>
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
 
 #if !defined(UINTPTR_MAX) || UINTPTR_MAX != UINT64_MAX
 #error "kreplay supports 64-bit targets only"
@@ -80,7 +149,8 @@ enum kreplay_status_values {
     KREPLAY_STATUS_ERROR_INVALID_ARGUMENT = 6,
     /** Configuration is closed: tool initialization has ended (or, for force_configure, begun). */
     KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED = 7,
-    /** kreplay has not initialized its tools yet. */
+    /** kreplay has not initialized its tools yet. Reserved: no function of this version returns
+     *  it (see "When each function may be called" above). */
     KREPLAY_STATUS_ERROR_NOT_INITIALIZED = 8,
     /** Replay of a dispatch was declined (see kreplay_replay_decline_reason_t); it ran once. */
     KREPLAY_STATUS_ERROR_REPLAY_DECLINED = 9,
@@ -581,6 +651,9 @@ typedef struct kreplay_callback_tracing_record_t {
  * A callback tracing callback. `user_data` is storage for this record's operation: what the tool
  * writes at ENTER it sees again at EXIT and, for kernel replay, in every PASS of the same
  * dispatch. `callback_data` is the pointer given when the service was configured.
+ *
+ * May be called from several threads at once (see "Threads" at the top of this file); the
+ * record and its payload are valid only until it returns.
  */
 typedef void (*kreplay_callback_tracing_cb_t)(kreplay_callback_tracing_record_t record,
                                               kreplay_user_data_t* user_data,
@@ -704,6 +777,31 @@ kreplay_status_t kreplay_is_initialized(int* status);
  * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT if NULL.
  */
 kreplay_status_t kreplay_is_finalized(int* status);
+
+/* ============================================================================================== */
+/* Entry points for the runtime                                                                   */
+/* ============================================================================================== */
+
+/* The HSA runtime's API table (hsa_api_trace.h); only pointers to it appear here. */
+struct HsaApiTable;
+
+/**
+ * The HSA tools-library entry point, defined by libkreplay (tools do not call it). The HSA
+ * runtime calls it from hsa_init when HSA_TOOLS_LIB names libkreplay.so: kreplay reads its
+ * KREPLAY_* configuration, finds and initializes the tools (kreplay_configure, initialize) and
+ * installs itself into `table`. Returns false, with a line on stderr, when kreplay cannot be
+ * loaded (a malformed KREPLAY_* value, for instance); the runtime then continues without it.
+ * `table` must stay valid and writable for every later call through it.
+ */
+bool OnLoad(struct HsaApiTable* table, uint64_t runtime_version, uint64_t failed_tool_count,
+            const char* const* failed_tool_names);
+
+/**
+ * The HSA tools-library shutdown entry point, defined by libkreplay. The runtime calls it from
+ * hsa_shut_down: replay stops, every active tool's contexts are stopped and its finalize runs
+ * (in reverse order of initialization).
+ */
+void OnUnload(void);
 
 #ifdef __cplusplus
 } /* extern "C" */
