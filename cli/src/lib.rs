@@ -4,7 +4,7 @@
 //! tool that replays every dispatch in N passes (a different tracing context active on each
 //! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
 //! `kreplay bench` measures snapshot and restore beside ceilings measured in the same run, and
-//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`]). `kreplay
+//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`](mod@bench)). `kreplay
 //! stress` runs the stress mix under kreplay, with optional fault injection, and checks every
 //! byte and completion against a run without it ([`stress`]).
 //! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`].

@@ -3,8 +3,8 @@
 //!
 //! [`on_load`] reads the `KREPLAY_*` configuration, initializes every tool (their
 //! `kreplay_configure` / initialize, where contexts and services are configured), and installs
-//! the HSA backend into the runtime's table with [`Hooks`] as its view of the tools: the
-//! KERNEL_REPLAY owner drives each replay through [`CReplayTool`], and KERNEL_DISPATCH services
+//! the HSA backend into the runtime's table with `Hooks` as its view of the tools: the
+//! KERNEL_REPLAY owner drives each replay through `CReplayTool`, and KERNEL_DISPATCH services
 //! receive one COMPLETE record per executed kernel (per pass when replayed, filtered by the
 //! pass's context mask).
 
