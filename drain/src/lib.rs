@@ -667,3 +667,8 @@ impl AsyncCopyTracker for InFlightCounter {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's example, compiled and run as a doctest so that it cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -102,3 +102,8 @@ pub use snapshot::{
     AUTO_FULL_ABOVE_DIRTY_FRACTION, AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot,
     SnapshotPlan, Snapshotter,
 };
+
+/// The README's example, compiled and run as a doctest so that it cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
