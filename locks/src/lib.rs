@@ -35,6 +35,24 @@
 //! assert!(locks.read(7).unwrap().is_locked());
 //! ```
 //!
+//! # Hold the reader side until the dispatch is submitted, not until it completes
+//!
+//! An ordinary dispatch takes the reader side around *submitting* its work (writing the packet,
+//! ringing the doorbell) and releases it right after, while the kernel may still be running. It
+//! must not keep the guard until the kernel completes:
+//!
+//! - the replay that waits for the writer side would then wait for every kernel in flight on the
+//!   agent, through the lock, with no deadline and no way to report a stuck queue; waiting for
+//!   submitted work to finish is the drain's job (`kreplay-drain`), which runs *after* the writer
+//!   side is taken and has a deadline;
+//! - reader guards are not `Send`: completion is noticed on another thread, which cannot release
+//!   them;
+//! - a tool callback that runs at completion and submits another dispatch on the agent would
+//!   queue behind a waiting writer while the first guard blocks that writer.
+//!
+//! So the writer side guarantees that no *submission* is in progress on the agent; the drain
+//! then guarantees that nothing submitted is still running.
+//!
 //! # Design
 //!
 //! **Registry.** The registry is a chain of open-addressing tables. The first table has a fixed
@@ -416,6 +434,10 @@ impl AgentLocks {
 
     /// Reader side for an ordinary dispatch on `agent`.
     ///
+    /// Hold the returned guard while the dispatch is being submitted and drop it right after,
+    /// not when the dispatch completes (see the crate documentation: waiting for completion is
+    /// the drain's job, after the writer side is taken).
+    ///
     /// Returns [`ReadAccess::NotNeeded`] when the registry is disabled (one relaxed load, no
     /// lock), [`ReadAccess::Locked`] otherwise (blocking while a replay window is open on the
     /// agent), or [`Reentrant`] when the calling thread holds the agent's writer side.
@@ -612,3 +634,8 @@ impl fmt::Debug for WriteGuard {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's example, compiled and run as a doctest so that it cannot go stale.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
