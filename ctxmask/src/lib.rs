@@ -69,10 +69,10 @@ impl std::error::Error for ContextError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToggleError {
     /// Called outside PASS ENTER of a replay loop on this thread
-    /// (SPEC: `KREPLAY_STATUS_ERROR_CONTEXT_ERROR`).
+    /// (docs/abi.md §2: `KREPLAY_STATUS_ERROR_CONTEXT_ERROR`).
     NotArmed,
     /// The context was not globally active when the loop began
-    /// (SPEC: `KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED`).
+    /// (docs/abi.md §2: `KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED`).
     NotStarted,
 }
 

@@ -270,7 +270,7 @@ pub struct QueueDrainStuck {
 }
 
 impl QueueDrainStuck {
-    /// The SPEC decline reason: `queue_drain_stuck`.
+    /// The decline reason (docs/abi.md §4): `queue_drain_stuck`.
     pub fn reason(&self) -> &'static str {
         "queue_drain_stuck"
     }
@@ -315,7 +315,7 @@ pub struct AgentDrainStuck {
 }
 
 impl AgentDrainStuck {
-    /// The SPEC decline reason: `agent_drain_stuck`.
+    /// The decline reason (docs/abi.md §4): `agent_drain_stuck`.
     pub fn reason(&self) -> &'static str {
         "agent_drain_stuck"
     }
@@ -365,7 +365,7 @@ pub struct PassDrainStuck {
 }
 
 impl PassDrainStuck {
-    /// The SPEC decline reason: `pass_drain_stuck`.
+    /// The decline reason (docs/abi.md §4): `pass_drain_stuck`.
     pub fn reason(&self) -> &'static str {
         "pass_drain_stuck"
     }
@@ -402,7 +402,7 @@ pub enum DrainStuck {
 }
 
 impl DrainStuck {
-    /// The SPEC decline reason: `queue_drain_stuck` or `agent_drain_stuck`.
+    /// The decline reason (docs/abi.md §4): `queue_drain_stuck` or `agent_drain_stuck`.
     pub fn reason(&self) -> &'static str {
         match self {
             DrainStuck::Queue(s) => s.reason(),

@@ -756,7 +756,7 @@ pub type ConfigureFn =
     unsafe extern "C" fn(u32, *const c_char, u32, *mut ClientId) -> *mut ToolConfigureResult;
 
 // ------------------------------------------------------------------------------------------------
-// Layout checks (SPEC.md section 2). The C test `tests/c/layout.c` asserts the same numbers.
+// Layout checks (docs/abi.md §2). The C test `tests/c/layout.c` asserts the same numbers.
 // ------------------------------------------------------------------------------------------------
 
 /// The size of the field `select` picks out of a `T` (usable in constants).

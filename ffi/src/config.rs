@@ -1,4 +1,4 @@
-//! Configuration from the environment (SPEC.md section 5).
+//! Configuration from the environment (docs/abi.md §5).
 //!
 //! Every variable is optional. A malformed value is an error naming the variable and the value,
 //! never a silent default.

@@ -2,7 +2,7 @@
 //! `KREPLAY_TOOL_LIBRARIES`, drives kernel replay on softhsa the way it would on ROCm: the test
 //! loads this build's libkreplay.so, calls its `OnLoad` with (a copy of) softhsa's API table,
 //! and then runs an ordinary HSA program through that table. The application must see single-run
-//! results and one completion; the C tool must have seen SPEC's callback flow, one dispatch record
+//! results and one completion; the C tool must have seen the callback flow of docs/abi.md §2, one dispatch record
 //! per pass from exactly the context it enabled for that pass, and its user data throughout.
 //!
 //! One test in this file: the loaded library and its tool are process-wide.
@@ -263,7 +263,10 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
             (PASS, EXIT, 2),
             (CONFIG, EXIT, 3),
         ];
-        assert_eq!(replay, expected, "SPEC's callback flow for dispatch {id}");
+        assert_eq!(
+            replay, expected,
+            "the callback flow (docs/abi.md §2) for dispatch {id}"
+        );
         let snapshot_exit = events
             .iter()
             .find(|e| {

@@ -1,5 +1,5 @@
 //! The C header against the Rust side: it compiles as strict C99, C11 and C++, its layouts match
-//! SPEC.md (tests/c/layout.c), its constants equal the Rust constants, and a C program built
+//! what it documents (tests/c/layout.c), its constants equal the Rust constants, and a C program built
 //! against it runs correctly against the libkreplay.so of this build.
 
 mod common;

@@ -89,7 +89,7 @@ impl Backend {
     /// A tool may configure its replay service after installation (its initialization can run
     /// after `OnLoad`), so the agents' reader side is switched on here, the first time the
     /// service is seen, rather than only at installation; without it ordinary dispatches and
-    /// async copies would not wait for replay windows (SPEC §3 rules 1 and 9).
+    /// async copies would not wait for replay windows (docs/abi.md §3 rules 1 and 9).
     pub(crate) fn replay_active(&self) -> bool {
         if self.is_finalized() || !self.hooks.replay_configured() {
             return false;

@@ -1,4 +1,4 @@
-//! Runtime writes serialized against replays (SPEC §3 rule 9).
+//! Runtime writes serialized against replays (docs/abi.md §3 rule 9).
 //!
 //! While a replay service is configured, every runtime entry that writes (or reads) an agent's
 //! memory outside a kernel takes the reader side of the lock of every GPU agent it touches, so

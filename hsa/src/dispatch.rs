@@ -160,7 +160,7 @@ fn handle(
     }
 }
 
-/// A multi-packet batch (SPEC §3 rule 7): the tool hears of each dispatch in it (CONFIG ENTER,
+/// A multi-packet batch (docs/abi.md §3 rule 7): the tool hears of each dispatch in it (CONFIG ENTER,
 /// then CONFIG EXIT with `batch_or_graph` unless it opted out), nothing is replayed, and the
 /// batch is forwarded unchanged, in one piece, after the last of them.
 fn handle_batch(

@@ -18,7 +18,7 @@
 //!   its dispatches declined as `batch_or_graph`; anything else is forwarded unchanged;
 //! - every runtime write path (`hsa_amd_memory_async_copy`, `_on_engine`, `_rect`,
 //!   `hsa_memory_copy`, `hsa_amd_memory_fill`) is serialized against replays on the agents it
-//!   touches, the asynchronous ones counted until their completion signal fires (SPEC §3 rule 9).
+//!   touches, the asynchronous ones counted until their completion signal fires (docs/abi.md §3 rule 9).
 //!
 //! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
 //! through [`ToolHooks`], implemented by the C ABI crate. The replay service may be configured
@@ -217,7 +217,7 @@ pub unsafe fn check_table(table: *const hsa_sys::HsaApiTable) -> Result<TableSha
         .map_err(InstallError::Table)
 }
 
-/// Stops replaying: from now on every wrapper passes straight through (SPEC §3 rule 4).
+/// Stops replaying: from now on every wrapper passes straight through (docs/abi.md §3 rule 4).
 pub fn finalize() {
     backend::finalize();
 }

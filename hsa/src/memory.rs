@@ -14,7 +14,7 @@ use kreplay_snapshot::{
 use crate::backend::{Backend, backend, guarded};
 use crate::original::forward;
 
-/// Classifies a fresh allocation from the runtime's pointer info (SPEC §3 rule 3):
+/// Classifies a fresh allocation from the runtime's pointer info (docs/abi.md §3 rule 3):
 /// returns (base, size, owner agent, kind).
 fn classify(b: &Backend, ptr: *const c_void) -> Option<(u64, u64, u64, MemoryKind)> {
     let info = b.original.pointer_info(ptr)?;

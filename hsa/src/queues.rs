@@ -1,5 +1,5 @@
 //! Application queues become intercept queues with kreplay's handler, and every queue kreplay
-//! created is known per agent so a replay can drain its siblings (SPEC §3 rule 5).
+//! created is known per agent so a replay can drain its siblings (docs/abi.md §3 rule 5).
 
 use std::collections::HashMap;
 use std::ffi::c_void;

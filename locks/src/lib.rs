@@ -172,7 +172,7 @@ pub struct Reentrant {
 }
 
 impl Reentrant {
-    /// The SPEC decline reason for this outcome: `reentrant_dispatch`.
+    /// The decline reason for this outcome (docs/abi.md §4): `reentrant_dispatch`.
     pub fn reason(&self) -> &'static str {
         "reentrant_dispatch"
     }

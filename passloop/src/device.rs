@@ -98,7 +98,7 @@ pub struct RestoreRequest {
 
 /// The device steps of one replayed dispatch, implemented by a backend.
 ///
-/// The loop calls them in SPEC's order on one thread and times each. Every step that can fail
+/// The loop calls them in the order of docs/abi.md §2 on one thread and times each. Every step that can fail
 /// returns the [`Decline`] it produced; the loop then takes the safe path (see
 /// [`run_dispatch`](crate::run_dispatch)).
 ///

@@ -1,6 +1,6 @@
 //! What the loop knows about the dispatch it replays.
 
-/// Plain mirror of SPEC's `kreplay_kernel_dispatch_info_t` (without its `size` and padding).
+/// Plain mirror of kreplay.h's `kreplay_kernel_dispatch_info_t` (without its `size` and padding).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DispatchInfo {
     /// The agent (device) the dispatch runs on.

@@ -1,4 +1,4 @@
-//! The kernel replay plan and pass loop: SPEC's pass-count table, the CONFIG / SNAPSHOT / PASS /
+//! The kernel replay plan and pass loop: the pass-count table (docs/abi.md §2), the CONFIG / SNAPSHOT / PASS /
 //! RESTORE phases, decline reasons, diagnostics and per-dispatch cost accounting.
 //!
 //! The loop knows no GPU API. A backend implements [`ReplayDevice`] (lock, drain, snapshot, run

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::{DispatchInfo, MemoryOpReport};
 
-/// Why a replay was declined or stopped (SPEC §3). Every declined replay carries one.
+/// Why a replay was declined or stopped (docs/abi.md §3, §4). Every declined replay carries one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DeclineReason {
     /// Memory the kernel may touch is not covered by the allocation inventory.
@@ -30,7 +30,7 @@ pub enum DeclineReason {
 }
 
 impl DeclineReason {
-    /// All reasons, in SPEC order.
+    /// All reasons, in the order of docs/abi.md §4.
     pub const ALL: [DeclineReason; 9] = [
         DeclineReason::UntrackedMemory,
         DeclineReason::FootprintBudget,
@@ -43,7 +43,7 @@ impl DeclineReason {
         DeclineReason::BatchOrGraph,
     ];
 
-    /// SPEC's snake_case name of the reason.
+    /// The snake_case name of the reason (docs/abi.md §4).
     pub fn as_str(self) -> &'static str {
         match self {
             DeclineReason::UntrackedMemory => "untracked_memory",
@@ -68,7 +68,7 @@ impl fmt::Display for DeclineReason {
 /// A reason with a human-readable detail (what was stuck, how many bytes were missing, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decline {
-    /// The SPEC reason.
+    /// The reason (docs/abi.md §4).
     pub reason: DeclineReason,
     /// Free-form detail for diagnostics.
     pub detail: String,

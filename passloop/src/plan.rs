@@ -1,4 +1,4 @@
-//! SPEC's pass-count table as a pure function.
+//! The pass-count table (docs/abi.md §2) as a pure function.
 
 use std::time::Duration;
 

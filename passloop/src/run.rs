@@ -10,7 +10,7 @@ use crate::{
     RestoreRequest,
 };
 
-/// Runs one dispatch through SPEC's callback flow and returns what happened and what it cost.
+/// Runs one dispatch through the callback flow of docs/abi.md §2 and returns what happened and what it cost.
 ///
 /// ```text
 /// CONFIG ENTER ; plan from the pass-count table and the tool's limits

@@ -79,8 +79,8 @@ pub trait ReplayTool {
     /// call only.
     fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64);
 
-    /// PASS EXIT of pass `pass`. Returns what the tool did to its continue callback here (SPEC
-    /// lets it override it at PASS EXIT); [`ContinueChange::Keep`] in the common case.
+    /// PASS EXIT of pass `pass`. Returns what the tool did to its continue callback here (docs/abi.md
+    /// §2 lets it override it at PASS EXIT); [`ContinueChange::Keep`] in the common case.
     fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange;
 
     /// The continue callback: false stops the loop after `current_pass`. Never consulted after

@@ -1,4 +1,4 @@
-//! Every row of SPEC's pass-count table, the exact callback order, early exit, indefinite loops
+//! Every row of the pass-count table (docs/abi.md §2), the exact callback order, early exit, indefinite loops
 //! and the continue callback's rules.
 
 mod common;

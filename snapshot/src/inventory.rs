@@ -8,7 +8,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 /// What kind of memory an allocation is. Only [`MemoryKind::CoarseDevice`] is ever snapshotted
-/// (SPEC §3 rule 3); the other kinds are tracked so lookups and frees stay exact.
+/// (docs/abi.md §3 rule 3); the other kinds are tracked so lookups and frees stay exact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemoryKind {
     /// Coarse-grained device memory (VRAM): the only kind a replay snapshots.
@@ -145,7 +145,7 @@ pub struct Region {
 
 /// Which allocations a snapshot covers.
 ///
-/// [`Filter::for_replay`] is the rule of SPEC §3 (rules 2 and 3): the dispatch's agent only,
+/// [`Filter::for_replay`] is the rule of docs/abi.md §3 (rules 2 and 3): the dispatch's agent only,
 /// coarse-grained device memory only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Filter {

@@ -12,7 +12,7 @@
 //!   whose address now belongs to a newer allocation generation) is skipped, never written.
 //! * **Declines, not aborts.** A snapshot that cannot be complete (budget, out of memory in every
 //!   tier, a failed copy, an untracked required address) is a typed [`SnapshotError`] whose
-//!   [`reason`](SnapshotError::reason) is the SPEC decline reason; device memory is untouched.
+//!   [`reason`](SnapshotError::reason) is the decline reason (docs/abi.md §4); device memory is untouched.
 //! * **Tiered store.** A device-resident shadow when the device offers one, else host memory
 //!   (registered with the device if it can pin), else a memory-mapped spill file
 //!   ([`StoreTier`]).

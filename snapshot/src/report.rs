@@ -99,7 +99,7 @@ pub enum SnapshotError {
 }
 
 impl SnapshotError {
-    /// The SPEC decline reason: `footprint_budget`, `untracked_memory` or `snapshot_failed`.
+    /// The decline reason (docs/abi.md §4): `footprint_budget`, `untracked_memory` or `snapshot_failed`.
     pub fn reason(&self) -> &'static str {
         match self {
             SnapshotError::FootprintBudget { .. } => "footprint_budget",

@@ -1,4 +1,4 @@
-//! The order KERNEL_REPLAY callbacks of one dispatch must come in (SPEC §2, callback flow),
+//! The order KERNEL_REPLAY callbacks of one dispatch must come in (docs/abi.md §2, callback flow),
 //! checked one event at a time.
 //!
 //! ```text

@@ -7,7 +7,7 @@
 //! - CONFIG ENTER: it sets `replay_pass_count` (answering N) and stores the dispatch's state in
 //!   `user_data`, which comes back in the pass-count callback and in every PASS;
 //! - PASS ENTER *i*: it masks context *i mod N* on and every other one off with
-//!   `replay_start_context` / `replay_stop_context`, and probes the two refusals SPEC §2 promises
+//!   `replay_start_context` / `replay_stop_context`, and probes the two refusals docs/abi.md §2 promises
 //!   (a never-started context, and a toggle outside PASS ENTER, tried at PASS EXIT);
 //! - SNAPSHOT / RESTORE: it records bytes, regions, tier and strategy;
 //! - every event is checked against the callback order ([`OrderCheck`]).
@@ -110,7 +110,7 @@ pub struct DispatchObservation {
     pub restores: Vec<MemoryEvent>,
     /// CONFIG EXIT: `current_pass` (passes that ran) and the record's decline reason.
     pub config_exit: Option<(u64, DeclineReason)>,
-    /// Context toggles at PASS ENTER that did what SPEC promises.
+    /// Context toggles at PASS ENTER that did what docs/abi.md §2 promises.
     pub toggles_ok: u64,
     /// Everything that broke a rule: callback order, user data, toggle results, records.
     pub problems: Vec<String>,

@@ -1,6 +1,6 @@
 /*
- * Compile-time checks of kreplay.h against the layouts in SPEC.md section 2 (and the layouts the
- * header itself documents for the structures SPEC leaves to it). Compiled, not run, by
+ * Compile-time checks of kreplay.h against the layouts it documents (the sizes
+ * docs/abi.md §2 states, the offsets in the header's comments). Compiled, not run, by
  * tests/header.rs as C99 and as C11.
  */
 #include <stddef.h>
@@ -144,7 +144,7 @@ KREPLAY_CHECK_FIELD(kreplay_tool_configure_result_t, initialize, 8, 8);
 KREPLAY_CHECK_FIELD(kreplay_tool_configure_result_t, finalize, 16, 8);
 KREPLAY_CHECK_FIELD(kreplay_tool_configure_result_t, tool_data, 24, 8);
 
-/* SPEC: values are ABI. */
+/* docs/abi.md §2: values are ABI. */
 _Static_assert(KREPLAY_STATUS_SUCCESS == 0, "SUCCESS is 0");
 _Static_assert(KREPLAY_CALLBACK_TRACING_NONE == 0, "kind NONE is 0");
 _Static_assert(KREPLAY_KERNEL_REPLAY_NONE == 0 && KREPLAY_KERNEL_REPLAY_CONFIG == 1 &&
@@ -156,7 +156,7 @@ _Static_assert(KREPLAY_CALLBACK_PHASE_NONE == 0 && KREPLAY_CALLBACK_PHASE_ENTER 
                "phases");
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
-/* The three id types are distinct types (SPEC: "three distinct typedefs"). */
+/* The three id types are distinct types (kreplay.h: three distinct typedefs). */
 #define KREPLAY_IS_CONTEXT_ID(value) _Generic((value), kreplay_context_id_t: 1, default: 0)
 _Static_assert(KREPLAY_IS_CONTEXT_ID((kreplay_context_id_t){0}), "context id");
 _Static_assert(!KREPLAY_IS_CONTEXT_ID((kreplay_agent_id_t){0}), "agent id is distinct");
