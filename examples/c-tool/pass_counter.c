@@ -18,6 +18,7 @@
 
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -69,9 +70,17 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
             /* Seen again in pass_count, every PASS record and CONFIG EXIT of this dispatch. */
             user_data->value = data->dispatch_info.dispatch_id;
         } else {
-            /* CONFIG EXIT: current_pass is the number of passes that ran. */
+            /* CONFIG EXIT: how the replay ended. `outcome` was appended to the payload in a
+             * later version: read it only when this library filled it in (`size`), else fall
+             * back to current_pass, the number of passes that ran. */
+            int replayed = data->current_pass > 1;
+            if (data->size >= offsetof(kreplay_callback_tracing_kernel_replay_data_t, outcome) +
+                                  sizeof data->outcome) {
+                replayed = data->outcome == KREPLAY_REPLAY_OUTCOME_REPLAYED ||
+                           data->outcome == KREPLAY_REPLAY_OUTCOME_ENDED_EARLY;
+            }
             count(&counts.dispatches, 1);
-            if (data->current_pass > 1) count(&counts.replayed, 1);
+            if (replayed) count(&counts.replayed, 1);
             if (record.decline_reason != KREPLAY_REPLAY_DECLINE_NONE) {
                 count(&counts.declined, 1);
                 fprintf(stderr, "pass_counter: dispatch %" PRIu64 " not replayed: %s\n",

@@ -44,7 +44,7 @@
  *    kreplay_get_callback_tracing_kind_name, kreplay_get_callback_tracing_operation_name,
  *    kreplay_get_decline_reason_string, kreplay_create_context, kreplay_start_context,
  *    kreplay_stop_context, kreplay_context_is_active, kreplay_is_initialized,
- *    kreplay_is_finalized. Starting or stopping a context takes effect for the next record
+ *    kreplay_is_finalized, kreplay_get_counters. Starting or stopping a context takes effect for the next record
  *    kreplay delivers; inside a replay, prefer the PASS ENTER toggles, which only mask the
  *    current dispatch.
  *  - Until tool initialization ends (in practice: inside kreplay_configure or the tool's
@@ -790,7 +790,8 @@ struct HsaApiTable;
  * runtime calls it from hsa_init when HSA_TOOLS_LIB names libkreplay.so: kreplay reads its
  * KREPLAY_* configuration, finds and initializes the tools (kreplay_configure, initialize) and
  * installs itself into `table`. Returns false, with a line on stderr, when kreplay cannot be
- * loaded (a malformed KREPLAY_* value, for instance); the runtime then continues without it.
+ * loaded (a malformed KREPLAY_* value, a table without the entries kreplay needs); both are
+ * checked before any tool is initialized. The runtime then continues without kreplay.
  * `table` must stay valid and writable for every later call through it.
  */
 bool OnLoad(struct HsaApiTable* table, uint64_t runtime_version, uint64_t failed_tool_count,

@@ -484,7 +484,7 @@ pub type ContinueFn = Option<unsafe extern "C" fn(KernelDispatchInfo, u64, u64, 
 pub type ContextToggleFn = Option<unsafe extern "C" fn(ContextHandle) -> Status>;
 
 /// `kreplay_callback_tracing_kernel_replay_data_t`: payload of KERNEL_REPLAY CONFIG and PASS
-/// records (216 bytes: SPEC's 184, then the CONFIG EXIT outcome).
+/// records (216 bytes: the first 184, then the CONFIG EXIT outcome).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KernelReplayData {

@@ -373,7 +373,7 @@ fn auto_on_a_host_visible_device_shadow_learns_a_write_set() {
     assert_eq!(dev.peek(a + 5 * CS, 10), vec![9; 10]);
 }
 
-/// SPEC §3 rule 11: under `writeset` and under `auto` above the full-restore threshold, a pass
+/// docs/abi.md §3 rule 11: under `writeset` and under `auto` above the full-restore threshold, a pass
 /// that writes outside the set learned from pass 0 must not make the next pass start from bytes
 /// the first pass never saw: every restore verifies, repairs and reports the repair.
 #[test]

@@ -62,7 +62,7 @@ KREPLAY_CHECK_SIZE(kreplay_continue_cb_t, 8);
 KREPLAY_CHECK_SIZE(kreplay_context_toggle_cb_t, 8);
 KREPLAY_CHECK_SIZE(kreplay_callback_tracing_cb_t, 8);
 
-/* kreplay_callback_tracing_kernel_replay_data_t: SPEC's 184 bytes, then the CONFIG EXIT outcome. */
+/* kreplay_callback_tracing_kernel_replay_data_t: the first 184 bytes, then the CONFIG EXIT outcome. */
 KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_data_t, 216);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, size, 0, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, dispatch_info, 8, 128);
