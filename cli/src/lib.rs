@@ -4,10 +4,11 @@
 //! tool that replays every dispatch in N passes (a different tracing context active on each
 //! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
 //! `kreplay bench` measures snapshot and restore beside ceilings measured in the same run, and
-//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`](mod@bench)). `kreplay
-//! stress` runs the stress mix under kreplay, with optional fault injection, and checks every
-//! byte and completion against a run without it ([`stress`]).
-//! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`].
+//! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`](mod@bench)).
+//! `kreplay stress` runs the stress mix under kreplay, with optional fault injection, and checks
+//! every byte and completion against a run without it ([`stress`]).
+//! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`] (clap), and the
+//! files a command will write are checked before it starts.
 //!
 //! ```
 //! let mut out = Vec::new();
@@ -44,41 +45,59 @@ where
             return EXIT_USAGE;
         }
     };
-    let printed = match command {
-        Command::Help(topic) => out.write_all(args::help_text(topic).as_bytes()),
-        Command::Version => writeln!(out, "kreplay {}", env!("CARGO_PKG_VERSION")),
-        Command::Demo(options) => {
-            return match demo::run(&options, out) {
-                Ok(outcome) if outcome.passed => EXIT_OK,
-                Ok(_) => EXIT_FAILURE,
-                Err(error) => {
-                    eprintln!("kreplay: error: {error}");
-                    EXIT_FAILURE
-                }
-            };
-        }
-        Command::Bench(options) => return finished(bench::run(&options, out).map(drop)),
-        Command::BenchDispatch(options) => {
-            return finished(bench::dispatch::run(&options, out).map(drop));
-        }
-        Command::Stress(options) => {
-            return match stress::run(&options, out) {
-                Ok(outcome) if outcome.passed => EXIT_OK,
-                Ok(_) => EXIT_FAILURE,
-                Err(error) => {
-                    eprintln!("kreplay: error: {error}");
-                    EXIT_FAILURE
-                }
-            };
-        }
-    };
-    match printed {
-        Ok(()) => EXIT_OK,
-        Err(error) => {
-            eprintln!("kreplay: error: cannot write the output: {error}");
-            EXIT_FAILURE
+    for path in command.output_paths() {
+        if let Err(error) = check_writable(path) {
+            eprintln!("kreplay: error: {error}");
+            return EXIT_FAILURE;
         }
     }
+    match command {
+        Command::Print(text) => match out.write_all(text.as_bytes()) {
+            Ok(()) => EXIT_OK,
+            Err(error) => {
+                eprintln!("kreplay: error: cannot write the output: {error}");
+                EXIT_FAILURE
+            }
+        },
+        Command::Demo(options) => match demo::run(&options, out) {
+            Ok(outcome) if outcome.passed => EXIT_OK,
+            Ok(_) => EXIT_FAILURE,
+            Err(error) => {
+                eprintln!("kreplay: error: {error}");
+                EXIT_FAILURE
+            }
+        },
+        Command::Bench(options) => finished(bench::run(&options, out).map(drop)),
+        Command::BenchDispatch(options) => finished(bench::dispatch::run(&options, out).map(drop)),
+        Command::Stress(options) => match stress::run(&options, out) {
+            Ok(outcome) if outcome.passed => EXIT_OK,
+            Ok(_) => EXIT_FAILURE,
+            Err(error) => {
+                eprintln!("kreplay: error: {error}");
+                EXIT_FAILURE
+            }
+        },
+    }
+}
+
+/// Checks, before any work starts, that `path` can be written: its folder exists and a file
+/// can be created there (an existing file is left as it is; a file created by the check is
+/// removed again).
+fn check_writable(path: &std::path::Path) -> Result<(), String> {
+    let cannot = |why: String| format!("cannot write {}: {why}", path.display());
+    if path.is_dir() {
+        return Err(cannot("it is a folder".into()));
+    }
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| cannot(e.to_string()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 /// The exit status of a command that either ran or failed with an error (printed to stderr).

@@ -143,22 +143,33 @@ fn bad_arguments_are_explained_and_exit_2() {
     for (args, needle) in [
         (
             vec!["demo", "--passes", "0"],
-            "invalid value '0' for '--passes'",
+            "invalid value '0' for '--passes <N>': must be at least 1",
         ),
         (
             vec!["demo", "--passes", "lots"],
-            "invalid value 'lots' for '--passes'",
+            "invalid value 'lots' for '--passes <N>'",
         ),
         (
             vec!["demo", "--elements"],
-            "option '--elements' needs a value",
+            "a value is required for '--elements <N>'",
+        ),
+        (
+            vec!["demo", "--csv", "--no-restore"],
+            "a value is required for '--csv <PATH>'",
+        ),
+        (
+            vec!["demo", "--passes", "--elements", "1k"],
+            "a value is required for '--passes <N>'",
         ),
         (
             vec!["demo", "--frobnicate"],
-            "unknown option '--frobnicate'",
+            "unexpected argument '--frobnicate'",
         ),
-        (vec!["demo", "--no-restore", "--no-restore"], "given twice"),
-        (vec!["bench-all"], "unknown command 'bench-all'"),
+        (
+            vec!["demo", "--no-restore", "--no-restore"],
+            "cannot be used multiple times",
+        ),
+        (vec!["bench-all"], "unrecognized subcommand 'bench-all'"),
         (vec![], "no command given"),
     ] {
         let output = kreplay(&args);
@@ -292,11 +303,11 @@ fn bad_bench_arguments_are_explained_and_exit_2() {
     for (args, needle) in [
         (
             vec!["bench", "--footprints", "4X"],
-            "invalid value '4X' for '--footprints'",
+            "invalid value '4X' for '--footprints <LIST>'",
         ),
         (
             vec!["bench", "--dirty", "150"],
-            "invalid value '150' for '--dirty'",
+            "invalid value '150' for '--dirty <LIST>'",
         ),
         (
             vec!["bench", "--strategies", "full,best"],
@@ -308,16 +319,16 @@ fn bad_bench_arguments_are_explained_and_exit_2() {
         ),
         (
             vec!["bench", "--repeats"],
-            "option '--repeats' needs a value",
+            "a value is required for '--repeats <N>'",
         ),
-        (vec!["bench", "--quick"], "unknown option '--quick'"),
+        (vec!["bench", "--quick"], "unexpected argument '--quick'"),
         (
             vec!["bench-dispatch", "--passes", "1"],
-            "invalid value '1' for '--passes'",
+            "invalid value '1' for '--passes <N>'",
         ),
         (
             vec!["bench-dispatch", "--service", "maybe"],
-            "expected replay or none",
+            "possible values: replay, none",
         ),
     ] {
         let output = kreplay(&args);
@@ -390,4 +401,39 @@ fn an_unwritable_output_file_is_an_error_exit_1() {
     ]);
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(stderr(&output).contains("cannot write /nonexistent-kreplay-dir/out.csv"));
+}
+
+#[test]
+fn help_of_help_works_and_every_help_is_the_same_through_help() {
+    let output = kreplay(&["help", "--help"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).starts_with("kreplay help — "),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(stdout(&kreplay(&["help"])), stdout(&kreplay(&["--help"])));
+}
+
+#[test]
+fn demo_checks_its_output_paths_before_running() {
+    let dir = scratch("unwritable-before");
+    std::fs::create_dir_all(&dir).expect("a folder where a file is expected");
+    for path in [
+        dir.clone(),
+        PathBuf::from("/nonexistent-kreplay-dir/out.json"),
+    ] {
+        let output = kreplay(&["demo", "--elements", "1k", "--json", path.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+        assert!(
+            stderr(&output).contains(&format!("cannot write {}", path.display())),
+            "{}",
+            stderr(&output)
+        );
+        assert!(
+            stdout(&output).is_empty(),
+            "nothing runs when an output cannot be written: {}",
+            stdout(&output)
+        );
+    }
 }

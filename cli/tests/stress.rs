@@ -172,7 +172,7 @@ fn a_malformed_fault_spec_is_a_usage_error_naming_the_option_or_variable() {
     let output = kreplay(&["stress", "--faults", "copy:2"], &[]);
     assert_eq!(output.status.code(), Some(2), "{}", text(&output));
     assert!(
-        text(&output).contains("'--faults'") && text(&output).contains("[0, 1]"),
+        text(&output).contains("'--faults <SPEC>'") && text(&output).contains("[0, 1]"),
         "{}",
         text(&output)
     );
@@ -213,14 +213,17 @@ fn stress_options_parse_and_bad_values_name_the_option() {
     assert!(!options.mix.fill && options.mix.memory_copy && !options.reentrant && options.toggles);
     assert_eq!(options.faults.as_deref(), Some("copy:0.5,seed:3"));
     for (args, needle) in [
-        (vec!["stress", "--seconds", "0"], "'--seconds'"),
-        (vec!["stress", "--threads", "100000"], "'--threads'"),
-        (vec!["stress", "--seed", "-1"], "'--seed'"),
+        (vec!["stress", "--seconds", "0"], "'--seconds <S>'"),
+        (vec!["stress", "--threads", "100000"], "'--threads <N>'"),
+        (vec!["stress", "--seed", "-1"], "'--seed <X>'"),
         (
             vec!["stress", "--faults", "slow_kernel:0.1@x"],
-            "'--faults'",
+            "'--faults <SPEC>'",
         ),
-        (vec!["stress", "--no-fill", "--no-fill"], "given twice"),
+        (
+            vec!["stress", "--no-fill", "--no-fill"],
+            "cannot be used multiple times",
+        ),
     ] {
         let error = parse(args.clone()).expect_err(&format!("{args:?}"));
         assert!(error.to_string().contains(needle), "{args:?}: {error}");
