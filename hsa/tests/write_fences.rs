@@ -1,4 +1,4 @@
-//! Runtime writes that bypass kernels, racing a replay on the same agent (SPEC §3 rule 9).
+//! Runtime writes that bypass kernels, racing a replay on the same agent (docs/abi.md §3 rule 9).
 //!
 //! A dispatch on GPU 0 is replayed 3 times; while its first pass runs, another thread writes a
 //! *different* coarse-grained buffer of GPU 0 through one of the runtime's write paths. Every

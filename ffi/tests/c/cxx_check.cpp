@@ -6,7 +6,7 @@
 static_assert(sizeof(kreplay_kernel_dispatch_info_t) == 128, "dispatch info size");
 static_assert(sizeof(kreplay_callback_tracing_kernel_replay_data_t) == 216, "replay data size");
 static_assert(offsetof(kreplay_callback_tracing_kernel_replay_data_t, outcome) == 184,
-              "appended fields start after SPEC's 184 bytes");
+              "appended fields start after the first 184 bytes");
 static_assert(offsetof(kreplay_callback_tracing_kernel_replay_data_t, replay_stop_context) == 176,
               "replay_stop_context offset");
 
