@@ -1,10 +1,10 @@
 //! Hostile C input: seeded random calls of the C ABI with garbage (unknown handles, garbage
 //! kinds and operations, NULL pointers, calls from the wrong phase, from other threads and from
 //! inside callbacks) and a tool whose pass-count and continue answers are random, including
-//! the invalid ones. SPEC's promises are asserted: nothing crashes or hangs, every call returns
-//! a defined status (an error for input that is certainly invalid), the application's results
-//! are those of one ordinary run, its completion fires exactly once per dispatch, and every
-//! invalid answer is declined with its reason.
+//! the invalid ones. The promises of docs/abi.md are asserted: nothing crashes or hangs, every
+//! call returns a defined status (an error for input that is certainly invalid), the application's
+//! results are those of one ordinary run, its completion fires exactly once per dispatch, and
+//! every invalid answer is declined with its reason.
 //!
 //! kreplay's state is process-wide, so each test runs its body in a process of its own. The
 //! seeds are fixed; `KREPLAY_HOSTILE_SEED=N` replaces them for a longer campaign.
@@ -515,7 +515,7 @@ unsafe extern "C" fn on_replay(record: CallbackRecord, _user: *mut UserData, _: 
         {
             return;
         }
-        // SAFETY: CONFIG and PASS records carry a replay payload, writable where SPEC says so,
+        // SAFETY: CONFIG and PASS records carry a replay payload, writable where kreplay.h says so,
         // valid for the callback.
         let payload = unsafe { &mut *record.payload.cast::<KernelReplayData>() };
         let id = payload.dispatch_info.dispatch_id;

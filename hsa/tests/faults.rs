@@ -1,5 +1,5 @@
 //! Replay on top of softhsa's fault injection: each fault a real runtime can throw at kreplay
-//! gives the outcome SPEC requires. A decline leaves memory untouched and runs the dispatch once;
+//! gives the outcome docs/abi.md requires. A decline leaves memory untouched and runs the dispatch once;
 //! a failed restore is reported with the bytes lost; in every case the application keeps running
 //! and its completion fires exactly once.
 //!

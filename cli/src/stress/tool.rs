@@ -53,7 +53,7 @@ pub struct ToolReport {
     pub config_exits: u64,
     /// PASS ENTERs.
     pub passes: u64,
-    /// Toggle calls that did what SPEC promises.
+    /// Toggle calls that did what docs/abi.md §2 promises.
     pub toggles_ok: u64,
     /// Dispatch records carrying a pass.
     pub pass_records: u64,
