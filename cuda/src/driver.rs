@@ -1,6 +1,6 @@
 //! The few CUDA driver API entry points kreplay uses, resolved from `libcuda` at run time.
 //!
-//! Nothing here links against CUDA: [`Driver::load`] opens the library with `dlopen` and looks
+//! Nothing here links against CUDA: `Driver::load` opens the library with `dlopen` and looks
 //! each symbol up. A machine without a driver gets a [`LoadError`] naming what was tried, never a
 //! panic, so the crate builds and its GPU-free tests run anywhere.
 
