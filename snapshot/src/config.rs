@@ -70,6 +70,56 @@ impl RestoreStrategy {
     }
 }
 
+/// What a replay snapshots (`KREPLAY_SNAPSHOT_SCOPE=agent|referenced`).
+///
+/// Both include everything the dispatch is known to reach: every allocation an address it uses
+/// points into (its kernel arguments), whatever its owner or kind, and the writable
+/// module-scope variables of code loaded on the agent. Memory reached only through pointers
+/// stored in memory is invisible to that scan; `Agent` covers it when it is the agent's own
+/// coarse-grained memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SnapshotScope {
+    /// The agent's coarse-grained memory plus everything referenced: the safe choice for
+    /// kernels that reach memory through pointer tables.
+    #[default]
+    Agent,
+    /// Only what the dispatch references: far smaller snapshots and no contact with unrelated
+    /// buffers, for tools that know their kernels.
+    Referenced,
+}
+
+impl SnapshotScope {
+    /// The configuration spelling (`agent`, `referenced`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotScope::Agent => "agent",
+            SnapshotScope::Referenced => "referenced",
+        }
+    }
+}
+
+impl fmt::Display for SnapshotScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SnapshotScope {
+    type Err = ParseEnumError;
+    /// Accepts `agent`, `referenced` (ASCII case-insensitive, surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_name(
+            s,
+            "snapshot scope",
+            "agent, referenced",
+            &[
+                ("agent", SnapshotScope::Agent),
+                ("referenced", SnapshotScope::Referenced),
+            ],
+        )
+    }
+}
+
 impl fmt::Display for StoreTier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -203,6 +253,8 @@ pub struct SnapshotConfig {
     /// Keep the last host or file store when a snapshot drops and reuse it for the next snapshot
     /// that fits (saves allocating and faulting in fresh pages). Device shadows are never kept.
     pub keep_store: bool,
+    /// What a replay snapshots (read by the backend when it builds its [`Filter`](crate::Filter)).
+    pub scope: SnapshotScope,
 }
 
 impl Default for SnapshotConfig {
@@ -215,6 +267,7 @@ impl Default for SnapshotConfig {
             verify_every: DEFAULT_VERIFY_EVERY,
             spill_dir: None,
             keep_store: true,
+            scope: SnapshotScope::Agent,
         }
     }
 }

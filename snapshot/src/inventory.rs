@@ -7,6 +7,8 @@ use std::fmt;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
+use crate::source::RegionSource;
+
 /// What kind of memory an allocation is. Only [`MemoryKind::CoarseDevice`] is ever snapshotted
 /// (docs/abi.md §3 rule 3); the other kinds are tracked so lookups and frees stay exact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,9 +46,16 @@ impl MemoryKind {
         }
     }
 
-    /// Whether a replay snapshot may include this kind: coarse-grained device memory only.
+    /// Whether the owner-agent rule ([`Filter::for_replay`]) selects this kind: coarse-grained
+    /// device memory only.
     pub fn is_snapshot_eligible(self) -> bool {
         self == MemoryKind::CoarseDevice
+    }
+
+    /// Whether a snapshot may ever include this kind, when an address the dispatch uses points
+    /// into it ([`Filter::reach`]): every kind but executable memory.
+    pub fn is_reachable(self) -> bool {
+        self != MemoryKind::Executable
     }
 
     const fn bit(self) -> u8 {
@@ -122,6 +131,9 @@ impl Allocation {
     }
 
     /// The region (base, size, generation) a snapshot of this allocation covers.
+    ///
+    /// Generation 0 is never handed out by an inventory: it marks a region outside the inventory
+    /// that a caller vouches for ([`Filter::vouch`]).
     pub fn region(&self) -> Region {
         Region {
             base: self.base,
@@ -132,7 +144,8 @@ impl Allocation {
 }
 
 /// A contiguous range of device memory belonging to one allocation generation: what a selection
-/// yields and what a snapshot holds a copy of.
+/// yields and what a snapshot holds a copy of. Generation 0: a range outside the inventory that
+/// the caller vouched for ([`Filter::vouch`]), live for the whole snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Region {
     /// First byte (a device address).
@@ -145,13 +158,17 @@ pub struct Region {
 
 /// Which allocations a snapshot covers.
 ///
-/// [`Filter::for_replay`] is the rule of docs/abi.md §3 (rules 2 and 3): the dispatch's agent only,
-/// coarse-grained device memory only.
+/// [`Filter::for_replay`] is the owner-agent rule of docs/abi.md §3: the dispatch's agent only, coarse-grained
+/// device memory only. [`Filter::reach`] adds the allocation an address points into, whatever
+/// its owner or kind (executable memory excepted), and [`Filter::vouch`] a range outside the
+/// inventory (a module-scope variable); each selected region remembers its [`RegionSource`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Filter {
     owner_agent: Option<u64>,
     kinds: KindSet,
     required: SmallVec<[u64; 4]>,
+    reached: SmallVec<[(u64, RegionSource); 8]>,
+    vouched: Vec<(u64, u64, RegionSource)>,
 }
 
 impl Filter {
@@ -161,7 +178,36 @@ impl Filter {
             owner_agent: None,
             kinds: KindSet::ALL,
             required: SmallVec::new(),
+            reached: SmallVec::new(),
+            vouched: Vec::new(),
         }
+    }
+
+    /// Nothing by the owner-agent rule, but restricted to `agent` (where a device shadow goes):
+    /// the start of a selection made only of [`reach`](Filter::reach) and
+    /// [`vouch`](Filter::vouch) entries.
+    pub fn referenced_only(agent: u64) -> Self {
+        Filter::any().owner(agent).kinds(KindSet::EMPTY)
+    }
+
+    /// Select the tracked allocation containing `addr`, whatever its owner agent or kind, except
+    /// executable memory (never snapshotted), labelled `source` unless the owner-agent rule
+    /// already selects it. Planning fails with `untracked_memory` when no tracked allocation
+    /// contains `addr`.
+    pub fn reach(mut self, addr: u64, source: RegionSource) -> Self {
+        self.reached.push((addr, source));
+        self
+    }
+
+    /// Select `size` bytes at `base`, a range the inventory does not hold (e.g. a module-scope
+    /// variable inside loaded code), labelled `source`. The caller vouches that the range stays
+    /// valid memory for the life of the snapshot. A range inside an allocation the filter
+    /// already selects is not selected twice.
+    pub fn vouch(mut self, base: u64, size: u64, source: RegionSource) -> Self {
+        if size > 0 {
+            self.vouched.push((base, size, source));
+        }
+        self
     }
 
     /// The replay rule: allocations owned by `agent` that are coarse-grained device memory.
@@ -252,9 +298,70 @@ impl Table {
     }
 
     fn is_live(&self, region: &Region) -> bool {
-        self.by_base
-            .get(&region.base)
-            .is_some_and(|a| a.generation == region.generation)
+        region.generation == 0
+            || self
+                .by_base
+                .get(&region.base)
+                .is_some_and(|a| a.generation == region.generation)
+    }
+
+    /// The owner-agent selection, then the reached allocations, then the vouched ranges, with
+    /// each region's source and owner (`None` for a vouched range), sorted by base.
+    fn select_all(&self, filter: &Filter) -> Result<Vec<Selected>, u64> {
+        let mut picked: BTreeMap<u64, Selected> = self
+            .by_base
+            .values()
+            .filter(|a| a.size > 0 && filter.matches(a))
+            .map(|a| (a.base, Selected::of(a, RegionSource::Agent)))
+            .collect();
+        for &(addr, source) in &filter.reached {
+            let a = self.containing(addr).ok_or(addr)?;
+            if a.size > 0 && a.kind.is_reachable() {
+                picked
+                    .entry(a.base)
+                    .or_insert_with(|| Selected::of(a, source));
+            }
+        }
+        for &(base, size, source) in &filter.vouched {
+            let end = base.saturating_add(size);
+            let covered = picked.range(..=base).next_back().is_some_and(|(_, s)| {
+                s.region.base <= base && s.region.base + s.region.size >= end
+            });
+            if !covered && !picked.contains_key(&base) {
+                picked.insert(
+                    base,
+                    Selected {
+                        region: Region {
+                            base,
+                            size,
+                            generation: 0,
+                        },
+                        source,
+                        owner: None,
+                    },
+                );
+            }
+        }
+        Ok(picked.into_values().collect())
+    }
+}
+
+/// One region a filter selected.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Selected {
+    pub(crate) region: Region,
+    pub(crate) source: RegionSource,
+    /// The owner agent of an inventory allocation (`None`: a vouched range).
+    pub(crate) owner: Option<u64>,
+}
+
+impl Selected {
+    fn of(a: &Allocation, source: RegionSource) -> Self {
+        Selected {
+            region: a.region(),
+            source,
+            owner: Some(a.owner_agent),
+        }
     }
 }
 
@@ -398,7 +505,8 @@ impl Inventory {
         self.table.read().by_base.get(&base).copied()
     }
 
-    /// Whether `region` still belongs to a live allocation of the same generation.
+    /// Whether `region` still belongs to a live allocation of the same generation (a vouched
+    /// region, generation 0, always does).
     pub fn is_live(&self, region: &Region) -> bool {
         self.table.read().is_live(region)
     }
@@ -419,9 +527,9 @@ impl Inventory {
         self.table.read().select(filter)
     }
 
-    /// Snapshot planning: the selection plus the first required address that lies in no
-    /// tracked allocation.
-    pub(crate) fn select_checked(&self, filter: &Filter) -> Result<Vec<Region>, u64> {
+    /// Snapshot planning: the selection with sources and owners, or the first required or
+    /// reached address that lies in no tracked allocation.
+    pub(crate) fn select_checked(&self, filter: &Filter) -> Result<Vec<Selected>, u64> {
         let table = self.table.read();
         if let Some(&addr) = filter
             .required()
@@ -430,18 +538,22 @@ impl Inventory {
         {
             return Err(addr);
         }
-        Ok(table.select(filter))
+        table.select_all(filter)
     }
 
-    /// Fences copies of `agent`'s memory (every agent's when `None`): frees of that memory wait
-    /// until the returned guard drops.
-    pub(crate) fn pin(&self, agent: Option<u64>) -> Pinned<'_> {
-        let fence = match agent {
-            Some(agent) => {
+    /// Fences copies of the memory of `agents` (every agent's when `None`): frees of that memory
+    /// wait until the returned guard drops.
+    pub(crate) fn pin(&self, agents: Option<&[u64]>) -> Pinned<'_> {
+        let fence = match agents {
+            Some(agents) => {
                 let all = self.all_agents.read();
-                Fence::One {
+                // Ascending order, as `exclude_copies` takes them.
+                let mut sorted: SmallVec<[u64; 2]> = agents.iter().copied().collect();
+                sorted.sort_unstable();
+                sorted.dedup();
+                Fence::Some {
                     _all: all,
-                    _agent: self.fence(agent).read(),
+                    _agents: sorted.iter().map(|&a| self.fence(a).read()).collect(),
                 }
             }
             None => Fence::All {
@@ -463,9 +575,9 @@ struct CopyExclusion<'a> {
 
 /// The guards of a copy fence, held for their release on drop.
 enum Fence<'a> {
-    One {
+    Some {
         _all: RwLockReadGuard<'a, ()>,
-        _agent: RwLockReadGuard<'static, ()>,
+        _agents: SmallVec<[RwLockReadGuard<'static, ()>; 2]>,
     },
     All {
         _all: RwLockWriteGuard<'a, ()>,

@@ -89,11 +89,12 @@ mod inventory;
 mod layout;
 mod report;
 mod snapshot;
+mod source;
 mod store;
 
 pub use config::{
     ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MIN_CHUNK_SIZE, ParseEnumError,
-    RestoreStrategy, SnapshotConfig, StoreTier,
+    RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
 };
 pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
@@ -107,3 +108,4 @@ pub use snapshot::{
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+pub use source::{RegionSource, SourceBreakdown, SourceTally};

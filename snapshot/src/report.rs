@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::config::{RestoreStrategy, StoreTier};
 use crate::device::CopyError;
 use crate::inventory::Region;
+use crate::source::SourceBreakdown;
 
 /// What taking a snapshot did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct SnapshotReport {
     pub hashed: bool,
     /// Wall time of taking it (store acquisition, copy and hashing).
     pub elapsed: Duration,
+    /// Regions and bytes held, per source (agent memory, referenced, module variables,
+    /// adopted).
+    pub sources: SourceBreakdown,
 }
 
 /// What one restore did.

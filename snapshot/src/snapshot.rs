@@ -10,7 +10,9 @@ use crate::device::{Capabilities, DeviceMemory};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece};
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
+use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
+use smallvec::SmallVec;
 
 /// Under the auto strategy, snapshots smaller than this are always restored in full.
 pub const AUTO_FULL_BELOW_BYTES: u64 = 1 << 20;
@@ -32,6 +34,10 @@ pub struct Snapshotter {
 pub struct SnapshotPlan {
     layout: Layout,
     agent: Option<u64>,
+    /// Source of each region of `layout`, in the same order.
+    sources: Vec<RegionSource>,
+    /// The agents whose copy fences the copies hold (`None`: every agent).
+    fence: Option<SmallVec<[u64; 2]>>,
 }
 
 impl SnapshotPlan {
@@ -53,6 +59,16 @@ impl SnapshotPlan {
     /// The owner agent the plan is restricted to (where a device shadow would be allocated).
     pub fn agent(&self) -> Option<u64> {
         self.agent
+    }
+
+    /// Why each region is in the plan, in the order of [`regions`](SnapshotPlan::regions).
+    pub fn sources(&self) -> &[RegionSource] {
+        &self.sources
+    }
+
+    /// Regions and bytes per source.
+    pub fn breakdown(&self) -> SourceBreakdown {
+        SourceBreakdown::of(self.layout.regions.iter().zip(&self.sources))
     }
 }
 
@@ -108,8 +124,8 @@ pub struct RestoreRequest {
 /// Dropping it frees the store (or keeps it for the next snapshot, see
 /// `SnapshotConfig::keep_store`).
 pub struct Snapshot {
-    /// The agent whose memory was snapshotted (`None`: not restricted to one agent).
-    agent: Option<u64>,
+    /// The agents whose copy fences restores hold (`None`: every agent).
+    fence: Option<SmallVec<[u64; 2]>>,
     layout: Layout,
     store: Store,
     source: Arc<StoreSource>,
@@ -169,15 +185,31 @@ impl Snapshotter {
     /// Errors: `UntrackedMemory` when a required address lies in no tracked allocation,
     /// `FootprintBudget` when the plan exceeds `max_bytes`.
     pub fn plan(&self, filter: &Filter) -> Result<SnapshotPlan, SnapshotError> {
-        let regions = self
+        let selected = self
             .inventory
             .select_checked(filter)
             .map_err(|addr| SnapshotError::UntrackedMemory { addr })?;
+        // Copies fence the filter's agent and the owner of every selected allocation, so no
+        // free of any of them runs under a copy.
+        let fence = filter.agent().map(|agent| {
+            let mut agents: SmallVec<[u64; 2]> = SmallVec::new();
+            agents.push(agent);
+            for owner in selected.iter().filter_map(|s| s.owner) {
+                if !agents.contains(&owner) {
+                    agents.push(owner);
+                }
+            }
+            agents
+        });
+        let sources = selected.iter().map(|s| s.source).collect();
+        let regions = selected.iter().map(|s| s.region).collect();
         let layout = Layout::new(regions, self.config.chunk_size);
         self.check_budget(layout.bytes)?;
         Ok(SnapshotPlan {
             layout,
             agent: filter.agent(),
+            sources,
+            fence,
         })
     }
 
@@ -210,7 +242,7 @@ impl Snapshotter {
             })?;
         let tier = store.tier();
         let planned = plan.layout.bytes;
-        let pinned = self.inventory.pin(plan.agent);
+        let pinned = self.inventory.pin(plan.fence.as_deref());
         let live: Vec<bool> = plan
             .layout
             .regions
@@ -218,6 +250,13 @@ impl Snapshotter {
             .map(|r| pinned.is_live(r))
             .collect();
         let skipped = live.iter().filter(|l| !**l).count() as u64;
+        let sources: Vec<RegionSource> = plan
+            .sources
+            .iter()
+            .zip(&live)
+            .filter(|(_, l)| **l)
+            .map(|(s, _)| *s)
+            .collect();
         let layout = if skipped == 0 {
             plan.layout
         } else {
@@ -290,9 +329,10 @@ impl Snapshotter {
             pinned: store.pinned(),
             hashed,
             elapsed: start.elapsed(),
+            sources: SourceBreakdown::of(layout.regions.iter().zip(&sources)),
         };
         Ok(Snapshot {
-            agent: plan.agent,
+            fence: plan.fence,
             layout,
             store,
             source: self.source.clone(),
@@ -439,7 +479,7 @@ impl Snapshot {
         let device: &dyn DeviceMemory = &*self.source.device;
         let layout = &self.layout;
 
-        let pinned = self.inventory.pin(self.agent);
+        let pinned = self.inventory.pin(self.fence.as_deref());
         let live: Vec<bool> = layout.regions.iter().map(|r| pinned.is_live(r)).collect();
         let skipped: Vec<Region> = layout
             .regions
