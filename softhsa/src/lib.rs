@@ -52,6 +52,7 @@
 
 mod api;
 mod copy;
+mod executable;
 pub mod faults;
 mod grid;
 mod handlers;
@@ -68,6 +69,7 @@ mod time;
 mod topology;
 mod wake;
 
+pub use executable::CodeObject;
 pub use kernel::{KernelFn, WorkGroup, kernel_name, register_kernel};
 pub use owned::{OwnedApiTable, TABLE_LAYOUT_ENV, TableLayout};
 

@@ -31,6 +31,8 @@ pub(crate) struct Runtime {
     pub(crate) workers: Workers,
     pub(crate) copies: CopyEngines,
     pub(crate) handlers: AsyncHandlers,
+    /// Code object readers and executables (`hsa_executable_*`).
+    pub(crate) executables: crate::executable::Executables,
     /// `hsa_amd_profiling_async_copy_enable`.
     pub(crate) async_copy_profiling: AtomicBool,
     signals: RwLock<HashMap<u64, Arc<Signal>>>,
@@ -49,6 +51,7 @@ impl Runtime {
             workers,
             copies: CopyEngines::default(),
             handlers: AsyncHandlers::default(),
+            executables: Default::default(),
             async_copy_profiling: AtomicBool::new(false),
             signals: RwLock::new(HashMap::new()),
             signal_groups: RwLock::new(HashMap::new()),

@@ -480,6 +480,86 @@ impl Hsa {
         index
     }
 
+    /// Loads `code` for `agent` into a new executable and freezes it (`hsa_executable_create_alt`,
+    /// `hsa_code_object_reader_create_from_memory`, `hsa_executable_load_agent_code_object`,
+    /// `hsa_executable_freeze`; the reader is destroyed afterwards).
+    pub fn load_executable(
+        &self,
+        agent: hsa_agent_t,
+        code: &crate::CodeObject,
+    ) -> HsaResult<hsa_executable_t> {
+        let bytes = code.to_bytes();
+        let mut reader = hsa_code_object_reader_t { handle: 0 };
+        call!(
+            self.core,
+            hsa_code_object_reader_create_from_memory_fn(
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                &mut reader
+            )
+        )?;
+        let mut exe = hsa_executable_t { handle: 0 };
+        let loaded = call!(
+            self.core,
+            hsa_executable_create_alt_fn(
+                HSA_PROFILE_FULL,
+                HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
+                std::ptr::null(),
+                &mut exe
+            )
+        )
+        .and_then(|()| {
+            call!(
+                self.core,
+                hsa_executable_load_agent_code_object_fn(
+                    exe,
+                    agent,
+                    reader,
+                    std::ptr::null(),
+                    std::ptr::null_mut()
+                )
+            )
+        })
+        .and_then(|()| call!(self.core, hsa_executable_freeze_fn(exe, std::ptr::null())));
+        let _ = call!(self.core, hsa_code_object_reader_destroy_fn(reader));
+        loaded.map(|()| exe)
+    }
+
+    /// `hsa_executable_get_symbol_by_name` for `agent`.
+    pub fn symbol(
+        &self,
+        exe: hsa_executable_t,
+        agent: hsa_agent_t,
+        name: &str,
+    ) -> HsaResult<hsa_executable_symbol_t> {
+        let name = std::ffi::CString::new(name).map_err(|_| HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        let mut sym = hsa_executable_symbol_t { handle: 0 };
+        call!(
+            self.core,
+            hsa_executable_get_symbol_by_name_fn(exe, name.as_ptr(), &agent, &mut sym)
+        )?;
+        Ok(sym)
+    }
+
+    /// A 64-bit symbol attribute (`VARIABLE_ADDRESS`, `KERNEL_OBJECT`).
+    pub fn symbol_u64(
+        &self,
+        sym: hsa_executable_symbol_t,
+        attribute: hsa_executable_symbol_info_t,
+    ) -> HsaResult<u64> {
+        let mut value = 0u64;
+        call!(
+            self.core,
+            hsa_executable_symbol_get_info_fn(sym, attribute, (&raw mut value).cast())
+        )?;
+        Ok(value)
+    }
+
+    /// `hsa_executable_destroy`.
+    pub fn destroy_executable(&self, exe: hsa_executable_t) -> HsaResult<()> {
+        call!(self.core, hsa_executable_destroy_fn(exe))
+    }
+
     /// Submits a kernel dispatch; returns the packet id.
     ///
     /// # Safety

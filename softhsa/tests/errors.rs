@@ -367,18 +367,12 @@ fn tool_facing_queue_settings_are_accepted_on_real_queues() {
 fn entries_softhsa_does_not_provide_return_an_error() {
     let (hsa, _session) = open();
     let (c, a) = (*hsa.core(), *hsa.amd());
-    let mut exe = hsa_executable_t { handle: 0 };
     let mut ipc = hsa_amd_ipc_memory_t::default();
     let mut local = [0u8; 16];
     // SAFETY: table entries; out pointers are live locals.
     unsafe {
         assert_eq!(
-            c.hsa_executable_create_alt_fn.unwrap()(
-                HSA_PROFILE_BASE,
-                HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
-                null(),
-                &mut exe
-            ),
+            c.hsa_code_object_destroy_fn.unwrap()(hsa_code_object_t { handle: 1 }),
             HSA_STATUS_ERROR
         );
         assert_eq!(
