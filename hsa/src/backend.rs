@@ -260,6 +260,16 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_memory_free_fn = memory::memory_free,
         hsa_memory_copy_fn = copies::memory_copy,
     );
+    // Executables are tracked only where every entry reach needs exists.
+    if crate::reach::capture(original.core()) {
+        wrap_core!(
+            core,
+            original,
+            hsa_executable_create_fn = crate::reach::executable_create,
+            hsa_executable_create_alt_fn = crate::reach::executable_create_alt,
+            hsa_executable_destroy_fn = crate::reach::executable_destroy,
+        );
+    }
     wrap_amd!(
         amd,
         original,

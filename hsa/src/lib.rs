@@ -86,6 +86,7 @@ mod layout;
 mod memory;
 mod original;
 mod queues;
+mod reach;
 mod replay;
 mod soft_queues;
 mod vmem;

@@ -16,7 +16,7 @@ use crate::original::forward;
 
 /// Classifies a fresh allocation from the runtime's pointer info (docs/abi.md §3 rule 3):
 /// returns (base, size, owner agent, kind).
-fn classify(b: &Backend, ptr: *const c_void) -> Option<(u64, u64, u64, MemoryKind)> {
+pub(crate) fn classify(b: &Backend, ptr: *const c_void) -> Option<(u64, u64, u64, MemoryKind)> {
     let info = b.original.pointer_info(ptr)?;
     let flags = info.global_flags;
     let kind = if b.original.agent_device_type(info.agentOwner) == Some(HSA_DEVICE_TYPE_CPU) {

@@ -9,10 +9,10 @@ use hsa_sys::*;
 use kreplay_drain::{PassCompletion, QueueView};
 use kreplay_locks::WriteGuard;
 use kreplay_passloop::{
-    Decline, DeclineReason, DispatchInfo, MemoryOpReport, ReplayDevice, RestoreFailure,
-    RestoreRequest, RestoreStrategy, StoreTier,
+    Decline, DeclineReason, DispatchInfo, MemoryOpReport, RegionSources, ReplayDevice,
+    RestoreFailure, RestoreRequest, RestoreStrategy, SourceTally, StoreTier,
 };
-use kreplay_snapshot::{Filter, Snapshot, SnapshotError, SnapshotPlan};
+use kreplay_snapshot::{Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
@@ -119,6 +119,34 @@ fn snapshot_request(r: &RestoreRequest) -> kreplay_snapshot::RestoreRequest {
     }
 }
 
+impl HsaReplay<'_> {
+    /// The snapshot plan of this dispatch: what its scope, its kernel arguments and the module
+    /// variables on its agent reach (see `crate::reach`).
+    fn plan(&self, info: &DispatchInfo) -> Result<SnapshotPlan, Decline> {
+        let filter = crate::reach::filter(
+            self.b,
+            hsa_agent_t {
+                handle: info.agent_id,
+            },
+            &self.dispatch,
+        )?;
+        self.b.snapshotter.plan(&filter).map_err(snapshot_decline)
+    }
+}
+
+fn sources(b: kreplay_snapshot::SourceBreakdown) -> RegionSources {
+    let t = |t: kreplay_snapshot::SourceTally| SourceTally {
+        regions: t.regions,
+        bytes: t.bytes,
+    };
+    RegionSources {
+        agent: t(b.agent),
+        referenced: t(b.referenced),
+        module_variables: t(b.module_variables),
+        adopted: t(b.adopted),
+    }
+}
+
 /// Waits for one pass's completion signal.
 struct PassSignal<'a> {
     b: &'a Backend,
@@ -205,15 +233,12 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline> {
-        let plan = self
-            .b
-            .snapshotter
-            .plan(&Filter::for_replay(info.agent_id))
-            .map_err(snapshot_decline)?;
+        let plan = self.plan(info)?;
         let report = MemoryOpReport {
             bytes_planned: plan.bytes(),
             regions: plan.regions().len() as u64,
             chunks: plan.chunks(),
+            sources: sources(plan.breakdown()),
             ..Default::default()
         };
         self.plan = Some(plan);
@@ -226,11 +251,7 @@ impl ReplayDevice for HsaReplay<'_> {
     ) -> Result<(Snapshot, MemoryOpReport), Decline> {
         let plan = match self.plan.take() {
             Some(plan) => plan,
-            None => self
-                .b
-                .snapshotter
-                .plan(&Filter::for_replay(info.agent_id))
-                .map_err(snapshot_decline)?,
+            None => self.plan(info)?,
         };
         let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
         let r = snapshot.report();
@@ -241,6 +262,7 @@ impl ReplayDevice for HsaReplay<'_> {
             chunks: r.chunks,
             tier: tier(r.tier),
             strategy: strategy(r.strategy),
+            sources: sources(r.sources),
             ..Default::default()
         };
         Ok((snapshot, report))

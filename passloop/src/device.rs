@@ -51,6 +51,30 @@ impl RestoreStrategy {
     }
 }
 
+/// Regions and bytes from one source of a snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceTally {
+    /// Regions.
+    pub regions: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Where a snapshot's regions come from: the agent's own memory (the scope's starting point),
+/// memory a kernel argument points into, module-scope variables of loaded code, and memory
+/// adopted because the runtime knew it and the backend did not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RegionSources {
+    /// The agent's memory selected by the scope.
+    pub agent: SourceTally,
+    /// Allocations a kernel argument points into (beyond the agent's memory).
+    pub referenced: SourceTally,
+    /// Writable module-scope variables.
+    pub module_variables: SourceTally,
+    /// Memory adopted for this snapshot.
+    pub adopted: SourceTally,
+}
+
 /// What a snapshot or restore plans (at ENTER) or did (at EXIT).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MemoryOpReport {
@@ -81,6 +105,8 @@ pub struct MemoryOpReport {
     /// the footprint (an explicit opt-in); the next pass may not start from the first pass's
     /// bytes.
     pub unverified: bool,
+    /// SNAPSHOT ENTER/EXIT: regions and bytes per source.
+    pub sources: RegionSources,
 }
 
 /// What a restore between passes prepares for.

@@ -85,7 +85,10 @@ mod plan;
 mod run;
 mod tool;
 
-pub use device::{MemoryOpReport, ReplayDevice, RestoreRequest, RestoreStrategy, StoreTier};
+pub use device::{
+    MemoryOpReport, RegionSources, ReplayDevice, RestoreRequest, RestoreStrategy, SourceTally,
+    StoreTier,
+};
 pub use dispatch::DispatchInfo;
 pub use outcome::{
     Decline, DeclineReason, LoopEnd, RanOnceReason, ReplayCost, ReplayOutcome, ReplayRecord,

@@ -317,8 +317,15 @@ impl Table {
         for &(addr, source) in &filter.reached {
             let a = self.containing(addr).ok_or(addr)?;
             if a.size > 0 && a.kind.is_reachable() {
+                // Adopted memory was unknown until now: it counts as adopted even where the
+                // owner-agent rule would select it today.
                 picked
                     .entry(a.base)
+                    .and_modify(|s| {
+                        if source == RegionSource::Adopted {
+                            s.source = source;
+                        }
+                    })
                     .or_insert_with(|| Selected::of(a, source));
             }
         }

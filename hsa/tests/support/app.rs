@@ -254,6 +254,13 @@ impl App {
         app
     }
 
+    /// softhsa's test helpers over the (wrapped) table copy.
+    #[allow(dead_code)] // not every scenario file loads executables
+    pub fn hsa(&self) -> kreplay_softhsa::testing::Hsa {
+        // SAFETY: the copy's sub-tables are valid for the process and hold HSA entries.
+        unsafe { kreplay_softhsa::testing::Hsa::from_table(self.table) }
+    }
+
     pub fn core(&self) -> &'static CoreApiTable {
         // SAFETY: the root's core table is valid for the process (leaked `OwnedApiTable`).
         unsafe { &*self.table.core_ }
@@ -373,6 +380,21 @@ impl App {
                 amd.hsa_amd_memory_pool_allocate_fn(pool, bytes, 0, &raw mut ptr)
             ),
             "pool allocate",
+        );
+        assert!(!ptr.is_null());
+        Ptr(ptr as u64)
+    }
+
+    /// Allocates `bytes` from `pool` with allocation `flags` through the (wrapped) table.
+    #[allow(dead_code)] // not every scenario file allocates with flags
+    pub fn alloc_flags(&self, pool: hsa_amd_memory_pool_t, bytes: usize, flags: u32) -> Ptr {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_memory_pool_allocate_fn(pool, bytes, flags, &raw mut ptr)
+            ),
+            "pool allocate with flags",
         );
         assert!(!ptr.is_null());
         Ptr(ptr as u64)

@@ -1,0 +1,471 @@
+//! What a dispatch can reach, turned into the snapshot's filter (SPEC §3 rules 2 and 3).
+//!
+//! * **Kernel arguments.** The dispatch's kernarg segment starts at the packet's
+//!   `kernarg_address`; its size is the kernel's `KERNEL_KERNARG_SEGMENT_SIZE`, found by kernel
+//!   object among the kernel symbols of the executables loaded on the agent (the same query on
+//!   ROCm and on softhsa: both describe kernels through `hsa_executable_symbol_get_info`). A
+//!   kernel object no executable describes (softhsa's registered host kernels, code loaded
+//!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
+//!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
+//!   regions, never miss one. Every 8-byte aligned value is resolved: a writable module
+//!   variable is vouched for; read-only variables, the rest of a loaded code segment and
+//!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
+//!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
+//!   [`adoption`]); a value in no memory the runtime knows is a plain number.
+//! * **Module-scope variables.** The writable variables of every executable loaded on the agent
+//!   (`hsa_executable_iterate_agent_symbols`, `VARIABLE_SEGMENT` global and not
+//!   `VARIABLE_IS_CONST`) are vouched for by address and size: they live inside a loader
+//!   segment that also holds code and read-only data, so the segment as a whole is never taken.
+//! * **Scope.** `KREPLAY_SNAPSHOT_SCOPE=agent` starts from the agent's coarse-grained memory,
+//!   `referenced` from nothing; both add the above.
+//!
+//! The limit: memory reached only through pointers stored in memory (a pointer table in a
+//! buffer, a linked structure) is invisible to the argument scan. Under `agent` scope it is
+//! still covered when it is the agent's own coarse-grained memory.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use hsa_sys::*;
+use kreplay_passloop::{Decline, DeclineReason};
+use kreplay_snapshot::{DeviceMemory, Filter, MemoryKind, RegionSource, SnapshotScope};
+use parking_lot::Mutex;
+
+use crate::backend::{Backend, backend, guarded};
+use crate::memory::HsaMemory;
+
+/// The most kernarg bytes scanned when the kernel's segment size is unknown.
+pub(crate) const MAX_KERNARG_SCAN: u64 = 4096;
+/// Values below this are never addresses (the first page is never mapped).
+const MIN_ADDRESS: u64 = 4096;
+
+type SymbolCallback = unsafe extern "C" fn(
+    hsa_executable_t,
+    hsa_agent_t,
+    hsa_executable_symbol_t,
+    *mut c_void,
+) -> hsa_status_t;
+
+/// The runtime's own executable entries, saved at installation (absent entries: no module
+/// variables or kernarg sizes can be learned, and the wrappers are not installed).
+struct ExecutableApi {
+    create: unsafe extern "C" fn(
+        hsa_profile_t,
+        hsa_executable_state_t,
+        *const std::ffi::c_char,
+        *mut hsa_executable_t,
+    ) -> hsa_status_t,
+    create_alt: unsafe extern "C" fn(
+        hsa_profile_t,
+        hsa_default_float_rounding_mode_t,
+        *const std::ffi::c_char,
+        *mut hsa_executable_t,
+    ) -> hsa_status_t,
+    destroy: unsafe extern "C" fn(hsa_executable_t) -> hsa_status_t,
+    iterate_agent_symbols: unsafe extern "C" fn(
+        hsa_executable_t,
+        hsa_agent_t,
+        Option<SymbolCallback>,
+        *mut c_void,
+    ) -> hsa_status_t,
+    symbol_get_info: unsafe extern "C" fn(
+        hsa_executable_symbol_t,
+        hsa_executable_symbol_info_t,
+        *mut c_void,
+    ) -> hsa_status_t,
+}
+
+static API: OnceLock<ExecutableApi> = OnceLock::new();
+/// Executables the application created (and has not destroyed) since installation.
+static EXECUTABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// Saves the runtime's executable entries (from the table as captured, so entries past the size
+/// the runtime declares are absent). Returns whether every entry reach needs is there; only then
+/// are creation and destruction wrapped, so the executables loaded on an agent can be enumerated
+/// at snapshot time.
+pub(crate) fn capture(core: &CoreApiTable) -> bool {
+    let (
+        Some(create),
+        Some(create_alt),
+        Some(destroy),
+        Some(iterate_agent_symbols),
+        Some(symbol_get_info),
+    ) = (
+        core.hsa_executable_create_fn,
+        core.hsa_executable_create_alt_fn,
+        core.hsa_executable_destroy_fn,
+        core.hsa_executable_iterate_agent_symbols_fn,
+        core.hsa_executable_symbol_get_info_fn,
+    )
+    else {
+        return false;
+    };
+    API.set(ExecutableApi {
+        create,
+        create_alt,
+        destroy,
+        iterate_agent_symbols,
+        symbol_get_info,
+    })
+    .is_ok()
+}
+
+fn remember(status: hsa_status_t, exe: *mut hsa_executable_t) -> hsa_status_t {
+    if status == HSA_STATUS_SUCCESS && !exe.is_null() && !backend().is_finalized() {
+        // SAFETY: the runtime wrote the new executable through the caller's valid out pointer.
+        let handle = unsafe { exe.read_unaligned() }.handle;
+        EXECUTABLES.lock().push(handle);
+    }
+    status
+}
+
+pub(crate) unsafe extern "C" fn executable_create(
+    profile: hsa_profile_t,
+    state: hsa_executable_state_t,
+    options: *const std::ffi::c_char,
+    exe: *mut hsa_executable_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let api = API.get().expect("installed with the entries");
+        // SAFETY: the runtime's own entry, called with the caller's arguments.
+        remember(unsafe { (api.create)(profile, state, options, exe) }, exe)
+    })
+}
+
+pub(crate) unsafe extern "C" fn executable_create_alt(
+    profile: hsa_profile_t,
+    rounding: hsa_default_float_rounding_mode_t,
+    options: *const std::ffi::c_char,
+    exe: *mut hsa_executable_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let api = API.get().expect("installed with the entries");
+        // SAFETY: the runtime's own entry, called with the caller's arguments.
+        remember(
+            unsafe { (api.create_alt)(profile, rounding, options, exe) },
+            exe,
+        )
+    })
+}
+
+pub(crate) unsafe extern "C" fn executable_destroy(exe: hsa_executable_t) -> hsa_status_t {
+    guarded(|| {
+        EXECUTABLES.lock().retain(|&h| h != exe.handle);
+        let api = API.get().expect("installed with the entries");
+        // SAFETY: the runtime's own entry, called with the caller's argument.
+        unsafe { (api.destroy)(exe) }
+    })
+}
+
+/// One symbol of a loaded executable, as far as reach is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LoadedSymbol {
+    Kernel {
+        object: u64,
+        kernarg_size: u64,
+    },
+    Variable {
+        address: u64,
+        size: u64,
+        writable: bool,
+    },
+}
+
+/// The kernels and variables of every tracked executable loaded on `agent`.
+fn loaded_symbols(agent: hsa_agent_t) -> Vec<LoadedSymbol> {
+    let Some(api) = API.get() else {
+        return Vec::new();
+    };
+    let executables = EXECUTABLES.lock().clone();
+    let mut out: Vec<LoadedSymbol> = Vec::new();
+    unsafe extern "C" fn visit(
+        _: hsa_executable_t,
+        _: hsa_agent_t,
+        sym: hsa_executable_symbol_t,
+        data: *mut c_void,
+    ) -> hsa_status_t {
+        // SAFETY: `data` is the `Vec` below, alive for the walk; the API is set.
+        let out = unsafe { &mut *data.cast::<Vec<LoadedSymbol>>() };
+        if let Some(s) = describe(API.get().expect("set"), sym) {
+            out.push(s);
+        }
+        HSA_STATUS_SUCCESS
+    }
+    for handle in executables {
+        // SAFETY: the runtime's own entry with a callback of the right type and live data; an
+        // executable destroyed meanwhile is an error status, ignored.
+        let _ = unsafe {
+            (api.iterate_agent_symbols)(
+                hsa_executable_t { handle },
+                agent,
+                Some(visit),
+                (&raw mut out).cast(),
+            )
+        };
+    }
+    out
+}
+
+fn info<T: Copy + Default>(
+    api: &ExecutableApi,
+    sym: hsa_executable_symbol_t,
+    attr: hsa_executable_symbol_info_t,
+) -> Option<T> {
+    let mut v = T::default();
+    // SAFETY: the runtime's own entry; `v` has the attribute's type (u32, u64 or bool per the
+    // HSA specification of each attribute asked for below).
+    let st = unsafe { (api.symbol_get_info)(sym, attr, (&raw mut v).cast()) };
+    (st == HSA_STATUS_SUCCESS).then_some(v)
+}
+
+fn describe(api: &ExecutableApi, sym: hsa_executable_symbol_t) -> Option<LoadedSymbol> {
+    match info::<u32>(api, sym, HSA_EXECUTABLE_SYMBOL_INFO_TYPE)? {
+        HSA_SYMBOL_KIND_KERNEL => Some(LoadedSymbol::Kernel {
+            object: info::<u64>(api, sym, HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT)?,
+            kernarg_size: u64::from(info::<u32>(
+                api,
+                sym,
+                HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE,
+            )?),
+        }),
+        HSA_SYMBOL_KIND_VARIABLE => {
+            let segment = info::<u32>(api, sym, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_SEGMENT)?;
+            let is_const = info::<bool>(api, sym, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_IS_CONST)?;
+            Some(LoadedSymbol::Variable {
+                address: info::<u64>(api, sym, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS)?,
+                size: u64::from(info::<u32>(
+                    api,
+                    sym,
+                    HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_SIZE,
+                )?),
+                writable: segment == HSA_VARIABLE_SEGMENT_GLOBAL && !is_const,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whether memory the runtime knows at a kernel argument, untracked by kreplay, is adopted
+/// (its base and size, from the runtime) or the replay declined (why).
+///
+/// Adopted: memory the runtime allocated (`HSA`) or locked for agents (`LOCKED`): its base, size
+/// and owner are exact, which is all a snapshot needs, and its free goes through the wrapped
+/// free entries, so it stays tracked correctly afterwards. Declined (`untracked_memory`): memory
+/// imported from another process (`IPC`) or from a graphics API (`GRAPHICS`), which others may
+/// write while the passes run and which no replay can fence, and memory the runtime reports
+/// without an extent.
+pub(crate) fn adoption(info: &hsa_amd_pointer_info_t) -> Result<(u64, u64), String> {
+    let base = info.agentBaseAddress as u64;
+    let size = info.sizeInBytes as u64;
+    match info.type_ {
+        HSA_EXT_POINTER_TYPE_HSA | HSA_EXT_POINTER_TYPE_LOCKED if base != 0 && size != 0 => {
+            Ok((base, size))
+        }
+        HSA_EXT_POINTER_TYPE_HSA | HSA_EXT_POINTER_TYPE_LOCKED => Err(format!(
+            "the runtime reports no extent for it (base {base:#x}, size {size})"
+        )),
+        HSA_EXT_POINTER_TYPE_IPC => {
+            Err("it is memory imported from another process, which a replay cannot fence".into())
+        }
+        HSA_EXT_POINTER_TYPE_GRAPHICS => {
+            Err("it is graphics-interop memory, which a replay cannot fence".into())
+        }
+        other => Err(format!("the runtime reports pointer type {other}")),
+    }
+}
+
+fn untracked(addr: u64, why: &str) -> Decline {
+    Decline::new(
+        DeclineReason::UntrackedMemory,
+        format!(
+            "a kernel argument points into memory kreplay does not track at {addr:#x} and cannot \
+             adopt: {why}; the dispatch runs once"
+        ),
+    )
+}
+
+/// The filter of one dispatch's snapshot: the scope's starting point, the writable module
+/// variables on the agent, and everything the kernel arguments reach.
+pub(crate) fn filter(
+    b: &Backend,
+    agent: hsa_agent_t,
+    dispatch: &hsa_kernel_dispatch_packet_t,
+) -> Result<Filter, Decline> {
+    let mut filter = match b.snapshotter.config().scope {
+        SnapshotScope::Agent => Filter::for_replay(agent.handle),
+        SnapshotScope::Referenced => Filter::referenced_only(agent.handle),
+    };
+    let symbols = loaded_symbols(agent);
+    for s in &symbols {
+        if let LoadedSymbol::Variable {
+            address,
+            size,
+            writable: true,
+        } = *s
+        {
+            filter = filter.vouch(address, size, RegionSource::ModuleVariable);
+        }
+    }
+    let kernarg = dispatch.kernarg_address as u64;
+    if kernarg == 0 {
+        return Ok(filter);
+    }
+    let known_size = symbols.iter().find_map(|s| match *s {
+        LoadedSymbol::Kernel {
+            object,
+            kernarg_size,
+        } if object == dispatch.kernel_object => Some(kernarg_size),
+        _ => None,
+    });
+    let len = match known_size {
+        Some(size) => size,
+        None => {
+            // The allocation holding the arguments bounds the scan.
+            let end = match b.inventory.lookup(kernarg) {
+                Some(a) => a.end(),
+                None => match b.original.pointer_info(kernarg as *const c_void) {
+                    Some(i) => (i.agentBaseAddress as u64).saturating_add(i.sizeInBytes as u64),
+                    None => {
+                        return Err(untracked(
+                            kernarg,
+                            "it holds the dispatch's kernel arguments, and neither an executable \
+                             nor the runtime says how large they are",
+                        ));
+                    }
+                },
+            };
+            end.saturating_sub(kernarg).min(MAX_KERNARG_SCAN)
+        }
+    };
+    let mut bytes = vec![0u8; len as usize];
+    if len > 0 {
+        HsaMemory.read(kernarg, &mut bytes).map_err(|e| {
+            Decline::new(
+                DeclineReason::SnapshotFailed,
+                format!("cannot read the kernel arguments at {kernarg:#x}: {e}"),
+            )
+        })?;
+    }
+    // The scan starts at an 8-byte boundary of the device address (the ABI aligns pointers).
+    let skip = (8 - (kernarg % 8) as usize) % 8;
+    for word in bytes.get(skip..).unwrap_or(&[]).chunks_exact(8) {
+        let value = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+        if value >= MIN_ADDRESS {
+            filter = resolve(b, filter, value, &symbols)?;
+        }
+    }
+    Ok(filter)
+}
+
+/// Adds what `value` (a kernel argument) points into to `filter`.
+fn resolve(
+    b: &Backend,
+    filter: Filter,
+    value: u64,
+    agent_symbols: &[LoadedSymbol],
+) -> Result<Filter, Decline> {
+    let variable = |symbols: &[LoadedSymbol]| {
+        symbols.iter().find_map(|s| match *s {
+            LoadedSymbol::Variable {
+                address,
+                size,
+                writable,
+            } if value >= address && value < address.saturating_add(size) => {
+                Some((address, size, writable))
+            }
+            _ => None,
+        })
+    };
+    if let Some(a) = b.inventory.lookup(value) {
+        return Ok(if a.kind.is_reachable() {
+            filter.reach(value, RegionSource::Referenced)
+        } else {
+            filter
+        });
+    }
+    let Some(info) = b.original.pointer_info(value as *const c_void) else {
+        // No memory the runtime knows: a plain number.
+        return Ok(filter);
+    };
+    // A loader segment (it holds module variables): only its writable variables count, the
+    // rest is code and read-only data. Variables on the dispatch's agent are already vouched.
+    let owner_symbols;
+    let symbols = if info.agentOwner.handle == 0 {
+        agent_symbols
+    } else {
+        owner_symbols = loaded_symbols(info.agentOwner);
+        &owner_symbols
+    };
+    if let Some((address, size, writable)) = variable(symbols).or_else(|| variable(agent_symbols)) {
+        return Ok(if writable {
+            filter.vouch(address, size, RegionSource::ModuleVariable)
+        } else {
+            filter
+        });
+    }
+    let base = info.agentBaseAddress as u64;
+    let end = base.saturating_add(info.sizeInBytes as u64);
+    let in_segment = symbols.iter().chain(agent_symbols).any(|s| {
+        matches!(*s, LoadedSymbol::Variable { address, .. } if address >= base && address < end)
+    });
+    if in_segment {
+        return Ok(filter);
+    }
+    let (base, size) = adoption(&info).map_err(|why| untracked(value, &why))?;
+    let (_, _, owner, kind) = crate::memory::classify(b, value as *const c_void).unwrap_or((
+        base,
+        size,
+        0,
+        MemoryKind::Host,
+    ));
+    b.inventory.on_alloc(base, size, owner, kind);
+    b.hooks.warn_once(
+        "adopted_memory",
+        &format!(
+            "adopted {size} bytes at {base:#x} that kreplay never saw allocated (a kernel argument \
+             points into it); it is tracked from now on"
+        ),
+    );
+    Ok(filter.reach(value, RegionSource::Adopted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(type_: hsa_amd_pointer_type_t, base: u64, size: usize) -> hsa_amd_pointer_info_t {
+        hsa_amd_pointer_info_t {
+            type_,
+            agentBaseAddress: base as *mut c_void,
+            sizeInBytes: size,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn runtime_and_locked_memory_is_adopted_with_the_runtimes_extent() {
+        assert_eq!(
+            adoption(&info(HSA_EXT_POINTER_TYPE_HSA, 0x10000, 4096)),
+            Ok((0x10000, 4096))
+        );
+        assert_eq!(
+            adoption(&info(HSA_EXT_POINTER_TYPE_LOCKED, 0x20000, 64)),
+            Ok((0x20000, 64))
+        );
+    }
+
+    #[test]
+    fn imported_memory_and_memory_without_an_extent_are_declined_with_a_reason() {
+        for (t, base, size, needle) in [
+            (HSA_EXT_POINTER_TYPE_IPC, 0x10000, 4096, "another process"),
+            (HSA_EXT_POINTER_TYPE_GRAPHICS, 0x10000, 4096, "graphics"),
+            (HSA_EXT_POINTER_TYPE_HSA, 0x10000, 0, "no extent"),
+            (HSA_EXT_POINTER_TYPE_LOCKED, 0, 4096, "no extent"),
+        ] {
+            let why = adoption(&info(t, base, size)).unwrap_err();
+            assert!(why.contains(needle), "{why}");
+            let d = untracked(0x10008, &why);
+            assert_eq!(d.reason, DeclineReason::UntrackedMemory);
+        }
+    }
+}
