@@ -519,7 +519,9 @@ typedef struct kreplay_callback_tracing_kernel_replay_data_t {
 } kreplay_callback_tracing_kernel_replay_data_t;
 
 /** Payload of KERNEL_REPLAY SNAPSHOT and RESTORE records: what replay's memory work costs and how
- *  it went. 216 bytes (read `size` first: the fields from byte 200 on were appended). */
+ *  it went. 280 bytes (read `size` first: the fields from byte 200 on were appended). The
+ *  per-source fields (216..280) say where a snapshot's regions come from: the agent's own memory,
+ *  memory a kernel argument points into, module-scope variables, adopted memory. */
 typedef struct kreplay_callback_tracing_kernel_replay_memory_data_t {
     /** sizeof this struct. */
     uint64_t size;                                     /*   0 */
@@ -555,6 +557,22 @@ typedef struct kreplay_callback_tracing_kernel_replay_memory_data_t {
     uint32_t unverified;                               /* 208 */
     /** Reserved, zero. */
     uint32_t reserved;                                 /* 212 */
+    /** SNAPSHOT ENTER/EXIT: regions selected as the agent's own memory (KREPLAY_SNAPSHOT_SCOPE=agent). */
+    uint64_t agent_regions;                          /* 216 */
+    /** SNAPSHOT ENTER/EXIT: bytes of those regions. */
+    uint64_t agent_bytes;                            /* 224 */
+    /** SNAPSHOT ENTER/EXIT: further allocations a kernel argument points into (any owner or kind). */
+    uint64_t referenced_regions;                     /* 232 */
+    /** SNAPSHOT ENTER/EXIT: bytes of those regions. */
+    uint64_t referenced_bytes;                       /* 240 */
+    /** SNAPSHOT ENTER/EXIT: writable module-scope variables of executables loaded on the agent, or reached by an argument. */
+    uint64_t module_variable_regions;                /* 248 */
+    /** SNAPSHOT ENTER/EXIT: bytes of those variables. */
+    uint64_t module_variable_bytes;                  /* 256 */
+    /** SNAPSHOT ENTER/EXIT: allocations kreplay never saw allocated, adopted with the runtime's base and size. */
+    uint64_t adopted_regions;                        /* 264 */
+    /** SNAPSHOT ENTER/EXIT: bytes of those regions. */
+    uint64_t adopted_bytes;                          /* 272 */
 } kreplay_callback_tracing_kernel_replay_memory_data_t;
 
 /** Per-process replay counters (kreplay_get_counters). 240 bytes; fields are only appended. */

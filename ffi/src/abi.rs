@@ -542,7 +542,7 @@ impl KernelReplayData {
 }
 
 /// `kreplay_callback_tracing_kernel_replay_memory_data_t`: payload of KERNEL_REPLAY SNAPSHOT and
-/// RESTORE records (216 bytes).
+/// RESTORE records (280 bytes: the per-source fields from byte 216 on were appended).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct KernelReplayMemoryData {
@@ -578,6 +578,22 @@ pub struct KernelReplayMemoryData {
     pub unverified: u32,
     /// Reserved, zero.
     pub reserved: u32,
+    /// SNAPSHOT ENTER/EXIT: regions selected as the agent's own memory (KREPLAY_SNAPSHOT_SCOPE=agent).
+    pub agent_regions: u64,
+    /// SNAPSHOT ENTER/EXIT: bytes of those regions.
+    pub agent_bytes: u64,
+    /// SNAPSHOT ENTER/EXIT: further allocations a kernel argument points into (any owner or kind).
+    pub referenced_regions: u64,
+    /// SNAPSHOT ENTER/EXIT: bytes of those regions.
+    pub referenced_bytes: u64,
+    /// SNAPSHOT ENTER/EXIT: writable module-scope variables of executables loaded on the agent, or reached by an argument.
+    pub module_variable_regions: u64,
+    /// SNAPSHOT ENTER/EXIT: bytes of those variables.
+    pub module_variable_bytes: u64,
+    /// SNAPSHOT ENTER/EXIT: allocations kreplay never saw allocated, adopted with the runtime's base and size.
+    pub adopted_regions: u64,
+    /// SNAPSHOT ENTER/EXIT: bytes of those regions.
+    pub adopted_bytes: u64,
 }
 
 impl KernelReplayMemoryData {
@@ -599,6 +615,14 @@ impl KernelReplayMemoryData {
             chunks_repaired: 0,
             unverified: 0,
             reserved: 0,
+            agent_regions: 0,
+            agent_bytes: 0,
+            referenced_regions: 0,
+            referenced_bytes: 0,
+            module_variable_regions: 0,
+            module_variable_bytes: 0,
+            adopted_regions: 0,
+            adopted_bytes: 0,
         }
     }
 }
@@ -826,7 +850,7 @@ check_field!(KernelReplayData, decline_reason, 196, 4);
 check_field!(KernelReplayData, passes_run, 200, 8);
 check_field!(KernelReplayData, bytes_lost, 208, 8);
 
-assert_eq_size!(KernelReplayMemoryData, [u8; 216]);
+assert_eq_size!(KernelReplayMemoryData, [u8; 280]);
 assert_eq_align!(KernelReplayMemoryData, u64);
 check_field!(KernelReplayMemoryData, size, 0, 8);
 check_field!(KernelReplayMemoryData, dispatch_info, 8, 128);
@@ -843,6 +867,14 @@ check_field!(KernelReplayMemoryData, bytes_lost, 192, 8);
 check_field!(KernelReplayMemoryData, chunks_repaired, 200, 8);
 check_field!(KernelReplayMemoryData, unverified, 208, 4);
 check_field!(KernelReplayMemoryData, reserved, 212, 4);
+check_field!(KernelReplayMemoryData, agent_regions, 216, 8);
+check_field!(KernelReplayMemoryData, agent_bytes, 224, 8);
+check_field!(KernelReplayMemoryData, referenced_regions, 232, 8);
+check_field!(KernelReplayMemoryData, referenced_bytes, 240, 8);
+check_field!(KernelReplayMemoryData, module_variable_regions, 248, 8);
+check_field!(KernelReplayMemoryData, module_variable_bytes, 256, 8);
+check_field!(KernelReplayMemoryData, adopted_regions, 264, 8);
+check_field!(KernelReplayMemoryData, adopted_bytes, 272, 8);
 
 assert_eq_size!(Counters, [u8; 240]);
 assert_eq_align!(Counters, u64);

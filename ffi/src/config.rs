@@ -13,6 +13,7 @@
 //! | `KREPLAY_REPLAY_BUDGET_MS` | milliseconds per dispatch, at least 1 | no budget |
 //! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
+//! | `KREPLAY_SNAPSHOT_SCOPE` | `agent`, `referenced` | `agent` |
 //!
 //! ```
 //! use kreplay::config::Config;
@@ -39,7 +40,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
 use crate::logging::LogLevel;
 
@@ -59,6 +60,8 @@ pub const ENV_LOG: &str = "KREPLAY_LOG";
 pub const ENV_MAX_PASSES: &str = "KREPLAY_MAX_PASSES";
 /// `KREPLAY_REPLAY_BUDGET_MS`.
 pub const ENV_REPLAY_BUDGET_MS: &str = "KREPLAY_REPLAY_BUDGET_MS";
+/// `KREPLAY_SNAPSHOT_SCOPE`.
+pub const ENV_SNAPSHOT_SCOPE: &str = "KREPLAY_SNAPSHOT_SCOPE";
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -86,6 +89,9 @@ pub struct Config {
     /// Time per dispatch after which no further pass starts (a running pass always finishes);
     /// `None`: no budget.
     pub replay_budget: Option<Duration>,
+    /// What a replay snapshots: the agent's coarse-grained memory plus what the dispatch
+    /// references (`agent`), or only what it references (`referenced`).
+    pub snapshot_scope: SnapshotScope,
 }
 
 impl Default for Config {
@@ -99,6 +105,7 @@ impl Default for Config {
             log: LogLevel::Warn,
             max_passes: kreplay_passloop::DEFAULT_MAX_PASSES,
             replay_budget: None,
+            snapshot_scope: SnapshotScope::Agent,
         }
     }
 }
@@ -138,6 +145,7 @@ impl Config {
             ENV_LOG,
             ENV_MAX_PASSES,
             ENV_REPLAY_BUDGET_MS,
+            ENV_SNAPSHOT_SCOPE,
         ] {
             if let Err(std::env::VarError::NotUnicode(raw)) = std::env::var(variable) {
                 return Err(ConfigError {
@@ -189,6 +197,10 @@ impl Config {
                 "one of auto, full, hash, writeset, writeset-unverified",
             )?;
         }
+        if let Some(value) = lookup(ENV_SNAPSHOT_SCOPE) {
+            config.snapshot_scope =
+                parse_choice(ENV_SNAPSHOT_SCOPE, &value, "one of agent, referenced")?;
+        }
         if let Some(value) = lookup(ENV_SPILL_DIR) {
             if value.trim().is_empty() {
                 return Err(ConfigError {
@@ -233,6 +245,7 @@ impl Config {
             store: self.snapshot_store,
             strategy: self.restore,
             spill_dir: self.spill_dir.clone(),
+            scope: self.snapshot_scope,
             ..SnapshotConfig::default()
         }
     }
@@ -412,6 +425,23 @@ mod tests {
                 config_from(&[("KREPLAY_RESTORE", text)]).unwrap().restore,
                 mode
             );
+        }
+    }
+
+    #[test]
+    fn snapshot_scope_takes_agent_or_referenced_and_refuses_anything_else() {
+        assert_eq!(
+            config_from(&[]).unwrap().snapshot_config().scope,
+            SnapshotScope::Agent
+        );
+        let config = config_from(&[("KREPLAY_SNAPSHOT_SCOPE", "referenced")]).unwrap();
+        assert_eq!(config.snapshot_scope, SnapshotScope::Referenced);
+        assert_eq!(config.snapshot_config().scope, SnapshotScope::Referenced);
+        for bad in ["", "all", "device", "referenced,agent"] {
+            let err = config_from(&[("KREPLAY_SNAPSHOT_SCOPE", bad)]).unwrap_err();
+            assert_eq!(err.variable, "KREPLAY_SNAPSHOT_SCOPE");
+            assert_eq!(err.value, bad);
+            assert!(err.to_string().contains("agent, referenced"), "{err}");
         }
     }
 

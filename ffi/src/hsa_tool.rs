@@ -362,6 +362,35 @@ impl CReplayTool {
         };
         data.tier = tier(report.tier);
         data.strategy = strategy(report.strategy);
+        if operation == KernelReplayOperation::SNAPSHOT {
+            let s = &report.sources;
+            data.agent_regions = s.agent.regions;
+            data.agent_bytes = s.agent.bytes;
+            data.referenced_regions = s.referenced.regions;
+            data.referenced_bytes = s.referenced.bytes;
+            data.module_variable_regions = s.module_variables.regions;
+            data.module_variable_bytes = s.module_variables.bytes;
+            data.adopted_regions = s.adopted.regions;
+            data.adopted_bytes = s.adopted.bytes;
+            if phase == Phase::Exit && report.declined.is_none() {
+                crate::kreplay_info!(
+                    "dispatch {} snapshot: {} region(s), {} bytes ({} tier): agent memory {} ({} B), \
+                     referenced {} ({} B), module variables {} ({} B), adopted {} ({} B)",
+                    self.payload.dispatch_info.dispatch_id,
+                    report.regions,
+                    report.bytes_moved,
+                    report.tier.as_str(),
+                    s.agent.regions,
+                    s.agent.bytes,
+                    s.referenced.regions,
+                    s.referenced.bytes,
+                    s.module_variables.regions,
+                    s.module_variables.bytes,
+                    s.adopted.regions,
+                    s.adopted.bytes
+                );
+            }
+        }
         if phase == Phase::Exit {
             if let Some(reason) = report.declined {
                 data.status = Status::ERROR_REPLAY_DECLINED;

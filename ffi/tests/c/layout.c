@@ -79,8 +79,8 @@ KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, decline_reaso
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, passes_run, 200, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_data_t, bytes_lost, 208, 8);
 
-/* kreplay_callback_tracing_kernel_replay_memory_data_t: 216 bytes. */
-KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_memory_data_t, 216);
+/* kreplay_callback_tracing_kernel_replay_memory_data_t: 280 bytes. */
+KREPLAY_CHECK_SIZE(kreplay_callback_tracing_kernel_replay_memory_data_t, 280);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, size, 0, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, dispatch_info, 8, 128);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, current_pass, 136, 8);
@@ -96,6 +96,14 @@ KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, bytes_
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, chunks_repaired, 200, 8);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, unverified, 208, 4);
 KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, reserved, 212, 4);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, agent_regions, 216, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, agent_bytes, 224, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, referenced_regions, 232, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, referenced_bytes, 240, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, module_variable_regions, 248, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, module_variable_bytes, 256, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, adopted_regions, 264, 8);
+KREPLAY_CHECK_FIELD(kreplay_callback_tracing_kernel_replay_memory_data_t, adopted_bytes, 272, 8);
 
 /* kreplay_counters_t: 240 bytes. */
 KREPLAY_CHECK_SIZE(kreplay_counters_t, 240);

@@ -108,6 +108,19 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
         e->bytes_planned = m->bytes_planned;
         e->bytes_moved = m->bytes_moved;
         e->tier = m->tier;
+        if (record.operation == KREPLAY_KERNEL_REPLAY_SNAPSHOT && record.phase == KREPLAY_CALLBACK_PHASE_EXIT) {
+            /* Where the snapshot's regions came from: the test's buffers are the agent's own
+             * coarse-grained memory, and the sources add up to what was copied. */
+            if (m->size < sizeof *m) {
+                fail("SNAPSHOT EXIT payload without the per-source fields", (int)m->size);
+            } else if (m->agent_bytes + m->referenced_bytes + m->module_variable_bytes + m->adopted_bytes
+                       != m->bytes_moved) {
+                fail("per-source bytes do not add up to the bytes moved", (int)m->bytes_moved);
+            } else if (m->agent_regions + m->referenced_regions + m->module_variable_regions + m->adopted_regions
+                           != m->regions || m->agent_regions == 0) {
+                fail("per-source regions do not add up, or the agent's buffers are missing", (int)m->regions);
+            }
+        }
     }
 }
 
