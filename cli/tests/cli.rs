@@ -37,8 +37,12 @@ fn demo_with_default_options_passes_verification_and_exits_0() {
     let text = stdout(&output);
     assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
     assert!(
-        text.contains("verification: PASS — results equal an unprofiled run (3 buffers,"),
+        text.contains("verification: PASS — results equal an unprofiled run (4 buffers,"),
         "{text}"
+    );
+    assert!(
+        text.contains("module variables 12 region(s), 48 B; adopted 0 region(s)"),
+        "the module counter is in every snapshot: {text}"
     );
     assert!(
         text.contains("12 replayed, 12 as planned; 48 kernel runs"),
@@ -131,8 +135,29 @@ fn demo_csv_and_json_carry_the_replay_pass_of_every_pass_record() {
         );
     }
 
+    // Every snapshot holds the demo's three buffers as agent memory and the code object's
+    // writable `remixes` counter (4 bytes) as a module variable; its read-only constant is not.
+    let (agent, module_regions, module_bytes) = (
+        column("snapshot_agent_regions"),
+        column("snapshot_module_variable_regions"),
+        column("snapshot_module_variable_bytes"),
+    );
+    for row in &rows {
+        assert_eq!(
+            (row[agent], row[module_regions], row[module_bytes]),
+            ("3", "1", "4"),
+            "{row:?}"
+        );
+    }
+
     let json = std::fs::read_to_string(&json_path).expect("the JSON file was written");
     assert_eq!(json.matches("\"replay_pass\": ").count(), 12 * 3);
+    assert_eq!(
+        json.matches("\"module_variables\": {\"regions\": 1, \"bytes\": 4}")
+            .count(),
+        12,
+        "{json}"
+    );
     assert!(json.contains("\"verification\": {\"pass\": true"), "{json}");
     let _ = std::fs::remove_file(csv_path);
     let _ = std::fs::remove_file(json_path);

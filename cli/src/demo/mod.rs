@@ -295,6 +295,20 @@ fn render(
         format_bytes(rows.iter().map(|r| r.bytes_snapshotted).sum()),
         format_bytes(rows.iter().map(|r| r.bytes_restored).sum()),
     ));
+    let source = |i: usize| {
+        let (regions, bytes) = rows.iter().fold((0u64, 0u64), |(r, b), row| {
+            (r + row.snapshot_sources[i].0, b + row.snapshot_sources[i].1)
+        });
+        format!("{regions} region(s), {}", format_bytes(bytes))
+    };
+    text.push_str(&format!(
+        "snapshot sources (all dispatches): agent memory {}; referenced {}; module variables {}; \
+         adopted {}\n",
+        source(0),
+        source(1),
+        source(2),
+        source(3)
+    ));
     if replayed > 0 {
         text.push_str(&format!(
             "replay time (all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \
@@ -330,7 +344,13 @@ fn render(
         ));
     }
     text.push_str(&format!(
-        "checksums (x, y, hist): unprofiled {}, profiled {}\n",
+        "checksums ({}): unprofiled {}, profiled {}\n",
+        profiled
+            .buffers
+            .iter()
+            .map(|b| b.name)
+            .collect::<Vec<_>>()
+            .join(", "),
         checksums(reference),
         checksums(profiled)
     ));

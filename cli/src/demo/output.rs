@@ -10,7 +10,12 @@ use super::report::DispatchRow;
 /// The CSV header.
 pub const CSV_HEADER: &str = "dispatch_id,kernel,outcome,passes_run,replay_pass,contexts,records,\
 pass_ns,restore_after_ns,restore_after_bytes,bytes_snapshotted,bytes_restored,tier,strategy,\
-lock_wait_ns,drain_ns,snapshot_ns";
+lock_wait_ns,drain_ns,snapshot_ns,snapshot_agent_regions,snapshot_agent_bytes,\
+snapshot_referenced_regions,snapshot_referenced_bytes,snapshot_module_variable_regions,\
+snapshot_module_variable_bytes,snapshot_adopted_regions,snapshot_adopted_bytes";
+
+/// Names of the snapshot sources, in the order of `DispatchRow::snapshot_sources`.
+pub const SOURCES: [&str; 4] = ["agent", "referenced", "module_variables", "adopted"];
 
 /// One CSV line per pass of every dispatch (one line for a dispatch that ran once), after
 /// [`CSV_HEADER`]. Contexts are listed as numbers separated by `;`.
@@ -32,7 +37,14 @@ pub fn csv(rows: &[DispatchRow]) -> String {
             nanos(row.lock_wait),
             nanos(row.drain),
             nanos(row.snapshot),
-        ];
+        ]
+        .into_iter()
+        .chain(
+            row.snapshot_sources
+                .iter()
+                .flat_map(|(regions, bytes)| [regions.to_string(), bytes.to_string()]),
+        )
+        .collect::<Vec<_>>();
         for pass in passes(row) {
             let fields: Vec<String> = common_head
                 .iter()
@@ -104,7 +116,7 @@ pub fn json(summary: &RunSummary<'_>, rows: &[DispatchRow]) -> String {
             "    {{\"dispatch_id\": {}, \"kernel\": {}, \"outcome\": {}, \"passes_run\": {}, \
              \"bytes_snapshotted\": {}, \"bytes_restored\": {}, \"tier\": {}, \"strategy\": {}, \
              \"lock_wait_ns\": {}, \"drain_ns\": {}, \"snapshot_ns\": {}, \"passes_ns\": {}, \
-             \"restores_ns\": {},\n     \"passes\": [\n       {}\n     ],\n     \
+             \"restores_ns\": {}, \"snapshot_sources\": {{{}}},\n     \"passes\": [\n       {}\n     ],\n     \
              \"problems\": [{}]}}",
             row.dispatch_id,
             json_string(&row.kernel),
@@ -119,6 +131,14 @@ pub fn json(summary: &RunSummary<'_>, rows: &[DispatchRow]) -> String {
             nanos(row.snapshot),
             nanos(row.passes_total()),
             nanos(row.restores_total()),
+            SOURCES
+                .iter()
+                .zip(row.snapshot_sources)
+                .map(|(name, (regions, bytes))| format!(
+                    "\"{name}\": {{\"regions\": {regions}, \"bytes\": {bytes}}}"
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
             passes.join(",\n       "),
             string_list(&row.problems),
         );
@@ -233,6 +253,7 @@ mod tests {
             pass_contexts: vec![vec![0], vec![1], vec![2]],
             pass_records: vec![2, 2, 2],
             bytes_snapshotted: 100,
+            snapshot_sources: [(2, 60), (1, 32), (1, 4), (1, 4)],
             bytes_restored: 200,
             restore_bytes: vec![100, 100],
             tier: "host".into(),
@@ -272,13 +293,16 @@ mod tests {
         assert_eq!(passes, ["0", "1", "2", ""]);
         assert_eq!(
             lines[2],
-            "3,axpy,replayed,3,1,1,2,10,7,100,100,200,host,full,0,0,0"
+            "3,axpy,replayed,3,1,1,2,10,7,100,100,200,host,full,0,0,0,2,60,1,32,1,4,1,4"
         );
         assert_eq!(
             lines[3],
-            "3,axpy,replayed,3,2,2,2,10,,,100,200,host,full,0,0,0"
+            "3,axpy,replayed,3,2,2,2,10,,,100,200,host,full,0,0,0,2,60,1,32,1,4,1,4"
         );
-        assert_eq!(lines[4], "4,remix,ran once,1,,0,1,,,,0,0,-,-,0,0,0");
+        assert_eq!(
+            lines[4],
+            "4,remix,ran once,1,,0,1,,,,0,0,-,-,0,0,0,0,0,0,0,0,0,0,0"
+        );
         assert!(lines.iter().all(|l| l.split(',').count() == header.len()));
     }
 

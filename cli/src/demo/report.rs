@@ -43,6 +43,9 @@ pub struct DispatchRow {
     pub unreplayed_records: u32,
     /// Bytes copied into the snapshot.
     pub bytes_snapshotted: u64,
+    /// The snapshot's (regions, bytes) per source: the agent's memory, referenced memory,
+    /// module variables, adopted memory (SNAPSHOT EXIT).
+    pub snapshot_sources: [(u64, u64); 4],
     /// Bytes written back by all restores.
     pub bytes_restored: u64,
     /// Bytes written back by each restore, in order.
@@ -181,6 +184,7 @@ fn row_of(
         unreplayed_contexts: sorted(&seen.unreplayed_contexts),
         unreplayed_records: seen.unreplayed_records,
         bytes_snapshotted: seen.snapshot.map_or(0, |s| s.bytes_moved),
+        snapshot_sources: seen.snapshot.map_or([(0, 0); 4], |s| s.sources),
         bytes_restored: seen.restores.iter().map(|r| r.bytes_moved).sum(),
         restore_bytes: seen.restores.iter().map(|r| r.bytes_moved).collect(),
         tier: seen
@@ -576,6 +580,7 @@ mod tests {
             strategy: RestoreStrategy::FULL,
             status: Status::SUCCESS,
             decline: DeclineReason::NONE,
+            sources: [(2, bytes - 4), (0, 0), (1, 4), (0, 0)],
         }
     }
 

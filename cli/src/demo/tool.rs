@@ -59,6 +59,9 @@ pub struct MemoryEvent {
     pub status: Status,
     /// Why the snapshot was declined, if it was.
     pub decline: DeclineReason,
+    /// SNAPSHOT: (regions, bytes) from the agent's memory, referenced memory, module variables
+    /// and adopted memory.
+    pub sources: [(u64, u64); 4],
 }
 
 impl MemoryEvent {
@@ -73,6 +76,15 @@ impl MemoryEvent {
             strategy: payload.strategy,
             status: payload.status,
             decline: payload.decline_reason,
+            sources: [
+                (payload.agent_regions, payload.agent_bytes),
+                (payload.referenced_regions, payload.referenced_bytes),
+                (
+                    payload.module_variable_regions,
+                    payload.module_variable_bytes,
+                ),
+                (payload.adopted_regions, payload.adopted_bytes),
+            ],
         }
     }
 }

@@ -11,7 +11,8 @@
 //! 4. `remix`: `x = rotl(y, 7) ^ hist[(y >> 4) % 256]` (reads `y` and `hist`, writes `x`),
 //!
 //! then reads every buffer back with `hsa_memory_copy`, frees everything and shuts the runtime
-//! down. Each dispatch consumes the previous results, so a pass that saw memory another pass had
+//! down. The kernels come from a code object loaded into an executable on the GPU, which also
+//! holds the module-scope counter `remixes` (read back as a fourth buffer). Each dispatch consumes the previous results, so a pass that saw memory another pass had
 //! already changed shows in the final buffers.
 
 use std::ffi::{CStr, c_void};
@@ -21,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use hsa_sys::*;
 
-use super::kernels::{AxpyArgs, HistogramArgs, KernelSet, RemixArgs, ScaleAddArgs, WORKGROUP_SIZE};
+use super::kernels::{
+    AxpyArgs, HistogramArgs, KernelSet, REMIXES, RemixArgs, ScaleAddArgs, WORKGROUP_SIZE,
+};
 
 /// Number of histogram bins.
 pub const BINS: u32 = 256;
@@ -188,6 +191,7 @@ struct Session<'a> {
     allocations: Vec<*mut c_void>,
     queue: *mut hsa_queue_t,
     signal: hsa_signal_t,
+    executable: hsa_executable_t,
 }
 
 impl<'a> Session<'a> {
@@ -201,7 +205,62 @@ impl<'a> Session<'a> {
             allocations: Vec::new(),
             queue: std::ptr::null_mut(),
             signal: hsa_signal_t { handle: 0 },
+            executable: hsa_executable_t { handle: 0 },
         })
+    }
+
+    /// Loads the demo's code object on `gpu` and returns the address of its `remixes` variable.
+    fn load_code(&mut self, gpu: hsa_agent_t, kernels: &KernelSet) -> Result<u64, AppError> {
+        let api = self.api;
+        let bytes = kernels.code_object().to_bytes();
+        let create = entry!(api.core, hsa_executable_create_alt_fn);
+        let mut exe = hsa_executable_t { handle: 0 };
+        // SAFETY: valid out-pointer; no options.
+        let status = unsafe {
+            create(
+                HSA_PROFILE_FULL,
+                HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
+                std::ptr::null(),
+                &mut exe,
+            )
+        };
+        api.check("hsa_executable_create_alt", status)?;
+        self.executable = exe;
+        let reader_create = entry!(api.core, hsa_code_object_reader_create_from_memory_fn);
+        let mut reader = hsa_code_object_reader_t { handle: 0 };
+        // SAFETY: `bytes` is live for the call; valid out-pointer.
+        let status = unsafe { reader_create(bytes.as_ptr().cast(), bytes.len(), &mut reader) };
+        api.check("hsa_code_object_reader_create_from_memory", status)?;
+        let load = entry!(api.core, hsa_executable_load_agent_code_object_fn);
+        // SAFETY: live executable, agent and reader; no options; the loaded object is not kept.
+        let loaded = unsafe { load(exe, gpu, reader, std::ptr::null(), std::ptr::null_mut()) };
+        let destroy_reader = entry!(api.core, hsa_code_object_reader_destroy_fn);
+        // SAFETY: the reader created above, no longer needed once loaded.
+        let destroyed = unsafe { destroy_reader(reader) };
+        api.check("hsa_executable_load_agent_code_object", loaded)?;
+        api.check("hsa_code_object_reader_destroy", destroyed)?;
+        let freeze = entry!(api.core, hsa_executable_freeze_fn);
+        // SAFETY: the live executable; no options.
+        api.check("hsa_executable_freeze", unsafe {
+            freeze(exe, std::ptr::null())
+        })?;
+        let by_name = entry!(api.core, hsa_executable_get_symbol_by_name_fn);
+        let mut symbol = hsa_executable_symbol_t { handle: 0 };
+        // SAFETY: a NUL-terminated name, the live agent and a valid out-pointer.
+        let status = unsafe { by_name(exe, c"remixes".as_ptr(), &gpu, &mut symbol) };
+        api.check("hsa_executable_get_symbol_by_name(remixes)", status)?;
+        let info = entry!(api.core, hsa_executable_symbol_get_info_fn);
+        let mut address = 0u64;
+        // SAFETY: VARIABLE_ADDRESS is a u64 written to a live local.
+        let status = unsafe {
+            info(
+                symbol,
+                HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS,
+                (&raw mut address).cast(),
+            )
+        };
+        api.check("hsa_executable_symbol_get_info(VARIABLE_ADDRESS)", status)?;
+        Ok(address)
     }
 
     fn work(&mut self, kernels: &KernelSet, config: &AppConfig) -> Result<AppRun, AppError> {
@@ -215,6 +274,8 @@ impl<'a> Session<'a> {
             .ok_or_else(|| error("the runtime reports no GPU agent"))?;
         let agent_name = agent_name(api, gpu)?;
         let pools = find_pools(api, gpu, &agents.cpus)?;
+        let remixes = self.load_code(gpu, kernels)?;
+        REMIXES.store(remixes, Ordering::Release);
 
         // Device buffers.
         let bytes = n * size_of::<u32>();
@@ -343,7 +404,12 @@ impl<'a> Session<'a> {
                 name: "hist",
                 data: self.download(hist, BINS as usize)?,
             },
+            Buffer {
+                name: "remixes",
+                data: self.download(remixes as *mut c_void, 1)?,
+            },
         ];
+        REMIXES.store(0, Ordering::Release);
         Ok(AppRun {
             agent_name,
             gpu_agents: agents.gpus.len(),
@@ -507,6 +573,12 @@ impl<'a> Session<'a> {
             // SAFETY: the signal this session created; nothing waits on it any more.
             api.check("hsa_signal_destroy", unsafe { destroy(signal) })?;
         }
+        if self.executable.handle != 0 {
+            let destroy = entry!(api.core, hsa_executable_destroy_fn);
+            let exe = std::mem::replace(&mut self.executable, hsa_executable_t { handle: 0 });
+            // SAFETY: the executable this session created; no kernel of it runs any more.
+            api.check("hsa_executable_destroy", unsafe { destroy(exe) })?;
+        }
         let free = entry!(api.amd, hsa_amd_memory_pool_free_fn);
         while let Some(ptr) = self.allocations.pop() {
             // SAFETY: an allocation this session made; no kernel uses it any more.
@@ -535,6 +607,12 @@ impl Drop for Session<'_> {
             // SAFETY: the signal this session created.
             unsafe { destroy(self.signal) };
         }
+        if let (true, Some(destroy)) = (self.executable.handle != 0, core.hsa_executable_destroy_fn)
+        {
+            // SAFETY: the executable this session created.
+            unsafe { destroy(self.executable) };
+        }
+        REMIXES.store(0, Ordering::Release);
         if let Some(free) = amd.hsa_amd_memory_pool_free_fn {
             for ptr in self.allocations.drain(..) {
                 // SAFETY: an allocation this session made.

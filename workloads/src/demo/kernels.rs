@@ -6,12 +6,13 @@
 //! - `histogram`: `bins[v % n_bins] += 1` for every `v` of a buffer, with atomics on device memory
 //!   (not idempotent);
 //! - `remix`: `dst[i] = rotl(src[i], 7) ^ bins[(src[i] >> 4) % n_bins]`, reading two buffers and
-//!   writing a third.
+//!   writing a third, and counting its runs in the module-scope variable `remixes` of the demo's
+//!   code object (a `__device__` counter: no argument points at it).
 //!
 //! All arithmetic is wrapping `u32`, so every result is exact and comparable bit for bit.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use kreplay_softhsa::WorkGroup;
 
@@ -76,6 +77,11 @@ pub struct RemixArgs {
     pub n_bins: u32,
 }
 
+/// Where the loaded `remixes` variable lives (0: no code object loaded). Compiled code refers to
+/// a module variable by its relocated address; a host kernel reads it from here, set by the
+/// application after it looked the symbol up.
+pub static REMIXES: AtomicU64 = AtomicU64::new(0);
+
 /// Kernel objects of the demo kernels, as registered with softhsa.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelSet {
@@ -90,6 +96,26 @@ pub struct KernelSet {
 }
 
 impl KernelSet {
+    /// The demo's code object: the four kernels with their argument sizes, the writable
+    /// `remixes` counter and a read-only `n_bins` constant.
+    pub fn code_object(&self) -> kreplay_softhsa::CodeObject {
+        kreplay_softhsa::CodeObject::new()
+            .kernel(
+                "scale_add",
+                self.scale_add,
+                size_of::<ScaleAddArgs>() as u32,
+            )
+            .kernel("axpy", self.axpy, size_of::<AxpyArgs>() as u32)
+            .kernel(
+                "histogram",
+                self.histogram,
+                size_of::<HistogramArgs>() as u32,
+            )
+            .kernel("remix", self.remix, size_of::<RemixArgs>() as u32)
+            .variable("remixes", &0u32.to_ne_bytes())
+            .readonly_variable("n_bins", &256u32.to_ne_bytes())
+    }
+
     /// Registers the kernels (idempotent) and returns their kernel objects.
     pub fn register() -> KernelSet {
         KernelSet {
@@ -175,6 +201,14 @@ fn remix(wg: &WorkGroup) {
     let args: RemixArgs = unsafe { wg.kernargs() };
     if args.n_bins == 0 {
         return;
+    }
+    if wg.group_id() == [0, 0, 0] {
+        let counter = REMIXES.load(Ordering::Acquire);
+        if counter != 0 {
+            // SAFETY: the address of the loaded `remixes` variable (a live, aligned u32) while
+            // the application's executable is loaded.
+            unsafe { &*(counter as *const AtomicU32) }.fetch_add(1, Ordering::Relaxed);
+        }
     }
     let range = group_range(wg, args.n);
     // SAFETY: `src` (n u32s) and `bins` (n_bins u32s) are live allocations only read during the
