@@ -9,7 +9,9 @@
 //!   [`kreplay_snapshot::DeviceMemory`];
 //! * [`run_matrix`]: footprints × tiers × strategies × dirty fractions, returning [`BenchRow`]s;
 //! * [`format_table`], [`write_csv`] and [`write_svg`] (restore time against dirty fraction);
-//! * [`check_targets`]: the design's snapshot/restore targets judged from one run's rows.
+//! * [`check_targets`]: the design's snapshot/restore targets judged from one run's rows;
+//! * [`run_scope_case`]: snapshot bytes and restore time under both snapshot scopes for a kernel
+//!   that references 1% of a large footprint.
 //!
 //! The criterion benches live in `benches/` (`cargo bench -p kreplay-benches`; the `large`
 //! feature or `KREPLAY_BENCH_LARGE=1` adds 256 MiB to 4 GiB). `kreplay bench` runs the matrix
@@ -47,6 +49,7 @@
 mod device;
 mod matrix;
 mod output;
+mod scope;
 mod targets;
 mod workload;
 
@@ -55,6 +58,7 @@ pub use matrix::{BenchRow, MatrixConfig, Operation, run_matrix};
 pub use output::{
     CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
 };
+pub use scope::{SCOPE_REGIONS, ScopeRow, run_scope_case};
 pub use targets::{
     DETECTION_MIN_RATIO, FULL_COPY_MIN_RATIO, HASH_RESTORE_COPY_FACTOR, Target, TargetCheck,
     WRITESET_IDLE_MAX_RATIO, WRITESET_MAX_RATIO, check_targets,

@@ -258,6 +258,29 @@ fn bench_prints_the_matrix_with_ceilings_and_targets_and_writes_csv_and_svg() {
     );
     assert!(text.contains("write-set restore at 1% dirty <= 1/10 of full restore"));
     assert!(text.contains(" met, "), "{text}");
+    // The scope case: the agent scope snapshots the whole footprint, the referenced scope the
+    // 1% the kernel's argument points at.
+    assert!(
+        text.contains("snapshot scope: a kernel whose argument points at 1 of 100"),
+        "{text}"
+    );
+    let scope_line = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name) && l.contains("MiB"))
+            .unwrap_or_else(|| panic!("no {name} scope line: {text}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let (agent, referenced) = (scope_line("agent "), scope_line("referenced "));
+    assert_eq!(
+        agent[1], agent[2],
+        "agent scope: snapshot = footprint: {agent:?}"
+    );
+    assert_ne!(
+        referenced[1], referenced[2],
+        "referenced scope: 1%: {referenced:?}"
+    );
 
     let csv = std::fs::read_to_string(&csv_path).expect("the CSV file was written");
     let mut lines = csv.lines();

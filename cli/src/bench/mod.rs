@@ -15,8 +15,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use kreplay_benches::{
-    BenchRow, MatrixConfig, TargetCheck, check_targets, format_bytes, format_percent, format_table,
-    run_matrix, write_csv, write_svg,
+    BenchRow, MatrixConfig, SCOPE_REGIONS, ScopeRow, TargetCheck, check_targets, format_bytes,
+    format_percent, format_seconds, format_table, run_matrix, run_scope_case, write_csv, write_svg,
 };
 
 use crate::args::BenchOptions;
@@ -28,6 +28,8 @@ pub struct BenchOutcome {
     pub rows: Vec<BenchRow>,
     /// The targets, judged from `rows`.
     pub targets: Vec<TargetCheck>,
+    /// The snapshot scope case at the largest footprint.
+    pub scopes: Vec<ScopeRow>,
 }
 
 /// Memory the matrix needs at a footprint: the tracked memory, a store and a spare device
@@ -113,6 +115,27 @@ pub fn render_targets(checks: &[TargetCheck]) -> String {
     text
 }
 
+/// The scope section: both scopes for a kernel that references 1% of the footprint.
+pub fn render_scopes(rows: &[ScopeRow]) -> String {
+    let mut text = format!(
+        "snapshot scope: a kernel whose argument points at 1 of {SCOPE_REGIONS} equal \
+         allocations of the agent, rewriting all of it (host store, auto restore):\n"
+    );
+    text += "  scope       footprint   snapshot   snap time  restored   restore time\n";
+    for r in rows {
+        text += &format!(
+            "  {:<10}  {:>9}  {:>9}  {:>10}  {:>9}  {:>12}\n",
+            r.scope.as_str(),
+            format_bytes(r.footprint),
+            format_bytes(r.bytes_snapshotted),
+            format_seconds(r.snapshot_seconds),
+            format_bytes(r.bytes_restored),
+            format_seconds(r.restore_seconds),
+        );
+    }
+    text
+}
+
 /// Runs `kreplay bench`: the matrix, the table, the targets, and the CSV and SVG files asked
 /// for. Output files are created before the matrix runs, so a bad path fails at once.
 pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, String> {
@@ -169,6 +192,9 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              snapshot and restore: steady state. detect: a hash restore with nothing dirty \
              (the hash pass alone).\n\n";
     text += &render_targets(&targets);
+    let scopes = run_scope_case(largest, config.repeats, config.host_windows)?;
+    text += "\n";
+    text += &render_scopes(&scopes);
     write(out, &text)?;
 
     if let (Some(path), Some(file)) = (&options.csv, csv.as_mut()) {
@@ -183,7 +209,11 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         write(out, &format!("wrote {}\n", path.display()))?;
     }
-    Ok(BenchOutcome { rows, targets })
+    Ok(BenchOutcome {
+        rows,
+        targets,
+        scopes,
+    })
 }
 
 #[cfg(test)]
