@@ -9,11 +9,12 @@ use smallvec::SmallVec;
 
 use crate::source::RegionSource;
 
-/// What kind of memory an allocation is. Only [`MemoryKind::CoarseDevice`] is ever snapshotted
-/// (docs/abi.md §3 rule 3); the other kinds are tracked so lookups and frees stay exact.
+/// What kind of memory an allocation is. The owner-agent rule selects
+/// [`MemoryKind::CoarseDevice`] only; an address the dispatch uses reaches every kind but
+/// [`MemoryKind::Executable`], which is never snapshotted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemoryKind {
-    /// Coarse-grained device memory (VRAM): the only kind a replay snapshots.
+    /// Coarse-grained device memory (VRAM): the kind the owner-agent rule snapshots.
     CoarseDevice,
     /// Fine-grained device memory, coherent with the host or peers while a kernel runs.
     FineDevice,
@@ -158,8 +159,8 @@ pub struct Region {
 
 /// Which allocations a snapshot covers.
 ///
-/// [`Filter::for_replay`] is the owner-agent rule of docs/abi.md §3: the dispatch's agent only, coarse-grained
-/// device memory only. [`Filter::reach`] adds the allocation an address points into, whatever
+/// [`Filter::for_replay`] is the owner-agent rule of docs/abi.md §3: the dispatch's agent
+/// only, coarse-grained device memory only. [`Filter::reach`] adds the allocation an address points into, whatever
 /// its owner or kind (executable memory excepted), and [`Filter::vouch`] a range outside the
 /// inventory (a module-scope variable); each selected region remembers its [`RegionSource`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,9 +2,11 @@
 //!
 //! A replayed kernel runs several times and every pass must start from the bytes the first pass
 //! saw. This crate keeps track of device allocations ([`Inventory`], fed by a backend's alloc
-//! and free hooks), copies the ones a replay may touch ([`Filter::for_replay`]: the dispatch's
-//! agent, coarse-grained device memory only) into a [`Snapshot`], and writes them back between
-//! passes. It knows nothing about any GPU runtime: a backend implements the small
+//! and free hooks), copies the ones a replay may touch into a [`Snapshot`]
+//! ([`Filter::for_replay`]: the dispatch's agent, coarse-grained device memory;
+//! [`Filter::reach`]: any allocation an address the dispatch uses points into, executable memory
+//! excepted; [`Filter::vouch`]: ranges outside the inventory such as module variables; each
+//! region keeps its [`RegionSource`]), and writes them back between passes. It knows nothing about any GPU runtime: a backend implements the small
 //! [`DeviceMemory`] trait (two required copy methods plus optional capabilities).
 //!
 //! * **Safety against frees.** Snapshot and restore copies hold the inventory's read side;

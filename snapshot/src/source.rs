@@ -14,7 +14,8 @@ pub enum RegionSource {
     /// loaded code.
     ModuleVariable,
     /// An allocation the inventory did not know until the caller adopted it for this snapshot
-    /// (base and size from the runtime), then referenced like any other.
+    /// (base and size from the runtime), then reached like any other; it counts as adopted
+    /// even where the owner-agent rule would now select it.
     Adopted,
 }
 
