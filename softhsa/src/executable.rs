@@ -659,9 +659,9 @@ pub(crate) unsafe extern "C" fn hsa_executable_symbol_get_info(
 ) -> hsa_status_t {
     with_runtime(|rt| {
         let s = rt.executables.symbol(executable_symbol.handle)?;
-        // SAFETY (every `put` below): HSA contract: `value` has room for the attribute's type.
         macro_rules! out {
             ($t:ty, $v:expr) => {
+                // SAFETY: HSA contract: `value` has room for the attribute's type.
                 unsafe { put(value.cast::<$t>(), $v) }
             };
         }

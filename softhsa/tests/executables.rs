@@ -59,11 +59,8 @@ fn a_kernel_increments_a_module_variable_found_by_symbol_lookup() {
     }
     assert!(hsa.wait_zero(done, PROMPT));
     // SAFETY: the variable is a live u32 in the executable's segment.
-    assert_eq!(
-        unsafe { *(addr as *const u32) },
-        43,
-        "initialized to 41, two increments"
-    );
+    let value = unsafe { *(addr as *const u32) };
+    assert_eq!(value, 43, "initialized to 41, two increments");
     // The runtime knows the variable's memory: the agent's coarse-grained memory.
     let mut info = hsa_amd_pointer_info_t {
         size: size_of::<hsa_amd_pointer_info_t>() as u32,
