@@ -71,6 +71,103 @@ fn count_in_module(_: &WorkGroup) {
     unsafe { &*(addr as *const AtomicU32) }.fetch_add(1, Ordering::SeqCst);
 }
 
+/// Arguments of `add_everywhere`: five buffers of `len` u32 each.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ManyArgs {
+    bufs: [u64; 5],
+    len: u32,
+    pad: u32,
+}
+
+/// `x[i] += 1` in each of five buffers.
+fn add_everywhere(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `ManyArgs` block.
+    let args: ManyArgs = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+    }
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            for buf in args.bufs {
+                // SAFETY: each buffer holds `len` u32; each work-item owns index `i`.
+                unsafe { *(buf as *mut u32).add(i as usize) += 1 };
+            }
+        }
+    }
+}
+
+/// Every kind of memory an argument can reach, written by one kernel under `strategy` (and
+/// through the runtime's copy API only when `runtime_copies`): one run's result in each.
+fn every_kind_once_under(strategy: kreplay_snapshot::RestoreStrategy, runtime_copies: bool) {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            snapshot: SnapshotConfig {
+                strategy,
+                chunk_size: 4096,
+                ..Default::default()
+            },
+            drain: DrainConfig::new(WAIT),
+            force_runtime_copies: runtime_copies,
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    hooks.set_script(Script::passes(4));
+    let env = Env {
+        pools: [app.pools(app.gpus[0]), app.pools(app.gpus[1])],
+        app,
+        hooks,
+    };
+    let len = 4096u32;
+    let init = values(len as usize);
+    let bufs = [
+        env.app.buffer(env.pools[0].coarse, &init),
+        env.app.buffer(env.pools[1].coarse, &init),
+        env.app.buffer(env.pools[0].fine, &init),
+        env.app.buffer(env.app.host_pool(), &init),
+        env.app.buffer(env.pools[0].kernarg, &init),
+    ];
+    let kernel = kreplay_softhsa::register_kernel("reach_add_everywhere", add_everywhere);
+    let q = env.app.queue(env.app.gpus[0]);
+    let done = env.app.signal(1);
+    let args = env.app.kernargs(
+        &env.pools[0],
+        ManyArgs {
+            bufs: bufs.map(|b| b.0),
+            len,
+            pad: 0,
+        },
+    );
+    env.app
+        .dispatch(q, Aql::dispatch(kernel, len, 256, args, done));
+    assert_eq!(env.app.wait_zero(done), 0);
+    let id = env.only_dispatch();
+    assert_eq!(
+        env.hooks.finished_record(id).outcome,
+        ReplayOutcome::Replayed {
+            passes: 4,
+            end: LoopEnd::LastPass
+        }
+    );
+    assert_eq!(RUNS.load(Ordering::SeqCst), 4);
+    for (i, buf) in bufs.iter().enumerate() {
+        assert_eq!(
+            env.app.read(*buf, len as usize),
+            plus_one(&init),
+            "buffer {i} under {strategy}"
+        );
+    }
+    let exit = env.snapshot_exit(id);
+    assert_eq!(
+        (exit.sources.agent.regions, exit.sources.referenced.regions),
+        (1, 4),
+        "{exit:?}"
+    );
+}
+
 struct Env {
     app: App,
     hooks: std::sync::Arc<TestHooks>,
@@ -338,6 +435,57 @@ scenarios! {
         let last = *env.hooks.configured_dispatches().last().map(|i| &i.dispatch_id).unwrap();
         assert_eq!(env.snapshot_exit(last).sources.module_variables.regions, 0, "a destroyed executable has no variables");
         assert_eq!(env.app.read(buf, 4), vec![2; 4]);
+    }
+
+    /// Every reachable kind, hash restores.
+    fn every_kind_of_reachable_memory_is_written_once_under_hash_restores() {
+        every_kind_once_under(kreplay_snapshot::RestoreStrategy::Hash, false);
+    }
+
+    /// Every reachable kind, verified write-set restores, through the runtime's copy API only.
+    fn every_kind_of_reachable_memory_is_written_once_under_writeset_restores_via_runtime_copies() {
+        every_kind_once_under(kreplay_snapshot::RestoreStrategy::Writeset, true);
+    }
+
+    /// Every reachable kind, the unverified write-set shortcut.
+    fn every_kind_of_reachable_memory_is_written_once_under_unverified_writeset_restores() {
+        every_kind_once_under(kreplay_snapshot::RestoreStrategy::WritesetUnverified, false);
+    }
+
+    /// Every reachable kind, full restores.
+    fn every_kind_of_reachable_memory_is_written_once_under_full_restores() {
+        every_kind_once_under(kreplay_snapshot::RestoreStrategy::Full, false);
+    }
+
+    /// Kernel arguments in memory the runtime does not know (here the application's stack), for
+    /// a kernel no executable describes: their extent is unknown, so nothing bounds the scan.
+    /// The replay is declined as `untracked_memory` and the dispatch runs once.
+    fn arguments_in_memory_the_runtime_does_not_know_decline_as_untracked_memory() {
+        let env = setup(SnapshotConfig::default());
+        let init = values(64);
+        let buf = env.app.buffer(env.pools[1].coarse, &init);
+        let kernel = kreplay_softhsa::register_kernel("reach_add_one", add_one);
+        let q = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let args = Box::new(AddArgs { buf: buf.0, len: 64, pad: 0 });
+        env.app.dispatch(q, Aql::dispatch(kernel, 64, 64, Ptr(&*args as *const AddArgs as u64), done));
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = env.only_dispatch();
+        match env.hooks.finished_record(id).outcome {
+            ReplayOutcome::RanOnce { why: kreplay_passloop::RanOnceReason::Declined(d) } => {
+                assert_eq!(d.reason, kreplay_passloop::DeclineReason::UntrackedMemory, "{d:?}");
+                assert!(d.detail.contains("kernel arguments"), "{}", d.detail);
+            }
+            other => panic!("expected an untracked_memory decline, got {other:?}"),
+        }
+        assert_eq!(RUNS.load(Ordering::SeqCst), 1, "the dispatch ran once");
+        assert_eq!(env.app.read(buf, 64), plus_one(&init));
+        // Declined while planning, before any memory was read: no SNAPSHOT callbacks; CONFIG
+        // EXIT carries the reason.
+        assert!(
+            !env.hooks.events_of(id).iter().any(|e| matches!(e, Event::Snapshot { .. })),
+            "no snapshot was taken"
+        );
     }
 
     /// Under `referenced` scope an unrelated coarse buffer of the agent is not snapshotted, and
