@@ -751,7 +751,8 @@ scenarios! {
     }
 
     /// Kernarg, fine-grained and host (CPU agent) allocations are tracked with their kinds but
-    /// not snapshotted; neither is an allocation owned by another GPU agent.
+    /// not snapshotted when no kernel argument points into them; neither is an allocation owned
+    /// by another GPU agent (tests/reach.rs covers the ones an argument reaches).
     fn kernarg_fine_host_and_other_agent_allocations_are_not_snapshotted() {
         let env = setup(0);
         env.hooks.set_script(Script::passes(2));
@@ -1163,7 +1164,8 @@ scenarios! {
         let outer_queue = queue_id(q1);
         let init = values(1, 64);
         let buf = env.app.buffer(env.pools[0].coarse, &init);
-        // Fine-grained: not snapshotted, so no restore of the outer replay can hide the run.
+        // Fine-grained and not an argument of the outer dispatch: not snapshotted, so no restore
+        // of the outer replay can hide the run.
         let inner_buf = env.app.buffer(env.pools[0].fine, &[40; 64]);
         let inner_done = env.app.signal(1);
         let inner = env.add(0, &[inner_buf], 64, 21, None, 64, inner_done);
