@@ -268,6 +268,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
             hsa_executable_create_fn = crate::reach::executable_create,
             hsa_executable_create_alt_fn = crate::reach::executable_create_alt,
             hsa_executable_destroy_fn = crate::reach::executable_destroy,
+            hsa_executable_freeze_fn = crate::reach::executable_freeze,
         );
     }
     wrap_amd!(

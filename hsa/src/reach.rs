@@ -12,7 +12,7 @@
 //!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
 //!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
 //!   [`adoption`]); a value in no memory the runtime knows is a plain number.
-//! * **Module-scope variables.** The writable variables of every executable loaded on the agent
+//! * **Module-scope variables.** The writable variables of every frozen executable loaded on the agent
 //!   (`hsa_executable_iterate_agent_symbols`, `VARIABLE_SEGMENT` global and not
 //!   `VARIABLE_IS_CONST`) are vouched for by address and size: they live inside a loader
 //!   segment that also holds code and read-only data, so the segment as a whole is never taken.
@@ -24,7 +24,7 @@
 //! still covered when it is the agent's own coarse-grained memory.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use hsa_sys::*;
 use kreplay_passloop::{Decline, DeclineReason};
@@ -62,6 +62,7 @@ struct ExecutableApi {
         *mut hsa_executable_t,
     ) -> hsa_status_t,
     destroy: unsafe extern "C" fn(hsa_executable_t) -> hsa_status_t,
+    freeze: unsafe extern "C" fn(hsa_executable_t, *const std::ffi::c_char) -> hsa_status_t,
     iterate_agent_symbols: unsafe extern "C" fn(
         hsa_executable_t,
         hsa_agent_t,
@@ -77,7 +78,16 @@ struct ExecutableApi {
 
 static API: OnceLock<ExecutableApi> = OnceLock::new();
 /// Executables the application created (and has not destroyed) since installation.
-static EXECUTABLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+static EXECUTABLES: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
+
+/// One executable and, once it is frozen (its symbols no longer change), its symbols per agent,
+/// enumerated on first use and kept: a replay's fixed cost must not grow with the number of
+/// kernels an application loaded.
+struct Tracked {
+    handle: u64,
+    frozen: bool,
+    per_agent: Vec<(u64, Arc<[LoadedSymbol]>)>,
+}
 
 /// Saves the runtime's executable entries (from the table as captured, so entries past the size
 /// the runtime declares are absent). Returns whether every entry reach needs is there; only then
@@ -88,12 +98,14 @@ pub(crate) fn capture(core: &CoreApiTable) -> bool {
         Some(create),
         Some(create_alt),
         Some(destroy),
+        Some(freeze),
         Some(iterate_agent_symbols),
         Some(symbol_get_info),
     ) = (
         core.hsa_executable_create_fn,
         core.hsa_executable_create_alt_fn,
         core.hsa_executable_destroy_fn,
+        core.hsa_executable_freeze_fn,
         core.hsa_executable_iterate_agent_symbols_fn,
         core.hsa_executable_symbol_get_info_fn,
     )
@@ -104,6 +116,7 @@ pub(crate) fn capture(core: &CoreApiTable) -> bool {
         create,
         create_alt,
         destroy,
+        freeze,
         iterate_agent_symbols,
         symbol_get_info,
     })
@@ -114,7 +127,11 @@ fn remember(status: hsa_status_t, exe: *mut hsa_executable_t) -> hsa_status_t {
     if status == HSA_STATUS_SUCCESS && !exe.is_null() && !backend().is_finalized() {
         // SAFETY: the runtime wrote the new executable through the caller's valid out pointer.
         let handle = unsafe { exe.read_unaligned() }.handle;
-        EXECUTABLES.lock().push(handle);
+        EXECUTABLES.lock().push(Tracked {
+            handle,
+            frozen: false,
+            per_agent: Vec::new(),
+        });
     }
     status
 }
@@ -150,10 +167,30 @@ pub(crate) unsafe extern "C" fn executable_create_alt(
 
 pub(crate) unsafe extern "C" fn executable_destroy(exe: hsa_executable_t) -> hsa_status_t {
     guarded(|| {
-        EXECUTABLES.lock().retain(|&h| h != exe.handle);
+        EXECUTABLES.lock().retain(|t| t.handle != exe.handle);
         let api = API.get().expect("installed with the entries");
         // SAFETY: the runtime's own entry, called with the caller's argument.
         unsafe { (api.destroy)(exe) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn executable_freeze(
+    exe: hsa_executable_t,
+    options: *const std::ffi::c_char,
+) -> hsa_status_t {
+    guarded(|| {
+        let api = API.get().expect("installed with the entries");
+        // SAFETY: the runtime's own entry, called with the caller's arguments.
+        let status = unsafe { (api.freeze)(exe, options) };
+        if status == HSA_STATUS_SUCCESS
+            && let Some(t) = EXECUTABLES
+                .lock()
+                .iter_mut()
+                .find(|t| t.handle == exe.handle)
+        {
+            t.frozen = true;
+        }
+        status
     })
 }
 
@@ -171,12 +208,31 @@ enum LoadedSymbol {
     },
 }
 
-/// The kernels and variables of every tracked executable loaded on `agent`.
+/// The kernels and variables of every frozen executable loaded on `agent` (only a frozen
+/// executable's kernels can be dispatched, and its symbols no longer change).
 fn loaded_symbols(agent: hsa_agent_t) -> Vec<LoadedSymbol> {
-    let Some(api) = API.get() else {
+    if API.get().is_none() {
         return Vec::new();
-    };
-    let executables = EXECUTABLES.lock().clone();
+    }
+    let mut executables = EXECUTABLES.lock();
+    let mut out = Vec::new();
+    for t in executables.iter_mut().filter(|t| t.frozen) {
+        let symbols = match t.per_agent.iter().find(|(a, _)| *a == agent.handle) {
+            Some((_, symbols)) => symbols.clone(),
+            None => {
+                let symbols: Arc<[LoadedSymbol]> = enumerate(t.handle, agent).into();
+                t.per_agent.push((agent.handle, symbols.clone()));
+                symbols
+            }
+        };
+        out.extend_from_slice(&symbols);
+    }
+    out
+}
+
+/// The symbols of one executable on `agent`, from the runtime.
+fn enumerate(handle: u64, agent: hsa_agent_t) -> Vec<LoadedSymbol> {
+    let api = API.get().expect("checked by the caller");
     let mut out: Vec<LoadedSymbol> = Vec::new();
     unsafe extern "C" fn visit(
         _: hsa_executable_t,
@@ -191,18 +247,16 @@ fn loaded_symbols(agent: hsa_agent_t) -> Vec<LoadedSymbol> {
         }
         HSA_STATUS_SUCCESS
     }
-    for handle in executables {
-        // SAFETY: the runtime's own entry with a callback of the right type and live data; an
-        // executable destroyed meanwhile is an error status, ignored.
-        let _ = unsafe {
-            (api.iterate_agent_symbols)(
-                hsa_executable_t { handle },
-                agent,
-                Some(visit),
-                (&raw mut out).cast(),
-            )
-        };
-    }
+    // SAFETY: the runtime's own entry with a callback of the right type and live data; an
+    // executable destroyed meanwhile is an error status, ignored.
+    let _ = unsafe {
+        (api.iterate_agent_symbols)(
+            hsa_executable_t { handle },
+            agent,
+            Some(visit),
+            (&raw mut out).cast(),
+        )
+    };
     out
 }
 
