@@ -488,6 +488,41 @@ scenarios! {
         );
     }
 
+    /// An argument that points at a module variable of code loaded on the other agent: the
+    /// writable variable is restored by address and size (the loader segment around it is not
+    /// adopted), a read-only variable an argument points at is not snapshotted.
+    fn an_argument_pointing_at_a_module_variable_restores_the_variable_not_its_segment() {
+        let env = setup(SnapshotConfig { scope: kreplay_snapshot::SnapshotScope::Referenced, ..Default::default() });
+        let hsa = env.app.hsa();
+        let other = env.app.gpus[1];
+        let code = kreplay_softhsa::CodeObject::new()
+            .variable("reach_remote_counter", &[0u8; 64])
+            .readonly_variable("reach_remote_table", &[7u8; 256]);
+        let exe = hsa.load_executable(other, &code).unwrap();
+        let address = |name: &str| {
+            let sym = hsa.symbol(exe, other, name).unwrap();
+            hsa.symbol_u64(sym, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS).unwrap()
+        };
+        let (counter, table) = (address("reach_remote_counter"), address("reach_remote_table"));
+        assert_eq!(kreplay_hsa::tracked_kind(counter), None, "loader memory is not tracked");
+        // Two words of arguments: the counter (written), the read-only table (only read).
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Args { args: AddArgs, table: u64 }
+        let kernel = kreplay_softhsa::register_kernel("reach_add_one", add_one);
+        let q = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let args = env.app.kernargs(&env.pools[0], Args { args: AddArgs { buf: counter, len: 16, pad: 0 }, table });
+        env.app.dispatch(q, Aql::dispatch(kernel, 16, 16, args, done));
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = env.only_dispatch();
+        let exit = env.replayed(id);
+        assert_eq!(env.app.read(Ptr(counter), 16), vec![1; 16], "one run's increments");
+        assert_eq!(exit.sources.module_variables, kreplay_passloop::SourceTally { regions: 1, bytes: 64 }, "{exit:?}");
+        assert_eq!((exit.regions, exit.sources.adopted.regions), (1, 0), "the segment is not adopted: {exit:?}");
+        assert_eq!(kreplay_hsa::tracked_kind(counter), None, "nor tracked afterwards");
+    }
+
     /// Under `referenced` scope an unrelated coarse buffer of the agent is not snapshotted, and
     /// the result is still one run's.
     fn the_referenced_scope_snapshots_only_what_the_arguments_reach() {
