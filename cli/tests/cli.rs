@@ -485,3 +485,65 @@ fn demo_checks_its_output_paths_before_running() {
         );
     }
 }
+
+/// Runs `kreplay args...` with exactly the `KREPLAY_*` settings given.
+fn kreplay_with(args: &[&str], settings: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(settings.iter().copied());
+    command.output().expect("the kreplay binary runs")
+}
+
+#[test]
+fn info_logging_says_where_each_snapshot_came_from_under_both_scopes() {
+    // 256 elements: x, y and the 256 histogram bins are 1 KiB each. Under `referenced` each
+    // kernel's snapshot holds only what its arguments point at: scale_add x; axpy y, x;
+    // histogram y, bins; remix y, bins, x.
+    let referenced_per_kernel = ["1 (1024 B)", "2 (2048 B)", "2 (2048 B)", "3 (3072 B)"];
+    for scope in ["agent", "referenced"] {
+        let output = kreplay_with(
+            &["demo", "--elements", "256", "--passes", "2"],
+            &[("KREPLAY_LOG", "info"), ("KREPLAY_SNAPSHOT_SCOPE", scope)],
+        );
+        let (text, log) = (stdout(&output), stderr(&output));
+        assert_eq!(output.status.code(), Some(0), "{text}\n{log}");
+        assert!(text.contains("verification: PASS"), "{text}");
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(" snapshot: ")).collect();
+        assert_eq!(
+            lines.len(),
+            12,
+            "one info line per snapshot under {scope}: {log}"
+        );
+        for (i, line) in lines.iter().enumerate() {
+            let (agent, referenced) = match scope {
+                "agent" => ("3 (3072 B)", "0 (0 B)"),
+                _ => ("0 (0 B)", referenced_per_kernel[i % 4]),
+            };
+            let expected = format!(
+                "agent memory {agent}, referenced {referenced}, module variables 1 (4 B), \
+                 adopted 0 (0 B)"
+            );
+            assert!(
+                line.contains(&expected),
+                "{scope}, dispatch {}: {line}",
+                i + 1
+            );
+        }
+    }
+    let output = kreplay_with(
+        &["demo", "--elements", "256"],
+        &[("KREPLAY_SNAPSHOT_SCOPE", "everything")],
+    );
+    assert_ne!(output.status.code(), Some(0));
+    assert!(
+        stderr(&output)
+            .contains("KREPLAY_SNAPSHOT_SCOPE=\"everything\": expected one of agent, referenced"),
+        "{}",
+        stderr(&output)
+    );
+}
