@@ -1,4 +1,4 @@
-//! What a dispatch can reach, turned into the snapshot's filter (SPEC §3 rules 2 and 3).
+//! What a dispatch can reach, turned into the snapshot's filter (docs/abi.md §3 rules 2 and 3).
 //!
 //! * **Kernel arguments.** The dispatch's kernarg segment starts at the packet's
 //!   `kernarg_address`; its size is the kernel's `KERNEL_KERNARG_SEGMENT_SIZE`, found by kernel
