@@ -9,6 +9,11 @@
 //! ships their headers where CI can install them. They are written by hand in
 //! `hsa-sys/src/layouts.rs` from the public `hsa_api_trace.h` of each release, with the offset of
 //! every entry kreplay uses asserted at compile time.
+//!
+//! `cargo xtask ptx [--check]` regenerates (or checks) the PTX of the CUDA backend's kernels
+//! with `nvcc` (see `ptx.rs`); only that command needs a CUDA toolkit.
+
+mod ptx;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,8 +40,15 @@ fn main() -> ExitCode {
                 "unknown arguments to `bindgen`: {other:?} (expected nothing or --check)"
             )),
         },
+        Some("ptx") => match &args[1..] {
+            [] => ptx::run(&workspace_root(), false),
+            [flag] if flag == "--check" => ptx::run(&workspace_root(), true),
+            other => Err(format!(
+                "unknown arguments to `ptx`: {other:?} (expected nothing or --check)"
+            )),
+        },
         Some("help") | Some("--help") | None => {
-            println!("usage: cargo xtask bindgen [--check]");
+            println!("usage: cargo xtask bindgen [--check]\n       cargo xtask ptx [--check]");
             Ok(())
         }
         Some(other) => Err(format!("unknown task `{other}`; try `cargo xtask help`")),
