@@ -7,6 +7,8 @@
 //!   page-locked host stores.
 //! * [`window`]: one launch replayed from its API ENTER and EXIT callbacks, as a
 //!   [`kreplay_passloop::ReplayDevice`] (the application's own launch is pass 0).
+//! * [`kernels`]: the chunk-hash and gather kernels (CUDA C under `cuda/kernels/`, committed as
+//!   PTX and JIT-loaded by the driver), and how they are launched.
 //! * [`launch`]: a launch's parameters, its dispatch info, and how it is re-launched.
 //! * [`cupti`] and [`inject`]: `InitializeInjection` for `CUDA_INJECTION64_PATH`, CUPTI
 //!   driver-API callbacks, allocation tracking and the built-in N-pass replay.
@@ -18,6 +20,7 @@ pub mod cupti;
 pub mod driver;
 pub mod guard;
 pub mod inject;
+pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod window;

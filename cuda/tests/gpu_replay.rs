@@ -47,6 +47,10 @@ DONE:
 "#;
 
 fn gpu() -> Option<&'static Driver> {
+    if let Ok(path) = std::env::var("KREPLAY_CUDA_TEST_PTX") {
+        let text = std::fs::read_to_string(&path).expect("KREPLAY_CUDA_TEST_PTX names a file");
+        kreplay_cuda::kernels::override_ptx(text);
+    }
     match Driver::get() {
         Ok(d) if d.device_count().unwrap_or(0) > 0 => Some(d),
         Ok(_) => {
@@ -231,6 +235,9 @@ fn add_one_replayed_four_times_leaves_one_increment_on_the_gpu() {
     let g = setup(d);
     for (store, strategy) in [
         (StoreTier::Device, RestoreStrategy::Full),
+        (StoreTier::Device, RestoreStrategy::Hash),
+        (StoreTier::Device, RestoreStrategy::Writeset),
+        (StoreTier::Device, RestoreStrategy::WritesetUnverified),
         (StoreTier::Host, RestoreStrategy::Full),
         (StoreTier::Host, RestoreStrategy::Hash),
         (StoreTier::Host, RestoreStrategy::Writeset),

@@ -1,0 +1,375 @@
+//! kreplay's device kernels (`cuda/kernels/kreplay_kernels.cu`), JIT-loaded from the committed
+//! PTX with `cuModuleLoadData`, and the host side of launching them.
+//!
+//! * `kreplay_hash_chunks`: xxh3_64 of every chunk of a device range, one warp per chunk, equal
+//!   bit for bit to the host's `xxh3_64`, so a snapshot hashed on the host (pinned-host tier)
+//!   and live memory hashed on the device compare. Chunks of 240 bytes or less (only a region's
+//!   last chunk can be that short) take xxh3's short-input paths and are hashed on the host.
+//! * `kreplay_gather`: many device-to-device copies in one launch; [`gather_tiles`] splits the
+//!   copies into tiles of at most [`GATHER_TILE`] bytes, one block each.
+//! * `kreplay_read_once` and `kreplay_add_one_runs`: the read bandwidth ceiling and the
+//!   `x += 1` workload of the tests and the bench.
+
+use std::ffi::{CStr, CString, c_void};
+use std::sync::OnceLock;
+
+use kreplay_snapshot::DeviceCopy;
+
+use crate::driver::{CuDevicePtr, CuError, CuFunction, CuModule, CuStream, Driver};
+
+/// The PTX that `nvcc` made of `cuda/kernels/kreplay_kernels.cu` (`cargo xtask ptx`).
+pub const PTX: &str = include_str!("../kernels/kreplay_kernels.ptx");
+
+/// Largest piece of one copy a gather block moves.
+pub const GATHER_TILE: u64 = 1 << 20;
+/// Threads per gather block.
+pub const GATHER_THREADS: u32 = 256;
+/// Copies (after merging) up to which `cuMemcpyDtoDAsync` per copy is used; more go through one
+/// gather launch. Large copies run at the copy ceiling either way; many small ones are
+/// launch-bound as separate copies.
+pub const MEMCPY_MAX_COPIES: usize = 8;
+/// Threads per hash block (8 warps, one chunk each at a time).
+pub const HASH_THREADS: u32 = 256;
+/// Chunks at or below this length are hashed on the host (xxh3's short-input paths).
+pub const HASH_DEVICE_MIN_LEN: u64 = 241;
+
+static PTX_OVERRIDE: OnceLock<String> = OnceLock::new();
+
+/// Use `ptx` instead of the built-in PTX for every module loaded from now on (for trying a
+/// kernel built elsewhere; the first call wins). Returns whether it was taken.
+pub fn override_ptx(ptx: String) -> bool {
+    PTX_OVERRIDE.set(ptx).is_ok()
+}
+
+/// One entry of a gather list, as the kernel reads it (`struct KrCopy`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatherEntry {
+    /// Destination device address.
+    pub dst: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Bytes, at most [`GATHER_TILE`].
+    pub len: u64,
+}
+
+/// Split `copies` into gather entries of at most `tile` bytes each (empty copies dropped).
+/// Pieces start at multiples of `tile` from their copy's start, so a copy whose addresses and
+/// length are 16-byte aligned gives entries that are too, whenever `tile` is.
+pub fn gather_tiles(copies: &[DeviceCopy], tile: u64) -> Vec<GatherEntry> {
+    assert!(tile > 0, "gather tile must be positive");
+    let n: u64 = copies.iter().map(|c| c.len.div_ceil(tile)).sum();
+    let mut out = Vec::with_capacity(n as usize);
+    for c in copies {
+        let mut off = 0;
+        while off < c.len {
+            let len = tile.min(c.len - off);
+            out.push(GatherEntry {
+                dst: c.dst + off,
+                src: c.src + off,
+                len,
+            });
+            off += len;
+        }
+    }
+    out
+}
+
+/// Grid size of a hash launch over `chunks` chunks: one warp per chunk, up to the grid limit
+/// (the kernel strides over the rest).
+pub fn hash_grid(chunks: u64) -> u32 {
+    let warps_per_block = u64::from(HASH_THREADS / 32);
+    chunks.div_ceil(warps_per_block).clamp(1, i32::MAX as u64) as u32
+}
+
+/// Grid size of a gather launch over `entries` entries (one block each, the kernel strides over
+/// any beyond the grid limit).
+pub fn gather_grid(entries: u64) -> u32 {
+    entries.clamp(1, i32::MAX as u64) as u32
+}
+
+/// Whether a restore of `copies` copies (after merging) goes through the gather kernel.
+pub fn use_gather(copies: usize) -> bool {
+    copies > MEMCPY_MAX_COPIES
+}
+
+/// The kernels of one context.
+#[derive(Debug)]
+pub struct Kernels {
+    module: usize,
+    hash: usize,
+    gather: usize,
+    read_once: usize,
+    add_one_runs: usize,
+}
+
+impl Kernels {
+    /// JIT-load the kernels into the current context.
+    pub fn load(driver: &Driver) -> Result<Kernels, CuError> {
+        let text = PTX_OVERRIDE.get().map_or(PTX, String::as_str);
+        let image = CString::new(text).map_err(|_| CuError {
+            call: "cuModuleLoadData",
+            code: -1,
+            name: "PTX text holds a NUL byte".into(),
+        })?;
+        let mut module: CuModule = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX image; the driver writes the module handle.
+        driver.check("cuModuleLoadData", unsafe {
+            (driver.module_load_data)(&mut module, image.as_ptr().cast())
+        })?;
+        let get = |name: &CStr| -> Result<usize, CuError> {
+            let mut f: CuFunction = std::ptr::null_mut();
+            // SAFETY: module was just loaded; name is NUL-terminated.
+            driver.check("cuModuleGetFunction", unsafe {
+                (driver.module_get_function)(&mut f, module, name.as_ptr())
+            })?;
+            Ok(f as usize)
+        };
+        let found = (|| {
+            Ok(Kernels {
+                module: module as usize,
+                hash: get(c"kreplay_hash_chunks")?,
+                gather: get(c"kreplay_gather")?,
+                read_once: get(c"kreplay_read_once")?,
+                add_one_runs: get(c"kreplay_add_one_runs")?,
+            })
+        })();
+        if found.is_err() {
+            // SAFETY: our module, used by nobody.
+            unsafe { (driver.module_unload)(module) };
+        }
+        found
+    }
+
+    /// The module handle.
+    pub fn module(&self) -> CuModule {
+        self.module as CuModule
+    }
+
+    /// Queue `kreplay_hash_chunks` over `[addr, addr + len)` into `out` (device, one u64 per
+    /// chunk; chunks of at most 240 bytes are left unwritten).
+    ///
+    /// # Safety
+    /// `addr..addr + len` is readable device memory and `out` holds `len.div_ceil(chunk_size)`
+    /// words, both in the current context, alive until the stream has run the launch.
+    pub unsafe fn hash(
+        &self,
+        driver: &Driver,
+        stream: CuStream,
+        addr: CuDevicePtr,
+        len: u64,
+        chunk_size: u64,
+        out: CuDevicePtr,
+    ) -> Result<(), CuError> {
+        let chunks = len.div_ceil(chunk_size);
+        let (mut a, mut l, mut cs, mut n, mut o) = (addr, len, chunk_size, chunks, out);
+        let mut args: [*mut c_void; 5] = [
+            (&raw mut a).cast(),
+            (&raw mut l).cast(),
+            (&raw mut cs).cast(),
+            (&raw mut n).cast(),
+            (&raw mut o).cast(),
+        ];
+        // SAFETY: the arguments match the kernel's signature; memory by the caller's promise.
+        unsafe {
+            launch(
+                driver,
+                self.hash,
+                hash_grid(chunks),
+                HASH_THREADS,
+                stream,
+                &mut args,
+            )
+        }
+    }
+
+    /// Queue `kreplay_gather` over `count` entries at device address `list`.
+    ///
+    /// # Safety
+    /// `list` holds `count` [`GatherEntry`]s whose ranges are device memory of the current
+    /// context, alive until the stream has run the launch.
+    pub unsafe fn gather(
+        &self,
+        driver: &Driver,
+        stream: CuStream,
+        list: CuDevicePtr,
+        count: u64,
+    ) -> Result<(), CuError> {
+        let (mut p, mut n) = (list, count);
+        let mut args: [*mut c_void; 2] = [(&raw mut p).cast(), (&raw mut n).cast()];
+        // SAFETY: as documented.
+        unsafe {
+            launch(
+                driver,
+                self.gather,
+                gather_grid(count),
+                GATHER_THREADS,
+                stream,
+                &mut args,
+            )
+        }
+    }
+
+    /// Queue `kreplay_read_once` over `len` bytes (a multiple of 16) at `addr`; `sink` is one
+    /// word of device memory it may write.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of the current context, alive until the stream has run it.
+    pub unsafe fn read_once(
+        &self,
+        driver: &Driver,
+        stream: CuStream,
+        addr: CuDevicePtr,
+        len: u64,
+        sink: CuDevicePtr,
+        blocks: u32,
+    ) -> Result<(), CuError> {
+        let (mut p, mut n, mut s) = (addr, len / 16, sink);
+        let mut args: [*mut c_void; 3] = [
+            (&raw mut p).cast(),
+            (&raw mut n).cast(),
+            (&raw mut s).cast(),
+        ];
+        // SAFETY: as documented.
+        unsafe { launch(driver, self.read_once, blocks, 256, stream, &mut args) }
+    }
+
+    /// Queue `kreplay_add_one_runs`: `+= 1` on the 32-bit words of `runs` runs of `run_words`
+    /// words, run r starting at word `r * stride_words` of `addr`.
+    ///
+    /// # Safety
+    /// Every word touched lies in device memory of the current context, alive until the stream
+    /// has run the launch.
+    pub unsafe fn add_one_runs(
+        &self,
+        driver: &Driver,
+        stream: CuStream,
+        addr: CuDevicePtr,
+        runs: u64,
+        run_words: u64,
+        stride_words: u64,
+    ) -> Result<(), CuError> {
+        let (mut p, mut r, mut w, mut s) = (addr, runs, run_words, stride_words);
+        let mut args: [*mut c_void; 4] = [
+            (&raw mut p).cast(),
+            (&raw mut r).cast(),
+            (&raw mut w).cast(),
+            (&raw mut s).cast(),
+        ];
+        let blocks = (runs * run_words).div_ceil(256).clamp(1, 1 << 20) as u32;
+        // SAFETY: as documented.
+        unsafe { launch(driver, self.add_one_runs, blocks, 256, stream, &mut args) }
+    }
+}
+
+/// `cuLaunchKernel` of a one-dimensional grid.
+///
+/// # Safety
+/// `function` is a kernel of a loaded module whose parameters `args` point to, in order.
+unsafe fn launch(
+    driver: &Driver,
+    function: usize,
+    grid: u32,
+    block: u32,
+    stream: CuStream,
+    args: &mut [*mut c_void],
+) -> Result<(), CuError> {
+    // SAFETY: by the caller's promise.
+    let rc = unsafe {
+        (driver.launch_kernel)(
+            function as CuFunction,
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            stream,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    driver.check("cuLaunchKernel", rc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(dst: u64, src: u64, len: u64) -> DeviceCopy {
+        DeviceCopy { dst, src, len }
+    }
+
+    #[test]
+    fn gather_tiles_cover_every_byte_once_and_none_exceeds_the_tile() {
+        let copies = [
+            c(0x10_0000, 0x90_0000, 3 * GATHER_TILE + 48),
+            c(0x50_0000, 0xa0_0000, 0),
+            c(0x60_0000, 0xb0_0000, 16),
+            c(0x70_0001, 0xc0_0003, GATHER_TILE),
+        ];
+        let tiles = gather_tiles(&copies, GATHER_TILE);
+        assert_eq!(tiles.len(), 4 + 1 + 1);
+        assert!(tiles.iter().all(|t| t.len > 0 && t.len <= GATHER_TILE));
+        // Each copy is covered exactly, in order, with dst and src advancing together.
+        for copy in copies.iter().filter(|c| c.len > 0) {
+            let mine: Vec<_> = tiles
+                .iter()
+                .filter(|t| t.dst >= copy.dst && t.dst < copy.dst + copy.len)
+                .collect();
+            let mut at = 0;
+            for t in &mine {
+                assert_eq!(t.dst, copy.dst + at);
+                assert_eq!(t.src, copy.src + at);
+                at += t.len;
+            }
+            assert_eq!(at, copy.len);
+        }
+        assert_eq!(tiles[3].len, 48);
+    }
+
+    #[test]
+    fn tiles_of_aligned_copies_stay_aligned() {
+        let tiles = gather_tiles(&[c(0x1000, 0x8000, 10 * 4096 + 32)], 4096);
+        assert_eq!(tiles.len(), 11);
+        assert!(tiles.iter().all(|t| (t.dst | t.src | t.len) % 16 == 0));
+        assert_eq!(tiles[10].len, 32);
+    }
+
+    #[test]
+    fn launch_geometry_covers_every_chunk_and_stays_in_the_grid_limit() {
+        assert_eq!(hash_grid(0), 1);
+        assert_eq!(hash_grid(1), 1);
+        assert_eq!(hash_grid(8), 1);
+        assert_eq!(hash_grid(9), 2);
+        // 32 GiB of 64 KiB chunks: 512 Ki warps, 8 per block.
+        assert_eq!(hash_grid(512 << 10), 64 << 10);
+        assert_eq!(hash_grid(u64::MAX), i32::MAX as u32);
+        assert_eq!(gather_grid(0), 1);
+        assert_eq!(gather_grid(5000), 5000);
+        assert_eq!(gather_grid(u64::MAX), i32::MAX as u32);
+    }
+
+    #[test]
+    fn few_copies_use_the_copy_engine_and_many_one_gather_launch() {
+        assert!(!use_gather(0));
+        assert!(!use_gather(MEMCPY_MAX_COPIES));
+        assert!(use_gather(MEMCPY_MAX_COPIES + 1));
+    }
+
+    #[test]
+    fn the_committed_ptx_defines_every_kernel_the_crate_launches() {
+        for name in [
+            "kreplay_hash_chunks",
+            "kreplay_gather",
+            "kreplay_read_once",
+            "kreplay_add_one_runs",
+        ] {
+            assert!(
+                PTX.contains(&format!(".entry {name}(")),
+                "{name} missing from kreplay_kernels.ptx"
+            );
+        }
+    }
+}

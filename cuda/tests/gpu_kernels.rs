@@ -1,0 +1,241 @@
+//! The device kernels on a real GPU: the chunk hash equals the host's xxh3_64, and every
+//! device-tier restore strategy leaves memory as one run of an `x += 1` kernel that writes a
+//! chosen fraction of it. Skipped, with the reason printed, where no driver or GPU is present.
+//!
+//! `KREPLAY_CUDA_TEST_PTX=<file>` runs them on a PTX file instead of the committed one (for a
+//! kernel rebuilt on the GPU machine before its PTX is committed).
+
+use std::sync::Arc;
+
+use kreplay_cuda::driver::{CuContext, CuDevicePtr};
+use kreplay_cuda::kernels::override_ptx;
+use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
+use kreplay_snapshot::{
+    DeviceMemory, Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, SnapshotConfig,
+    Snapshotter, StoreTier,
+};
+use xxhash_rust::xxh3::xxh3_64;
+
+fn gpu() -> Option<&'static Driver> {
+    if let Ok(path) = std::env::var("KREPLAY_CUDA_TEST_PTX") {
+        let text = std::fs::read_to_string(&path).expect("KREPLAY_CUDA_TEST_PTX names a file");
+        override_ptx(text);
+    }
+    match Driver::get() {
+        Ok(d) if d.device_count().unwrap_or(0) > 0 => Some(d),
+        Ok(_) => {
+            eprintln!("skipped: the CUDA driver reports no device");
+            None
+        }
+        Err(e) => {
+            eprintln!("skipped: no CUDA driver here ({e})");
+            None
+        }
+    }
+}
+
+fn context(d: &'static Driver) -> CuContext {
+    let mut ctx: CuContext = std::ptr::null_mut();
+    // SAFETY: retains device 0's primary context (kept for the test process).
+    unsafe {
+        d.check("retain", (d.primary_ctx_retain)(&mut ctx, 0))
+            .unwrap();
+        d.make_current(ctx).unwrap();
+    }
+    ctx
+}
+
+fn alloc(d: &Driver, bytes: usize) -> CuDevicePtr {
+    let mut p: CuDevicePtr = 0;
+    // SAFETY: allocates in the current context.
+    unsafe { d.check("alloc", (d.mem_alloc)(&mut p, bytes)).unwrap() };
+    p
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn memory(d: &'static Driver, ctx: CuContext, inventory: Arc<Inventory>) -> Arc<CudaMemory> {
+    // SAFETY: the primary context retained above, alive for the test process.
+    unsafe {
+        CudaMemory::new(
+            d,
+            inventory,
+            ctx,
+            ShadowBudget::default(),
+            StoreTier::Device,
+        )
+    }
+    .unwrap()
+}
+
+#[test]
+fn device_chunk_hashes_equal_the_host_xxh3_of_every_chunk() {
+    let Some(d) = gpu() else { return };
+    let ctx = context(d);
+    let size = (4 << 20) + 4096;
+    let host = noise(size, 0x5eed);
+    let buf = alloc(d, size);
+    let mem = memory(d, ctx, Arc::new(Inventory::new()));
+    mem.write(buf, &host).unwrap();
+    assert!(mem.capabilities().device_hash, "kernels did not load");
+    // (offset into the buffer, length, chunk size): whole blocks, partial last blocks, a last
+    // stripe that is not 8-byte aligned, short tails for the host path, unaligned starts.
+    let cases: [(usize, usize, usize); 9] = [
+        (0, 4 << 20, 64 << 10),
+        (0, (4 << 20) + 100, 64 << 10),
+        (0, (1 << 20) + 241, 64 << 10),
+        (0, (1 << 20) + 240, 64 << 10),
+        (0, 3 * 1024 + 777, 512),
+        (0, 1025, 1024),
+        (3, (2 << 20) + 13, 4096),
+        (8, 300, 512),
+        (16, 65, 512),
+    ];
+    for (off, len, cs) in cases {
+        let chunks = len.div_ceil(cs);
+        let mut got = vec![0u64; chunks];
+        mem.hash_chunks(buf + off as u64, len as u64, cs as u64, &mut got)
+            .unwrap();
+        let want: Vec<u64> = host[off..off + len].chunks(cs).map(xxh3_64).collect();
+        let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(
+            wrong, 0,
+            "offset {off}, {len} bytes in {cs}-byte chunks: {wrong} of {chunks} hashes differ"
+        );
+    }
+    // A wrong-sized output is an error, not a partial answer.
+    let mut short = vec![0u64; 1];
+    assert!(mem.hash_chunks(buf, 1 << 20, 64 << 10, &mut short).is_err());
+    drop(mem);
+    // SAFETY: our allocation, no longer used.
+    unsafe { (d.mem_free)(buf) };
+}
+
+/// Four passes of `x += 1` over `fraction` of a 64 MiB buffer (evenly spread 64 KiB runs), with
+/// the snapshot and restores of `strategy` on a device shadow between passes, as the pass loop
+/// does them. Returns (wrong words, bytes written by each pass, bytes moved by each restore,
+/// bytes hashed by each restore).
+fn four_passes(
+    d: &'static Driver,
+    ctx: CuContext,
+    strategy: RestoreStrategy,
+    fraction: f64,
+) -> (usize, u64, Vec<u64>, Vec<u64>) {
+    const BYTES: usize = 64 << 20;
+    const CHUNK: u64 = 64 << 10;
+    let words = BYTES / 4;
+    let buf = alloc(d, BYTES);
+    let inventory = Arc::new(Inventory::new());
+    inventory.on_alloc(buf, BYTES as u64, 0, MemoryKind::CoarseDevice);
+    let mem = memory(d, ctx, inventory.clone());
+    let start: Vec<u32> = (0..words as u32)
+        .map(|i| i.wrapping_mul(2654435761))
+        .collect();
+    let start_bytes: Vec<u8> = start.iter().flat_map(|w| w.to_le_bytes()).collect();
+    mem.write(buf, &start_bytes).unwrap();
+
+    let chunks = BYTES as u64 / CHUNK;
+    let dirty = ((chunks as f64 * fraction).round() as u64).clamp(1, chunks);
+    let stride = chunks / dirty;
+    let run_words = CHUNK / 4;
+    let config = SnapshotConfig {
+        store: StoreTier::Device,
+        strategy,
+        chunk_size: CHUNK,
+        verify_every: 0,
+        ..Default::default()
+    };
+    let snapshotter = Snapshotter::new(inventory, mem.clone(), config).unwrap();
+    let mut snap = snapshotter.snapshot(&Filter::for_replay(0)).unwrap();
+    let kernels = mem.kernels().unwrap();
+    let touch = || {
+        // SAFETY: every run lies in buf (dirty * stride <= chunks); we wait right after.
+        unsafe {
+            kernels
+                .add_one_runs(d, mem.stream(), buf, dirty, run_words, stride * run_words)
+                .unwrap();
+            d.check("sync", (d.stream_synchronize)(mem.stream()))
+                .unwrap();
+        }
+    };
+    let (mut moved, mut hashed) = (Vec::new(), Vec::new());
+    for pass in 0..4u64 {
+        touch();
+        if pass < 3 {
+            let report = snap
+                .restore(&RestoreRequest {
+                    next_pass: pass + 1,
+                    may_be_final: pass + 1 == 3,
+                })
+                .unwrap();
+            moved.push(report.bytes_moved);
+            hashed.push(report.bytes_hashed);
+        }
+    }
+    drop(snap);
+    drop(snapshotter);
+    let mut out = vec![0u8; BYTES];
+    mem.read(buf, &mut out).unwrap();
+    let touched = |w: usize| {
+        let c = w as u64 / run_words;
+        c.is_multiple_of(stride) && c / stride < dirty
+    };
+    let wrong = out
+        .chunks(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .enumerate()
+        .filter(|&(i, v)| v != start[i].wrapping_add(u32::from(touched(i))))
+        .count();
+    drop(mem);
+    // SAFETY: our allocation, no longer used.
+    unsafe { (d.mem_free)(buf) };
+    (wrong, dirty * CHUNK, moved, hashed)
+}
+
+#[test]
+fn every_device_strategy_leaves_memory_as_one_run_of_the_kernel() {
+    let Some(d) = gpu() else { return };
+    let ctx = context(d);
+    let all = 64u64 << 20;
+    for strategy in [
+        RestoreStrategy::Full,
+        RestoreStrategy::Hash,
+        RestoreStrategy::Writeset,
+        RestoreStrategy::WritesetUnverified,
+        RestoreStrategy::Auto,
+    ] {
+        for fraction in [0.01, 0.1, 1.0] {
+            let (wrong, written, moved, hashed) = four_passes(d, ctx, strategy, fraction);
+            eprintln!(
+                "{strategy} {fraction}: {wrong} wrong words, moved {moved:?}, hashed {hashed:?}"
+            );
+            assert_eq!(wrong, 0, "{strategy} at {fraction}");
+            match strategy {
+                RestoreStrategy::Full => assert_eq!(moved, [all; 3]),
+                // Detection on the device: every restore hashes all and moves what changed.
+                RestoreStrategy::Hash | RestoreStrategy::Writeset => {
+                    assert_eq!(hashed, [all; 3], "{strategy}");
+                    assert_eq!(moved, [written; 3], "{strategy}");
+                }
+                // Learns on the first restore, writes the learned set unhashed on the second,
+                // verifies before the final pass.
+                RestoreStrategy::WritesetUnverified => {
+                    assert_eq!(hashed, [all, 0, all]);
+                    assert_eq!(moved, [written; 3]);
+                }
+                _ => {}
+            }
+        }
+    }
+}
