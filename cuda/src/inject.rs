@@ -22,7 +22,7 @@ use kreplay_passloop::{
     ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
     RestoreRequest, ToolAnswer,
 };
-use kreplay_snapshot::{Filter, Inventory, MemoryKind, Snapshotter};
+use kreplay_snapshot::{Filter, Inventory, MemoryKind, RestoreStrategy, Snapshotter};
 use parking_lot::Mutex;
 
 use crate::config::{Config, LogLevel};
@@ -112,6 +112,18 @@ thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
 }
 
+/// Whether the injected library offers the device hash kernel for a configured strategy.
+///
+/// `hash`, `writeset` and `writeset-unverified` hash on the device. `auto` does not: with the
+/// kernel offered, the snapshot crate's auto rule would hash device shadows at every snapshot
+/// and restore, and on the PyTorch workloads of `cuda/tests/workloads` (a few hundred MiB over
+/// up to ten allocations, hashed one allocation per launch and wait) that cost 0.6 to 0.9 ms per
+/// restore against 0.16 to 0.36 ms for a full device copy (docs/cuda.md). So `auto` keeps
+/// full restores of device shadows, as before the kernels existed.
+pub fn hash_on_device_for(strategy: RestoreStrategy) -> bool {
+    strategy != RestoreStrategy::Auto
+}
+
 fn log(level: LogLevel, msg: impl std::fmt::Display) {
     let configured = BACKEND.get().map_or(LogLevel::Warn, |b| b.config.log);
     if level <= configured && configured != LogLevel::Off {
@@ -150,6 +162,7 @@ impl Backend {
             )
         }
         .map_err(|e| e.to_string())?;
+        memory.set_hash_on_device(hash_on_device_for(self.config.snapshot.strategy));
         let snapshotter = Snapshotter::new(
             self.inventory.clone(),
             memory.clone(),
@@ -603,6 +616,19 @@ pub extern "C" fn InitializeInjection() -> c_int {
 mod tests {
     use super::*;
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn only_explicit_detecting_strategies_hash_on_the_device() {
+        assert!(!hash_on_device_for(RestoreStrategy::Auto));
+        for s in [
+            RestoreStrategy::Full,
+            RestoreStrategy::Hash,
+            RestoreStrategy::Writeset,
+            RestoreStrategy::WritesetUnverified,
+        ] {
+            assert!(hash_on_device_for(s), "{s}");
+        }
+    }
 
     #[test]
     fn launch_parameters_are_decoded_for_both_entry_points_and_their_per_thread_variants() {

@@ -17,6 +17,7 @@
 //! a restore of many scattered pieces is one gather launch instead of one copy per piece.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kreplay_snapshot::{
@@ -92,6 +93,8 @@ pub struct CudaMemory {
     kernels: OnceLock<Result<Kernels, String>>,
     /// Device scratch for kernel launches (gather lists, chunk hashes).
     scratch: Mutex<Scratch>,
+    /// Whether `hash_chunks` is offered (see [`CudaMemory::set_hash_on_device`]).
+    hash_on_device: AtomicBool,
 }
 
 /// Device buffers the kernels read their lists from and write their results to, grown on
@@ -262,6 +265,7 @@ impl CudaMemory {
             shadows: matches!(tier, StoreTier::Auto | StoreTier::Device),
             kernels: OnceLock::new(),
             scratch: Mutex::new(Scratch::default()),
+            hash_on_device: AtomicBool::new(true),
         }))
     }
 
@@ -273,6 +277,13 @@ impl CudaMemory {
     /// kreplay's stream in this context (every copy and kernel of this memory runs on it).
     pub fn stream(&self) -> CuStream {
         self.stream as CuStream
+    }
+
+    /// Offer the device hash kernel to the snapshot (the default) or not. Without it the
+    /// snapshot crate's `auto` strategy restores device shadows in full, and hashing (if a
+    /// strategy asks for it) reads memory to the host.
+    pub fn set_hash_on_device(&self, on: bool) {
+        self.hash_on_device.store(on, Ordering::Relaxed);
     }
 
     /// The device kernels of this context, loaded on first use (the caller has made the
