@@ -64,11 +64,12 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     // until the queue is destroyed, and the runtime calls no handler after that.
     let state = unsafe { &*data.cast::<QueueState>() };
     let progress = Cell::new(Progress::Untouched);
+    let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        handle(backend(), state, &packets, writer, &progress)
+        handle(backend(), state, &packets, writer, &progress, &handled)
     }));
     if outcome.is_err() {
-        recover(state, &packets, writer, progress.get());
+        recover(state, &packets[handled.get()..], writer, progress.get());
     }
 }
 
@@ -89,9 +90,14 @@ pub(crate) enum Progress {
     Done,
 }
 
-/// After a panic in the handler: forward the packets unchanged if nothing happened yet, fire a
-/// withheld completion once, and say what this means for the application's results.
+/// After a panic in the handler: `packets` are those not handled yet, the first of them the one
+/// being handled when the panic struck (with `progress` saying how far it got). Forwards what
+/// never reached the queue, fires a withheld completion once, and says what this means for the
+/// application's results.
 fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Progress) {
+    if packets.is_empty() {
+        return;
+    }
     match progress {
         Progress::Untouched => {
             eprintln!(
@@ -119,12 +125,23 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
             if signal.handle != 0 {
                 backend().original.signal_subtract(signal, 1);
             }
+            if packets.len() > 1 {
+                // SAFETY: as above; the packets after the interrupted dispatch never reached the
+                // queue.
+                unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
+            }
         }
-        Progress::Done => eprintln!(
-            "kreplay: internal error after a dispatch on queue {} was submitted: results of this \
-             dispatch are unreliable",
-            state.id
-        ),
+        Progress::Done => {
+            eprintln!(
+                "kreplay: internal error after a dispatch on queue {} was submitted: results of \
+                 this dispatch are unreliable",
+                state.id
+            );
+            if packets.len() > 1 {
+                // SAFETY: as above.
+                unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
+            }
+        }
     }
 }
 
@@ -134,57 +151,36 @@ fn handle(
     packets: &[Packet],
     writer: Writer,
     progress: &Cell<Progress>,
+    handled: &Cell<usize>,
 ) {
     if !b.replay_active() {
         forward(b, state, packets, &[], writer, false, progress);
+        handled.set(packets.len());
         return;
     }
-    if packets.len() > 1 {
-        handle_batch(b, state, packets, writer, progress);
-        return;
-    }
-    let packet = &packets[0];
-    match packet.as_dispatch() {
-        Some(dispatch) => {
-            replay_dispatch(b, state, dispatch, writer, false, progress);
+    // Several packets in one call are independent packets in queue order (one doorbell for
+    // several packets, or several threads sharing the queue): each kernel dispatch goes through
+    // the pass loop on its own, and each run of other packets is forwarded in its place, so
+    // everything before a dispatch was submitted before its replay drains the queue.
+    let mut start = 0;
+    for (i, packet) in packets.iter().enumerate() {
+        let Some(dispatch) = packet.as_dispatch() else {
+            continue;
+        };
+        if start < i {
+            forward(b, state, &packets[start..i], &[], writer, true, progress);
+            handled.set(i);
+            progress.set(Progress::Untouched);
         }
-        None => forward(
-            b,
-            state,
-            std::slice::from_ref(packet),
-            &[],
-            writer,
-            true,
-            progress,
-        ),
+        replay_dispatch(b, state, dispatch, writer, progress);
+        handled.set(i + 1);
+        progress.set(Progress::Untouched);
+        start = i + 1;
     }
-}
-
-/// A multi-packet batch (docs/abi.md §3 rule 7): the tool hears of each dispatch in it (CONFIG ENTER,
-/// then CONFIG EXIT with `batch_or_graph` unless it opted out), nothing is replayed, and the
-/// batch is forwarded unchanged, in one piece, after the last of them.
-fn handle_batch(
-    b: &Backend,
-    state: &QueueState,
-    packets: &[Packet],
-    writer: Writer,
-    progress: &Cell<Progress>,
-) {
-    if packets.iter().any(|p| p.as_dispatch().is_some()) {
-        b.hooks.warn_once(
-            "batch_or_graph",
-            "a multi-packet batch reached a queue: its dispatches run once, not replayed (batch_or_graph)",
-        );
+    if start < packets.len() {
+        forward(b, state, &packets[start..], &[], writer, true, progress);
+        handled.set(packets.len());
     }
-    let infos: Vec<Option<DispatchInfo>> = packets
-        .iter()
-        .map(|packet| {
-            packet
-                .as_dispatch()
-                .map(|dispatch| replay_dispatch(b, state, dispatch, writer, true, progress))
-        })
-        .collect();
-    forward(b, state, packets, &infos, writer, true, progress);
 }
 
 /// Forwards packets unchanged: under the agent's reader lock and followed by an in-flight marker

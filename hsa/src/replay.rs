@@ -19,14 +19,12 @@ use crate::backend::Backend;
 use crate::dispatch::{Packet, Progress, Writer, dispatch_bytes, dispatch_info, forward};
 use crate::queues::{QueueIdle, QueueState};
 
-/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it. A
-/// member of a batch is not submitted here: the caller forwards the whole batch afterwards.
+/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
     b: &Backend,
     state: &QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
     writer: Writer,
-    in_batch: bool,
     progress: &Cell<Progress>,
 ) -> DispatchInfo {
     let info = dispatch_info(b, state, &dispatch);
@@ -36,7 +34,6 @@ pub(crate) fn replay_dispatch(
         state,
         dispatch,
         writer,
-        in_batch,
         progress,
         guard: None,
         plan: None,
@@ -61,7 +58,6 @@ struct HsaReplay<'a> {
     state: &'a QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
     writer: Writer,
-    in_batch: bool,
     progress: &'a Cell<Progress>,
     guard: Option<WriteGuard>,
     plan: Option<SnapshotPlan>,
@@ -172,12 +168,8 @@ impl ReplayDevice for HsaReplay<'_> {
     type Snapshot = Snapshot;
 
     fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
-        if self.in_batch {
-            return Err(Decline::new(
-                DeclineReason::BatchOrGraph,
-                "the dispatch arrived in a multi-packet batch",
-            ));
-        }
+        // A dispatch that reached the handler with other packets is replayed like a lone one:
+        // the packets before it were forwarded first, so the drain covers them.
         Ok(())
     }
 
@@ -392,10 +384,6 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_once(&mut self, info: &DispatchInfo) {
-        if self.in_batch {
-            // Forwarded with the rest of its batch, unchanged, once the loop saw every member.
-            return;
-        }
         forward(
             self.b,
             self.state,
