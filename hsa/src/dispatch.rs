@@ -12,7 +12,7 @@ use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
 
 use crate::backend::{Backend, backend};
-use crate::queues::QueueState;
+use crate::queues::{QueueState, Slot};
 use crate::replay::replay_dispatch;
 use crate::{DispatchRecord, ToolHooks};
 
@@ -25,15 +25,45 @@ pub(crate) struct Packet([u8; AQL]);
 const AQL: usize = hsa_sys::AQL_PACKET_SIZE;
 
 impl Packet {
-    fn packet_type(&self) -> u32 {
+    pub(crate) fn from_bytes(bytes: [u8; AQL]) -> Packet {
+        Packet(bytes)
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8; AQL] {
+        &self.0
+    }
+
+    pub(crate) fn packet_type(&self) -> u32 {
         u32::from(u16::from_ne_bytes([self.0[0], self.0[1]])) & 0xff
     }
 
-    fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
+    pub(crate) fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
         (self.packet_type() == HSA_PACKET_TYPE_KERNEL_DISPATCH).then(|| {
             // SAFETY: both are 64-byte plain-data layouts; every bit pattern is a valid packet.
             unsafe { std::mem::transmute::<[u8; AQL], hsa_kernel_dispatch_packet_t>(self.0) }
         })
+    }
+}
+
+/// Where packets go: the next level of the intercept chain of the queue being handled, or the
+/// agent's side queue (re-entrant work, which must not wait behind the application's queue).
+#[derive(Clone, Copy)]
+pub(crate) enum Sink<'a> {
+    Handler(Writer),
+    Side(&'a QueueState),
+}
+
+impl Sink<'_> {
+    /// Writes `packets` (one write, one doorbell, for the handler's writer).
+    pub(crate) fn write(&self, b: &Backend, packets: &[Packet]) {
+        match self {
+            // SAFETY: the writer is valid for the handler call this sink was made in; the
+            // packets are initialized memory.
+            Sink::Handler(writer) => unsafe {
+                writer(packets.as_ptr().cast(), packets.len() as u64)
+            },
+            Sink::Side(side) => crate::queues::submit_side(b, side, packets),
+        }
     }
 }
 
@@ -46,7 +76,7 @@ pub(crate) fn dispatch_bytes(p: &hsa_kernel_dispatch_packet_t) -> Packet {
 pub(crate) unsafe extern "C" fn intercept_handler(
     pkts: *const c_void,
     count: u64,
-    _user_pkt_index: u64,
+    user_pkt_index: u64,
     data: *mut c_void,
     writer: hsa_amd_queue_intercept_packet_writer,
 ) {
@@ -66,7 +96,20 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     let progress = Cell::new(Progress::Untouched);
     let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        handle(backend(), state, &packets, writer, &progress, &handled)
+        let b = backend();
+        if state.has_reentrant() {
+            handle_with_reentrant(
+                b,
+                state,
+                &packets,
+                user_pkt_index,
+                writer,
+                &progress,
+                &handled,
+            );
+        } else {
+            handle(b, state, &packets, writer, &progress, &handled);
+        }
     }));
     if outcome.is_err() {
         recover(state, &packets[handled.get()..], writer, progress.get());
@@ -154,7 +197,15 @@ fn handle(
     handled: &Cell<usize>,
 ) {
     if !b.replay_active() {
-        forward(b, state, packets, &[], writer, false, progress);
+        forward(
+            b,
+            state,
+            packets,
+            &[],
+            Sink::Handler(writer),
+            false,
+            progress,
+        );
         handled.set(packets.len());
         return;
     }
@@ -168,18 +219,73 @@ fn handle(
             continue;
         };
         if start < i {
-            forward(b, state, &packets[start..i], &[], writer, true, progress);
+            forward(
+                b,
+                state,
+                &packets[start..i],
+                &[],
+                Sink::Handler(writer),
+                true,
+                progress,
+            );
             handled.set(i);
             progress.set(Progress::Untouched);
         }
-        replay_dispatch(b, state, dispatch, writer, progress);
+        replay_dispatch(b, state, dispatch, Sink::Handler(writer), progress);
         handled.set(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
     }
     if start < packets.len() {
-        forward(b, state, &packets[start..], &[], writer, true, progress);
+        forward(
+            b,
+            state,
+            &packets[start..],
+            &[],
+            Sink::Handler(writer),
+            true,
+            progress,
+        );
         handled.set(packets.len());
+    }
+}
+
+/// [`handle`] for a queue with re-entrant slots (reserved from inside a replay window): those
+/// run on the agent's side queue (or were already run by the store that published them and are
+/// dropped); the application's packets around them are handled as usual, in order.
+fn handle_with_reentrant(
+    b: &Backend,
+    state: &QueueState,
+    packets: &[Packet],
+    first_index: u64,
+    writer: Writer,
+    progress: &Cell<Progress>,
+    handled: &Cell<usize>,
+) {
+    let mut start = 0;
+    let mut i = 0;
+    while i < packets.len() {
+        let slot = state.take_slot(first_index.wrapping_add(i as u64));
+        if slot == Slot::Ordinary {
+            i += 1;
+            continue;
+        }
+        if start < i {
+            let inner = Cell::new(0);
+            handle(b, state, &packets[start..i], writer, progress, &inner);
+            progress.set(Progress::Untouched);
+        }
+        handled.set(i + 1);
+        if slot == Slot::Reentrant {
+            crate::replay::run_reentrant(b, state, packets[i]);
+        }
+        i += 1;
+        start = i;
+    }
+    if start < packets.len() {
+        let inner = Cell::new(0);
+        handle(b, state, &packets[start..], writer, progress, &inner);
+        handled.set(start + inner.get());
     }
 }
 
@@ -192,34 +298,38 @@ pub(crate) fn forward(
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-    writer: Writer,
+    sink: Sink<'_>,
     track: bool,
     progress: &Cell<Progress>,
 ) {
-    // A thread inside its own replay window on this agent proceeds without the reader side.
-    let _read = if track {
-        b.locks.read(state.agent.handle).ok()
-    } else {
-        None
+    // A thread inside its own replay window on this agent proceeds without the reader side;
+    // re-entrant work on the side queue never waits for a replay (it is issued from one).
+    let _read = match sink {
+        Sink::Handler(_) if track => b.locks.read(state.agent.handle).ok(),
+        _ => None,
+    };
+    // The in-flight marker counts on the queue the packets actually go to.
+    let tracked = match sink {
+        Sink::Side(side) => side,
+        Sink::Handler(_) => state,
     };
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
     if track {
-        b.original.signal_add(state.in_flight, 1);
+        b.original.signal_add(tracked.in_flight, 1);
     }
     // The packets and, when tracked, the in-flight marker go to the hardware queue in one write
     // (one doorbell), so tracking adds a packet but no extra wake-up of the packet processor.
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
-        submit_traced(b, state, patched, &traced, writer, track, progress);
+        submit_traced(b, tracked, patched, &traced, sink, track, progress);
         return;
     }
     let mut batch = Vec::with_capacity(packets.len() + 1);
     batch.extend_from_slice(packets);
     if track {
-        batch.push(marker_packet(state));
+        batch.push(marker_packet(tracked));
     }
-    // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
-    unsafe { writer(batch.as_ptr().cast(), batch.len() as u64) };
+    sink.write(b, &batch);
     progress.set(Progress::Done);
 }
 
@@ -236,7 +346,7 @@ fn submit_traced(
     state: &QueueState,
     mut patched: Vec<Packet>,
     traced: &[DispatchInfo],
-    writer: Writer,
+    sink: Sink<'_>,
     track: bool,
     progress: &Cell<Progress>,
 ) {
@@ -244,8 +354,7 @@ fn submit_traced(
         patched.push(marker_packet(state));
     }
     b.hooks.dispatch_enqueue(traced, None, &mut || {
-        // SAFETY: `writer` is valid during this handler call; the packets are initialized.
-        unsafe { writer(patched.as_ptr().cast(), patched.len() as u64) };
+        sink.write(b, &patched);
         progress.set(Progress::Done);
     });
 }

@@ -16,15 +16,15 @@ use kreplay_snapshot::{Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
-use crate::dispatch::{Packet, Progress, Writer, dispatch_bytes, dispatch_info, forward};
-use crate::queues::{QueueIdle, QueueState};
+use crate::dispatch::{Packet, Progress, Sink, dispatch_bytes, dispatch_info, forward};
+use crate::queues::{InWindow, QueueIdle, QueueState, in_replay_window};
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
     b: &Backend,
     state: &QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
+    sink: Sink<'_>,
     progress: &Cell<Progress>,
 ) -> DispatchInfo {
     let info = dispatch_info(b, state, &dispatch);
@@ -33,7 +33,8 @@ pub(crate) fn replay_dispatch(
         b,
         state,
         dispatch,
-        writer,
+        sink,
+        reentrant: matches!(sink, Sink::Side(_)),
         progress,
         guard: None,
         plan: None,
@@ -52,14 +53,37 @@ pub(crate) fn replay_dispatch(
     info
 }
 
+/// Runs one packet of re-entrant work (submitted from inside a replay window onto `state`, a
+/// queue of the agent or of another one) at once on the agent's side queue. A dispatch is not
+/// replayed: the tool hears CONFIG ENTER and EXIT with `reentrant_dispatch`, and it runs once.
+pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
+    let Some(side) = b.queues.side(b, state.agent) else {
+        eprintln!(
+            "kreplay: cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
+             is lost",
+            state.agent.handle, state.id
+        );
+        return;
+    };
+    let progress = Cell::new(Progress::Untouched);
+    match packet.as_dispatch() {
+        Some(dispatch) => {
+            replay_dispatch(b, state, dispatch, Sink::Side(&side), &progress);
+        }
+        None => forward(b, state, &[packet], &[], Sink::Side(&side), true, &progress),
+    }
+}
+
 /// The device steps of one replayed dispatch on HSA.
 struct HsaReplay<'a> {
     b: &'a Backend,
     state: &'a QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
+    sink: Sink<'a>,
+    /// Work issued from inside a replay window: runs once on the side queue, never replayed.
+    reentrant: bool,
     progress: &'a Cell<Progress>,
-    guard: Option<WriteGuard>,
+    guard: Option<(WriteGuard, InWindow)>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
 }
@@ -168,21 +192,34 @@ impl ReplayDevice for HsaReplay<'_> {
     type Snapshot = Snapshot;
 
     fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        if self.reentrant {
+            return Err(Decline::new(
+                DeclineReason::ReentrantDispatch,
+                "issued from inside a replay window: runs once, at once, on the agent's side queue",
+            ));
+        }
         // A dispatch that reached the handler with other packets is replayed like a lone one:
         // the packets before it were forwarded first, so the drain covers them.
         Ok(())
     }
 
     fn lock_agent(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        match self.b.locks.write(info.agent_id) {
+        // Lock order: a thread inside a replay window never waits for another agent's writer
+        // side (that replay may be waiting for this one): it tries once and declines.
+        let taken = if in_replay_window() {
+            self.b
+                .locks
+                .try_write_for(info.agent_id, std::time::Duration::ZERO)
+                .map_err(|e| e.to_string())
+        } else {
+            self.b.locks.write(info.agent_id).map_err(|e| e.to_string())
+        };
+        match taken {
             Ok(guard) => {
-                self.guard = Some(guard);
+                self.guard = Some((guard, InWindow::enter()));
                 Ok(())
             }
-            Err(e) => Err(Decline::new(
-                DeclineReason::ReentrantDispatch,
-                e.to_string(),
-            )),
+            Err(detail) => Err(Decline::new(DeclineReason::ReentrantDispatch, detail)),
         }
     }
 
@@ -274,11 +311,8 @@ impl ReplayDevice for HsaReplay<'_> {
         let bytes = dispatch_bytes(&packet);
         self.progress
             .set(Progress::Withheld(self.dispatch.completion_signal));
-        let writer = self.writer;
-        let mut submit = || {
-            // SAFETY: the writer is valid for the handler call this loop runs in.
-            unsafe { writer((&bytes as *const Packet).cast(), 1) };
-        };
+        let (b, sink) = (self.b, self.sink);
+        let mut submit = || sink.write(b, std::slice::from_ref(&bytes));
         if self.b.hooks.dispatch_tracing_configured() {
             self.b
                 .hooks
@@ -389,7 +423,7 @@ impl ReplayDevice for HsaReplay<'_> {
             self.state,
             &[dispatch_bytes(&self.dispatch)],
             &[Some(*info)],
-            self.writer,
+            self.sink,
             true,
             self.progress,
         );

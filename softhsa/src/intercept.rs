@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 type HandlerFn = unsafe extern "C" fn(
     *const c_void,
@@ -36,6 +36,9 @@ pub(crate) struct InterceptState {
     handlers: RwLock<Arc<[Handler]>>,
     /// Serializes processing of this queue's packets between threads.
     lock: Mutex<()>,
+    /// Set by every doorbell store; the thread processing the queue looks again before it
+    /// leaves, so a store that found the queue busy is never lost.
+    pending: AtomicBool,
 }
 
 impl InterceptState {
@@ -44,6 +47,7 @@ impl InterceptState {
             hw,
             handlers: RwLock::new(Arc::from(Vec::new())),
             lock: Mutex::new(()),
+            pending: AtomicBool::new(false),
         }
     }
 
@@ -96,7 +100,11 @@ fn processing_on_this_thread(queue: usize) -> bool {
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
 ///
 /// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
-/// re-reads the write index before it returns, so those packets are handled there.
+/// re-reads the write index before it returns, so those packets are handled there. A store
+/// while another thread processes the queue also returns at once, leaving the new packets to
+/// that thread (it looks again before it leaves): a store never waits for another thread's
+/// handlers, as in ROCm, where a store from inside a handler is passed to the runtime's
+/// doorbell thread instead of waiting for the queue.
 pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     let QueueKind::Intercept(state) = &queue.kind else {
         return;
@@ -105,7 +113,23 @@ pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     if processing_on_this_thread(id) {
         return;
     }
-    let _serial = state.lock.lock();
+    state.pending.store(true, Ordering::SeqCst);
+    loop {
+        let Some(serial) = state.lock.try_lock() else {
+            // The thread holding the queue sees `pending` after it lets go, and looks again.
+            return;
+        };
+        state.pending.store(false, Ordering::SeqCst);
+        process(queue, state, id);
+        drop(serial);
+        if !state.pending.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// Hands every published packet of the queue to its handler chain, batch by batch.
+fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
     loop {
         if queue.is_stopped() {
             return;
