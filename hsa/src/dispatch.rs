@@ -12,7 +12,7 @@ use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
 
 use crate::backend::{Backend, backend};
-use crate::queues::{QueueState, Slot};
+use crate::queues::{QueueState, Slot, is_wake_up};
 use crate::replay::replay_dispatch;
 use crate::{DispatchRecord, ToolHooks};
 
@@ -97,7 +97,8 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
-        if state.has_reentrant() {
+        deliver_mail(b, state, Sink::Handler(writer));
+        if state.has_reentrant() || packets.iter().any(is_wake_up) {
             handle_with_reentrant(
                 b,
                 state,
@@ -250,9 +251,10 @@ fn handle(
     }
 }
 
-/// [`handle`] for a queue with re-entrant slots (reserved from inside a replay window): those
-/// run on the agent's side queue (or were already run by the store that published them and are
-/// dropped); the application's packets around them are handled as usual, in order.
+/// [`handle`] for a queue with re-entrant slots (reserved from inside a replay window) or
+/// kreplay's wake-up packets: re-entrant packets run on the agent's side queue (or were already
+/// run by the store that published them and are dropped), wake-ups are dropped, and the
+/// application's packets around them are handled as usual, in order.
 fn handle_with_reentrant(
     b: &Backend,
     state: &QueueState,
@@ -265,7 +267,11 @@ fn handle_with_reentrant(
     let mut start = 0;
     let mut i = 0;
     while i < packets.len() {
-        let slot = state.take_slot(first_index.wrapping_add(i as u64));
+        let slot = if is_wake_up(&packets[i]) {
+            Slot::AlreadyRan
+        } else {
+            state.take_slot(first_index.wrapping_add(i as u64))
+        };
         if slot == Slot::Ordinary {
             i += 1;
             continue;
@@ -289,10 +295,25 @@ fn handle_with_reentrant(
     }
 }
 
-/// Forwards packets unchanged: under the agent's reader lock and followed by an in-flight marker
-/// when `track` (a replay service is configured), with dispatch records when tracing asks.
-/// `infos[i]`, when given, is the dispatch the tool already knows packet `i` as (so its record
-/// carries the same dispatch id); other dispatches get a fresh id.
+/// Writes the packets kreplay left for this queue (drain markers) before anything else.
+pub(crate) fn deliver_mail(b: &Backend, state: &QueueState, sink: Sink<'_>) {
+    if state.has_mail() {
+        let mail = state.take_mail();
+        if !mail.is_empty() {
+            sink.write(b, &mail);
+        }
+    }
+}
+
+/// How long a handler waits for the agent's lock before it looks at its mailbox again.
+pub(crate) const SERVE_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Forwards packets unchanged, with dispatch records when tracing asks. When `track` (a replay
+/// service is configured) they are written under the agent's reader lock, so that none is
+/// forwarded during a replay window; while it waits, the handler keeps delivering its queue's
+/// mail (a replay's drain marker). `infos[i]`, when given, is the dispatch the tool already
+/// knows packet `i` as (so its record carries the same dispatch id); other dispatches get a
+/// fresh id.
 pub(crate) fn forward(
     b: &Backend,
     state: &QueueState,
@@ -305,58 +326,26 @@ pub(crate) fn forward(
     // A thread inside its own replay window on this agent proceeds without the reader side;
     // re-entrant work on the side queue never waits for a replay (it is issued from one).
     let _read = match sink {
-        Sink::Handler(_) if track => b.locks.read(state.agent.handle).ok(),
+        Sink::Handler(_) if track => b
+            .locks
+            .read_serving(state.agent.handle, SERVE_SLICE, || {
+                deliver_mail(b, state, sink)
+            })
+            .ok(),
         _ => None,
     };
-    // The in-flight marker counts on the queue the packets actually go to.
-    let tracked = match sink {
-        Sink::Side(side) => side,
-        Sink::Handler(_) => state,
-    };
+    deliver_mail(b, state, sink);
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
-    if track {
-        b.original.signal_add(tracked.in_flight, 1);
-    }
-    // The packets and, when tracked, the in-flight marker go to the hardware queue in one write
-    // (one doorbell), so tracking adds a packet but no extra wake-up of the packet processor.
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
-        submit_traced(b, tracked, patched, &traced, sink, track, progress);
+        b.hooks.dispatch_enqueue(&traced, None, &mut || {
+            sink.write(b, &patched);
+            progress.set(Progress::Done);
+        });
         return;
     }
-    let mut batch = Vec::with_capacity(packets.len() + 1);
-    batch.extend_from_slice(packets);
-    if track {
-        batch.push(marker_packet(tracked));
-    }
-    sink.write(b, &batch);
+    sink.write(b, packets);
     progress.set(Progress::Done);
-}
-
-/// The in-flight marker of `state` as one AQL packet.
-fn marker_packet(state: &QueueState) -> Packet {
-    let marker = state.marker();
-    // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
-    Packet(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; AQL]>(marker) })
-}
-
-/// Writes traced packets (and the marker) inside the tool layer's ENQUEUE announcement.
-fn submit_traced(
-    b: &Backend,
-    state: &QueueState,
-    mut patched: Vec<Packet>,
-    traced: &[DispatchInfo],
-    sink: Sink<'_>,
-    track: bool,
-    progress: &Cell<Progress>,
-) {
-    if track {
-        patched.push(marker_packet(state));
-    }
-    b.hooks.dispatch_enqueue(traced, None, &mut || {
-        sink.write(b, &patched);
-        progress.set(Progress::Done);
-    });
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.

@@ -17,10 +17,15 @@ use crate::dispatch::Packet;
 
 /// One application queue as kreplay sees it.
 ///
-/// While a replay service is configured, every batch forwarded to the hardware queue is followed
-/// by a barrier-AND marker packet (barrier bit set, no dependencies) whose completion signal is
-/// `in_flight`: the signal counts forwarded batches that have not completed, so "this queue is
-/// idle" is `in_flight == 0`, observable from any thread without touching the hardware queue.
+/// Forwarded packets reach the hardware queue as the application wrote them: kreplay adds no
+/// packet of its own to ordinary work, so kernels overlap as they would without it. A replay
+/// finds out that a queue is idle by asking for a *drain marker*: a barrier-AND packet with the
+/// barrier bit set (it completes once everything before it has completed) whose completion
+/// signal is `in_flight`, which counts the markers asked for and not yet completed. On the
+/// replaying queue and on side queues the replay writes the marker itself; on any other queue
+/// it leaves the marker in the queue's mailbox, which whichever thread handles that queue
+/// writes first (also while it waits for the agent's lock), and rings the queue with a wake-up
+/// packet in case no thread is handling it.
 pub(crate) struct QueueState {
     /// The queue the application sees (its `hsa_queue_t`).
     pub(crate) queue: *mut hsa_queue_t,
@@ -36,6 +41,11 @@ pub(crate) struct QueueState {
     reentrant: Mutex<BTreeMap<u64, Claim>>,
     /// Entries in `reentrant` (so the handler's check costs one load when there are none).
     reentrant_len: AtomicUsize,
+    /// Packets kreplay needs in this queue's hardware queue (drain markers), written by the
+    /// next thread that handles the queue, before anything else.
+    mailbox: Mutex<Vec<Packet>>,
+    /// Entries in `mailbox`.
+    mailbox_len: AtomicUsize,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -76,7 +86,69 @@ impl QueueState {
             doorbell,
             reentrant: Mutex::new(BTreeMap::new()),
             reentrant_len: AtomicUsize::new(0),
+            mailbox: Mutex::new(Vec::new()),
+            mailbox_len: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether kreplay left packets for this queue's hardware queue (one load).
+    pub(crate) fn has_mail(&self) -> bool {
+        self.mailbox_len.load(Ordering::Acquire) > 0
+    }
+
+    /// Takes the packets kreplay left for this queue.
+    pub(crate) fn take_mail(&self) -> Vec<Packet> {
+        let mut mailbox = self.mailbox.lock();
+        self.mailbox_len.store(0, Ordering::Release);
+        std::mem::take(&mut *mailbox)
+    }
+
+    fn post(&self, packet: Packet) {
+        let mut mailbox = self.mailbox.lock();
+        mailbox.push(packet);
+        self.mailbox_len.store(mailbox.len(), Ordering::Release);
+    }
+
+    /// The drain marker of this queue, counted in `in_flight` (the caller writes it).
+    pub(crate) fn drain_marker(&self, b: &Backend) -> Packet {
+        b.original.signal_add(self.in_flight, 1);
+        let marker = self.marker();
+        // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
+        Packet::from_bytes(unsafe {
+            std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(marker)
+        })
+    }
+
+    /// Asks for a drain marker on this queue (not the one being handled on this thread, not a
+    /// side queue): into the mailbox, then a wake-up packet into the application's ring (as one
+    /// more producer) so that some thread handles the queue even if none does now. Without a
+    /// free slot before `deadline` no wake-up is written: the thread that keeps the ring full
+    /// writes the marker when it next handles the queue or waits for the agent's lock.
+    pub(crate) fn request_drain_marker(&self, b: &Backend, deadline: Instant) {
+        self.post(self.drain_marker(b));
+        // SAFETY: `queue` is live while registered; size and base describe its ring.
+        let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
+        let full = || {
+            // Adding 0 reads the write index.
+            let write = b.original.queue_add_write_index(self.queue, 0);
+            write.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
+        };
+        while full() {
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        let index = b.original.queue_add_write_index(self.queue, 1);
+        // Another producer may have taken the last slot in between: wait for it as they do.
+        while index.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
+        {
+            std::thread::yield_now();
+        }
+        let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *mut u8;
+        write_slot(slot, &wake_up_packet());
+        b.original
+            .signal_store_screlease(self.doorbell, index as i64);
     }
 
     /// Whether any slot of this queue is re-entrant work (one relaxed load).
@@ -212,6 +284,14 @@ impl QueueRegistry {
             .flatten()
             .find(|s| std::ptr::eq(s.queue, queue))
             .cloned()
+    }
+
+    /// Whether `queue` is a side queue.
+    pub(crate) fn is_side(&self, queue: &QueueState) -> bool {
+        self.side
+            .lock()
+            .values()
+            .any(|s| std::ptr::eq(Arc::as_ptr(s), queue))
     }
 
     /// The side queue of `agent`, created on first use.
@@ -375,17 +455,48 @@ pub(crate) fn submit_side(b: &Backend, side: &QueueState, packets: &[Packet]) {
             std::thread::yield_now();
         }
         let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *mut u8;
-        let bytes = packet.bytes();
-        // SAFETY: this producer owns slot `index` (reserved above, free since the read index
-        // passed it); bytes 2..64 are the body, written before the header publishes them.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(2), slot.add(2), 62) };
-        // SAFETY: the slot is 64-byte aligned, so its first two bytes are an aligned u16 that
-        // the packet processor reads atomically.
-        let header = unsafe { &*slot.cast::<AtomicU16>() };
-        header.store(u16::from_ne_bytes([bytes[0], bytes[1]]), Ordering::Release);
+        write_slot(slot, packet);
         b.original
             .signal_store_screlease(side.doorbell, index as i64);
     }
+}
+
+/// Writes `packet` into a ring slot this producer reserved and that is free: the body first,
+/// then the header with release order.
+fn write_slot(slot: *mut u8, packet: &Packet) {
+    let bytes = packet.bytes();
+    // SAFETY: the caller owns the 64-byte slot (reserved, and the read index passed it); bytes
+    // 2..64 are the body, written before the header publishes them.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(2), slot.add(2), 62) };
+    // SAFETY: the slot is 64-byte aligned, so its first two bytes are an aligned u16 that the
+    // packet processor reads atomically.
+    let header = unsafe { &*slot.cast::<AtomicU16>() };
+    header.store(u16::from_ne_bytes([bytes[0], bytes[1]]), Ordering::Release);
+}
+
+/// Marks kreplay's wake-up packets (in `reserved2` of a barrier-AND packet).
+const WAKE_UP_MARK: u64 = 0x6b72_6570_6c61_7921;
+
+/// A packet that only makes the runtime run the queue's handlers: kreplay's handler drops it.
+fn wake_up_packet() -> Packet {
+    let packet = hsa_barrier_and_packet_t {
+        header: (HSA_PACKET_TYPE_BARRIER_AND << HSA_PACKET_HEADER_TYPE) as u16,
+        reserved2: WAKE_UP_MARK,
+        ..Default::default()
+    };
+    // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
+    Packet::from_bytes(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
+}
+
+/// Whether `packet` is one of kreplay's wake-up packets.
+pub(crate) fn is_wake_up(packet: &Packet) -> bool {
+    if packet.packet_type() != HSA_PACKET_TYPE_BARRIER_AND {
+        return false;
+    }
+    // SAFETY: a barrier-AND packet is 64 bytes of plain data.
+    let barrier =
+        unsafe { std::mem::transmute::<[u8; 64], hsa_barrier_and_packet_t>(*packet.bytes()) };
+    barrier.reserved2 == WAKE_UP_MARK && barrier.completion_signal.handle == 0
 }
 
 thread_local! {

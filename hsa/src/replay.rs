@@ -3,6 +3,7 @@
 //! restores, the application's completion fired once).
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Instant;
 
 use hsa_sys::*;
@@ -16,7 +17,9 @@ use kreplay_snapshot::{Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
-use crate::dispatch::{Packet, Progress, Sink, dispatch_bytes, dispatch_info, forward};
+use crate::dispatch::{
+    Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
+};
 use crate::queues::{InWindow, QueueIdle, QueueState, in_replay_window};
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
@@ -212,7 +215,13 @@ impl ReplayDevice for HsaReplay<'_> {
                 .try_write_for(info.agent_id, std::time::Duration::ZERO)
                 .map_err(|e| e.to_string())
         } else {
-            self.b.locks.write(info.agent_id).map_err(|e| e.to_string())
+            // While it waits, this handler keeps delivering its queue's mail (the drain marker
+            // of the replay it waits for).
+            let (b, state, sink) = (self.b, self.state, self.sink);
+            self.b
+                .locks
+                .write_serving(info.agent_id, SERVE_SLICE, || deliver_mail(b, state, sink))
+                .map_err(|e| e.to_string())
         };
         match taken {
             Ok(guard) => {
@@ -229,6 +238,21 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
         let queues = self.b.queues.on_agent(info.agent_id);
+        // Ask every queue of the agent for a drain marker: this one and side queues get it
+        // from here, the others through their mailbox (their handler may be waiting for this
+        // very replay, and writes mail while it waits).
+        let deadline = Instant::now() + self.b.drain.timeout;
+        for queue in &queues {
+            if std::ptr::eq(Arc::as_ptr(queue), self.state) {
+                let marker = queue.drain_marker(self.b);
+                self.sink.write(self.b, &[marker]);
+            } else if self.b.queues.is_side(queue) {
+                let marker = queue.drain_marker(self.b);
+                crate::queues::submit_side(self.b, queue, &[marker]);
+            } else {
+                queue.request_drain_marker(self.b, deadline);
+            }
+        }
         let views: Vec<QueueIdle<'_>> = queues
             .iter()
             .map(|s| QueueIdle {
