@@ -372,6 +372,7 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
             end_ns: b.nanos(end),
         });
         if traced.application.handle != 0 {
+            carry_timestamps(traced.proxy, traced.application);
             b.original.signal_subtract(traced.application, 1);
         }
         b.original.signal_destroy(traced.proxy);
@@ -432,6 +433,55 @@ fn trace_completions(
         })
         .collect();
     (patched, traced_infos)
+}
+
+/// The head of ROCm's `amd_signal_t` (hsa/amd_hsa_signal.h), which a signal handle points to
+/// (on ROCm, and on softhsa, which keeps the same layout): kreplay only moves the timestamps of
+/// the last dispatch or async copy that completed a signal.
+#[repr(C)]
+struct AmdSignalHead {
+    kind: i64,
+    value: i64,
+    event_mailbox_ptr: u64,
+    event_id: u32,
+    reserved1: u32,
+    start_ts: u64,
+    end_ts: u64,
+}
+
+/// `AMD_SIGNAL_KIND_USER`: every signal created with `hsa_signal_create`.
+const AMD_SIGNAL_KIND_USER: i64 = 1;
+
+/// Gives the application's completion signal `to` the timestamps that kreplay's own signal
+/// `from` received (a pass's, a traced dispatch's or an async copy's proxy), so that
+/// `hsa_amd_profiling_get_dispatch_time` (or `_get_async_copy_time`) on it reports one ordinary
+/// run, as without kreplay.
+/// Call before completing `to`: the completion's release publishes them. The raw timestamps
+/// are copied, in the device's own time base, which the runtime converts when asked.
+pub(crate) fn carry_timestamps(from: hsa_signal_t, to: hsa_signal_t) {
+    if from.handle == 0 || to.handle == 0 {
+        return;
+    }
+    let (from, to) = (
+        from.handle as *const AmdSignalHead,
+        to.handle as *mut AmdSignalHead,
+    );
+    // SAFETY: a signal handle is the address of the signal's `amd_signal_t`, live while the
+    // signal is (both are: `from` was just waited for, `to` is still withheld from the
+    // application); only user signals, whose kind says so, are touched. The timestamps are
+    // 8-byte aligned words, accessed atomically as the runtime and the device do.
+    unsafe {
+        if std::ptr::read_volatile(&raw const (*from).kind) != AMD_SIGNAL_KIND_USER
+            || std::ptr::read_volatile(&raw const (*to).kind) != AMD_SIGNAL_KIND_USER
+        {
+            return;
+        }
+        let word = |p: *const u64| &*p.cast::<std::sync::atomic::AtomicU64>();
+        let start = word(&raw const (*from).start_ts).load(std::sync::atomic::Ordering::Acquire);
+        let end = word(&raw const (*from).end_ts).load(std::sync::atomic::Ordering::Acquire);
+        word(&raw const (*to).start_ts).store(start, std::sync::atomic::Ordering::Relaxed);
+        word(&raw const (*to).end_ts).store(end, std::sync::atomic::Ordering::Release);
+    }
 }
 
 pub(crate) fn dispatch_info(

@@ -359,6 +359,10 @@ impl ReplayDevice for HsaReplay<'_> {
                 ))
             },
         );
+        if pass == 0 {
+            // The application's signal reports one run: the first pass's.
+            crate::dispatch::carry_timestamps(signal, self.dispatch.completion_signal);
+        }
         if self.b.hooks.dispatch_tracing_configured() {
             let (start, end) = self
                 .b

@@ -521,13 +521,24 @@ fn waiting_readers_and_writers_serve_others_until_the_window_closes() {
                     }
                 }
                 drop(window);
-                assert!(reader.join().unwrap(), "the reader got the lock after the window");
+                assert!(
+                    reader.join().unwrap(),
+                    "the reader got the lock after the window"
+                );
                 assert_eq!(writer.join().unwrap(), 40);
             });
             // Re-entrancy is still detected by the serving variants.
             let window = locks.write(41).unwrap();
-            assert!(locks.read_serving(41, Duration::from_millis(1), || {}).is_err());
-            assert!(locks.write_serving(41, Duration::from_millis(1), || {}).is_err());
+            assert!(
+                locks
+                    .read_serving(41, Duration::from_millis(1), || {})
+                    .is_err()
+            );
+            assert!(
+                locks
+                    .write_serving(41, Duration::from_millis(1), || {})
+                    .is_err()
+            );
             drop(window);
         },
     );

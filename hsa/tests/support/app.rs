@@ -589,6 +589,43 @@ impl App {
         }
     }
 
+    /// `hsa_amd_profiling_get_dispatch_time` of `signal`: (start, end) in timestamp ticks.
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn dispatch_time(&self, agent: hsa_agent_t, signal: hsa_signal_t) -> (u64, u64) {
+        let mut time = hsa_amd_profiling_dispatch_time_t::default();
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_profiling_get_dispatch_time_fn(agent, signal, &raw mut time)
+            ),
+            "dispatch time",
+        );
+        (time.start, time.end)
+    }
+
+    /// Turns the runtime's async-copy timestamps on (`hsa_amd_profiling_async_copy_enable`).
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn enable_copy_timestamps(&self) {
+        ok(
+            hsa!(self, amd.hsa_amd_profiling_async_copy_enable_fn(true)),
+            "async copy profiling",
+        );
+    }
+
+    /// `hsa_amd_profiling_get_async_copy_time` of `signal`: (start, end) in timestamp ticks.
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn copy_time(&self, signal: hsa_signal_t) -> (u64, u64) {
+        let mut time = hsa_amd_profiling_async_copy_time_t::default();
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_profiling_get_async_copy_time_fn(signal, &raw mut time)
+            ),
+            "async copy time",
+        );
+        (time.start, time.end)
+    }
+
     /// Asynchronously copies `bytes` from `src` (owned by `src_agent`) to `dst` (owned by
     /// `dst_agent`), decrementing `completion` when it landed.
     pub fn async_copy(
