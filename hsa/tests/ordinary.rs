@@ -19,6 +19,27 @@ use support::app::{self, Aql, WAIT};
 use support::tool::{Script, TestHooks};
 
 static RUNS: AtomicU32 = AtomicU32::new(0);
+/// Runs of `meet` that have started.
+static ARRIVED: AtomicU32 = AtomicU32::new(0);
+/// Runs of `meet` that saw another run start while they were running.
+static MET: AtomicU32 = AtomicU32::new(0);
+
+/// Starts, then waits (at most [`WAIT`]) until a second run has started too: two runs meet only
+/// if they run at the same time.
+fn meet(group: &WorkGroup) {
+    if group.group_id() != [0, 0, 0] {
+        return;
+    }
+    ARRIVED.fetch_add(1, Ordering::SeqCst);
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if ARRIVED.load(Ordering::SeqCst) >= 2 {
+            MET.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -194,5 +215,32 @@ scenarios! {
         for info in hooks.configured_dispatches().iter().filter(|i| i.workgroup_size[0] == 64) {
             assert_eq!(hooks.finished_record(info.dispatch_id).outcome, ReplayOutcome::Replayed { passes: 2, end: LoopEnd::LastPass });
         }
+    }
+
+    /// On a runtime that runs dispatches of one queue concurrently when their barrier bits
+    /// allow it, two opted-out dispatches written to one queue while a replay service is
+    /// configured run at the same time, as they would without kreplay.
+    fn two_opted_out_kernels_on_one_queue_overlap() {
+        kreplay_softhsa::configure(kreplay_softhsa::SoftHsaConfig {
+            overlap_dispatches: true,
+            ..Default::default()
+        })
+        .expect("softhsa configuration");
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(WAIT), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::new(|_, _| ToolAnswer::OPT_OUT));
+        let pools = app.pools(app.gpus[0]);
+        let q = app.queue(app.gpus[0]);
+        let kernel = kreplay_softhsa::register_kernel("ordinary_meet", meet);
+        let args = app.kernargs(&pools, AddArgs::default());
+        let done = [app.signal(1), app.signal(1)];
+
+        app.dispatch(q, Aql::dispatch(kernel, 1, 1, args, done[0]));
+        app.dispatch(q, Aql::dispatch(kernel, 1, 1, args, done[1]));
+
+        assert_eq!([app.wait_zero(done[0]), app.wait_zero(done[1])], [0, 0]);
+        assert_eq!(ARRIVED.load(Ordering::SeqCst), 2);
+        assert_eq!(MET.load(Ordering::SeqCst), 2, "both runs saw each other: they overlapped");
     }
 }
