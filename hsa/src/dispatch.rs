@@ -335,6 +335,10 @@ pub(crate) fn forward(
         _ => None,
     };
     deliver_mail(b, state, sink);
+    match sink {
+        Sink::Handler(_) => state.mark_dirty(),
+        Sink::Side(side) => side.mark_dirty(),
+    }
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);

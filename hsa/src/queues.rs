@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hsa_sys::*;
@@ -46,6 +46,9 @@ pub(crate) struct QueueState {
     mailbox: Mutex<Vec<Packet>>,
     /// Entries in `mailbox`.
     mailbox_len: AtomicUsize,
+    /// Whether packets were forwarded since the last drain marker was asked for: a queue with
+    /// none, whose last marker completed, is idle and needs no marker.
+    dirty: AtomicBool,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -88,7 +91,23 @@ impl QueueState {
             reentrant_len: AtomicUsize::new(0),
             mailbox: Mutex::new(Vec::new()),
             mailbox_len: AtomicUsize::new(0),
+            dirty: AtomicBool::new(false),
         }
+    }
+
+    /// Notes that packets are being forwarded to this queue's hardware queue.
+    pub(crate) fn mark_dirty(&self) {
+        if !self.dirty.load(Ordering::Relaxed) {
+            self.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a drain must ask this queue for a marker: it forwarded something since the last
+    /// one, or that one has not completed. Clears the mark (the marker asked for next covers
+    /// what was forwarded). Called under the agent's writer side, so no forward runs meanwhile.
+    pub(crate) fn needs_drain_marker(&self, b: &Backend) -> bool {
+        let forwarded = self.dirty.swap(false, Ordering::AcqRel);
+        forwarded || b.original.signal_load(self.in_flight) != 0
     }
 
     /// Whether kreplay left packets for this queue's hardware queue (one load).

@@ -243,6 +243,10 @@ impl ReplayDevice for HsaReplay<'_> {
         // very replay, and writes mail while it waits).
         let deadline = Instant::now() + self.b.drain.timeout;
         for queue in &queues {
+            if !queue.needs_drain_marker(self.b) {
+                // Nothing forwarded since its last marker, which completed: idle.
+                continue;
+            }
             if std::ptr::eq(Arc::as_ptr(queue), self.state) {
                 let marker = queue.drain_marker(self.b);
                 self.sink.write(self.b, &[marker]);

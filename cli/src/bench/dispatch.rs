@@ -1311,8 +1311,8 @@ fn render(
         );
         text += "      includes: the replay-service check, the dispatch's info, the tool's \
                  CONFIG ENTER (pass-count callback left NULL) and CONFIG EXIT callbacks, the \
-                 agent's reader lock, counting the dispatch in flight and the idle marker \
-                 packet written after it\n";
+                 agent's reader lock and marking the queue as having work a later replay \
+                 drains; the dispatch is forwarded alone\n";
     }
     line(
         &mut text,
