@@ -49,6 +49,9 @@ pub(crate) struct QueueState {
     /// Whether packets were forwarded since the last drain marker was asked for: a queue with
     /// none, whose last marker completed, is idle and needs no marker.
     dirty: AtomicBool,
+    /// On a side queue: re-entrant submissions so far (a replay of the agent compares it
+    /// before each pass to see whether re-entrant work ran in its window).
+    reentrant_runs: AtomicUsize,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -92,7 +95,17 @@ impl QueueState {
             mailbox: Mutex::new(Vec::new()),
             mailbox_len: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
+            reentrant_runs: AtomicUsize::new(0),
         }
+    }
+
+    /// Re-entrant submissions to this side queue so far.
+    pub(crate) fn reentrant_runs(&self) -> usize {
+        self.reentrant_runs.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn count_reentrant_run(&self) {
+        self.reentrant_runs.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Notes that packets are being forwarded to this queue's hardware queue.
@@ -311,6 +324,11 @@ impl QueueRegistry {
             .lock()
             .values()
             .any(|s| std::ptr::eq(Arc::as_ptr(s), queue))
+    }
+
+    /// The side queue of `agent`, if it was created.
+    pub(crate) fn existing_side(&self, agent: hsa_agent_t) -> Option<Arc<QueueState>> {
+        self.side.lock().get(&agent.handle).cloned()
     }
 
     /// The side queue of `agent`, created on first use.

@@ -38,6 +38,8 @@ pub(crate) fn replay_dispatch(
         dispatch,
         sink,
         reentrant: matches!(sink, Sink::Side(_)),
+        reentrant_seen: 0,
+        fresh: None,
         progress,
         guard: None,
         plan: None,
@@ -69,6 +71,7 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
         return;
     };
     let progress = Cell::new(Progress::Untouched);
+    side.count_reentrant_run();
     match packet.as_dispatch() {
         Some(dispatch) => {
             replay_dispatch(b, state, dispatch, Sink::Side(&side), &progress);
@@ -85,6 +88,11 @@ struct HsaReplay<'a> {
     sink: Sink<'a>,
     /// Work issued from inside a replay window: runs once on the side queue, never replayed.
     reentrant: bool,
+    /// Re-entrant runs on the agent's side queue as of the snapshot (or the last restore).
+    reentrant_seen: usize,
+    /// A snapshot retaken before a pass because re-entrant work changed memory since the
+    /// snapshot: later restores restore it, so that work survives them.
+    fresh: Option<Snapshot>,
     progress: &'a Cell<Progress>,
     guard: Option<(WriteGuard, InWindow)>,
     plan: Option<SnapshotPlan>,
@@ -188,6 +196,50 @@ impl PassCompletion for PassSignal<'_> {
 
     fn wait_complete(&self, deadline: Instant) -> bool {
         self.b.wait_signal_zero(self.signal, deadline)
+    }
+}
+
+impl HsaReplay<'_> {
+    /// Re-entrant submissions on this agent's side queue so far.
+    fn reentrant_runs(&self) -> usize {
+        self.b
+            .queues
+            .existing_side(self.state.agent)
+            .map_or(0, |side| side.reentrant_runs())
+    }
+
+    /// Before a pass: if re-entrant work ran on this agent since the snapshot or the last
+    /// restore (a tool dispatch from SNAPSHOT EXIT, RESTORE EXIT or PASS ENTER), waits for it
+    /// and retakes the snapshot, so that later restores bring back memory with its effects
+    /// (the pass about to run starts from them too, as it would after that work).
+    fn keep_reentrant_work(&mut self, info: &DispatchInfo, pass: u64) {
+        let Some(side) = self.b.queues.existing_side(self.state.agent) else {
+            return;
+        };
+        let runs = side.reentrant_runs();
+        if runs == self.reentrant_seen {
+            return;
+        }
+        self.reentrant_seen = runs;
+        let marker = side.drain_marker(self.b);
+        crate::queues::submit_side(self.b, &side, &[marker]);
+        let deadline = Instant::now() + self.b.drain.timeout;
+        let retaken = if self.b.wait_signal_zero(side.in_flight, deadline) {
+            self.b
+                .snapshotter
+                .plan(&Filter::for_replay(info.agent_id))
+                .and_then(|plan| self.b.snapshotter.take(plan))
+                .map_err(|e| e.to_string())
+        } else {
+            Err("it did not complete within the drain timeout".into())
+        };
+        match retaken {
+            Ok(snapshot) => self.fresh = Some(snapshot),
+            Err(why) => self.b.hooks.warn(&format!(
+                "re-entrant work before pass {pass} could not be kept ({why}): the next \
+                 restore may overwrite what it wrote"
+            )),
+        }
     }
 }
 
@@ -310,6 +362,7 @@ impl ReplayDevice for HsaReplay<'_> {
             Some(plan) => plan,
             None => self.plan(info)?,
         };
+        self.reentrant_seen = self.reentrant_runs();
         let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
         let r = snapshot.report();
         let report = MemoryOpReport {
@@ -326,6 +379,7 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
+        self.keep_reentrant_work(info, pass);
         // Acquired by `prepare` before the snapshot; without it no pass is ever submitted.
         let Some(signal) = self.pass_signal else {
             return Err(Decline::new(
@@ -426,7 +480,15 @@ impl ReplayDevice for HsaReplay<'_> {
                 ..Default::default()
             });
         }
-        match snapshot.restore(&snapshot_request(request)) {
+        if let Some(fresh) = self.fresh.take() {
+            // Memory as re-entrant work left it before an earlier pass: restore that.
+            *snapshot = fresh;
+        }
+        let restored = snapshot.restore(&snapshot_request(request));
+        // Re-entrant work that ran between the pass and this restore was overwritten by it
+        // (a documented limit); work from here on is kept by the next pass.
+        self.reentrant_seen = self.reentrant_runs();
+        match restored {
             Ok(report) => {
                 self.progress.set(Progress::Restored);
                 if report.repaired_chunks > 0 {
