@@ -335,10 +335,17 @@ pub(crate) fn forward(
         _ => None,
     };
     deliver_mail(b, state, sink);
+    // A single-producer queue cannot be rung for a drain marker later: it gets one now, in the
+    // same write, after the packets.
+    let mut packets = std::borrow::Cow::Borrowed(packets);
     match sink {
+        Sink::Handler(_) if track && state.single_producer => {
+            packets.to_mut().push(state.drain_marker(b));
+        }
         Sink::Handler(_) => state.mark_dirty(),
         Sink::Side(side) => side.mark_dirty(),
     }
+    let packets = &packets[..];
     let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);

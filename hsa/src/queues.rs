@@ -35,6 +35,11 @@ pub(crate) struct QueueState {
     pub(crate) in_flight: hsa_signal_t,
     /// The doorbell signal of `queue` (the one the application stores to).
     pub(crate) doorbell: hsa_signal_t,
+    /// A single-producer queue (`HSA_QUEUE_TYPE_SINGLE`): kreplay may not write into its ring
+    /// as a second producer, so it cannot ring it for a drain marker. Such a queue instead gets
+    /// its marker in the same write as every batch forwarded while a replay service is
+    /// configured (its kernels then do not overlap each other).
+    pub(crate) single_producer: bool,
     /// Packet slots reserved from inside a replay window on this thread or another, by index:
     /// these packets are re-entrant work and run on the agent's side queue (see
     /// [`Reentrant`]).
@@ -83,13 +88,15 @@ unsafe impl Sync for QueueState {}
 impl QueueState {
     fn new(queue: *mut hsa_queue_t, agent: hsa_agent_t, in_flight: hsa_signal_t) -> Self {
         // SAFETY: `queue` is a live queue the runtime just created.
-        let (id, doorbell) = unsafe { ((*queue).id, (*queue).doorbell_signal) };
+        let (id, doorbell, type_) =
+            unsafe { ((*queue).id, (*queue).doorbell_signal, (*queue).type_) };
         QueueState {
             queue,
             id,
             agent,
             in_flight,
             doorbell,
+            single_producer: type_ == HSA_QUEUE_TYPE_SINGLE,
             reentrant: Mutex::new(BTreeMap::new()),
             reentrant_len: AtomicUsize::new(0),
             mailbox: Mutex::new(Vec::new()),

@@ -295,11 +295,16 @@ impl ReplayDevice for HsaReplay<'_> {
         // very replay, and writes mail while it waits).
         let deadline = Instant::now() + self.b.drain.timeout;
         for queue in &queues {
+            let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
+            if queue.single_producer && !own {
+                // Its forwarded batches carry their markers already.
+                continue;
+            }
             if !queue.needs_drain_marker(self.b) {
                 // Nothing forwarded since its last marker, which completed: idle.
                 continue;
             }
-            if std::ptr::eq(Arc::as_ptr(queue), self.state) {
+            if own {
                 let marker = queue.drain_marker(self.b);
                 self.sink.write(self.b, &[marker]);
             } else if self.b.queues.is_side(queue) {

@@ -24,6 +24,30 @@ static ARRIVED: AtomicU32 = AtomicU32::new(0);
 /// Runs of `meet` that saw another run start while they were running.
 static MET: AtomicU32 = AtomicU32::new(0);
 
+/// Arguments of `late_write`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct LateArgs {
+    buf: u64,
+    value: u32,
+    sleep_ms: u32,
+}
+
+/// Sleeps, then writes `value` into the first 64 words of `buf`: a long kernel whose only effect
+/// comes at its end.
+fn late_write(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `LateArgs` block.
+    let args: LateArgs = unsafe { group.kernargs() };
+    if group.group_id() != [0, 0, 0] {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(u64::from(args.sleep_ms)));
+    for i in 0..64 {
+        // SAFETY: `buf` holds 64 u32 the scenario owns.
+        unsafe { std::ptr::write_volatile((args.buf as *mut u32).add(i), args.value) };
+    }
+}
+
 /// Starts, then waits (at most [`WAIT`]) until a second run has started too: two runs meet only
 /// if they run at the same time.
 fn meet(group: &WorkGroup) {
@@ -242,5 +266,34 @@ scenarios! {
         assert_eq!([app.wait_zero(done[0]), app.wait_zero(done[1])], [0, 0]);
         assert_eq!(ARRIVED.load(Ordering::SeqCst), 2);
         assert_eq!(MET.load(Ordering::SeqCst), 2, "both runs saw each other: they overlapped");
+    }
+
+    /// A single-producer queue (kreplay may not write into its ring) still drains: a long
+    /// opted-out kernel forwarded to it finishes before a replay on a sibling queue takes its
+    /// snapshot, so the replay's single-run result builds on the kernel's write.
+    fn a_single_producer_sibling_is_drained_before_the_snapshot() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(WAIT), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::new(|_, info| {
+            if info.workgroup_size[0] == 64 { ToolAnswer::passes(3) } else { ToolAnswer::OPT_OUT }
+        }));
+        let pools = app.pools(app.gpus[0]);
+        let single = app.queue_of_type(app.gpus[0], hsa_sys::HSA_QUEUE_TYPE_SINGLE);
+        let q = app.queue(app.gpus[0]);
+        let buf = app.buffer(pools.coarse, &[0; 64]);
+        let late = kreplay_softhsa::register_kernel("ordinary_late_write", late_write);
+        let add = kreplay_softhsa::register_kernel("ordinary_add_one", add_one);
+        let (late_done, done) = (app.signal(1), app.signal(1));
+        let late_args = app.kernargs(&pools, LateArgs { buf: buf.0, value: 100, sleep_ms: 100 });
+        let add_args = app.kernargs(&pools, AddArgs { buf: buf.0, len: 64, pad: 0 });
+
+        app.dispatch(single, Aql::dispatch(late, 1, 1, late_args, late_done));
+        app.dispatch(q, Aql::dispatch(add, 64, 64, add_args, done));
+
+        assert_eq!([app.wait_zero(late_done), app.wait_zero(done)], [0, 0]);
+        assert_eq!(app.read(buf, 64), vec![101; 64], "the replay started after the long kernel's write");
+        let replayed = hooks.configured_dispatches().into_iter().find(|i| i.workgroup_size[0] == 64).expect("the replayed dispatch");
+        assert_eq!(hooks.finished_record(replayed.dispatch_id).outcome, ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass });
     }
 }

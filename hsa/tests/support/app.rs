@@ -476,6 +476,11 @@ impl App {
 
     /// Creates a queue on `agent`.
     pub fn queue(&self, agent: hsa_agent_t) -> Queue {
+        self.queue_of_type(agent, HSA_QUEUE_TYPE_MULTI)
+    }
+
+    /// Creates a queue of `type_` (`HSA_QUEUE_TYPE_MULTI` or `_SINGLE`) on `agent`.
+    pub fn queue_of_type(&self, agent: hsa_agent_t, type_: hsa_queue_type32_t) -> Queue {
         let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
         ok(
             hsa!(
@@ -483,7 +488,7 @@ impl App {
                 core.hsa_queue_create_fn(
                     agent,
                     64,
-                    HSA_QUEUE_TYPE_MULTI,
+                    type_,
                     None,
                     std::ptr::null_mut(),
                     0,
