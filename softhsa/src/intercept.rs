@@ -39,6 +39,8 @@ pub(crate) struct InterceptState {
     /// Set by every doorbell store; the thread processing the queue looks again before it
     /// leaves, so a store that found the queue busy is never lost.
     pending: AtomicBool,
+    /// Set while a doorbell thread serves stores made from inside other queues' handlers.
+    deferred: AtomicBool,
 }
 
 impl InterceptState {
@@ -48,6 +50,7 @@ impl InterceptState {
             handlers: RwLock::new(Arc::from(Vec::new())),
             lock: Mutex::new(()),
             pending: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
         }
     }
 
@@ -100,11 +103,12 @@ fn processing_on_this_thread(queue: usize) -> bool {
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
 ///
 /// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
-/// re-reads the write index before it returns, so those packets are handled there. A store
-/// while another thread processes the queue also returns at once, leaving the new packets to
+/// re-reads the write index before it returns, so those packets are handled there. A store made
+/// from inside a handler of another queue is handed to a doorbell thread, as ROCm hands it to
+/// its async doorbell thread: the handlers of one queue never run nested inside another's. A
+/// store while another thread processes the queue returns at once, leaving the new packets to
 /// that thread (it looks again before it leaves): a store never waits for another thread's
-/// handlers, as in ROCm, where a store from inside a handler is passed to the runtime's
-/// doorbell thread instead of waiting for the queue.
+/// handlers.
 pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     let QueueKind::Intercept(state) = &queue.kind else {
         return;
@@ -114,6 +118,15 @@ pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
         return;
     }
     state.pending.store(true, Ordering::SeqCst);
+    if inside_any_handler() {
+        defer(queue, state);
+        return;
+    }
+    serve(queue, state, id);
+}
+
+/// Processes the queue unless another thread does (see [`on_doorbell`]).
+fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
     loop {
         let Some(serial) = state.lock.try_lock() else {
             // The thread holding the queue sees `pending` after it lets go, and looks again.
@@ -125,6 +138,41 @@ pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
         if !state.pending.load(Ordering::SeqCst) {
             return;
         }
+    }
+}
+
+fn inside_any_handler() -> bool {
+    FRAMES.with(|f| !f.borrow().is_empty())
+}
+
+/// Serves the queue from a doorbell thread of its own (at most one per queue at a time; one
+/// that is running sees `pending` before it leaves).
+fn defer(queue: &Arc<Queue>, state: &InterceptState) {
+    if state.deferred.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let queue = queue.clone();
+    let spawned = std::thread::Builder::new()
+        .name("softhsa-doorbell".into())
+        .spawn(move || {
+            let QueueKind::Intercept(state) = &queue.kind else {
+                return;
+            };
+            let id = Arc::as_ptr(&queue) as usize;
+            loop {
+                serve(&queue, state, id);
+                state.deferred.store(false, Ordering::SeqCst);
+                // A store deferred after `serve` looked for the last time finds `deferred`
+                // still set and relies on this thread: look once more.
+                if !state.pending.load(Ordering::SeqCst)
+                    || state.deferred.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+        });
+    if spawned.is_err() {
+        state.deferred.store(false, Ordering::SeqCst);
     }
 }
 
