@@ -54,9 +54,6 @@ pub(crate) struct QueueState {
     /// Whether packets were forwarded since the last drain marker was asked for: a queue with
     /// none, whose last marker completed, is idle and needs no marker.
     dirty: AtomicBool,
-    /// On a side queue: re-entrant submissions so far (a replay of the agent compares it
-    /// before each pass to see whether re-entrant work ran in its window).
-    reentrant_runs: AtomicUsize,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -102,17 +99,12 @@ impl QueueState {
             mailbox: Mutex::new(Vec::new()),
             mailbox_len: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
-            reentrant_runs: AtomicUsize::new(0),
         }
     }
 
-    /// Re-entrant submissions to this side queue so far.
-    pub(crate) fn reentrant_runs(&self) -> usize {
-        self.reentrant_runs.load(Ordering::Acquire)
-    }
-
+    /// Counts one re-entrant submission (to a side queue).
     pub(crate) fn count_reentrant_run(&self) {
-        self.reentrant_runs.fetch_add(1, Ordering::AcqRel);
+        REENTRANT_RUNS.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Notes that packets are being forwarded to this queue's hardware queue.
@@ -333,9 +325,9 @@ impl QueueRegistry {
             .any(|s| std::ptr::eq(Arc::as_ptr(s), queue))
     }
 
-    /// The side queue of `agent`, if it was created.
-    pub(crate) fn existing_side(&self, agent: hsa_agent_t) -> Option<Arc<QueueState>> {
-        self.side.lock().get(&agent.handle).cloned()
+    /// Every side queue created so far.
+    pub(crate) fn sides(&self) -> Vec<Arc<QueueState>> {
+        self.side.lock().values().cloned().collect()
     }
 
     /// The side queue of `agent`, created on first use.
@@ -482,6 +474,15 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         }
         status
     })
+}
+
+/// Re-entrant submissions to any side queue so far: work on one agent may write memory another
+/// agent's replay snapshots.
+static REENTRANT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Re-entrant submissions to any side queue so far.
+pub(crate) fn reentrant_runs() -> usize {
+    REENTRANT_RUNS.load(Ordering::Acquire)
 }
 
 /// Slots of a side queue (kreplay's own queue per agent for re-entrant work).

@@ -200,31 +200,30 @@ impl PassCompletion for PassSignal<'_> {
 }
 
 impl HsaReplay<'_> {
-    /// Re-entrant submissions on this agent's side queue so far.
+    /// Re-entrant submissions on any side queue so far (work on one agent may write memory
+    /// this replay snapshots).
     fn reentrant_runs(&self) -> usize {
-        self.b
-            .queues
-            .existing_side(self.state.agent)
-            .map_or(0, |side| side.reentrant_runs())
+        crate::queues::reentrant_runs()
     }
 
-    /// Before a pass: if re-entrant work ran on this agent since the snapshot or the last
-    /// restore (a tool dispatch from SNAPSHOT EXIT, RESTORE EXIT or PASS ENTER), waits for it
-    /// and retakes the snapshot, so that later restores bring back memory with its effects
-    /// (the pass about to run starts from them too, as it would after that work).
+    /// Before a pass: if re-entrant work ran since the snapshot or the last restore (a tool
+    /// dispatch from SNAPSHOT EXIT, RESTORE EXIT or PASS ENTER, on any agent), waits for it and
+    /// retakes the snapshot, so that later restores bring back memory with its effects (the
+    /// pass about to run starts from them too, as it would after that work).
     fn keep_reentrant_work(&mut self, info: &DispatchInfo, pass: u64) {
-        let Some(side) = self.b.queues.existing_side(self.state.agent) else {
-            return;
-        };
-        let runs = side.reentrant_runs();
+        let runs = self.reentrant_runs();
         if runs == self.reentrant_seen {
             return;
         }
         self.reentrant_seen = runs;
-        let marker = side.drain_marker(self.b);
-        crate::queues::submit_side(self.b, &side, &[marker]);
         let deadline = Instant::now() + self.b.drain.timeout;
-        let retaken = if self.b.wait_signal_zero(side.in_flight, deadline) {
+        let mut landed = true;
+        for side in self.b.queues.sides() {
+            let marker = side.drain_marker(self.b);
+            crate::queues::submit_side(self.b, &side, &[marker]);
+            landed &= self.b.wait_signal_zero(side.in_flight, deadline);
+        }
+        let retaken = if landed {
             self.b
                 .snapshotter
                 .plan(&Filter::for_replay(info.agent_id))
