@@ -54,6 +54,9 @@ pub(crate) struct QueueState {
     /// Whether packets were forwarded since the last drain marker was asked for: a queue with
     /// none, whose last marker completed, is idle and needs no marker.
     dirty: AtomicBool,
+    /// False once the application destroys the queue: no wake-up packet may be written into its
+    /// ring any more (held while one is written).
+    alive: Mutex<bool>,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -99,6 +102,7 @@ impl QueueState {
             mailbox: Mutex::new(Vec::new()),
             mailbox_len: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
+            alive: Mutex::new(true),
         }
     }
 
@@ -156,6 +160,10 @@ impl QueueState {
     /// free slot before `deadline` no wake-up is written: the thread that keeps the ring full
     /// writes the marker when it next handles the queue or waits for the agent's lock.
     pub(crate) fn request_drain_marker(&self, b: &Backend, deadline: Instant) {
+        let alive = self.alive.lock();
+        if !*alive {
+            return;
+        }
         self.post(self.drain_marker(b));
         // SAFETY: `queue` is live while registered; size and base describe its ring.
         let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
@@ -165,10 +173,14 @@ impl QueueState {
             write.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
         };
         while full() {
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || !self.has_mail() {
+                // Out of time, or a thread handling the queue took the marker already.
                 return;
             }
             std::thread::yield_now();
+        }
+        if !self.has_mail() {
+            return;
         }
         let index = b.original.queue_add_write_index(self.queue, 1);
         // Another producer may have taken the last slot in between: wait for it as they do.
@@ -462,6 +474,14 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
     guarded(|| {
         let b = backend();
         let state = b.queues.remove(queue);
+        if let Some(state) = &state {
+            // No drain may ring it from now on, and markers still in its mailbox will never be
+            // written: count them as done so that no drain waits for them.
+            *state.alive.lock() = false;
+            for _ in state.take_mail() {
+                b.original.signal_subtract(state.in_flight, 1);
+            }
+        }
         let status = b.original.queue_destroy(queue);
         if let Some(state) = state {
             if status == HSA_STATUS_SUCCESS {

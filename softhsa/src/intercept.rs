@@ -125,18 +125,18 @@ pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     serve(queue, state, id);
 }
 
-/// Processes the queue unless another thread does (see [`on_doorbell`]).
-fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
+/// Processes the queue unless another thread does (see [`on_doorbell`]); false when another
+/// thread held it (that thread sees `pending` after it lets go, and looks again).
+fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) -> bool {
     loop {
         let Some(serial) = state.lock.try_lock() else {
-            // The thread holding the queue sees `pending` after it lets go, and looks again.
-            return;
+            return false;
         };
         state.pending.store(false, Ordering::SeqCst);
         process(queue, state, id);
         drop(serial);
         if !state.pending.load(Ordering::SeqCst) {
-            return;
+            return true;
         }
     }
 }
@@ -160,11 +160,13 @@ fn defer(queue: &Arc<Queue>, state: &InterceptState) {
             };
             let id = Arc::as_ptr(&queue) as usize;
             loop {
-                serve(&queue, state, id);
+                let served = serve(&queue, state, id);
                 state.deferred.store(false, Ordering::SeqCst);
-                // A store deferred after `serve` looked for the last time finds `deferred`
-                // still set and relies on this thread: look once more.
-                if !state.pending.load(Ordering::SeqCst)
+                // Another thread holds the queue: it looks again before it leaves. Otherwise a
+                // store deferred after `serve` looked for the last time found `deferred` still
+                // set and relies on this thread: look once more.
+                if !served
+                    || !state.pending.load(Ordering::SeqCst)
                     || state.deferred.swap(true, Ordering::SeqCst)
                 {
                     return;
