@@ -224,11 +224,11 @@ impl HsaReplay<'_> {
             landed &= self.b.wait_signal_zero(side.in_flight, deadline);
         }
         let retaken = if landed {
-            self.b
-                .snapshotter
-                .plan(&Filter::for_replay(info.agent_id))
-                .and_then(|plan| self.b.snapshotter.take(plan))
-                .map_err(|e| e.to_string())
+            // The same reach as the first snapshot: this dispatch's scope, arguments and
+            // module variables.
+            self.plan(info)
+                .map_err(|d| d.to_string())
+                .and_then(|plan| self.b.snapshotter.take(plan).map_err(|e| e.to_string()))
         } else {
             Err("it did not complete within the drain timeout".into())
         };
