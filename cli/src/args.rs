@@ -223,6 +223,10 @@ pub enum DispatchService {
     Replay,
     /// No tool and no service: only ordinary dispatches with no replay service are measured.
     None,
+    /// On a runtime that overlaps dispatches of one queue (as AQL allows): two long kernels on
+    /// one queue, on softhsa's own queue and on kreplay's with the tool opting out (a child
+    /// process the `replay` run starts).
+    Overlap,
 }
 
 /// Options of `kreplay bench-dispatch` (the fixed cost per dispatch).
@@ -576,8 +580,9 @@ struct DispatchArgs {
     /// passes of the replayed dispatch, 2 to 64 (default 2)
     #[arg(long, value_name = "N", value_parser = count(2, MAX_PASSES as u64))]
     passes: Option<u64>,
-    /// replay: measure (a) and (b) here and (c) in a child process (default); none: configure no
-    /// tool and measure only (c)
+    /// replay: measure (a) and (b) here, (c) and the overlap of two long kernels on one queue in
+    /// child processes (default); none: configure no tool and measure only (c); overlap: measure
+    /// only the overlap, on a runtime that overlaps dispatches of a queue
     #[arg(long, value_name = "S", value_enum, hide_possible_values = true)]
     service: Option<DispatchService>,
     /// write every figure as CSV (nanoseconds)
@@ -1186,7 +1191,10 @@ mod tests {
             (vec!["--passes", "1"], "at least 2"),
             (vec!["--dispatches", "5"], "at least 10"),
             (vec!["--allocations", "200000"], "too large"),
-            (vec!["--service", "all"], "possible values: replay, none"),
+            (
+                vec!["--service", "all"],
+                "possible values: replay, none, overlap",
+            ),
         ] {
             let error = bench_dispatch(&args).unwrap_err();
             assert!(error.message.contains(needle), "{args:?}: {error}");

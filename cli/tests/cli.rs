@@ -319,6 +319,8 @@ fn bench_dispatch_measures_every_path_and_writes_its_figures() {
         "(c) no replay service",
         "target < 100.00 µs",
         "target < 1.00 µs",
+        "two 20 ms kernels written to one queue (no barrier bit) in a child process",
+        "kreplay queue, replay service configured, tool opts out: one alone",
     ] {
         assert!(text.contains(needle), "{needle} missing: {text}");
     }
@@ -333,6 +335,8 @@ fn bench_dispatch_measures_every_path_and_writes_its_figures() {
         "derived.a_replay_fixed_cost_vs_runs,",
         "derived.b_opt_out_handler,",
         "derived.c_no_service_handler,",
+        "overlap.softhsa.pair,",
+        "overlap.opted_out.pair,",
     ] {
         assert!(csv.contains(name), "{name} missing: {csv}");
     }
@@ -376,7 +380,7 @@ fn bad_bench_arguments_are_explained_and_exit_2() {
         ),
         (
             vec!["bench-dispatch", "--service", "maybe"],
-            "possible values: replay, none",
+            "possible values: replay, none, overlap",
         ),
     ] {
         let output = kreplay(&args);

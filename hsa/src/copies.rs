@@ -59,6 +59,7 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
             counter.finish();
         }
         if pending.application.handle != 0 {
+            crate::dispatch::carry_timestamps(pending.proxy, pending.application);
             b.original.signal_subtract(pending.application, 1);
         }
         b.original.signal_destroy(pending.proxy);

@@ -12,7 +12,7 @@ use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
 
 use crate::backend::{Backend, backend};
-use crate::queues::QueueState;
+use crate::queues::{QueueState, Slot, is_wake_up};
 use crate::replay::replay_dispatch;
 use crate::{DispatchRecord, ToolHooks};
 
@@ -25,15 +25,45 @@ pub(crate) struct Packet([u8; AQL]);
 const AQL: usize = hsa_sys::AQL_PACKET_SIZE;
 
 impl Packet {
-    fn packet_type(&self) -> u32 {
+    pub(crate) fn from_bytes(bytes: [u8; AQL]) -> Packet {
+        Packet(bytes)
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8; AQL] {
+        &self.0
+    }
+
+    pub(crate) fn packet_type(&self) -> u32 {
         u32::from(u16::from_ne_bytes([self.0[0], self.0[1]])) & 0xff
     }
 
-    fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
+    pub(crate) fn as_dispatch(&self) -> Option<hsa_kernel_dispatch_packet_t> {
         (self.packet_type() == HSA_PACKET_TYPE_KERNEL_DISPATCH).then(|| {
             // SAFETY: both are 64-byte plain-data layouts; every bit pattern is a valid packet.
             unsafe { std::mem::transmute::<[u8; AQL], hsa_kernel_dispatch_packet_t>(self.0) }
         })
+    }
+}
+
+/// Where packets go: the next level of the intercept chain of the queue being handled, or the
+/// agent's side queue (re-entrant work, which must not wait behind the application's queue).
+#[derive(Clone, Copy)]
+pub(crate) enum Sink<'a> {
+    Handler(Writer),
+    Side(&'a QueueState),
+}
+
+impl Sink<'_> {
+    /// Writes `packets` (one write, one doorbell, for the handler's writer).
+    pub(crate) fn write(&self, b: &Backend, packets: &[Packet]) {
+        match self {
+            // SAFETY: the writer is valid for the handler call this sink was made in; the
+            // packets are initialized memory.
+            Sink::Handler(writer) => unsafe {
+                writer(packets.as_ptr().cast(), packets.len() as u64)
+            },
+            Sink::Side(side) => crate::queues::submit_side(b, side, packets),
+        }
     }
 }
 
@@ -46,7 +76,7 @@ pub(crate) fn dispatch_bytes(p: &hsa_kernel_dispatch_packet_t) -> Packet {
 pub(crate) unsafe extern "C" fn intercept_handler(
     pkts: *const c_void,
     count: u64,
-    _user_pkt_index: u64,
+    user_pkt_index: u64,
     data: *mut c_void,
     writer: hsa_amd_queue_intercept_packet_writer,
 ) {
@@ -64,11 +94,26 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     // until the queue is destroyed, and the runtime calls no handler after that.
     let state = unsafe { &*data.cast::<QueueState>() };
     let progress = Cell::new(Progress::Untouched);
+    let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        handle(backend(), state, &packets, writer, &progress)
+        let b = backend();
+        deliver_mail(b, state, Sink::Handler(writer));
+        if state.has_reentrant() || packets.iter().any(is_wake_up) {
+            handle_with_reentrant(
+                b,
+                state,
+                &packets,
+                user_pkt_index,
+                writer,
+                &progress,
+                &handled,
+            );
+        } else {
+            handle(b, state, &packets, writer, &progress, &handled);
+        }
     }));
     if outcome.is_err() {
-        recover(state, &packets, writer, progress.get());
+        recover(state, &packets[handled.get()..], writer, progress.get());
     }
 }
 
@@ -89,9 +134,14 @@ pub(crate) enum Progress {
     Done,
 }
 
-/// After a panic in the handler: forward the packets unchanged if nothing happened yet, fire a
-/// withheld completion once, and say what this means for the application's results.
+/// After a panic in the handler: `packets` are those not handled yet, the first of them the one
+/// being handled when the panic struck (with `progress` saying how far it got). Forwards what
+/// never reached the queue, fires a withheld completion once, and says what this means for the
+/// application's results.
 fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Progress) {
+    if packets.is_empty() {
+        return;
+    }
     match progress {
         Progress::Untouched => {
             eprintln!(
@@ -119,12 +169,23 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
             if signal.handle != 0 {
                 backend().original.signal_subtract(signal, 1);
             }
+            if packets.len() > 1 {
+                // SAFETY: as above; the packets after the interrupted dispatch never reached the
+                // queue.
+                unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
+            }
         }
-        Progress::Done => eprintln!(
-            "kreplay: internal error after a dispatch on queue {} was submitted: results of this \
-             dispatch are unreliable",
-            state.id
-        ),
+        Progress::Done => {
+            eprintln!(
+                "kreplay: internal error after a dispatch on queue {} was submitted: results of \
+                 this dispatch are unreliable",
+                state.id
+            );
+            if packets.len() > 1 {
+                // SAFETY: as above.
+                unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
+            }
+        }
     }
 }
 
@@ -134,124 +195,168 @@ fn handle(
     packets: &[Packet],
     writer: Writer,
     progress: &Cell<Progress>,
+    handled: &Cell<usize>,
 ) {
     if !b.replay_active() {
-        forward(b, state, packets, &[], writer, false, progress);
-        return;
-    }
-    if packets.len() > 1 {
-        handle_batch(b, state, packets, writer, progress);
-        return;
-    }
-    let packet = &packets[0];
-    match packet.as_dispatch() {
-        Some(dispatch) => {
-            replay_dispatch(b, state, dispatch, writer, false, progress);
-        }
-        None => forward(
+        forward(
             b,
             state,
-            std::slice::from_ref(packet),
+            packets,
             &[],
-            writer,
+            Sink::Handler(writer),
+            false,
+            progress,
+        );
+        handled.set(packets.len());
+        return;
+    }
+    // Several packets in one call are independent packets in queue order (one doorbell for
+    // several packets, or several threads sharing the queue): each kernel dispatch goes through
+    // the pass loop on its own, and each run of other packets is forwarded in its place, so
+    // everything before a dispatch was submitted before its replay drains the queue.
+    let mut start = 0;
+    for (i, packet) in packets.iter().enumerate() {
+        let Some(dispatch) = packet.as_dispatch() else {
+            continue;
+        };
+        if start < i {
+            forward(
+                b,
+                state,
+                &packets[start..i],
+                &[],
+                Sink::Handler(writer),
+                true,
+                progress,
+            );
+            handled.set(i);
+            progress.set(Progress::Untouched);
+        }
+        replay_dispatch(b, state, dispatch, Sink::Handler(writer), progress);
+        handled.set(i + 1);
+        progress.set(Progress::Untouched);
+        start = i + 1;
+    }
+    if start < packets.len() {
+        forward(
+            b,
+            state,
+            &packets[start..],
+            &[],
+            Sink::Handler(writer),
             true,
             progress,
-        ),
+        );
+        handled.set(packets.len());
     }
 }
 
-/// A multi-packet batch (docs/abi.md §3 rule 7): the tool hears of each dispatch in it (CONFIG ENTER,
-/// then CONFIG EXIT with `batch_or_graph` unless it opted out), nothing is replayed, and the
-/// batch is forwarded unchanged, in one piece, after the last of them.
-fn handle_batch(
+/// [`handle`] for a queue with re-entrant slots (reserved from inside a replay window) or
+/// kreplay's wake-up packets: re-entrant packets run on the agent's side queue (or were already
+/// run by the store that published them and are dropped), wake-ups are dropped, and the
+/// application's packets around them are handled as usual, in order.
+fn handle_with_reentrant(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
+    first_index: u64,
     writer: Writer,
     progress: &Cell<Progress>,
+    handled: &Cell<usize>,
 ) {
-    if packets.iter().any(|p| p.as_dispatch().is_some()) {
-        b.hooks.warn_once(
-            "batch_or_graph",
-            "a multi-packet batch reached a queue: its dispatches run once, not replayed (batch_or_graph)",
-        );
+    let mut start = 0;
+    let mut i = 0;
+    while i < packets.len() {
+        let slot = if is_wake_up(&packets[i]) {
+            Slot::AlreadyRan
+        } else {
+            state.take_slot(first_index.wrapping_add(i as u64))
+        };
+        if slot == Slot::Ordinary {
+            i += 1;
+            continue;
+        }
+        if start < i {
+            let inner = Cell::new(0);
+            handle(b, state, &packets[start..i], writer, progress, &inner);
+            progress.set(Progress::Untouched);
+        }
+        handled.set(i + 1);
+        if slot == Slot::Reentrant {
+            crate::replay::run_reentrant(b, state, packets[i]);
+        }
+        i += 1;
+        start = i;
     }
-    let infos: Vec<Option<DispatchInfo>> = packets
-        .iter()
-        .map(|packet| {
-            packet
-                .as_dispatch()
-                .map(|dispatch| replay_dispatch(b, state, dispatch, writer, true, progress))
-        })
-        .collect();
-    forward(b, state, packets, &infos, writer, true, progress);
+    if start < packets.len() {
+        let inner = Cell::new(0);
+        handle(b, state, &packets[start..], writer, progress, &inner);
+        handled.set(start + inner.get());
+    }
 }
 
-/// Forwards packets unchanged: under the agent's reader lock and followed by an in-flight marker
-/// when `track` (a replay service is configured), with dispatch records when tracing asks.
-/// `infos[i]`, when given, is the dispatch the tool already knows packet `i` as (so its record
-/// carries the same dispatch id); other dispatches get a fresh id.
+/// Writes the packets kreplay left for this queue (drain markers) before anything else.
+pub(crate) fn deliver_mail(b: &Backend, state: &QueueState, sink: Sink<'_>) {
+    if state.has_mail() {
+        let mail = state.take_mail();
+        if !mail.is_empty() {
+            sink.write(b, &mail);
+        }
+    }
+}
+
+/// How long a handler waits for the agent's lock before it looks at its mailbox again.
+pub(crate) const SERVE_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Forwards packets unchanged, with dispatch records when tracing asks. When `track` (a replay
+/// service is configured) they are written under the agent's reader lock, so that none is
+/// forwarded during a replay window; while it waits, the handler keeps delivering its queue's
+/// mail (a replay's drain marker). `infos[i]`, when given, is the dispatch the tool already
+/// knows packet `i` as (so its record carries the same dispatch id); other dispatches get a
+/// fresh id.
 pub(crate) fn forward(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-    writer: Writer,
+    sink: Sink<'_>,
     track: bool,
     progress: &Cell<Progress>,
 ) {
-    // A thread inside its own replay window on this agent proceeds without the reader side.
-    let _read = if track {
-        b.locks.read(state.agent.handle).ok()
-    } else {
-        None
+    // A thread inside its own replay window on this agent proceeds without the reader side;
+    // re-entrant work on the side queue never waits for a replay (it is issued from one).
+    let _read = match sink {
+        Sink::Handler(_) if track => b
+            .locks
+            .read_serving(state.agent.handle, SERVE_SLICE, || {
+                deliver_mail(b, state, sink)
+            })
+            .ok(),
+        _ => None,
     };
-    let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
-    if track {
-        b.original.signal_add(state.in_flight, 1);
+    deliver_mail(b, state, sink);
+    // A single-producer queue cannot be rung for a drain marker later: it gets one now, in the
+    // same write, after the packets.
+    let mut packets = std::borrow::Cow::Borrowed(packets);
+    match sink {
+        Sink::Handler(_) if track && state.single_producer => {
+            packets.to_mut().push(state.drain_marker(b));
+        }
+        Sink::Handler(_) => state.mark_dirty(),
+        Sink::Side(side) => side.mark_dirty(),
     }
-    // The packets and, when tracked, the in-flight marker go to the hardware queue in one write
-    // (one doorbell), so tracking adds a packet but no extra wake-up of the packet processor.
+    let packets = &packets[..];
+    let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
-        submit_traced(b, state, patched, &traced, writer, track, progress);
+        b.hooks.dispatch_enqueue(&traced, None, &mut || {
+            sink.write(b, &patched);
+            progress.set(Progress::Done);
+        });
         return;
     }
-    let mut batch = Vec::with_capacity(packets.len() + 1);
-    batch.extend_from_slice(packets);
-    if track {
-        batch.push(marker_packet(state));
-    }
-    // SAFETY: `writer` is valid during this handler call; the packets are initialized memory.
-    unsafe { writer(batch.as_ptr().cast(), batch.len() as u64) };
+    sink.write(b, packets);
     progress.set(Progress::Done);
-}
-
-/// The in-flight marker of `state` as one AQL packet.
-fn marker_packet(state: &QueueState) -> Packet {
-    let marker = state.marker();
-    // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
-    Packet(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; AQL]>(marker) })
-}
-
-/// Writes traced packets (and the marker) inside the tool layer's ENQUEUE announcement.
-fn submit_traced(
-    b: &Backend,
-    state: &QueueState,
-    mut patched: Vec<Packet>,
-    traced: &[DispatchInfo],
-    writer: Writer,
-    track: bool,
-    progress: &Cell<Progress>,
-) {
-    if track {
-        patched.push(marker_packet(state));
-    }
-    b.hooks.dispatch_enqueue(traced, None, &mut || {
-        // SAFETY: `writer` is valid during this handler call; the packets are initialized.
-        unsafe { writer(patched.as_ptr().cast(), patched.len() as u64) };
-        progress.set(Progress::Done);
-    });
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.
@@ -278,6 +383,7 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
             end_ns: b.nanos(end),
         });
         if traced.application.handle != 0 {
+            carry_timestamps(traced.proxy, traced.application);
             b.original.signal_subtract(traced.application, 1);
         }
         b.original.signal_destroy(traced.proxy);
@@ -338,6 +444,55 @@ fn trace_completions(
         })
         .collect();
     (patched, traced_infos)
+}
+
+/// The head of ROCm's `amd_signal_t` (hsa/amd_hsa_signal.h), which a signal handle points to
+/// (on ROCm, and on softhsa, which keeps the same layout): kreplay only moves the timestamps of
+/// the last dispatch or async copy that completed a signal.
+#[repr(C)]
+struct AmdSignalHead {
+    kind: i64,
+    value: i64,
+    event_mailbox_ptr: u64,
+    event_id: u32,
+    reserved1: u32,
+    start_ts: u64,
+    end_ts: u64,
+}
+
+/// `AMD_SIGNAL_KIND_USER`: every signal created with `hsa_signal_create`.
+const AMD_SIGNAL_KIND_USER: i64 = 1;
+
+/// Gives the application's completion signal `to` the timestamps that kreplay's own signal
+/// `from` received (a pass's, a traced dispatch's or an async copy's proxy), so that
+/// `hsa_amd_profiling_get_dispatch_time` (or `_get_async_copy_time`) on it reports one ordinary
+/// run, as without kreplay.
+/// Call before completing `to`: the completion's release publishes them. The raw timestamps
+/// are copied, in the device's own time base, which the runtime converts when asked.
+pub(crate) fn carry_timestamps(from: hsa_signal_t, to: hsa_signal_t) {
+    if from.handle == 0 || to.handle == 0 {
+        return;
+    }
+    let (from, to) = (
+        from.handle as *const AmdSignalHead,
+        to.handle as *mut AmdSignalHead,
+    );
+    // SAFETY: a signal handle is the address of the signal's `amd_signal_t`, live while the
+    // signal is (both are: `from` was just waited for, `to` is still withheld from the
+    // application); only user signals, whose kind says so, are touched. The timestamps are
+    // 8-byte aligned words, accessed atomically as the runtime and the device do.
+    unsafe {
+        if std::ptr::read_volatile(&raw const (*from).kind) != AMD_SIGNAL_KIND_USER
+            || std::ptr::read_volatile(&raw const (*to).kind) != AMD_SIGNAL_KIND_USER
+        {
+            return;
+        }
+        let word = |p: *const u64| &*p.cast::<std::sync::atomic::AtomicU64>();
+        let start = word(&raw const (*from).start_ts).load(std::sync::atomic::Ordering::Acquire);
+        let end = word(&raw const (*from).end_ts).load(std::sync::atomic::Ordering::Acquire);
+        word(&raw const (*to).start_ts).store(start, std::sync::atomic::Ordering::Relaxed);
+        word(&raw const (*to).end_ts).store(end, std::sync::atomic::Ordering::Release);
+    }
 }
 
 pub(crate) fn dispatch_info(

@@ -82,6 +82,10 @@ required!(
     core.hsa_memory_free_fn,
     core.hsa_agent_get_info_fn,
     core.hsa_queue_create_fn,
+    core.hsa_queue_add_write_index_scacq_screl_fn,
+    core.hsa_queue_load_read_index_scacquire_fn,
+    core.hsa_signal_store_relaxed_fn,
+    core.hsa_signal_store_screlease_fn,
     core.hsa_system_get_info_fn,
     core.hsa_iterate_agents_fn,
     amd.hsa_amd_memory_pool_allocate_fn,
@@ -170,6 +174,26 @@ impl Original {
 
     pub(crate) fn signal_subtract(&self, signal: hsa_signal_t, value: i64) {
         call!(self.core, hsa_signal_subtract_screlease_fn(signal, value))
+    }
+
+    pub(crate) fn signal_store_relaxed(&self, signal: hsa_signal_t, value: i64) {
+        call!(self.core, hsa_signal_store_relaxed_fn(signal, value))
+    }
+
+    pub(crate) fn signal_store_screlease(&self, signal: hsa_signal_t, value: i64) {
+        call!(self.core, hsa_signal_store_screlease_fn(signal, value))
+    }
+
+    /// Reserves `count` packet slots of `queue` (a queue the runtime created).
+    pub(crate) fn queue_add_write_index(&self, queue: *const hsa_queue_t, count: u64) -> u64 {
+        call!(
+            self.core,
+            hsa_queue_add_write_index_scacq_screl_fn(queue, count)
+        )
+    }
+
+    pub(crate) fn queue_load_read_index(&self, queue: *const hsa_queue_t) -> u64 {
+        call!(self.core, hsa_queue_load_read_index_scacquire_fn(queue))
     }
 
     /// Waits until `signal` equals `value` or `timeout_ticks` pass; returns the last value seen.

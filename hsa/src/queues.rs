@@ -1,23 +1,31 @@
 //! Application queues become intercept queues with kreplay's handler, and every queue kreplay
 //! created is known per agent so a replay can drain its siblings (docs/abi.md §3 rule 5).
 
-use std::collections::HashMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hsa_sys::*;
 use kreplay_drain::QueueView;
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, backend, guarded};
+use crate::backend::{Backend, backend, guarded, installed};
+use crate::dispatch::Packet;
 
 /// One application queue as kreplay sees it.
 ///
-/// While a replay service is configured, every batch forwarded to the hardware queue is followed
-/// by a barrier-AND marker packet (barrier bit set, no dependencies) whose completion signal is
-/// `in_flight`: the signal counts forwarded batches that have not completed, so "this queue is
-/// idle" is `in_flight == 0`, observable from any thread without touching the hardware queue.
+/// Forwarded packets reach the hardware queue as the application wrote them: kreplay adds no
+/// packet of its own to ordinary work, so kernels overlap as they would without it. A replay
+/// finds out that a queue is idle by asking for a *drain marker*: a barrier-AND packet with the
+/// barrier bit set (it completes once everything before it has completed) whose completion
+/// signal is `in_flight`, which counts the markers asked for and not yet completed. On the
+/// replaying queue and on side queues the replay writes the marker itself; on any other queue
+/// it leaves the marker in the queue's mailbox, which whichever thread handles that queue
+/// writes first (also while it waits for the agent's lock), and rings the queue with a wake-up
+/// packet in case no thread is handling it.
 pub(crate) struct QueueState {
     /// The queue the application sees (its `hsa_queue_t`).
     pub(crate) queue: *mut hsa_queue_t,
@@ -25,6 +33,50 @@ pub(crate) struct QueueState {
     pub(crate) id: u64,
     pub(crate) agent: hsa_agent_t,
     pub(crate) in_flight: hsa_signal_t,
+    /// The doorbell signal of `queue` (the one the application stores to).
+    pub(crate) doorbell: hsa_signal_t,
+    /// A single-producer queue (`HSA_QUEUE_TYPE_SINGLE`): kreplay may not write into its ring
+    /// as a second producer, so it cannot ring it for a drain marker. Such a queue instead gets
+    /// its marker in the same write as every batch forwarded while a replay service is
+    /// configured (its kernels then do not overlap each other).
+    pub(crate) single_producer: bool,
+    /// Packet slots reserved from inside a replay window on this thread or another, by index:
+    /// these packets are re-entrant work and run on the agent's side queue (see
+    /// [`Reentrant`]).
+    reentrant: Mutex<BTreeMap<u64, Claim>>,
+    /// Entries in `reentrant` (so the handler's check costs one load when there are none).
+    reentrant_len: AtomicUsize,
+    /// Packets kreplay needs in this queue's hardware queue (drain markers), written by the
+    /// next thread that handles the queue, before anything else.
+    mailbox: Mutex<Vec<Packet>>,
+    /// Entries in `mailbox`.
+    mailbox_len: AtomicUsize,
+    /// Whether packets were forwarded since the last drain marker was asked for: a queue with
+    /// none, whose last marker completed, is idle and needs no marker.
+    dirty: AtomicBool,
+    /// False once the application destroys the queue: no wake-up packet may be written into its
+    /// ring any more (held while one is written).
+    alive: Mutex<bool>,
+}
+
+/// What became of a packet slot reserved from inside a replay window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    /// Reserved; nobody has run the packet yet.
+    Reserved,
+    /// Run by the doorbell store that published it: the handler drops the slot when it gets it.
+    Ran,
+}
+
+/// What the handler does with the packet at one index of its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// An application packet: handled as usual.
+    Ordinary,
+    /// Re-entrant work nobody ran yet: the handler runs it on the agent's side queue.
+    Reentrant,
+    /// Re-entrant work its doorbell store already ran: nothing more to do.
+    AlreadyRan,
 }
 
 // SAFETY: `queue` is only used as an identity and handed back to the runtime, whose queue API is
@@ -34,6 +86,180 @@ unsafe impl Send for QueueState {}
 unsafe impl Sync for QueueState {}
 
 impl QueueState {
+    fn new(queue: *mut hsa_queue_t, agent: hsa_agent_t, in_flight: hsa_signal_t) -> Self {
+        // SAFETY: `queue` is a live queue the runtime just created.
+        let (id, doorbell, type_) =
+            unsafe { ((*queue).id, (*queue).doorbell_signal, (*queue).type_) };
+        QueueState {
+            queue,
+            id,
+            agent,
+            in_flight,
+            doorbell,
+            single_producer: type_ == HSA_QUEUE_TYPE_SINGLE,
+            reentrant: Mutex::new(BTreeMap::new()),
+            reentrant_len: AtomicUsize::new(0),
+            mailbox: Mutex::new(Vec::new()),
+            mailbox_len: AtomicUsize::new(0),
+            dirty: AtomicBool::new(false),
+            alive: Mutex::new(true),
+        }
+    }
+
+    /// Counts one re-entrant submission (to a side queue).
+    pub(crate) fn count_reentrant_run(&self) {
+        REENTRANT_RUNS.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Notes that packets are being forwarded to this queue's hardware queue.
+    pub(crate) fn mark_dirty(&self) {
+        if !self.dirty.load(Ordering::Relaxed) {
+            self.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a drain must ask this queue for a marker: it forwarded something since the last
+    /// one, or that one has not completed. Clears the mark (the marker asked for next covers
+    /// what was forwarded). Called under the agent's writer side, so no forward runs meanwhile.
+    pub(crate) fn needs_drain_marker(&self, b: &Backend) -> bool {
+        let forwarded = self.dirty.swap(false, Ordering::AcqRel);
+        forwarded || b.original.signal_load(self.in_flight) != 0
+    }
+
+    /// Whether kreplay left packets for this queue's hardware queue (one load).
+    pub(crate) fn has_mail(&self) -> bool {
+        self.mailbox_len.load(Ordering::Acquire) > 0
+    }
+
+    /// Takes the packets kreplay left for this queue.
+    pub(crate) fn take_mail(&self) -> Vec<Packet> {
+        let mut mailbox = self.mailbox.lock();
+        self.mailbox_len.store(0, Ordering::Release);
+        std::mem::take(&mut *mailbox)
+    }
+
+    fn post(&self, packet: Packet) {
+        let mut mailbox = self.mailbox.lock();
+        mailbox.push(packet);
+        self.mailbox_len.store(mailbox.len(), Ordering::Release);
+    }
+
+    /// The drain marker of this queue, counted in `in_flight` (the caller writes it).
+    pub(crate) fn drain_marker(&self, b: &Backend) -> Packet {
+        b.original.signal_add(self.in_flight, 1);
+        let marker = self.marker();
+        // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
+        Packet::from_bytes(unsafe {
+            std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(marker)
+        })
+    }
+
+    /// Asks for a drain marker on this queue (not the one being handled on this thread, not a
+    /// side queue): into the mailbox, then a wake-up packet into the application's ring (as one
+    /// more producer) so that some thread handles the queue even if none does now. Without a
+    /// free slot before `deadline` no wake-up is written: the thread that keeps the ring full
+    /// writes the marker when it next handles the queue or waits for the agent's lock.
+    pub(crate) fn request_drain_marker(&self, b: &Backend, deadline: Instant) {
+        let alive = self.alive.lock();
+        if !*alive {
+            return;
+        }
+        self.post(self.drain_marker(b));
+        // SAFETY: `queue` is live while registered; size and base describe its ring.
+        let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
+        let full = || {
+            // Adding 0 reads the write index.
+            let write = b.original.queue_add_write_index(self.queue, 0);
+            write.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
+        };
+        while full() {
+            if Instant::now() >= deadline || !self.has_mail() {
+                // Out of time, or a thread handling the queue took the marker already.
+                return;
+            }
+            std::thread::yield_now();
+        }
+        if !self.has_mail() {
+            return;
+        }
+        let index = b.original.queue_add_write_index(self.queue, 1);
+        // Another producer may have taken the last slot in between: wait for it as they do.
+        while index.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
+        {
+            std::thread::yield_now();
+        }
+        let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *mut u8;
+        write_slot(slot, &wake_up_packet());
+        b.original
+            .signal_store_screlease(self.doorbell, index as i64);
+    }
+
+    /// Whether any slot of this queue is re-entrant work (one relaxed load).
+    pub(crate) fn has_reentrant(&self) -> bool {
+        self.reentrant_len.load(Ordering::Acquire) > 0
+    }
+
+    /// Records slots `first..first + count` as reserved from inside a replay window.
+    fn reserve_reentrant(&self, first: u64, count: u64) {
+        let mut map = self.reentrant.lock();
+        for index in first..first.saturating_add(count) {
+            map.insert(index, Claim::Reserved);
+        }
+        self.reentrant_len.store(map.len(), Ordering::Release);
+    }
+
+    /// Takes the slot at `index` for the handler: says what to do with its packet.
+    pub(crate) fn take_slot(&self, index: u64) -> Slot {
+        let mut map = self.reentrant.lock();
+        let slot = match map.remove(&index) {
+            None => Slot::Ordinary,
+            Some(Claim::Reserved) => Slot::Reentrant,
+            Some(Claim::Ran) => Slot::AlreadyRan,
+        };
+        self.reentrant_len.store(map.len(), Ordering::Release);
+        slot
+    }
+
+    /// Claims for the doorbell store the published, not yet handled re-entrant packets at
+    /// indices up to `last`, in index order.
+    fn claim_published(&self, last: u64) -> Vec<Packet> {
+        let mut map = self.reentrant.lock();
+        let mut claimed = Vec::new();
+        for (&index, claim) in map.range_mut(..=last) {
+            if *claim != Claim::Reserved {
+                continue;
+            }
+            let Some(packet) = self.published(index) else {
+                // Not written yet: whoever handles the slot later runs it.
+                continue;
+            };
+            *claim = Claim::Ran;
+            claimed.push(packet);
+        }
+        claimed
+    }
+
+    /// The packet at `index` of the application's ring, once its header says it is valid.
+    fn published(&self, index: u64) -> Option<Packet> {
+        // SAFETY: `queue` is live while its state is registered; base and size describe its ring.
+        let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
+        if base.is_null() || size == 0 {
+            return None;
+        }
+        let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *const u8;
+        // SAFETY: the slot is 64-byte aligned inside the ring; the header is read atomically
+        // (acquire) as the packet processor reads it, which makes the body written before it
+        // visible.
+        let header = unsafe { &*slot.cast::<AtomicU16>() }.load(Ordering::Acquire);
+        if u32::from(header & 0xff) == HSA_PACKET_TYPE_INVALID {
+            return None;
+        }
+        let mut bytes = [0u8; 64];
+        // SAFETY: 64 readable bytes of the published slot; the producer no longer writes it.
+        unsafe { std::ptr::copy_nonoverlapping(slot, bytes.as_mut_ptr(), 64) };
+        Some(Packet::from_bytes(bytes))
+    }
+
     /// A marker that completes when everything forwarded before it has completed.
     pub(crate) fn marker(&self) -> hsa_barrier_and_packet_t {
         hsa_barrier_and_packet_t {
@@ -77,9 +303,74 @@ impl QueueView for QueueIdle<'_> {
 #[derive(Default)]
 pub(crate) struct QueueRegistry {
     by_agent: Mutex<HashMap<u64, Vec<Arc<QueueState>>>>,
+    /// kreplay's own side queue per agent, where re-entrant work runs (created on first use;
+    /// also listed in `by_agent`, so drains wait for it).
+    side: Mutex<HashMap<u64, Arc<QueueState>>>,
 }
 
 impl QueueRegistry {
+    /// The application queue whose doorbell signal is `doorbell`.
+    fn by_doorbell(&self, doorbell: hsa_signal_t) -> Option<Arc<QueueState>> {
+        self.by_agent
+            .lock()
+            .values()
+            .flatten()
+            .find(|s| s.doorbell.handle == doorbell.handle)
+            .cloned()
+    }
+
+    /// The application queue `queue`.
+    fn by_queue(&self, queue: *const hsa_queue_t) -> Option<Arc<QueueState>> {
+        self.by_agent
+            .lock()
+            .values()
+            .flatten()
+            .find(|s| std::ptr::eq(s.queue, queue))
+            .cloned()
+    }
+
+    /// Whether `queue` is a side queue.
+    pub(crate) fn is_side(&self, queue: &QueueState) -> bool {
+        self.side
+            .lock()
+            .values()
+            .any(|s| std::ptr::eq(Arc::as_ptr(s), queue))
+    }
+
+    /// Every side queue created so far.
+    pub(crate) fn sides(&self) -> Vec<Arc<QueueState>> {
+        self.side.lock().values().cloned().collect()
+    }
+
+    /// The side queue of `agent`, created on first use.
+    pub(crate) fn side(&self, b: &Backend, agent: hsa_agent_t) -> Option<Arc<QueueState>> {
+        let mut side = self.side.lock();
+        if let Some(state) = side.get(&agent.handle) {
+            return Some(state.clone());
+        }
+        let in_flight = b.original.signal_create(0).ok()?;
+        let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
+        let status = b.original.queue_create(
+            agent,
+            SIDE_QUEUE_SIZE,
+            HSA_QUEUE_TYPE_MULTI,
+            None,
+            std::ptr::null_mut(),
+            0,
+            0,
+            &raw mut queue,
+        );
+        if status != HSA_STATUS_SUCCESS || queue.is_null() {
+            b.original.signal_destroy(in_flight);
+            return None;
+        }
+        b.original.set_profiler_enabled(queue, true);
+        let state = Arc::new(QueueState::new(queue, agent, in_flight));
+        side.insert(agent.handle, state.clone());
+        self.add(state.clone());
+        Some(state)
+    }
+
     /// Every queue on `agent` (the caller's own included).
     pub(crate) fn on_agent(&self, agent: u64) -> Vec<Arc<QueueState>> {
         self.by_agent
@@ -160,14 +451,7 @@ pub(crate) unsafe extern "C" fn queue_create(
         }
         // SAFETY: the runtime wrote a valid queue pointer through the caller's out pointer.
         let q = unsafe { *queue };
-        // SAFETY: `q` is the live queue the runtime just created.
-        let id = unsafe { (*q).id };
-        let state = Arc::new(QueueState {
-            queue: q,
-            id,
-            agent,
-            in_flight,
-        });
+        let state = Arc::new(QueueState::new(q, agent, in_flight));
         // Per-pass timestamps for dispatch records; harmless for the application.
         b.original.set_profiler_enabled(q, true);
         let status = b.original.intercept_register(
@@ -190,6 +474,14 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
     guarded(|| {
         let b = backend();
         let state = b.queues.remove(queue);
+        if let Some(state) = &state {
+            // No drain may ring it from now on, and markers still in its mailbox will never be
+            // written: count them as done so that no drain waits for them.
+            *state.alive.lock() = false;
+            for _ in state.take_mail() {
+                b.original.signal_subtract(state.in_flight, 1);
+            }
+        }
         let status = b.original.queue_destroy(queue);
         if let Some(state) = state {
             if status == HSA_STATUS_SUCCESS {
@@ -202,4 +494,166 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         }
         status
     })
+}
+
+/// Re-entrant submissions to any side queue so far: work on one agent may write memory another
+/// agent's replay snapshots.
+static REENTRANT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Re-entrant submissions to any side queue so far.
+pub(crate) fn reentrant_runs() -> usize {
+    REENTRANT_RUNS.load(Ordering::Acquire)
+}
+
+/// Slots of a side queue (kreplay's own queue per agent for re-entrant work).
+const SIDE_QUEUE_SIZE: u32 = 256;
+
+/// Writes `packets` into kreplay's side queue `side` (a plain runtime queue, no intercept) as
+/// one more producer: reserve, wait for room, body, header last with release order, doorbell.
+pub(crate) fn submit_side(b: &Backend, side: &QueueState, packets: &[Packet]) {
+    // SAFETY: the side queue lives as long as the backend; size and base describe its ring.
+    let (base, size) = unsafe { ((*side.queue).base_address, (*side.queue).size) };
+    for packet in packets {
+        let index = b.original.queue_add_write_index(side.queue, 1);
+        while index.saturating_sub(b.original.queue_load_read_index(side.queue)) >= u64::from(size)
+        {
+            std::thread::yield_now();
+        }
+        let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *mut u8;
+        write_slot(slot, packet);
+        b.original
+            .signal_store_screlease(side.doorbell, index as i64);
+    }
+}
+
+/// Writes `packet` into a ring slot this producer reserved and that is free: the body first,
+/// then the header with release order.
+fn write_slot(slot: *mut u8, packet: &Packet) {
+    let bytes = packet.bytes();
+    // SAFETY: the caller owns the 64-byte slot (reserved, and the read index passed it); bytes
+    // 2..64 are the body, written before the header publishes them.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(2), slot.add(2), 62) };
+    // SAFETY: the slot is 64-byte aligned, so its first two bytes are an aligned u16 that the
+    // packet processor reads atomically.
+    let header = unsafe { &*slot.cast::<AtomicU16>() };
+    header.store(u16::from_ne_bytes([bytes[0], bytes[1]]), Ordering::Release);
+}
+
+/// Marks kreplay's wake-up packets (in `reserved2` of a barrier-AND packet).
+const WAKE_UP_MARK: u64 = 0x6b72_6570_6c61_7921;
+
+/// A packet that only makes the runtime run the queue's handlers: kreplay's handler drops it.
+fn wake_up_packet() -> Packet {
+    let packet = hsa_barrier_and_packet_t {
+        header: (HSA_PACKET_TYPE_BARRIER_AND << HSA_PACKET_HEADER_TYPE) as u16,
+        reserved2: WAKE_UP_MARK,
+        ..Default::default()
+    };
+    // SAFETY: a barrier-AND packet is 64 bytes of plain data, like every AQL packet.
+    Packet::from_bytes(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
+}
+
+/// Whether `packet` is one of kreplay's wake-up packets.
+pub(crate) fn is_wake_up(packet: &Packet) -> bool {
+    if packet.packet_type() != HSA_PACKET_TYPE_BARRIER_AND {
+        return false;
+    }
+    // SAFETY: a barrier-AND packet is 64 bytes of plain data.
+    let barrier =
+        unsafe { std::mem::transmute::<[u8; 64], hsa_barrier_and_packet_t>(*packet.bytes()) };
+    barrier.reserved2 == WAKE_UP_MARK && barrier.completion_signal.handle == 0
+}
+
+thread_local! {
+    /// Replay windows (agent writer locks) this thread holds.
+    static WINDOWS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is inside a replay window (holds some agent's writer side): what it
+/// submits is re-entrant work.
+pub(crate) fn in_replay_window() -> bool {
+    WINDOWS.try_with(Cell::get).unwrap_or(0) > 0
+}
+
+/// Marks the current thread as inside a replay window while alive. Not `Send`: dropped on the
+/// thread that made it, like the window itself.
+pub(crate) struct InWindow(std::marker::PhantomData<*const ()>);
+
+impl InWindow {
+    pub(crate) fn enter() -> InWindow {
+        let _ = WINDOWS.try_with(|w| w.set(w.get() + 1));
+        InWindow(std::marker::PhantomData)
+    }
+}
+
+impl Drop for InWindow {
+    fn drop(&mut self) {
+        let _ = WINDOWS.try_with(|w| w.set(w.get().saturating_sub(1)));
+    }
+}
+
+/// Re-entrant work is marked when its slots are reserved: called from inside a replay window on
+/// a queue of kreplay's, the slots are recorded so that the packets run on the agent's side
+/// queue, promptly, whichever thread ends up handling them.
+fn note_reservation(queue: *const hsa_queue_t, first: u64, count: u64) {
+    let Some(b) = installed() else { return };
+    if count == 0 || b.is_finalized() || !in_replay_window() {
+        return;
+    }
+    if let Some(state) = b.queues.by_queue(queue) {
+        state.reserve_reentrant(first, count);
+    }
+}
+
+macro_rules! add_write_index_wrapper {
+    ($($name:ident => $entry:ident),* $(,)?) => {$(
+        /// Wrapper of the same-named `hsa_queue_add_write_index_*`: see [`note_reservation`].
+        pub(crate) unsafe extern "C" fn $name(queue: *const hsa_queue_t, value: u64) -> u64 {
+            let Some(b) = installed() else { return 0 };
+            let first = b.original.$entry(queue, value);
+            let _ = std::panic::catch_unwind(|| note_reservation(queue, first, value));
+            first
+        }
+    )*};
+}
+
+add_write_index_wrapper!(
+    queue_add_write_index_scacq_screl => queue_add_write_index,
+    queue_add_write_index_scacquire => queue_add_write_index,
+    queue_add_write_index_relaxed => queue_add_write_index,
+    queue_add_write_index_screlease => queue_add_write_index,
+);
+
+/// A doorbell store from inside a replay window: the re-entrant packets it publishes run now,
+/// on the agent's side queue, before the store reaches the runtime (which may hand the slots to
+/// a thread that waits for this very replay). Their slots are then dropped by the handler.
+fn run_published_reentrant(signal: hsa_signal_t, value: i64) {
+    let Some(b) = installed() else { return };
+    if b.is_finalized() || !in_replay_window() || value < 0 {
+        return;
+    }
+    let Some(state) = b.queues.by_doorbell(signal) else {
+        return;
+    };
+    for packet in state.claim_published(value as u64) {
+        crate::replay::run_reentrant(b, &state, packet);
+    }
+}
+
+/// Wrapper of `hsa_signal_store_relaxed`: see [`run_published_reentrant`].
+pub(crate) unsafe extern "C" fn signal_store_relaxed(signal: hsa_signal_t, value: i64) {
+    let Some(b) = installed() else { return };
+    if in_replay_window() {
+        let _ = std::panic::catch_unwind(|| run_published_reentrant(signal, value));
+    }
+    b.original.signal_store_relaxed(signal, value);
+}
+
+/// Wrapper of `hsa_signal_store_screlease`: see [`run_published_reentrant`].
+pub(crate) unsafe extern "C" fn signal_store_screlease(signal: hsa_signal_t, value: i64) {
+    let Some(b) = installed() else { return };
+    if in_replay_window() {
+        let _ = std::panic::catch_unwind(|| run_published_reentrant(signal, value));
+    }
+    b.original.signal_store_screlease(signal, value);
 }

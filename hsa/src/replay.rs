@@ -3,6 +3,7 @@
 //! restores, the application's completion fired once).
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Instant;
 
 use hsa_sys::*;
@@ -16,17 +17,17 @@ use kreplay_snapshot::{Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
-use crate::dispatch::{Packet, Progress, Writer, dispatch_bytes, dispatch_info, forward};
-use crate::queues::{QueueIdle, QueueState};
+use crate::dispatch::{
+    Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
+};
+use crate::queues::{InWindow, QueueIdle, QueueState, in_replay_window};
 
-/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it. A
-/// member of a batch is not submitted here: the caller forwards the whole batch afterwards.
+/// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
     b: &Backend,
     state: &QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
-    in_batch: bool,
+    sink: Sink<'_>,
     progress: &Cell<Progress>,
 ) -> DispatchInfo {
     let info = dispatch_info(b, state, &dispatch);
@@ -35,8 +36,10 @@ pub(crate) fn replay_dispatch(
         b,
         state,
         dispatch,
-        writer,
-        in_batch,
+        sink,
+        reentrant: matches!(sink, Sink::Side(_)),
+        reentrant_seen: 0,
+        fresh: None,
         progress,
         guard: None,
         plan: None,
@@ -55,15 +58,43 @@ pub(crate) fn replay_dispatch(
     info
 }
 
+/// Runs one packet of re-entrant work (submitted from inside a replay window onto `state`, a
+/// queue of the agent or of another one) at once on the agent's side queue. A dispatch is not
+/// replayed: the tool hears CONFIG ENTER and EXIT with `reentrant_dispatch`, and it runs once.
+pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
+    let Some(side) = b.queues.side(b, state.agent) else {
+        eprintln!(
+            "kreplay: cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
+             is lost",
+            state.agent.handle, state.id
+        );
+        return;
+    };
+    let progress = Cell::new(Progress::Untouched);
+    side.count_reentrant_run();
+    match packet.as_dispatch() {
+        Some(dispatch) => {
+            replay_dispatch(b, state, dispatch, Sink::Side(&side), &progress);
+        }
+        None => forward(b, state, &[packet], &[], Sink::Side(&side), true, &progress),
+    }
+}
+
 /// The device steps of one replayed dispatch on HSA.
 struct HsaReplay<'a> {
     b: &'a Backend,
     state: &'a QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
-    writer: Writer,
-    in_batch: bool,
+    sink: Sink<'a>,
+    /// Work issued from inside a replay window: runs once on the side queue, never replayed.
+    reentrant: bool,
+    /// Re-entrant runs on the agent's side queue as of the snapshot (or the last restore).
+    reentrant_seen: usize,
+    /// A snapshot retaken before a pass because re-entrant work changed memory since the
+    /// snapshot: later restores restore it, so that work survives them.
+    fresh: Option<Snapshot>,
     progress: &'a Cell<Progress>,
-    guard: Option<WriteGuard>,
+    guard: Option<(WriteGuard, InWindow)>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
 }
@@ -168,29 +199,87 @@ impl PassCompletion for PassSignal<'_> {
     }
 }
 
+impl HsaReplay<'_> {
+    /// Re-entrant submissions on any side queue so far (work on one agent may write memory
+    /// this replay snapshots).
+    fn reentrant_runs(&self) -> usize {
+        crate::queues::reentrant_runs()
+    }
+
+    /// Before a pass: if re-entrant work ran since the snapshot or the last restore (a tool
+    /// dispatch from SNAPSHOT EXIT, RESTORE EXIT or PASS ENTER, on any agent), waits for it and
+    /// retakes the snapshot, so that later restores bring back memory with its effects (the
+    /// pass about to run starts from them too, as it would after that work).
+    fn keep_reentrant_work(&mut self, info: &DispatchInfo, pass: u64) {
+        let runs = self.reentrant_runs();
+        if runs == self.reentrant_seen {
+            return;
+        }
+        self.reentrant_seen = runs;
+        let deadline = Instant::now() + self.b.drain.timeout;
+        let mut landed = true;
+        for side in self.b.queues.sides() {
+            let marker = side.drain_marker(self.b);
+            crate::queues::submit_side(self.b, &side, &[marker]);
+            landed &= self.b.wait_signal_zero(side.in_flight, deadline);
+        }
+        let retaken = if landed {
+            // The same reach as the first snapshot: this dispatch's scope, arguments and
+            // module variables.
+            self.plan(info)
+                .map_err(|d| d.to_string())
+                .and_then(|plan| self.b.snapshotter.take(plan).map_err(|e| e.to_string()))
+        } else {
+            Err("it did not complete within the drain timeout".into())
+        };
+        match retaken {
+            Ok(snapshot) => self.fresh = Some(snapshot),
+            Err(why) => self.b.hooks.warn(&format!(
+                "re-entrant work before pass {pass} could not be kept ({why}): the next \
+                 restore may overwrite what it wrote"
+            )),
+        }
+    }
+}
+
 impl ReplayDevice for HsaReplay<'_> {
     type Snapshot = Snapshot;
 
     fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
-        if self.in_batch {
+        if self.reentrant {
             return Err(Decline::new(
-                DeclineReason::BatchOrGraph,
-                "the dispatch arrived in a multi-packet batch",
+                DeclineReason::ReentrantDispatch,
+                "issued from inside a replay window: runs once, at once, on the agent's side queue",
             ));
         }
+        // A dispatch that reached the handler with other packets is replayed like a lone one:
+        // the packets before it were forwarded first, so the drain covers them.
         Ok(())
     }
 
     fn lock_agent(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        match self.b.locks.write(info.agent_id) {
+        // Lock order: a thread inside a replay window never waits for another agent's writer
+        // side (that replay may be waiting for this one): it tries once and declines.
+        let taken = if in_replay_window() {
+            self.b
+                .locks
+                .try_write_for(info.agent_id, std::time::Duration::ZERO)
+                .map_err(|e| e.to_string())
+        } else {
+            // While it waits, this handler keeps delivering its queue's mail (the drain marker
+            // of the replay it waits for).
+            let (b, state, sink) = (self.b, self.state, self.sink);
+            self.b
+                .locks
+                .write_serving(info.agent_id, SERVE_SLICE, || deliver_mail(b, state, sink))
+                .map_err(|e| e.to_string())
+        };
+        match taken {
             Ok(guard) => {
-                self.guard = Some(guard);
+                self.guard = Some((guard, InWindow::enter()));
                 Ok(())
             }
-            Err(e) => Err(Decline::new(
-                DeclineReason::ReentrantDispatch,
-                e.to_string(),
-            )),
+            Err(detail) => Err(Decline::new(DeclineReason::ReentrantDispatch, detail)),
         }
     }
 
@@ -200,6 +289,30 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
         let queues = self.b.queues.on_agent(info.agent_id);
+        // Ask every queue of the agent for a drain marker: this one and side queues get it
+        // from here, the others through their mailbox (their handler may be waiting for this
+        // very replay, and writes mail while it waits).
+        let deadline = Instant::now() + self.b.drain.timeout;
+        for queue in &queues {
+            let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
+            if queue.single_producer && !own {
+                // Its forwarded batches carry their markers already.
+                continue;
+            }
+            if !queue.needs_drain_marker(self.b) {
+                // Nothing forwarded since its last marker, which completed: idle.
+                continue;
+            }
+            if own {
+                let marker = queue.drain_marker(self.b);
+                self.sink.write(self.b, &[marker]);
+            } else if self.b.queues.is_side(queue) {
+                let marker = queue.drain_marker(self.b);
+                crate::queues::submit_side(self.b, queue, &[marker]);
+            } else {
+                queue.request_drain_marker(self.b, deadline);
+            }
+        }
         let views: Vec<QueueIdle<'_>> = queues
             .iter()
             .map(|s| QueueIdle {
@@ -253,6 +366,7 @@ impl ReplayDevice for HsaReplay<'_> {
             Some(plan) => plan,
             None => self.plan(info)?,
         };
+        self.reentrant_seen = self.reentrant_runs();
         let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
         let r = snapshot.report();
         let report = MemoryOpReport {
@@ -269,6 +383,7 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
+        self.keep_reentrant_work(info, pass);
         // Acquired by `prepare` before the snapshot; without it no pass is ever submitted.
         let Some(signal) = self.pass_signal else {
             return Err(Decline::new(
@@ -282,11 +397,8 @@ impl ReplayDevice for HsaReplay<'_> {
         let bytes = dispatch_bytes(&packet);
         self.progress
             .set(Progress::Withheld(self.dispatch.completion_signal));
-        let writer = self.writer;
-        let mut submit = || {
-            // SAFETY: the writer is valid for the handler call this loop runs in.
-            unsafe { writer((&bytes as *const Packet).cast(), 1) };
-        };
+        let (b, sink) = (self.b, self.sink);
+        let mut submit = || sink.write(b, std::slice::from_ref(&bytes));
         if self.b.hooks.dispatch_tracing_configured() {
             self.b
                 .hooks
@@ -309,6 +421,10 @@ impl ReplayDevice for HsaReplay<'_> {
                 ))
             },
         );
+        if pass == 0 {
+            // The application's signal reports one run: the first pass's.
+            crate::dispatch::carry_timestamps(signal, self.dispatch.completion_signal);
+        }
         if self.b.hooks.dispatch_tracing_configured() {
             let (start, end) = self
                 .b
@@ -368,7 +484,15 @@ impl ReplayDevice for HsaReplay<'_> {
                 ..Default::default()
             });
         }
-        match snapshot.restore(&snapshot_request(request)) {
+        if let Some(fresh) = self.fresh.take() {
+            // Memory as re-entrant work left it before an earlier pass: restore that.
+            *snapshot = fresh;
+        }
+        let restored = snapshot.restore(&snapshot_request(request));
+        // Re-entrant work that ran between the pass and this restore was overwritten by it
+        // (a documented limit); work from here on is kept by the next pass.
+        self.reentrant_seen = self.reentrant_runs();
+        match restored {
             Ok(report) => {
                 self.progress.set(Progress::Restored);
                 if report.repaired_chunks > 0 {
@@ -392,16 +516,12 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_once(&mut self, info: &DispatchInfo) {
-        if self.in_batch {
-            // Forwarded with the rest of its batch, unchanged, once the loop saw every member.
-            return;
-        }
         forward(
             self.b,
             self.state,
             &[dispatch_bytes(&self.dispatch)],
             &[Some(*info)],
-            self.writer,
+            self.sink,
             true,
             self.progress,
         );

@@ -98,7 +98,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::RawRwLock;
-use parking_lot::lock_api::{RawRwLock as _, RawRwLockRecursive as _, RawRwLockTimed as _};
+use parking_lot::lock_api::{
+    RawRwLock as _, RawRwLockRecursive as _, RawRwLockRecursiveTimed as _, RawRwLockTimed as _,
+};
 
 /// Number of slots in the first table of a registry made by [`AgentLocks::new`].
 pub const DEFAULT_SLOTS: usize = 64;
@@ -280,6 +282,24 @@ impl AgentLock {
         Ok(())
     }
 
+    /// Like `acquire_shared`, giving up after `timeout` (`Ok(false)`).
+    fn try_acquire_shared_for(&self, timeout: Duration) -> Result<bool, Reentrant> {
+        let me = current_thread_token();
+        if self.writer.load(Ordering::Relaxed) == me {
+            return Err(Reentrant { agent: self.agent });
+        }
+        let (held_any, _) = held_reads(self.addr());
+        let taken = if held_any > 0 {
+            self.raw.try_lock_shared_recursive_for(timeout)
+        } else {
+            self.raw.try_lock_shared_for(timeout)
+        };
+        if taken {
+            record_read(self.addr());
+        }
+        Ok(taken)
+    }
+
     fn release_shared(&self) {
         forget_read(self.addr());
         // SAFETY: only called from a reader guard's drop, and every reader guard is created
@@ -453,6 +473,28 @@ impl AgentLocks {
         }))
     }
 
+    /// Like [`read`](Self::read), but waiting in slices of `slice` and calling `between` after
+    /// each slice that did not get the lock: a caller that must keep serving others while it
+    /// waits (a queue handler) does so in `between`.
+    pub fn read_serving(
+        &self,
+        agent: u64,
+        slice: Duration,
+        mut between: impl FnMut(),
+    ) -> Result<ReadAccess<'_>, Reentrant> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return Ok(ReadAccess::NotNeeded);
+        }
+        let lock = &**self.lookup(agent);
+        while !lock.try_acquire_shared_for(slice)? {
+            between();
+        }
+        Ok(ReadAccess::Locked(ReadGuard {
+            lock,
+            _not_send: PhantomData,
+        }))
+    }
+
     /// Like [`read`](Self::read), with a guard that does not borrow the registry.
     pub fn read_owned(&self, agent: u64) -> Result<OwnedReadAccess, Reentrant> {
         if !self.enabled.load(Ordering::Relaxed) {
@@ -474,6 +516,24 @@ impl AgentLocks {
         let lock = Arc::clone(self.lookup(agent));
         lock.acquire_exclusive()?;
         Ok(WriteGuard { lock })
+    }
+
+    /// Like [`write`](Self::write), but waiting in slices of `slice` and calling `between` after
+    /// each slice that did not get the lock (see [`read_serving`](Self::read_serving)).
+    pub fn write_serving(
+        &self,
+        agent: u64,
+        slice: Duration,
+        mut between: impl FnMut(),
+    ) -> Result<WriteGuard, Reentrant> {
+        let lock = Arc::clone(self.lookup(agent));
+        loop {
+            match lock.try_acquire_exclusive_for(slice) {
+                Ok(()) => return Ok(WriteGuard { lock }),
+                Err(TryWriteError::Reentrant(r)) => return Err(r),
+                Err(TryWriteError::TimedOut { .. }) => between(),
+            }
+        }
     }
 
     /// Writer side for a replay window on `agent`, giving up after `timeout`.

@@ -479,3 +479,67 @@ fn owned_reader_outlives_the_borrow_and_releases_on_drop() {
         },
     );
 }
+
+#[test]
+fn waiting_readers_and_writers_serve_others_until_the_window_closes() {
+    bounded(
+        "waiting_readers_and_writers_serve_others_until_the_window_closes",
+        || {
+            let locks = Arc::new(enabled());
+            let window = locks.write(40).unwrap();
+            let (served_tx, served_rx) = mpsc::channel::<&'static str>();
+            thread::scope(|s| {
+                let reader = {
+                    let (locks, tx) = (&locks, served_tx.clone());
+                    s.spawn(move || {
+                        let access = locks
+                            .read_serving(40, Duration::from_millis(1), || {
+                                let _ = tx.send("reader");
+                            })
+                            .unwrap();
+                        access.is_locked()
+                    })
+                };
+                let writer = {
+                    let (locks, tx) = (&locks, served_tx.clone());
+                    s.spawn(move || {
+                        let guard = locks
+                            .write_serving(40, Duration::from_millis(1), || {
+                                let _ = tx.send("writer");
+                            })
+                            .unwrap();
+                        guard.agent()
+                    })
+                };
+                // Both keep serving while the window is open: each reports at least once
+                // before the window closes.
+                let mut seen = (false, false);
+                while !(seen.0 && seen.1) {
+                    match served_rx.recv().unwrap() {
+                        "reader" => seen.0 = true,
+                        _ => seen.1 = true,
+                    }
+                }
+                drop(window);
+                assert!(
+                    reader.join().unwrap(),
+                    "the reader got the lock after the window"
+                );
+                assert_eq!(writer.join().unwrap(), 40);
+            });
+            // Re-entrancy is still detected by the serving variants.
+            let window = locks.write(41).unwrap();
+            assert!(
+                locks
+                    .read_serving(41, Duration::from_millis(1), || {})
+                    .is_err()
+            );
+            assert!(
+                locks
+                    .write_serving(41, Duration::from_millis(1), || {})
+                    .is_err()
+            );
+            drop(window);
+        },
+    );
+}

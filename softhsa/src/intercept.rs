@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 type HandlerFn = unsafe extern "C" fn(
     *const c_void,
@@ -36,6 +36,11 @@ pub(crate) struct InterceptState {
     handlers: RwLock<Arc<[Handler]>>,
     /// Serializes processing of this queue's packets between threads.
     lock: Mutex<()>,
+    /// Set by every doorbell store; the thread processing the queue looks again before it
+    /// leaves, so a store that found the queue busy is never lost.
+    pending: AtomicBool,
+    /// Set while a doorbell thread serves stores made from inside other queues' handlers.
+    deferred: AtomicBool,
 }
 
 impl InterceptState {
@@ -44,6 +49,8 @@ impl InterceptState {
             hw,
             handlers: RwLock::new(Arc::from(Vec::new())),
             lock: Mutex::new(()),
+            pending: AtomicBool::new(false),
+            deferred: AtomicBool::new(false),
         }
     }
 
@@ -96,7 +103,12 @@ fn processing_on_this_thread(queue: usize) -> bool {
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
 ///
 /// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
-/// re-reads the write index before it returns, so those packets are handled there.
+/// re-reads the write index before it returns, so those packets are handled there. A store made
+/// from inside a handler of another queue is handed to a doorbell thread, as ROCm hands it to
+/// its async doorbell thread: the handlers of one queue never run nested inside another's. A
+/// store while another thread processes the queue returns at once, leaving the new packets to
+/// that thread (it looks again before it leaves): a store never waits for another thread's
+/// handlers.
 pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     let QueueKind::Intercept(state) = &queue.kind else {
         return;
@@ -105,7 +117,69 @@ pub(crate) fn on_doorbell(queue: &Arc<Queue>) {
     if processing_on_this_thread(id) {
         return;
     }
-    let _serial = state.lock.lock();
+    state.pending.store(true, Ordering::SeqCst);
+    if inside_any_handler() {
+        defer(queue, state);
+        return;
+    }
+    serve(queue, state, id);
+}
+
+/// Processes the queue unless another thread does (see [`on_doorbell`]); false when another
+/// thread held it (that thread sees `pending` after it lets go, and looks again).
+fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) -> bool {
+    loop {
+        let Some(serial) = state.lock.try_lock() else {
+            return false;
+        };
+        state.pending.store(false, Ordering::SeqCst);
+        process(queue, state, id);
+        drop(serial);
+        if !state.pending.load(Ordering::SeqCst) {
+            return true;
+        }
+    }
+}
+
+fn inside_any_handler() -> bool {
+    FRAMES.with(|f| !f.borrow().is_empty())
+}
+
+/// Serves the queue from a doorbell thread of its own (at most one per queue at a time; one
+/// that is running sees `pending` before it leaves).
+fn defer(queue: &Arc<Queue>, state: &InterceptState) {
+    if state.deferred.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let queue = queue.clone();
+    let spawned = std::thread::Builder::new()
+        .name("softhsa-doorbell".into())
+        .spawn(move || {
+            let QueueKind::Intercept(state) = &queue.kind else {
+                return;
+            };
+            let id = Arc::as_ptr(&queue) as usize;
+            loop {
+                let served = serve(&queue, state, id);
+                state.deferred.store(false, Ordering::SeqCst);
+                // Another thread holds the queue: it looks again before it leaves. Otherwise a
+                // store deferred after `serve` looked for the last time found `deferred` still
+                // set and relies on this thread: look once more.
+                if !served
+                    || !state.pending.load(Ordering::SeqCst)
+                    || state.deferred.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+        });
+    if spawned.is_err() {
+        state.deferred.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Hands every published packet of the queue to its handler chain, batch by batch.
+fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
     loop {
         if queue.is_stopped() {
             return;

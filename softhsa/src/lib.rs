@@ -88,6 +88,12 @@ pub struct SoftHsaConfig {
     /// available parallelism (at least 1). Each queue's own processor thread always takes part
     /// too. Default 0.
     pub worker_threads: usize,
+    /// Whether a hardware queue may run kernel dispatches concurrently, as AQL allows: a
+    /// dispatch without the barrier bit starts while earlier dispatches of its queue still run
+    /// (each on a thread of its queue's own), and a packet with the barrier bit, or any other
+    /// packet, starts only once everything before it completed. Off by default: each packet
+    /// then runs to completion before the next starts (also a legal schedule).
+    pub overlap_dispatches: bool,
 }
 
 impl Default for SoftHsaConfig {
@@ -97,6 +103,7 @@ impl Default for SoftHsaConfig {
             vram_bytes_per_agent: 16 << 30,
             host_bytes: 64 << 30,
             worker_threads: 0,
+            overlap_dispatches: false,
         }
     }
 }

@@ -488,6 +488,9 @@ enum Halt {
 }
 
 fn processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
+    if rt.config.overlap_dispatches {
+        return overlapping_processor_loop(rt, queue);
+    }
     let _doorbell = queue.doorbell.wake.register();
     loop {
         if queue.is_stopped() {
@@ -509,6 +512,71 @@ fn processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
             Ok(()) => queue.consume(read, 1),
             Err(Halt::Stopped) => return,
             Err(Halt::Failed(status)) => queue.fail(status),
+        }
+    }
+}
+
+/// Whether a header has the barrier bit set.
+fn has_barrier_bit(header: u16) -> bool {
+    header & (1 << hsa_sys::HSA_PACKET_HEADER_BARRIER) != 0
+}
+
+/// The processor of `SoftHsaConfig::overlap_dispatches`: kernel dispatches start in queue order,
+/// each on a thread of its own, without waiting for earlier dispatches unless their barrier
+/// bit says so; any other packet waits until everything before it completed, then runs here.
+/// Slots are handed back once every packet launched before them completed (so `read index ==
+/// write index` still means idle).
+fn overlapping_processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
+    let _doorbell = queue.doorbell.wake.register();
+    let running = Arc::new(AtomicU64::new(0));
+    let mut launch = queue.read_index.load(Ordering::Acquire);
+    loop {
+        if queue.is_stopped() {
+            return;
+        }
+        let read = queue.read_index.load(Ordering::Acquire);
+        if running.load(Ordering::Acquire) == 0 && launch > read {
+            queue.consume(read, launch - read);
+        }
+        let header = queue.header(launch).load(Ordering::Acquire);
+        let idle = queue.inactive.load(Ordering::Acquire)
+            || queue.errored.load(Ordering::Acquire)
+            || packet_type(header) == HSA_PACKET_TYPE_INVALID;
+        let must_wait =
+            packet_type(header) != HSA_PACKET_TYPE_KERNEL_DISPATCH || has_barrier_bit(header);
+        if idle || (must_wait && running.load(Ordering::Acquire) > 0) {
+            // Woken by doorbell stores, by stop_queue and by finishing dispatches (the timeout
+            // covers a dispatch that finished before this thread's handle was published).
+            std::thread::park_timeout(std::time::Duration::from_millis(1));
+            continue;
+        }
+        let packet = queue.read_packet(launch);
+        if packet_type(header) != HSA_PACKET_TYPE_KERNEL_DISPATCH {
+            match execute(rt, queue, &packet) {
+                Ok(()) => launch += 1,
+                Err(Halt::Stopped) => return,
+                Err(Halt::Failed(status)) => queue.fail(status),
+            }
+            continue;
+        }
+        running.fetch_add(1, Ordering::AcqRel);
+        launch += 1;
+        let (rt2, q2, running2) = (rt.clone(), queue.clone(), running.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("softhsa-dispatch-{}", queue.hsa.id))
+            .spawn(move || {
+                let p: hsa_kernel_dispatch_packet_t = packet.read_as(0);
+                if let Err(Halt::Failed(status)) = dispatch(&rt2, &q2, &p) {
+                    q2.fail(status);
+                }
+                running2.fetch_sub(1, Ordering::AcqRel);
+                if let Some(processor) = q2.processor_thread.get() {
+                    processor.unpark();
+                }
+            });
+        if spawned.is_err() {
+            running.fetch_sub(1, Ordering::AcqRel);
+            queue.fail(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
         }
     }
 }

@@ -93,7 +93,7 @@ impl Runtime {
 
     /// Creates and registers a signal.
     pub(crate) fn create_signal(&self, initial: hsa_signal_value_t) -> Arc<Signal> {
-        let signal = Arc::new(Signal::new(next_handle(), initial));
+        let signal = Arc::new(Signal::new(initial));
         self.signals.write().insert(signal.handle(), signal.clone());
         signal
     }

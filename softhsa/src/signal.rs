@@ -76,34 +76,59 @@ pub(crate) fn condition_holds(
     })
 }
 
+/// The part of a signal that a signal handle points to, laid out as ROCm's `amd_signal_t`
+/// (hsa/amd_hsa_signal.h): kind, value, mailbox, event id, then the start and end timestamps of
+/// the last dispatch or async copy that completed the signal. As on ROCm, a handle is this block's address,
+/// so a tools library can carry timestamps from one signal to another the way it would there.
+#[repr(C, align(64))]
+struct AbiBlock {
+    kind: i64,
+    value: AtomicI64,
+    event_mailbox_ptr: u64,
+    event_id: u32,
+    reserved1: u32,
+    start_ts: AtomicU64,
+    end_ts: AtomicU64,
+    reserved2: u64,
+    reserved3: [u32; 2],
+}
+
+/// `AMD_SIGNAL_KIND_USER`.
+const KIND_USER: i64 = 1;
+
 /// One signal object. Handles map to these through the runtime's registry.
 pub(crate) struct Signal {
     handle: u64,
-    value: AtomicI64,
+    /// The value and dispatch timestamps, at the address the handle names.
+    block: Box<AbiBlock>,
     /// Bumped by every change, so a handler can tell a new change from an old one.
     generation: AtomicU64,
     /// Threads blocked on this signal.
     pub(crate) wake: WakeList,
     /// Set when this signal is the doorbell of an intercept queue: every store processes it.
     doorbell_of: OnceLock<Weak<Queue>>,
-    dispatch_start: AtomicU64,
-    dispatch_end: AtomicU64,
-    copy_start: AtomicU64,
-    copy_end: AtomicU64,
 }
 
 impl Signal {
-    pub(crate) fn new(handle: u64, initial: hsa_signal_value_t) -> Self {
-        Self {
-            handle,
+    /// A signal whose handle is the address of its ABI block.
+    pub(crate) fn new(initial: hsa_signal_value_t) -> Self {
+        let block = Box::new(AbiBlock {
+            kind: KIND_USER,
             value: AtomicI64::new(initial),
+            event_mailbox_ptr: 0,
+            event_id: 0,
+            reserved1: 0,
+            start_ts: AtomicU64::new(0),
+            end_ts: AtomicU64::new(0),
+            reserved2: 0,
+            reserved3: [0; 2],
+        });
+        Self {
+            handle: std::ptr::from_ref::<AbiBlock>(&block) as u64,
+            block,
             generation: AtomicU64::new(0),
             wake: WakeList::default(),
             doorbell_of: OnceLock::new(),
-            dispatch_start: AtomicU64::new(0),
-            dispatch_end: AtomicU64::new(0),
-            copy_start: AtomicU64::new(0),
-            copy_end: AtomicU64::new(0),
         }
     }
 
@@ -119,7 +144,7 @@ impl Signal {
 
     /// The address of the value, for `hsa_amd_signal_value_pointer`.
     pub(crate) fn value_ptr(&self) -> *mut hsa_signal_value_t {
-        self.value.as_ptr()
+        self.block.value.as_ptr()
     }
 
     /// The change counter (see `generation`).
@@ -128,29 +153,29 @@ impl Signal {
     }
 
     pub(crate) fn load(&self, order: Order) -> hsa_signal_value_t {
-        self.value.load(order.load())
+        self.block.value.load(order.load())
     }
 
     pub(crate) fn store(&self, value: hsa_signal_value_t, order: Order) {
-        self.value.store(value, order.store());
+        self.block.value.store(value, order.store());
         self.changed();
     }
 
     /// A store that wakes nobody (`hsa_signal_silent_store_*`).
     pub(crate) fn silent_store(&self, value: hsa_signal_value_t, order: Order) {
-        self.value.store(value, order.store());
+        self.block.value.store(value, order.store());
     }
 
     /// Applies `op` and returns the previous value.
     pub(crate) fn rmw(&self, op: Rmw, operand: hsa_signal_value_t, order: Order) -> i64 {
         let o = order.rmw();
         let previous = match op {
-            Rmw::Add => self.value.fetch_add(operand, o),
-            Rmw::Subtract => self.value.fetch_sub(operand, o),
-            Rmw::And => self.value.fetch_and(operand, o),
-            Rmw::Or => self.value.fetch_or(operand, o),
-            Rmw::Xor => self.value.fetch_xor(operand, o),
-            Rmw::Exchange => self.value.swap(operand, o),
+            Rmw::Add => self.block.value.fetch_add(operand, o),
+            Rmw::Subtract => self.block.value.fetch_sub(operand, o),
+            Rmw::And => self.block.value.fetch_and(operand, o),
+            Rmw::Or => self.block.value.fetch_or(operand, o),
+            Rmw::Xor => self.block.value.fetch_xor(operand, o),
+            Rmw::Exchange => self.block.value.swap(operand, o),
         };
         self.changed();
         previous
@@ -159,6 +184,7 @@ impl Signal {
     /// Compare-and-swap; returns the value observed before the operation.
     pub(crate) fn cas(&self, expected: i64, new: i64, order: Order) -> i64 {
         match self
+            .block
             .value
             .compare_exchange(expected, new, order.rmw(), order.load())
         {
@@ -206,24 +232,23 @@ impl Signal {
 
     /// Records the start and end of the last dispatch that completed with this signal.
     pub(crate) fn record_dispatch_time(&self, start: u64, end: u64) {
-        self.dispatch_start.store(start, Ordering::Relaxed);
-        self.dispatch_end.store(end, Ordering::Release);
+        self.block.start_ts.store(start, Ordering::Relaxed);
+        self.block.end_ts.store(end, Ordering::Release);
     }
 
     pub(crate) fn dispatch_time(&self) -> (u64, u64) {
-        let end = self.dispatch_end.load(Ordering::Acquire);
-        (self.dispatch_start.load(Ordering::Relaxed), end)
+        let end = self.block.end_ts.load(Ordering::Acquire);
+        (self.block.start_ts.load(Ordering::Relaxed), end)
     }
 
     /// Records the start and end of the last async copy that completed with this signal.
+    /// (As on ROCm, where one signal's `start_ts`/`end_ts` serve dispatches and copies alike.)
     pub(crate) fn record_copy_time(&self, start: u64, end: u64) {
-        self.copy_start.store(start, Ordering::Relaxed);
-        self.copy_end.store(end, Ordering::Release);
+        self.record_dispatch_time(start, end);
     }
 
     pub(crate) fn copy_time(&self) -> (u64, u64) {
-        let end = self.copy_end.load(Ordering::Acquire);
-        (self.copy_start.load(Ordering::Relaxed), end)
+        self.dispatch_time()
     }
 }
 
@@ -261,7 +286,7 @@ mod tests {
 
     #[test]
     fn rmw_operations_return_the_previous_value() {
-        let s = Signal::new(1, 6);
+        let s = Signal::new(6);
         assert_eq!(s.rmw(Rmw::Add, 4, Order::Relaxed), 6);
         assert_eq!(s.rmw(Rmw::Subtract, 3, Order::AcqRel), 10);
         assert_eq!(s.rmw(Rmw::And, 0b110, Order::Acquire), 7);
@@ -278,6 +303,18 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_points_at_the_amd_signal_layout() {
+        let s = Signal::new(9);
+        s.record_dispatch_time(100, 250);
+        let at = |offset: usize| {
+            // SAFETY: the handle is the address of the signal's live 64-byte ABI block; the
+            // offsets are those of amd_signal_t's kind, value, start_ts and end_ts.
+            unsafe { std::ptr::read((s.handle() as usize + offset) as *const i64) }
+        };
+        assert_eq!((at(0), at(8), at(32), at(40)), (KIND_USER, 9, 100, 250));
+    }
+
+    #[test]
     fn conditions_compare_as_the_spec_says() {
         assert_eq!(condition_holds(HSA_SIGNAL_CONDITION_EQ, 1, 1), Some(true));
         assert_eq!(condition_holds(HSA_SIGNAL_CONDITION_NE, 1, 1), Some(false));
@@ -288,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_timed_out_wait_returns_the_current_value() {
-        let s = Signal::new(1, 5);
+        let s = Signal::new(5);
         let deadline = Some(Instant::now() + Duration::from_millis(5));
         let v = s.wait(
             HSA_SIGNAL_CONDITION_EQ,

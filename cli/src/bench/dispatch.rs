@@ -11,6 +11,11 @@
 //! Once a tool configured the replay service it stays configured for the life of the process,
 //! so the ordinary path with no replay service is measured in a child process that runs
 //! `kreplay bench-dispatch --service none` (no tool at all) and hands its figures back as CSV.
+//!
+//! Whether ordinary work keeps its concurrency is measured in another child process
+//! (`--service overlap`), whose softhsa runs dispatches of one queue concurrently as AQL allows:
+//! two long kernels written to one queue, on a queue of softhsa's own table and on a queue of
+//! kreplay's table with the tool opting out.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -43,6 +48,12 @@ pub const IDLE_SIBLINGS: usize = 1;
 const DISPATCH_DEADLINE: Duration = Duration::from_secs(30);
 /// Packets per queue.
 const QUEUE_SIZE: u32 = 256;
+
+/// How long each kernel of the overlap measurement runs (it sleeps: a long GPU kernel that
+/// needs no host CPU, so the measurement does not depend on free cores).
+pub const OVERLAP_KERNEL: Duration = Duration::from_millis(20);
+/// Rounds of the overlap measurement per queue.
+const OVERLAP_ROUNDS: usize = 5;
 
 static RAN: AtomicBool = AtomicBool::new(false);
 
@@ -203,6 +214,12 @@ impl Drop for Rig {
 }
 
 fn empty_kernel(_: &WorkGroup) {}
+
+fn long_kernel(group: &WorkGroup) {
+    if group.group_id() == [0, 0, 0] {
+        std::thread::sleep(OVERLAP_KERNEL);
+    }
+}
 
 /// softhsa's pass-through intercept handler: every packet goes on unchanged.
 unsafe extern "C" fn pass_through(
@@ -720,15 +737,154 @@ fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, us
     result
 }
 
-/// Runs `kreplay bench-dispatch --service none` in a child process and reads its figures.
-fn measure_in_child(options: &DispatchBenchOptions) -> Result<Figures, String> {
+/// Two [`OVERLAP_KERNEL`] kernels written to one queue, and one alone, on a softhsa that
+/// overlaps dispatches of a queue: on a queue of softhsa's own table and on a queue of the
+/// table kreplay is installed in, with the replay service configured and the tool opting out.
+/// Figures `overlap.<queue>.single` and `overlap.<queue>.pair`: wall time until completion.
+fn measure_overlap() -> Result<Figures, String> {
+    kreplay_softhsa::configure(kreplay_softhsa::SoftHsaConfig {
+        overlap_dispatches: true,
+        ..Default::default()
+    })?;
+    tool::register()?;
+    tool::set_passes(0);
+    let plain = Hsa::softhsa();
+    let hold = plain.init().map_err(hsa_error("hsa_init"))?;
+    let mut table = OwnedApiTable::softhsa();
+    // SAFETY: as in `measure`.
+    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
+        .map_err(|e| format!("cannot install kreplay: {e}"))?;
+    let result = (|| {
+        if let Some(why) = tool::setup_error() {
+            return Err(format!("the benchmark tool could not set up: {why}"));
+        }
+        if !kreplay::services::replay_configured() {
+            return Err("the replay service is not configured as this measurement needs".into());
+        }
+        // SAFETY: the copy's sub-tables are valid for as long as `table` lives.
+        let app = unsafe { Hsa::from_table(table.table()) };
+        let _session = app.init().map_err(hsa_error("hsa_init"))?;
+        let gpu = *app
+            .gpu_agents()
+            .map_err(hsa_error("hsa_iterate_agents"))?
+            .first()
+            .ok_or("the software HSA runtime reports no GPU agent")?;
+        let kernel = kreplay_softhsa::register_kernel("kreplay_bench_long", long_kernel);
+        let mut figures = Figures::new();
+        for (hsa, name) in [(plain, "softhsa"), (app, "opted_out")] {
+            let (single, pair) = time_overlap(hsa, gpu, kernel)?;
+            for (what, mut values) in [("single", single), ("pair", pair)] {
+                if let Some(stat) = Stat::of(&mut values) {
+                    figures.insert(format!("overlap.{name}.{what}"), stat);
+                }
+            }
+        }
+        Ok(figures)
+    })();
+    kreplay::hsa_tool::on_unload();
+    drop(table);
+    drop(hold);
+    result
+}
+
+/// Wall times (ns) of one long kernel alone and of two written at once, on a fresh queue.
+fn time_overlap(hsa: Hsa, gpu: hsa_agent_t, kernel: u64) -> Result<(Vec<f64>, Vec<f64>), String> {
+    let queue = hsa
+        .queue_create(gpu, QUEUE_SIZE)
+        .map_err(hsa_error("hsa_queue_create"))?;
+    let signals: Vec<hsa_signal_t> = (0..2).filter_map(|_| hsa.signal_create(0).ok()).collect();
+    let outcome = (|| {
+        let [first, second] = signals[..] else {
+            return Err("cannot create the overlap measurement's signals".to_string());
+        };
+        let packets = [first, second].map(|signal| {
+            dispatch_packet(&Dispatch {
+                barrier: false,
+                ..Dispatch::linear(kernel, 1, 1, std::ptr::null_mut(), signal)
+            })
+        });
+        let wait = |signal| {
+            hsa.wait_zero(signal, DISPATCH_DEADLINE)
+                .then_some(())
+                .ok_or("a long kernel did not complete in time")
+        };
+        let (mut single, mut pair) = (Vec::new(), Vec::new());
+        for _ in 0..OVERLAP_ROUNDS {
+            hsa.signal_store(first, 1);
+            let start = Instant::now();
+            // SAFETY: a live queue of this runtime; a 64-byte dispatch packet without arguments.
+            unsafe { hsa.submit(queue, &packets[0]) };
+            wait(first)?;
+            single.push(start.elapsed().as_nanos() as f64);
+            hsa.signal_store(first, 1);
+            hsa.signal_store(second, 1);
+            let start = Instant::now();
+            // SAFETY: as above; two packets, written one after the other, no barrier bit.
+            unsafe {
+                hsa.submit(queue, &packets[0]);
+                hsa.submit(queue, &packets[1]);
+            }
+            wait(first)?;
+            wait(second)?;
+            pair.push(start.elapsed().as_nanos() as f64);
+        }
+        Ok((single, pair))
+    })();
+    // SAFETY: the queue was created above; every dispatch on it was waited for.
+    let _ = unsafe { hsa.queue_destroy(queue) };
+    for signal in signals {
+        let _ = hsa.signal_destroy(signal);
+    }
+    outcome
+}
+
+/// The overlap section of the report.
+fn render_overlap(figures: &Figures, child: bool) -> String {
+    let median = |name: &str| figures.get(name).map(|s| s.median);
+    let mut text = format!(
+        "\ntwo {} ms kernels written to one queue (no barrier bit){}, on a softhsa that overlaps \
+         dispatches of a queue as AQL allows (wall time until both completed; one kernel alone \
+         for comparison):\n",
+        OVERLAP_KERNEL.as_millis(),
+        if child { " in a child process" } else { "" }
+    );
+    for (key, label) in [
+        ("softhsa", "softhsa queue (no kreplay)"),
+        (
+            "opted_out",
+            "kreplay queue, replay service configured, tool opts out",
+        ),
+    ] {
+        if let (Some(single), Some(pair)) = (
+            median(&format!("overlap.{key}.single")),
+            median(&format!("overlap.{key}.pair")),
+        ) {
+            text += &format!(
+                "  {label}: one alone {}, two {} ({:.2}x the time of one: 1 overlaps fully, \
+                 2 runs them one after the other)\n",
+                ms(single),
+                ms(pair),
+                pair / single
+            );
+        }
+    }
+    text
+}
+
+fn ms(ns: f64) -> String {
+    format!("{:.2} ms", ns / 1e6)
+}
+
+/// Runs `kreplay bench-dispatch --service <service>` (`none` or `overlap`) in a child process
+/// and reads its figures.
+fn measure_in_child(options: &DispatchBenchOptions, service: &str) -> Result<Figures, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the kreplay executable to start a child: {e}"))?;
     let csv =
         std::env::temp_dir().join(format!("kreplay-bench-dispatch-{}.csv", std::process::id()));
     let output = std::process::Command::new(&exe)
         .arg("bench-dispatch")
-        .args(["--service", "none"])
+        .args(["--service", service])
         .args(["--allocations", &options.allocations.to_string()])
         .args(["--dispatches", &options.dispatches.to_string()])
         .arg("--csv")
@@ -739,7 +895,7 @@ fn measure_in_child(options: &DispatchBenchOptions) -> Result<Figures, String> {
     let _ = std::fs::remove_file(&csv);
     if !output.status.success() {
         return Err(format!(
-            "the child process measuring dispatches with no replay service failed ({}): {}",
+            "the child process measuring '--service {service}' failed ({}): {}",
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         ));
@@ -828,11 +984,28 @@ pub fn run(
         );
     }
     let mut figures = Figures::new();
+    if options.service == DispatchService::Overlap {
+        figures = measure_overlap()?;
+        let report = render_overlap(&figures, false);
+        out.write_all(report.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(|e| format!("cannot write the report: {e}"))?;
+        if let Some(path) = &options.csv {
+            write_csv(&figures, path)?;
+        }
+        return Ok(DispatchBenchOutcome {
+            figures,
+            targets: Vec::new(),
+        });
+    }
     if options.service == DispatchService::Replay {
-        // The child reports as a `--service none` run: its figures are already `none.*`.
-        for (name, stat) in measure_in_child(options)? {
-            if name.starts_with("none.") {
-                figures.insert(name, stat);
+        // The children report as `--service none` and `--service overlap` runs: their figures
+        // are already `none.*` and `overlap.*`.
+        for (service, prefix) in [("none", "none."), ("overlap", "overlap.")] {
+            for (name, stat) in measure_in_child(options, service)? {
+                if name.starts_with(prefix) {
+                    figures.insert(name, stat);
+                }
             }
         }
     }
@@ -1043,6 +1216,10 @@ fn render(
     }
 
     if replay {
+        text += &render_overlap(figures, true);
+    }
+
+    if replay {
         let loop_total = get("replay_loop.total");
         text += &format!(
             "\nkreplay's own cost records ({} replayed and {} opted-out dispatches, medians):\n",
@@ -1134,8 +1311,8 @@ fn render(
         );
         text += "      includes: the replay-service check, the dispatch's info, the tool's \
                  CONFIG ENTER (pass-count callback left NULL) and CONFIG EXIT callbacks, the \
-                 agent's reader lock, counting the dispatch in flight and the idle marker \
-                 packet written after it\n";
+                 agent's reader lock and marking the queue as having work a later replay \
+                 drains; the dispatch is forwarded alone\n";
     }
     line(
         &mut text,

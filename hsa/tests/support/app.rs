@@ -476,6 +476,11 @@ impl App {
 
     /// Creates a queue on `agent`.
     pub fn queue(&self, agent: hsa_agent_t) -> Queue {
+        self.queue_of_type(agent, HSA_QUEUE_TYPE_MULTI)
+    }
+
+    /// Creates a queue of `type_` (`HSA_QUEUE_TYPE_MULTI` or `_SINGLE`) on `agent`.
+    pub fn queue_of_type(&self, agent: hsa_agent_t, type_: hsa_queue_type32_t) -> Queue {
         let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
         ok(
             hsa!(
@@ -483,7 +488,7 @@ impl App {
                 core.hsa_queue_create_fn(
                     agent,
                     64,
-                    HSA_QUEUE_TYPE_MULTI,
+                    type_,
                     None,
                     std::ptr::null_mut(),
                     0,
@@ -587,6 +592,43 @@ impl App {
                 return value;
             }
         }
+    }
+
+    /// `hsa_amd_profiling_get_dispatch_time` of `signal`: (start, end) in timestamp ticks.
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn dispatch_time(&self, agent: hsa_agent_t, signal: hsa_signal_t) -> (u64, u64) {
+        let mut time = hsa_amd_profiling_dispatch_time_t::default();
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_profiling_get_dispatch_time_fn(agent, signal, &raw mut time)
+            ),
+            "dispatch time",
+        );
+        (time.start, time.end)
+    }
+
+    /// Turns the runtime's async-copy timestamps on (`hsa_amd_profiling_async_copy_enable`).
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn enable_copy_timestamps(&self) {
+        ok(
+            hsa!(self, amd.hsa_amd_profiling_async_copy_enable_fn(true)),
+            "async copy profiling",
+        );
+    }
+
+    /// `hsa_amd_profiling_get_async_copy_time` of `signal`: (start, end) in timestamp ticks.
+    #[allow(dead_code)] // not every test binary reads timestamps
+    pub fn copy_time(&self, signal: hsa_signal_t) -> (u64, u64) {
+        let mut time = hsa_amd_profiling_async_copy_time_t::default();
+        ok(
+            hsa!(
+                self,
+                amd.hsa_amd_profiling_get_async_copy_time_fn(signal, &raw mut time)
+            ),
+            "async copy time",
+        );
+        (time.start, time.end)
     }
 
     /// Asynchronously copies `bytes` from `src` (owned by `src_agent`) to `dst` (owned by

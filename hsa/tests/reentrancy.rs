@@ -1,0 +1,354 @@
+//! Re-entrancy: dispatches a tool issues from inside replay callbacks (onto a sibling queue that
+//! another thread is using, onto the replaying queue itself, onto another agent that is
+//! replaying too) run exactly once, promptly, and nothing deadlocks. Every scenario runs its
+//! replays on threads and fails when they do not finish within a deadline.
+
+// Each test file uses part of the shared harness.
+#[allow(dead_code)]
+#[macro_use]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use hsa_sys::hsa_signal_t;
+use kreplay_drain::DrainConfig;
+use kreplay_hsa::InstallOptions;
+use kreplay_passloop::{DeclineReason, LoopEnd, RanOnceReason, ReplayOutcome, ToolAnswer};
+use kreplay_softhsa::WorkGroup;
+use parking_lot::Mutex;
+use support::app::{self, App, Aql, Pools, Ptr, Queue, WAIT};
+use support::tool::{Script, TestHooks};
+
+/// Runs of `add_one` per tag.
+static RUNS: [AtomicU32; 32] = [const { AtomicU32::new(0) }; 32];
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct AddArgs {
+    buf: u64,
+    len: u32,
+    tag: u32,
+}
+
+/// `buf[i] += 1` for every work-item; work-group 0 counts the run.
+fn add_one(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
+    let args: AddArgs = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS[args.tag as usize].fetch_add(1, Ordering::SeqCst);
+    }
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: each work-item owns index `i` of a buffer of `len` u32.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
+fn runs(tag: u32) -> u32 {
+    RUNS[tag as usize].load(Ordering::SeqCst)
+}
+
+struct Env {
+    app: App,
+    hooks: Arc<TestHooks>,
+    pools: [Pools; 2],
+}
+
+fn setup() -> Env {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            drain: DrainConfig::new(WAIT),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    let pools = [app.pools(app.gpus[0]), app.pools(app.gpus[1])];
+    Env { app, hooks, pools }
+}
+
+impl Env {
+    /// An `add_one` dispatch on GPU `agent` with work-group size `workgroup`.
+    fn add(&self, agent: usize, buf: Ptr, tag: u32, workgroup: u16, done: hsa_signal_t) -> Aql {
+        let kernarg = self.app.kernargs(
+            &self.pools[agent],
+            AddArgs {
+                buf: buf.0,
+                len: 64,
+                tag,
+            },
+        );
+        let kernel = kreplay_softhsa::register_kernel("reentrancy_add_one", add_one);
+        Aql::dispatch(kernel, 64, workgroup, kernarg, done)
+    }
+
+    fn outcome_of_tag_queue(&self, queue: Queue, workgroup: u32) -> Vec<ReplayOutcome> {
+        self.hooks
+            .configured_dispatches()
+            .iter()
+            .filter(|i| i.queue_id == queue_id(queue) && i.workgroup_size[0] == workgroup)
+            .map(|i| self.hooks.finished_record(i.dispatch_id).outcome)
+            .collect()
+    }
+}
+
+fn queue_id(queue: Queue) -> u64 {
+    // SAFETY: the queue is live for the scenario.
+    unsafe { (*queue.0).id }
+}
+
+fn declined(outcome: &ReplayOutcome) -> Option<DeclineReason> {
+    match outcome {
+        ReplayOutcome::RanOnce {
+            why: RanOnceReason::Declined(d),
+        } => Some(d.reason),
+        _ => None,
+    }
+}
+
+/// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
+/// it) when they do not all finish within `limit`.
+fn bounded<T: Send + 'static>(limit: Duration, work: Vec<Box<dyn FnOnce() -> T + Send>>) -> Vec<T> {
+    let (tx, rx) = mpsc::channel();
+    let n = work.len();
+    for (i, job) in work.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((i, job()));
+        });
+    }
+    let deadline = Instant::now() + limit;
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((i, value)) => results[i] = Some(value),
+            Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every job reported"))
+        .collect()
+}
+
+/// Waits until `flag` is set, at most [`WAIT`]; returns whether it was.
+fn wait_flag(flag: &AtomicBool) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while !flag.load(Ordering::SeqCst) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+/// The longest a scenario's threads may take in all.
+const LIMIT: Duration = Duration::from_secs(12);
+
+scenarios! {
+    /// The tool dispatches onto a sibling queue from PASS ENTER while another application
+    /// thread is inside that queue's submission (its own dispatch waits for the replay to end).
+    /// The tool's dispatch runs once, inside the callback; the other thread's dispatch runs once
+    /// after the replay; nothing deadlocks.
+    fn a_tool_dispatch_onto_a_sibling_queue_in_use_by_another_thread_runs_inside_the_callback() {
+        static OTHER_IN_SUBMISSION: AtomicBool = AtomicBool::new(false);
+        let env = setup();
+        let (q1, q2) = (env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[0]));
+        let sibling = queue_id(q2);
+        let buf = env.app.buffer(env.pools[0].coarse, &[1; 64]);
+        let other_buf = env.app.buffer(env.pools[0].coarse, &[5; 64]);
+        // Fine-grained: never snapshotted, so only a second run could change what it shows.
+        let inner_buf = env.app.buffer(env.pools[0].fine, &[40; 64]);
+        let (done, other_done, inner_done) = (env.app.signal(1), env.app.signal(1), env.app.signal(1));
+        let inner = env.add(0, inner_buf, 3, 64, inner_done);
+        let other = env.add(0, other_buf, 2, 32, other_done);
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_tx = Mutex::new(Some(go_tx));
+        let inner_wait: Arc<Mutex<Option<i64>>> = Arc::default();
+        let (app, w) = (env.app, inner_wait.clone());
+        env.hooks.set_script(
+            Script::new(move |_, info| {
+                if info.queue_id == sibling && info.workgroup_size[0] == 32 {
+                    // The other thread is now inside the sibling queue's submission.
+                    OTHER_IN_SUBMISSION.store(true, Ordering::SeqCst);
+                    ToolAnswer::OPT_OUT
+                } else {
+                    ToolAnswer::passes(2)
+                }
+            })
+            .on_pass_enter(move |_, info, pass, _| {
+                if info.queue_id != sibling && info.workgroup_size[0] == 64 && pass == 0 && w.lock().is_none() {
+                    if let Some(go) = go_tx.lock().take() {
+                        let _ = go.send(());
+                    }
+                    assert!(wait_flag(&OTHER_IN_SUBMISSION), "the other thread reached its submission");
+                    app.dispatch(q2, inner);
+                    *w.lock() = Some(app.wait_zero(inner_done));
+                }
+            }),
+        );
+        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+            app.dispatch(q1, {
+                let kernarg = app.kernargs(&app.pools(app.gpus[0]), AddArgs { buf: buf.0, len: 64, tag: 1 });
+                Aql::dispatch(kreplay_softhsa::register_kernel("reentrancy_add_one", add_one), 64, 64, kernarg, done)
+            });
+            app.wait_zero(done)
+        });
+        let other_thread: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+            go_rx.recv_timeout(WAIT).expect("the replay reached PASS ENTER");
+            app.dispatch(q2, other);
+            app.wait_zero(other_done)
+        });
+
+        let finished = bounded(LIMIT, vec![replayer, other_thread]);
+
+        assert_eq!(finished, vec![0, 0], "both application dispatches completed");
+        assert_eq!(*inner_wait.lock(), Some(0), "the tool's dispatch completed inside the callback");
+        assert_eq!(env.app.load(inner_done), 0);
+        assert_eq!((runs(1), runs(2), runs(3)), (2, 1, 1), "replayed twice, the others once each");
+        assert_eq!(env.app.read(buf, 64), vec![2; 64]);
+        assert_eq!(env.app.read(other_buf, 64), vec![6; 64]);
+        assert_eq!(env.app.read(inner_buf, 64), vec![41; 64]);
+        let inner_outcomes = env.outcome_of_tag_queue(q2, 64);
+        assert_eq!(inner_outcomes.len(), 1);
+        assert_eq!(declined(&inner_outcomes[0]), Some(DeclineReason::ReentrantDispatch));
+    }
+
+    /// The tool dispatches onto the very queue being replayed from PASS ENTER and waits for it:
+    /// the dispatch runs once, inside the callback (not after the replay, not as a batch).
+    fn a_tool_dispatch_onto_the_replaying_queue_runs_inside_the_callback() {
+        let env = setup();
+        let q = env.app.queue(env.app.gpus[0]);
+        let buf = env.app.buffer(env.pools[0].coarse, &[7; 64]);
+        let inner_buf = env.app.buffer(env.pools[0].fine, &[40; 64]);
+        let (done, inner_done) = (env.app.signal(1), env.app.signal(1));
+        let inner = env.add(0, inner_buf, 5, 32, inner_done);
+        let outer = env.add(0, buf, 4, 64, done);
+        let inner_wait: Arc<Mutex<Option<i64>>> = Arc::default();
+        let (app, w) = (env.app, inner_wait.clone());
+        env.hooks.set_script(Script::passes(3).on_pass_enter(move |_, info, pass, _| {
+            if info.workgroup_size[0] == 64 && pass == 0 {
+                app.dispatch(q, inner);
+                *w.lock() = Some(app.wait_zero(inner_done));
+            }
+        }));
+        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+            app.dispatch(q, outer);
+            app.wait_zero(done)
+        });
+
+        let finished = bounded(LIMIT, vec![replayer]);
+
+        assert_eq!(finished, vec![0]);
+        assert_eq!(*inner_wait.lock(), Some(0), "the tool's dispatch completed inside the callback");
+        assert_eq!((runs(4), runs(5)), (3, 1));
+        assert_eq!(env.app.read(buf, 64), vec![8; 64]);
+        assert_eq!(env.app.read(inner_buf, 64), vec![41; 64], "the tool's dispatch ran exactly once");
+        let outer_outcomes = env.outcome_of_tag_queue(q, 64);
+        assert_eq!(outer_outcomes, vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
+        let inner_outcomes = env.outcome_of_tag_queue(q, 32);
+        assert_eq!(inner_outcomes.len(), 1);
+        assert_eq!(declined(&inner_outcomes[0]), Some(DeclineReason::ReentrantDispatch));
+        assert!(!env.hooks.warned_keys().contains(&"batch_or_graph"));
+    }
+
+    /// Replays on agents 0 and 1 at the same time whose PASS ENTER callbacks each dispatch onto
+    /// the other agent and wait for it: both nested dispatches run once (declined as
+    /// `reentrant_dispatch`), both replays finish, nothing deadlocks.
+    fn replays_on_two_agents_dispatching_onto_each_other_never_deadlock() {
+        static IN_PASS: AtomicU32 = AtomicU32::new(0);
+        let env = setup();
+        let outer_q = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
+        let inner_q = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
+        let bufs = [env.app.buffer(env.pools[0].coarse, &[1; 64]), env.app.buffer(env.pools[1].coarse, &[2; 64])];
+        let inner_bufs = [env.app.buffer(env.pools[0].fine, &[10; 64]), env.app.buffer(env.pools[1].fine, &[20; 64])];
+        let done = [env.app.signal(1), env.app.signal(1)];
+        let inner_done = [env.app.signal(1), env.app.signal(1)];
+        // Inner dispatch k runs on agent k (issued by the replay on the other agent).
+        let inner = [env.add(0, inner_bufs[0], 12, 32, inner_done[0]), env.add(1, inner_bufs[1], 13, 32, inner_done[1])];
+        let outer = [env.add(0, bufs[0], 10, 64, done[0]), env.add(1, bufs[1], 11, 64, done[1])];
+        let outer_ids = [queue_id(outer_q[0]), queue_id(outer_q[1])];
+        let waits: Arc<Mutex<Vec<i64>>> = Arc::default();
+        let (app, w) = (env.app, waits.clone());
+        env.hooks.set_script(Script::passes(2).on_pass_enter(move |_, info, pass, _| {
+            let Some(me) = outer_ids.iter().position(|&q| q == info.queue_id) else { return };
+            if info.workgroup_size[0] != 64 || pass != 0 {
+                return;
+            }
+            // Both replays hold their agents before either dispatches onto the other.
+            IN_PASS.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + WAIT;
+            while IN_PASS.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let other = 1 - me;
+            app.dispatch(inner_q[other], inner[other]);
+            w.lock().push(app.wait_zero(inner_done[other]));
+        }));
+        let jobs: Vec<Box<dyn FnOnce() -> i64 + Send>> = (0..2)
+            .map(|k| -> Box<dyn FnOnce() -> i64 + Send> {
+                Box::new(move || {
+                    app.dispatch(outer_q[k], outer[k]);
+                    app.wait_zero(done[k])
+                })
+            })
+            .collect();
+
+        let finished = bounded(LIMIT, jobs);
+
+        assert_eq!(finished, vec![0, 0]);
+        assert_eq!(*waits.lock(), vec![0, 0], "each nested dispatch completed inside its callback");
+        assert_eq!((runs(10), runs(11), runs(12), runs(13)), (2, 2, 1, 1));
+        assert_eq!(env.app.read(bufs[0], 64), vec![2; 64]);
+        assert_eq!(env.app.read(bufs[1], 64), vec![3; 64]);
+        assert_eq!(env.app.read(inner_bufs[0], 64), vec![11; 64]);
+        assert_eq!(env.app.read(inner_bufs[1], 64), vec![21; 64]);
+        for (k, queue) in inner_q.into_iter().enumerate() {
+            let nested = env.outcome_of_tag_queue(queue, 32);
+            assert_eq!(nested.len(), 1);
+            assert_eq!(declined(&nested[0]), Some(DeclineReason::ReentrantDispatch), "agent {k}: {nested:?}");
+        }
+    }
+
+    /// The tool dispatches onto a sibling queue from PASS ENTER of pass 0, over a buffer of the
+    /// replaying agent that the replay snapshots, and waits for it: its increment survives the
+    /// restores between the later passes (it ran once, before the replayed dispatch's passes).
+    fn a_tool_dispatch_before_a_pass_survives_the_replays_restores() {
+        let env = setup();
+        let (q1, q2) = (env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[0]));
+        let outer_queue = queue_id(q1);
+        let buf = env.app.buffer(env.pools[0].coarse, &[3; 64]);
+        // Coarse-grained on the replaying agent: in the replay's snapshot.
+        let inner_buf = env.app.buffer(env.pools[0].coarse, &[50; 64]);
+        let (done, inner_done) = (env.app.signal(1), env.app.signal(1));
+        let inner = env.add(0, inner_buf, 15, 32, inner_done);
+        let outer = env.add(0, buf, 14, 64, done);
+        let inner_wait: Arc<Mutex<Option<i64>>> = Arc::default();
+        let (app, w) = (env.app, inner_wait.clone());
+        env.hooks.set_script(Script::passes(3).on_pass_enter(move |_, info, pass, _| {
+            if info.queue_id == outer_queue && pass == 0 {
+                app.dispatch(q2, inner);
+                *w.lock() = Some(app.wait_zero(inner_done));
+            }
+        }));
+        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+            app.dispatch(q1, outer);
+            app.wait_zero(done)
+        });
+
+        let finished = bounded(LIMIT, vec![replayer]);
+
+        assert_eq!(finished, vec![0]);
+        assert_eq!(*inner_wait.lock(), Some(0));
+        assert_eq!((runs(14), runs(15)), (3, 1));
+        assert_eq!(env.app.read(buf, 64), vec![4; 64], "the replayed dispatch's single-run result");
+        assert_eq!(env.app.read(inner_buf, 64), vec![51; 64], "the tool's increment survived the restores");
+        assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
+    }
+}
