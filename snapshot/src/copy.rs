@@ -1,8 +1,8 @@
 //! Parallel copy and hash primitives over a [`Layout`]. Callers hold the inventory's read side
 //! for the duration of every function here, so every live region stays allocated.
 
+use crate::hash::chunk_hash;
 use rayon::prelude::*;
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
 use crate::layout::{Layout, Piece, split_ranges};
@@ -63,7 +63,7 @@ unsafe fn window_write(window: &HostWindow, offset: u64, src: &[u8]) {
 /// Hash each `chunk_size` chunk of `bytes` into `out`.
 fn hash_chunks_into(bytes: &[u8], chunk_size: u64, out: &mut [u64]) {
     for (h, chunk) in out.iter_mut().zip(bytes.chunks(chunk_size as usize)) {
-        *h = xxh3_64(chunk);
+        *h = chunk_hash(chunk);
     }
 }
 
@@ -102,7 +102,7 @@ pub(crate) fn copy_to_host(
                         // region; the caller holds the inventory's read side.
                         let s = unsafe { window_bytes(w, offset + i as u64 * cs, d.len() as u64) };
                         d.copy_from_slice(s);
-                        *h = xxh3_64(d);
+                        *h = chunk_hash(d);
                     }
                 }
                 (Some(w), None) => {
@@ -196,7 +196,7 @@ pub(crate) fn hash_live(
                             let n = cs.min(len - start);
                             // SAFETY: the chunk lies inside the piece, inside the region the
                             // window covers; the caller holds the inventory's read side.
-                            *h = xxh3_64(unsafe { window_bytes(w, offset + start, n) });
+                            *h = chunk_hash(unsafe { window_bytes(w, offset + start, n) });
                         });
                 }
                 None => {

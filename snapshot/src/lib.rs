@@ -87,6 +87,7 @@
 mod config;
 mod copy;
 mod device;
+mod hash;
 mod inventory;
 mod layout;
 mod report;
@@ -99,6 +100,7 @@ pub use config::{
     RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
 };
 pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
+pub use hash::{HashImpl, chunk_hash, hash_impl};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 pub use snapshot::{
