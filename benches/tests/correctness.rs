@@ -356,3 +356,86 @@ fn freed_region_is_skipped_while_the_others_are_restored() {
         }
     }
 }
+
+/// What was learned is reused across dispatches of one kernel (the write set is written from the
+/// store unhashed), yet every pass of every dispatch starts from the bytes that dispatch's first
+/// pass saw: the kernel's writes move to chunks outside the set learned earlier (dispatch 1),
+/// then spread (dispatch 2), then shrink back (dispatch 3). A restore that trusted the reused set
+/// without hashing the rest would leave dispatch 2's writes in place.
+#[test]
+fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatch_snapshot() {
+    const KERNEL: u64 = 0xC0DE;
+    let sizes = [
+        AUTO_FULL_BELOW_BYTES / 2 + 5,
+        AUTO_FULL_BELOW_BYTES / 2 + 3 * CS,
+    ];
+    let mut reused_cases = 0;
+    for kind in DEVICES {
+        // One world per device: each dispatch starts from whatever memory holds.
+        let mut w = World::new(kind, &sizes, 11);
+        for tier in TIERS.into_iter().filter(|&t| supports(kind, t)) {
+            for strategy in STRATEGIES {
+                let what = format!("{kind:?} {tier} {strategy}");
+                let snap = w.snapshotter(tier, strategy);
+                // Writes in region 0 only, then region 1 only, then both, then region 0.
+                let in_region = |w: &mut World, r: usize| -> Vec<(usize, u64, u64)> {
+                    w.write_set(20).into_iter().filter(|op| op.0 == r).collect()
+                };
+                let first = in_region(&mut w, 0);
+                let moved = in_region(&mut w, 1);
+                let spread: Vec<_> = first.iter().chain(&moved).copied().collect();
+                for (dispatch, ops) in [&first, &moved, &spread, &first]
+                    .into_iter()
+                    .enumerate()
+                {
+                    // The application's memory between dispatches is the new starting point.
+                    w.expected = w
+                        .regions
+                        .iter()
+                        .map(|&(addr, size)| w.device.to_vec(addr, size).unwrap())
+                        .collect();
+                    let plan = snap.plan(&Filter::for_replay(1)).unwrap();
+                    let mut s = snap.take_for_kernel(plan, KERNEL).unwrap();
+                    let seeded = s.learned_chunks().unwrap_or(0);
+                    let passes = 4;
+                    for pass in 0..passes {
+                        for &op in ops {
+                            w.write(op);
+                        }
+                        if pass + 1 == passes {
+                            break;
+                        }
+                        let r = s
+                            .restore(&RestoreRequest {
+                                next_pass: pass + 1,
+                                may_be_final: pass + 2 == passes,
+                            })
+                            .unwrap();
+                        assert!(
+                            w.identical(),
+                            "{what}: dispatch {dispatch} pass {pass}: the next pass would not \
+                             start from this dispatch's snapshot"
+                        );
+                        if r.strategy != RestoreStrategy::Full
+                            && strategy != RestoreStrategy::WritesetUnverified
+                        {
+                            assert!(r.verified && !r.unverified, "{what}");
+                        }
+                        if pass == 0 && seeded > 0 && r.bytes_hashed < r.chunks * CS {
+                            reused_cases += 1;
+                        }
+                    }
+                    if matches!(strategy, RestoreStrategy::Writeset) && dispatch > 0 {
+                        assert!(
+                            seeded > 0,
+                            "{what}: dispatch {dispatch} reuses the write set learned earlier"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The write set (every device and tier it supports) and auto reused a learned set without
+    // hashing it.
+    assert!(reused_cases >= 14, "{reused_cases}");
+}

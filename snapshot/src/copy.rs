@@ -42,21 +42,114 @@ unsafe fn window_bytes<'a>(window: &HostWindow, offset: u64, len: u64) -> &'a [u
     unsafe { std::slice::from_raw_parts(window.as_ptr().add(offset as usize), len as usize) }
 }
 
-/// Write `src` into a host window at `offset`.
+/// Write `src` into a host window at `offset`, with streaming stores if `streaming`.
 ///
 /// # Safety
 /// `offset + src.len() <= window.len()`, and the caller holds the inventory's read side for the
 /// window's allocation, so the destination is valid and nothing else accesses it meanwhile.
-unsafe fn window_write(window: &HostWindow, offset: u64, src: &[u8]) {
+unsafe fn window_write(window: &HostWindow, offset: u64, src: &[u8], streaming: bool) {
     debug_assert!(offset + src.len() as u64 <= window.len() as u64);
-    // SAFETY: in bounds by the caller's promise; the destination is device memory, which never
-    // overlaps the snapshot store `src` lives in.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            src.as_ptr(),
-            window.as_ptr().add(offset as usize),
-            src.len(),
-        )
+    // SAFETY: in bounds by the caller's promise; nothing else accesses these bytes while the
+    // read side is held, and device memory never overlaps the snapshot store `src` lives in.
+    let dst =
+        unsafe { std::slice::from_raw_parts_mut(window.as_ptr().add(offset as usize), src.len()) };
+    copy_bytes(dst, src, streaming);
+}
+
+/// Copies of at least this many bytes in all (one snapshot or restore) bypass the caches with
+/// streaming stores: the destination would not fit in them anyway, and ordinary stores first
+/// read every destination line (the C library's memcpy makes the same switch, but only for one
+/// call of that size, never for the 1 MiB pieces the copies are split into).
+pub(crate) const STREAMING_MIN_BYTES: u64 = 64 << 20;
+
+/// Copy `src` into `dst` (same length) with the stores `streaming` asks for.
+pub(crate) fn copy_bytes(dst: &mut [u8], src: &[u8], streaming: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if streaming && dst.len() >= 4096 {
+            // SAFETY: SSE2 is part of x86-64; AVX2 only on the CPU's word.
+            unsafe {
+                if std::is_x86_feature_detected!("avx2") {
+                    stream::copy_avx2(dst, src)
+                } else {
+                    stream::copy_sse2(dst, src)
+                }
+            };
+            return;
+        }
+    }
+    let _ = streaming;
+    dst.copy_from_slice(src);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod stream {
+    use std::arch::x86_64::*;
+
+    /// Bytes before `dst` reaches `align`.
+    fn head(dst: &[u8], align: usize) -> usize {
+        (align - (dst.as_ptr() as usize % align)) % align
+    }
+
+    /// Streaming copy, 32-byte stores.
+    ///
+    /// # Safety
+    /// AVX2 is available; `dst.len() == src.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_avx2(dst: &mut [u8], src: &[u8]) {
+        debug_assert_eq!(dst.len(), src.len());
+        let h = head(dst, 32).min(dst.len());
+        dst[..h].copy_from_slice(&src[..h]);
+        let body = (dst.len() - h) / 128 * 128;
+        let (d, s) = (dst[h..].as_mut_ptr(), src[h..].as_ptr());
+        let mut i = 0;
+        while i < body {
+            // SAFETY: [i, i + 128) lies inside both slices past the head; `d + i` is 32-byte
+            // aligned (the head aligned it); source loads are unaligned.
+            unsafe {
+                let a = _mm256_loadu_si256(s.add(i).cast());
+                let b = _mm256_loadu_si256(s.add(i + 32).cast());
+                let c = _mm256_loadu_si256(s.add(i + 64).cast());
+                let e = _mm256_loadu_si256(s.add(i + 96).cast());
+                _mm256_stream_si256(d.add(i).cast(), a);
+                _mm256_stream_si256(d.add(i + 32).cast(), b);
+                _mm256_stream_si256(d.add(i + 64).cast(), c);
+                _mm256_stream_si256(d.add(i + 96).cast(), e);
+            }
+            i += 128;
+        }
+        // Streaming stores are weakly ordered: fence them before anything that publishes the
+        // copy to another thread.
+        _mm_sfence();
+        let t = h + body;
+        dst[t..].copy_from_slice(&src[t..]);
+    }
+
+    /// Streaming copy, 16-byte stores.
+    ///
+    /// # Safety
+    /// `dst.len() == src.len()`.
+    #[target_feature(enable = "sse2")]
+    pub(super) unsafe fn copy_sse2(dst: &mut [u8], src: &[u8]) {
+        debug_assert_eq!(dst.len(), src.len());
+        let h = head(dst, 16).min(dst.len());
+        dst[..h].copy_from_slice(&src[..h]);
+        let body = (dst.len() - h) / 64 * 64;
+        let (d, s) = (dst[h..].as_mut_ptr(), src[h..].as_ptr());
+        let mut i = 0;
+        while i < body {
+            // SAFETY: as in `copy_avx2`, with 16-byte alignment.
+            unsafe {
+                for k in (0..64).step_by(16) {
+                    let v = _mm_loadu_si128(s.add(i + k).cast());
+                    _mm_stream_si128(d.add(i + k).cast(), v);
+                }
+            }
+            i += 64;
+        }
+        _mm_sfence();
+        let t = h + body;
+        dst[t..].copy_from_slice(&src[t..]);
     }
 }
 
@@ -88,6 +181,7 @@ pub(crate) fn copy_to_host(
         None => pieces.iter().map(|_| None).collect(),
     };
     let cs = layout.chunk_size;
+    let streaming = layout.bytes >= STREAMING_MIN_BYTES;
     pieces
         .par_iter()
         .zip(dsts)
@@ -96,18 +190,19 @@ pub(crate) fn copy_to_host(
             let (offset, len) = layout.piece_span(p);
             match (&windows[p.region], out) {
                 (Some(w), Some(out)) => {
-                    // Copy then hash chunk by chunk, so each chunk is hashed while in cache.
+                    // Hash then copy chunk by chunk, so each chunk is read from memory once
+                    // (the copy finds it in cache, and streaming stores leave the store out).
                     for (i, (d, h)) in dst.chunks_mut(cs as usize).zip(out).enumerate() {
                         // SAFETY: the piece lies inside its region and the window covers the
                         // region; the caller holds the inventory's read side.
                         let s = unsafe { window_bytes(w, offset + i as u64 * cs, d.len() as u64) };
-                        d.copy_from_slice(s);
-                        *h = chunk_hash(d);
+                        *h = chunk_hash(s);
+                        copy_bytes(d, s, streaming);
                     }
                 }
                 (Some(w), None) => {
                     // SAFETY: as above.
-                    dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
+                    copy_bytes(dst, unsafe { window_bytes(w, offset, len) }, streaming);
                 }
                 (None, out) => {
                     device.read(layout.regions[p.region].base + offset, dst)?;
@@ -144,8 +239,8 @@ pub(crate) fn copy_to_shadow(
 }
 
 /// Hash every chunk of the live regions of device memory into `out` (indexed by global chunk;
-/// entries of dead regions are left alone): the device hash kernel when offered, else host
-/// windows, else reads into a scratch buffer. Returns the bytes hashed.
+/// entries of dead regions, and of chunks `skip` flags, are left alone): the device hash kernel
+/// when offered, else host windows, else reads into a scratch buffer. Returns the bytes hashed.
 pub(crate) fn hash_live(
     device: &dyn DeviceMemory,
     caps: Capabilities,
@@ -153,27 +248,22 @@ pub(crate) fn hash_live(
     live: &[bool],
     windows: &[Option<HostWindow>],
     out: &mut [u64],
+    skip: Option<&[bool]>,
 ) -> Result<u64, CopyError> {
     let cs = layout.chunk_size;
-    let live_regions: Vec<usize> = (0..layout.regions.len()).filter(|&r| live[r]).collect();
-    let bytes = live_regions.iter().map(|&r| layout.regions[r].size).sum();
+    let pieces = match skip {
+        None => layout.full_pieces(live),
+        Some(set) => layout.runs(live, |c| !set[c]),
+    };
+    let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
     if caps.device_hash {
-        let outs = split_ranges(
-            out,
-            live_regions
-                .iter()
-                .map(|&r| layout.first_chunk[r]..layout.first_chunk[r + 1]),
-        );
-        live_regions
-            .par_iter()
-            .zip(outs)
-            .try_for_each(|(&r, out)| {
-                let region = &layout.regions[r];
-                device.hash_chunks(region.base, region.size, cs, out)
-            })?;
+        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+        pieces.par_iter().zip(outs).try_for_each(|(p, out)| {
+            let (offset, len) = layout.piece_span(p);
+            device.hash_chunks(layout.regions[p.region].base + offset, len, cs, out)
+        })?;
         return Ok(bytes);
     }
-    let pieces = layout.full_pieces(live);
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
     let scratch_len = pieces
         .iter()
@@ -279,12 +369,13 @@ pub(crate) fn write_back(
     let (direct, via_device): (Vec<&Piece>, Vec<&Piece>) =
         pieces.iter().partition(|p| windows[p.region].is_some());
     if !direct.is_empty() {
+        let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
         direct.par_iter().for_each(|p| {
             let (offset, _) = layout.piece_span(p);
             if let Some(w) = &windows[p.region] {
                 // SAFETY: the piece lies inside its region, which the window covers; the caller
                 // holds the inventory's read side.
-                unsafe { window_write(w, offset, &src[layout.store_range(p)]) };
+                unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
             }
         });
         let (bytes, chunks) = total(&direct);

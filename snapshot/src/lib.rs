@@ -90,6 +90,7 @@ mod device;
 mod hash;
 mod inventory;
 mod layout;
+mod learned;
 mod report;
 mod snapshot;
 mod source;
@@ -104,8 +105,7 @@ pub use hash::{HashImpl, chunk_hash, hash_impl};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 pub use snapshot::{
-    AUTO_FULL_ABOVE_DIRTY_FRACTION, AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot,
-    SnapshotPlan, Snapshotter,
+    AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot, SnapshotPlan, Snapshotter,
 };
 
 /// The README's example, compiled and run as a doctest so that it cannot go stale.

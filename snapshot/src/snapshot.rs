@@ -9,6 +9,7 @@ use crate::copy::{copy_to_host, copy_to_shadow, hash_live, windows, write_back};
 use crate::device::{Capabilities, DeviceMemory};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece};
+use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate};
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
@@ -16,9 +17,6 @@ use smallvec::SmallVec;
 
 /// Under the auto strategy, snapshots smaller than this are always restored in full.
 pub const AUTO_FULL_BELOW_BYTES: u64 = 1 << 20;
-/// Under the auto strategy, once a hash pass finds more than this fraction of chunks changed,
-/// later restores are full.
-pub const AUTO_FULL_ABOVE_DIRTY_FRACTION: f64 = 0.5;
 
 /// Takes snapshots of device memory through one device. Holds the configuration and a kept
 /// store for reuse. `Send + Sync`; several snapshots may be taken at once (each gets its own
@@ -27,6 +25,8 @@ pub struct Snapshotter {
     inventory: Arc<Inventory>,
     source: Arc<StoreSource>,
     config: SnapshotConfig,
+    /// What restores learned, per kernel and region set, and the machine's measured rates.
+    memory: SharedMemory,
 }
 
 /// The selection a snapshot will copy, with its size: what SNAPSHOT ENTER reports as planned.
@@ -77,12 +77,13 @@ impl SnapshotPlan {
 enum Mode {
     Full,
     Hash,
-    /// A write set verified before every pass.
+    /// A write set verified before every pass: the set is written from the store, every other
+    /// chunk is hashed.
     Writeset,
     /// A write set written without hashing between verifications (the opt-in shortcut).
     WritesetUnverified,
-    /// Auto with hashes: verified write set until a hash pass sees a high dirty fraction, then
-    /// full.
+    /// Auto: before each restore, the cheapest of full, hash and verified write set by the
+    /// machine's measured rates and what this kernel's restores changed.
     Adaptive,
 }
 
@@ -93,8 +94,9 @@ enum Step {
     Full,
     /// Write the learned write set without hashing.
     Learned,
-    /// Hash every live chunk and write the changed ones; `learn` adds them to the write set.
-    Detect { learn: bool },
+    /// Hash every live chunk (outside the write set when `predict`: those are written from the
+    /// store unhashed) and write the changed ones; `learn` adds them to the write set.
+    Detect { learn: bool, predict: bool },
 }
 
 /// The restore a [`RestoreRequest`] would get, known before it runs (RESTORE ENTER data).
@@ -139,13 +141,20 @@ pub struct Snapshot {
     hashes: Vec<u64>,
     /// Scratch for hashes of live memory, reused across restores.
     live_hashes: Vec<u64>,
-    /// Learned write set (`None` until the first learning hash pass).
+    /// Learned write set (`None` until the first learning hash pass, unless an earlier
+    /// dispatch of the same kernel left one).
     learned: Option<WriteSet>,
+    /// Whether chunk hashes were taken (restores other than full need them).
+    hashed: bool,
+    /// The kernel and region set this snapshot's learning is kept under, if any.
+    key: Option<Key>,
+    memory: SharedMemory,
+    /// Chunks changed at the latest restore that hashed everything / outside the set at the
+    /// latest predicting restore; restores in a row auto wrote in full.
+    stats: Learned,
     restores_since_hash: u32,
     /// Set after a failed restore: the next one hashes everything.
     needs_verify: bool,
-    /// Dirty fraction seen by the latest hash pass.
-    dirty_fraction: Option<f64>,
 }
 
 fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -167,6 +176,7 @@ impl Snapshotter {
             inventory,
             source: Arc::new(StoreSource::new(device)),
             config,
+            memory: SharedMemory::default(),
         })
     }
 
@@ -224,8 +234,35 @@ impl Snapshotter {
 
     /// Copy the planned regions into a store. Regions freed since planning are left out (and
     /// counted in `regions_skipped`). Device memory is only read; on error every store is
-    /// released and nothing was written.
+    /// released and nothing was written. Nothing learned is kept for later dispatches (see
+    /// [`take_for_kernel`](Snapshotter::take_for_kernel)).
     pub fn take(&self, plan: SnapshotPlan) -> Result<Snapshot, SnapshotError> {
+        self.take_keyed(plan, None)
+    }
+
+    /// [`take`](Snapshotter::take) for a dispatch of `kernel`: the write set and the figures
+    /// earlier dispatches of the same kernel over the same regions learned are reused (the
+    /// write set is restored from the store without hashing; `auto` picks its strategy from
+    /// them), and what this snapshot's restores learn is kept for the next dispatch when it is
+    /// dropped. Every restore still verifies under `writeset` and `auto`.
+    pub fn take_for_kernel(
+        &self,
+        plan: SnapshotPlan,
+        kernel: u64,
+    ) -> Result<Snapshot, SnapshotError> {
+        self.take_keyed(plan, Some(kernel))
+    }
+
+    /// Kernels whose learned state is kept.
+    pub fn kernels_learned(&self) -> usize {
+        self.memory.lock().len()
+    }
+
+    fn take_keyed(
+        &self,
+        plan: SnapshotPlan,
+        kernel: Option<u64>,
+    ) -> Result<Snapshot, SnapshotError> {
         let start = Instant::now();
         self.check_budget(plan.layout.bytes)?;
         let device: &dyn DeviceMemory = &*self.source.device;
@@ -274,7 +311,20 @@ impl Snapshotter {
         let wins = windows(device, &layout, &all_live);
         let host_access = wins.iter().all(Option::is_some);
         let mode = self.mode_for(layout.bytes, tier, caps, host_access);
-        let hashed = mode != Mode::Full;
+        let learns = matches!(mode, Mode::Writeset | Mode::Adaptive);
+        let key = kernel
+            .filter(|_| learns)
+            .map(|k| Key::new(k, &layout.regions, layout.chunk_size));
+        let earlier = key.and_then(|k| self.memory.lock().get(&k, layout.chunks()));
+        // Auto skips the hashes while earlier dispatches of the kernel found full restores
+        // cheapest, until a probe is due.
+        let hashed = match mode {
+            Mode::Full => false,
+            Mode::Adaptive => earlier
+                .as_ref()
+                .is_none_or(|e| e.full_streak == 0 || e.full_streak >= PROBE_EVERY),
+            _ => true,
+        };
         let mut hashes = try_vec(if hashed { layout.chunks() } else { 0 }, 0u64).map_err(|e| {
             SnapshotError::StoreUnavailable {
                 tier,
@@ -285,7 +335,7 @@ impl Snapshotter {
         let copied = match store.device_addr() {
             Some(shadow) => copy_to_shadow(device, &layout, shadow).and_then(|n| {
                 if hashed {
-                    hash_live(device, caps, &layout, &all_live, &wins, &mut hashes)?;
+                    hash_live(device, caps, &layout, &all_live, &wins, &mut hashes, None)?;
                 }
                 Ok(n)
             }),
@@ -312,6 +362,9 @@ impl Snapshotter {
             }
         };
 
+        let learned = earlier
+            .as_ref()
+            .and_then(|e| WriteSet::from_flags(&layout, e.write_set.clone()));
         let report = SnapshotReport {
             bytes_planned: planned,
             bytes_moved,
@@ -321,6 +374,7 @@ impl Snapshotter {
             tier,
             strategy: match mode {
                 Mode::Full => RestoreStrategy::Full,
+                Mode::Adaptive if !hashed => RestoreStrategy::Full,
                 Mode::Hash => RestoreStrategy::Hash,
                 Mode::Writeset | Mode::WritesetUnverified | Mode::Adaptive => {
                     RestoreStrategy::Writeset
@@ -344,10 +398,13 @@ impl Snapshotter {
             report,
             hashes,
             live_hashes: Vec::new(),
-            learned: None,
+            learned,
+            hashed,
+            key,
+            memory: self.memory.clone(),
+            stats: earlier.unwrap_or_default(),
             restores_since_hash: 0,
             needs_verify: false,
-            dirty_fraction: None,
         })
     }
 
@@ -414,28 +471,67 @@ impl Snapshot {
         self.learned.as_ref().map(|set| set.count)
     }
 
+    fn set_chunks(&self) -> u64 {
+        self.learned.as_ref().map_or(0, |set| set.count)
+    }
+
     fn step(&self, req: &RestoreRequest) -> (Step, RestoreStrategy) {
+        let predict = self.set_chunks() > 0;
         match self.mode {
             Mode::Full => (Step::Full, RestoreStrategy::Full),
-            Mode::Hash => (Step::Detect { learn: false }, RestoreStrategy::Hash),
-            // Verified write sets hash before every pass: what the learned set does not cover
-            // is found and written back (a repair), so every pass starts from the snapshot.
-            Mode::Writeset | Mode::Adaptive => {
-                if self.mode == Mode::Adaptive
-                    && self
-                        .dirty_fraction
-                        .is_some_and(|f| f > AUTO_FULL_ABOVE_DIRTY_FRACTION)
-                {
+            Mode::Hash => (
+                Step::Detect {
+                    learn: false,
+                    predict: false,
+                },
+                RestoreStrategy::Hash,
+            ),
+            // Verified write sets: the set is written from the store and every other chunk is
+            // hashed, so what the set does not cover is found and written back (a repair), and
+            // every pass starts from the snapshot.
+            Mode::Writeset => (
+                Step::Detect {
+                    learn: true,
+                    predict,
+                },
+                RestoreStrategy::Writeset,
+            ),
+            Mode::Adaptive => {
+                if !self.hashed {
                     return (Step::Full, RestoreStrategy::Full);
                 }
-                (Step::Detect { learn: true }, RestoreStrategy::Writeset)
+                let learn = |predict| {
+                    (
+                        Step::Detect {
+                            learn: true,
+                            predict,
+                        },
+                        RestoreStrategy::Writeset,
+                    )
+                };
+                if self.stats.full_streak >= PROBE_EVERY {
+                    return learn(false);
+                }
+                let rates = self.memory.lock().rates;
+                let all = self.layout.chunks() as u64;
+                match estimate(&rates, &self.stats, all, self.set_chunks()) {
+                    // Nothing known about this kernel yet: learn.
+                    None => learn(predict),
+                    Some(c) if c.full < c.hash.min(c.writeset) => {
+                        (Step::Full, RestoreStrategy::Full)
+                    }
+                    Some(c) => learn(predict && c.writeset <= c.hash),
+                }
             }
             Mode::WritesetUnverified => {
                 let due =
                     self.verify_every > 0 && self.restores_since_hash + 1 >= self.verify_every;
                 let step = if self.learned.is_none() || self.needs_verify || req.may_be_final || due
                 {
-                    Step::Detect { learn: true }
+                    Step::Detect {
+                        learn: true,
+                        predict: false,
+                    }
                 } else {
                     Step::Learned
                 };
@@ -452,10 +548,12 @@ impl Snapshot {
 
     fn plan_for(&self, step: Step, strategy: RestoreStrategy) -> RestorePlan {
         let all = self.layout.bytes;
+        let set_bytes = self.learned.as_ref().map_or(0, |set| set.bytes);
         let (bytes_planned, bytes_to_hash) = match step {
             Step::Full => (all, 0),
-            Step::Learned => (self.learned.as_ref().map_or(0, |set| set.bytes), 0),
-            Step::Detect { .. } => (all, all),
+            Step::Learned => (set_bytes, 0),
+            Step::Detect { predict: false, .. } => (all, all),
+            Step::Detect { predict: true, .. } => (all, all - set_bytes),
         };
         RestorePlan {
             strategy,
@@ -511,7 +609,11 @@ impl Snapshot {
         };
 
         let mut pieces: Vec<Piece> = Vec::new();
-        if let Step::Detect { learn } = step {
+        if let Step::Detect { learn, predict } = step {
+            // The set is taken out while its flags steer the hash pass, and put back below.
+            let predicted = if predict { self.learned.take() } else { None };
+            let skip = predicted.as_ref().map(|set| &set.chunks[..]);
+            let hash_start = Instant::now();
             let hashed = if self.live_hashes.len() == layout.chunks() {
                 Ok(())
             } else {
@@ -527,37 +629,58 @@ impl Snapshot {
                     &live,
                     &wins,
                     &mut self.live_hashes,
+                    skip,
                 )
                 .map_err(|_| ())
             });
             match hashed {
                 Ok(bytes) => {
+                    self.memory
+                        .lock()
+                        .rates
+                        .record_hash(bytes, hash_start.elapsed());
                     report.bytes_hashed = bytes;
                     report.verified = true;
                     let (snap, now) = (&self.hashes, &self.live_hashes);
-                    pieces = layout.runs(&live, |c| snap[c] != now[c]);
-                    let dirty: usize = pieces.iter().map(|p| p.count).sum();
-                    if live_chunks > 0 {
-                        self.dirty_fraction = Some(dirty as f64 / live_chunks as f64);
+                    let changed = |c: usize| skip.is_none_or(|set| !set[c]) && snap[c] != now[c];
+                    let found = layout.runs(&live, changed);
+                    let dirty: u64 = found.iter().map(|p| p.count as u64).sum();
+                    let predicting = predicted.is_some();
+                    if predicted.is_some() {
+                        self.learned = predicted;
                     }
+                    if predicting {
+                        self.stats.missed_chunks = Some(dirty);
+                    } else {
+                        self.stats.dirty_chunks = Some(dirty);
+                    }
+                    self.stats.full_streak = 0;
                     self.restores_since_hash = 0;
                     self.needs_verify = false;
                     if learn {
                         match &mut self.learned {
                             // Chunks changed outside the learned set: repaired by this restore.
-                            Some(set) => report.repaired_chunks = set.add(layout, &pieces),
+                            Some(set) => report.repaired_chunks = set.add(layout, &found),
                             None => {
                                 self.learned = WriteSet::new(layout);
                                 if let Some(set) = &mut self.learned {
-                                    set.add(layout, &pieces);
+                                    set.add(layout, &found);
                                 }
                             }
                         }
                         // No memory for the set: keep detecting on every restore.
                         self.needs_verify = self.learned.is_none();
                     }
+                    pieces = match (&self.learned, predicting) {
+                        // The set (which now holds every changed chunk too) is written whole.
+                        (Some(set), true) => layout.runs(&live, |c| set.chunks[c]),
+                        _ => found,
+                    };
                 }
                 Err(()) => {
+                    if predicted.is_some() {
+                        self.learned = predicted;
+                    }
                     // Unknown what changed: write everything back.
                     step = Step::Full;
                     report.strategy = RestoreStrategy::Full;
@@ -565,7 +688,12 @@ impl Snapshot {
             }
         }
         match step {
-            Step::Full => pieces = layout.full_pieces(&live),
+            Step::Full => {
+                pieces = layout.full_pieces(&live);
+                if self.mode == Mode::Adaptive {
+                    self.stats.full_streak += 1;
+                }
+            }
             Step::Learned => {
                 if let Some(set) = &self.learned {
                     pieces = layout.runs(&live, |c| set.chunks[c]);
@@ -575,8 +703,15 @@ impl Snapshot {
             Step::Detect { .. } => {}
         }
 
+        let write_start = Instant::now();
         let outcome = write_back(device, self.caps, layout, &wins, &self.store, &pieces);
         drop(pinned);
+        if outcome.error.is_none() {
+            self.memory
+                .lock()
+                .rates
+                .record_copy(outcome.bytes, write_start.elapsed());
+        }
         report.bytes_moved = outcome.bytes;
         report.chunks_restored = outcome.chunks;
         report.elapsed = start.elapsed();
@@ -616,6 +751,28 @@ impl WriteSet {
         })
     }
 
+    /// The set of the flagged chunks of `layout` (`None` when `flags` does not match it).
+    fn from_flags(layout: &Layout, flags: Vec<bool>) -> Option<Self> {
+        if flags.len() != layout.chunks() {
+            return None;
+        }
+        let mut count = 0;
+        let mut bytes = 0;
+        for r in 0..layout.regions.len() {
+            for k in 0..layout.region_chunks(r) {
+                if flags[layout.first_chunk[r] + k] {
+                    count += 1;
+                    bytes += layout.span(r, k, 1).1;
+                }
+            }
+        }
+        Some(WriteSet {
+            chunks: flags,
+            count,
+            bytes,
+        })
+    }
+
     /// Add the chunks of `pieces`; returns how many were not in the set yet.
     fn add(&mut self, layout: &Layout, pieces: &[Piece]) -> u64 {
         let mut added = 0;
@@ -635,6 +792,14 @@ impl WriteSet {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
+        if let Some(key) = self.key {
+            let mut learned = std::mem::take(&mut self.stats);
+            learned.write_set = match self.learned.take() {
+                Some(set) => set.chunks,
+                None => vec![false; self.layout.chunks()],
+            };
+            self.memory.lock().put(key, learned);
+        }
         if self.keep_store {
             self.source.give_back(self.store.take());
         }

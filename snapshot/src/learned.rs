@@ -1,0 +1,231 @@
+//! What restores learn, kept across the dispatches of one kernel: which chunks the kernel writes,
+//! how many it changed per pass, and what hashing and copying cost on this machine. Restores of
+//! the next dispatch of the same kernel over the same regions start from it: the write set
+//! restores those chunks straight from the store (no hash needed: they are overwritten with the
+//! snapshotted bytes), and `auto` picks its strategy from the figures before its first restore.
+//!
+//! Nothing here weakens verification: a chunk a verified restore does not write from the store
+//! is hashed and compared, so every pass still starts from the snapshotted bytes whatever was
+//! learned (and whether it still holds).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::inventory::Region;
+
+/// Dispatches' learned states kept per snapshotter; the least recently used is dropped beyond.
+pub(crate) const MAX_KEPT: usize = 256;
+/// `auto` hashes again after this many restores in a row it chose to write in full, so a kernel
+/// whose writes shrink is noticed.
+pub(crate) const PROBE_EVERY: u32 = 16;
+/// Copies and hash passes shorter than this are not used to estimate the machine's rates.
+const RATE_MIN_BYTES: u64 = 4 << 20;
+/// Before anything is measured, a hash pass is assumed to cost this fraction of a copy of the
+/// same bytes (a read against a read and a write).
+const DEFAULT_HASH_PER_COPY: f64 = 0.6;
+
+/// Identifies a kernel's region set: the kernel, the chunk size and every region's base, size
+/// and generation (a freed and reallocated buffer is a different region set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    kernel: u64,
+    regions: u64,
+}
+
+impl Key {
+    pub(crate) fn new(kernel: u64, regions: &[Region], chunk_size: u64) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        chunk_size.hash(&mut h);
+        for r in regions {
+            (r.base, r.size, r.generation).hash(&mut h);
+        }
+        Key {
+            kernel,
+            regions: h.finish(),
+        }
+    }
+}
+
+/// What one kernel's dispatches taught.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Learned {
+    /// Chunks found changed by any verified restore (one flag per chunk of the layout).
+    pub write_set: Vec<bool>,
+    /// Chunks a restore that hashed everything found changed, most recently.
+    pub dirty_chunks: Option<u64>,
+    /// Chunks outside the write set a predicting restore found changed, most recently.
+    pub missed_chunks: Option<u64>,
+    /// Restores in a row `auto` wrote in full (no information on what changed).
+    pub full_streak: u32,
+}
+
+/// Nanoseconds per byte of this machine's copies and hash passes, as restores measured them
+/// (exponentially weighted).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Rates {
+    copy: Option<f64>,
+    hash: Option<f64>,
+}
+
+impl Rates {
+    fn blend(old: Option<f64>, new: f64) -> Option<f64> {
+        Some(old.map_or(new, |o| 0.75 * o + 0.25 * new))
+    }
+
+    pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
+        if bytes >= RATE_MIN_BYTES {
+            self.copy = Self::blend(self.copy, elapsed.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    pub(crate) fn record_hash(&mut self, bytes: u64, elapsed: Duration) {
+        if bytes >= RATE_MIN_BYTES {
+            self.hash = Self::blend(self.hash, elapsed.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    /// (copy, hash) cost per byte in a common unit.
+    pub(crate) fn per_byte(&self) -> (f64, f64) {
+        match (self.copy, self.hash) {
+            (Some(c), Some(h)) => (c, h),
+            (Some(c), None) => (c, c * DEFAULT_HASH_PER_COPY),
+            (None, Some(h)) => (h / DEFAULT_HASH_PER_COPY, h),
+            (None, None) => (1.0, DEFAULT_HASH_PER_COPY),
+        }
+    }
+}
+
+/// The learned states of one snapshotter's kernels, and the machine's rates.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    entries: HashMap<Key, (u64, Learned)>,
+    clock: u64,
+    pub rates: Rates,
+}
+
+pub(crate) type SharedMemory = Arc<Mutex<Memory>>;
+
+impl Memory {
+    /// The state learned for `key` whose write set has `chunks` flags, if any.
+    pub(crate) fn get(&mut self, key: &Key, chunks: usize) -> Option<Learned> {
+        self.clock += 1;
+        let clock = self.clock;
+        let (used, learned) = self.entries.get_mut(key)?;
+        *used = clock;
+        (learned.write_set.len() == chunks).then(|| learned.clone())
+    }
+
+    pub(crate) fn put(&mut self, key: Key, learned: Learned) {
+        self.clock += 1;
+        self.entries.insert(key, (self.clock, learned));
+        if self.entries.len() > MAX_KEPT
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| *k)
+        {
+            self.entries.remove(&oldest);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// The estimated cost of one restore of `all` chunks under each verified choice, from the
+/// rates and what was learned (`set`: chunks in the write set).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Costs {
+    pub full: f64,
+    pub hash: f64,
+    pub writeset: f64,
+}
+
+pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> Option<Costs> {
+    let (c, h) = rates.per_byte();
+    let dirty = learned.dirty_chunks? as f64;
+    // A predicting restore sees only the changes outside the set: at least that many change.
+    let missed = learned
+        .missed_chunks
+        .map_or((dirty - set as f64).max(0.0), |m| m as f64);
+    let all = all as f64;
+    let set = set as f64;
+    Some(Costs {
+        full: all * c,
+        hash: all * h + dirty.max(missed) * c,
+        writeset: set * c + (all - set) * h + missed * c,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(base: u64, size: u64, generation: u64) -> Region {
+        Region {
+            base,
+            size,
+            generation,
+        }
+    }
+
+    #[test]
+    fn keys_differ_by_kernel_region_generation_and_chunk_size() {
+        let r = [region(0, 4096, 1), region(8192, 4096, 2)];
+        let k = Key::new(7, &r, 1024);
+        assert_eq!(k, Key::new(7, &r, 1024));
+        assert_ne!(k, Key::new(8, &r, 1024));
+        assert_ne!(k, Key::new(7, &r, 2048));
+        assert_ne!(k, Key::new(7, &[r[0], region(8192, 4096, 3)], 1024));
+        assert_ne!(k, Key::new(7, &r[..1], 1024));
+    }
+
+    #[test]
+    fn the_least_recently_used_state_is_dropped_beyond_the_limit() {
+        let mut m = Memory::default();
+        let key = |i: u64| Key::new(i, &[], 1024);
+        for i in 0..MAX_KEPT as u64 {
+            m.put(key(i), Learned::default());
+        }
+        assert!(m.get(&key(0), 0).is_some());
+        m.put(key(1000), Learned::default());
+        assert_eq!(m.len(), MAX_KEPT);
+        assert!(m.get(&key(0), 0).is_some(), "recently used: kept");
+        assert!(m.get(&key(1), 0).is_none(), "least recently used: dropped");
+        assert!(
+            m.get(&key(0), 5).is_none(),
+            "a set of another length is not reused"
+        );
+    }
+
+    #[test]
+    fn estimates_prefer_full_when_most_chunks_change_and_the_write_set_when_it_predicts() {
+        let rates = Rates::default();
+        let mut learned = Learned {
+            dirty_chunks: Some(900),
+            ..Default::default()
+        };
+        let c = estimate(&rates, &learned, 1000, 0).unwrap();
+        assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
+        learned.dirty_chunks = Some(10);
+        learned.missed_chunks = Some(0);
+        let c = estimate(&rates, &learned, 1000, 10).unwrap();
+        assert!(c.writeset < c.hash && c.hash < c.full, "{c:?}");
+        // The set predicted nothing: every change was outside it, so writing it is waste, and
+        // most of memory changing outside it makes full restores cheapest.
+        learned.missed_chunks = Some(10);
+        let c = estimate(&rates, &learned, 1000, 10).unwrap();
+        assert!(c.hash < c.writeset, "{c:?}");
+        learned.missed_chunks = Some(800);
+        let c = estimate(&rates, &learned, 1000, 10).unwrap();
+        assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
+        learned.dirty_chunks = None;
+        assert_eq!(estimate(&rates, &learned, 1000, 10), None);
+    }
+}
