@@ -367,7 +367,11 @@ impl ReplayDevice for HsaReplay<'_> {
             None => self.plan(info)?,
         };
         self.reentrant_seen = self.reentrant_runs();
-        let snapshot = self.b.snapshotter.take(plan).map_err(snapshot_decline)?;
+        let snapshot = self
+            .b
+            .snapshotter
+            .take_for_kernel(plan, info.kernel_id)
+            .map_err(snapshot_decline)?;
         let r = snapshot.report();
         let report = MemoryOpReport {
             bytes_planned: r.bytes_planned,
