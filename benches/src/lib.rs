@@ -1,13 +1,16 @@
 //! Snapshot and restore benchmarks for kreplay.
 //!
 //! This library measures what replay's memory work costs and sets every figure beside a ceiling
-//! measured in the same run: a memcpy of the same bytes (the copy ceiling) and a read-only pass
-//! and a one-thread xxh3 over them (read ceilings). It provides
+//! of the machine measured in the same run by code independent of kreplay's: the copy ceiling
+//! and the read ceiling, each the best of several methods ([`copy_ceiling`], [`read_ceiling`]).
+//! It provides
 //!
 //! * [`HostDevice`]: a device whose memory is host memory (optionally with host windows,
 //!   device shadows, a "device" hash and batched writes), implementing
 //!   [`kreplay_snapshot::DeviceMemory`];
 //! * [`run_matrix`]: footprints × tiers × strategies × dirty fractions, returning [`BenchRow`]s;
+//! * [`run_all`]: the matrix plus the cost of whole replays ([`ReplayConfig`]: snapshot and every
+//!   restore of N-pass replays, first and later dispatches of a kernel, dirty [`Pattern`]s);
 //! * [`format_table`], [`write_csv`] and [`write_svg`] (restore time against dirty fraction);
 //! * [`check_targets`]: the design's snapshot/restore targets judged from one run's rows;
 //! * [`run_scope_case`]: snapshot bytes and restore time under both snapshot scopes for a kernel
@@ -33,8 +36,8 @@
 //!     ..Default::default()
 //! };
 //! let rows = run_matrix(&config).unwrap();
-//! // 3 ceilings, then per strategy: cold and warm snapshot + 2 restores, + 1 detect row for hash.
-//! assert_eq!(rows.len(), 3 + 2 * 4 + 1);
+//! // 2 ceilings, then per strategy: cold and warm snapshot + 2 restores, + 1 detect row for hash.
+//! assert_eq!(rows.len(), 2 + 2 * 4 + 1);
 //! assert!(rows.iter().all(|r| r.seconds > 0.0 && r.ceiling_gbps > 0.0));
 //!
 //! let mut csv = Vec::new();
@@ -46,17 +49,26 @@
 //! println!("{}", format_table(&rows));
 //! ```
 
+mod ceiling;
 mod device;
 mod matrix;
 mod output;
+mod replay;
 mod scope;
 mod targets;
 mod workload;
 
+pub use ceiling::{Ceiling, copy_ceiling, read_ceiling};
 pub use device::{DeviceStats, HostDevice, HostDeviceOptions};
-pub use matrix::{BenchRow, MatrixConfig, Operation, run_matrix};
+pub use matrix::{
+    BenchResults, BenchRow, FootprintCeilings, MatrixConfig, Operation, run_all, run_matrix,
+};
 pub use output::{
     CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
+};
+pub use replay::{
+    AUTO_MAX_OVER_BEST, AutoCheck, Pattern, ReplayConfig, ReplayRow, check_auto,
+    format_replay_table,
 };
 pub use scope::{SCOPE_REGIONS, ScopeRow, run_scope_case};
 pub use targets::{

@@ -1,31 +1,29 @@
 //! The measurement matrix: snapshot and restore cost against ceilings measured in the same run.
 
 use std::fmt;
-use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::ceiling::{Ceiling, copy_ceiling, read_ceiling};
+use crate::device::{HostDevice, HostDeviceOptions};
+use crate::replay::{ReplayConfig, ReplayRow};
+use crate::workload::ChunkMap;
 use kreplay_snapshot::{
     Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig,
     Snapshotter, StoreTier,
 };
-use rayon::prelude::*;
-use xxhash_rust::xxh3::xxh3_64;
-
-use crate::device::{HostDevice, HostDeviceOptions};
-use crate::workload::ChunkMap;
 
 /// What a row measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operation {
-    /// Ceiling: the best of a one-thread and a parallel memcpy of the footprint between two
-    /// host buffers (measured before and after the footprint's other rows, the better kept).
+    /// Ceiling: the machine's copy rate, the best of several independent copy methods (threads,
+    /// block layouts, ordinary and streaming stores) between two host buffers of the
+    /// footprint's size (measured before and after the footprint's other rows, the better
+    /// kept). See [`crate::copy_ceiling`].
     Memcpy,
-    /// Ceiling: a parallel read-only pass (summing words) over the footprint (idem).
+    /// Ceiling: the machine's read rate, the best of several independent read methods (idem).
     ReadPass,
-    /// Ceiling: one thread hashing the footprint with xxh3 in chunks (idem).
-    Xxh3OneThread,
     /// Taking a snapshot (copy into the store, plus chunk hashes when the strategy needs them)
     /// into a store kept from an earlier snapshot, as successive replays do.
     Snapshot,
@@ -41,9 +39,8 @@ impl Operation {
     /// The name used in tables and CSV.
     pub fn as_str(self) -> &'static str {
         match self {
-            Operation::Memcpy => "memcpy",
-            Operation::ReadPass => "read_pass",
-            Operation::Xxh3OneThread => "xxh3_1t",
+            Operation::Memcpy => "copy_ceiling",
+            Operation::ReadPass => "read_ceiling",
             Operation::Snapshot => "snapshot",
             Operation::SnapshotCold => "snapshot_cold",
             Operation::Restore => "restore",
@@ -53,10 +50,7 @@ impl Operation {
 
     /// Whether the row is a ceiling measurement.
     pub fn is_ceiling(self) -> bool {
-        matches!(
-            self,
-            Operation::Memcpy | Operation::ReadPass | Operation::Xxh3OneThread
-        )
+        matches!(self, Operation::Memcpy | Operation::ReadPass)
     }
 
     /// The ceiling a row of this operation is compared to: memcpy for snapshots and restores,
@@ -179,12 +173,6 @@ fn best<F: FnMut() -> Result<Duration, String>>(repeats: usize, mut f: F) -> Res
     Ok(best)
 }
 
-fn timed(f: impl FnOnce()) -> Duration {
-    let start = Instant::now();
-    f();
-    start.elapsed()
-}
-
 fn rate(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {
         bytes as f64 / seconds / 1e9
@@ -201,70 +189,54 @@ fn try_buffer(len: usize, fill: u8) -> Result<Vec<u8>, String> {
     Ok(v)
 }
 
-/// Ceiling rows for one footprint: memcpy, read pass, one-thread xxh3.
-fn ceilings(footprint: u64, chunk_size: u64, repeats: usize) -> Result<Vec<BenchRow>, String> {
+/// The copy and read ceilings of one footprint, with how they were obtained.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FootprintCeilings {
+    /// Tracked bytes.
+    pub footprint: u64,
+    /// The copy ceiling.
+    pub copy: Ceiling,
+    /// The read ceiling.
+    pub read: Ceiling,
+}
+
+fn measure_ceilings(footprint: u64, repeats: usize) -> Result<FootprintCeilings, String> {
     let len = usize::try_from(footprint).map_err(|_| "footprint exceeds the address space")?;
     let src = try_buffer(len, 0xA5)?;
     let mut dst = try_buffer(len, 0)?;
-    let piece = 1 << 20;
-    let one = best(repeats, || Ok(timed(|| dst.copy_from_slice(&src))))?;
-    let par = best(repeats, || {
-        Ok(timed(|| {
-            dst.par_chunks_mut(piece)
-                .zip(src.par_chunks(piece))
-                .for_each(|(d, s)| d.copy_from_slice(s))
-        }))
-    })?;
-    black_box(&dst);
+    let copy = copy_ceiling(&src, &mut dst, repeats);
     drop(dst);
-    let read = best(repeats, || {
-        Ok(timed(|| {
-            let sum = src
-                .par_chunks(piece)
-                .map(|c| {
-                    c.chunks_exact(8)
-                        .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
-                        .fold(0u64, u64::wrapping_add)
-                })
-                .reduce(|| 0, u64::wrapping_add);
-            black_box(sum);
-        }))
-    })?;
-    let xxh = best(repeats, || {
-        Ok(timed(|| {
-            let h = src
-                .chunks(chunk_size as usize)
-                .map(xxh3_64)
-                .fold(0, |a, b| a ^ b);
-            black_box(h);
-        }))
-    })?;
-    let row = |operation, seconds: f64| {
-        let gbps = rate(footprint, seconds);
-        BenchRow {
-            footprint,
-            dirty_fraction: 0.0,
-            strategy: None,
-            tier: None,
-            operation,
-            seconds,
-            gbps,
-            ceiling_gbps: gbps,
-            ratio: 1.0,
-        }
+    let read = read_ceiling(&src, repeats);
+    Ok(FootprintCeilings {
+        footprint,
+        copy,
+        read,
+    })
+}
+
+fn ceiling_rows(c: &FootprintCeilings) -> Vec<BenchRow> {
+    let row = |operation, ceiling: &Ceiling| BenchRow {
+        footprint: c.footprint,
+        dirty_fraction: 0.0,
+        strategy: None,
+        tier: None,
+        operation,
+        seconds: ceiling.seconds,
+        gbps: ceiling.gbps,
+        ceiling_gbps: ceiling.gbps,
+        ratio: 1.0,
     };
-    Ok(vec![
-        row(Operation::Memcpy, one.min(par)),
-        row(Operation::ReadPass, read),
-        row(Operation::Xxh3OneThread, xxh),
-    ])
+    vec![
+        row(Operation::Memcpy, &c.copy),
+        row(Operation::ReadPass, &c.read),
+    ]
 }
 
 /// A device with `footprint` bytes of tracked memory in `regions` allocations.
-struct Bench {
-    device: Arc<HostDevice>,
-    inventory: Arc<Inventory>,
-    map: ChunkMap,
+pub(crate) struct Bench {
+    pub(crate) device: Arc<HostDevice>,
+    pub(crate) inventory: Arc<Inventory>,
+    pub(crate) map: ChunkMap,
 }
 
 impl Bench {
@@ -331,14 +303,62 @@ const NOT_FINAL: RestoreRequest = RestoreRequest {
 /// the footprint's other measurements and the better of the two is kept, so that a slow start
 /// or a drift of the machine's memory bandwidth during a long footprint does not lower them.
 pub fn run_matrix(config: &MatrixConfig) -> Result<Vec<BenchRow>, String> {
-    let mut rows = Vec::new();
+    Ok(run_all(config, None, |_| {})?.rows)
+}
+
+/// Everything one `kreplay bench` run measures.
+#[derive(Clone, Debug, Default)]
+pub struct BenchResults {
+    /// The matrix rows, ceilings first per footprint.
+    pub rows: Vec<BenchRow>,
+    /// The ceilings with how they were obtained (the better of the two measurements).
+    pub ceilings: Vec<FootprintCeilings>,
+    /// The per-replay rows.
+    pub replay: Vec<ReplayRow>,
+}
+
+/// The matrix of [`run_matrix`] and, when `replay` is given, the per-replay costs of
+/// [`crate::ReplayConfig`] at every footprint of `config` (replay's own footprints are
+/// ignored); `progress` sees every replay row as it is measured.
+pub fn run_all(
+    config: &MatrixConfig,
+    replay: Option<&ReplayConfig>,
+    mut progress: impl FnMut(&ReplayRow),
+) -> Result<BenchResults, String> {
+    let mut results = BenchResults::default();
     for &footprint in &config.footprints {
-        let first = rows.len();
-        measure_footprint(config, footprint, &mut rows)?;
-        let again = ceilings(footprint, config.chunk_size, config.repeats)?;
-        keep_best_ceilings(&mut rows[first..], &again);
+        let first = results.rows.len();
+        let before = measure_ceilings(footprint, config.repeats)?;
+        results.rows.extend(ceiling_rows(&before));
+        let bench = measure_footprint(config, footprint, &mut results.rows)?;
+        if let Some(replay) = replay {
+            results.replay.extend(crate::replay::measure(
+                replay,
+                config,
+                &bench,
+                footprint,
+                before.copy.gbps,
+                &mut progress,
+            )?);
+        }
+        drop(bench);
+        let again = measure_ceilings(footprint, config.repeats)?;
+        keep_best_ceilings(&mut results.rows[first..], &ceiling_rows(&again));
+        let best = FootprintCeilings {
+            footprint,
+            copy: before.copy.better(again.copy),
+            read: before.read.better(again.read),
+        };
+        for row in results
+            .replay
+            .iter_mut()
+            .filter(|r| r.footprint == footprint)
+        {
+            row.copy_ceiling_gbps = best.copy.gbps;
+        }
+        results.ceilings.push(best);
     }
-    Ok(rows)
+    Ok(results)
 }
 
 /// Raises the ceiling rows of one footprint's `rows` to `again` where that is better, and
@@ -370,11 +390,9 @@ fn measure_footprint(
     config: &MatrixConfig,
     footprint: u64,
     rows: &mut Vec<BenchRow>,
-) -> Result<(), String> {
-    let ceiling_rows = ceilings(footprint, config.chunk_size, config.repeats)?;
-    let copy_ceiling = ceiling_rows[0].gbps;
-    let read_ceiling = ceiling_rows[1].gbps;
-    rows.extend(ceiling_rows);
+) -> Result<Bench, String> {
+    let copy_ceiling = rows[rows.len() - 2].gbps;
+    let read_ceiling = rows[rows.len() - 1].gbps;
     let bench = Bench::new(config, footprint)?;
     let row = |strategy, tier, operation, dirty_fraction, seconds: f64, ceiling: f64| {
         let gbps = rate(footprint, seconds);
@@ -460,7 +478,7 @@ fn measure_footprint(
             }
         }
     }
-    Ok(())
+    Ok(bench)
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ const PALETTE: [&str; 8] = [
 ];
 
 /// Write an SVG plot of restore time (ms) against dirty fraction for the largest footprint
-/// among the rows: one line per strategy and tier, and a dashed line at the time of a memcpy
+/// among the rows: one line per strategy and tier, and a dashed line at the time of a copy at the copy ceiling
 /// of the whole footprint (the copy ceiling).
 pub fn write_svg(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
     let footprint = rows
@@ -259,7 +259,7 @@ pub fn write_svg(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
         );
         let _ = writeln!(
             s,
-            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="black" stroke-dasharray="6 4"/><text x="{}" y="{}">memcpy ceiling</text>"#,
+            r#"<line x1="{legend_x}" y1="{legend_y}" x2="{}" y2="{legend_y}" stroke="black" stroke-dasharray="6 4"/><text x="{}" y="{}">copy ceiling</text>"#,
             legend_x + 24.0,
             legend_x + 30.0,
             legend_y + 4.0
@@ -349,7 +349,7 @@ mod tests {
         let svg = String::from_utf8(out).unwrap();
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 6);
-        assert!(svg.contains("memcpy ceiling") && svg.contains("stroke-dasharray"));
+        assert!(svg.contains("copy ceiling") && svg.contains("stroke-dasharray"));
         assert!(svg.contains("full / host") && svg.contains("writeset / host"));
         assert!(svg.contains(">1%<") && svg.trim_end().ends_with("</svg>"));
     }
@@ -368,12 +368,12 @@ mod tests {
         assert!(lines[0].starts_with("footprint_bytes,dirty_fraction,strategy"));
         assert_eq!(
             lines[2],
-            "1073741824,0.1,hash,host,restore,0.020000000,1.0000,memcpy,2.0000,0.50000"
+            "1073741824,0.1,hash,host,restore,0.020000000,1.0000,copy_ceiling,2.0000,0.50000"
         );
         let table = format_table(&rows);
         assert_eq!(table.lines().count(), 3);
         assert!(table.contains("ceiling GB/s") && table.contains("10%"));
-        assert!(table.lines().nth(2).unwrap().contains("memcpy"));
+        assert!(table.lines().nth(2).unwrap().contains("copy_ceiling"));
         assert_eq!(lines[0], CSV_HEADER);
     }
 }

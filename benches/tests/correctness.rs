@@ -384,10 +384,7 @@ fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatc
                 let first = in_region(&mut w, 0);
                 let moved = in_region(&mut w, 1);
                 let spread: Vec<_> = first.iter().chain(&moved).copied().collect();
-                for (dispatch, ops) in [&first, &moved, &spread, &first]
-                    .into_iter()
-                    .enumerate()
-                {
+                for (dispatch, ops) in [&first, &moved, &spread, &first].into_iter().enumerate() {
                     // The application's memory between dispatches is the new starting point.
                     w.expected = w
                         .regions

@@ -1,0 +1,460 @@
+//! The cost of whole replays: snapshot plus every restore of an N-pass replay (learning and
+//! verification included), per strategy, for a first dispatch of a kernel and for later
+//! dispatches of the same kernel that reuse what the earlier ones learned; beside N full
+//! restores and N copies at the machine's copy ceiling.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use kreplay_snapshot::{
+    Filter, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig, Snapshotter, StoreTier,
+};
+
+use crate::matrix::{Bench, MatrixConfig};
+use crate::output::{format_bytes, format_percent, format_seconds};
+use crate::workload::SplitMix64;
+
+/// Which chunks each simulated pass writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pattern {
+    /// The same randomly placed chunks in every pass and every dispatch.
+    SameScattered,
+    /// The same run of consecutive chunks in every pass and every dispatch.
+    SameContiguous,
+    /// Other randomly placed chunks in every pass.
+    DifferentScattered,
+    /// Another run of consecutive chunks in every pass.
+    DifferentContiguous,
+}
+
+impl Pattern {
+    /// Every pattern, in report order.
+    pub const ALL: [Pattern; 4] = [
+        Pattern::SameScattered,
+        Pattern::SameContiguous,
+        Pattern::DifferentScattered,
+        Pattern::DifferentContiguous,
+    ];
+
+    /// The name used in tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::SameScattered => "same-scattered",
+            Pattern::SameContiguous => "same-contiguous",
+            Pattern::DifferentScattered => "diff-scattered",
+            Pattern::DifferentContiguous => "diff-contiguous",
+        }
+    }
+
+    /// The chunks pass `pass` of dispatch `dispatch` writes, out of `chunks`.
+    pub fn chunks(self, chunks: u64, fraction: f64, dispatch: u64, pass: u64) -> Vec<u64> {
+        let k = crate::ChunkMap::picked(chunks, fraction);
+        let seed = match self {
+            Pattern::SameScattered | Pattern::SameContiguous => 0x5EED,
+            Pattern::DifferentScattered | Pattern::DifferentContiguous => {
+                0x5EED ^ (dispatch << 32) ^ (pass + 1)
+            }
+        };
+        let mut rng = SplitMix64::new(seed);
+        match self {
+            Pattern::SameScattered | Pattern::DifferentScattered => {
+                let mut all: Vec<u64> = (0..chunks).collect();
+                for i in 0..k {
+                    let j = i + rng.below(chunks - i);
+                    all.swap(i as usize, j as usize);
+                }
+                all.truncate(k as usize);
+                all
+            }
+            Pattern::SameContiguous | Pattern::DifferentContiguous => {
+                let start = rng.below(chunks - k + 1);
+                (start..start + k).collect()
+            }
+        }
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    /// Footprints in bytes.
+    pub footprints: Vec<u64>,
+    /// Fractions of chunks each pass writes.
+    pub dirty_fractions: Vec<f64>,
+    /// Passes per replay.
+    pub passes: Vec<u64>,
+    /// Strategies measured (`writeset-unverified` is shown but never counted as the best).
+    pub strategies: Vec<RestoreStrategy>,
+    /// Dirty patterns.
+    pub patterns: Vec<Pattern>,
+    /// Dispatches of the kernel per cell: the first is cold, the later ones reuse what it
+    /// learned (at least 2).
+    pub dispatches: usize,
+    /// The store tier.
+    pub tier: StoreTier,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        ReplayConfig {
+            footprints: vec![256 << 20],
+            dirty_fractions: vec![0.01, 0.1],
+            passes: vec![2, 4, 8, 38],
+            strategies: vec![
+                RestoreStrategy::Full,
+                RestoreStrategy::Hash,
+                RestoreStrategy::Writeset,
+                RestoreStrategy::Auto,
+                RestoreStrategy::WritesetUnverified,
+            ],
+            patterns: Pattern::ALL.to_vec(),
+            dispatches: 3,
+            tier: StoreTier::Host,
+        }
+    }
+}
+
+/// The memory cost of the replays of one cell and strategy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayRow {
+    /// Tracked bytes.
+    pub footprint: u64,
+    /// Fraction of chunks each pass writes.
+    pub dirty_fraction: f64,
+    /// Which chunks.
+    pub pattern: Pattern,
+    /// Passes of each replay.
+    pub passes: u64,
+    /// Strategy configured.
+    pub strategy: RestoreStrategy,
+    /// Snapshot plus every restore of the kernel's first dispatch (nothing learned before).
+    pub first_seconds: f64,
+    /// The same for a later dispatch of the kernel (the best of the later ones), reusing what
+    /// the earlier dispatches learned.
+    pub later_seconds: f64,
+    /// One full restore of the footprint, measured in the same run.
+    pub full_restore_seconds: f64,
+    /// The machine's copy ceiling, GB/s.
+    pub copy_ceiling_gbps: f64,
+}
+
+impl ReplayRow {
+    /// N full restores.
+    pub fn n_full(&self) -> f64 {
+        self.passes as f64 * self.full_restore_seconds
+    }
+
+    /// N copies of the footprint at the copy ceiling.
+    pub fn n_ceiling(&self) -> f64 {
+        self.passes as f64 * self.footprint as f64 / (self.copy_ceiling_gbps * 1e9)
+    }
+}
+
+const KERNEL: u64 = 0x4B45_524E;
+
+fn replay_once(
+    bench: &Bench,
+    snapshotter: &Snapshotter,
+    pattern: Pattern,
+    fraction: f64,
+    dispatch: u64,
+    passes: u64,
+) -> Result<Duration, String> {
+    let chunks = bench.map.chunks();
+    let plan = snapshotter
+        .plan(&Filter::for_replay(1))
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut snapshot: Snapshot = snapshotter
+        .take_for_kernel(plan, KERNEL)
+        .map_err(|e| e.to_string())?;
+    let mut spent = start.elapsed();
+    for pass in 0..passes {
+        let written = pattern.chunks(chunks, fraction, dispatch, pass);
+        bench
+            .map
+            .dirty(&bench.device, &written, dispatch * 1000 + pass + 1)
+            .map_err(|e| e.to_string())?;
+        if pass + 1 == passes {
+            break;
+        }
+        let start = Instant::now();
+        snapshot
+            .restore(&RestoreRequest {
+                next_pass: pass + 1,
+                may_be_final: pass + 2 == passes,
+            })
+            .map_err(|e| e.to_string())?;
+        spent += start.elapsed();
+    }
+    drop(snapshot);
+    Ok(spent)
+}
+
+fn snapshotter(
+    bench: &Bench,
+    strategy: RestoreStrategy,
+    tier: StoreTier,
+    chunk: u64,
+) -> Result<Snapshotter, String> {
+    let config = SnapshotConfig {
+        store: tier,
+        strategy,
+        chunk_size: chunk,
+        ..Default::default()
+    };
+    Snapshotter::new(bench.inventory.clone(), bench.device.clone(), config)
+        .map_err(|e| e.to_string())
+}
+
+/// Measures every cell of `config` at `footprint` on `bench`; `copy_ceiling_gbps` is the
+/// ceiling measured for that footprint.
+pub(crate) fn measure(
+    config: &ReplayConfig,
+    matrix: &MatrixConfig,
+    bench: &Bench,
+    footprint: u64,
+    copy_ceiling_gbps: f64,
+    mut progress: impl FnMut(&ReplayRow),
+) -> Result<Vec<ReplayRow>, String> {
+    let full = snapshotter(bench, RestoreStrategy::Full, config.tier, matrix.chunk_size)?;
+    let mut s = full
+        .snapshot(&Filter::for_replay(1))
+        .map_err(|e| e.to_string())?;
+    let mut full_restore = f64::INFINITY;
+    for _ in 0..3 {
+        let start = Instant::now();
+        s.restore(&RestoreRequest {
+            next_pass: 1,
+            may_be_final: false,
+        })
+        .map_err(|e| e.to_string())?;
+        full_restore = full_restore.min(start.elapsed().as_secs_f64());
+    }
+    drop(s);
+    let mut rows = Vec::new();
+    for &fraction in &config.dirty_fractions {
+        for &pattern in &config.patterns {
+            for &passes in &config.passes {
+                for &strategy in &config.strategies {
+                    let snapshotter = snapshotter(bench, strategy, config.tier, matrix.chunk_size)?;
+                    let mut first = 0.0;
+                    let mut later = f64::INFINITY;
+                    for d in 0..config.dispatches.max(2) as u64 {
+                        let t = replay_once(bench, &snapshotter, pattern, fraction, d, passes)?
+                            .as_secs_f64();
+                        if d == 0 {
+                            first = t;
+                        } else {
+                            later = later.min(t);
+                        }
+                    }
+                    let row = ReplayRow {
+                        footprint,
+                        dirty_fraction: fraction,
+                        pattern,
+                        passes,
+                        strategy,
+                        first_seconds: first,
+                        later_seconds: later,
+                        full_restore_seconds: full_restore,
+                        copy_ceiling_gbps,
+                    };
+                    progress(&row);
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// `auto` may cost at most this much more than the best verified fixed strategy in a cell.
+pub const AUTO_MAX_OVER_BEST: f64 = 1.10;
+
+/// The verified fixed strategies `auto` is held against.
+fn is_fixed_verified(s: RestoreStrategy) -> bool {
+    matches!(
+        s,
+        RestoreStrategy::Full | RestoreStrategy::Hash | RestoreStrategy::Writeset
+    )
+}
+
+/// One verdict of the auto target: a cell (footprint, dirty, pattern, N) and dispatch kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoCheck {
+    /// `first` or `later`.
+    pub dispatch: &'static str,
+    /// The cell.
+    pub cell: String,
+    /// auto's time / the best verified fixed strategy's time.
+    pub ratio: f64,
+    /// The best strategy.
+    pub best: RestoreStrategy,
+}
+
+/// auto against the best verified fixed strategy in every cell where both were measured.
+pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
+    let mut checks = Vec::new();
+    for auto in rows.iter().filter(|r| r.strategy == RestoreStrategy::Auto) {
+        let same = |r: &&ReplayRow| {
+            r.footprint == auto.footprint
+                && r.dirty_fraction == auto.dirty_fraction
+                && r.pattern == auto.pattern
+                && r.passes == auto.passes
+                && is_fixed_verified(r.strategy)
+        };
+        let cell = format!(
+            "{} {} {} N={}",
+            format_bytes(auto.footprint),
+            format_percent(auto.dirty_fraction),
+            auto.pattern,
+            auto.passes
+        );
+        for (dispatch, time) in [
+            (
+                "first",
+                (|r: &ReplayRow| r.first_seconds) as fn(&ReplayRow) -> f64,
+            ),
+            ("later", |r: &ReplayRow| r.later_seconds),
+        ] {
+            if let Some(best) = rows
+                .iter()
+                .filter(same)
+                .min_by(|a, b| time(a).total_cmp(&time(b)))
+            {
+                checks.push(AutoCheck {
+                    dispatch,
+                    cell: cell.clone(),
+                    ratio: time(auto) / time(best),
+                    best: best.strategy,
+                });
+            }
+        }
+    }
+    checks
+}
+
+/// The per-replay table.
+pub fn format_replay_table(rows: &[ReplayRow]) -> String {
+    let header = [
+        "footprint",
+        "dirty",
+        "pattern",
+        "N",
+        "strategy",
+        "first dispatch",
+        "/N full",
+        "later dispatch",
+        "/N full",
+        "N full restores",
+        "N copies at ceiling",
+    ];
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                format_bytes(r.footprint),
+                format_percent(r.dirty_fraction),
+                r.pattern.to_string(),
+                r.passes.to_string(),
+                r.strategy.to_string(),
+                format_seconds(r.first_seconds),
+                format!("{:.3}", r.first_seconds / r.n_full()),
+                format_seconds(r.later_seconds),
+                format!("{:.3}", r.later_seconds / r.n_full()),
+                format_seconds(r.n_full()),
+                format_seconds(r.n_ceiling()),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |fields: &[String]| {
+        out.push_str("  ");
+        for (i, (f, w)) in fields.iter().zip(&widths).enumerate() {
+            if i < 5 {
+                out.push_str(&format!("{f:<w$}  "));
+            } else {
+                out.push_str(&format!("{f:>w$}  "));
+            }
+        }
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+    };
+    line(&header.map(String::from));
+    for row in &cells {
+        line(row);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_pick_the_requested_share_same_or_different_scattered_or_contiguous() {
+        for pattern in Pattern::ALL {
+            let a = pattern.chunks(1000, 0.05, 0, 0);
+            let b = pattern.chunks(1000, 0.05, 1, 3);
+            assert_eq!((a.len(), b.len()), (50, 50), "{pattern}");
+            let same = matches!(pattern, Pattern::SameScattered | Pattern::SameContiguous);
+            assert_eq!(a == b, same, "{pattern}");
+            let contiguous = a.windows(2).all(|w| w[1] == w[0] + 1);
+            assert_eq!(
+                contiguous,
+                matches!(
+                    pattern,
+                    Pattern::SameContiguous | Pattern::DifferentContiguous
+                ),
+                "{pattern}"
+            );
+            assert!(a.iter().all(|&c| c < 1000));
+        }
+    }
+
+    #[test]
+    fn auto_is_held_against_the_best_verified_fixed_strategy_of_its_cell() {
+        let row = |strategy, first: f64, later: f64| ReplayRow {
+            footprint: 1 << 20,
+            dirty_fraction: 0.01,
+            pattern: Pattern::SameScattered,
+            passes: 4,
+            strategy,
+            first_seconds: first,
+            later_seconds: later,
+            full_restore_seconds: 1.0,
+            copy_ceiling_gbps: 10.0,
+        };
+        let rows = vec![
+            row(RestoreStrategy::Full, 4.0, 4.0),
+            row(RestoreStrategy::Hash, 2.0, 2.0),
+            row(RestoreStrategy::Writeset, 2.5, 1.5),
+            row(RestoreStrategy::WritesetUnverified, 0.1, 0.1),
+            row(RestoreStrategy::Auto, 2.1, 1.8),
+        ];
+        let checks = check_auto(&rows);
+        assert_eq!(checks.len(), 2);
+        assert_eq!(
+            checks[0].best,
+            RestoreStrategy::Hash,
+            "unverified never counts"
+        );
+        assert!((checks[0].ratio - 1.05).abs() < 1e-9);
+        assert_eq!(checks[1].best, RestoreStrategy::Writeset);
+        assert!((checks[1].ratio - 1.2).abs() < 1e-9);
+        assert!(format_replay_table(&rows).contains("N copies at ceiling"));
+    }
+}
