@@ -143,8 +143,8 @@ const PALETTE: [&str; 8] = [
 ];
 
 /// Write an SVG plot of restore time (ms) against dirty fraction for the largest footprint
-/// among the rows: one line per strategy and tier, and a dashed line at the time of a copy at the copy ceiling
-/// of the whole footprint (the copy ceiling).
+/// among the rows: one line per strategy and tier, and a dashed line at the time of a copy of
+/// the whole footprint at the copy ceiling.
 pub fn write_svg(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
     let footprint = rows
         .iter()

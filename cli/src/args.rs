@@ -55,6 +55,12 @@ pub const DEFAULT_DIRTY_PERCENT: [f64; 4] = [0.0, 1.0, 10.0, 100.0];
 pub const DEFAULT_REPEATS: usize = 3;
 /// Most repetitions `kreplay bench` accepts.
 pub const MAX_REPEATS: usize = 1000;
+/// Default passes of the whole replays `kreplay bench` measures (38: Nsight Compute's full set).
+pub const DEFAULT_REPLAY_PASSES: [u64; 4] = [2, 4, 8, 38];
+/// Most passes of a measured replay.
+pub const MAX_REPLAY_PASSES: u64 = 1000;
+/// Default dirty percentages of the measured replays.
+pub const DEFAULT_REPLAY_DIRTY_PERCENT: [f64; 2] = [1.0, 10.0];
 
 /// Default tracked allocations (besides the replayed dispatch's own buffer) of
 /// `kreplay bench-dispatch`.
@@ -194,6 +200,10 @@ pub struct BenchOptions {
     /// Measure a device without host windows, reached through reads and writes only, like a
     /// discrete GPU (`--discrete`).
     pub discrete: bool,
+    /// Passes of the whole replays measured (`--passes`; empty: no per-replay section).
+    pub replay_passes: Vec<u64>,
+    /// Fractions of chunks each pass of those replays writes (`--replay-dirty`, in percent).
+    pub replay_dirty: Vec<f64>,
 }
 
 impl Default for BenchOptions {
@@ -211,6 +221,11 @@ impl Default for BenchOptions {
             csv: None,
             svg: None,
             discrete: false,
+            replay_passes: DEFAULT_REPLAY_PASSES.to_vec(),
+            replay_dirty: DEFAULT_REPLAY_DIRTY_PERCENT
+                .iter()
+                .map(|p| p / 100.0)
+                .collect(),
         }
     }
 }
@@ -436,12 +451,15 @@ const DEMO_ABOUT: &str = "kreplay demo — kernel replay on the software HSA run
 
 const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ceilings measured in \
     the same run\n\n\
-    For every footprint: measures the ceilings (memcpy of the footprint, a parallel read pass, \
-    one-thread xxh3), then for every store tier and restore strategy a snapshot (first and \
-    steady-state) and, for every dirty fraction, a steady-state restore after a pass that changed \
-    that fraction of the 64 KiB chunks. The device is host memory split into 4 tracked \
-    allocations. Prints one row per measurement with the ceiling beside it, then the design's \
-    targets judged from this run's rows.";
+    For every footprint: measures the machine's ceilings (copy and read, each the best of several \
+    methods independent of kreplay's code, printed with the winning method), then for every store \
+    tier and restore strategy a snapshot (first and steady-state) and, for every dirty fraction, a \
+    steady-state restore after a pass that changed that fraction of the 64 KiB chunks; then the \
+    cost of whole replays (snapshot plus every restore of an N-pass replay, for a kernel's first \
+    dispatch and for later dispatches reusing what it learned) per strategy and dirty pattern, \
+    beside N full restores. The device is host memory split into 4 tracked allocations. Prints \
+    one row per measurement with the ceiling beside it, then the design's targets judged from \
+    this run's rows.";
 
 const BENCH_AFTER: &str = "The matrix needs about 3x the largest footprint of free memory (and \
     the footprint again on disk for the file tier). The fixed cost per dispatch is measured by \
@@ -539,7 +557,7 @@ struct BenchArgs {
     /// write every row as CSV
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     csv: Option<PathBuf>,
-    /// write a plot of restore time against dirty fraction (largest footprint) with the memcpy
+    /// write a plot of restore time against dirty fraction (largest footprint) with the copy
     /// ceiling
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     svg: Option<PathBuf>,
@@ -547,6 +565,12 @@ struct BenchArgs {
     /// PCIe
     #[arg(long)]
     discrete: bool,
+    /// passes of the whole replays measured, 2 to 1000, or none (default 2,4,8,38)
+    #[arg(long, value_name = "LIST", value_parser = replay_passes)]
+    passes: Option<List<u64>>,
+    /// dirty percentages of those replays (default 1,10)
+    #[arg(long = "replay-dirty", value_name = "LIST", value_parser = list(parse_percent))]
+    replay_dirty: Option<List<f64>>,
 }
 
 impl BenchArgs {
@@ -563,6 +587,10 @@ impl BenchArgs {
             csv: self.csv,
             svg: self.svg,
             discrete: self.discrete,
+            replay_passes: self.passes.map_or(defaults.replay_passes, |l| l.0),
+            replay_dirty: self.replay_dirty.map_or(defaults.replay_dirty, |l| {
+                l.0.into_iter().map(|p| p / 100.0).collect()
+            }),
         }
     }
 }
@@ -727,6 +755,20 @@ fn list<T: PartialEq + Clone + Send + Sync + 'static>(
     item: fn(&str) -> Result<T, String>,
 ) -> impl Fn(&str) -> Result<List<T>, String> + Clone + Send + Sync {
     move |value| parse_list(value, item).map(List)
+}
+
+/// The pass counts of `--passes`, or none.
+fn replay_passes(value: &str) -> Result<List<u64>, String> {
+    if value.trim() == "none" {
+        return Ok(List(Vec::new()));
+    }
+    parse_list(value, |item| {
+        item.parse::<u64>()
+            .ok()
+            .filter(|n| (2..=MAX_REPLAY_PASSES).contains(n))
+            .ok_or_else(|| format!("expected pass counts from 2 to {MAX_REPLAY_PASSES}, or none"))
+    })
+    .map(List)
 }
 
 fn parse_strategy(item: &str) -> Result<RestoreStrategy, String> {
@@ -1114,8 +1156,19 @@ mod tests {
                 csv: Some(PathBuf::from("m.csv")),
                 svg: Some(PathBuf::from("m.svg")),
                 discrete: true,
+                ..BenchOptions::default()
             }
         );
+        let replay = bench(&["--passes", "2,38", "--replay-dirty", "5"]).unwrap();
+        assert_eq!(replay.replay_passes, vec![2, 38]);
+        assert_eq!(replay.replay_dirty, vec![0.05]);
+        assert!(
+            bench(&["--passes", "none"])
+                .unwrap()
+                .replay_passes
+                .is_empty()
+        );
+        assert!(bench(&["--passes", "1"]).is_err());
         let defaults = bench(&[]).unwrap();
         assert_eq!(defaults, BenchOptions::default());
         assert_eq!(defaults.footprints, vec![64 << 20, 256 << 20]);

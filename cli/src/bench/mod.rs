@@ -15,8 +15,10 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use kreplay_benches::{
-    BenchRow, MatrixConfig, SCOPE_REGIONS, ScopeRow, TargetCheck, check_targets, format_bytes,
-    format_percent, format_seconds, format_table, run_matrix, run_scope_case, write_csv, write_svg,
+    AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, ReplayConfig,
+    ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_targets, format_bytes,
+    format_percent, format_replay_table, format_seconds, format_table, run_all, run_scope_case,
+    write_csv, write_svg,
 };
 
 use crate::args::BenchOptions;
@@ -30,6 +32,12 @@ pub struct BenchOutcome {
     pub targets: Vec<TargetCheck>,
     /// The snapshot scope case at the largest footprint.
     pub scopes: Vec<ScopeRow>,
+    /// The ceilings with how they were obtained.
+    pub ceilings: Vec<FootprintCeilings>,
+    /// Whole-replay costs.
+    pub replay: Vec<ReplayRow>,
+    /// auto against the best verified fixed strategy, per replay cell.
+    pub auto: Vec<AutoCheck>,
 }
 
 /// Memory the matrix needs at a footprint: the tracked memory, a store and a spare device
@@ -75,6 +83,71 @@ pub fn matrix_config(options: &BenchOptions) -> MatrixConfig {
         host_windows: !options.discrete,
         ..MatrixConfig::default()
     }
+}
+
+/// The replay configuration `options` describe (`None`: no per-replay section).
+pub fn replay_config(options: &BenchOptions) -> Option<ReplayConfig> {
+    if options.replay_passes.is_empty() || options.replay_dirty.is_empty() {
+        return None;
+    }
+    Some(ReplayConfig {
+        footprints: options.footprints.clone(),
+        dirty_fractions: options.replay_dirty.clone(),
+        passes: options.replay_passes.clone(),
+        ..ReplayConfig::default()
+    })
+}
+
+/// The ceilings section: each ceiling with the method that reached it.
+pub fn render_ceilings(ceilings: &[FootprintCeilings]) -> String {
+    let mut text = String::from(
+        "ceilings of this machine (code independent of kreplay's; the better of a measurement \
+         before and one after the footprint's rows):\n",
+    );
+    for c in ceilings {
+        text += &format!(
+            "  {} copy: {}\n  {} read: {}\n",
+            format_bytes(c.footprint),
+            c.copy.describe(),
+            format_bytes(c.footprint),
+            c.read.describe()
+        );
+    }
+    text
+}
+
+/// The auto section: the worst cells first.
+pub fn render_auto(checks: &[AutoCheck]) -> String {
+    let mut text = format!(
+        "auto against the best verified fixed strategy (full, hash, writeset) of each cell; \
+         target <= {AUTO_MAX_OVER_BEST:.2}x:\n"
+    );
+    let mut sorted: Vec<&AutoCheck> = checks.iter().collect();
+    sorted.sort_by(|a, b| b.ratio.total_cmp(&a.ratio));
+    let over = checks
+        .iter()
+        .filter(|c| c.ratio > AUTO_MAX_OVER_BEST)
+        .count();
+    for c in &sorted {
+        text += &format!(
+            "  {:<5} dispatch  {:<34}  {:.3}x of {}{}\n",
+            c.dispatch,
+            c.cell,
+            c.ratio,
+            c.best,
+            if c.ratio > AUTO_MAX_OVER_BEST {
+                "  NOT MET"
+            } else {
+                ""
+            }
+        );
+    }
+    text += &format!(
+        "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x\n",
+        checks.len() - over,
+        checks.len()
+    );
+    text
 }
 
 /// The targets section: one line per target, footprint and tier, with the figures and the
@@ -181,20 +254,38 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     };
     write(out, &header)?;
 
-    let rows = run_matrix(&config)?;
+    let replay = replay_config(options);
+    let results = run_all(&config, replay.as_ref(), |_| {})?;
+    let rows = results.rows;
     let targets = check_targets(&config, &rows);
-    let mut text = format_table(&rows);
+    let mut text = render_ceilings(&results.ceilings);
+    text += "\n";
+    text += &format_table(&rows);
     text += "\ntime: best of the repetitions. GB/s: footprint bytes per second (for restores of \
-             part of the footprint an effective rate, not bytes moved). ceiling: measured in \
-             this run over the same bytes (memcpy: the better of a one-thread and a parallel \
-             copy; read_pass: a parallel read of every word); ratio = GB/s / ceiling GB/s. \
+             part of the footprint an effective rate, not bytes moved). ceiling: the machine's \
+             copy or read ceiling over the same bytes, above; ratio = GB/s / ceiling GB/s. \
              snapshot_cold: a snapshotter's first snapshot (store allocated and faulted in); \
-             snapshot and restore: steady state. detect: a hash restore with nothing dirty \
-             (the hash pass alone).\n\n";
+             snapshot and restore: steady state (writeset and auto restores verify: every chunk \
+             outside the learned set is hashed). detect: a hash restore with nothing dirty (the \
+             hash pass alone).\n\n";
     text += &render_targets(&targets);
     let scopes = run_scope_case(largest, config.repeats, config.host_windows)?;
     text += "\n";
     text += &render_scopes(&scopes);
+    let auto = check_auto(&results.replay);
+    if !results.replay.is_empty() {
+        text += "\nwhole replays: snapshot plus every restore of an N-pass replay (host store; \
+                 learning and verification included; the passes themselves only write the \
+                 dirty chunks and are not counted). first dispatch: nothing learned before; \
+                 later dispatch: the best of the kernel's later dispatches, which reuse what \
+                 the earlier ones learned. /N full: divided by N full restores of the \
+                 footprint measured in this run; N copies at ceiling: N copies of the \
+                 footprint at the machine's copy ceiling. writeset-unverified skips \
+                 verification between passes (opt-in) and is never counted as the best.\n";
+        text += &format_replay_table(&results.replay);
+        text += "\n";
+        text += &render_auto(&auto);
+    }
     write(out, &text)?;
 
     if let (Some(path), Some(file)) = (&options.csv, csv.as_mut()) {
@@ -213,6 +304,9 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
         rows,
         targets,
         scopes,
+        ceilings: results.ceilings,
+        replay: results.replay,
+        auto,
     })
 }
 
@@ -248,15 +342,18 @@ mod tests {
             dirty_fractions: vec![0.0, 0.01],
             tiers: vec![StoreTier::Host],
             repeats: 1,
+            replay_passes: vec![3],
+            replay_dirty: vec![0.05],
             ..BenchOptions::default()
         };
         let mut out = Vec::new();
         let outcome = run(&options, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("ceiling GB/s") && text.contains("memcpy"),
+            text.contains("ceiling GB/s") && text.contains("copy_ceiling"),
             "{text}"
         );
+        assert!(text.contains("copy: ") && text.contains(" by "), "{text}");
         assert!(
             text.contains("targets (judged from this run's rows):"),
             "{text}"
@@ -267,8 +364,15 @@ mod tests {
                 "{target:?} missing: {text}"
             );
         }
-        // 3 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
-        assert_eq!(outcome.rows.len(), 3 + 3 * 4 + 1);
+        // 2 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
+        assert_eq!(outcome.rows.len(), 2 + 3 * 4 + 1);
+        // 1 footprint x 1 dirty fraction x 4 patterns x 1 N x 5 strategies.
+        assert_eq!(outcome.replay.len(), 4 * 5);
+        assert_eq!(outcome.auto.len(), 4 * 2);
+        assert!(
+            text.contains("whole replays") && text.contains("auto against"),
+            "{text}"
+        );
         assert_eq!(outcome.targets.len(), kreplay_benches::Target::ALL.len());
     }
 
