@@ -61,6 +61,8 @@ pub(crate) struct Learned {
     pub missed_chunks: Option<u64>,
     /// Restores in a row `auto` wrote in full (no information on what changed).
     pub full_streak: u32,
+    /// Restores of the latest dispatch.
+    pub restores: u64,
 }
 
 /// Nanoseconds per byte of this machine's copies and hash passes, as restores measured them

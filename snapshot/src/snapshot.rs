@@ -316,13 +316,14 @@ impl Snapshotter {
             .filter(|_| learns)
             .map(|k| Key::new(k, &layout.regions, layout.chunk_size));
         let earlier = key.and_then(|k| self.memory.lock().get(&k, layout.chunks()));
-        // Auto skips the hashes while earlier dispatches of the kernel found full restores
-        // cheapest, until a probe is due.
+        // Auto skips the hashes when what earlier dispatches of the kernel learned says they
+        // would not pay for themselves (see `hashing_pays`), until a probe is due.
         let hashed = match mode {
             Mode::Full => false,
-            Mode::Adaptive => earlier
-                .as_ref()
-                .is_none_or(|e| e.full_streak == 0 || e.full_streak >= PROBE_EVERY),
+            Mode::Adaptive => earlier.as_ref().is_none_or(|e| {
+                e.full_streak >= PROBE_EVERY
+                    || hashing_pays(&self.memory.lock().rates, e, layout.chunks() as u64)
+            }),
             _ => true,
         };
         let mut hashes = try_vec(if hashed { layout.chunks() } else { 0 }, 0u64).map_err(|e| {
@@ -402,7 +403,9 @@ impl Snapshotter {
             hashed,
             key,
             memory: self.memory.clone(),
-            stats: earlier.unwrap_or_default(),
+            stats: earlier
+                .map(|e| Learned { restores: 0, ..e })
+                .unwrap_or_default(),
             restores_since_hash: 0,
             needs_verify: false,
         })
@@ -436,6 +439,21 @@ impl Snapshotter {
                     Mode::Adaptive
                 }
             }
+        }
+    }
+}
+
+/// Whether hashing the snapshot (a read of the footprint) is repaid by the restores a dispatch
+/// of this kernel makes, when each restores the cheaper of a hash and a write-set restore
+/// instead of a full one. With nothing measured yet, it is assumed to pay.
+fn hashing_pays(rates: &crate::learned::Rates, earlier: &Learned, chunks: u64) -> bool {
+    let set = earlier.write_set.iter().filter(|&&b| b).count() as u64;
+    match estimate(rates, earlier, chunks, set) {
+        None => true,
+        Some(c) => {
+            let saved = c.full - c.hash.min(c.writeset);
+            let (_, hash) = rates.per_byte();
+            earlier.restores.max(1) as f64 * saved > chunks as f64 * hash
         }
     }
 }
@@ -573,6 +591,7 @@ impl Snapshot {
     pub fn restore(&mut self, req: &RestoreRequest) -> Result<RestoreReport, RestoreError> {
         let start = Instant::now();
         let (mut step, strategy) = self.step(req);
+        self.stats.restores += 1;
         let plan = self.plan_for(step, strategy);
         let device: &dyn DeviceMemory = &*self.source.device;
         let layout = &self.layout;

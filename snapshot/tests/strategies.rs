@@ -434,3 +434,69 @@ fn writeset_unverified_is_parsed_as_its_own_opt_in() {
         "writeset-unverified"
     );
 }
+
+/// auto carries what a dispatch learned to the next dispatch of the same kernel: a kernel that
+/// rewrites most of memory gets full restores without the snapshot's hashes, one that writes a
+/// few chunks gets its learned set written from the store and the rest hashed; either way
+/// every pass starts from that dispatch's snapshot.
+#[test]
+fn auto_reuses_what_earlier_dispatches_of_a_kernel_learned() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let n = 512u64; // 2 MiB of 4 KiB chunks: above auto's full-restore threshold
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(a, &pattern((n * CS) as usize, 9));
+    let snapshotter = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host));
+    let take = |kernel| {
+        let plan = snapshotter.plan(&Filter::for_replay(1)).unwrap();
+        snapshotter.take_for_kernel(plan, kernel).unwrap()
+    };
+    let most: Vec<u64> = (0..n).filter(|c| c % 8 != 0).collect();
+    let few = [5u64, 300];
+    for dispatch in 0..3 {
+        for (kernel, writes) in [(1u64, &most[..]), (2, &few[..])] {
+            let before = dev.peek(a, n * CS);
+            let mut s = take(kernel);
+            let mut strategies = Vec::new();
+            for pass in 0..3u64 {
+                dirty(&dev, a, writes);
+                let r = s.restore(&not_final(pass + 1)).unwrap();
+                assert_eq!(
+                    dev.peek(a, n * CS),
+                    before,
+                    "kernel {kernel} dispatch {dispatch} pass {pass}"
+                );
+                strategies.push((r.strategy, r.bytes_hashed));
+            }
+            match (kernel, dispatch) {
+                // Nothing learned yet: the first restore hashes everything.
+                (_, 0) => assert_eq!(strategies[0], (RestoreStrategy::Writeset, n * CS)),
+                (1, _) => {
+                    assert_eq!(
+                        s.report().strategy,
+                        RestoreStrategy::Full,
+                        "no hashes taken"
+                    );
+                    assert!(
+                        strategies
+                            .iter()
+                            .all(|&(st, h)| st == RestoreStrategy::Full && h == 0),
+                        "{strategies:?}"
+                    );
+                }
+                _ => assert!(
+                    strategies
+                        .iter()
+                        .all(|&(st, h)| st == RestoreStrategy::Writeset && h == (n - 2) * CS),
+                    "the learned set is written, the rest hashed: {strategies:?}"
+                ),
+            }
+            // The application changes memory between dispatches.
+            dirty(&dev, a, &[100 + dispatch]);
+        }
+    }
+    assert_eq!(snapshotter.kernels_learned(), 2);
+}
