@@ -18,23 +18,31 @@
 //! * **Tiered store.** A device-resident shadow when the device offers one, else host memory
 //!   (registered with the device if it can pin), else a memory-mapped spill file
 //!   ([`StoreTier`]).
-//! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying; restores
-//!   write back only changed chunks ([`RestoreStrategy::Hash`]), or learn a write set from
-//!   pass 0 and verify it before every pass ([`RestoreStrategy::Writeset`]: every live chunk is
-//!   hashed, so each pass starts from the snapshotted bytes; writes stay proportional to the
-//!   bytes changed, reads are the whole footprint; a change outside the learned set is written
-//!   back and reported as a repair). Only the explicit opt-in
-//!   [`RestoreStrategy::WritesetUnverified`] writes the learned set without hashing (checked
-//!   every K restores and before any possibly-final pass), and its reports say so
-//!   ([`RestoreReport::unverified`]). Copies run in parallel on rayon; partial restores are
-//!   merged into runs and issued as one batch when the device batches.
+//! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying (AVX2
+//!   chosen at run time, whatever the build's target flags); restores write back only changed
+//!   chunks ([`RestoreStrategy::Hash`]), or learn a write set and verify before every pass
+//!   ([`RestoreStrategy::Writeset`]: the set is written back from the store and every other
+//!   live chunk is hashed, so each pass starts from the snapshotted bytes; a change outside the
+//!   set is written back and reported as a repair). Only the explicit opt-in
+//!   [`RestoreStrategy::WritesetUnverified`] writes the learned set without hashing the rest
+//!   (checked every K restores and before any possibly-final pass), and its reports say so
+//!   ([`RestoreReport::unverified`]). Copies run in parallel on rayon (streaming stores from
+//!   64 MiB); partial restores are merged into runs and issued as one batch when the device
+//!   batches.
+//! * **Reuse across dispatches.** [`Snapshotter::take_for_kernel`] keeps what a dispatch's
+//!   restores learned (the write set, how many chunks changed, whether full restores won) per
+//!   kernel and region set, and the next dispatch of that kernel starts from it; verification
+//!   is unchanged.
 //!
 //! The auto strategy: snapshots under [`AUTO_FULL_BELOW_BYTES`] restore in full, and so do
 //! device-tier snapshots when the device has no hash kernel and the memory is not host-visible
 //! (hashing would pull every byte over the host link while a full restore stays on the device).
-//! All others learn a verified write set (every restore hashes; never the unverified shortcut),
-//! and switch to full restores once a hash pass finds more than
-//! [`AUTO_FULL_ABOVE_DIRTY_FRACTION`] of the chunks changed.
+//! All others choose before each restore the cheapest of a full restore, a hash restore and a
+//! verified write-set restore, estimated from the copy and hash rates the snapshotter's restores
+//! measured and from what this kernel's restores found changed (never the unverified shortcut);
+//! the first restore of a kernel with nothing learned hashes everything. When a kernel's last
+//! dispatch says the snapshot's hashes would not repay themselves, auto takes none and restores
+//! in full, hashing again every 16 restores to notice a change.
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,
