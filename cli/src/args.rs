@@ -1205,10 +1205,16 @@ mod tests {
         }
         assert!(bench(&["--discrete=yes"]).is_err());
         assert!(
-            bench(&["--passes", "2"])
+            bench(&["--fast"])
                 .unwrap_err()
                 .message
-                .contains("unexpected argument '--passes'")
+                .contains("unexpected argument '--fast'")
+        );
+        assert!(
+            bench(&["--passes", "1"])
+                .unwrap_err()
+                .to_string()
+                .contains("expected pass counts from 2")
         );
     }
 
