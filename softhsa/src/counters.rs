@@ -57,7 +57,7 @@ const GRBM: usize = 3;
 const BLOCKS: [Block; 4] = [
     Block {
         name: c"SQ",
-        limit: 4,
+        limit: 2,
     },
     Block {
         name: c"TCP",
@@ -65,11 +65,11 @@ const BLOCKS: [Block; 4] = [
     },
     Block {
         name: c"TCC",
-        limit: 2,
+        limit: 1,
     },
     Block {
         name: c"GRBM",
-        limit: 2,
+        limit: 1,
     },
 ];
 
@@ -517,12 +517,13 @@ mod tests {
     #[test]
     fn a_set_over_a_block_limit_is_refused_naming_the_block_and_limit() {
         let err = check_ids(&[0, 1, 2, 3, 4]).unwrap_err();
-        assert!(err.contains("block SQ can count at most 4"), "{err}");
+        assert!(err.contains("block SQ can count at most 2"), "{err}");
         assert!(err.contains("SQ_INSTS_VMEM_WR"), "{err}");
         // Derived counters occupy their inputs: MEM_BYTES + TCP_READ_BYTES fit TCP's 2.
         assert!(check_ids(&[9, 5]).is_ok());
-        // BYTES_PER_ITEM + ATOMIC_FRACTION need SQ_WORK_ITEMS, RD, WR (3 of SQ's 4).
-        assert!(check_ids(&[10, 11]).is_ok());
+        // ATOMIC_FRACTION needs RD and WR (SQ's 2); BYTES_PER_ITEM would add SQ_WORK_ITEMS.
+        assert!(check_ids(&[11, 9]).is_ok());
+        assert!(check_ids(&[11, 10]).unwrap_err().contains("needs 3"));
         assert!(
             check_ids(&[99])
                 .unwrap_err()
