@@ -24,6 +24,7 @@ pub mod args;
 pub mod bench;
 pub mod demo;
 pub mod format;
+pub mod profile;
 pub mod stress;
 
 use std::ffi::OsString;
