@@ -215,29 +215,51 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
         })
         .collect();
 
-    let run_kernel = || -> Result<Vec<Row>, String> {
+    // Each run's rows and the fingerprint of the workload's results.
+    let run_kernel = || -> Result<(Vec<Row>, Vec<u64>), String> {
         tool::start_run(tool::Mode::Kernel, 0);
         // SAFETY: the table kreplay is installed in, alive for this call.
-        unsafe { workload::run(table.table(), options.workload, options.elements) }?;
-        finish_run()
+        let run = unsafe { workload::run(table.table(), options.workload, options.elements) }?;
+        Ok((finish_run()?, vec![run.checksum]))
     };
-    let run_application = || -> Result<Vec<Row>, String> {
+    let run_application = || -> Result<(Vec<Row>, Vec<u64>), String> {
         let mut rows = Vec::new();
+        let mut sums = Vec::new();
         for g in 0..groups.len() {
             tool::start_run(tool::Mode::Application(g), g);
             // SAFETY: as above.
-            unsafe { workload::run(table.table(), options.workload, options.elements) }?;
+            let run = unsafe { workload::run(table.table(), options.workload, options.elements) }?;
             rows.extend(finish_run()?);
+            sums.push(run.checksum);
         }
-        Ok(rows)
+        Ok((rows, sums))
     };
     let (rows, runs, check) = match (options.mode, options.check) {
-        (ReplayMode::Kernel, false) => (run_kernel()?, 1, None),
-        (ReplayMode::Application, false) => (run_application()?, groups.len(), None),
+        (ReplayMode::Kernel, false) => (run_kernel()?.0, 1, None),
+        (ReplayMode::Application, false) => (run_application()?.0, groups.len(), None),
         (mode, true) => {
-            let kernel = run_kernel()?;
-            let application = run_application()?;
-            let check = compare(&kernel, &application, &catalogues);
+            let (kernel, kernel_sums) = run_kernel()?;
+            let (application, application_sums) = run_application()?;
+            let mut check = compare(&kernel, &application, &catalogues);
+            // The results too: replay must leave the application's memory as one run does.
+            if application_sums
+                .iter()
+                .any(|s| Some(s) != kernel_sums.first())
+            {
+                let difference = format!(
+                    "the workload's results differ: kernel replay {:016x}, application runs {}",
+                    kernel_sums.first().copied().unwrap_or_default(),
+                    application_sums
+                        .iter()
+                        .map(|s| format!("{s:016x}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                match &mut check {
+                    Ok(()) => check = Err(vec![difference]),
+                    Err(list) => list.push(difference),
+                }
+            }
             match mode {
                 ReplayMode::Kernel => (kernel, 1, Some(check)),
                 ReplayMode::Application => (application, groups.len(), Some(check)),
@@ -492,7 +514,8 @@ fn write_report(
                 let _ = writeln!(
                     text,
                     "\ncheck: kernel replay values equal application replay values for every \
-                     dispatch and counter ({NONDETERMINISTIC} excluded)"
+                     dispatch and counter ({NONDETERMINISTIC} excluded), and the results are \
+                     the same"
                 );
             }
             Err(differences) => {
