@@ -98,6 +98,8 @@ pub enum Command {
     BenchDispatch(DispatchBenchOptions),
     /// Run `kreplay stress`.
     Stress(StressOptions),
+    /// Run `kreplay profile`.
+    Profile(crate::profile::ProfileOptions),
 }
 
 impl Command {
@@ -109,6 +111,7 @@ impl Command {
             Command::Bench(o) => o.csv.iter().chain(&o.svg).map(PathBuf::as_path).collect(),
             Command::BenchDispatch(o) => o.csv.iter().map(PathBuf::as_path).collect(),
             Command::Stress(_) => Vec::new(),
+            Command::Profile(o) => o.output.iter().map(PathBuf::as_path).collect(),
         }
     }
 }
@@ -293,6 +296,10 @@ where
     S: Into<OsString>,
 {
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let args_given: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let command_word = args
         .first()
         .and_then(|a| a.to_str())
@@ -329,6 +336,14 @@ where
         Sub::Bench(args) => Command::Bench(args.into_options()),
         Sub::BenchDispatch(args) => Command::BenchDispatch(args.into_options()),
         Sub::Stress(args) => Command::Stress(args.into_options()),
+        Sub::Profile(args) => Command::Profile(
+            args.into_options(&args_before_workload(&args_given))
+                .map_err(|message| UsageError {
+                    message: format!(
+                        "{message}\n\nFor more information, try 'kreplay profile --help'."
+                    ),
+                })?,
+        ),
         Sub::Help(args) => Command::Print(help_of(args.command.as_deref())),
     })
 }
@@ -432,6 +447,17 @@ enum Sub {
                            is printed), 2 for a bad command line."
     )]
     Stress(StressArgs),
+    /// collect hardware-like counters of every dispatch of a workload, more than one pass
+    /// allows, by kernel replay (one run) or application replay (one run per group)
+    #[command(
+        disable_help_flag = true,
+        long_about = PROFILE_ABOUT,
+        after_long_help = "Exit status: 0 when the profile ran (and, with --check, both modes \
+                           agreed), 1 when it could not run (a group over a pass limit, an \
+                           unknown counter) or --check found a difference, 2 for a bad command \
+                           line."
+    )]
+    Profile(ProfileArgs),
     /// show this help, or the help of one command (`kreplay help demo`)
     #[command(
         disable_help_flag = true,
@@ -713,6 +739,142 @@ impl StressArgs {
     }
 }
 
+/// Default work-items of each classic kernel of `kreplay profile`.
+pub const DEFAULT_PROFILE_ELEMENTS: u32 = 1 << 16;
+/// Most work-items `kreplay profile` accepts per kernel.
+pub const MAX_PROFILE_ELEMENTS: u32 = 1 << 26;
+
+const PROFILE_ABOUT: &str = "kreplay profile — more counters than one pass allows, for every \
+    dispatch\n\n\
+    Runs WORKLOAD (saxpy, histogram, stencil, reduction, demo, all) on the software HSA runtime \
+    under kreplay and counts hardware-like counters (SQ_WAVES, SQ_WORK_ITEMS, TCP_READ_BYTES, \
+    TCC_ATOMIC, GRBM_DURATION_NS, ...). Each --pmc group is counted in one pass and must fit the \
+    agent's per-pass limits (the error names the block and its limit); --counters lets the \
+    planner split a flat list into the fewest passes. Kernel replay runs the workload once and \
+    replays every dispatch once per group; application replay runs the workload once per group. \
+    Prints a table per kernel (one row per dispatch, pass and counter: a counter in two groups \
+    appears once per pass, never added up) and derived metrics computed from passes of the same \
+    dispatch.\n\n\
+    Usage: kreplay profile --pmc A B [--pmc C D ...] [options] -- WORKLOAD";
+
+/// How `kreplay profile` obtains its passes.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplayModeArg {
+    /// every dispatch replayed once per group, in one run
+    Kernel,
+    /// the workload run once per group
+    Application,
+}
+
+#[derive(Args, Debug)]
+struct ProfileArgs {
+    #[command(flatten)]
+    help: HelpFlag,
+    /// one counter group, counted in one pass (repeat for more groups)
+    #[arg(long = "pmc", value_name = "COUNTER", num_args = 1.., action = ArgAction::Append)]
+    pmc: Vec<String>,
+    /// a flat counter list, planned into the fewest passes (instead of --pmc)
+    #[arg(long, value_name = "COUNTER", num_args = 1.., conflicts_with = "pmc")]
+    counters: Option<Vec<String>>,
+    /// kernel (default) or application
+    #[arg(long, value_name = "MODE")]
+    replay_mode: Option<ReplayModeArg>,
+    /// also write every row (dispatch_id, replay_pass, kernel, agent, counter, value) to FILE,
+    /// .csv or .json
+    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output)]
+    output: Option<PathBuf>,
+    /// run both modes and say whether their values (GRBM_DURATION_NS excluded) and the
+    /// workload's results are the same
+    #[arg(long)]
+    check: bool,
+    /// work-items per classic kernel, 1 to 67108864 (default 65536)
+    #[arg(long, value_name = "N", value_parser = count(1, u64::from(MAX_PROFILE_ELEMENTS)))]
+    elements: Option<u64>,
+    /// the workload: saxpy, histogram, stencil, reduction, demo or all (after --)
+    #[arg(last = true, value_name = "WORKLOAD", required = true, num_args = 1)]
+    workload: Vec<String>,
+}
+
+/// The arguments before a lone `--` (what follows it is the workload).
+fn args_before_workload(args: &[String]) -> Vec<String> {
+    args.iter().take_while(|a| *a != "--").cloned().collect()
+}
+
+/// The `--pmc` groups as given: each occurrence's values, up to the next option (clap keeps
+/// only their concatenation).
+fn pmc_groups(args: &[String]) -> Vec<Vec<String>> {
+    let mut groups = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for arg in args {
+        if arg == "--pmc" || arg.starts_with("--pmc=") {
+            groups.extend(current.take());
+            current = Some(
+                arg.strip_prefix("--pmc=")
+                    .map(str::to_owned)
+                    .into_iter()
+                    .collect(),
+            );
+        } else if arg.starts_with('-') {
+            groups.extend(current.take());
+        } else if let Some(group) = current.as_mut() {
+            group.push(arg.clone());
+        }
+    }
+    groups.extend(current);
+    groups
+}
+
+impl ProfileArgs {
+    fn into_options(self, given: &[String]) -> Result<crate::profile::ProfileOptions, String> {
+        use crate::profile::{CounterRequest, ProfileOptions, ReplayMode};
+        use kreplay_workloads::profile::Workload;
+        let name = self
+            .workload
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
+        let workload = Workload::parse(name)
+            .ok_or_else(|| format!("unknown workload '{name}'; workloads: {}", Workload::NAMES))?;
+        let counters = match self.counters {
+            Some(flat) => CounterRequest::Flat(flat),
+            None if self.pmc.is_empty() => {
+                return Err(
+                    "no counters given: use --pmc A B ... (one group per pass) or \
+                            --counters A B ... (planned into passes)"
+                        .into(),
+                );
+            }
+            None => {
+                let groups = pmc_groups(given);
+                if groups.concat() != self.pmc {
+                    return Err("cannot tell the --pmc groups apart".into());
+                }
+                CounterRequest::Groups(groups)
+            }
+        };
+        Ok(ProfileOptions {
+            counters,
+            mode: match self.replay_mode {
+                Some(ReplayModeArg::Application) => ReplayMode::Application,
+                _ => ReplayMode::Kernel,
+            },
+            output: self.output,
+            check: self.check,
+            workload,
+            elements: self.elements.map_or(DEFAULT_PROFILE_ELEMENTS, |n| n as u32),
+        })
+    }
+}
+
+/// A `kreplay profile` output file: a path ending in .csv or .json.
+fn profile_output(value: &str) -> Result<PathBuf, String> {
+    let path = file_path(value)?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("csv") || e.eq_ignore_ascii_case("json") => Ok(path),
+        _ => Err("the output file must end in .csv or .json".into()),
+    }
+}
+
 /// A seed: any whole number from 0 to 2^64 - 1, digits only.
 fn seed(value: &str) -> Result<u64, String> {
     value
@@ -736,7 +898,7 @@ struct HelpArgs {
     /// the command whose help to show
     #[arg(
         value_name = "COMMAND",
-        value_parser = ["demo", "bench", "bench-dispatch", "stress", "help"]
+        value_parser = ["demo", "bench", "bench-dispatch", "stress", "profile", "help"]
     )]
     command: Option<String>,
 }
@@ -1025,7 +1187,7 @@ mod tests {
             (vec!["help", "nope"], "invalid value 'nope'"),
             (
                 vec![],
-                "no command given; commands: demo, bench, bench-dispatch, stress, help",
+                "no command given; commands: demo, bench, bench-dispatch, stress, profile, help",
             ),
         ] {
             let error = parse(args.iter().copied()).unwrap_err().message;
@@ -1042,7 +1204,7 @@ mod tests {
         let main = printed(&["--help"]);
         assert_eq!(printed(&["-h"]), main);
         assert_eq!(printed(&["help"]), main);
-        for command in ["demo", "bench", "bench-dispatch", "stress"] {
+        for command in ["demo", "bench", "bench-dispatch", "stress", "profile"] {
             let text = printed(&[command, "--help"]);
             assert!(text.starts_with(&format!("kreplay {command} — ")), "{text}");
             assert_eq!(printed(&["help", command]), text);
@@ -1262,5 +1424,46 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn profile_pmc_groups_stay_apart_and_the_workload_follows_the_separator() {
+        use crate::profile::{CounterRequest, ReplayMode};
+        let Ok(Command::Profile(o)) = parse([
+            "profile",
+            "--pmc",
+            "A",
+            "B",
+            "--pmc=C",
+            "--pmc",
+            "D",
+            "--replay-mode",
+            "application",
+            "-o",
+            "x.csv",
+            "--check",
+            "--elements",
+            "5000",
+            "--",
+            "saxpy",
+        ]) else {
+            panic!("a valid profile command line");
+        };
+        let group = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            o.counters,
+            CounterRequest::Groups(vec![group(&["A", "B"]), group(&["C"]), group(&["D"])])
+        );
+        assert_eq!(o.mode, ReplayMode::Application);
+        assert!(o.check);
+        assert_eq!(o.elements, 5000);
+        assert_eq!(o.output, Some(PathBuf::from("x.csv")));
+        let Ok(Command::Profile(o)) = parse(["profile", "--counters", "A", "B", "--", "all"])
+        else {
+            panic!("a valid flat profile command line");
+        };
+        assert_eq!(o.counters, CounterRequest::Flat(group(&["A", "B"])));
+        assert_eq!(o.mode, ReplayMode::Kernel);
+        assert!(parse(["profile", "--pmc", "A", "--counters", "B", "--", "all"]).is_err());
     }
 }

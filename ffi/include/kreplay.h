@@ -158,8 +158,11 @@ enum kreplay_status_values {
     KREPLAY_STATUS_ERROR_RESTORE_FAILED = 10,
     /** kreplay ran out of memory or another resource. */
     KREPLAY_STATUS_ERROR_OUT_OF_RESOURCES = 11,
+    /** The counters cannot be counted together in one pass: a block of the agent counts fewer
+     *  counters per pass (the block and its limit are logged; see kreplay_plan_counter_passes). */
+    KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT = 12,
     /** One past the last status value (grows as values are appended). */
-    KREPLAY_STATUS_LAST = 12
+    KREPLAY_STATUS_LAST = 13
 };
 
 /**
@@ -725,6 +728,135 @@ kreplay_status_t kreplay_configure_callback_tracing_service(kreplay_context_id_t
                                                            size_t operations_count,
                                                            kreplay_callback_tracing_cb_t callback,
                                                            void* callback_data);
+
+/* ============================================================================================== */
+/* Dispatch counter collection                                                                    */
+/* ============================================================================================== */
+
+/*
+ * An agent counts events of a dispatch in hardware blocks; each block counts only a few counters
+ * per pass (block_limit). A counter configuration is a set of counters of one agent counted
+ * together in one pass. With kernel replay, a tool counts a different configuration in each pass
+ * of the same dispatch: kreplay_plan_counter_passes splits the counters a user asks for into the
+ * fewest passes, and the tool answers that count from its replay_pass_count callback.
+ *
+ * The dispatch counting service (at most one in a process) is asked at dispatch time, for every
+ * dispatch and for every pass of a replayed one, which configuration to count; it is asked only
+ * while its context is active on that thread (started, and not masked off for the pass by a
+ * replay context toggle). Once the kernel has completed, the record callback receives one record
+ * per counter, each carrying dispatch_id and replay_pass. Values of different passes are never
+ * added together: a counter counted in two passes gives a record in each.
+ */
+
+/** A counter of an agent. Handle 0 is never valid. */
+typedef struct kreplay_counter_id_t {
+    uint64_t handle;
+} kreplay_counter_id_t;
+
+/** A counter configuration. Handle 0: no configuration. */
+typedef struct kreplay_counter_config_id_t {
+    uint64_t handle;
+} kreplay_counter_config_id_t;
+
+/** One counter of an agent. 48 bytes. Strings have static storage. */
+typedef struct kreplay_counter_info_t {
+    /** sizeof this struct. */
+    uint64_t size;                                     /*   0 */
+    /** The counter. */
+    kreplay_counter_id_t id;                           /*   8 */
+    /** Its name, e.g. "SQ_WAVES". */
+    const char* name;                                  /*  16 */
+    /** What it counts. */
+    const char* description;                           /*  24 */
+    /** The hardware block it is counted in (a derived counter: its first input's). */
+    const char* block;                                 /*  32 */
+    /** How many counters of `block` one pass can count. */
+    uint32_t block_limit;                              /*  40 */
+    /** 1 if computed from other counters counted in the same pass (which it occupies). */
+    uint32_t is_derived;                               /*  44 */
+} kreplay_counter_info_t;
+
+/** One counter's value for one pass of one dispatch. 56 bytes. */
+typedef struct kreplay_counter_record_t {
+    /** sizeof this struct. */
+    uint64_t size;                                     /*   0 */
+    /** The counter. */
+    kreplay_counter_id_t counter_id;                   /*   8 */
+    /** The dispatch (its dispatch_info.dispatch_id, as in dispatch-tracing records). */
+    uint64_t dispatch_id;                              /*  16 */
+    /** The 0-based pass, or KREPLAY_REPLAY_PASS_NONE when the dispatch was not replayed. */
+    uint64_t replay_pass;                              /*  24 */
+    /** The agent that ran the dispatch. */
+    kreplay_agent_id_t agent_id;                       /*  32 */
+    /** The context whose service counted it. */
+    kreplay_context_id_t context_id;                   /*  40 */
+    /** The value. */
+    double value;                                      /*  48 */
+} kreplay_counter_record_t;
+
+/** Receives every counter of an agent (the array is valid during the call). Its return value is
+ *  returned by kreplay_iterate_agent_counters. */
+typedef kreplay_status_t (*kreplay_agent_counters_cb_t)(kreplay_agent_id_t agent_id,
+                                                       const kreplay_counter_info_t* counters,
+                                                       size_t counters_count, void* user_data);
+
+/** Asked at dispatch time: write the configuration this dispatch (this pass of it) counts to
+ *  `*config_id`, or leave it at handle 0 to count nothing. `replay_pass` is the 0-based pass or
+ *  KREPLAY_REPLAY_PASS_NONE. A configuration of another agent counts nothing. */
+typedef void (*kreplay_dispatch_counting_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
+                                               uint64_t replay_pass,
+                                               kreplay_counter_config_id_t* config_id,
+                                               void* callback_data);
+
+/** Receives what a dispatch (one pass of it) counted, one record per counter of its
+ *  configuration, in the configuration's order (valid during the call). */
+typedef void (*kreplay_counter_record_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
+                                            const kreplay_counter_record_t* records,
+                                            size_t records_count, void* callback_data);
+
+/**
+ * Calls `callback` once with every counter of `agent_id` (none for an agent without counters).
+ * KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime;
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown agent or a runtime
+ * without counters. Call it after the runtime is initialized.
+ */
+kreplay_status_t kreplay_iterate_agent_counters(kreplay_agent_id_t agent_id,
+                                                kreplay_agent_counters_cb_t callback,
+                                                void* user_data);
+
+/**
+ * Creates a configuration counting `counters` (at least one, of `agent_id`) together in one
+ * pass. KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when they do not fit one pass (the block and its
+ * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters or an
+ * unknown counter.
+ */
+kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
+                                               const kreplay_counter_id_t* counters,
+                                               size_t counters_count,
+                                               kreplay_counter_config_id_t* config_id);
+
+/**
+ * Splits `counters` into the fewest passes that count all of them and writes that number to
+ * `*pass_count` (0 for no counters); when `pass_of_counter` is not NULL, writes the 0-based pass
+ * of each counter there (`counters_count` entries; a counter listed twice is counted once).
+ * KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when one counter alone cannot be counted in a pass;
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers or an unknown counter.
+ */
+kreplay_status_t kreplay_plan_counter_passes(kreplay_agent_id_t agent_id,
+                                             const kreplay_counter_id_t* counters,
+                                             size_t counters_count, uint32_t* pass_of_counter,
+                                             uint64_t* pass_count);
+
+/**
+ * Configures the dispatch counting service on a context (see above). Both callbacks are
+ * required. Errors: KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED after tool initialization has
+ * ended; KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback;
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context;
+ * KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if a context already has it.
+ */
+kreplay_status_t kreplay_configure_dispatch_counting_service(
+    kreplay_context_id_t context_id, kreplay_dispatch_counting_cb_t dispatch_callback,
+    kreplay_counter_record_cb_t record_callback, void* callback_data);
 
 /* ============================================================================================== */
 /* Tools: discovery and lifecycle                                                                 */

@@ -79,7 +79,7 @@ abi_enum! {
     /// `kreplay_status_t`: the result of every C function.
     pub struct Status(i32);
     prefix = "KREPLAY_STATUS_";
-    last = 12;
+    last = 13;
     /// The call succeeded.
     SUCCESS = 0 => c"KREPLAY_STATUS_SUCCESS",
     /// An unspecified internal error (including a fault caught at the C boundary).
@@ -104,6 +104,8 @@ abi_enum! {
     ERROR_RESTORE_FAILED = 10 => c"KREPLAY_STATUS_ERROR_RESTORE_FAILED",
     /// Out of memory or another resource.
     ERROR_OUT_OF_RESOURCES = 11 => c"KREPLAY_STATUS_ERROR_OUT_OF_RESOURCES",
+    /// The counters cannot be counted in one pass (an agent's per-pass limit).
+    ERROR_EXCEEDS_PASS_LIMIT = 12 => c"KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT",
 }
 
 impl Status {
@@ -140,6 +142,9 @@ impl Status {
                 c"restoring memory between passes failed; application data was lost"
             }
             Status::ERROR_OUT_OF_RESOURCES => c"out of memory or another resource",
+            Status::ERROR_EXCEEDS_PASS_LIMIT => {
+                c"the counters cannot be counted in one pass: a block's per-pass limit is exceeded"
+            }
             _ => c"unknown kreplay status",
         }
     }
@@ -780,6 +785,80 @@ pub type ConfigureFn =
     unsafe extern "C" fn(u32, *const c_char, u32, *mut ClientId) -> *mut ToolConfigureResult;
 
 // ------------------------------------------------------------------------------------------------
+// Dispatch counter collection
+// ------------------------------------------------------------------------------------------------
+
+/// `kreplay_counter_id_t`: a counter of an agent (handle 0 is never valid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterId {
+    /// The counter's index in its agent's catalogue, plus one.
+    pub handle: u64,
+}
+
+/// `kreplay_counter_config_id_t`: a set of counters of one agent, counted together in one pass
+/// (handle 0: no configuration).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterConfigId {
+    /// kreplay's handle of the configuration.
+    pub handle: u64,
+}
+
+/// `kreplay_counter_info_t`: one counter of an agent (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CounterInfo {
+    /// `size_of::<CounterInfo>()`.
+    pub size: u64,
+    /// The counter.
+    pub id: CounterId,
+    /// Its name (static storage).
+    pub name: *const c_char,
+    /// What it counts (static storage).
+    pub description: *const c_char,
+    /// The hardware block it is counted in (static storage).
+    pub block: *const c_char,
+    /// How many counters of `block` one pass can count.
+    pub block_limit: u32,
+    /// 1 if computed from other counters of the same pass.
+    pub is_derived: u32,
+}
+
+/// `kreplay_counter_record_t`: one counter's value for one pass of one dispatch (56 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CounterRecord {
+    /// `size_of::<CounterRecord>()`.
+    pub size: u64,
+    /// The counter.
+    pub counter_id: CounterId,
+    /// The dispatch (as in its dispatch info and dispatch-tracing records).
+    pub dispatch_id: u64,
+    /// The 0-based pass, or `REPLAY_PASS_NONE` for a dispatch that was not replayed.
+    pub replay_pass: u64,
+    /// The agent that ran it.
+    pub agent_id: AgentId,
+    /// The context whose service counted it.
+    pub context_id: ContextHandle,
+    /// The value.
+    pub value: f64,
+}
+
+/// `kreplay_agent_counters_cb_t`: receives an agent's counters (valid during the call).
+pub type AgentCountersFn =
+    unsafe extern "C" fn(AgentId, *const CounterInfo, usize, *mut c_void) -> Status;
+
+/// `kreplay_dispatch_counting_cb_t`: at dispatch time, picks the configuration a dispatch (one
+/// pass of it) counts by writing `*config` (left at handle 0: nothing).
+pub type DispatchCountingFn =
+    unsafe extern "C" fn(KernelDispatchInfo, u64, *mut CounterConfigId, *mut c_void);
+
+/// `kreplay_counter_record_cb_t`: the values one dispatch (one pass of it) counted.
+pub type CounterRecordFn =
+    unsafe extern "C" fn(KernelDispatchInfo, *const CounterRecord, usize, *mut c_void);
+
+// ------------------------------------------------------------------------------------------------
 // Layout checks (docs/abi.md §2). The C test `tests/c/layout.c` asserts the same numbers.
 // ------------------------------------------------------------------------------------------------
 
@@ -931,3 +1010,29 @@ assert_eq_size!(ContextToggleFn, usize);
 const_assert!(align_of::<PassCountFn>() == 8);
 // Operation filters are 64-bit masks.
 const_assert!(KernelReplayOperation::LAST.0 <= 64 && KernelDispatchOperation::LAST.0 <= 64);
+
+assert_eq_size!(CounterId, u64);
+assert_eq_size!(CounterConfigId, u64);
+check_field!(CounterId, handle, 0, 8);
+check_field!(CounterConfigId, handle, 0, 8);
+assert_eq_size!(CounterInfo, [u8; 48]);
+assert_eq_align!(CounterInfo, u64);
+check_field!(CounterInfo, size, 0, 8);
+check_field!(CounterInfo, id, 8, 8);
+check_field!(CounterInfo, name, 16, 8);
+check_field!(CounterInfo, description, 24, 8);
+check_field!(CounterInfo, block, 32, 8);
+check_field!(CounterInfo, block_limit, 40, 4);
+check_field!(CounterInfo, is_derived, 44, 4);
+assert_eq_size!(CounterRecord, [u8; 56]);
+assert_eq_align!(CounterRecord, u64);
+check_field!(CounterRecord, size, 0, 8);
+check_field!(CounterRecord, counter_id, 8, 8);
+check_field!(CounterRecord, dispatch_id, 16, 8);
+check_field!(CounterRecord, replay_pass, 24, 8);
+check_field!(CounterRecord, agent_id, 32, 8);
+check_field!(CounterRecord, context_id, 40, 8);
+check_field!(CounterRecord, value, 48, 8);
+assert_eq_size!(AgentCountersFn, usize);
+assert_eq_size!(DispatchCountingFn, usize);
+assert_eq_size!(CounterRecordFn, usize);

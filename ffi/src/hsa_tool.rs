@@ -140,6 +140,11 @@ pub extern "C" fn OnUnload() {
     }
 }
 
+/// The C view of a dispatch.
+pub(crate) fn c_dispatch_info(info: &DispatchInfo) -> KernelDispatchInfo {
+    dispatch_info(info)
+}
+
 fn dispatch_info(info: &DispatchInfo) -> KernelDispatchInfo {
     let dim = |d: [u32; 3]| Dim3 {
         x: d[0],
@@ -245,6 +250,24 @@ impl ToolHooks for Hooks {
         deliver(CallbackPhase::ENTER, &mut payloads);
         submit();
         deliver(CallbackPhase::EXIT, &mut payloads);
+    }
+
+    fn counting_configured(&self) -> bool {
+        crate::counting::configured()
+    }
+
+    fn dispatch_counters(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
+        crate::counting::pick(info, pass)
+    }
+
+    fn counters_collected(
+        &self,
+        info: &DispatchInfo,
+        pass: Option<u64>,
+        ids: &[u32],
+        values: &[f64],
+    ) {
+        crate::counting::deliver(info, pass, ids, values);
     }
 
     fn replay_finished(&self, record: &ReplayRecord) {

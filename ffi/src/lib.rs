@@ -4,6 +4,8 @@
 //! - [`abi`]: `#[repr(C)]` mirrors of every header type, layouts checked at compile time;
 //! - [`api`]: the exported `kreplay_*` functions (contexts, callback tracing services, strings);
 //! - [`services`]: the registry of configured services the backend delivers records through;
+//! - [`counting`]: agents' counters, counter configurations, pass planning and the dispatch
+//!   counting service;
 //! - [`replay`]: the PASS ENTER context toggles;
 //! - [`lifecycle`]: tool discovery (`kreplay_configure`), initialization and finalization;
 //! - [`config`]: settings from `KREPLAY_*` environment variables;
@@ -34,6 +36,7 @@ pub mod abi;
 pub mod api;
 pub mod config;
 pub mod counters;
+pub mod counting;
 pub mod hsa_tool;
 pub mod lifecycle;
 pub mod logging;

@@ -374,6 +374,7 @@ pub(crate) fn reset() {
     state.forced.clear();
     state.tools.clear();
     services::reset();
+    crate::counting::reset();
     PHASE.store(UNINITIALIZED, Ordering::Release);
 }
 
@@ -541,6 +542,7 @@ fn initialize_tool(index: usize) {
         for &context in &contexts {
             let _ = registry.stop(context);
             let _ = services::remove_context(context);
+            crate::counting::remove_context(context);
         }
         crate::kreplay_warn!(
             "tool {description} failed to initialize (returned {rc}); its {} context(s) were stopped",

@@ -380,6 +380,18 @@ pub fn configure_callback_tracing(
     Ok(())
 }
 
+/// Runs `f` while configuration is open (under the same lock as every configuration step);
+/// [`Status::ERROR_CONFIGURATION_LOCKED`] once tool initialization has ended.
+pub(crate) fn with_configuration_open<T>(
+    f: impl FnOnce() -> Result<T, Status>,
+) -> Result<T, Status> {
+    let _services = SERVICES.lock();
+    if LOCKED.load(Ordering::Acquire) {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    f()
+}
+
 /// Closes configuration (called when tool initialization ends).
 pub(crate) fn lock_configuration() {
     let _services = SERVICES.lock();

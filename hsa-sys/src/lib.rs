@@ -32,6 +32,7 @@
 include!("bindings.rs");
 
 pub mod layouts;
+pub mod soft_counters;
 
 /// Size in bytes of one AQL packet slot in a queue's ring buffer.
 pub const AQL_PACKET_SIZE: usize = 64;

@@ -346,7 +346,8 @@ pub(crate) fn forward(
         Sink::Side(side) => side.mark_dirty(),
     }
     let packets = &packets[..];
-    let tracing = b.hooks.dispatch_tracing_configured() && !b.is_finalized();
+    let tracing = (b.hooks.dispatch_tracing_configured() || b.hooks.counting_configured())
+        && !b.is_finalized();
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
         b.hooks.dispatch_enqueue(&traced, None, &mut || {
@@ -365,13 +366,17 @@ struct TracedDispatch {
     application: hsa_signal_t,
     agent: hsa_agent_t,
     info: DispatchInfo,
+    counted: Option<crate::counting::Programmed>,
 }
 
 unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
     // SAFETY: `arg` is the box leaked at registration; the handler runs once (returns false).
-    let traced = unsafe { Box::from_raw(arg.cast::<TracedDispatch>()) };
+    let mut traced = unsafe { Box::from_raw(arg.cast::<TracedDispatch>()) };
     let result = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
+        if let Some(counted) = traced.counted.take() {
+            crate::counting::collect(b, counted, traced.proxy);
+        }
         let (start, end) = b
             .original
             .dispatch_time(traced.agent, traced.proxy)
@@ -425,6 +430,7 @@ fn trace_completions(
                 application: dispatch.completion_signal,
                 agent: state.agent,
                 info,
+                counted: crate::counting::program(b, &info, None, proxy),
             }));
             let status = b.original.signal_async_handler(
                 proxy,

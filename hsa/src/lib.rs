@@ -81,6 +81,7 @@
 
 mod backend;
 mod copies;
+mod counting;
 mod dispatch;
 mod layout;
 mod memory;
@@ -91,6 +92,7 @@ mod replay;
 mod soft_queues;
 mod vmem;
 
+pub use counting::{CounterDesc, CountingError, agent_counters, check_counters};
 pub use layout::{AmdOrder, TableShape, Version};
 
 use std::fmt;
@@ -139,6 +141,27 @@ pub trait ToolHooks: Send + Sync + 'static {
     ) {
         let _ = (infos, pass);
         submit();
+    }
+    /// Whether a dispatch counting service is configured (asked on every dispatch: cheap).
+    fn counting_configured(&self) -> bool {
+        false
+    }
+    /// The counters `info` (pass `pass` of a replay, or an ordinary dispatch) counts, decided
+    /// now, on the submitting thread (the pass's mask applies). `None`: nothing is counted.
+    fn dispatch_counters(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
+        let _ = (info, pass);
+        None
+    }
+    /// What a dispatch programmed by [`dispatch_counters`](Self::dispatch_counters) counted,
+    /// `values[i]` for `ids[i]`, once its kernel has completed.
+    fn counters_collected(
+        &self,
+        info: &DispatchInfo,
+        pass: Option<u64>,
+        ids: &[u32],
+        values: &[f64],
+    ) {
+        let _ = (info, pass, ids, values);
     }
     /// A dispatch went through the replay loop (cost record and outcome).
     fn replay_finished(&self, record: &ReplayRecord);

@@ -401,6 +401,7 @@ impl ReplayDevice for HsaReplay<'_> {
         let bytes = dispatch_bytes(&packet);
         self.progress
             .set(Progress::Withheld(self.dispatch.completion_signal));
+        let counted = crate::counting::program(self.b, info, Some(pass), signal);
         let (b, sink) = (self.b, self.sink);
         let mut submit = || sink.write(b, std::slice::from_ref(&bytes));
         if self.b.hooks.dispatch_tracing_configured() {
@@ -425,6 +426,9 @@ impl ReplayDevice for HsaReplay<'_> {
                 ))
             },
         );
+        if let Some(counted) = counted {
+            crate::counting::collect(self.b, counted, signal);
+        }
         if pass == 0 {
             // The application's signal reports one run: the first pass's.
             crate::dispatch::carry_timestamps(signal, self.dispatch.completion_signal);

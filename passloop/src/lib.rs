@@ -80,6 +80,7 @@
 
 mod device;
 mod dispatch;
+mod groups;
 mod outcome;
 mod plan;
 mod run;
@@ -90,6 +91,7 @@ pub use device::{
     StoreTier,
 };
 pub use dispatch::DispatchInfo;
+pub use groups::{HardwareCounter, PlanError, plan_groups};
 pub use outcome::{
     Decline, DeclineReason, LoopEnd, RanOnceReason, ReplayCost, ReplayOutcome, ReplayRecord,
     RestoreFailure,

@@ -19,6 +19,8 @@ pub(crate) struct Grid {
     pub(crate) workgroup_size: [u32; 3],
     /// The kernarg address, as an integer so the job can move between threads.
     pub(crate) kernarg: usize,
+    /// The address of the dispatch's counter events, 0 when it is not counted.
+    pub(crate) events: usize,
 }
 
 impl Grid {
@@ -83,7 +85,8 @@ impl GridJob {
             self.grid.workgroup_size,
             self.grid.grid_size,
             self.grid.kernarg as *const u8,
-        );
+        )
+        .with_events(self.grid.events as *const crate::counters::DispatchEvents);
         let kernel = self.grid.kernel;
         if catch_unwind(AssertUnwindSafe(|| kernel(&group))).is_err() {
             self.panicked.store(true, Ordering::Relaxed);
@@ -222,6 +225,7 @@ mod tests {
             grid_size: [7, 8, 1],
             workgroup_size: [2, 3, 1],
             kernarg: 0,
+            events: 0,
         };
         assert_eq!(grid.group_count(), Some(4 * 3));
         workers.run(grid).unwrap();
@@ -242,6 +246,7 @@ mod tests {
             grid_size: [4, 1, 1],
             workgroup_size: [1, 1, 1],
             kernarg: 0,
+            events: 0,
         };
         assert!(workers.run(grid).is_err());
         workers.shutdown();

@@ -15,6 +15,8 @@ pub struct WorkGroup {
     workgroup_size: [u32; 3],
     grid_size: [u32; 3],
     kernarg: *const u8,
+    /// The dispatch's counter events (`crate::counters`), or null when it is not counted.
+    events: *const crate::counters::DispatchEvents,
 }
 
 impl WorkGroup {
@@ -30,7 +32,17 @@ impl WorkGroup {
             workgroup_size,
             grid_size,
             kernarg,
+            events: std::ptr::null(),
         }
+    }
+
+    /// The same view, reporting counter events to `events` (null: not counted).
+    pub(crate) fn with_events(self, events: *const crate::counters::DispatchEvents) -> Self {
+        Self { events, ..self }
+    }
+
+    pub(crate) fn events_ptr(&self) -> *const crate::counters::DispatchEvents {
+        self.events
     }
 
     /// The id of this work-group in each dimension.

@@ -52,6 +52,7 @@
 
 mod api;
 mod copy;
+pub mod counters;
 mod executable;
 pub mod faults;
 mod grid;

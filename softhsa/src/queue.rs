@@ -624,11 +624,13 @@ fn dispatch(rt: &Runtime, queue: &Queue, p: &hsa_kernel_dispatch_packet_t) -> Re
     let kernel = crate::kernel::lookup_kernel(p.kernel_object)
         .ok_or(Halt::Failed(HSA_STATUS_ERROR_INVALID_CODE_OBJECT))?;
     let done = completion(rt, p.completion_signal)?;
+    let counting = crate::counters::Counting::begin(p.completion_signal.handle);
     let grid = Grid {
         kernel,
         grid_size,
         workgroup_size,
         kernarg: p.kernarg_address as usize,
+        events: counting.as_ref().map_or(0, |c| c.events_addr()),
     };
     if grid.group_count().is_none() {
         return Err(Halt::Failed(HSA_STATUS_ERROR_INVALID_PACKET_FORMAT));
@@ -639,6 +641,9 @@ fn dispatch(rt: &Runtime, queue: &Queue, p: &hsa_kernel_dispatch_packet_t) -> Re
         .run(grid)
         .map_err(|_| Halt::Failed(HSA_STATUS_ERROR_EXCEPTION))?;
     let end = now_ticks();
+    if let Some(counting) = counting {
+        counting.finish(grid_size, workgroup_size, end.saturating_sub(start));
+    }
     if let Some(done) = done {
         if queue.profiling.load(Ordering::Acquire) {
             done.record_dispatch_time(start, end);

@@ -6,9 +6,12 @@
 //! in) and runs softhsa host kernels.
 //!
 //! - [`demo`]: the four-kernel program of `kreplay demo`;
+//! - [`profile`]: saxpy, histogram (atomics), stencil and reduction, and the demo, for
+//!   `kreplay profile` (kernels report their memory traffic to softhsa's counters);
 //! - [`stress`]: many threads, queues and agents running a seeded mix of dispatches, copies,
 //!   fills and allocations whose final memory is deterministic however the threads interleave,
 //!   so a run under kreplay can be compared byte for byte with a run without it.
 
 pub mod demo;
+pub mod profile;
 pub mod stress;

@@ -196,3 +196,27 @@ void kreplay_layout_check_callbacks(kreplay_callback_tracing_kernel_replay_data_
     data->replay_continue = keep_going;
     *callback = on_record;
 }
+
+/* Dispatch counter collection. */
+KREPLAY_CHECK_SIZE(kreplay_counter_id_t, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_id_t, handle, 0, 8);
+KREPLAY_CHECK_SIZE(kreplay_counter_config_id_t, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_config_id_t, handle, 0, 8);
+KREPLAY_CHECK_SIZE(kreplay_counter_info_t, 48);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, size, 0, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, id, 8, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, name, 16, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, description, 24, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, block, 32, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, block_limit, 40, 4);
+KREPLAY_CHECK_FIELD(kreplay_counter_info_t, is_derived, 44, 4);
+KREPLAY_CHECK_SIZE(kreplay_counter_record_t, 56);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, size, 0, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, counter_id, 8, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, dispatch_id, 16, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, replay_pass, 24, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, agent_id, 32, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, context_id, 40, 8);
+KREPLAY_CHECK_FIELD(kreplay_counter_record_t, value, 48, 8);
+_Static_assert(KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT == 12 && KREPLAY_STATUS_LAST == 13,
+               "status values are appended");

@@ -135,8 +135,16 @@ pub(crate) unsafe extern "C" fn hsa_extension_get_name(
 unsupported_entries! {
     /// No extension tables are provided (all extensions report unsupported).
     hsa_system_get_extension_table(u16, u16, u16, *mut c_void);
-    /// No extension tables are provided (all extensions report unsupported).
-    hsa_system_get_major_extension_table(u16, u16, usize, *mut c_void);
+}
+
+/// Only softhsa's counter extension (`hsa_sys::soft_counters`) has a table.
+pub(crate) unsafe extern "C" fn hsa_system_get_major_extension_table(
+    extension: u16,
+    version_major: u16,
+    table_length: usize,
+    table: *mut c_void,
+) -> hsa_status_t {
+    crate::counters::major_extension_table(extension, version_major, table_length, table)
 }
 
 pub(crate) unsafe extern "C" fn hsa_status_string(

@@ -147,9 +147,12 @@ fn scale_add(wg: &WorkGroup) {
     let x = unsafe {
         std::slice::from_raw_parts_mut((args.x as *mut u32).add(range.start), range.len())
     };
+    let count = x.len() as u64;
     for v in x {
         *v = v.wrapping_mul(args.mul).wrapping_add(args.add);
     }
+    wg.count_load(count, 4 * count);
+    wg.count_store(count, 4 * count);
 }
 
 fn axpy(wg: &WorkGroup) {
@@ -164,9 +167,12 @@ fn axpy(wg: &WorkGroup) {
             std::slice::from_raw_parts((args.x as *const u32).add(range.start), range.len()),
         )
     };
+    let count = y.len() as u64;
     for (y, x) in y.iter_mut().zip(x) {
         *y = y.wrapping_add(args.a.wrapping_mul(*x));
     }
+    wg.count_load(2 * count, 8 * count);
+    wg.count_store(count, 4 * count);
 }
 
 fn histogram(wg: &WorkGroup) {
@@ -181,6 +187,7 @@ fn histogram(wg: &WorkGroup) {
         std::slice::from_raw_parts((args.src as *const u32).add(range.start), range.len())
     };
     // Count locally, then one atomic add per touched bin.
+    wg.count_load(src.len() as u64, 4 * src.len() as u64);
     let mut local = vec![0u32; args.n_bins as usize];
     for v in src {
         local[(*v % args.n_bins) as usize] += 1;
@@ -193,6 +200,7 @@ fn histogram(wg: &WorkGroup) {
         // work-group of the dispatch accesses only atomically.
         let cell = unsafe { AtomicU32::from_ptr((args.bins as *mut u32).add(bin)) };
         cell.fetch_add(count, Ordering::Relaxed);
+        wg.count_atomics(1);
     }
 }
 
@@ -221,7 +229,10 @@ fn remix(wg: &WorkGroup) {
             std::slice::from_raw_parts_mut((args.dst as *mut u32).add(range.start), range.len()),
         )
     };
+    let count = dst.len() as u64;
     for (d, s) in dst.iter_mut().zip(src) {
         *d = s.rotate_left(7) ^ bins[((*s >> 4) % args.n_bins) as usize];
     }
+    wg.count_load(2 * count, 8 * count);
+    wg.count_store(count, 4 * count);
 }
