@@ -85,6 +85,16 @@ unsafe impl Send for QueueState {}
 // SAFETY: see `Send`; no interior state is mutated through `&QueueState`.
 unsafe impl Sync for QueueState {}
 
+impl Drop for QueueState {
+    fn drop(&mut self) {
+        // The last holder is gone (the registry forgot the queue and no drain waits on it):
+        // nothing can reference the in-flight signal any more.
+        if let Some(b) = crate::backend::installed() {
+            b.original.signal_destroy(self.in_flight);
+        }
+    }
+}
+
 impl QueueState {
     fn new(queue: *mut hsa_queue_t, agent: hsa_agent_t, in_flight: hsa_signal_t) -> Self {
         // SAFETY: `queue` is a live queue the runtime just created.
@@ -461,7 +471,7 @@ pub(crate) unsafe extern "C" fn queue_create(
         );
         if status != HSA_STATUS_SUCCESS {
             b.original.queue_destroy(q);
-            b.original.signal_destroy(in_flight);
+            // `state` owns `in_flight`: dropping it destroys the signal.
             return status;
         }
         b.queues.add(state);
@@ -485,9 +495,11 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         let status = b.original.queue_destroy(queue);
         if let Some(state) = state {
             if status == HSA_STATUS_SUCCESS {
-                // The queue is gone: no marker can still reference the signal. The handler's
-                // pointer to `state` died with the queue; the registry's Arc was the owner.
-                b.original.signal_destroy(state.in_flight);
+                // The queue is gone, with whatever markers it still held: nothing is in flight
+                // on it any more. Zero the signal so that a drain waiting on it goes on now; the
+                // signal itself is destroyed with the last `Arc` (a drain may still hold one).
+                // The handler's pointer to `state` died with the queue.
+                b.original.signal_store_screlease(state.in_flight, 0);
             } else {
                 b.queues.add(state);
             }

@@ -434,7 +434,6 @@ fn destroyed_sibling_scenario() {
 /// Runs [`destroyed_sibling_scenario`] in a process of its own, as `scenarios!` does, with
 /// `--include-ignored` so that the child runs it too.
 #[test]
-#[ignore = "a queue destroyed with its in-flight marker unprocessed stalls a concurrent drain for the whole drain budget (hsa/src/queues.rs)"]
 fn a_sibling_queue_destroyed_during_a_drain_does_not_stall_the_replay() {
     const NAME: &str = "a_sibling_queue_destroyed_during_a_drain_does_not_stall_the_replay";
     const CHILD: &str = "KREPLAY_HSA_FAULTS_CHILD";
