@@ -47,7 +47,14 @@ pub fn isolated_on(name: &str, layouts: &[&str], scenario: fn()) {
 pub fn isolated_with(name: &str, layout: &str) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        // `--include-ignored`: an ignored scenario, run with `--ignored`, runs in its child too.
+        .args([
+            "--exact",
+            name,
+            "--nocapture",
+            "--test-threads=1",
+            "--include-ignored",
+        ])
         .env(CHILD_ENV, name)
         .env(kreplay_softhsa::TABLE_LAYOUT_ENV, layout)
         .stdin(Stdio::null())
