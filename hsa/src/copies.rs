@@ -14,7 +14,10 @@
 //!
 //! The agents a write touches are the GPU owners of the memory at its source and destination
 //! (`hsa_amd_pointer_info`), plus the agents the call names. A write issued from a replay
-//! callback on the agent being replayed (re-entrant) proceeds without the lock. Plain CPU
+//! callback on the agent being replayed (re-entrant) proceeds without the lock; one issued from
+//! a replay callback onto *another* agent tries that agent's reader side once and, if a replay
+//! holds it, proceeds at once too (waiting could deadlock two replays whose tools write into each
+//! other's memory; see ARCHITECTURE.md "Concurrency"). Plain CPU
 //! stores into host-visible device memory never reach the runtime and cannot be fenced (see
 //! `docs/rocm.md`).
 
@@ -105,10 +108,22 @@ impl<'a> Fence<'a> {
     /// Waits while a replay holds any of `agents`, then counts one write on each.
     fn enter(b: &'a Backend, agents: &[u64]) -> Self {
         // A write issued from a replay callback on the same agent (re-entrant) proceeds
-        // without the reader side.
+        // without the reader side. Lock order: a thread inside a replay window never waits for
+        // another agent's writer side (that replay may be waiting for this one): it tries once,
+        // and if that agent is being replayed the write proceeds at once, like re-entrant work.
+        let window = crate::queues::in_replay_window();
         let guards = agents
             .iter()
-            .filter_map(|&a| b.locks.read(a).ok())
+            .filter_map(|&a| {
+                if window {
+                    b.locks
+                        .try_read_for(a, std::time::Duration::ZERO)
+                        .ok()
+                        .flatten()
+                } else {
+                    b.locks.read(a).ok()
+                }
+            })
             .collect();
         let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();
         for counter in &counters {

@@ -389,4 +389,53 @@ scenarios! {
         assert_eq!(env.app.read(inner_buf, 64), vec![51; 64], "the tool's increment survived the restores");
         assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
     }
+
+    /// Replays on agents 0 and 1 at the same time whose PASS ENTER callbacks each copy
+    /// (`hsa_memory_copy`) into memory of the other agent: both copies land inside their
+    /// callbacks, both replays finish, nothing deadlocks.
+    fn replays_on_two_agents_copying_into_each_other_never_deadlock() {
+        static IN_PASS: AtomicU32 = AtomicU32::new(0);
+        let env = setup();
+        let outer_q = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
+        let bufs = [env.app.buffer(env.pools[0].coarse, &[1; 64]), env.app.buffer(env.pools[1].coarse, &[2; 64])];
+        let targets = [env.app.buffer(env.pools[0].fine, &[0; 64]), env.app.buffer(env.pools[1].fine, &[0; 64])];
+        let done = [env.app.signal(1), env.app.signal(1)];
+        let outer = [env.add(0, bufs[0], 18, 64, done[0]), env.add(1, bufs[1], 19, 64, done[1])];
+        let outer_ids = [queue_id(outer_q[0]), queue_id(outer_q[1])];
+        let copied = Arc::new(AtomicU32::new(0));
+        let (app, c) = (env.app, copied.clone());
+        env.hooks.set_script(Script::passes(2).on_pass_enter(move |_, info, pass, _| {
+            let Some(me) = outer_ids.iter().position(|&q| q == info.queue_id) else { return };
+            if pass != 0 {
+                return;
+            }
+            // Both replays hold their agents before either copies into the other's memory.
+            IN_PASS.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + WAIT;
+            while IN_PASS.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let other = 1 - me;
+            app.write(targets[other], &[100 + me as u32; 64]);
+            c.fetch_add(1, Ordering::SeqCst);
+        }));
+        let jobs: Vec<Box<dyn FnOnce() -> i64 + Send>> = (0..2)
+            .map(|k| -> Box<dyn FnOnce() -> i64 + Send> {
+                Box::new(move || {
+                    app.dispatch(outer_q[k], outer[k]);
+                    app.wait_zero(done[k])
+                })
+            })
+            .collect();
+
+        let finished = bounded(LIMIT, jobs);
+
+        assert_eq!(finished, vec![0, 0]);
+        assert_eq!(copied.load(Ordering::SeqCst), 2, "each copy returned inside its callback");
+        assert_eq!((runs(18), runs(19)), (2, 2));
+        assert_eq!(env.app.read(bufs[0], 64), vec![2; 64]);
+        assert_eq!(env.app.read(bufs[1], 64), vec![3; 64]);
+        assert_eq!(env.app.read(targets[0], 64), vec![101; 64], "agent 1's copy landed");
+        assert_eq!(env.app.read(targets[1], 64), vec![100; 64], "agent 0's copy landed");
+    }
 }

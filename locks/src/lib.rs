@@ -495,6 +495,27 @@ impl AgentLocks {
         }))
     }
 
+    /// Like [`read`](Self::read), but giving up after `timeout`: `Ok(None)` when a writer still
+    /// holds the agent then. A thread that holds another agent's writer side uses it with a zero
+    /// timeout, so that it never waits for a writer that may be waiting for it.
+    pub fn try_read_for(
+        &self,
+        agent: u64,
+        timeout: Duration,
+    ) -> Result<Option<ReadAccess<'_>>, Reentrant> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return Ok(Some(ReadAccess::NotNeeded));
+        }
+        let lock = &**self.lookup(agent);
+        if !lock.try_acquire_shared_for(timeout)? {
+            return Ok(None);
+        }
+        Ok(Some(ReadAccess::Locked(ReadGuard {
+            lock,
+            _not_send: PhantomData,
+        })))
+    }
+
     /// Like [`read`](Self::read), with a guard that does not borrow the registry.
     pub fn read_owned(&self, agent: u64) -> Result<OwnedReadAccess, Reentrant> {
         if !self.enabled.load(Ordering::Relaxed) {

@@ -379,6 +379,35 @@ fn try_write_for_times_out_when_another_thread_holds_the_window() {
 }
 
 #[test]
+fn try_read_for_gives_up_while_another_thread_holds_the_window() {
+    bounded(
+        "try_read_for_gives_up_while_another_thread_holds_the_window",
+        || {
+            let locks = enabled();
+            let window = locks.write(7).unwrap();
+            thread::scope(|s| {
+                let got = s
+                    .spawn(|| {
+                        locks
+                            .try_read_for(7, Duration::ZERO)
+                            .map(|r| r.map(|a| a.is_locked()))
+                    })
+                    .join()
+                    .unwrap();
+                assert_eq!(got, Ok(None), "a writer holds agent 7");
+            });
+            assert!(matches!(
+                locks.try_read_for(7, Duration::ZERO),
+                Err(Reentrant { agent: 7 })
+            ));
+            drop(window);
+            let got = locks.try_read_for(7, Duration::ZERO).unwrap();
+            assert!(got.is_some_and(|r| r.is_locked()));
+        },
+    );
+}
+
+#[test]
 fn writer_is_not_starved_by_a_stream_of_readers() {
     bounded("writer_is_not_starved_by_a_stream_of_readers", || {
         let locks = enabled();
