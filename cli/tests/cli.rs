@@ -151,14 +151,23 @@ fn demo_csv_and_json_carry_the_replay_pass_of_every_pass_record() {
     }
 
     let json = std::fs::read_to_string(&json_path).expect("the JSON file was written");
-    assert_eq!(json.matches("\"replay_pass\": ").count(), 12 * 3);
-    assert_eq!(
-        json.matches("\"module_variables\": {\"regions\": 1, \"bytes\": 4}")
-            .count(),
-        12,
-        "{json}"
-    );
-    assert!(json.contains("\"verification\": {\"pass\": true"), "{json}");
+    let document: serde_json::Value = serde_json::from_str(&json).expect("the JSON parses");
+    let dispatches = document["dispatches"].as_array().expect("a dispatch list");
+    assert_eq!(dispatches.len(), 12, "{json}");
+    for dispatch in dispatches {
+        let passes = dispatch["passes"].as_array().expect("a pass list");
+        let numbers: Vec<u64> = passes
+            .iter()
+            .map(|p| p["replay_pass"].as_u64().expect("a pass number"))
+            .collect();
+        assert_eq!(numbers, [0, 1, 2], "{dispatch}");
+        assert_eq!(
+            dispatch["snapshot_sources"]["module_variables"],
+            serde_json::json!({"regions": 1, "bytes": 4}),
+            "{dispatch}"
+        );
+    }
+    assert_eq!(document["verification"]["pass"], true, "{json}");
     let _ = std::fs::remove_file(csv_path);
     let _ = std::fs::remove_file(json_path);
 }
