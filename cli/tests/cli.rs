@@ -562,3 +562,65 @@ fn info_logging_says_where_each_snapshot_came_from_under_both_scopes() {
         stderr(&output)
     );
 }
+
+#[test]
+fn demo_table_ends_with_a_total_row_and_points_to_its_legend() {
+    let output = kreplay(&["demo", "--passes", "3", "--elements", "4k"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("id "))
+        .unwrap_or_else(|| panic!("no table header: {text}"));
+    assert!(header.contains("passes total"), "{header}");
+    assert!(header.contains("restores total"), "{header}");
+    let total = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .unwrap_or_else(|| panic!("no total row: {text}"));
+    let cells: Vec<&str> = total.split_whitespace().collect();
+    // 12 dispatches of 3 passes each.
+    assert_eq!(&cells[..4], ["total", "12", "dispatches", "36"], "{total}");
+    assert!(
+        text.contains("'total' adds up every dispatch")
+            && text.contains("'kreplay demo --help' explains every column"),
+        "{text}"
+    );
+    assert!(text.contains("memory (total, all dispatches): "), "{text}");
+
+    let help = kreplay(&["demo", "--help"]);
+    let help = stdout(&help);
+    for column in [
+        "contexts per pass",
+        "snapshot ",
+        "restored ",
+        "lock wait",
+        "drain ",
+        "snap time",
+        "passes total",
+        "restores total",
+    ] {
+        assert!(help.contains(&format!("  {column}")), "{column}: {help}");
+    }
+    assert!(
+        help.contains("The last row, 'total', adds up every dispatch"),
+        "{help}"
+    );
+}
+
+#[test]
+fn demo_claims_per_pass_masking_only_when_passes_ran() {
+    // A 1000-byte snapshot budget declines every replay: four passes were asked, none ran.
+    let output = kreplay_with(
+        &["demo", "--passes", "4", "--elements", "1k"],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1000")],
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("dispatches: 12, 0 replayed"),
+        "{text}\n{}",
+        stderr(&output)
+    );
+    assert!(!text.contains("per-pass masking"), "{text}");
+    assert!(!text.contains("every pass reached"), "{text}");
+}

@@ -280,7 +280,10 @@ fn render(
         format_bytes(profiled.device_bytes),
     ));
     text.push_str(&report::render_table(rows));
-    text.push('\n');
+    text.push_str(
+        "(per dispatch; 'total' adds up every dispatch; '-': ran once, nothing to measure; \
+         'kreplay demo --help' explains every column)\n\n",
+    );
 
     let replayed = rows.iter().filter(|r| r.pass_contexts.len() > 1).count();
     let as_planned = rows.iter().filter(|r| r.problems.is_empty()).count();
@@ -291,7 +294,7 @@ fn render(
          kernel runs\n"
     ));
     text.push_str(&format!(
-        "memory: {} snapshotted, {} restored\n",
+        "memory (total, all dispatches): {} snapshotted, {} restored\n",
         format_bytes(rows.iter().map(|r| r.bytes_snapshotted).sum()),
         format_bytes(rows.iter().map(|r| r.bytes_restored).sum()),
     ));
@@ -302,7 +305,7 @@ fn render(
         format!("{regions} region(s), {}", format_bytes(bytes))
     };
     text.push_str(&format!(
-        "snapshot sources (all dispatches): agent memory {}; referenced {}; module variables {}; \
+        "snapshot sources (total, all dispatches): agent memory {}; referenced {}; module variables {}; \
          adopted {}\n",
         source(0),
         source(1),
@@ -311,7 +314,7 @@ fn render(
     ));
     if replayed > 0 {
         text.push_str(&format!(
-            "replay time (all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \
+            "replay time (total, all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \
              restores {}\n",
             format_duration(sum(|r| r.lock_wait)),
             format_duration(sum(|r| r.drain)),
@@ -333,7 +336,9 @@ fn render(
             .enumerate()
             .all(|(i, c)| c == &[i % plan.passes.max(1) as usize])
     });
-    if plan.passes > 1 && replay_driven_by.is_none() {
+    // Only passes that ran can have reached a context: with no replayed dispatch there is
+    // nothing to claim.
+    if plan.passes > 1 && replayed > 0 && replay_driven_by.is_none() {
         text.push_str(&format!(
             "per-pass masking: {}\n",
             if masking_ok {
