@@ -624,3 +624,27 @@ fn demo_claims_per_pass_masking_only_when_passes_ran() {
     assert!(!text.contains("per-pass masking"), "{text}");
     assert!(!text.contains("every pass reached"), "{text}");
 }
+
+#[test]
+fn demo_warnings_name_kernels_and_agents() {
+    // Every replay is declined by a 1000-byte snapshot budget, and kreplay warns for each.
+    let output = kreplay_with(
+        &["demo", "--passes", "2", "--elements", "1k"],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1000")],
+    );
+    let warnings = stderr(&output);
+    let declines: Vec<&str> = warnings
+        .lines()
+        .filter(|l| l.contains("declined (footprint_budget"))
+        .collect();
+    assert_eq!(declines.len(), 12, "{warnings}");
+    for (line, kernel) in declines
+        .iter()
+        .zip(["scale_add", "axpy", "histogram", "remix"].iter().cycle())
+    {
+        assert!(
+            line.contains(&format!("(kernel {kernel}, agent 'softgpu', queue ")),
+            "{line}"
+        );
+    }
+}

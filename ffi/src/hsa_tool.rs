@@ -50,6 +50,16 @@ pub fn set_collect_replay_records(collect: bool) {
     COLLECT_RECORDS.store(collect, Ordering::Relaxed);
 }
 
+/// Names kernels in kreplay's warnings: `names` maps a kernel object to its name (`None`
+/// where it does not know it). For a host that knows its kernels, like the demo on softhsa;
+/// without it, warnings name a kernel by its object.
+pub fn set_kernel_names(names: fn(u64) -> Option<&'static str>) {
+    let _ = KERNEL_NAMES.set(names);
+}
+
+static KERNEL_NAMES: std::sync::OnceLock<fn(u64) -> Option<&'static str>> =
+    std::sync::OnceLock::new();
+
 /// The records kept since the last call (see [`set_collect_replay_records`]).
 pub fn take_replay_records() -> Vec<ReplayRecord> {
     std::mem::take(&mut *RECORDS.lock())
@@ -275,6 +285,13 @@ impl ToolHooks for Hooks {
         if COLLECT_RECORDS.load(Ordering::Relaxed) {
             RECORDS.lock().push(record.clone());
         }
+    }
+
+    fn kernel_name(&self, kernel_object: u64) -> Option<String> {
+        KERNEL_NAMES
+            .get()
+            .and_then(|names| names(kernel_object))
+            .map(str::to_string)
     }
 
     fn warn(&self, message: &str) {

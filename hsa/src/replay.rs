@@ -47,7 +47,7 @@ pub(crate) fn replay_dispatch(
     };
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
-    if let Some(diagnostic) = record.diagnostic() {
+    if let Some(diagnostic) = record.diagnostic_for(&describe(b, state, &info)) {
         if record.outcome.is_failure() {
             eprintln!("kreplay: {diagnostic}");
         } else {
@@ -78,6 +78,23 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
         }
         None => forward(b, state, &[packet], &[], Sink::Side(&side), true, &progress),
     }
+}
+
+/// The dispatch as a warning names it: by the kernel's name where the tool layer knows it and
+/// by the agent's name from the runtime, falling back to their ids.
+fn describe(b: &Backend, state: &QueueState, info: &DispatchInfo) -> String {
+    let kernel = b
+        .hooks
+        .kernel_name(info.kernel_id)
+        .unwrap_or_else(|| format!("object {:#x}", info.kernel_id));
+    let agent = b
+        .original
+        .agent_name(state.agent)
+        .map_or_else(|| format!("{}", info.agent_id), |name| format!("'{name}'"));
+    format!(
+        "dispatch {} (kernel {kernel}, agent {agent}, queue {})",
+        info.dispatch_id, info.queue_id
+    )
 }
 
 /// The device steps of one replayed dispatch on HSA.

@@ -173,6 +173,8 @@ fn profiled_run(
         kreplay::hsa_tool::set_skip_restore_for_demo(true);
     }
     kreplay::hsa_tool::set_collect_replay_records(true);
+    // The demo knows its kernels: kreplay's warnings name them.
+    kreplay::hsa_tool::set_kernel_names(kreplay_softhsa::kernel_name);
     let source = kreplay_softhsa::api_table();
     // The table a runtime hands to OnLoad: kreplay rewrites entries of this copy only, so
     // softhsa's own table (used by the reference run) stays untouched.
