@@ -72,6 +72,8 @@ pub fn take_replay_records() -> Vec<ReplayRecord> {
 /// through it (the `OnLoad` contract).
 pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
+    // A host with a logger of its own keeps it; any other gets kreplay's stderr sink.
+    logging::install_stderr_logger();
     logging::set_level(config.log);
     // Everything that can refuse the load is checked before any tool code runs: a tool
     // initialized into a kreplay that then fails to load would be left without replay.
