@@ -49,7 +49,7 @@ pub(crate) fn replay_dispatch(
     drop(device);
     if let Some(diagnostic) = record.diagnostic_for(&describe(b, state, &info)) {
         if record.outcome.is_failure() {
-            eprintln!("kreplay: {diagnostic}");
+            log::error!("{diagnostic}");
         } else {
             b.hooks.warn(&diagnostic);
         }
@@ -63,10 +63,11 @@ pub(crate) fn replay_dispatch(
 /// replayed: the tool hears CONFIG ENTER and EXIT with `reentrant_dispatch`, and it runs once.
 pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
     let Some(side) = b.queues.side(b, state.agent) else {
-        eprintln!(
-            "kreplay: cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
+        log::error!(
+            "cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
              is lost",
-            state.agent.handle, state.id
+            state.agent.handle,
+            state.id
         );
         return;
     };
