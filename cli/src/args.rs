@@ -413,9 +413,7 @@ enum Sub {
     #[command(
         disable_help_flag = true,
         long_about = DEMO_ABOUT,
-        after_long_help = "Exit status: 0 when verification passes, 1 when it fails (or a dispatch \
-                           was not replayed as planned, or a requested tool cannot be used, or an \
-                           output file cannot be written), 2 for a bad command line."
+        after_long_help = DEMO_AFTER
     )]
     Demo(DemoArgs),
     /// measure snapshot and restore (footprints x dirty fractions x strategies x tiers) beside
@@ -474,6 +472,29 @@ const DEMO_ABOUT: &str = "kreplay demo — kernel replay on the software HSA run
     under a tool that replays every dispatch in N passes with a different tracing context active on \
     each pass. Prints one row per dispatch and checks that the profiled results equal the \
     unprofiled ones.";
+
+const DEMO_AFTER: &str = "The table, one row per dispatch:\n\
+    \x20 id                 the dispatch id (every pass of a dispatch shares it)\n\
+    \x20 kernel             the kernel's name\n\
+    \x20 passes             times the kernel ran (1: not replayed)\n\
+    \x20 contexts per pass  per pass, the tracing contexts that got its record: c0|c1 = pass 0 \
+    reached c0, pass 1 reached c1; c0+c1 = one pass reached both; - = none. A dispatch that ran \
+    once lists the contexts that saw it\n\
+    \x20 snapshot           bytes copied into the snapshot before pass 0\n\
+    \x20 restored           bytes written back, all restores together\n\
+    \x20 tier               where the snapshot was kept (device, host or file)\n\
+    \x20 strategy           how memory was restored (full, hash, writeset, ...)\n\
+    \x20 lock wait          waiting for the agent's writer lock\n\
+    \x20 drain              waiting for the agent's earlier work to finish\n\
+    \x20 snap time          planning and taking the snapshot\n\
+    \x20 passes total       all passes together\n\
+    \x20 restores total     all restores together\n\
+    A '-' means the dispatch ran once, so there was nothing to measure; '<- not as planned' marks \
+    a row whose problems are listed under the table. The last row, 'total', adds up every \
+    dispatch. Sizes are binary (KiB = 1024 B).\n\n\
+    Exit status: 0 when verification passes, 1 when it fails (or a dispatch was not replayed as \
+    planned, or a requested tool cannot be used, or an output file cannot be written), 2 for a \
+    bad command line.";
 
 const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ceilings measured in \
     the same run\n\n\

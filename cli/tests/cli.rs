@@ -151,14 +151,23 @@ fn demo_csv_and_json_carry_the_replay_pass_of_every_pass_record() {
     }
 
     let json = std::fs::read_to_string(&json_path).expect("the JSON file was written");
-    assert_eq!(json.matches("\"replay_pass\": ").count(), 12 * 3);
-    assert_eq!(
-        json.matches("\"module_variables\": {\"regions\": 1, \"bytes\": 4}")
-            .count(),
-        12,
-        "{json}"
-    );
-    assert!(json.contains("\"verification\": {\"pass\": true"), "{json}");
+    let document: serde_json::Value = serde_json::from_str(&json).expect("the JSON parses");
+    let dispatches = document["dispatches"].as_array().expect("a dispatch list");
+    assert_eq!(dispatches.len(), 12, "{json}");
+    for dispatch in dispatches {
+        let passes = dispatch["passes"].as_array().expect("a pass list");
+        let numbers: Vec<u64> = passes
+            .iter()
+            .map(|p| p["replay_pass"].as_u64().expect("a pass number"))
+            .collect();
+        assert_eq!(numbers, [0, 1, 2], "{dispatch}");
+        assert_eq!(
+            dispatch["snapshot_sources"]["module_variables"],
+            serde_json::json!({"regions": 1, "bytes": 4}),
+            "{dispatch}"
+        );
+    }
+    assert_eq!(document["verification"]["pass"], true, "{json}");
     let _ = std::fs::remove_file(csv_path);
     let _ = std::fs::remove_file(json_path);
 }
@@ -552,4 +561,90 @@ fn info_logging_says_where_each_snapshot_came_from_under_both_scopes() {
         "{}",
         stderr(&output)
     );
+}
+
+#[test]
+fn demo_table_ends_with_a_total_row_and_points_to_its_legend() {
+    let output = kreplay(&["demo", "--passes", "3", "--elements", "4k"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}\n{}", stderr(&output));
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("id "))
+        .unwrap_or_else(|| panic!("no table header: {text}"));
+    assert!(header.contains("passes total"), "{header}");
+    assert!(header.contains("restores total"), "{header}");
+    let total = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .unwrap_or_else(|| panic!("no total row: {text}"));
+    let cells: Vec<&str> = total.split_whitespace().collect();
+    // 12 dispatches of 3 passes each.
+    assert_eq!(&cells[..4], ["total", "12", "dispatches", "36"], "{total}");
+    assert!(
+        text.contains("'total' adds up every dispatch")
+            && text.contains("'kreplay demo --help' explains every column"),
+        "{text}"
+    );
+    assert!(text.contains("memory (total, all dispatches): "), "{text}");
+
+    let help = kreplay(&["demo", "--help"]);
+    let help = stdout(&help);
+    for column in [
+        "contexts per pass",
+        "snapshot ",
+        "restored ",
+        "lock wait",
+        "drain ",
+        "snap time",
+        "passes total",
+        "restores total",
+    ] {
+        assert!(help.contains(&format!("  {column}")), "{column}: {help}");
+    }
+    assert!(
+        help.contains("The last row, 'total', adds up every dispatch"),
+        "{help}"
+    );
+}
+
+#[test]
+fn demo_claims_per_pass_masking_only_when_passes_ran() {
+    // A 1000-byte snapshot budget declines every replay: four passes were asked, none ran.
+    let output = kreplay_with(
+        &["demo", "--passes", "4", "--elements", "1k"],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1000")],
+    );
+    let text = stdout(&output);
+    assert!(
+        text.contains("dispatches: 12, 0 replayed"),
+        "{text}\n{}",
+        stderr(&output)
+    );
+    assert!(!text.contains("per-pass masking"), "{text}");
+    assert!(!text.contains("every pass reached"), "{text}");
+}
+
+#[test]
+fn demo_warnings_name_kernels_and_agents() {
+    // Every replay is declined by a 1000-byte snapshot budget, and kreplay warns for each.
+    let output = kreplay_with(
+        &["demo", "--passes", "2", "--elements", "1k"],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1000")],
+    );
+    let warnings = stderr(&output);
+    let declines: Vec<&str> = warnings
+        .lines()
+        .filter(|l| l.contains("declined (footprint_budget"))
+        .collect();
+    assert_eq!(declines.len(), 12, "{warnings}");
+    for (line, kernel) in declines
+        .iter()
+        .zip(["scale_add", "axpy", "histogram", "remix"].iter().cycle())
+    {
+        assert!(
+            line.contains(&format!("(kernel {kernel}, agent 'softgpu', queue ")),
+            "{line}"
+        );
+    }
 }

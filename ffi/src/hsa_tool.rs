@@ -50,6 +50,16 @@ pub fn set_collect_replay_records(collect: bool) {
     COLLECT_RECORDS.store(collect, Ordering::Relaxed);
 }
 
+/// Names kernels in kreplay's warnings: `names` maps a kernel object to its name (`None`
+/// where it does not know it). For a host that knows its kernels, like the demo on softhsa;
+/// without it, warnings name a kernel by its object.
+pub fn set_kernel_names(names: fn(u64) -> Option<&'static str>) {
+    let _ = KERNEL_NAMES.set(names);
+}
+
+static KERNEL_NAMES: std::sync::OnceLock<fn(u64) -> Option<&'static str>> =
+    std::sync::OnceLock::new();
+
 /// The records kept since the last call (see [`set_collect_replay_records`]).
 pub fn take_replay_records() -> Vec<ReplayRecord> {
     std::mem::take(&mut *RECORDS.lock())
@@ -62,6 +72,8 @@ pub fn take_replay_records() -> Vec<ReplayRecord> {
 /// through it (the `OnLoad` contract).
 pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
+    // A host with a logger of its own keeps it; any other gets kreplay's stderr sink.
+    logging::install_stderr_logger();
     logging::set_level(config.log);
     // Everything that can refuse the load is checked before any tool code runs: a tool
     // initialized into a kreplay that then fails to load would be left without replay.
@@ -275,6 +287,13 @@ impl ToolHooks for Hooks {
         if COLLECT_RECORDS.load(Ordering::Relaxed) {
             RECORDS.lock().push(record.clone());
         }
+    }
+
+    fn kernel_name(&self, kernel_object: u64) -> Option<String> {
+        KERNEL_NAMES
+            .get()
+            .and_then(|names| names(kernel_object))
+            .map(str::to_string)
     }
 
     fn warn(&self, message: &str) {

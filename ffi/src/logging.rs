@@ -1,13 +1,18 @@
-//! A small leveled logger writing to stderr, every line prefixed `kreplay:`.
+//! kreplay's diagnostics, through the [`log`] facade, and the stderr sink C hosts get.
 //!
-//! The level comes from `KREPLAY_LOG=off|warn|info|debug` (default `warn`), read on first use, or
-//! from [`set_level`]. Errors are printed at every level but `off`. A malformed `KREPLAY_LOG` is
-//! reported once as an error and the default level is used for the logger itself;
+//! Every message goes to whatever logger the process has installed (target `kreplay`), so a Rust
+//! program using the crates decides where kreplay's diagnostics go. A process without a logger,
+//! such as a C application kreplay is loaded into, gets kreplay's own stderr sink, installed by
+//! `OnLoad` ([`install_stderr_logger`]): it prints every line prefixed `kreplay:` and keeps only
+//! what `KREPLAY_LOG=off|warn|info|debug` (default `warn`), read on first use, or [`set_level`]
+//! lets through. Errors are printed at every level but `off`. A malformed `KREPLAY_LOG` is
+//! reported once as an error and the default level is used for the sink itself;
 //! [`crate::config::Config::from_env`] reports the same value as a startup error.
 //!
 //! ```
 //! use kreplay::logging::{self, LogLevel};
 //!
+//! logging::install_stderr_logger();
 //! logging::set_level(LogLevel::Info);
 //! assert!(logging::enabled(LogLevel::Info));
 //! assert!(!logging::enabled(LogLevel::Debug));
@@ -18,7 +23,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::io::Write;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
@@ -125,6 +130,25 @@ impl Severity {
         }
     }
 
+    fn level(self) -> log::Level {
+        match self {
+            Severity::Error => log::Level::Error,
+            Severity::Warn => log::Level::Warn,
+            Severity::Info => log::Level::Info,
+            Severity::Debug => log::Level::Debug,
+        }
+    }
+
+    /// The severity of a `log` level (trace counts as debug).
+    fn of(level: log::Level) -> Severity {
+        match level {
+            log::Level::Error => Severity::Error,
+            log::Level::Warn => Severity::Warn,
+            log::Level::Info => Severity::Info,
+            log::Level::Debug | log::Level::Trace => Severity::Debug,
+        }
+    }
+
     fn tag(self) -> &'static str {
         match self {
             Severity::Error => "error",
@@ -173,34 +197,87 @@ pub fn level() -> LogLevel {
     }
 }
 
-/// Sets the level, overriding `KREPLAY_LOG`.
+/// Sets the level of the stderr sink, overriding `KREPLAY_LOG`.
 pub fn set_level(level: LogLevel) {
     LEVEL.store(level as u8, Ordering::Relaxed);
+    if SINK_INSTALLED.load(Ordering::Relaxed) {
+        log::set_max_level(filter(level));
+    }
 }
 
-/// Would a message needing `level` be printed?
+/// Would the stderr sink print a message needing `level`?
 pub fn enabled(level: LogLevel) -> bool {
     level != LogLevel::Off && self::level() >= level
 }
 
-/// Would a message of `severity` be printed?
+/// Would the stderr sink print a message of `severity`?
 pub fn severity_enabled(severity: Severity) -> bool {
     enabled(severity.threshold())
 }
 
-/// The line printed for a message, without the trailing newline:
+/// The line the stderr sink prints for a message, without the trailing newline:
 /// `kreplay: <error|warning|info|debug>: <message>`.
 pub fn format_line(severity: Severity, message: fmt::Arguments<'_>) -> String {
     format!("kreplay: {}: {}", severity.tag(), message)
 }
 
-/// Prints `message` at `severity` if the level allows it; returns whether it was printed.
+/// Hands `message` at `severity` to the process's logger (target `kreplay`); returns whether
+/// the logger takes messages of that severity.
 pub fn log(severity: Severity, message: fmt::Arguments<'_>) -> bool {
-    if !severity_enabled(severity) {
+    let level = severity.level();
+    if !log::log_enabled!(target: TARGET, level) {
         return false;
     }
-    emit(severity, message);
+    log::log!(target: TARGET, level, "{message}");
     true
+}
+
+/// The `log` target of kreplay's own messages.
+pub const TARGET: &str = "kreplay";
+
+/// Installs kreplay's stderr sink as the process's logger, unless the process already has a
+/// logger (which then keeps receiving kreplay's messages). Returns whether the sink is the
+/// logger now. `OnLoad` calls it; a Rust host that wants kreplay's diagnostics elsewhere
+/// installs its own logger first.
+pub fn install_stderr_logger() -> bool {
+    if SINK_INSTALLED.load(Ordering::Relaxed) {
+        return true;
+    }
+    if log::set_logger(&StderrSink).is_err() {
+        return false;
+    }
+    SINK_INSTALLED.store(true, Ordering::Relaxed);
+    log::set_max_level(filter(level()));
+    true
+}
+
+static SINK_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// The facade's filter for a `KREPLAY_LOG` level.
+fn filter(level: LogLevel) -> log::LevelFilter {
+    match level {
+        LogLevel::Off => log::LevelFilter::Off,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Debug => log::LevelFilter::Debug,
+    }
+}
+
+/// kreplay's stderr sink: `kreplay: <severity>: <message>` lines, filtered by `KREPLAY_LOG`.
+struct StderrSink;
+
+impl log::Log for StderrSink {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        severity_enabled(Severity::of(metadata.level()))
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            emit(Severity::of(record.level()), *record.args());
+        }
+    }
+
+    fn flush(&self) {}
 }
 
 fn emit(severity: Severity, message: fmt::Arguments<'_>) {
@@ -210,20 +287,18 @@ fn emit(severity: Severity, message: fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// Prints a warning the first time it is called with `key`, and never again for that key in this
-/// process. Returns whether it printed. Keys that are suppressed by the level are not spent.
+/// Logs a warning the first time it is called with `key`, and never again for that key in this
+/// process. Returns whether it was logged. Keys whose warning the logger would not take are
+/// not spent.
 pub fn warn_once(key: &'static str, message: fmt::Arguments<'_>) -> bool {
-    if !severity_enabled(Severity::Warn) {
+    if !log::log_enabled!(target: TARGET, log::Level::Warn) {
         return false;
     }
     let first = {
         let mut keys = ONCE_KEYS.lock();
         keys.get_or_insert_with(HashSet::new).insert(key)
     };
-    if first {
-        emit(Severity::Warn, message);
-    }
-    first
+    first && log(Severity::Warn, message)
 }
 
 /// Prints an error (unless `KREPLAY_LOG=off`).
@@ -289,6 +364,7 @@ mod tests {
     // The level is process-wide, so every level-dependent check lives in this one test.
     #[test]
     fn level_filters_messages_and_warn_once_fires_once_per_key() {
+        assert!(install_stderr_logger());
         set_level(LogLevel::Off);
         assert!(!kreplay_error!("hidden"));
         assert!(!warn_once("logging-test-key", format_args!("hidden")));

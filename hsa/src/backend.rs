@@ -70,9 +70,7 @@ pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(status) => status,
         Err(_) => {
-            eprintln!(
-                "kreplay: internal error in an HSA wrapper; the call failed with HSA_STATUS_ERROR"
-            );
+            log::error!("internal error in an HSA wrapper; the call failed with HSA_STATUS_ERROR");
             HSA_STATUS_ERROR
         }
     }

@@ -68,7 +68,7 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
         b.original.signal_destroy(pending.proxy);
     }));
     if result.is_err() {
-        eprintln!("kreplay: internal error while completing an async copy");
+        log::error!("internal error while completing an async copy");
     }
     false
 }

@@ -144,16 +144,16 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
     }
     match progress {
         Progress::Untouched => {
-            eprintln!(
-                "kreplay: internal error on queue {}: forwarding its packets unchanged",
+            log::error!(
+                "internal error on queue {}: forwarding its packets unchanged",
                 state.id
             );
             // SAFETY: `writer` is valid for this handler call; the packets are ours.
             unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
         }
         Progress::Restored => {
-            eprintln!(
-                "kreplay: internal error while replaying a dispatch on queue {}: replay stopped \
+            log::error!(
+                "internal error while replaying a dispatch on queue {}: replay stopped \
                  after a restore; the dispatch runs once more from the restored memory",
                 state.id
             );
@@ -161,8 +161,8 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
             unsafe { writer(packets.as_ptr().cast(), packets.len() as u64) };
         }
         Progress::Withheld(signal) => {
-            eprintln!(
-                "kreplay: internal error while replaying a dispatch on queue {}: replay stopped, \
+            log::error!(
+                "internal error while replaying a dispatch on queue {}: replay stopped, \
                  device memory may NOT match an ordinary run; the application's completion fires now",
                 state.id
             );
@@ -176,8 +176,8 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
             }
         }
         Progress::Done => {
-            eprintln!(
-                "kreplay: internal error after a dispatch on queue {} was submitted: results of \
+            log::error!(
+                "internal error after a dispatch on queue {} was submitted: results of \
                  this dispatch are unreliable",
                 state.id
             );
@@ -394,7 +394,7 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
         b.original.signal_destroy(traced.proxy);
     }));
     if result.is_err() {
-        eprintln!("kreplay: internal error while completing a traced dispatch");
+        log::error!("internal error while completing a traced dispatch");
     }
     false
 }

@@ -165,6 +165,12 @@ pub trait ToolHooks: Send + Sync + 'static {
     }
     /// A dispatch went through the replay loop (cost record and outcome).
     fn replay_finished(&self, record: &ReplayRecord);
+    /// The name of the kernel behind a kernel object, where the tool layer knows it (warnings
+    /// then name the kernel instead of its object). The default knows none.
+    fn kernel_name(&self, kernel_object: u64) -> Option<String> {
+        let _ = kernel_object;
+        None
+    }
     /// A warning for the user.
     fn warn(&self, message: &str);
     /// A warning printed once per `key` for the life of the process.

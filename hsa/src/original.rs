@@ -332,11 +332,20 @@ impl Original {
 
     /// The agent's vendor name (`HSA_AGENT_INFO_VENDOR_NAME`).
     pub(crate) fn agent_vendor(&self, agent: hsa_agent_t) -> Option<String> {
+        self.agent_text(agent, HSA_AGENT_INFO_VENDOR_NAME)
+    }
+
+    /// The agent's name (`HSA_AGENT_INFO_NAME`, e.g. `gfx942`).
+    pub(crate) fn agent_name(&self, agent: hsa_agent_t) -> Option<String> {
+        self.agent_text(agent, HSA_AGENT_INFO_NAME)
+    }
+
+    fn agent_text(&self, agent: hsa_agent_t, attribute: hsa_agent_info_t) -> Option<String> {
         let mut name = [0u8; 64];
-        // HSA_AGENT_INFO_VENDOR_NAME writes a NUL-padded char[64].
+        // HSA_AGENT_INFO_NAME and HSA_AGENT_INFO_VENDOR_NAME write a NUL-padded char[64].
         let status = call!(
             self.core,
-            hsa_agent_get_info_fn(agent, HSA_AGENT_INFO_VENDOR_NAME, name.as_mut_ptr().cast())
+            hsa_agent_get_info_fn(agent, attribute, name.as_mut_ptr().cast())
         );
         (status == HSA_STATUS_SUCCESS).then(|| {
             let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());

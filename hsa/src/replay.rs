@@ -47,9 +47,9 @@ pub(crate) fn replay_dispatch(
     };
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
-    if let Some(diagnostic) = record.diagnostic() {
+    if let Some(diagnostic) = record.diagnostic_for(&describe(b, state, &info)) {
         if record.outcome.is_failure() {
-            eprintln!("kreplay: {diagnostic}");
+            log::error!("{diagnostic}");
         } else {
             b.hooks.warn(&diagnostic);
         }
@@ -63,10 +63,11 @@ pub(crate) fn replay_dispatch(
 /// replayed: the tool hears CONFIG ENTER and EXIT with `reentrant_dispatch`, and it runs once.
 pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
     let Some(side) = b.queues.side(b, state.agent) else {
-        eprintln!(
-            "kreplay: cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
+        log::error!(
+            "cannot create the side queue of agent {:#x}: re-entrant work on queue {} \
              is lost",
-            state.agent.handle, state.id
+            state.agent.handle,
+            state.id
         );
         return;
     };
@@ -78,6 +79,23 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
         }
         None => forward(b, state, &[packet], &[], Sink::Side(&side), true, &progress),
     }
+}
+
+/// The dispatch as a warning names it: by the kernel's name where the tool layer knows it and
+/// by the agent's name from the runtime, falling back to their ids.
+fn describe(b: &Backend, state: &QueueState, info: &DispatchInfo) -> String {
+    let kernel = b
+        .hooks
+        .kernel_name(info.kernel_id)
+        .unwrap_or_else(|| format!("object {:#x}", info.kernel_id));
+    let agent = b
+        .original
+        .agent_name(state.agent)
+        .map_or_else(|| format!("{}", info.agent_id), |name| format!("'{name}'"));
+    format!(
+        "dispatch {} (kernel {kernel}, agent {agent}, queue {})",
+        info.dispatch_id, info.queue_id
+    )
 }
 
 /// The device steps of one replayed dispatch on HSA.

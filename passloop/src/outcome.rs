@@ -254,10 +254,16 @@ impl ReplayRecord {
     /// ran once by the tool's choice). The caller decides where to print it.
     pub fn diagnostic(&self) -> Option<String> {
         let info = &self.info;
-        let which = format!(
+        self.diagnostic_for(&format!(
             "dispatch {} (kernel {}, agent {}, queue {})",
             info.dispatch_id, info.kernel_id, info.agent_id, info.queue_id
-        );
+        ))
+    }
+
+    /// [`diagnostic`](Self::diagnostic) with the dispatch described by `which` (for example
+    /// `dispatch 3 (kernel axpy, agent gfx942, queue 1)`), for a caller that knows the names of
+    /// the kernel and the agent behind their ids.
+    pub fn diagnostic_for(&self, which: &str) -> Option<String> {
         match &self.outcome {
             ReplayOutcome::Replayed { passes, end } if end.is_early() => Some(format!(
                 "replay of {which} ended early after {passes} pass(es) ({}); memory is as after \

@@ -904,60 +904,67 @@ fn measure_in_child(options: &DispatchBenchOptions, service: &str) -> Result<Fig
     parse_csv(&text)
 }
 
+/// One line of the CSV `--csv` writes (and the child process hands back): one figure. Its
+/// field names are the header; an empty number is a statistic that does not apply (`NaN`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct FigureRecord {
+    measurement: String,
+    median_ns: Option<f64>,
+    p10_ns: Option<f64>,
+    p90_ns: Option<f64>,
+    samples: usize,
+}
+
 /// The CSV [`write_csv`] writes, read back.
 fn parse_csv(text: &str) -> Result<Figures, String> {
-    let mut lines = text.lines();
-    if lines.next() != Some(CSV_HEADER) {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let header = reader
+        .headers()
+        .map_err(|e| format!("cannot read the child's figures: {e}"))?;
+    if !header.iter().eq(CSV_HEADER_FIELDS) {
         return Err("the child's figures lack the CSV header".into());
     }
-    let number = |s: &str| {
-        if s.is_empty() {
-            Ok(f64::NAN)
-        } else {
-            s.parse::<f64>()
-                .map_err(|e| format!("bad number '{s}': {e}"))
-        }
-    };
     let mut figures = Figures::new();
-    for line in lines {
-        let fields: Vec<&str> = line.split(',').collect();
-        let [name, median, p10, p90, samples] = fields[..] else {
-            return Err(format!("bad line in the child's figures: '{line}'"));
-        };
+    for record in reader.deserialize::<FigureRecord>() {
+        let record = record.map_err(|e| format!("bad line in the child's figures: {e}"))?;
+        let number = |v: Option<f64>| v.unwrap_or(f64::NAN);
         figures.insert(
-            name.to_string(),
+            record.measurement,
             Stat {
-                median: number(median)?,
-                p10: number(p10)?,
-                p90: number(p90)?,
-                samples: samples.parse().map_err(|e| format!("bad count: {e}"))?,
+                median: number(record.median_ns),
+                p10: number(record.p10_ns),
+                p90: number(record.p90_ns),
+                samples: record.samples,
             },
         );
     }
     Ok(figures)
 }
 
-/// Header of the CSV `--csv` writes.
-pub const CSV_HEADER: &str = "measurement,median_ns,p10_ns,p90_ns,samples";
+/// The fields of [`FigureRecord`], the header of the CSV `--csv` writes.
+const CSV_HEADER_FIELDS: [&str; 5] = ["measurement", "median_ns", "p10_ns", "p90_ns", "samples"];
 
 fn write_csv(figures: &Figures, path: &Path) -> Result<(), String> {
-    let cell = |v: f64| {
-        if v.is_nan() {
-            String::new()
-        } else {
-            format!("{v:.1}")
-        }
-    };
-    let mut text = format!("{CSV_HEADER}\n");
-    for (name, s) in figures {
-        text += &format!(
-            "{name},{},{},{},{}\n",
-            cell(s.median),
-            cell(s.p10),
-            cell(s.p90),
-            s.samples
-        );
+    // Nanoseconds to a tenth; NaN (a statistic that does not apply) is an empty field.
+    let cell = |v: f64| (!v.is_nan()).then(|| (v * 10.0).round() / 10.0);
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    if figures.is_empty() {
+        writer
+            .write_record(CSV_HEADER_FIELDS)
+            .map_err(|e| e.to_string())?;
     }
+    for (name, s) in figures {
+        writer
+            .serialize(FigureRecord {
+                measurement: name.clone(),
+                median_ns: cell(s.median),
+                p10_ns: cell(s.p10),
+                p90_ns: cell(s.p90),
+                samples: s.samples,
+            })
+            .map_err(|e| format!("cannot write the figures as CSV: {e}"))?;
+    }
+    let text = writer.into_inner().map_err(|e| e.to_string())?;
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
@@ -1375,7 +1382,7 @@ mod tests {
         write_csv(&figures, &path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
-        assert!(text.starts_with(CSV_HEADER));
+        assert!(text.starts_with("measurement,median_ns,p10_ns,p90_ns,samples\n"));
         let back = parse_csv(&text).unwrap();
         assert_eq!(back["softhsa.submit"], figures["softhsa.submit"]);
         assert_eq!(back["derived.x"].median, -12.5);

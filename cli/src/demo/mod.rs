@@ -173,6 +173,8 @@ fn profiled_run(
         kreplay::hsa_tool::set_skip_restore_for_demo(true);
     }
     kreplay::hsa_tool::set_collect_replay_records(true);
+    // The demo knows its kernels: kreplay's warnings name them.
+    kreplay::hsa_tool::set_kernel_names(kreplay_softhsa::kernel_name);
     let source = kreplay_softhsa::api_table();
     // The table a runtime hands to OnLoad: kreplay rewrites entries of this copy only, so
     // softhsa's own table (used by the reference run) stays untouched.
@@ -280,7 +282,10 @@ fn render(
         format_bytes(profiled.device_bytes),
     ));
     text.push_str(&report::render_table(rows));
-    text.push('\n');
+    text.push_str(
+        "(per dispatch; 'total' adds up every dispatch; '-': ran once, nothing to measure; \
+         'kreplay demo --help' explains every column)\n\n",
+    );
 
     let replayed = rows.iter().filter(|r| r.pass_contexts.len() > 1).count();
     let as_planned = rows.iter().filter(|r| r.problems.is_empty()).count();
@@ -291,7 +296,7 @@ fn render(
          kernel runs\n"
     ));
     text.push_str(&format!(
-        "memory: {} snapshotted, {} restored\n",
+        "memory (total, all dispatches): {} snapshotted, {} restored\n",
         format_bytes(rows.iter().map(|r| r.bytes_snapshotted).sum()),
         format_bytes(rows.iter().map(|r| r.bytes_restored).sum()),
     ));
@@ -302,7 +307,7 @@ fn render(
         format!("{regions} region(s), {}", format_bytes(bytes))
     };
     text.push_str(&format!(
-        "snapshot sources (all dispatches): agent memory {}; referenced {}; module variables {}; \
+        "snapshot sources (total, all dispatches): agent memory {}; referenced {}; module variables {}; \
          adopted {}\n",
         source(0),
         source(1),
@@ -311,7 +316,7 @@ fn render(
     ));
     if replayed > 0 {
         text.push_str(&format!(
-            "replay time (all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \
+            "replay time (total, all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \
              restores {}\n",
             format_duration(sum(|r| r.lock_wait)),
             format_duration(sum(|r| r.drain)),
@@ -333,7 +338,9 @@ fn render(
             .enumerate()
             .all(|(i, c)| c == &[i % plan.passes.max(1) as usize])
     });
-    if plan.passes > 1 && replay_driven_by.is_none() {
+    // Only passes that ran can have reached a context: with no replayed dispatch there is
+    // nothing to claim.
+    if plan.passes > 1 && replayed > 0 && replay_driven_by.is_none() {
         text.push_str(&format!(
             "per-pass masking: {}\n",
             if masking_ok {

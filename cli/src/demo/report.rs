@@ -426,8 +426,8 @@ pub fn render_table(rows: &[DispatchRow]) -> String {
         ("lock wait", Align::Right),
         ("drain", Align::Right),
         ("snap time", Align::Right),
-        ("passes Σ", Align::Right),
-        ("restores Σ", Align::Right),
+        ("passes total", Align::Right),
+        ("restores total", Align::Right),
         ("", Align::Left),
     ]);
     for row in rows {
@@ -466,6 +466,26 @@ pub fn render_table(rows: &[DispatchRow]) -> String {
             } else {
                 "<- not as planned".to_string()
             },
+        ]);
+    }
+    if rows.len() > 1 {
+        let bytes = |f: fn(&DispatchRow) -> u64| format_bytes(rows.iter().map(f).sum());
+        let time =
+            |f: fn(&DispatchRow) -> Duration| format_duration(rows.iter().map(f).sum::<Duration>());
+        table.row(vec![
+            "total".into(),
+            format!("{} dispatches", rows.len()),
+            rows.iter().map(|r| r.passes_run).sum::<u64>().to_string(),
+            String::new(),
+            bytes(|r| r.bytes_snapshotted),
+            bytes(|r| r.bytes_restored),
+            String::new(),
+            String::new(),
+            time(|r| r.lock_wait),
+            time(|r| r.drain),
+            time(|r| r.snapshot),
+            time(DispatchRow::passes_total),
+            time(DispatchRow::restores_total),
         ]);
     }
     table.render()
@@ -780,14 +800,18 @@ mod tests {
         };
         let text = render_table(&[good, bad]);
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("id  kernel"));
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].trim_start().starts_with("id  kernel"), "{text}");
         assert!(lines[1].contains("c0|c1"));
         assert!(lines[1].contains("8.00 MiB"));
         assert!(lines[1].contains("1.20ms"), "{}", lines[1]);
         assert!(!lines[1].contains("not as planned"));
-        assert!(lines[2].starts_with("12  remix"));
+        assert!(lines[2].trim_start().starts_with("12  remix"), "{text}");
         assert!(lines[2].ends_with("<- not as planned"));
+        // The total row adds up both dispatches.
+        assert!(lines[3].starts_with("total  2 dispatches"), "{text}");
+        assert!(lines[3].contains("16.00 MiB"), "{text}");
+        assert!(lines[3].contains("2.40ms"), "{text}");
     }
 
     #[test]
