@@ -3,9 +3,9 @@
 //!
 //! At most one dispatch counting service exists in a process (one configuration can be
 //! programmed per dispatch). For every dispatch, and for every pass of a replayed one, the
-//! backend asks [`pick`] on the submitting thread: if the service's context is active there and
+//! backend asks `pick` on the submitting thread: if the service's context is active there and
 //! then (started, and not masked off for this pass), the tool's dispatch callback picks a
-//! configuration, which the backend programs. Once the kernel has completed, [`deliver`] hands
+//! configuration, which the backend programs. Once the kernel has completed, `deliver` hands
 //! the values to the tool's record callback: one record per counter, each with the dispatch id
 //! and the pass. Nothing is summed across passes: a counter counted in two passes gives two
 //! records.

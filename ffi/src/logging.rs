@@ -1,4 +1,4 @@
-//! kreplay's diagnostics, through the [`log`] facade, and the stderr sink C hosts get.
+//! kreplay's diagnostics, through the [`log` crate](::log) facade, and the stderr sink C hosts get.
 //!
 //! Every message goes to whatever logger the process has installed (target `kreplay`), so a Rust
 //! program using the crates decides where kreplay's diagnostics go. A process without a logger,
