@@ -9,7 +9,6 @@
 mod common;
 
 use std::ffi::{c_char, c_int};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -75,18 +74,6 @@ fn gated_add(group: &WorkGroup) {
     }
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 #[test]
 fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
     assert!(
@@ -103,7 +90,7 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }

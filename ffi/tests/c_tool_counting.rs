@@ -12,7 +12,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_char, c_int};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -66,18 +65,6 @@ fn histogram(group: &WorkGroup) {
     group.count_atomics(n);
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 const WANTED: [&str; 7] = [
     "SQ_WAVES",
     "SQ_WORKGROUPS",
@@ -103,7 +90,7 @@ fn a_c_tool_collects_three_passes_of_counters_in_one_run_and_a_masked_pass_drops
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }

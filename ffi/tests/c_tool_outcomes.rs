@@ -10,7 +10,6 @@
 mod common;
 
 use std::ffi::{CStr, c_char, c_int};
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -87,18 +86,6 @@ fn touch(group: &WorkGroup) {
     }
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 #[test]
 fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     assert!(
@@ -118,7 +105,7 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }

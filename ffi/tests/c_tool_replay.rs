@@ -67,18 +67,6 @@ fn add_one(group: &WorkGroup) {
     }
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 fn build_c_tool() -> PathBuf {
     let out = common::scratch_dir("c_tool_replay").join("libreplay_tool.so");
     common::build_c_library("replay_tool.c", &out);
@@ -100,7 +88,7 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }

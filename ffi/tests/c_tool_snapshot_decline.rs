@@ -9,7 +9,6 @@
 mod common;
 
 use std::ffi::{c_char, c_int};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use hsa_sys::HsaApiTable;
@@ -59,18 +58,6 @@ fn add_one(group: &WorkGroup) {
     }
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 #[test]
 fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit() {
     assert!(
@@ -91,7 +78,7 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
         )
     }

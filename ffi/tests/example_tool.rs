@@ -40,18 +40,6 @@ fn add_one(group: &WorkGroup) {
     }
 }
 
-fn libkreplay() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [
-        deps.join("libkreplay.so"),
-        deps.parent().expect("target folder").join("libkreplay.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
-    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
-}
-
 /// `cc -std=c11 ... pass_counter.c -L<dir> -lkreplay` (no run path: on ROCm the dependency is
 /// satisfied by the libkreplay the runtime already loaded).
 fn build_example(dir: &Path) -> PathBuf {
@@ -59,7 +47,7 @@ fn build_example(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(&link_dir).expect("link folder");
     let link_name = link_dir.join("libkreplay.so");
     let _ = std::fs::remove_file(&link_name);
-    std::os::unix::fs::symlink(libkreplay(), &link_name).expect("symlink for -lkreplay");
+    std::os::unix::fs::symlink(common::libkreplay(), &link_name).expect("symlink for -lkreplay");
     let out = dir.join("libpass_counter.so");
     common::build_c_library_from(
         &common::example_source("c-tool/pass_counter.c"),
@@ -88,7 +76,7 @@ fn example_c_tool_linked_with_lkreplay_replays_dispatches_when_loaded_as_rocm_lo
     // SAFETY: libkreplay.so's initializers do nothing.
     let library = unsafe {
         libloading::os::unix::Library::open(
-            Some(libkreplay()),
+            Some(common::libkreplay()),
             libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
         )
     }

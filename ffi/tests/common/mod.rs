@@ -145,3 +145,16 @@ pub fn probe_tool_library(path: &Path) -> ToolProbe {
         tool_data_ok: ok != 0,
     }
 }
+
+/// libkreplay.so (the cdylib) as cargo built it beside the running test binary.
+pub fn libkreplay() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("deps folder");
+    [
+        deps.join("libkreplay.so"),
+        deps.parent().expect("target folder").join("libkreplay.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
+}
