@@ -20,7 +20,8 @@ pub enum LogLevel {
 /// Everything the injected library reads at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Passes per kernel launch (`KREPLAY_CUDA_PASSES`, default 1 = no replay).
+    /// Passes per kernel launch of the built-in tool (`KREPLAY_PASSES`, or its older CUDA-only
+    /// name `KREPLAY_CUDA_PASSES`; default 1 = no replay).
     pub passes: u64,
     /// Snapshot store, strategy, budget and spill directory.
     pub snapshot: SnapshotConfig,
@@ -42,12 +43,15 @@ fn parse_u64(var: &'static str, value: &str) -> Result<u64, String> {
 impl Config {
     /// Read the configuration through `lookup` (the environment in production).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
-        let passes = match lookup("KREPLAY_CUDA_PASSES") {
-            Some(v) => {
-                let n = parse_u64("KREPLAY_CUDA_PASSES", &v)?;
+        let setting = lookup("KREPLAY_PASSES")
+            .map(|v| ("KREPLAY_PASSES", v))
+            .or_else(|| lookup("KREPLAY_CUDA_PASSES").map(|v| ("KREPLAY_CUDA_PASSES", v)));
+        let passes = match setting {
+            Some((var, v)) => {
+                let n = parse_u64(var, &v)?;
                 if n == 0 {
                     return Err(format!(
-                        "KREPLAY_CUDA_PASSES={v:?}: at least 1 pass is needed (1 = no replay)"
+                        "{var}={v:?}: at least 1 pass is needed (1 = no replay)"
                     ));
                 }
                 n
@@ -147,6 +151,18 @@ mod tests {
         assert_eq!(c.snapshot.max_bytes, Some(1 << 20));
         assert_eq!(c.shadow.min_headroom, 512 << 20);
         assert_eq!(c.log, LogLevel::Info);
+    }
+
+    #[test]
+    fn kreplay_passes_is_read_before_the_older_cuda_name() {
+        assert_eq!(with(&[("KREPLAY_PASSES", "6")]).unwrap().passes, 6);
+        let both = with(&[("KREPLAY_PASSES", "6"), ("KREPLAY_CUDA_PASSES", "3")]).unwrap();
+        assert_eq!(both.passes, 6);
+        let err = with(&[("KREPLAY_PASSES", "0")]).unwrap_err();
+        assert!(
+            err.contains("KREPLAY_PASSES") && err.contains("at least 1"),
+            "{err}"
+        );
     }
 
     #[test]

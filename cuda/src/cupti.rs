@@ -54,8 +54,40 @@ pub mod cbid {
     pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: CallbackId = 612;
     pub const CU_LAUNCH_KERNEL_EX: CallbackId = 652;
     pub const CU_LAUNCH_KERNEL_EX_PTSZ: CallbackId = 653;
+    pub const CU_MEM_CREATE: CallbackId = 549;
+    pub const CU_MEM_MAP: CallbackId = 551;
+    pub const CU_MEM_UNMAP: CallbackId = 552;
 
-    /// Every callback kreplay enables.
+    /// Virtual memory management calls kreplay tracks.
+    pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
+
+    /// Copies fenced against replay windows: `cuMemcpy`, `cuMemcpyAsync`, the `_v2` HtoD, DtoH,
+    /// DtoD (and `Async`), 2D, 2D unaligned, 3D (and `Async`), peer copies, and their `_ptds` /
+    /// `_ptsz` per-thread-stream variants.
+    pub const MEMCPY: [CallbackId; 34] = [
+        305, 306, // cuMemcpy, cuMemcpyAsync
+        276, 277, 278, 279, 280, 281, // cuMemcpy{HtoD,DtoH,DtoD}{,Async}_v2
+        287, 288, 289, 290, 291, // cuMemcpy2D{,Unaligned,Async}_v2, cuMemcpy3D{,Async}_v2
+        318, 319, 320, 321, // cuMemcpyPeer{,Async}, cuMemcpy3DPeer{,Async}
+        397, 398, 399, 405, 406, 407, 408, 409, 410, // _ptds
+        418, 421, 422, 423, 424, 425, 426, 427, // _ptsz
+    ];
+
+    /// Memsets fenced against replay windows: `cuMemsetD{8,16,32}` and `cuMemsetD2D{8,16,32}`,
+    /// synchronous (`_v2`, `_ptds`) and `Async` (plain and `_ptsz`).
+    pub const MEMSET: [CallbackId; 24] = [
+        249, 250, 251, 252, 253, 254, // _v2
+        216, 218, 220, 222, 224, 226, // Async
+        411, 412, 413, 414, 415, 416, // _v2_ptds
+        428, 429, 430, 431, 432, 433, // Async_ptsz
+    ];
+
+    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`MEMCPY`] and [`MEMSET`].
+    pub fn all() -> Vec<CallbackId> {
+        [&SUBSCRIBED[..], &VMM, &MEMCPY, &MEMSET].concat()
+    }
+
+    /// The allocation, launch and graph callbacks kreplay enables.
     pub const SUBSCRIBED: [CallbackId; 18] = [
         CU_MEM_ALLOC_V2,
         CU_MEM_ALLOC_PITCH_V2,
@@ -160,6 +192,27 @@ pub struct MemAllocPitchParams {
     pub width_in_bytes: usize,
     pub height: usize,
     pub element_size_bytes: u32,
+}
+
+/// `cuMemMap_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemMapParams {
+    pub ptr: CuDevicePtr,
+    pub size: usize,
+    pub offset: usize,
+    pub handle: u64,
+    pub flags: u64,
+}
+
+/// `cuMemUnmap_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemUnmapParams {
+    pub ptr: CuDevicePtr,
+    pub size: usize,
 }
 
 /// `cuMemFree_v2_params`, and the leading field of `cuMemFreeAsync_params`.
@@ -285,10 +338,11 @@ mod tests {
 
     #[test]
     fn subscribed_ids_are_distinct() {
-        let mut ids = cbid::SUBSCRIBED.to_vec();
+        let mut ids = cbid::all();
+        let n = ids.len();
         ids.sort_unstable();
         ids.dedup();
-        assert_eq!(ids.len(), cbid::SUBSCRIBED.len());
+        assert_eq!(ids.len(), n);
     }
 
     #[test]

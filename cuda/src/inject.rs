@@ -1,11 +1,12 @@
-//! Injection into unmodified CUDA applications: `InitializeInjection`, the CUPTI driver-API
-//! callback, allocation tracking and the built-in replay of every launch.
+//! Injection into unmodified CUDA applications: the CUPTI driver-API callback, allocation
+//! tracking, copy fencing and the replay of every launch through a tool.
 //!
-//! Loaded through `CUDA_INJECTION64_PATH=/path/to/libkreplay_cuda.so`: the driver calls
-//! [`InitializeInjection`] during `cuInit`. kreplay then subscribes to CUPTI's driver-API
-//! callbacks for allocations, frees and launches. With `KREPLAY_CUDA_PASSES=N` (N > 1) every
-//! kernel launch is replayed N times (see [`crate::window`]); an exit summary is printed on
-//! standard error.
+//! libkreplay (the library named by `CUDA_INJECTION64_PATH`) exports `InitializeInjection`, which
+//! the driver calls during `cuInit`; it calls [`initialize_injection`] with its [`Tools`]: the
+//! tools configured through the C ABI (`kreplay.h`), or the built-in tool that replays every
+//! launch N times ([`BuiltIn`], `KREPLAY_PASSES`). kreplay then subscribes to CUPTI's driver-API
+//! callbacks for allocations, frees, virtual-memory mappings, copies, memsets and launches, and
+//! at exit prints a summary on standard error and hands the totals to the tools.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -29,13 +30,49 @@ use crate::config::{Config, LogLevel};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CallbackData, CallbackDomain, CallbackId,
     Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams,
-    MemFreeParams, SubscriberHandle, cbid,
+    MemFreeParams, MemMapParams, MemUnmapParams, SubscriberHandle, cbid,
 };
 use crate::driver::{CUDA_SUCCESS, CuContext, CuResult, Driver};
+use crate::fence;
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::CudaMemory;
-use crate::window::{Window, WindowContext};
+use crate::tracking::MemoryWatch;
+use crate::window::{LaunchOps, Window, WindowContext};
+
+/// What the backend asks of the tool side.
+pub trait Tools: Send + Sync + 'static {
+    /// Whether any launch may be replayed (then ordinary launches, copies and memsets take the
+    /// reader side of their device's lock).
+    fn replay_wanted(&self) -> bool;
+    /// The tool that decides one launch; `None`: launches are only tracked, never replayed.
+    fn replay_tool(&self) -> Option<Box<dyn ReplayTool>>;
+    /// The tool contexts (PASS ENTER's context toggles act on their replay masks).
+    fn contexts(&self) -> &'static ContextRegistry;
+    /// One launch went through the replay window (`kernel`: CUPTI's name for it).
+    fn replay_finished(&self, _record: &ReplayRecord, _kernel: &str) {}
+    /// The process is exiting; `summary` holds the backend's totals.
+    fn at_exit(&self, _summary: &Summary) {}
+}
+
+/// The built-in tool side: every launch replayed `passes` times, no C tools.
+#[derive(Debug)]
+pub struct BuiltIn {
+    /// Passes per launch (1: tracking only).
+    pub passes: u64,
+}
+
+impl Tools for BuiltIn {
+    fn replay_wanted(&self) -> bool {
+        self.passes > 1
+    }
+    fn replay_tool(&self) -> Option<Box<dyn ReplayTool>> {
+        (self.passes > 1).then(|| Box::new(FixedPasses(self.passes)) as Box<dyn ReplayTool>)
+    }
+    fn contexts(&self) -> &'static ContextRegistry {
+        ContextRegistry::global()
+    }
+}
 
 /// The built-in tool: every launch `passes` times, nothing else.
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +113,7 @@ struct Stats {
     cooperative: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
+    managed: AtomicU64,
     bytes_snapshotted: AtomicU64,
     bytes_restored: AtomicU64,
     snapshot_ns: AtomicU64,
@@ -84,12 +122,86 @@ struct Stats {
     declines: Mutex<BTreeMap<String, u64>>,
 }
 
+/// The backend's totals at exit (also the summary line on standard error).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Passes the built-in tool asks for (`KREPLAY_PASSES`; 1 when C tools decide).
+    pub passes_per_launch: u64,
+    /// Kernel launches seen (cooperative ones included).
+    pub launches: u64,
+    /// Launches replayed.
+    pub replayed: u64,
+    /// Passes run, the application's own launches included.
+    pub passes_run: u64,
+    /// Replays that failed (a pass or a restore).
+    pub failed: u64,
+    /// Declined launches by reason.
+    pub declined: BTreeMap<String, u64>,
+    /// Graph launches (run once).
+    pub graph_launches: u64,
+    /// Cooperative launches (run once).
+    pub cooperative_not_replayed: u64,
+    /// Allocations and mappings tracked.
+    pub allocations: u64,
+    /// Frees and unmaps of tracked memory.
+    pub frees: u64,
+    /// Managed allocations seen (never snapshotted: launches decline while one is live).
+    pub managed_allocations: u64,
+    /// Bytes copied into snapshots.
+    pub bytes_snapshotted: u64,
+    /// Bytes written back by restores.
+    pub bytes_restored: u64,
+    /// Restores.
+    pub restores: u64,
+    /// Time taking snapshots, ns.
+    pub snapshot_ns: u64,
+    /// Time restoring, ns.
+    pub restore_ns: u64,
+    /// Device shadow bytes still held.
+    pub shadow_bytes_held: u64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let declines: Vec<String> = self
+            .declined
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        write!(
+            f,
+            "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
+             declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
+             managed_allocations={} bytes_snapshotted={} bytes_restored={} restores={} \
+             snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={}",
+            self.passes_per_launch,
+            self.launches,
+            self.replayed,
+            self.passes_run,
+            self.failed,
+            declines.join(","),
+            self.graph_launches,
+            self.cooperative_not_replayed,
+            self.allocations,
+            self.frees,
+            self.managed_allocations,
+            self.bytes_snapshotted,
+            self.bytes_restored,
+            self.restores,
+            self.snapshot_ns as f64 / 1e6,
+            self.restore_ns as f64 / 1e6,
+            self.shadow_bytes_held,
+        )
+    }
+}
+
 struct Backend {
     driver: &'static Driver,
     config: Config,
+    tools: Box<dyn Tools>,
+    watch: MemoryWatch,
     inventory: Arc<Inventory>,
     locks: AgentLocks,
-    registry: ContextRegistry,
     devices: Mutex<Vec<(usize, Arc<DeviceState>)>>,
     ordinals: Mutex<Vec<(usize, i32)>>,
     next_dispatch: AtomicU64,
@@ -106,6 +218,32 @@ static CUPTI: OnceLock<(Cupti, usize)> = OnceLock::new();
 struct Pending {
     window: Window,
     launch: Launch,
+    tool: Box<dyn ReplayTool>,
+}
+
+/// A launch's operations as the injected library runs them: the driver's, plus the check
+/// that no live memory escapes the snapshot.
+struct InjectedLaunch<'a> {
+    inner: CudaLaunch<'a>,
+    watch: &'a MemoryWatch,
+}
+
+impl LaunchOps for InjectedLaunch<'_> {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn covered(&self) -> Result<(), String> {
+        self.watch.untracked_reason().map_or(Ok(()), Err)
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
 }
 
 thread_local! {
@@ -219,9 +357,9 @@ impl Backend {
 
     fn launch_enter(&self, launch: Launch) {
         self.stats.launches.fetch_add(1, Ordering::Relaxed);
-        if self.config.passes <= 1 {
+        let Some(mut tool) = self.tools.replay_tool() else {
             return;
-        }
+        };
         let device = match self.device(launch.ctx) {
             Ok(d) => d,
             Err(e) => {
@@ -229,44 +367,59 @@ impl Backend {
                 return;
             }
         };
-        let ops = CudaLaunch {
-            driver: self.driver,
-            launch,
+        let ops = InjectedLaunch {
+            inner: CudaLaunch {
+                driver: self.driver,
+                launch,
+            },
+            watch: &self.watch,
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
-        let info = launch.dispatch_info(id, |a| ops.attribute(a));
+        let info = launch.dispatch_info(id, |a| ops.inner.attribute(a));
         let cx = WindowContext {
             locks: &self.locks,
             snapshotter: &device.snapshotter,
             filter: &device.filter,
+            registry: self.tools.contexts(),
         };
-        let window = Window::enter(cx, &mut FixedPasses(self.config.passes), info, &ops);
+        let window = Window::enter(cx, &mut *tool, info, &ops);
         debug_assert_eq!(info.agent_id, device.ordinal as u64);
-        PENDING.with(|p| *p.borrow_mut() = Some(Pending { window, launch }));
+        PENDING.with(|p| {
+            *p.borrow_mut() = Some(Pending {
+                window,
+                launch,
+                tool,
+            })
+        });
     }
 
     fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
-        let Some(Pending { window, launch }) = PENDING.with(|p| p.borrow_mut().take()) else {
+        let Some(Pending {
+            window,
+            launch,
+            mut tool,
+        }) = PENDING.with(|p| p.borrow_mut().take())
+        else {
             return;
         };
-        let ops = CudaLaunch {
-            driver: self.driver,
-            launch,
+        let ops = InjectedLaunch {
+            inner: CudaLaunch {
+                driver: self.driver,
+                launch,
+            },
+            watch: &self.watch,
         };
         let launched = self
             .driver
             .check("kernel launch", result)
             .map_err(|e| e.to_string());
-        let record = window.exit(
-            &mut FixedPasses(self.config.passes),
-            &self.registry,
-            &ops,
-            launched,
-        );
-        self.account(&record, symbol);
+        let record = window.exit(&mut *tool, self.tools.contexts(), &ops, launched);
+        let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
+        self.account(&record, &name);
+        self.tools.replay_finished(&record, &name);
     }
 
-    fn account(&self, record: &ReplayRecord, symbol: Option<&CStr>) {
+    fn account(&self, record: &ReplayRecord, name: &str) {
         let s = &self.stats;
         let c = &record.cost;
         s.passes.fetch_add(c.passes_run, Ordering::Relaxed);
@@ -281,7 +434,6 @@ impl Backend {
             .fetch_add(restore.as_nanos() as u64, Ordering::Relaxed);
         s.restores
             .fetch_add(c.restore_times.len() as u64, Ordering::Relaxed);
-        let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
         match &record.outcome {
             ReplayOutcome::Replayed { passes, .. } => {
                 s.replayed.fetch_add(1, Ordering::Relaxed);
@@ -310,43 +462,33 @@ impl Backend {
         }
     }
 
-    fn summary(&self) -> String {
+    fn summary(&self) -> Summary {
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let declines: Vec<String> = s
-            .declines
-            .lock()
-            .iter()
-            .map(|(k, v)| format!("{k}:{v}"))
-            .collect();
-        let shadow: u64 = self
-            .devices
-            .lock()
-            .iter()
-            .map(|(_, d)| d.memory.shadow_bytes())
-            .sum();
-        format!(
-            "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
-             declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
-             bytes_snapshotted={} bytes_restored={} restores={} snapshot_ms={:.3} restore_ms={:.3} \
-             shadow_bytes_held={}",
-            self.config.passes,
-            l(&s.launches),
-            l(&s.replayed),
-            l(&s.passes),
-            l(&s.failed),
-            declines.join(","),
-            l(&s.graph_launches),
-            l(&s.cooperative),
-            l(&s.allocations),
-            l(&s.frees),
-            l(&s.bytes_snapshotted),
-            l(&s.bytes_restored),
-            l(&s.restores),
-            l(&s.snapshot_ns) as f64 / 1e6,
-            l(&s.restore_ns) as f64 / 1e6,
-            shadow,
-        )
+        Summary {
+            passes_per_launch: self.config.passes,
+            launches: l(&s.launches),
+            replayed: l(&s.replayed),
+            passes_run: l(&s.passes),
+            failed: l(&s.failed),
+            declined: s.declines.lock().clone(),
+            graph_launches: l(&s.graph_launches),
+            cooperative_not_replayed: l(&s.cooperative),
+            allocations: l(&s.allocations),
+            frees: l(&s.frees),
+            managed_allocations: l(&s.managed),
+            bytes_snapshotted: l(&s.bytes_snapshotted),
+            bytes_restored: l(&s.bytes_restored),
+            restores: l(&s.restores),
+            snapshot_ns: l(&s.snapshot_ns),
+            restore_ns: l(&s.restore_ns),
+            shadow_bytes_held: self
+                .devices
+                .lock()
+                .iter()
+                .map(|(_, d)| d.memory.shadow_bytes())
+                .sum(),
+        }
     }
 
     /// One driver-API callback.
@@ -394,16 +536,87 @@ impl Backend {
             {
                 // SAFETY: these parameter structs start with the CUdeviceptr being freed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
-                self.on_free(base);
+                if !self.watch.on_free(base) {
+                    self.on_free(base);
+                }
             }
-            cbid::CU_MEM_ALLOC_MANAGED
-                if exit && !self.warned_managed.swap(true, Ordering::Relaxed) =>
-            {
-                log(
-                    LogLevel::Warn,
-                    "managed memory (cuMemAllocManaged) is not snapshotted: kernels that \
-                     write it are replayed without restoring it",
-                );
+            cbid::CU_MEM_ALLOC_MANAGED if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuMemAllocManaged_params starts with (CUdeviceptr*, size_t); on
+                // success *dptr holds the new allocation.
+                let (base, size) = unsafe {
+                    let p = &*(params as *const MemAllocParams);
+                    (*p.dptr, p.bytesize as u64)
+                };
+                self.watch.on_managed_alloc(base, size);
+                self.stats.managed.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_managed.swap(true, Ordering::Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        "managed memory (cuMemAllocManaged) is not snapshotted: launches run \
+                         once, declined as untracked_memory, while managed memory is allocated",
+                    );
+                }
+            }
+            cbid::CU_MEM_CREATE if enter => self.before_app_alloc(data.context),
+            cbid::CU_MEM_MAP if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuMemMap_params.
+                let p = unsafe { *(params as *const MemMapParams) };
+                let device = (!data.context.is_null())
+                    .then(|| self.ordinal(data.context))
+                    .flatten();
+                if self.watch.on_map(p.ptr, p.size as u64, device)
+                    && let Some(ordinal) = device
+                {
+                    self.inventory.on_alloc(
+                        p.ptr,
+                        p.size as u64,
+                        ordinal as u64,
+                        MemoryKind::CoarseDevice,
+                    );
+                    self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+                    log(
+                        LogLevel::Debug,
+                        format!(
+                            "cuMemMap {} bytes at {:#x} on device {ordinal}",
+                            p.size, p.ptr
+                        ),
+                    );
+                } else {
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "cuMemMap of {} bytes at {:#x}: device unknown, launches run once \
+                             while it is mapped",
+                            p.size, p.ptr
+                        ),
+                    );
+                }
+            }
+            cbid::CU_MEM_UNMAP if enter => {
+                // SAFETY: cuMemUnmap_params.
+                let p = unsafe { *(params as *const MemUnmapParams) };
+                let out = self.watch.on_unmap(p.ptr, p.size as u64);
+                for base in out.removed {
+                    self.on_free(base);
+                }
+                if out.partial {
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "cuMemUnmap at {:#x} cut a mapping in part: launches run once while \
+                             its rest is mapped",
+                            p.ptr
+                        ),
+                    );
+                }
+            }
+            id if fence::device_write(id).is_some() => {
+                if enter {
+                    let device = self.ordinal(data.context).map(|o| o as u64);
+                    fence::enter(&self.locks, device);
+                } else if exit {
+                    fence::exit();
+                }
             }
             cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ if enter => {
                 self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
@@ -532,27 +745,33 @@ unsafe extern "C" {
 
 extern "C" fn print_summary() {
     let _ = catch_unwind(|| {
-        if let Some(b) = BACKEND.get()
-            && b.config.log != LogLevel::Off
-        {
-            eprintln!("kreplay-cuda: {}", b.summary());
+        if let Some(b) = BACKEND.get() {
+            let summary = b.summary();
+            if b.config.log != LogLevel::Off {
+                eprintln!("kreplay-cuda: {summary}");
+            }
+            b.tools.at_exit(&summary);
         }
     });
 }
 
-fn initialize() -> Result<(), String> {
+fn initialize(
+    make_tools: impl FnOnce(&Config) -> Result<Box<dyn Tools>, String>,
+) -> Result<(), String> {
     let config = Config::from_env()?;
     let driver = Driver::get_in_init().map_err(|e| e.to_string())?;
     let cupti = Cupti::load()?;
+    let tools = make_tools(&config)?;
     let locks = AgentLocks::new();
-    locks.set_enabled(config.passes > 1);
+    locks.set_enabled(tools.replay_wanted());
     let passes = config.passes;
     let backend = Backend {
         driver,
         config,
+        tools,
+        watch: MemoryWatch::new(),
         inventory: Arc::new(Inventory::new()),
         locks,
-        registry: ContextRegistry::new(),
         devices: Mutex::new(Vec::new()),
         ordinals: Mutex::new(Vec::new()),
         next_dispatch: AtomicU64::new(1),
@@ -574,7 +793,7 @@ fn initialize() -> Result<(), String> {
             cupti.describe(rc)
         ));
     }
-    for id in cupti::cbid::SUBSCRIBED {
+    for id in cupti::cbid::all() {
         // SAFETY: a valid subscriber handle, the driver-API domain and a callback id of it.
         let rc = unsafe { (cupti.enable_callback)(1, subscriber, CB_DOMAIN_DRIVER_API, id) };
         if rc != 0 {
@@ -589,17 +808,19 @@ fn initialize() -> Result<(), String> {
     unsafe { atexit(print_summary) };
     log(
         LogLevel::Info,
-        format!("injected: {passes} pass(es) per kernel launch"),
+        format!("injected: built-in tool {passes} pass(es) per kernel launch"),
     );
     Ok(())
 }
 
-/// The entry point CUDA calls in the library named by `CUDA_INJECTION64_PATH`. Returns 1 when
-/// kreplay is installed, 0 when it is not (the reason is printed; the application then runs
-/// untouched).
-#[unsafe(no_mangle)]
-pub extern "C" fn InitializeInjection() -> c_int {
-    match catch_unwind(initialize) {
+/// What libkreplay's `InitializeInjection` (the entry point CUDA calls in the library named by
+/// `CUDA_INJECTION64_PATH`) does: reads the configuration, makes the tool side with
+/// `make_tools` (which may refuse), loads CUPTI and subscribes. Returns 1 when kreplay is
+/// installed, 0 when it is not (the reason is printed; the application then runs untouched).
+pub fn initialize_injection(
+    make_tools: impl FnOnce(&Config) -> Result<Box<dyn Tools>, String>,
+) -> c_int {
+    match catch_unwind(AssertUnwindSafe(|| initialize(make_tools))) {
         Ok(Ok(())) => 1,
         Ok(Err(e)) => {
             eprintln!("kreplay-cuda: not installed: {e}");

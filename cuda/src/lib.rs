@@ -10,19 +10,24 @@
 //! * [`kernels`]: the chunk-hash and gather kernels (CUDA C under `cuda/kernels/`, committed as
 //!   PTX and JIT-loaded by the driver), and how they are launched.
 //! * [`launch`]: a launch's parameters, its dispatch info, and how it is re-launched.
-//! * [`cupti`] and [`inject`]: `InitializeInjection` for `CUDA_INJECTION64_PATH`, CUPTI
-//!   driver-API callbacks, allocation tracking and the built-in N-pass replay.
+//! * [`cupti`] and [`inject`]: CUPTI driver-API callbacks, allocation tracking and replay of
+//!   every launch through a tool; libkreplay's `InitializeInjection` (the library named by
+//!   `CUDA_INJECTION64_PATH`) installs them with the C ABI's tools or the built-in N-pass tool.
+//! * [`fence`]: copies and memsets wait for replay windows on their device.
+//! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //!
 //! See docs/cuda.md for how to inject and what is snapshotted.
 
 pub mod config;
 pub mod cupti;
 pub mod driver;
+pub mod fence;
 pub mod guard;
 pub mod inject;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod tracking;
 pub mod window;
 
 pub use config::{Config, LogLevel};

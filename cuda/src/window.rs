@@ -5,7 +5,9 @@
 //!
 //! * **At API ENTER** ([`Window::enter`]), before the driver submits the launch: CONFIG ENTER
 //!   (the tool's pass count), then, for a replay, the device's writer lock, the drain
-//!   (every stream of the device idle) and the snapshot, with the tool's SNAPSHOT ENTER/EXIT.
+//!   (every stream of the device idle) and the snapshot, with the tool's SNAPSHOT ENTER/EXIT,
+//!   and PASS ENTER of pass 0: a tool configures what it measures before the application's
+//!   launch (pass 0) is submitted. Context toggles made there hold for the later passes too.
 //! * **The application's own launch is pass 0**: it runs on the application's bytes.
 //! * **At API EXIT** ([`Window::exit`]): `kreplay_passloop::run_dispatch` drives the rest with a
 //!   [`ReplayDevice`] whose lock, drain and snapshot steps hand over what ENTER did (or the
@@ -18,7 +20,7 @@
 
 use std::time::{Duration, Instant};
 
-use kreplay_ctxmask::ContextRegistry;
+use kreplay_ctxmask::{ContextId, ContextRegistry};
 use kreplay_locks::{AgentLocks, OwnedReadAccess, WriteGuard};
 use kreplay_passloop::{
     ContinueChange, Decline, DeclineReason, DispatchInfo, MemoryOpReport, Phase, ReplayDevice,
@@ -31,6 +33,12 @@ use kreplay_snapshot::{Filter, Snapshot, SnapshotError, Snapshotter};
 pub trait LaunchOps {
     /// Whether the launch can be replayed at all (a launch captured into a graph cannot).
     fn replayable(&self) -> Result<(), String>;
+    /// Whether the snapshot covers every memory the launch may write; `Err` names what it
+    /// misses (live managed memory, mappings kreplay cannot attribute), and the launch is
+    /// declined with `untracked_memory`.
+    fn covered(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Wait until every stream of the launch's device is idle.
     fn drain(&self) -> Result<(), String>;
     /// Wait until the launch's stream has finished everything submitted to it.
@@ -48,6 +56,8 @@ pub struct WindowContext<'a> {
     pub snapshotter: &'a Snapshotter,
     /// The tracked allocations a snapshot covers.
     pub filter: &'a Filter,
+    /// The tool contexts (PASS ENTER's context toggles act on their replay mask).
+    pub registry: &'a ContextRegistry,
 }
 
 /// What ENTER did before the launch, and how long it took.
@@ -71,6 +81,8 @@ enum State {
         lock: Option<WriteGuard>,
         plan: MemoryOpReport,
         taken: Option<Box<(Snapshot, MemoryOpReport)>>,
+        /// The contexts PASS ENTER of pass 0 masked off (at API ENTER).
+        masked_at_pass0: Vec<ContextId>,
     },
 }
 
@@ -131,9 +143,11 @@ impl Window {
     ) -> Window {
         let answer = tool.config_enter(&info);
         let mut cost = EnterCost::default();
-        let state = match ReplayPlan::from_answer(&answer) {
+        let state = match ReplayPlan::from_answer_within(&answer, &tool.limits()) {
             ReplayPlan::Once(_) => State::Ordinary(cx.locks.read_owned(info.agent_id).ok()),
-            ReplayPlan::Replay { .. } => Self::prepare(cx, tool, &info, ops, &mut cost),
+            ReplayPlan::Replay { total_passes, .. } => {
+                Self::prepare(cx, tool, &info, ops, total_passes, &mut cost)
+            }
         };
         Window {
             info,
@@ -148,10 +162,14 @@ impl Window {
         tool: &mut T,
         info: &DispatchInfo,
         ops: &O,
+        total_passes: u64,
         cost: &mut EnterCost,
     ) -> State {
         if let Err(why) = ops.replayable() {
             return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
+        }
+        if let Err(why) = ops.covered() {
+            return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why));
         }
         let waited = Instant::now();
         let lock = match cx.locks.write(info.agent_id) {
@@ -197,10 +215,21 @@ impl Window {
                     ..Default::default()
                 };
                 tool.snapshot(info, Phase::Exit, &report);
+                // PASS ENTER of pass 0 before the application's launch is submitted, with the
+                // context toggles armed on a replay mask of its own; what they masked off is
+                // carried into the pass loop's mask at API EXIT.
+                let mask = cx.registry.begin_replay();
+                {
+                    let _armed = mask.arm();
+                    tool.pass_enter(info, 0, total_passes);
+                }
+                let masked_at_pass0 = mask.masked_off();
+                drop(mask);
                 State::Ready {
                     lock: Some(lock),
                     plan: planned,
                     taken: Some(Box::new((snapshot, report))),
+                    masked_at_pass0,
                 }
             }
             Err(e) => {
@@ -244,6 +273,12 @@ impl Window {
             state,
             cost,
         } = self;
+        let pass0_masked = match &state {
+            State::Ready {
+                masked_at_pass0, ..
+            } => Some(masked_at_pass0.clone()),
+            _ => None,
+        };
         let mut device = ExitDevice {
             state,
             ops,
@@ -252,6 +287,7 @@ impl Window {
         let mut adapter = AfterEnter {
             inner: tool,
             answer,
+            pass0_masked,
         };
         let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
         record.cost.lock_wait += cost.lock_wait;
@@ -262,18 +298,33 @@ impl Window {
     }
 }
 
-/// The tool as the loop sees it at API EXIT: CONFIG ENTER and the SNAPSHOT callbacks were
-/// delivered at API ENTER already.
+/// The tool as the loop sees it at API EXIT: CONFIG ENTER, the SNAPSHOT callbacks and PASS
+/// ENTER of pass 0 were delivered at API ENTER already.
 struct AfterEnter<'t, T: ?Sized> {
     inner: &'t mut T,
     answer: ToolAnswer,
+    /// `Some` (what pass 0's toggles masked off) when PASS ENTER 0 was delivered at API ENTER.
+    pass0_masked: Option<Vec<ContextId>>,
 }
 
 impl<T: ReplayTool + ?Sized> ReplayTool for AfterEnter<'_, T> {
+    fn limits(&self) -> kreplay_passloop::LoopLimits {
+        self.inner.limits()
+    }
     fn config_enter(&mut self, _info: &DispatchInfo) -> ToolAnswer {
         self.answer
     }
     fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) {
+        if pass == 0
+            && let Some(masked) = self.pass0_masked.take()
+        {
+            // Delivered at API ENTER: only its toggles are carried into this loop's mask
+            // (armed now), so the later passes see what the tool masked off there.
+            for context in masked {
+                let _ = kreplay_ctxmask::replay_stop_context(context);
+            }
+            return;
+        }
         self.inner.pass_enter(info, pass, total_passes)
     }
     fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange {

@@ -187,10 +187,12 @@ fn replay_add_one(
     };
     let ops = CudaLaunch { driver: d, launch };
     let info = launch.dispatch_info(1, |a| ops.attribute(a));
+    let registry = ContextRegistry::new();
     let cx = WindowContext {
         locks: &locks,
         snapshotter: &snapshotter,
         filter: &filter,
+        registry: &registry,
     };
     let mut tool = FixedPasses(passes);
     let window = Window::enter(cx, &mut tool, info, &ops);
@@ -213,7 +215,7 @@ fn replay_add_one(
     };
     let record = window.exit(
         &mut tool,
-        &ContextRegistry::new(),
+        &registry,
         &ops,
         d.check("launch", rc).map_err(|e| e.to_string()),
     );

@@ -134,6 +134,7 @@ struct Rig {
     locks: AgentLocks,
     snapshotter: Snapshotter,
     filter: Filter,
+    registry: ContextRegistry,
     events: Arc<Mutex<Vec<String>>>,
 }
 
@@ -149,6 +150,7 @@ fn rig(config: SnapshotConfig) -> Rig {
         locks,
         snapshotter,
         filter: Filter::for_replay(AGENT),
+        registry: ContextRegistry::new(),
         events: Arc::default(),
     }
 }
@@ -169,6 +171,7 @@ fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) 
         locks: &rig.locks,
         snapshotter: &rig.snapshotter,
         filter: &rig.filter,
+        registry: &rig.registry,
     };
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     let launched = if app_ok {
@@ -177,7 +180,7 @@ fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) 
     } else {
         Err("CUDA_ERROR_INVALID_VALUE".to_string())
     };
-    let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, launched);
+    let record = window.exit(&mut tool, &rig.registry, &ops, launched);
     assert_eq!(tool.outcome.borrow().as_ref(), Some(&record.outcome));
     record.outcome
 }
@@ -223,10 +226,11 @@ fn four_passes_leave_memory_as_one_run_for_every_strategy_and_tier() {
 }
 
 #[test]
-fn the_tool_is_asked_and_the_snapshot_taken_before_the_applications_launch() {
+fn the_tool_is_asked_the_snapshot_taken_and_pass_0_entered_before_the_applications_launch() {
     let r = rig(SnapshotConfig::default());
     launch(&r, 2, true, Ok(()));
     let events = r.events.lock().unwrap().clone();
+    // PASS ENTER 0 before the launch: a tool configures its counters for pass 0 there.
     assert_eq!(
         events,
         [
@@ -234,8 +238,8 @@ fn the_tool_is_asked_and_the_snapshot_taken_before_the_applications_launch() {
             "drain",
             "snapshot Enter",
             "snapshot Exit",
-            "app launch",
             "pass enter 0",
+            "app launch",
             "restore",
             "pass enter 1",
             "relaunch",
@@ -336,6 +340,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
         locks: &r.locks,
         snapshotter: &r.snapshotter,
         filter: &r.filter,
+        registry: &r.registry,
     };
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     assert!(window.is_ready());
@@ -359,6 +364,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
                 locks: &r.locks,
                 snapshotter: &r.snapshotter,
                 filter: &r.filter,
+                registry: &r.registry,
             };
             let w = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
             entered_tx.send(()).unwrap();
@@ -384,5 +390,181 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
     assert!(
         got.iter().enumerate().all(|(i, &x)| x == i as u32 + 2),
         "one replayed launch and one ordinary launch leave +2"
+    );
+}
+
+/// The fake's operations with memory the snapshot does not cover (live managed memory).
+struct Uncovered(FakeLaunch);
+
+impl LaunchOps for Uncovered {
+    fn replayable(&self) -> Result<(), String> {
+        self.0.replayable()
+    }
+    fn covered(&self) -> Result<(), String> {
+        Err("1 managed allocation(s) live".into())
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.0.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.0.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.0.relaunch()
+    }
+}
+
+#[test]
+fn a_launch_while_uncovered_memory_is_live_is_declined_and_runs_once() {
+    let r = rig(SnapshotConfig::default());
+    let ops = Uncovered(FakeLaunch {
+        memory: r.memory.clone(),
+        events: r.events.clone(),
+        replayable: Ok(()),
+    });
+    let mut tool = LogTool {
+        passes: 4,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = WindowContext {
+        locks: &r.locks,
+        snapshotter: &r.snapshotter,
+        filter: &r.filter,
+        registry: &r.registry,
+    };
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    ops.0.app_launch();
+    let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+    let decline = record.outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::UntrackedMemory);
+    assert!(decline.detail.contains("managed"), "{decline}");
+    expect_one_run(&r);
+    let events = r.events.lock().unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| e == "drain" || e == "relaunch" || e.starts_with("snapshot")),
+        "{events:?}"
+    );
+}
+
+/// A memset on another thread: every word set to `value`, fenced like a `cuMemsetD32` call.
+fn fenced_memset(r: &Rig, value: u32) {
+    kreplay_cuda::fence::enter(&r.locks, Some(AGENT));
+    r.events.lock().unwrap().push(format!("memset {value}"));
+    r.memory
+        .0
+        .lock()
+        .unwrap()
+        .iter_mut()
+        .for_each(|x| *x = value);
+    kreplay_cuda::fence::exit();
+}
+
+#[test]
+fn a_memset_on_another_thread_waits_for_the_open_replay_window() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let ops = FakeLaunch {
+        memory: r.memory.clone(),
+        events: r.events.clone(),
+        replayable: Ok(()),
+    };
+    let mut tool = LogTool {
+        passes: 4,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = WindowContext {
+        locks: &r.locks,
+        snapshotter: &r.snapshotter,
+        filter: &r.filter,
+        registry: &r.registry,
+    };
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    assert!(window.is_ready());
+    let (done_tx, done_rx) = mpsc::channel();
+    let other = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            fenced_memset(&r, 1000);
+            done_tx.send(()).unwrap();
+        })
+    };
+    assert!(
+        done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the memset got past API ENTER while a replay window was open"
+    );
+    ops.app_launch();
+    let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+    assert!(matches!(
+        record.outcome,
+        ReplayOutcome::Replayed { passes: 4, .. }
+    ));
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the memset proceeds once the window closes");
+    other.join().unwrap();
+    // Had the memset landed inside the window, a restore would have undone it (or the passes
+    // would have added to it): only "replay, then memset" leaves 1000 everywhere.
+    assert!(words(&r).iter().all(|&x| x == 1000));
+    let events = r.events.lock().unwrap();
+    let memset = events.iter().position(|e| e == "memset 1000").unwrap();
+    let last_relaunch = events.iter().rposition(|e| e == "relaunch").unwrap();
+    assert!(memset > last_relaunch, "{events:?}");
+}
+
+#[test]
+fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    // A memset whose call is in progress on this thread (between its API ENTER and EXIT).
+    kreplay_cuda::fence::enter(&r.locks, Some(AGENT));
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let launcher = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = FakeLaunch {
+                memory: r.memory.clone(),
+                events: r.events.clone(),
+                replayable: Ok(()),
+            };
+            let mut tool = LogTool {
+                passes: 3,
+                events: r.events.clone(),
+                outcome: RefCell::new(None),
+            };
+            let cx = WindowContext {
+                locks: &r.locks,
+                snapshotter: &r.snapshotter,
+                filter: &r.filter,
+                registry: &r.registry,
+            };
+            let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+            entered_tx.send(()).unwrap();
+            ops.app_launch();
+            window.exit(&mut tool, &r.registry, &ops, Ok(())).outcome
+        })
+    };
+    assert!(
+        entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the replay window opened while a memset was in progress"
+    );
+    r.events.lock().unwrap().push("memset 7".into());
+    r.memory.0.lock().unwrap().iter_mut().for_each(|x| *x = 7);
+    kreplay_cuda::fence::exit();
+    entered_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the window opens once the memset's call returned");
+    let outcome = launcher.join().unwrap();
+    assert!(matches!(outcome, ReplayOutcome::Replayed { passes: 3, .. }));
+    assert!(
+        words(&r).iter().all(|&x| x == 8),
+        "the snapshot holds the memset's bytes and the launch counts once"
     );
 }

@@ -1,0 +1,203 @@
+//! Memory the snapshot cannot cover, and virtual-memory mappings it can: the bookkeeping behind
+//! "never silently replay a kernel that may write memory the snapshot does not hold".
+//!
+//! * **Managed memory** (`cuMemAllocManaged`) migrates between host and devices on demand; a
+//!   kernel reaches it through any pointer, in its parameters or in memory. kreplay does not
+//!   snapshot it: while any managed allocation is live, launches are declined
+//!   (`untracked_memory`) and run once.
+//! * **Virtual memory management** (`cuMemCreate` + `cuMemMap`, PyTorch's expandable segments):
+//!   each mapped range is device memory of the device it was mapped on, and is snapshotted like
+//!   a `cuMemAlloc` allocation; `cuMemUnmap` removes the mappings it covers. A mapping whose
+//!   device is unknown, or an unmap that cuts a mapping in part, leaves memory kreplay cannot
+//!   describe: launches are declined from then on while such memory is mapped.
+//!
+//! [`MemoryWatch`] is pure bookkeeping (no driver), so its rules are tested without a GPU.
+
+use std::collections::BTreeMap;
+
+use parking_lot::Mutex;
+
+/// What [`MemoryWatch::on_unmap`] decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unmapped {
+    /// Tracked mappings (their bases) that the unmap removed: free them in the inventory.
+    pub removed: Vec<u64>,
+    /// Whether the unmap cut a mapping in part (that mapping is no longer tracked, and the
+    /// remainder counts as untracked memory).
+    pub partial: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Live managed allocations: base → size.
+    managed: BTreeMap<u64, u64>,
+    /// Tracked VMM mappings: base → size.
+    mapped: BTreeMap<u64, u64>,
+    /// Mapped ranges kreplay could not attribute: base → size.
+    untracked: BTreeMap<u64, u64>,
+}
+
+/// Managed allocations and VMM mappings of the process.
+#[derive(Default)]
+pub struct MemoryWatch {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for MemoryWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("MemoryWatch")
+            .field("managed", &s.managed.len())
+            .field("mapped", &s.mapped.len())
+            .field("untracked", &s.untracked.len())
+            .finish()
+    }
+}
+
+impl MemoryWatch {
+    /// A watch with nothing live.
+    pub fn new() -> MemoryWatch {
+        MemoryWatch::default()
+    }
+
+    /// `cuMemAllocManaged` succeeded.
+    pub fn on_managed_alloc(&self, base: u64, size: u64) {
+        self.state.lock().managed.insert(base, size);
+    }
+
+    /// `cuMemFree` of `base`: true when it was a managed allocation (now gone).
+    pub fn on_free(&self, base: u64) -> bool {
+        self.state.lock().managed.remove(&base).is_some()
+    }
+
+    /// `cuMemMap` of `size` bytes at `base` succeeded, on `device` when known. Returns true when
+    /// the mapping is tracked (the caller adds it to the inventory as device memory of
+    /// `device`); false when it is counted as untracked memory.
+    pub fn on_map(&self, base: u64, size: u64, device: Option<i32>) -> bool {
+        let mut s = self.state.lock();
+        if device.is_some() && size > 0 {
+            s.mapped.insert(base, size);
+            true
+        } else {
+            s.untracked.insert(base, size);
+            false
+        }
+    }
+
+    /// `cuMemUnmap` of `size` bytes at `base`: every mapping inside the range is removed; a
+    /// mapping the range cuts in part is dropped from tracking and its rest stays untracked.
+    pub fn on_unmap(&self, base: u64, size: u64) -> Unmapped {
+        let end = base.saturating_add(size);
+        let mut s = self.state.lock();
+        let mut out = Unmapped::default();
+        let overlapping = |m: &BTreeMap<u64, u64>| -> Vec<(u64, u64)> {
+            m.iter()
+                .filter(|&(&b, &sz)| b < end && b.saturating_add(sz) > base)
+                .map(|(&b, &sz)| (b, sz))
+                .collect()
+        };
+        for (b, sz) in overlapping(&s.mapped) {
+            s.mapped.remove(&b);
+            out.removed.push(b);
+            let e = b.saturating_add(sz);
+            if b < base {
+                s.untracked.insert(b, base - b);
+                out.partial = true;
+            }
+            if e > end {
+                s.untracked.insert(end, e - end);
+                out.partial = true;
+            }
+        }
+        for (b, sz) in overlapping(&s.untracked) {
+            s.untracked.remove(&b);
+            let e = b.saturating_add(sz);
+            if b < base {
+                s.untracked.insert(b, base - b);
+            }
+            if e > end {
+                s.untracked.insert(end, e - end);
+            }
+        }
+        out
+    }
+
+    /// Why no launch may be replayed now (`None`: nothing live that the snapshot misses).
+    pub fn untracked_reason(&self) -> Option<String> {
+        let s = self.state.lock();
+        if let Some((&base, &size)) = s.managed.iter().next() {
+            return Some(format!(
+                "{} managed allocation(s) live (first: {size} bytes at {base:#x}); managed memory \
+                 is not snapshotted",
+                s.managed.len()
+            ));
+        }
+        if let Some((&base, &size)) = s.untracked.iter().next() {
+            return Some(format!(
+                "{} mapped range(s) kreplay cannot attribute to a device (first: {size} bytes at \
+                 {base:#x})",
+                s.untracked.len()
+            ));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_managed_allocation_blocks_replay_until_it_is_freed() {
+        let w = MemoryWatch::new();
+        assert_eq!(w.untracked_reason(), None);
+        w.on_managed_alloc(0x1000, 4096);
+        let why = w.untracked_reason().expect("declined");
+        assert!(why.contains("managed"), "{why}");
+        assert!(!w.on_free(0x2000), "not a managed allocation");
+        assert!(w.untracked_reason().is_some());
+        assert!(w.on_free(0x1000));
+        assert_eq!(w.untracked_reason(), None);
+    }
+
+    #[test]
+    fn mappings_on_a_known_device_are_tracked_and_removed_by_their_unmap() {
+        let w = MemoryWatch::new();
+        assert!(w.on_map(0x10_0000, 0x20_0000, Some(0)));
+        assert!(w.on_map(0x30_0000, 0x20_0000, Some(0)));
+        assert_eq!(
+            w.untracked_reason(),
+            None,
+            "tracked mappings are snapshotted"
+        );
+        // One unmap over both mappings (PyTorch unmaps whole segments).
+        let out = w.on_unmap(0x10_0000, 0x40_0000);
+        assert_eq!(
+            out,
+            Unmapped {
+                removed: vec![0x10_0000, 0x30_0000],
+                partial: false
+            }
+        );
+        assert_eq!(w.on_unmap(0x10_0000, 0x40_0000), Unmapped::default());
+    }
+
+    #[test]
+    fn a_mapping_of_unknown_device_or_cut_in_part_declines_until_unmapped() {
+        let w = MemoryWatch::new();
+        assert!(!w.on_map(0x10_0000, 0x1000, None));
+        assert!(w.untracked_reason().unwrap().contains("cannot attribute"));
+        w.on_unmap(0x10_0000, 0x1000);
+        assert_eq!(w.untracked_reason(), None);
+
+        assert!(w.on_map(0x20_0000, 0x3000, Some(1)));
+        let out = w.on_unmap(0x20_1000, 0x1000);
+        assert_eq!(out.removed, vec![0x20_0000]);
+        assert!(out.partial);
+        assert!(w.untracked_reason().is_some(), "the rest is not described");
+        w.on_unmap(0x20_0000, 0x1000);
+        assert!(w.untracked_reason().is_some(), "the tail is still mapped");
+        w.on_unmap(0x20_2000, 0x1000);
+        assert_eq!(w.untracked_reason(), None);
+    }
+}
