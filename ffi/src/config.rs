@@ -14,6 +14,7 @@
 //! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //! | `KREPLAY_SNAPSHOT_SCOPE` | `agent`, `referenced` | `agent` |
+//! | `KREPLAY_PASSES` | passes of the built-in tool (every dispatch replayed), at least 1 | `1` (off) |
 //!
 //! ```
 //! use kreplay::config::Config;
@@ -62,6 +63,8 @@ pub const ENV_MAX_PASSES: &str = "KREPLAY_MAX_PASSES";
 pub const ENV_REPLAY_BUDGET_MS: &str = "KREPLAY_REPLAY_BUDGET_MS";
 /// `KREPLAY_SNAPSHOT_SCOPE`.
 pub const ENV_SNAPSHOT_SCOPE: &str = "KREPLAY_SNAPSHOT_SCOPE";
+/// `KREPLAY_PASSES`.
+pub const ENV_PASSES: &str = "KREPLAY_PASSES";
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -92,6 +95,9 @@ pub struct Config {
     /// What a replay snapshots: the agent's coarse-grained memory plus what the dispatch
     /// references (`agent`), or only what it references (`referenced`).
     pub snapshot_scope: SnapshotScope,
+    /// Passes of the built-in tool, which replays every dispatch when no tool owns
+    /// KERNEL_REPLAY; 1: off.
+    pub passes: u64,
 }
 
 impl Default for Config {
@@ -106,6 +112,7 @@ impl Default for Config {
             max_passes: kreplay_passloop::DEFAULT_MAX_PASSES,
             replay_budget: None,
             snapshot_scope: SnapshotScope::Agent,
+            passes: 1,
         }
     }
 }
@@ -226,6 +233,13 @@ impl Config {
             })?;
             config.replay_budget = Some(Duration::from_millis(millis));
         }
+        if let Some(value) = lookup(ENV_PASSES) {
+            config.passes = parse_positive(&value).ok_or_else(|| ConfigError {
+                variable: ENV_PASSES,
+                value: value.clone(),
+                expected: "a whole number of passes, at least 1 (digits only)".to_owned(),
+            })?;
+        }
         if let Some(value) = lookup(ENV_LOG) {
             config.log = value.parse().map_err(|_| ConfigError {
                 variable: ENV_LOG,
@@ -344,6 +358,16 @@ mod tests {
                 .max_passes,
             u64::MAX
         );
+    }
+
+    #[test]
+    fn the_built_in_tools_passes_are_read_and_zero_is_refused() {
+        assert_eq!(Config::default().passes, 1);
+        assert_eq!(config_from(&[("KREPLAY_PASSES", "38")]).unwrap().passes, 38);
+        for bad in ["0", "four", "-1", " 4"] {
+            let err = config_from(&[("KREPLAY_PASSES", bad)]).unwrap_err();
+            assert_eq!(err.variable, "KREPLAY_PASSES", "{bad}");
+        }
     }
 
     #[test]

@@ -35,6 +35,8 @@ static SKIP_RESTORE: AtomicBool = AtomicBool::new(false);
 static MAX_PASSES: AtomicU64 = AtomicU64::new(kreplay_passloop::DEFAULT_MAX_PASSES);
 /// `KREPLAY_REPLAY_BUDGET_MS` as read at load (0: no budget).
 static BUDGET_MS: AtomicU64 = AtomicU64::new(0);
+/// `KREPLAY_PASSES` as read at load: the built-in tool's passes (1: off).
+static BUILTIN_PASSES: AtomicU64 = AtomicU64::new(1);
 static COLLECT_RECORDS: AtomicBool = AtomicBool::new(false);
 static RECORDS: Mutex<Vec<ReplayRecord>> = Mutex::new(Vec::new());
 
@@ -79,14 +81,9 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     // initialized into a kreplay that then fails to load would be left without replay.
     // SAFETY: forwarded from the caller (null is checked, not read).
     unsafe { kreplay_hsa::check_table(table) }.map_err(|e| e.to_string())?;
-    MAX_PASSES.store(config.max_passes, Ordering::Relaxed);
-    BUDGET_MS.store(
-        config
-            .replay_budget
-            .map_or(0, |b| b.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
-        Ordering::Relaxed,
-    );
+    apply_limits(&config);
     crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
+    start_recording("hsa");
     let options = InstallOptions {
         snapshot: config.snapshot_config(),
         drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
@@ -97,18 +94,82 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     unsafe { kreplay_hsa::install(table, Arc::new(Hooks), options) }.map_err(|e| e.to_string())
 }
 
+/// Takes the loop limits and the built-in tool's passes from `config` (at load, on either
+/// backend).
+pub(crate) fn apply_limits(config: &Config) {
+    MAX_PASSES.store(config.max_passes, Ordering::Relaxed);
+    BUDGET_MS.store(
+        config
+            .replay_budget
+            .map_or(0, |b| b.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
+        Ordering::Relaxed,
+    );
+    BUILTIN_PASSES.store(config.passes, Ordering::Relaxed);
+}
+
+/// The built-in tool's passes (`KREPLAY_PASSES`; 1: off).
+pub(crate) fn builtin_passes() -> u64 {
+    BUILTIN_PASSES.load(Ordering::Relaxed)
+}
+
+/// Whether dispatches go through the replay loop: a tool owns KERNEL_REPLAY, or the built-in
+/// tool is on.
+pub(crate) fn replay_wanted() -> bool {
+    services::replay_configured() || builtin_passes() > 1
+}
+
+/// The tool that decides one dispatch: the KERNEL_REPLAY owner's callbacks, else the built-in
+/// tool when `KREPLAY_PASSES` asks for replay; `None` when neither. Its memory reports are
+/// noted for the run record.
+pub(crate) fn tool_for_dispatch() -> Option<Box<dyn ReplayTool>> {
+    match services::replay_owner() {
+        Some(owner) => Some(Box::new(crate::run_record::Recording(CReplayTool::new(
+            Some(owner),
+        )))),
+        None if builtin_passes() > 1 => Some(Box::new(crate::run_record::Recording(
+            crate::run_record::BuiltInPasses(builtin_passes()),
+        ))),
+        None => None,
+    }
+}
+
+/// Starts the run record when `KREPLAY_RECORD_FILE` is set; it is written at unload and at
+/// exit.
+pub(crate) fn start_recording(backend: &str) {
+    if std::env::var_os(crate::run_record::ENV_RECORD_FILE).is_none() {
+        return;
+    }
+    let (tool, passes) = if services::replay_configured() {
+        ("tools", 0)
+    } else {
+        ("built-in", builtin_passes())
+    };
+    crate::run_record::start(backend, tool, passes);
+    // SAFETY: registers a plain extern "C" function that never unwinds.
+    unsafe { atexit(write_record_at_exit) };
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+extern "C" fn write_record_at_exit() {
+    let _ = std::panic::catch_unwind(crate::run_record::write);
+}
+
 /// What the exported `OnUnload` does: replay stops, tools are finalized, and the replay
 /// counters are printed (`KREPLAY_LOG=info`).
 pub fn on_unload() {
     kreplay_hsa::finalize();
     crate::lifecycle::finalize_tools();
+    crate::run_record::write();
     if services::replay_configured() || crate::counters::snapshot().dispatches > 0 {
         crate::kreplay_info!("{}", crate::counters::summary(&crate::counters::snapshot()));
     }
 }
 
 /// The loop limits read at load (`KREPLAY_MAX_PASSES`, `KREPLAY_REPLAY_BUDGET_MS`).
-fn loop_limits() -> LoopLimits {
+pub(crate) fn loop_limits() -> LoopLimits {
     let budget_ms = BUDGET_MS.load(Ordering::Relaxed);
     LoopLimits {
         max_passes: MAX_PASSES.load(Ordering::Relaxed),
@@ -185,7 +246,7 @@ struct Hooks;
 
 impl ToolHooks for Hooks {
     fn replay_configured(&self) -> bool {
-        services::replay_configured()
+        replay_wanted()
     }
 
     fn dispatch_tracing_configured(&self) -> bool {
@@ -193,7 +254,7 @@ impl ToolHooks for Hooks {
     }
 
     fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
-        Box::new(CReplayTool::new(services::replay_owner()))
+        tool_for_dispatch().unwrap_or_else(|| Box::new(CReplayTool::new(None)))
     }
 
     fn contexts(&self) -> &ContextRegistry {
@@ -284,6 +345,12 @@ impl ToolHooks for Hooks {
 
     fn replay_finished(&self, record: &ReplayRecord) {
         crate::counters::record_dispatch(record);
+        if crate::run_record::active() {
+            let name = self
+                .kernel_name(record.info.kernel_id)
+                .unwrap_or_else(|| format!("kernel {:#x}", record.info.kernel_id));
+            crate::run_record::add(record, &name);
+        }
         if COLLECT_RECORDS.load(Ordering::Relaxed) {
             RECORDS.lock().push(record.clone());
         }
@@ -334,7 +401,7 @@ fn phase(p: Phase) -> CallbackPhase {
 /// One payload lives for the whole dispatch, so what the tool sets at CONFIG ENTER
 /// (`replay_pass_count`, `replay_continue`) and at PASS EXIT (a new `replay_continue`) stays; one
 /// `user_data` is shared by every callback of the dispatch.
-struct CReplayTool {
+pub(crate) struct CReplayTool {
     owner: Option<CallbackService>,
     payload: KernelReplayData,
     user_data: UserData,
@@ -342,7 +409,7 @@ struct CReplayTool {
 }
 
 impl CReplayTool {
-    fn new(owner: Option<CallbackService>) -> Self {
+    pub(crate) fn new(owner: Option<CallbackService>) -> Self {
         CReplayTool {
             owner,
             payload: KernelReplayData::new(KernelDispatchInfo::default()),

@@ -9,7 +9,11 @@
 //! - [`replay`]: the PASS ENTER context toggles;
 //! - [`lifecycle`]: tool discovery (`kreplay_configure`), initialization and finalization;
 //! - [`config`]: settings from `KREPLAY_*` environment variables;
-//! - [`logging`]: the `kreplay:`-prefixed stderr logger.
+//! - [`logging`]: the `kreplay:`-prefixed stderr logger;
+//! - [`hsa_tool`]: the HSA tools-library entry points (`OnLoad`, `OnUnload`);
+//! - [`cuda_tool`]: the CUDA injection entry point (`InitializeInjection`), the same tools over
+//!   the `kreplay-cuda` backend;
+//! - [`run_record`]: the per-kernel record `kreplay run` reads back (`KREPLAY_RECORD_FILE`).
 //!
 //! A tool normally uses the C functions; the same calls work from Rust:
 //!
@@ -37,10 +41,12 @@ pub mod api;
 pub mod config;
 pub mod counters;
 pub mod counting;
+pub mod cuda_tool;
 pub mod hsa_tool;
 pub mod lifecycle;
 pub mod logging;
 pub mod replay;
+pub mod run_record;
 pub mod services;
 
 /// Path of the C header, for build scripts and tests of dependent crates.

@@ -1,0 +1,78 @@
+//! kreplay as a CUDA injection library: `InitializeInjection`, and the bridge between the CUDA
+//! backend (`kreplay-cuda`) and the tools configured through the C ABI.
+//!
+//! `CUDA_INJECTION64_PATH=/path/to/libkreplay.so` makes the driver call [`InitializeInjection`]
+//! during `cuInit`. kreplay reads the `KREPLAY_*` configuration, initializes every tool (their
+//! `kreplay_configure` / initialize, as on HSA: `KREPLAY_TOOL_LIBRARIES`, the process, forced
+//! configure functions) and installs the CUDA backend with [`CudaTools`] as its view of them:
+//! the KERNEL_REPLAY owner decides each launch through the same adapter as on HSA, else the
+//! built-in tool replays every launch `KREPLAY_PASSES` times. The backend delivers CONFIG ENTER,
+//! the SNAPSHOT callbacks and PASS ENTER of pass 0 at the launch's API ENTER, before the
+//! application's launch is submitted; PASS EXIT 0 and everything after at its API EXIT
+//! (docs/cuda.md). At exit the tools are finalized and the run record is written.
+//!
+//! The driver and CUPTI are loaded at run time; without them `InitializeInjection` is never
+//! called (or refuses with a printed reason), and nothing here needs CUDA to build.
+
+use std::ffi::c_int;
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::inject::{Summary, Tools};
+use kreplay_passloop::{ReplayRecord, ReplayTool};
+
+use crate::config::Config;
+use crate::hsa_tool;
+use crate::logging;
+
+/// The CUDA backend's view of the tools configured through the C ABI.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaTools;
+
+impl Tools for CudaTools {
+    fn replay_wanted(&self) -> bool {
+        hsa_tool::replay_wanted()
+    }
+
+    fn replay_tool(&self) -> Option<Box<dyn ReplayTool>> {
+        hsa_tool::tool_for_dispatch()
+    }
+
+    fn contexts(&self) -> &'static ContextRegistry {
+        ContextRegistry::global()
+    }
+
+    fn replay_finished(&self, record: &ReplayRecord, kernel: &str) {
+        crate::counters::record_dispatch(record);
+        crate::run_record::add(record, kernel);
+    }
+
+    fn at_exit(&self, summary: &Summary) {
+        crate::lifecycle::finalize_tools();
+        crate::run_record::set_totals(
+            summary.graph_launches,
+            summary.cooperative_not_replayed,
+            summary.managed_allocations,
+        );
+        crate::run_record::write();
+    }
+}
+
+/// The tool side for an injection: configuration, logging, limits, tool initialization and the
+/// run record, in that order (anything that can refuse comes before tool code runs).
+pub fn make_tools() -> Result<Box<dyn Tools>, String> {
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    logging::install_stderr_logger();
+    logging::set_level(config.log);
+    hsa_tool::apply_limits(&config);
+    crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
+    hsa_tool::start_recording("cuda");
+    Ok(Box::new(CudaTools))
+}
+
+/// The entry point the CUDA driver calls in the library named by `CUDA_INJECTION64_PATH`.
+/// Returns 1 when kreplay is installed, 0 when it is not (the reason is printed; the
+/// application then runs untouched).
+#[unsafe(no_mangle)]
+pub extern "C" fn InitializeInjection() -> c_int {
+    kreplay_cuda::inject::initialize_injection(|_| make_tools())
+}

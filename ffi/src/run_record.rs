@@ -1,0 +1,361 @@
+//! The per-kernel record `kreplay run` reads back: what the injected library saw, written at
+//! exit to the file `KREPLAY_RECORD_FILE` names (JSON, one [`RunRecord`]).
+//!
+//! Every dispatch that goes through the replay loop is added ([`add`]) under its kernel's name;
+//! the memory tier and restore strategy come from the dispatch's SNAPSHOT and RESTORE reports,
+//! which the [`Recording`] tool wrapper notes on the dispatch's thread. [`write`] replaces the
+//! file atomically (a temporary file beside it, then a rename), so a reader never sees half a
+//! record; it may run more than once (the runtime's unload, then the process's exit), each time
+//! with everything so far.
+//!
+//! ```
+//! use kreplay::run_record::{KernelRecord, RunRecord};
+//! let record = RunRecord {
+//!     backend: "cuda".into(),
+//!     kernels: vec![KernelRecord { kernel: "add_one".into(), launches: 2, ..Default::default() }],
+//!     ..Default::default()
+//! };
+//! let text = serde_json::to_string(&record).unwrap();
+//! assert_eq!(serde_json::from_str::<RunRecord>(&text).unwrap(), record);
+//! ```
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kreplay_passloop::{
+    ContinueChange, DispatchInfo, LoopLimits, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord,
+    ReplayTool, RestoreRequest, ToolAnswer,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the record file.
+pub const ENV_RECORD_FILE: &str = "KREPLAY_RECORD_FILE";
+
+/// One kernel's dispatches, added up.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelRecord {
+    /// The kernel's name (CUPTI's on CUDA; on HSA the host's, else `kernel 0x<object>`).
+    pub kernel: String,
+    /// Dispatches (launches) of it.
+    pub launches: u64,
+    /// Of them, replayed in full.
+    pub replayed: u64,
+    /// Passes run, the application's own included.
+    pub passes: u64,
+    /// Bytes copied into snapshots.
+    pub snapshot_bytes: u64,
+    /// Snapshot tiers used (`device`, `host`, `file`; several joined with `+`; empty: none).
+    pub tier: String,
+    /// Restore strategies used (`full`, `hash`, `writeset`; joined with `+`).
+    pub strategy: String,
+    /// Restores.
+    pub restores: u64,
+    /// Time restoring, milliseconds.
+    pub restore_ms: f64,
+    /// Replays that failed (a pass or a restore).
+    pub failed: u64,
+    /// Dispatches that ran once, declined, by reason.
+    pub declines: BTreeMap<String, u64>,
+}
+
+/// What one run of a program under kreplay saw.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// `cuda` or `hsa`.
+    pub backend: String,
+    /// `built-in` (every dispatch N passes) or `tools` (the C ABI's tools decided).
+    pub tool: String,
+    /// The built-in tool's passes (`KREPLAY_PASSES`; 0 when tools decided).
+    pub passes_requested: u64,
+    /// One entry per kernel, in the order first seen.
+    pub kernels: Vec<KernelRecord>,
+    /// Graph launches (run once, never replayed).
+    pub graph_launches: u64,
+    /// Cooperative launches (run once).
+    pub cooperative_not_replayed: u64,
+    /// Managed allocations seen (launches decline while one is live).
+    pub managed_allocations: u64,
+}
+
+static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
+
+thread_local! {
+    /// Tiers and strategies of the dispatch in progress on this thread.
+    static SEEN: RefCell<(Vec<&'static str>, Vec<&'static str>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Starts recording for `backend` (called at load when `KREPLAY_RECORD_FILE` is set).
+pub fn start(backend: &str, tool: &str, passes_requested: u64) {
+    *RECORD.lock() = Some(RunRecord {
+        backend: backend.into(),
+        tool: tool.into(),
+        passes_requested,
+        ..Default::default()
+    });
+}
+
+/// Whether recording is on.
+pub fn active() -> bool {
+    RECORD.lock().is_some()
+}
+
+fn join(into: &mut String, add: &[&str]) {
+    for a in add {
+        if !into.split('+').any(|x| x == *a) {
+            if !into.is_empty() {
+                into.push('+');
+            }
+            into.push_str(a);
+        }
+    }
+}
+
+/// Adds one dispatch of `kernel`.
+pub fn add(record: &ReplayRecord, kernel: &str) {
+    let (tiers, strategies) = SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let mut guard = RECORD.lock();
+    let Some(run) = guard.as_mut() else {
+        return;
+    };
+    let at = match run.kernels.iter().position(|k| k.kernel == kernel) {
+        Some(at) => at,
+        None => {
+            run.kernels.push(KernelRecord {
+                kernel: kernel.into(),
+                ..Default::default()
+            });
+            run.kernels.len() - 1
+        }
+    };
+    let k = &mut run.kernels[at];
+    let c = &record.cost;
+    k.launches += 1;
+    k.passes += c.passes_run.max(1);
+    k.snapshot_bytes += c.bytes_snapshotted;
+    k.restores += c.restore_times.len() as u64;
+    k.restore_ms += c
+        .restore_times
+        .iter()
+        .map(|t| t.as_secs_f64() * 1e3)
+        .sum::<f64>();
+    join(&mut k.tier, &tiers);
+    join(&mut k.strategy, &strategies);
+    match &record.outcome {
+        ReplayOutcome::Replayed { .. } => k.replayed += 1,
+        ReplayOutcome::RanOnce { .. } => {
+            if let Some(d) = record.outcome.decline() {
+                *k.declines.entry(d.reason.as_str().to_owned()).or_default() += 1;
+            }
+        }
+        ReplayOutcome::PassFailed { .. } | ReplayOutcome::RestoreFailed { .. } => k.failed += 1,
+    }
+}
+
+/// Sets the backend's whole-run counters.
+pub fn set_totals(graph_launches: u64, cooperative: u64, managed: u64) {
+    if let Some(run) = RECORD.lock().as_mut() {
+        run.graph_launches = graph_launches;
+        run.cooperative_not_replayed = cooperative;
+        run.managed_allocations = managed;
+    }
+}
+
+/// A copy of the record so far.
+pub fn snapshot() -> Option<RunRecord> {
+    RECORD.lock().clone()
+}
+
+/// Writes the record so far to `path`, atomically.
+pub fn write_to(path: &Path) -> Result<(), String> {
+    let Some(record) = snapshot() else {
+        return Ok(());
+    };
+    let text = serde_json::to_string_pretty(&record).map_err(|e| e.to_string())?;
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(format!(".{}.tmp", std::process::id()));
+    let temp = PathBuf::from(temp);
+    std::fs::write(&temp, text)
+        .and_then(|()| std::fs::rename(&temp, path))
+        .map_err(|e| format!("cannot write the record file {}: {e}", path.display()))
+}
+
+/// Writes the record to `KREPLAY_RECORD_FILE` when recording (problems are logged).
+pub fn write() {
+    let Some(path) = std::env::var_os(ENV_RECORD_FILE) else {
+        return;
+    };
+    if let Err(e) = write_to(Path::new(&path)) {
+        crate::logging::log(crate::logging::Severity::Warn, format_args!("{e}"));
+    }
+}
+
+/// A tool whose SNAPSHOT and RESTORE reports are noted for the record (everything else is the
+/// inner tool's).
+#[derive(Debug)]
+pub struct Recording<T>(pub T);
+
+fn note(report: &MemoryOpReport) {
+    if report.declined.is_some() || report.failed {
+        return;
+    }
+    let tier = report.tier.as_str();
+    let strategy = report.strategy.as_str();
+    SEEN.with(|s| {
+        let mut s = s.borrow_mut();
+        if tier != "none" && !s.0.contains(&tier) {
+            s.0.push(tier);
+        }
+        if !s.1.contains(&strategy) {
+            s.1.push(strategy);
+        }
+    });
+}
+
+impl<T: ReplayTool> ReplayTool for Recording<T> {
+    fn limits(&self) -> LoopLimits {
+        self.0.limits()
+    }
+    fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer {
+        SEEN.with(|s| *s.borrow_mut() = Default::default());
+        self.0.config_enter(info)
+    }
+    fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total: u64) {
+        self.0.pass_enter(info, pass, total)
+    }
+    fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total: u64) -> ContinueChange {
+        self.0.pass_exit(info, pass, total)
+    }
+    fn should_continue(&mut self, info: &DispatchInfo, current: u64, total: u64) -> bool {
+        self.0.should_continue(info, current, total)
+    }
+    fn snapshot(&mut self, info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
+        if phase == Phase::Exit {
+            note(report);
+        }
+        self.0.snapshot(info, phase, report)
+    }
+    fn restore(
+        &mut self,
+        info: &DispatchInfo,
+        phase: Phase,
+        request: &RestoreRequest,
+        report: &MemoryOpReport,
+    ) {
+        if phase == Phase::Exit {
+            note(report);
+        }
+        self.0.restore(info, phase, request, report)
+    }
+    fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome) {
+        self.0.config_exit(info, outcome)
+    }
+}
+
+/// The built-in tool: every dispatch `passes` times (`KREPLAY_PASSES`), used when no tool of
+/// the C ABI owns KERNEL_REPLAY.
+#[derive(Debug, Clone, Copy)]
+pub struct BuiltInPasses(pub u64);
+
+impl ReplayTool for BuiltInPasses {
+    fn limits(&self) -> LoopLimits {
+        crate::hsa_tool::loop_limits()
+    }
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        ToolAnswer::passes(self.0)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
+    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
+    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
+    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kreplay_passloop::{Decline, DeclineReason, LoopEnd, RanOnceReason, ReplayCost};
+    use std::time::Duration;
+
+    fn record(outcome: ReplayOutcome, passes: u64, restores: u32) -> ReplayRecord {
+        ReplayRecord {
+            info: DispatchInfo::default(),
+            outcome,
+            total_passes: passes,
+            cost: ReplayCost {
+                passes_run: passes,
+                bytes_snapshotted: if passes > 1 { 4096 } else { 0 },
+                restore_times: vec![Duration::from_micros(500); restores as usize],
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn dispatches_add_up_per_kernel_with_tiers_declines_and_an_atomic_file() {
+        start("hsa", "built-in", 3);
+        let mut tool = Recording(BuiltInPasses(3));
+        let info = DispatchInfo::default();
+        tool.config_enter(&info);
+        tool.snapshot(
+            &info,
+            Phase::Exit,
+            &MemoryOpReport {
+                tier: kreplay_passloop::StoreTier::Host,
+                ..Default::default()
+            },
+        );
+        let replayed = ReplayOutcome::Replayed {
+            passes: 3,
+            end: LoopEnd::LastPass,
+        };
+        add(&record(replayed.clone(), 3, 2), "k1");
+        tool.config_enter(&info);
+        add(&record(replayed, 3, 2), "k1");
+        let declined = ReplayOutcome::RanOnce {
+            why: RanOnceReason::Declined(Decline::new(DeclineReason::UntrackedMemory, "managed")),
+        };
+        add(&record(declined, 0, 0), "k2");
+        let run = snapshot().unwrap();
+        assert_eq!(run.kernels.len(), 2);
+        let k1 = &run.kernels[0];
+        assert_eq!(
+            (
+                k1.launches,
+                k1.replayed,
+                k1.passes,
+                k1.snapshot_bytes,
+                k1.restores
+            ),
+            (2, 2, 6, 8192, 4)
+        );
+        assert_eq!((k1.tier.as_str(), k1.strategy.as_str()), ("host", "full"));
+        assert!((k1.restore_ms - 2.0).abs() < 1e-9);
+        let k2 = &run.kernels[1];
+        assert_eq!((k2.launches, k2.passes), (1, 1));
+        assert_eq!(k2.declines.get("untracked_memory"), Some(&1));
+
+        let dir = std::env::temp_dir().join(format!("kreplay-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("record.json");
+        write_to(&path).unwrap();
+        let back: RunRecord =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, run);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+        let err = write_to(&dir.join("missing").join("r.json")).unwrap_err();
+        assert!(err.contains("cannot write the record file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
