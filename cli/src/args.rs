@@ -100,6 +100,8 @@ pub enum Command {
     Stress(StressOptions),
     /// Run `kreplay profile`.
     Profile(crate::profile::ProfileOptions),
+    /// Run `kreplay run`.
+    Run(crate::run::RunOptions),
 }
 
 impl Command {
@@ -112,6 +114,7 @@ impl Command {
             Command::BenchDispatch(o) => o.csv.iter().map(PathBuf::as_path).collect(),
             Command::Stress(_) => Vec::new(),
             Command::Profile(o) => o.output.iter().map(PathBuf::as_path).collect(),
+            Command::Run(o) => o.output.iter().map(PathBuf::as_path).collect(),
         }
     }
 }
@@ -344,6 +347,7 @@ where
                     ),
                 })?,
         ),
+        Sub::Run(args) => Command::Run(args.into_options()),
         Sub::Help(args) => Command::Print(help_of(args.command.as_deref())),
     })
 }
@@ -456,6 +460,17 @@ enum Sub {
                            line."
     )]
     Profile(ProfileArgs),
+    /// run any program with kreplay injected (CUDA or ROCm): every kernel replayed N times by
+    /// the built-in tool, or by your tool; prints a table per kernel
+    #[command(
+        disable_help_flag = true,
+        long_about = RUN_ABOUT,
+        after_long_help = "Exit status: 0 when the program ran and succeeded (and, with --check, \
+                           printed the same standard output without kreplay), 1 when it could not \
+                           start, failed, recorded nothing or --check found a difference, 2 for a \
+                           bad command line."
+    )]
+    Run(RunArgs),
     /// show this help, or the help of one command (`kreplay help demo`)
     #[command(
         disable_help_flag = true,
@@ -756,6 +771,84 @@ impl StressArgs {
             toggles: !self.no_toggles,
             reentrant: !self.no_reentrant,
             restore: !self.no_restore,
+        }
+    }
+}
+
+const RUN_ABOUT: &str = "kreplay run — replay every kernel of any program, on CUDA or ROCm\n\n\
+    Runs PROGRAM with kreplay's library injected: CUDA_INJECTION64_PATH on CUDA, HSA_TOOLS_LIB on \
+    ROCm. Without --tool, the built-in tool replays every kernel launch --passes times (the \
+    application's own launch is pass 0; memory is restored between passes, so the program's \
+    results are those of one run). With --tool, your tool library (kreplay.h) decides. \
+    Afterwards a table per kernel: launches, passes run, snapshot bytes, snapshot tier, restore \
+    strategy, restore time and declines (launches that ran once, by reason). --check runs PROGRAM \
+    a second time without kreplay and compares the two standard outputs (for programs that print \
+    their results' checksums).\n\n\
+    kreplay's library is --library, else $KREPLAY_LIBRARY, else libkreplay.so beside the kreplay \
+    executable or in ../lib from it.\n\n\
+    Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] [--check] \
+    [-o FILE.csv|FILE.json] -- PROGRAM [ARGS...]";
+
+/// Which runtime `kreplay run` injects into.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendArg {
+    /// CUDA if libcuda loads, else ROCm if libhsa-runtime64 loads
+    Auto,
+    /// CUDA (CUDA_INJECTION64_PATH)
+    Cuda,
+    /// ROCm (HSA_TOOLS_LIB)
+    Hsa,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    help: HelpFlag,
+    /// passes per kernel launch of the built-in tool, 2 to 1024 (default 4)
+    #[arg(long, value_name = "N", value_parser = count(2, 1024), conflicts_with = "tool")]
+    passes: Option<u64>,
+    /// your tool library (its kreplay_configure decides what is replayed)
+    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    tool: Option<PathBuf>,
+    /// auto (default), cuda or hsa
+    #[arg(long, value_name = "BACKEND")]
+    backend: Option<BackendArg>,
+    /// run PROGRAM again without kreplay and compare standard output
+    #[arg(long)]
+    check: bool,
+    /// also write the table to FILE, .csv or .json
+    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output)]
+    output: Option<PathBuf>,
+    /// kreplay's library (libkreplay.so)
+    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    library: Option<PathBuf>,
+    /// the program and its arguments (after --)
+    #[arg(
+        last = true,
+        value_name = "PROGRAM",
+        required = true,
+        num_args = 1..,
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(OsString)
+    )]
+    program: Vec<OsString>,
+}
+
+impl RunArgs {
+    fn into_options(self) -> crate::run::RunOptions {
+        use crate::run::{Backend, RunOptions};
+        RunOptions {
+            passes: self.passes.unwrap_or(crate::run::DEFAULT_PASSES),
+            tool: self.tool,
+            backend: match self.backend {
+                Some(BackendArg::Cuda) => Some(Backend::Cuda),
+                Some(BackendArg::Hsa) => Some(Backend::Hsa),
+                Some(BackendArg::Auto) | None => None,
+            },
+            check: self.check,
+            output: self.output,
+            library: self.library,
+            program: self.program,
         }
     }
 }
@@ -1208,7 +1301,7 @@ mod tests {
             (vec!["help", "nope"], "invalid value 'nope'"),
             (
                 vec![],
-                "no command given; commands: demo, bench, bench-dispatch, stress, profile, help",
+                "no command given; commands: demo, bench, bench-dispatch, stress, profile, run, help",
             ),
         ] {
             let error = parse(args.iter().copied()).unwrap_err().message;

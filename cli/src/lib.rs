@@ -5,7 +5,8 @@
 //! pass), prints one row per dispatch and verifies that the results equal an unprofiled run.
 //! `kreplay bench` measures snapshot and restore beside ceilings measured in the same run, and
 //! `kreplay bench-dispatch` the fixed cost kreplay adds per dispatch ([`bench`](mod@bench)).
-//! `kreplay stress` runs the stress mix under kreplay, with optional fault injection, and checks
+//! `kreplay run` runs any program with kreplay injected (CUDA or ROCm) and prints a table per
+//! kernel ([`run`](mod@run)). `kreplay stress` runs the stress mix under kreplay, with optional fault injection, and checks
 //! every byte and completion against a run without it ([`stress`]).
 //! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`] (clap), and the
 //! files a command will write are checked before it starts.
@@ -25,6 +26,7 @@ pub mod bench;
 pub mod demo;
 pub mod format;
 pub mod profile;
+pub mod run;
 pub mod stress;
 
 use std::ffi::OsString;
@@ -72,6 +74,14 @@ where
         Command::BenchDispatch(options) => finished(bench::dispatch::run(&options, out).map(drop)),
         Command::Profile(options) => match profile::run(&options, out) {
             Ok(outcome) if outcome.check.as_ref().is_none_or(Result::is_ok) => EXIT_OK,
+            Ok(_) => EXIT_FAILURE,
+            Err(error) => {
+                eprintln!("kreplay: error: {error}");
+                EXIT_FAILURE
+            }
+        },
+        Command::Run(options) => match run::run(&options, out) {
+            Ok(outcome) if outcome.passed() => EXIT_OK,
             Ok(_) => EXIT_FAILURE,
             Err(error) => {
                 eprintln!("kreplay: error: {error}");

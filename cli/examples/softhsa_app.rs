@@ -1,0 +1,144 @@
+//! An HSA application on the software HSA runtime whose "runtime" honours `HSA_TOOLS_LIB` the
+//! way ROCm's does: when the variable names a library, it is loaded (symbols global, as a tool
+//! library's `kreplay_*` calls need) and its `OnLoad` is called with the runtime's API table
+//! before the application runs; `OnUnload` at shutdown. It stands in for a real ROCm program
+//! under `kreplay run --backend hsa` (the tests run it so; see cli/tests/run.rs).
+//!
+//! The application: three buffers, each updated in place (`x += 1`) by two dispatches, then one
+//! `checksum` line per buffer (the sum of its words). A replay that forgot a restore would add
+//! one per extra pass and change the checksums.
+//!
+//! ```sh
+//! HSA_TOOLS_LIB=target/debug/libkreplay.so KREPLAY_PASSES=3 target/debug/examples/softhsa_app
+//! ```
+
+use std::ffi::c_char;
+use std::time::Duration;
+
+use hsa_sys::HsaApiTable;
+use kreplay_softhsa::testing::{Dispatch, Hsa};
+use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
+
+const ELEMENTS: usize = 4096;
+const BUFFERS: usize = 3;
+const DISPATCHES_PER_BUFFER: usize = 2;
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct AddOneArgs {
+    data: *mut u32,
+    len: u32,
+}
+
+fn add_one(group: &WorkGroup) {
+    // SAFETY: the application passes an `AddOneArgs` kernarg block.
+    let args: AddOneArgs = unsafe { group.kernargs() };
+    for [x, _, _] in group.work_items() {
+        if x < args.len {
+            // SAFETY: `data` holds `len` u32 in live device memory; each work-item owns one.
+            unsafe { *args.data.add(x as usize) += 1 };
+        }
+    }
+}
+
+type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
+type OnUnload = unsafe extern "C" fn();
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("softhsa_app: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let mut table = OwnedApiTable::softhsa();
+    let tools = match std::env::var_os("HSA_TOOLS_LIB") {
+        Some(path) => {
+            // SAFETY: loading a tools library runs its initializers, as ROCm's runtime does.
+            let lib = unsafe {
+                libloading::os::unix::Library::open(
+                    Some(&path),
+                    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+                )
+            }
+            .map_err(|e| format!("cannot load HSA_TOOLS_LIB: {e}"))?;
+            // SAFETY: the tools-library entry points have these signatures.
+            let (on_load, on_unload) = unsafe {
+                (
+                    *lib.get::<OnLoad>(b"OnLoad\0").map_err(|e| e.to_string())?,
+                    *lib.get::<OnUnload>(b"OnUnload\0")
+                        .map_err(|e| e.to_string())?,
+                )
+            };
+            // SAFETY: `table` is a valid table owned for the rest of the program.
+            if !unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) } {
+                eprintln!("softhsa_app: the tools library declined to load");
+            }
+            Some((lib, on_unload))
+        }
+        None => None,
+    };
+
+    // SAFETY: the table stays alive and valid while `hsa` is used.
+    let hsa = unsafe { Hsa::from_table(table.table()) };
+    let session = hsa.init().map_err(|e| format!("hsa_init: {e:?}"))?;
+    let gpu = hsa.gpu_agents().map_err(|e| format!("{e:?}"))?[0];
+    let pool = hsa.coarse_pool(gpu).map_err(|e| format!("{e:?}"))?;
+    let kernarg_pool = hsa
+        .pool(gpu, kreplay_softhsa::testing::PoolKind::Kernarg)
+        .map_err(|e| format!("{e:?}"))?;
+    let kernel = register_kernel("softhsa_app_add_one", add_one);
+    let queue = hsa.queue_create(gpu, 64).map_err(|e| format!("{e:?}"))?;
+    let mut buffers = Vec::new();
+    for b in 0..BUFFERS {
+        let ptr = hsa
+            .allocate(pool, ELEMENTS * 4)
+            .map_err(|e| format!("{e:?}"))?
+            .cast::<u32>();
+        let init: Vec<u32> = (0..ELEMENTS as u32).map(|i| i * 7 + b as u32).collect();
+        // SAFETY: softhsa device memory is host memory; the buffer holds ELEMENTS u32.
+        unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), ptr, ELEMENTS) };
+        buffers.push(ptr);
+    }
+    for _ in 0..DISPATCHES_PER_BUFFER {
+        for ptr in &buffers {
+            let args = hsa
+                .allocate(kernarg_pool, std::mem::size_of::<AddOneArgs>())
+                .map_err(|e| format!("{e:?}"))?
+                .cast::<AddOneArgs>();
+            // SAFETY: the kernarg allocation holds one AddOneArgs.
+            unsafe {
+                args.write(AddOneArgs {
+                    data: *ptr,
+                    len: ELEMENTS as u32,
+                })
+            };
+            let done = hsa.signal_create(1).map_err(|e| format!("{e:?}"))?;
+            // SAFETY: `queue` is live; the packet names a registered kernel with valid
+            // kernargs.
+            unsafe {
+                hsa.dispatch(
+                    queue,
+                    &Dispatch::linear(kernel, ELEMENTS as u32, 64, args.cast(), done),
+                )
+            };
+            if !hsa.wait_zero(done, Duration::from_secs(30)) {
+                return Err("a dispatch did not complete".into());
+            }
+            hsa.signal_destroy(done).map_err(|e| format!("{e:?}"))?;
+        }
+    }
+    for (b, ptr) in buffers.iter().enumerate() {
+        // SAFETY: as above; every dispatch completed.
+        let words = unsafe { std::slice::from_raw_parts(*ptr, ELEMENTS) };
+        let sum: u64 = words.iter().map(|&w| u64::from(w)).sum();
+        println!("checksum buffer {b} sum {sum}");
+    }
+    drop(session);
+    if let Some((_lib, on_unload)) = tools {
+        // SAFETY: the runtime's shutdown call of the tools library.
+        unsafe { on_unload() };
+    }
+    Ok(())
+}

@@ -1,0 +1,518 @@
+//! `kreplay run`: any program, with kreplay injected.
+//!
+//! The program runs with kreplay's library (`libkreplay.so`) named by `CUDA_INJECTION64_PATH`
+//! (CUDA) or `HSA_TOOLS_LIB` (ROCm), and either the built-in tool (`KREPLAY_PASSES=N`: every
+//! kernel launch replayed N times) or the user's tool (`KREPLAY_TOOL_LIBRARIES`). The library
+//! writes what it saw, per kernel, to the file `KREPLAY_RECORD_FILE` names
+//! ([`kreplay::run_record`]) when the program exits; `kreplay run` reads it back, prints a
+//! table and writes CSV or JSON. `--check` runs the program a second time without kreplay and
+//! compares the two standard outputs.
+//!
+//! ```
+//! use kreplay_cli::run::{Backend, detect_backend};
+//! // With libcuda loadable, auto picks CUDA; with neither runtime, it says what it tried.
+//! assert_eq!(detect_backend(|lib| lib.starts_with("libcuda")), Ok(Backend::Cuda));
+//! let err = detect_backend(|_| false).unwrap_err();
+//! assert!(err.contains("libcuda.so.1") && err.contains("libhsa-runtime64.so.1"));
+//! ```
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+use kreplay::run_record::{ENV_RECORD_FILE, KernelRecord, RunRecord};
+use serde::Serialize;
+
+use crate::format::{Align, Table, format_bytes};
+
+/// Passes of the built-in tool when `--passes` is not given.
+pub const DEFAULT_PASSES: u64 = 4;
+
+/// The runtime the program is run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// CUDA: `CUDA_INJECTION64_PATH`.
+    Cuda,
+    /// ROCm: `HSA_TOOLS_LIB`.
+    Hsa,
+}
+
+impl Backend {
+    /// The variable that makes the runtime load kreplay's library.
+    pub fn injection_variable(self) -> &'static str {
+        match self {
+            Backend::Cuda => "CUDA_INJECTION64_PATH",
+            Backend::Hsa => "HSA_TOOLS_LIB",
+        }
+    }
+
+    /// `cuda` or `hsa`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cuda => "cuda",
+            Backend::Hsa => "hsa",
+        }
+    }
+}
+
+/// Options of `kreplay run`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Passes of the built-in tool (ignored with `tool`).
+    pub passes: u64,
+    /// The user's tool library.
+    pub tool: Option<PathBuf>,
+    /// `None`: detect.
+    pub backend: Option<Backend>,
+    /// Run again without kreplay and compare standard output.
+    pub check: bool,
+    /// Where to write the table (.csv or .json).
+    pub output: Option<PathBuf>,
+    /// kreplay's library; `None`: `KREPLAY_LIBRARY`, else beside the executable.
+    pub library: Option<PathBuf>,
+    /// The program and its arguments.
+    pub program: Vec<OsString>,
+}
+
+/// What `kreplay run` found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOutcome {
+    /// The program's exit status under kreplay.
+    pub status: ExitStatus,
+    /// What the injected library recorded.
+    pub record: RunRecord,
+    /// `--check`: `Ok` when both standard outputs were the same, else the difference.
+    pub check: Option<Result<(), String>>,
+}
+
+impl RunOutcome {
+    /// Whether the command succeeded: the program did, and `--check` found no difference.
+    pub fn passed(&self) -> bool {
+        self.status.success() && self.check.as_ref().is_none_or(Result::is_ok)
+    }
+}
+
+/// The runtime libraries auto-detection tries, in order.
+pub const PROBES: [(&str, Backend); 2] = [
+    ("libcuda.so.1", Backend::Cuda),
+    ("libhsa-runtime64.so.1", Backend::Hsa),
+];
+
+/// Picks the backend whose runtime library `loads` (CUDA first).
+pub fn detect_backend(loads: impl Fn(&str) -> bool) -> Result<Backend, String> {
+    PROBES
+        .iter()
+        .find(|(lib, _)| loads(lib))
+        .map(|&(_, b)| b)
+        .ok_or_else(|| {
+            format!(
+                "no GPU runtime found: neither {} (CUDA) nor {} (ROCm) could be loaded; install \
+                 one, or name the backend with --backend cuda|hsa",
+                PROBES[0].0, PROBES[1].0
+            )
+        })
+}
+
+/// Whether `name` can be loaded with the dynamic loader.
+fn library_loads(name: &str) -> bool {
+    // SAFETY: loading a GPU runtime library runs its initializers, which have no preconditions
+    // on this process; it is unloaded again at once.
+    unsafe { libloading::Library::new(name) }.is_ok()
+}
+
+/// kreplay's library: `explicit`, else `KREPLAY_LIBRARY`, else beside the executable (or in
+/// `../lib` from it).
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(path) = explicit {
+        return existing_file(path, "--library");
+    }
+    if let Some(path) = std::env::var_os("KREPLAY_LIBRARY") {
+        return existing_file(Path::new(&path), "KREPLAY_LIBRARY");
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find kreplay's folder: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join("libkreplay.so"),
+        dir.join("../lib/libkreplay.so"),
+        dir.join("../libkreplay.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+        .ok_or_else(|| {
+            format!(
+                "cannot find libkreplay.so (looked beside {} and in ../lib); build it with \
+                 `cargo build --release -p kreplay` and name it with --library or KREPLAY_LIBRARY",
+                exe.display()
+            )
+        })
+}
+
+fn existing_file(path: &Path, from: &str) -> Result<PathBuf, String> {
+    if path.is_file() {
+        Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()))
+    } else {
+        Err(format!("{from}: no such file: {}", path.display()))
+    }
+}
+
+/// A fresh record file path in the temporary folder.
+fn record_path() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::env::temp_dir().join(format!("kreplay-run-{}-{nanos}.json", std::process::id()))
+}
+
+/// The variables kreplay sets for the profiled run (and removes for the plain one).
+const OUR_VARIABLES: [&str; 5] = [
+    "CUDA_INJECTION64_PATH",
+    "HSA_TOOLS_LIB",
+    "KREPLAY_PASSES",
+    "KREPLAY_TOOL_LIBRARIES",
+    ENV_RECORD_FILE,
+];
+
+fn program_name(options: &RunOptions) -> String {
+    options
+        .program
+        .first()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Runs `options.program` once; `inject` adds kreplay's variables. Its standard output is
+/// captured when `capture`, else inherited.
+fn run_program(
+    options: &RunOptions,
+    inject: Option<(Backend, &Path, &Path)>,
+    capture: bool,
+) -> Result<(ExitStatus, Vec<u8>), String> {
+    let (program, args) = options
+        .program
+        .split_first()
+        .ok_or("no program given (after --)")?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    for var in OUR_VARIABLES {
+        command.env_remove(var);
+    }
+    if let Some((backend, library, record)) = inject {
+        command.env(backend.injection_variable(), library);
+        command.env(ENV_RECORD_FILE, record);
+        match &options.tool {
+            Some(tool) => command.env("KREPLAY_TOOL_LIBRARIES", tool),
+            None => command.env("KREPLAY_PASSES", options.passes.to_string()),
+        };
+    }
+    command.stdout(if capture {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    });
+    let name = program_name(options);
+    let child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    let output = child
+        .wait_with_output()
+        .map_err(|e| format!("lost {name} while it ran: {e}"))?;
+    Ok((output.status, output.stdout))
+}
+
+/// Reads the record the injected library wrote.
+pub fn read_record(path: &Path, program: &str, backend: Backend) -> Result<RunRecord, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "kreplay recorded nothing: its library was not loaded into {program}, or {program} \
+                 exited without running its exit handlers (with {}: the program must initialize \
+                 the runtime; see the program's standard error for a 'not installed' reason)",
+                backend.injection_variable()
+            )
+        } else {
+            format!("cannot read the record file {}: {e}", path.display())
+        }
+    })?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("the record file {} is not valid: {e}", path.display()))
+}
+
+/// The per-kernel table.
+pub fn table(record: &RunRecord) -> String {
+    let mut table = Table::new(&[
+        ("kernel", Align::Left),
+        ("launches", Align::Right),
+        ("passes", Align::Right),
+        ("snapshot", Align::Right),
+        ("tier", Align::Left),
+        ("strategy", Align::Left),
+        ("restore", Align::Right),
+        ("declines", Align::Left),
+    ]);
+    for k in &record.kernels {
+        table.row(vec![
+            k.kernel.clone(),
+            k.launches.to_string(),
+            k.passes.to_string(),
+            format_bytes(k.snapshot_bytes),
+            dash(&k.tier),
+            dash(&k.strategy),
+            format!("{:.3} ms", k.restore_ms),
+            declines(k),
+        ]);
+    }
+    let mut text = table.render();
+    let launches: u64 = record.kernels.iter().map(|k| k.launches).sum();
+    let replayed: u64 = record.kernels.iter().map(|k| k.replayed).sum();
+    let failed: u64 = record.kernels.iter().map(|k| k.failed).sum();
+    let declined: u64 = record
+        .kernels
+        .iter()
+        .map(|k| k.declines.values().sum::<u64>())
+        .sum();
+    let tool = if record.tool == "built-in" {
+        format!("built-in tool, {} passes", record.passes_requested)
+    } else {
+        "your tool".to_string()
+    };
+    text.push_str(&format!(
+        "{} kernel(s), {launches} launch(es) on {} ({tool}): {replayed} replayed, {declined} \
+         declined, {failed} failed",
+        record.kernels.len(),
+        record.backend
+    ));
+    if record.graph_launches + record.cooperative_not_replayed > 0 {
+        text.push_str(&format!(
+            "; run once, not replayed: {} graph launch(es), {} cooperative launch(es)",
+            record.graph_launches, record.cooperative_not_replayed
+        ));
+    }
+    if record.managed_allocations > 0 {
+        text.push_str(&format!(
+            "; {} managed allocation(s) (launches decline while one is live)",
+            record.managed_allocations
+        ));
+    }
+    text.push('\n');
+    text
+}
+
+fn dash(s: &str) -> String {
+    if s.is_empty() { "-".into() } else { s.into() }
+}
+
+fn declines(k: &KernelRecord) -> String {
+    if k.declines.is_empty() {
+        return "-".into();
+    }
+    k.declines
+        .iter()
+        .map(|(r, n)| format!("{r}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One CSV row.
+#[derive(Serialize)]
+struct CsvRow<'a> {
+    kernel: &'a str,
+    launches: u64,
+    replayed: u64,
+    passes: u64,
+    snapshot_bytes: u64,
+    tier: &'a str,
+    strategy: &'a str,
+    restores: u64,
+    restore_ms: f64,
+    failed: u64,
+    declines: String,
+}
+
+/// Writes the record as CSV (one row per kernel) or JSON (the whole record), by extension.
+pub fn write_output(path: &Path, record: &RunRecord) -> Result<(), String> {
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
+    let json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if json {
+        let text = serde_json::to_string_pretty(record).map_err(|e| cannot(&e))?;
+        std::fs::write(path, text + "\n").map_err(|e| cannot(&e))
+    } else {
+        let mut writer = csv::Writer::from_path(path).map_err(|e| cannot(&e))?;
+        for k in &record.kernels {
+            writer
+                .serialize(CsvRow {
+                    kernel: &k.kernel,
+                    launches: k.launches,
+                    replayed: k.replayed,
+                    passes: k.passes,
+                    snapshot_bytes: k.snapshot_bytes,
+                    tier: &k.tier,
+                    strategy: &k.strategy,
+                    restores: k.restores,
+                    restore_ms: k.restore_ms,
+                    failed: k.failed,
+                    declines: declines(k),
+                })
+                .map_err(|e| cannot(&e))?;
+        }
+        writer.flush().map_err(|e| cannot(&e))
+    }
+}
+
+/// Compares two standard outputs: `Err` with a summary (line counts, the first differing
+/// lines) when they differ.
+pub fn compare_outputs(with: &[u8], without: &[u8]) -> Result<(), String> {
+    if with == without {
+        return Ok(());
+    }
+    let a: Vec<&str> = std::str::from_utf8(with)
+        .map(|s| s.lines().collect())
+        .unwrap_or_default();
+    let b: Vec<&str> = std::str::from_utf8(without)
+        .map(|s| s.lines().collect())
+        .unwrap_or_default();
+    let differing: Vec<usize> = (0..a.len().max(b.len()))
+        .filter(|&i| a.get(i) != b.get(i))
+        .collect();
+    let mut text = format!(
+        "standard output differs: {} line(s) with kreplay, {} without, {} line(s) differ",
+        a.len(),
+        b.len(),
+        differing.len()
+    );
+    if differing.is_empty() {
+        text.push_str(" (the bytes differ: line endings or invalid UTF-8)");
+    }
+    for &i in differing.iter().take(5) {
+        text.push_str(&format!(
+            "\n  line {}:\n    with kreplay:    {}\n    without kreplay: {}",
+            i + 1,
+            a.get(i).copied().unwrap_or("(none)"),
+            b.get(i).copied().unwrap_or("(none)")
+        ));
+    }
+    if differing.len() > 5 {
+        text.push_str(&format!("\n  ... and {} more", differing.len() - 5));
+    }
+    Err(text)
+}
+
+/// Runs `kreplay run`: the table goes to `out`; errors that stop it are returned.
+pub fn run(options: &RunOptions, out: &mut dyn Write) -> Result<RunOutcome, String> {
+    let backend = match options.backend {
+        Some(b) => b,
+        None => detect_backend(library_loads)?,
+    };
+    run_with(options, backend, out)
+}
+
+/// [`run`] with the backend decided.
+pub fn run_with(
+    options: &RunOptions,
+    backend: Backend,
+    out: &mut dyn Write,
+) -> Result<RunOutcome, String> {
+    let library = find_library(options.library.as_deref())?;
+    if let Some(tool) = &options.tool {
+        existing_file(tool, "--tool")?;
+    }
+    let program = program_name(options);
+    let record_file = record_path();
+    let profiled = run_program(
+        options,
+        Some((backend, &library, &record_file)),
+        options.check,
+    );
+    let record = profiled
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|_| read_record(&record_file, &program, backend));
+    let _ = std::fs::remove_file(&record_file);
+    let (status, stdout) = profiled?;
+    let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
+    if options.check {
+        out.write_all(&stdout).map_err(write_err)?;
+    }
+    if !status.success() {
+        eprintln!("kreplay: {program} exited with {status} under kreplay");
+    }
+    let record = record?;
+    out.write_all(table(&record).as_bytes())
+        .map_err(write_err)?;
+    if let Some(path) = &options.output {
+        write_output(path, &record)?;
+    }
+    let check = if options.check {
+        let (plain_status, plain) = run_program(options, None, true)?;
+        if plain_status.success() != status.success() {
+            eprintln!("kreplay: {program} exited with {plain_status} without kreplay");
+        }
+        let compared = compare_outputs(&stdout, &plain);
+        match &compared {
+            Ok(()) => writeln!(
+                out,
+                "check: the standard output is the same with and without kreplay ({} bytes)",
+                stdout.len()
+            )
+            .map_err(write_err)?,
+            Err(diff) => eprintln!("kreplay: check failed: {diff}"),
+        }
+        Some(compared)
+    } else {
+        None
+    };
+    Ok(RunOutcome {
+        status,
+        record,
+        check,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_outputs_pass_and_different_ones_name_the_lines() {
+        assert_eq!(compare_outputs(b"a\nb\n", b"a\nb\n"), Ok(()));
+        let diff =
+            compare_outputs(b"checksum 1\nsum 2\n", b"checksum 1\nsum 3\nextra\n").unwrap_err();
+        assert!(
+            diff.contains("2 line(s) with kreplay, 3 without, 2 line(s) differ"),
+            "{diff}"
+        );
+        assert!(diff.contains("line 2:") && diff.contains("sum 2") && diff.contains("sum 3"));
+        assert!(
+            diff.contains("line 3:") && diff.contains("(none)"),
+            "{diff}"
+        );
+        let crlf = compare_outputs(b"a\r\n", b"a\n").unwrap_err();
+        assert!(crlf.contains("the bytes differ"), "{crlf}");
+    }
+
+    #[test]
+    fn auto_detection_prefers_cuda_then_rocm() {
+        assert_eq!(detect_backend(|_| true), Ok(Backend::Cuda));
+        assert_eq!(
+            detect_backend(|l| l.starts_with("libhsa")),
+            Ok(Backend::Hsa)
+        );
+        assert!(detect_backend(|_| false).unwrap_err().contains("--backend"));
+    }
+
+    #[test]
+    fn a_missing_record_says_kreplay_was_not_loaded() {
+        let err = read_record(Path::new("/nonexistent/r.json"), "app", Backend::Cuda).unwrap_err();
+        assert!(
+            err.contains("recorded nothing") && err.contains("CUDA_INJECTION64_PATH"),
+            "{err}"
+        );
+    }
+}

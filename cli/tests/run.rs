@@ -1,0 +1,487 @@
+//! `kreplay run` end to end, without a GPU: the "program" is a shell script that behaves as a
+//! program with kreplay injected would (it writes the record file the injected library writes
+//! at exit) and dumps the environment it was given, so the command's argument handling, the
+//! environment it sets, the record it reads back, the table, the outputs and --check are
+//! checked from the outside.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A fresh folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kreplay-run-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The record a CUDA run of two kernels leaves (as libkreplay writes it).
+const RECORD: &str = r#"{
+  "backend": "cuda",
+  "tool": "built-in",
+  "passes_requested": PASSES,
+  "kernels": [
+    {"kernel": "add_one", "launches": 5, "replayed": 5, "passes": 15, "snapshot_bytes": 4194304,
+     "tier": "device", "strategy": "full", "restores": 10, "restore_ms": 1.5, "failed": 0,
+     "declines": {}},
+    {"kernel": "scale", "launches": 2, "replayed": 1, "passes": 4, "snapshot_bytes": 1024,
+     "tier": "host", "strategy": "full", "restores": 2, "restore_ms": 0.25, "failed": 0,
+     "declines": {"untracked_memory": 1}}
+  ],
+  "graph_launches": 3,
+  "cooperative_not_replayed": 0,
+  "managed_allocations": 1
+}"#;
+
+/// Writes the fake program into `dir`: it dumps its kreplay-related environment to
+/// `dir/env.txt`, writes the record (unless told not to), prints `checksum 42` (or, when
+/// `differ_under_kreplay`, another checksum while injected) and exits with `exit`.
+fn fake_program(dir: &Path, write_record: bool, differ_under_kreplay: bool, exit: i32) -> PathBuf {
+    let script = dir.join("app.sh");
+    let record = if write_record {
+        format!(
+            "if [ -n \"$KREPLAY_RECORD_FILE\" ]; then cat > \"$KREPLAY_RECORD_FILE\" <<'EOF'\n{}\nEOF\nfi\n",
+            RECORD.replace("PASSES", "3")
+        )
+    } else {
+        String::new()
+    };
+    let checksum = if differ_under_kreplay {
+        "if [ -n \"$CUDA_INJECTION64_PATH$HSA_TOOLS_LIB\" ]; then echo \"checksum 43\"; else echo \"checksum 42\"; fi\n"
+    } else {
+        "echo \"checksum 42\"\n"
+    };
+    let text = format!(
+        "#!/bin/sh\n\
+         env | grep -E '^(CUDA_INJECTION64_PATH|HSA_TOOLS_LIB|KREPLAY_)' | sort > \"{env}\"\n\
+         echo \"args: $*\" >> \"{env}\"\n\
+         {record}{checksum}exit {exit}\n",
+        env = dir.join("env.txt").display()
+    );
+    std::fs::write(&script, text).unwrap();
+    let mut perms = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).unwrap();
+    script
+}
+
+/// A file standing in for libkreplay.so (the fake program never loads it).
+fn fake_library(dir: &Path) -> PathBuf {
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the fake program").unwrap();
+    lib
+}
+
+fn kreplay(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        if n.starts_with("KREPLAY_") || n == "CUDA_INJECTION64_PATH" || n == "HSA_TOOLS_LIB" {
+            command.env_remove(name);
+        }
+    }
+    command.output().expect("the kreplay binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn env_seen(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("env.txt")).unwrap_or_default()
+}
+
+#[test]
+fn run_on_cuda_injects_libkreplay_with_the_built_in_tool_and_prints_the_kernels() {
+    let dir = scratch("cuda");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let out = kreplay(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--passes",
+        "3",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+        "--size",
+        "-n 4",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let env = env_seen(&dir);
+    let lib = lib.canonicalize().unwrap();
+    assert!(
+        env.contains(&format!("CUDA_INJECTION64_PATH={}", lib.display())),
+        "{env}"
+    );
+    assert!(env.contains("KREPLAY_PASSES=3"), "{env}");
+    assert!(env.contains("KREPLAY_RECORD_FILE="), "{env}");
+    assert!(!env.contains("HSA_TOOLS_LIB"), "{env}");
+    assert!(!env.contains("KREPLAY_TOOL_LIBRARIES"), "{env}");
+    assert!(
+        env.contains("args: --size -n 4"),
+        "arguments passed as given: {env}"
+    );
+    // The table: one row per kernel, then the totals.
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("kernel"))
+        .expect(&stdout);
+    for column in [
+        "launches", "passes", "snapshot", "tier", "strategy", "restore", "declines",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let add_one = stdout
+        .lines()
+        .find(|l| l.starts_with("add_one"))
+        .expect(&stdout);
+    for cell in ["5", "15", "4.00 MiB", "device", "full", "1.500 ms"] {
+        assert!(add_one.contains(cell), "{add_one}");
+    }
+    let scale = stdout
+        .lines()
+        .find(|l| l.starts_with("scale"))
+        .expect(&stdout);
+    assert!(scale.contains("untracked_memory:1"), "{scale}");
+    assert!(
+        stdout.contains("2 kernel(s), 7 launch(es) on cuda (built-in tool, 3 passes)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("3 graph launch(es)"), "{stdout}");
+    assert!(stdout.contains("1 managed allocation(s)"), "{stdout}");
+    // The record file is the command's own business: removed after reading.
+    let record = env
+        .lines()
+        .find_map(|l| l.strip_prefix("KREPLAY_RECORD_FILE="))
+        .unwrap();
+    assert!(!Path::new(record).exists(), "{record} left behind");
+}
+
+#[test]
+fn run_on_rocm_sets_hsa_tools_lib_and_a_tool_replaces_the_built_in_one() {
+    let dir = scratch("hsa-tool");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let tool = dir.join("libmytool.so");
+    std::fs::write(&tool, b"a tool").unwrap();
+    let out = kreplay(&[
+        "run",
+        "--backend=hsa",
+        "--tool",
+        tool.to_str().unwrap(),
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = env_seen(&dir);
+    assert!(env.contains("HSA_TOOLS_LIB="), "{env}");
+    assert!(!env.contains("CUDA_INJECTION64_PATH"), "{env}");
+    assert!(
+        env.contains(&format!("KREPLAY_TOOL_LIBRARIES={}", tool.display())),
+        "{env}"
+    );
+    assert!(!env.contains("KREPLAY_PASSES"), "the tool decides: {env}");
+}
+
+#[test]
+fn check_passes_when_both_runs_print_the_same_and_writes_csv_and_json() {
+    let dir = scratch("check-same");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    for ext in ["csv", "json"] {
+        let output = dir.join(format!("kernels.{ext}"));
+        let out = kreplay(&[
+            "run",
+            "--backend",
+            "cuda",
+            "--check",
+            "-o",
+            output.to_str().unwrap(),
+            "--library",
+            lib.to_str().unwrap(),
+            "--",
+            app.to_str().unwrap(),
+        ]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.starts_with("checksum 42\n"),
+            "the program's output first: {stdout}"
+        );
+        assert!(
+            stdout.contains("check: the standard output is the same with and without kreplay"),
+            "{stdout}"
+        );
+        // The second run had no kreplay: its environment dump (the last run's) shows none.
+        let env = env_seen(&dir);
+        assert!(!env.contains("CUDA_INJECTION64_PATH"), "{env}");
+        assert!(!env.contains("KREPLAY_"), "{env}");
+        let written = std::fs::read_to_string(&output).unwrap();
+        if ext == "json" {
+            let v: serde_json::Value = serde_json::from_str(&written).unwrap();
+            assert_eq!(v["kernels"][0]["kernel"], "add_one");
+            assert_eq!(v["kernels"][1]["declines"]["untracked_memory"], 1);
+        } else {
+            let mut lines = written.lines();
+            assert_eq!(
+                lines.next().unwrap(),
+                "kernel,launches,replayed,passes,snapshot_bytes,tier,strategy,restores,\
+                 restore_ms,failed,declines"
+            );
+            assert_eq!(
+                lines.next().unwrap(),
+                "add_one,5,5,15,4194304,device,full,10,1.5,0,-"
+            );
+            assert_eq!(
+                lines.next().unwrap(),
+                "scale,2,1,4,1024,host,full,2,0.25,0,untracked_memory:1"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_fails_with_a_diff_summary_when_the_outputs_differ() {
+    let dir = scratch("check-differ");
+    let app = fake_program(&dir, true, true, 0);
+    let lib = fake_library(&dir);
+    let out = kreplay(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--check",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("check failed: standard output differs"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("checksum 43") && stderr.contains("checksum 42"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_program_that_fails_or_records_nothing_or_cannot_start_is_reported() {
+    let dir = scratch("failures");
+    let lib = fake_library(&dir);
+    let run = |app: &str| {
+        kreplay(&[
+            "run",
+            "--backend",
+            "cuda",
+            "--library",
+            lib.to_str().unwrap(),
+            "--",
+            app,
+        ])
+    };
+    // Exits 3 after recording: the table is still printed, the command fails.
+    let app = fake_program(&dir, true, false, 3);
+    let out = run(app.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("exited with exit status: 3"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("add_one"));
+    // No record: kreplay was never loaded.
+    let app = fake_program(&dir, false, false, 0);
+    let out = run(app.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("kreplay recorded nothing"),
+        "{}",
+        text(&out.stderr)
+    );
+    // No such program.
+    let missing = dir.join("no-such-program");
+    let out = run(missing.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("cannot start") && stderr.contains("no-such-program"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_command_lines_get_clear_errors() {
+    let dir = scratch("usage");
+    let app = fake_program(&dir, true, false, 0);
+    let app = app.to_str().unwrap();
+    let lib = fake_library(&dir);
+    let lib = lib.to_str().unwrap();
+    for (args, status, expect) in [
+        (vec!["run"], 2, "PROGRAM"),
+        (vec!["run", "--passes", "1", "--", app], 2, "--passes"),
+        (vec!["run", "--passes", "0", "--", app], 2, "--passes"),
+        (vec!["run", "--backend", "metal", "--", app], 2, "--backend"),
+        (vec!["run", "-o", "out.txt", "--", app], 2, ".csv or .json"),
+        (
+            vec!["run", "--passes", "4", "--tool", "/x.so", "--", app],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "run",
+                "--backend",
+                "cuda",
+                "--library",
+                "/nonexistent/libkreplay.so",
+                "--",
+                app,
+            ],
+            1,
+            "--library: no such file: /nonexistent/libkreplay.so",
+        ),
+        (
+            vec![
+                "run",
+                "--backend",
+                "cuda",
+                "--library",
+                lib,
+                "--tool",
+                "/nonexistent/t.so",
+                "--",
+                app,
+            ],
+            1,
+            "--tool: no such file",
+        ),
+    ] {
+        let out = kreplay(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {stderr}");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+    assert!(!dir.join("env.txt").exists(), "no program was started");
+}
+
+#[test]
+fn help_documents_the_run_command() {
+    let out = kreplay(&["run", "--help"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    for word in [
+        "CUDA_INJECTION64_PATH",
+        "HSA_TOOLS_LIB",
+        "--passes",
+        "--tool",
+        "--backend",
+        "--check",
+        "--library",
+        "KREPLAY_LIBRARY",
+    ] {
+        assert!(stdout.contains(word), "{word}: {stdout}");
+    }
+}
+
+/// This build's libkreplay.so (built beside the test binaries as a dependency of the CLI).
+fn libkreplay() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [
+        deps.join("libkreplay.so"),
+        deps.parent().unwrap().join("libkreplay.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("cargo builds libkreplay.so (the cdylib) beside the test binaries")
+}
+
+/// The softhsa-hosted application of examples/softhsa_app.rs (cargo test builds examples).
+fn softhsa_app() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let app = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/softhsa_app");
+    assert!(app.is_file(), "cargo test builds {}", app.display());
+    app
+}
+
+#[test]
+fn run_on_the_software_runtime_replays_every_dispatch_with_the_real_library_and_check_passes() {
+    let lib = libkreplay();
+    let app = softhsa_app();
+    let json = scratch("softhsa").join("kernels.json");
+    let out = kreplay(&[
+        "run",
+        "--backend",
+        "hsa",
+        "--passes",
+        "3",
+        "--check",
+        "-o",
+        json.to_str().unwrap(),
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("checksum buffer 2 sum"), "{stdout}");
+    assert!(
+        stdout.contains("check: the standard output is the same with and without kreplay"),
+        "{stdout}"
+    );
+    let record: kreplay::run_record::RunRecord =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(record.backend, "hsa");
+    assert_eq!(
+        (record.tool.as_str(), record.passes_requested),
+        ("built-in", 3)
+    );
+    let launches: u64 = record.kernels.iter().map(|k| k.launches).sum();
+    let replayed: u64 = record.kernels.iter().map(|k| k.replayed).sum();
+    let passes: u64 = record.kernels.iter().map(|k| k.passes).sum();
+    let restores: u64 = record.kernels.iter().map(|k| k.restores).sum();
+    assert_eq!(launches, 6, "3 buffers x 2 dispatches");
+    assert_eq!((replayed, passes, restores), (6, 18, 12));
+    assert!(
+        record
+            .kernels
+            .iter()
+            .all(|k| k.snapshot_bytes > 0 && !k.tier.is_empty())
+    );
+    assert!(
+        stdout.contains("6 launch(es) on hsa (built-in tool, 3 passes): 6 replayed, 0 declined"),
+        "{stdout}"
+    );
+}
