@@ -4,6 +4,9 @@
 //! environment it sets, the record it reads back, the table, the outputs and --check are
 //! checked from the outside.
 
+#[path = "../../ffi/tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -484,4 +487,60 @@ fn run_on_the_software_runtime_replays_every_dispatch_with_the_real_library_and_
         stdout.contains("6 launch(es) on hsa (built-in tool, 3 passes): 6 replayed, 0 declined"),
         "{stdout}"
     );
+}
+
+#[test]
+fn run_with_a_c_tool_on_the_software_runtime_lets_the_tool_decide_and_check_passes() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("softhsa-tool");
+    let tool = dir.join("libpass_counter.so");
+    common::build_c_library_from(
+        &common::example_source("c-tool/pass_counter.c"),
+        &tool,
+        "c11",
+        &[],
+    );
+    let summary = dir.join("pass_counter.txt");
+    let lib = libkreplay();
+    let app = softhsa_app();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command
+        .args(["run", "--backend", "hsa", "--check", "--tool"])
+        .arg(&tool)
+        .arg("--library")
+        .arg(&lib)
+        .arg("--")
+        .arg(&app)
+        .env("EXAMPLE_TOOL_PASSES", "5")
+        .env("EXAMPLE_TOOL_OUTPUT", &summary);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    let out = command.output().unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("6 launch(es) on hsa (your tool): 6 replayed, 0 declined"),
+        "{stdout}"
+    );
+    let total_passes: u64 = stdout
+        .lines()
+        .filter(|l| l.starts_with("kernel 0x"))
+        .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        total_passes, 30,
+        "the tool's 5 passes per dispatch: {stdout}"
+    );
+    let said = std::fs::read_to_string(&summary).unwrap();
+    assert!(said.contains("6 dispatches, 6 replayed"), "{said}");
 }
