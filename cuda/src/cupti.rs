@@ -334,6 +334,12 @@ mod tests {
         assert_eq!(size_of::<LaunchKernelExParams>(), 32);
         assert_eq!(offset_of!(CuLaunchConfig, stream), 32);
         assert_eq!(size_of::<CuLaunchConfig>(), 56);
+        // cuMemMap_params / cuMemUnmap_params as cuda.h's prototypes give them (not yet checked
+        // against generated_cuda_meta.h on the H200).
+        assert_eq!(offset_of!(MemMapParams, size), 8);
+        assert_eq!(offset_of!(MemMapParams, handle), 24);
+        assert_eq!(size_of::<MemMapParams>(), 40);
+        assert_eq!(size_of::<MemUnmapParams>(), 16);
     }
 
     #[test]

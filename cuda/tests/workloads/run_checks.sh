@@ -1,0 +1,45 @@
+#!/bin/sh
+# kreplay run over the CUDA workloads and a C tool, on a machine with a GPU.
+#
+# usage: sh cuda/tests/workloads/run_checks.sh BIN [PASSES]
+#   BIN holds `kreplay` and `libkreplay.so` (cargo build --release -p kreplay -p kreplay-cli,
+#   target/release/). Run from the repository root. Needs nvcc and cc for the C parts.
+# Every step runs `kreplay run --check`: the program's standard output (its checksums) must be
+# the same with and without kreplay. Prints PASS/FAIL per step; exits 1 if any step failed.
+set -u
+BIN=$(cd "$1" && pwd)
+PASSES=${2:-4}
+OUT=${TMPDIR:-/tmp}/kreplay-run-checks
+mkdir -p "$OUT"
+failures=0
+
+step() {
+    name=$1
+    shift
+    echo "== $name: $*"
+    if "$@"; then echo "PASS $name"; else echo "FAIL $name"; failures=$((failures + 1)); fi
+}
+
+for w in inplace matmul_acc index_add feedback; do
+    step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
+        -- python3 cuda/tests/workloads/$w.py
+done
+
+if command -v nvcc >/dev/null; then
+    nvcc -O2 -o "$OUT/add_one" cuda/tests/workloads/add_one.cu
+    step add_one "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/add_one.csv" \
+        -- "$OUT/add_one"
+    if command -v cc >/dev/null; then
+        ln -sf libkreplay.so "$BIN/libkreplay.so.0"
+        cc -std=c11 -O2 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
+            -L "$BIN" -lkreplay -Wl,-rpath,"$BIN" -o "$OUT/libpass_counter.so"
+        rm -f "$OUT/pass_counter.txt"
+        export EXAMPLE_TOOL_PASSES="$PASSES" EXAMPLE_TOOL_OUTPUT="$OUT/pass_counter.txt"
+        step c_tool "$BIN/kreplay" run --tool "$OUT/libpass_counter.so" --check \
+            -- "$OUT/add_one"
+        unset EXAMPLE_TOOL_PASSES EXAMPLE_TOOL_OUTPUT
+        cat "$OUT/pass_counter.txt" 2>/dev/null
+    fi
+fi
+echo "$failures failure(s); outputs in $OUT"
+[ "$failures" -eq 0 ]
