@@ -1,6 +1,6 @@
 //! `kreplay run` end to end, without a GPU: the "program" is a shell script that behaves as a
-//! program with kreplay injected would (it writes the record file the injected library writes
-//! at exit) and dumps the environment it was given, so the command's argument handling, the
+//! program with kreplay injected would (it writes the record the injected library writes at
+//! exit into the record folder) and dumps the environment it was given, so the command's argument handling, the
 //! environment it sets, the record it reads back, the table, the outputs and --check are
 //! checked from the outside.
 
@@ -38,18 +38,19 @@ const RECORD: &str = r#"{
 }"#;
 
 /// Writes the fake program into `dir`: it dumps its kreplay-related environment to
-/// `dir/env.txt`, writes the record (unless told not to), prints `checksum 42` (or, when
-/// `differ_under_kreplay`, another checksum while injected) and exits with `exit`.
-fn fake_program(dir: &Path, write_record: bool, differ_under_kreplay: bool, exit: i32) -> PathBuf {
+/// `dir/env.txt`, writes `records` records as that many processes would (one file each; none:
+/// kreplay never loaded), prints `checksum 42` (or, when `differ_under_kreplay`, another
+/// checksum while injected) and exits with `exit`.
+fn fake_program_of(dir: &Path, records: u32, differ_under_kreplay: bool, exit: i32) -> PathBuf {
     let script = dir.join("app.sh");
-    let record = if write_record {
-        format!(
-            "if [ -n \"$KREPLAY_RECORD_FILE\" ]; then cat > \"$KREPLAY_RECORD_FILE\" <<'EOF'\n{}\nEOF\nfi\n",
-            RECORD.replace("PASSES", "3")
-        )
-    } else {
-        String::new()
-    };
+    let record: String = (0..records)
+        .map(|p| {
+            format!(
+                "if [ -n \"$KREPLAY_RECORD_DIR\" ]; then cat > \"$KREPLAY_RECORD_DIR/kreplay-record-$$-{p}.json\" <<'EOF'\n{}\nEOF\nfi\n",
+                RECORD.replace("PASSES", "3")
+            )
+        })
+        .collect();
     let checksum = if differ_under_kreplay {
         "if [ -n \"$CUDA_INJECTION64_PATH$HSA_TOOLS_LIB\" ]; then echo \"checksum 43\"; else echo \"checksum 42\"; fi\n"
     } else {
@@ -67,6 +68,11 @@ fn fake_program(dir: &Path, write_record: bool, differ_under_kreplay: bool, exit
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&script, perms).unwrap();
     script
+}
+
+/// [`fake_program_of`] with one process's record or none.
+fn fake_program(dir: &Path, write_record: bool, differ_under_kreplay: bool, exit: i32) -> PathBuf {
+    fake_program_of(dir, u32::from(write_record), differ_under_kreplay, exit)
 }
 
 /// A file standing in for libkreplay.so (the fake program never loads it).
@@ -128,7 +134,7 @@ fn run_on_cuda_injects_libkreplay_with_the_built_in_tool_and_prints_the_kernels(
         "{env}"
     );
     assert!(env.contains("KREPLAY_PASSES=3"), "{env}");
-    assert!(env.contains("KREPLAY_RECORD_FILE="), "{env}");
+    assert!(env.contains("KREPLAY_RECORD_DIR="), "{env}");
     assert!(!env.contains("HSA_TOOLS_LIB"), "{env}");
     assert!(!env.contains("KREPLAY_TOOL_LIBRARIES"), "{env}");
     assert!(
@@ -163,12 +169,51 @@ fn run_on_cuda_injects_libkreplay_with_the_built_in_tool_and_prints_the_kernels(
     );
     assert!(stdout.contains("3 graph launch(es)"), "{stdout}");
     assert!(stdout.contains("1 managed allocation(s)"), "{stdout}");
-    // The record file is the command's own business: removed after reading.
+    // The record folder is the command's own business: removed after reading.
     let record = env
         .lines()
-        .find_map(|l| l.strip_prefix("KREPLAY_RECORD_FILE="))
+        .find_map(|l| l.strip_prefix("KREPLAY_RECORD_DIR="))
         .unwrap();
     assert!(!Path::new(record).exists(), "{record} left behind");
+}
+
+#[test]
+fn the_records_of_several_processes_are_added_up_per_kernel() {
+    let dir = scratch("processes");
+    let app = fake_program_of(&dir, 2, false, 0);
+    let lib = fake_library(&dir);
+    let json = dir.join("out.json");
+    let out = kreplay(&[
+        "run",
+        "--backend",
+        "cuda",
+        "-o",
+        json.to_str().unwrap(),
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("2 kernel(s), 14 launch(es) on cuda in 2 processes"),
+        "{stdout}"
+    );
+    let add_one = stdout.lines().find(|l| l.starts_with("add_one")).unwrap();
+    assert!(
+        add_one.contains("8.00 MiB") && add_one.contains("3.000 ms"),
+        "{add_one}"
+    );
+    let record: kreplay::run_record::RunRecord =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(record.processes, 2);
+    assert_eq!(record.kernels[1].declines.get("untracked_memory"), Some(&2));
 }
 
 #[test]

@@ -133,10 +133,10 @@ pub(crate) fn tool_for_dispatch() -> Option<Box<dyn ReplayTool>> {
     }
 }
 
-/// Starts the run record when `KREPLAY_RECORD_FILE` is set; it is written at unload and at
+/// Starts the run record when `KREPLAY_RECORD_DIR` is set; it is written at unload and at
 /// exit.
 pub(crate) fn start_recording(backend: &str) {
-    if std::env::var_os(crate::run_record::ENV_RECORD_FILE).is_none() {
+    if std::env::var_os(crate::run_record::ENV_RECORD_DIR).is_none() {
         return;
     }
     let (tool, passes) = if services::replay_configured() {

@@ -13,7 +13,7 @@
 //! - [`hsa_tool`]: the HSA tools-library entry points (`OnLoad`, `OnUnload`);
 //! - [`cuda_tool`]: the CUDA injection entry point (`InitializeInjection`), the same tools over
 //!   the `kreplay-cuda` backend;
-//! - [`run_record`]: the per-kernel record `kreplay run` reads back (`KREPLAY_RECORD_FILE`).
+//! - [`run_record`]: the per-kernel record `kreplay run` reads back (`KREPLAY_RECORD_DIR`).
 //!
 //! A tool normally uses the C functions; the same calls work from Rust:
 //!

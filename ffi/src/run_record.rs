@@ -1,12 +1,16 @@
 //! The per-kernel record `kreplay run` reads back: what the injected library saw, written at
-//! exit to the file `KREPLAY_RECORD_FILE` names (JSON, one [`RunRecord`]).
+//! exit into the folder `KREPLAY_RECORD_DIR` names, one JSON file ([`RunRecord`]) per process,
+//! `kreplay-record-<pid>.json` ([`file_name`]).
 //!
 //! Every dispatch that goes through the replay loop is added ([`add`]) under its kernel's name;
 //! the memory tier and restore strategy come from the dispatch's SNAPSHOT and RESTORE reports,
 //! which the [`Recording`] tool wrapper notes on the dispatch's thread. [`write`] replaces the
-//! file atomically (a temporary file beside it, then a rename), so a reader never sees half a
-//! record; it may run more than once (the runtime's unload, then the process's exit), each time
-//! with everything so far.
+//! process's file atomically (a temporary file beside it, then a rename), so a reader never sees
+//! half a record; it may run more than once (the runtime's unload, then the process's exit),
+//! each time with everything so far. A program of several processes (a launcher and its
+//! workers) leaves one file per process that loaded kreplay; [`read_dir`] and [`merge`] add them
+//! up. A child forked from a recording process without loading kreplay again writes nothing
+//! (its copy of the record is its parent's).
 //!
 //! ```
 //! use kreplay::run_record::{KernelRecord, RunRecord};
@@ -30,8 +34,13 @@ use kreplay_passloop::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-/// The environment variable naming the record file.
-pub const ENV_RECORD_FILE: &str = "KREPLAY_RECORD_FILE";
+/// The environment variable naming the record folder.
+pub const ENV_RECORD_DIR: &str = "KREPLAY_RECORD_DIR";
+
+/// The record file of process `pid` in the record folder.
+pub fn file_name(pid: u32) -> String {
+    format!("kreplay-record-{pid}.json")
+}
 
 /// One kernel's dispatches, added up.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -77,9 +86,18 @@ pub struct RunRecord {
     pub cooperative_not_replayed: u64,
     /// Managed allocations seen (launches decline while one is live).
     pub managed_allocations: u64,
+    /// Processes whose records this one adds up (1 for one process's file).
+    #[serde(default = "one")]
+    pub processes: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
+/// The process that started recording (a forked child does not write its parent's record).
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 thread_local! {
     /// Tiers and strategies of the dispatch in progress on this thread.
@@ -87,12 +105,14 @@ thread_local! {
         const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Starts recording for `backend` (called at load when `KREPLAY_RECORD_FILE` is set).
+/// Starts recording for `backend` (called at load when `KREPLAY_RECORD_DIR` is set).
 pub fn start(backend: &str, tool: &str, passes_requested: u64) {
+    OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     *RECORD.lock() = Some(RunRecord {
         backend: backend.into(),
         tool: tool.into(),
         passes_requested,
+        processes: 1,
         ..Default::default()
     });
 }
@@ -182,14 +202,84 @@ pub fn write_to(path: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot write the record file {}: {e}", path.display()))
 }
 
-/// Writes the record to `KREPLAY_RECORD_FILE` when recording (problems are logged).
+/// Writes this process's record into `KREPLAY_RECORD_DIR` when recording (problems are
+/// logged).
 pub fn write() {
-    let Some(path) = std::env::var_os(ENV_RECORD_FILE) else {
+    let Some(dir) = std::env::var_os(ENV_RECORD_DIR) else {
         return;
     };
-    if let Err(e) = write_to(Path::new(&path)) {
+    let pid = std::process::id();
+    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
+        return;
+    }
+    if let Err(e) = write_to(&Path::new(&dir).join(file_name(pid))) {
         crate::logging::log(crate::logging::Severity::Warn, format_args!("{e}"));
     }
+}
+
+/// The records in `dir` (every `kreplay-record-*.json`; temporary files are skipped).
+pub fn read_dir(dir: &Path) -> Result<Vec<RunRecord>, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("kreplay-record-") && n.ends_with(".json"))
+        })
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read the record file {}: {e}", p.display()))?;
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the record file {} is not valid: {e}", p.display()))
+        })
+        .collect()
+}
+
+/// Adds up the records of several processes: kernels of the same name are one row (counts and
+/// times summed, tiers and strategies joined, declines summed), in the order first seen.
+pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
+    let mut records = records.into_iter();
+    let mut run = records.next()?;
+    for other in records {
+        run.processes += other.processes;
+        run.graph_launches += other.graph_launches;
+        run.cooperative_not_replayed += other.cooperative_not_replayed;
+        run.managed_allocations += other.managed_allocations;
+        if run.tool != other.tool {
+            run.tool = "mixed".into();
+        }
+        run.passes_requested = run.passes_requested.max(other.passes_requested);
+        for k in other.kernels {
+            match run.kernels.iter_mut().find(|r| r.kernel == k.kernel) {
+                None => run.kernels.push(k),
+                Some(r) => {
+                    r.launches += k.launches;
+                    r.replayed += k.replayed;
+                    r.passes += k.passes;
+                    r.snapshot_bytes += k.snapshot_bytes;
+                    r.restores += k.restores;
+                    r.restore_ms += k.restore_ms;
+                    r.failed += k.failed;
+                    let tiers: Vec<&str> = k.tier.split('+').filter(|t| !t.is_empty()).collect();
+                    join(&mut r.tier, &tiers);
+                    let strategies: Vec<&str> =
+                        k.strategy.split('+').filter(|t| !t.is_empty()).collect();
+                    join(&mut r.strategy, &strategies);
+                    for (reason, n) in k.declines {
+                        *r.declines.entry(reason).or_default() += n;
+                    }
+                }
+            }
+        }
+    }
+    Some(run)
 }
 
 /// A tool whose SNAPSHOT and RESTORE reports are noted for the record (everything else is the
@@ -356,6 +446,32 @@ mod tests {
         );
         let err = write_to(&dir.join("missing").join("r.json")).unwrap_err();
         assert!(err.contains("cannot write the record file"), "{err}");
+
+        // A second process's record beside it: read back and added up by kernel name.
+        let mut other = run.clone();
+        other.kernels[0].tier = "device".into();
+        other.kernels.push(KernelRecord {
+            kernel: "k3".into(),
+            launches: 1,
+            ..Default::default()
+        });
+        std::fs::write(
+            dir.join(file_name(1)),
+            serde_json::to_string(&other).unwrap(),
+        )
+        .unwrap();
+        std::fs::rename(&path, dir.join(file_name(2))).unwrap();
+        std::fs::write(dir.join("kreplay-record-3.json.9.tmp"), "half").unwrap();
+        let merged = merge(read_dir(&dir).unwrap()).unwrap();
+        assert_eq!(merged.processes, 2);
+        assert_eq!(merged.kernels.len(), 3);
+        let k1 = &merged.kernels[0];
+        assert_eq!((k1.launches, k1.passes, k1.restores), (4, 12, 8));
+        assert_eq!(k1.tier, "device+host");
+        assert_eq!(merged.kernels[1].declines.get("untracked_memory"), Some(&2));
+        assert_eq!(merge(Vec::new()), None);
+        std::fs::write(dir.join(file_name(4)), "{").unwrap();
+        assert!(read_dir(&dir).unwrap_err().contains("is not valid"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! The program runs with kreplay's library (`libkreplay.so`) named by `CUDA_INJECTION64_PATH`
 //! (CUDA) or `HSA_TOOLS_LIB` (ROCm), and either the built-in tool (`KREPLAY_PASSES=N`: every
-//! kernel launch replayed N times) or the user's tool (`KREPLAY_TOOL_LIBRARIES`). The library
-//! writes what it saw, per kernel, to the file `KREPLAY_RECORD_FILE` names
-//! ([`kreplay::run_record`]) when the program exits; `kreplay run` reads it back, prints a
-//! table and writes CSV or JSON. `--check` runs the program a second time without kreplay and
+//! kernel launch replayed N times) or the user's tool (`KREPLAY_TOOL_LIBRARIES`). Every process
+//! of the program that loads the library writes what it saw, per kernel, into a fresh folder
+//! `KREPLAY_RECORD_DIR` names ([`kreplay::run_record`]) when it exits; `kreplay run` adds the
+//! records up, prints a table and writes CSV or JSON. `--check` runs the program a second time without kreplay and
 //! compares the two standard outputs.
 //!
 //! ```
@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-use kreplay::run_record::{ENV_RECORD_FILE, KernelRecord, RunRecord};
+use kreplay::run_record::{ENV_RECORD_DIR, KernelRecord, RunRecord};
 use serde::Serialize;
 
 use crate::format::{Align, Table, format_bytes};
@@ -158,12 +158,15 @@ fn existing_file(path: &Path, from: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// A fresh record file path in the temporary folder.
-fn record_path() -> PathBuf {
+/// A fresh, empty record folder in the temporary folder.
+fn record_dir() -> Result<PathBuf, String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    std::env::temp_dir().join(format!("kreplay-run-{}-{nanos}.json", std::process::id()))
+    let dir = std::env::temp_dir().join(format!("kreplay-run-{}-{nanos}", std::process::id()));
+    std::fs::create_dir(&dir)
+        .map_err(|e| format!("cannot create the record folder {}: {e}", dir.display()))?;
+    Ok(dir)
 }
 
 /// The variables kreplay sets for the profiled run (and removes for the plain one).
@@ -172,7 +175,7 @@ const OUR_VARIABLES: [&str; 5] = [
     "HSA_TOOLS_LIB",
     "KREPLAY_PASSES",
     "KREPLAY_TOOL_LIBRARIES",
-    ENV_RECORD_FILE,
+    ENV_RECORD_DIR,
 ];
 
 fn program_name(options: &RunOptions) -> String {
@@ -204,7 +207,7 @@ fn run_program(
     }
     if let Some((backend, library, record)) = inject {
         command.env(backend.injection_variable(), library);
-        command.env(ENV_RECORD_FILE, record);
+        command.env(ENV_RECORD_DIR, record);
         match &options.tool {
             Some(tool) => command.env("KREPLAY_TOOL_LIBRARIES", tool),
             None => command.env("KREPLAY_PASSES", options.passes.to_string()),
@@ -225,22 +228,16 @@ fn run_program(
     Ok((output.status, output.stdout))
 }
 
-/// Reads the record the injected library wrote.
-pub fn read_record(path: &Path, program: &str, backend: Backend) -> Result<RunRecord, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!(
-                "kreplay recorded nothing: its library was not loaded into {program}, or {program} \
-                 exited without running its exit handlers (with {}: the program must initialize \
-                 the runtime; see the program's standard error for a 'not installed' reason)",
-                backend.injection_variable()
-            )
-        } else {
-            format!("cannot read the record file {}: {e}", path.display())
-        }
-    })?;
-    serde_json::from_str(&text)
-        .map_err(|e| format!("the record file {} is not valid: {e}", path.display()))
+/// Reads and adds up the records the processes of the program wrote into `dir`.
+pub fn read_record(dir: &Path, program: &str, backend: Backend) -> Result<RunRecord, String> {
+    kreplay::run_record::merge(kreplay::run_record::read_dir(dir)?).ok_or_else(|| {
+        format!(
+            "kreplay recorded nothing: its library was not loaded into {program}, or {program} \
+             exited without running its exit handlers (with {}: the program must initialize the \
+             runtime; see the program's standard error for a 'not installed' reason)",
+            backend.injection_variable()
+        )
+    })
 }
 
 /// The per-kernel table.
@@ -281,9 +278,14 @@ pub fn table(record: &RunRecord) -> String {
     } else {
         "your tool".to_string()
     };
+    let processes = if record.processes > 1 {
+        format!(" in {} processes", record.processes)
+    } else {
+        String::new()
+    };
     text.push_str(&format!(
-        "{} kernel(s), {launches} launch(es) on {} ({tool}): {replayed} replayed, {declined} \
-         declined, {failed} failed",
+        "{} kernel(s), {launches} launch(es) on {}{processes} ({tool}): {replayed} replayed, \
+         {declined} declined, {failed} failed",
         record.kernels.len(),
         record.backend
     ));
@@ -424,17 +426,17 @@ pub fn run_with(
         existing_file(tool, "--tool")?;
     }
     let program = program_name(options);
-    let record_file = record_path();
+    let record_dir = record_dir()?;
     let profiled = run_program(
         options,
-        Some((backend, &library, &record_file)),
+        Some((backend, &library, &record_dir)),
         options.check,
     );
     let record = profiled
         .as_ref()
         .map_err(Clone::clone)
-        .and_then(|_| read_record(&record_file, &program, backend));
-    let _ = std::fs::remove_file(&record_file);
+        .and_then(|_| read_record(&record_dir, &program, backend));
+    let _ = std::fs::remove_dir_all(&record_dir);
     let (status, stdout) = profiled?;
     let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
     if options.check {
@@ -509,7 +511,10 @@ mod tests {
 
     #[test]
     fn a_missing_record_says_kreplay_was_not_loaded() {
-        let err = read_record(Path::new("/nonexistent/r.json"), "app", Backend::Cuda).unwrap_err();
+        let dir = std::env::temp_dir().join(format!("kreplay-run-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = read_record(&dir, "app", Backend::Cuda).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
         assert!(
             err.contains("recorded nothing") && err.contains("CUDA_INJECTION64_PATH"),
             "{err}"
