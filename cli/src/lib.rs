@@ -8,7 +8,7 @@
 //! `kreplay run` runs any program with kreplay injected (CUDA or ROCm) and prints a table per
 //! kernel ([`run`](mod@run)). `kreplay stress` runs the stress mix under kreplay, with optional fault injection, and checks
 //! every byte and completion against a run without it ([`stress`]).
-//! The binary is a thin wrapper around [`run`]; commands are parsed by [`args`] (clap), and the
+//! The binary is a thin wrapper around [`run()`]; commands are parsed by [`args`] (clap), and the
 //! files a command will write are checked before it starts.
 //!
 //! ```

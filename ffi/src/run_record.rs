@@ -4,7 +4,7 @@
 //!
 //! Every dispatch that goes through the replay loop is added ([`add`]) under its kernel's name;
 //! the memory tier and restore strategy come from the dispatch's SNAPSHOT and RESTORE reports,
-//! which the [`Recording`] tool wrapper notes on the dispatch's thread. [`write`] replaces the
+//! which the [`Recording`] tool wrapper notes on the dispatch's thread. [`write()`] replaces the
 //! process's file atomically (a temporary file beside it, then a rename), so a reader never sees
 //! half a record; it may run more than once (the runtime's unload, then the process's exit),
 //! each time with everything so far. A program of several processes (a launcher and its
