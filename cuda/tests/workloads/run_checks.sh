@@ -25,6 +25,13 @@ for w in inplace matmul_acc index_add feedback; do
         -- python3 cuda/tests/workloads/$w.py
 done
 
+# PyTorch's expandable segments allocate with cuMemCreate/cuMemMap: the mapped ranges must be
+# tracked and snapshotted like cuMemAlloc memory for the checksums to match.
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+step inplace_vmm "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/inplace_vmm.json" \
+    -- python3 cuda/tests/workloads/inplace.py
+unset PYTORCH_CUDA_ALLOC_CONF
+
 if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/add_one" cuda/tests/workloads/add_one.cu
     step add_one "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/add_one.csv" \
