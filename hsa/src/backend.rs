@@ -23,6 +23,8 @@ pub(crate) struct Backend {
     pub(crate) locks: AgentLocks,
     pub(crate) queues: QueueRegistry,
     pub(crate) copies: CopyTracker,
+    /// Open replays that re-entrant work must not be erased from (`crate::fold`).
+    pub(crate) windows: crate::fold::Windows,
     /// Ring buffers of soft queues.
     pub(crate) soft_queues: crate::soft_queues::SoftQueues,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
@@ -181,6 +183,7 @@ pub(crate) unsafe fn install(
         locks,
         queues: QueueRegistry::default(),
         copies: CopyTracker::default(),
+        windows: crate::fold::Windows::default(),
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
         hooks,

@@ -43,6 +43,11 @@ impl CopyTracker {
     pub(crate) fn counter(&self, agent: u64) -> Arc<InFlightCounter> {
         self.by_agent.lock().entry(agent).or_default().clone()
     }
+
+    /// Every agent's counter.
+    pub(crate) fn counters(&self) -> Vec<Arc<InFlightCounter>> {
+        self.by_agent.lock().values().cloned().collect()
+    }
 }
 
 /// What the completion handler of one tracked copy needs.
@@ -102,6 +107,10 @@ fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
 struct Fence<'a> {
     _guards: Vec<kreplay_locks::ReadAccess<'a>>,
     counters: Vec<Arc<InFlightCounter>>,
+    /// From inside a replay window: holds of the open replays (see `crate::fold`), so that
+    /// the write is folded into their snapshots instead of being erased by their restores.
+    /// Declared last: released after the counts finish.
+    _holds: Option<crate::fold::Holds<'a>>,
 }
 
 impl<'a> Fence<'a> {
@@ -125,6 +134,11 @@ impl<'a> Fence<'a> {
                 }
             })
             .collect();
+        // Holds before counts: a replay settling waits for holds first, then for counts.
+        let holds = window.then(|| {
+            crate::queues::count_reentrant_work();
+            crate::fold::hold_open(b)
+        });
         let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();
         for counter in &counters {
             counter.start();
@@ -132,6 +146,7 @@ impl<'a> Fence<'a> {
         Fence {
             _guards: guards,
             counters,
+            _holds: holds,
         }
     }
 

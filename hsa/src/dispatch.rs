@@ -334,6 +334,9 @@ pub(crate) fn forward(
             .ok(),
         _ => None,
     };
+    // Re-entrant work: the open replays' memory is captured first, so that what this work
+    // writes is folded into their snapshots, not erased by their restores (`crate::fold`).
+    let _holds = matches!(sink, Sink::Side(_)).then(|| crate::fold::hold_open(b));
     deliver_mail(b, state, sink);
     // A single-producer queue cannot be rung for a drain marker later: it gets one now, in the
     // same write, after the packets.

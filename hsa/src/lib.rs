@@ -83,6 +83,7 @@ mod backend;
 mod copies;
 mod counting;
 mod dispatch;
+mod fold;
 mod layout;
 mod memory;
 mod original;

@@ -508,13 +508,18 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
     })
 }
 
-/// Re-entrant submissions to any side queue so far: work on one agent may write memory another
-/// agent's replay snapshots.
+/// Re-entrant work issued so far (side-queue submissions, runtime writes from inside a
+/// window): work on one agent may write memory another agent's replay snapshots.
 static REENTRANT_RUNS: AtomicUsize = AtomicUsize::new(0);
 
-/// Re-entrant submissions to any side queue so far.
+/// Re-entrant work issued so far.
 pub(crate) fn reentrant_runs() -> usize {
     REENTRANT_RUNS.load(Ordering::Acquire)
+}
+
+/// Counts one runtime write issued from inside a replay window.
+pub(crate) fn count_reentrant_work() {
+    REENTRANT_RUNS.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Slots of a side queue (kreplay's own queue per agent for re-entrant work).

@@ -13,13 +13,14 @@ use kreplay_passloop::{
     Decline, DeclineReason, DispatchInfo, MemoryOpReport, RegionSources, ReplayDevice,
     RestoreFailure, RestoreRequest, RestoreStrategy, SourceTally, StoreTier,
 };
-use kreplay_snapshot::{Snapshot, SnapshotError, SnapshotPlan};
+use kreplay_snapshot::{Delta, Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
 use crate::dispatch::{
     Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
 };
+use crate::fold::Window;
 use crate::queues::{InWindow, QueueIdle, QueueState, in_replay_window};
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
@@ -38,8 +39,9 @@ pub(crate) fn replay_dispatch(
         dispatch,
         sink,
         reentrant: matches!(sink, Sink::Side(_)),
-        reentrant_seen: 0,
-        fresh: None,
+        reentrant_at_lock: 0,
+        window: None,
+        deltas: Vec::new(),
         progress,
         guard: None,
         plan: None,
@@ -106,11 +108,12 @@ struct HsaReplay<'a> {
     sink: Sink<'a>,
     /// Work issued from inside a replay window: runs once on the side queue, never replayed.
     reentrant: bool,
-    /// Re-entrant runs on the agent's side queue as of the snapshot (or the last restore).
-    reentrant_seen: usize,
-    /// A snapshot retaken before a pass because re-entrant work changed memory since the
-    /// snapshot: later restores restore it, so that work survives them.
-    fresh: Option<Snapshot>,
+    /// Re-entrant work issued anywhere as of the agent's lock (`queues::reentrant_runs`).
+    reentrant_at_lock: usize,
+    /// This replay's window for re-entrant work (`crate::fold`), open from the snapshot on.
+    window: Option<Arc<Window>>,
+    /// What re-entrant work changed in the snapshot's memory, to fold in at the next restore.
+    deltas: Vec<Delta>,
     progress: &'a Cell<Progress>,
     guard: Option<(WriteGuard, InWindow)>,
     plan: Option<SnapshotPlan>,
@@ -119,6 +122,7 @@ struct HsaReplay<'a> {
 
 impl Drop for HsaReplay<'_> {
     fn drop(&mut self) {
+        self.close_window();
         if let Some(signal) = self.pass_signal.take() {
             // Every submitted pass was waited for, so no packet references the signal any more
             // (checked all the same: a signal still in use is left alive).
@@ -218,42 +222,26 @@ impl PassCompletion for PassSignal<'_> {
 }
 
 impl HsaReplay<'_> {
-    /// Re-entrant submissions on any side queue so far (work on one agent may write memory
-    /// this replay snapshots).
-    fn reentrant_runs(&self) -> usize {
-        crate::queues::reentrant_runs()
+    fn close_window(&mut self) {
+        if let Some(window) = self.window.take() {
+            self.b.windows.close(&window);
+        }
     }
 
-    /// Before a pass: if re-entrant work ran since the snapshot or the last restore (a tool
-    /// dispatch from SNAPSHOT EXIT, RESTORE EXIT or PASS ENTER, on any agent), waits for it and
-    /// retakes the snapshot, so that later restores bring back memory with its effects (the
-    /// pass about to run starts from them too, as it would after that work).
-    fn keep_reentrant_work(&mut self, info: &DispatchInfo, pass: u64) {
-        let runs = self.reentrant_runs();
-        if runs == self.reentrant_seen {
-            return;
-        }
-        self.reentrant_seen = runs;
-        let deadline = Instant::now() + self.b.drain.timeout;
-        let mut landed = true;
-        for side in self.b.queues.sides() {
-            let marker = side.drain_marker(self.b);
-            crate::queues::submit_side(self.b, &side, &[marker]);
-            landed &= self.b.wait_signal_zero(side.in_flight, deadline);
-        }
-        let retaken = if landed {
-            // The same reach as the first snapshot: this dispatch's scope, arguments and
-            // module variables.
-            self.plan(info)
-                .map_err(|d| d.to_string())
-                .and_then(|plan| self.b.snapshotter.take(plan).map_err(|e| e.to_string()))
-        } else {
-            Err("it did not complete within the drain timeout".into())
-        };
-        match retaken {
-            Ok(snapshot) => self.fresh = Some(snapshot),
-            Err(why) => self.b.hooks.warn(&format!(
-                "re-entrant work before pass {pass} could not be kept ({why}): the next \
+    /// The owner's side of a window step: waits for the holds in progress, marks the window
+    /// busy and returns what re-entrant work issued since the last settle changed (kept in
+    /// `deltas`); a problem is returned as a warning to give once the window is quiet again.
+    fn settle(b: &Backend, window: &Window, deltas: &mut Vec<Delta>) -> Option<String> {
+        window.busy();
+        match window.settle(b)? {
+            Ok(delta) => {
+                if !delta.is_empty() {
+                    deltas.push(delta);
+                }
+                None
+            }
+            Err(why) => Some(format!(
+                "re-entrant work issued during a replay could not be kept ({why}): the next \
                  restore may overwrite what it wrote"
             )),
         }
@@ -295,6 +283,7 @@ impl ReplayDevice for HsaReplay<'_> {
         match taken {
             Ok(guard) => {
                 self.guard = Some((guard, InWindow::enter()));
+                self.reentrant_at_lock = crate::queues::reentrant_runs();
                 Ok(())
             }
             Err(detail) => Err(Decline::new(DeclineReason::ReentrantDispatch, detail)),
@@ -384,12 +373,24 @@ impl ReplayDevice for HsaReplay<'_> {
             Some(plan) => plan,
             None => self.plan(info)?,
         };
-        self.reentrant_seen = self.reentrant_runs();
-        let snapshot = self
-            .b
-            .snapshotter
-            .take_for_kernel(plan, info.kernel_id)
-            .map_err(snapshot_decline)?;
+        // From here on, re-entrant work (from the snapshot callbacks on, on any thread inside a
+        // window) is captured before it runs and folded into this snapshot.
+        let window = self.b.windows.open(plan.footprint());
+        if crate::queues::reentrant_runs() != self.reentrant_at_lock {
+            // Re-entrant work issued since the drain (SNAPSHOT ENTER, another replay's
+            // callbacks) lands before the copy, which then holds it.
+            crate::fold::wait_reentrant_work(self.b);
+        }
+        self.window = Some(window.clone());
+        let taken = self.b.snapshotter.take_for_kernel(plan, info.kernel_id);
+        window.quiet();
+        let snapshot = match taken {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                self.close_window();
+                return Err(snapshot_decline(e));
+            }
+        };
         let r = snapshot.report();
         let report = MemoryOpReport {
             bytes_planned: r.bytes_planned,
@@ -405,7 +406,6 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
-        self.keep_reentrant_work(info, pass);
         // Acquired by `prepare` before the snapshot; without it no pass is ever submitted.
         let Some(signal) = self.pass_signal else {
             return Err(Decline::new(
@@ -420,8 +420,17 @@ impl ReplayDevice for HsaReplay<'_> {
         self.progress
             .set(Progress::Withheld(self.dispatch.completion_signal));
         let counted = crate::counting::program(self.b, info, Some(pass), signal);
-        let (b, sink) = (self.b, self.sink);
-        let mut submit = || sink.write(b, std::slice::from_ref(&bytes));
+        let (b, sink, window, deltas) = (self.b, self.sink, self.window.clone(), &mut self.deltas);
+        let mut trouble = None;
+        let mut submit = || {
+            if let Some(window) = &window {
+                // Re-entrant work issued before this kernel (PASS ENTER and earlier) is listed
+                // now, before the kernel's own writes mix with it.
+                trouble = Self::settle(b, window, deltas);
+                window.kernel(signal);
+            }
+            sink.write(b, std::slice::from_ref(&bytes))
+        };
         if self.b.hooks.dispatch_tracing_configured() {
             self.b
                 .hooks
@@ -444,6 +453,12 @@ impl ReplayDevice for HsaReplay<'_> {
                 ))
             },
         );
+        if let Some(window) = &self.window {
+            window.quiet();
+        }
+        if let Some(warning) = trouble {
+            self.b.hooks.warn(&warning);
+        }
         if let Some(counted) = counted {
             crate::counting::collect(self.b, counted, signal);
         }
@@ -510,14 +525,28 @@ impl ReplayDevice for HsaReplay<'_> {
                 ..Default::default()
             });
         }
-        if let Some(fresh) = self.fresh.take() {
-            // Memory as re-entrant work left it before an earlier pass: restore that.
-            *snapshot = fresh;
+        // Re-entrant work issued since the last settle (PASS EXIT, the continue callback,
+        // RESTORE ENTER, another replay's callbacks) is listed, and everything listed since the
+        // last restore goes into the store: this restore and later ones bring it back.
+        let mut trouble = None;
+        if let Some(window) = self.window.clone() {
+            trouble = Self::settle(self.b, &window, &mut self.deltas);
+            for delta in self.deltas.drain(..) {
+                if let Err(e) = snapshot.fold(&delta) {
+                    trouble = Some(format!(
+                        "re-entrant work issued during a replay could not be kept ({e}): \
+                         restores may overwrite what it wrote"
+                    ));
+                }
+            }
         }
         let restored = snapshot.restore(&snapshot_request(request));
-        // Re-entrant work that ran between the pass and this restore was overwritten by it
-        // (a documented limit); work from here on is kept by the next pass.
-        self.reentrant_seen = self.reentrant_runs();
+        if let Some(window) = &self.window {
+            window.quiet();
+        }
+        if let Some(warning) = trouble {
+            self.b.hooks.warn(&warning);
+        }
         match restored {
             Ok(report) => {
                 self.progress.set(Progress::Restored);
@@ -538,6 +567,7 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn discard_snapshot(&mut self, _info: &DispatchInfo, snapshot: Snapshot) {
+        self.close_window();
         drop(snapshot);
     }
 

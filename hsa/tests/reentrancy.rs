@@ -17,6 +17,7 @@ use hsa_sys::hsa_signal_t;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{DeclineReason, LoopEnd, RanOnceReason, ReplayOutcome, ToolAnswer};
+use kreplay_snapshot::{MIN_CHUNK_SIZE, RestoreStrategy, SnapshotConfig, StoreTier};
 use kreplay_softhsa::WorkGroup;
 use parking_lot::Mutex;
 use support::app::{self, App, Aql, Pools, Ptr, Queue, WAIT};
@@ -59,11 +60,16 @@ struct Env {
 }
 
 fn setup() -> Env {
+    setup_with(SnapshotConfig::default())
+}
+
+fn setup_with(snapshot: SnapshotConfig) -> Env {
     let hooks = TestHooks::new(0);
     let app = app::install(
         hooks.clone(),
         InstallOptions {
             drain: DrainConfig::new(WAIT),
+            snapshot,
             ..Default::default()
         },
     );
@@ -146,6 +152,116 @@ fn wait_flag(flag: &AtomicBool) -> bool {
         std::thread::yield_now();
     }
     true
+}
+
+/// A replay of `add_one` over words 0..64 of a 1024-word coarse buffer on agent 0, in 3 passes,
+/// whose tool dispatches (onto a sibling queue) `add_one` over words 64..128 (the chunk the
+/// replayed kernel writes) from PASS EXIT of pass 0 and over words 384..448 (a chunk it never
+/// writes) from PASS EXIT of pass 1, waiting for each. Both increments must survive the
+/// restores byte for byte, and the replayed kernel's own writes must still be undone, under
+/// `strategy` and `store`.
+fn tool_dispatches_after_passes_survive(strategy: RestoreStrategy, store: StoreTier, tags: [u32; 3]) {
+    let env = setup_with(SnapshotConfig {
+        strategy,
+        store,
+        chunk_size: MIN_CHUNK_SIZE,
+        ..Default::default()
+    });
+    let (q1, q2) = (env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[0]));
+    let outer_queue = queue_id(q1);
+    let buf = env.app.buffer(env.pools[0].coarse, &[9; 1024]);
+    let (done, inner_done) = (env.app.signal(1), [env.app.signal(1), env.app.signal(1)]);
+    let outer = env.add(0, buf, tags[0], 64, done);
+    let inner = [
+        env.add(0, Ptr(buf.0 + 64 * 4), tags[1], 32, inner_done[0]),
+        env.add(0, Ptr(buf.0 + 384 * 4), tags[2], 32, inner_done[1]),
+    ];
+    let waits: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let (app, w) = (env.app, waits.clone());
+    env.hooks.set_script(Script::passes(3).on_pass_exit(move |_, info, pass, _| {
+        if info.queue_id == outer_queue && pass < 2 {
+            app.dispatch(q2, inner[pass as usize]);
+            w.lock().push(app.wait_zero(inner_done[pass as usize]));
+        }
+        kreplay_passloop::ContinueChange::default()
+    }));
+    let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+        app.dispatch(q1, outer);
+        app.wait_zero(done)
+    });
+
+    let finished = bounded(LIMIT, vec![replayer]);
+
+    assert_eq!(finished, vec![0]);
+    assert_eq!(*waits.lock(), vec![0, 0], "each tool dispatch completed inside its callback");
+    assert_eq!((runs(tags[0]), runs(tags[1]), runs(tags[2])), (3, 1, 1));
+    let mut expected = vec![9; 1024];
+    for word in (0..128).chain(384..448) {
+        expected[word] = 10;
+    }
+    let memory = env.app.read(buf, 1024);
+    let wrong: Vec<usize> = (0..1024).filter(|&i| memory[i] != expected[i]).collect();
+    assert!(
+        wrong.is_empty(),
+        "{} word(s) differ from one run of each dispatch, first at {:?}: {:?}",
+        wrong.len(),
+        wrong.first(),
+        wrong.first().map(|&i| memory[i])
+    );
+    assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
+}
+
+/// Replays on agents 0 and 1 at once. While replay B (agent 1) sits in PASS EXIT of its pass 0
+/// (its kernel ran, its next restore is ahead), replay A's PASS ENTER issues `work` (with A's
+/// window open) into B's snapshotted memory `target` (a coarse buffer of agent 1 holding 70s),
+/// then lets B go on. What `work` wrote must survive B's later restores.
+fn work_into_another_replaying_agent_survives(work: impl Fn(&Env, Ptr) + Send + Sync + 'static, tags: [u32; 2]) {
+    static B_IN_EXIT: AtomicBool = AtomicBool::new(false);
+    static A_DONE: AtomicBool = AtomicBool::new(false);
+    let env = setup();
+    let outer_q = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
+    let bufs = [env.app.buffer(env.pools[0].coarse, &[1; 64]), env.app.buffer(env.pools[1].coarse, &[2; 64])];
+    let target = env.app.buffer(env.pools[1].coarse, &[70; 64]);
+    let done = [env.app.signal(1), env.app.signal(1)];
+    let outer = [env.add(0, bufs[0], tags[0], 64, done[0]), env.add(1, bufs[1], tags[1], 64, done[1])];
+    let outer_ids = [queue_id(outer_q[0]), queue_id(outer_q[1])];
+    let env = Arc::new(env);
+    let e = env.clone();
+    let work = Arc::new(work);
+    env.hooks.set_script(
+        Script::passes(3)
+            .on_pass_enter(move |_, info, pass, _| {
+                if info.queue_id == outer_ids[0] && pass == 0 {
+                    assert!(wait_flag(&B_IN_EXIT), "replay B reached its PASS EXIT");
+                    work(&e, target);
+                    A_DONE.store(true, Ordering::SeqCst);
+                }
+            })
+            .on_pass_exit(move |_, info, pass, _| {
+                if info.queue_id == outer_ids[1] && pass == 0 {
+                    B_IN_EXIT.store(true, Ordering::SeqCst);
+                    assert!(wait_flag(&A_DONE), "replay A issued its work");
+                }
+                kreplay_passloop::ContinueChange::default()
+            }),
+    );
+    let app = env.app;
+    let jobs: Vec<Box<dyn FnOnce() -> i64 + Send>> = (0..2)
+        .map(|k| -> Box<dyn FnOnce() -> i64 + Send> {
+            Box::new(move || {
+                app.dispatch(outer_q[k], outer[k]);
+                app.wait_zero(done[k])
+            })
+        })
+        .collect();
+
+    let finished = bounded(LIMIT, jobs);
+
+    assert_eq!(finished, vec![0, 0]);
+    assert_eq!((runs(tags[0]), runs(tags[1])), (3, 3));
+    assert_eq!(env.app.read(bufs[0], 64), vec![2; 64]);
+    assert_eq!(env.app.read(bufs[1], 64), vec![3; 64]);
+    assert_eq!(env.app.read(target, 64), vec![71; 64], "the work into B's memory survived B's restores");
 }
 
 /// The longest a scenario's threads may take in all.
@@ -356,7 +472,6 @@ scenarios! {
     /// kernel ran, before the next restore), over a buffer of the replaying agent that the
     /// replay snapshots, and waits for it: its increment survives the restores of the later
     /// passes, and the replayed dispatch's own writes are still undone (it ran once in effect).
-    #[ignore = "work issued after a pass's kernel is mixed with the pass's writes and erased by the next restore (hsa/src/replay.rs)"]
     fn a_tool_dispatch_after_a_passs_kernel_survives_the_next_restores() {
         let env = setup();
         let (q1, q2) = (env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[0]));
@@ -437,5 +552,57 @@ scenarios! {
         assert_eq!(env.app.read(bufs[1], 64), vec![3; 64]);
         assert_eq!(env.app.read(targets[0], 64), vec![101; 64], "agent 1's copy landed");
         assert_eq!(env.app.read(targets[1], 64), vec![100; 64], "agent 0's copy landed");
+    }
+
+    /// A tool dispatch from another agent's replay window into memory this replay snapshotted,
+    /// issued after this replay's pass 0 kernel: folded into this replay's snapshot, it
+    /// survives its later restores.
+    fn a_tool_dispatch_from_another_agents_replay_survives_this_replays_restores() {
+        work_into_another_replaying_agent_survives(
+            |env, target| {
+                let (queue, signal) = (env.app.queue(env.app.gpus[1]), env.app.signal(1));
+                env.app.dispatch(queue, env.add(1, target, 22, 32, signal));
+                assert_eq!(env.app.wait_zero(signal), 0);
+            },
+            [20, 21],
+        );
+        assert_eq!(runs(22), 1);
+    }
+
+    /// The same with `hsa_memory_copy` from the other replay's window.
+    fn a_copy_from_another_agents_replay_survives_this_replays_restores() {
+        work_into_another_replaying_agent_survives(|env, target| env.app.write(target, &[71; 64]), [23, 24]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_full_restores_host_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Full, StoreTier::Host, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_hash_restores_device_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Hash, StoreTier::Device, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_writeset_restores_file_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Writeset, StoreTier::File, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_unverified_writeset_restores_host_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::WritesetUnverified, StoreTier::Host, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_unverified_writeset_restores_device_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::WritesetUnverified, StoreTier::Device, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_auto_restores_auto_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Auto, StoreTier::Auto, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_full_restores_device_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Full, StoreTier::Device, [25, 26, 27]);
+    }
+
+    fn a_tool_dispatch_after_a_pass_survives_byte_for_byte_under_hash_restores_file_store() {
+        tool_dispatches_after_passes_survive(RestoreStrategy::Hash, StoreTier::File, [25, 26, 27]);
     }
 }

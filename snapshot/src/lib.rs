@@ -95,6 +95,7 @@
 mod config;
 mod copy;
 mod device;
+mod fold;
 mod hash;
 mod inventory;
 mod layout;
@@ -109,6 +110,7 @@ pub use config::{
     RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
 };
 pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
+pub use fold::{Capture, Delta, Footprint};
 pub use hash::{HashImpl, chunk_hash, hash_impl};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};

@@ -70,6 +70,10 @@ impl SnapshotPlan {
     pub fn breakdown(&self) -> SourceBreakdown {
         SourceBreakdown::of(self.layout.regions.iter().zip(&self.sources))
     }
+
+    pub(crate) fn fence_agents(&self) -> Option<SmallVec<[u64; 2]>> {
+        self.fence.clone()
+    }
 }
 
 /// How restores of one snapshot decide what to write.
@@ -127,18 +131,18 @@ pub struct RestoreRequest {
 /// `SnapshotConfig::keep_store`).
 pub struct Snapshot {
     /// The agents whose copy fences restores hold (`None`: every agent).
-    fence: Option<SmallVec<[u64; 2]>>,
-    layout: Layout,
-    store: Store,
-    source: Arc<StoreSource>,
-    inventory: Arc<Inventory>,
+    pub(crate) fence: Option<SmallVec<[u64; 2]>>,
+    pub(crate) layout: Layout,
+    pub(crate) store: Store,
+    pub(crate) source: Arc<StoreSource>,
+    pub(crate) inventory: Arc<Inventory>,
     caps: Capabilities,
     mode: Mode,
     verify_every: u32,
     keep_store: bool,
     report: SnapshotReport,
     /// Hash of every chunk as snapshotted (empty under `Mode::Full`).
-    hashes: Vec<u64>,
+    pub(crate) hashes: Vec<u64>,
     /// Scratch for hashes of live memory, reused across restores.
     live_hashes: Vec<u64>,
     /// Learned write set (`None` until the first learning hash pass, unless an earlier
@@ -183,6 +187,10 @@ impl Snapshotter {
     /// The inventory snapshots are taken from.
     pub fn inventory(&self) -> &Arc<Inventory> {
         &self.inventory
+    }
+
+    pub(crate) fn device(&self) -> &dyn DeviceMemory {
+        &*self.source.device
     }
 
     /// The configuration.

@@ -1,0 +1,256 @@
+//! Re-entrant work that survives restores.
+//!
+//! Work issued from inside a replay window (a tool's dispatch from a callback, onto any queue of
+//! any agent; a copy or fill a callback makes) runs at once, and may write memory that an open
+//! replay (its own, or another agent's) holds in its snapshot. The next restore of that replay
+//! would write the snapshot back over it. So every open replay registers a [`Window`] once its
+//! snapshot is planned, and re-entrant work is issued under a *hold* of every open window
+//! ([`hold_open`]): the hold waits until the window's memory is quiet (no pass kernel running,
+//! no snapshot, restore or fold in progress), takes a [`Capture`] of the window's footprint if
+//! none is pending, and keeps the window's owner from moving on until the work is submitted.
+//! Before its next pass's kernel and before its next restore, the owner settles the window
+//! ([`Window::settle`]): it waits for the re-entrant work (side queues, counted copies), lists
+//! what changed since the capture (a [`Delta`]: byte for byte, so a pass's own writes around it
+//! are not mixed in), and folds it into the snapshot (`kreplay_snapshot::Snapshot::fold`) at the
+//! next restore. Restores then bring the work's bytes back, under every strategy and store tier.
+//!
+//! Lock order: a window's state mutex is a leaf (never held while waiting for anything but its
+//! own condition); a hold waits only for a window's owner to finish a step that never waits for
+//! holds (a pass's kernel, a snapshot copy, a settle or a restore), and an owner waits for holds
+//! only between steps, so holds and owners never wait on each other in a cycle. A window's own
+//! thread (a tool callback run inside the pass, while the kernel runs) never waits for itself:
+//! it waits for its own kernel's signal instead.
+
+use std::sync::Arc;
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use hsa_sys::hsa_signal_t;
+use kreplay_snapshot::{Capture, Delta, Footprint};
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::Backend;
+
+/// How long a waiter sleeps on a condition before it looks again (signals are not condvars).
+const POLL: Duration = Duration::from_millis(1);
+
+#[derive(Clone, Copy)]
+enum Phase {
+    /// The owner is copying (snapshot, settle, restore): holds wait.
+    Busy,
+    /// Memory moves only through re-entrant work: holds proceed.
+    Quiet,
+    /// A pass's kernel was submitted with this completion signal: holds proceed once it is 0.
+    Kernel(hsa_signal_t),
+}
+
+struct State {
+    phase: Phase,
+    holders: u32,
+    capture: Option<Capture>,
+    /// A capture could not be taken: the next settle warns that work may be overwritten.
+    capture_failed: bool,
+}
+
+/// One open replay whose snapshot re-entrant work must not be erased from.
+pub(crate) struct Window {
+    owner: ThreadId,
+    footprint: Footprint,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// The open windows, and the holds in progress (by ticket), so that a window opening waits for
+/// the holds that began before it (they do not know it) to end.
+#[derive(Default)]
+pub(crate) struct Windows {
+    reg: Mutex<Registry>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Registry {
+    open: Vec<Arc<Window>>,
+    next_ticket: u64,
+    active: Vec<u64>,
+}
+
+impl Windows {
+    /// Opens a window over `footprint`, owned by the calling thread, busy (the owner is about to
+    /// copy the snapshot). Returns once no hold that began before it is still in progress.
+    pub(crate) fn open(&self, footprint: Footprint) -> Arc<Window> {
+        let window = Arc::new(Window {
+            owner: std::thread::current().id(),
+            footprint,
+            state: Mutex::new(State {
+                phase: Phase::Busy,
+                holders: 0,
+                capture: None,
+                capture_failed: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let mut reg = self.reg.lock();
+        reg.open.push(window.clone());
+        let opened = reg.next_ticket;
+        while reg.active.iter().any(|&t| t < opened) {
+            self.changed.wait_for(&mut reg, POLL);
+        }
+        window
+    }
+
+    /// Closes `window`: later holds do not see it, and holds waiting for it proceed.
+    pub(crate) fn close(&self, window: &Arc<Window>) {
+        self.reg.lock().open.retain(|w| !Arc::ptr_eq(w, window));
+        window.quiet();
+    }
+}
+
+/// Holds of every window open when it was taken; dropping it lets their owners move on.
+pub(crate) struct Holds<'a> {
+    windows: &'a Windows,
+    ticket: u64,
+    held: Vec<Arc<Window>>,
+}
+
+impl Drop for Holds<'_> {
+    fn drop(&mut self) {
+        for window in &self.held {
+            let mut state = window.state.lock();
+            state.holders -= 1;
+            window.changed.notify_all();
+        }
+        let mut reg = self.windows.reg.lock();
+        reg.active.retain(|&t| t != self.ticket);
+        self.windows.changed.notify_all();
+    }
+}
+
+/// Holds every open window for re-entrant work about to be issued: waits until each one's
+/// memory is quiet, captures its footprint if no capture is pending, and keeps its owner from
+/// its next step until the returned holds are dropped (after the work was submitted, or, for a
+/// synchronous write, done).
+pub(crate) fn hold_open(b: &Backend) -> Holds<'_> {
+    let windows = &b.windows;
+    let (ticket, open) = {
+        let mut reg = windows.reg.lock();
+        let ticket = reg.next_ticket;
+        reg.next_ticket += 1;
+        reg.active.push(ticket);
+        (ticket, reg.open.clone())
+    };
+    let mut holds = Holds {
+        windows,
+        ticket,
+        held: Vec::with_capacity(open.len()),
+    };
+    let me = std::thread::current().id();
+    for window in open {
+        let mut state = window.state.lock();
+        loop {
+            match state.phase {
+                Phase::Quiet => break,
+                // The owner's own thread, between steps of its own (a callback from inside a
+                // step): nothing else moves this window's memory now.
+                Phase::Busy if window.owner == me => break,
+                Phase::Busy => {}
+                Phase::Kernel(signal) => {
+                    if b.original.signal_load(signal) == 0 {
+                        break;
+                    }
+                    if window.owner == me {
+                        // A callback while the owner's own pass runs: wait for that kernel
+                        // (never abandoned, so never given up on).
+                        drop(state);
+                        while !b.wait_signal_zero(signal, Instant::now() + b.drain.timeout) {}
+                        state = window.state.lock();
+                        continue;
+                    }
+                }
+            }
+            window.changed.wait_for(&mut state, POLL);
+        }
+        state.holders += 1;
+        if state.capture.is_none() && !state.capture_failed {
+            match b.snapshotter.capture(&window.footprint) {
+                Ok(capture) => state.capture = Some(capture),
+                Err(e) => {
+                    state.capture_failed = true;
+                    log::warn!("cannot capture a replay's memory before re-entrant work: {e}");
+                }
+            }
+        }
+        drop(state);
+        holds.held.push(window);
+    }
+    holds
+}
+
+impl Window {
+    /// The owner, between steps: waits until no hold is in progress, then marks the window
+    /// busy (holds wait from now on).
+    pub(crate) fn busy(&self) {
+        let mut state = self.state.lock();
+        while state.holders > 0 {
+            self.changed.wait_for(&mut state, POLL);
+        }
+        state.phase = Phase::Busy;
+    }
+
+    /// The owner submits a pass's kernel with completion `signal` (already non-zero).
+    pub(crate) fn kernel(&self, signal: hsa_signal_t) {
+        self.state.lock().phase = Phase::Kernel(signal);
+        self.changed.notify_all();
+    }
+
+    /// The owner's step is over: re-entrant work may be issued.
+    pub(crate) fn quiet(&self) {
+        self.state.lock().phase = Phase::Quiet;
+        self.changed.notify_all();
+    }
+
+    /// The owner, while busy: if re-entrant work was issued since the last settle, waits for
+    /// it to land (every side queue, every counted copy) and returns what it changed in this
+    /// window's memory. `None` when nothing was issued.
+    pub(crate) fn settle(&self, b: &Backend) -> Option<Result<Delta, String>> {
+        let (capture, failed) = {
+            let mut state = self.state.lock();
+            let failed = std::mem::take(&mut state.capture_failed);
+            (state.capture.take(), failed)
+        };
+        if capture.is_none() && !failed {
+            return None;
+        }
+        let landed = wait_reentrant_work(b);
+        let delta = match capture {
+            None => Err("its memory could not be captured first".to_string()),
+            Some(capture) => b
+                .snapshotter
+                .changes(&capture)
+                .map_err(|e| format!("its changes could not be read: {e}")),
+        };
+        Some(match (delta, landed) {
+            (Ok(delta), true) => Ok(delta),
+            (Ok(_), false) => Err("it did not complete within the drain timeout".into()),
+            (Err(e), _) => Err(e),
+        })
+    }
+}
+
+/// Waits for everything re-entrant work may still be doing: every side queue's packets (a drain
+/// marker each) and every counted asynchronous copy. False when the drain timeout passed first.
+pub(crate) fn wait_reentrant_work(b: &Backend) -> bool {
+    let deadline = Instant::now() + b.drain.timeout;
+    let mut landed = true;
+    for side in b.queues.sides() {
+        if side.needs_drain_marker(b) {
+            let marker = side.drain_marker(b);
+            crate::queues::submit_side(b, &side, &[marker]);
+        }
+        landed &= b.wait_signal_zero(side.in_flight, deadline);
+    }
+    for counter in b.copies.counters() {
+        landed &= counter.wait_zero(deadline);
+    }
+    landed
+}

@@ -1,0 +1,224 @@
+//! Folding changes into a snapshot: work that ran while a snapshot was held, and whose effects
+//! must survive the restores that follow, is written into the store as well as left in memory.
+//!
+//! The owner of a [`Snapshot`] cannot tell such work's writes from its own kernel's by looking at
+//! memory afterwards, so whoever issues the work first takes a [`Capture`] of the snapshot's
+//! [`Footprint`] (the bytes as they are just before the work runs), and once the work finished
+//! [`Snapshotter::changes`] lists, byte for byte, what differs from the capture: a [`Delta`].
+//! [`Snapshot::fold`] writes a delta into the store (and refreshes the hashes of the chunks it
+//! touches), so every later restore brings those bytes back with the work's values, whatever
+//! the restore strategy and store tier.
+
+use smallvec::SmallVec;
+
+use crate::device::CopyError;
+use crate::hash::chunk_hash;
+use crate::inventory::Region;
+use crate::snapshot::{Snapshot, SnapshotPlan, Snapshotter};
+use crate::store::Backing;
+
+/// The memory a snapshot holds, as a [`Capture`] reads it: its regions and the agents whose copy
+/// fences the reads hold.
+#[derive(Clone, Debug)]
+pub struct Footprint {
+    pub(crate) regions: Vec<Region>,
+    pub(crate) fence: Option<SmallVec<[u64; 2]>>,
+}
+
+impl Footprint {
+    /// The regions, sorted by base.
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+
+    /// Bytes a capture copies.
+    pub fn bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.size).sum()
+    }
+}
+
+/// Host copies of a footprint's regions as they were at one moment (`None` for a region freed
+/// by then).
+pub struct Capture {
+    regions: Vec<(Region, Option<Vec<u8>>)>,
+    fence: Option<SmallVec<[u64; 2]>>,
+}
+
+impl Capture {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.regions
+            .iter()
+            .filter_map(|(_, b)| b.as_ref())
+            .map(|b| b.len() as u64)
+            .sum()
+    }
+}
+
+/// Bytes of device memory that changed since a [`Capture`], with their new values: runs of
+/// changed bytes, each exactly as long as the change (bytes that kept their value are never
+/// included).
+#[derive(Clone, Debug, Default)]
+pub struct Delta {
+    changes: Vec<(u64, Vec<u8>)>,
+}
+
+impl Delta {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Bytes changed.
+    pub fn bytes(&self) -> u64 {
+        self.changes.iter().map(|(_, b)| b.len() as u64).sum()
+    }
+
+    /// The runs of changed bytes: device address and new values.
+    pub fn changes(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.changes.iter().map(|(a, b)| (*a, &b[..]))
+    }
+}
+
+impl SnapshotPlan {
+    /// The memory this plan's snapshot will hold.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            regions: self.regions().to_vec(),
+            fence: self.fence_agents(),
+        }
+    }
+}
+
+impl Snapshotter {
+    /// Copies the current bytes of `footprint` to the host. Regions freed (or reused by a newer
+    /// allocation) since the footprint was planned are left out; frees wait for the copy.
+    pub fn capture(&self, footprint: &Footprint) -> Result<Capture, CopyError> {
+        let device = self.device();
+        let pinned = self.inventory().pin(footprint.fence.as_deref());
+        let mut regions = Vec::with_capacity(footprint.regions.len());
+        for region in &footprint.regions {
+            if !pinned.is_live(region) {
+                regions.push((*region, None));
+                continue;
+            }
+            let failed = |detail: &str| CopyError::Failed {
+                addr: region.base,
+                len: region.size,
+                detail: detail.into(),
+            };
+            let len = usize::try_from(region.size)
+                .map_err(|_| failed("region exceeds the address space"))?;
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(len)
+                .map_err(|_| failed("no host memory for a capture"))?;
+            bytes.resize(len, 0);
+            device.read(region.base, &mut bytes)?;
+            regions.push((*region, Some(bytes)));
+        }
+        Ok(Capture {
+            regions,
+            fence: footprint.fence.clone(),
+        })
+    }
+
+    /// What differs in device memory from `since`, byte for byte. Regions freed since the
+    /// capture are left out.
+    pub fn changes(&self, since: &Capture) -> Result<Delta, CopyError> {
+        let device = self.device();
+        let pinned = self.inventory().pin(since.fence.as_deref());
+        let mut delta = Delta::default();
+        let mut now = Vec::new();
+        for (region, before) in &since.regions {
+            let Some(before) = before else { continue };
+            if !pinned.is_live(region) {
+                continue;
+            }
+            now.clear();
+            now.resize(before.len(), 0);
+            device.read(region.base, &mut now)?;
+            let mut i = 0;
+            while i < now.len() {
+                if now[i] == before[i] {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < now.len() && now[i] != before[i] {
+                    i += 1;
+                }
+                delta
+                    .changes
+                    .push((region.base + start as u64, now[start..i].to_vec()));
+            }
+        }
+        Ok(delta)
+    }
+}
+
+impl Snapshot {
+    /// The memory this snapshot holds, for [`Snapshotter::capture`].
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            regions: self.layout.regions.clone(),
+            fence: self.fence.clone(),
+        }
+    }
+
+    /// Writes `delta` into the store, so that every later restore brings those bytes back with
+    /// their new values (device memory is left as it is: it holds them already). Chunk hashes
+    /// of the chunks it touches are refreshed. Changes outside the snapshot's regions, or in
+    /// regions freed since, are ignored. Returns the bytes folded in.
+    pub fn fold(&mut self, delta: &Delta) -> Result<u64, CopyError> {
+        let pinned = self.inventory.pin(self.fence.as_deref());
+        let layout = &self.layout;
+        let cs = layout.chunk_size;
+        // (region, chunk of the region) of every chunk a change lands in.
+        let mut touched: Vec<(usize, usize)> = Vec::new();
+        let mut folded = 0;
+        for (addr, bytes) in delta.changes() {
+            // The region holding `addr`: the last one starting at or before it.
+            let r = layout.regions.partition_point(|g| g.base <= addr);
+            let Some(r) = r.checked_sub(1) else { continue };
+            let region = layout.regions[r];
+            let offset = addr - region.base;
+            if offset + bytes.len() as u64 > region.size || !pinned.is_live(&region) {
+                continue;
+            }
+            let at = layout.store_offset[r] + offset;
+            match &mut self.store.backing {
+                Backing::Device { addr: shadow } => self.source.device.write(*shadow + at, bytes)?,
+                Backing::Empty(_) => continue,
+                Backing::Host { .. } | Backing::File { .. } => {
+                    let at = at as usize;
+                    self.store.bytes_mut()[at..at + bytes.len()].copy_from_slice(bytes);
+                }
+            }
+            folded += bytes.len() as u64;
+            let first = (offset / cs) as usize;
+            let last = ((offset + bytes.len() as u64 - 1) / cs) as usize;
+            touched.extend((first..=last).map(|k| (r, k)));
+        }
+        if self.hashes.len() == layout.chunks() && !touched.is_empty() {
+            touched.sort_unstable();
+            touched.dedup();
+            let mut scratch = Vec::new();
+            for (r, k) in touched {
+                let c = layout.first_chunk[r] + k;
+                let (offset, len) = layout.span(r, k, 1);
+                let at = (layout.store_offset[r] + offset) as usize;
+                self.hashes[c] = match &self.store.backing {
+                    Backing::Device { addr: shadow } => {
+                        scratch.resize(len as usize, 0);
+                        self.source.device.read(*shadow + at as u64, &mut scratch)?;
+                        chunk_hash(&scratch)
+                    }
+                    _ => chunk_hash(&self.store.bytes()[at..at + len as usize]),
+                };
+            }
+        }
+        drop(pinned);
+        Ok(folded)
+    }
+}
