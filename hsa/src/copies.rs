@@ -135,10 +135,7 @@ impl<'a> Fence<'a> {
             })
             .collect();
         // Holds before counts: a replay settling waits for holds first, then for counts.
-        let holds = window.then(|| {
-            crate::queues::count_reentrant_work();
-            crate::fold::hold_open(b)
-        });
+        let holds = window.then(|| crate::fold::hold_open(b));
         let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();
         for counter in &counters {
             counter.start();

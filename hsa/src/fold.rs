@@ -187,6 +187,11 @@ pub(crate) fn hold_open(b: &Backend) -> Holds<'_> {
 }
 
 impl Window {
+    /// The memory this window's snapshot holds.
+    pub(crate) fn footprint(&self) -> &Footprint {
+        &self.footprint
+    }
+
     /// The owner, between steps: waits until no hold is in progress, then marks the window
     /// busy (holds wait from now on).
     pub(crate) fn busy(&self) {
@@ -221,7 +226,7 @@ impl Window {
         if capture.is_none() && !failed {
             return None;
         }
-        let landed = wait_reentrant_work(b);
+        let landed = wait_reentrant_work(b, &self.footprint);
         let delta = match capture {
             None => Err("its memory could not be captured first".to_string()),
             Some(capture) => b
@@ -237,9 +242,10 @@ impl Window {
     }
 }
 
-/// Waits for everything re-entrant work may still be doing: every side queue's packets (a drain
-/// marker each) and every counted asynchronous copy. False when the drain timeout passed first.
-pub(crate) fn wait_reentrant_work(b: &Backend) -> bool {
+/// Waits for everything re-entrant work may still be doing to `footprint`: every side queue's
+/// packets (a drain marker each) and every counted copy into the memory of the agents whose
+/// memory it holds. False when the drain timeout passed first.
+pub(crate) fn wait_reentrant_work(b: &Backend, footprint: &Footprint) -> bool {
     let deadline = Instant::now() + b.drain.timeout;
     let mut landed = true;
     for side in b.queues.sides() {
@@ -249,7 +255,11 @@ pub(crate) fn wait_reentrant_work(b: &Backend) -> bool {
         }
         landed &= b.wait_signal_zero(side.in_flight, deadline);
     }
-    for counter in b.copies.counters() {
+    let counters = match footprint.agents() {
+        Some(agents) => agents.iter().map(|&a| b.copies.counter(a)).collect(),
+        None => b.copies.counters(),
+    };
+    for counter in counters {
         landed &= counter.wait_zero(deadline);
     }
     landed

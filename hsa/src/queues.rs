@@ -116,11 +116,6 @@ impl QueueState {
         }
     }
 
-    /// Counts one re-entrant submission (to a side queue).
-    pub(crate) fn count_reentrant_run(&self) {
-        REENTRANT_RUNS.fetch_add(1, Ordering::AcqRel);
-    }
-
     /// Notes that packets are being forwarded to this queue's hardware queue.
     pub(crate) fn mark_dirty(&self) {
         if !self.dirty.load(Ordering::Relaxed) {
@@ -506,20 +501,6 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         }
         status
     })
-}
-
-/// Re-entrant work issued so far (side-queue submissions, runtime writes from inside a
-/// window): work on one agent may write memory another agent's replay snapshots.
-static REENTRANT_RUNS: AtomicUsize = AtomicUsize::new(0);
-
-/// Re-entrant work issued so far.
-pub(crate) fn reentrant_runs() -> usize {
-    REENTRANT_RUNS.load(Ordering::Acquire)
-}
-
-/// Counts one runtime write issued from inside a replay window.
-pub(crate) fn count_reentrant_work() {
-    REENTRANT_RUNS.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Slots of a side queue (kreplay's own queue per agent for re-entrant work).

@@ -39,7 +39,6 @@ pub(crate) fn replay_dispatch(
         dispatch,
         sink,
         reentrant: matches!(sink, Sink::Side(_)),
-        reentrant_at_lock: 0,
         window: None,
         deltas: Vec::new(),
         progress,
@@ -74,7 +73,6 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
         return;
     };
     let progress = Cell::new(Progress::Untouched);
-    side.count_reentrant_run();
     match packet.as_dispatch() {
         Some(dispatch) => {
             replay_dispatch(b, state, dispatch, Sink::Side(&side), &progress);
@@ -108,8 +106,6 @@ struct HsaReplay<'a> {
     sink: Sink<'a>,
     /// Work issued from inside a replay window: runs once on the side queue, never replayed.
     reentrant: bool,
-    /// Re-entrant work issued anywhere as of the agent's lock (`queues::reentrant_runs`).
-    reentrant_at_lock: usize,
     /// This replay's window for re-entrant work (`crate::fold`), open from the snapshot on.
     window: Option<Arc<Window>>,
     /// What re-entrant work changed in the snapshot's memory, to fold in at the next restore.
@@ -283,7 +279,6 @@ impl ReplayDevice for HsaReplay<'_> {
         match taken {
             Ok(guard) => {
                 self.guard = Some((guard, InWindow::enter()));
-                self.reentrant_at_lock = crate::queues::reentrant_runs();
                 Ok(())
             }
             Err(detail) => Err(Decline::new(DeclineReason::ReentrantDispatch, detail)),
@@ -376,10 +371,14 @@ impl ReplayDevice for HsaReplay<'_> {
         // From here on, re-entrant work (from the snapshot callbacks on, on any thread inside a
         // window) is captured before it runs and folded into this snapshot.
         let window = self.b.windows.open(plan.footprint());
-        if crate::queues::reentrant_runs() != self.reentrant_at_lock {
-            // Re-entrant work issued since the drain (SNAPSHOT ENTER, another replay's
-            // callbacks) lands before the copy, which then holds it.
-            crate::fold::wait_reentrant_work(self.b);
+        // Re-entrant work issued before the window opened (SNAPSHOT ENTER, another replay's
+        // callbacks, on any agent's side queue) lands before the copy, which then holds it.
+        let footprint = window.footprint();
+        if !crate::fold::wait_reentrant_work(self.b, footprint) {
+            self.b.hooks.warn(
+                "re-entrant work issued before a snapshot did not complete within the drain \
+                 timeout: the snapshot may hold part of it",
+            );
         }
         self.window = Some(window.clone());
         let taken = self.b.snapshotter.take_for_kernel(plan, info.kernel_id);

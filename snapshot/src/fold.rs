@@ -31,6 +31,11 @@ impl Footprint {
         &self.regions
     }
 
+    /// The agents whose memory it holds (`None`: any agent's).
+    pub fn agents(&self) -> Option<&[u64]> {
+        self.fence.as_deref()
+    }
+
     /// Bytes a capture copies.
     pub fn bytes(&self) -> u64 {
         self.regions.iter().map(|r| r.size).sum()

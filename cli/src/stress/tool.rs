@@ -37,7 +37,8 @@ pub struct ToolConfig {
     pub replayed_kernel: u64,
     /// Context toggles (valid and invalid) in every replay.
     pub toggles: bool,
-    /// A re-entrant dispatch at PASS ENTER 0 of every `reentrant_every`-th replay (0 = never).
+    /// A re-entrant dispatch at PASS ENTER 0 of every `reentrant_every`-th replay, and at PASS
+    /// EXIT 0 of as many others (0 = never).
     pub reentrant_every: u64,
 }
 
@@ -352,6 +353,13 @@ unsafe extern "C" fn on_replay_record(
                 if tool.config.toggles {
                     toggle_at_pass_exit(tool, payload);
                 }
+                // After the pass's kernel, before the next restore: kept all the same.
+                if tool.config.reentrant_every > 0
+                    && payload.current_pass == 0
+                    && id % tool.config.reentrant_every == tool.config.reentrant_every / 2
+                {
+                    reentrant_dispatch(tool, id);
+                }
             }
             (_, phase) => tool.problem(format!("dispatch {id}: a record with phase {phase:?}")),
         }
@@ -455,7 +463,7 @@ fn reentrant_dispatch(tool: &StressTool, id: u64) {
         Ok(false) => {
             tool.dispatcher_abandoned.store(true, Ordering::SeqCst);
             tool.problem(format!(
-                "dispatch {id}: a tool dispatch on agent {agent} from PASS ENTER did not \
+                "dispatch {id}: a tool dispatch on agent {agent} from a replay callback did not \
                  complete within {REENTRANT_DEADLINE:?}"
             ));
         }
