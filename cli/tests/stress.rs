@@ -1,15 +1,8 @@
 //! `kreplay stress` in the test suite: short seeded runs of the built binary (each bounded by the
-//! command's own watchdog as well as by its few seconds of operations).
-//!
-//! Parts of the mix that lose data today because of known, open defects are switched off here
-//! with the command's own flags, each named below; the command runs them by default.
-//! - `--no-reentrant`: a tool dispatch from PASS ENTER is erased by the replay's restores, and
-//!   with several application threads the re-entrant dispatch can deadlock (issue 8, item 5).
+//! command's own watchdog as well as by its few seconds of operations), with the whole mix,
+//! re-entrant tool dispatches (from PASS ENTER and PASS EXIT, onto both agents) included.
 
 use std::process::{Command, Output};
-
-/// The narrowing that keeps the known defects out (see the module comment).
-const KNOWN_DEFECTS_OFF: [&str; 1] = ["--no-reentrant"];
 
 fn kreplay(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
@@ -76,9 +69,7 @@ fn number_before(out: &str, prefix: &str, label: &str) -> u64 {
 
 #[test]
 fn a_short_seeded_stress_run_loses_no_byte_and_no_completion() {
-    let mut args = vec!["--seed", "7"];
-    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
-    let output = stress(&args, &[]);
+    let output = stress(&["--seed", "7"], &[]);
     let out = text(&output);
     assert_eq!(output.status.code(), Some(0), "{out}");
     assert!(out.contains("stress: PASSED"), "{out}");
@@ -113,21 +104,33 @@ fn a_short_seeded_stress_run_loses_no_byte_and_no_completion() {
         number_before(&out, "tool:", " toggles as specified") > 0,
         "{out}"
     );
+    assert_every_reentrant_dispatch_completed(&out);
+}
+
+/// The tool issued re-entrant dispatches and every one completed (their effects on the tool's
+/// buffer are checked by the command itself).
+fn assert_every_reentrant_dispatch_completed(out: &str) {
+    let issued = number_before(out, "tool:", " re-entrant dispatches completed");
+    assert!(issued > 0, "{out}");
+    assert!(
+        line(out, "tool:").contains(&format!(", {issued} of {issued} re-entrant")),
+        "{out}"
+    );
 }
 
 #[test]
 fn a_stress_run_with_injected_faults_loses_nothing_and_reports_the_faults() {
-    let mut args = vec![
+    let args = [
         "--seed",
         "11",
         "--faults",
         "copy:0.03,pool_allocate:0.03,async_copy:0.03,signal_create:0.01,slow_kernel:0.02@3,async_copy_delay:0.03@3",
     ];
-    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
     let output = stress(&args, &[]);
     let out = text(&output);
     assert_eq!(output.status.code(), Some(0), "{out}");
     assert!(out.contains("stress: PASSED"), "{out}");
+    assert_every_reentrant_dispatch_completed(&out);
     assert!(out.contains("faults injected:"), "{out}");
     // kreplay creates signals for every replay: they fail too, and the replay is declined.
     assert!(
@@ -232,8 +235,7 @@ fn stress_options_parse_and_bad_values_name_the_option() {
 
 #[test]
 fn a_stress_run_with_queues_stalled_past_the_drain_budget_loses_nothing() {
-    let mut args = vec!["--seed", "13", "--faults", "queue_stall:0.004@200"];
-    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
+    let args = ["--seed", "13", "--faults", "queue_stall:0.004@200"];
     let output = stress(&args, &[("KREPLAY_DRAIN_TIMEOUT_MS", "100")]);
     let out = text(&output);
     assert_eq!(output.status.code(), Some(0), "{out}");
@@ -246,8 +248,7 @@ fn a_stress_run_with_queues_stalled_past_the_drain_budget_loses_nothing() {
 
 #[test]
 fn faults_come_from_the_environment_when_no_option_names_them() {
-    let mut args = vec!["--seed", "5"];
-    args.extend_from_slice(&KNOWN_DEFECTS_OFF);
+    let args = ["--seed", "5"];
     let output = stress(
         &args,
         &[(
