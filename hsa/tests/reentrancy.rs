@@ -160,14 +160,21 @@ fn wait_flag(flag: &AtomicBool) -> bool {
 /// writes) from PASS EXIT of pass 1, waiting for each. Both increments must survive the
 /// restores byte for byte, and the replayed kernel's own writes must still be undone, under
 /// `strategy` and `store`.
-fn tool_dispatches_after_passes_survive(strategy: RestoreStrategy, store: StoreTier, tags: [u32; 3]) {
+fn tool_dispatches_after_passes_survive(
+    strategy: RestoreStrategy,
+    store: StoreTier,
+    tags: [u32; 3],
+) {
     let env = setup_with(SnapshotConfig {
         strategy,
         store,
         chunk_size: MIN_CHUNK_SIZE,
         ..Default::default()
     });
-    let (q1, q2) = (env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[0]));
+    let (q1, q2) = (
+        env.app.queue(env.app.gpus[0]),
+        env.app.queue(env.app.gpus[0]),
+    );
     let outer_queue = queue_id(q1);
     let buf = env.app.buffer(env.pools[0].coarse, &[9; 1024]);
     let (done, inner_done) = (env.app.signal(1), [env.app.signal(1), env.app.signal(1)]);
@@ -178,13 +185,14 @@ fn tool_dispatches_after_passes_survive(strategy: RestoreStrategy, store: StoreT
     ];
     let waits: Arc<Mutex<Vec<i64>>> = Arc::default();
     let (app, w) = (env.app, waits.clone());
-    env.hooks.set_script(Script::passes(3).on_pass_exit(move |_, info, pass, _| {
-        if info.queue_id == outer_queue && pass < 2 {
-            app.dispatch(q2, inner[pass as usize]);
-            w.lock().push(app.wait_zero(inner_done[pass as usize]));
-        }
-        kreplay_passloop::ContinueChange::default()
-    }));
+    env.hooks
+        .set_script(Script::passes(3).on_pass_exit(move |_, info, pass, _| {
+            if info.queue_id == outer_queue && pass < 2 {
+                app.dispatch(q2, inner[pass as usize]);
+                w.lock().push(app.wait_zero(inner_done[pass as usize]));
+            }
+            kreplay_passloop::ContinueChange::default()
+        }));
     let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
         app.dispatch(q1, outer);
         app.wait_zero(done)
@@ -193,7 +201,11 @@ fn tool_dispatches_after_passes_survive(strategy: RestoreStrategy, store: StoreT
     let finished = bounded(LIMIT, vec![replayer]);
 
     assert_eq!(finished, vec![0]);
-    assert_eq!(*waits.lock(), vec![0, 0], "each tool dispatch completed inside its callback");
+    assert_eq!(
+        *waits.lock(),
+        vec![0, 0],
+        "each tool dispatch completed inside its callback"
+    );
     assert_eq!((runs(tags[0]), runs(tags[1]), runs(tags[2])), (3, 1, 1));
     let mut expected = vec![9; 1024];
     for word in (0..128).chain(384..448) {
@@ -208,22 +220,40 @@ fn tool_dispatches_after_passes_survive(strategy: RestoreStrategy, store: StoreT
         wrong.first(),
         wrong.first().map(|&i| memory[i])
     );
-    assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
+    assert_eq!(
+        env.outcome_of_tag_queue(q1, 64),
+        vec![ReplayOutcome::Replayed {
+            passes: 3,
+            end: LoopEnd::LastPass
+        }]
+    );
 }
 
 /// Replays on agents 0 and 1 at once. While replay B (agent 1) sits in PASS EXIT of its pass 0
 /// (its kernel ran, its next restore is ahead), replay A's PASS ENTER issues `work` (with A's
 /// window open) into B's snapshotted memory `target` (a coarse buffer of agent 1 holding 70s),
 /// then lets B go on. What `work` wrote must survive B's later restores.
-fn work_into_another_replaying_agent_survives(work: impl Fn(&Env, Ptr) + Send + Sync + 'static, tags: [u32; 2]) {
+fn work_into_another_replaying_agent_survives(
+    work: impl Fn(&Env, Ptr) + Send + Sync + 'static,
+    tags: [u32; 2],
+) {
     static B_IN_EXIT: AtomicBool = AtomicBool::new(false);
     static A_DONE: AtomicBool = AtomicBool::new(false);
     let env = setup();
-    let outer_q = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
-    let bufs = [env.app.buffer(env.pools[0].coarse, &[1; 64]), env.app.buffer(env.pools[1].coarse, &[2; 64])];
+    let outer_q = [
+        env.app.queue(env.app.gpus[0]),
+        env.app.queue(env.app.gpus[1]),
+    ];
+    let bufs = [
+        env.app.buffer(env.pools[0].coarse, &[1; 64]),
+        env.app.buffer(env.pools[1].coarse, &[2; 64]),
+    ];
     let target = env.app.buffer(env.pools[1].coarse, &[70; 64]);
     let done = [env.app.signal(1), env.app.signal(1)];
-    let outer = [env.add(0, bufs[0], tags[0], 64, done[0]), env.add(1, bufs[1], tags[1], 64, done[1])];
+    let outer = [
+        env.add(0, bufs[0], tags[0], 64, done[0]),
+        env.add(1, bufs[1], tags[1], 64, done[1]),
+    ];
     let outer_ids = [queue_id(outer_q[0]), queue_id(outer_q[1])];
     let env = Arc::new(env);
     let e = env.clone();
@@ -261,7 +291,11 @@ fn work_into_another_replaying_agent_survives(work: impl Fn(&Env, Ptr) + Send + 
     assert_eq!((runs(tags[0]), runs(tags[1])), (3, 3));
     assert_eq!(env.app.read(bufs[0], 64), vec![2; 64]);
     assert_eq!(env.app.read(bufs[1], 64), vec![3; 64]);
-    assert_eq!(env.app.read(target, 64), vec![71; 64], "the work into B's memory survived B's restores");
+    assert_eq!(
+        env.app.read(target, 64),
+        vec![71; 64],
+        "the work into B's memory survived B's restores"
+    );
 }
 
 /// The longest a scenario's threads may take in all.
@@ -567,6 +601,18 @@ scenarios! {
             [20, 21],
         );
         assert_eq!(runs(22), 1);
+    }
+
+    /// The same with `hsa_amd_memory_async_copy` from the other replay's window (waited for).
+    fn an_async_copy_from_another_agents_replay_survives_this_replays_restores() {
+        work_into_another_replaying_agent_survives(
+            |env, target| {
+                let (src, signal) = (env.app.buffer(env.pools[0].fine, &[71; 64]), env.app.signal(1));
+                env.app.async_copy(target, env.app.gpus[1], src, env.app.gpus[0], 256, signal);
+                assert_eq!(env.app.wait_zero(signal), 0);
+            },
+            [28, 29],
+        );
     }
 
     /// The same with `hsa_memory_copy` from the other replay's window.

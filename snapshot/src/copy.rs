@@ -42,6 +42,28 @@ unsafe fn window_bytes<'a>(window: &HostWindow, offset: u64, len: u64) -> &'a [u
     unsafe { std::slice::from_raw_parts(window.as_ptr().add(offset as usize), len as usize) }
 }
 
+/// Reads `dst.len()` bytes of device memory at `addr`: through a host window when the device
+/// offers one for the range (no runtime copy that could fail), else through the device. The
+/// caller holds the inventory's read side for the allocation.
+pub(crate) fn read_device(
+    device: &dyn DeviceMemory,
+    addr: u64,
+    dst: &mut [u8],
+) -> Result<(), CopyError> {
+    let len = dst.len() as u64;
+    match device
+        .host_window(addr, len)
+        .filter(|w| w.len() as u64 >= len)
+    {
+        Some(window) => {
+            // SAFETY: the window covers `len` bytes; the caller holds the inventory's read side.
+            dst.copy_from_slice(unsafe { window_bytes(&window, 0, len) });
+            Ok(())
+        }
+        None => device.read(addr, dst),
+    }
+}
+
 /// Write `src` into a host window at `offset`, with streaming stores if `streaming`.
 ///
 /// # Safety

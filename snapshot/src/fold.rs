@@ -11,6 +11,7 @@
 
 use smallvec::SmallVec;
 
+use crate::copy::read_device;
 use crate::device::CopyError;
 use crate::hash::chunk_hash;
 use crate::inventory::Region;
@@ -119,7 +120,7 @@ impl Snapshotter {
                 .try_reserve_exact(len)
                 .map_err(|_| failed("no host memory for a capture"))?;
             bytes.resize(len, 0);
-            device.read(region.base, &mut bytes)?;
+            read_device(device, region.base, &mut bytes)?;
             regions.push((*region, Some(bytes)));
         }
         Ok(Capture {
@@ -142,7 +143,7 @@ impl Snapshotter {
             }
             now.clear();
             now.resize(before.len(), 0);
-            device.read(region.base, &mut now)?;
+            read_device(device, region.base, &mut now)?;
             let mut i = 0;
             while i < now.len() {
                 if now[i] == before[i] {
@@ -193,7 +194,9 @@ impl Snapshot {
             }
             let at = layout.store_offset[r] + offset;
             match &mut self.store.backing {
-                Backing::Device { addr: shadow } => self.source.device.write(*shadow + at, bytes)?,
+                Backing::Device { addr: shadow } => {
+                    self.source.device.write(*shadow + at, bytes)?
+                }
                 Backing::Empty(_) => continue,
                 Backing::Host { .. } | Backing::File { .. } => {
                     let at = at as usize;

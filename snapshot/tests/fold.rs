@@ -51,13 +51,23 @@ fn folded_work_survives(strategy: RestoreStrategy, store: StoreTier, caps: Caps)
                 let bytes: Vec<u8> = bytes
                     .iter()
                     .enumerate()
-                    .map(|(i, b)| if *b == original[*offset as usize + i] { !b } else { *b })
+                    .map(|(i, b)| {
+                        if *b == original[*offset as usize + i] {
+                            !b
+                        } else {
+                            *b
+                        }
+                    })
                     .collect();
                 dev.poke(buf + offset, &bytes);
                 expected[*offset as usize..*offset as usize + bytes.len()].copy_from_slice(&bytes);
             }
             let delta = snap.changes(&capture).unwrap();
-            assert_eq!(delta.bytes(), 74, "{strategy} {store}: only the work's bytes");
+            assert_eq!(
+                delta.bytes(),
+                74,
+                "{strategy} {store}: only the work's bytes"
+            );
             assert_eq!(s.fold(&delta).unwrap(), 74);
         }
         let request = if p == 5 { FINAL } else { not_final(p + 1) };
@@ -67,9 +77,12 @@ fn folded_work_survives(strategy: RestoreStrategy, store: StoreTier, caps: Caps)
             assert_eq!(report.chunks_restored, 2, "{store} {caps:?}: {report:?}");
         }
         let now = dev.peek(buf, size);
-        let wrong = (0..size as usize).filter(|&i| now[i] != expected[i]).count();
+        let wrong = (0..size as usize)
+            .filter(|&i| now[i] != expected[i])
+            .count();
         assert_eq!(
-            wrong, 0,
+            wrong,
+            0,
             "{strategy} {store} {caps:?}: restore before pass {} left {wrong} byte(s) unlike the snapshot with the work folded in",
             p + 1
         );
@@ -109,7 +122,14 @@ fn a_delta_lists_exactly_the_changed_bytes_and_skips_freed_regions() {
     let delta = snap.changes(&capture).unwrap();
     let changes: Vec<(u64, Vec<u8>)> = delta.changes().map(|(x, y)| (x, y.to_vec())).collect();
     // Byte 11 was written with the value it had: not a change.
-    assert_eq!(changes, vec![(a + 10, vec![9]), (a + 12, vec![9]), (b, vec![7; 8])]);
+    assert_eq!(
+        changes,
+        vec![(a + 10, vec![9]), (a + 12, vec![9]), (b, vec![7; 8])]
+    );
     dev.free(&inv, b);
-    assert_eq!(snap.changes(&capture).unwrap().bytes(), 2, "a freed region is left out");
+    assert_eq!(
+        snap.changes(&capture).unwrap().bytes(),
+        2,
+        "a freed region is left out"
+    );
 }
