@@ -17,7 +17,9 @@
 //! callback on the agent being replayed (re-entrant) proceeds without the lock; one issued from
 //! a replay callback onto *another* agent tries that agent's reader side once and, if a replay
 //! holds it, proceeds at once too (waiting could deadlock two replays whose tools write into each
-//! other's memory; see ARCHITECTURE.md "Concurrency"). Plain CPU
+//! other's memory; see ARCHITECTURE.md "Concurrency"). Either way a write from inside a window is
+//! made under holds of the open replays (`crate::fold`), so that what it writes is folded into
+//! their snapshots instead of being undone by their restores. Plain CPU
 //! stores into host-visible device memory never reach the runtime and cannot be fenced (see
 //! `docs/rocm.md`).
 
