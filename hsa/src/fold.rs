@@ -249,10 +249,12 @@ pub(crate) fn wait_reentrant_work(b: &Backend, footprint: &Footprint) -> bool {
     let deadline = Instant::now() + b.drain.timeout;
     let mut landed = true;
     for side in b.queues.sides() {
-        if side.needs_drain_marker(b) {
-            let marker = side.drain_marker(b);
-            crate::queues::submit_side(b, &side, &[marker]);
-        }
+        // Always a marker of its own: side queues are written by any thread at any time, and
+        // several replays wait for them at once, so whether one "forwarded since the last
+        // marker" cannot be told here (another waiter may have just taken that mark, with its
+        // marker ahead of the packets this one must wait for).
+        let marker = side.drain_marker(b);
+        crate::queues::submit_side(b, &side, &[marker]);
         landed &= b.wait_signal_zero(side.in_flight, deadline);
     }
     let counters = match footprint.agents() {
