@@ -215,8 +215,8 @@ impl Window {
     }
 
     /// The owner, while busy: if re-entrant work was issued since the last settle, waits for
-    /// it to land (every side queue, every counted copy) and returns what it changed in this
-    /// window's memory. `None` when nothing was issued.
+    /// it to land (every side queue, every counted copy; never given up on) and returns what it
+    /// changed in this window's memory. `None` when nothing was issued.
     pub(crate) fn settle(&self, b: &Backend) -> Option<Result<Delta, String>> {
         let (capture, failed) = {
             let mut state = self.state.lock();
@@ -226,7 +226,7 @@ impl Window {
         if capture.is_none() && !failed {
             return None;
         }
-        let landed = wait_reentrant_work(b, &self.footprint);
+        InFlight::mark(b, &self.footprint).wait_patiently(b);
         let delta = match capture {
             None => Err("its memory could not be captured first".to_string()),
             Some(capture) => b
@@ -234,35 +234,57 @@ impl Window {
                 .changes(&capture)
                 .map_err(|e| format!("its changes could not be read: {e}")),
         };
-        Some(match (delta, landed) {
-            (Ok(delta), true) => Ok(delta),
-            (Ok(_), false) => Err("it did not complete within the drain timeout".into()),
-            (Err(e), _) => Err(e),
-        })
+        Some(delta)
     }
 }
 
-/// Waits for everything re-entrant work may still be doing to `footprint`: every side queue's
-/// packets (a drain marker each) and every counted copy into the memory of the agents whose
-/// memory it holds. False when the drain timeout passed first.
-pub(crate) fn wait_reentrant_work(b: &Backend, footprint: &Footprint) -> bool {
-    let deadline = Instant::now() + b.drain.timeout;
-    let mut landed = true;
-    for side in b.queues.sides() {
-        // Always a marker of its own: side queues are written by any thread at any time, and
-        // several replays wait for them at once, so whether one "forwarded since the last
-        // marker" cannot be told here (another waiter may have just taken that mark, with its
-        // marker ahead of the packets this one must wait for).
-        let marker = side.drain_marker(b);
-        crate::queues::submit_side(b, &side, &[marker]);
-        landed &= b.wait_signal_zero(side.in_flight, deadline);
+/// What re-entrant work may still be doing to a footprint: a drain marker on every side queue,
+/// and the copies counted into the memory of the agents whose memory it holds.
+pub(crate) struct InFlight {
+    sides: Vec<Arc<crate::queues::QueueState>>,
+    counters: Vec<Arc<kreplay_drain::InFlightCounter>>,
+}
+
+impl InFlight {
+    /// Puts a drain marker of its own on every side queue. Always a marker of its own: side
+    /// queues are written by any thread at any time and several replays wait for them at once,
+    /// so whether one "forwarded since the last marker" cannot be told here (another waiter may
+    /// have just taken that mark, with its marker ahead of the packets this one must wait for).
+    pub(crate) fn mark(b: &Backend, footprint: &Footprint) -> InFlight {
+        let sides = b.queues.sides();
+        for side in &sides {
+            let marker = side.drain_marker(b);
+            crate::queues::submit_side(b, side, &[marker]);
+        }
+        let counters = match footprint.agents() {
+            Some(agents) => agents.iter().map(|&a| b.copies.counter(a)).collect(),
+            None => b.copies.counters(),
+        };
+        InFlight { sides, counters }
     }
-    let counters = match footprint.agents() {
-        Some(agents) => agents.iter().map(|&a| b.copies.counter(a)).collect(),
-        None => b.copies.counters(),
-    };
-    for counter in counters {
-        landed &= counter.wait_zero(deadline);
+
+    /// Whether all of it landed by `deadline`.
+    pub(crate) fn wait(&self, b: &Backend, deadline: Instant) -> bool {
+        let mut landed = true;
+        for side in &self.sides {
+            landed &= b.wait_signal_zero(side.in_flight, deadline);
+        }
+        for counter in &self.counters {
+            landed &= counter.wait_zero(deadline);
+        }
+        landed
     }
-    landed
+
+    /// Waits until all of it landed, however long it takes (what it writes must be seen whole
+    /// before a replay goes on, or a restore would overwrite it), warning once per drain timeout.
+    pub(crate) fn wait_patiently(&self, b: &Backend) {
+        let start = Instant::now();
+        while !self.wait(b, Instant::now() + b.drain.timeout) {
+            b.hooks.warn(&format!(
+                "re-entrant work issued during a replay still running after {:.1} s; the \
+                 replay waits for it (so that its restores keep what it writes)",
+                start.elapsed().as_secs_f64()
+            ));
+        }
+    }
 }

@@ -373,14 +373,18 @@ impl ReplayDevice for HsaReplay<'_> {
         let window = self.b.windows.open(plan.footprint());
         // Re-entrant work issued before the window opened (SNAPSHOT ENTER, another replay's
         // callbacks, on any agent's side queue) lands before the copy, which then holds it.
-        let footprint = window.footprint();
-        if !crate::fold::wait_reentrant_work(self.b, footprint) {
-            self.b.hooks.warn(
-                "re-entrant work issued before a snapshot did not complete within the drain \
-                 timeout: the snapshot may hold part of it",
-            );
-        }
         self.window = Some(window.clone());
+        let in_flight = crate::fold::InFlight::mark(self.b, window.footprint());
+        if !in_flight.wait(self.b, Instant::now() + self.b.drain.timeout) {
+            // A snapshot taken now could hold half of that work: decline instead (nothing is
+            // restored, so the work lands whole whenever it does).
+            self.close_window();
+            return Err(Decline::new(
+                DeclineReason::AgentDrainStuck,
+                "re-entrant work issued before the snapshot did not complete within the drain \
+                 timeout",
+            ));
+        }
         let taken = self.b.snapshotter.take_for_kernel(plan, info.kernel_id);
         window.quiet();
         let snapshot = match taken {
