@@ -124,7 +124,7 @@ fn a_stress_run_with_injected_faults_loses_nothing_and_reports_the_faults() {
         "--seed",
         "11",
         "--faults",
-        "copy:0.03,pool_allocate:0.03,async_copy:0.03,signal_create:0.01,slow_kernel:0.02@3,async_copy_delay:0.03@3",
+        "copy:0.03,pool_allocate:0.03,async_copy:0.03,signal_create:0.05,slow_kernel:0.02@3,async_copy_delay:0.03@3",
     ];
     let output = stress(&args, &[]);
     let out = text(&output);
