@@ -2,13 +2,20 @@
 //!
 //! ```sh
 //! cargo build --release -p kreplay-cuda --example restore_bench
-//! target/release/examples/restore_bench [FOOTPRINTS_GIB] [REPS]     # default "1,8" and 5
+//! target/release/examples/restore_bench [FOOTPRINTS_GIB] [REPS] [TIERS]
+//! # defaults "1,8", 5 and "device"; TIERS from device, host, squeezed
 //! ```
 //!
-//! For each footprint (one allocation, device-shadow snapshot, 64 KiB chunks) it measures
-//! * ceilings: `cuMemcpyDtoDAsync` of the footprint, and `kreplay_read_once` over it;
+//! For each footprint (one allocation, 64 KiB chunks) it measures
+//! * ceilings: `cuMemcpyDtoDAsync` of the footprint, and `kreplay_read_once` over it; for the
+//!   host tiers also `cuMemcpyHtoDAsync` from a pinned 2 GiB buffer (rate, and the footprint's
+//!   time at that rate);
 //! * the hash kernel alone over the footprint (detection), and `hash_chunks` with its copy of
 //!   the hashes to the host;
+//! * per tier: `device` (device shadow), `host` (pinned host store, live memory hashed on the
+//!   device and compared with the host's hashes of the store), `squeezed` (tier `auto` while
+//!   an allocation of the bench holds the device's memory but for the footprint and 2 GiB, so
+//!   no shadow fits: the snapshot must land in pinned host memory, whole);
 //! * for written fractions 0.1%, 1%, 10%, 100% (evenly spread 64 KiB runs of `x += 1`): a full
 //!   restore, a hash restore (hash every chunk on the device, gather the changed ones), a
 //!   verified write-set restore, and an unverified write-set restore of the learned set;
@@ -23,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kreplay_cuda::driver::{CuContext, CuDevicePtr};
-use kreplay_cuda::kernels::override_ptx;
+use kreplay_cuda::kernels::{hash_entries, override_ptx};
 use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
 use kreplay_snapshot::{
     DeviceMemory, Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, SnapshotConfig,
@@ -72,6 +79,12 @@ fn run() -> Result<(), String> {
         Some(s) => s.parse().map_err(|e| format!("reps {s:?}: {e}"))?,
         None => 5,
     };
+    let tiers: Vec<String> = args
+        .get(3)
+        .map_or("device", String::as_str)
+        .split(',')
+        .map(str::to_string)
+        .collect();
     if let Ok(path) = std::env::var("KREPLAY_CUDA_TEST_PTX") {
         override_ptx(std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?);
     }
@@ -90,9 +103,47 @@ fn run() -> Result<(), String> {
         "footprint_gib,fraction,metric,ms,tb_per_s_of_footprint,bytes_moved,bytes_hashed,note"
     );
     for gib in footprints {
-        bench_footprint(d, ctx, gib * GIB, reps)?;
+        bench_footprint(d, ctx, gib * GIB, reps, &tiers)?;
     }
     Ok(())
+}
+
+/// Bytes per second of `cuMemcpyHtoDAsync` from a pinned 2 GiB host buffer into device memory,
+/// best of `reps`.
+fn host_copy_ceiling(
+    d: &Driver,
+    stream: kreplay_cuda::driver::CuStream,
+    reps: usize,
+) -> Result<f64, String> {
+    let len = 2usize << 30;
+    let dst = alloc(d, len as u64)?;
+    let host = vec![7u8; len];
+    // SAFETY: host lives until it is unregistered below.
+    d.check("cuMemHostRegister_v2", unsafe {
+        (d.mem_host_register)(host.as_ptr() as *mut _, len, 0)
+    })
+    .map_err(|e| e.to_string())?;
+    let t = best(reps, || {
+        let t = Instant::now();
+        // SAFETY: host is pinned and live; dst holds len bytes; waited for below.
+        d.check("cuMemcpyHtoDAsync_v2", unsafe {
+            (d.memcpy_htod_async)(dst, host.as_ptr().cast(), len, stream)
+        })
+        .and_then(|()| {
+            // SAFETY: our stream.
+            d.check("cuStreamSynchronize", unsafe {
+                (d.stream_synchronize)(stream)
+            })
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(t.elapsed())
+    });
+    // SAFETY: registered above; dst is ours and no longer used.
+    unsafe {
+        (d.mem_host_unregister)(host.as_ptr() as *mut _);
+        (d.mem_free)(dst);
+    }
+    Ok(len as f64 / t?.as_secs_f64())
 }
 
 fn alloc(d: &Driver, bytes: u64) -> Result<CuDevicePtr, String> {
@@ -110,6 +161,7 @@ fn bench_footprint(
     ctx: CuContext,
     bytes: u64,
     reps: usize,
+    tiers: &[String],
 ) -> Result<(), String> {
     let gib = bytes / GIB;
     let buf = alloc(d, bytes)?;
@@ -190,10 +242,24 @@ fn bench_footprint(
         "kreplay_read_once kernel",
     );
     let hashes = alloc(d, chunks * 8)?;
+    let (entries, work) = hash_entries(&[(buf, bytes, 0)], CHUNK);
+    let list = alloc(d, 4096)?;
+    // SAFETY: list holds 4096 bytes, more than one entry; entries lives until the wait.
+    d.check("cuMemcpyHtoDAsync_v2", unsafe {
+        (d.memcpy_htod_async)(
+            list,
+            entries.as_ptr().cast(),
+            std::mem::size_of_val(entries.as_slice()),
+            stream,
+        )
+    })
+    .map_err(|e| e.to_string())?;
+    sync()?;
     let hash_kernel = best(reps, || {
         let t = Instant::now();
-        // SAFETY: buf and hashes are live and sized; waited for below.
-        unsafe { kernels.hash(d, stream, buf, bytes, CHUNK, hashes) }.map_err(|e| e.to_string())?;
+        // SAFETY: buf, list and hashes are live and sized; waited for below.
+        unsafe { kernels.hash(d, stream, list, 1, work, CHUNK, hashes) }
+            .map_err(|e| e.to_string())?;
         sync()?;
         Ok(t.elapsed())
     })?;
@@ -209,6 +275,7 @@ fn bench_footprint(
     unsafe {
         (d.mem_free)(sink);
         (d.mem_free)(hashes);
+        (d.mem_free)(list);
     }
     let mut host_hashes = vec![0u64; chunks as usize];
     let hash_call = best(reps, || {
@@ -226,28 +293,65 @@ fn bench_footprint(
         "kernel + hashes copied to the host",
     );
     let reference = host_hashes.clone();
-
-    for (label, fraction) in [("0.1%", 0.001), ("1%", 0.01), ("10%", 0.1), ("100%", 1.0)] {
+    let fractions = [("0.1%", 0.001), ("1%", 0.01), ("10%", 0.1), ("100%", 1.0)];
+    let touch = |fraction: f64| -> Result<(), String> {
         let dirty = ((chunks as f64 * fraction).round() as u64).clamp(1, chunks);
         let stride = chunks / dirty;
-        let touch = || -> Result<(), String> {
-            // SAFETY: dirty runs of one chunk, stride chunks apart, all inside buf.
-            unsafe { kernels.add_one_runs(d, stream, buf, dirty, run_words, stride * run_words) }
-                .map_err(|e| e.to_string())?;
-            sync()
+        // SAFETY: dirty runs of one chunk, stride chunks apart, all inside buf.
+        unsafe { kernels.add_one_runs(d, stream, buf, dirty, run_words, stride * run_words) }
+            .map_err(|e| e.to_string())?;
+        sync()
+    };
+    let check = |what: &str| -> Result<(), String> {
+        let mut now = vec![0u64; chunks as usize];
+        mem.hash_chunks(buf, bytes, CHUNK, &mut now)
+            .map_err(|e| e.to_string())?;
+        let wrong = now.iter().zip(&reference).filter(|(a, b)| a != b).count();
+        if wrong == 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{gib} GiB {what}: {wrong} chunks differ from the snapshot"
+            ))
+        }
+    };
+    for tier in tiers {
+        let (store, squeeze) = match tier.as_str() {
+            "device" => (StoreTier::Device, false),
+            "host" => (StoreTier::Host, false),
+            "squeezed" => (StoreTier::Auto, true),
+            other => return Err(format!("unknown tier {other:?}")),
         };
-        let check = |what: &str| -> Result<(), String> {
-            let mut now = vec![0u64; chunks as usize];
-            mem.hash_chunks(buf, bytes, CHUNK, &mut now)
-                .map_err(|e| e.to_string())?;
-            let wrong = now.iter().zip(&reference).filter(|(a, b)| a != b).count();
-            if wrong == 0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{gib} GiB {label} {what}: {wrong} chunks differ from the snapshot"
-                ))
-            }
+        let mem = if store == StoreTier::Device {
+            mem.clone()
+        } else {
+            // SAFETY: the primary context retained in run(), alive for the process.
+            unsafe { CudaMemory::new(d, inventory.clone(), ctx, ShadowBudget::default(), store) }
+                .map_err(|e| e.to_string())?
+        };
+        if store != StoreTier::Device {
+            let pinned = host_copy_ceiling(d, stream, reps)?;
+            let at_rate = Duration::from_secs_f64(bytes as f64 / pinned);
+            row(
+                "-",
+                &format!("{tier}:ceiling_htod_pinned"),
+                at_rate,
+                bytes,
+                0,
+                &format!(
+                    "cuMemcpyHtoDAsync from a pinned 2 GiB buffer: {:.1} GB/s",
+                    pinned / 1e9
+                ),
+            );
+        }
+        // Squeezed: hold all device memory but the footprint's worth and 2 GiB, so no shadow
+        // fits (a shadow must leave max(2 GiB, 10%) free).
+        let filler = if squeeze {
+            let (free, _) = d.mem_info().map_err(|e| e.to_string())?;
+            let take = free.saturating_sub(bytes.min(free / 2) + (2 << 30));
+            Some((alloc(d, take)?, take))
+        } else {
+            None
         };
         for (metric, strategy) in [
             ("full_restore", RestoreStrategy::Full),
@@ -259,39 +363,82 @@ fn bench_footprint(
             ),
         ] {
             let config = SnapshotConfig {
-                store: StoreTier::Device,
+                store,
                 strategy,
                 chunk_size: CHUNK,
                 verify_every: 0,
+                keep_store: true,
+                max_bytes: Some(bytes * 2),
                 ..Default::default()
             };
             let snapshotter = Snapshotter::new(inventory.clone(), mem.clone(), config)
                 .map_err(|e| e.to_string())?;
-            let mut snap = snapshotter
-                .snapshot(&Filter::for_replay(0))
-                .map_err(|e| e.to_string())?;
-            let (mut moved, mut hashed) = (0, 0);
-            let mut first = true;
-            let t = best(reps + 1, || {
-                touch()?;
-                let r = snap
-                    .restore(&RestoreRequest {
-                        next_pass: 1,
-                        may_be_final: false,
-                    })
+            // The host tiers' full restores take long: fewer repetitions.
+            let reps = if store != StoreTier::Device && strategy == RestoreStrategy::Full {
+                reps.min(2)
+            } else {
+                reps
+            };
+            for (label, fraction) in fractions {
+                let t0 = Instant::now();
+                let mut snap = snapshotter
+                    .snapshot(&Filter::for_replay(0))
                     .map_err(|e| e.to_string())?;
-                check(metric)?;
-                moved = r.bytes_moved;
-                hashed = r.bytes_hashed;
-                // The unverified write set learns on its first restore: time only the learned ones.
-                if first && strategy == RestoreStrategy::WritesetUnverified {
-                    first = false;
-                    return Ok(Duration::MAX);
+                let taken = t0.elapsed();
+                let report = snap.report().clone();
+                if report.bytes_moved != bytes {
+                    return Err(format!(
+                        "{tier} snapshot holds {} of {bytes} bytes",
+                        report.bytes_moved
+                    ));
                 }
-                Ok(r.elapsed)
-            })?;
-            row(label, metric, t, moved, hashed, "");
-            drop(snap);
+                let (mut moved, mut hashed) = (0, 0);
+                let mut first = true;
+                let t = best(reps + 1, || {
+                    touch(fraction)?;
+                    let r = snap
+                        .restore(&RestoreRequest {
+                            next_pass: 1,
+                            may_be_final: false,
+                        })
+                        .map_err(|e| e.to_string())?;
+                    check(&format!("{tier} {label} {metric}"))?;
+                    moved = r.bytes_moved;
+                    hashed = r.bytes_hashed;
+                    // The write sets learn on their first restore: time only the later ones.
+                    if first
+                        && strategy != RestoreStrategy::Full
+                        && strategy != RestoreStrategy::Hash
+                    {
+                        first = false;
+                        return Ok(Duration::MAX);
+                    }
+                    Ok(r.elapsed)
+                })?;
+                row(
+                    label,
+                    &format!("{tier}:{metric}"),
+                    t,
+                    moved,
+                    hashed,
+                    &format!(
+                        "snapshot in {:?} ({}{}) {:.1} ms",
+                        report.tier,
+                        if report.pinned {
+                            "pinned"
+                        } else {
+                            "not pinned"
+                        },
+                        if report.hashed { ", hashed" } else { "" },
+                        ms(taken)
+                    ),
+                );
+                drop(snap);
+            }
+        }
+        if let Some((p, _)) = filler {
+            // SAFETY: our allocation, no longer used.
+            unsafe { (d.mem_free)(p) };
         }
     }
     drop(mem);

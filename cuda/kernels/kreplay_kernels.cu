@@ -5,9 +5,9 @@
 // The PTX is committed; at run time the driver JIT-compiles it for the GPU at hand
 // (cuModuleLoadData), so building kreplay needs no CUDA toolkit.
 //
-// * kreplay_hash_chunks: one xxh3_64 (seed 0) per chunk of a device range, bit for bit the
-//   hash the snapshot crate computes on the host (xxhash-rust's xxh3_64), so device and host
-//   hashes can be compared. One warp per chunk; the range is read once.
+// * kreplay_hash_list: one xxh3_64 (seed 0) per chunk of a list of device ranges, bit for bit
+//   the hash the snapshot crate computes on the host (xxhash-rust's xxh3_64), so device and
+//   host hashes can be compared. Eight lanes per chunk, 16-byte loads; every byte is read once.
 // * kreplay_gather: a list of device-to-device copies done in one launch (one block per tile;
 //   the host splits copies into tiles).
 // * kreplay_read_once: reads a range once and keeps nothing (the bandwidth ceiling that hashing
@@ -68,117 +68,163 @@ __device__ __forceinline__ u64 kr_mul32(u64 data, u64 key) {
     return (u64)(u32)k * (k >> 32);
 }
 
-__device__ __forceinline__ u64 kr_shfl(u64 v, int lane_mask) {
-    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+// One range of a batched hash (`struct KrHashRange`, the host's `HashEntry`): `len` bytes at
+// `addr`, cut into chunks of the launch's chunk size; the hash of its chunk k goes to
+// out[out_first + k]. `work_first` numbers the chunks of all entries in order (entry e's chunks
+// are work items work_first .. work_first + chunks - 1), so a chunk's entry is found by a
+// binary search.
+struct KrHashRange {
+    u64 addr;
+    u64 len;
+    u64 out_first;
+    u64 work_first;
+};
+
+// The 16 bytes of words 2p and 2p + 1 of a stripe, as two little-endian 64-bit words.
+template <bool ALIGNED>
+__device__ __forceinline__ void kr_load_pair(const unsigned char *p, u64 &w0, u64 &w1) {
+    if (ALIGNED) {
+        const uint4 v = __ldcs((const uint4 *)p);
+        w0 = ((u64)v.y << 32) | v.x;
+        w1 = ((u64)v.w << 32) | v.z;
+    } else {
+        w0 = kr_load64(p);
+        w1 = kr_load64(p + 8);
+    }
 }
 
-// One warp per chunk. xxh3's eight accumulators are split over the warp: lane l works on
-// accumulator j = l % 8 and, in each 1 KiB block (16 stripes of 64 bytes), on stripes
-// l / 8, l / 8 + 4, l / 8 + 8, l / 8 + 12, reading word j of each (so a warp load covers 256
-// contiguous bytes). Within a block the additions commute, so the four lanes of one
-// accumulator sum their parts and exchange them with two shuffles; the data half of the
-// accumulate step belongs to accumulator j ^ 1, one more shuffle. The scramble between blocks
-// is per accumulator, done by each lane on its own copy.
-extern "C" __global__ void kreplay_hash_chunks(const unsigned char *base, u64 len, u64 chunk_size,
-                                               u64 chunks, u64 *out) {
-    const u32 lane = threadIdx.x & 31;
-    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    const u32 j = lane & 7;
-    const u32 quarter = lane >> 3;
-    const u64 key_scramble = KR_SECRET[16 + j];
+// xxh3_64 of the n > 240 bytes at p, computed by the 8 lanes of a group (`mask` names them,
+// `q` is the lane's place in it). xxh3's eight accumulators go in pairs to the lanes: lane q
+// owns accumulators 2p and 2p + 1 (p = q % 4) for the stripes of parity q / 4, so each lane
+// reads 16 bytes of every other stripe (8 lanes read 128 contiguous bytes, a whole line) and
+// a 1 KiB block is 8 loads of 16 bytes per lane, all in flight at once. The data half of
+// xxh3's accumulate step (acc[i ^ 1] += data[i]) stays inside the lane; the two stripe
+// parities add their parts with one shuffle per accumulator before the per-block scramble,
+// which both lanes of a pair do on their own copies.
+template <bool ALIGNED>
+__device__ __forceinline__ u64 kr_hash_long(const unsigned char *p, u64 n, u32 q, u32 mask,
+                                            const u64 (&k0)[8], const u64 (&k1)[8]) {
+    const u32 sp = q >> 2;
+    const u32 pr = q & 3;
     const u64 init[8] = {KR_PRIME32_3, KR_PRIME64_1, KR_PRIME64_2, KR_PRIME64_3,
                          KR_PRIME64_4, KR_PRIME32_2, KR_PRIME64_5, KR_PRIME32_1};
-    // Stripe keys of this lane's four stripes: stripe s, word j reads the secret at 8 * (s + j).
-    u64 key[4];
+    u64 acc0 = pr == 0 ? init[0] : pr == 1 ? init[2] : pr == 2 ? init[4] : init[6];
+    u64 acc1 = pr == 0 ? init[1] : pr == 1 ? init[3] : pr == 2 ? init[5] : init[7];
+    const u64 sk0 = KR_SECRET[16 + 2 * pr];
+    const u64 sk1 = KR_SECRET[16 + 2 * pr + 1];
+    const u64 blocks = (n - 1) / 1024;
+    const unsigned char *lane_p = p + sp * 64 + pr * 16;
+    for (u64 b = 0; b < blocks; ++b) {
+        const unsigned char *r = lane_p + b * 1024;
+        u64 w0[8], w1[8];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        key[k] = KR_SECRET[quarter + 4 * k + j];
+        for (int t = 0; t < 8; ++t) {
+            kr_load_pair<ALIGNED>(r + t * 128, w0[t], w1[t]);
+        }
+        u64 a0 = 0, a1 = 0;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            a0 += kr_mul32(w0[t], k0[t]) + w1[t];
+            a1 += kr_mul32(w1[t], k1[t]) + w0[t];
+        }
+        a0 += __shfl_xor_sync(mask, a0, 4, 8);
+        a1 += __shfl_xor_sync(mask, a1, 4, 8);
+        acc0 += a0;
+        acc1 += a1;
+        acc0 ^= acc0 >> 47;
+        acc0 ^= sk0;
+        acc0 *= KR_PRIME32_1;
+        acc1 ^= acc1 >> 47;
+        acc1 ^= sk1;
+        acc1 *= KR_PRIME32_1;
     }
+    // The last, partial block: its whole stripes (the stripe holding the last byte excluded),
+    // without a scramble.
+    {
+        const u64 stripes = ((n - 1) - blocks * 1024) / 64;
+        const unsigned char *r = lane_p + blocks * 1024;
+        u64 a0 = 0, a1 = 0;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            if ((u64)(2 * t + sp) < stripes) {
+                u64 w0, w1;
+                kr_load_pair<ALIGNED>(r + t * 128, w0, w1);
+                a0 += kr_mul32(w0, k0[t]) + w1;
+                a1 += kr_mul32(w1, k1[t]) + w0;
+            }
+        }
+        a0 += __shfl_xor_sync(mask, a0, 4, 8);
+        a1 += __shfl_xor_sync(mask, a1, 4, 8);
+        acc0 += a0;
+        acc1 += a1;
+    }
+    // The last stripe: the final 64 bytes (any alignment), with the secret read at 121.
+    {
+        u64 a0 = 0, a1 = 0;
+        if (sp == 0) {
+            const u64 w0 = kr_load64(p + n - 64 + pr * 16);
+            const u64 w1 = kr_load64(p + n - 64 + pr * 16 + 8);
+            a0 = kr_mul32(w0, KR_LAST_KEY[2 * pr]) + w1;
+            a1 = kr_mul32(w1, KR_LAST_KEY[2 * pr + 1]) + w0;
+        }
+        a0 += __shfl_xor_sync(mask, a0, 4, 8);
+        a1 += __shfl_xor_sync(mask, a1, 4, 8);
+        acc0 += a0;
+        acc1 += a1;
+    }
+    // Merge: each lane folds its pair; the four pairs are summed over the group.
+    const u64 x = acc0 ^ KR_MERGE_KEY[2 * pr];
+    const u64 y = acc1 ^ KR_MERGE_KEY[2 * pr + 1];
+    u64 term = (x * y) ^ __umul64hi(x, y);
+    term += __shfl_xor_sync(mask, term, 1, 8);
+    term += __shfl_xor_sync(mask, term, 2, 8);
+    u64 h = n * KR_PRIME64_1 + term;
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ULL;
+    h ^= h >> 32;
+    return h;
+}
 
-    for (u64 c = warp; c < chunks; c += warps) {
-        const u64 start = c * chunk_size;
-        const u64 n = (len - start < chunk_size) ? (len - start) : chunk_size;
+// xxh3_64 (seed 0) of every chunk of every entry of `list`: `work` chunks in all. Eight lanes
+// per chunk (see kr_hash_long); the grid strides over the chunks. Chunks of 240 bytes or less
+// are left unwritten (the host hashes them: xxh3's short-input paths).
+extern "C" __global__ void kreplay_hash_list(const KrHashRange *list, u64 count, u64 work,
+                                             u64 chunk_size, u64 *out) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 q = lane & 7;
+    const u32 mask = 0xffu << (lane & 24);
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) >> 3;
+    // This lane's stripe keys: stripe s = 2t + q / 4, words 2p and 2p + 1 (p = q % 4) read the
+    // secret at 8 * (s + 2p) and 8 * (s + 2p + 1).
+    u64 k0[8], k1[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        k0[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3)];
+        k1[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3) + 1];
+    }
+    for (u64 w = group; w < work; w += groups) {
+        u64 lo = 0, hi = count;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (list[mid].work_first <= w) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const KrHashRange e = list[lo];
+        const u64 k = w - e.work_first;
+        const u64 start = k * chunk_size;
+        const u64 n = (e.len - start < chunk_size) ? (e.len - start) : chunk_size;
         if (n <= KR_MID_SIZE_MAX) {
             continue;
         }
-        const unsigned char *p = base + start;
-        u64 acc = init[j];
-        const u64 blocks = (n - 1) / 1024;
-        for (u64 b = 0; b < blocks; ++b) {
-            const unsigned char *q = p + b * 1024 + quarter * 64 + j * 8;
-            u64 d[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                d[k] = kr_load64(q + k * 256);
-            }
-            u64 prod = 0, data = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                prod += kr_mul32(d[k], key[k]);
-                data += d[k];
-            }
-            prod += kr_shfl(prod, 8);
-            prod += kr_shfl(prod, 16);
-            data += kr_shfl(data, 8);
-            data += kr_shfl(data, 16);
-            acc += prod + kr_shfl(data, 1);
-            acc ^= acc >> 47;
-            acc ^= key_scramble;
-            acc *= KR_PRIME32_1;
-        }
-        // The last, partial block: its whole stripes (the stripe holding the last byte
-        // excluded), without a scramble.
-        const u64 stripes = ((n - 1) - blocks * 1024) / 64;
-        {
-            const unsigned char *q = p + blocks * 1024 + quarter * 64 + j * 8;
-            u64 prod = 0, data = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                if ((u64)(quarter + 4 * k) < stripes) {
-                    const u64 d = kr_load64(q + k * 256);
-                    prod += kr_mul32(d, key[k]);
-                    data += d;
-                }
-            }
-            prod += kr_shfl(prod, 8);
-            prod += kr_shfl(prod, 16);
-            data += kr_shfl(data, 8);
-            data += kr_shfl(data, 16);
-            acc += prod + kr_shfl(data, 1);
-        }
-        // The last stripe: the final 64 bytes, with the secret read at 121.
-        {
-            u64 prod = 0, data = 0;
-            if (quarter == 0) {
-                const u64 d = kr_load64(p + n - 64 + j * 8);
-                prod = kr_mul32(d, KR_LAST_KEY[j]);
-                data = d;
-            }
-            prod += kr_shfl(prod, 8);
-            prod += kr_shfl(prod, 16);
-            data += kr_shfl(data, 8);
-            data += kr_shfl(data, 16);
-            acc += prod + kr_shfl(data, 1);
-        }
-        // Merge: lane 0 collects the eight accumulators.
-        u64 a[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            a[i] = __shfl_sync(0xffffffffu, acc, i);
-        }
-        if (lane == 0) {
-            u64 h = n * KR_PRIME64_1;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u64 x = a[2 * i] ^ KR_MERGE_KEY[2 * i];
-                const u64 y = a[2 * i + 1] ^ KR_MERGE_KEY[2 * i + 1];
-                h += (x * y) ^ __umul64hi(x, y);
-            }
-            h ^= h >> 37;
-            h *= 0x165667919E3779F9ULL;
-            h ^= h >> 32;
-            out[c] = h;
+        const unsigned char *p = (const unsigned char *)(e.addr + start);
+        const u64 h = (((size_t)p) & 15) == 0 ? kr_hash_long<true>(p, n, q, mask, k0, k1)
+                                               : kr_hash_long<false>(p, n, q, mask, k0, k1);
+        if (q == 0) {
+            out[e.out_first + k] = h;
         }
     }
 }
@@ -225,21 +271,24 @@ extern "C" __global__ void kreplay_gather(const KrCopy *copies, u64 count) {
 }
 
 // Read `words` 16-byte words once; store only if their xor is a value no data has (so the
-// loads cannot be dropped).
+// loads cannot be dropped). Each thread keeps eight 16-byte loads in flight.
 extern "C" __global__ void kreplay_read_once(const uint4 *p, u64 words, u64 *sink) {
     u64 x = 0;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < words; i += 4 * stride) {
-        const uint4 v0 = p[i];
-        const uint4 v1 = p[i + stride];
-        const uint4 v2 = p[i + 2 * stride];
-        const uint4 v3 = p[i + 3 * stride];
-        x ^= ((u64)(v0.x ^ v1.x ^ v2.x ^ v3.x) << 32) | (v0.y ^ v1.y ^ v2.y ^ v3.y);
-        x ^= ((u64)(v0.z ^ v1.z ^ v2.z ^ v3.z) << 32) | (v0.w ^ v1.w ^ v2.w ^ v3.w);
+    for (; i + 7 * stride < words; i += 8 * stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            v[k] = __ldcs(p + i + k * stride);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            x ^= ((u64)(v[k].x ^ v[k].z) << 32) | (v[k].y ^ v[k].w);
+        }
     }
     for (; i < words; i += stride) {
-        const uint4 v = p[i];
+        const uint4 v = __ldcs(p + i);
         x ^= ((u64)(v.x ^ v.z) << 32) | (v.y ^ v.w);
     }
     if (x == 0x6b72706c61792121ULL) {

@@ -1,10 +1,11 @@
 //! kreplay's device kernels (`cuda/kernels/kreplay_kernels.cu`), JIT-loaded from the committed
 //! PTX with `cuModuleLoadData`, and the host side of launching them.
 //!
-//! * `kreplay_hash_chunks`: xxh3_64 of every chunk of a device range, one warp per chunk, equal
-//!   bit for bit to the host's `xxh3_64`, so a snapshot hashed on the host (pinned-host tier)
-//!   and live memory hashed on the device compare. Chunks of 240 bytes or less (only a region's
-//!   last chunk can be that short) take xxh3's short-input paths and are hashed on the host.
+//! * `kreplay_hash_list`: xxh3_64 of every chunk of a list of device ranges in one launch, eight
+//!   lanes per chunk, equal bit for bit to the host's `xxh3_64`, so a snapshot hashed on the
+//!   host (pinned-host tier) and live memory hashed on the device compare. Chunks of 240 bytes
+//!   or less (only a range's last chunk can be that short) take xxh3's short-input paths and are
+//!   hashed on the host.
 //! * `kreplay_gather`: many device-to-device copies in one launch; [`gather_tiles`] splits the
 //!   copies into tiles of at most [`GATHER_TILE`] bytes, one block each.
 //! * `kreplay_read_once` and `kreplay_add_one_runs`: the read bandwidth ceiling and the
@@ -28,8 +29,10 @@ pub const GATHER_THREADS: u32 = 256;
 /// gather launch. Large copies run at the copy ceiling either way; many small ones are
 /// launch-bound as separate copies.
 pub const MEMCPY_MAX_COPIES: usize = 8;
-/// Threads per hash block (8 warps, one chunk each at a time).
+/// Threads per hash block (32 groups of 8 lanes, one chunk each at a time).
 pub const HASH_THREADS: u32 = 256;
+/// Lanes that hash one chunk together.
+pub const HASH_LANES: u32 = 8;
 /// Chunks at or below this length are hashed on the host (xxh3's short-input paths).
 pub const HASH_DEVICE_MIN_LEN: u64 = 241;
 
@@ -51,6 +54,43 @@ pub struct GatherEntry {
     pub src: u64,
     /// Bytes, at most [`GATHER_TILE`].
     pub len: u64,
+}
+
+/// One range of a hash launch, as the kernel reads it (`struct KrHashRange`): the chunks of
+/// `len` bytes at `addr` are work items `work_first..` and their hashes go to
+/// `out[out_first..]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashEntry {
+    /// Device address of the range's first chunk.
+    pub addr: u64,
+    /// Bytes of the range.
+    pub len: u64,
+    /// Index in the output of the range's first hash.
+    pub out_first: u64,
+    /// Work index of the range's first chunk (chunks of all earlier entries before it).
+    pub work_first: u64,
+}
+
+/// The hash entries of `ranges` (address, length, first output index), numbering their chunks
+/// of `chunk_size` in order; returns the entries and the chunks in all.
+pub fn hash_entries(ranges: &[(u64, u64, u64)], chunk_size: u64) -> (Vec<HashEntry>, u64) {
+    let mut work = 0;
+    let entries = ranges
+        .iter()
+        .filter(|r| r.1 > 0)
+        .map(|&(addr, len, out_first)| {
+            let e = HashEntry {
+                addr,
+                len,
+                out_first,
+                work_first: work,
+            };
+            work += len.div_ceil(chunk_size);
+            e
+        })
+        .collect();
+    (entries, work)
 }
 
 /// Split `copies` into gather entries of at most `tile` bytes each (empty copies dropped).
@@ -75,11 +115,11 @@ pub fn gather_tiles(copies: &[DeviceCopy], tile: u64) -> Vec<GatherEntry> {
     out
 }
 
-/// Grid size of a hash launch over `chunks` chunks: one warp per chunk, up to the grid limit
-/// (the kernel strides over the rest).
+/// Grid size of a hash launch over `chunks` chunks: one group of [`HASH_LANES`] lanes per
+/// chunk, up to the grid limit (the kernel strides over the rest).
 pub fn hash_grid(chunks: u64) -> u32 {
-    let warps_per_block = u64::from(HASH_THREADS / 32);
-    chunks.div_ceil(warps_per_block).clamp(1, i32::MAX as u64) as u32
+    let groups_per_block = u64::from(HASH_THREADS / HASH_LANES);
+    chunks.div_ceil(groups_per_block).clamp(1, i32::MAX as u64) as u32
 }
 
 /// Grid size of a gather launch over `entries` entries (one block each, the kernel strides over
@@ -128,7 +168,7 @@ impl Kernels {
         let found = (|| {
             Ok(Kernels {
                 module: module as usize,
-                hash: get(c"kreplay_hash_chunks")?,
+                hash: get(c"kreplay_hash_list")?,
                 gather: get(c"kreplay_gather")?,
                 read_once: get(c"kreplay_read_once")?,
                 add_one_runs: get(c"kreplay_add_one_runs")?,
@@ -146,28 +186,31 @@ impl Kernels {
         self.module as CuModule
     }
 
-    /// Queue `kreplay_hash_chunks` over `[addr, addr + len)` into `out` (device, one u64 per
-    /// chunk; chunks of at most 240 bytes are left unwritten).
+    /// Queue `kreplay_hash_list` over `count` [`HashEntry`]s at device address `list`, `work`
+    /// chunks in all, into `out` (device, indexed by each entry's `out_first`; chunks of at most
+    /// 240 bytes are left unwritten).
     ///
     /// # Safety
-    /// `addr..addr + len` is readable device memory and `out` holds `len.div_ceil(chunk_size)`
-    /// words, both in the current context, alive until the stream has run the launch.
+    /// `list` holds `count` entries whose ranges are readable device memory, sorted by
+    /// `work_first` and numbering `work` chunks as [`hash_entries`] does; `out` holds every
+    /// index they name; all in the current context and alive until the stream has run it.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn hash(
         &self,
         driver: &Driver,
         stream: CuStream,
-        addr: CuDevicePtr,
-        len: u64,
+        list: CuDevicePtr,
+        count: u64,
+        work: u64,
         chunk_size: u64,
         out: CuDevicePtr,
     ) -> Result<(), CuError> {
-        let chunks = len.div_ceil(chunk_size);
-        let (mut a, mut l, mut cs, mut n, mut o) = (addr, len, chunk_size, chunks, out);
+        let (mut l, mut n, mut w, mut cs, mut o) = (list, count, work, chunk_size, out);
         let mut args: [*mut c_void; 5] = [
-            (&raw mut a).cast(),
             (&raw mut l).cast(),
-            (&raw mut cs).cast(),
             (&raw mut n).cast(),
+            (&raw mut w).cast(),
+            (&raw mut cs).cast(),
             (&raw mut o).cast(),
         ];
         // SAFETY: the arguments match the kernel's signature; memory by the caller's promise.
@@ -175,7 +218,7 @@ impl Kernels {
             launch(
                 driver,
                 self.hash,
-                hash_grid(chunks),
+                hash_grid(work),
                 HASH_THREADS,
                 stream,
                 &mut args,
@@ -341,14 +384,41 @@ mod tests {
     fn launch_geometry_covers_every_chunk_and_stays_in_the_grid_limit() {
         assert_eq!(hash_grid(0), 1);
         assert_eq!(hash_grid(1), 1);
-        assert_eq!(hash_grid(8), 1);
-        assert_eq!(hash_grid(9), 2);
-        // 32 GiB of 64 KiB chunks: 512 Ki warps, 8 per block.
-        assert_eq!(hash_grid(512 << 10), 64 << 10);
+        assert_eq!(hash_grid(32), 1);
+        assert_eq!(hash_grid(33), 2);
+        // 32 GiB of 64 KiB chunks: 512 Ki groups of 8 lanes, 32 per block.
+        assert_eq!(hash_grid(512 << 10), 16 << 10);
         assert_eq!(hash_grid(u64::MAX), i32::MAX as u32);
         assert_eq!(gather_grid(0), 1);
         assert_eq!(gather_grid(5000), 5000);
         assert_eq!(gather_grid(u64::MAX), i32::MAX as u32);
+    }
+
+    #[test]
+    fn hash_entries_number_the_chunks_of_every_range_in_order() {
+        let (entries, work) = hash_entries(
+            &[(0x1000, 3 * 512, 0), (0x9000, 0, 3), (0x20000, 512 + 1, 7)],
+            512,
+        );
+        assert_eq!(work, 5);
+        assert_eq!(
+            entries,
+            [
+                HashEntry {
+                    addr: 0x1000,
+                    len: 1536,
+                    out_first: 0,
+                    work_first: 0
+                },
+                HashEntry {
+                    addr: 0x20000,
+                    len: 513,
+                    out_first: 7,
+                    work_first: 3
+                },
+            ]
+        );
+        assert_eq!(std::mem::size_of::<HashEntry>(), 32);
     }
 
     #[test]
@@ -361,7 +431,7 @@ mod tests {
     #[test]
     fn the_committed_ptx_defines_every_kernel_the_crate_launches() {
         for name in [
-            "kreplay_hash_chunks",
+            "kreplay_hash_list",
             "kreplay_gather",
             "kreplay_read_once",
             "kreplay_add_one_runs",

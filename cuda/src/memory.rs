@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kreplay_snapshot::{
-    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, Inventory, StoreTier,
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, Inventory, StoreTier,
 };
 use parking_lot::Mutex;
 
@@ -31,7 +31,7 @@ use crate::driver::{
 };
 use crate::guard::Guard;
 use crate::kernels::{
-    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, gather_tiles, use_gather,
+    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, gather_tiles, hash_entries, use_gather,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -444,38 +444,107 @@ impl DeviceMemory for CudaMemory {
                 ),
             ));
         }
-        if len == 0 {
+        self.hash_chunk_ranges(
+            &[HashRange {
+                addr,
+                len,
+                first: 0,
+            }],
+            chunk_size,
+            out,
+        )
+    }
+
+    fn hash_chunk_ranges(
+        &self,
+        ranges: &[HashRange],
+        chunk_size: u64,
+        out: &mut [u64],
+    ) -> Result<(), CopyError> {
+        let Some(first) = ranges.iter().find(|r| r.len > 0) else {
             return Ok(());
+        };
+        let fail = |e: CuError| failed(first.addr, first.len, e);
+        if chunk_size == 0 {
+            return Err(CopyError::failed(first.addr, first.len, "chunk size 0"));
         }
-        let fail = |e: CuError| failed(addr, len, e);
+        // The output span the ranges cover, checked against `out`.
+        let mut span = (usize::MAX, 0usize);
+        for r in ranges.iter().filter(|r| r.len > 0) {
+            let end = r.first + r.len.div_ceil(chunk_size) as usize;
+            if end > out.len() {
+                return Err(CopyError::failed(
+                    r.addr,
+                    r.len,
+                    format!("hashes up to {end} into {} entries", out.len()),
+                ));
+            }
+            span = (span.0.min(r.first), span.1.max(end));
+        }
+        let (lo, hi) = span;
+        let triples: Vec<(u64, u64, u64)> = ranges
+            .iter()
+            .map(|r| (r.addr, r.len, (r.first - lo) as u64))
+            .collect();
+        let (entries, work) = hash_entries(&triples, chunk_size);
         let _guard = self.enter().map_err(fail)?;
         let kernels = self
             .kernels()
-            .map_err(|e| CopyError::failed(addr, len, e))?;
-        let out_bytes = std::mem::size_of_val(out);
-        // The last chunk, when short enough for xxh3's short-input paths, is hashed here.
-        let tail_start = (out.len() as u64 - 1) * chunk_size;
-        let mut tail = vec![
-            0u8;
-            if len - tail_start < HASH_DEVICE_MIN_LEN {
-                (len - tail_start) as usize
-            } else {
-                0
-            }
-        ];
+            .map_err(|e| CopyError::failed(first.addr, first.len, e))?;
+        // Last chunks short enough for xxh3's short-input paths are hashed here.
+        // (index in out, device address, bytes)
+        let mut tails: Vec<(usize, u64, Vec<u8>)> = entries
+            .iter()
+            .filter_map(|e| {
+                let n = e.len.div_ceil(chunk_size);
+                let start = (n - 1) * chunk_size;
+                (e.len - start < HASH_DEVICE_MIN_LEN).then(|| {
+                    (
+                        lo + e.out_first as usize + n as usize - 1,
+                        e.addr + start,
+                        vec![0u8; (e.len - start) as usize],
+                    )
+                })
+            })
+            .collect();
+        let list_bytes = std::mem::size_of_val(entries.as_slice());
+        let out_bytes = (hi - lo) * 8;
         let mut scratch = self.scratch.lock();
+        let dev_list =
+            scratch_buffer(self.driver, &mut scratch.list, list_bytes as u64).map_err(fail)?;
         let dev_out =
             scratch_buffer(self.driver, &mut scratch.hashes, out_bytes as u64).map_err(fail)?;
-        // SAFETY: addr..addr+len is a tracked allocation fenced by the inventory (or our
-        // shadow); dev_out holds out.len() words; out and tail live until the wait below.
+        let host_out = &mut out[lo..hi];
+        // SAFETY: every range is a tracked allocation fenced by the inventory (or our shadow);
+        // dev_list and dev_out were just sized for the list and the span; entries, host_out and
+        // the tails live until the wait below.
         let queued = unsafe {
-            kernels
-                .hash(self.driver, self.stream(), addr, len, chunk_size, dev_out)
+            self.driver
+                .check(
+                    "cuMemcpyHtoDAsync_v2",
+                    (self.driver.memcpy_htod_async)(
+                        dev_list,
+                        entries.as_ptr().cast(),
+                        list_bytes,
+                        self.stream(),
+                    ),
+                )
+                .and_then(|()| {
+                    kernels.hash(
+                        self.driver,
+                        self.stream(),
+                        dev_list,
+                        entries.len() as u64,
+                        work,
+                        chunk_size,
+                        dev_out,
+                    )
+                })
                 .and_then(|()| {
                     self.driver.check(
                         "cuMemcpyDtoHAsync_v2",
                         (self.driver.memcpy_dtoh_async)(
-                            out.as_mut_ptr().cast(),
+                            host_out.as_mut_ptr().cast(),
                             dev_out,
                             out_bytes,
                             self.stream(),
@@ -483,26 +552,23 @@ impl DeviceMemory for CudaMemory {
                     )
                 })
                 .and_then(|()| {
-                    if tail.is_empty() {
-                        return Ok(());
-                    }
-                    self.driver.check(
-                        "cuMemcpyDtoHAsync_v2",
-                        (self.driver.memcpy_dtoh_async)(
-                            tail.as_mut_ptr().cast(),
-                            addr + tail_start,
-                            tail.len(),
-                            self.stream(),
-                        ),
-                    )
+                    tails.iter_mut().try_for_each(|(_, at, bytes)| {
+                        self.driver.check(
+                            "cuMemcpyDtoHAsync_v2",
+                            (self.driver.memcpy_dtoh_async)(
+                                bytes.as_mut_ptr().cast(),
+                                *at,
+                                bytes.len(),
+                                self.stream(),
+                            ),
+                        )
+                    })
                 })
         };
         let waited = self.sync();
         queued.and(waited).map_err(fail)?;
-        if !tail.is_empty()
-            && let Some(last) = out.last_mut()
-        {
-            *last = xxh3_64(&tail);
+        for (index, _, bytes) in tails {
+            out[index] = xxh3_64(&bytes);
         }
         Ok(())
     }

@@ -4,7 +4,9 @@
 use crate::hash::chunk_hash;
 use rayon::prelude::*;
 
-use crate::device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
+use crate::device::{
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,
+};
 use crate::layout::{Layout, Piece, split_ranges};
 use crate::store::Store;
 
@@ -261,8 +263,9 @@ pub(crate) fn copy_to_shadow(
 }
 
 /// Hash every chunk of the live regions of device memory into `out` (indexed by global chunk;
-/// entries of dead regions, and of chunks `skip` flags, are left alone): the device hash kernel
-/// when offered, else host windows, else reads into a scratch buffer. Returns the bytes hashed.
+/// entries of dead regions, and of chunks `skip` flags, hold no meaningful value afterwards):
+/// the device hash kernel when offered (one batched call), else host windows, else reads into a
+/// scratch buffer. Returns the bytes hashed.
 pub(crate) fn hash_live(
     device: &dyn DeviceMemory,
     caps: Capabilities,
@@ -279,11 +282,25 @@ pub(crate) fn hash_live(
     };
     let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
     if caps.device_hash {
-        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-        pieces.par_iter().zip(outs).try_for_each(|(p, out)| {
+        // One call for every piece: runs of pieces that continue each other in one region are
+        // one range, so a device can hash all of them in one launch.
+        let mut ranges: Vec<HashRange> = Vec::new();
+        for p in &pieces {
             let (offset, len) = layout.piece_span(p);
-            device.hash_chunks(layout.regions[p.region].base + offset, len, cs, out)
-        })?;
+            let addr = layout.regions[p.region].base + offset;
+            let first = layout.global(p).start;
+            match ranges.last_mut() {
+                Some(last)
+                    if last.addr + last.len == addr
+                        && last.first + last.len.div_ceil(cs) as usize == first
+                        && last.len % cs == 0 =>
+                {
+                    last.len += len;
+                }
+                _ => ranges.push(HashRange { addr, len, first }),
+            }
+        }
+        device.hash_chunk_ranges(&ranges, cs, out)?;
         return Ok(bytes);
     }
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));

@@ -114,6 +114,19 @@ pub struct DeviceCopy {
     pub len: u64,
 }
 
+/// One range of a batched chunk hash ([`DeviceMemory::hash_chunk_ranges`]): the chunks of
+/// `[addr, addr + len)` (cut at multiples of the chunk size from `addr`, the last one possibly
+/// shorter) whose hashes go to `out[first..]`, one per chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashRange {
+    /// Device address of the first chunk.
+    pub addr: u64,
+    /// Bytes of the range.
+    pub len: u64,
+    /// Index in `out` of the first chunk's hash.
+    pub first: usize,
+}
+
 /// One host-to-device write of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkWrite<'a> {
@@ -185,6 +198,40 @@ pub trait DeviceMemory: Send + Sync {
     ) -> Result<(), CopyError> {
         let _ = (addr, len, chunk_size, out);
         Err(CopyError::Unsupported)
+    }
+
+    /// [`hash_chunks`](DeviceMemory::hash_chunks) over many ranges at once (ideally one device
+    /// operation): for each range, `out[r.first + k]` receives the hash of its chunk `k`. The
+    /// ranges are sorted by `first` and their entries in `out` do not overlap; entries of `out`
+    /// no range covers may be overwritten with any value. The default calls `hash_chunks` once
+    /// per range.
+    fn hash_chunk_ranges(
+        &self,
+        ranges: &[HashRange],
+        chunk_size: u64,
+        out: &mut [u64],
+    ) -> Result<(), CopyError> {
+        if chunk_size == 0 {
+            return Err(CopyError::Unsupported);
+        }
+        let mut rest: &mut [u64] = out;
+        let mut at = 0;
+        for r in ranges {
+            let n = r.len.div_ceil(chunk_size) as usize;
+            let tail = std::mem::take(&mut rest);
+            let Some(skip) = r.first.checked_sub(at).filter(|s| s + n <= tail.len()) else {
+                return Err(CopyError::failed(
+                    r.addr,
+                    r.len,
+                    format!("hash range at {} overlaps or exceeds the output", r.first),
+                ));
+            };
+            let (part, tail) = tail[skip..].split_at_mut(n);
+            self.hash_chunks(r.addr, r.len, chunk_size, part)?;
+            rest = tail;
+            at = r.first + n;
+        }
+        Ok(())
     }
 
     /// Perform every write of the list. The default issues one [`write`](DeviceMemory::write)

@@ -109,7 +109,9 @@ pub use config::{
     ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MIN_CHUNK_SIZE, ParseEnumError,
     RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
 };
-pub use device::{Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow};
+pub use device::{
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,
+};
 pub use fold::{Capture, Delta, Footprint};
 pub use hash::{HashImpl, chunk_hash, hash_impl};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
