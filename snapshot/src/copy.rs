@@ -276,19 +276,25 @@ pub(crate) fn hash_live(
     skip: Option<&[bool]>,
 ) -> Result<u64, CopyError> {
     let cs = layout.chunk_size;
-    let pieces = match skip {
-        None => layout.full_pieces(live),
-        Some(set) => layout.runs(live, |c| !set[c]),
-    };
-    let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
     if caps.device_hash {
-        // One call for every piece: runs of pieces that continue each other in one region are
-        // one range, so a device can hash all of them in one launch.
-        let mut ranges: Vec<HashRange> = Vec::new();
-        for p in &pieces {
-            let (offset, len) = layout.piece_span(p);
-            let addr = layout.regions[p.region].base + offset;
-            let first = layout.global(p).start;
+        // One call for every range: whole live regions, or the runs between the chunks `skip`
+        // marks, found without visiting every chunk. Ranges that continue each other (in the
+        // address space and in `out`, after whole chunks) are one, so a device can hash all of
+        // them in one launch.
+        let runs: Vec<(usize, usize, usize)> = match skip {
+            None => (0..layout.regions.len())
+                .filter(|&r| live[r])
+                .map(|r| (r, 0, layout.region_chunks(r)))
+                .collect(),
+            Some(set) => layout.unmarked_runs(live, set),
+        };
+        let mut ranges: Vec<HashRange> = Vec::with_capacity(runs.len());
+        let mut bytes = 0;
+        for (r, first, count) in runs {
+            let (offset, len) = layout.span(r, first, count);
+            let addr = layout.regions[r].base + offset;
+            let first = layout.first_chunk[r] + first;
+            bytes += len;
             match ranges.last_mut() {
                 Some(last)
                     if last.addr + last.len == addr
@@ -303,6 +309,11 @@ pub(crate) fn hash_live(
         device.hash_chunk_ranges(&ranges, cs, out)?;
         return Ok(bytes);
     }
+    let pieces = match skip {
+        None => layout.full_pieces(live),
+        Some(set) => layout.runs(live, |c| !set[c]),
+    };
+    let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
     let scratch_len = pieces
         .iter()
@@ -388,17 +399,23 @@ pub(crate) fn write_back(
         })
     };
     if let Some(shadow) = store.device_addr() {
-        let copies: Vec<DeviceCopy> = pieces
-            .iter()
-            .map(|p| {
-                let (offset, len) = layout.piece_span(p);
-                DeviceCopy {
-                    dst: layout.regions[p.region].base + offset,
+        // Pieces that continue each other within one region are one copy (a full restore is
+        // then one copy per region instead of one per 1 MiB piece).
+        let mut copies: Vec<DeviceCopy> = Vec::new();
+        let mut last_region = usize::MAX;
+        for p in pieces {
+            let (offset, len) = layout.piece_span(p);
+            let dst = layout.regions[p.region].base + offset;
+            match copies.last_mut() {
+                Some(c) if last_region == p.region && c.dst + c.len == dst => c.len += len,
+                _ => copies.push(DeviceCopy {
+                    dst,
                     src: shadow + layout.store_offset[p.region] + offset,
                     len,
-                }
-            })
-            .collect();
+                }),
+            }
+            last_region = p.region;
+        }
         let all: Vec<&Piece> = pieces.iter().collect();
         let (bytes, chunks) = total(&all);
         outcome.record(bytes, chunks, device.copy_on_device(&copies));

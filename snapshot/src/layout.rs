@@ -101,7 +101,79 @@ impl Layout {
 
     /// Pieces covering every live region entirely.
     pub(crate) fn full_pieces(&self, live: &[bool]) -> Vec<Piece> {
-        self.runs(live, |_| true)
+        let per_piece = self.chunks_per_piece();
+        let mut pieces = Vec::new();
+        for r in (0..self.regions.len()).filter(|&r| live[r]) {
+            let n = self.region_chunks(r);
+            pieces.extend((0..n).step_by(per_piece).map(|first| Piece {
+                region: r,
+                first,
+                count: per_piece.min(n - first),
+            }));
+        }
+        pieces
+    }
+
+    /// Pieces covering the chunks whose global indices `marked` yields (in increasing order),
+    /// in live regions only, merging neighbours up to the piece size: what
+    /// [`runs`](Layout::runs) gives for the same chunks, in time proportional to the marked
+    /// chunks rather than to all of them.
+    pub(crate) fn runs_of(
+        &self,
+        live: &[bool],
+        marked: impl IntoIterator<Item = usize>,
+    ) -> Vec<Piece> {
+        let per_piece = self.chunks_per_piece();
+        let mut pieces: Vec<Piece> = Vec::new();
+        let mut r = 0;
+        for c in marked {
+            while r < self.regions.len() && c >= self.first_chunk[r + 1] {
+                r += 1;
+            }
+            if r == self.regions.len() {
+                break;
+            }
+            if !live[r] {
+                continue;
+            }
+            let k = c - self.first_chunk[r];
+            match pieces.last_mut() {
+                Some(p) if p.region == r && p.first + p.count == k && p.count < per_piece => {
+                    p.count += 1;
+                }
+                _ => pieces.push(Piece {
+                    region: r,
+                    first: k,
+                    count: 1,
+                }),
+            }
+        }
+        pieces
+    }
+
+    /// Maximal runs `(region, first chunk, count)` of the chunks of live regions that `flags`
+    /// (one per global chunk) does not mark, found by skipping over the marked ones.
+    pub(crate) fn unmarked_runs(&self, live: &[bool], flags: &[bool]) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut marks = marked_indices(flags).peekable();
+        for r in 0..self.regions.len() {
+            let (lo, hi) = (self.first_chunk[r], self.first_chunk[r + 1]);
+            let mut start = lo;
+            while let Some(&m) = marks.peek() {
+                if m >= hi {
+                    break;
+                }
+                marks.next();
+                if live[r] && m > start {
+                    out.push((r, start - lo, m - start));
+                }
+                start = m + 1;
+            }
+            if live[r] && hi > start {
+                out.push((r, start - lo, hi - start));
+            }
+        }
+        out
     }
 
     /// Pieces covering the chunks of live regions for which `marked(global chunk index)` holds,
@@ -133,6 +205,26 @@ impl Layout {
         }
         pieces
     }
+}
+
+/// Indices of the `true` entries of `flags`, in order, skipping eight unmarked flags at a time
+/// (a learned write set is a few marked chunks among hundreds of thousands).
+pub(crate) fn marked_indices(flags: &[bool]) -> impl Iterator<Item = usize> + '_ {
+    // SAFETY: bool has the size and alignment of u8 and only the values 0 and 1, so its bytes
+    // may be read as u8.
+    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(flags.as_ptr().cast(), flags.len()) };
+    let words = bytes.chunks_exact(8);
+    let tail_start = flags.len() - words.remainder().len();
+    words
+        .enumerate()
+        .filter(|(_, w)| u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]) != 0)
+        .flat_map(|(i, w)| {
+            w.iter()
+                .enumerate()
+                .filter(|(_, b)| **b != 0)
+                .map(move |(j, _)| i * 8 + j)
+        })
+        .chain((tail_start..flags.len()).filter(move |&c| flags[c]))
 }
 
 /// Chunks needed for `size` bytes.
@@ -193,6 +285,54 @@ mod tests {
             .collect();
         assert_eq!(spans, vec![(0, 0, 2), (0, 2, 1), (0, 4, 1)]);
         assert_eq!(l.full_pieces(&[false, true]).len(), 1);
+    }
+
+    #[test]
+    fn fast_runs_equal_the_chunk_by_chunk_ones() {
+        let cs = PIECE_BYTES / 4;
+        let l = Layout::new(
+            vec![
+                region(0, 37 * cs),
+                region(1 << 40, 3 * cs + 5),
+                region(2 << 40, 21 * cs),
+            ],
+            cs,
+        );
+        let n = l.chunks();
+        let mut x = 0x9e37u64;
+        for live in [[true, true, true], [true, false, true], [false, true, false]] {
+            for density in [0, 1, 7, 50, 100] {
+                let flags: Vec<bool> = (0..n)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x % 100 < density
+                    })
+                    .collect();
+                let marked: Vec<usize> = marked_indices(&flags).collect();
+                let want: Vec<usize> = (0..n).filter(|&c| flags[c]).collect();
+                assert_eq!(marked, want);
+                assert_eq!(
+                    l.runs_of(&live, marked.iter().copied()),
+                    l.runs(&live, |c| flags[c])
+                );
+                let gaps: Vec<(usize, usize, usize)> = l
+                    .runs(&live, |c| !flags[c])
+                    .iter()
+                    .fold(Vec::new(), |mut acc: Vec<(usize, usize, usize)>, p| {
+                        match acc.last_mut() {
+                            Some(last) if last.0 == p.region && last.1 + last.2 == p.first => {
+                                last.2 += p.count
+                            }
+                            _ => acc.push((p.region, p.first, p.count)),
+                        }
+                        acc
+                    });
+                assert_eq!(l.unmarked_runs(&live, &flags), gaps);
+            }
+            assert_eq!(l.full_pieces(&live), l.runs(&live, |_| true));
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
 use crate::copy::{copy_to_host, copy_to_shadow, hash_live, windows, write_back};
 use crate::device::{Capabilities, DeviceMemory};
 use crate::inventory::{Filter, Inventory, Region};
-use crate::layout::{Layout, Piece};
+use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate};
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
@@ -668,9 +668,10 @@ impl Snapshot {
                         .record_hash(bytes, hash_start.elapsed());
                     report.bytes_hashed = bytes;
                     report.verified = true;
-                    let (snap, now) = (&self.hashes, &self.live_hashes);
-                    let changed = |c: usize| skip.is_none_or(|set| !set[c]) && snap[c] != now[c];
-                    let found = layout.runs(&live, changed);
+                    let found = layout.runs_of(
+                        &live,
+                        changed_chunks(layout, &live, &self.hashes, &self.live_hashes, skip),
+                    );
                     let dirty: u64 = found.iter().map(|p| p.count as u64).sum();
                     let predicting = predicted.is_some();
                     if predicted.is_some() {
@@ -700,7 +701,7 @@ impl Snapshot {
                     }
                     pieces = match (&self.learned, predicting) {
                         // The set (which now holds every changed chunk too) is written whole.
-                        (Some(set), true) => layout.runs(&live, |c| set.chunks[c]),
+                        (Some(set), true) => layout.runs_of(&live, marked_indices(&set.chunks)),
                         _ => found,
                     };
                 }
@@ -723,7 +724,7 @@ impl Snapshot {
             }
             Step::Learned => {
                 if let Some(set) = &self.learned {
-                    pieces = layout.runs(&live, |c| set.chunks[c]);
+                    pieces = layout.runs_of(&live, marked_indices(&set.chunks));
                 }
                 self.restores_since_hash += 1;
             }
@@ -755,6 +756,29 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Global indices of the chunks of live regions whose live hash differs from the snapshot's,
+/// in order, leaving out the chunks `skip` marks (not hashed).
+fn changed_chunks<'a>(
+    layout: &'a Layout,
+    live: &'a [bool],
+    snap: &'a [u64],
+    now: &'a [u64],
+    skip: Option<&'a [bool]>,
+) -> impl Iterator<Item = usize> + 'a {
+    (0..layout.regions.len())
+        .filter(move |&r| live[r])
+        .flat_map(move |r| {
+            let (lo, hi) = (layout.first_chunk[r], layout.first_chunk[r + 1]);
+            snap[lo..hi]
+                .iter()
+                .zip(&now[lo..hi])
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .map(move |(i, _)| lo + i)
+        })
+        .filter(move |&c| skip.is_none_or(|set| !set[c]))
 }
 
 /// The learned write set: the chunks restores write without hashing.
