@@ -4,13 +4,19 @@
 // eight-lanes-per-chunk one, over a footprint of FOOTPRINT_GIB. Built and run on the GPU machine:
 //
 //   nvcc -O3 -arch=sm_90 -o kernel_bench cuda/examples/kernel_bench.cu
-//   ./kernel_bench 32 20        # footprint in GiB, timed repetitions (median reported)
+//   ./kernel_bench 32 20 [PTX]  # footprint in GiB, timed repetitions (median reported)
+//
+// With PTX (the committed kreplay_kernels.ptx) it also times that PTX's read_once and hash
+// kernels as the crate runs them: JIT-compiled by the driver (cuModuleLoadData) and launched
+// with cuLaunchKernel, timed with events and with the host clock around launch and wait.
 //
 // Every hash variant's output is compared with the first kernel's (which the crate's GPU test
 // compares with the host's xxh3_64) over the whole footprint and over unaligned and odd-sized
 // ranges; a difference fails the run.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cuda.h>
 #include <cstdlib>
 #include <vector>
 
@@ -221,7 +227,6 @@ static float median_ms(int reps, F f) {
 }
 
 static int sms;
-static u64 bytes_g;
 static void row(const char *name, float ms, double bytes_counted) {
     printf("%-44s %9.3f ms %7.3f TB/s\n", name, ms, bytes_counted / (ms * 1e-3) / 1e12);
     fflush(stdout);
@@ -263,7 +268,6 @@ int main(int argc, char **argv) {
     const u64 gib = argc > 1 ? strtoull(argv[1], 0, 10) : 32;
     const int reps = argc > 2 ? atoi(argv[2]) : 20;
     const u64 bytes = gib << 30;
-    bytes_g = bytes;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     sms = prop.multiProcessorCount;
@@ -303,7 +307,7 @@ int main(int argc, char **argv) {
         median_ms(reps, [&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }), 2 * B);
     row("read_once committed (8 x 16 B cs, 16 blk/SM)",
         median_ms(reps, [&] { kreplay_read_once<<<sms * 16, 256>>>((const uint4 *)a, bytes / 16, sink); }), B);
-    for (int per : {4, 8, 16, 32}) {
+    for (int per : {8, 32}) {
         char name[96];
         snprintf(name, sizeof name, "read U=4 plain, %d blk/SM", per);
         row(name, median_ms(reps, [&] { read_kernel<4, false><<<sms * per, 256>>>((const uint4 *)a, bytes / 16, sink); }), B);
@@ -353,6 +357,68 @@ int main(int argc, char **argv) {
         const double hb = (double)work * cs;
         row(name, median_ms(reps, [&] { kreplay_hash_list<<<(unsigned)((work + 31) / 32), 256>>>(dl, list.size(), work, cs, h2); }), hb);
         CK(cudaFree(dl));
+    }
+    // The same kernels from the committed PTX, JIT-compiled by the driver as the crate loads
+    // them, on the random data and then on constant data.
+    if (argc > 3) {
+        FILE *f = fopen(argv[3], "rb");
+        if (!f) {
+            perror(argv[3]);
+            return 1;
+        }
+        std::vector<char> text(64 << 20);
+        const size_t n = fread(text.data(), 1, text.size() - 1, f);
+        text[n] = 0;
+        fclose(f);
+        CUmodule mod;
+        CUfunction fr, fh;
+        if (cuModuleLoadData(&mod, text.data()) != CUDA_SUCCESS ||
+            cuModuleGetFunction(&fr, mod, "kreplay_read_once") != CUDA_SUCCESS ||
+            cuModuleGetFunction(&fh, mod, "kreplay_hash_list") != CUDA_SUCCESS) {
+            printf("cannot load %s\n", argv[3]);
+            return 1;
+        }
+        u64 words = bytes / 16;
+        const unsigned char *ap = a;
+        void *rargs[] = {&ap, &words, &sink};
+        u64 one = 1, cs_ = cs, work = chunks;
+        void *hargs[] = {&dlist, &one, &work, &cs_, &h2};
+        auto jit_read = [&] { cuLaunchKernel(fr, sms * 16, 1, 1, 256, 1, 1, 0, 0, rargs, 0); };
+        auto jit_hash = [&] {
+            cuLaunchKernel(fh, (unsigned)((chunks + 31) / 32), 1, 1, 256, 1, 1, 0, 0, hargs, 0);
+        };
+        auto host_clock = [&](auto f) {
+            std::vector<double> t;
+            for (int r = 0; r < reps; ++r) {
+                auto t0 = std::chrono::steady_clock::now();
+                f();
+                CK(cudaDeviceSynchronize());
+                t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            }
+            std::sort(t.begin(), t.end());
+            return (float)t[t.size() / 2];
+        };
+        for (int pass = 0; pass < 2; ++pass) {
+            const char *data = pass == 0 ? "random" : "constant";
+            if (pass == 1) {
+                CK(cudaMemset(a, 1, bytes));
+                CK(cudaDeviceSynchronize());
+            }
+            char name[96];
+            snprintf(name, sizeof name, "PTX JIT read_once, events, %s data", data);
+            row(name, median_ms(reps, jit_read), B);
+            snprintf(name, sizeof name, "PTX JIT read_once, host clock, %s data", data);
+            row(name, host_clock(jit_read), B);
+            snprintf(name, sizeof name, "PTX JIT hash_list, events, %s data", data);
+            row(name, median_ms(reps, jit_hash), B);
+            snprintf(name, sizeof name, "PTX JIT hash_list, host clock, %s data", data);
+            row(name, host_clock(jit_hash), B);
+            snprintf(name, sizeof name, "sm_90 read_once, events, %s data", data);
+            row(name, median_ms(reps, [&] { kreplay_read_once<<<sms * 16, 256>>>((const uint4 *)a, bytes / 16, sink); }), B);
+            snprintf(name, sizeof name, "sm_90 hash_list, events, %s data", data);
+            row(name, median_ms(reps, [&] { kreplay_hash_list<<<(unsigned)((chunks + 31) / 32), 256>>>(dlist, 1, chunks, cs, h2); }), B);
+            row("copy DtoD (2x counted)", median_ms(reps, [&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }), 2 * B);
+        }
     }
     printf(bad ? "RESULT: hash variants DIFFER\n" : "RESULT: hash variants agree\n");
     return bad;

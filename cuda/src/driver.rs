@@ -33,6 +33,8 @@ pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub const CU_STREAM_PER_THREAD: usize = 0x2;
 /// `CU_MEMHOSTREGISTER_PORTABLE`.
 pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`: the registered range gets a device address too.
+pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES` (static shared memory of a function).
 pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
 /// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` (local memory per thread).
@@ -175,6 +177,7 @@ driver_table! {
     memcpy_htod_async: b"cuMemcpyHtoDAsync_v2\0" => fn(CuDevicePtr, *const c_void, usize, CuStream);
     mem_host_register: b"cuMemHostRegister_v2\0" => fn(*mut c_void, usize, c_uint);
     mem_host_unregister: b"cuMemHostUnregister\0" => fn(*mut c_void);
+    mem_host_get_device_pointer: b"cuMemHostGetDevicePointer_v2\0" => fn(*mut CuDevicePtr, *mut c_void, c_uint);
     func_get_attribute: b"cuFuncGetAttribute\0" => fn(*mut c_int, c_int, CuFunction);
     module_load_data: b"cuModuleLoadData\0" => fn(*mut CuModule, *const c_void);
     module_get_function: b"cuModuleGetFunction\0" => fn(*mut CuFunction, CuModule, *const c_char);

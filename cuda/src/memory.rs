@@ -26,8 +26,8 @@ use kreplay_snapshot::{
 use parking_lot::Mutex;
 
 use crate::driver::{
-    CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING, CuContext, CuDevicePtr, CuError, CuStream,
-    Driver,
+    CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING, CuContext,
+    CuDevicePtr, CuError, CuStream, Driver,
 };
 use crate::guard::Guard;
 use crate::kernels::{
@@ -95,6 +95,9 @@ pub struct CudaMemory {
     scratch: Mutex<Scratch>,
     /// Whether `hash_chunks` is offered (see [`CudaMemory::set_hash_on_device`]).
     hash_on_device: AtomicBool,
+    /// Host ranges pinned by `register_host` that the device can read directly:
+    /// (host address, length, device address).
+    mapped: Mutex<Vec<(usize, usize, CuDevicePtr)>>,
 }
 
 /// Device buffers the kernels read their lists from and write their results to, grown on
@@ -266,6 +269,7 @@ impl CudaMemory {
             kernels: OnceLock::new(),
             scratch: Mutex::new(Scratch::default()),
             hash_on_device: AtomicBool::new(true),
+            mapped: Mutex::new(Vec::new()),
         }))
     }
 
@@ -325,6 +329,31 @@ impl CudaMemory {
                 let _ = self.sync();
                 fail(e)
             })
+    }
+
+    /// The device copies that do `writes` (merged host-to-device writes) by reading their
+    /// sources through the device addresses of registered host ranges, or `None` when a source
+    /// lies outside every such range.
+    fn mapped_copies(&self, writes: &[(u64, *const u8, usize)]) -> Option<Vec<DeviceCopy>> {
+        let mapped = self.mapped.lock();
+        let mut last: Option<(usize, usize, CuDevicePtr)> = None;
+        writes
+            .iter()
+            .map(|&(addr, ptr, len)| {
+                let p = ptr as usize;
+                let inside = |m: &(usize, usize, CuDevicePtr)| p >= m.0 && p + len <= m.0 + m.1;
+                let m = match last.filter(inside) {
+                    Some(m) => m,
+                    None => *mapped.iter().find(|m| inside(m))?,
+                };
+                last = Some(m);
+                Some(DeviceCopy {
+                    dst: addr,
+                    src: m.2 + (p - m.0) as u64,
+                    len: len as u64,
+                })
+            })
+            .collect()
     }
 
     /// Make the context current on this (possibly worker) thread.
@@ -655,7 +684,17 @@ impl DeviceMemory for CudaMemory {
             .enter()
             .map_err(|e| failed(first.addr, first.data.len() as u64, e))?;
         let ranges = AllocationCache::new(|a| self.allocation_of(a));
-        for (addr, ptr, len) in coalesce_writes(writes, |a, b| ranges.same(a, b)) {
+        let merged = coalesce_writes(writes, |a, b| ranges.same(a, b));
+        // Many scattered writes from a device-mapped (pinned) store: one gather launch whose
+        // blocks read the store over the link, instead of one copy call per write (each costs a
+        // few microseconds of driver time, more than moving a 64 KiB chunk).
+        if use_gather(merged.len())
+            && self.kernels().is_ok()
+            && let Some(copies) = self.mapped_copies(&merged)
+        {
+            return self.gather(&copies);
+        }
+        for (addr, ptr, len) in merged {
             // SAFETY: ptr..ptr+len spans host buffers of the list that continue each other
             // (checked by coalesce_writes), all alive (the snapshot store) until the wait below;
             // the destination is a tracked, fenced device allocation.
@@ -677,12 +716,27 @@ impl DeviceMemory for CudaMemory {
         };
         // SAFETY: ptr..ptr+len is the snapshot's host mapping, alive until unregister_host.
         let rc = unsafe {
-            (self.driver.mem_host_register)(ptr as *mut c_void, len, CU_MEMHOSTREGISTER_PORTABLE)
+            (self.driver.mem_host_register)(
+                ptr as *mut c_void,
+                len,
+                CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
         };
-        rc == crate::driver::CUDA_SUCCESS
+        if rc != crate::driver::CUDA_SUCCESS {
+            return false;
+        }
+        let mut dev: CuDevicePtr = 0;
+        // SAFETY: ptr was just registered with DEVICEMAP; the driver writes its device address.
+        let rc =
+            unsafe { (self.driver.mem_host_get_device_pointer)(&mut dev, ptr as *mut c_void, 0) };
+        if rc == crate::driver::CUDA_SUCCESS && dev != 0 {
+            self.mapped.lock().push((ptr as usize, len, dev));
+        }
+        true
     }
 
     fn unregister_host(&self, ptr: *const u8, _len: usize) {
+        self.mapped.lock().retain(|m| m.0 != ptr as usize);
         if let Ok(_guard) = self.enter() {
             // SAFETY: ptr was registered by register_host and is still mapped.
             unsafe { (self.driver.mem_host_unregister)(ptr as *mut c_void) };

@@ -153,10 +153,14 @@ impl Layout {
 
     /// Maximal runs `(region, first chunk, count)` of the chunks of live regions that `flags`
     /// (one per global chunk) does not mark, found by skipping over the marked ones.
-    pub(crate) fn unmarked_runs(&self, live: &[bool], flags: &[bool]) -> Vec<(usize, usize, usize)> {
+    pub(crate) fn unmarked_runs(
+        &self,
+        live: &[bool],
+        flags: &[bool],
+    ) -> Vec<(usize, usize, usize)> {
         let mut out = Vec::new();
         let mut marks = marked_indices(flags).peekable();
-        for r in 0..self.regions.len() {
+        for (r, &alive) in live.iter().enumerate().take(self.regions.len()) {
             let (lo, hi) = (self.first_chunk[r], self.first_chunk[r + 1]);
             let mut start = lo;
             while let Some(&m) = marks.peek() {
@@ -164,12 +168,12 @@ impl Layout {
                     break;
                 }
                 marks.next();
-                if live[r] && m > start {
+                if alive && m > start {
                     out.push((r, start - lo, m - start));
                 }
                 start = m + 1;
             }
-            if live[r] && hi > start {
+            if alive && hi > start {
                 out.push((r, start - lo, hi - start));
             }
         }
@@ -300,7 +304,11 @@ mod tests {
         );
         let n = l.chunks();
         let mut x = 0x9e37u64;
-        for live in [[true, true, true], [true, false, true], [false, true, false]] {
+        for live in [
+            [true, true, true],
+            [true, false, true],
+            [false, true, false],
+        ] {
             for density in [0, 1, 7, 50, 100] {
                 let flags: Vec<bool> = (0..n)
                     .map(|_| {
@@ -317,10 +325,9 @@ mod tests {
                     l.runs_of(&live, marked.iter().copied()),
                     l.runs(&live, |c| flags[c])
                 );
-                let gaps: Vec<(usize, usize, usize)> = l
-                    .runs(&live, |c| !flags[c])
-                    .iter()
-                    .fold(Vec::new(), |mut acc: Vec<(usize, usize, usize)>, p| {
+                let gaps: Vec<(usize, usize, usize)> = l.runs(&live, |c| !flags[c]).iter().fold(
+                    Vec::new(),
+                    |mut acc: Vec<(usize, usize, usize)>, p| {
                         match acc.last_mut() {
                             Some(last) if last.0 == p.region && last.1 + last.2 == p.first => {
                                 last.2 += p.count
@@ -328,7 +335,8 @@ mod tests {
                             _ => acc.push((p.region, p.first, p.count)),
                         }
                         acc
-                    });
+                    },
+                );
                 assert_eq!(l.unmarked_runs(&live, &flags), gaps);
             }
             assert_eq!(l.full_pieces(&live), l.runs(&live, |_| true));

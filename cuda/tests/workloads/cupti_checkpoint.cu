@@ -10,7 +10,9 @@
 //   ./cupti_checkpoint 32 3      # footprint in GiB, restores timed per fraction (median)
 //
 // Four configurations: checkpoint kept in device memory where it fits (reserveDeviceMB 0) or in
-// host memory (no device memory: reserveDeviceMB = -1), each with CUPTI_CHECKPOINT_OPT_NONE and
+// host memory (reserveDeviceMB = the device's total memory in MiB, so none of it may be used;
+// the documented -1 was refused with CUPTI_ERROR_INVALID_PARAMETER on CUDA 13.0), each with
+// CUPTI_CHECKPOINT_OPT_NONE and
 // with CUPTI_CHECKPOINT_OPT_TRANSFER (restore only blocks that changed). With TRANSFER, CUPTI
 // says the restore must be called at the same point each time; a fresh checkpoint is saved for
 // each fraction.
@@ -98,6 +100,9 @@ int main(int argc, char **argv) {
     fill<<<132 * 8, 256>>>(buf, bytes / 8);
     CK(cudaDeviceSynchronize());
     const u64 reference = sum(buf, bytes / 8, d_sum);
+    size_t free_b = 0, total_b = 0;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t all_mb = total_b >> 20;
     printf("config,footprint_gib,fraction,metric,ms,verified\n");
     struct Cfg {
         const char *name;
@@ -106,8 +111,8 @@ int main(int argc, char **argv) {
     } cfgs[] = {
         {"device_none", 0, CUPTI_CHECKPOINT_OPT_NONE},
         {"device_transfer", 0, CUPTI_CHECKPOINT_OPT_TRANSFER},
-        {"host_none", (size_t)-1, CUPTI_CHECKPOINT_OPT_NONE},
-        {"host_transfer", (size_t)-1, CUPTI_CHECKPOINT_OPT_TRANSFER},
+        {"host_none", all_mb, CUPTI_CHECKPOINT_OPT_NONE},
+        {"host_transfer", all_mb, CUPTI_CHECKPOINT_OPT_TRANSFER},
     };
     const char *labels[] = {"0.1%", "1%", "10%", "100%"};
     const double fractions[] = {0.001, 0.01, 0.1, 1.0};
