@@ -293,6 +293,48 @@ fn device_shadow_with_device_hash_restores_scattered_chunks_in_one_device_copy()
 }
 
 #[test]
+fn a_device_hash_restore_hashes_every_region_in_one_batched_call() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        device_hash: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    // Several 1 MiB pieces in one region, and a second region.
+    let a = dev.alloc(&inv, 3 << 20, 1, MemoryKind::CoarseDevice, 0);
+    let b = dev.alloc(&inv, 1 << 20, 1, MemoryKind::CoarseDevice, 0);
+    let (da, db) = (pattern(3 << 20, 1), pattern(1 << 20, 2));
+    dev.poke(a, &da);
+    dev.poke(b, &db);
+    for strategy in [
+        RestoreStrategy::Hash,
+        RestoreStrategy::Writeset,
+        RestoreStrategy::WritesetUnverified,
+    ] {
+        let mut s = snapshotter(&dev, &inv, config(strategy, StoreTier::Device))
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        for round in 0..3 {
+            dirty(&dev, a, &[5, 300, 700]);
+            dirty(&dev, b, &[100]);
+            let before = dev.counters.hash_batches.load(Ordering::Relaxed);
+            let r = s
+                .restore(&RestoreRequest {
+                    next_pass: round + 1,
+                    may_be_final: round == 2,
+                })
+                .unwrap();
+            let batches = dev.counters.hash_batches.load(Ordering::Relaxed) - before;
+            let expected = u64::from(r.verified);
+            assert_eq!(batches, expected, "{strategy}, restore {round}: hash calls");
+            assert_eq!(r.chunks_restored, 4, "{strategy}, restore {round}");
+            assert_eq!(dev.peek(a, 3 << 20), da, "{strategy}, restore {round}");
+            assert_eq!(dev.peek(b, 1 << 20), db, "{strategy}, restore {round}");
+        }
+    }
+}
+
+#[test]
 fn scattered_chunk_restores_are_one_batched_call_when_the_device_batches() {
     let (dev, inv, a, data) = setup(Caps {
         batched: true,

@@ -40,6 +40,8 @@ pub struct Counters {
     pub batches: AtomicU64,
     pub device_copies: AtomicU64,
     pub hash_calls: AtomicU64,
+    /// `hash_chunk_ranges` calls (each also counts its ranges in `hash_calls`).
+    pub hash_batches: AtomicU64,
     pub windows: AtomicU64,
     pub registers: AtomicU64,
     pub unregisters: AtomicU64,
@@ -239,6 +241,30 @@ impl DeviceMemory for TestDevice {
                 *h = xxhash_rust::xxh3::xxh3_64(c);
             }
         })
+    }
+
+    fn hash_chunk_ranges(
+        &self,
+        ranges: &[HashRange],
+        chunk_size: u64,
+        out: &mut [u64],
+    ) -> Result<(), CopyError> {
+        if !self.caps.device_hash {
+            return Err(CopyError::Unsupported);
+        }
+        self.counters.hash_batches.fetch_add(1, Ordering::Relaxed);
+        for r in ranges {
+            let n = r.len.div_ceil(chunk_size) as usize;
+            let Some(part) = out.get_mut(r.first..r.first + n) else {
+                return Err(CopyError::failed(
+                    r.addr,
+                    r.len,
+                    "hash range outside the output",
+                ));
+            };
+            self.hash_chunks(r.addr, r.len, chunk_size, part)?;
+        }
+        Ok(())
     }
 
     fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
