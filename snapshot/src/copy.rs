@@ -278,9 +278,9 @@ pub(crate) fn hash_live(
     let cs = layout.chunk_size;
     if caps.device_hash {
         // One call for every range: whole live regions, or the runs between the chunks `skip`
-        // marks, found without visiting every chunk. Ranges that continue each other (in the
-        // address space and in `out`, after whole chunks) are one, so a device can hash all of
-        // them in one launch.
+        // marks, found without visiting every chunk, so a device can hash all of them in one
+        // launch. A range never spans two regions (a device may check that each range lies in
+        // one allocation, and neighbouring allocations are often adjacent in the address space).
         let runs: Vec<(usize, usize, usize)> = match skip {
             None => (0..layout.regions.len())
                 .filter(|&r| live[r])
@@ -288,24 +288,19 @@ pub(crate) fn hash_live(
                 .collect(),
             Some(set) => layout.unmarked_runs(live, set),
         };
-        let mut ranges: Vec<HashRange> = Vec::with_capacity(runs.len());
         let mut bytes = 0;
-        for (r, first, count) in runs {
-            let (offset, len) = layout.span(r, first, count);
-            let addr = layout.regions[r].base + offset;
-            let first = layout.first_chunk[r] + first;
-            bytes += len;
-            match ranges.last_mut() {
-                Some(last)
-                    if last.addr + last.len == addr
-                        && last.first + last.len.div_ceil(cs) as usize == first
-                        && last.len % cs == 0 =>
-                {
-                    last.len += len;
+        let ranges: Vec<HashRange> = runs
+            .into_iter()
+            .map(|(r, first, count)| {
+                let (offset, len) = layout.span(r, first, count);
+                bytes += len;
+                HashRange {
+                    addr: layout.regions[r].base + offset,
+                    len,
+                    first: layout.first_chunk[r] + first,
                 }
-                _ => ranges.push(HashRange { addr, len, first }),
-            }
-        }
+            })
+            .collect();
         device.hash_chunk_ranges(&ranges, cs, out)?;
         return Ok(bytes);
     }
