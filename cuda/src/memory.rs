@@ -449,7 +449,10 @@ impl DeviceMemory for CudaMemory {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let device_hash = self.enter().is_ok_and(|_guard| self.kernels().is_ok());
+        // Offered only where the configuration asks for it (`set_hash_on_device`): `auto` keeps
+        // full copies of device shadows (see `inject::hash_on_device_for`).
+        let device_hash = self.hash_on_device.load(Ordering::Relaxed)
+            && self.enter().is_ok_and(|_guard| self.kernels().is_ok());
         Capabilities {
             device_hash,
             batched_writes: true,
