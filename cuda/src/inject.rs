@@ -252,14 +252,19 @@ thread_local! {
 
 /// Whether the injected library offers the device hash kernel for a configured strategy.
 ///
-/// `hash`, `writeset` and `writeset-unverified` hash on the device. `auto` does not: with the
-/// kernel offered, the snapshot crate's auto rule would hash device shadows at every snapshot
-/// and restore, and on the PyTorch workloads of `cuda/tests/workloads` (a few hundred MiB over
-/// up to ten allocations, hashed one allocation per launch and wait) that cost 0.6 to 0.9 ms per
-/// restore against 0.16 to 0.36 ms for a full device copy (docs/cuda.md). So `auto` keeps
-/// full restores of device shadows, as before the kernels existed.
-pub fn hash_on_device_for(strategy: RestoreStrategy) -> bool {
-    strategy != RestoreStrategy::Auto
+/// Footprints from which `auto` hashes device shadows on the device (see `hash_on_device_for`).
+pub const AUTO_DEVICE_HASH_MIN_BYTES: u64 = 1 << 30;
+
+/// Whether the device hash kernel is offered to the snapshot for a launch whose tracked
+/// footprint on its device is `footprint` bytes. `hash`, `writeset` and `writeset-unverified`
+/// always hash on the device. `auto` does from 1 GiB: a device-hashed restore costs a read of
+/// the footprint at about twice the copy rate plus a fixed part (hash launch, hashes to the
+/// host, gather, two waits) of roughly 0.3 ms, so it pays only once a full device copy costs
+/// more than that. Measured on the H200 (docs/cuda.md): footprints of 200 to 565 MiB restored
+/// in full in 0.16 to 0.36 ms against 0.6 to 0.9 ms hashed; 1.2 GB hashed in 0.41 ms per restore
+/// (a full copy of it is about 0.6 ms); 32 GiB with 1% written 9.5 ms hashed against 16.3 full.
+pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
+    strategy != RestoreStrategy::Auto || footprint >= AUTO_DEVICE_HASH_MIN_BYTES
 }
 
 fn log(level: LogLevel, msg: impl std::fmt::Display) {
@@ -300,7 +305,7 @@ impl Backend {
             )
         }
         .map_err(|e| e.to_string())?;
-        memory.set_hash_on_device(hash_on_device_for(self.config.snapshot.strategy));
+        memory.set_hash_on_device(hash_on_device_for(self.config.snapshot.strategy, 0));
         let snapshotter = Snapshotter::new(
             self.inventory.clone(),
             memory.clone(),
@@ -367,6 +372,17 @@ impl Backend {
                 return;
             }
         };
+        if self.config.snapshot.strategy == RestoreStrategy::Auto {
+            let footprint: u64 = self
+                .inventory
+                .select(&device.filter)
+                .iter()
+                .map(|r| r.size)
+                .sum();
+            device
+                .memory
+                .set_hash_on_device(hash_on_device_for(RestoreStrategy::Auto, footprint));
+        }
         let ops = InjectedLaunch {
             inner: CudaLaunch {
                 driver: self.driver,
@@ -839,15 +855,17 @@ mod tests {
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
 
     #[test]
-    fn only_explicit_detecting_strategies_hash_on_the_device() {
-        assert!(!hash_on_device_for(RestoreStrategy::Auto));
+    fn auto_hashes_on_the_device_only_from_a_gibibyte_and_explicit_strategies_always() {
+        assert!(!hash_on_device_for(RestoreStrategy::Auto, 0));
+        assert!(!hash_on_device_for(RestoreStrategy::Auto, (1 << 30) - 1));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 1 << 30));
         for s in [
             RestoreStrategy::Full,
             RestoreStrategy::Hash,
             RestoreStrategy::Writeset,
             RestoreStrategy::WritesetUnverified,
         ] {
-            assert!(hash_on_device_for(s), "{s}");
+            assert!(hash_on_device_for(s, 0), "{s}");
         }
     }
 
