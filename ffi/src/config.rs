@@ -14,7 +14,7 @@
 //! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //! | `KREPLAY_SNAPSHOT_SCOPE` | `agent`, `referenced` | `agent` |
-//! | `KREPLAY_PASSES` | passes of the built-in tool (every dispatch replayed), at least 1 | `1` (off) |
+//! | `KREPLAY_PASSES` | passes of the built-in tool (every dispatch replayed), at least 1; `KREPLAY_CUDA_PASSES` is read when it is unset | `1` (off) |
 //!
 //! ```
 //! use kreplay::config::Config;
@@ -65,6 +65,8 @@ pub const ENV_REPLAY_BUDGET_MS: &str = "KREPLAY_REPLAY_BUDGET_MS";
 pub const ENV_SNAPSHOT_SCOPE: &str = "KREPLAY_SNAPSHOT_SCOPE";
 /// `KREPLAY_PASSES`.
 pub const ENV_PASSES: &str = "KREPLAY_PASSES";
+/// The older, CUDA-only name of [`ENV_PASSES`], read when that is not set.
+pub const ENV_CUDA_PASSES: &str = "KREPLAY_CUDA_PASSES";
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -233,9 +235,14 @@ impl Config {
             })?;
             config.replay_budget = Some(Duration::from_millis(millis));
         }
-        if let Some(value) = lookup(ENV_PASSES) {
+        // `KREPLAY_CUDA_PASSES` is the CUDA backend's older name for the same setting, read
+        // when `KREPLAY_PASSES` is not set (as the CUDA backend's own configuration does).
+        let passes = lookup(ENV_PASSES)
+            .map(|v| (ENV_PASSES, v))
+            .or_else(|| lookup(ENV_CUDA_PASSES).map(|v| (ENV_CUDA_PASSES, v)));
+        if let Some((variable, value)) = passes {
             config.passes = parse_positive(&value).ok_or_else(|| ConfigError {
-                variable: ENV_PASSES,
+                variable,
                 value: value.clone(),
                 expected: "a whole number of passes, at least 1 (digits only)".to_owned(),
             })?;
@@ -341,6 +348,22 @@ mod tests {
         assert_eq!(config.log, LogLevel::Warn);
         assert_eq!(config.max_passes, 1024);
         assert_eq!(config.replay_budget, None);
+    }
+
+    #[test]
+    fn the_built_in_tools_passes_come_from_kreplay_passes_or_its_older_cuda_name() {
+        assert_eq!(config_from(&[]).unwrap().passes, 1);
+        assert_eq!(config_from(&[("KREPLAY_PASSES", "6")]).unwrap().passes, 6);
+        assert_eq!(
+            config_from(&[("KREPLAY_CUDA_PASSES", "38")])
+                .unwrap()
+                .passes,
+            38
+        );
+        let both = config_from(&[("KREPLAY_PASSES", "6"), ("KREPLAY_CUDA_PASSES", "3")]);
+        assert_eq!(both.unwrap().passes, 6);
+        let err = config_from(&[("KREPLAY_CUDA_PASSES", "0")]).unwrap_err();
+        assert_eq!(err.variable, "KREPLAY_CUDA_PASSES");
     }
 
     #[test]
