@@ -60,13 +60,11 @@ fn setup(footprint: u64) -> Setup {
 }
 
 fn snapshotter(s: &Setup, tier: StoreTier, strategy: RestoreStrategy) -> Snapshotter {
-    let config = SnapshotConfig {
-        store: tier,
-        strategy,
+    let config = SnapshotConfig::default()
+        .with_store(tier)
+        .with_strategy(strategy)
         // Steady-state restores: verification only before a final pass.
-        verify_every: 0,
-        ..Default::default()
-    };
+        .with_verify_every(0);
     Snapshotter::new(s.inventory.clone(), s.device.clone(), config).expect("config")
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, Inventory,
-    MemoryKind,
+    MemoryKind, NewAllocation,
 };
 use memmap2::{MmapMut, MmapOptions};
 use parking_lot::{Mutex, RwLock};
@@ -132,7 +132,12 @@ impl HostDevice {
         kind: MemoryKind,
     ) -> Result<u64, String> {
         let addr = self.alloc(size)?;
-        inventory.on_alloc(addr, size, agent, kind);
+        inventory.on_alloc(NewAllocation {
+            base: addr,
+            size,
+            owner_agent: agent,
+            kind,
+        });
         Ok(addr)
     }
 
@@ -205,10 +210,9 @@ impl DeviceMemory for HostDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            device_hash: self.options.device_hash,
-            batched_writes: self.options.batched_writes,
-        }
+        Capabilities::NONE
+            .with_device_hash(self.options.device_hash)
+            .with_batched_writes(self.options.batched_writes)
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {

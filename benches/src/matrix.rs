@@ -276,16 +276,14 @@ impl Bench {
         strategy: RestoreStrategy,
         tier: StoreTier,
     ) -> Result<Snapshotter, String> {
-        let snapshot_config = SnapshotConfig {
-            store: tier,
-            strategy,
-            chunk_size: config.chunk_size,
+        let snapshot_config = SnapshotConfig::default()
+            .with_store(tier)
+            .with_strategy(strategy)
+            .with_chunk_size(config.chunk_size)
             // Timed restores are steady-state (unverified) ones; verification is measured as
             // the detect row.
-            verify_every: 0,
-            spill_dir: config.spill_dir.clone(),
-            ..Default::default()
-        };
+            .with_verify_every(0)
+            .with_spill_dir(config.spill_dir.clone());
         Snapshotter::new(self.inventory.clone(), self.device.clone(), snapshot_config)
             .map_err(|e| e.to_string())
     }

@@ -204,12 +204,10 @@ fn snapshotter(
     tier: StoreTier,
     chunk: u64,
 ) -> Result<Snapshotter, String> {
-    let config = SnapshotConfig {
-        store: tier,
-        strategy,
-        chunk_size: chunk,
-        ..Default::default()
-    };
+    let config = SnapshotConfig::default()
+        .with_store(tier)
+        .with_strategy(strategy)
+        .with_chunk_size(chunk);
     Snapshotter::new(bench.inventory.clone(), bench.device.clone(), config)
         .map_err(|e| e.to_string())
 }

@@ -71,16 +71,15 @@ pub fn run_scope_case(
         let snapshotter = Snapshotter::new(
             inventory.clone(),
             device.clone(),
-            SnapshotConfig {
-                store: StoreTier::Host,
-                scope,
-                ..Default::default()
-            },
+            SnapshotConfig::default()
+                .with_store(StoreTier::Host)
+                .with_scope(scope),
         )
         .map_err(|e| e.to_string())?;
         let start = match scope {
             SnapshotScope::Agent => Filter::for_replay(1),
             SnapshotScope::Referenced => Filter::referenced_only(1),
+            other => return Err(format!("scope {other} is not measured")),
         };
         let filter = start.reach(referenced + 8, RegionSource::Referenced);
         let mut row = ScopeRow {

@@ -115,14 +115,12 @@ impl World {
     }
 
     fn snapshotter(&self, tier: StoreTier, strategy: RestoreStrategy) -> Snapshotter {
-        let config = SnapshotConfig {
-            store: tier,
-            strategy,
-            chunk_size: CS,
-            verify_every: 0,
-            keep_store: false,
-            ..Default::default()
-        };
+        let config = SnapshotConfig::default()
+            .with_store(tier)
+            .with_strategy(strategy)
+            .with_chunk_size(CS)
+            .with_verify_every(0)
+            .with_keep_store(false);
         Snapshotter::new(self.inventory.clone(), self.device.clone(), config).unwrap()
     }
 

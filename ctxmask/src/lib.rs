@@ -50,6 +50,7 @@ pub struct ContextId(pub u64);
 
 /// Why a context operation on a [`ContextRegistry`] failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ContextError {
     /// The id was never created by this registry.
     UnknownContext,
@@ -67,6 +68,7 @@ impl std::error::Error for ContextError {}
 
 /// Why a replay toggle ([`replay_start_context`] / [`replay_stop_context`]) was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ToggleError {
     /// Called outside PASS ENTER of a replay loop on this thread
     /// (docs/abi.md §2: `KREPLAY_STATUS_ERROR_CONTEXT_ERROR`).

@@ -33,8 +33,8 @@ use kreplay_cuda::driver::{CuContext, CuDevicePtr};
 use kreplay_cuda::kernels::{hash_entries, override_ptx};
 use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
 use kreplay_snapshot::{
-    DeviceMemory, Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, SnapshotConfig,
-    Snapshotter, StoreTier,
+    DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, RestoreRequest, RestoreStrategy,
+    SnapshotConfig, Snapshotter, StoreTier,
 };
 
 const CHUNK: u64 = 64 << 10;
@@ -166,7 +166,12 @@ fn bench_footprint(
     let gib = bytes / GIB;
     let buf = alloc(d, bytes)?;
     let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(buf, bytes, 0, MemoryKind::CoarseDevice);
+    inventory.on_alloc(NewAllocation {
+        base: buf,
+        size: bytes,
+        owner_agent: 0,
+        kind: MemoryKind::CoarseDevice,
+    });
     // SAFETY: the primary context retained in run(), alive for the process.
     let mem = unsafe {
         CudaMemory::new(
@@ -379,15 +384,13 @@ fn bench_footprint(
                 RestoreStrategy::WritesetUnverified,
             ),
         ] {
-            let config = SnapshotConfig {
-                store,
-                strategy,
-                chunk_size: CHUNK,
-                verify_every: 0,
-                keep_store: true,
-                max_bytes: Some(bytes * 2),
-                ..Default::default()
-            };
+            let config = SnapshotConfig::default()
+                .with_store(store)
+                .with_strategy(strategy)
+                .with_chunk_size(CHUNK)
+                .with_verify_every(0)
+                .with_keep_store(true)
+                .with_max_bytes(Some(bytes * 2));
             let snapshotter = Snapshotter::new(inventory.clone(), mem.clone(), config)
                 .map_err(|e| e.to_string())?;
             // The host tiers' full restores take long: fewer repetitions.

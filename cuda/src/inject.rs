@@ -23,7 +23,9 @@ use kreplay_passloop::{
     ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
     RestoreRequest, ToolAnswer,
 };
-use kreplay_snapshot::{Filter, Inventory, MemoryKind, RestoreStrategy, Snapshotter};
+use kreplay_snapshot::{
+    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, Snapshotter,
+};
 use parking_lot::Mutex;
 
 use crate::config::{Config, LogLevel};
@@ -330,8 +332,12 @@ impl Backend {
             );
             return;
         };
-        self.inventory
-            .on_alloc(base, size, ordinal as u64, MemoryKind::CoarseDevice);
+        self.inventory.on_alloc(NewAllocation {
+            base,
+            size,
+            owner_agent: ordinal as u64,
+            kind: MemoryKind::CoarseDevice,
+        });
         self.stats.allocations.fetch_add(1, Ordering::Relaxed);
         log(
             LogLevel::Debug,

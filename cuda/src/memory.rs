@@ -453,10 +453,9 @@ impl DeviceMemory for CudaMemory {
         // full copies of device shadows (see `inject::hash_on_device_for`).
         let device_hash = self.hash_on_device.load(Ordering::Relaxed)
             && self.enter().is_ok_and(|_guard| self.kernels().is_ok());
-        Capabilities {
-            device_hash,
-            batched_writes: true,
-        }
+        Capabilities::NONE
+            .with_device_hash(device_hash)
+            .with_batched_writes(true)
     }
 
     fn hash_chunks(

@@ -109,7 +109,7 @@ pub fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
         kreplay_snapshot::StoreTier::Device => StoreTier::Device,
         kreplay_snapshot::StoreTier::Host => StoreTier::Host,
         kreplay_snapshot::StoreTier::File => StoreTier::File,
-        kreplay_snapshot::StoreTier::Auto => StoreTier::None,
+        _ => StoreTier::None,
     }
 }
 
@@ -119,9 +119,7 @@ pub fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
         kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
         kreplay_snapshot::RestoreStrategy::Writeset
         | kreplay_snapshot::RestoreStrategy::WritesetUnverified => RestoreStrategy::Writeset,
-        kreplay_snapshot::RestoreStrategy::Full | kreplay_snapshot::RestoreStrategy::Auto => {
-            RestoreStrategy::Full
-        }
+        _ => RestoreStrategy::Full,
     }
 }
 

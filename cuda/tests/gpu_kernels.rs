@@ -11,8 +11,8 @@ use kreplay_cuda::driver::{CuContext, CuDevicePtr};
 use kreplay_cuda::kernels::override_ptx;
 use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
 use kreplay_snapshot::{
-    DeviceMemory, Filter, HashRange, Inventory, MemoryKind, RestoreRequest, RestoreStrategy,
-    SnapshotConfig, Snapshotter, StoreTier,
+    DeviceMemory, Filter, HashRange, Inventory, MemoryKind, NewAllocation, RestoreRequest,
+    RestoreStrategy, SnapshotConfig, Snapshotter, StoreTier,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -188,7 +188,12 @@ fn four_passes(
     let words = BYTES / 4;
     let buf = alloc(d, BYTES);
     let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(buf, BYTES as u64, 0, MemoryKind::CoarseDevice);
+    inventory.on_alloc(NewAllocation {
+        base: buf,
+        size: BYTES as u64,
+        owner_agent: 0,
+        kind: MemoryKind::CoarseDevice,
+    });
     let mem = memory(d, ctx, inventory.clone());
     let start: Vec<u32> = (0..words as u32)
         .map(|i| i.wrapping_mul(2654435761))
@@ -200,13 +205,11 @@ fn four_passes(
     let dirty = ((chunks as f64 * fraction).round() as u64).clamp(1, chunks);
     let stride = chunks / dirty;
     let run_words = CHUNK / 4;
-    let config = SnapshotConfig {
-        store: StoreTier::Device,
-        strategy,
-        chunk_size: CHUNK,
-        verify_every: 0,
-        ..Default::default()
-    };
+    let config = SnapshotConfig::default()
+        .with_store(StoreTier::Device)
+        .with_strategy(strategy)
+        .with_chunk_size(CHUNK)
+        .with_verify_every(0);
     let snapshotter = Snapshotter::new(inventory, mem.clone(), config).unwrap();
     let mut snap = snapshotter.snapshot(&Filter::for_replay(0)).unwrap();
     let kernels = mem.kernels().unwrap();

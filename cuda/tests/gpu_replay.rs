@@ -14,7 +14,8 @@ use kreplay_cuda::{
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{LoopEnd, ReplayOutcome, ReplayRecord};
 use kreplay_snapshot::{
-    Filter, Inventory, MemoryKind, RestoreStrategy, SnapshotConfig, Snapshotter, StoreTier,
+    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, SnapshotConfig, Snapshotter,
+    StoreTier,
 };
 
 /// `p[i] += 1` for `i < n`, one thread per word.
@@ -152,7 +153,12 @@ fn replay_add_one(
     copy_in(g, buf, &start);
 
     let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(buf, (words * 4) as u64, 0, MemoryKind::CoarseDevice);
+    inventory.on_alloc(NewAllocation {
+        base: buf,
+        size: (words * 4) as u64,
+        owner_agent: 0,
+        kind: MemoryKind::CoarseDevice,
+    });
     // SAFETY: the primary context retained by setup, alive for the test process.
     let memory = unsafe {
         CudaMemory::new(
@@ -244,11 +250,9 @@ fn add_one_replayed_four_times_leaves_one_increment_on_the_gpu() {
         (StoreTier::Host, RestoreStrategy::Hash),
         (StoreTier::Host, RestoreStrategy::Writeset),
     ] {
-        let config = SnapshotConfig {
-            store,
-            strategy,
-            ..Default::default()
-        };
+        let config = SnapshotConfig::default()
+            .with_store(store)
+            .with_strategy(strategy);
         let (_, record, wrong) = replay_add_one(&g, 16 << 20, 4, config);
         let c = &record.cost;
         eprintln!(

@@ -13,8 +13,8 @@ use kreplay_passloop::{
     ReplayTool, RestoreRequest, ToolAnswer,
 };
 use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, RestoreStrategy, SnapshotConfig,
-    Snapshotter, StoreTier,
+    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy,
+    SnapshotConfig, Snapshotter, StoreTier,
 };
 
 const AGENT: u64 = 0;
@@ -141,7 +141,12 @@ struct Rig {
 fn rig(config: SnapshotConfig) -> Rig {
     let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
     let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(0, (WORDS * 4) as u64, AGENT, MemoryKind::CoarseDevice);
+    inventory.on_alloc(NewAllocation {
+        base: 0,
+        size: (WORDS * 4) as u64,
+        owner_agent: AGENT,
+        kind: MemoryKind::CoarseDevice,
+    });
     let snapshotter = Snapshotter::new(inventory, memory.clone(), config).unwrap();
     let locks = AgentLocks::new();
     locks.set_enabled(true);
@@ -203,12 +208,10 @@ fn four_passes_leave_memory_as_one_run_for_every_strategy_and_tier() {
         (StoreTier::Host, RestoreStrategy::Writeset),
         (StoreTier::File, RestoreStrategy::Full),
     ] {
-        let r = rig(SnapshotConfig {
-            store,
-            strategy,
-            chunk_size: 1024,
-            ..Default::default()
-        });
+        let r = rig(SnapshotConfig::default()
+            .with_store(store)
+            .with_strategy(strategy)
+            .with_chunk_size(1024));
         let outcome = launch(&r, 4, true, Ok(()));
         assert_eq!(
             outcome,
@@ -267,10 +270,7 @@ fn one_pass_is_the_ordinary_path_with_no_snapshot() {
 
 #[test]
 fn a_snapshot_over_budget_declines_and_the_launch_runs_once() {
-    let r = rig(SnapshotConfig {
-        max_bytes: Some(100),
-        ..Default::default()
-    });
+    let r = rig(SnapshotConfig::default().with_max_bytes(Some(100)));
     let outcome = launch(&r, 4, true, Ok(()));
     assert_eq!(
         outcome.decline().map(|d| d.reason),

@@ -77,6 +77,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// See the [crate docs](crate#waiting-strategy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WaitStrategy {
     /// Checks made with a spin-loop hint between them.
     pub spins: u32,
@@ -197,6 +198,7 @@ pub trait PassCompletion {
 
 /// Budgets for draining.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainConfig {
     /// Budget for one [`drain_agent`] call (own queue, siblings and copies together).
     pub timeout: Duration,
@@ -238,6 +240,7 @@ impl Default for DrainConfig {
 
 /// What a successful [`drain_agent`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Queues checked: the own queue plus each distinct sibling.
     pub queues_checked: usize,
@@ -251,6 +254,7 @@ pub struct DrainReport {
 
 /// What a successful [`wait_pass`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PassReport {
     /// Whether the pass was still running at first look.
     pub waited_for_completion: bool,
@@ -262,6 +266,7 @@ pub struct PassReport {
 
 /// The dispatch's own queue did not go idle in time (`queue_drain_stuck`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueDrainStuck {
     /// The own queue's id.
     pub queue: u64,
@@ -292,6 +297,7 @@ impl std::error::Error for QueueDrainStuck {}
 
 /// What kept an agent from draining.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentStuck {
     /// A sibling queue on the agent did not go idle.
     SiblingQueue {
@@ -307,6 +313,7 @@ pub enum AgentStuck {
 
 /// A sibling queue or an asynchronous copy did not go idle in time (`agent_drain_stuck`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AgentDrainStuck {
     /// What was stuck.
     pub stuck: AgentStuck,
@@ -345,6 +352,7 @@ impl std::error::Error for AgentDrainStuck {}
 
 /// What kept a pass from finishing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PassStuck {
     /// The pass's kernel did not complete.
     Completion,
@@ -357,6 +365,7 @@ pub enum PassStuck {
 
 /// A pass's completion or its completion handlers did not finish in time (`pass_drain_stuck`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PassDrainStuck {
     /// What was stuck.
     pub stuck: PassStuck,
@@ -394,6 +403,7 @@ impl std::error::Error for PassDrainStuck {}
 
 /// Why [`drain_agent`] failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DrainStuck {
     /// The dispatch's own queue did not go idle.
     Queue(QueueDrainStuck),

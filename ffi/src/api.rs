@@ -31,6 +31,7 @@ fn context_status(result: Result<(), ContextError>) -> Status {
     match result {
         Ok(()) => Status::SUCCESS,
         Err(ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
+        Err(_) => Status::ERROR,
     }
 }
 
@@ -175,6 +176,7 @@ pub unsafe extern "C" fn kreplay_context_is_active(
                 Status::SUCCESS
             }
             Err(ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
+            Err(_) => Status::ERROR,
         },
     )
 }

@@ -260,15 +260,15 @@ impl Config {
     /// The snapshot crate's configuration these settings give (budget, tier, strategy, spill
     /// folder; chunk size and verification interval at their defaults).
     pub fn snapshot_config(&self) -> SnapshotConfig {
-        SnapshotConfig {
+        SnapshotConfig::default()
             // None (0 in the environment) derives the budget from the memory available.
-            max_bytes: SnapshotConfig::budget_from_setting(self.max_snapshot_bytes.unwrap_or(0)),
-            store: self.snapshot_store,
-            strategy: self.restore,
-            spill_dir: self.spill_dir.clone(),
-            scope: self.snapshot_scope,
-            ..SnapshotConfig::default()
-        }
+            .with_max_bytes(SnapshotConfig::budget_from_setting(
+                self.max_snapshot_bytes.unwrap_or(0),
+            ))
+            .with_store(self.snapshot_store)
+            .with_strategy(self.restore)
+            .with_spill_dir(self.spill_dir.clone())
+            .with_scope(self.snapshot_scope)
     }
 
     /// The spill folder to use: `spill_dir`, else the system temporary directory.

@@ -54,6 +54,7 @@ pub(crate) fn classify(outcome: &ReplayOutcome) -> (ReplayOutcomeKind, ReplayEnd
         kreplay_passloop::LoopEnd::ContinueCleared => ReplayEnd::CONTINUE_CLEARED,
         kreplay_passloop::LoopEnd::MaxPasses => ReplayEnd::MAX_PASSES,
         kreplay_passloop::LoopEnd::Budget => ReplayEnd::BUDGET,
+        _ => ReplayEnd::NONE,
     };
     match outcome {
         ReplayOutcome::Replayed { end: e, .. } if e.is_early() => {
@@ -63,18 +64,16 @@ pub(crate) fn classify(outcome: &ReplayOutcome) -> (ReplayOutcomeKind, ReplayEnd
             (ReplayOutcomeKind::REPLAYED, end(*e), DeclineReason::NONE)
         }
         ReplayOutcome::RanOnce {
-            why: RanOnceReason::OptedOut | RanOnceReason::SinglePass,
-        } => (
-            ReplayOutcomeKind::RAN_ONCE,
-            ReplayEnd::NONE,
-            DeclineReason::NONE,
-        ),
-        ReplayOutcome::RanOnce {
             why: RanOnceReason::Declined(d),
         } => (
             ReplayOutcomeKind::DECLINED,
             ReplayEnd::NONE,
             decline_reason(d.reason),
+        ),
+        ReplayOutcome::RanOnce { .. } => (
+            ReplayOutcomeKind::RAN_ONCE,
+            ReplayEnd::NONE,
+            DeclineReason::NONE,
         ),
         ReplayOutcome::PassFailed { decline, .. } => (
             ReplayOutcomeKind::PASS_FAILED,

@@ -171,10 +171,8 @@ pub fn on_unload() {
 /// The loop limits read at load (`KREPLAY_MAX_PASSES`, `KREPLAY_REPLAY_BUDGET_MS`).
 pub(crate) fn loop_limits() -> LoopLimits {
     let budget_ms = BUDGET_MS.load(Ordering::Relaxed);
-    LoopLimits {
-        max_passes: MAX_PASSES.load(Ordering::Relaxed),
-        budget: (budget_ms > 0).then(|| Duration::from_millis(budget_ms)),
-    }
+    LoopLimits::new(MAX_PASSES.load(Ordering::Relaxed))
+        .with_budget((budget_ms > 0).then(|| Duration::from_millis(budget_ms)))
 }
 
 /// HSA tools-library entry point: the runtime calls it with its API table at start-up.
@@ -378,6 +376,7 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
         kreplay_passloop::StoreTier::Device => SnapshotTier::DEVICE,
         kreplay_passloop::StoreTier::Host => SnapshotTier::HOST,
         kreplay_passloop::StoreTier::File => SnapshotTier::FILE,
+        _ => SnapshotTier::NONE,
     }
 }
 
@@ -386,6 +385,7 @@ fn strategy(s: kreplay_passloop::RestoreStrategy) -> RestoreStrategy {
         kreplay_passloop::RestoreStrategy::Full => RestoreStrategy::FULL,
         kreplay_passloop::RestoreStrategy::Hash => RestoreStrategy::HASH,
         kreplay_passloop::RestoreStrategy::Writeset => RestoreStrategy::WRITESET,
+        _ => RestoreStrategy::FULL,
     }
 }
 
@@ -539,10 +539,7 @@ impl ReplayTool for CReplayTool {
         };
         // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented arguments.
         let n = unsafe { pass_count(self.payload.dispatch_info, self.user_data) };
-        kreplay_passloop::ToolAnswer {
-            pass_count: Some(n),
-            has_continue: self.payload.replay_continue.is_some(),
-        }
+        kreplay_passloop::ToolAnswer::new(Some(n), self.payload.replay_continue.is_some())
     }
 
     fn pass_enter(&mut self, _info: &DispatchInfo, pass: u64, total_passes: u64) {

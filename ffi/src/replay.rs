@@ -39,6 +39,7 @@ pub fn toggle_status(result: Result<(), ToggleError>) -> Status {
         Ok(()) => Status::SUCCESS,
         Err(ToggleError::NotArmed) => Status::ERROR_CONTEXT_ERROR,
         Err(ToggleError::NotStarted) => Status::ERROR_CONTEXT_NOT_STARTED,
+        Err(_) => Status::ERROR,
     }
 }
 

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
+    NewAllocation,
 };
 
 use crate::backend::{Backend, backend, guarded};
@@ -45,7 +46,12 @@ fn track(ptr: *mut c_void, executable: bool) {
             } else {
                 kind
             };
-            b.inventory.on_alloc(base, size, owner, kind);
+            b.inventory.on_alloc(NewAllocation {
+                base,
+                size,
+                owner_agent: owner,
+                kind,
+            });
         }
         None => b.hooks.warn(&format!(
             "allocation {ptr:p} has no pointer info; it is not tracked"
@@ -287,10 +293,7 @@ impl DeviceMemory for HsaMemory {
     fn capabilities(&self) -> Capabilities {
         // Writes of scattered chunks go out as one list of async copies with one completion
         // signal (used where the snapshot cannot touch device memory directly).
-        Capabilities {
-            batched_writes: true,
-            ..Capabilities::default()
-        }
+        Capabilities::NONE.with_batched_writes(true)
     }
 
     fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {

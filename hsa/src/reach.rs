@@ -28,7 +28,9 @@ use std::sync::{Arc, OnceLock};
 
 use hsa_sys::*;
 use kreplay_passloop::{Decline, DeclineReason};
-use kreplay_snapshot::{DeviceMemory, Filter, MemoryKind, RegionSource, SnapshotScope};
+use kreplay_snapshot::{
+    DeviceMemory, Filter, MemoryKind, NewAllocation, RegionSource, SnapshotScope,
+};
 use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded};
@@ -348,6 +350,8 @@ pub(crate) fn filter(
     let mut filter = match b.snapshotter.config().scope {
         SnapshotScope::Agent => Filter::for_replay(agent.handle),
         SnapshotScope::Referenced => Filter::referenced_only(agent.handle),
+        // A scope this backend does not know yet: the widest one it does.
+        _ => Filter::for_replay(agent.handle),
     };
     let symbols = loaded_symbols(agent);
     for s in &symbols {
@@ -472,7 +476,12 @@ fn resolve(
         0,
         MemoryKind::Host,
     ));
-    b.inventory.on_alloc(base, size, owner, kind);
+    b.inventory.on_alloc(NewAllocation {
+        base,
+        size,
+        owner_agent: owner,
+        kind,
+    });
     b.hooks.warn_once(
         "adopted_memory",
         &format!(

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 
 use hsa_sys::*;
-use kreplay_snapshot::MemoryKind;
+use kreplay_snapshot::{MemoryKind, NewAllocation};
 use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded};
@@ -87,8 +87,12 @@ pub(crate) unsafe extern "C" fn soft_queue_create(
         let (base, slots) = unsafe { ((*q).base_address as u64, u64::from((*q).size)) };
         match region_owner(b, region) {
             Some((owner, kind)) if base != 0 => {
-                b.inventory
-                    .on_alloc(base, slots * AQL_PACKET_SIZE as u64, owner, kind);
+                b.inventory.on_alloc(NewAllocation {
+                    base,
+                    size: slots * AQL_PACKET_SIZE as u64,
+                    owner_agent: owner,
+                    kind,
+                });
                 b.soft_queues.rings.lock().insert(q as usize, base);
             }
             _ => b.hooks.warn(&format!(

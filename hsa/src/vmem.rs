@@ -14,7 +14,7 @@ use hsa_sys::layouts::{
     hsa_amd_memory_access_desc_t, hsa_amd_memory_type_t, hsa_amd_vmem_alloc_handle_t,
 };
 use hsa_sys::*;
-use kreplay_snapshot::MemoryKind;
+use kreplay_snapshot::{MemoryKind, NewAllocation};
 use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded};
@@ -220,8 +220,12 @@ pub(crate) unsafe extern "C" fn map(
         });
         match known {
             Some(h) => {
-                b.inventory
-                    .on_alloc(va as u64, size as u64, h.owner, h.kind);
+                b.inventory.on_alloc(NewAllocation {
+                    base: va as u64,
+                    size: size as u64,
+                    owner_agent: h.owner,
+                    kind: h.kind,
+                });
                 b.vmem.mappings.lock().insert(
                     va as u64,
                     Mapping {

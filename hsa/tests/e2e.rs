@@ -384,11 +384,9 @@ scenarios! {
     /// A forced device tier: the snapshot lives in a shadow allocated from the agent's own
     /// coarse-grained pool (never tracked), restores copy device to device, results are +1.
     fn a_forced_device_store_keeps_the_snapshot_in_a_device_shadow() {
-        let snapshot = SnapshotConfig {
-            store: kreplay_snapshot::StoreTier::Device,
-            strategy: kreplay_snapshot::RestoreStrategy::Full,
-            ..Default::default()
-        };
+        let snapshot = SnapshotConfig::default()
+            .with_store(kreplay_snapshot::StoreTier::Device)
+            .with_strategy(kreplay_snapshot::RestoreStrategy::Full);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         env.hooks.set_script(Script::passes(3));
         let q = env.app.queue(env.app.gpus[0]);
@@ -418,12 +416,10 @@ scenarios! {
     /// reads through `hsa_memory_copy` and restores write the changed chunks back as one batch
     /// of `hsa_amd_memory_async_copy` from a locked host store. Results are still exactly +1.
     fn runtime_copies_alone_restore_the_changed_chunks_in_one_batch() {
-        let snapshot = SnapshotConfig {
-            store: kreplay_snapshot::StoreTier::Host,
-            strategy: kreplay_snapshot::RestoreStrategy::Hash,
-            chunk_size: 4096,
-            ..Default::default()
-        };
+        let snapshot = SnapshotConfig::default()
+            .with_store(kreplay_snapshot::StoreTier::Host)
+            .with_strategy(kreplay_snapshot::RestoreStrategy::Hash)
+            .with_chunk_size(4096);
         let env = setup_with(0, InstallOptions { snapshot, force_runtime_copies: true, ..options() });
         env.hooks.set_script(Script::passes(4));
         let q = env.app.queue(env.app.gpus[0]);
@@ -459,12 +455,10 @@ scenarios! {
     /// The same with a host store and write-set restores: still exactly +1, and each restore
     /// writes back only the chunks the kernel changed, not the footprint.
     fn write_set_restores_from_a_host_store_prevent_accumulation() {
-        let snapshot = SnapshotConfig {
-            store: kreplay_snapshot::StoreTier::Host,
-            strategy: kreplay_snapshot::RestoreStrategy::Writeset,
-            chunk_size: 4096,
-            ..Default::default()
-        };
+        let snapshot = SnapshotConfig::default()
+            .with_store(kreplay_snapshot::StoreTier::Host)
+            .with_strategy(kreplay_snapshot::RestoreStrategy::Writeset)
+            .with_chunk_size(4096);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         env.hooks.set_script(Script::passes(5));
         let q = env.app.queue(env.app.gpus[0]);

@@ -83,12 +83,10 @@ fn setup(options: InstallOptions) -> Env {
 /// entry points, where the faults are) with a host store.
 fn runtime_copy_options(strategy: RestoreStrategy) -> InstallOptions {
     InstallOptions {
-        snapshot: SnapshotConfig {
-            store: StoreTier::Host,
-            strategy,
-            chunk_size: 4096,
-            ..Default::default()
-        },
+        snapshot: SnapshotConfig::default()
+            .with_store(StoreTier::Host)
+            .with_strategy(strategy)
+            .with_chunk_size(4096),
         drain: DrainConfig::new(WAIT),
         force_runtime_copies: true,
         ..Default::default()

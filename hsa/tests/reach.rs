@@ -104,11 +104,9 @@ fn every_kind_once_under(strategy: kreplay_snapshot::RestoreStrategy, runtime_co
     let app = app::install(
         hooks.clone(),
         InstallOptions {
-            snapshot: SnapshotConfig {
-                strategy,
-                chunk_size: 4096,
-                ..Default::default()
-            },
+            snapshot: SnapshotConfig::default()
+                .with_strategy(strategy)
+                .with_chunk_size(4096),
             drain: DrainConfig::new(WAIT),
             force_runtime_copies: runtime_copies,
             ..Default::default()
@@ -395,7 +393,8 @@ scenarios! {
     /// ends at the number of dispatches, not dispatches × passes. The read-only variable beside
     /// it is not snapshotted, and a destroyed executable's variables are no longer enumerated.
     fn a_module_variable_counter_ends_at_the_number_of_dispatches() {
-        let env = setup(SnapshotConfig { scope: kreplay_snapshot::SnapshotScope::Referenced, ..Default::default() });
+        let env = setup(SnapshotConfig::default()
+            .with_scope(kreplay_snapshot::SnapshotScope::Referenced));
         let hsa = env.app.hsa();
         let gpu = env.app.gpus[0];
         let kernel = kreplay_softhsa::register_kernel("reach_count_in_module", count_in_module);
@@ -492,7 +491,8 @@ scenarios! {
     /// writable variable is restored by address and size (the loader segment around it is not
     /// adopted), a read-only variable an argument points at is not snapshotted.
     fn an_argument_pointing_at_a_module_variable_restores_the_variable_not_its_segment() {
-        let env = setup(SnapshotConfig { scope: kreplay_snapshot::SnapshotScope::Referenced, ..Default::default() });
+        let env = setup(SnapshotConfig::default()
+            .with_scope(kreplay_snapshot::SnapshotScope::Referenced));
         let hsa = env.app.hsa();
         let other = env.app.gpus[1];
         let code = kreplay_softhsa::CodeObject::new()
@@ -526,7 +526,8 @@ scenarios! {
     /// Under `referenced` scope an unrelated coarse buffer of the agent is not snapshotted, and
     /// the result is still one run's.
     fn the_referenced_scope_snapshots_only_what_the_arguments_reach() {
-        let env = setup(SnapshotConfig { scope: kreplay_snapshot::SnapshotScope::Referenced, ..Default::default() });
+        let env = setup(SnapshotConfig::default()
+            .with_scope(kreplay_snapshot::SnapshotScope::Referenced));
         let unrelated = env.app.buffer(env.pools[0].coarse, &values(4096));
         let init = values(256);
         let buf = env.app.buffer(env.pools[0].coarse, &init);

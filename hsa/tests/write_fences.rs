@@ -165,10 +165,7 @@ fn with_async_copy_on_engine(app: &App, target: Ptr, source: Ptr, _value: u32) {
 /// during the first pass; checks that nothing of the write is lost and that the kernel's own
 /// buffer holds single-run results.
 fn race(strategy: RestoreStrategy, write: Write) {
-    let snapshot = SnapshotConfig {
-        strategy,
-        ..Default::default()
-    };
+    let snapshot = SnapshotConfig::default().with_strategy(strategy);
     let hooks = TestHooks::new(0);
     let app = app::install(
         hooks.clone(),

@@ -195,6 +195,7 @@ impl std::error::Error for Reentrant {}
 
 /// Why [`AgentLocks::try_write_for`] did not return the writer side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TryWriteError {
     /// The calling thread already holds this agent's lock; see [`Reentrant`].
     Reentrant(Reentrant),

@@ -4,6 +4,7 @@ use crate::{Decline, DeclineReason, DispatchInfo, RestoreFailure};
 
 /// Where a snapshot is kept.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StoreTier {
     /// No storage was used (nothing to snapshot, or nothing stored yet).
     #[default]
@@ -30,6 +31,7 @@ impl StoreTier {
 
 /// How restores find the bytes to write back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RestoreStrategy {
     /// Write back the whole footprint.
     #[default]

@@ -21,6 +21,7 @@ pub struct HardwareCounter {
 
 /// Why counters cannot be planned.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PlanError {
     /// Request `request` alone needs `needs` counters of `block`, which counts `limit` per pass.
     DoesNotFit {

@@ -7,6 +7,7 @@ use crate::{DispatchInfo, MemoryOpReport};
 
 /// Why a replay was declined or stopped (docs/abi.md §3, §4). Every declined replay carries one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DeclineReason {
     /// Memory the kernel may touch is not covered by the allocation inventory.
     UntrackedMemory,
@@ -110,6 +111,7 @@ pub struct RestoreFailure {
 
 /// Why a dispatch ran once instead of being replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RanOnceReason {
     /// The tool left `replay_pass_count` NULL for this dispatch.
     OptedOut,
@@ -121,6 +123,7 @@ pub enum RanOnceReason {
 
 /// How the passes of a replay came to an end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LoopEnd {
     /// All N passes ran.
     LastPass,

@@ -9,6 +9,7 @@ pub const DEFAULT_MAX_PASSES: u64 = 1024;
 
 /// Limits the loop applies to every dispatch, whatever the tool answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct LoopLimits {
     /// The most passes one dispatch may run (at least 1): a larger pass count is declined as
     /// `invalid_pass_count`, and an indefinite loop ends after this many passes
@@ -19,6 +20,22 @@ pub struct LoopLimits {
     /// budget every restore is exact, since any pass may turn out to be the last. `None`: no
     /// budget.
     pub budget: Option<Duration>,
+}
+
+impl LoopLimits {
+    /// At most `max_passes` passes per dispatch, no time budget.
+    pub const fn new(max_passes: u64) -> Self {
+        LoopLimits {
+            max_passes,
+            budget: None,
+        }
+    }
+
+    /// These limits with a time budget per dispatch (`None`: no budget).
+    pub const fn with_budget(mut self, budget: Option<Duration>) -> Self {
+        self.budget = budget;
+        self
+    }
 }
 
 impl Default for LoopLimits {

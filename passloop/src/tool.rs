@@ -13,6 +13,7 @@ pub enum Phase {
 
 /// The tool's answer at CONFIG ENTER.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ToolAnswer {
     /// What `replay_pass_count` returned; `None` when the tool left it NULL (opt-out).
     pub pass_count: Option<u64>,
@@ -26,6 +27,15 @@ impl ToolAnswer {
         pass_count: None,
         has_continue: false,
     };
+
+    /// What `replay_pass_count` returned (`None`: the tool left it NULL) and whether a
+    /// `replay_continue` callback is set.
+    pub const fn new(pass_count: Option<u64>, has_continue: bool) -> Self {
+        ToolAnswer {
+            pass_count,
+            has_continue,
+        }
+    }
 
     /// `pass_count` passes, without a continue callback.
     pub fn passes(pass_count: u64) -> Self {

@@ -56,9 +56,7 @@ fn declined_events(reason: DeclineReason, outcome: &ReplayOutcome) -> (Faults, V
             ]);
             true
         }
-        DeclineReason::PassDrainStuck | DeclineReason::InvalidPassCount => {
-            unreachable!("not a decline of a device step before the passes")
-        }
+        other => unreachable!("{other:?} is not a decline of a device step before the passes"),
     };
     events.extend([Event::ConfigExit(outcome.clone()), Event::RunOnce]);
     if locked {

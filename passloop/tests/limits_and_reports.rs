@@ -16,7 +16,7 @@ use kreplay_passloop::{
 };
 
 fn limits(max_passes: u64, budget: Option<Duration>) -> LoopLimits {
-    LoopLimits { max_passes, budget }
+    LoopLimits::new(max_passes).with_budget(budget)
 }
 
 fn invalid_pass_count_detail(outcome: &ReplayOutcome) -> String {

@@ -63,10 +63,7 @@ fn null_pass_count_runs_once_without_lock_snapshot_or_passes() {
 
 #[test]
 fn null_pass_count_ignores_a_continue_callback() {
-    let (log, _registry, mut device, mut tool) = setup(ToolAnswer {
-        pass_count: None,
-        has_continue: true,
-    });
+    let (log, _registry, mut device, mut tool) = setup(ToolAnswer::new(None, true));
     let record = run(&mut tool, &mut device);
     assert_eq!(
         record.outcome,

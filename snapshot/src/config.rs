@@ -8,6 +8,7 @@ use std::str::FromStr;
 ///
 /// `Auto` is a configuration value only; reports always name the tier actually used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum StoreTier {
     /// Try device, then host, then file.
     #[default]
@@ -37,6 +38,7 @@ impl StoreTier {
 ///
 /// `Auto` is a configuration value only; restore reports always name the strategy used.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RestoreStrategy {
     /// Chosen per snapshot (see the crate docs for the rule).
     #[default]
@@ -78,6 +80,7 @@ impl RestoreStrategy {
 /// stored in memory is invisible to that scan; `Agent` covers it when it is the agent's own
 /// coarse-grained memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SnapshotScope {
     /// The agent's coarse-grained memory plus everything referenced: the safe choice for
     /// kernels that reach memory through pointer tables.
@@ -233,6 +236,7 @@ pub const DEFAULT_VERIFY_EVERY: u32 = 8;
 
 /// How snapshots are stored and restored.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SnapshotConfig {
     /// Largest snapshot footprint accepted, in bytes; a larger plan is declined with
     /// `footprint_budget`. `None` = no budget (allocation failures are still typed errors).
@@ -273,6 +277,54 @@ impl Default for SnapshotConfig {
 }
 
 impl SnapshotConfig {
+    /// This configuration with a footprint budget (`None`: no budget).
+    pub fn with_max_bytes(mut self, max_bytes: Option<u64>) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// This configuration with a store tier.
+    pub fn with_store(mut self, store: StoreTier) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// This configuration with a restore strategy.
+    pub fn with_strategy(mut self, strategy: RestoreStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// This configuration with a chunk size in bytes (checked by [`validate`](Self::validate)).
+    pub fn with_chunk_size(mut self, chunk_size: u64) -> Self {
+        self.chunk_size = chunk_size;
+        self
+    }
+
+    /// This configuration with a write-set verification period.
+    pub fn with_verify_every(mut self, verify_every: u32) -> Self {
+        self.verify_every = verify_every;
+        self
+    }
+
+    /// This configuration with a spill directory (`None`: the system temporary directory).
+    pub fn with_spill_dir(mut self, spill_dir: Option<PathBuf>) -> Self {
+        self.spill_dir = spill_dir;
+        self
+    }
+
+    /// This configuration keeping (or not) the last host or file store for reuse.
+    pub fn with_keep_store(mut self, keep_store: bool) -> Self {
+        self.keep_store = keep_store;
+        self
+    }
+
+    /// This configuration with a snapshot scope.
+    pub fn with_scope(mut self, scope: SnapshotScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
     /// The budget for a `KREPLAY_MAX_SNAPSHOT_BYTES` value: `0` derives it from available memory
     /// ([`SnapshotConfig::derived_budget`]), any other value is the budget in bytes.
     pub fn budget_from_setting(value: u64) -> Option<u64> {

@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 
 /// A device copy (or hash, or shadow operation) that did not happen.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CopyError {
     /// The device does not offer this optional capability.
     Unsupported,
@@ -50,11 +51,32 @@ impl std::error::Error for CopyError {}
 /// trying. (Capabilities that are naturally per call — host access, shadow allocation — are
 /// announced by their method returning `Some`.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// [`DeviceMemory::hash_chunks`] is implemented (a device hash kernel).
     pub device_hash: bool,
     /// [`DeviceMemory::write_batch`] issues one device operation for the whole list.
     pub batched_writes: bool,
+}
+
+impl Capabilities {
+    /// No optional capability (the default).
+    pub const NONE: Capabilities = Capabilities {
+        device_hash: false,
+        batched_writes: false,
+    };
+
+    /// These capabilities with [`device_hash`](Self::device_hash) set to `yes`.
+    pub const fn with_device_hash(mut self, yes: bool) -> Self {
+        self.device_hash = yes;
+        self
+    }
+
+    /// These capabilities with [`batched_writes`](Self::batched_writes) set to `yes`.
+    pub const fn with_batched_writes(mut self, yes: bool) -> Self {
+        self.batched_writes = yes;
+        self
+    }
 }
 
 /// Direct host access to a host-visible device range, handed out by

@@ -36,6 +36,7 @@ static SECRET: [u8; SECRET_LEN] = const_custom_default_secret(0);
 
 /// Which implementation hashes long inputs in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HashImpl {
     /// `xxhash-rust` as compiled (SSE2 on a plain x86-64 build).
     Portable,

@@ -13,6 +13,7 @@ use crate::source::RegionSource;
 /// [`MemoryKind::CoarseDevice`] only; an address the dispatch uses reaches every kind but
 /// [`MemoryKind::Executable`], which is never snapshotted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum MemoryKind {
     /// Coarse-grained device memory (VRAM): the kind the owner-agent rule snapshots.
     CoarseDevice,
@@ -102,6 +103,33 @@ impl fmt::Debug for KindSet {
             .entries(MemoryKind::ALL.iter().filter(|k| self.contains(**k)))
             .finish()
     }
+}
+
+/// An allocation a backend's alloc hook reports to [`Inventory::on_alloc`]: named fields, so
+/// the base, the size and the owner can never be passed in the wrong order.
+///
+/// ```
+/// use kreplay_snapshot::{Inventory, MemoryKind, NewAllocation};
+///
+/// let inventory = Inventory::new();
+/// inventory.on_alloc(NewAllocation {
+///     base: 0x1000,
+///     size: 0x100,
+///     owner_agent: 7,
+///     kind: MemoryKind::CoarseDevice,
+/// });
+/// assert_eq!(inventory.lookup(0x10ff).unwrap().size, 0x100);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NewAllocation {
+    /// First byte (a device address).
+    pub base: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// The agent that owns the memory (a backend's agent handle).
+    pub owner_agent: u64,
+    /// What kind of memory it is.
+    pub kind: MemoryKind,
 }
 
 /// One tracked allocation.
@@ -387,13 +415,19 @@ impl Selected {
 /// before dropping them.) A copy not restricted to one agent fences every agent.
 ///
 /// ```
-/// use kreplay_snapshot::{Filter, Inventory, MemoryKind};
+/// use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation};
 ///
 /// static INVENTORY: Inventory = Inventory::new();
-/// let g1 = INVENTORY.on_alloc(0x1000, 0x100, 7, MemoryKind::CoarseDevice);
+/// let buffer = NewAllocation {
+///     base: 0x1000,
+///     size: 0x100,
+///     owner_agent: 7,
+///     kind: MemoryKind::CoarseDevice,
+/// };
+/// let g1 = INVENTORY.on_alloc(buffer);
 /// assert_eq!(INVENTORY.lookup(0x1080).unwrap().generation, g1);
 /// INVENTORY.on_free(0x1000);
-/// let g2 = INVENTORY.on_alloc(0x1000, 0x100, 7, MemoryKind::CoarseDevice);
+/// let g2 = INVENTORY.on_alloc(buffer);
 /// assert!(g2 > g1); // same address, different allocation
 /// assert_eq!(INVENTORY.select(&Filter::for_replay(7)).len(), 1);
 /// ```
@@ -457,7 +491,13 @@ impl Inventory {
     /// A runtime never hands out overlapping live allocations, so any tracked allocation that
     /// overlaps the new one must have been freed without the free being seen: it is dropped and
     /// will never be snapshotted or restored into.
-    pub fn on_alloc(&self, base: u64, size: u64, owner_agent: u64, kind: MemoryKind) -> u64 {
+    pub fn on_alloc(&self, allocation: NewAllocation) -> u64 {
+        let NewAllocation {
+            base,
+            size,
+            owner_agent,
+            kind,
+        } = allocation;
         let end = base.saturating_add(size);
         // Stale entries overlapping [base, end) are dropped; a copy may be writing into them, so
         // wait for their agents' copies first (never while holding the map lock).

@@ -71,15 +71,15 @@
 //!
 //! let device = Arc::new(Toy(Mutex::new(vec![1u8; 8192])));
 //! let inventory = Arc::new(Inventory::new());
-//! inventory.on_alloc(0, 4096, 1, MemoryKind::CoarseDevice);   // snapshotted
-//! inventory.on_alloc(4096, 4096, 1, MemoryKind::Kernarg);      // excluded
+//! let buffer = NewAllocation { base: 0, size: 4096, owner_agent: 1, kind: MemoryKind::CoarseDevice };
+//! inventory.on_alloc(buffer); // agent 1's buffer: snapshotted
+//! let kernargs = NewAllocation { base: 4096, kind: MemoryKind::Kernarg, ..buffer };
+//! inventory.on_alloc(kernargs); // kernel arguments: excluded
 //!
-//! let config = SnapshotConfig {
-//!     chunk_size: 1024,
-//!     store: StoreTier::Host,
-//!     strategy: RestoreStrategy::Hash,
-//!     ..Default::default()
-//! };
+//! let config = SnapshotConfig::default()
+//!     .with_chunk_size(1024)
+//!     .with_store(StoreTier::Host)
+//!     .with_strategy(RestoreStrategy::Hash);
 //! let snapshotter = Snapshotter::new(inventory, device.clone(), config).unwrap();
 //! let mut snapshot = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
 //! assert_eq!(snapshot.report().bytes_moved, 4096);
@@ -114,7 +114,7 @@ pub use device::{
 };
 pub use fold::{Capture, Delta, Footprint};
 pub use hash::{HashImpl, chunk_hash, hash_impl};
-pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, Region};
+pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, NewAllocation, Region};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 pub use snapshot::{
     AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot, SnapshotPlan, Snapshotter,

@@ -10,6 +10,7 @@ use crate::source::SourceBreakdown;
 
 /// What taking a snapshot did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SnapshotReport {
     /// Bytes the plan selected.
     pub bytes_planned: u64,
@@ -38,6 +39,7 @@ pub struct SnapshotReport {
 
 /// What one restore did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RestoreReport {
     /// Upper bound of the bytes the restore could write, known before it starts.
     pub bytes_planned: u64,
@@ -75,6 +77,7 @@ pub struct RestoreReport {
 
 /// A snapshot that could not be taken completely. Device memory was not written.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SnapshotError {
     /// The plan exceeds `SnapshotConfig::max_bytes`.
     FootprintBudget {

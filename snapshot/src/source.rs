@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Why a region is part of a snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum RegionSource {
     /// Selected by the filter's owner-agent and kind rule (the dispatch agent's memory).
     Agent,
@@ -56,6 +57,7 @@ pub struct SourceTally {
 
 /// Regions and bytes of a snapshot per [`RegionSource`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct SourceBreakdown {
     /// [`RegionSource::Agent`].
     pub agent: SourceTally,

@@ -7,12 +7,22 @@ use kreplay_snapshot::*;
 #[test]
 fn address_reused_after_free_is_a_new_generation() {
     let inv = Inventory::new();
-    let g1 = inv.on_alloc(0x1000, 0x100, 1, MemoryKind::CoarseDevice);
+    let g1 = inv.on_alloc(NewAllocation {
+        base: 0x1000,
+        size: 0x100,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
     let old = inv.get(0x1000).unwrap().region();
     assert!(inv.is_live(&old));
     assert_eq!(inv.on_free(0x1000).unwrap().generation, g1);
     assert!(!inv.is_live(&old));
-    let g2 = inv.on_alloc(0x1000, 0x100, 1, MemoryKind::CoarseDevice);
+    let g2 = inv.on_alloc(NewAllocation {
+        base: 0x1000,
+        size: 0x100,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
     assert!(g2 > g1);
     assert!(
         !inv.is_live(&old),
@@ -24,8 +34,18 @@ fn address_reused_after_free_is_a_new_generation() {
 #[test]
 fn lookup_finds_the_allocation_containing_an_address() {
     let inv = Inventory::new();
-    inv.on_alloc(0x1000, 0x100, 1, MemoryKind::CoarseDevice);
-    inv.on_alloc(0x2000, 0x10, 2, MemoryKind::Kernarg);
+    inv.on_alloc(NewAllocation {
+        base: 0x1000,
+        size: 0x100,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
+    inv.on_alloc(NewAllocation {
+        base: 0x2000,
+        size: 0x10,
+        owner_agent: 2,
+        kind: MemoryKind::Kernarg,
+    });
     assert_eq!(inv.lookup(0x1000).unwrap().base, 0x1000);
     assert_eq!(inv.lookup(0x10ff).unwrap().base, 0x1000);
     assert!(inv.lookup(0x1100).is_none());
@@ -42,11 +62,31 @@ fn lookup_finds_the_allocation_containing_an_address() {
 #[test]
 fn overlapping_alloc_drops_stale_allocations_whose_free_was_missed() {
     let inv = Inventory::new();
-    inv.on_alloc(0x1000, 0x1000, 1, MemoryKind::CoarseDevice);
-    inv.on_alloc(0x3000, 0x1000, 1, MemoryKind::CoarseDevice);
-    inv.on_alloc(0x5000, 0x1000, 1, MemoryKind::CoarseDevice);
+    inv.on_alloc(NewAllocation {
+        base: 0x1000,
+        size: 0x1000,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
+    inv.on_alloc(NewAllocation {
+        base: 0x3000,
+        size: 0x1000,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
+    inv.on_alloc(NewAllocation {
+        base: 0x5000,
+        size: 0x1000,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
     // Covers the tail of the first and all of the second; the third is untouched.
-    inv.on_alloc(0x1800, 0x2000, 1, MemoryKind::CoarseDevice);
+    inv.on_alloc(NewAllocation {
+        base: 0x1800,
+        size: 0x2000,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
     let bases: Vec<u64> = inv.select(&Filter::any()).iter().map(|r| r.base).collect();
     assert_eq!(bases, vec![0x1800, 0x5000]);
 }
@@ -55,10 +95,25 @@ fn overlapping_alloc_drops_stale_allocations_whose_free_was_missed() {
 fn replay_filter_keeps_only_the_agents_coarse_device_memory() {
     let inv = Inventory::new();
     for (i, kind) in MemoryKind::ALL.iter().enumerate() {
-        inv.on_alloc(0x10_0000 * (i as u64 + 1), 64, 1, *kind);
-        inv.on_alloc(0x100_0000 * (i as u64 + 1), 64, 2, *kind);
+        inv.on_alloc(NewAllocation {
+            base: 0x10_0000 * (i as u64 + 1),
+            size: 64,
+            owner_agent: 1,
+            kind: *kind,
+        });
+        inv.on_alloc(NewAllocation {
+            base: 0x100_0000 * (i as u64 + 1),
+            size: 64,
+            owner_agent: 2,
+            kind: *kind,
+        });
     }
-    inv.on_alloc(0x9000_0000, 0, 1, MemoryKind::CoarseDevice); // empty: never selected
+    inv.on_alloc(NewAllocation {
+        base: 0x9000_0000,
+        size: 0,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    }); // empty: never selected
     let picked = inv.select(&Filter::for_replay(1));
     assert_eq!(picked.len(), 1);
     assert_eq!(
@@ -90,7 +145,12 @@ fn concurrent_allocs_and_frees_keep_the_inventory_exact() {
                 let mut gens = Vec::new();
                 for i in 0..2000u64 {
                     let base = (t << 32) | (i << 8);
-                    gens.push(inv.on_alloc(base, 0x80, t, MemoryKind::CoarseDevice));
+                    gens.push(inv.on_alloc(NewAllocation {
+                        base,
+                        size: 0x80,
+                        owner_agent: t,
+                        kind: MemoryKind::CoarseDevice,
+                    }));
                     if i % 2 == 0 {
                         assert!(inv.on_free(base).is_some());
                     }

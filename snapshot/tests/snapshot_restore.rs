@@ -11,12 +11,10 @@ use common::*;
 use kreplay_snapshot::*;
 
 fn full(store: StoreTier) -> SnapshotConfig {
-    SnapshotConfig {
-        store,
-        strategy: RestoreStrategy::Full,
-        chunk_size: 4096,
-        ..Default::default()
-    }
+    SnapshotConfig::default()
+        .with_store(store)
+        .with_strategy(RestoreStrategy::Full)
+        .with_chunk_size(4096)
 }
 
 #[test]
@@ -94,7 +92,12 @@ fn address_reused_by_a_new_allocation_is_never_restored_into() {
     // Freed and reallocated at the same address with the same size and agent.
     dev.free(&inv, a);
     dev.raw_alloc_at(a, 4096, 0x55);
-    inv.on_alloc(a, 4096, 1, MemoryKind::CoarseDevice);
+    inv.on_alloc(NewAllocation {
+        base: a,
+        size: 4096,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
     let rr = s.restore(&FINAL).unwrap();
     assert_eq!(rr.regions_skipped, 1);
     assert_eq!(rr.bytes_moved, 0);
@@ -130,10 +133,7 @@ fn budget_overrun_declines_with_footprint_budget_and_touches_nothing() {
     let snap = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            max_bytes: Some(9_999),
-            ..full(StoreTier::Auto)
-        },
+        full(StoreTier::Auto).with_max_bytes(Some(9_999)),
     );
     let err = snap.snapshot(&Filter::for_replay(1)).err().unwrap();
     assert_eq!(
@@ -151,10 +151,7 @@ fn budget_overrun_declines_with_footprint_budget_and_touches_nothing() {
     let snap = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            max_bytes: Some(10_000),
-            ..full(StoreTier::Auto)
-        },
+        full(StoreTier::Auto).with_max_bytes(Some(10_000)),
     );
     assert!(snap.snapshot(&Filter::for_replay(1)).is_ok());
 }
@@ -205,10 +202,7 @@ fn forced_tier_that_is_unavailable_declines_with_snapshot_failed() {
     let snap = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            spill_dir: Some("/nonexistent/kreplay-spill".into()),
-            ..full(StoreTier::File)
-        },
+        full(StoreTier::File).with_spill_dir(Some("/nonexistent/kreplay-spill".into())),
     );
     let err = snap.snapshot(&Filter::for_replay(1)).err().unwrap();
     assert_eq!(err.reason(), "snapshot_failed");
@@ -275,11 +269,9 @@ fn spill_file_leaves_nothing_in_the_spill_directory() {
     let snap = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            spill_dir: Some(dir.clone()),
-            keep_store: false,
-            ..full(StoreTier::File)
-        },
+        full(StoreTier::File)
+            .with_spill_dir(Some(dir.clone()))
+            .with_keep_store(false),
     );
     let mut s = snap.snapshot(&Filter::for_replay(1)).unwrap();
     assert_eq!(s.tier(), StoreTier::File);
@@ -320,14 +312,7 @@ fn host_store_is_pinned_once_and_reused_by_the_next_snapshot() {
     snap.release_cached_store();
     assert_eq!(dev.counters.unregisters.load(Ordering::Relaxed), 1);
 
-    let no_keep = snapshotter(
-        &dev,
-        &inv,
-        SnapshotConfig {
-            keep_store: false,
-            ..full(StoreTier::Host)
-        },
-    );
+    let no_keep = snapshotter(&dev, &inv, full(StoreTier::Host).with_keep_store(false));
     drop(no_keep.snapshot(&Filter::for_replay(1)).unwrap());
     drop(no_keep.snapshot(&Filter::for_replay(1)).unwrap());
     assert_eq!(dev.counters.registers.load(Ordering::Relaxed), 3);
@@ -440,8 +425,18 @@ fn allocs_and_other_agents_frees_do_not_wait_for_a_restore() {
         let inv = inv.clone();
         std::thread::spawn(move || {
             assert!(inv.on_free(other).is_some());
-            inv.on_alloc(0x7000_0000, 4096, 2, MemoryKind::CoarseDevice);
-            inv.on_alloc(0x7100_0000, 4096, 1, MemoryKind::CoarseDevice);
+            inv.on_alloc(NewAllocation {
+                base: 0x7000_0000,
+                size: 4096,
+                owner_agent: 2,
+                kind: MemoryKind::CoarseDevice,
+            });
+            inv.on_alloc(NewAllocation {
+                base: 0x7100_0000,
+                size: 4096,
+                owner_agent: 1,
+                kind: MemoryKind::CoarseDevice,
+            });
             let _ = done_tx.send(());
         })
     };
@@ -471,7 +466,12 @@ fn an_alloc_dropping_a_stale_entry_waits_for_the_restore_writing_into_it() {
     let worker = {
         let inv = inv.clone();
         std::thread::spawn(move || {
-            inv.on_alloc(a, 4096, 3, MemoryKind::CoarseDevice);
+            inv.on_alloc(NewAllocation {
+                base: a,
+                size: 4096,
+                owner_agent: 3,
+                kind: MemoryKind::CoarseDevice,
+            });
             let _ = done_tx.send(());
         })
     };

@@ -9,12 +9,10 @@ use common::*;
 use kreplay_snapshot::*;
 
 fn config() -> SnapshotConfig {
-    SnapshotConfig {
-        store: StoreTier::Host,
-        strategy: RestoreStrategy::Full,
-        chunk_size: 4096,
-        ..Default::default()
-    }
+    SnapshotConfig::default()
+        .with_store(StoreTier::Host)
+        .with_strategy(RestoreStrategy::Full)
+        .with_chunk_size(4096)
 }
 
 #[test]

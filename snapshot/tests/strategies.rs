@@ -11,12 +11,10 @@ use kreplay_snapshot::*;
 const CS: u64 = 4096;
 
 fn config(strategy: RestoreStrategy, store: StoreTier) -> SnapshotConfig {
-    SnapshotConfig {
-        strategy,
-        store,
-        chunk_size: CS,
-        ..Default::default()
-    }
+    SnapshotConfig::default()
+        .with_strategy(strategy)
+        .with_store(store)
+        .with_chunk_size(CS)
 }
 
 /// One 64-chunk buffer with a known pattern.
@@ -156,10 +154,7 @@ fn unverified_writeset_verifies_every_kth_restore() {
     let mut s = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            verify_every: 3,
-            ..config(RestoreStrategy::WritesetUnverified, StoreTier::Host)
-        },
+        config(RestoreStrategy::WritesetUnverified, StoreTier::Host).with_verify_every(3),
     )
     .snapshot(&Filter::for_replay(1))
     .unwrap();
@@ -171,10 +166,7 @@ fn unverified_writeset_verifies_every_kth_restore() {
     let mut s = snapshotter(
         &dev,
         &inv,
-        SnapshotConfig {
-            verify_every: 0,
-            ..config(RestoreStrategy::WritesetUnverified, StoreTier::Host)
-        },
+        config(RestoreStrategy::WritesetUnverified, StoreTier::Host).with_verify_every(0),
     )
     .snapshot(&Filter::for_replay(1))
     .unwrap();

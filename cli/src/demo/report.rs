@@ -295,6 +295,7 @@ fn outcome_text(outcome: &ReplayOutcome) -> String {
             RanOnceReason::OptedOut => "opted out".into(),
             RanOnceReason::SinglePass => "single pass".into(),
             RanOnceReason::Declined(decline) => format!("declined: {decline}"),
+            other => format!("ran once: {other:?}"),
         },
         ReplayOutcome::PassFailed { pass, decline } => format!("pass {pass} failed: {decline}"),
         ReplayOutcome::RestoreFailed { after_pass, .. } => {

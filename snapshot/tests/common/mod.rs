@@ -108,7 +108,12 @@ impl TestDevice {
         fill: u8,
     ) -> u64 {
         let addr = self.raw_alloc(size, fill);
-        inventory.on_alloc(addr, size, agent, kind);
+        inventory.on_alloc(NewAllocation {
+            base: addr,
+            size,
+            owner_agent: agent,
+            kind,
+        });
         addr
     }
 
@@ -176,10 +181,9 @@ impl DeviceMemory for TestDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            device_hash: self.caps.device_hash,
-            batched_writes: self.caps.batched,
-        }
+        Capabilities::NONE
+            .with_device_hash(self.caps.device_hash)
+            .with_batched_writes(self.caps.batched)
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
