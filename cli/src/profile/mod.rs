@@ -539,87 +539,154 @@ fn write_report(
             .iter()
             .map(|r| (kernel_name(r.kernel_id), name(r.agent, r.counter), r))
             .collect();
+        let records = records(&rows);
+        let count = records.len();
         let body = match output_format(path)? {
-            Format::Csv => csv(&rows),
-            Format::Json => json(options, &rows),
+            Format::Csv => csv(&records)?,
+            Format::Json => json(options.mode, records)?,
         };
         std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        writeln!(out, "wrote {} ({count} value(s))", path.display())
+            .map_err(|e| format!("cannot write the report: {e}"))?;
     }
     Ok(())
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
-    }
+/// One line of `-o out.csv`, one element of `rows` in `-o out.json`: one counter value of one
+/// pass of one dispatch. The field names are the CSV header and the JSON keys; a value that is
+/// not a finite number is an empty CSV field and a JSON `null`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProfileRecord {
+    /// The dispatch.
+    pub dispatch_id: u64,
+    /// The pass, `None` (empty, `null`) when the dispatch was not replayed.
+    pub replay_pass: Option<u64>,
+    /// The run of the workload it came from (0-based).
+    pub run: usize,
+    /// The counter group (0-based).
+    pub group: usize,
+    /// The kernel's name.
+    pub kernel: String,
+    /// The agent's handle.
+    pub agent: u64,
+    /// The counter's name.
+    pub counter: String,
+    /// The value.
+    pub value: Option<f64>,
 }
 
-fn csv(rows: &[(String, String, &Row)]) -> String {
-    let mut out = String::from("dispatch_id,replay_pass,run,group,kernel,agent,counter,value\n");
-    for (kernel, counter, r) in rows {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{}",
-            r.dispatch_id,
-            r.replay_pass.map_or_else(String::new, |p| p.to_string()),
-            r.run,
-            r.group,
-            csv_field(kernel),
-            r.agent,
-            csv_field(counter),
-            r.value
-        );
-    }
-    out
+/// The whole of `-o out.json`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProfileDocument {
+    /// `kernel` or `application`.
+    pub replay_mode: String,
+    /// Every value, as in the CSV.
+    pub rows: Vec<ProfileRecord>,
 }
 
-fn json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+/// The header of `-o out.csv`: the fields of [`ProfileRecord`].
+pub const CSV_HEADER: [&str; 8] = [
+    "dispatch_id",
+    "replay_pass",
+    "run",
+    "group",
+    "kernel",
+    "agent",
+    "counter",
+    "value",
+];
+
+fn records(rows: &[(String, String, &Row)]) -> Vec<ProfileRecord> {
+    rows.iter()
+        .map(|(kernel, counter, r)| ProfileRecord {
+            dispatch_id: r.dispatch_id,
+            replay_pass: r.replay_pass,
+            run: r.run,
+            group: r.group,
+            kernel: kernel.clone(),
+            agent: r.agent,
+            counter: counter.clone(),
+            value: r.value.is_finite().then_some(r.value),
+        })
+        .collect()
+}
+
+fn csv(records: &[ProfileRecord]) -> Result<Vec<u8>, String> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    if records.is_empty() {
+        writer.write_record(CSV_HEADER).map_err(|e| e.to_string())?;
+    }
+    for record in records {
+        writer
+            .serialize(record)
+            .map_err(|e| format!("cannot write the values as CSV: {e}"))?;
+    }
+    writer.into_inner().map_err(|e| e.to_string())
+}
+
+fn json(mode: ReplayMode, records: Vec<ProfileRecord>) -> Result<Vec<u8>, String> {
+    let document = ProfileDocument {
+        replay_mode: match mode {
+            ReplayMode::Kernel => "kernel",
+            ReplayMode::Application => "application",
         }
-    }
-    out.push('"');
-    out
-}
-
-fn json(options: &ProfileOptions, rows: &[(String, String, &Row)]) -> String {
-    let mode = match options.mode {
-        ReplayMode::Kernel => "kernel",
-        ReplayMode::Application => "application",
+        .to_owned(),
+        rows: records,
     };
-    let mut out = format!("{{\"replay_mode\":\"{mode}\",\"rows\":[");
-    for (i, (kernel, counter, r)) in rows.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+    let mut text = serde_json::to_vec(&document)
+        .map_err(|e| format!("cannot write the values as JSON: {e}"))?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(value: f64, replay_pass: Option<u64>) -> Row {
+        Row {
+            run: 0,
+            dispatch_id: 3,
+            replay_pass,
+            group: 1,
+            kernel_id: 9,
+            agent: 77,
+            counter: 2,
+            value,
         }
-        let value = if r.value.is_finite() {
-            format!("{:?}", r.value)
-        } else {
-            "null".to_owned()
-        };
-        let _ = write!(
-            out,
-            "{{\"dispatch_id\":{},\"replay_pass\":{},\"run\":{},\"group\":{},\"kernel\":{},\
-             \"agent\":{},\"counter\":{},\"value\":{value}}}",
-            r.dispatch_id,
-            r.replay_pass
-                .map_or_else(|| "null".to_owned(), |p| p.to_string()),
-            r.run,
-            r.group,
-            json_string(kernel),
-            r.agent,
-            json_string(counter),
-        );
     }
-    out.push_str("]}\n");
-    out
+
+    #[test]
+    fn csv_and_json_read_back_to_the_same_records_whatever_the_names_hold() {
+        let (a, b) = (row(1.5, Some(1)), row(f64::NAN, None));
+        let awkward = "k,\"quoted\"\nname\\".to_owned();
+        let rows = vec![
+            (awkward.clone(), "SQ_WAVES".to_owned(), &a),
+            ("saxpy".to_owned(), "A,B".to_owned(), &b),
+        ];
+        let expected = records(&rows);
+        assert_eq!(expected[0].value, Some(1.5));
+        assert_eq!(expected[1].value, None, "NaN is no value");
+
+        let csv_bytes = csv(&expected).unwrap();
+        let mut reader = csv::Reader::from_reader(csv_bytes.as_slice());
+        assert!(reader.headers().unwrap().iter().eq(CSV_HEADER));
+        let back: Vec<ProfileRecord> = reader.deserialize().map(Result::unwrap).collect();
+        assert_eq!(back, expected);
+
+        let json_bytes = json(ReplayMode::Application, expected.clone()).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&json_bytes).unwrap();
+        assert_eq!(value["replay_mode"], "application");
+        assert_eq!(value["rows"][0]["kernel"], awkward.as_str());
+        assert!(value["rows"][1]["value"].is_null());
+        assert!(value["rows"][1]["replay_pass"].is_null());
+        let back: ProfileDocument = serde_json::from_value(value).unwrap();
+        assert_eq!(back.rows, expected);
+    }
+
+    #[test]
+    fn an_empty_profile_still_writes_the_csv_header() {
+        let text = String::from_utf8(csv(&[]).unwrap()).unwrap();
+        assert_eq!(text.trim_end(), CSV_HEADER.join(","));
+    }
 }
