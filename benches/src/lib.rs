@@ -53,6 +53,7 @@ mod ceiling;
 mod device;
 mod matrix;
 mod output;
+mod plot;
 mod replay;
 mod scope;
 mod targets;
@@ -64,8 +65,9 @@ pub use matrix::{
     BenchResults, BenchRow, FootprintCeilings, MatrixConfig, Operation, run_all, run_matrix,
 };
 pub use output::{
-    CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv, write_svg,
+    BenchRecord, CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv,
 };
+pub use plot::write_svg;
 pub use replay::{
     AUTO_MAX_OVER_BEST, AutoCheck, Pattern, ReplayConfig, ReplayRow, check_auto,
     format_replay_table,
