@@ -25,17 +25,18 @@ const HEIGHT: u32 = 560;
 /// Width of the legend column right of the chart.
 const LEGEND_WIDTH: u32 = 270;
 
-/// Series colours (distinct under the common forms of colour blindness as far as eight colours
-/// go); later series get evenly spaced hues.
-const PALETTE: [RGBColor; 8] = [
-    RGBColor(0x00, 0x72, 0xB2),
-    RGBColor(0xD5, 0x5E, 0x00),
-    RGBColor(0x00, 0x9E, 0x73),
-    RGBColor(0xCC, 0x79, 0xA7),
-    RGBColor(0xE6, 0x9F, 0x00),
-    RGBColor(0x56, 0xB4, 0xE9),
-    RGBColor(0x8B, 0x1A, 0x1A),
-    RGBColor(0x59, 0x3C, 0x8F),
+/// Series colours: Tableau's ten less its grey (grey is for reference lines), enough for the
+/// default matrix (three strategies on three tiers); more series get evenly spaced hues.
+const PALETTE: [RGBColor; 9] = [
+    RGBColor(0x1F, 0x77, 0xB4),
+    RGBColor(0xFF, 0x7F, 0x0E),
+    RGBColor(0x2C, 0xA0, 0x2C),
+    RGBColor(0xD6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xBD),
+    RGBColor(0x8C, 0x56, 0x4B),
+    RGBColor(0xE3, 0x77, 0xC2),
+    RGBColor(0xBC, 0xBD, 0x22),
+    RGBColor(0x17, 0xBE, 0xCF),
 ];
 
 /// The colour of series `i` of `n`.
@@ -59,10 +60,11 @@ enum Marker {
     OpenCircle,
     OpenSquare,
     OpenTriangle,
+    OpenDiamond,
 }
 
 /// As many shapes as [`PALETTE`] has colours.
-const MARKERS: [Marker; 8] = [
+const MARKERS: [Marker; 9] = [
     Marker::Circle,
     Marker::Square,
     Marker::Triangle,
@@ -71,6 +73,7 @@ const MARKERS: [Marker; 8] = [
     Marker::OpenCircle,
     Marker::OpenSquare,
     Marker::OpenTriangle,
+    Marker::OpenDiamond,
 ];
 
 /// Runs `$body` with `$draw` bound to a closure that makes the element of marker `$shape` in
@@ -113,8 +116,19 @@ macro_rules! with_marker {
                 let $draw = |at| EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], outline);
                 $body
             }
+            // Polygons are always filled: open ones are closed paths.
             Marker::OpenTriangle => {
-                let $draw = |at| EmptyElement::at(at) + TriangleMarker::new((0, 0), 6, outline);
+                let $draw = |at| {
+                    EmptyElement::at(at)
+                        + PathElement::new(vec![(0, -6), (5, 3), (-5, 3), (0, -6)], outline)
+                };
+                $body
+            }
+            Marker::OpenDiamond => {
+                let $draw = |at| {
+                    EmptyElement::at(at)
+                        + PathElement::new(vec![(0, -5), (5, 0), (0, 5), (-5, 0), (0, -5)], outline)
+                };
                 $body
             }
         }
@@ -306,13 +320,6 @@ fn render_svg(rows: &[BenchRow]) -> Result<String, String> {
             color: BLACK,
             dash: (10, 5),
         });
-        let first = x.bold.iter().copied().find(|&f| f > 0.0).unwrap_or(0.01);
-        references.push(Reference {
-            label: "copy ceiling × dirty fraction".into(),
-            points: vec![(first, ms * first), (1.0, ms)],
-            color: RGBColor(0x60, 0x60, 0x60),
-            dash: (3, 4),
-        });
     }
     if let Some(ms) = ceiling_ms(Operation::ReadPass) {
         references.push(Reference {
@@ -322,6 +329,7 @@ fn render_svg(rows: &[BenchRow]) -> Result<String, String> {
             dash: (10, 5),
         });
     }
+    // The time axis covers the series and the horizontal ceilings.
     let times = series
         .values()
         .flatten()
@@ -337,6 +345,19 @@ fn render_svg(rows: &[BenchRow]) -> Result<String, String> {
         (1e-3, 1.0)
     };
     let y = LogAxis::covering(lo, hi, 0.12);
+    if let Some(ms) = ceiling_ms(Operation::Memcpy) {
+        // From the first decade of the dirty axis, or from where it enters the time axis.
+        let first = x.bold.iter().copied().find(|&f| f > 0.0).unwrap_or(0.01);
+        let first = first.max(y.start / ms);
+        if first < 1.0 {
+            references.push(Reference {
+                label: "copy ceiling × dirty fraction".into(),
+                points: vec![(first, ms * first), (1.0, ms)],
+                color: RGBColor(0x60, 0x60, 0x60),
+                dash: (3, 4),
+            });
+        }
+    }
 
     let mut svg = String::new();
     {

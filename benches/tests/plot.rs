@@ -30,7 +30,7 @@ fn row(
     }
 }
 
-/// Ceilings, and restores of three strategies on two tiers: a full restore costs the copy
+/// Ceilings, and restores of three strategies on three tiers: a full restore costs the copy
 /// ceiling at every fraction, hash and write-set restores grow with the dirty fraction.
 fn rows() -> Vec<BenchRow> {
     let mut rows = vec![
@@ -48,8 +48,12 @@ fn rows() -> Vec<BenchRow> {
             )
         },
     ];
-    for tier in [StoreTier::Host, StoreTier::File] {
-        let slow = if tier == StoreTier::File { 1.5 } else { 1.0 };
+    for tier in [StoreTier::Host, StoreTier::File, StoreTier::Device] {
+        let slow = match tier {
+            StoreTier::File => 1.5,
+            StoreTier::Device => 0.5,
+            _ => 1.0,
+        };
         for strategy in [
             RestoreStrategy::Full,
             RestoreStrategy::Hash,
@@ -137,21 +141,30 @@ fn parse(svg: &str) -> (Vec<Shape>, Vec<(String, f64, f64)>) {
     (shapes, texts)
 }
 
-const SERIES: [&str; 6] = [
+/// The default matrix's nine series, in legend order.
+const SERIES: [&str; 9] = [
+    "full / device",
     "full / file",
     "full / host",
+    "hash / device",
     "hash / file",
     "hash / host",
+    "writeset / device",
     "writeset / file",
     "writeset / host",
 ];
 
-/// The data lines: polylines of width 2 through every measured fraction.
+/// A data line: a polyline of width 2 through a point per measured fraction, across the plot
+/// (markers drawn as closed paths are a few pixels wide).
+fn is_series_line(s: &Shape) -> bool {
+    s.tag == "polyline"
+        && s.stroke_width == "2"
+        && s.points.len() >= 3
+        && s.points[s.points.len() - 1].0 - s.points[0].0 > 100.0
+}
+
 fn series_lines(shapes: &[Shape]) -> Vec<&Shape> {
-    shapes
-        .iter()
-        .filter(|s| s.tag == "polyline" && s.stroke_width == "2" && s.points.len() >= 3)
-        .collect()
+    shapes.iter().filter(|s| is_series_line(s)).collect()
 }
 
 /// The line of the series whose points are (restore ms at each fraction) `ms`, found by shape.
@@ -183,7 +196,11 @@ fn every_series_has_its_own_colour_and_marker_and_a_point_per_fraction() {
     for line in &lines {
         let markers: Vec<&Shape> = shapes
             .iter()
-            .filter(|s| s.color == line.color && !(s.tag == "polyline" && s.stroke_width == "2"))
+            .filter(|s| s.color == line.color && !is_series_line(s))
+            // The legend's line sample.
+            .filter(|s| {
+                !(s.tag == "polyline" && s.points.len() == 2 && s.points[0].1 == s.points[1].1)
+            })
             .collect();
         let kinds: BTreeSet<(String, usize, bool)> = markers
             .iter()
