@@ -348,8 +348,16 @@ where
                 })?,
         ),
         Sub::Run(args) => Command::Run(args.into_options()),
+        Sub::Completions(args) => Command::Print(completion_script(args.shell)),
         Sub::Help(args) => Command::Print(help_of(args.command.as_deref())),
     })
+}
+
+/// The completion script of kreplay for `shell`.
+fn completion_script(shell: clap_complete::Shell) -> String {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "kreplay", &mut script);
+    String::from_utf8_lossy(&script).into_owned()
 }
 
 /// The help text of `command` (`None`: the command list), as `--help` prints it.
@@ -471,6 +479,13 @@ enum Sub {
                            bad command line."
     )]
     Run(RunArgs),
+    /// print a shell completion script for kreplay (bash, zsh, fish, elvish, powershell)
+    #[command(
+        disable_help_flag = true,
+        long_about = COMPLETIONS_ABOUT,
+        after_long_help = "Exit status: 0 when the script was printed, 2 for a bad command line."
+    )]
+    Completions(CompletionsArgs),
     /// show this help, or the help of one command (`kreplay help demo`)
     #[command(
         disable_help_flag = true,
@@ -619,8 +634,8 @@ struct BenchArgs {
     /// write every row as CSV
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     csv: Option<PathBuf>,
-    /// write a plot of restore time against dirty fraction (largest footprint) with the copy
-    /// ceiling
+    /// write an SVG plot of restore time against dirty fraction (largest footprint, log scales)
+    /// with the copy and read ceilings as reference lines
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     svg: Option<PathBuf>,
     /// a device without host windows, reached through reads and writes only, like a GPU behind
@@ -1005,6 +1020,23 @@ fn fault_spec(value: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+const COMPLETIONS_ABOUT: &str = "kreplay completions — a shell completion script for kreplay\n\n\
+    Prints a script that completes kreplay's commands, options and option values in the given \
+    shell. Load it for the current shell, or install it where the shell looks for completions:\n\n  \
+    bash:  source <(kreplay completions bash)\n         \
+    (or: kreplay completions bash > ~/.local/share/bash-completion/completions/kreplay)\n  \
+    zsh:   kreplay completions zsh > \"${fpath[1]}/_kreplay\"\n  \
+    fish:  kreplay completions fish > ~/.config/fish/completions/kreplay.fish";
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    #[command(flatten)]
+    help: HelpFlag,
+    /// the shell to complete in
+    #[arg(value_name = "SHELL", value_enum)]
+    shell: clap_complete::Shell,
+}
+
 #[derive(Args, Debug)]
 struct HelpArgs {
     #[command(flatten)]
@@ -1012,7 +1044,16 @@ struct HelpArgs {
     /// the command whose help to show
     #[arg(
         value_name = "COMMAND",
-        value_parser = ["demo", "bench", "bench-dispatch", "stress", "profile", "help"]
+        value_parser = [
+            "demo",
+            "bench",
+            "bench-dispatch",
+            "stress",
+            "profile",
+            "run",
+            "completions",
+            "help"
+        ]
     )]
     command: Option<String>,
 }
