@@ -269,7 +269,11 @@ struct Reference {
 
 /// Write an SVG plot of restore time (ms) against dirty fraction for the largest footprint
 /// among the rows: one line per strategy and tier, each with its own colour and marker, and the
-/// ceilings as reference lines (see the [module docs](self)).
+/// ceilings as dashed reference lines: the copy and read ceilings of the whole footprint
+/// (horizontal) and the copy ceiling scaled by the dirty fraction.
+///
+/// Both axes are logarithmic; a dirty fraction of 0 is drawn at the left end of its axis,
+/// labelled `0%`, a decade below the smallest measured non-zero fraction.
 pub fn write_svg(rows: &[BenchRow], mut w: impl Write) -> io::Result<()> {
     let text = render_svg(rows).map_err(io::Error::other)?;
     w.write_all(text.as_bytes())

@@ -49,6 +49,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub struct ContextId(pub u64);
 
 /// Why a context operation on a [`ContextRegistry`] failed.
+///
+/// `#[non_exhaustive]`: a match outside this crate needs a wildcard arm.
+///
+/// ```compile_fail
+/// use kreplay_ctxmask::ContextError;
+///
+/// fn unknown(e: ContextError) -> bool {
+///     match e {
+///         ContextError::UnknownContext => true,
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ContextError {

@@ -197,6 +197,24 @@ pub trait PassCompletion {
 }
 
 /// Budgets for draining.
+///
+/// `#[non_exhaustive]`: built with [`DrainConfig::new`] (or `default`) and
+/// [`with_pass_timeout`](DrainConfig::with_pass_timeout).
+///
+/// ```
+/// use std::time::Duration;
+/// use kreplay_drain::DrainConfig;
+///
+/// let config = DrainConfig::new(Duration::from_secs(2)).with_pass_timeout(Duration::from_secs(30));
+/// assert_eq!(config.timeout, Duration::from_secs(2));
+/// ```
+///
+/// ```compile_fail
+/// use std::time::Duration;
+/// use kreplay_drain::DrainConfig;
+///
+/// let config = DrainConfig { timeout: Duration::from_secs(2), pass_timeout: Duration::from_secs(30) };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainConfig {
@@ -402,6 +420,20 @@ impl fmt::Display for PassDrainStuck {
 impl std::error::Error for PassDrainStuck {}
 
 /// Why [`drain_agent`] failed.
+///
+/// `#[non_exhaustive]`: a match outside this crate needs a wildcard arm (or use
+/// [`reason`](DrainStuck::reason) and [`waited`](DrainStuck::waited)).
+///
+/// ```compile_fail
+/// use kreplay_drain::DrainStuck;
+///
+/// fn queue(stuck: DrainStuck) -> bool {
+///     match stuck {
+///         DrainStuck::Queue(_) => true,
+///         DrainStuck::Agent(_) => false,
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DrainStuck {

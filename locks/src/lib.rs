@@ -194,6 +194,19 @@ impl fmt::Display for Reentrant {
 impl std::error::Error for Reentrant {}
 
 /// Why [`AgentLocks::try_write_for`] did not return the writer side.
+///
+/// `#[non_exhaustive]`: a match outside this crate needs a wildcard arm.
+///
+/// ```compile_fail
+/// use kreplay_locks::TryWriteError;
+///
+/// fn timed_out(e: TryWriteError) -> bool {
+///     match e {
+///         TryWriteError::Reentrant(_) => false,
+///         TryWriteError::TimedOut { .. } => true,
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TryWriteError {

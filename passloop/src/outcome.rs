@@ -6,6 +6,26 @@ use std::time::Duration;
 use crate::{DispatchInfo, MemoryOpReport};
 
 /// Why a replay was declined or stopped (docs/abi.md §3, §4). Every declined replay carries one.
+///
+/// `#[non_exhaustive]`: new reasons may come; a match outside this crate needs a wildcard arm.
+///
+/// ```compile_fail
+/// use kreplay_passloop::DeclineReason;
+///
+/// fn memory(reason: DeclineReason) -> bool {
+///     match reason {
+///         DeclineReason::UntrackedMemory
+///         | DeclineReason::FootprintBudget
+///         | DeclineReason::SnapshotFailed => true,
+///         DeclineReason::QueueDrainStuck
+///         | DeclineReason::AgentDrainStuck
+///         | DeclineReason::PassDrainStuck
+///         | DeclineReason::ReentrantDispatch
+///         | DeclineReason::InvalidPassCount
+///         | DeclineReason::BatchOrGraph => false,
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DeclineReason {

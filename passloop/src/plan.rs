@@ -8,6 +8,23 @@ use crate::{Decline, DeclineReason, RanOnceReason, ToolAnswer};
 pub const DEFAULT_MAX_PASSES: u64 = 1024;
 
 /// Limits the loop applies to every dispatch, whatever the tool answers.
+///
+/// `#[non_exhaustive]`: built with [`LoopLimits::new`] (or `default`) and
+/// [`with_budget`](LoopLimits::with_budget).
+///
+/// ```
+/// use std::time::Duration;
+/// use kreplay_passloop::LoopLimits;
+///
+/// let limits = LoopLimits::new(64).with_budget(Some(Duration::from_secs(1)));
+/// assert_eq!(limits.max_passes, 64);
+/// ```
+///
+/// ```compile_fail
+/// use kreplay_passloop::LoopLimits;
+///
+/// let limits = LoopLimits { max_passes: 64, budget: None };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct LoopLimits {

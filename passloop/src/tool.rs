@@ -12,6 +12,21 @@ pub enum Phase {
 }
 
 /// The tool's answer at CONFIG ENTER.
+///
+/// `#[non_exhaustive]`: built with [`ToolAnswer::new`], [`ToolAnswer::passes`],
+/// [`ToolAnswer::passes_with_continue`] or [`ToolAnswer::OPT_OUT`].
+///
+/// ```
+/// use kreplay_passloop::ToolAnswer;
+///
+/// assert_eq!(ToolAnswer::new(Some(4), false), ToolAnswer::passes(4));
+/// ```
+///
+/// ```compile_fail
+/// use kreplay_passloop::ToolAnswer;
+///
+/// let answer = ToolAnswer { pass_count: Some(4), has_continue: false };
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct ToolAnswer {

@@ -235,6 +235,25 @@ pub const MIN_CHUNK_SIZE: u64 = 512;
 pub const DEFAULT_VERIFY_EVERY: u32 = 8;
 
 /// How snapshots are stored and restored.
+///
+/// `#[non_exhaustive]`: it may gain fields, so it is built from [`SnapshotConfig::default`] and
+/// the `with_*` methods rather than with a struct literal:
+///
+/// ```
+/// use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
+///
+/// let config = SnapshotConfig::default()
+///     .with_store(StoreTier::Host)
+///     .with_strategy(RestoreStrategy::Hash)
+///     .with_chunk_size(4096);
+/// assert_eq!((config.store, config.chunk_size), (StoreTier::Host, 4096));
+/// ```
+///
+/// ```compile_fail
+/// use kreplay_snapshot::{SnapshotConfig, StoreTier};
+///
+/// let config = SnapshotConfig { store: StoreTier::Host, ..SnapshotConfig::default() };
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SnapshotConfig {

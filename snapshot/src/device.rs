@@ -50,6 +50,21 @@ impl std::error::Error for CopyError {}
 /// Optional capabilities a device announces up front, so strategies can be chosen without
 /// trying. (Capabilities that are naturally per call — host access, shadow allocation — are
 /// announced by their method returning `Some`.)
+///
+/// `#[non_exhaustive]`: built from [`Capabilities::NONE`] and the `with_*` methods.
+///
+/// ```
+/// use kreplay_snapshot::Capabilities;
+///
+/// let caps = Capabilities::NONE.with_batched_writes(true);
+/// assert!(caps.batched_writes && !caps.device_hash);
+/// ```
+///
+/// ```compile_fail
+/// use kreplay_snapshot::Capabilities;
+///
+/// let caps = Capabilities { device_hash: false, batched_writes: true };
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {

@@ -12,6 +12,31 @@ use crate::source::RegionSource;
 /// What kind of memory an allocation is. The owner-agent rule selects
 /// [`MemoryKind::CoarseDevice`] only; an address the dispatch uses reaches every kind but
 /// [`MemoryKind::Executable`], which is never snapshotted.
+///
+/// `#[non_exhaustive]`: a match outside this crate needs a wildcard arm.
+///
+/// ```
+/// use kreplay_snapshot::MemoryKind;
+///
+/// fn device_side(kind: MemoryKind) -> bool {
+///     match kind {
+///         MemoryKind::CoarseDevice | MemoryKind::FineDevice => true,
+///         _ => false,
+///     }
+/// }
+/// assert!(device_side(MemoryKind::CoarseDevice));
+/// ```
+///
+/// ```compile_fail
+/// use kreplay_snapshot::MemoryKind;
+///
+/// fn device_side(kind: MemoryKind) -> bool {
+///     match kind {
+///         MemoryKind::CoarseDevice | MemoryKind::FineDevice => true,
+///         MemoryKind::Kernarg | MemoryKind::Host | MemoryKind::Executable => false,
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum MemoryKind {
