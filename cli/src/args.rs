@@ -539,7 +539,8 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     this run's rows.";
 
 const BENCH_AFTER: &str = "The matrix needs about 3x the largest footprint of free memory (and \
-    the footprint again on disk for the file tier). The fixed cost per dispatch is measured by \
+    the footprint again on disk for the file tier, in KREPLAY_SPILL_DIR or the temporary folder; \
+    a bad KREPLAY_* value is an error, as for every command). The fixed cost per dispatch is measured by \
     'kreplay bench-dispatch'.\n\n\
     Exit status: 0 when the matrix ran (targets not met are reported, not failures), 1 when it \
     could not run or its output could not be written, 2 for a bad command line.";

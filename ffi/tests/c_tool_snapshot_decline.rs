@@ -1,7 +1,7 @@
 //! A snapshot that cannot be stored is a decline the tool sees at SNAPSHOT EXIT (status and
 //! reason in the payload, not only on stderr) and again at CONFIG EXIT; the dispatch runs once
 //! and memory is as after one run. The store is made unavailable by a file-tier snapshot whose
-//! spill folder does not exist.
+//! spill folder is removed after start-up (a missing one is refused at start-up).
 //!
 //! One test in this file: the loaded library and its tool are process-wide. The C tool is
 //! tests/c/outcomes_tool.c.
@@ -67,8 +67,8 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     let scratch = common::scratch_dir("c_tool_snapshot_decline");
     let tool_path = scratch.join("liboutcomes_tool.so");
     common::build_c_library("outcomes_tool.c", &tool_path);
-    let missing = scratch.join("no-such-folder");
-    let _ = std::fs::remove_dir_all(&missing);
+    let missing = scratch.join("spill-folder-removed-after-start-up");
+    std::fs::create_dir_all(&missing).unwrap();
     // SAFETY: setting the environment before any other thread of this test reads it.
     unsafe {
         std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
@@ -97,6 +97,7 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table we own for the rest of the test.
     assert!(unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
+    std::fs::remove_dir(&missing).unwrap();
     // SAFETY: kreplay loaded the tool library; this opens the same one.
     let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
     type Answer = unsafe extern "C" fn(u64, c_int);

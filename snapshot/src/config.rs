@@ -363,7 +363,10 @@ impl SnapshotConfig {
         budget_from_meminfo(&text)
     }
 
-    /// Check the values that have limits.
+    /// Check the values that have limits, and that a spill folder, when one is set, is a folder
+    /// a file can be created in (checked by creating and removing an empty file), so an unusable
+    /// folder is an error at start-up rather than a declined replay at every dispatch that
+    /// spills.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.chunk_size < MIN_CHUNK_SIZE {
             return Err(ConfigError {
@@ -380,6 +383,9 @@ impl SnapshotConfig {
                 message: "does not fit the address space".into(),
             });
         }
+        if let Some(dir) = &self.spill_dir {
+            check_spill_dir(dir)?;
+        }
         Ok(())
     }
 
@@ -387,6 +393,34 @@ impl SnapshotConfig {
     pub(crate) fn spill_dir(&self) -> PathBuf {
         self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
+}
+
+/// Whether a spill file can be created in `dir`: an empty probe file is created and removed.
+fn check_spill_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
+    let unusable = |why: String| ConfigError {
+        variable: "spill_dir",
+        message: format!("{} cannot hold spill files: {why}", dir.display()),
+    };
+    if !dir.is_dir() {
+        return Err(unusable(if dir.exists() {
+            "it is not a folder".into()
+        } else {
+            "no such folder".into()
+        }));
+    }
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let probe = dir.join(format!(
+        "kreplay-spill-probe-{}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| unusable(e.to_string()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// The derivation rule of [`SnapshotConfig::derived_budget`] on a `/proc/meminfo` text.

@@ -198,12 +198,16 @@ fn forced_tier_that_is_unavailable_declines_with_snapshot_failed() {
         "{err}"
     );
     assert_eq!(err.reason(), "snapshot_failed");
-    // A spill directory that does not exist: the file tier fails too.
+    // A spill directory removed after start-up (a missing one is refused at start-up): the
+    // file tier fails too.
+    let dir = std::env::temp_dir().join(format!("kreplay-gone-spill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let snap = snapshotter(
         &dev,
         &inv,
-        full(StoreTier::File).with_spill_dir(Some("/nonexistent/kreplay-spill".into())),
+        full(StoreTier::File).with_spill_dir(Some(dir.clone())),
     );
+    std::fs::remove_dir(&dir).unwrap();
     let err = snap.snapshot(&Filter::for_replay(1)).err().unwrap();
     assert_eq!(err.reason(), "snapshot_failed");
     assert!(err.to_string().contains("file"), "{err}");

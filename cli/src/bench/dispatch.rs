@@ -990,6 +990,7 @@ pub fn run(
                 .into(),
         );
     }
+    super::checked_settings()?;
     let mut figures = Figures::new();
     if options.service == DispatchService::Overlap {
         figures = measure_overlap()?;

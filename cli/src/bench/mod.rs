@@ -40,6 +40,21 @@ pub struct BenchOutcome {
     pub auto: Vec<AutoCheck>,
 }
 
+/// kreplay's settings from the environment, checked before a benchmark measures anything: a bad
+/// `KREPLAY_*` value is an error here as it is for every command that installs kreplay, and so
+/// is a `KREPLAY_SPILL_DIR` where no spill file can be created.
+pub(crate) fn checked_settings() -> Result<kreplay::config::Config, String> {
+    let settings = kreplay::config::Config::from_env().map_err(|e| e.to_string())?;
+    kreplay_snapshot::SnapshotConfig::default()
+        .with_spill_dir(settings.spill_dir.clone())
+        .validate()
+        .map_err(|e| match e.variable {
+            "spill_dir" => format!("invalid {}: {}", kreplay::config::ENV_SPILL_DIR, e.message),
+            _ => e.to_string(),
+        })?;
+    Ok(settings)
+}
+
 /// Memory the matrix needs at a footprint: the tracked memory, a store and a spare device
 /// shadow (the memcpy ceiling's two buffers are freed before those are allocated).
 fn memory_needed(footprint: u64) -> u64 {
@@ -212,7 +227,9 @@ pub fn render_scopes(rows: &[ScopeRow]) -> String {
 /// Runs `kreplay bench`: the matrix, the table, the targets, and the CSV and SVG files asked
 /// for. Output files are created before the matrix runs, so a bad path fails at once.
 pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, String> {
-    let config = matrix_config(options);
+    let settings = checked_settings()?;
+    let mut config = matrix_config(options);
+    config.spill_dir = settings.spill_dir;
     let largest = config.footprints.iter().copied().max().unwrap_or(0);
     if let Some(available) = available_memory()
         && memory_needed(largest) > available
@@ -238,7 +255,7 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     let header = format!(
         "kreplay bench: snapshot and restore on {device}; {cpus}\n\
          footprints {}; dirty {}; strategies {}; tiers {}; {} allocations per footprint, \
-         {} chunks; best of {}\n\n",
+         {} chunks; best of {}{}\n\n",
         list(&config.footprints, |f| format_bytes(*f)),
         list(&config.dirty_fractions, |d| format_percent(*d)),
         list(&config.strategies, |s| s.to_string()),
@@ -246,6 +263,13 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
         config.regions,
         format_bytes(config.chunk_size),
         config.repeats,
+        config
+            .spill_dir
+            .as_ref()
+            .map_or_else(String::new, |d| format!(
+                "; file tier spills in {} (KREPLAY_SPILL_DIR)",
+                d.display()
+            )),
     );
     let write = |out: &mut dyn Write, text: &str| {
         out.write_all(text.as_bytes())

@@ -1,0 +1,121 @@
+//! `KREPLAY_*` settings are checked before any command measures or runs anything: a bad value,
+//! or a spill folder where no spill file can be created, is an error naming it, at once.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Runs `kreplay args...` with `settings` as the only `KREPLAY_*` variables.
+fn kreplay(args: &[&str], settings: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(settings.iter().copied());
+    command.output().expect("the kreplay binary runs")
+}
+
+/// A command line of every command that installs kreplay, each small.
+const COMMANDS: [&[&str]; 5] = [
+    &["demo", "--elements", "1k"],
+    &[
+        "bench",
+        "--footprints",
+        "4K",
+        "--passes",
+        "none",
+        "--repeats",
+        "1",
+    ],
+    &["bench-dispatch", "--dispatches", "10", "--allocations", "1"],
+    &["stress", "--seconds", "1", "--threads", "2"],
+    &["profile", "--pmc", "SQ_WAVES", "--", "saxpy"],
+];
+
+fn assert_refused_at_start(args: &[&str], settings: &[(&str, &str)], named: &str) {
+    let started = Instant::now();
+    let output = kreplay(args, settings);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{args:?}: {stdout}\n{stderr}"
+    );
+    assert!(stderr.contains(named), "{args:?} names {named}: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{args:?}: one error, no dispatch declined one by one: {stderr}"
+    );
+    assert!(
+        !stdout.contains("dispatch") && !stdout.contains("GB/s"),
+        "{args:?}: nothing ran: {stdout}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{args:?} ran first"
+    );
+}
+
+#[test]
+fn a_bad_setting_is_an_error_for_every_command_before_it_runs() {
+    for args in COMMANDS {
+        assert_refused_at_start(args, &[("KREPLAY_RESTORE", "bogus")], "KREPLAY_RESTORE");
+    }
+}
+
+#[test]
+fn a_spill_folder_that_cannot_hold_files_is_an_error_for_every_command_before_it_runs() {
+    let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("settings-{}-no-such-folder", std::process::id()));
+    let missing = missing.to_str().unwrap();
+    for args in COMMANDS {
+        assert_refused_at_start(args, &[("KREPLAY_SPILL_DIR", missing)], missing);
+    }
+}
+
+#[test]
+fn bench_spills_its_file_tier_in_the_spill_folder() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("settings-{}-spill", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = kreplay(
+        &[
+            "bench",
+            "--footprints",
+            "64K",
+            "--passes",
+            "none",
+            "--repeats",
+            "1",
+            "--tiers",
+            "file",
+            "--strategies",
+            "full",
+            "--dirty",
+            "0",
+        ],
+        &[("KREPLAY_SPILL_DIR", dir.to_str().unwrap())],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(&format!("file tier spills in {}", dir.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(" file ") && l.contains(" restore "))
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "spill files are unlinked"
+    );
+    std::fs::remove_dir(dir).unwrap();
+}
