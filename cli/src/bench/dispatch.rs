@@ -1000,6 +1000,7 @@ pub fn run(
             .map_err(|e| format!("cannot write the report: {e}"))?;
         if let Some(path) = &options.csv {
             write_csv(&figures, path)?;
+            say_wrote(out, path, &figures)?;
         }
         return Ok(DispatchBenchOutcome {
             figures,
@@ -1033,8 +1034,15 @@ pub fn run(
         .map_err(|e| format!("cannot write the report: {e}"))?;
     if let Some(path) = &options.csv {
         write_csv(&figures, path)?;
+        say_wrote(out, path, &figures)?;
     }
     Ok(DispatchBenchOutcome { figures, targets })
+}
+
+fn say_wrote(out: &mut dyn Write, path: &Path, figures: &Figures) -> Result<(), String> {
+    writeln!(out, "wrote {} ({} figures)", path.display(), figures.len())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write the report: {e}"))
 }
 
 /// Adds the `derived.*` figures and returns the target verdicts.

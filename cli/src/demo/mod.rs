@@ -144,13 +144,20 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
         passed,
         verification: &line,
     };
+    let wrote = |out: &mut dyn Write, path: &std::path::Path| {
+        writeln!(out, "wrote {}", path.display())
+            .and_then(|()| out.flush())
+            .map_err(|e| DemoError::Output(format!("cannot write the report: {e}")))
+    };
     if let Some(path) = &options.json {
         std::fs::write(path, output::json(&summary, &rows))
             .map_err(|e| DemoError::Output(format!("cannot write {}: {e}", path.display())))?;
+        wrote(out, path)?;
     }
     if let Some(path) = &options.csv {
         std::fs::write(path, output::csv(&rows))
             .map_err(|e| DemoError::Output(format!("cannot write {}: {e}", path.display())))?;
+        wrote(out, path)?;
     }
     Ok(DemoOutcome {
         passed,
