@@ -1343,7 +1343,8 @@ mod tests {
             (vec!["help", "nope"], "invalid value 'nope'"),
             (
                 vec![],
-                "no command given; commands: demo, bench, bench-dispatch, stress, profile, run, help",
+                "no command given; commands: demo, bench, bench-dispatch, stress, profile, run, \
+                 completions, help",
             ),
         ] {
             let error = parse(args.iter().copied()).unwrap_err().message;
