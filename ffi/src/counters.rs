@@ -185,17 +185,11 @@ mod tests {
     use kreplay_passloop::{Decline, DispatchInfo, LoopEnd, ReplayCost, RestoreFailure};
 
     fn record(outcome: ReplayOutcome, passes: u64) -> ReplayRecord {
-        ReplayRecord {
-            info: DispatchInfo::default(),
-            outcome,
-            total_passes: passes,
-            cost: ReplayCost {
-                passes_run: passes,
-                bytes_snapshotted: 100,
-                bytes_restored: 10 * passes,
-                ..Default::default()
-            },
-        }
+        let mut cost = ReplayCost::default();
+        cost.passes_run = passes;
+        cost.bytes_snapshotted = 100;
+        cost.bytes_restored = 10 * passes;
+        ReplayRecord::new(DispatchInfo::default(), outcome, passes, cost)
     }
 
     #[test]

@@ -236,7 +236,11 @@ impl ReplayOutcome {
 
 /// What one dispatch cost in the loop. Durations are device-step times (tool callbacks are not
 /// included), except `total`.
+///
+/// `#[non_exhaustive]`: more figures may come; made by the loop (or from `default()` and field
+/// assignments in tests).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplayCost {
     /// Passes submitted to the device (a failed pass included).
     pub passes_run: u64,
@@ -259,7 +263,10 @@ pub struct ReplayCost {
 }
 
 /// How one dispatch went through the loop and what it cost.
+///
+/// `#[non_exhaustive]`: made by the loop, or with [`ReplayRecord::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplayRecord {
     /// The dispatch.
     pub info: DispatchInfo,
@@ -273,6 +280,22 @@ pub struct ReplayRecord {
 }
 
 impl ReplayRecord {
+    /// The record of the dispatch `info`: how it ended, the `total_passes` reported to the tool
+    /// and what it cost.
+    pub fn new(
+        info: DispatchInfo,
+        outcome: ReplayOutcome,
+        total_passes: u64,
+        cost: ReplayCost,
+    ) -> Self {
+        ReplayRecord {
+            info,
+            outcome,
+            total_passes,
+            cost,
+        }
+    }
+
     /// A one-line diagnostic for declines and failures (None when the dispatch was replayed or
     /// ran once by the tool's choice). The caller decides where to print it.
     pub fn diagnostic(&self) -> Option<String> {

@@ -629,29 +629,29 @@ mod tests {
     }
 
     fn record(id: u64, n: u64) -> ReplayRecord {
-        ReplayRecord {
-            info: DispatchInfo {
+        let mut cost = ReplayCost::default();
+        cost.passes_run = n;
+        cost.lock_wait = Duration::from_micros(2);
+        cost.drain = Duration::from_micros(3);
+        cost.snapshot = Duration::from_micros(40);
+        cost.pass_times = vec![Duration::from_micros(10); n as usize];
+        cost.restore_times = vec![Duration::from_micros(5); n as usize - 1];
+        cost.bytes_snapshotted = 100;
+        cost.bytes_restored = 100 * (n - 1);
+        cost.total = Duration::from_micros(200);
+        ReplayRecord::new(
+            DispatchInfo {
                 dispatch_id: id,
                 kernel_id: 7,
                 ..DispatchInfo::default()
             },
-            outcome: ReplayOutcome::Replayed {
+            ReplayOutcome::Replayed {
                 passes: n,
                 end: LoopEnd::LastPass,
             },
-            total_passes: n,
-            cost: ReplayCost {
-                passes_run: n,
-                lock_wait: Duration::from_micros(2),
-                drain: Duration::from_micros(3),
-                snapshot: Duration::from_micros(40),
-                pass_times: vec![Duration::from_micros(10); n as usize],
-                restore_times: vec![Duration::from_micros(5); n as usize - 1],
-                bytes_snapshotted: 100,
-                bytes_restored: 100 * (n - 1),
-                total: Duration::from_micros(200),
-            },
-        }
+            n,
+            cost,
+        )
     }
 
     fn tool(dispatches: Vec<DispatchObservation>) -> ToolReport {
