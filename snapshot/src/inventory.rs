@@ -159,6 +159,7 @@ pub struct NewAllocation {
 
 /// One tracked allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Allocation {
     /// First byte (a device address).
     pub base: u64,

@@ -146,6 +146,7 @@ impl std::error::Error for SnapshotError {}
 /// A restore that did not complete: device memory may differ from the snapshot. This is the
 /// unrecoverable case of a replay; it carries what was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RestoreError {
     /// The first device error seen.
     pub error: CopyError,

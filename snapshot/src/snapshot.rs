@@ -31,6 +31,7 @@ pub struct Snapshotter {
 
 /// The selection a snapshot will copy, with its size: what SNAPSHOT ENTER reports as planned.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SnapshotPlan {
     layout: Layout,
     agent: Option<u64>,
@@ -105,6 +106,7 @@ enum Step {
 
 /// The restore a [`RestoreRequest`] would get, known before it runs (RESTORE ENTER data).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RestorePlan {
     /// Strategy the restore will use (never `Auto`).
     pub strategy: RestoreStrategy,
