@@ -589,12 +589,12 @@ impl Backend {
                 if self.watch.on_map(p.ptr, p.size as u64, device)
                     && let Some(ordinal) = device
                 {
-                    self.inventory.on_alloc(
-                        p.ptr,
-                        p.size as u64,
-                        ordinal as u64,
-                        MemoryKind::CoarseDevice,
-                    );
+                    self.inventory.on_alloc(NewAllocation {
+                        base: p.ptr,
+                        size: p.size as u64,
+                        owner_agent: ordinal as u64,
+                        kind: MemoryKind::CoarseDevice,
+                    });
                     self.stats.allocations.fetch_add(1, Ordering::Relaxed);
                     log(
                         LogLevel::Debug,

@@ -375,17 +375,11 @@ mod tests {
     use std::time::Duration;
 
     fn record(outcome: ReplayOutcome, passes: u64, restores: u32) -> ReplayRecord {
-        ReplayRecord {
-            info: DispatchInfo::default(),
-            outcome,
-            total_passes: passes,
-            cost: ReplayCost {
-                passes_run: passes,
-                bytes_snapshotted: if passes > 1 { 4096 } else { 0 },
-                restore_times: vec![Duration::from_micros(500); restores as usize],
-                ..Default::default()
-            },
-        }
+        let mut cost = ReplayCost::default();
+        cost.passes_run = passes;
+        cost.bytes_snapshotted = if passes > 1 { 4096 } else { 0 };
+        cost.restore_times = vec![Duration::from_micros(500); restores as usize];
+        ReplayRecord::new(DispatchInfo::default(), outcome, passes, cost)
     }
 
     #[test]

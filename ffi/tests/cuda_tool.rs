@@ -17,7 +17,8 @@ use kreplay_cuda::{LaunchOps, Window, WindowContext};
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{LoopEnd, ReplayOutcome};
 use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, SnapshotConfig, Snapshotter,
+    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
+    Snapshotter,
 };
 
 const WORDS: usize = 1024;
@@ -163,7 +164,12 @@ fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_la
 
     let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
     let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(0, (WORDS * 4) as u64, 0, MemoryKind::CoarseDevice);
+    inventory.on_alloc(NewAllocation {
+        base: 0,
+        size: (WORDS * 4) as u64,
+        owner_agent: 0,
+        kind: MemoryKind::CoarseDevice,
+    });
     let snapshotter =
         Snapshotter::new(inventory, memory.clone(), SnapshotConfig::default()).unwrap();
     let locks = AgentLocks::new();

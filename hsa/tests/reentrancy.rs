@@ -165,12 +165,12 @@ fn tool_dispatches_after_passes_survive(
     store: StoreTier,
     tags: [u32; 3],
 ) {
-    let env = setup_with(SnapshotConfig {
-        strategy,
-        store,
-        chunk_size: MIN_CHUNK_SIZE,
-        ..Default::default()
-    });
+    let env = setup_with(
+        SnapshotConfig::default()
+            .with_strategy(strategy)
+            .with_store(store)
+            .with_chunk_size(MIN_CHUNK_SIZE),
+    );
     let (q1, q2) = (
         env.app.queue(env.app.gpus[0]),
         env.app.queue(env.app.gpus[0]),

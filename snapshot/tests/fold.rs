@@ -26,13 +26,11 @@ fn folded_work_survives(strategy: RestoreStrategy, store: StoreTier, caps: Caps)
     let buf = dev.alloc(&inv, size, 1, MemoryKind::CoarseDevice, 0);
     let original = pattern(size as usize, 3);
     dev.poke(buf, &original);
-    let config = SnapshotConfig {
-        store,
-        strategy,
-        chunk_size: 4096,
-        verify_every: 4,
-        ..Default::default()
-    };
+    let config = SnapshotConfig::default()
+        .with_store(store)
+        .with_strategy(strategy)
+        .with_chunk_size(4096)
+        .with_verify_every(4);
     let snap = snapshotter(&dev, &inv, config);
     let mut s = snap.snapshot(&Filter::for_replay(1)).unwrap();
     let pass = |n: u64| {
