@@ -9,12 +9,13 @@ fn kreplay(args: &[&str]) -> Output {
         .expect("the kreplay binary runs")
 }
 
-const COMMANDS: [&str; 7] = [
+const COMMANDS: [&str; 8] = [
     "demo",
     "bench",
     "bench-dispatch",
     "stress",
     "profile",
+    "run",
     "completions",
     "help",
 ];
