@@ -278,6 +278,10 @@ fn check_passes_when_both_runs_print_the_same_and_writes_csv_and_json() {
             stdout.contains("check: the standard output is the same with and without kreplay"),
             "{stdout}"
         );
+        assert!(
+            stdout.contains(&format!("wrote {}", output.display())),
+            "the command says what it wrote: {stdout}"
+        );
         // The second run had no kreplay: its environment dump (the last run's) shows none.
         let env = env_seen(&dir);
         assert!(!env.contains("CUDA_INJECTION64_PATH"), "{env}");

@@ -450,6 +450,7 @@ pub fn run_with(
         .map_err(write_err)?;
     if let Some(path) = &options.output {
         write_output(path, &record)?;
+        writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
     }
     let check = if options.check {
         let (plain_status, plain) = run_program(options, None, true)?;
