@@ -128,6 +128,12 @@ pub fn gather_grid(entries: u64) -> u32 {
     entries.clamp(1, i32::MAX as u64) as u32
 }
 
+/// Blocks of 256 threads for `kreplay_add_one_runs` over `runs` runs of `run_words` words (the
+/// kernel strides over any beyond the cap).
+pub fn add_one_runs_grid(runs: u64, run_words: u64) -> u32 {
+    runs.saturating_mul(run_words).div_ceil(256).clamp(1, 1 << 20) as u32
+}
+
 /// Whether a restore of `copies` copies (after merging) goes through the gather kernel.
 pub fn use_gather(copies: usize) -> bool {
     copies > MEMCPY_MAX_COPIES
@@ -299,9 +305,16 @@ impl Kernels {
             (&raw mut w).cast(),
             (&raw mut s).cast(),
         ];
-        let blocks = (runs * run_words).div_ceil(256).clamp(1, 1 << 20) as u32;
+        let blocks = add_one_runs_grid(runs, run_words);
         // SAFETY: as documented.
         unsafe { launch(driver, self.add_one_runs, blocks, 256, stream, &mut args) }
+    }
+
+    /// `kreplay_add_one_runs` itself, for a launch made outside [`Kernels::add_one_runs`] (the
+    /// demo launches it as an application would, so that kreplay replays it). Its parameters:
+    /// `u32 *p, u64 runs, u64 run_words, u64 stride_words`, blocks of 256 threads.
+    pub fn add_one_runs_function(&self) -> CuFunction {
+        self.add_one_runs as CuFunction
     }
 }
 

@@ -13,6 +13,8 @@
 //! * [`cupti`] and [`inject`]: CUPTI driver-API callbacks, allocation tracking and replay of
 //!   every launch through a tool; libkreplay's `InitializeInjection` (the library named by
 //!   `CUDA_INJECTION64_PATH`) installs them with the C ABI's tools or the built-in N-pass tool.
+//! * [`demo`]: `x += 1` over a footprint, replayed through [`Window`] and verified word by word
+//!   (`kreplay demo --backend cuda`).
 //! * [`fence`]: copies and memsets wait for replay windows on their device.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //!
@@ -20,6 +22,7 @@
 
 pub mod config;
 pub mod cupti;
+pub mod demo;
 pub mod driver;
 pub mod fence;
 pub mod guard;

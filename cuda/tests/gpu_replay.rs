@@ -285,3 +285,25 @@ fn without_replay_the_kernel_runs_once() {
     );
     assert_eq!(wrong, 0);
 }
+
+#[test]
+fn the_demo_leaves_one_increment_for_every_tier_and_strategy() {
+    use kreplay_cuda::demo::{DemoConfig, run};
+    let Some(_) = gpu() else { return };
+    for store in ["device", "host"] {
+        for strategy in ["auto", "full", "hash", "writeset"] {
+            for written in [0.01, 1.0] {
+                let lookup = |k: &str| match k {
+                    "KREPLAY_SNAPSHOT_STORE" => Some(store.to_string()),
+                    "KREPLAY_RESTORE" => Some(strategy.to_string()),
+                    _ => None,
+                };
+                let config = DemoConfig::new(0, 64 << 20, written, 4, lookup).unwrap();
+                let report = run(&config).unwrap();
+                eprint!("{}", report.table());
+                assert!(report.passed(), "{store} {strategy} {written}");
+                assert_eq!(report.restores.len(), 3, "{store} {strategy} {written}");
+            }
+        }
+    }
+}
