@@ -92,6 +92,8 @@ pub enum Command {
     Print(String),
     /// Run `kreplay demo`.
     Demo(DemoOptions),
+    /// Run `kreplay demo --backend cuda`.
+    DemoCuda(CudaDemoOptions),
     /// Run `kreplay bench`.
     Bench(BenchOptions),
     /// Run `kreplay bench-dispatch`.
@@ -110,6 +112,7 @@ impl Command {
         match self {
             Command::Print(_) => Vec::new(),
             Command::Demo(o) => o.json.iter().chain(&o.csv).map(PathBuf::as_path).collect(),
+            Command::DemoCuda(_) => Vec::new(),
             Command::Bench(o) => o.csv.iter().chain(&o.svg).map(PathBuf::as_path).collect(),
             Command::BenchDispatch(o) => o.csv.iter().map(PathBuf::as_path).collect(),
             Command::Stress(_) => Vec::new(),
@@ -145,6 +148,35 @@ impl Default for DemoOptions {
             json: None,
             csv: None,
             tools: Vec::new(),
+        }
+    }
+}
+
+/// Options of `kreplay demo --backend cuda`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaDemoOptions {
+    /// Device ordinal (`--device`).
+    pub device: i32,
+    /// Bytes of the footprint (`--footprint`, a multiple of 64 KiB).
+    pub footprint: u64,
+    /// Fraction of the footprint the kernel writes, in `(0, 1]` (`--written`).
+    pub written: f64,
+    /// Passes of the replayed launch (`--passes`, 1 = no replay).
+    pub passes: u64,
+}
+
+/// Default footprint of `kreplay demo --backend cuda`.
+pub const DEFAULT_CUDA_FOOTPRINT: u64 = 1 << 30;
+/// Default written fraction of `kreplay demo --backend cuda`.
+pub const DEFAULT_CUDA_WRITTEN: f64 = 0.01;
+
+impl Default for CudaDemoOptions {
+    fn default() -> Self {
+        CudaDemoOptions {
+            device: 0,
+            footprint: DEFAULT_CUDA_FOOTPRINT,
+            written: DEFAULT_CUDA_WRITTEN,
+            passes: u64::from(DEFAULT_PASSES),
         }
     }
 }
@@ -335,7 +367,9 @@ where
         }
     };
     Ok(match cli.command {
-        Sub::Demo(args) => Command::Demo(args.into_options()),
+        Sub::Demo(args) => args.into_command().map_err(|message| UsageError {
+            message: format!("{message}\n\nFor more information, try 'kreplay demo --help'."),
+        })?,
         Sub::Bench(args) => Command::Bench(args.into_options()),
         Sub::BenchDispatch(args) => Command::BenchDispatch(args.into_options()),
         Sub::Stress(args) => Command::Stress(args.into_options()),
@@ -501,7 +535,15 @@ const DEMO_ABOUT: &str = "kreplay demo — kernel replay on the software HSA run
     writing another; every dispatch depends on the previous results) twice: once unprofiled, once \
     under a tool that replays every dispatch in N passes with a different tracing context active on \
     each pass. Prints one row per dispatch and checks that the profiled results equal the \
-    unprofiled ones.";
+    unprofiled ones.\n\n\
+    With --backend cuda: on a CUDA GPU (the driver is loaded at run time), fills --footprint bytes \
+    of device memory with a known pattern, launches x += 1 over the --written fraction of its \
+    32-bit words (evenly spaced 64 KiB runs) and replays that launch in --passes passes through \
+    the same replay window the injected library uses, with the snapshot tier and restore \
+    strategy of KREPLAY_SNAPSHOT_STORE and KREPLAY_RESTORE. Then reads every word back: each \
+    written word must hold exactly one increment, every other word its pattern. Prints the \
+    passes, tier, strategy, snapshot time and every restore's time and bytes, and PASS or \
+    FAIL.";
 
 const DEMO_AFTER: &str = "The table, one row per dispatch:\n\
     \x20 id                 the dispatch id (every pass of a dispatch shares it)\n\
@@ -524,7 +566,8 @@ const DEMO_AFTER: &str = "The table, one row per dispatch:\n\
     dispatch. Sizes are binary (KiB = 1024 B).\n\n\
     Exit status: 0 when verification passes, 1 when it fails (or a dispatch was not replayed as \
     planned, or a requested tool cannot be used, or an output file cannot be written), 2 for a \
-    bad command line.";
+    bad command line. With --backend cuda, 1 also when there is no CUDA driver or device, or a \
+    KREPLAY_* setting is invalid (checked before anything runs).";
 
 const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ceilings measured in \
     the same run\n\n\
@@ -593,9 +636,68 @@ struct DemoArgs {
     /// kernel replay, it chooses the passes and the demo's tool only observes
     #[arg(long, value_name = "PATH", value_parser = file_path, action = ArgAction::Append)]
     tool: Vec<PathBuf>,
+    /// softhsa (default: the HSA application on the software runtime) or cuda (x += 1 on a GPU)
+    #[arg(long, value_name = "BACKEND")]
+    backend: Option<DemoBackend>,
+    /// with --backend cuda: bytes of device memory x += 1 runs over, a multiple of 64K (default
+    /// 1G); K/M/G/T suffixes are binary
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    footprint: Option<u64>,
+    /// with --backend cuda: the fraction of the footprint written, above 0 and at most 1, or a
+    /// percentage like 1% (default 0.01)
+    #[arg(long, value_name = "FRACTION", value_parser = parse_fraction)]
+    written: Option<f64>,
+    /// with --backend cuda: the device ordinal (default 0)
+    #[arg(long, value_name = "N", value_parser = count(0, i32::MAX as u64))]
+    device: Option<u64>,
+}
+
+/// The runtime `kreplay demo` runs on.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DemoBackend {
+    /// the HSA application on the software HSA runtime
+    Softhsa,
+    /// x += 1 on a CUDA GPU
+    Cuda,
 }
 
 impl DemoArgs {
+    fn into_command(self) -> Result<Command, String> {
+        if self.backend != Some(DemoBackend::Cuda) {
+            let cuda_only = [
+                ("--footprint", self.footprint.is_some()),
+                ("--written", self.written.is_some()),
+                ("--device", self.device.is_some()),
+            ];
+            if let Some((name, _)) = cuda_only.iter().find(|(_, given)| *given) {
+                return Err(format!("{name} is an option of --backend cuda"));
+            }
+            return Ok(Command::Demo(self.into_options()));
+        }
+        let softhsa_only = [
+            ("--no-restore", self.no_restore),
+            ("--elements", self.elements.is_some()),
+            ("--json", self.json.is_some()),
+            ("--csv", self.csv.is_some()),
+            ("--tool", !self.tool.is_empty()),
+        ];
+        if let Some((name, _)) = softhsa_only.iter().find(|(_, given)| *given) {
+            return Err(format!(
+                "{name} is an option of the softhsa demo, not of --backend cuda"
+            ));
+        }
+        let defaults = CudaDemoOptions::default();
+        let options = CudaDemoOptions {
+            device: self.device.map_or(defaults.device, |d| d as i32),
+            footprint: self.footprint.unwrap_or(defaults.footprint),
+            written: self.written.unwrap_or(defaults.written),
+            passes: self.passes.unwrap_or(defaults.passes),
+        };
+        kreplay_cuda::demo::Runs::select(options.footprint, options.written)
+            .map_err(|e| format!("--footprint/--written: {e}"))?;
+        Ok(Command::DemoCuda(options))
+    }
+
     fn into_options(self) -> DemoOptions {
         let defaults = DemoOptions::default();
         DemoOptions {
@@ -1158,6 +1260,28 @@ fn parse_size(text: &str) -> Result<u64, String> {
         return Err(format!("too large (at most {}GiB)", MAX_FOOTPRINT >> 30));
     }
     Ok(bytes)
+}
+
+/// A fraction above 0 and at most 1 (`0.01`), or a percentage with `%` (`1%`).
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    let expected = "expected a fraction above 0 and at most 1 (0.01), or a percentage (1%)";
+    let fraction = if text.ends_with('%') {
+        parse_percent(text).map_err(|_| expected.to_string())? / 100.0
+    } else {
+        let plain = !text.is_empty()
+            && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+            && text.chars().filter(|&c| c == '.').count() <= 1
+            && text != ".";
+        match text.parse::<f64>() {
+            Ok(f) if plain => f,
+            _ => return Err(expected.into()),
+        }
+    };
+    if fraction > 0.0 && fraction <= 1.0 {
+        Ok(fraction)
+    } else {
+        Err(expected.into())
+    }
 }
 
 /// A percentage from 0 to 100, decimals allowed, with an optional `%`.

@@ -70,6 +70,14 @@ where
                 EXIT_FAILURE
             }
         },
+        Command::DemoCuda(options) => match demo::cuda::run(&options, out) {
+            Ok(report) if report.passed() => EXIT_OK,
+            Ok(_) => EXIT_FAILURE,
+            Err(error) => {
+                eprintln!("kreplay: error: {error}");
+                EXIT_FAILURE
+            }
+        },
         Command::Bench(options) => finished(bench::run(&options, out).map(drop)),
         Command::BenchDispatch(options) => finished(bench::dispatch::run(&options, out).map(drop)),
         Command::Profile(options) => match profile::run(&options, out) {

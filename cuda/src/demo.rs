@@ -56,7 +56,7 @@ impl Runs {
     /// bytes, a multiple of [`RUN_BYTES`]: the footprint's runs of [`RUN_BYTES`] times the
     /// fraction, rounded, at least one, evenly spaced from the start.
     pub fn select(footprint: u64, written: f64) -> Result<Runs, String> {
-        if footprint == 0 || footprint % RUN_BYTES != 0 {
+        if footprint == 0 || !footprint.is_multiple_of(RUN_BYTES) {
             return Err(format!(
                 "footprint of {footprint} bytes: must be a positive multiple of {} KiB",
                 RUN_BYTES >> 10
@@ -230,7 +230,7 @@ impl DemoReport {
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
         let _ = writeln!(
             s,
-            "{:<7} {:<7} {:<9} {:>10} {:>11} {:>8} {:>13} {:>11} {:<9} {}",
+            "{:<7} {:<7} {:<9} {:>10} {:>11} {:>8} {:>13} {:>11} {:<9} verification",
             "passes",
             "tier",
             "strategy",
@@ -240,7 +240,6 @@ impl DemoReport {
             "restore time",
             "restored",
             "how",
-            "verification"
         );
         let head = format!(
             "{:<7} {:<7} {:<9} {:>10} {:>11}",
@@ -359,12 +358,12 @@ impl ReplayTool for Recorder {
     }
     fn snapshot(&mut self, _: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
         if phase == Phase::Exit {
-            self.snapshot = Some(report.clone());
+            self.snapshot = Some(*report);
         }
     }
     fn restore(&mut self, _: &DispatchInfo, phase: Phase, _: &RestoreRequest, r: &MemoryOpReport) {
         if phase == Phase::Exit {
-            self.restores.push(r.clone());
+            self.restores.push(*r);
         }
     }
     fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
@@ -443,7 +442,11 @@ impl Drop for Owned {
     }
 }
 
-fn in_context(d: &'static Driver, ctx: CuContext, config: &DemoConfig) -> Result<DemoReport, String> {
+fn in_context(
+    d: &'static Driver,
+    ctx: CuContext,
+    config: &DemoConfig,
+) -> Result<DemoReport, String> {
     let err = |e: crate::driver::CuError| e.to_string();
     let mut owned = Owned {
         d,
@@ -456,7 +459,12 @@ fn in_context(d: &'static Driver, ctx: CuContext, config: &DemoConfig) -> Result
             "cuMemAlloc_v2",
             (d.mem_alloc)(&mut owned.buf, config.footprint as usize),
         )
-        .map_err(|e| format!("allocating the footprint of {}: {e}", bytes(config.footprint)))?;
+        .map_err(|e| {
+            format!(
+                "allocating the footprint of {}: {e}",
+                bytes(config.footprint)
+            )
+        })?;
         d.check("cuStreamCreate", (d.stream_create)(&mut owned.stream, 1))
             .map_err(err)?;
     }
@@ -776,7 +784,11 @@ mod tests {
         assert_eq!(table.matches("0.250 ms").count(), 3 + 2, "{table}");
         let wrong = report(4, replayed, 5);
         assert!(!wrong.passed());
-        assert!(wrong.table().contains("FAIL, 5 wrong words"), "{}", wrong.table());
+        assert!(
+            wrong.table().contains("FAIL, 5 wrong words"),
+            "{}",
+            wrong.table()
+        );
         let once = ReplayOutcome::RanOnce {
             why: kreplay_passloop::RanOnceReason::Declined(kreplay_passloop::Decline::new(
                 kreplay_passloop::DeclineReason::FootprintBudget,
@@ -790,7 +802,12 @@ mod tests {
     }
 
     fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]

@@ -131,7 +131,9 @@ pub fn gather_grid(entries: u64) -> u32 {
 /// Blocks of 256 threads for `kreplay_add_one_runs` over `runs` runs of `run_words` words (the
 /// kernel strides over any beyond the cap).
 pub fn add_one_runs_grid(runs: u64, run_words: u64) -> u32 {
-    runs.saturating_mul(run_words).div_ceil(256).clamp(1, 1 << 20) as u32
+    runs.saturating_mul(run_words)
+        .div_ceil(256)
+        .clamp(1, 1 << 20) as u32
 }
 
 /// Whether a restore of `copies` copies (after merging) goes through the gather kernel.

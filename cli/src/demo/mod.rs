@@ -13,8 +13,11 @@
 //! steps aside and the table shows what its tracing context observed.
 //!
 //! kreplay installs into one HSA table per process, so the demo runs once per process.
+//!
+//! `kreplay demo --backend cuda` runs `x += 1` on a GPU instead ([`cuda`]).
 
 pub use kreplay_workloads::demo::{app, kernels};
+pub mod cuda;
 pub mod host;
 pub mod order;
 pub mod output;
