@@ -94,6 +94,9 @@ pub enum Command {
     Demo(DemoOptions),
     /// Run `kreplay demo --backend cuda`.
     DemoCuda(CudaDemoOptions),
+    /// Run `kreplay bench --backend cuda`: the measurements, and where to write them as CSV
+    /// besides standard output.
+    BenchCuda(kreplay_cuda::bench::BenchConfig, Option<PathBuf>),
     /// Run `kreplay bench`.
     Bench(BenchOptions),
     /// Run `kreplay bench-dispatch`.
@@ -113,6 +116,7 @@ impl Command {
             Command::Print(_) => Vec::new(),
             Command::Demo(o) => o.json.iter().chain(&o.csv).map(PathBuf::as_path).collect(),
             Command::DemoCuda(_) => Vec::new(),
+            Command::BenchCuda(_, csv) => csv.iter().map(PathBuf::as_path).collect(),
             Command::Bench(o) => o.csv.iter().chain(&o.svg).map(PathBuf::as_path).collect(),
             Command::BenchDispatch(o) => o.csv.iter().map(PathBuf::as_path).collect(),
             Command::Stress(_) => Vec::new(),
@@ -370,7 +374,9 @@ where
         Sub::Demo(args) => args.into_command().map_err(|message| UsageError {
             message: format!("{message}\n\nFor more information, try 'kreplay demo --help'."),
         })?,
-        Sub::Bench(args) => Command::Bench(args.into_options()),
+        Sub::Bench(args) => args.into_command().map_err(|message| UsageError {
+            message: format!("{message}\n\nFor more information, try 'kreplay bench --help'."),
+        })?,
         Sub::BenchDispatch(args) => Command::BenchDispatch(args.into_options()),
         Sub::Stress(args) => Command::Stress(args.into_options()),
         Sub::Profile(args) => Command::Profile(
@@ -638,7 +644,7 @@ struct DemoArgs {
     tool: Vec<PathBuf>,
     /// softhsa (default: the HSA application on the software runtime) or cuda (x += 1 on a GPU)
     #[arg(long, value_name = "BACKEND")]
-    backend: Option<DemoBackend>,
+    backend: Option<DeviceBackend>,
     /// with --backend cuda: bytes of device memory x += 1 runs over, a multiple of 64K (default
     /// 1G); K/M/G/T suffixes are binary
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -652,9 +658,9 @@ struct DemoArgs {
     device: Option<u64>,
 }
 
-/// The runtime `kreplay demo` runs on.
+/// The runtime `kreplay demo` and `kreplay bench` run on.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum DemoBackend {
+enum DeviceBackend {
     /// the HSA application on the software HSA runtime
     Softhsa,
     /// x += 1 on a CUDA GPU
@@ -663,7 +669,7 @@ enum DemoBackend {
 
 impl DemoArgs {
     fn into_command(self) -> Result<Command, String> {
-        if self.backend != Some(DemoBackend::Cuda) {
+        if self.backend != Some(DeviceBackend::Cuda) {
             let cuda_only = [
                 ("--footprint", self.footprint.is_some()),
                 ("--written", self.written.is_some()),
@@ -751,9 +757,58 @@ struct BenchArgs {
     /// dirty percentages of those replays (default 1,10)
     #[arg(long = "replay-dirty", value_name = "LIST", value_parser = list(parse_percent))]
     replay_dirty: Option<List<f64>>,
+    /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
+    /// device and host, strategies full, hash, writeset and writeset-unverified; default
+    /// footprints 1G,8G, dirty 0.1,1,10,100)
+    #[arg(long, value_name = "BACKEND")]
+    backend: Option<DeviceBackend>,
 }
 
 impl BenchArgs {
+    fn into_command(self) -> Result<Command, String> {
+        if self.backend != Some(DeviceBackend::Cuda) {
+            return Ok(Command::Bench(self.into_options()));
+        }
+        let softhsa_only = [
+            ("--svg", self.svg.is_some()),
+            ("--discrete", self.discrete),
+            ("--passes", self.passes.is_some()),
+            ("--replay-dirty", self.replay_dirty.is_some()),
+        ];
+        if let Some((name, _)) = softhsa_only.iter().find(|(_, given)| *given) {
+            return Err(format!(
+                "{name} is an option of the softhsa bench, not of --backend cuda"
+            ));
+        }
+        use kreplay_cuda::bench::{BenchConfig, BenchTier};
+        let defaults = BenchConfig::default();
+        let tiers = match self.tiers {
+            None => defaults.tiers,
+            Some(l) => {
+                l.0.into_iter()
+                    .map(|t| match t {
+                        StoreTier::Device => Ok(BenchTier::Device),
+                        StoreTier::Host => Ok(BenchTier::Host),
+                        other => Err(format!(
+                            "--tiers: {other} is not measured by --backend cuda (device, host)"
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        let config = BenchConfig {
+            footprints: self.footprints.map_or(defaults.footprints, |l| l.0),
+            fractions: self.dirty.map_or(defaults.fractions, |l| {
+                l.0.into_iter().map(|p| p / 100.0).collect()
+            }),
+            strategies: self.strategies.map_or(defaults.strategies, |l| l.0),
+            tiers,
+            reps: self.repeats.map_or(defaults.reps, |r| r as usize),
+        };
+        config.validate()?;
+        Ok(Command::BenchCuda(config, self.csv))
+    }
+
     fn into_options(self) -> BenchOptions {
         let defaults = BenchOptions::default();
         BenchOptions {

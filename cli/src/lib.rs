@@ -78,6 +78,7 @@ where
                 EXIT_FAILURE
             }
         },
+        Command::BenchCuda(config, csv) => finished(bench::cuda::run(&config, csv.as_deref(), out)),
         Command::Bench(options) => finished(bench::run(&options, out).map(drop)),
         Command::BenchDispatch(options) => finished(bench::dispatch::run(&options, out).map(drop)),
         Command::Profile(options) => match profile::run(&options, out) {

@@ -7,6 +7,7 @@
 //! - `kreplay bench-dispatch` ([`dispatch::run`]) measures the fixed cost kreplay adds per
 //!   dispatch on the software HSA runtime, with the minimal tool of [`tool`].
 
+pub mod cuda;
 pub mod dispatch;
 pub mod tool;
 

@@ -1,5 +1,6 @@
-//! `kreplay demo --backend cuda` without a GPU: its command line, and the errors it gives where
-//! it cannot run. (The replay itself is checked on a GPU by kreplay-cuda's `gpu_replay` tests.)
+//! `kreplay demo --backend cuda` and `kreplay bench --backend cuda` without a GPU: their command
+//! lines, and the errors they give where they cannot run. (The replay itself is checked on a GPU
+//! by kreplay-cuda's `gpu_replay` tests.)
 
 use std::process::{Command, Output};
 
@@ -150,4 +151,90 @@ fn the_cuda_demo_checks_the_snapshot_settings_before_looking_for_a_driver() {
         assert!(err.contains(var), "{err}");
         assert!(!err.contains("driver"), "settings come first: {err}");
     }
+}
+
+fn bench(
+    args: &[&str],
+) -> Result<(kreplay_cuda::bench::BenchConfig, Option<std::path::PathBuf>), String> {
+    let mut all = vec!["bench", "--backend", "cuda"];
+    all.extend_from_slice(args);
+    match parse(all) {
+        Ok(Parsed::BenchCuda(config, csv)) => Ok((config, csv)),
+        Ok(other) => panic!("expected the CUDA bench, got {other:?}"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn the_cuda_bench_reads_its_matrix_and_defaults() {
+    use kreplay_cuda::bench::{BenchConfig, BenchTier};
+    use kreplay_snapshot::RestoreStrategy;
+    assert_eq!(bench(&[]).unwrap(), (BenchConfig::default(), None));
+    let (config, csv) = bench(&[
+        "--footprints",
+        "1G,32G",
+        "--dirty",
+        "0.1,1",
+        "--strategies",
+        "hash,writeset-unverified",
+        "--tiers",
+        "host,device",
+        "--repeats",
+        "2",
+        "--csv",
+        "out.csv",
+    ])
+    .unwrap();
+    assert_eq!(
+        config,
+        BenchConfig {
+            footprints: vec![1 << 30, 32 << 30],
+            fractions: vec![0.001, 0.01],
+            strategies: vec![RestoreStrategy::Hash, RestoreStrategy::WritesetUnverified],
+            tiers: vec![BenchTier::Host, BenchTier::Device],
+            reps: 2,
+        }
+    );
+    assert_eq!(csv, Some("out.csv".into()));
+    // Without --backend, the softhsa matrix as before.
+    assert!(matches!(parse(["bench"]).unwrap(), Parsed::Bench(_)));
+}
+
+#[test]
+fn bad_cuda_bench_command_lines_name_what_is_wrong() {
+    for (args, expect) in [
+        (&["--dirty", "0"][..], "above 0"),
+        (&["--footprints", "100K"], "multiple of 64 KiB"),
+        (&["--strategies", "auto"], "measures full, hash, writeset"),
+        (&["--tiers", "file"], "--tiers"),
+        (&["--svg", "x.svg"], "--svg"),
+        (&["--discrete"], "--discrete"),
+        (&["--passes", "4"], "--passes"),
+    ] {
+        let e = bench(args).unwrap_err();
+        assert!(e.contains(expect), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn the_cuda_bench_without_a_driver_exits_1_says_why_and_creates_no_file() {
+    if kreplay_cuda::Driver::get().is_ok() {
+        eprintln!("skipped: a CUDA driver is present here");
+        return;
+    }
+    let csv = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kreplay-cuda-bench-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&csv);
+    let output = kreplay(
+        &["bench", "--backend", "cuda", "--csv", csv.to_str().unwrap()],
+        &[],
+    );
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("kreplay: error: no CUDA driver could be loaded"),
+        "{err}"
+    );
+    assert!(output.stdout.is_empty());
+    assert!(!csv.exists(), "no file where nothing was measured");
 }
