@@ -19,10 +19,7 @@ use std::time::Duration;
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::AgentLocks;
-use kreplay_passloop::{
-    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
-    RestoreRequest, ToolAnswer,
-};
+use kreplay_passloop::{ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
     Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, Snapshotter,
 };
@@ -69,32 +66,15 @@ impl Tools for BuiltIn {
         self.passes > 1
     }
     fn replay_tool(&self) -> Option<Box<dyn ReplayTool>> {
-        (self.passes > 1).then(|| Box::new(FixedPasses(self.passes)) as Box<dyn ReplayTool>)
+        (self.passes > 1).then(|| Box::new(FixedPasses::new(self.passes)) as Box<dyn ReplayTool>)
     }
     fn contexts(&self) -> &'static ContextRegistry {
         ContextRegistry::global()
     }
 }
 
-/// The built-in tool: every launch `passes` times, nothing else.
-#[derive(Debug, Clone, Copy)]
-pub struct FixedPasses(pub u64);
-
-impl ReplayTool for FixedPasses {
-    fn config_enter(&mut self, _info: &DispatchInfo) -> ToolAnswer {
-        ToolAnswer::passes(self.0)
-    }
-    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
-    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
-        ContinueChange::Keep
-    }
-    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
-        true
-    }
-    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
-    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
-    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
-}
+/// The built-in tool: every launch the same number of times, nothing else.
+pub use kreplay_passloop::FixedPasses;
 
 /// One device (context) as the backend keeps it.
 struct DeviceState {
@@ -943,7 +923,14 @@ mod tests {
 
     #[test]
     fn the_built_in_tool_asks_for_the_configured_passes() {
-        let answer = FixedPasses(38).config_enter(&DispatchInfo::default());
-        assert_eq!(answer, ToolAnswer::passes(38));
+        let tool = BuiltIn { passes: 38 }
+            .replay_tool()
+            .expect("38 passes replay");
+        let answer = { tool }.config_enter(&kreplay_passloop::DispatchInfo::default());
+        assert_eq!(answer, kreplay_passloop::ToolAnswer::passes(38));
+        assert!(
+            BuiltIn { passes: 1 }.replay_tool().is_none(),
+            "one pass is no replay"
+        );
     }
 }

@@ -200,7 +200,7 @@ fn replay_add_one(
         filter: &filter,
         registry: &registry,
     };
-    let mut tool = FixedPasses(passes);
+    let mut tool = FixedPasses::new(passes);
     let window = Window::enter(cx, &mut tool, info, &ops);
     // The application's own launch.
     // SAFETY: the kernel's two parameters, alive until the window exits.

@@ -127,7 +127,7 @@ pub(crate) fn tool_for_dispatch() -> Option<Box<dyn ReplayTool>> {
             Some(owner),
         )))),
         None if builtin_passes() > 1 => Some(Box::new(crate::run_record::Recording(
-            crate::run_record::BuiltInPasses(builtin_passes()),
+            crate::run_record::built_in_passes(builtin_passes()),
         ))),
         None => None,
     }

@@ -28,8 +28,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kreplay_passloop::{
-    ContinueChange, DispatchInfo, LoopLimits, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord,
-    ReplayTool, RestoreRequest, ToolAnswer,
+    ContinueChange, DispatchInfo, FixedPasses, LoopLimits, MemoryOpReport, Phase, ReplayOutcome,
+    ReplayRecord, ReplayTool, RestoreRequest, ToolAnswer,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -345,27 +345,9 @@ impl<T: ReplayTool> ReplayTool for Recording<T> {
 }
 
 /// The built-in tool: every dispatch `passes` times (`KREPLAY_PASSES`), used when no tool of
-/// the C ABI owns KERNEL_REPLAY.
-#[derive(Debug, Clone, Copy)]
-pub struct BuiltInPasses(pub u64);
-
-impl ReplayTool for BuiltInPasses {
-    fn limits(&self) -> LoopLimits {
-        crate::hsa_tool::loop_limits()
-    }
-    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
-        ToolAnswer::passes(self.0)
-    }
-    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
-    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
-        ContinueChange::Keep
-    }
-    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
-        true
-    }
-    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
-    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
-    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
+/// the C ABI owns KERNEL_REPLAY, under the C ABI's loop limits.
+pub fn built_in_passes(passes: u64) -> FixedPasses {
+    FixedPasses::new(passes).with_limits(crate::hsa_tool::loop_limits())
 }
 
 #[cfg(test)]
@@ -385,7 +367,7 @@ mod tests {
     #[test]
     fn dispatches_add_up_per_kernel_with_tiers_declines_and_an_atomic_file() {
         start("hsa", "built-in", 3);
-        let mut tool = Recording(BuiltInPasses(3));
+        let mut tool = Recording(built_in_passes(3));
         let info = DispatchInfo::default();
         tool.config_enter(&info);
         tool.snapshot(

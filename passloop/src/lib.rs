@@ -98,7 +98,7 @@ pub use outcome::{
 };
 pub use plan::{DEFAULT_MAX_PASSES, LoopLimits, ReplayPlan};
 pub use run::run_dispatch;
-pub use tool::{ContinueChange, Phase, ReplayTool, ToolAnswer};
+pub use tool::{ContinueChange, FixedPasses, Phase, ReplayTool, ToolAnswer};
 
 #[cfg(test)]
 mod tests {

@@ -136,3 +136,60 @@ pub trait ReplayTool {
     /// after the last pass and before the application's completion fires.
     fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome);
 }
+
+/// A tool that replays every dispatch a fixed number of times and observes nothing: what a
+/// backend runs when no tool asks for kernel replay itself but the user asked for N passes
+/// (the "built-in tool" of `KREPLAY_PASSES`).
+///
+/// ```
+/// use kreplay_passloop::{DispatchInfo, FixedPasses, LoopLimits, ReplayTool};
+///
+/// let mut tool = FixedPasses::new(4).with_limits(LoopLimits::new(8));
+/// assert_eq!(tool.config_enter(&DispatchInfo::default()).pass_count, Some(4));
+/// assert_eq!(tool.limits().max_passes, 8);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedPasses {
+    passes: u64,
+    limits: LoopLimits,
+}
+
+impl FixedPasses {
+    /// Every dispatch `passes` times, under the default limits.
+    pub fn new(passes: u64) -> Self {
+        FixedPasses {
+            passes,
+            limits: LoopLimits::default(),
+        }
+    }
+
+    /// The same, under `limits` (a cap on passes, a time budget).
+    pub fn with_limits(mut self, limits: LoopLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The passes asked for every dispatch.
+    pub fn passes(&self) -> u64 {
+        self.passes
+    }
+}
+
+impl ReplayTool for FixedPasses {
+    fn limits(&self) -> LoopLimits {
+        self.limits
+    }
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        ToolAnswer::passes(self.passes)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
+    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
+    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
+    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
+}
