@@ -95,7 +95,28 @@ pub struct SoftHsaConfig {
     /// packet, starts only once everything before it completed. Off by default: each packet
     /// then runs to completion before the next starts (also a legal schedule).
     pub overlap_dispatches: bool,
+    /// How long a thread about to block polls first: a packet processor whose queue is empty,
+    /// a blocking signal wait, a barrier packet waiting for its dependencies, a producer waiting
+    /// for a free slot. A change within that time (the next pass of a replay, the completion of
+    /// a short kernel) is then seen without a wake-up across CPUs, which costs tens of
+    /// microseconds on a virtual machine. At most as many threads poll at once as the process
+    /// may use CPUs (its affinity mask); with one CPU nobody polls, since a poller there only
+    /// delays the thread that would make the change. `None` (default): the environment variable
+    /// [`POLL_ENV`] in microseconds if it is set, else [`DEFAULT_POLL`]. `Some(Duration::ZERO)`
+    /// turns polling off: waiters park at once.
+    pub poll_before_block: Option<std::time::Duration>,
 }
+
+/// How long a thread about to block polls first, unless configured otherwise (see
+/// [`SoftHsaConfig::poll_before_block`]).
+pub const DEFAULT_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The environment variable that sets [`SoftHsaConfig::poll_before_block`] in microseconds when
+/// the configuration leaves it `None` (read by the `hsa_init` that starts the runtime).
+pub const POLL_ENV: &str = "KREPLAY_SOFTHSA_POLL_US";
+
+/// Most microseconds [`POLL_ENV`] accepts.
+const MAX_POLL_US: u64 = 1_000_000;
 
 impl Default for SoftHsaConfig {
     fn default() -> Self {
@@ -105,6 +126,7 @@ impl Default for SoftHsaConfig {
             host_bytes: 64 << 30,
             worker_threads: 0,
             overlap_dispatches: false,
+            poll_before_block: None,
         }
     }
 }
@@ -127,6 +149,24 @@ impl SoftHsaConfig {
             ));
         }
         Ok(())
+    }
+
+    /// How long a thread about to block polls first: the configured time, else [`POLL_ENV`],
+    /// else [`DEFAULT_POLL`]; an error names a bad [`POLL_ENV`] value.
+    pub(crate) fn effective_poll(&self) -> Result<std::time::Duration, String> {
+        if let Some(poll) = self.poll_before_block {
+            return Ok(poll);
+        }
+        match std::env::var(POLL_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(DEFAULT_POLL),
+            Err(std::env::VarError::NotUnicode(_)) => Err(format!("{POLL_ENV} is not valid UTF-8")),
+            Ok(text) => match text.trim().parse::<u64>() {
+                Ok(us) if us <= MAX_POLL_US => Ok(std::time::Duration::from_micros(us)),
+                _ => Err(format!(
+                    "{POLL_ENV}={text:?}: expected microseconds, 0 to {MAX_POLL_US}"
+                )),
+            },
+        }
     }
 
     /// The worker pool size this configuration yields.

@@ -502,8 +502,16 @@ fn processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
             || queue.errored.load(Ordering::Acquire)
             || packet_type(header) == HSA_PACKET_TYPE_INVALID;
         if idle {
-            // Woken by doorbell stores and by stop_queue.
-            std::thread::park();
+            // A packet that comes soon (the next pass of a replay, the next dispatch of a loop)
+            // is picked up without a wake-up; then park, woken by doorbell stores and by
+            // stop_queue.
+            let next_packet = || {
+                let header = queue.header(read).load(Ordering::Acquire);
+                (queue.is_stopped() || packet_type(header) != HSA_PACKET_TYPE_INVALID).then_some(())
+            };
+            if crate::wake::poll_briefly(None, next_packet).is_none() {
+                std::thread::park();
+            }
             continue;
         }
         crate::faults::delay(crate::faults::Fault::QueueStall, || queue.is_stopped());

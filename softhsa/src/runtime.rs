@@ -11,10 +11,10 @@ use crate::queue::Queue;
 use crate::signal::Signal;
 use crate::topology::{AgentKind, Topology};
 use hsa_sys::{
-    HSA_STATUS_ERROR_INVALID_AGENT, HSA_STATUS_ERROR_INVALID_QUEUE,
-    HSA_STATUS_ERROR_INVALID_SIGNAL, HSA_STATUS_ERROR_NOT_INITIALIZED,
-    HSA_STATUS_ERROR_REFCOUNT_OVERFLOW, HSA_STATUS_SUCCESS, hsa_queue_t, hsa_signal_value_t,
-    hsa_status_t,
+    HSA_STATUS_ERROR_INVALID_AGENT, HSA_STATUS_ERROR_INVALID_ARGUMENT,
+    HSA_STATUS_ERROR_INVALID_QUEUE, HSA_STATUS_ERROR_INVALID_SIGNAL,
+    HSA_STATUS_ERROR_NOT_INITIALIZED, HSA_STATUS_ERROR_REFCOUNT_OVERFLOW, HSA_STATUS_SUCCESS,
+    hsa_queue_t, hsa_signal_value_t, hsa_status_t,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -203,6 +203,18 @@ pub(crate) fn init() -> hsa_status_t {
                 return status;
             }
             let config = g.next.clone();
+            match config.effective_poll() {
+                Ok(poll) => {
+                    // Polling needs a second CPU: on one, the change can only come once the
+                    // poller gives the CPU up.
+                    let cpus = crate::wake::usable_cpus();
+                    crate::wake::set_polling(poll, if cpus > 1 { cpus } else { 0 });
+                }
+                Err(error) => {
+                    eprintln!("softhsa: error: {error}");
+                    return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+                }
+            }
             *CURRENT.write() = Some(Arc::new(Runtime::start(config.clone())));
             g.active = Some(config);
         }

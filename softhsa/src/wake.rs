@@ -5,6 +5,17 @@
 //! condition and parks; a changer makes its change, issues a SeqCst fence, then reads the
 //! registration count. Either the waiter sees the change or the changer sees the waiter, and
 //! `Thread::unpark` before `park` makes that `park` return at once.
+//!
+//! Before it parks, a waiter may *poll* its condition for a short, bounded time (see
+//! [`set_polling`]): a change that comes within that time is then seen without a wake-up, which
+//! across CPUs (an idle CPU woken by an interrupt, a virtual CPU rescheduled by its host) costs
+//! tens of microseconds, far more than the hand-off itself. Polling is what a GPU runtime does
+//! too before it sleeps on a completion interrupt. A poller offers its CPU between rounds
+//! (`sched_yield`), so a thread waiting for that CPU (often the one that will make the change)
+//! runs at once instead of after the poll. Polling is bounded twice: in time (then the waiter
+//! parks, so an idle process burns no CPU) and in the number of threads polling at once (at
+//! most one per CPU the process may run on; the others park at once). On one CPU it is off:
+//! there the change can only come once the poller gives the CPU up.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
@@ -13,6 +24,82 @@ use std::time::{Duration, Instant};
 
 /// How long an `HSA_WAIT_STATE_ACTIVE` wait spins before it parks.
 const ACTIVE_SPIN: Duration = Duration::from_micros(20);
+
+/// How long a waiter polls before it parks, in nanoseconds (0: it parks at once).
+static POLL_NANOS: AtomicU64 = AtomicU64::new(0);
+/// At most this many threads poll at once.
+static MAX_POLLERS: AtomicUsize = AtomicUsize::new(0);
+/// Threads polling now.
+static POLLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets how long a waiter polls before it parks and how many may poll at once (a runtime
+/// instance sets it when it starts; 0 for either turns polling off).
+pub(crate) fn set_polling(poll: Duration, max_pollers: usize) {
+    let nanos = u64::try_from(poll.as_nanos()).unwrap_or(u64::MAX);
+    POLL_NANOS.store(nanos, Ordering::Relaxed);
+    MAX_POLLERS.store(max_pollers, Ordering::Relaxed);
+}
+
+/// The CPUs this process may run on (its affinity mask, as the standard library reads it).
+pub(crate) fn usable_cpus() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// A place among the threads polling now; given back on drop.
+struct PollSlot;
+
+impl PollSlot {
+    /// A place, unless polling is off or as many threads as allowed already poll.
+    fn take() -> Option<PollSlot> {
+        let max = MAX_POLLERS.load(Ordering::Relaxed);
+        POLLERS
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| PollSlot)
+    }
+}
+
+impl Drop for PollSlot {
+    fn drop(&mut self) {
+        POLLERS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Polls `poll` for up to the polling time set by [`set_polling`] (never past `deadline`), if a
+/// place among the pollers is free; `None` when nothing came in that time (the caller parks).
+pub(crate) fn poll_briefly<T>(
+    deadline: Option<Instant>,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let nanos = POLL_NANOS.load(Ordering::Relaxed);
+    if nanos == 0 {
+        return None;
+    }
+    let _slot = PollSlot::take()?;
+    let mut end = Instant::now() + Duration::from_nanos(nanos);
+    if let Some(deadline) = deadline {
+        end = end.min(deadline);
+    }
+    loop {
+        // Reading the clock costs more than a poll: look a few times between readings.
+        for _ in 0..16 {
+            std::hint::spin_loop();
+            if let Some(done) = poll() {
+                return Some(done);
+            }
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        // Offer the CPU between rounds: when the thread that will make the change waits for
+        // this CPU (the scheduler placed both here, or other processes keep the other CPUs
+        // busy), it runs now instead of after the poll; when nothing else waits, this returns
+        // at once.
+        thread::yield_now();
+    }
+}
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
@@ -102,6 +189,8 @@ pub(crate) fn block_until<T>(
                 break;
             }
         }
+    } else if let Some(done) = poll_briefly(deadline, &mut poll) {
+        return Some(done);
     }
     let _registrations: Vec<Registration<'_>> = lists.iter().map(|l| l.register()).collect();
     loop {

@@ -17,7 +17,7 @@ fn config() -> SoftHsaConfig {
         vram_bytes_per_agent: VRAM,
         host_bytes: 1 << 20,
         worker_threads: 1,
-        overlap_dispatches: false,
+        ..SoftHsaConfig::default()
     }
 }
 
