@@ -75,6 +75,11 @@ pub const MIN_DISPATCHES: usize = 10;
 pub const MAX_DISPATCHES: usize = 1_000_000;
 /// Default passes of the replayed dispatch of `kreplay bench-dispatch`.
 pub const DEFAULT_DISPATCH_PASSES: u64 = 2;
+/// Default inventories (coarse-grained allocations on the replayed agent) whose snapshot and
+/// restore `kreplay bench-dispatch` measures.
+pub const DEFAULT_INVENTORIES: [usize; 2] = [1000, 10_000];
+/// Most coarse-grained allocations of one inventory `kreplay bench-dispatch` accepts.
+pub const MAX_INVENTORY: usize = 100_000;
 
 /// Default seconds of `kreplay stress`.
 pub const DEFAULT_STRESS_SECONDS: u64 = 10;
@@ -284,6 +289,9 @@ pub enum DispatchService {
     /// one queue, on softhsa's own queue and on kreplay's with the tool opting out (a child
     /// process the `replay` run starts).
     Overlap,
+    /// Only the per-pass hand-off of replayed dispatches (the `replay` run measures it in its
+    /// own process, and pinned to one CPU in a child process started with `--pin`).
+    Handoff,
 }
 
 /// Options of `kreplay bench-dispatch` (the fixed cost per dispatch).
@@ -297,6 +305,11 @@ pub struct DispatchBenchOptions {
     pub passes: u64,
     /// Which services this process configures (`--service`).
     pub service: DispatchService,
+    /// Inventories whose snapshot and restore are measured: coarse-grained allocations on the
+    /// replayed agent (`--inventory`; empty: none).
+    pub inventories: Vec<usize>,
+    /// Whether this process runs on one CPU (`--pin`).
+    pub pin: bool,
     /// Where to write every figure as CSV (`--csv`).
     pub csv: Option<PathBuf>,
 }
@@ -308,6 +321,8 @@ impl Default for DispatchBenchOptions {
             dispatches: DEFAULT_DISPATCHES,
             passes: DEFAULT_DISPATCH_PASSES,
             service: DispatchService::Replay,
+            inventories: DEFAULT_INVENTORIES.to_vec(),
+            pin: false,
             csv: None,
         }
     }
@@ -612,6 +627,12 @@ const DISPATCH_ABOUT: &str = "kreplay bench-dispatch — the fixed cost kreplay 
     needs a process without one: it is measured in a child process started as 'kreplay \
     bench-dispatch --service none'. Medians are reported, with kreplay's own timing of its replay \
     loop beside them.\n\n\
+    Then the per-pass hand-off: replays of 10 passes alternating with replays of N, each pass \
+    timed by kreplay's loop (submit until the completion wait returns) against the kernel's own \
+    time, here and in a child process pinned to one CPU ('--service handoff --pin'). Last, the \
+    snapshot and restore of real inventories (--inventory): coarse-grained 4 KiB allocations \
+    added on the replayed agent, every one in the snapshot (checked in each SNAPSHOT EXIT \
+    record), with the cost per region.\n\n\
     Round trips include thread wake-ups, which on a virtual machine can cost tens of µs when they \
     cross vCPUs; 'taskset -c 0 kreplay bench-dispatch' keeps every thread on one CPU and takes that \
     out.";
@@ -843,11 +864,20 @@ struct DispatchArgs {
     /// passes of the replayed dispatch, 2 to 64 (default 2)
     #[arg(long, value_name = "N", value_parser = count(2, MAX_PASSES as u64))]
     passes: Option<u64>,
-    /// replay: measure (a) and (b) here, (c) and the overlap of two long kernels on one queue in
-    /// child processes (default); none: configure no tool and measure only (c); overlap: measure
-    /// only the overlap, on a runtime that overlaps dispatches of a queue
+    /// replay: measure (a) and (b), the per-pass hand-off and the inventories here, (c), the
+    /// overlap of two long kernels on one queue and the pinned hand-off in child processes
+    /// (default); none: configure no tool and measure only (c); overlap: measure only the
+    /// overlap, on a runtime that overlaps dispatches of a queue; handoff: measure only the
+    /// per-pass hand-off
     #[arg(long, value_name = "S", value_enum, hide_possible_values = true)]
     service: Option<DispatchService>,
+    /// coarse-grained 4 KiB allocations on the replayed agent whose snapshot and restore are
+    /// measured, one inventory after the other, e.g. 1000,10000 (default); none: skip
+    #[arg(long, value_name = "LIST", value_parser = inventories)]
+    inventory: Option<List<usize>>,
+    /// run this process on one CPU (the first its affinity mask allows), as 'taskset -c' does
+    #[arg(long)]
+    pin: bool,
     /// write every figure as CSV (nanoseconds)
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     csv: Option<PathBuf>,
@@ -863,6 +893,8 @@ impl DispatchArgs {
             dispatches: self.dispatches.map_or(defaults.dispatches, |n| n as usize),
             passes: self.passes.unwrap_or(defaults.passes),
             service: self.service.unwrap_or(defaults.service),
+            inventories: self.inventory.map_or(defaults.inventories, |l| l.0),
+            pin: self.pin,
             csv: self.csv,
         }
     }
@@ -1230,6 +1262,17 @@ fn list<T: PartialEq + Clone + Send + Sync + 'static>(
     item: fn(&str) -> Result<T, String>,
 ) -> impl Fn(&str) -> Result<List<T>, String> + Clone + Send + Sync {
     move |value| parse_list(value, item).map(List)
+}
+
+/// The inventories of `bench-dispatch --inventory`, or none.
+fn inventories(value: &str) -> Result<List<usize>, String> {
+    if value.trim() == "none" {
+        return Ok(List(Vec::new()));
+    }
+    parse_list(value, |item| {
+        parse_count(item, 1, MAX_INVENTORY as u64).map(|n| n as usize)
+    })
+    .map(List)
 }
 
 /// The pass counts of `--passes`, or none.
@@ -1741,17 +1784,25 @@ mod tests {
                 dispatches: 2048,
                 passes: 3,
                 service: DispatchService::None,
+                inventories: DEFAULT_INVENTORIES.to_vec(),
+                pin: false,
                 csv: Some(PathBuf::from("d.csv")),
             }
         );
+        let options = bench_dispatch(&["--inventory", "5,2k", "--pin"]).unwrap();
+        assert_eq!((options.inventories, options.pin), (vec![5, 2048], true));
+        let options = bench_dispatch(&["--inventory", "none"]).unwrap();
+        assert!(options.inventories.is_empty());
         for (args, needle) in [
             (vec!["--passes", "1"], "at least 2"),
             (vec!["--dispatches", "5"], "at least 10"),
             (vec!["--allocations", "200000"], "too large"),
             (
                 vec!["--service", "all"],
-                "possible values: replay, none, overlap",
+                "possible values: replay, none, overlap, handoff",
             ),
+            (vec!["--inventory", "0"], "at least 1"),
+            (vec!["--inventory", "10,10"], "listed twice"),
         ] {
             let error = bench_dispatch(&args).unwrap_err();
             assert!(error.message.contains(needle), "{args:?}: {error}");

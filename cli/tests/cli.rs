@@ -313,6 +313,8 @@ fn bench_dispatch_measures_every_path_and_writes_its_figures() {
         "40",
         "--allocations",
         "30",
+        "--inventory",
+        "20,50",
         "--csv",
         csv_path.to_str().unwrap(),
     ]);
@@ -332,8 +334,23 @@ fn bench_dispatch_measures_every_path_and_writes_its_figures() {
         "target < 1.00 µs",
         "two 20 ms kernels written to one queue (no barrier bit) in a child process",
         "kreplay queue, replay service configured, tool opts out: one alone",
+        "per-pass hand-off: replays of 10 passes alternating with replays of 2",
+        ", not pinned:",
+        "child process pinned to one CPU (sched_setaffinity):",
+        "overhead per pass beyond the kernel:",
+        "target <= 20.00 µs",
+        "snapshot and restore of a real inventory",
     ] {
         assert!(text.contains(needle), "{needle} missing: {text}");
+    }
+    // Each inventory is a row whose region count every SNAPSHOT EXIT record confirmed: the
+    // added allocations plus the dispatch's own buffer.
+    for regions in ["21", "51"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{regions} ")) && l.contains("KiB")),
+            "no inventory row of {regions} regions: {text}"
+        );
     }
     let csv = std::fs::read_to_string(&csv_path).expect("the CSV file was written");
     assert!(csv.starts_with("measurement,median_ns,p10_ns,p90_ns,samples\n"));
@@ -348,6 +365,15 @@ fn bench_dispatch_measures_every_path_and_writes_its_figures() {
         "derived.c_no_service_handler,",
         "overlap.softhsa.pair,",
         "overlap.opted_out.pair,",
+        "handoff.pass_later,",
+        "handoff.kernel,",
+        "handoff.overhead,",
+        "handoff.slope,",
+        "pinned.handoff.pass_later,",
+        "pinned.handoff.overhead,",
+        "inventory.20.snapshot_per_region,",
+        "inventory.50.restore_per_region,",
+        "inventory.50.regions,51.0,",
     ] {
         assert!(csv.contains(name), "{name} missing: {csv}");
     }

@@ -16,6 +16,13 @@
 //! (`--service overlap`), whose softhsa runs dispatches of one queue concurrently as AQL allows:
 //! two long kernels written to one queue, on a queue of softhsa's own table and on a queue of
 //! kreplay's table with the tool opting out.
+//!
+//! The per-pass hand-off is measured from kreplay's own timing of each pass (submit until the
+//! completion wait returns) in replays of [`HANDOFF_PASSES`] passes, against the kernel's own
+//! time, in this process and in a child process pinned to one CPU (`--service handoff --pin`).
+//! Last, real inventories: coarse-grained allocations added on the replayed agent, each one in
+//! the snapshot (the tool checks the region count of every SNAPSHOT EXIT record), with the
+//! snapshot's and the restore's cost per region.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -54,6 +61,18 @@ const QUEUE_SIZE: u32 = 256;
 pub const OVERLAP_KERNEL: Duration = Duration::from_millis(20);
 /// Rounds of the overlap measurement per queue.
 const OVERLAP_ROUNDS: usize = 5;
+
+/// Passes of the long replays of the per-pass hand-off measurement.
+pub const HANDOFF_PASSES: u64 = 10;
+/// The per-pass hand-off target: overhead of a pass beyond its kernel below this, in
+/// nanoseconds.
+pub const HANDOFF_TARGET_NS: f64 = 20_000.0;
+/// Timed replays of each pass count of the hand-off measurement (at most `--dispatches`).
+const HANDOFF_REPLAYS: usize = 300;
+/// Untimed replays of each pass count before them.
+const HANDOFF_WARM_UP: usize = 20;
+/// Untimed replays before each inventory's timed ones.
+const INVENTORY_WARM_UP: usize = 3;
 
 static RAN: AtomicBool = AtomicBool::new(false);
 
@@ -160,7 +179,12 @@ struct Lane {
 impl Lane {
     /// Submits one dispatch and waits for it; returns (submit, round trip) in nanoseconds.
     fn time_one(&self) -> Result<(f64, f64), String> {
-        if let Some(passes) = self.tool_passes {
+        self.time_with(self.tool_passes)
+    }
+
+    /// [`Lane::time_one`] with the tool answering `tool_passes` instead of the lane's answer.
+    fn time_with(&self, tool_passes: Option<u64>) -> Result<(f64, f64), String> {
+        if let Some(passes) = tool_passes {
             tool::set_passes(passes);
         }
         self.hsa.signal_store(self.signal, 1);
@@ -194,6 +218,8 @@ struct Rig {
     runs: Option<Box<RunsHandler>>,
     /// Tracked allocations by kind: (fine-grained on the agent, kernarg, on another agent).
     tracked: (usize, usize, usize),
+    /// Coarse-grained allocations on the replayed agent added for the inventory measurements.
+    inventory: usize,
 }
 
 impl Drop for Rig {
@@ -324,10 +350,14 @@ impl Rig {
             allocations: Vec::new(),
             runs: None,
             tracked: (0, 0, 0),
+            inventory: 0,
         };
         rig.allocate(&gpus, options.allocations)?;
         let kernel = kreplay_softhsa::register_kernel("kreplay_bench_empty", empty_kernel);
-        let replay = options.service == DispatchService::Replay;
+        let replay = matches!(
+            options.service,
+            DispatchService::Replay | DispatchService::Handoff
+        );
 
         let softhsa = rig.queue(QueueKind::Softhsa)?;
         rig.lane(LaneKind::Softhsa, plain, softhsa, kernel, None)?;
@@ -499,14 +529,209 @@ impl Rig {
     /// The softhsa lane's last dispatch as the packet processor timed it (start to end of the
     /// kernel), in nanoseconds.
     fn kernel_time(&self) -> Option<f64> {
-        let lane = self.lane_of(LaneKind::Softhsa)?;
+        self.dispatch_time(self.lane_of(LaneKind::Softhsa)?)
+    }
+
+    /// The kernel time the lane's completion signal reports (start to end, as the packet
+    /// processor timed it), in nanoseconds; for a replayed dispatch that is pass 0's, which
+    /// kreplay carries to the application's signal.
+    fn dispatch_time(&self, lane: &Lane) -> Option<f64> {
         let get = self.plain.amd().hsa_amd_profiling_get_dispatch_time_fn?;
         let mut time = hsa_amd_profiling_dispatch_time_t { start: 0, end: 0 };
         // SAFETY: the lane's signal completed a dispatch on a profiled queue of this agent;
         // `time` is a valid out-pointer.
         let status = unsafe { get(self.gpu, lane.signal, &mut time) };
-        (status == HSA_STATUS_SUCCESS && time.end >= time.start)
+        (status == HSA_STATUS_SUCCESS && time.end > time.start)
             .then(|| (time.end - time.start) as f64 * 1e9 / ticks_per_second(&self.plain) as f64)
+    }
+
+    /// The per-pass hand-off: replays of [`HANDOFF_PASSES`] passes alternating with replays of
+    /// `options.passes`, kreplay's cost records on. Figures `handoff.*`.
+    fn measure_handoff(&mut self, options: &DispatchBenchOptions) -> Result<Figures, String> {
+        let short = options.passes;
+        let long = HANDOFF_PASSES.max(short + 1);
+        let replays = options.dispatches.min(HANDOFF_REPLAYS);
+        let warm_up = HANDOFF_WARM_UP;
+        let lane = self.lane_of(LaneKind::Replayed).ok_or("missing lane")?;
+        kreplay::hsa_tool::set_collect_replay_records(true);
+        let _ = kreplay::hsa_tool::take_replay_records();
+        let mut round_trips = (Vec::new(), Vec::new());
+        let mut kernel = Vec::new();
+        let timed = (|| {
+            for i in 0..warm_up + replays {
+                for passes in [short, long] {
+                    let (_, round_trip) = lane.time_with(Some(passes))?;
+                    let kernel_ns = self.dispatch_time(lane);
+                    if i < warm_up {
+                        continue;
+                    }
+                    if passes == short {
+                        round_trips.0.push(round_trip);
+                    } else {
+                        round_trips.1.push(round_trip);
+                        kernel.extend(kernel_ns);
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        })();
+        kreplay::hsa_tool::set_collect_replay_records(false);
+        let records = kreplay::hsa_tool::take_replay_records();
+        timed?;
+        let expected = 2 * (warm_up + replays);
+        if records.len() != expected {
+            return Err(format!(
+                "{} replays went through the replay loop, {expected} were expected",
+                records.len()
+            ));
+        }
+        let (mut first, mut later, mut restores) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, record) in records.iter().enumerate() {
+            let passes = if i % 2 == 0 { short } else { long };
+            match record.outcome {
+                ReplayOutcome::Replayed { passes: ran, .. } if ran == passes => {}
+                ref other => {
+                    return Err(format!(
+                        "a dispatch meant to be replayed in {passes} passes went otherwise: \
+                         {other:?}"
+                    ));
+                }
+            }
+            if i < 2 * warm_up || passes != long {
+                continue;
+            }
+            let ns = |d: &Duration| d.as_nanos() as f64;
+            first.extend(record.cost.pass_times.first().map(ns));
+            later.extend(record.cost.pass_times.iter().skip(1).map(ns));
+            restores.extend(record.cost.restore_times.iter().map(ns));
+        }
+        let mut figures = Figures::new();
+        for (name, values) in [
+            ("handoff.round_trip_short", &mut round_trips.0),
+            ("handoff.round_trip_long", &mut round_trips.1),
+            ("handoff.pass_first", &mut first),
+            ("handoff.pass_later", &mut later),
+            ("handoff.restore", &mut restores),
+            ("handoff.kernel", &mut kernel),
+        ] {
+            if let Some(stat) = Stat::of(values) {
+                figures.insert(name.into(), stat);
+            }
+        }
+        figures.insert("handoff.passes_short".into(), Stat::derived(short as f64));
+        figures.insert("handoff.passes_long".into(), Stat::derived(long as f64));
+        Ok(figures)
+    }
+
+    /// The snapshot and restore of an inventory: coarse-grained allocations are added on the
+    /// replayed agent until it has `total` besides the dispatch's own buffer, then replays of
+    /// `options.passes` passes are timed with kreplay's cost records on, and every SNAPSHOT
+    /// EXIT record is checked to cover all of them. Figures `inventory.<total>.*`.
+    fn measure_inventory(
+        &mut self,
+        total: usize,
+        options: &DispatchBenchOptions,
+    ) -> Result<Figures, String> {
+        let coarse = self
+            .app
+            .pool(self.gpu, PoolKind::Coarse)
+            .map_err(|status| format!("no coarse-grained pool ({status:#x})"))?;
+        while self.inventory < total {
+            let ptr = self
+                .app
+                .allocate(coarse, OTHER_ALLOCATION_BYTES)
+                .map_err(hsa_error("hsa_amd_memory_pool_allocate"))?;
+            self.allocations.push(ptr);
+            self.inventory += 1;
+        }
+        let replays = inventory_replays(total, options.dispatches);
+        let lane = self.lane_of(LaneKind::Replayed).ok_or("missing lane")?;
+        tool::reset_memory_reports();
+        kreplay::hsa_tool::set_collect_replay_records(true);
+        let _ = kreplay::hsa_tool::take_replay_records();
+        let mut round_trips = Vec::new();
+        let timed = (|| {
+            for i in 0..INVENTORY_WARM_UP + replays {
+                let (_, round_trip) = lane.time_with(Some(options.passes))?;
+                if i >= INVENTORY_WARM_UP {
+                    round_trips.push(round_trip);
+                }
+            }
+            Ok::<(), String>(())
+        })();
+        kreplay::hsa_tool::set_collect_replay_records(false);
+        let records = kreplay::hsa_tool::take_replay_records();
+        timed?;
+        let reports = tool::memory_reports();
+        let count = INVENTORY_WARM_UP + replays;
+        let regions = total as u64 + 1;
+        if records.len() != count
+            || reports.snapshots != count as u64
+            || reports.snapshot_failures != 0
+            || reports.regions != Some((regions, regions))
+            || reports.restore_failures != 0
+        {
+            return Err(format!(
+                "with {total} coarse-grained allocations added, {} replays ran and the tool saw \
+                 {} SNAPSHOT EXIT records ({} declined) covering {:?} regions (fewest, most) and \
+                 {} failed restores; {count} snapshots of {regions} regions each were expected",
+                records.len(),
+                reports.snapshots,
+                reports.snapshot_failures,
+                reports.regions,
+                reports.restore_failures
+            ));
+        }
+        let restores_per_replay = options.passes.saturating_sub(1).max(1) as f64;
+        let ns = |d: Duration| d.as_nanos() as f64;
+        let mut series: [(&str, Vec<f64>); 5] = [
+            ("snapshot", Vec::new()),
+            ("restore", Vec::new()),
+            ("outside_passes", Vec::new()),
+            ("bytes", Vec::new()),
+            ("round_trip", round_trips),
+        ];
+        for record in records.iter().skip(INVENTORY_WARM_UP) {
+            let ReplayOutcome::Replayed { passes, .. } = record.outcome else {
+                return Err(format!(
+                    "a dispatch meant to be replayed was not: {:?}",
+                    record.outcome
+                ));
+            };
+            if passes != options.passes {
+                return Err(format!(
+                    "a replay ran {passes} passes, {} were expected",
+                    options.passes
+                ));
+            }
+            let cost = &record.cost;
+            series[0].1.push(ns(cost.snapshot));
+            series[1]
+                .1
+                .push(ns(cost.restore_times.iter().sum()) / restores_per_replay);
+            series[2].1.push(ns(cost
+                .total
+                .saturating_sub(cost.pass_times.iter().sum::<Duration>())));
+            series[3].1.push(cost.bytes_snapshotted as f64);
+        }
+        let mut figures = Figures::new();
+        for (name, mut values) in series {
+            if let Some(stat) = Stat::of(&mut values) {
+                figures.insert(format!("inventory.{total}.{name}"), stat);
+            }
+        }
+        for (name, value) in [
+            ("regions", regions),
+            ("restores_full", reports.restores_full),
+            ("restores_hash", reports.restores_hash),
+            ("restores_writeset", reports.restores_writeset),
+        ] {
+            figures.insert(
+                format!("inventory.{total}.{name}"),
+                Stat::derived(value as f64),
+            );
+        }
+        Ok(figures)
     }
 
     /// Replayed and opted-out dispatches with kreplay's cost records on: checks that each took
@@ -619,6 +844,12 @@ impl Rig {
     }
 }
 
+/// Replays timed per inventory: fewer for larger ones (each copies the whole inventory), at
+/// least 10, at most `dispatches`.
+fn inventory_replays(total: usize, dispatches: usize) -> usize {
+    (200_000 / total.max(1)).clamp(10, 1000).min(dispatches)
+}
+
 /// Untimed rounds before `rounds` timed ones.
 fn warm_up_rounds(rounds: usize) -> usize {
     (rounds / 10).clamp(20, 500)
@@ -679,7 +910,8 @@ fn loop_figures(replayed: &[ReplayRecord], opted_out: &[ReplayRecord]) -> Figure
 
 /// Installs kreplay on softhsa in this process and measures what `options.service` asks for.
 fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, usize)), String> {
-    let replay = options.service == DispatchService::Replay;
+    let handoff_only = options.service == DispatchService::Handoff;
+    let replay = options.service == DispatchService::Replay || handoff_only;
     if replay {
         tool::register()?;
     }
@@ -704,6 +936,10 @@ fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, us
         let _session = app.init().map_err(hsa_error("hsa_init"))?;
         let mut rig = Rig::new(plain, app, options)?;
         let mut figures = Figures::new();
+        if handoff_only {
+            figures.extend(rig.measure_handoff(options)?);
+            return Ok((figures, rig.tracked));
+        }
         let before = tool::counts();
         figures.extend(rig.time_lanes(options.dispatches)?);
         if replay {
@@ -726,6 +962,13 @@ fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, us
             // After the timed rounds, so that every lane's threads start from the same history.
             let count = options.dispatches.min(1000);
             figures.extend(rig.check_paths(count, options.passes)?);
+            figures.extend(rig.measure_handoff(options)?);
+            // Last: every replay from here on snapshots the inventory.
+            let mut inventories = options.inventories.clone();
+            inventories.sort_unstable();
+            for total in inventories {
+                figures.extend(rig.measure_inventory(total, options)?);
+            }
         }
         let tracked = rig.tracked;
         drop(rig);
@@ -871,13 +1114,142 @@ fn render_overlap(figures: &Figures, child: bool) -> String {
     text
 }
 
+/// The per-pass hand-off section: one block per (figure prefix, where it was measured).
+fn render_handoff(
+    figures: &Figures,
+    targets: &[(&'static str, bool)],
+    runs: &[(&str, &str)],
+) -> String {
+    let mut text = String::new();
+    for &(prefix, label) in runs {
+        let get = |name: &str| figures.get(&format!("{prefix}handoff.{name}")).copied();
+        let median = |name: &str| get(name).map_or(f64::NAN, |s| s.median);
+        let Some(later) = get("pass_later") else {
+            continue;
+        };
+        if text.is_empty() {
+            text += &format!(
+                "\nper-pass hand-off: replays of {long} passes alternating with replays of \
+                 {short}, kreplay's cost records on ({} of each timed, after {HANDOFF_WARM_UP} \
+                 untimed); a pass as kreplay's loop times it runs from submitting the pass's \
+                 packet (the writer: softhsa's hardware queue and its doorbell) until the wait on \
+                 the pass's completion signal returns, so it holds the packet processor's \
+                 pick-up, the kernel, the completion and the waiting thread's wake-up:\n",
+                get("round_trip_long").map_or(0, |s| s.samples),
+                long = median("passes_long"),
+                short = median("passes_short"),
+            );
+        }
+        let target = if prefix.is_empty() {
+            "handoff_overhead"
+        } else {
+            "handoff_overhead_pinned"
+        };
+        let verdict_text = targets
+            .iter()
+            .find(|(n, _)| *n == target)
+            .map_or(String::new(), |(_, met)| {
+                format!("   target <= {}: {}", us(HANDOFF_TARGET_NS), verdict(*met))
+            });
+        text += &format!(
+            "  {label}:\n    passes after the first: median {} (p10 {}, p90 {}, {} passes); \
+             the first pass {}\n    kernel (softhsa's timestamps of pass 0, carried to the \
+             application's signal): {}\n    overhead per pass beyond the kernel: {}{verdict_text}\n\
+             \x20   cross-check, per pass from round trips ((round trip of {} passes {} - of \
+             {} passes {}) / {}): {} (adds the restore between passes, {} each, and the PASS \
+             and RESTORE callbacks)\n",
+            us(later.median),
+            us(later.p10),
+            us(later.p90),
+            later.samples,
+            us(median("pass_first")),
+            us(median("kernel")),
+            us(median("overhead")),
+            median("passes_long"),
+            us(median("round_trip_long")),
+            median("passes_short"),
+            us(median("round_trip_short")),
+            median("passes_long") - median("passes_short"),
+            us(median("slope")),
+            us(median("restore")),
+        );
+    }
+    text
+}
+
+/// The inventory section: what a snapshot and a restore cost per region.
+fn render_inventories(options: &DispatchBenchOptions, figures: &Figures) -> String {
+    let median = |name: &str| figures.get(name).map_or(f64::NAN, |s| s.median);
+    let mut totals: Vec<usize> = options.inventories.clone();
+    totals.sort_unstable();
+    totals.retain(|t| figures.contains_key(&format!("inventory.{t}.regions")));
+    if totals.is_empty() {
+        return String::new();
+    }
+    let mut text = format!(
+        "\nsnapshot and restore of a real inventory: coarse-grained {} allocations added on the \
+         replayed agent, each in the snapshot (every SNAPSHOT EXIT record's region count was \
+         checked: the allocations plus the dispatch's buffer); replays of {} passes, kreplay's \
+         cost records (snapshot: planning over the inventory and copying into the store; \
+         restore: planning and writing back, per restore; outside the passes: the whole \
+         dispatch in the loop minus its passes), medians:\n",
+        format_bytes(OTHER_ALLOCATION_BYTES as u64),
+        options.passes
+    );
+    let mut table = Table::new(&[
+        ("regions", Align::Right),
+        ("snapshotted", Align::Right),
+        ("replays", Align::Right),
+        ("snapshot", Align::Right),
+        ("per region", Align::Right),
+        ("restore", Align::Right),
+        ("per region", Align::Right),
+        ("restores (full/hash/writeset)", Align::Right),
+        ("outside the passes", Align::Right),
+        ("round trip", Align::Right),
+    ]);
+    for total in totals {
+        let key = |name: &str| format!("inventory.{total}.{name}");
+        let count = |name: &str| median(&key(name)) as u64;
+        table.row(vec![
+            format!("{}", count("regions")),
+            format_bytes(median(&key("bytes")) as u64),
+            format!("{}", figures.get(&key("snapshot")).map_or(0, |s| s.samples)),
+            us(median(&key("snapshot"))),
+            us(median(&key("snapshot_per_region"))),
+            us(median(&key("restore"))),
+            us(median(&key("restore_per_region"))),
+            format!(
+                "{}/{}/{}",
+                count("restores_full"),
+                count("restores_hash"),
+                count("restores_writeset")
+            ),
+            us(median(&key("outside_passes"))),
+            us(median(&key("round_trip"))),
+        ]);
+    }
+    text += &table.render();
+    text += &format!(
+        "  (the lanes above: 1 region, the dispatch's {} buffer, with the other tracked \
+         allocations outside the snapshot: outside the passes {})\n",
+        format_bytes(BUFFER_BYTES as u64),
+        us(median("replay_loop.outside_passes"))
+    );
+    text
+}
+
 fn ms(ns: f64) -> String {
     format!("{:.2} ms", ns / 1e6)
 }
 
-/// Runs `kreplay bench-dispatch --service <service>` (`none` or `overlap`) in a child process
-/// and reads its figures.
-fn measure_in_child(options: &DispatchBenchOptions, service: &str) -> Result<Figures, String> {
+/// Runs `kreplay bench-dispatch --service <service>` (`none`, `overlap` or `handoff`) in a
+/// child process, on one CPU with `pin`, and reads its figures.
+fn measure_in_child(
+    options: &DispatchBenchOptions,
+    service: &str,
+    pin: bool,
+) -> Result<Figures, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the kreplay executable to start a child: {e}"))?;
     let csv =
@@ -887,6 +1259,9 @@ fn measure_in_child(options: &DispatchBenchOptions, service: &str) -> Result<Fig
         .args(["--service", service])
         .args(["--allocations", &options.allocations.to_string()])
         .args(["--dispatches", &options.dispatches.to_string()])
+        .args(["--passes", &options.passes.to_string()])
+        .args(["--inventory", "none"])
+        .args(pin.then_some("--pin"))
         .arg("--csv")
         .arg(&csv)
         .output()
@@ -991,6 +1366,9 @@ pub fn run(
         );
     }
     super::checked_settings()?;
+    if options.pin {
+        pin_to_one_cpu()?;
+    }
     let mut figures = Figures::new();
     if options.service == DispatchService::Overlap {
         figures = measure_overlap()?;
@@ -1011,18 +1389,24 @@ pub fn run(
         // The children report as `--service none` and `--service overlap` runs: their figures
         // are already `none.*` and `overlap.*`.
         for (service, prefix) in [("none", "none."), ("overlap", "overlap.")] {
-            for (name, stat) in measure_in_child(options, service)? {
+            for (name, stat) in measure_in_child(options, service, false)? {
                 if name.starts_with(prefix) {
                     figures.insert(name, stat);
                 }
             }
         }
+        // The hand-off again with every thread on one CPU, where a wake-up is a context switch.
+        for (name, stat) in measure_in_child(options, "handoff", true)? {
+            if name.starts_with("pinned.handoff.") {
+                figures.insert(name, stat);
+            }
+        }
     }
     let (measured, tracked) = measure(options)?;
-    let prefix = if options.service == DispatchService::None {
-        "none."
-    } else {
-        ""
+    let prefix = match options.service {
+        DispatchService::None => "none.",
+        DispatchService::Handoff if options.pin => "pinned.",
+        _ => "",
     };
     for (name, stat) in measured {
         figures.insert(format!("{prefix}{name}"), stat);
@@ -1111,6 +1495,52 @@ fn derive(options: &DispatchBenchOptions, figures: &mut Figures) -> Vec<(&'stati
             derived.push((name, intercept - base));
         }
     }
+    let mut more: Vec<(String, f64)> = Vec::new();
+    for (prefix, target) in [
+        ("", "handoff_overhead"),
+        ("pinned.", "handoff_overhead_pinned"),
+    ] {
+        let get = |name: &str| median(figures, &format!("{prefix}handoff.{name}"));
+        if let (Some(later), Some(kernel)) = (get("pass_later"), get("kernel")) {
+            let overhead = later - kernel;
+            more.push((format!("{prefix}handoff.overhead"), overhead));
+            targets.push((target, overhead <= HANDOFF_TARGET_NS));
+        }
+        if let (Some(short), Some(long), Some(n_short), Some(n_long)) = (
+            get("round_trip_short"),
+            get("round_trip_long"),
+            get("passes_short"),
+            get("passes_long"),
+        ) && n_long > n_short
+        {
+            more.push((
+                format!("{prefix}handoff.slope"),
+                (long - short) / (n_long - n_short),
+            ));
+        }
+    }
+    let inventories: Vec<String> = figures
+        .keys()
+        .filter_map(|k| k.strip_prefix("inventory.")?.strip_suffix(".regions"))
+        .map(str::to_string)
+        .collect();
+    for total in inventories {
+        let get = |name: &str| median(figures, &format!("inventory.{total}.{name}"));
+        let Some(regions) = get("regions") else {
+            continue;
+        };
+        for what in ["snapshot", "restore"] {
+            if let Some(time) = get(what) {
+                more.push((
+                    format!("inventory.{total}.{what}_per_region"),
+                    time / regions,
+                ));
+            }
+        }
+    }
+    for (name, value) in more {
+        figures.insert(name, Stat::derived(value));
+    }
     for (name, value) in derived {
         figures.insert(name.to_string(), Stat::derived(value));
     }
@@ -1141,6 +1571,16 @@ fn render(
     let cpus = super::cpus();
     let replay = options.service == DispatchService::Replay;
     let passes = options.passes;
+    if options.service == DispatchService::Handoff {
+        let prefix = if options.pin { "pinned." } else { "" };
+        let mut text = format!(
+            "kreplay bench-dispatch --service handoff: the per-pass hand-off on the software HSA \
+             runtime ({cpus}{})\n",
+            if options.pin { ", pinned" } else { "" }
+        );
+        text += &render_handoff(figures, targets, &[(prefix, "this process")]);
+        return text;
+    }
     let mut text = format!(
         "kreplay bench-dispatch: fixed cost per dispatch on the software HSA runtime ({cpus})\n\
          empty kernel (1 work-item), one dispatch at a time, {} timed dispatches per lane \
@@ -1233,6 +1673,21 @@ fn render(
 
     if replay {
         text += &render_overlap(figures, true);
+    }
+
+    if replay {
+        text += &render_handoff(
+            figures,
+            targets,
+            &[
+                ("", &format!("this process, {cpus}, not pinned")),
+                (
+                    "pinned.",
+                    "child process pinned to one CPU (sched_setaffinity)",
+                ),
+            ],
+        );
+        text += &render_inventories(options, figures);
     }
 
     if replay {
@@ -1358,6 +1813,38 @@ fn render(
         us(interception)
     );
     text
+}
+
+/// Restricts this process (every thread it starts from now on) to the first CPU its affinity
+/// mask allows, as `taskset -c` does.
+fn pin_to_one_cpu() -> Result<(), String> {
+    // SAFETY: a cpu_set_t is plain data; all zeros is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: pid 0 is this thread; `set` is a valid cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return Err(format!(
+            "cannot read this process's CPU affinity: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let cpus = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `set` is initialized and the index is below CPU_SETSIZE.
+        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .ok_or("this process may run on no CPU")?;
+    // SAFETY: as above.
+    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the index is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpus, &mut one) };
+    // SAFETY: pid 0 is this thread (the main thread, before any other is started); `one` is a
+    // valid cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_setaffinity(0, size, &one) } != 0 {
+        return Err(format!(
+            "cannot pin this process to CPU {cpus}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

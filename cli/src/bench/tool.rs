@@ -4,7 +4,9 @@
 //! counts what it sees, so the benchmark can check that each dispatch took the path it measures.
 //!
 //! The callbacks do as little as a tool can (a few relaxed atomics), so the figures are
-//! kreplay's cost, not the tool's.
+//! kreplay's cost, not the tool's. SNAPSHOT and RESTORE EXIT records are summarized the same
+//! way (regions in the snapshot, strategy of each restore), so the benchmark can check what a
+//! replay really snapshotted and restored.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -13,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kreplay::abi::{
     CallbackKind, CallbackPhase, CallbackRecord, ClientFinalizeFn, ClientId, ContextHandle,
-    KernelDispatchInfo, KernelReplayData, KernelReplayOperation, Status, ToolConfigureResult,
-    UserData,
+    KernelDispatchInfo, KernelReplayData, KernelReplayMemoryData, KernelReplayOperation,
+    RestoreStrategy, Status, ToolConfigureResult, UserData,
 };
 use kreplay::api::{
     kreplay_configure_callback_tracing_service, kreplay_create_context, kreplay_force_configure,
@@ -26,6 +28,12 @@ static PASSES: AtomicU64 = AtomicU64::new(0);
 static CONFIG_ENTERS: AtomicU64 = AtomicU64::new(0);
 static PASS_ENTERS: AtomicU64 = AtomicU64::new(0);
 static CALLBACK_ERRORS: AtomicU64 = AtomicU64::new(0);
+static SNAPSHOT_EXITS: AtomicU64 = AtomicU64::new(0);
+static SNAPSHOT_FAILURES: AtomicU64 = AtomicU64::new(0);
+static SNAPSHOT_REGIONS_MIN: AtomicU64 = AtomicU64::new(u64::MAX);
+static SNAPSHOT_REGIONS_MAX: AtomicU64 = AtomicU64::new(0);
+/// RESTORE EXIT records per strategy (none, full, hash, writeset) and failed restores.
+static RESTORES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 static REGISTERED: OnceLock<()> = OnceLock::new();
 static SETUP_ERROR: OnceLock<String> = OnceLock::new();
 
@@ -38,6 +46,56 @@ pub struct ToolCounts {
     pub pass_enters: u64,
     /// Callbacks that panicked or received a record without its payload.
     pub errors: u64,
+}
+
+/// What the SNAPSHOT and RESTORE EXIT records said since [`reset_memory_reports`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReports {
+    /// SNAPSHOT EXIT records.
+    pub snapshots: u64,
+    /// Of those, snapshots that were declined.
+    pub snapshot_failures: u64,
+    /// Fewest and most regions a snapshot covered (`None` before the first).
+    pub regions: Option<(u64, u64)>,
+    /// RESTORE EXIT records by strategy: full, hash, write set.
+    pub restores_full: u64,
+    /// See `restores_full`.
+    pub restores_hash: u64,
+    /// See `restores_full`.
+    pub restores_writeset: u64,
+    /// RESTORE EXIT records that reported a failure.
+    pub restore_failures: u64,
+}
+
+/// Forgets the SNAPSHOT and RESTORE reports so far.
+pub fn reset_memory_reports() {
+    SNAPSHOT_EXITS.store(0, Ordering::Relaxed);
+    SNAPSHOT_FAILURES.store(0, Ordering::Relaxed);
+    SNAPSHOT_REGIONS_MIN.store(u64::MAX, Ordering::Relaxed);
+    SNAPSHOT_REGIONS_MAX.store(0, Ordering::Relaxed);
+    for count in &RESTORES {
+        count.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The SNAPSHOT and RESTORE reports since [`reset_memory_reports`].
+pub fn memory_reports() -> MemoryReports {
+    let snapshots = SNAPSHOT_EXITS.load(Ordering::Relaxed);
+    let restores = |i: usize| RESTORES[i].load(Ordering::Relaxed);
+    MemoryReports {
+        snapshots,
+        snapshot_failures: SNAPSHOT_FAILURES.load(Ordering::Relaxed),
+        regions: (snapshots > 0).then(|| {
+            (
+                SNAPSHOT_REGIONS_MIN.load(Ordering::Relaxed),
+                SNAPSHOT_REGIONS_MAX.load(Ordering::Relaxed),
+            )
+        }),
+        restores_full: restores(1),
+        restores_hash: restores(2),
+        restores_writeset: restores(3),
+        restore_failures: restores(4),
+    }
 }
 
 /// Registers the tool with `kreplay_force_configure` (before kreplay is loaded). Once per
@@ -148,6 +206,19 @@ unsafe extern "C" fn on_replay_record(
 ) {
     let handled = catch_unwind(AssertUnwindSafe(|| {
         let operation = KernelReplayOperation(record.operation);
+        if record.phase == CallbackPhase::EXIT
+            && (operation == KernelReplayOperation::SNAPSHOT
+                || operation == KernelReplayOperation::RESTORE)
+        {
+            if record.payload.is_null() {
+                return false;
+            }
+            // SAFETY: SNAPSHOT and RESTORE records carry a
+            // `kreplay_callback_tracing_kernel_replay_memory_data_t`, valid for the callback.
+            let payload = unsafe { &*record.payload.cast::<KernelReplayMemoryData>() };
+            note_memory_report(operation, payload);
+            return true;
+        }
         if record.phase != CallbackPhase::ENTER
             || !(operation == KernelReplayOperation::CONFIG
                 || operation == KernelReplayOperation::PASS)
@@ -173,4 +244,29 @@ unsafe extern "C" fn on_replay_record(
     if !matches!(handled, Ok(true)) {
         CALLBACK_ERRORS.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Counts one SNAPSHOT or RESTORE EXIT record.
+fn note_memory_report(operation: KernelReplayOperation, payload: &KernelReplayMemoryData) {
+    if operation == KernelReplayOperation::SNAPSHOT {
+        SNAPSHOT_EXITS.fetch_add(1, Ordering::Relaxed);
+        if payload.status != Status::SUCCESS {
+            SNAPSHOT_FAILURES.fetch_add(1, Ordering::Relaxed);
+        }
+        SNAPSHOT_REGIONS_MIN.fetch_min(payload.regions, Ordering::Relaxed);
+        SNAPSHOT_REGIONS_MAX.fetch_max(payload.regions, Ordering::Relaxed);
+        return;
+    }
+    let slot = if payload.status != Status::SUCCESS {
+        4
+    } else if payload.strategy == RestoreStrategy::FULL {
+        1
+    } else if payload.strategy == RestoreStrategy::HASH {
+        2
+    } else if payload.strategy == RestoreStrategy::WRITESET {
+        3
+    } else {
+        0
+    };
+    RESTORES[slot].fetch_add(1, Ordering::Relaxed);
 }
