@@ -135,6 +135,11 @@ impl Workers {
         }
     }
 
+    /// The number of worker threads (fixed when the pool starts).
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
     /// Runs every work-group of `grid` and returns once all have finished.
     pub(crate) fn run(&self, grid: Grid) -> Result<(), KernelPanicked> {
         let groups = grid.groups();

@@ -262,7 +262,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_queue_set_priority(
 }
 
 fn compute_units(rt: &Runtime) -> usize {
-    rt.config.effective_worker_threads() + 1
+    rt.workers.count() + 1
 }
 
 pub(crate) unsafe extern "C" fn hsa_amd_queue_cu_set_mask(

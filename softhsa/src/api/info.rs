@@ -72,7 +72,9 @@ pub(crate) fn agent(rt: &Runtime, index: usize, attribute: hsa_agent_info_t) -> 
     let agent = &rt.topology.agents[index];
     let gpu = agent.kind == AgentKind::Gpu;
     let gpu_or = |v: u32| if gpu { v } else { 0 };
-    let compute_units = u32::try_from(rt.config.effective_worker_threads() + 1).unwrap_or(u32::MAX);
+    // The pool's size, fixed when the runtime started: asking the system again would read its
+    // CPU configuration (affinity, cgroup quota files) on every query.
+    let compute_units = u32::try_from(rt.workers.count() + 1).unwrap_or(u32::MAX);
     match attribute {
         HSA_AGENT_INFO_NAME => strv(if gpu { GPU_NAME } else { CPU_NAME }, 64),
         HSA_AGENT_INFO_VENDOR_NAME => strv(VENDOR, 64),
