@@ -556,11 +556,13 @@ impl Rig {
         kreplay::hsa_tool::set_collect_replay_records(true);
         let _ = kreplay::hsa_tool::take_replay_records();
         let mut round_trips = (Vec::new(), Vec::new());
+        let mut every_round_trip = Vec::new();
         let mut kernel = Vec::new();
         let timed = (|| {
             for i in 0..warm_up + replays {
                 for passes in [short, long] {
                     let (_, round_trip) = lane.time_with(Some(passes))?;
+                    every_round_trip.push(round_trip);
                     let kernel_ns = self.dispatch_time(lane);
                     if i < warm_up {
                         continue;
@@ -586,7 +588,8 @@ impl Rig {
             ));
         }
         let (mut first, mut later, mut restores) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, record) in records.iter().enumerate() {
+        let (mut outside_loop, mut outside_passes) = (Vec::new(), Vec::new());
+        for (i, (record, round_trip)) in records.iter().zip(&every_round_trip).enumerate() {
             let passes = if i % 2 == 0 { short } else { long };
             match record.outcome {
                 ReplayOutcome::Replayed { passes: ran, .. } if ran == passes => {}
@@ -597,10 +600,16 @@ impl Rig {
                     ));
                 }
             }
+            let ns = |d: &Duration| d.as_nanos() as f64;
+            if i >= 2 * warm_up && passes == short {
+                // The same replay's round trip beside kreplay's own record of it.
+                let passes_ns: f64 = record.cost.pass_times.iter().map(ns).sum();
+                outside_loop.push(round_trip - ns(&record.cost.total));
+                outside_passes.push(round_trip - passes_ns);
+            }
             if i < 2 * warm_up || passes != long {
                 continue;
             }
-            let ns = |d: &Duration| d.as_nanos() as f64;
             first.extend(record.cost.pass_times.first().map(ns));
             later.extend(record.cost.pass_times.iter().skip(1).map(ns));
             restores.extend(record.cost.restore_times.iter().map(ns));
@@ -613,6 +622,8 @@ impl Rig {
             ("handoff.pass_later", &mut later),
             ("handoff.restore", &mut restores),
             ("handoff.kernel", &mut kernel),
+            ("handoff.outside_loop", &mut outside_loop),
+            ("handoff.outside_passes", &mut outside_passes),
         ] {
             if let Some(stat) = Stat::of(values) {
                 figures.insert(name.into(), stat);
@@ -1157,7 +1168,10 @@ fn render_handoff(
              application's signal): {}\n    overhead per pass beyond the kernel: {}{verdict_text}\n\
              \x20   cross-check, per pass from round trips ((round trip of {} passes {} - of \
              {} passes {}) / {}): {} (adds the restore between passes, {} each, and the PASS \
-             and RESTORE callbacks)\n",
+             and RESTORE callbacks)\n    fixed cost of a replayed dispatch outside its passes \
+             (each {}-pass replay's round trip minus its passes as kreplay timed them, median): \
+             {}, of which outside kreplay's loop (round trip minus the loop's own total: \
+             submit, the handler around the loop, completion wait) {}\n",
             us(later.median),
             us(later.p10),
             us(later.p90),
@@ -1172,6 +1186,9 @@ fn render_handoff(
             median("passes_long") - median("passes_short"),
             us(median("slope")),
             us(median("restore")),
+            median("passes_short"),
+            us(median("outside_passes")),
+            us(median("outside_loop")),
         );
     }
     text
