@@ -505,9 +505,14 @@ fn processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
             // A packet that comes soon (the next pass of a replay, the next dispatch of a loop)
             // is picked up without a wake-up; then park, woken by doorbell stores and by
             // stop_queue.
+            // The same condition as `idle` above, negated: a packet the queue may not run
+            // (inactive, errored) is no reason to stop polling, so the processor parks.
             let next_packet = || {
                 let header = queue.header(read).load(Ordering::Acquire);
-                (queue.is_stopped() || packet_type(header) != HSA_PACKET_TYPE_INVALID).then_some(())
+                let runnable = !queue.inactive.load(Ordering::Acquire)
+                    && !queue.errored.load(Ordering::Acquire)
+                    && packet_type(header) != HSA_PACKET_TYPE_INVALID;
+                (queue.is_stopped() || runnable).then_some(())
             };
             if crate::wake::poll_briefly(None, next_packet).is_none() {
                 std::thread::park();
