@@ -57,6 +57,9 @@ pub(crate) struct QueueState {
     /// False once the application destroys the queue: no wake-up packet may be written into its
     /// ring any more (held while one is written).
     alive: Mutex<bool>,
+    /// A side queue that was given re-entrant work (until then nothing of a tool's can be in
+    /// flight on it, and waits for re-entrant work pass it by).
+    carried_work: AtomicBool,
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -113,6 +116,14 @@ impl QueueState {
             mailbox_len: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
             alive: Mutex::new(true),
+            carried_work: AtomicBool::new(false),
+        }
+    }
+
+    /// Notes that re-entrant work is about to be submitted to this side queue.
+    pub(crate) fn note_side_work(&self) {
+        if !self.carried_work.load(Ordering::Relaxed) {
+            self.carried_work.store(true, Ordering::Release);
         }
     }
 
@@ -342,9 +353,34 @@ impl QueueRegistry {
             .any(|s| std::ptr::eq(Arc::as_ptr(s), queue))
     }
 
-    /// Every side queue created so far.
+    /// Every side queue that was given re-entrant work so far (the others hold only kreplay's
+    /// own markers, so nothing of a tool's can be in flight on them).
     pub(crate) fn sides(&self) -> Vec<Arc<QueueState>> {
-        self.side.lock().values().cloned().collect()
+        self.side
+            .lock()
+            .values()
+            .filter(|s| s.carried_work.load(Ordering::Acquire))
+            .cloned()
+            .collect()
+    }
+
+    /// Creates the side queue of every agent that has queues of the application's, so that
+    /// re-entrant work issued during a replay always has a queue to run on: called before a
+    /// replay's snapshot, where a failure is a decline rather than lost work. Returns the agent
+    /// whose side queue could not be created.
+    pub(crate) fn ensure_sides(&self, b: &Backend) -> Result<(), hsa_agent_t> {
+        let agents: Vec<hsa_agent_t> = self
+            .by_agent
+            .lock()
+            .values()
+            .filter_map(|list| list.first().map(|s| s.agent))
+            .collect();
+        for agent in agents {
+            if self.side(b, agent).is_none() {
+                return Err(agent);
+            }
+        }
+        Ok(())
     }
 
     /// The side queue of `agent`, created on first use.

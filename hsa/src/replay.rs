@@ -72,6 +72,7 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
         );
         return;
     };
+    side.note_side_work();
     let progress = Cell::new(Progress::Untouched);
     match packet.as_dispatch() {
         Some(dispatch) => {
@@ -342,6 +343,17 @@ impl ReplayDevice for HsaReplay<'_> {
             })?;
             self.pass_signal = Some(signal);
         }
+        // Every agent's side queue too: re-entrant work a tool issues from this replay's
+        // callbacks runs there, and has nowhere to run if one cannot be created later.
+        self.b.queues.ensure_sides(self.b).map_err(|agent| {
+            Decline::new(
+                DeclineReason::SnapshotFailed,
+                format!(
+                    "cannot create the queue for re-entrant work on agent {:#x}",
+                    agent.handle
+                ),
+            )
+        })?;
         Ok(())
     }
 
