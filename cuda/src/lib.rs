@@ -13,7 +13,7 @@
 //! * [`cupti`] and [`inject`]: CUPTI driver-API callbacks, allocation tracking and replay of
 //!   every launch through a tool; libkreplay's `InitializeInjection` (the library named by
 //!   `CUDA_INJECTION64_PATH`) installs them with the C ABI's tools or the built-in N-pass tool.
-//! * [`bench`]: restore cost per tier, strategy and written fraction beside the copy and read
+//! * [`bench`](mod@bench): restore cost per tier, strategy and written fraction beside the copy and read
 //!   ceilings of the same run (`kreplay bench --backend cuda`).
 //! * [`demo`]: `x += 1` over a footprint, replayed through [`Window`] and verified word by word
 //!   (`kreplay demo --backend cuda`).
