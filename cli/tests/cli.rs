@@ -1,18 +1,13 @@
 //! End-to-end tests of the `kreplay` binary: each test runs the built executable.
 
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// Runs `kreplay args...` with no `KREPLAY_*` settings inherited from the environment.
 fn kreplay(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, &[])
 }
 
 fn stdout(output: &Output) -> String {
@@ -529,15 +524,7 @@ fn demo_checks_its_output_paths_before_running() {
 
 /// Runs `kreplay args...` with exactly the `KREPLAY_*` settings given.
 fn kreplay_with(args: &[&str], settings: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(settings.iter().copied());
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, settings)
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! lines, and the errors they give where they cannot run. (The replay itself is checked on a GPU
 //! by kreplay-cuda's `gpu_replay` tests.)
 
-use std::process::{Command, Output};
+mod support;
+
+use std::process::Output;
 
 use kreplay_cli::args::{
     Command as Parsed, CudaDemoOptions, DEFAULT_CUDA_FOOTPRINT, DemoOptions, parse,
@@ -10,15 +12,7 @@ use kreplay_cli::args::{
 
 /// Runs `kreplay args...` with only the given `KREPLAY_*` settings.
 fn kreplay(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(env.iter().copied());
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, env)
 }
 
 fn stderr(output: &Output) -> String {

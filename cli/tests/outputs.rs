@@ -1,17 +1,12 @@
 //! Every command that writes a file says so, naming the file, once the file is there.
 
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn kreplay(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, &[])
 }
 
 fn scratch(name: &str) -> String {

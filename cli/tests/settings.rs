@@ -1,21 +1,15 @@
 //! `KREPLAY_*` settings are checked before any command measures or runs anything: a bad value,
 //! or a spill folder where no spill file can be created, is an error naming it, at once.
 
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 /// Runs `kreplay args...` with `settings` as the only `KREPLAY_*` variables.
 fn kreplay(args: &[&str], settings: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(settings.iter().copied());
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, settings)
 }
 
 /// A command line of every command that installs kreplay, each small.

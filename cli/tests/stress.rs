@@ -2,18 +2,12 @@
 //! command's own watchdog as well as by its few seconds of operations), with the whole mix,
 //! re-entrant tool dispatches (from PASS ENTER and PASS EXIT, onto both agents) included.
 
-use std::process::{Command, Output};
+mod support;
+
+use std::process::Output;
 
 fn kreplay(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(env.iter().copied());
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, env)
 }
 
 fn text(output: &Output) -> String {
