@@ -6,6 +6,7 @@
 //! softhsa host kernels. The backend is process-global, so every scenario runs in a process of
 //! its own (see `support::isolated`).
 
+#[allow(dead_code)]
 #[macro_use]
 mod support;
 

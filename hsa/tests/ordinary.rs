@@ -17,6 +17,7 @@ use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, Aql, WAIT};
 use support::tool::{Script, TestHooks};
+use support::{bounded, wait_flag};
 
 static RUNS: AtomicU32 = AtomicU32::new(0);
 /// Runs of `meet` that have started.
@@ -85,43 +86,6 @@ fn add_one(group: &WorkGroup) {
             unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
         }
     }
-}
-
-/// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
-/// it) when they do not all finish within `limit`.
-fn bounded<T: Send + 'static>(limit: Duration, work: Vec<Box<dyn FnOnce() -> T + Send>>) -> Vec<T> {
-    let (tx, rx) = mpsc::channel();
-    let n = work.len();
-    for (i, job) in work.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((i, job()));
-        });
-    }
-    let deadline = Instant::now() + limit;
-    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
-    for _ in 0..n {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((i, value)) => results[i] = Some(value),
-            Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
-        }
-    }
-    results
-        .into_iter()
-        .map(|r| r.expect("every job reported"))
-        .collect()
-}
-
-/// Waits until `flag` is set, at most [`WAIT`]; returns whether it was.
-fn wait_flag(flag: &AtomicBool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while !flag.load(Ordering::SeqCst) {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::yield_now();
-    }
-    true
 }
 
 scenarios! {

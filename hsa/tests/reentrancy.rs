@@ -22,6 +22,7 @@ use kreplay_softhsa::WorkGroup;
 use parking_lot::Mutex;
 use support::app::{self, App, Aql, Pools, Ptr, Queue, WAIT};
 use support::tool::{Script, TestHooks};
+use support::{bounded, wait_flag};
 
 /// Runs of `add_one` per tag.
 static RUNS: [AtomicU32; 32] = [const { AtomicU32::new(0) }; 32];
@@ -115,43 +116,6 @@ fn declined(outcome: &ReplayOutcome) -> Option<DeclineReason> {
         } => Some(d.reason),
         _ => None,
     }
-}
-
-/// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
-/// it) when they do not all finish within `limit`.
-fn bounded<T: Send + 'static>(limit: Duration, work: Vec<Box<dyn FnOnce() -> T + Send>>) -> Vec<T> {
-    let (tx, rx) = mpsc::channel();
-    let n = work.len();
-    for (i, job) in work.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((i, job()));
-        });
-    }
-    let deadline = Instant::now() + limit;
-    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
-    for _ in 0..n {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((i, value)) => results[i] = Some(value),
-            Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
-        }
-    }
-    results
-        .into_iter()
-        .map(|r| r.expect("every job reported"))
-        .collect()
-}
-
-/// Waits until `flag` is set, at most [`WAIT`]; returns whether it was.
-fn wait_flag(flag: &AtomicBool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while !flag.load(Ordering::SeqCst) {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::yield_now();
-    }
-    true
 }
 
 /// A replay of `add_one` over words 0..64 of a 1024-word coarse buffer on agent 0, in 3 passes,

@@ -6,6 +6,7 @@ pub mod tool;
 
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -110,6 +111,46 @@ pub fn isolated_with(name: &str, layout: &str) {
         output[0].contains(&format!("{DONE_MARK}{name}")),
         "scenario {name} did not run its body\n{report}"
     );
+}
+
+/// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
+/// it) when they do not all finish within `limit`.
+pub fn bounded<T: Send + 'static>(
+    limit: Duration,
+    work: Vec<Box<dyn FnOnce() -> T + Send>>,
+) -> Vec<T> {
+    let (tx, rx) = mpsc::channel();
+    let n = work.len();
+    for (i, job) in work.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((i, job()));
+        });
+    }
+    let deadline = Instant::now() + limit;
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((i, value)) => results[i] = Some(value),
+            Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every job reported"))
+        .collect()
+}
+
+/// Waits until `flag` is set, at most [`app::WAIT`]; returns whether it was.
+pub fn wait_flag(flag: &AtomicBool) -> bool {
+    let deadline = Instant::now() + app::WAIT;
+    while !flag.load(Ordering::SeqCst) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
 }
 
 /// Declares scenarios: each becomes a `#[test]` that runs its body in a process of its own.
