@@ -90,6 +90,15 @@ mod tests {
     }
 
     #[test]
+    fn batched_copies_are_fenced_like_every_other_copy() {
+        // cuMemcpyBatchAsync, cuMemcpyBatch3DAsync and their _ptsz variants (CUDA 12.8+).
+        for id in [776, 777, 778, 779] {
+            assert_eq!(device_write(id), Some(DeviceWrite::Copy), "{id}");
+            assert!(cbid::all().contains(&id), "callback {id} is enabled");
+        }
+    }
+
+    #[test]
     fn enter_and_exit_nest_per_thread() {
         let locks = AgentLocks::new();
         locks.set_enabled(true);
