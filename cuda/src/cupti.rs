@@ -343,6 +343,12 @@ mod tests {
         assert_eq!(offset_of!(MemMapParams, handle), 24);
         assert_eq!(size_of::<MemMapParams>(), 40);
         assert_eq!(size_of::<MemUnmapParams>(), 16);
+        // CUmemAllocationProp as cuda.h declares it: location at 8, 32 bytes in all.
+        use crate::driver::CuMemAllocationProp;
+        assert_eq!(offset_of!(CuMemAllocationProp, location_type), 8);
+        assert_eq!(offset_of!(CuMemAllocationProp, location_id), 12);
+        assert_eq!(offset_of!(CuMemAllocationProp, alloc_flags), 24);
+        assert_eq!(size_of::<CuMemAllocationProp>(), 32);
     }
 
     #[test]

@@ -60,6 +60,25 @@ pub struct CuLaunchConfig {
     pub num_attrs: c_uint,
 }
 
+/// `CUmemAllocationProp` (cuda.h, CUDA 10.2 to 13), as
+/// `cuMemGetAllocationPropertiesFromHandle` fills it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CuMemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub alloc_type: c_int,
+    /// `CUmemAllocationHandleType`.
+    pub requested_handle_types: c_int,
+    /// `CUmemLocation::type` (`CU_MEM_LOCATION_TYPE_DEVICE` = 1).
+    pub location_type: c_int,
+    /// `CUmemLocation::id` (the device ordinal for a device location).
+    pub location_id: c_int,
+    /// `win32HandleMetaData`.
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags` (compression type, RDMA capable, usage, reserved).
+    pub alloc_flags: [u8; 8],
+}
+
 /// The driver library could not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadError(pub String);
@@ -172,6 +191,7 @@ driver_table! {
     mem_alloc: b"cuMemAlloc_v2\0" => fn(*mut CuDevicePtr, usize);
     mem_free: b"cuMemFree_v2\0" => fn(CuDevicePtr);
     mem_get_info: b"cuMemGetInfo_v2\0" => fn(*mut usize, *mut usize);
+    mem_get_allocation_properties_from_handle: b"cuMemGetAllocationPropertiesFromHandle\0" => fn(*mut CuMemAllocationProp, u64);
     memcpy_dtod_async: b"cuMemcpyDtoDAsync_v2\0" => fn(CuDevicePtr, CuDevicePtr, usize, CuStream);
     memcpy_dtoh_async: b"cuMemcpyDtoHAsync_v2\0" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
     memcpy_htod_async: b"cuMemcpyHtoDAsync_v2\0" => fn(CuDevicePtr, *const c_void, usize, CuStream);
@@ -326,6 +346,26 @@ impl Driver {
             (self.mem_get_info)(&mut free, &mut total)
         })?;
         Ok((free as u64, total as u64))
+    }
+
+    /// Where the physical memory behind VMM allocation handle `handle` lives.
+    pub fn handle_location(&self, handle: u64) -> crate::tracking::HandleLocation {
+        let mut prop = CuMemAllocationProp {
+            alloc_type: 0,
+            requested_handle_types: 0,
+            location_type: 0,
+            location_id: 0,
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        };
+        // SAFETY: writes one CUmemAllocationProp; an unknown handle is an error code, not UB.
+        let rc = unsafe { (self.mem_get_allocation_properties_from_handle)(&mut prop, handle) };
+        match self.check("cuMemGetAllocationPropertiesFromHandle", rc) {
+            Ok(()) => {
+                crate::tracking::HandleLocation::from_location(prop.location_type, prop.location_id)
+            }
+            Err(e) => crate::tracking::HandleLocation::Unknown(e.to_string()),
+        }
     }
 
     /// Number of devices.

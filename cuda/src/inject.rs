@@ -563,35 +563,32 @@ impl Backend {
             cbid::CU_MEM_MAP if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemMap_params.
                 let p = unsafe { *(params as *const MemMapParams) };
-                let device = (!data.context.is_null())
-                    .then(|| self.ordinal(data.context))
-                    .flatten();
-                if self.watch.on_map(p.ptr, p.size as u64, device)
-                    && let Some(ordinal) = device
+                // The handle is still valid at the call's EXIT (the application releases it
+                // afterwards, if at all); its location names the device, whatever context is
+                // current.
+                let location = self.driver.handle_location(p.handle);
+                match self
+                    .watch
+                    .record_map(&self.inventory, p.ptr, p.size as u64, location)
                 {
-                    self.inventory.on_alloc(NewAllocation {
-                        base: p.ptr,
-                        size: p.size as u64,
-                        owner_agent: ordinal as u64,
-                        kind: MemoryKind::CoarseDevice,
-                    });
-                    self.stats.allocations.fetch_add(1, Ordering::Relaxed);
-                    log(
-                        LogLevel::Debug,
-                        format!(
-                            "cuMemMap {} bytes at {:#x} on device {ordinal}",
-                            p.size, p.ptr
-                        ),
-                    );
-                } else {
-                    log(
+                    Ok(ordinal) => {
+                        self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+                        log(
+                            LogLevel::Debug,
+                            format!(
+                                "cuMemMap {} bytes at {:#x} on device {ordinal}",
+                                p.size, p.ptr
+                            ),
+                        );
+                    }
+                    Err(why) => log(
                         LogLevel::Warn,
                         format!(
-                            "cuMemMap of {} bytes at {:#x}: device unknown, launches run once \
-                             while it is mapped",
+                            "cuMemMap of {} bytes at {:#x}: {why}; launches run once while it is \
+                             mapped",
                             p.size, p.ptr
                         ),
-                    );
+                    ),
                 }
             }
             cbid::CU_MEM_UNMAP if enter => {

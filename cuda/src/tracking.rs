@@ -6,16 +6,48 @@
 //!   snapshot it: while any managed allocation is live, launches are declined
 //!   (`untracked_memory`) and run once.
 //! * **Virtual memory management** (`cuMemCreate` + `cuMemMap`, PyTorch's expandable segments):
-//!   each mapped range is device memory of the device it was mapped on, and is snapshotted like
-//!   a `cuMemAlloc` allocation; `cuMemUnmap` removes the mappings it covers. A mapping whose
-//!   device is unknown, or an unmap that cuts a mapping in part, leaves memory kreplay cannot
-//!   describe: launches are declined from then on while such memory is mapped.
+//!   each mapped range is device memory of the device its physical memory was created on (the
+//!   location of its allocation handle, `cuMemGetAllocationPropertiesFromHandle`, not the device
+//!   of the context current at the call: a range may be mapped from another device's context),
+//!   and is snapshotted like a `cuMemAlloc` allocation of that device; `cuMemUnmap` removes the
+//!   mappings it covers. A mapping whose handle is not on a device (host memory) or cannot be
+//!   read, or an unmap that cuts a mapping in part, leaves memory kreplay cannot describe:
+//!   launches are declined from then on while such memory is mapped.
 //!
 //! [`MemoryWatch`] is pure bookkeeping (no driver), so its rules are tested without a GPU.
 
 use std::collections::BTreeMap;
 
+use kreplay_snapshot::{Inventory, MemoryKind, NewAllocation};
 use parking_lot::Mutex;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h's `CUmemLocationType`).
+pub const CU_MEM_LOCATION_TYPE_DEVICE: i32 = 1;
+
+/// Where the physical memory behind a VMM allocation handle lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandleLocation {
+    /// On the device of this ordinal.
+    Device(i32),
+    /// Somewhere else (host memory, a NUMA node: `CUmemLocationType` other than device).
+    Other {
+        /// The `CUmemLocationType`.
+        location_type: i32,
+    },
+    /// The handle's properties could not be read (why).
+    Unknown(String),
+}
+
+impl HandleLocation {
+    /// From `CUmemAllocationProp::location` (`type`, `id`).
+    pub fn from_location(location_type: i32, id: i32) -> HandleLocation {
+        if location_type == CU_MEM_LOCATION_TYPE_DEVICE {
+            HandleLocation::Device(id)
+        } else {
+            HandleLocation::Other { location_type }
+        }
+    }
+}
 
 /// What [`MemoryWatch::on_unmap`] decided.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -84,6 +116,44 @@ impl MemoryWatch {
         }
     }
 
+    /// `cuMemMap` of `size` bytes at `base` succeeded, with the physical memory of a handle at
+    /// `location`: a mapping on a device is tracked and added to `inventory` as device memory
+    /// of that device (its ordinal is returned); anything else is counted as untracked memory
+    /// (the error says why), so launches decline while it is mapped.
+    pub fn record_map(
+        &self,
+        inventory: &Inventory,
+        base: u64,
+        size: u64,
+        location: HandleLocation,
+    ) -> Result<i32, String> {
+        let (device, why) = match location {
+            HandleLocation::Device(d) if d >= 0 => (Some(d), String::new()),
+            HandleLocation::Device(d) => (None, format!("invalid device ordinal {d}")),
+            HandleLocation::Other { location_type } => (
+                None,
+                format!("the handle's memory is not device memory (location type {location_type})"),
+            ),
+            HandleLocation::Unknown(e) => (None, e),
+        };
+        if self.on_map(base, size, device)
+            && let Some(d) = device
+        {
+            inventory.on_alloc(NewAllocation {
+                base,
+                size,
+                owner_agent: d as u64,
+                kind: MemoryKind::CoarseDevice,
+            });
+            return Ok(d);
+        }
+        Err(if why.is_empty() {
+            "an empty mapping".to_owned()
+        } else {
+            why
+        })
+    }
+
     /// `cuMemUnmap` of `size` bytes at `base`: every mapping inside the range is removed; a
     /// mapping the range cuts in part is dropped from tracking and its rest stays untracked.
     pub fn on_unmap(&self, base: u64, size: u64) -> Unmapped {
@@ -146,6 +216,62 @@ impl MemoryWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kreplay_snapshot::Filter;
+
+    fn bases_on(inventory: &Inventory, device: u64) -> Vec<u64> {
+        inventory
+            .select(&Filter::for_replay(device))
+            .iter()
+            .map(|r| r.base)
+            .collect()
+    }
+
+    #[test]
+    fn a_mapping_belongs_to_the_device_of_its_handle_not_to_the_current_context() {
+        // Two devices: the thread's current context is device 0's, the physical memory behind
+        // the handle was created on device 1 (a peer mapping).
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let mapped = w.record_map(&inventory, 0x10_0000, 0x20_0000, HandleLocation::Device(1));
+        assert_eq!(mapped, Ok(1));
+        assert_eq!(
+            bases_on(&inventory, 1),
+            vec![0x10_0000],
+            "snapshotted for device 1"
+        );
+        assert!(bases_on(&inventory, 0).is_empty(), "not device 0's memory");
+        assert_eq!(w.untracked_reason(), None);
+        // Its unmap removes it from the inventory of the device it was attributed to.
+        assert_eq!(w.on_unmap(0x10_0000, 0x20_0000).removed, vec![0x10_0000]);
+    }
+
+    #[test]
+    fn a_mapping_of_host_memory_or_of_a_handle_that_cannot_be_read_is_untracked() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let host = w.record_map(
+            &inventory,
+            0x10_0000,
+            0x1000,
+            HandleLocation::Other { location_type: 2 },
+        );
+        assert!(host.unwrap_err().contains("not device memory"));
+        let unknown = w.record_map(
+            &inventory,
+            0x20_0000,
+            0x1000,
+            HandleLocation::Unknown("cuMemGetAllocationPropertiesFromHandle failed".into()),
+        );
+        assert!(
+            unknown
+                .unwrap_err()
+                .contains("cuMemGetAllocationPropertiesFromHandle")
+        );
+        assert!(bases_on(&inventory, 0).is_empty() && bases_on(&inventory, 2).is_empty());
+        assert!(w.untracked_reason().unwrap().contains("cannot attribute"));
+        w.on_unmap(0x10_0000, 0x20_0000);
+        assert_eq!(w.untracked_reason(), None);
+    }
 
     #[test]
     fn a_live_managed_allocation_blocks_replay_until_it_is_freed() {
