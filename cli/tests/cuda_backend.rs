@@ -137,7 +137,7 @@ fn the_cuda_demo_checks_the_snapshot_settings_before_looking_for_a_driver() {
     for (var, value) in [
         ("KREPLAY_RESTORE", "fast"),
         ("KREPLAY_SNAPSHOT_STORE", "gpu"),
-        ("KREPLAY_MAX_SNAPSHOT_BYTES", "1G"),
+        ("KREPLAY_MAX_SNAPSHOT_BYTES", "1X"),
     ] {
         let output = kreplay(&["demo", "--backend", "cuda"], &[(var, value)]);
         let err = stderr(&output);

@@ -1,5 +1,6 @@
 //! The injected library's configuration, from `KREPLAY_*` environment variables.
 
+use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
 
 use crate::memory::ShadowBudget;
@@ -40,24 +41,60 @@ fn parse_u64(var: &'static str, value: &str) -> Result<u64, String> {
     value.parse::<u64>().map_err(|_| bad())
 }
 
+/// `KREPLAY_PASSES`: passes per launch (or dispatch) of the built-in tool.
+pub const ENV_PASSES: &str = "KREPLAY_PASSES";
+/// The older, CUDA-only name of [`ENV_PASSES`], read when that is not set.
+pub const ENV_CUDA_PASSES: &str = "KREPLAY_CUDA_PASSES";
+/// What [`built_in_passes`] accepts, for error messages.
+pub const PASSES_EXPECTED: &str = "a whole number of passes, at least 1 (digits only)";
+
+/// A setting that is set but not valid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadSetting {
+    /// The variable.
+    pub variable: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it should have been.
+    pub expected: &'static str,
+}
+
+impl std::fmt::Display for BadSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}={:?}: expected {}",
+            self.variable, self.value, self.expected
+        )
+    }
+}
+
+/// The built-in tool's passes: `KREPLAY_PASSES`, else its older CUDA-only name
+/// `KREPLAY_CUDA_PASSES`; `None` when neither is set. The one reader of these two variables:
+/// libkreplay's configuration (both backends) and the CUDA backend's call it.
+pub fn built_in_passes(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<u64>, BadSetting> {
+    let Some((variable, value)) = lookup(ENV_PASSES)
+        .map(|v| (ENV_PASSES, v))
+        .or_else(|| lookup(ENV_CUDA_PASSES).map(|v| (ENV_CUDA_PASSES, v)))
+    else {
+        return Ok(None);
+    };
+    match parse_positive(&value) {
+        Some(n) => Ok(Some(n)),
+        None => Err(BadSetting {
+            variable,
+            value,
+            expected: PASSES_EXPECTED,
+        }),
+    }
+}
+
 impl Config {
     /// Read the configuration through `lookup` (the environment in production).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
-        let setting = lookup("KREPLAY_PASSES")
-            .map(|v| ("KREPLAY_PASSES", v))
-            .or_else(|| lookup("KREPLAY_CUDA_PASSES").map(|v| ("KREPLAY_CUDA_PASSES", v)));
-        let passes = match setting {
-            Some((var, v)) => {
-                let n = parse_u64(var, &v)?;
-                if n == 0 {
-                    return Err(format!(
-                        "{var}={v:?}: at least 1 pass is needed (1 = no replay)"
-                    ));
-                }
-                n
-            }
-            None => 1,
-        };
+        let passes = built_in_passes(&lookup)
+            .map_err(|e| e.to_string())?
+            .unwrap_or(1);
         let mut snapshot = SnapshotConfig::default();
         if let Some(v) = lookup("KREPLAY_SNAPSHOT_STORE") {
             snapshot.store = v
@@ -71,7 +108,9 @@ impl Config {
         }
         snapshot.max_bytes = match lookup("KREPLAY_MAX_SNAPSHOT_BYTES") {
             Some(v) => {
-                SnapshotConfig::budget_from_setting(parse_u64("KREPLAY_MAX_SNAPSHOT_BYTES", &v)?)
+                SnapshotConfig::budget_from_setting(parse_byte_count(&v).ok_or_else(|| {
+                    format!("KREPLAY_MAX_SNAPSHOT_BYTES={v:?}: expected {BYTE_COUNT_EXPECTED}")
+                })?)
             }
             None => SnapshotConfig::derived_budget(),
         };
@@ -166,12 +205,26 @@ mod tests {
     }
 
     #[test]
+    fn the_snapshot_budget_takes_the_same_units_as_the_c_abi_configuration() {
+        for (value, bytes) in [
+            ("512M", 512u64 << 20),
+            ("4GiB", 4 << 30),
+            ("64k", 64 << 10),
+            ("1048576", 1 << 20),
+        ] {
+            let c = with(&[("KREPLAY_MAX_SNAPSHOT_BYTES", value)]).unwrap();
+            assert_eq!(c.snapshot.max_bytes, Some(bytes), "{value}");
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_variable_and_what_was_expected() {
         for (var, value, expect) in [
-            ("KREPLAY_CUDA_PASSES", "four", "non-negative integer"),
+            ("KREPLAY_CUDA_PASSES", "four", "whole number"),
             ("KREPLAY_CUDA_PASSES", "+4", "digits only"),
             ("KREPLAY_CUDA_PASSES", " 4", "digits only"),
-            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1G", "digits only"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1X", "512M"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "-1G", "512M"),
             ("KREPLAY_CUDA_PASSES", "0", "at least 1"),
             ("KREPLAY_SNAPSHOT_STORE", "gpu", "auto, device, host, file"),
             ("KREPLAY_RESTORE", "fast", "writeset"),

@@ -831,7 +831,7 @@ mod tests {
         for (var, value) in [
             ("KREPLAY_SNAPSHOT_STORE", "gpu"),
             ("KREPLAY_RESTORE", "fast"),
-            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1G"),
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", "1X"),
         ] {
             let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(var, value)]));
             let e = DemoConfig::new(0, RUN_BYTES, 1.0, 4, env(pairs)).unwrap_err();

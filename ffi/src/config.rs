@@ -41,6 +41,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
 use crate::logging::LogLevel;
@@ -64,9 +65,9 @@ pub const ENV_REPLAY_BUDGET_MS: &str = "KREPLAY_REPLAY_BUDGET_MS";
 /// `KREPLAY_SNAPSHOT_SCOPE`.
 pub const ENV_SNAPSHOT_SCOPE: &str = "KREPLAY_SNAPSHOT_SCOPE";
 /// `KREPLAY_PASSES`.
-pub const ENV_PASSES: &str = "KREPLAY_PASSES";
+pub const ENV_PASSES: &str = kreplay_cuda::config::ENV_PASSES;
 /// The older, CUDA-only name of [`ENV_PASSES`], read when that is not set.
-pub const ENV_CUDA_PASSES: &str = "KREPLAY_CUDA_PASSES";
+pub const ENV_CUDA_PASSES: &str = kreplay_cuda::config::ENV_CUDA_PASSES;
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
@@ -171,11 +172,10 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         if let Some(value) = lookup(ENV_MAX_SNAPSHOT_BYTES) {
-            let bytes = parse_bytes(&value).ok_or_else(|| ConfigError {
+            let bytes = parse_byte_count(&value).ok_or_else(|| ConfigError {
                 variable: ENV_MAX_SNAPSHOT_BYTES,
                 value: value.clone(),
-                expected: "a byte count such as 0, 1073741824, 512M or 4GiB (0 = derive)"
-                    .to_owned(),
+                expected: BYTE_COUNT_EXPECTED.to_owned(),
             })?;
             config.max_snapshot_bytes = (bytes != 0).then_some(bytes);
         }
@@ -236,16 +236,16 @@ impl Config {
             config.replay_budget = Some(Duration::from_millis(millis));
         }
         // `KREPLAY_CUDA_PASSES` is the CUDA backend's older name for the same setting, read
-        // when `KREPLAY_PASSES` is not set (as the CUDA backend's own configuration does).
-        let passes = lookup(ENV_PASSES)
-            .map(|v| (ENV_PASSES, v))
-            .or_else(|| lookup(ENV_CUDA_PASSES).map(|v| (ENV_CUDA_PASSES, v)));
-        if let Some((variable, value)) = passes {
-            config.passes = parse_positive(&value).ok_or_else(|| ConfigError {
-                variable,
-                value: value.clone(),
-                expected: "a whole number of passes, at least 1 (digits only)".to_owned(),
-            })?;
+        // when `KREPLAY_PASSES` is not set; the CUDA backend's configuration reads both
+        // through the same function.
+        if let Some(passes) =
+            kreplay_cuda::config::built_in_passes(&lookup).map_err(|e| ConfigError {
+                variable: e.variable,
+                value: e.value,
+                expected: e.expected.to_owned(),
+            })?
+        {
+            config.passes = passes;
         }
         if let Some(value) = lookup(ENV_LOG) {
             config.log = value.parse().map_err(|_| ConfigError {
@@ -277,15 +277,6 @@ impl Config {
     }
 }
 
-/// Parses a whole number of at least 1 written as ASCII digits only (no sign, no spaces, no
-/// unit); `None` otherwise or on overflow.
-fn parse_positive(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse::<u64>().ok().filter(|&n| n > 0)
-}
-
 /// Parses a choice with its own `FromStr` (the snapshot crate's names, any ASCII case).
 fn parse_choice<T: std::str::FromStr>(
     variable: &'static str,
@@ -297,30 +288,6 @@ fn parse_choice<T: std::str::FromStr>(
         value: value.to_owned(),
         expected: expected.to_owned(),
     })
-}
-
-/// Parses a byte count: decimal digits, optionally followed by a binary unit `K`, `M`, `G` or `T`
-/// (also `KB`/`KiB`, ..., any case). `None` for anything else or on overflow.
-fn parse_bytes(text: &str) -> Option<u64> {
-    let trimmed = text.trim();
-    let digits_end = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(digits_end);
-    if digits.is_empty() {
-        return None;
-    }
-    let number: u64 = digits.parse().ok()?;
-    let unit = unit.trim().to_ascii_lowercase();
-    let shift = match unit.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    number.checked_mul(1u64 << shift)
 }
 
 #[cfg(test)]

@@ -84,6 +84,7 @@ mod groups;
 mod outcome;
 mod plan;
 mod run;
+pub mod settings;
 mod tool;
 
 pub use device::{

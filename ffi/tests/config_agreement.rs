@@ -1,0 +1,76 @@
+//! The C ABI's configuration and the CUDA backend's read the settings they share the same way:
+//! one parser each for the snapshot budget and for the built-in tool's pass count (with its
+//! older CUDA-only name), so a value one of them accepts the other never refuses.
+
+use std::collections::HashMap;
+
+fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+#[test]
+fn both_backends_read_the_snapshot_budget_alike() {
+    for value in [
+        "0",
+        "1",
+        "1048576",
+        "512M",
+        "512m",
+        "4GiB",
+        "4gb",
+        "64K",
+        "2T",
+        "1X",
+        "G",
+        "",
+        "-1",
+        "+5",
+        "1.5G",
+        "99999999999999999999",
+        "16777216T",
+    ] {
+        let pairs = [("KREPLAY_MAX_SNAPSHOT_BYTES", value)];
+        let abi = kreplay::config::Config::from_lookup(lookup(&pairs));
+        let cuda = kreplay_cuda::config::Config::from_lookup(lookup(&pairs));
+        assert_eq!(abi.is_ok(), cuda.is_ok(), "{value:?}: {abi:?} / {cuda:?}");
+        if let (Ok(abi), Ok(cuda)) = (abi, cuda) {
+            assert_eq!(
+                abi.snapshot_config().max_bytes,
+                cuda.snapshot.max_bytes,
+                "{value:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn both_backends_read_the_built_in_passes_and_their_older_cuda_name_alike() {
+    let cases: &[&[(&str, &str)]] = &[
+        &[],
+        &[("KREPLAY_PASSES", "4")],
+        &[("KREPLAY_CUDA_PASSES", "38")],
+        &[("KREPLAY_PASSES", "6"), ("KREPLAY_CUDA_PASSES", "3")],
+        &[("KREPLAY_PASSES", "0")],
+        &[("KREPLAY_CUDA_PASSES", "0")],
+        &[("KREPLAY_PASSES", "4x")],
+        &[("KREPLAY_PASSES", " 4")],
+        &[("KREPLAY_PASSES", "bad"), ("KREPLAY_CUDA_PASSES", "3")],
+        &[("KREPLAY_PASSES", "99999999999999999999")],
+    ];
+    for pairs in cases {
+        let abi = kreplay::config::Config::from_lookup(lookup(pairs));
+        let cuda = kreplay_cuda::config::Config::from_lookup(lookup(pairs));
+        match (abi, cuda) {
+            (Ok(abi), Ok(cuda)) => assert_eq!(abi.passes, cuda.passes, "{pairs:?}"),
+            (Err(abi), Err(cuda)) => {
+                assert!(cuda.contains(abi.variable), "{pairs:?}: {abi} / {cuda}");
+                assert!(cuda.contains(&abi.expected), "{pairs:?}: {abi} / {cuda}");
+            }
+            (abi, cuda) => panic!("{pairs:?}: they disagree: {abi:?} / {cuda:?}"),
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Parsers for the numeric settings every backend reads from its environment, so that one value
+//! means the same thing whichever backend reads it.
+
+/// A whole number of at least 1 written as ASCII digits only (no sign, space or unit); `None`
+/// otherwise or on overflow. Pass counts and millisecond budgets are read this way.
+pub fn parse_positive(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|&n| n > 0)
+}
+
+/// What [`parse_byte_count`] accepts, for error messages.
+pub const BYTE_COUNT_EXPECTED: &str =
+    "a byte count such as 0, 1073741824, 512M or 4GiB (0 = derive)";
+
+/// A byte count: decimal digits, optionally followed by a binary unit `K`, `M`, `G` or `T`
+/// (also `KB`/`KiB`, ..., any case); spaces around the value and before the unit are allowed.
+/// `None` for anything else or on overflow.
+pub fn parse_byte_count(text: &str) -> Option<u64> {
+    let trimmed = text.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    if digits.is_empty() {
+        return None;
+    }
+    let number: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positive_numbers_are_digits_only_and_at_least_one() {
+        assert_eq!(parse_positive("38"), Some(38));
+        for bad in [
+            "",
+            "0",
+            "+4",
+            " 4",
+            "4 ",
+            "4k",
+            "-1",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_positive(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn byte_counts_take_binary_units_in_any_case() {
+        assert_eq!(parse_byte_count("0"), Some(0));
+        assert_eq!(parse_byte_count("512M"), Some(512 << 20));
+        assert_eq!(parse_byte_count(" 4 GiB "), Some(4 << 30));
+        assert_eq!(parse_byte_count("64kb"), Some(64 << 10));
+        assert_eq!(parse_byte_count("2t"), Some(2 << 40));
+        for bad in [
+            "",
+            "G",
+            "1X",
+            "-1",
+            "+5",
+            "1.5G",
+            "16777216T",
+            "99999999999999999999",
+        ] {
+            assert_eq!(parse_byte_count(bad), None, "{bad:?}");
+        }
+    }
+}
