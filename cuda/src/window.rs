@@ -117,8 +117,10 @@ pub fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
 pub fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
     match s {
         kreplay_snapshot::RestoreStrategy::Hash => RestoreStrategy::Hash,
-        kreplay_snapshot::RestoreStrategy::Writeset
-        | kreplay_snapshot::RestoreStrategy::WritesetUnverified => RestoreStrategy::Writeset,
+        kreplay_snapshot::RestoreStrategy::Writeset => RestoreStrategy::Writeset,
+        kreplay_snapshot::RestoreStrategy::WritesetUnverified => {
+            RestoreStrategy::WritesetUnverified
+        }
         _ => RestoreStrategy::Full,
     }
 }
@@ -367,7 +369,7 @@ fn restore_report(r: &kreplay_snapshot::RestoreReport) -> MemoryOpReport {
         regions: r.regions,
         chunks: r.chunks_restored,
         tier: tier(r.tier),
-        strategy: strategy(r.strategy),
+        strategy: strategy(r.strategy).as_run(r.unverified),
         repaired_chunks: r.repaired_chunks,
         unverified: r.unverified,
         ..Default::default()

@@ -88,6 +88,11 @@ impl LaunchOps for FakeLaunch {
     }
 }
 
+thread_local! {
+    /// What each RESTORE EXIT on this thread reported (strategy name, unverified).
+    static RESTORES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
 /// A tool asking for `passes` and logging every callback.
 struct LogTool {
     passes: u64,
@@ -118,9 +123,16 @@ impl ReplayTool for LogTool {
     fn snapshot(&mut self, _: &DispatchInfo, phase: Phase, _: &MemoryOpReport) {
         self.log(format!("snapshot {phase:?}"));
     }
-    fn restore(&mut self, _: &DispatchInfo, phase: Phase, _: &RestoreRequest, _: &MemoryOpReport) {
+    fn restore(&mut self, _: &DispatchInfo, phase: Phase, _: &RestoreRequest, r: &MemoryOpReport) {
         if phase == Phase::Exit {
             self.log("restore".into());
+            RESTORES.with(|v| {
+                v.borrow_mut().push(format!(
+                    "restored by {} unverified={}",
+                    r.strategy.as_str(),
+                    r.unverified
+                ))
+            });
         }
     }
     fn config_exit(&mut self, _: &DispatchInfo, outcome: &ReplayOutcome) {
@@ -225,6 +237,34 @@ fn four_passes_leave_memory_as_one_run_for_every_strategy_and_tier() {
         let events = r.events.lock().unwrap();
         assert_eq!(events.iter().filter(|e| *e == "relaunch").count(), 3);
         assert_eq!(events.iter().filter(|e| *e == "restore").count(), 3);
+    }
+}
+
+#[test]
+fn an_unverified_write_set_restore_is_named_as_such_in_every_record() {
+    let r = rig(SnapshotConfig::default()
+        .with_store(StoreTier::Host)
+        .with_strategy(RestoreStrategy::WritesetUnverified)
+        .with_chunk_size(1024));
+    RESTORES.with(|v| v.borrow_mut().clear());
+    let outcome = launch(&r, 6, true, Ok(()));
+    assert!(matches!(outcome, ReplayOutcome::Replayed { passes: 6, .. }));
+    expect_one_run(&r);
+    let restores = RESTORES.with(|v| v.borrow().clone());
+    assert_eq!(restores.len(), 5, "{restores:?}");
+    assert!(
+        restores
+            .iter()
+            .any(|e| *e == "restored by writeset-unverified unverified=true"),
+        "the opt-in ran unverified at least once: {restores:?}"
+    );
+    for e in &restores {
+        let unverified = e.ends_with("unverified=true");
+        assert_eq!(
+            e.starts_with("restored by writeset-unverified "),
+            unverified,
+            "the name says which ran: {e}"
+        );
     }
 }
 

@@ -384,7 +384,10 @@ fn strategy(s: kreplay_passloop::RestoreStrategy) -> RestoreStrategy {
     match s {
         kreplay_passloop::RestoreStrategy::Full => RestoreStrategy::FULL,
         kreplay_passloop::RestoreStrategy::Hash => RestoreStrategy::HASH,
-        kreplay_passloop::RestoreStrategy::Writeset => RestoreStrategy::WRITESET,
+        // The C ABI names both write-set restores WRITESET; the payload's `unverified` field
+        // says which ran.
+        kreplay_passloop::RestoreStrategy::Writeset
+        | kreplay_passloop::RestoreStrategy::WritesetUnverified => RestoreStrategy::WRITESET,
         _ => RestoreStrategy::FULL,
     }
 }

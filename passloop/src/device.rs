@@ -40,15 +40,30 @@ pub enum RestoreStrategy {
     Hash,
     /// Write back the chunks learned to be written (verified).
     Writeset,
+    /// Write back the chunks learned to be written without checking the rest of the footprint
+    /// (an explicit opt-in, never chosen on the tool's or the user's behalf).
+    WritesetUnverified,
 }
 
 impl RestoreStrategy {
-    /// Lower-case name (`full`, `hash`, `writeset`).
+    /// Lower-case name (`full`, `hash`, `writeset`, `writeset-unverified`).
     pub fn as_str(self) -> &'static str {
         match self {
             RestoreStrategy::Full => "full",
             RestoreStrategy::Hash => "hash",
             RestoreStrategy::Writeset => "writeset",
+            RestoreStrategy::WritesetUnverified => "writeset-unverified",
+        }
+    }
+
+    /// The name of what a restore did: a write-set restore that skipped its check
+    /// (`unverified`) is [`RestoreStrategy::WritesetUnverified`], anything else keeps its name.
+    pub fn as_run(self, unverified: bool) -> RestoreStrategy {
+        match self {
+            RestoreStrategy::Writeset | RestoreStrategy::WritesetUnverified if unverified => {
+                RestoreStrategy::WritesetUnverified
+            }
+            other => other,
         }
     }
 }
@@ -215,4 +230,25 @@ pub trait ReplayDevice {
     /// Fires the application's completion once after replayed passes (also after a failed pass
     /// or restore, so the application never hangs).
     fn fire_completion(&mut self, info: &DispatchInfo);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unverified_write_set_restore_has_a_name_of_its_own() {
+        assert_eq!(
+            RestoreStrategy::Writeset.as_run(true).as_str(),
+            "writeset-unverified"
+        );
+        assert_eq!(RestoreStrategy::Writeset.as_run(false).as_str(), "writeset");
+        assert_eq!(
+            RestoreStrategy::WritesetUnverified.as_run(false),
+            RestoreStrategy::WritesetUnverified,
+            "a snapshot configured for it keeps the name"
+        );
+        assert_eq!(RestoreStrategy::Full.as_run(true), RestoreStrategy::Full);
+        assert_eq!(RestoreStrategy::Hash.as_run(true), RestoreStrategy::Hash);
+    }
 }
