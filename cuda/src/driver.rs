@@ -24,6 +24,8 @@ pub type CuStream = *mut c_void;
 pub type CuFunction = *mut c_void;
 /// `CUmodule`.
 pub type CuModule = *mut c_void;
+/// `CUevent`.
+pub type CuEvent = *mut c_void;
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CuResult = 0;
@@ -202,6 +204,11 @@ driver_table! {
     module_load_data: b"cuModuleLoadData\0" => fn(*mut CuModule, *const c_void);
     module_get_function: b"cuModuleGetFunction\0" => fn(*mut CuFunction, CuModule, *const c_char);
     module_unload: b"cuModuleUnload\0" => fn(CuModule);
+    event_create: b"cuEventCreate\0" => fn(*mut CuEvent, c_uint);
+    event_record: b"cuEventRecord\0" => fn(CuEvent, CuStream);
+    event_synchronize: b"cuEventSynchronize\0" => fn(CuEvent);
+    event_elapsed_time: b"cuEventElapsedTime\0" => fn(*mut f32, CuEvent, CuEvent);
+    event_destroy: b"cuEventDestroy_v2\0" => fn(CuEvent);
 }
 
 impl fmt::Debug for Driver {

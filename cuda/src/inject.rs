@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::AgentLocks;
-use kreplay_passloop::{ReplayOutcome, ReplayRecord, ReplayTool};
+use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
     Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, Snapshotter,
 };
@@ -36,8 +36,9 @@ use crate::fence;
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::CudaMemory;
+use crate::timing::PassTimer;
 use crate::tracking::MemoryWatch;
-use crate::window::{LaunchOps, Window, WindowContext};
+use crate::window::{LaunchOps, Mark, Window, WindowContext};
 
 /// What the backend asks of the tool side.
 pub trait Tools: Send + Sync + 'static {
@@ -50,8 +51,32 @@ pub trait Tools: Send + Sync + 'static {
     fn contexts(&self) -> &'static ContextRegistry;
     /// One launch went through the replay window (`kernel`: CUPTI's name for it).
     fn replay_finished(&self, _record: &ReplayRecord, _kernel: &str) {}
+    /// Whether any KERNEL_DISPATCH tracing service is configured (asked at every launch: keep
+    /// it cheap). Then every pass of a replayed launch, and every launch run once, is timed on
+    /// the GPU and handed to [`dispatch_completed`](Self::dispatch_completed).
+    fn dispatch_tracing_configured(&self) -> bool {
+        false
+    }
+    /// A kernel finished: one pass of a replayed launch (`pass: Some`, on the launching thread
+    /// before that pass's PASS EXIT, under its context mask) or a launch run once (`None`, at
+    /// its API EXIT, on the launching thread).
+    fn dispatch_completed(&self, _record: &DispatchRecord) {}
     /// The process is exiting; `summary` holds the backend's totals.
     fn at_exit(&self, _summary: &Summary) {}
+}
+
+/// One executed kernel: a launch run once (`pass == None`) or one pass of a replayed launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DispatchRecord {
+    /// The launch (the same `dispatch_id` for every pass of one replay).
+    pub info: kreplay_passloop::DispatchInfo,
+    /// The pass index when replayed.
+    pub pass: Option<u64>,
+    /// Begin on the GPU, nanoseconds of `CLOCK_MONOTONIC` (0 when it could not be measured;
+    /// see [`crate::timing`]).
+    pub start_ns: u64,
+    /// End on the GPU, same clock.
+    pub end_ns: u64,
 }
 
 /// The built-in tool side: every launch replayed `passes` times, no C tools.
@@ -201,6 +226,11 @@ struct Pending {
     window: Window,
     launch: Launch,
     tool: Box<dyn ReplayTool>,
+    /// The launch's events while dispatch tracing is configured.
+    timer: Option<PassTimer>,
+    /// No tool decides launches: the window only times the launch for dispatch tracing (it
+    /// runs once and is not accounted as a replay decision).
+    trace_only: bool,
 }
 
 /// A launch's operations as the injected library runs them: the driver's, plus the check
@@ -208,6 +238,8 @@ struct Pending {
 struct InjectedLaunch<'a> {
     inner: CudaLaunch<'a>,
     watch: &'a MemoryWatch,
+    /// Set while dispatch tracing is configured: the launch's passes are timed and reported.
+    traced: Option<(&'a PassTimer, &'a dyn Tools)>,
 }
 
 impl LaunchOps for InjectedLaunch<'_> {
@@ -225,6 +257,31 @@ impl LaunchOps for InjectedLaunch<'_> {
     }
     fn relaunch(&self) -> Result<(), String> {
         self.inner.relaunch()
+    }
+    fn mark(&self, at: Mark) {
+        if let Some((timer, _)) = self.traced {
+            let marked = match at {
+                Mark::Before => timer.mark_start(),
+                Mark::After => timer.mark_end(),
+            };
+            if let Err(e) = marked {
+                log(LogLevel::Warn, format!("dispatch timing: {e}"));
+            }
+        }
+    }
+    fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
+        if let Some((timer, tools)) = self.traced {
+            let (start_ns, end_ns) = timer.times().unwrap_or_else(|e| {
+                log(LogLevel::Warn, format!("dispatch timing: {e}"));
+                (0, 0)
+            });
+            tools.dispatch_completed(&DispatchRecord {
+                info: *info,
+                pass,
+                start_ns,
+                end_ns,
+            });
+        }
     }
 }
 
@@ -348,8 +405,12 @@ impl Backend {
 
     fn launch_enter(&self, launch: Launch) {
         self.stats.launches.fetch_add(1, Ordering::Relaxed);
-        let Some(mut tool) = self.tools.replay_tool() else {
-            return;
+        let traced = self.tools.dispatch_tracing_configured();
+        let (mut tool, trace_only) = match self.tools.replay_tool() {
+            Some(tool) => (tool, false),
+            // Not replayed, but timed and reported: a window of one pass.
+            None if traced => (Box::new(FixedPasses::new(1)) as Box<dyn ReplayTool>, true),
+            None => return,
         };
         let device = match self.device(launch.ctx) {
             Ok(d) => d,
@@ -358,7 +419,7 @@ impl Backend {
                 return;
             }
         };
-        if self.config.snapshot.strategy == RestoreStrategy::Auto {
+        if !trace_only && self.config.snapshot.strategy == RestoreStrategy::Auto {
             let footprint: u64 = self
                 .inventory
                 .select(&device.filter)
@@ -369,12 +430,20 @@ impl Backend {
                 .memory
                 .set_hash_on_device(hash_on_device_for(RestoreStrategy::Auto, footprint));
         }
+        let timer = if traced {
+            PassTimer::new(self.driver, launch.effective_stream())
+                .map_err(|e| log(LogLevel::Warn, format!("dispatch timing: {e}")))
+                .ok()
+        } else {
+            None
+        };
         let ops = InjectedLaunch {
             inner: CudaLaunch {
                 driver: self.driver,
                 launch,
             },
             watch: &self.watch,
+            traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
         let info = launch.dispatch_info(id, |a| ops.inner.attribute(a));
@@ -391,6 +460,8 @@ impl Backend {
                 window,
                 launch,
                 tool,
+                timer,
+                trace_only,
             })
         });
     }
@@ -400,6 +471,8 @@ impl Backend {
             window,
             launch,
             mut tool,
+            timer,
+            trace_only,
         }) = PENDING.with(|p| p.borrow_mut().take())
         else {
             return;
@@ -410,12 +483,16 @@ impl Backend {
                 launch,
             },
             watch: &self.watch,
+            traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let launched = self
             .driver
             .check("kernel launch", result)
             .map_err(|e| e.to_string());
         let record = window.exit(&mut *tool, self.tools.contexts(), &ops, launched);
+        if trace_only {
+            return;
+        }
         let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
         self.account(&record, &name);
         self.tools.replay_finished(&record, &name);

@@ -19,6 +19,7 @@
 //!   (`kreplay demo --backend cuda`).
 //! * [`fence`]: copies and memsets wait for replay windows on their device.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
+//! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
 //!
 //! See docs/cuda.md for how to inject and what is snapshotted.
 
@@ -33,6 +34,7 @@ pub mod inject;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod timing;
 pub mod tracking;
 pub mod window;
 
@@ -40,4 +42,4 @@ pub use config::{Config, LogLevel};
 pub use driver::{CuError, Driver, LoadError};
 pub use launch::{CudaLaunch, Launch, LaunchApi};
 pub use memory::{CudaMemory, ShadowBudget};
-pub use window::{EnterCost, LaunchOps, Window, WindowContext};
+pub use window::{EnterCost, LaunchOps, Mark, Window, WindowContext};

@@ -45,6 +45,26 @@ pub trait LaunchOps {
     fn wait(&self) -> Result<(), String>;
     /// Submit the launch again with the same parameters on the same stream.
     fn relaunch(&self) -> Result<(), String>;
+    /// The launch of a pass is about to be submitted (`Before`) or was just submitted
+    /// (`After`): where a dispatch-tracing implementation marks the stream (timestamps).
+    fn mark(&self, at: Mark) {
+        let _ = at;
+    }
+    /// A pass (`Some(pass)`, after it was waited for, before its PASS EXIT, under its mask) or
+    /// the one run of a launch that was not replayed (`None`, at API EXIT) completed: where a
+    /// dispatch-tracing implementation delivers its record.
+    fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
+        let _ = (info, pass);
+    }
+}
+
+/// Where [`LaunchOps::mark`] is called from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// Right before a pass's launch is submitted.
+    Before,
+    /// Right after it was submitted.
+    After,
 }
 
 /// The shared pieces a window uses.
@@ -149,6 +169,8 @@ impl Window {
                 Self::prepare(cx, tool, &info, ops, total_passes, &mut cost)
             }
         };
+        // The application's launch (pass 0, or its one run) is submitted next.
+        ops.mark(Mark::Before);
         Window {
             info,
             answer,
@@ -273,12 +295,14 @@ impl Window {
             state,
             cost,
         } = self;
+        ops.mark(Mark::After);
         let pass0_masked = match &state {
             State::Ready {
                 masked_at_pass0, ..
             } => Some(masked_at_pass0.clone()),
             _ => None,
         };
+        let launch_ok = launched.is_ok();
         let mut device = ExitDevice {
             state,
             ops,
@@ -290,6 +314,11 @@ impl Window {
             pass0_masked,
         };
         let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
+        if launch_ok && matches!(record.outcome, ReplayOutcome::RanOnce { .. }) {
+            // Not replayed (opted out, one pass, declined): the application's launch was its
+            // one run.
+            ops.completed(&info, None);
+        }
         record.cost.lock_wait += cost.lock_wait;
         record.cost.drain += cost.drain;
         record.cost.snapshot += cost.snapshot;
@@ -426,7 +455,7 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
         }
     }
 
-    fn run_pass(&mut self, _info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
+    fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
         if pass == 0 {
             // The application's own launch.
             if let Err(why) = &self.launched {
@@ -436,7 +465,10 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
                 ));
             }
         } else {
-            self.ops.relaunch().map_err(|why| {
+            self.ops.mark(Mark::Before);
+            let relaunched = self.ops.relaunch();
+            self.ops.mark(Mark::After);
+            relaunched.map_err(|why| {
                 Decline::new(
                     DeclineReason::PassDrainStuck,
                     format!("re-launch of pass {pass} failed: {why}"),
@@ -448,7 +480,9 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
                 DeclineReason::PassDrainStuck,
                 format!("pass {pass} did not complete: {why}"),
             )
-        })
+        })?;
+        self.ops.completed(info, Some(pass));
+        Ok(())
     }
 
     fn plan_restore(

@@ -9,7 +9,9 @@
 //! built-in tool replays every launch `KREPLAY_PASSES` times. The backend delivers CONFIG ENTER,
 //! the SNAPSHOT callbacks and PASS ENTER of pass 0 at the launch's API ENTER, before the
 //! application's launch is submitted; PASS EXIT 0 and everything after at its API EXIT
-//! (docs/cuda.md). At exit the tools are finalized and the run record is written.
+//! (docs/cuda.md). While a KERNEL_DISPATCH service is configured, every pass of a replayed launch
+//! and every launch run once is timed on the GPU and delivered as a COMPLETE record with its
+//! `replay_pass`, as on HSA. At exit the tools are finalized and the run record is written.
 //!
 //! The driver and CUPTI are loaded at run time; without them `InitializeInjection` is never
 //! called (or refuses with a printed reason), and nothing here needs CUDA to build.
@@ -17,7 +19,7 @@
 use std::ffi::c_int;
 
 use kreplay_ctxmask::ContextRegistry;
-use kreplay_cuda::inject::{Summary, Tools};
+use kreplay_cuda::inject::{DispatchRecord, Summary, Tools};
 use kreplay_passloop::{ReplayRecord, ReplayTool};
 
 use crate::config::Config;
@@ -44,6 +46,14 @@ impl Tools for CudaTools {
     fn replay_finished(&self, record: &ReplayRecord, kernel: &str) {
         crate::counters::record_dispatch(record);
         crate::run_record::add(record, kernel);
+    }
+
+    fn dispatch_tracing_configured(&self) -> bool {
+        crate::services::dispatch_tracing_configured()
+    }
+
+    fn dispatch_completed(&self, record: &DispatchRecord) {
+        hsa_tool::dispatch_completed(&record.info, record.pass, record.start_ns, record.end_ns);
     }
 
     fn at_exit(&self, summary: &Summary) {

@@ -260,24 +260,7 @@ impl ToolHooks for Hooks {
     }
 
     fn dispatch_completed(&self, record: &DispatchRecord) {
-        let mut payload = KernelDispatchData::new(dispatch_info(&record.info));
-        payload.start_timestamp = record.start_ns;
-        payload.end_timestamp = record.end_ns;
-        if let Some(pass) = record.pass {
-            payload.replay_pass = pass;
-        }
-        let event = TraceEvent {
-            operation: KernelDispatchOperation::COMPLETE.0,
-            phase: CallbackPhase::NONE,
-            correlation_id: services::next_correlation_id(),
-            decline_reason: DeclineReason::NONE,
-            payload: (&mut payload as *mut KernelDispatchData).cast::<c_void>(),
-        };
-        for service in services::dispatch_tracers().iter() {
-            let mut user_data = UserData::ZERO;
-            // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours during the call.
-            unsafe { service.deliver(&event, &mut user_data) };
-        }
+        dispatch_completed(&record.info, record.pass, record.start_ns, record.end_ns);
     }
 
     fn dispatch_enqueue(
@@ -377,6 +360,35 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
         kreplay_passloop::StoreTier::Host => SnapshotTier::HOST,
         kreplay_passloop::StoreTier::File => SnapshotTier::FILE,
         _ => SnapshotTier::NONE,
+    }
+}
+
+/// KERNEL_DISPATCH COMPLETE of one executed kernel (an ordinary dispatch, `pass == None`, or one
+/// pass of a replay) to every dispatch tracing service whose context is active on this thread
+/// now; both backends deliver through here.
+pub(crate) fn dispatch_completed(
+    info: &kreplay_passloop::DispatchInfo,
+    pass: Option<u64>,
+    start_ns: u64,
+    end_ns: u64,
+) {
+    let mut payload = KernelDispatchData::new(dispatch_info(info));
+    payload.start_timestamp = start_ns;
+    payload.end_timestamp = end_ns;
+    if let Some(pass) = pass {
+        payload.replay_pass = pass;
+    }
+    let event = TraceEvent {
+        operation: KernelDispatchOperation::COMPLETE.0,
+        phase: CallbackPhase::NONE,
+        correlation_id: services::next_correlation_id(),
+        decline_reason: DeclineReason::NONE,
+        payload: (&mut payload as *mut KernelDispatchData).cast::<c_void>(),
+    };
+    for service in services::dispatch_tracers().iter() {
+        let mut user_data = UserData::ZERO;
+        // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours during the call.
+        unsafe { service.deliver(&event, &mut user_data) };
     }
 }
 
