@@ -430,7 +430,13 @@ impl Backend {
                 .memory
                 .set_hash_on_device(hash_on_device_for(RestoreStrategy::Auto, footprint));
         }
-        let timer = if traced {
+        let cuda_launch = CudaLaunch {
+            driver: self.driver,
+            launch,
+        };
+        // A launch on a stream being captured into a graph does not run now (it is declined and
+        // no record is due); an event recorded there would become a node of the graph.
+        let timer = if traced && cuda_launch.replayable().is_ok() {
             PassTimer::new(self.driver, launch.effective_stream())
                 .map_err(|e| log(LogLevel::Warn, format!("dispatch timing: {e}")))
                 .ok()
@@ -438,10 +444,7 @@ impl Backend {
             None
         };
         let ops = InjectedLaunch {
-            inner: CudaLaunch {
-                driver: self.driver,
-                launch,
-            },
+            inner: cuda_launch,
             watch: &self.watch,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
