@@ -193,11 +193,11 @@ pub unsafe extern "C" fn OnLoad(
     match loaded {
         Ok(Ok(())) => true,
         Ok(Err(why)) => {
-            eprintln!("kreplay: not loaded: {why}");
+            logging::report_failure(format_args!("not loaded: {why}"));
             false
         }
         Err(_) => {
-            eprintln!("kreplay: not loaded: internal error");
+            logging::report_failure(format_args!("not loaded: internal error"));
             false
         }
     }
@@ -207,7 +207,7 @@ pub unsafe extern "C" fn OnLoad(
 #[unsafe(no_mangle)]
 pub extern "C" fn OnUnload() {
     if std::panic::catch_unwind(on_unload).is_err() {
-        eprintln!("kreplay: internal error while unloading");
+        logging::report_failure(format_args!("internal error while unloading"));
     }
 }
 

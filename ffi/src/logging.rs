@@ -232,6 +232,15 @@ pub fn log(severity: Severity, message: fmt::Arguments<'_>) -> bool {
     true
 }
 
+/// A failure that stops kreplay (a refused `OnLoad`, a panic while unloading), reported as an
+/// error like every other diagnostic: kreplay's stderr sink is installed first unless the
+/// process has a logger, so a C host always sees it (unless `KREPLAY_LOG=off`) and a Rust host's
+/// logger receives it.
+pub fn report_failure(message: fmt::Arguments<'_>) {
+    install_stderr_logger();
+    log(Severity::Error, message);
+}
+
 /// The `log` target of kreplay's own messages.
 pub const TARGET: &str = "kreplay";
 
