@@ -308,8 +308,30 @@ pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
 
 fn log(level: LogLevel, msg: impl std::fmt::Display) {
     let configured = BACKEND.get().map_or(LogLevel::Warn, |b| b.config.log);
-    if level <= configured && configured != LogLevel::Off {
-        eprintln!("kreplay-cuda: {msg}");
+    emit(configured, level, format_args!("{msg}"));
+}
+
+/// One message of the backend at `level`, printed when `configured` (`KREPLAY_LOG`) lets it
+/// through: to the process's logger through the `log` facade (target `kreplay`, prefixed
+/// `cuda:`; libkreplay installs its stderr sink before the backend starts), or, in a process
+/// with no logger taking it, on standard error prefixed `kreplay-cuda:`, so nothing is lost.
+pub fn emit(configured: LogLevel, level: LogLevel, message: std::fmt::Arguments<'_>) {
+    if level > configured || configured == LogLevel::Off || level == LogLevel::Off {
+        return;
+    }
+    let facade = match level {
+        LogLevel::Warn => log::Level::Warn,
+        LogLevel::Info => log::Level::Info,
+        _ => log::Level::Debug,
+    };
+    let metadata = log::Metadata::builder()
+        .level(facade)
+        .target("kreplay")
+        .build();
+    if facade <= log::max_level() && log::logger().enabled(&metadata) {
+        log::log!(target: "kreplay", facade, "cuda: {message}");
+    } else {
+        eprintln!("kreplay-cuda: {message}");
     }
 }
 
@@ -814,7 +836,10 @@ unsafe extern "C" fn on_callback(
         unsafe { backend.handle(id, data) }
     }));
     if outcome.is_err() {
-        eprintln!("kreplay-cuda: internal error in callback {id}; the call was left alone");
+        log(
+            LogLevel::Warn,
+            format!("internal error in callback {id}; the call was left alone"),
+        );
     }
 }
 
@@ -826,6 +851,8 @@ extern "C" fn print_summary() {
     let _ = catch_unwind(|| {
         if let Some(b) = BACKEND.get() {
             let summary = b.summary();
+            // A report rather than a diagnostic: one line on standard error, its own prefix
+            // (scripts read it), unless KREPLAY_LOG=off.
             if b.config.log != LogLevel::Off {
                 eprintln!("kreplay-cuda: {summary}");
             }
