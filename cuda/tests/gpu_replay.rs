@@ -307,3 +307,53 @@ fn the_demo_leaves_one_increment_for_every_tier_and_strategy() {
         }
     }
 }
+
+#[test]
+fn a_pass_is_timed_on_the_gpu_within_the_host_monotonic_clock() {
+    let Some(d) = gpu() else { return };
+    let g = setup(d);
+    let words = 16usize << 20;
+    let mut buf: CuDevicePtr = 0;
+    // SAFETY: allocates in the current (primary) context.
+    unsafe {
+        d.check("alloc", (d.mem_alloc)(&mut buf, words * 4))
+            .unwrap()
+    };
+    let timer = kreplay_cuda::timing::PassTimer::new(d, g.stream).unwrap();
+    let mut arg_p = buf;
+    let mut arg_n = words as u32;
+    let mut args: [*mut c_void; 2] = [(&raw mut arg_p).cast(), (&raw mut arg_n).cast()];
+    let before = kreplay_cuda::timing::monotonic_ns();
+    timer.mark_start().unwrap();
+    // SAFETY: the kernel's two parameters, alive until the timer waited for it.
+    let rc = unsafe {
+        (d.launch_kernel)(
+            g.function,
+            (words as u32).div_ceil(256),
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            g.stream,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    d.check("launch", rc).unwrap();
+    timer.mark_end().unwrap();
+    let (start, end) = timer.times().unwrap();
+    let after = kreplay_cuda::timing::monotonic_ns();
+    eprintln!(
+        "pass of 64 MiB: {} ns on the GPU, began {} ns after the host asked",
+        end - start,
+        start.saturating_sub(before)
+    );
+    assert!(end > start, "{start}..{end}");
+    assert!(start + 100_000 >= before, "began before it was launched");
+    assert!(end <= after, "ended after the host saw it end");
+    drop(timer);
+    // SAFETY: our allocation, no longer used.
+    unsafe { (d.mem_free)(buf) };
+}
