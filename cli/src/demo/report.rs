@@ -191,11 +191,16 @@ fn row_of(
             .snapshot
             .and_then(|s| s.tier.label())
             .map_or_else(|| "-".to_string(), |l| l.to_string_lossy().into_owned()),
-        strategy: seen
-            .restores
-            .first()
-            .and_then(|m| m.strategy.label())
-            .map_or_else(|| "-".to_string(), |l| l.to_string_lossy().into_owned()),
+        // A restore that skipped verification names the shortcut (the C payload keeps WRITESET
+        // and sets `unverified`), so the table says which ran.
+        strategy: if seen.restores.iter().any(|m| m.unverified) {
+            "writeset-unverified".to_string()
+        } else {
+            seen.restores
+                .first()
+                .and_then(|m| m.strategy.label())
+                .map_or_else(|| "-".to_string(), |l| l.to_string_lossy().into_owned())
+        },
         problems: seen.problems.clone(),
         ..DispatchRow::default()
     };
@@ -602,6 +607,7 @@ mod tests {
             status: Status::SUCCESS,
             decline: DeclineReason::NONE,
             sources: [(2, bytes - 4), (0, 0), (1, 4), (0, 0)],
+            unverified: false,
         }
     }
 
@@ -666,6 +672,31 @@ mod tests {
         passes: 3,
         restore: true,
     };
+
+    #[test]
+    fn a_dispatch_whose_restores_skipped_verification_says_so() {
+        let mut seen = observed(5, 4, &[&[0], &[1], &[2], &[3]]);
+        for (i, r) in seen.restores.iter_mut().enumerate() {
+            r.strategy = RestoreStrategy::WRITESET;
+            // The first restore learns (verified); the later ones are the opt-in shortcut.
+            r.unverified = i > 0;
+        }
+        let (rows, _) = build_rows(
+            PLAN,
+            &["axpy"],
+            &tool(vec![seen.clone()]),
+            &[record(5, 4)],
+            |_| Some("axpy"),
+        );
+        assert_eq!(rows[0].strategy, "writeset-unverified");
+        for r in seen.restores.iter_mut() {
+            r.unverified = false;
+        }
+        let (rows, _) = build_rows(PLAN, &["axpy"], &tool(vec![seen]), &[record(5, 4)], |_| {
+            Some("axpy")
+        });
+        assert_eq!(rows[0].strategy, "writeset");
+    }
 
     #[test]
     fn a_dispatch_replayed_as_planned_has_no_problems() {

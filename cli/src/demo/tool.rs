@@ -62,6 +62,8 @@ pub struct MemoryEvent {
     /// SNAPSHOT: (regions, bytes) from the agent's memory, referenced memory, module variables
     /// and adopted memory.
     pub sources: [(u64, u64); 4],
+    /// RESTORE: the write set was restored without verification (the explicit opt-in).
+    pub unverified: bool,
 }
 
 impl MemoryEvent {
@@ -85,6 +87,7 @@ impl MemoryEvent {
                 ),
                 (payload.adopted_regions, payload.adopted_bytes),
             ],
+            unverified: payload.unverified != 0,
         }
     }
 }
