@@ -6,8 +6,9 @@ use rayon::prelude::*;
 
 use crate::device::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,
+    StoreBytes, VerifiedRestore, VerifyRange,
 };
-use crate::layout::{Layout, Piece, split_ranges};
+use crate::layout::{Layout, Piece, marked_indices, split_ranges};
 use crate::store::Store;
 
 /// Chunks hashed per rayon job at minimum when hashing through host windows.
@@ -347,6 +348,79 @@ pub(crate) fn hash_live(
     Ok(bytes)
 }
 
+/// A verified restore done by the device in one operation ([`DeviceMemory::restore_verified`]):
+/// the chunks of the live regions that `skip` does not mark are hashed and written back where
+/// they differ from the snapshot, the marked ones (a learned write set) are written unhashed.
+/// Returns the bytes hashed and the global indices of the chunks found changed, in order.
+/// `Err(Unsupported)`: nothing was done (the device cannot, or cannot read this store).
+pub(crate) fn restore_on_device(
+    device: &dyn DeviceMemory,
+    layout: &Layout,
+    live: &[bool],
+    store: &Store,
+    skip: Option<&[bool]>,
+    snapshot: (&[u64], u64),
+) -> Result<(u64, Vec<usize>), CopyError> {
+    let (hashes, snapshot_id) = snapshot;
+    if hashes.len() != layout.chunks() {
+        return Err(CopyError::Unsupported);
+    }
+    let range = |r: usize, first: usize, count: usize, write: bool| {
+        let (offset, len) = layout.span(r, first, count);
+        VerifyRange {
+            addr: layout.regions[r].base + offset,
+            len,
+            store_offset: layout.store_offset[r] + offset,
+            first: layout.first_chunk[r] + first,
+            write,
+        }
+    };
+    let mut ranges: Vec<VerifyRange> = match skip {
+        None => (0..layout.regions.len())
+            .filter(|&r| live[r])
+            .map(|r| range(r, 0, layout.region_chunks(r), false))
+            .collect(),
+        Some(set) => layout
+            .unmarked_runs(live, set)
+            .into_iter()
+            .map(|(r, first, count)| range(r, first, count, false))
+            .collect(),
+    };
+    let bytes_hashed = ranges.iter().map(|r| r.len).sum();
+    if let Some(set) = skip {
+        ranges.extend(
+            layout
+                .runs_of(live, marked_indices(set))
+                .iter()
+                .map(|p| range(p.region, p.first, p.count, true)),
+        );
+    }
+    let job = VerifiedRestore {
+        ranges: &ranges,
+        store: match store.device_addr() {
+            Some(shadow) => StoreBytes::Device(shadow),
+            None => StoreBytes::Host(store.bytes()),
+        },
+        chunk_size: layout.chunk_size,
+        hashes,
+        snapshot_id,
+    };
+    let mut bits = vec![0u64; layout.chunks().div_ceil(64)];
+    device.restore_verified(&job, &mut bits)?;
+    let changed = bits
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| **w != 0)
+        .flat_map(|(i, &w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i * 64 + b)
+        })
+        .filter(|&c| c < hashes.len() && skip.is_none_or(|set| !set[c]))
+        .collect();
+    Ok((bytes_hashed, changed))
+}
+
 /// What writing pieces back did.
 #[derive(Debug, Default)]
 pub(crate) struct WriteOutcome {
@@ -358,6 +432,24 @@ pub(crate) struct WriteOutcome {
 }
 
 impl WriteOutcome {
+    /// `bytes` in `chunks` chunks already written (by a device's verified restore).
+    pub(crate) fn totals(bytes: u64, chunks: u64) -> Self {
+        WriteOutcome {
+            bytes,
+            chunks,
+            ..WriteOutcome::default()
+        }
+    }
+
+    /// `pieces` already written (by a device's verified restore).
+    pub(crate) fn written(layout: &Layout, pieces: &[Piece]) -> Self {
+        let mut outcome = WriteOutcome::default();
+        for p in pieces {
+            outcome.record(layout.piece_span(p).1, p.count, Ok(()));
+        }
+        outcome
+    }
+
     fn record(&mut self, bytes: u64, chunks: usize, result: Result<(), CopyError>) {
         match result {
             Ok(()) => {

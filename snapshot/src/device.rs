@@ -72,6 +72,9 @@ pub struct Capabilities {
     pub device_hash: bool,
     /// [`DeviceMemory::write_batch`] issues one device operation for the whole list.
     pub batched_writes: bool,
+    /// [`DeviceMemory::restore_verified`] is implemented: hashing, comparing and writing back
+    /// changed chunks in one device operation.
+    pub verified_restore: bool,
 }
 
 impl Capabilities {
@@ -79,6 +82,7 @@ impl Capabilities {
     pub const NONE: Capabilities = Capabilities {
         device_hash: false,
         batched_writes: false,
+        verified_restore: false,
     };
 
     /// These capabilities with [`device_hash`](Self::device_hash) set to `yes`.
@@ -90,6 +94,12 @@ impl Capabilities {
     /// These capabilities with [`batched_writes`](Self::batched_writes) set to `yes`.
     pub const fn with_batched_writes(mut self, yes: bool) -> Self {
         self.batched_writes = yes;
+        self
+    }
+
+    /// These capabilities with [`verified_restore`](Self::verified_restore) set to `yes`.
+    pub const fn with_verified_restore(mut self, yes: bool) -> Self {
+        self.verified_restore = yes;
         self
     }
 }
@@ -162,6 +172,49 @@ pub struct HashRange {
     pub len: u64,
     /// Index in `out` of the first chunk's hash.
     pub first: usize,
+}
+
+/// Where a snapshot's bytes are, for [`DeviceMemory::restore_verified`].
+#[derive(Clone, Copy, Debug)]
+pub enum StoreBytes<'a> {
+    /// A device shadow starting at this device address.
+    Device(u64),
+    /// Host memory (pinned through [`DeviceMemory::register_host`] when the device could).
+    Host(&'a [u8]),
+}
+
+/// One range of a [`VerifiedRestore`]: the chunks of `[addr, addr + len)` (cut at multiples of
+/// the chunk size from `addr`, the last one possibly shorter), whose snapshotted bytes start
+/// `store_offset` bytes into the store and whose global chunk indices start at `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VerifyRange {
+    /// Device address of the first chunk.
+    pub addr: u64,
+    /// Bytes of the range.
+    pub len: u64,
+    /// Offset of the range's first byte in the store.
+    pub store_offset: u64,
+    /// Global index of the first chunk (in the snapshot's hashes and in the changed set).
+    pub first: usize,
+    /// Write every chunk from the store without hashing it (a learned write set); otherwise
+    /// hash each chunk, and write it back only when it differs from the snapshot.
+    pub write: bool,
+}
+
+/// A verified restore done by the device in one operation ([`DeviceMemory::restore_verified`]).
+#[derive(Clone, Copy, Debug)]
+pub struct VerifiedRestore<'a> {
+    /// The ranges, each inside one allocation.
+    pub ranges: &'a [VerifyRange],
+    /// The snapshot's bytes.
+    pub store: StoreBytes<'a>,
+    /// Chunk size of the hashes.
+    pub chunk_size: u64,
+    /// `xxh3_64` (seed 0) of every chunk as snapshotted, by global chunk index.
+    pub hashes: &'a [u64],
+    /// Names this snapshot's hashes and store for as long as the snapshot lives (never reused
+    /// within a process), so a device may keep its own copy of `hashes` between restores.
+    pub snapshot_id: u64,
 }
 
 /// One host-to-device write of a batch.
@@ -275,6 +328,23 @@ pub trait DeviceMemory: Send + Sync {
     /// per entry; a device with `Capabilities::batched_writes` does it in one device operation.
     fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
         writes.iter().try_for_each(|w| self.write(w.addr, w.data))
+    }
+
+    /// A verified restore in one device operation: for every chunk of every range, write it
+    /// from the store when the range says `write`; otherwise compare the live chunk with the
+    /// snapshot (its hash with `job.hashes`, or its bytes directly) and, when they differ,
+    /// write it from the store and set its bit in `changed` (bit `c % 64` of word `c / 64` for
+    /// global chunk `c`; the caller passes the words zeroed, one bit per chunk of `hashes`).
+    /// Returns when memory holds the snapshot's bytes in every range. `Unsupported` (the
+    /// default, also for a store the device cannot read) means nothing was done; any other
+    /// error may leave some chunks written. Announce it with `Capabilities::verified_restore`.
+    fn restore_verified(
+        &self,
+        job: &VerifiedRestore<'_>,
+        changed: &mut [u64],
+    ) -> Result<(), CopyError> {
+        let _ = (job, changed);
+        Err(CopyError::Unsupported)
     }
 
     /// Register (pin) a host store so device copies to and from it run at full speed. Returns

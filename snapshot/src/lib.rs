@@ -111,6 +111,7 @@ pub use config::{
 };
 pub use device::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,
+    StoreBytes, VerifiedRestore, VerifyRange,
 };
 pub use fold::{Capture, Delta, Footprint};
 pub use hash::{HashImpl, chunk_hash, hash_impl};

@@ -2,11 +2,14 @@
 
 use std::collections::TryReserveError;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
-use crate::copy::{copy_to_host, copy_to_shadow, hash_live, windows, write_back};
-use crate::device::{Capabilities, DeviceMemory};
+use crate::copy::{
+    WriteOutcome, copy_to_host, copy_to_shadow, hash_live, restore_on_device, windows, write_back,
+};
+use crate::device::{Capabilities, CopyError, DeviceMemory};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate};
@@ -14,6 +17,9 @@ use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
 use smallvec::SmallVec;
+
+/// The id of the next snapshot taken (see `Snapshot::id`).
+static NEXT_SNAPSHOT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Under the auto strategy, snapshots smaller than this are always restored in full.
 pub const AUTO_FULL_BELOW_BYTES: u64 = 1 << 20;
@@ -145,6 +151,8 @@ pub struct Snapshot {
     report: SnapshotReport,
     /// Hash of every chunk as snapshotted (empty under `Mode::Full`).
     pub(crate) hashes: Vec<u64>,
+    /// Names `hashes` and the store for a device's verified restores (unique in the process).
+    id: u64,
     /// Scratch for hashes of live memory, reused across restores.
     live_hashes: Vec<u64>,
     /// Learned write set (`None` until the first learning hash pass, unless an earlier
@@ -408,6 +416,7 @@ impl Snapshotter {
             keep_store: self.config.keep_store,
             report,
             hashes,
+            id: NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed),
             live_hashes: Vec::new(),
             learned,
             hashed,
@@ -638,42 +647,74 @@ impl Snapshot {
         };
 
         let mut pieces: Vec<Piece> = Vec::new();
+        // Whether the device's verified restore already wrote `pieces` back (or, when set, the
+        // bytes and chunks of the learned set it wrote).
+        let mut written = false;
+        let mut written_totals: Option<(u64, u64)> = None;
+        let skipped_none = live.iter().all(|l| *l);
         if let Step::Detect { learn, predict } = step {
             // The set is taken out while its flags steer the hash pass, and put back below.
             let predicted = if predict { self.learned.take() } else { None };
             let skip = predicted.as_ref().map(|set| &set.chunks[..]);
             let hash_start = Instant::now();
-            let hashed = if self.live_hashes.len() == layout.chunks() {
-                Ok(())
-            } else {
-                try_vec(layout.chunks(), 0u64)
-                    .map(|v| self.live_hashes = v)
-                    .map_err(|_| ())
-            }
-            .and_then(|()| {
-                hash_live(
+            // A device that hashes, compares and writes back in one operation does the whole
+            // restore (the learned set included) and reports what it found changed.
+            let on_device = if self.caps.verified_restore {
+                restore_on_device(
                     device,
-                    self.caps,
                     layout,
                     &live,
-                    &wins,
-                    &mut self.live_hashes,
+                    &self.store,
                     skip,
+                    (&self.hashes, self.id),
                 )
-                .map_err(|_| ())
-            });
+            } else {
+                Err(CopyError::Unsupported)
+            };
+            let hashed = match on_device {
+                Ok(found) => {
+                    written = true;
+                    Ok(found)
+                }
+                // Some chunks may have been written: the full restore below rewrites all.
+                Err(CopyError::Failed { .. }) => Err(()),
+                Err(_) => if self.live_hashes.len() == layout.chunks() {
+                    Ok(())
+                } else {
+                    try_vec(layout.chunks(), 0u64)
+                        .map(|v| self.live_hashes = v)
+                        .map_err(|_| ())
+                }
+                .and_then(|()| {
+                    hash_live(
+                        device,
+                        self.caps,
+                        layout,
+                        &live,
+                        &wins,
+                        &mut self.live_hashes,
+                        skip,
+                    )
+                    .map_err(|_| ())
+                })
+                .map(|bytes| {
+                    let changed =
+                        changed_chunks(layout, &live, &self.hashes, &self.live_hashes, skip)
+                            .collect();
+                    (bytes, changed)
+                }),
+            };
             match hashed {
-                Ok(bytes) => {
-                    self.memory
-                        .lock()
-                        .rates
-                        .record_hash(bytes, hash_start.elapsed());
+                Ok((bytes, changed)) => {
+                    if bytes > 0 {
+                        self.memory
+                            .lock()
+                            .rates
+                            .record_hash(bytes, hash_start.elapsed());
+                    }
                     report.bytes_hashed = bytes;
                     report.verified = true;
-                    let found = layout.runs_of(
-                        &live,
-                        changed_chunks(layout, &live, &self.hashes, &self.live_hashes, skip),
-                    );
+                    let found = layout.runs_of(&live, changed);
                     let dirty: u64 = found.iter().map(|p| p.count as u64).sum();
                     let predicting = predicted.is_some();
                     if predicted.is_some() {
@@ -702,12 +743,19 @@ impl Snapshot {
                         self.needs_verify = self.learned.is_none();
                     }
                     pieces = match (&self.learned, predicting) {
+                        // Written by the device already, every region live: the set's own
+                        // totals are what was written, no need to cut it into pieces again.
+                        (Some(set), true) if written && skipped_none => {
+                            written_totals = Some((set.bytes, set.count));
+                            Vec::new()
+                        }
                         // The set (which now holds every changed chunk too) is written whole.
                         (Some(set), true) => layout.runs_of(&live, marked_indices(&set.chunks)),
                         _ => found,
                     };
                 }
                 Err(()) => {
+                    written = false;
                     if predicted.is_some() {
                         self.learned = predicted;
                     }
@@ -734,9 +782,15 @@ impl Snapshot {
         }
 
         let write_start = Instant::now();
-        let outcome = write_back(device, self.caps, layout, &wins, &self.store, &pieces);
+        let outcome = if let Some((bytes, chunks)) = written_totals.filter(|_| written) {
+            WriteOutcome::totals(bytes, chunks)
+        } else if written {
+            WriteOutcome::written(layout, &pieces)
+        } else {
+            write_back(device, self.caps, layout, &wins, &self.store, &pieces)
+        };
         drop(pinned);
-        if outcome.error.is_none() {
+        if outcome.error.is_none() && !written {
             self.memory
                 .lock()
                 .rates

@@ -457,6 +457,155 @@ fn verified_writeset_and_auto_repair_a_write_outside_the_learned_set_before_the_
     }
 }
 
+/// What the restores of one snapshot reported and left: (chunks restored, repaired, bytes
+/// moved, bytes hashed, verified) per restore, and whether memory equalled the snapshot after
+/// each.
+fn restore_rounds(
+    caps: Caps,
+    strategy: RestoreStrategy,
+    store: StoreTier,
+    refuse_host: bool,
+) -> Vec<(u64, u64, u64, u64, bool, bool)> {
+    let dev = TestDevice::new(caps);
+    dev.verified_device_stores_only
+        .store(refuse_host, Ordering::Relaxed);
+    let inv = Arc::new(Inventory::new());
+    // Two regions; the second ends in a short chunk.
+    let a = dev.alloc(&inv, 40 * CS, 1, MemoryKind::CoarseDevice, 0);
+    let b = dev.alloc(&inv, 20 * CS + 100, 1, MemoryKind::CoarseDevice, 0);
+    let (da, db) = (
+        pattern((40 * CS) as usize, 7),
+        pattern((20 * CS + 100) as usize, 8),
+    );
+    dev.poke(a, &da);
+    dev.poke(b, &db);
+    let mut s = snapshotter(&dev, &inv, config(strategy, store))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    let mut out = Vec::new();
+    for round in 0..4u64 {
+        dirty(&dev, a, &[2, 3, 39]);
+        // The short last chunk of b, then (from round 2) a chunk outside what was learned.
+        dev.poke(b + 20 * CS + 50, &[round as u8 + 1; 4]);
+        if round >= 2 {
+            dirty(&dev, b, &[round]);
+        }
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: round + 1,
+                may_be_final: round == 3,
+            })
+            .unwrap();
+        let same = dev.peek(a, 40 * CS) == da && dev.peek(b, 20 * CS + 100) == db;
+        out.push((
+            r.chunks_restored,
+            r.repaired_chunks,
+            r.bytes_moved,
+            r.bytes_hashed,
+            r.verified,
+            same,
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_verified_restore_done_by_the_device_in_one_call_reports_and_leaves_what_two_steps_do() {
+    let with = Caps {
+        shadow: true,
+        device_hash: true,
+        verified_restore: true,
+        pin: true,
+        ..Default::default()
+    };
+    let without = Caps {
+        verified_restore: false,
+        ..with
+    };
+    for store in [StoreTier::Device, StoreTier::Host] {
+        for strategy in [
+            RestoreStrategy::Hash,
+            RestoreStrategy::Writeset,
+            RestoreStrategy::WritesetUnverified,
+        ] {
+            let fused = restore_rounds(with, strategy, store, false);
+            let two_steps = restore_rounds(without, strategy, store, false);
+            assert_eq!(fused, two_steps, "{strategy} on {store:?}");
+            // Every verified restore leaves the snapshot (an unverified one may miss a write
+            // outside the set until the next verification, by design).
+            assert!(
+                fused.iter().all(|r| r.5 || !r.4),
+                "{strategy} on {store:?}: {fused:?}"
+            );
+            // The device's own path is taken: one call per verified restore, no hash batch.
+            let dev = TestDevice::new(with);
+            let inv = Arc::new(Inventory::new());
+            let x = dev.alloc(&inv, 8 * CS, 1, MemoryKind::CoarseDevice, 0);
+            let data = pattern((8 * CS) as usize, 3);
+            dev.poke(x, &data);
+            let mut s = snapshotter(&dev, &inv, config(strategy, store))
+                .snapshot(&Filter::for_replay(1))
+                .unwrap();
+            let hashes_before = dev.counters.hash_batches.load(Ordering::Relaxed);
+            dirty(&dev, x, &[4]);
+            let r = s.restore(&FINAL).unwrap();
+            assert_eq!(dev.peek(x, 8 * CS), data);
+            assert_eq!((r.chunks_restored, r.bytes_moved), (1, CS));
+            assert_eq!(dev.counters.verified_restores.load(Ordering::Relaxed), 1);
+            assert_eq!(
+                dev.counters.hash_batches.load(Ordering::Relaxed),
+                hashes_before,
+                "{strategy} on {store:?}: no separate hash call"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_device_that_cannot_do_a_verified_restore_of_a_store_leaves_it_to_the_two_step_path() {
+    let caps = Caps {
+        shadow: true,
+        device_hash: true,
+        verified_restore: true,
+        ..Default::default()
+    };
+    let refused = restore_rounds(caps, RestoreStrategy::Writeset, StoreTier::Host, true);
+    let two_steps = restore_rounds(
+        Caps {
+            verified_restore: false,
+            ..caps
+        },
+        RestoreStrategy::Writeset,
+        StoreTier::Host,
+        false,
+    );
+    assert_eq!(refused, two_steps);
+    assert!(refused.iter().all(|r| r.5));
+}
+
+#[test]
+fn a_verified_device_restore_that_fails_part_way_is_followed_by_a_full_restore() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        device_hash: true,
+        verified_restore: true,
+        ..Default::default()
+    });
+    let (inv, n) = (Arc::new(Inventory::new()), 64u64);
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    let data = pattern((n * CS) as usize, 4);
+    dev.poke(a, &data);
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Device))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    dirty(&dev, a, &[1, 2, 60]);
+    dev.fail_verified.store(true, Ordering::Relaxed);
+    let r = s.restore(&not_final(1)).unwrap();
+    assert_eq!(r.strategy, RestoreStrategy::Full);
+    assert_eq!(r.bytes_moved, n * CS);
+    assert_eq!(dev.peek(a, n * CS), data);
+}
+
 #[test]
 fn writeset_unverified_is_parsed_as_its_own_opt_in() {
     assert_eq!(

@@ -18,6 +18,8 @@ pub struct Caps {
     pub device_hash: bool,
     pub batched: bool,
     pub pin: bool,
+    /// `restore_verified` (needs `device_hash`'s hashes too).
+    pub verified_restore: bool,
 }
 
 impl Caps {
@@ -28,6 +30,7 @@ impl Caps {
             device_hash: true,
             batched: true,
             pin: true,
+            verified_restore: true,
         }
     }
 }
@@ -46,6 +49,8 @@ pub struct Counters {
     pub registers: AtomicU64,
     pub unregisters: AtomicU64,
     pub shadows_live: AtomicU64,
+    /// `restore_verified` calls that did the restore.
+    pub verified_restores: AtomicU64,
 }
 
 pub struct TestDevice {
@@ -55,6 +60,11 @@ pub struct TestDevice {
     next_addr: AtomicU64,
     pub fail_reads: AtomicBool,
     pub fail_writes: AtomicBool,
+    /// `restore_verified` fails after writing its first changed chunk.
+    pub fail_verified: AtomicBool,
+    /// `restore_verified` refuses host stores (`Unsupported`), as a device that cannot read
+    /// an unpinned store does.
+    pub verified_device_stores_only: AtomicBool,
     pub counters: Counters,
     /// Called at the start of every write (used to hold a restore inside a write).
     pub on_write: Mutex<Option<Box<dyn FnMut() + Send>>>,
@@ -68,6 +78,8 @@ impl TestDevice {
             next_addr: AtomicU64::new(0x1000_0000),
             fail_reads: AtomicBool::new(false),
             fail_writes: AtomicBool::new(false),
+            fail_verified: AtomicBool::new(false),
+            verified_device_stores_only: AtomicBool::new(false),
             counters: Counters::default(),
             on_write: Mutex::new(None),
         })
@@ -184,6 +196,7 @@ impl DeviceMemory for TestDevice {
         Capabilities::NONE
             .with_device_hash(self.caps.device_hash)
             .with_batched_writes(self.caps.batched)
+            .with_verified_restore(self.caps.verified_restore)
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {
@@ -268,6 +281,54 @@ impl DeviceMemory for TestDevice {
             };
             self.hash_chunks(r.addr, r.len, chunk_size, part)?;
         }
+        Ok(())
+    }
+
+    fn restore_verified(
+        &self,
+        job: &VerifiedRestore<'_>,
+        changed: &mut [u64],
+    ) -> Result<(), CopyError> {
+        if !self.caps.verified_restore {
+            return Err(CopyError::Unsupported);
+        }
+        if matches!(job.store, StoreBytes::Host(_))
+            && self.verified_device_stores_only.load(Ordering::Relaxed)
+        {
+            return Err(CopyError::Unsupported);
+        }
+        assert_eq!(changed.len(), job.hashes.len().div_ceil(64));
+        assert!(changed.iter().all(|w| *w == 0), "the bitmap comes zeroed");
+        let cs = job.chunk_size;
+        for r in job.ranges {
+            for k in 0..r.len.div_ceil(cs) {
+                let off = k * cs;
+                let n = cs.min(r.len - off);
+                let saved = match job.store {
+                    StoreBytes::Device(shadow) => self.peek(shadow + r.store_offset + off, n),
+                    StoreBytes::Host(bytes) => {
+                        let at = (r.store_offset + off) as usize;
+                        bytes[at..at + n as usize].to_vec()
+                    }
+                };
+                let g = r.first + k as usize;
+                let differs = !r.write
+                    && xxhash_rust::xxh3::xxh3_64(&self.peek(r.addr + off, n)) != job.hashes[g];
+                if r.write || differs {
+                    self.poke(r.addr + off, &saved);
+                    self.counters.bytes_written.fetch_add(n, Ordering::Relaxed);
+                }
+                if differs {
+                    changed[g / 64] |= 1 << (g % 64);
+                    if self.fail_verified.load(Ordering::Relaxed) {
+                        return Err(CopyError::failed(r.addr + off, n, "injected failure"));
+                    }
+                }
+            }
+        }
+        self.counters
+            .verified_restores
+            .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
