@@ -8,6 +8,12 @@
 // * kreplay_hash_list: one xxh3_64 (seed 0) per chunk of a list of device ranges, bit for bit
 //   the hash the snapshot crate computes on the host (xxhash-rust's xxh3_64), so device and
 //   host hashes can be compared. Eight lanes per chunk, 16-byte loads; every byte is read once.
+// * kreplay_restore_verified + kreplay_gather_found: a verified restore queued as launches
+//   on one stream with one wait: every chunk of a list of live ranges is hashed as
+//   kreplay_hash_list does and compared with the snapshot's hash on the device; a chunk that
+//   differs gets its bit in a bitmap of changed chunks and a copy from the snapshot's store (a
+//   device shadow, or pinned host memory through its device mapping) in a list that
+//   kreplay_gather_found, right behind it, carries out without the host.
 // * kreplay_gather: a list of device-to-device copies done in one launch (one block per tile;
 //   the host splits copies into tiles).
 // * kreplay_read_once: reads a range once and keeps nothing (the bandwidth ceiling that hashing
@@ -229,6 +235,18 @@ extern "C" __global__ void kreplay_hash_list(const KrHashRange *list, u64 count,
     }
 }
 
+// One range of a verified restore (`struct KrRestoreRange`, the host's `RestoreEntry`): `len`
+// bytes of live memory at `addr`, whose snapshotted bytes are at `src`, cut into chunks of the
+// launch's chunk size; chunk k has global index first + k (in the snapshot's hashes and the
+// bitmap of changed chunks) and is work item work_first + k.
+struct KrRestoreRange {
+    u64 addr;
+    u64 src;
+    u64 len;
+    u64 first;
+    u64 work_first;
+};
+
 // One entry of a gather: copy len bytes from src to dst (device addresses).
 struct KrCopy {
     u64 dst;
@@ -236,9 +254,78 @@ struct KrCopy {
     u64 len;
 };
 
-// One block per entry of `copies` (the host splits copies into tiles, so every entry is at most
-// one tile). 16-byte moves when the entry allows them, bytes otherwise.
-extern "C" __global__ void kreplay_gather(const KrCopy *copies, u64 count) {
+// The detection half of a verified restore, `work` chunks in one launch. Eight lanes per chunk,
+// as in kreplay_hash_list: each chunk is hashed (xxh3_64; chunks of 240 bytes or less are
+// compared byte for byte with the store instead) and compared with the snapshot's hash
+// snap[first + k]. A chunk that differs gets its bit in `changed` (bit g % 64 of word g / 64 for
+// global chunk g) and a copy from the store appended to `found` (`found_count` entries; the host
+// zeroes the bitmap and the count). kreplay_gather_found, queued right behind on the same
+// stream, copies them back with whole blocks: copying inside this kernel, eight lanes of a
+// 95-register kernel per chunk, moved changed chunks at a fraction of the gather's rate.
+extern "C" __global__ void kreplay_restore_verified(const KrRestoreRange *list, u64 count,
+                                                    u64 work, u64 chunk_size, const u64 *snap,
+                                                    u64 *changed, KrCopy *found,
+                                                    u64 *found_count) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 q = lane & 7;
+    const u32 mask = 0xffu << (lane & 24);
+    const u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 3;
+    const u64 groups = ((u64)gridDim.x * blockDim.x) >> 3;
+    u64 k0[8], k1[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        k0[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3)];
+        k1[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3) + 1];
+    }
+    for (u64 w = group; w < work; w += groups) {
+        u64 lo = 0, hi = count;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (list[mid].work_first <= w) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const KrRestoreRange e = list[lo];
+        const u64 k = w - e.work_first;
+        const u64 start = k * chunk_size;
+        const u64 n = (e.len - start < chunk_size) ? (e.len - start) : chunk_size;
+        const unsigned char *live = (const unsigned char *)(e.addr + start);
+        const unsigned char *src = (const unsigned char *)(e.src + start);
+        bool differs;
+        if (n <= KR_MID_SIZE_MAX) {
+            u32 d = 0;
+            for (u64 i = q; i < n; i += 8) {
+                d |= live[i] != src[i];
+            }
+            d |= __shfl_xor_sync(mask, d, 1, 8);
+            d |= __shfl_xor_sync(mask, d, 2, 8);
+            d |= __shfl_xor_sync(mask, d, 4, 8);
+            differs = d != 0;
+        } else {
+            // Every lane of the group ends with the same hash.
+            const u64 h = (((size_t)live) & 15) == 0
+                              ? kr_hash_long<true>(live, n, q, mask, k0, k1)
+                              : kr_hash_long<false>(live, n, q, mask, k0, k1);
+            differs = h != snap[e.first + k];
+        }
+        if (differs && q == 0) {
+            const u64 g = e.first + k;
+            atomicOr(&changed[g >> 6], 1ULL << (g & 63));
+            const u64 at = atomicAdd(found_count, 1ULL);
+            KrCopy c;
+            c.dst = e.addr + start;
+            c.src = e.src + start;
+            c.len = n;
+            found[at] = c;
+        }
+    }
+}
+
+// The copies of `count` gather entries, one block per entry (blocks stride over the rest).
+// 16-byte moves when the entry allows them, bytes otherwise.
+__device__ __forceinline__ void kr_gather(const KrCopy *copies, u64 count) {
     for (u64 e = blockIdx.x; e < count; e += gridDim.x) {
         const KrCopy c = copies[e];
         if (((c.dst | c.src | c.len) & 15) == 0) {
@@ -268,6 +355,17 @@ extern "C" __global__ void kreplay_gather(const KrCopy *copies, u64 count) {
             }
         }
     }
+}
+
+// The copies kreplay_restore_verified found, `*count` of them (known only on the device).
+extern "C" __global__ void kreplay_gather_found(const KrCopy *copies, const u64 *count) {
+    kr_gather(copies, *count);
+}
+
+// One block per entry of `copies` (the host splits copies into tiles, so every entry is at most
+// one tile).
+extern "C" __global__ void kreplay_gather(const KrCopy *copies, u64 count) {
+    kr_gather(copies, count);
 }
 
 // Read `words` 16-byte words once; store only if their xor is a value no data has (so the

@@ -126,6 +126,9 @@ struct Stats {
     snapshot_ns: AtomicU64,
     restore_ns: AtomicU64,
     restores: AtomicU64,
+    relaunch_ns: AtomicU64,
+    drain_ns: AtomicU64,
+    replay_ns: AtomicU64,
     declines: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -166,6 +169,14 @@ pub struct Summary {
     pub restore_ns: u64,
     /// Device shadow bytes still held.
     pub shadow_bytes_held: u64,
+    /// Time of the passes after the application's own (re-launch, its wait, the tool's pass
+    /// callbacks), ns: the kernels' repeated executions.
+    pub relaunch_ns: u64,
+    /// Time draining the device before snapshots, ns.
+    pub drain_ns: u64,
+    /// Time of whole replay windows (lock wait, drain, snapshot, every pass and restore; pass
+    /// 0 includes the wait for the application's own launch), ns.
+    pub replay_ns: u64,
 }
 
 impl std::fmt::Display for Summary {
@@ -180,7 +191,8 @@ impl std::fmt::Display for Summary {
             "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
              declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
              managed_allocations={} bytes_snapshotted={} bytes_restored={} restores={} \
-             snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={}",
+             snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={} relaunch_ms={:.3} \
+             drain_ms={:.3} replay_ms={:.3}",
             self.passes_per_launch,
             self.launches,
             self.replayed,
@@ -198,6 +210,9 @@ impl std::fmt::Display for Summary {
             self.snapshot_ns as f64 / 1e6,
             self.restore_ns as f64 / 1e6,
             self.shadow_bytes_held,
+            self.relaunch_ns as f64 / 1e6,
+            self.drain_ns as f64 / 1e6,
+            self.replay_ns as f64 / 1e6,
         )
     }
 }
@@ -289,21 +304,48 @@ thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
 }
 
-/// Whether the injected library offers the device hash kernel for a configured strategy.
-///
-/// Footprints from which `auto` hashes device shadows on the device (see `hash_on_device_for`).
-pub const AUTO_DEVICE_HASH_MIN_BYTES: u64 = 1 << 30;
+/// What one restore of a device shadow costs: a fixed part per restore plus the footprint at a
+/// rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RestoreCost {
+    /// Microseconds every restore costs (launches, copies of lists, the wait).
+    pub fixed_us: f64,
+    /// Bytes of footprint per microsecond (1e6 = 1 TB/s).
+    pub bytes_per_us: f64,
+}
 
-/// Whether the device hash kernel is offered to the snapshot for a launch whose tracked
-/// footprint on its device is `footprint` bytes. `hash`, `writeset` and `writeset-unverified`
-/// always hash on the device. `auto` does from 1 GiB: a device-hashed restore costs a read of
-/// the footprint at about twice the copy rate plus a fixed part (hash launch, hashes to the
-/// host, gather, two waits) of roughly 0.3 ms, so it pays only once a full device copy costs
-/// more than that. Measured on the H200 (docs/cuda.md): footprints of 200 to 565 MiB restored
-/// in full in 0.16 to 0.36 ms against 0.6 to 0.9 ms hashed; 1.2 GB hashed in 0.41 ms per restore
-/// (a full copy of it is about 0.6 ms); 32 GiB with 1% written 9.5 ms hashed against 16.3 full.
+impl RestoreCost {
+    /// Microseconds of one restore of `footprint` bytes.
+    pub fn at(&self, footprint: u64) -> f64 {
+        self.fixed_us + footprint as f64 / self.bytes_per_us
+    }
+}
+
+/// A full restore of a device shadow (copy engine), fitted to `kreplay bench --backend cuda` on
+/// the H200 (one allocation; 64 MiB 0.043 ms, 256 MiB 0.142, 1 GiB 0.531, 32 GiB 16.38):
+/// 20 us + footprint at 2.10 TB/s.
+pub const FULL_RESTORE_COST: RestoreCost = RestoreCost {
+    fixed_us: 20.0,
+    bytes_per_us: 2.10e6,
+};
+
+/// A verified restore on the device (`kreplay_restore_verified` and `kreplay_gather_found`,
+/// one wait) with little written, fitted to the same bench (0.1% written; 64 MiB 0.075 ms,
+/// 256 MiB 0.103, 1 GiB 0.285, 32 GiB 7.85): 41 us + footprint at 4.40 TB/s.
+pub const VERIFIED_RESTORE_COST: RestoreCost = RestoreCost {
+    fixed_us: 41.0,
+    bytes_per_us: 4.40e6,
+};
+
+/// Whether the device kernels are offered to the snapshot for a launch whose tracked footprint
+/// on its device is `footprint` bytes. `hash`, `writeset` and `writeset-unverified` always
+/// detect on the device. `auto` does where a verified restore on the device costs less than a
+/// full copy by the measured costs above (from about 84 MB; smaller footprints are restored in
+/// full); the snapshot crate's `auto` then chooses per restore between a full restore, a hash
+/// restore and the learned write set from what the kernel's restores changed.
 pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
-    strategy != RestoreStrategy::Auto || footprint >= AUTO_DEVICE_HASH_MIN_BYTES
+    strategy != RestoreStrategy::Auto
+        || VERIFIED_RESTORE_COST.at(footprint) < FULL_RESTORE_COST.at(footprint)
 }
 
 fn log(level: LogLevel, msg: impl std::fmt::Display) {
@@ -538,6 +580,13 @@ impl Backend {
             .fetch_add(restore.as_nanos() as u64, Ordering::Relaxed);
         s.restores
             .fetch_add(c.restore_times.len() as u64, Ordering::Relaxed);
+        let relaunch: Duration = c.pass_times.iter().skip(1).sum();
+        s.relaunch_ns
+            .fetch_add(relaunch.as_nanos() as u64, Ordering::Relaxed);
+        s.drain_ns
+            .fetch_add(c.drain.as_nanos() as u64, Ordering::Relaxed);
+        s.replay_ns
+            .fetch_add(c.total.as_nanos() as u64, Ordering::Relaxed);
         match &record.outcome {
             ReplayOutcome::Replayed { passes, .. } => {
                 s.replayed.fetch_add(1, Ordering::Relaxed);
@@ -586,6 +635,9 @@ impl Backend {
             restores: l(&s.restores),
             snapshot_ns: l(&s.snapshot_ns),
             restore_ns: l(&s.restore_ns),
+            relaunch_ns: l(&s.relaunch_ns),
+            drain_ns: l(&s.drain_ns),
+            replay_ns: l(&s.replay_ns),
             shadow_bytes_held: self
                 .devices
                 .lock()
@@ -945,10 +997,17 @@ mod tests {
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
 
     #[test]
-    fn auto_hashes_on_the_device_only_from_a_gibibyte_and_explicit_strategies_always() {
+    fn auto_detects_on_the_device_where_the_measured_costs_beat_a_full_copy() {
         assert!(!hash_on_device_for(RestoreStrategy::Auto, 0));
-        assert!(!hash_on_device_for(RestoreStrategy::Auto, (1 << 30) - 1));
+        // Measured on the H200: 64 MiB full 0.043 ms against 0.075 verified; 256 MiB 0.142
+        // against 0.103.
+        assert!(!hash_on_device_for(RestoreStrategy::Auto, 64 << 20));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 256 << 20));
         assert!(hash_on_device_for(RestoreStrategy::Auto, 1 << 30));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 32 << 30));
+        let even = (VERIFIED_RESTORE_COST.fixed_us - FULL_RESTORE_COST.fixed_us)
+            / (1.0 / FULL_RESTORE_COST.bytes_per_us - 1.0 / VERIFIED_RESTORE_COST.bytes_per_us);
+        assert!((80e6..90e6).contains(&even), "break-even at {even} bytes");
         for s in [
             RestoreStrategy::Full,
             RestoreStrategy::Hash,

@@ -6,6 +6,11 @@
 //!   host (pinned-host tier) and live memory hashed on the device compare. Chunks of 240 bytes
 //!   or less (only a range's last chunk can be that short) take xxh3's short-input paths and are
 //!   hashed on the host.
+//! * `kreplay_restore_verified` and `kreplay_gather_found`: the detection and the copy of a
+//!   verified restore, queued on one stream with one wait: each chunk hashed (as
+//!   `kreplay_hash_list` does) and compared with the snapshot's hash on the device; the changed
+//!   ones listed on the device and copied back from the store by the second launch; the changed
+//!   chunks come back as a bitmap ([`restore_entries`]).
 //! * `kreplay_gather`: many device-to-device copies in one launch; [`gather_tiles`] splits the
 //!   copies into tiles of at most [`GATHER_TILE`] bytes, one block each.
 //! * `kreplay_read_once` and `kreplay_add_one_runs`: the read bandwidth ceiling and the
@@ -37,6 +42,10 @@ pub const HASH_LANES: u32 = 8;
 pub const HASH_DEVICE_MIN_LEN: u64 = 241;
 
 static PTX_OVERRIDE: OnceLock<String> = OnceLock::new();
+
+/// The environment variable naming a PTX file to load instead of the built-in PTX (for trying
+/// kernels rebuilt with `nvcc` in an injected application before their PTX is committed).
+pub const PTX_ENV: &str = "KREPLAY_CUDA_PTX";
 
 /// Use `ptx` instead of the built-in PTX for every module loaded from now on (for trying a
 /// kernel built elsewhere; the first call wins). Returns whether it was taken.
@@ -93,6 +102,50 @@ pub fn hash_entries(ranges: &[(u64, u64, u64)], chunk_size: u64) -> (Vec<HashEnt
     (entries, work)
 }
 
+/// One range of a verified-restore launch, as the kernel reads it (`struct KrRestoreRange`):
+/// the chunks of `len` bytes of live memory at `addr`, snapshotted at `src`, are work items
+/// `work_first..` with global chunk indices `first..`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoreEntry {
+    /// Device address of the range's first live chunk.
+    pub addr: u64,
+    /// Device address of its snapshotted bytes.
+    pub src: u64,
+    /// Bytes of the range.
+    pub len: u64,
+    /// Global index of its first chunk.
+    pub first: u64,
+    /// Work index of its first chunk (chunks of all earlier entries before it).
+    pub work_first: u64,
+}
+
+/// The entries of a verified-restore launch over `ranges` (live address, store address,
+/// length, first global chunk), numbering their chunks of `chunk_size` in order; returns the
+/// entries and the chunks in all.
+pub fn restore_entries(
+    ranges: impl IntoIterator<Item = (u64, u64, u64, u64)>,
+    chunk_size: u64,
+) -> (Vec<RestoreEntry>, u64) {
+    let mut work = 0;
+    let entries = ranges
+        .into_iter()
+        .filter(|r| r.2 > 0)
+        .map(|(addr, src, len, first)| {
+            let e = RestoreEntry {
+                addr,
+                src,
+                len,
+                first,
+                work_first: work,
+            };
+            work += len.div_ceil(chunk_size);
+            e
+        })
+        .collect();
+    (entries, work)
+}
+
 /// Split `copies` into gather entries of at most `tile` bytes each (empty copies dropped).
 /// Pieces start at multiples of `tile` from their copy's start, so a copy whose addresses and
 /// length are 16-byte aligned gives entries that are too, whenever `tile` is.
@@ -136,6 +189,17 @@ pub fn add_one_runs_grid(runs: u64, run_words: u64) -> u32 {
         .clamp(1, 1 << 20) as u32
 }
 
+/// Grid size of `kreplay_gather_found` after a detection over `chunks` chunks: one block per
+/// chunk found changed, at most [`FOUND_MAX_BLOCKS`] (the blocks stride over the rest; how many
+/// changed is known only on the device).
+pub fn found_grid(chunks: u64) -> u32 {
+    chunks.clamp(1, FOUND_MAX_BLOCKS) as u32
+}
+
+/// Most blocks of a `kreplay_gather_found` launch: 16 per SM of a 132-SM H200, enough to keep
+/// the copies at the gather's rate; blocks that find nothing to copy return at once.
+pub const FOUND_MAX_BLOCKS: u64 = 2048;
+
 /// Whether a restore of `copies` copies (after merging) goes through the gather kernel.
 pub fn use_gather(copies: usize) -> bool {
     copies > MEMCPY_MAX_COPIES
@@ -149,12 +213,27 @@ pub struct Kernels {
     gather: usize,
     read_once: usize,
     add_one_runs: usize,
+    /// `kreplay_restore_verified` and `kreplay_gather_found`, absent from a PTX built before
+    /// them (then verified restores hash and gather in two steps).
+    restore_verified: Option<(usize, usize)>,
 }
 
 impl Kernels {
     /// JIT-load the kernels into the current context.
     pub fn load(driver: &Driver) -> Result<Kernels, CuError> {
-        let text = PTX_OVERRIDE.get().map_or(PTX, String::as_str);
+        let from_file;
+        let text = match (PTX_OVERRIDE.get(), std::env::var_os(PTX_ENV)) {
+            (Some(text), _) => text.as_str(),
+            (None, Some(path)) => {
+                from_file = std::fs::read_to_string(&path).map_err(|e| CuError {
+                    call: "cuModuleLoadData",
+                    code: -1,
+                    name: format!("{PTX_ENV}={}: {e}", path.to_string_lossy()),
+                })?;
+                from_file.as_str()
+            }
+            (None, None) => PTX,
+        };
         let image = CString::new(text).map_err(|_| CuError {
             call: "cuModuleLoadData",
             code: -1,
@@ -180,6 +259,9 @@ impl Kernels {
                 gather: get(c"kreplay_gather")?,
                 read_once: get(c"kreplay_read_once")?,
                 add_one_runs: get(c"kreplay_add_one_runs")?,
+                restore_verified: get(c"kreplay_restore_verified")
+                    .and_then(|r| Ok((r, get(c"kreplay_gather_found")?)))
+                    .ok(),
             })
         })();
         if found.is_err() {
@@ -228,6 +310,92 @@ impl Kernels {
                 self.hash,
                 hash_grid(work),
                 HASH_THREADS,
+                stream,
+                &mut args,
+            )
+        }
+    }
+
+    /// Whether the module has `kreplay_restore_verified`.
+    pub fn has_restore_verified(&self) -> bool {
+        self.restore_verified.is_some()
+    }
+
+    /// Queue a verified restore's detection and copy: `kreplay_restore_verified` over `count`
+    /// [`RestoreEntry`]s at device address `list`, `work` chunks in all, comparing with the
+    /// snapshot hashes at `snap` (indexed by global chunk), setting the bits of changed chunks in
+    /// `changed` and listing their copies in `found` (room for `work` [`GatherEntry`]s) with
+    /// their number in the word at `found_count`; then `kreplay_gather_found`, which copies them.
+    /// Fails with `CUDA_ERROR_NOT_FOUND` (500) when the module lacks the kernels.
+    ///
+    /// # Safety
+    /// `list` holds `count` entries sorted by `work_first`, numbering `work` chunks as
+    /// [`restore_entries`] does, whose live ranges are device memory and whose sources are
+    /// device memory or mapped pinned host memory; `snap` holds every global index they name,
+    /// `changed` a bit for each (zeroed), `found_count` is a zeroed word; all alive until the
+    /// stream has run both launches.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn restore_verified(
+        &self,
+        driver: &Driver,
+        stream: CuStream,
+        list: CuDevicePtr,
+        count: u64,
+        work: u64,
+        chunk_size: u64,
+        snap: CuDevicePtr,
+        changed: CuDevicePtr,
+        found: CuDevicePtr,
+        found_count: CuDevicePtr,
+    ) -> Result<(), CuError> {
+        let Some((detect, copy)) = self.restore_verified else {
+            return Err(CuError {
+                call: "cuModuleGetFunction",
+                code: 500,
+                name: "kreplay_restore_verified not in the loaded PTX".into(),
+            });
+        };
+        let (mut l, mut n, mut w, mut cs, mut h, mut c, mut f, mut fc) = (
+            list,
+            count,
+            work,
+            chunk_size,
+            snap,
+            changed,
+            found,
+            found_count,
+        );
+        let mut args: [*mut c_void; 8] = [
+            (&raw mut l).cast(),
+            (&raw mut n).cast(),
+            (&raw mut w).cast(),
+            (&raw mut cs).cast(),
+            (&raw mut h).cast(),
+            (&raw mut c).cast(),
+            (&raw mut f).cast(),
+            (&raw mut fc).cast(),
+        ];
+        // SAFETY: the arguments match the kernel's signature; memory by the caller's promise.
+        unsafe {
+            launch(
+                driver,
+                detect,
+                hash_grid(work),
+                HASH_THREADS,
+                stream,
+                &mut args,
+            )
+        }?;
+        let (mut f, mut fc) = (found, found_count);
+        let mut args: [*mut c_void; 2] = [(&raw mut f).cast(), (&raw mut fc).cast()];
+        // SAFETY: as above; the list and its count are written by the launch before it on the
+        // same stream.
+        unsafe {
+            launch(
+                driver,
+                copy,
+                found_grid(work),
+                GATHER_THREADS,
                 stream,
                 &mut args,
             )
@@ -437,6 +605,42 @@ mod tests {
     }
 
     #[test]
+    fn restore_entries_number_the_chunks_of_every_range_in_order() {
+        let (entries, work) = restore_entries(
+            [
+                (0x1000, 0x9_0000, 3 * 512, 0),
+                (0x5000, 0xa_0000, 0, 3),
+                (0x20000, 0xb_0000, 512 + 1, 7),
+            ],
+            512,
+        );
+        assert_eq!(work, 5);
+        assert_eq!(
+            entries,
+            [
+                RestoreEntry {
+                    addr: 0x1000,
+                    src: 0x9_0000,
+                    len: 1536,
+                    first: 0,
+                    work_first: 0,
+                },
+                RestoreEntry {
+                    addr: 0x20000,
+                    src: 0xb_0000,
+                    len: 513,
+                    first: 7,
+                    work_first: 3,
+                },
+            ]
+        );
+        assert_eq!(std::mem::size_of::<RestoreEntry>(), 40);
+        assert_eq!(found_grid(0), 1);
+        assert_eq!(found_grid(100), 100);
+        assert_eq!(found_grid(1 << 20), FOUND_MAX_BLOCKS as u32);
+    }
+
+    #[test]
     fn few_copies_use_the_copy_engine_and_many_one_gather_launch() {
         assert!(!use_gather(0));
         assert!(!use_gather(MEMCPY_MAX_COPIES));
@@ -450,6 +654,8 @@ mod tests {
             "kreplay_gather",
             "kreplay_read_once",
             "kreplay_add_one_runs",
+            "kreplay_restore_verified",
+            "kreplay_gather_found",
         ] {
             assert!(
                 PTX.contains(&format!(".entry {name}(")),

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kreplay_snapshot::{
-    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, Inventory, StoreTier,
+    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, Inventory,
+    StoreBytes, StoreTier, VerifiedRestore,
 };
 use parking_lot::Mutex;
 
@@ -31,7 +32,8 @@ use crate::driver::{
 };
 use crate::guard::Guard;
 use crate::kernels::{
-    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, gather_tiles, hash_entries, use_gather,
+    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, gather_tiles, hash_entries,
+    restore_entries, use_gather,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -106,6 +108,15 @@ pub struct CudaMemory {
 struct Scratch {
     list: Option<Shadow>,
     hashes: Option<Shadow>,
+    /// A snapshot's chunk hashes for verified restores, and the snapshot they belong to.
+    snap: Option<Shadow>,
+    snap_id: u64,
+    /// The bitmap of chunks a verified restore found changed, and their number after it.
+    bits: Option<Shadow>,
+    /// The copies of the chunks a verified restore found changed.
+    found: Option<Shadow>,
+    /// A verified restore's gather list of its learned write set.
+    tiles: Option<Shadow>,
 }
 
 /// A scratch buffer of at least `size` bytes in `slot`, reallocated (power-of-two sizes) when
@@ -410,7 +421,15 @@ impl Drop for CudaMemory {
         self.release_kept_shadow();
         if let Ok(_guard) = self.enter() {
             let scratch = std::mem::take(&mut *self.scratch.lock());
-            for s in [scratch.list, scratch.hashes].into_iter().flatten() {
+            let all = [
+                scratch.list,
+                scratch.hashes,
+                scratch.snap,
+                scratch.bits,
+                scratch.found,
+                scratch.tiles,
+            ];
+            for s in all.into_iter().flatten() {
                 // SAFETY: our scratch allocations, no longer used.
                 unsafe { (self.driver.mem_free)(s.addr) };
             }
@@ -451,11 +470,17 @@ impl DeviceMemory for CudaMemory {
     fn capabilities(&self) -> Capabilities {
         // Offered only where the configuration asks for it (`set_hash_on_device`): `auto` keeps
         // full copies of device shadows (see `inject::hash_on_device_for`).
-        let device_hash = self.hash_on_device.load(Ordering::Relaxed)
-            && self.enter().is_ok_and(|_guard| self.kernels().is_ok());
+        let on = self.hash_on_device.load(Ordering::Relaxed);
+        let (device_hash, verified_restore) = match on.then(|| self.enter()) {
+            Some(Ok(_guard)) => self
+                .kernels()
+                .map_or((false, false), |k| (true, k.has_restore_verified())),
+            _ => (false, false),
+        };
         Capabilities::NONE
             .with_device_hash(device_hash)
             .with_batched_writes(true)
+            .with_verified_restore(verified_restore)
     }
 
     fn hash_chunks(
@@ -601,6 +626,183 @@ impl DeviceMemory for CudaMemory {
         for (index, _, bytes) in tails {
             out[index] = xxh3_64(&bytes);
         }
+        Ok(())
+    }
+
+    fn restore_verified(
+        &self,
+        job: &VerifiedRestore<'_>,
+        changed: &mut [u64],
+    ) -> Result<(), CopyError> {
+        let Some(first) = job.ranges.iter().find(|r| r.len > 0) else {
+            return Ok(());
+        };
+        let fail = |e: CuError| failed(first.addr, first.len, e);
+        let cs = job.chunk_size;
+        let chunks = job.hashes.len();
+        if cs == 0 || changed.len() != chunks.div_ceil(64) {
+            return Err(CopyError::failed(
+                first.addr,
+                first.len,
+                format!(
+                    "verified restore of {chunks} chunks of {cs} bytes with {} bitmap words",
+                    changed.len()
+                ),
+            ));
+        }
+        for r in job.ranges.iter().filter(|r| r.len > 0) {
+            if r.first + r.len.div_ceil(cs) as usize > chunks {
+                return Err(CopyError::failed(r.addr, r.len, "range past the hashes"));
+            }
+        }
+        // The store's device address: the shadow, or the device mapping of the pinned store.
+        let (store, on_device) = match job.store {
+            StoreBytes::Device(addr) => (addr, true),
+            StoreBytes::Host(bytes) => {
+                let p = bytes.as_ptr() as usize;
+                let mapped = self.mapped.lock();
+                let Some(m) = mapped
+                    .iter()
+                    .find(|m| p >= m.0 && p + bytes.len() <= m.0 + m.1)
+                else {
+                    return Err(CopyError::Unsupported);
+                };
+                (m.2 + (p - m.0) as u64, false)
+            }
+        };
+        let _guard = self.enter().map_err(fail)?;
+        let kernels = match self.kernels() {
+            Ok(k) if k.has_restore_verified() => k,
+            _ => return Err(CopyError::Unsupported),
+        };
+        let (entries, work) = restore_entries(
+            job.ranges
+                .iter()
+                .filter(|r| !r.write)
+                .map(|r| (r.addr, store + r.store_offset, r.len, r.first as u64)),
+            cs,
+        );
+        // The learned write set: copied from the store unhashed, on the same stream.
+        let set: Vec<DeviceCopy> = job
+            .ranges
+            .iter()
+            .filter(|r| r.write)
+            .map(|r| DeviceCopy {
+                dst: r.addr,
+                src: store + r.store_offset,
+                len: r.len,
+            })
+            .collect();
+        let ranges = AllocationCache::new(|a| self.allocation_of(a));
+        let set = coalesce_copies(&set, |a, b| ranges.same(a, b));
+        // Few whole copies between device allocations go to the copy engine; the rest (and any
+        // read from the pinned host store through its mapping) to one gather launch.
+        let set_tiles: Vec<GatherEntry> = if on_device && !use_gather(set.len()) {
+            Vec::new()
+        } else {
+            gather_tiles(&set, GATHER_TILE)
+        };
+        let list_bytes = std::mem::size_of_val(entries.as_slice());
+        let snap_bytes = std::mem::size_of_val(job.hashes);
+        // The bitmap, then the number of copies found.
+        let zeros = vec![0u64; changed.len() + 1];
+        let bits_bytes = std::mem::size_of_val(&*changed);
+        let found_bytes = work * std::mem::size_of::<GatherEntry>() as u64;
+        let tiles_bytes = std::mem::size_of_val(set_tiles.as_slice());
+        let mut scratch = self.scratch.lock();
+        let mut buffer = |slot: fn(&mut Scratch) -> &mut Option<Shadow>, n: u64| {
+            scratch_buffer(self.driver, slot(&mut scratch), n).map_err(fail)
+        };
+        let dev_list = buffer(|s| &mut s.list, list_bytes as u64)?;
+        let dev_bits = buffer(|s| &mut s.bits, (bits_bytes + 8) as u64)?;
+        let dev_found = buffer(|s| &mut s.found, found_bytes)?;
+        let dev_tiles = buffer(|s| &mut s.tiles, tiles_bytes as u64)?;
+        let had = scratch.snap.map(|s| s.addr);
+        let dev_snap =
+            scratch_buffer(self.driver, &mut scratch.snap, snap_bytes as u64).map_err(fail)?;
+        // The snapshot's hashes go to the device once per snapshot (and after a regrowth).
+        let upload_hashes = scratch.snap_id != job.snapshot_id || had != Some(dev_snap);
+        scratch.snap_id = 0;
+        let htod = |dst: CuDevicePtr, src: *const c_void, n: usize| {
+            if n == 0 {
+                return Ok(());
+            }
+            // SAFETY: src is a live host buffer of n bytes until the wait below; dst is a
+            // scratch buffer just sized for it.
+            let rc = unsafe { (self.driver.memcpy_htod_async)(dst, src, n, self.stream()) };
+            self.driver.check("cuMemcpyHtoDAsync_v2", rc)
+        };
+        let dev_count = dev_bits + bits_bytes as u64;
+        let queued = htod(dev_list, entries.as_ptr().cast(), list_bytes)
+            .and_then(|()| {
+                if upload_hashes && work > 0 {
+                    htod(dev_snap, job.hashes.as_ptr().cast(), snap_bytes)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| htod(dev_bits, zeros.as_ptr().cast(), bits_bytes + 8))
+            .and_then(|()| htod(dev_tiles, set_tiles.as_ptr().cast(), tiles_bytes))
+            .and_then(|()| {
+                if work == 0 {
+                    return Ok(());
+                }
+                // SAFETY: every live range is a tracked allocation fenced by the inventory and
+                // every source lies in the snapshot's store (our shadow, or the pinned store
+                // mapped by register_host), both alive until the wait; the scratch buffers were
+                // sized above (the found list for one copy per chunk).
+                unsafe {
+                    kernels.restore_verified(
+                        self.driver,
+                        self.stream(),
+                        dev_list,
+                        entries.len() as u64,
+                        work,
+                        cs,
+                        dev_snap,
+                        dev_bits,
+                        dev_found,
+                        dev_count,
+                    )
+                }
+            })
+            .and_then(|()| {
+                if !set_tiles.is_empty() {
+                    // SAFETY: the tiles (uploaded above) lie in fenced allocations and the
+                    // store, alive until the wait.
+                    return unsafe {
+                        kernels.gather(
+                            self.driver,
+                            self.stream(),
+                            dev_tiles,
+                            set_tiles.len() as u64,
+                        )
+                    };
+                }
+                set.iter().try_for_each(|c| {
+                    // SAFETY: a fenced allocation and our shadow, both device memory of this
+                    // context, alive until the wait.
+                    let rc = unsafe {
+                        (self.driver.memcpy_dtod_async)(c.dst, c.src, c.len as usize, self.stream())
+                    };
+                    self.driver.check("cuMemcpyDtoDAsync_v2", rc)
+                })
+            })
+            .and_then(|()| {
+                // SAFETY: changed is a live host buffer of bits_bytes until the wait below.
+                let rc = unsafe {
+                    (self.driver.memcpy_dtoh_async)(
+                        changed.as_mut_ptr().cast(),
+                        dev_bits,
+                        bits_bytes,
+                        self.stream(),
+                    )
+                };
+                self.driver.check("cuMemcpyDtoHAsync_v2", rc)
+            });
+        let waited = self.sync();
+        queued.and(waited).map_err(fail)?;
+        scratch.snap_id = job.snapshot_id;
         Ok(())
     }
 

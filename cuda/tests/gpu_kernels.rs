@@ -12,7 +12,8 @@ use kreplay_cuda::kernels::override_ptx;
 use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
 use kreplay_snapshot::{
     DeviceMemory, Filter, HashRange, Inventory, MemoryKind, NewAllocation, RestoreRequest,
-    RestoreStrategy, SnapshotConfig, Snapshotter, StoreTier,
+    RestoreStrategy, SnapshotConfig, Snapshotter, StoreBytes, StoreTier, VerifiedRestore,
+    VerifyRange,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -171,6 +172,114 @@ fn one_batched_hash_of_many_ranges_equals_the_host_xxh3_of_each_chunk() {
     drop(mem);
     // SAFETY: our allocation, no longer used.
     unsafe { (d.mem_free)(buf) };
+}
+
+#[test]
+fn one_verified_restore_launch_writes_back_exactly_the_changed_chunks_from_either_store() {
+    let Some(d) = gpu() else { return };
+    let ctx = context(d);
+    let cs = 64usize << 10;
+    // Twelve whole chunks and a 100-byte last one (compared byte for byte on the device).
+    let size = 12 * cs + 100;
+    let snap = noise(size, 0xf00d);
+    // The host's xxh3 of every chunk: an unchanged chunk must hash to exactly this on the GPU.
+    let hashes: Vec<u64> = snap.chunks(cs).map(xxh3_64).collect();
+    let buf = alloc(d, size);
+    let shadow = alloc(d, size);
+    let mem = memory(d, ctx, Arc::new(Inventory::new()));
+    assert!(
+        mem.capabilities().verified_restore,
+        "kreplay_restore_verified did not load"
+    );
+    mem.write(shadow, &snap).unwrap();
+    // A page-aligned host copy, registered as the snapshot crate registers its stores.
+    let mut backing = vec![0u8; size + 4096];
+    let at = backing.as_ptr().align_offset(4096);
+    let pinned = &mut backing[at..at + size];
+    pinned.copy_from_slice(&snap);
+    let pinned = &*pinned;
+    assert!(mem.register_host(pinned.as_ptr(), pinned.len()));
+    let unpinned = snap.clone();
+    let c = cs as u64;
+    // Chunks 0..8 and 10..13 are verified, 8..10 are a learned write set.
+    let ranges = [
+        VerifyRange {
+            addr: buf,
+            len: 8 * c,
+            store_offset: 0,
+            first: 0,
+            write: false,
+        },
+        VerifyRange {
+            addr: buf + 8 * c,
+            len: 2 * c,
+            store_offset: 8 * c,
+            first: 8,
+            write: true,
+        },
+        VerifyRange {
+            addr: buf + 10 * c,
+            len: 2 * c + 100,
+            store_offset: 10 * c,
+            first: 10,
+            write: false,
+        },
+    ];
+    let stores = [
+        ("device shadow", StoreBytes::Device(shadow), 1),
+        ("pinned host", StoreBytes::Host(pinned), 2),
+    ];
+    for (name, store, snapshot_id) in stores {
+        // Twice with the same snapshot: the second uses the hashes the device kept.
+        for round in 0..2u8 {
+            let mut live = snap.clone();
+            for chunk in [1usize, 5, 8, 11] {
+                live[chunk * cs + 7 + usize::from(round)] ^= 0x5a;
+            }
+            live[12 * cs + 99] ^= 1;
+            mem.write(buf, &live).unwrap();
+            let job = VerifiedRestore {
+                ranges: &ranges,
+                store,
+                chunk_size: c,
+                hashes: &hashes,
+                snapshot_id,
+            };
+            let mut changed = vec![0u64; 1];
+            mem.restore_verified(&job, &mut changed).unwrap();
+            // Chunk 8 lies in the write set: written back, never reported.
+            assert_eq!(
+                changed[0],
+                (1 << 1) | (1 << 5) | (1 << 11) | (1 << 12),
+                "{name}, round {round}: changed chunks {:#b}",
+                changed[0]
+            );
+            let mut out = vec![0u8; size];
+            mem.read(buf, &mut out).unwrap();
+            let wrong = out.iter().zip(&snap).filter(|(a, b)| a != b).count();
+            assert_eq!(wrong, 0, "{name}, round {round}: {wrong} bytes differ");
+        }
+    }
+    // A host store the device cannot read is refused untouched, for the two-step path.
+    let job = VerifiedRestore {
+        ranges: &ranges,
+        store: StoreBytes::Host(&unpinned),
+        chunk_size: c,
+        hashes: &hashes,
+        snapshot_id: 3,
+    };
+    let mut changed = vec![0u64; 1];
+    assert_eq!(
+        mem.restore_verified(&job, &mut changed),
+        Err(kreplay_snapshot::CopyError::Unsupported)
+    );
+    mem.unregister_host(pinned.as_ptr(), pinned.len());
+    drop(mem);
+    // SAFETY: our allocations, no longer used.
+    unsafe {
+        (d.mem_free)(buf);
+        (d.mem_free)(shadow);
+    }
 }
 
 /// Four passes of `x += 1` over `fraction` of a 64 MiB buffer (evenly spread 64 KiB runs), with
