@@ -63,17 +63,19 @@ pub mod cbid {
 
     /// Copies fenced against replay windows: `cuMemcpy`, `cuMemcpyAsync`, the `_v2` HtoD, DtoH,
     /// DtoD (and `Async`), 2D, 2D unaligned, 3D (and `Async`), peer copies, the batched copies
-    /// CUDA 12.8 added (`cuMemcpyBatchAsync`, `cuMemcpyBatch3DAsync`), and their `_ptds` /
-    /// `_ptsz` per-thread-stream variants. A batch is fenced on its context's device as a
-    /// whole (the fence needs no parameter of the call).
-    pub const MEMCPY: [CallbackId; 38] = [
+    /// CUDA 12.8 added (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`) and the `_v2` forms CUDA
+    /// 13's headers map those names to, and their `_ptds` / `_ptsz` per-thread-stream variants.
+    /// A batch is fenced on its context's device as a whole (the fence needs no parameter of
+    /// the call, so the `_v2` forms' shorter parameter lists do not matter).
+    pub const MEMCPY: [CallbackId; 42] = [
         305, 306, // cuMemcpy, cuMemcpyAsync
         276, 277, 278, 279, 280, 281, // cuMemcpy{HtoD,DtoH,DtoD}{,Async}_v2
         287, 288, 289, 290, 291, // cuMemcpy2D{,Unaligned,Async}_v2, cuMemcpy3D{,Async}_v2
         318, 319, 320, 321, // cuMemcpyPeer{,Async}, cuMemcpy3DPeer{,Async}
         397, 398, 399, 405, 406, 407, 408, 409, 410, // _ptds
         418, 421, 422, 423, 424, 425, 426, 427, // _ptsz
-        776, 777, 778, 779, // cuMemcpyBatchAsync{,_ptsz}, cuMemcpyBatch3DAsync{,_ptsz}
+        776, 777, 778, 779, // cuMemcpyBatchAsync{,_ptsz}, cuMemcpy3DBatchAsync{,_ptsz}
+        796, 797, 798, 799, // cuMemcpyBatchAsync_v2{,_ptsz}, cuMemcpy3DBatchAsync_v2{,_ptsz}
     ];
 
     /// Memsets fenced against replay windows: `cuMemsetD{8,16,32}` and `cuMemsetD2D{8,16,32}`,

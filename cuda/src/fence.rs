@@ -91,8 +91,10 @@ mod tests {
 
     #[test]
     fn batched_copies_are_fenced_like_every_other_copy() {
-        // cuMemcpyBatchAsync, cuMemcpyBatch3DAsync and their _ptsz variants (CUDA 12.8+).
-        for id in [776, 777, 778, 779] {
+        // cuMemcpyBatchAsync, cuMemcpy3DBatchAsync and their _ptsz variants (CUDA 12.8+), and
+        // the _v2 entry points the CUDA 13 headers map those names to (ids from CUDA 13.0's
+        // cupti_driver_cbid.h): an application built against CUDA 13 only ever calls the _v2.
+        for id in [776, 777, 778, 779, 796, 797, 798, 799] {
             assert_eq!(device_write(id), Some(DeviceWrite::Copy), "{id}");
             assert!(cbid::all().contains(&id), "callback {id} is enabled");
         }
