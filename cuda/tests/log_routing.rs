@@ -2,34 +2,14 @@
 //! has a logger (libkreplay installs its stderr sink before the backend starts), filtered by
 //! `KREPLAY_LOG`'s level, as every other kreplay diagnostic.
 
-use std::sync::Mutex;
-
 use kreplay_cuda::LogLevel;
 
-struct Captured(Mutex<Vec<(log::Level, String, String)>>);
-
-impl log::Log for Captured {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push((
-            record.level(),
-            record.target().to_string(),
-            record.args().to_string(),
-        ));
-    }
-
-    fn flush(&self) {}
-}
-
-static HOST: Captured = Captured(Mutex::new(Vec::new()));
+#[path = "../../ffi/tests/captured/mod.rs"]
+mod captured;
 
 #[test]
 fn backend_messages_reach_the_process_logger_within_the_configured_level() {
-    log::set_logger(&HOST).expect("the first logger of this test process");
-    log::set_max_level(log::LevelFilter::Debug);
+    captured::install();
 
     let warn = LogLevel::Warn;
     kreplay_cuda::inject::emit(
@@ -45,7 +25,7 @@ fn backend_messages_reach_the_process_logger_within_the_configured_level() {
         format_args!("free at 0x10"),
     );
 
-    let seen = HOST.0.lock().unwrap().clone();
+    let seen = captured::records();
     assert_eq!(
         seen,
         [

@@ -1,35 +1,13 @@
 //! kreplay's diagnostics go to the logger the process installed: a Rust host decides where
 //! they go, and installing kreplay's stderr sink (as `OnLoad` does) leaves that logger in place.
 
-use std::sync::Mutex;
-
 use kreplay::logging::{self, LogLevel};
 
-/// A host's logger: keeps every record it is given.
-struct Captured(Mutex<Vec<(log::Level, String, String)>>);
-
-impl log::Log for Captured {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push((
-            record.level(),
-            record.target().to_string(),
-            record.args().to_string(),
-        ));
-    }
-
-    fn flush(&self) {}
-}
-
-static HOST: Captured = Captured(Mutex::new(Vec::new()));
+mod captured;
 
 #[test]
 fn a_host_logger_receives_kreplay_diagnostics_and_keeps_them_after_onload_installs_its_sink() {
-    log::set_logger(&HOST).expect("the first logger of this test process");
-    log::set_max_level(log::LevelFilter::Debug);
+    captured::install();
 
     // What OnLoad does: the host already has a logger, so kreplay's sink is not installed.
     assert!(!logging::install_stderr_logger());
@@ -44,7 +22,7 @@ fn a_host_logger_receives_kreplay_diagnostics_and_keeps_them_after_onload_instal
     assert!(logging::warn_once("facade-test", format_args!("once")));
     assert!(!logging::warn_once("facade-test", format_args!("twice")));
 
-    let seen = HOST.0.lock().unwrap().clone();
+    let seen = captured::records();
     assert_eq!(
         seen,
         [

@@ -3,39 +3,17 @@
 //! C host gets kreplay's stderr sink, where `KREPLAY_LOG` decides (errors print at every level
 //! but `off`).
 
-use std::sync::Mutex;
-
-/// A host's logger: keeps every record it is given.
-struct Captured(Mutex<Vec<(log::Level, String, String)>>);
-
-impl log::Log for Captured {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        self.0.lock().unwrap().push((
-            record.level(),
-            record.target().to_string(),
-            record.args().to_string(),
-        ));
-    }
-
-    fn flush(&self) {}
-}
-
-static HOST: Captured = Captured(Mutex::new(Vec::new()));
+mod captured;
 
 #[test]
 fn a_refused_onload_is_an_error_through_kreplays_logging() {
-    log::set_logger(&HOST).expect("the first logger of this test process");
-    log::set_max_level(log::LevelFilter::Debug);
+    captured::install();
 
     // SAFETY: a null table is one of the inputs OnLoad must refuse; no tool names are passed.
     let loaded = unsafe { kreplay::hsa_tool::OnLoad(std::ptr::null_mut(), 0, 0, std::ptr::null()) };
     assert!(!loaded, "a null table is refused");
 
-    let seen = HOST.0.lock().unwrap().clone();
+    let seen = captured::records();
     let errors: Vec<&(log::Level, String, String)> = seen
         .iter()
         .filter(|(level, target, _)| *level == log::Level::Error && target == "kreplay")
