@@ -13,39 +13,15 @@ use kreplay_passloop::{
     ReplayTool, RestoreRequest, ToolAnswer,
 };
 use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy,
-    SnapshotConfig, Snapshotter, StoreTier,
+    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, SnapshotConfig, Snapshotter,
+    StoreTier,
 };
 
 const AGENT: u64 = 0;
 const WORDS: usize = 4096;
 
-struct HostMemory(Mutex<Vec<u32>>);
-
-impl DeviceMemory for HostMemory {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        let mem = self.0.lock().unwrap();
-        let bytes: &[u8] = bytemuck(&mem);
-        dst.copy_from_slice(&bytes[addr as usize..addr as usize + dst.len()]);
-        Ok(())
-    }
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        let mut mem = self.0.lock().unwrap();
-        let bytes = bytemuck_mut(&mut mem);
-        bytes[addr as usize..addr as usize + src.len()].copy_from_slice(src);
-        Ok(())
-    }
-}
-
-fn bytemuck(v: &[u32]) -> &[u8] {
-    // SAFETY: u32 has no padding and any byte pattern is valid for u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 4) }
-}
-
-fn bytemuck_mut(v: &mut [u32]) -> &mut [u8] {
-    // SAFETY: as above; the borrow is unique.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len() * 4) }
-}
+mod word_memory;
+use word_memory::HostMemory;
 
 /// Launch operations of the fake: `relaunch` runs the kernel, `wait` and `drain` are no-ops.
 struct FakeLaunch {
@@ -151,7 +127,7 @@ struct Rig {
 }
 
 fn rig(config: SnapshotConfig) -> Rig {
-    let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
+    let memory = Arc::new(HostMemory::counting(WORDS));
     let inventory = Arc::new(Inventory::new());
     inventory.on_alloc(NewAllocation {
         base: 0,

@@ -20,12 +20,13 @@ use kreplay_cuda::inject::{DispatchRecord, Tools};
 use kreplay_cuda::{LaunchOps, Mark, Window, WindowContext};
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{DispatchInfo, ReplayOutcome};
-use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
-    Snapshotter,
-};
+use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter};
 
 const WORDS: usize = 256;
+
+#[path = "../../cuda/tests/word_memory/mod.rs"]
+mod word_memory;
+use word_memory::HostMemory;
 
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static TRACED: Mutex<Option<ContextHandle>> = Mutex::new(None);
@@ -88,29 +89,6 @@ unsafe extern "C" fn on_dispatch(record: CallbackRecord, _: *mut UserData, _: *m
         "DISPATCH {} pass {pass} {}..{}",
         d.dispatch_info.dispatch_id, d.start_timestamp, d.end_timestamp
     ));
-}
-
-struct HostMemory(Mutex<Vec<u32>>);
-
-impl DeviceMemory for HostMemory {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        let mem = self.0.lock().unwrap();
-        for (i, b) in dst.iter_mut().enumerate() {
-            let at = addr as usize + i;
-            *b = mem[at / 4].to_le_bytes()[at % 4];
-        }
-        Ok(())
-    }
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        let mut mem = self.0.lock().unwrap();
-        for (i, b) in src.iter().enumerate() {
-            let at = addr as usize + i;
-            let mut w = mem[at / 4].to_le_bytes();
-            w[at % 4] = *b;
-            mem[at / 4] = u32::from_le_bytes(w);
-        }
-        Ok(())
-    }
 }
 
 /// A launch whose "GPU" stamps the clock at each mark, as the injected library's events do,
@@ -210,7 +188,7 @@ fn every_pass_of_a_cuda_launch_and_every_launch_run_once_gets_a_dispatch_record(
     let tools = kreplay::cuda_tool::CudaTools;
     assert!(tools.dispatch_tracing_configured());
 
-    let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
+    let memory = Arc::new(HostMemory::counting(WORDS));
     let inventory = Arc::new(Inventory::new());
     inventory.on_alloc(NewAllocation {
         base: 0,

@@ -16,12 +16,13 @@ use kreplay_cuda::inject::Tools;
 use kreplay_cuda::{LaunchOps, Window, WindowContext};
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{LoopEnd, ReplayOutcome};
-use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
-    Snapshotter,
-};
+use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter};
 
 const WORDS: usize = 1024;
+
+#[path = "../../cuda/tests/word_memory/mod.rs"]
+mod word_memory;
+use word_memory::HostMemory;
 
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static CONTEXT: Mutex<Option<ContextHandle>> = Mutex::new(None);
@@ -83,29 +84,6 @@ unsafe extern "C" fn on_record(record: CallbackRecord, _: *mut UserData, _: *mut
     event(format!("{op} {phase}"));
 }
 
-struct HostMemory(Mutex<Vec<u32>>);
-
-impl DeviceMemory for HostMemory {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        let mem = self.0.lock().unwrap();
-        for (i, b) in dst.iter_mut().enumerate() {
-            let at = addr as usize + i;
-            *b = mem[at / 4].to_le_bytes()[at % 4];
-        }
-        Ok(())
-    }
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        let mut mem = self.0.lock().unwrap();
-        for (i, b) in src.iter().enumerate() {
-            let at = addr as usize + i;
-            let mut w = mem[at / 4].to_le_bytes();
-            w[at % 4] = *b;
-            mem[at / 4] = u32::from_le_bytes(w);
-        }
-        Ok(())
-    }
-}
-
 struct FakeLaunch(Arc<HostMemory>);
 
 impl FakeLaunch {
@@ -162,7 +140,7 @@ fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_la
         .replay_tool()
         .expect("the KERNEL_REPLAY owner decides");
 
-    let memory = Arc::new(HostMemory(Mutex::new((0..WORDS as u32).collect())));
+    let memory = Arc::new(HostMemory::counting(WORDS));
     let inventory = Arc::new(Inventory::new());
     inventory.on_alloc(NewAllocation {
         base: 0,
