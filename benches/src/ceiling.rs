@@ -121,7 +121,7 @@ fn rate(bytes: u64, seconds: f64) -> f64 {
 ///
 /// # Safety
 /// `src` and `dst` are valid for `len` bytes and do not overlap.
-unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+pub(crate) unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_si128, _mm_sfence, _mm_stream_si128};

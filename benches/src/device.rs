@@ -13,6 +13,9 @@ use parking_lot::{Mutex, RwLock};
 use rayon::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
+/// Bytes per block of `copy_on_device` (the pieces kreplay's own copies use too).
+const COPY_BLOCK: usize = 1 << 20;
+
 /// Which optional capabilities a [`HostDevice`] offers besides plain reads and writes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostDeviceOptions {
@@ -267,9 +270,20 @@ impl DeviceMemory for HostDevice {
             return Err(CopyError::Unsupported);
         }
         self.stats.device_copies.fetch_add(1, Ordering::Relaxed);
-        // Like a copy engine working through a list: copies in parallel, each under the locks
-        // of its two allocations (taken in address order; one lock when they coincide).
-        copies.par_iter().try_for_each(|c| {
+        // Like a copy engine working through a list: one copy after the other, each under the
+        // locks of its two allocations (taken in address order; one lock when they coincide)
+        // and split into 1 MiB blocks copied in parallel with streaming stores, as the copy
+        // ceiling's best method does.
+        let stream = |to: &mut [u8], from: &[u8]| {
+            to.par_chunks_mut(COPY_BLOCK)
+                .zip(from.par_chunks(COPY_BLOCK))
+                .for_each(|(t, f)| {
+                    // SAFETY: `t` and `f` hold the same number of bytes, in different
+                    // allocations.
+                    unsafe { crate::ceiling::copy_streaming(t.as_mut_ptr(), f.as_ptr(), t.len()) }
+                });
+        };
+        copies.iter().try_for_each(|c| {
             let (src_base, src) = self.find(c.src, c.len)?;
             let (dst_base, dst) = self.find(c.dst, c.len)?;
             let (s, d) = ((c.src - src_base) as usize, (c.dst - dst_base) as usize);
@@ -278,10 +292,10 @@ impl DeviceMemory for HostDevice {
                 dst.map.write().copy_within(s..s + n, d);
             } else if src_base < dst_base {
                 let from = src.map.read();
-                dst.map.write()[d..d + n].copy_from_slice(&from[s..s + n]);
+                stream(&mut dst.map.write()[d..d + n], &from[s..s + n]);
             } else {
                 let mut to = dst.map.write();
-                to[d..d + n].copy_from_slice(&src.map.read()[s..s + n]);
+                stream(&mut to[d..d + n], &src.map.read()[s..s + n]);
             }
             Ok(())
         })

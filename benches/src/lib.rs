@@ -62,15 +62,17 @@ mod workload;
 pub use ceiling::{Ceiling, copy_ceiling, read_ceiling};
 pub use device::{DeviceStats, HostDevice, HostDeviceOptions};
 pub use matrix::{
-    BenchResults, BenchRow, FootprintCeilings, MatrixConfig, Operation, run_all, run_matrix,
+    BenchResults, BenchRow, FootprintCeilings, MatrixConfig, Operation, Progress, run_all,
+    run_matrix,
 };
 pub use output::{
-    BenchRecord, CSV_HEADER, format_bytes, format_percent, format_seconds, format_table, write_csv,
+    BenchRecord, CSV_HEADER, format_bytes, format_percent, format_seconds, format_table,
+    table_header, table_line, write_csv,
 };
 pub use plot::write_svg;
 pub use replay::{
     AUTO_MAX_OVER_BEST, AutoCheck, Pattern, ReplayConfig, ReplayRow, check_auto,
-    format_replay_table,
+    format_replay_table, replay_table_header, replay_table_line,
 };
 pub use scope::{SCOPE_REGIONS, ScopeRow, run_scope_case};
 pub use targets::{

@@ -315,28 +315,60 @@ pub struct BenchResults {
     pub replay: Vec<ReplayRow>,
 }
 
+/// What [`run_all`] reports as it goes, in this order for every footprint: `Ceilings`, a `Row`
+/// per matrix measurement, `ReplayStart` and a `Replay` per whole-replay row (when replays are
+/// measured), then `CeilingsAgain`. Rows carry the ratio to the ceilings measured before them;
+/// the results [`run_all`] returns carry the ratio to the better of both measurements.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    /// A footprint starts: its ceilings, measured before its rows.
+    Ceilings(&'a FootprintCeilings),
+    /// A matrix row, as soon as it is measured.
+    Row(&'a BenchRow),
+    /// The footprint's whole replays start.
+    ReplayStart {
+        /// Tracked bytes.
+        footprint: u64,
+    },
+    /// A whole-replay row, as soon as it is measured.
+    Replay(&'a ReplayRow),
+    /// The ceilings measured again after the footprint's rows.
+    CeilingsAgain {
+        /// The second measurement.
+        again: &'a FootprintCeilings,
+        /// The better of both, which the returned rows' ratios use.
+        best: &'a FootprintCeilings,
+    },
+}
+
 /// The matrix of [`run_matrix`] and, when `replay` is given, the per-replay costs of
-/// [`crate::ReplayConfig`] at every footprint of `config` (replay's own footprints are
-/// ignored); `progress` sees every replay row as it is measured.
+/// [`crate::ReplayConfig`] at the footprints of `config` that `replay` lists too (measured on
+/// the same tracked memory, after the footprint's matrix rows); `progress` sees every
+/// measurement as it is made (see [`Progress`]).
 pub fn run_all(
     config: &MatrixConfig,
     replay: Option<&ReplayConfig>,
-    mut progress: impl FnMut(&ReplayRow),
+    mut progress: impl FnMut(Progress<'_>),
 ) -> Result<BenchResults, String> {
     let mut results = BenchResults::default();
     for &footprint in &config.footprints {
         let first = results.rows.len();
         let before = measure_ceilings(footprint, config.repeats)?;
-        results.rows.extend(ceiling_rows(&before));
-        let bench = measure_footprint(config, footprint, &mut results.rows)?;
-        if let Some(replay) = replay {
+        progress(Progress::Ceilings(&before));
+        for row in ceiling_rows(&before) {
+            progress(Progress::Row(&row));
+            results.rows.push(row);
+        }
+        let bench = measure_footprint(config, footprint, &mut results.rows, &mut progress)?;
+        if let Some(replay) = replay.filter(|r| r.footprints.contains(&footprint)) {
+            progress(Progress::ReplayStart { footprint });
             results.replay.extend(crate::replay::measure(
                 replay,
                 config,
                 &bench,
                 footprint,
                 before.copy.gbps,
-                &mut progress,
+                |row| progress(Progress::Replay(row)),
             )?);
         }
         drop(bench);
@@ -344,9 +376,13 @@ pub fn run_all(
         keep_best_ceilings(&mut results.rows[first..], &ceiling_rows(&again));
         let best = FootprintCeilings {
             footprint,
-            copy: before.copy.better(again.copy),
-            read: before.read.better(again.read),
+            copy: before.copy.clone().better(again.copy.clone()),
+            read: before.read.clone().better(again.read.clone()),
         };
+        progress(Progress::CeilingsAgain {
+            again: &again,
+            best: &best,
+        });
         for row in results
             .replay
             .iter_mut()
@@ -388,6 +424,7 @@ fn measure_footprint(
     config: &MatrixConfig,
     footprint: u64,
     rows: &mut Vec<BenchRow>,
+    progress: &mut impl FnMut(Progress<'_>),
 ) -> Result<Bench, String> {
     let copy_ceiling = rows[rows.len() - 2].gbps;
     let read_ceiling = rows[rows.len() - 1].gbps;
@@ -406,6 +443,10 @@ fn measure_footprint(
             ratio: gbps / ceiling,
         }
     };
+    let mut push = |row: BenchRow| {
+        progress(Progress::Row(&row));
+        rows.push(row);
+    };
     for &tier in &config.tiers {
         for &strategy in &config.strategies {
             let snapshotter = bench.snapshotter(config, strategy, tier)?;
@@ -422,7 +463,7 @@ fn measure_footprint(
             let (first, cold) = take()?;
             let used_tier = first.tier();
             drop(first);
-            rows.push(row(
+            push(row(
                 strategy,
                 used_tier,
                 Operation::SnapshotCold,
@@ -431,7 +472,7 @@ fn measure_footprint(
                 copy_ceiling,
             ));
             let seconds = best(config.repeats, || take().map(|(_, t)| t))?;
-            rows.push(row(
+            push(row(
                 strategy,
                 used_tier,
                 Operation::Snapshot,
@@ -455,7 +496,7 @@ fn measure_footprint(
                 };
                 pass(&mut snapshot)?; // pass 0: the write set is learned here
                 let seconds = best(config.repeats, || pass(&mut snapshot))?;
-                rows.push(row(
+                push(row(
                     strategy,
                     used_tier,
                     Operation::Restore,
@@ -464,7 +505,7 @@ fn measure_footprint(
                     copy_ceiling,
                 ));
                 if strategy == RestoreStrategy::Hash && fraction == 0.0 {
-                    rows.push(row(
+                    push(row(
                         strategy,
                         used_tier,
                         Operation::Detect,

@@ -25,59 +25,71 @@ pub fn format_bytes(bytes: u64) -> String {
     format!("{bytes}B")
 }
 
-/// The rows as an aligned text table, with the ceiling beside every figure.
-pub fn format_table(rows: &[BenchRow]) -> String {
-    let header = [
-        "footprint",
-        "dirty",
-        "strategy",
-        "tier",
-        "operation",
-        "time",
-        "GB/s",
-        "ceiling",
-        "ceiling GB/s",
-        "ratio",
-    ];
-    let cells: Vec<[String; 10]> = rows
-        .iter()
-        .map(|r| {
-            [
-                format_bytes(r.footprint),
-                format_percent(r.dirty_fraction),
-                label_or_dash(r.strategy),
-                label_or_dash(r.tier),
-                r.operation.to_string(),
-                format_seconds(r.seconds),
-                format!("{:.2}", r.gbps),
-                r.operation.ceiling().to_string(),
-                format!("{:.2}", r.ceiling_gbps),
-                format!("{:.3}", r.ratio),
-            ]
-        })
-        .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
+/// Columns of the matrix table, each with its minimum width: wide enough for every value the
+/// bench prints, so that rows line up when they are printed one by one as they are measured.
+const COLUMNS: [(&str, usize); 10] = [
+    ("footprint", 9),
+    ("dirty", 5),
+    ("strategy", 19),
+    ("tier", 6),
+    ("operation", 13),
+    ("time", 10),
+    ("GB/s", 7),
+    ("ceiling", 12),
+    ("ceiling GB/s", 12),
+    ("ratio", 6),
+];
+
+/// One line of fixed-width fields (text columns left-aligned, the others right-aligned),
+/// without trailing spaces.
+pub(crate) fn fixed_line(fields: &[String], widths: &[usize], text_columns: &[usize]) -> String {
+    let mut out = String::new();
+    for (i, (f, &w)) in fields.iter().zip(widths).enumerate() {
+        let w = w.max(f.len());
+        if text_columns.contains(&i) {
+            let _ = write!(out, "{f:<w$}  ");
+        } else {
+            let _ = write!(out, "{f:>w$}  ");
         }
     }
-    let mut out = String::new();
-    let mut line = |fields: &[String]| {
-        for (i, (f, w)) in fields.iter().zip(widths).enumerate() {
-            // Text columns left-aligned, numbers right-aligned.
-            if i < 5 || i == 7 {
-                let _ = write!(out, "{f:<w$}  ");
-            } else {
-                let _ = write!(out, "{f:>w$}  ");
-            }
-        }
-        out.truncate(out.trim_end().len());
-        out.push('\n');
-    };
-    line(&header.map(String::from));
-    for row in &cells {
-        line(row);
+    out.truncate(out.trim_end().len());
+    out.push('\n');
+    out
+}
+
+fn matrix_line(fields: &[String]) -> String {
+    let widths = COLUMNS.map(|(h, w)| w.max(h.len()));
+    fixed_line(fields, &widths, &[0, 1, 2, 3, 4, 7])
+}
+
+/// The header line of the matrix table ([`format_table`]).
+pub fn table_header() -> String {
+    matrix_line(&COLUMNS.map(|(h, _)| h.to_string()))
+}
+
+/// One row of the matrix table, aligned under [`table_header`], so that a row can be printed
+/// as soon as it is measured.
+pub fn table_line(r: &BenchRow) -> String {
+    matrix_line(&[
+        format_bytes(r.footprint),
+        format_percent(r.dirty_fraction),
+        label_or_dash(r.strategy),
+        label_or_dash(r.tier),
+        r.operation.to_string(),
+        format_seconds(r.seconds),
+        format!("{:.2}", r.gbps),
+        r.operation.ceiling().to_string(),
+        format!("{:.2}", r.ceiling_gbps),
+        format!("{:.3}", r.ratio),
+    ])
+}
+
+/// The rows as an aligned text table, with the ceiling beside every figure: [`table_header`]
+/// and a [`table_line`] per row.
+pub fn format_table(rows: &[BenchRow]) -> String {
+    let mut out = table_header();
+    for r in rows {
+        out += &table_line(r);
     }
     out
 }

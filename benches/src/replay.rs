@@ -93,11 +93,31 @@ pub struct ReplayConfig {
     pub strategies: Vec<RestoreStrategy>,
     /// Dirty patterns.
     pub patterns: Vec<Pattern>,
-    /// Dispatches of the kernel per cell: the first is cold, the later ones reuse what it
-    /// learned (at least 2).
+    /// Independent dispatch sequences per cell of up to [`ReplayConfig::long_passes`] passes,
+    /// each on a kernel nothing was learned about: the first dispatch of a cell is the best of
+    /// the sequences' first dispatches, the later dispatch the best of all their later ones.
+    pub sequences: usize,
+    /// Replays of more passes than this are long: they get [`ReplayConfig::long_sequences`]
+    /// sequences per cell instead (their many restores already average out noise).
+    pub long_passes: u64,
+    /// Sequences per cell of a long replay (at least 1).
+    pub long_sequences: usize,
+    /// Dispatches of the kernel per sequence: the first is cold, the later ones reuse what the
+    /// earlier ones learned (at least 2).
     pub dispatches: usize,
-    /// The store tier.
-    pub tier: StoreTier,
+    /// The store tiers.
+    pub tiers: Vec<StoreTier>,
+}
+
+impl ReplayConfig {
+    /// Sequences measured per cell of `passes` passes (at least 1).
+    pub fn sequences_for(&self, passes: u64) -> usize {
+        if passes > self.long_passes {
+            self.long_sequences.max(1)
+        } else {
+            self.sequences.max(1)
+        }
+    }
 }
 
 impl Default for ReplayConfig {
@@ -114,8 +134,11 @@ impl Default for ReplayConfig {
                 RestoreStrategy::WritesetUnverified,
             ],
             patterns: Pattern::ALL.to_vec(),
-            dispatches: 3,
-            tier: StoreTier::Host,
+            sequences: 3,
+            long_passes: 8,
+            long_sequences: 1,
+            dispatches: 2,
+            tiers: vec![StoreTier::Host],
         }
     }
 }
@@ -131,14 +154,21 @@ pub struct ReplayRow {
     pub pattern: Pattern,
     /// Passes of each replay.
     pub passes: u64,
+    /// The store tier.
+    pub tier: StoreTier,
     /// Strategy configured.
     pub strategy: RestoreStrategy,
-    /// Snapshot plus every restore of the kernel's first dispatch (nothing learned before).
+    /// Snapshot plus every restore of a kernel's first dispatch (nothing learned about that
+    /// kernel before), the best of the cell's sequences.
     pub first_seconds: f64,
-    /// The same for a later dispatch of the kernel (the best of the later ones), reusing what
-    /// the earlier dispatches learned.
+    /// The same for a later dispatch of the kernel (the best of the cell's later ones), reusing
+    /// what the earlier dispatches learned.
     pub later_seconds: f64,
-    /// One full restore of the footprint, measured in the same run.
+    /// Dispatch sequences measured (`first_seconds` is the best of their first dispatches).
+    pub sequences: usize,
+    /// Dispatches per sequence (`later_seconds` is the best of all but the first ones).
+    pub dispatches: usize,
+    /// One full restore of the footprint in the same tier, measured in the same run.
     pub full_restore_seconds: f64,
     /// The machine's copy ceiling, GB/s.
     pub copy_ceiling_gbps: f64,
@@ -212,8 +242,33 @@ fn snapshotter(
         .map_err(|e| e.to_string())
 }
 
+fn full_restore_seconds(bench: &Bench, tier: StoreTier, chunk: u64) -> Result<f64, String> {
+    let full = snapshotter(bench, RestoreStrategy::Full, tier, chunk)?;
+    let mut s = full
+        .snapshot(&Filter::for_replay(1))
+        .map_err(|e| e.to_string())?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let start = Instant::now();
+        s.restore(&RestoreRequest {
+            next_pass: 1,
+            may_be_final: false,
+        })
+        .map_err(|e| e.to_string())?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
 /// Measures every cell of `config` at `footprint` on `bench`; `copy_ceiling_gbps` is the
-/// ceiling measured for that footprint.
+/// ceiling measured for that footprint; `progress` sees each row as soon as it is measured.
+///
+/// One snapshotter per tier and strategy lives through the footprint (it keeps the machine's
+/// measured rates, as a process's snapshotter does), but only one of them holds a store at a
+/// time: a strategy's store is allocated and faulted in by an untimed snapshot (a process pays
+/// that once, not per dispatch) before its replays of a (dirty, pattern) block and released
+/// after them, so the memory used stays at the footprint plus one store. Every cell replays
+/// another kernel, so each cell's first dispatch has nothing learned before it.
 pub(crate) fn measure(
     config: &ReplayConfig,
     matrix: &MatrixConfig,
@@ -222,66 +277,68 @@ pub(crate) fn measure(
     copy_ceiling_gbps: f64,
     mut progress: impl FnMut(&ReplayRow),
 ) -> Result<Vec<ReplayRow>, String> {
-    let full = snapshotter(bench, RestoreStrategy::Full, config.tier, matrix.chunk_size)?;
-    let mut s = full
-        .snapshot(&Filter::for_replay(1))
-        .map_err(|e| e.to_string())?;
-    let mut full_restore = f64::INFINITY;
-    for _ in 0..3 {
-        let start = Instant::now();
-        s.restore(&RestoreRequest {
-            next_pass: 1,
-            may_be_final: false,
-        })
-        .map_err(|e| e.to_string())?;
-        full_restore = full_restore.min(start.elapsed().as_secs_f64());
-    }
-    drop(s);
-    // One snapshotter per strategy, its store allocated and faulted in by an untimed snapshot
-    // (a process pays that once, not per dispatch); every cell replays another kernel, so each
-    // cell's first dispatch has nothing learned before it.
-    let mut snapshotters = Vec::new();
-    for &strategy in &config.strategies {
-        let s = snapshotter(bench, strategy, config.tier, matrix.chunk_size)?;
-        drop(
-            s.snapshot(&Filter::for_replay(1))
-                .map_err(|e| e.to_string())?,
-        );
-        snapshotters.push((strategy, s));
-    }
-    let mut kernel = KERNEL;
     let mut rows = Vec::new();
-    for &fraction in &config.dirty_fractions {
-        for &pattern in &config.patterns {
-            for &passes in &config.passes {
-                kernel += 1;
+    let mut kernel = KERNEL;
+    for &tier in &config.tiers {
+        let full_restore = full_restore_seconds(bench, tier, matrix.chunk_size)?;
+        let snapshotters = config
+            .strategies
+            .iter()
+            .map(|&strategy| {
+                snapshotter(bench, strategy, tier, matrix.chunk_size).map(|s| (strategy, s))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        for &fraction in &config.dirty_fractions {
+            for &pattern in &config.patterns {
                 for (strategy, snapshotter) in &snapshotters {
-                    let strategy = *strategy;
-                    let mut first = 0.0;
-                    let mut later = f64::INFINITY;
-                    for d in 0..config.dispatches.max(2) as u64 {
-                        let t =
-                            replay_once(bench, snapshotter, kernel, pattern, fraction, d, passes)?
+                    drop(
+                        snapshotter
+                            .snapshot(&Filter::for_replay(1))
+                            .map_err(|e| e.to_string())?,
+                    );
+                    for &passes in &config.passes {
+                        let sequences = config.sequences_for(passes);
+                        let dispatches = config.dispatches.max(2);
+                        let mut first = f64::INFINITY;
+                        let mut later = f64::INFINITY;
+                        for _ in 0..sequences {
+                            kernel += 1;
+                            for d in 0..dispatches as u64 {
+                                let t = replay_once(
+                                    bench,
+                                    snapshotter,
+                                    kernel,
+                                    pattern,
+                                    fraction,
+                                    d,
+                                    passes,
+                                )?
                                 .as_secs_f64();
-                        if d == 0 {
-                            first = t;
-                        } else {
-                            later = later.min(t);
+                                if d == 0 {
+                                    first = first.min(t);
+                                } else {
+                                    later = later.min(t);
+                                }
+                            }
                         }
+                        let row = ReplayRow {
+                            footprint,
+                            dirty_fraction: fraction,
+                            pattern,
+                            passes,
+                            tier,
+                            strategy: *strategy,
+                            first_seconds: first,
+                            later_seconds: later,
+                            sequences,
+                            dispatches,
+                            full_restore_seconds: full_restore,
+                            copy_ceiling_gbps,
+                        };
+                        progress(&row);
+                        rows.push(row);
                     }
-                    let row = ReplayRow {
-                        footprint,
-                        dirty_fraction: fraction,
-                        pattern,
-                        passes,
-                        strategy,
-                        first_seconds: first,
-                        later_seconds: later,
-                        full_restore_seconds: full_restore,
-                        copy_ceiling_gbps,
-                    };
-                    progress(&row);
-                    rows.push(row);
+                    snapshotter.release_cached_store();
                 }
             }
         }
@@ -322,11 +379,13 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
                 && r.dirty_fraction == auto.dirty_fraction
                 && r.pattern == auto.pattern
                 && r.passes == auto.passes
+                && r.tier == auto.tier
                 && is_fixed_verified(r.strategy)
         };
         let cell = format!(
-            "{} {} {} N={}",
+            "{} {} {} {} N={}",
             format_bytes(auto.footprint),
+            auto.tier,
             format_percent(auto.dirty_fraction),
             auto.pattern,
             auto.passes
@@ -355,61 +414,57 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
     checks
 }
 
-/// The per-replay table.
+/// Columns of the per-replay table with their minimum widths (see [`crate::table_header`]).
+const REPLAY_COLUMNS: [(&str, usize); 12] = [
+    ("footprint", 9),
+    ("dirty", 5),
+    ("pattern", 15),
+    ("N", 2),
+    ("tier", 6),
+    ("strategy", 19),
+    ("first dispatch", 14),
+    ("/N full", 7),
+    ("later dispatch", 14),
+    ("/N full", 7),
+    ("N full restores", 15),
+    ("N copies at ceiling", 19),
+];
+
+fn replay_line(fields: &[String]) -> String {
+    let widths = REPLAY_COLUMNS.map(|(h, w)| w.max(h.len()));
+    let mut line = String::from("  ");
+    line += &crate::output::fixed_line(fields, &widths, &[0, 1, 2, 3, 4, 5]);
+    line
+}
+
+/// The header line of the per-replay table.
+pub fn replay_table_header() -> String {
+    replay_line(&REPLAY_COLUMNS.map(|(h, _)| h.to_string()))
+}
+
+/// One row of the per-replay table, aligned under [`replay_table_header`].
+pub fn replay_table_line(r: &ReplayRow) -> String {
+    replay_line(&[
+        format_bytes(r.footprint),
+        format_percent(r.dirty_fraction),
+        r.pattern.to_string(),
+        r.passes.to_string(),
+        r.tier.to_string(),
+        r.strategy.to_string(),
+        format_seconds(r.first_seconds),
+        format!("{:.3}", r.first_seconds / r.n_full()),
+        format_seconds(r.later_seconds),
+        format!("{:.3}", r.later_seconds / r.n_full()),
+        format_seconds(r.n_full()),
+        format_seconds(r.n_ceiling()),
+    ])
+}
+
+/// The per-replay table: [`replay_table_header`] and a [`replay_table_line`] per row.
 pub fn format_replay_table(rows: &[ReplayRow]) -> String {
-    let header = [
-        "footprint",
-        "dirty",
-        "pattern",
-        "N",
-        "strategy",
-        "first dispatch",
-        "/N full",
-        "later dispatch",
-        "/N full",
-        "N full restores",
-        "N copies at ceiling",
-    ];
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                format_bytes(r.footprint),
-                format_percent(r.dirty_fraction),
-                r.pattern.to_string(),
-                r.passes.to_string(),
-                r.strategy.to_string(),
-                format_seconds(r.first_seconds),
-                format!("{:.3}", r.first_seconds / r.n_full()),
-                format_seconds(r.later_seconds),
-                format!("{:.3}", r.later_seconds / r.n_full()),
-                format_seconds(r.n_full()),
-                format_seconds(r.n_ceiling()),
-            ]
-        })
-        .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |fields: &[String]| {
-        out.push_str("  ");
-        for (i, (f, w)) in fields.iter().zip(&widths).enumerate() {
-            if i < 5 {
-                out.push_str(&format!("{f:<w$}  "));
-            } else {
-                out.push_str(&format!("{f:>w$}  "));
-            }
-        }
-        out.truncate(out.trim_end().len());
-        out.push('\n');
-    };
-    line(&header.map(String::from));
-    for row in &cells {
-        line(row);
+    let mut out = replay_table_header();
+    for r in rows {
+        out += &replay_table_line(r);
     }
     out
 }
@@ -446,9 +501,12 @@ mod tests {
             dirty_fraction: 0.01,
             pattern: Pattern::SameScattered,
             passes: 4,
+            tier: StoreTier::Host,
             strategy,
             first_seconds: first,
             later_seconds: later,
+            sequences: 3,
+            dispatches: 2,
             full_restore_seconds: 1.0,
             copy_ceiling_gbps: 10.0,
         };

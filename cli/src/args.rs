@@ -251,6 +251,11 @@ pub struct BenchOptions {
     pub replay_passes: Vec<u64>,
     /// Fractions of chunks each pass of those replays writes (`--replay-dirty`, in percent).
     pub replay_dirty: Vec<f64>,
+    /// Store tiers of those replays (`--replay-tiers`).
+    pub replay_tiers: Vec<StoreTier>,
+    /// Footprints of those replays (`--replay-footprints`; `None`: the smallest of
+    /// `footprints`).
+    pub replay_footprints: Option<Vec<u64>>,
 }
 
 impl Default for BenchOptions {
@@ -273,6 +278,8 @@ impl Default for BenchOptions {
                 .iter()
                 .map(|p| p / 100.0)
                 .collect(),
+            replay_tiers: vec![StoreTier::Host],
+            replay_footprints: None,
         }
     }
 }
@@ -778,6 +785,12 @@ struct BenchArgs {
     /// dirty percentages of those replays (default 1,10)
     #[arg(long = "replay-dirty", value_name = "LIST", value_parser = list(parse_percent))]
     replay_dirty: Option<List<f64>>,
+    /// store tiers of those replays: host, file, device, auto (default host)
+    #[arg(long = "replay-tiers", value_name = "LIST", value_parser = list(parse_tier))]
+    replay_tiers: Option<List<StoreTier>>,
+    /// footprints of those replays, each one of --footprints (default: the smallest)
+    #[arg(long = "replay-footprints", value_name = "LIST", value_parser = list(parse_size))]
+    replay_footprints: Option<List<u64>>,
     /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
     /// device and host, strategies full, hash, writeset and writeset-unverified; default
     /// footprints 1G,8G, dirty 0.1,1,10,100)
@@ -788,13 +801,27 @@ struct BenchArgs {
 impl BenchArgs {
     fn into_command(self) -> Result<Command, String> {
         if self.backend != Some(DeviceBackend::Cuda) {
-            return Ok(Command::Bench(self.into_options()));
+            let options = self.into_options();
+            if let Some(missing) = options
+                .replay_footprints
+                .iter()
+                .flatten()
+                .find(|f| !options.footprints.contains(f))
+            {
+                return Err(format!(
+                    "--replay-footprints: {} is not one of --footprints",
+                    kreplay_benches::format_bytes(*missing)
+                ));
+            }
+            return Ok(Command::Bench(options));
         }
         let softhsa_only = [
             ("--svg", self.svg.is_some()),
             ("--discrete", self.discrete),
             ("--passes", self.passes.is_some()),
             ("--replay-dirty", self.replay_dirty.is_some()),
+            ("--replay-tiers", self.replay_tiers.is_some()),
+            ("--replay-footprints", self.replay_footprints.is_some()),
         ];
         if let Some((name, _)) = softhsa_only.iter().find(|(_, given)| *given) {
             return Err(format!(
@@ -847,6 +874,8 @@ impl BenchArgs {
             replay_dirty: self.replay_dirty.map_or(defaults.replay_dirty, |l| {
                 l.0.into_iter().map(|p| p / 100.0).collect()
             }),
+            replay_tiers: self.replay_tiers.map_or(defaults.replay_tiers, |l| l.0),
+            replay_footprints: self.replay_footprints.map(|l| l.0),
         }
     }
 }
@@ -1710,7 +1739,28 @@ mod tests {
                 .is_empty()
         );
         assert!(bench(&["--passes", "1"]).is_err());
+        let more = bench(&[
+            "--footprints",
+            "256M,1G",
+            "--replay-footprints",
+            "1G",
+            "--replay-tiers",
+            "host,file",
+        ])
+        .unwrap();
+        assert_eq!(more.replay_footprints, Some(vec![1 << 30]));
+        assert_eq!(more.replay_tiers, vec![StoreTier::Host, StoreTier::File]);
+        let error = bench(&["--footprints", "256M", "--replay-footprints", "1G"]).unwrap_err();
+        assert!(
+            error
+                .message
+                .contains("--replay-footprints: 1GiB is not one of --footprints"),
+            "{}",
+            error.message
+        );
         let defaults = bench(&[]).unwrap();
+        assert_eq!(defaults.replay_footprints, None);
+        assert_eq!(defaults.replay_tiers, vec![StoreTier::Host]);
         assert_eq!(defaults, BenchOptions::default());
         assert_eq!(defaults.footprints, vec![64 << 20, 256 << 20]);
         assert_eq!(defaults.dirty_fractions, vec![0.0, 0.01, 0.1, 1.0]);

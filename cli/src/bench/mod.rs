@@ -16,10 +16,10 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use kreplay_benches::{
-    AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, ReplayConfig,
-    ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_targets, format_bytes,
-    format_percent, format_replay_table, format_seconds, format_table, run_all, run_scope_case,
-    write_csv, write_svg,
+    AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, Progress,
+    ReplayConfig, ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_targets,
+    format_bytes, format_percent, format_seconds, replay_table_header, replay_table_line, run_all,
+    run_scope_case, table_header, table_line, write_csv, write_svg,
 };
 
 use crate::args::BenchOptions;
@@ -101,25 +101,30 @@ pub fn matrix_config(options: &BenchOptions) -> MatrixConfig {
     }
 }
 
-/// The replay configuration `options` describe (`None`: no per-replay section).
+/// The replay configuration `options` describe (`None`: no per-replay section). Whole replays
+/// run at the smallest footprint unless `--replay-footprints` names others: they replay every
+/// cell several times over the footprint, so at the largest footprints they would take most of
+/// the run.
 pub fn replay_config(options: &BenchOptions) -> Option<ReplayConfig> {
     if options.replay_passes.is_empty() || options.replay_dirty.is_empty() {
         return None;
     }
+    let smallest = options.footprints.iter().copied().min();
     Some(ReplayConfig {
-        footprints: options.footprints.clone(),
+        footprints: options
+            .replay_footprints
+            .clone()
+            .unwrap_or_else(|| smallest.into_iter().collect()),
         dirty_fractions: options.replay_dirty.clone(),
         passes: options.replay_passes.clone(),
+        tiers: options.replay_tiers.clone(),
         ..ReplayConfig::default()
     })
 }
 
-/// The ceilings section: each ceiling with the method that reached it.
-pub fn render_ceilings(ceilings: &[FootprintCeilings]) -> String {
-    let mut text = String::from(
-        "ceilings of this machine (code independent of kreplay's; the better of a measurement \
-         before and one after the footprint's rows):\n",
-    );
+/// A ceilings section under `title`: each ceiling with the method that reached it.
+pub fn render_ceilings(title: &str, ceilings: &[FootprintCeilings]) -> String {
+    let mut text = format!("{title}:\n");
     for c in ceilings {
         text += &format!(
             "  {} copy: {}\n  {} read: {}\n",
@@ -280,34 +285,96 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     write(out, &header)?;
 
     let replay = replay_config(options);
-    let results = run_all(&config, replay.as_ref(), |_| {})?;
+    // Every measurement is printed (and flushed) as soon as it is made; a failed write stops
+    // the printing and is reported once the run returns.
+    let mut failed: Option<String> = None;
+    let results = {
+        let mut say = |text: &str| {
+            if failed.is_none()
+                && let Err(e) = write(out, text)
+            {
+                failed = Some(e);
+            }
+        };
+        run_all(&config, replay.as_ref(), |event| match event {
+            Progress::Ceilings(c) => {
+                say(&render_ceilings(
+                    "ceilings measured before",
+                    std::slice::from_ref(c),
+                ));
+                say("\n");
+                say(&table_header());
+            }
+            Progress::Row(row) => say(&table_line(row)),
+            Progress::ReplayStart { footprint } => say(&format!(
+                "\nwhole replays at {} (ratios to the ceilings measured before; see the end of \
+                 the report for what the columns mean):\n{}",
+                format_bytes(footprint),
+                replay_table_header()
+            )),
+            Progress::Replay(row) => say(&replay_table_line(row)),
+            Progress::CeilingsAgain { again, best } => {
+                say("\n");
+                say(&render_ceilings(
+                    "ceilings measured again after",
+                    std::slice::from_ref(again),
+                ));
+                say(&format!(
+                    "  kept (the better of both, used by the targets and the CSV): copy {:.2} \
+                     GB/s, read {:.2} GB/s\n\n",
+                    best.copy.gbps, best.read.gbps
+                ));
+            }
+        })?
+    };
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let rows = results.rows;
     let targets = check_targets(&config, &rows);
-    let mut text = render_ceilings(&results.ceilings);
+    let mut text = String::from(
+        "time: best of the repetitions. GB/s: footprint bytes per second (for restores of part \
+         of the footprint an effective rate, not bytes moved). ceiling: the machine's copy or \
+         read ceiling over the same bytes, above; ratio = GB/s / ceiling GB/s. snapshot_cold: a \
+         snapshotter's first snapshot (store allocated and faulted in); snapshot and restore: \
+         steady state (writeset and auto restores verify: every chunk outside the learned set \
+         is hashed). detect: a hash restore with nothing dirty (the hash pass alone).\n\n",
+    );
+    text += &render_ceilings(
+        "ceilings of this machine (code independent of kreplay's; the better of a measurement \
+         before and one after the footprint's rows)",
+        &results.ceilings,
+    );
     text += "\n";
-    text += &format_table(&rows);
-    text += "\ntime: best of the repetitions. GB/s: footprint bytes per second (for restores of \
-             part of the footprint an effective rate, not bytes moved). ceiling: the machine's \
-             copy or read ceiling over the same bytes, above; ratio = GB/s / ceiling GB/s. \
-             snapshot_cold: a snapshotter's first snapshot (store allocated and faulted in); \
-             snapshot and restore: steady state (writeset and auto restores verify: every chunk \
-             outside the learned set is hashed). detect: a hash restore with nothing dirty (the \
-             hash pass alone).\n\n";
     text += &render_targets(&targets);
+    write(out, &text)?;
     let scopes = run_scope_case(largest, config.repeats, config.host_windows)?;
-    text += "\n";
+    let mut text = String::from("\n");
     text += &render_scopes(&scopes);
     let auto = check_auto(&results.replay);
     if !results.replay.is_empty() {
-        text += "\nwhole replays: snapshot plus every restore of an N-pass replay (host store; \
-                 learning and verification included; the passes themselves only write the \
-                 dirty chunks and are not counted). first dispatch: nothing learned before; \
-                 later dispatch: the best of the kernel's later dispatches, which reuse what \
-                 the earlier ones learned. /N full: divided by N full restores of the \
-                 footprint measured in this run; N copies at ceiling: N copies of the \
-                 footprint at the machine's copy ceiling. writeset-unverified skips \
-                 verification between passes (opt-in) and is never counted as the best.\n";
-        text += &format_replay_table(&results.replay);
+        let (sequences, long_sequences, dispatches, long_passes) =
+            replay.as_ref().map_or((0, 0, 0, 0), |r| {
+                (
+                    r.sequences_for(r.long_passes),
+                    r.sequences_for(r.long_passes + 1),
+                    r.dispatches.max(2),
+                    r.long_passes,
+                )
+            });
+        text += &format!(
+            "\nwhole replays (the tables above): snapshot plus every restore of an N-pass \
+             replay (learning and verification included; the passes themselves only write the \
+             dirty chunks and are not counted). Each cell replays {sequences} sequences ({} for \
+             more than {long_passes} passes) of {dispatches} dispatches of a kernel nothing was \
+             learned about. first dispatch: the best of the sequences' first dispatches; later \
+             dispatch: the best of the later ones, which reuse what the earlier ones of their \
+             kernel learned. /N full: divided by N full restores of the footprint in the same \
+             tier measured in this run; N copies at ceiling: N copies of the footprint at the \
+             machine's copy ceiling. writeset-unverified skips verification between passes \
+             (opt-in) and is never counted as the best.\n",
+            long_sequences,
+        );
         text += "\n";
         text += &render_auto(&auto);
     }
@@ -391,7 +458,7 @@ mod tests {
         }
         // 2 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
         assert_eq!(outcome.rows.len(), 2 + 3 * 4 + 1);
-        // 1 footprint x 1 dirty fraction x 4 patterns x 1 N x 5 strategies.
+        // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x 5 strategies.
         assert_eq!(outcome.replay.len(), 4 * 5);
         assert_eq!(outcome.auto.len(), 4 * 2);
         assert!(
