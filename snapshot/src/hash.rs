@@ -18,6 +18,11 @@ const SECRET_LEN: usize = 192;
 const STRIPE: usize = 64;
 const STRIPES_PER_BLOCK: usize = (SECRET_LEN - STRIPE) / 8;
 const BLOCK: usize = STRIPE * STRIPES_PER_BLOCK;
+/// How far ahead of the stripe being hashed the AVX2 loop asks for memory. Hashing runs at
+/// several times the memory's read rate once the data is in cache, so without it a thread
+/// alternates between waiting for memory and hashing (one thread hashed 7-9 GB/s out of memory
+/// without it and 9.5-10.5 GB/s with it on the 2-core test machine).
+const PREFETCH_AHEAD: usize = 1024;
 /// Inputs up to this length take XXH3's short paths (never vectorised): left to `xxhash-rust`.
 const MID_MAX: usize = 240;
 
@@ -190,15 +195,14 @@ mod avx2 {
         let blocks = (len - 1) / BLOCK;
         for b in 0..blocks {
             for s in 0..STRIPES_PER_BLOCK {
+                let at = b * BLOCK + s * STRIPE;
+                // Ask for the line PREFETCH_AHEAD bytes on now, so that memory reads overlap
+                // the hashing instead of alternating with it. A prefetch never faults, and
+                // `wrapping_add` keeps the address computation defined past the end.
+                _mm_prefetch::<_MM_HINT_T0>(input.wrapping_add(at + PREFETCH_AHEAD).cast());
                 // SAFETY: stripe `s` of block `b` lies inside `bytes` (b < blocks); the secret
                 // offset s * 8 + 64 <= SECRET_LEN.
-                unsafe {
-                    accumulate_stripe(
-                        &mut acc,
-                        input.add(b * BLOCK + s * STRIPE),
-                        secret.add(s * 8),
-                    )
-                };
+                unsafe { accumulate_stripe(&mut acc, input.add(at), secret.add(s * 8)) };
             }
             // SAFETY: the last 64 bytes of the secret.
             unsafe { scramble(&mut acc, secret.add(SECRET_LEN - STRIPE)) };

@@ -65,12 +65,14 @@ pub(crate) struct Learned {
     pub restores: u64,
 }
 
-/// Nanoseconds per byte of this machine's copies and hash passes, as restores measured them
-/// (exponentially weighted).
+/// Nanoseconds per byte of this machine's copies and hash passes, as restores and snapshots
+/// measured them (exponentially weighted).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Rates {
     copy: Option<f64>,
     hash: Option<f64>,
+    /// Snapshot copies that hash each chunk as they copy it.
+    hashed_copy: Option<f64>,
 }
 
 impl Rates {
@@ -90,6 +92,21 @@ impl Rates {
         }
     }
 
+    pub(crate) fn record_hashed_copy(&mut self, bytes: u64, elapsed: Duration) {
+        if bytes >= RATE_MIN_BYTES {
+            self.hashed_copy =
+                Self::blend(self.hashed_copy, elapsed.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    /// What hashing adds per byte to a snapshot copy: measured as a hashing snapshot against a
+    /// plain copy, else (nothing measured yet) a whole hash pass.
+    pub(crate) fn snapshot_hash_extra(&self) -> f64 {
+        let (copy, hash) = self.per_byte();
+        self.hashed_copy
+            .map_or(hash, |hashed| (hashed - copy).max(0.0))
+    }
+
     /// (copy, hash) cost per byte in a common unit.
     pub(crate) fn per_byte(&self) -> (f64, f64) {
         match (self.copy, self.hash) {
@@ -107,6 +124,9 @@ pub(crate) struct Memory {
     entries: HashMap<Key, (u64, Learned)>,
     clock: u64,
     pub rates: Rates,
+    /// Restores of the latest dispatch of any kernel: what a kernel seen for the first time is
+    /// expected to need (a tool usually asks every kernel for the same passes).
+    pub typical_restores: Option<u64>,
 }
 
 pub(crate) type SharedMemory = Arc<Mutex<Memory>>;
@@ -165,6 +185,29 @@ pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> 
     })
 }
 
+/// Whether hashing a snapshot (what it adds to the copy, see [`Rates::snapshot_hash_extra`]) is
+/// repaid over `restores` restores, each restoring the cheapest verified way instead of writing
+/// everything. `earlier`: what earlier dispatches of the kernel learned; when they say nothing
+/// about what changes, the best case is assumed (nothing changes: a restore is a hash pass).
+pub(crate) fn snapshot_hashes_pay(
+    rates: &Rates,
+    earlier: Option<&Learned>,
+    restores: u64,
+    chunks: u64,
+) -> bool {
+    let (copy, hash) = rates.per_byte();
+    let all = chunks as f64;
+    let known = earlier.and_then(|e| {
+        let set = e.write_set.iter().filter(|&&b| b).count() as u64;
+        estimate(rates, e, chunks, set)
+    });
+    let saved = match known {
+        Some(c) => c.full - c.hash.min(c.writeset),
+        None => all * (copy - hash),
+    };
+    restores as f64 * saved > all * rates.snapshot_hash_extra()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +246,61 @@ mod tests {
         assert!(
             m.get(&key(0), 5).is_none(),
             "a set of another length is not reused"
+        );
+    }
+
+    /// Rates of a machine where a hash pass costs almost a copy and hashing while snapshotting
+    /// adds about half a copy (what a 2-core host measures).
+    fn host_like_rates() -> Rates {
+        Rates {
+            copy: Some(1.0),
+            hash: Some(0.9),
+            hashed_copy: Some(1.45),
+        }
+    }
+
+    #[test]
+    fn snapshot_hashes_do_not_pay_for_replays_too_short_to_repay_them() {
+        let rates = host_like_rates();
+        // A new kernel after replays of one restore each (2 passes): 1 x 0.1 < 0.45.
+        assert!(!snapshot_hashes_pay(&rates, None, 1, 1000));
+        // After replays of 37 restores (38 passes): 37 x 0.1 > 0.45.
+        assert!(snapshot_hashes_pay(&rates, None, 37, 1000));
+        // A kernel whose one earlier dispatch wrote in full (nothing known about its changes)
+        // and restored once: still not worth it.
+        let full_once = Learned {
+            write_set: vec![false; 1000],
+            full_streak: 1,
+            restores: 1,
+            ..Default::default()
+        };
+        assert!(!snapshot_hashes_pay(&rates, Some(&full_once), 1, 1000));
+        // No restores at all: never.
+        assert!(!snapshot_hashes_pay(&rates, None, 0, 1000));
+    }
+
+    #[test]
+    fn snapshot_hashes_pay_at_once_where_hashing_is_much_cheaper_than_copying() {
+        // A device that hashes at several times its copy rate.
+        let rates = Rates {
+            copy: Some(1.0),
+            hash: Some(0.2),
+            hashed_copy: Some(1.1),
+        };
+        assert!(snapshot_hashes_pay(&rates, None, 1, 1000));
+        // What changes decides: a kernel that rewrites all of memory gains nothing from hashes.
+        let all_written = Learned {
+            write_set: vec![true; 1000],
+            dirty_chunks: Some(1000),
+            missed_chunks: Some(0),
+            restores: 3,
+            ..Default::default()
+        };
+        assert!(!snapshot_hashes_pay(&rates, Some(&all_written), 3, 1000));
+        // Before anything is measured, the extra cost is taken as a whole hash pass.
+        assert_eq!(
+            Rates::default().snapshot_hash_extra(),
+            DEFAULT_HASH_PER_COPY
         );
     }
 

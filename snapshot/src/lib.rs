@@ -40,9 +40,11 @@
 //! All others choose before each restore the cheapest of a full restore, a hash restore and a
 //! verified write-set restore, estimated from the copy and hash rates the snapshotter's restores
 //! measured and from what this kernel's restores found changed (never the unverified shortcut);
-//! the first restore of a kernel with nothing learned hashes everything. When a kernel's last
-//! dispatch says the snapshot's hashes would not repay themselves, auto takes none and restores
-//! in full, hashing again every 16 restores to notice a change.
+//! the first restore of a kernel with nothing learned hashes everything. Hashing while
+//! snapshotting costs something too (what a hashing snapshot measured beyond a plain copy):
+//! auto takes the hashes only when the restores expected (those of the kernel's last dispatch,
+//! or for a kernel seen for the first time those of the latest dispatch of any kernel) repay
+//! them; otherwise it restores in full, hashing again every 16 restores to notice a change.
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,

@@ -12,7 +12,7 @@ use crate::copy::{
 use crate::device::{Capabilities, CopyError, DeviceMemory};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
-use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate};
+use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate, snapshot_hashes_pay};
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
@@ -334,14 +334,25 @@ impl Snapshotter {
             .filter(|_| learns)
             .map(|k| Key::new(k, &layout.regions, layout.chunk_size));
         let earlier = key.and_then(|k| self.memory.lock().get(&k, layout.chunks()));
-        // Auto skips the hashes when what earlier dispatches of the kernel learned says they
-        // would not pay for themselves (see `hashing_pays`), until a probe is due.
+        // Auto skips the hashes when they would not pay for themselves over the restores
+        // expected (see `snapshot_hashes_pay`): those of the kernel's earlier dispatch, or for a
+        // kernel seen for the first time those of the latest dispatch of any kernel; a probe
+        // hashes again every `PROBE_EVERY` full restores.
         let hashed = match mode {
             Mode::Full => false,
-            Mode::Adaptive => earlier.as_ref().is_none_or(|e| {
-                e.full_streak >= PROBE_EVERY
-                    || hashing_pays(&self.memory.lock().rates, e, layout.chunks() as u64)
-            }),
+            Mode::Adaptive => {
+                let memory = self.memory.lock();
+                let chunks = layout.chunks() as u64;
+                match &earlier {
+                    Some(e) => {
+                        e.full_streak >= PROBE_EVERY
+                            || snapshot_hashes_pay(&memory.rates, Some(e), e.restores, chunks)
+                    }
+                    None => memory
+                        .typical_restores
+                        .is_none_or(|r| snapshot_hashes_pay(&memory.rates, None, r, chunks)),
+                }
+            }
             _ => true,
         };
         let mut hashes = try_vec(if hashed { layout.chunks() } else { 0 }, 0u64).map_err(|e| {
@@ -351,6 +362,7 @@ impl Snapshotter {
                 detail: format!("chunk hash table: {e}"),
             }
         })?;
+        let copy_start = Instant::now();
         let copied = match store.device_addr() {
             Some(shadow) => copy_to_shadow(device, &layout, shadow).and_then(|n| {
                 if hashed {
@@ -371,6 +383,19 @@ impl Snapshotter {
             }
         };
         drop(pinned);
+        // Copies into a kept host store teach the machine's rates (a fresh store's first touch
+        // would not), with and without hashing.
+        if let Ok(n) = copied
+            && store.reused
+            && store.device_addr().is_none()
+        {
+            let mut memory = self.memory.lock();
+            if hashed {
+                memory.rates.record_hashed_copy(n, copy_start.elapsed());
+            } else {
+                memory.rates.record_copy(n, copy_start.elapsed());
+            }
+        }
         let bytes_moved = match copied {
             Ok(n) => n,
             Err(e) => {
@@ -458,21 +483,6 @@ impl Snapshotter {
                     Mode::Adaptive
                 }
             }
-        }
-    }
-}
-
-/// Whether hashing the snapshot (a read of the footprint) is repaid by the restores a dispatch
-/// of this kernel makes, when each restores the cheaper of a hash and a write-set restore
-/// instead of a full one. With nothing measured yet, it is assumed to pay.
-fn hashing_pays(rates: &crate::learned::Rates, earlier: &Learned, chunks: u64) -> bool {
-    let set = earlier.write_set.iter().filter(|&&b| b).count() as u64;
-    match estimate(rates, earlier, chunks, set) {
-        None => true,
-        Some(c) => {
-            let saved = c.full - c.hash.min(c.writeset);
-            let (_, hash) = rates.per_byte();
-            earlier.restores.max(1) as f64 * saved > chunks as f64 * hash
         }
     }
 }
@@ -905,7 +915,9 @@ impl Drop for Snapshot {
                 Some(set) => set.chunks,
                 None => vec![false; self.layout.chunks()],
             };
-            self.memory.lock().put(key, learned);
+            let mut memory = self.memory.lock();
+            memory.typical_restores = Some(learned.restores);
+            memory.put(key, learned);
         }
         if self.keep_store {
             self.source.give_back(self.store.take());

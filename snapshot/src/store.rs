@@ -34,6 +34,9 @@ pub(crate) struct Store {
     pub(crate) backing: Backing,
     pub(crate) capacity: u64,
     device: Arc<dyn DeviceMemory>,
+    /// Whether the store was kept from an earlier snapshot (its pages are already in place,
+    /// so copying into it costs what copies cost, not what first touching memory costs).
+    pub(crate) reused: bool,
 }
 
 impl Store {
@@ -80,6 +83,7 @@ impl Store {
             backing: std::mem::replace(&mut self.backing, Backing::Empty(StoreTier::Host)),
             capacity: std::mem::take(&mut self.capacity),
             device: self.device.clone(),
+            reused: self.reused,
         }
     }
 
@@ -139,6 +143,7 @@ impl StoreSource {
                 backing: Backing::Empty(tier),
                 capacity: 0,
                 device: self.device.clone(),
+                reused: false,
             });
         }
         let tiers: &[StoreTier] = match config.store {
@@ -154,10 +159,11 @@ impl StoreSource {
                 cache_checked = true;
                 let kept = self.cached.lock().take();
                 match kept {
-                    Some(kept)
+                    Some(mut kept)
                         if kept.capacity >= len
                             && (config.store == StoreTier::Auto || kept.tier() == tier) =>
                     {
+                        kept.reused = true;
                         return Ok(kept);
                     }
                     // Too small or the wrong tier: free it before allocating a new one.
@@ -225,6 +231,7 @@ impl StoreSource {
             backing,
             capacity: len,
             device,
+            reused: false,
         })
     }
 }
