@@ -599,4 +599,59 @@ mod tests {
         assert_eq!(Operation::Detect.ceiling(), Operation::ReadPass);
         assert_eq!(Operation::Restore.ceiling(), Operation::Memcpy);
     }
+
+    #[test]
+    fn every_measurement_is_reported_as_it_is_made_in_footprint_order() {
+        let config = MatrixConfig {
+            footprints: vec![256 << 10, 512 << 10],
+            dirty_fractions: vec![0.0, 0.1],
+            tiers: vec![StoreTier::Host],
+            chunk_size: 4096,
+            repeats: 1,
+            ..Default::default()
+        };
+        let replay = ReplayConfig {
+            footprints: vec![512 << 10],
+            dirty_fractions: vec![0.1],
+            passes: vec![3],
+            ..Default::default()
+        };
+        let mut events: Vec<String> = Vec::new();
+        let results = run_all(&config, Some(&replay), |event| {
+            events.push(match event {
+                Progress::Ceilings(c) => format!("ceilings {}", c.footprint),
+                Progress::Row(r) => format!("row {} {}", r.footprint, r.operation),
+                Progress::ReplayStart { footprint } => format!("replays {footprint}"),
+                Progress::Replay(r) => format!("replay {} {}", r.footprint, r.strategy),
+                Progress::CeilingsAgain { again, best } => {
+                    assert!(best.copy.gbps >= again.copy.gbps);
+                    format!("again {}", again.footprint)
+                }
+            })
+        })
+        .unwrap();
+        let rows = events.iter().filter(|e| e.starts_with("row ")).count();
+        assert_eq!(rows, results.rows.len(), "every matrix row, once");
+        let replays = events.iter().filter(|e| e.starts_with("replay ")).count();
+        assert_eq!(replays, results.replay.len());
+        // Replays only at the footprint they list: 4 patterns x 5 strategies.
+        assert_eq!(replays, 4 * 5);
+        assert!(results.replay.iter().all(|r| r.footprint == 512 << 10));
+        let at = |e: &str| events.iter().position(|x| x == e).unwrap();
+        assert_eq!(at("ceilings 262144"), 0);
+        assert!(at("again 262144") < at("ceilings 524288"));
+        assert!(at("ceilings 524288") < at("replays 524288"));
+        assert!(at("replays 524288") < at("again 524288"));
+        assert_eq!(at("again 524288"), events.len() - 1);
+        assert!(!events.contains(&"replays 262144".to_string()));
+        // Each footprint's rows come between its two ceiling measurements.
+        let first_large_row = at("row 524288 copy_ceiling");
+        assert!(at("ceilings 524288") < first_large_row);
+        assert!(
+            events[..at("again 262144")]
+                .iter()
+                .filter(|e| e.starts_with("row "))
+                .all(|e| e.starts_with("row 262144"))
+        );
+    }
 }

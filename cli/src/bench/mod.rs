@@ -164,9 +164,14 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
         );
     }
     text += &format!(
-        "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x\n",
+        "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x: {}\n",
         checks.len() - over,
-        checks.len()
+        checks.len(),
+        match (checks.is_empty(), over) {
+            (true, _) => "not evaluated",
+            (false, 0) => "met",
+            (false, _) => "NOT MET",
+        }
     );
     text
 }
@@ -479,5 +484,63 @@ mod tests {
         };
         let error = run(&options, &mut Vec::new()).unwrap_err();
         assert!(error.contains("choose smaller --footprints"), "{error}");
+    }
+
+    /// Records what was written by the time of each flush.
+    #[derive(Default)]
+    struct Flushes {
+        text: Vec<u8>,
+        at_flush: Vec<usize>,
+    }
+
+    impl Write for Flushes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.text.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.at_flush.push(self.text.len());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_row_and_table_header_is_flushed_as_soon_as_it_is_measured() {
+        let options = BenchOptions {
+            footprints: vec![256 << 10],
+            dirty_fractions: vec![0.0, 0.01],
+            tiers: vec![StoreTier::Host],
+            repeats: 1,
+            replay_passes: vec![2],
+            replay_dirty: vec![0.05],
+            ..BenchOptions::default()
+        };
+        let mut out = Flushes::default();
+        let outcome = run(&options, &mut out).unwrap();
+        let text = String::from_utf8(out.text.clone()).unwrap();
+        // Each table line ends exactly at a flush: it reached the reader before the next
+        // measurement started.
+        let mut ends = Vec::new();
+        let mut pos = 0;
+        for line in text.split_inclusive('\n') {
+            pos += line.len();
+            let header = line.trim_start().starts_with("footprint ");
+            let matrix_row = line.starts_with("256KiB ");
+            let replay_row = line.starts_with("  256KiB ")
+                && (line.contains(" same-") || line.contains(" diff-"));
+            if header || matrix_row || replay_row {
+                ends.push(pos);
+            }
+        }
+        // 2 table headers, the matrix rows and the replay rows.
+        assert_eq!(
+            ends.len(),
+            2 + outcome.rows.len() + outcome.replay.len(),
+            "{text}"
+        );
+        for end in ends {
+            assert!(out.at_flush.contains(&end), "not flushed at {end}: {text}");
+        }
+        assert!(text.contains("cells within 1.10x: "), "{text}");
     }
 }
