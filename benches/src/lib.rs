@@ -71,7 +71,7 @@ pub use output::{
 };
 pub use plot::write_svg;
 pub use replay::{
-    AUTO_MAX_OVER_BEST, AutoCheck, Pattern, ReplayConfig, ReplayRow, check_auto,
+    AUTO_MAX_OVER_BEST, AutoCheck, Choices, Pattern, ReplayConfig, ReplayRow, check_auto,
     format_replay_table, replay_table_header, replay_table_line,
 };
 pub use scope::{SCOPE_REGIONS, ScopeRow, run_scope_case};

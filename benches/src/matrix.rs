@@ -637,6 +637,19 @@ mod tests {
         // Replays only at the footprint they list: 4 patterns x 5 strategies.
         assert_eq!(replays, 4 * 5);
         assert!(results.replay.iter().all(|r| r.footprint == 512 << 10));
+        // What each strategy's replays did: 3 sequences of 2 dispatches of 3 passes (2
+        // restores each).
+        for r in &results.replay {
+            let c = r.choices;
+            assert_eq!(c.dispatches, 6, "{r:?}");
+            assert_eq!(c.full + c.hash + c.writeset, 12, "{r:?}");
+            match r.strategy {
+                RestoreStrategy::Full => assert_eq!((c.hashed_snapshots, c.full), (0, 12)),
+                RestoreStrategy::Hash => assert_eq!((c.hashed_snapshots, c.hash), (6, 12)),
+                RestoreStrategy::Writeset => assert_eq!((c.hashed_snapshots, c.writeset), (6, 12)),
+                _ => {}
+            }
+        }
         let at = |e: &str| events.iter().position(|x| x == e).unwrap();
         assert_eq!(at("ceilings 262144"), 0);
         assert!(at("again 262144") < at("ceilings 524288"));

@@ -168,6 +168,8 @@ pub struct ReplayRow {
     pub sequences: usize,
     /// Dispatches per sequence (`later_seconds` is the best of all but the first ones).
     pub dispatches: usize,
+    /// What the snapshots and restores of every dispatch measured did.
+    pub choices: Choices,
     /// One full restore of the footprint in the same tier, measured in the same run.
     pub full_restore_seconds: f64,
     /// The machine's copy ceiling, GB/s.
@@ -188,6 +190,34 @@ impl ReplayRow {
 
 const KERNEL: u64 = 0x4B45_524E;
 
+/// What the restores of a cell's replays did: how many snapshots hashed their chunks and how
+/// many restores wrote everything, hashed everything, or wrote a learned write set (verified or
+/// not), over every dispatch of the cell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Choices {
+    /// Dispatches measured.
+    pub dispatches: u64,
+    /// Of them, those whose snapshot hashed every chunk.
+    pub hashed_snapshots: u64,
+    /// Restores that wrote every chunk.
+    pub full: u64,
+    /// Restores that hashed every chunk and wrote the changed ones.
+    pub hash: u64,
+    /// Restores that wrote the learned write set.
+    pub writeset: u64,
+}
+
+impl Choices {
+    fn restore(&mut self, strategy: RestoreStrategy) {
+        match strategy {
+            RestoreStrategy::Full => self.full += 1,
+            RestoreStrategy::Hash => self.hash += 1,
+            _ => self.writeset += 1,
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn replay_once(
     bench: &Bench,
     snapshotter: &Snapshotter,
@@ -196,6 +226,7 @@ fn replay_once(
     fraction: f64,
     dispatch: u64,
     passes: u64,
+    choices: &mut Choices,
 ) -> Result<Duration, String> {
     let chunks = bench.map.chunks();
     let plan = snapshotter
@@ -206,6 +237,8 @@ fn replay_once(
         .take_for_kernel(plan, kernel)
         .map_err(|e| e.to_string())?;
     let mut spent = start.elapsed();
+    choices.dispatches += 1;
+    choices.hashed_snapshots += u64::from(snapshot.report().hashed);
     for pass in 0..passes {
         let written = pattern.chunks(chunks, fraction, dispatch, pass);
         bench
@@ -216,13 +249,14 @@ fn replay_once(
             break;
         }
         let start = Instant::now();
-        snapshot
+        let report = snapshot
             .restore(&RestoreRequest {
                 next_pass: pass + 1,
                 may_be_final: pass + 2 == passes,
             })
             .map_err(|e| e.to_string())?;
         spent += start.elapsed();
+        choices.restore(report.strategy);
     }
     drop(snapshot);
     Ok(spent)
@@ -301,6 +335,7 @@ pub(crate) fn measure(
                         let dispatches = config.dispatches.max(2);
                         let mut first = f64::INFINITY;
                         let mut later = f64::INFINITY;
+                        let mut choices = Choices::default();
                         for _ in 0..sequences {
                             kernel += 1;
                             for d in 0..dispatches as u64 {
@@ -312,6 +347,7 @@ pub(crate) fn measure(
                                     fraction,
                                     d,
                                     passes,
+                                    &mut choices,
                                 )?
                                 .as_secs_f64();
                                 if d == 0 {
@@ -332,6 +368,7 @@ pub(crate) fn measure(
                             later_seconds: later,
                             sequences,
                             dispatches,
+                            choices,
                             full_restore_seconds: full_restore,
                             copy_ceiling_gbps,
                         };
@@ -415,7 +452,7 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
 }
 
 /// Columns of the per-replay table with their minimum widths (see [`crate::table_header`]).
-const REPLAY_COLUMNS: [(&str, usize); 12] = [
+const REPLAY_COLUMNS: [(&str, usize); 14] = [
     ("footprint", 9),
     ("dirty", 5),
     ("pattern", 15),
@@ -428,6 +465,8 @@ const REPLAY_COLUMNS: [(&str, usize); 12] = [
     ("/N full", 7),
     ("N full restores", 15),
     ("N copies at ceiling", 19),
+    ("hashed snapshots", 16),
+    ("restores full/hash/set", 22),
 ];
 
 fn replay_line(fields: &[String]) -> String {
@@ -457,6 +496,11 @@ pub fn replay_table_line(r: &ReplayRow) -> String {
         format!("{:.3}", r.later_seconds / r.n_full()),
         format_seconds(r.n_full()),
         format_seconds(r.n_ceiling()),
+        format!("{}/{}", r.choices.hashed_snapshots, r.choices.dispatches),
+        format!(
+            "{}/{}/{}",
+            r.choices.full, r.choices.hash, r.choices.writeset
+        ),
     ])
 }
 
@@ -507,6 +551,7 @@ mod tests {
             later_seconds: later,
             sequences: 3,
             dispatches: 2,
+            choices: Choices::default(),
             full_restore_seconds: 1.0,
             copy_ceiling_gbps: 10.0,
         };

@@ -376,8 +376,13 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              dispatch: the best of the later ones, which reuse what the earlier ones of their \
              kernel learned. /N full: divided by N full restores of the footprint in the same \
              tier measured in this run; N copies at ceiling: N copies of the footprint at the \
-             machine's copy ceiling. writeset-unverified skips verification between passes \
-             (opt-in) and is never counted as the best.\n",
+             machine's copy ceiling. hashed snapshots: the cell's dispatches whose snapshot \
+             hashed every chunk, of all it measured; restores full/hash/set: how their restores \
+             went (wrote everything; hashed everything and wrote what changed; wrote the learned \
+             write set, hashing every other chunk but under writeset-unverified). auto's first \
+             dispatch of a kernel expects as many restores as the latest dispatch of any kernel \
+             (the previous cell's or sequence's). writeset-unverified skips verification between \
+             passes (opt-in) and is never counted as the best.\n",
             long_sequences,
         );
         text += "\n";
