@@ -112,7 +112,10 @@ impl Rates {
         match (self.copy, self.hash) {
             (Some(c), Some(h)) => (c, h),
             (Some(c), None) => (c, c * DEFAULT_HASH_PER_COPY),
-            (None, Some(h)) => (h / DEFAULT_HASH_PER_COPY, h),
+            // A copy is not assumed dearer than a hash pass until one is measured: otherwise
+            // hashing looks as if it paid, auto keeps hashing, and no plain copy ever measures
+            // what a copy costs.
+            (None, Some(h)) => (h, h),
             (None, None) => (1.0, DEFAULT_HASH_PER_COPY),
         }
     }
@@ -277,6 +280,28 @@ mod tests {
         assert!(!snapshot_hashes_pay(&rates, Some(&full_once), 1, 1000));
         // No restores at all: never.
         assert!(!snapshot_hashes_pay(&rates, None, 0, 1000));
+    }
+
+    #[test]
+    fn without_a_measured_copy_hashing_is_not_assumed_to_pay() {
+        // Only hashing snapshots and hash passes measured so far (auto always hashed): a copy
+        // must not be assumed to cost more than the hash pass, or auto keeps hashing a 2-pass
+        // replay's snapshot and never measures the plain copy that would stop it.
+        let rates = Rates {
+            copy: None,
+            hash: Some(0.9),
+            hashed_copy: Some(1.4),
+        };
+        assert!(!snapshot_hashes_pay(&rates, None, 1, 1000));
+        let (copy, hash) = rates.per_byte();
+        assert_eq!((copy, hash), (0.9, 0.9));
+        // So the next restore with a known dirty share is a full one, which measures the copy.
+        let learned = Learned {
+            dirty_chunks: Some(100),
+            ..Default::default()
+        };
+        let c = estimate(&rates, &learned, 1000, 0).unwrap();
+        assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
     }
 
     #[test]
