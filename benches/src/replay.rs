@@ -7,7 +7,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use kreplay_snapshot::{
-    Filter, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig, Snapshotter, StoreTier,
+    Filter, RestoreReport, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig, Snapshotter,
+    StoreTier,
 };
 
 use crate::matrix::{Bench, MatrixConfig};
@@ -208,11 +209,16 @@ pub struct Choices {
 }
 
 impl Choices {
-    fn restore(&mut self, strategy: RestoreStrategy) {
-        match strategy {
-            RestoreStrategy::Full => self.full += 1,
-            RestoreStrategy::Hash => self.hash += 1,
-            _ => self.writeset += 1,
+    /// Counts a restore by what it did (not by the strategy it reports: `auto` reports a
+    /// learning hash pass as a write-set restore): no hashing and no learned set means full,
+    /// hashing all of the snapshot's bytes means hash, anything else wrote the learned set.
+    fn restore(&mut self, report: &RestoreReport, snapshot_bytes: u64) {
+        if !report.verified && !report.unverified {
+            self.full += 1;
+        } else if report.verified && report.bytes_hashed >= snapshot_bytes {
+            self.hash += 1;
+        } else {
+            self.writeset += 1;
         }
     }
 }
@@ -256,7 +262,7 @@ fn replay_once(
             })
             .map_err(|e| e.to_string())?;
         spent += start.elapsed();
-        choices.restore(report.strategy);
+        choices.restore(&report, snapshot.bytes());
     }
     drop(snapshot);
     Ok(spent)
