@@ -800,7 +800,7 @@ impl Snapshot {
             write_back(device, self.caps, layout, &wins, &self.store, &pieces)
         };
         drop(pinned);
-        if outcome.error.is_none() && !written {
+        if outcome.error.is_none() && !written && measures_copy_rate(step) {
             self.memory
                 .lock()
                 .rates
@@ -822,6 +822,14 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Whether a restore's write-back measures the machine's copy rate: only a full one, a copy of
+/// the whole footprint as a snapshot's is. Partial write-backs copy scattered chunks with
+/// ordinary stores (under the streaming threshold) and cost more per byte; counted as copies,
+/// they made a full restore look dearer than it is and hashing look as if it paid.
+fn measures_copy_rate(step: Step) -> bool {
+    matches!(step, Step::Full)
 }
 
 /// Global indices of the chunks of live regions whose live hash differs from the snapshot's,
@@ -921,6 +929,29 @@ impl Drop for Snapshot {
         }
         if self.keep_store {
             self.source.give_back(self.store.take());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_full_restores_measure_the_copy_rate() {
+        assert!(measures_copy_rate(Step::Full));
+        for step in [
+            Step::Learned,
+            Step::Detect {
+                learn: true,
+                predict: true,
+            },
+            Step::Detect {
+                learn: false,
+                predict: false,
+            },
+        ] {
+            assert!(!measures_copy_rate(step), "{step:?}");
         }
     }
 }
