@@ -73,6 +73,8 @@ pub(crate) struct Rates {
     hash: Option<f64>,
     /// Snapshot copies that hash each chunk as they copy it.
     hashed_copy: Option<f64>,
+    /// Partial write-backs: scattered chunks, per byte dearer than a copy of everything.
+    scattered: Option<f64>,
 }
 
 impl Rates {
@@ -90,6 +92,18 @@ impl Rates {
         if bytes >= RATE_MIN_BYTES {
             self.hash = Self::blend(self.hash, elapsed.as_nanos() as f64 / bytes as f64);
         }
+    }
+
+    pub(crate) fn record_scattered(&mut self, bytes: u64, elapsed: Duration) {
+        if bytes >= RATE_MIN_BYTES {
+            self.scattered = Self::blend(self.scattered, elapsed.as_nanos() as f64 / bytes as f64);
+        }
+    }
+
+    /// Cost per byte of writing back part of the footprint (changed chunks, a write set), in
+    /// the unit of [`Rates::per_byte`]: as measured, else a copy's.
+    pub(crate) fn scattered_per_byte(&self) -> f64 {
+        self.scattered.unwrap_or(self.per_byte().0)
     }
 
     pub(crate) fn record_hashed_copy(&mut self, bytes: u64, elapsed: Duration) {
@@ -174,6 +188,7 @@ pub(crate) struct Costs {
 
 pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> Option<Costs> {
     let (c, h) = rates.per_byte();
+    let w = rates.scattered_per_byte();
     let dirty = learned.dirty_chunks? as f64;
     // A predicting restore sees only the changes outside the set: at least that many change.
     let missed = learned
@@ -183,8 +198,8 @@ pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> 
     let set = set as f64;
     Some(Costs {
         full: all * c,
-        hash: all * h + dirty.max(missed) * c,
-        writeset: set * c + (all - set) * h + missed * c,
+        hash: all * h + dirty.max(missed) * w,
+        writeset: set * w + (all - set) * h + missed * w,
     })
 }
 
@@ -259,6 +274,7 @@ mod tests {
             copy: Some(1.0),
             hash: Some(0.9),
             hashed_copy: Some(1.45),
+            scattered: None,
         }
     }
 
@@ -291,6 +307,7 @@ mod tests {
             copy: None,
             hash: Some(0.9),
             hashed_copy: Some(1.4),
+            scattered: None,
         };
         assert!(!snapshot_hashes_pay(&rates, None, 1, 1000));
         let (copy, hash) = rates.per_byte();
@@ -305,12 +322,36 @@ mod tests {
     }
 
     #[test]
+    fn changed_chunks_cost_what_partial_write_backs_measured() {
+        // A hash pass at 0.85 of a copy and 10% changed: counted at the copy's rate a hash
+        // restore looks cheaper than a full one (0.95 < 1), at the measured rate of scattered
+        // write-backs (2x a copy) it is not (1.05 > 1).
+        let learned = Learned {
+            dirty_chunks: Some(100),
+            missed_chunks: Some(100),
+            ..Default::default()
+        };
+        let mut rates = Rates {
+            copy: Some(1.0),
+            hash: Some(0.85),
+            hashed_copy: Some(1.4),
+            scattered: None,
+        };
+        let c = estimate(&rates, &learned, 1000, 0).unwrap();
+        assert!(c.hash < c.full, "{c:?}");
+        rates.scattered = Some(2.0);
+        let c = estimate(&rates, &learned, 1000, 0).unwrap();
+        assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
+    }
+
+    #[test]
     fn snapshot_hashes_pay_at_once_where_hashing_is_much_cheaper_than_copying() {
         // A device that hashes at several times its copy rate.
         let rates = Rates {
             copy: Some(1.0),
             hash: Some(0.2),
             hashed_copy: Some(1.1),
+            scattered: None,
         };
         assert!(snapshot_hashes_pay(&rates, None, 1, 1000));
         // What changes decides: a kernel that rewrites all of memory gains nothing from hashes.

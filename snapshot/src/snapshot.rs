@@ -800,11 +800,17 @@ impl Snapshot {
             write_back(device, self.caps, layout, &wins, &self.store, &pieces)
         };
         drop(pinned);
-        if outcome.error.is_none() && !written && measures_copy_rate(step) {
-            self.memory
-                .lock()
-                .rates
-                .record_copy(outcome.bytes, write_start.elapsed());
+        if outcome.error.is_none() && !written {
+            let mut memory = self.memory.lock();
+            if measures_copy_rate(step) {
+                memory
+                    .rates
+                    .record_copy(outcome.bytes, write_start.elapsed());
+            } else {
+                memory
+                    .rates
+                    .record_scattered(outcome.bytes, write_start.elapsed());
+            }
         }
         report.bytes_moved = outcome.bytes;
         report.chunks_restored = outcome.chunks;
@@ -827,7 +833,8 @@ impl Snapshot {
 /// Whether a restore's write-back measures the machine's copy rate: only a full one, a copy of
 /// the whole footprint as a snapshot's is. Partial write-backs copy scattered chunks with
 /// ordinary stores (under the streaming threshold) and cost more per byte; counted as copies,
-/// they made a full restore look dearer than it is and hashing look as if it paid.
+/// they made a full restore look dearer than it is and hashing look as if it paid. They are
+/// measured on their own, as the cost of writing back changed chunks.
 fn measures_copy_rate(step: Step) -> bool {
     matches!(step, Step::Full)
 }
