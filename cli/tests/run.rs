@@ -6,9 +6,10 @@
 
 #[path = "../../ffi/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// A fresh folder for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -83,15 +84,34 @@ fn fake_library(dir: &Path) -> PathBuf {
 }
 
 fn kreplay(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        let n = name.to_string_lossy();
-        if n.starts_with("KREPLAY_") || n == "CUDA_INJECTION64_PATH" || n == "HSA_TOOLS_LIB" {
-            command.env_remove(name);
-        }
-    }
-    command.output().expect("the kreplay binary runs")
+    support::kreplay_with(args, &[])
+}
+
+/// `kreplay run OPTIONS --library LIB -- PROGRAM...` with `env` set.
+fn run_with(options: &[&str], lib: &Path, program: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend(["--library", lib.to_str().unwrap(), "--"]);
+    args.extend_from_slice(program);
+    support::kreplay_with(&args, env)
+}
+
+/// `kreplay run OPTIONS --library LIB -- PROGRAM...`.
+fn run(options: &[&str], lib: &Path, program: &[&str]) -> Output {
+    run_with(options, lib, program, &[])
+}
+
+/// The standard output of a command that must have exited 0 (both outputs shown if not).
+#[track_caller]
+fn succeeded(out: &Output) -> String {
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    stdout
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -107,26 +127,12 @@ fn run_on_cuda_injects_libkreplay_with_the_built_in_tool_and_prints_the_kernels(
     let dir = scratch("cuda");
     let app = fake_program(&dir, true, false, 0);
     let lib = fake_library(&dir);
-    let out = kreplay(&[
-        "run",
-        "--backend",
-        "cuda",
-        "--passes",
-        "3",
-        "--library",
-        lib.to_str().unwrap(),
-        "--",
-        app.to_str().unwrap(),
-        "--size",
-        "-n 4",
-    ]);
-    let stdout = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        text(&out.stderr)
+    let out = run(
+        &["--backend", "cuda", "--passes", "3"],
+        &lib,
+        &[app.to_str().unwrap(), "--size", "-n 4"],
     );
+    let stdout = succeeded(&out);
     let env = env_seen(&dir);
     let lib = lib.canonicalize().unwrap();
     assert!(
@@ -183,24 +189,12 @@ fn the_records_of_several_processes_are_added_up_per_kernel() {
     let app = fake_program_of(&dir, 2, false, 0);
     let lib = fake_library(&dir);
     let json = dir.join("out.json");
-    let out = kreplay(&[
-        "run",
-        "--backend",
-        "cuda",
-        "-o",
-        json.to_str().unwrap(),
-        "--library",
-        lib.to_str().unwrap(),
-        "--",
-        app.to_str().unwrap(),
-    ]);
-    let stdout = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        text(&out.stderr)
+    let out = run(
+        &["--backend", "cuda", "-o", json.to_str().unwrap()],
+        &lib,
+        &[app.to_str().unwrap()],
     );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("2 kernel(s), 14 launch(es) on cuda in 2 processes"),
         "{stdout}"
@@ -223,16 +217,11 @@ fn run_on_rocm_sets_hsa_tools_lib_and_a_tool_replaces_the_built_in_one() {
     let lib = fake_library(&dir);
     let tool = dir.join("libmytool.so");
     std::fs::write(&tool, b"a tool").unwrap();
-    let out = kreplay(&[
-        "run",
-        "--backend=hsa",
-        "--tool",
-        tool.to_str().unwrap(),
-        "--library",
-        lib.to_str().unwrap(),
-        "--",
-        app.to_str().unwrap(),
-    ]);
+    let out = run(
+        &["--backend=hsa", "--tool", tool.to_str().unwrap()],
+        &lib,
+        &[app.to_str().unwrap()],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let env = env_seen(&dir);
     assert!(env.contains("HSA_TOOLS_LIB="), "{env}");
@@ -251,25 +240,18 @@ fn check_passes_when_both_runs_print_the_same_and_writes_csv_and_json() {
     let lib = fake_library(&dir);
     for ext in ["csv", "json"] {
         let output = dir.join(format!("kernels.{ext}"));
-        let out = kreplay(&[
-            "run",
-            "--backend",
-            "cuda",
-            "--check",
-            "-o",
-            output.to_str().unwrap(),
-            "--library",
-            lib.to_str().unwrap(),
-            "--",
-            app.to_str().unwrap(),
-        ]);
-        let stdout = text(&out.stdout);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{stdout}\n{}",
-            text(&out.stderr)
+        let out = run(
+            &[
+                "--backend",
+                "cuda",
+                "--check",
+                "-o",
+                output.to_str().unwrap(),
+            ],
+            &lib,
+            &[app.to_str().unwrap()],
         );
+        let stdout = succeeded(&out);
         assert!(
             stdout.starts_with("checksum 42\n"),
             "the program's output first: {stdout}"
@@ -315,16 +297,11 @@ fn check_fails_with_a_diff_summary_when_the_outputs_differ() {
     let dir = scratch("check-differ");
     let app = fake_program(&dir, true, true, 0);
     let lib = fake_library(&dir);
-    let out = kreplay(&[
-        "run",
-        "--backend",
-        "cuda",
-        "--check",
-        "--library",
-        lib.to_str().unwrap(),
-        "--",
-        app.to_str().unwrap(),
-    ]);
+    let out = run(
+        &["--backend", "cuda", "--check"],
+        &lib,
+        &[app.to_str().unwrap()],
+    );
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -341,20 +318,10 @@ fn check_fails_with_a_diff_summary_when_the_outputs_differ() {
 fn a_program_that_fails_or_records_nothing_or_cannot_start_is_reported() {
     let dir = scratch("failures");
     let lib = fake_library(&dir);
-    let run = |app: &str| {
-        kreplay(&[
-            "run",
-            "--backend",
-            "cuda",
-            "--library",
-            lib.to_str().unwrap(),
-            "--",
-            app,
-        ])
-    };
+    let run_on_cuda = |app: &str| run(&["--backend", "cuda"], &lib, &[app]);
     // Exits 3 after recording: the table is still printed, the command fails.
     let app = fake_program(&dir, true, false, 3);
-    let out = run(app.to_str().unwrap());
+    let out = run_on_cuda(app.to_str().unwrap());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("exited with exit status: 3"),
@@ -364,7 +331,7 @@ fn a_program_that_fails_or_records_nothing_or_cannot_start_is_reported() {
     assert!(text(&out.stdout).contains("add_one"));
     // No record: kreplay was never loaded.
     let app = fake_program(&dir, false, false, 0);
-    let out = run(app.to_str().unwrap());
+    let out = run_on_cuda(app.to_str().unwrap());
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("kreplay recorded nothing"),
@@ -373,7 +340,7 @@ fn a_program_that_fails_or_records_nothing_or_cannot_start_is_reported() {
     );
     // No such program.
     let missing = dir.join("no-such-program");
-    let out = run(missing.to_str().unwrap());
+    let out = run_on_cuda(missing.to_str().unwrap());
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(
@@ -487,27 +454,20 @@ fn run_on_the_software_runtime_replays_every_dispatch_with_the_real_library_and_
     let lib = libkreplay();
     let app = softhsa_app();
     let json = scratch("softhsa").join("kernels.json");
-    let out = kreplay(&[
-        "run",
-        "--backend",
-        "hsa",
-        "--passes",
-        "3",
-        "--check",
-        "-o",
-        json.to_str().unwrap(),
-        "--library",
-        lib.to_str().unwrap(),
-        "--",
-        app.to_str().unwrap(),
-    ]);
-    let stdout = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        text(&out.stderr)
+    let out = run(
+        &[
+            "--backend",
+            "hsa",
+            "--passes",
+            "3",
+            "--check",
+            "-o",
+            json.to_str().unwrap(),
+        ],
+        &lib,
+        &[app.to_str().unwrap()],
     );
+    let stdout = succeeded(&out);
     assert!(stdout.contains("checksum buffer 2 sum"), "{stdout}");
     assert!(
         stdout.contains("check: the standard output is the same with and without kreplay"),
@@ -554,29 +514,22 @@ fn run_with_a_c_tool_on_the_software_runtime_lets_the_tool_decide_and_check_pass
     let summary = dir.join("pass_counter.txt");
     let lib = libkreplay();
     let app = softhsa_app();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kreplay"));
-    command
-        .args(["run", "--backend", "hsa", "--check", "--tool"])
-        .arg(&tool)
-        .arg("--library")
-        .arg(&lib)
-        .arg("--")
-        .arg(&app)
-        .env("EXAMPLE_TOOL_PASSES", "5")
-        .env("EXAMPLE_TOOL_OUTPUT", &summary);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("KREPLAY_") {
-            command.env_remove(name);
-        }
-    }
-    let out = command.output().unwrap();
-    let stdout = text(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        text(&out.stderr)
+    let out = run_with(
+        &[
+            "--backend",
+            "hsa",
+            "--check",
+            "--tool",
+            tool.to_str().unwrap(),
+        ],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[
+            ("EXAMPLE_TOOL_PASSES", "5"),
+            ("EXAMPLE_TOOL_OUTPUT", summary.to_str().unwrap()),
+        ],
     );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("6 launch(es) on hsa (your tool): 6 replayed, 0 declined"),
         "{stdout}"
