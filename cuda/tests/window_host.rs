@@ -6,22 +6,18 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use kreplay_ctxmask::ContextRegistry;
-use kreplay_cuda::{LaunchOps, Window, WindowContext};
-use kreplay_locks::AgentLocks;
+use kreplay_cuda::{LaunchOps, Window};
 use kreplay_passloop::{
     ContinueChange, DeclineReason, DispatchInfo, LoopEnd, MemoryOpReport, Phase, ReplayOutcome,
     ReplayTool, RestoreRequest, ToolAnswer,
 };
-use kreplay_snapshot::{
-    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, SnapshotConfig, Snapshotter,
-    StoreTier,
-};
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
 
 const AGENT: u64 = 0;
 const WORDS: usize = 4096;
 
-mod word_memory;
-use word_memory::HostMemory;
+mod fake_device;
+use fake_device::{HostMemory, OneDevice};
 
 /// Launch operations of the fake: `relaunch` runs the kernel, `wait` and `drain` are no-ops.
 struct FakeLaunch {
@@ -118,31 +114,14 @@ impl ReplayTool for LogTool {
 }
 
 struct Rig {
-    memory: Arc<HostMemory>,
-    locks: AgentLocks,
-    snapshotter: Snapshotter,
-    filter: Filter,
+    device: OneDevice,
     registry: ContextRegistry,
     events: Arc<Mutex<Vec<String>>>,
 }
 
 fn rig(config: SnapshotConfig) -> Rig {
-    let memory = Arc::new(HostMemory::counting(WORDS));
-    let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(NewAllocation {
-        base: 0,
-        size: (WORDS * 4) as u64,
-        owner_agent: AGENT,
-        kind: MemoryKind::CoarseDevice,
-    });
-    let snapshotter = Snapshotter::new(inventory, memory.clone(), config).unwrap();
-    let locks = AgentLocks::new();
-    locks.set_enabled(true);
     Rig {
-        memory,
-        locks,
-        snapshotter,
-        filter: Filter::for_replay(AGENT),
+        device: OneDevice::new(WORDS, AGENT, config),
         registry: ContextRegistry::new(),
         events: Arc::default(),
     }
@@ -151,7 +130,7 @@ fn rig(config: SnapshotConfig) -> Rig {
 /// ENTER, the application's launch, EXIT; returns the tool's outcome.
 fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) -> ReplayOutcome {
     let ops = FakeLaunch {
-        memory: rig.memory.clone(),
+        memory: rig.device.memory.clone(),
         events: rig.events.clone(),
         replayable,
     };
@@ -160,12 +139,7 @@ fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) 
         events: rig.events.clone(),
         outcome: RefCell::new(None),
     };
-    let cx = WindowContext {
-        locks: &rig.locks,
-        snapshotter: &rig.snapshotter,
-        filter: &rig.filter,
-        registry: &rig.registry,
-    };
+    let cx = rig.device.context(&rig.registry);
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     let launched = if app_ok {
         ops.app_launch();
@@ -179,7 +153,7 @@ fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) 
 }
 
 fn words(rig: &Rig) -> Vec<u32> {
-    rig.memory.0.lock().unwrap().clone()
+    rig.device.memory.0.lock().unwrap().clone()
 }
 
 fn expect_one_run(rig: &Rig) {
@@ -324,9 +298,12 @@ fn a_failed_application_launch_is_never_replayed() {
 fn the_device_lock_is_released_after_exit_and_reentry_is_declined() {
     let r = rig(SnapshotConfig::default());
     launch(&r, 3, true, Ok(()));
-    assert!(!r.locks.agent_lock(AGENT).is_locked(), "released at EXIT");
+    assert!(
+        !r.device.locks.agent_lock(AGENT).is_locked(),
+        "released at EXIT"
+    );
     // A launch issued while this thread holds the device (from inside a replay window).
-    let held = r.locks.write(AGENT).unwrap();
+    let held = r.device.locks.write(AGENT).unwrap();
     let outcome = launch(&r, 3, true, Ok(()));
     assert_eq!(
         outcome.decline().map(|d| d.reason),
@@ -343,7 +320,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
 
     let r = Arc::new(rig(SnapshotConfig::default()));
     let ops = FakeLaunch {
-        memory: r.memory.clone(),
+        memory: r.device.memory.clone(),
         events: r.events.clone(),
         replayable: Ok(()),
     };
@@ -352,12 +329,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
         events: r.events.clone(),
         outcome: RefCell::new(None),
     };
-    let cx = WindowContext {
-        locks: &r.locks,
-        snapshotter: &r.snapshotter,
-        filter: &r.filter,
-        registry: &r.registry,
-    };
+    let cx = r.device.context(&r.registry);
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     assert!(window.is_ready());
 
@@ -367,7 +339,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
         let r = r.clone();
         std::thread::spawn(move || {
             let ops = FakeLaunch {
-                memory: r.memory.clone(),
+                memory: r.device.memory.clone(),
                 events: r.events.clone(),
                 replayable: Ok(()),
             };
@@ -376,12 +348,7 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
                 events: r.events.clone(),
                 outcome: RefCell::new(None),
             };
-            let cx = WindowContext {
-                locks: &r.locks,
-                snapshotter: &r.snapshotter,
-                filter: &r.filter,
-                registry: &r.registry,
-            };
+            let cx = r.device.context(&r.registry);
             let w = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
             entered_tx.send(()).unwrap();
             ops.app_launch();
@@ -434,7 +401,7 @@ impl LaunchOps for Uncovered {
 fn a_launch_while_uncovered_memory_is_live_is_declined_and_runs_once() {
     let r = rig(SnapshotConfig::default());
     let ops = Uncovered(FakeLaunch {
-        memory: r.memory.clone(),
+        memory: r.device.memory.clone(),
         events: r.events.clone(),
         replayable: Ok(()),
     });
@@ -443,12 +410,7 @@ fn a_launch_while_uncovered_memory_is_live_is_declined_and_runs_once() {
         events: r.events.clone(),
         outcome: RefCell::new(None),
     };
-    let cx = WindowContext {
-        locks: &r.locks,
-        snapshotter: &r.snapshotter,
-        filter: &r.filter,
-        registry: &r.registry,
-    };
+    let cx = r.device.context(&r.registry);
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     ops.0.app_launch();
     let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
@@ -467,9 +429,10 @@ fn a_launch_while_uncovered_memory_is_live_is_declined_and_runs_once() {
 
 /// A memset on another thread: every word set to `value`, fenced like a `cuMemsetD32` call.
 fn fenced_memset(r: &Rig, value: u32) {
-    kreplay_cuda::fence::enter(&r.locks, Some(AGENT));
+    kreplay_cuda::fence::enter(&r.device.locks, Some(AGENT));
     r.events.lock().unwrap().push(format!("memset {value}"));
-    r.memory
+    r.device
+        .memory
         .0
         .lock()
         .unwrap()
@@ -485,7 +448,7 @@ fn a_memset_on_another_thread_waits_for_the_open_replay_window() {
 
     let r = Arc::new(rig(SnapshotConfig::default()));
     let ops = FakeLaunch {
-        memory: r.memory.clone(),
+        memory: r.device.memory.clone(),
         events: r.events.clone(),
         replayable: Ok(()),
     };
@@ -494,12 +457,7 @@ fn a_memset_on_another_thread_waits_for_the_open_replay_window() {
         events: r.events.clone(),
         outcome: RefCell::new(None),
     };
-    let cx = WindowContext {
-        locks: &r.locks,
-        snapshotter: &r.snapshotter,
-        filter: &r.filter,
-        registry: &r.registry,
-    };
+    let cx = r.device.context(&r.registry);
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     assert!(window.is_ready());
     let (done_tx, done_rx) = mpsc::channel();
@@ -540,13 +498,13 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
 
     let r = Arc::new(rig(SnapshotConfig::default()));
     // A memset whose call is in progress on this thread (between its API ENTER and EXIT).
-    kreplay_cuda::fence::enter(&r.locks, Some(AGENT));
+    kreplay_cuda::fence::enter(&r.device.locks, Some(AGENT));
     let (entered_tx, entered_rx) = mpsc::channel();
     let launcher = {
         let r = r.clone();
         std::thread::spawn(move || {
             let ops = FakeLaunch {
-                memory: r.memory.clone(),
+                memory: r.device.memory.clone(),
                 events: r.events.clone(),
                 replayable: Ok(()),
             };
@@ -555,12 +513,7 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
                 events: r.events.clone(),
                 outcome: RefCell::new(None),
             };
-            let cx = WindowContext {
-                locks: &r.locks,
-                snapshotter: &r.snapshotter,
-                filter: &r.filter,
-                registry: &r.registry,
-            };
+            let cx = r.device.context(&r.registry);
             let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
             entered_tx.send(()).unwrap();
             ops.app_launch();
@@ -572,7 +525,13 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
         "the replay window opened while a memset was in progress"
     );
     r.events.lock().unwrap().push("memset 7".into());
-    r.memory.0.lock().unwrap().iter_mut().for_each(|x| *x = 7);
+    r.device
+        .memory
+        .0
+        .lock()
+        .unwrap()
+        .iter_mut()
+        .for_each(|x| *x = 7);
     kreplay_cuda::fence::exit();
     entered_rx
         .recv_timeout(Duration::from_secs(10))

@@ -17,16 +17,15 @@ use kreplay::abi::{
     REPLAY_PASS_NONE, Status, UserData,
 };
 use kreplay_cuda::inject::{DispatchRecord, Tools};
-use kreplay_cuda::{LaunchOps, Mark, Window, WindowContext};
-use kreplay_locks::AgentLocks;
+use kreplay_cuda::{LaunchOps, Mark, Window};
 use kreplay_passloop::{DispatchInfo, ReplayOutcome};
-use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter};
+use kreplay_snapshot::SnapshotConfig;
 
 const WORDS: usize = 256;
 
-#[path = "../../cuda/tests/word_memory/mod.rs"]
-mod word_memory;
-use word_memory::HostMemory;
+#[path = "../../cuda/tests/fake_device/mod.rs"]
+mod fake_device;
+use fake_device::{HostMemory, OneDevice};
 
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static TRACED: Mutex<Option<ContextHandle>> = Mutex::new(None);
@@ -188,25 +187,9 @@ fn every_pass_of_a_cuda_launch_and_every_launch_run_once_gets_a_dispatch_record(
     let tools = kreplay::cuda_tool::CudaTools;
     assert!(tools.dispatch_tracing_configured());
 
-    let memory = Arc::new(HostMemory::counting(WORDS));
-    let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(NewAllocation {
-        base: 0,
-        size: (WORDS * 4) as u64,
-        owner_agent: 0,
-        kind: MemoryKind::CoarseDevice,
-    });
-    let snapshotter =
-        Snapshotter::new(inventory, memory.clone(), SnapshotConfig::default()).unwrap();
-    let locks = AgentLocks::new();
-    locks.set_enabled(true);
-    let filter = Filter::for_replay(0);
-    let cx = WindowContext {
-        locks: &locks,
-        snapshotter: &snapshotter,
-        filter: &filter,
-        registry: tools.contexts(),
-    };
+    let device = OneDevice::new(WORDS, 0, SnapshotConfig::default());
+    let memory = device.memory.clone();
+    let cx = device.context(tools.contexts());
     let ops = FakeLaunch {
         memory: memory.clone(),
         start: Cell::new(0),

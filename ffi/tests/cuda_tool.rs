@@ -13,16 +13,15 @@ use kreplay::abi::{
 };
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::inject::Tools;
-use kreplay_cuda::{LaunchOps, Window, WindowContext};
-use kreplay_locks::AgentLocks;
+use kreplay_cuda::{LaunchOps, Window};
 use kreplay_passloop::{LoopEnd, ReplayOutcome};
-use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter};
+use kreplay_snapshot::SnapshotConfig;
 
 const WORDS: usize = 1024;
 
-#[path = "../../cuda/tests/word_memory/mod.rs"]
-mod word_memory;
-use word_memory::HostMemory;
+#[path = "../../cuda/tests/fake_device/mod.rs"]
+mod fake_device;
+use fake_device::{HostMemory, OneDevice};
 
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static CONTEXT: Mutex<Option<ContextHandle>> = Mutex::new(None);
@@ -140,25 +139,9 @@ fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_la
         .replay_tool()
         .expect("the KERNEL_REPLAY owner decides");
 
-    let memory = Arc::new(HostMemory::counting(WORDS));
-    let inventory = Arc::new(Inventory::new());
-    inventory.on_alloc(NewAllocation {
-        base: 0,
-        size: (WORDS * 4) as u64,
-        owner_agent: 0,
-        kind: MemoryKind::CoarseDevice,
-    });
-    let snapshotter =
-        Snapshotter::new(inventory, memory.clone(), SnapshotConfig::default()).unwrap();
-    let locks = AgentLocks::new();
-    locks.set_enabled(true);
-    let filter = Filter::for_replay(0);
-    let cx = WindowContext {
-        locks: &locks,
-        snapshotter: &snapshotter,
-        filter: &filter,
-        registry: tools.contexts(),
-    };
+    let device = OneDevice::new(WORDS, 0, SnapshotConfig::default());
+    let memory = device.memory.clone();
+    let cx = device.context(tools.contexts());
     // A launch as CUPTI describes it: 4 blocks of 64 threads on stream 0x77 of device 0.
     let launch = kreplay_cuda::Launch {
         ctx: std::ptr::null_mut(),
@@ -229,7 +212,10 @@ fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_la
         assert_eq!(i.workgroup_size.x, 64);
         assert_eq!(i.group_segment_size, 128, "dynamic shared memory");
     }
-    assert!(!locks.agent_lock(0).is_locked(), "released at API EXIT");
+    assert!(
+        !device.locks.agent_lock(0).is_locked(),
+        "released at API EXIT"
+    );
     let _ = ContextRegistry::global();
 }
 

@@ -1,0 +1,92 @@
+//! A device for the GPU-free tests of the CUDA backend and of the C ABI on CUDA: host memory
+//! of 32-bit words (addresses are byte offsets into them), tracked as one allocation, with its
+//! snapshotter, enabled device locks and replay filter.
+
+use std::sync::{Arc, Mutex};
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::WindowContext;
+use kreplay_locks::AgentLocks;
+use kreplay_snapshot::{
+    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
+    Snapshotter,
+};
+
+/// The "device": words `0..n`, read and written byte by byte at any offset.
+pub struct HostMemory(pub Mutex<Vec<u32>>);
+
+impl HostMemory {
+    /// `words` words holding `0, 1, 2, ...`.
+    pub fn counting(words: usize) -> HostMemory {
+        HostMemory(Mutex::new((0..words as u32).collect()))
+    }
+}
+
+impl DeviceMemory for HostMemory {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+        let mem = self.0.lock().unwrap();
+        let at = addr as usize;
+        let bytes = mem.iter().flat_map(|w| w.to_le_bytes());
+        for (b, from) in dst.iter_mut().zip(bytes.skip(at)) {
+            *b = from;
+        }
+        Ok(())
+    }
+
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+        let mut mem = self.0.lock().unwrap();
+        for (i, b) in src.iter().enumerate() {
+            let at = addr as usize + i;
+            let mut w = mem[at / 4].to_le_bytes();
+            w[at % 4] = *b;
+            mem[at / 4] = u32::from_le_bytes(w);
+        }
+        Ok(())
+    }
+}
+
+/// One device: its memory as one tracked coarse-grained allocation at address 0, what a replay
+/// window needs beside it.
+pub struct OneDevice {
+    /// The device's memory.
+    pub memory: Arc<HostMemory>,
+    /// Device locks, enabled.
+    pub locks: AgentLocks,
+    /// Snapshots of the memory.
+    pub snapshotter: Snapshotter,
+    /// The replay filter of the device.
+    pub filter: Filter,
+}
+
+impl OneDevice {
+    /// `words` counting words (see [`HostMemory::counting`]) on device `agent`.
+    pub fn new(words: usize, agent: u64, config: SnapshotConfig) -> OneDevice {
+        let memory = Arc::new(HostMemory::counting(words));
+        let inventory = Arc::new(Inventory::new());
+        inventory.on_alloc(NewAllocation {
+            base: 0,
+            size: (words * 4) as u64,
+            owner_agent: agent,
+            kind: MemoryKind::CoarseDevice,
+        });
+        let snapshotter = Snapshotter::new(inventory, memory.clone(), config).unwrap();
+        let locks = AgentLocks::new();
+        locks.set_enabled(true);
+        OneDevice {
+            memory,
+            locks,
+            snapshotter,
+            filter: Filter::for_replay(agent),
+        }
+    }
+
+    /// A replay window's context on this device, with the tool contexts of `registry`.
+    pub fn context<'a>(&'a self, registry: &'a ContextRegistry) -> WindowContext<'a> {
+        WindowContext {
+            locks: &self.locks,
+            snapshotter: &self.snapshotter,
+            filter: &self.filter,
+            registry,
+        }
+    }
+}
