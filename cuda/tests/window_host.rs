@@ -28,12 +28,7 @@ struct FakeLaunch {
 
 impl FakeLaunch {
     fn kernel(&self) {
-        self.memory
-            .0
-            .lock()
-            .unwrap()
-            .iter_mut()
-            .for_each(|x| *x += 1);
+        self.memory.add_one();
     }
     /// The application's own launch (what the driver submits between ENTER and EXIT).
     fn app_launch(&self) {

@@ -20,6 +20,11 @@ impl HostMemory {
     pub fn counting(words: usize) -> HostMemory {
         HostMemory(Mutex::new((0..words as u32).collect()))
     }
+
+    /// The "kernel": `x += 1` on every word, so a forgotten restore shows as a wrong word.
+    pub fn add_one(&self) {
+        self.0.lock().unwrap().iter_mut().for_each(|x| *x += 1);
+    }
 }
 
 impl DeviceMemory for HostMemory {
