@@ -78,26 +78,25 @@ pub(crate) struct Rates {
 }
 
 impl Rates {
-    fn blend(old: Option<f64>, new: f64) -> Option<f64> {
-        Some(old.map_or(new, |o| 0.75 * o + 0.25 * new))
+    /// Blend the rate of `bytes` in `elapsed` into `rate` (runs too short to say anything are
+    /// left out).
+    fn blend(rate: &mut Option<f64>, bytes: u64, elapsed: Duration) {
+        if bytes >= RATE_MIN_BYTES {
+            let new = elapsed.as_nanos() as f64 / bytes as f64;
+            *rate = Some(rate.map_or(new, |o| 0.75 * o + 0.25 * new));
+        }
     }
 
     pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
-        if bytes >= RATE_MIN_BYTES {
-            self.copy = Self::blend(self.copy, elapsed.as_nanos() as f64 / bytes as f64);
-        }
+        Self::blend(&mut self.copy, bytes, elapsed);
     }
 
     pub(crate) fn record_hash(&mut self, bytes: u64, elapsed: Duration) {
-        if bytes >= RATE_MIN_BYTES {
-            self.hash = Self::blend(self.hash, elapsed.as_nanos() as f64 / bytes as f64);
-        }
+        Self::blend(&mut self.hash, bytes, elapsed);
     }
 
     pub(crate) fn record_scattered(&mut self, bytes: u64, elapsed: Duration) {
-        if bytes >= RATE_MIN_BYTES {
-            self.scattered = Self::blend(self.scattered, elapsed.as_nanos() as f64 / bytes as f64);
-        }
+        Self::blend(&mut self.scattered, bytes, elapsed);
     }
 
     /// Cost per byte of writing back part of the footprint (changed chunks, a write set), in
@@ -107,10 +106,7 @@ impl Rates {
     }
 
     pub(crate) fn record_hashed_copy(&mut self, bytes: u64, elapsed: Duration) {
-        if bytes >= RATE_MIN_BYTES {
-            self.hashed_copy =
-                Self::blend(self.hashed_copy, elapsed.as_nanos() as f64 / bytes as f64);
-        }
+        Self::blend(&mut self.hashed_copy, bytes, elapsed);
     }
 
     /// What hashing adds per byte to a snapshot copy: measured as a hashing snapshot against a
