@@ -1369,14 +1369,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
     if digits.is_empty() {
         return Err(expected.into());
     }
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(expected.into()),
-    };
+    let shift = kreplay_passloop::settings::binary_unit_shift(unit).ok_or(expected)?;
     let bytes = digits
         .parse::<u64>()
         .ok()

@@ -27,15 +27,20 @@ pub fn parse_byte_count(text: &str) -> Option<u64> {
         return None;
     }
     let number: u64 = digits.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    number.checked_mul(1u64 << shift)
+    number.checked_mul(1u64 << binary_unit_shift(unit.trim())?)
+}
+
+/// The power of two of a binary size unit as byte counts write it: none or `B` 0, `K`/`KB`/`KiB`
+/// 10, `M`... 20, `G`... 30, `T`... 40, any case; `None` for anything else (spaces included).
+pub fn binary_unit_shift(unit: &str) -> Option<u32> {
+    match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => Some(0),
+        "k" | "kb" | "kib" => Some(10),
+        "m" | "mb" | "mib" => Some(20),
+        "g" | "gb" | "gib" => Some(30),
+        "t" | "tb" | "tib" => Some(40),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
