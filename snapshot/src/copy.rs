@@ -353,6 +353,10 @@ pub(crate) fn hash_live(
 /// they differ from the snapshot, the marked ones (a learned write set) are written unhashed.
 /// Returns the bytes hashed and the global indices of the chunks found changed, in order.
 /// `Err(Unsupported)`: nothing was done (the device cannot, or cannot read this store).
+/// `ranges` is the list handed to the device, kept by the caller between restores: with a
+/// learned set of 10% of 32 GiB it holds 100 Ki ranges, and allocating lists that size afresh
+/// for every restore cost more in page faults than building them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn restore_on_device(
     device: &dyn DeviceMemory,
     layout: &Layout,
@@ -360,6 +364,7 @@ pub(crate) fn restore_on_device(
     store: &Store,
     skip: Option<&[bool]>,
     snapshot: (&[u64], u64),
+    ranges: &mut Vec<VerifyRange>,
 ) -> Result<(u64, Vec<usize>), CopyError> {
     let (hashes, snapshot_id) = snapshot;
     if hashes.len() != layout.chunks() {
@@ -375,28 +380,25 @@ pub(crate) fn restore_on_device(
             write,
         }
     };
-    let mut ranges: Vec<VerifyRange> = match skip {
-        None => (0..layout.regions.len())
-            .filter(|&r| live[r])
-            .map(|r| range(r, 0, layout.region_chunks(r), false))
-            .collect(),
-        Some(set) => layout
-            .unmarked_runs(live, set)
-            .into_iter()
-            .map(|(r, first, count)| range(r, first, count, false))
-            .collect(),
-    };
+    ranges.clear();
+    match skip {
+        None => ranges.extend(
+            (0..layout.regions.len())
+                .filter(|&r| live[r])
+                .map(|r| range(r, 0, layout.region_chunks(r), false)),
+        ),
+        Some(set) => layout.for_unmarked_runs(live, set, |r, first, count| {
+            ranges.push(range(r, first, count, false))
+        }),
+    }
     let bytes_hashed = ranges.iter().map(|r| r.len).sum();
     if let Some(set) = skip {
-        ranges.extend(
-            layout
-                .runs_of(live, marked_indices(set))
-                .iter()
-                .map(|p| range(p.region, p.first, p.count, true)),
-        );
+        layout.for_runs_of(live, marked_indices(set), |p| {
+            ranges.push(range(p.region, p.first, p.count, true))
+        });
     }
     let job = VerifiedRestore {
-        ranges: &ranges,
+        ranges,
         store: match store.device_addr() {
             Some(shadow) => StoreBytes::Device(shadow),
             None => StoreBytes::Host(store.bytes()),
@@ -407,18 +409,26 @@ pub(crate) fn restore_on_device(
     };
     let mut bits = vec![0u64; layout.chunks().div_ceil(64)];
     device.restore_verified(&job, &mut bits)?;
-    let changed = bits
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| **w != 0)
-        .flat_map(|(i, &w)| {
-            (0..64)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| i * 64 + b)
-        })
-        .filter(|&c| c < hashes.len() && skip.is_none_or(|set| !set[c]))
-        .collect();
-    Ok((bytes_hashed, changed))
+    Ok((bytes_hashed, set_bits(&bits, hashes.len(), skip)))
+}
+
+/// Global indices of the bits set in `bits` (bit `c % 64` of word `c / 64`) below `chunks`, in
+/// order, leaving out the chunks `skip` marks. Visits set bits only: at 1% of 32 GiB changed,
+/// testing all 64 bits of every word that has one cost more host time than the write-back of
+/// the changed chunks on the device.
+fn set_bits(bits: &[u64], chunks: usize, skip: Option<&[bool]>) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, &word) in bits.iter().enumerate() {
+        let mut w = word;
+        while w != 0 {
+            let c = i * 64 + w.trailing_zeros() as usize;
+            w &= w - 1;
+            if c < chunks && skip.is_none_or(|set| !set[c]) {
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// What writing pieces back did.
@@ -555,4 +565,31 @@ pub(crate) fn write_back(
         }
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_bits;
+
+    #[test]
+    fn set_bits_lists_every_set_bit_below_the_chunk_count_in_order_except_skipped_ones() {
+        let mut bits = vec![0u64; 3];
+        for c in [0, 1, 63, 64, 100, 127, 128, 130, 150] {
+            bits[c / 64] |= 1 << (c % 64);
+        }
+        // Chunks 0..140: bit 150 lies past the last chunk.
+        assert_eq!(
+            set_bits(&bits, 140, None),
+            vec![0, 1, 63, 64, 100, 127, 128, 130]
+        );
+        let mut skip = vec![false; 140];
+        skip[63] = true;
+        skip[128] = true;
+        assert_eq!(
+            set_bits(&bits, 140, Some(&skip)),
+            vec![0, 1, 64, 100, 127, 130]
+        );
+        assert!(set_bits(&[0, 0], 128, None).is_empty());
+        assert_eq!(set_bits(&[u64::MAX], 64, None), (0..64).collect::<Vec<_>>());
+    }
 }

@@ -9,7 +9,7 @@ use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
 use crate::copy::{
     WriteOutcome, copy_to_host, copy_to_shadow, hash_live, restore_on_device, windows, write_back,
 };
-use crate::device::{Capabilities, CopyError, DeviceMemory};
+use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate, snapshot_hashes_pay};
@@ -155,6 +155,8 @@ pub struct Snapshot {
     id: u64,
     /// Scratch for hashes of live memory, reused across restores.
     live_hashes: Vec<u64>,
+    /// Scratch for the ranges of a device's verified restore, reused across restores.
+    verify_ranges: Vec<VerifyRange>,
     /// Learned write set (`None` until the first learning hash pass, unless an earlier
     /// dispatch of the same kernel left one).
     learned: Option<WriteSet>,
@@ -443,6 +445,7 @@ impl Snapshotter {
             hashes,
             id: NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed),
             live_hashes: Vec::new(),
+            verify_ranges: Vec::new(),
             learned,
             hashed,
             key,
@@ -677,6 +680,7 @@ impl Snapshot {
                     &self.store,
                     skip,
                     (&self.hashes, self.id),
+                    &mut self.verify_ranges,
                 )
             } else {
                 Err(CopyError::Unsupported)
@@ -777,7 +781,13 @@ impl Snapshot {
         }
         match step {
             Step::Full => {
-                pieces = layout.full_pieces(&live);
+                // A device shadow is copied region by region; the host tiers copy pieces in
+                // parallel.
+                pieces = if self.store.device_addr().is_some() {
+                    layout.whole_regions(&live)
+                } else {
+                    layout.full_pieces(&live)
+                };
                 if self.mode == Mode::Adaptive {
                     self.stats.full_streak += 1;
                 }
