@@ -32,8 +32,8 @@ use crate::driver::{
 };
 use crate::guard::Guard;
 use crate::kernels::{
-    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, gather_tiles, hash_entries,
-    restore_entries, use_gather,
+    GATHER_TILE, GatherEntry, HASH_DEVICE_MIN_LEN, Kernels, RestoreEntry, gather_tiles,
+    gather_tiles_into, hash_entries, restore_entries_into, use_gather,
 };
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -117,6 +117,13 @@ struct Scratch {
     found: Option<Shadow>,
     /// A verified restore's gather list of its learned write set.
     tiles: Option<Shadow>,
+    /// Host lists of a verified restore, kept between restores for their memory: the
+    /// detection's entries, the learned set's copies (as handed over, then merged) and its
+    /// gather tiles.
+    entries: Vec<RestoreEntry>,
+    set: Vec<DeviceCopy>,
+    merged: Vec<DeviceCopy>,
+    set_tiles: Vec<GatherEntry>,
 }
 
 /// A scratch buffer of at least `size` bytes in `slot`, reallocated (power-of-two sizes) when
@@ -165,6 +172,17 @@ pub fn coalesce_copies(
     same_allocation: impl Fn(u64, u64) -> bool,
 ) -> Vec<DeviceCopy> {
     let mut out: Vec<DeviceCopy> = Vec::with_capacity(copies.len().min(64));
+    coalesce_copies_into(&mut out, copies, same_allocation);
+    out
+}
+
+/// [`coalesce_copies`] into `out` (cleared first), reusing its memory.
+pub fn coalesce_copies_into(
+    out: &mut Vec<DeviceCopy>,
+    copies: &[DeviceCopy],
+    same_allocation: impl Fn(u64, u64) -> bool,
+) {
+    out.clear();
     for c in copies.iter().filter(|c| c.len > 0) {
         match out.last_mut() {
             Some(last)
@@ -178,7 +196,6 @@ pub fn coalesce_copies(
             _ => out.push(*c),
         }
     }
-    out
 }
 
 /// Answers "do `a` and `b` lie in one allocation" for [`coalesce_copies`], remembering the
@@ -675,7 +692,14 @@ impl DeviceMemory for CudaMemory {
             Ok(k) if k.has_restore_verified() => k,
             _ => return Err(CopyError::Unsupported),
         };
-        let (entries, work) = restore_entries(
+        let mut scratch = self.scratch.lock();
+        // The host lists, built in memory kept from the last restore (given back below).
+        let mut entries = std::mem::take(&mut scratch.entries);
+        let mut set = std::mem::take(&mut scratch.set);
+        let mut merged = std::mem::take(&mut scratch.merged);
+        let mut set_tiles = std::mem::take(&mut scratch.set_tiles);
+        let work = restore_entries_into(
+            &mut entries,
             job.ranges
                 .iter()
                 .filter(|r| !r.write)
@@ -683,33 +707,27 @@ impl DeviceMemory for CudaMemory {
             cs,
         );
         // The learned write set: copied from the store unhashed, on the same stream.
-        let set: Vec<DeviceCopy> = job
-            .ranges
-            .iter()
-            .filter(|r| r.write)
-            .map(|r| DeviceCopy {
-                dst: r.addr,
-                src: store + r.store_offset,
-                len: r.len,
-            })
-            .collect();
+        set.clear();
+        set.extend(job.ranges.iter().filter(|r| r.write).map(|r| DeviceCopy {
+            dst: r.addr,
+            src: store + r.store_offset,
+            len: r.len,
+        }));
         let ranges = AllocationCache::new(|a| self.allocation_of(a));
-        let set = coalesce_copies(&set, |a, b| ranges.same(a, b));
+        coalesce_copies_into(&mut merged, &set, |a, b| ranges.same(a, b));
         // Few whole copies between device allocations go to the copy engine; the rest (and any
         // read from the pinned host store through its mapping) to one gather launch.
-        let set_tiles: Vec<GatherEntry> = if on_device && !use_gather(set.len()) {
-            Vec::new()
+        if on_device && !use_gather(merged.len()) {
+            set_tiles.clear();
         } else {
-            gather_tiles(&set, GATHER_TILE)
-        };
+            gather_tiles_into(&mut set_tiles, &merged, GATHER_TILE);
+        }
         let list_bytes = std::mem::size_of_val(entries.as_slice());
         let snap_bytes = std::mem::size_of_val(job.hashes);
-        // The bitmap, then the number of copies found.
-        let zeros = vec![0u64; changed.len() + 1];
+        // The bitmap, then the number of copies found (zeroed on the device below).
         let bits_bytes = std::mem::size_of_val(&*changed);
         let found_bytes = work * std::mem::size_of::<GatherEntry>() as u64;
         let tiles_bytes = std::mem::size_of_val(set_tiles.as_slice());
-        let mut scratch = self.scratch.lock();
         let mut buffer = |slot: fn(&mut Scratch) -> &mut Option<Shadow>, n: u64| {
             scratch_buffer(self.driver, slot(&mut scratch), n).map_err(fail)
         };
@@ -741,7 +759,13 @@ impl DeviceMemory for CudaMemory {
                     Ok(())
                 }
             })
-            .and_then(|()| htod(dev_bits, zeros.as_ptr().cast(), bits_bytes + 8))
+            .and_then(|()| {
+                // SAFETY: dev_bits is a scratch buffer of bits_bytes + 8 bytes (sized above).
+                let rc = unsafe {
+                    (self.driver.memset_d8_async)(dev_bits, 0, bits_bytes + 8, self.stream())
+                };
+                self.driver.check("cuMemsetD8Async", rc)
+            })
             .and_then(|()| htod(dev_tiles, set_tiles.as_ptr().cast(), tiles_bytes))
             .and_then(|()| {
                 if work == 0 {
@@ -779,7 +803,7 @@ impl DeviceMemory for CudaMemory {
                         )
                     };
                 }
-                set.iter().try_for_each(|c| {
+                merged.iter().try_for_each(|c| {
                     // SAFETY: a fenced allocation and our shadow, both device memory of this
                     // context, alive until the wait.
                     let rc = unsafe {
@@ -801,6 +825,10 @@ impl DeviceMemory for CudaMemory {
                 self.driver.check("cuMemcpyDtoHAsync_v2", rc)
             });
         let waited = self.sync();
+        scratch.entries = entries;
+        scratch.set = set;
+        scratch.merged = merged;
+        scratch.set_tiles = set_tiles;
         queued.and(waited).map_err(fail)?;
         scratch.snap_id = job.snapshot_id;
         Ok(())
