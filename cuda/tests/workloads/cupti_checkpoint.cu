@@ -8,6 +8,7 @@
 //   nvcc -O2 -arch=sm_90 -o cupti_checkpoint cuda/tests/workloads/cupti_checkpoint.cu \
 //        -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti -lcuda
 //   ./cupti_checkpoint 32 3      # footprint in GiB, restores timed per fraction (median)
+//   ./cupti_checkpoint 32 3 device_none,host_none   # only the configurations named
 //
 // Four configurations: checkpoint kept in device memory where it fits (reserveDeviceMB 0) or in
 // host memory (reserveDeviceMB = the device's total memory in MiB, so none of it may be used;
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <cuda.h>
@@ -87,6 +89,7 @@ static double now_ms() {
 int main(int argc, char **argv) {
     const u64 gib = argc > 1 ? strtoull(argv[1], 0, 10) : 32;
     const int reps = argc > 2 ? atoi(argv[2]) : 3;
+    const char *only = argc > 3 ? argv[3] : nullptr;
     const u64 bytes = gib << 30;
     const u64 chunk = 64 << 10;
     const u64 chunks = bytes / chunk;
@@ -118,6 +121,9 @@ int main(int argc, char **argv) {
     const double fractions[] = {0.001, 0.01, 0.1, 1.0};
     int failures = 0;
     for (const Cfg &c : cfgs) {
+        if (only && !strstr(only, c.name)) {
+            continue;
+        }
         for (int f = 0; f < 4; ++f) {
             CUpti_Checkpoint cp = {CUpti_Checkpoint_STRUCT_SIZE};
             cp.ctx = ctx;
