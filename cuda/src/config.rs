@@ -1,7 +1,7 @@
 //! The injected library's configuration, from `KREPLAY_*` environment variables.
 
 use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
-use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
 use crate::memory::ShadowBudget;
 
@@ -114,6 +114,11 @@ impl Config {
             }
             None => SnapshotConfig::derived_budget(),
         };
+        if let Some(v) = lookup("KREPLAY_SNAPSHOT_SCOPE") {
+            snapshot.scope = v
+                .parse::<SnapshotScope>()
+                .map_err(|e| format!("KREPLAY_SNAPSHOT_SCOPE: {e}"))?;
+        }
         if let Some(v) = lookup("KREPLAY_SPILL_DIR") {
             snapshot.spill_dir = Some(v.into());
         }
@@ -171,6 +176,18 @@ mod tests {
         assert_eq!(c.snapshot.strategy, RestoreStrategy::Auto);
         assert_eq!(c.log, LogLevel::Warn);
         assert_eq!(c.shadow, ShadowBudget::default());
+        assert_eq!(c.snapshot.scope, SnapshotScope::Agent);
+    }
+
+    #[test]
+    fn the_snapshot_scope_is_read_and_checked() {
+        let c = with(&[("KREPLAY_SNAPSHOT_SCOPE", "referenced")]).unwrap();
+        assert_eq!(c.snapshot.scope, SnapshotScope::Referenced);
+        let err = with(&[("KREPLAY_SNAPSHOT_SCOPE", "device")]).unwrap_err();
+        assert!(
+            err.contains("KREPLAY_SNAPSHOT_SCOPE") && err.contains("referenced"),
+            "{err}"
+        );
     }
 
     #[test]

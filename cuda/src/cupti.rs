@@ -26,6 +26,37 @@ pub type CallbackFunc = unsafe extern "C" fn(
 
 /// `CUPTI_CB_DOMAIN_DRIVER_API`.
 pub const CB_DOMAIN_DRIVER_API: CallbackDomain = 1;
+/// `CUPTI_CB_DOMAIN_RESOURCE`.
+pub const CB_DOMAIN_RESOURCE: CallbackDomain = 3;
+/// `CUPTI_CBID_RESOURCE_MODULE_LOADED` (`CUpti_CallbackIdResource`).
+pub const CBID_RESOURCE_MODULE_LOADED: CallbackId = 6;
+/// `CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING`.
+pub const CBID_RESOURCE_MODULE_UNLOAD_STARTING: CallbackId = 7;
+
+/// `CUpti_ResourceData` (cupti_callbacks.h): the data of a resource-domain callback.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ResourceData {
+    /// The context concerned.
+    pub context: CuContext,
+    /// `resourceHandle` (a union holding a `CUstream`).
+    pub resource_handle: *mut c_void,
+    /// For module callbacks, a `CUpti_ModuleResourceData`.
+    pub resource_descriptor: *mut c_void,
+}
+
+/// `CUpti_ModuleResourceData` (cupti_callbacks.h): the module a module callback is about.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ModuleResourceData {
+    /// CUPTI's id of the module.
+    pub module_id: u32,
+    /// Size of the cubin.
+    pub cubin_size: usize,
+    /// The cubin the driver loaded.
+    pub cubin: *const c_char,
+}
+
 /// `CUPTI_API_ENTER`.
 pub const API_ENTER: c_int = 0;
 /// `CUPTI_API_EXIT`.

@@ -132,6 +132,42 @@ type LaunchKernelExFn = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> CuResult;
 
+/// Entry points kreplay uses where the driver has them, `None` where it does not (older
+/// drivers): what needs them degrades as documented at each use.
+#[derive(Clone, Copy)]
+#[allow(missing_docs)]
+pub struct Optional {
+    /// `cuFuncGetModule` (CUDA 11.0).
+    pub func_get_module: Option<unsafe extern "C" fn(*mut CuModule, CuFunction) -> CuResult>,
+    /// `cuModuleGetGlobal_v2`.
+    pub module_get_global: Option<
+        unsafe extern "C" fn(*mut CuDevicePtr, *mut usize, CuModule, *const c_char) -> CuResult,
+    >,
+    /// `cuFuncGetParamInfo` (CUDA 12.4).
+    pub func_get_param_info:
+        Option<unsafe extern "C" fn(CuFunction, usize, *mut usize, *mut usize) -> CuResult>,
+    /// `cuKernelGetFunction` (CUDA 12.0): a `CUkernel`'s function in the current context.
+    pub kernel_get_function: Option<unsafe extern "C" fn(*mut CuFunction, *mut c_void) -> CuResult>,
+    /// `cuFuncLoad` (CUDA 12.4): load a lazily loaded function now.
+    pub func_load: Option<unsafe extern "C" fn(CuFunction) -> CuResult>,
+    /// `cuPointerGetAttribute`.
+    pub pointer_get_attribute:
+        Option<unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult>,
+}
+
+/// `CUDA_ERROR_INVALID_VALUE`: among others, a parameter index past the function's last.
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_MEMORYTYPE_HOST`.
+pub const CU_MEMORYTYPE_HOST: c_uint = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+/// `CU_MEMORYTYPE_ARRAY`.
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+/// `CU_MEMORYTYPE_UNIFIED`.
+pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
+
 macro_rules! driver_table {
     ($( $field:ident : $sym:literal => fn($($arg:ty),*) ; )*) => {
         /// The resolved entry points (see the module docs). Fields are the raw C functions;
@@ -144,6 +180,8 @@ macro_rules! driver_table {
             pub launch_kernel_ptsz: LaunchKernelFn,
             pub launch_kernel_ex: Option<LaunchKernelExFn>,
             pub launch_kernel_ex_ptsz: Option<LaunchKernelExFn>,
+            /// Entry points newer drivers have (`None` on older ones).
+            pub optional: Optional,
         }
 
         impl Driver {
@@ -164,8 +202,16 @@ macro_rules! driver_table {
                         .ok().map(|s| *s);
                     let launch_kernel_ex_ptsz = lib.get::<LaunchKernelExFn>(b"cuLaunchKernelEx_ptsz\0")
                         .ok().map(|s| *s);
+                    let optional = Optional {
+                        func_get_module: lib.get(b"cuFuncGetModule\0").ok().map(|s| *s),
+                        module_get_global: lib.get(b"cuModuleGetGlobal_v2\0").ok().map(|s| *s),
+                        func_get_param_info: lib.get(b"cuFuncGetParamInfo\0").ok().map(|s| *s),
+                        kernel_get_function: lib.get(b"cuKernelGetFunction\0").ok().map(|s| *s),
+                        func_load: lib.get(b"cuFuncLoad\0").ok().map(|s| *s),
+                        pointer_get_attribute: lib.get(b"cuPointerGetAttribute\0").ok().map(|s| *s),
+                    };
                     Ok(Driver { _lib: lib, $( $field, )* launch_kernel, launch_kernel_ptsz,
-                        launch_kernel_ex, launch_kernel_ex_ptsz })
+                        launch_kernel_ex, launch_kernel_ex_ptsz, optional })
                 }
             }
         }
@@ -210,6 +256,94 @@ driver_table! {
     event_synchronize: b"cuEventSynchronize\0" => fn(CuEvent);
     event_elapsed_time: b"cuEventElapsedTime\0" => fn(*mut f32, CuEvent, CuEvent);
     event_destroy: b"cuEventDestroy_v2\0" => fn(CuEvent);
+}
+
+impl Driver {
+    /// The module of a launched function. A `CUkernel` (context-independent, launched as a
+    /// `CUfunction`) is first turned into its function in the current context.
+    ///
+    /// # Safety
+    /// `f` is a function (or kernel) handle the driver gave out, being launched.
+    pub unsafe fn function_module(&self, f: CuFunction) -> Result<CuModule, String> {
+        let get = self
+            .optional
+            .func_get_module
+            .ok_or("this driver has no cuFuncGetModule")?;
+        let mut m: CuModule = std::ptr::null_mut();
+        // SAFETY: writes one handle; an invalid function is an error code.
+        let rc = unsafe { get(&mut m, f) };
+        if rc == CUDA_SUCCESS {
+            return Ok(m);
+        }
+        let first = self.check("cuFuncGetModule", rc).unwrap_err();
+        let Some(kernel_get_function) = self.optional.kernel_get_function else {
+            return Err(first.to_string());
+        };
+        let mut g: CuFunction = std::ptr::null_mut();
+        // SAFETY: as above; a handle that is no CUkernel is an error code.
+        let rc = unsafe { kernel_get_function(&mut g, f) };
+        if rc != CUDA_SUCCESS {
+            return Err(first.to_string());
+        }
+        // SAFETY: as above, with the kernel's function.
+        let rc = unsafe { get(&mut m, g) };
+        self.check("cuFuncGetModule", rc)
+            .map_err(|e| e.to_string())?;
+        Ok(m)
+    }
+
+    /// Address and size of variable `name` of `module`.
+    ///
+    /// # Safety
+    /// `module` is a loaded module's handle the driver gave out.
+    pub unsafe fn module_global(&self, module: CuModule, name: &str) -> Option<(u64, u64)> {
+        let get = self.optional.module_get_global?;
+        let name = std::ffi::CString::new(name).ok()?;
+        let (mut ptr, mut size): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: writes an address and a size; an unknown name is an error code.
+        let rc = unsafe { get(&mut ptr, &mut size, module, name.as_ptr()) };
+        (rc == CUDA_SUCCESS).then_some((ptr, size as u64))
+    }
+
+    /// The parameters (offset, size) of function `f` (`cuFuncGetParamInfo`), `None` when the
+    /// driver cannot describe them.
+    ///
+    /// # Safety
+    /// `f` is a function handle the driver gave out, being launched.
+    pub unsafe fn param_layout(&self, f: CuFunction) -> Option<Vec<(usize, usize)>> {
+        let info = self.optional.func_get_param_info?;
+        let mut out = Vec::new();
+        for index in 0..4096usize {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: writes two size_t; an index past the last parameter is an error code.
+            let rc = unsafe { info(f, index, &mut offset, &mut size) };
+            if rc == CUDA_ERROR_INVALID_VALUE {
+                return Some(out);
+            }
+            if rc != CUDA_SUCCESS {
+                return None;
+            }
+            out.push((offset, size));
+        }
+        None
+    }
+
+    /// What the driver knows `addr` to be, when it is memory (`None`: not an address of any
+    /// allocation the driver knows).
+    pub fn memory_type(&self, addr: u64) -> Option<c_uint> {
+        let get = self.optional.pointer_get_attribute?;
+        let mut kind: c_uint = 0;
+        // SAFETY: the memory-type attribute is one unsigned int; an unknown address is an error
+        // code.
+        let rc = unsafe {
+            get(
+                (&raw mut kind).cast(),
+                CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                addr,
+            )
+        };
+        (rc == CUDA_SUCCESS && kind != 0).then_some(kind)
+    }
 }
 
 impl fmt::Debug for Driver {

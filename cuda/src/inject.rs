@@ -21,21 +21,28 @@ use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
-    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, Snapshotter,
+    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, SnapshotScope, Snapshotter,
 };
 use parking_lot::Mutex;
 
 use crate::config::{Config, LogLevel};
 use crate::cupti::{
-    self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CallbackData, CallbackDomain, CallbackId,
-    Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams,
-    MemFreeParams, MemMapParams, MemUnmapParams, SubscriberHandle, cbid,
+    self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
+    CBID_RESOURCE_MODULE_LOADED, CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData,
+    CallbackDomain, CallbackId, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
+    MemAllocPitchParams, MemFreeParams, MemMapParams, MemUnmapParams, ModuleResourceData,
+    ResourceData, SubscriberHandle, cbid,
 };
-use crate::driver::{CUDA_SUCCESS, CuContext, CuResult, Driver};
+use crate::driver::{
+    CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_UNIFIED,
+    CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
+};
 use crate::fence;
+use crate::globals::{ModuleLookup, ModuleRegistry, Range};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::CudaMemory;
+use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter};
 use crate::timing::PassTimer;
 use crate::tracking::MemoryWatch;
 use crate::window::{LaunchOps, Mark, Window, WindowContext};
@@ -231,6 +238,12 @@ struct Backend {
     warned_graph: AtomicBool,
     warned_managed: AtomicBool,
     warned_cooperative: AtomicBool,
+    /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
+    modules: ModuleRegistry,
+    /// Parameter layouts per function (`None`: the driver cannot describe it).
+    layouts: Mutex<std::collections::HashMap<usize, Option<Arc<[Param]>>>>,
+    warned_layout: AtomicBool,
+    warned_cubin: AtomicBool,
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
@@ -253,6 +266,8 @@ struct Pending {
 struct InjectedLaunch<'a> {
     inner: CudaLaunch<'a>,
     watch: &'a MemoryWatch,
+    /// At API ENTER: what the launch's snapshot covers (see [`Backend::launch_scope`]).
+    scope: Option<LaunchScope<'a>>,
     /// Set while dispatch tracing is configured: the launch's passes are timed and reported.
     traced: Option<(&'a PassTimer, &'a dyn Tools)>,
 }
@@ -263,6 +278,14 @@ impl LaunchOps for InjectedLaunch<'_> {
     }
     fn covered(&self) -> Result<(), String> {
         self.watch.untracked_reason().map_or(Ok(()), Err)
+    }
+    fn scope(&self, base: &Filter) -> Result<Filter, String> {
+        match &self.scope {
+            Some(s) => s
+                .backend
+                .launch_scope(&self.inner.launch, s.device, s.kernel, base),
+            None => Ok(base.clone()),
+        }
     }
     fn drain(&self) -> Result<(), String> {
         self.inner.drain()
@@ -297,6 +320,39 @@ impl LaunchOps for InjectedLaunch<'_> {
                 end_ns,
             });
         }
+    }
+}
+
+/// What [`Backend::launch_scope`] needs beside the launch.
+struct LaunchScope<'a> {
+    backend: &'a Backend,
+    device: &'a DeviceState,
+    kernel: Option<&'a str>,
+}
+
+/// The launched function's module and variables, from the driver.
+struct DriverModules<'a> {
+    driver: &'a Driver,
+    function: CuFunction,
+}
+
+impl ModuleLookup for DriverModules<'_> {
+    fn module(&self) -> Result<u64, String> {
+        // SAFETY: the function the application is launching, inside its launch call.
+        unsafe { self.driver.function_module(self.function) }.map(|m| m as u64)
+    }
+    fn global(&self, module: u64, name: &str) -> Option<Range> {
+        // SAFETY: the module the driver named for the launched function, loaded while it is
+        // being launched.
+        unsafe { self.driver.module_global(module as CuModule, name) }
+    }
+    fn load(&self) {
+        if let Some(load) = self.driver.optional.func_load {
+            // SAFETY: the function the application is launching; loading it (and its module)
+            // is what the launch would do anyway.
+            let _ = unsafe { load(self.function) };
+        }
+        let _ = self.module();
     }
 }
 
@@ -467,7 +523,147 @@ impl Backend {
         }
     }
 
-    fn launch_enter(&self, launch: Launch) {
+    /// The snapshot filter of `launch` (see [`crate::scope`]): its module's writable variables,
+    /// what its arguments point into, from the device's filter `base` (agent scope) or from
+    /// nothing (referenced scope).
+    fn launch_scope(
+        &self,
+        launch: &Launch,
+        device: &DeviceState,
+        kernel: Option<&str>,
+        base: &Filter,
+    ) -> Result<Filter, String> {
+        let lookup = DriverModules {
+            driver: self.driver,
+            function: launch.function,
+        };
+        let variables = self.modules.variables_of(
+            launch.ctx as usize,
+            launch.function as usize,
+            kernel,
+            &lookup,
+        )?;
+        let referenced = self.config.snapshot.scope == SnapshotScope::Referenced;
+        let layout = if launch.params.is_null() {
+            None
+        } else {
+            self.layout(launch.function)
+        };
+        // SAFETY: the launch call's own parameters, read during its API ENTER callback; the
+        // layout is the driver's description of the launched function.
+        let values = unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) };
+        let (start, values, narrowed) = match values {
+            Ok(values) if referenced => {
+                (Filter::referenced_only(device.ordinal as u64), values, true)
+            }
+            Ok(values) => (base.clone(), values, false),
+            Err(why) => {
+                if referenced && !self.warned_layout.swap(true, Ordering::Relaxed) {
+                    let why = match why {
+                        ArgumentsUnknown::NoLayout => {
+                            "the driver cannot describe a kernel's parameters (cuFuncGetParamInfo, \
+                             CUDA 12.4)"
+                                .to_string()
+                        }
+                        ArgumentsUnknown::BadExtra(e) => format!("a launch's extra array: {e}"),
+                    };
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "KREPLAY_SNAPSHOT_SCOPE=referenced: {why}; such launches snapshot \
+                             the agent scope"
+                        ),
+                    );
+                }
+                (base.clone(), Vec::new(), false)
+            }
+        };
+        let scoped = launch_filter(start, &self.inventory, &variables, &values, |v| {
+            self.untracked_memory_kind(v)
+        })?;
+        if narrowed && self.config.snapshot.strategy == RestoreStrategy::Auto {
+            device.memory.set_hash_on_device(hash_on_device_for(
+                RestoreStrategy::Auto,
+                scoped.referenced_bytes + scoped.variable_bytes,
+            ));
+        }
+        Ok(scoped.filter)
+    }
+
+    /// The parameter layout of `f`, asked of the driver once per function.
+    fn layout(&self, f: CuFunction) -> Option<Arc<[Param]>> {
+        if let Some(known) = self.layouts.lock().get(&(f as usize)) {
+            return known.clone();
+        }
+        // SAFETY: the function the application is launching, inside its launch call.
+        let layout: Option<Arc<[Param]>> = unsafe { self.driver.param_layout(f) }.map(Into::into);
+        self.layouts.lock().insert(f as usize, layout.clone());
+        layout
+    }
+
+    /// What the driver knows `addr` to be, when it is memory kreplay does not track.
+    fn untracked_memory_kind(&self, addr: u64) -> Option<String> {
+        let kind = self.driver.memory_type(addr)?;
+        Some(
+            match kind {
+                CU_MEMORYTYPE_HOST => "page-locked host memory",
+                CU_MEMORYTYPE_DEVICE => "device memory not allocated through a tracked call",
+                CU_MEMORYTYPE_ARRAY => "a CUDA array",
+                CU_MEMORYTYPE_UNIFIED => "managed memory",
+                _ => "memory of an unknown type",
+            }
+            .to_string(),
+        )
+    }
+
+    /// CUPTI reported a module loaded or about to be unloaded.
+    fn on_module(&self, id: CallbackId, data: &ResourceData) {
+        if data.resource_descriptor.is_null() {
+            return;
+        }
+        // SAFETY: for module callbacks the descriptor is a CUpti_ModuleResourceData, valid
+        // during the callback.
+        let m = unsafe { *(data.resource_descriptor as *const ModuleResourceData) };
+        match id {
+            CBID_RESOURCE_MODULE_LOADED => {
+                let image: &[u8] = if m.cubin.is_null() {
+                    &[]
+                } else {
+                    // SAFETY: CUPTI's copy of the loaded cubin, cubin_size bytes, valid during
+                    // the callback (parsed, never kept).
+                    unsafe { std::slice::from_raw_parts(m.cubin.cast(), m.cubin_size) }
+                };
+                match self.modules.on_loaded(m.module_id, image) {
+                    Ok(n) => log(
+                        LogLevel::Debug,
+                        format!(
+                            "module {} loaded ({} bytes): {n} writable module-scope variable(s)",
+                            m.module_id, m.cubin_size
+                        ),
+                    ),
+                    Err(e) => {
+                        if !self.warned_cubin.swap(true, Ordering::Relaxed) {
+                            log(
+                                LogLevel::Warn,
+                                format!(
+                                    "the image of module {} cannot be read ({e}): launches of \
+                                     its kernels run once (untracked_memory)",
+                                    m.module_id
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            CBID_RESOURCE_MODULE_UNLOAD_STARTING => {
+                self.modules.on_unloading(m.module_id);
+                self.layouts.lock().clear();
+            }
+            _ => {}
+        }
+    }
+
+    fn launch_enter(&self, launch: Launch, kernel: Option<&str>) {
         self.stats.launches.fetch_add(1, Ordering::Relaxed);
         let traced = self.tools.dispatch_tracing_configured();
         let (mut tool, trace_only) = match self.tools.replay_tool() {
@@ -510,6 +706,11 @@ impl Backend {
         let ops = InjectedLaunch {
             inner: cuda_launch,
             watch: &self.watch,
+            scope: Some(LaunchScope {
+                backend: self,
+                device: &device,
+                kernel,
+            }),
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
@@ -550,6 +751,7 @@ impl Backend {
                 launch,
             },
             watch: &self.watch,
+            scope: None,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let launched = self
@@ -799,7 +1001,11 @@ impl Backend {
                     };
                     // SAFETY: params is the call's parameter struct for this callback id.
                     let launch = unsafe { decode_launch(id, params, data.context, ordinal) };
-                    self.launch_enter(launch);
+                    let symbol = (!data.symbol_name.is_null())
+                        // SAFETY: CUPTI's NUL-terminated kernel name, valid during the callback.
+                        .then(|| unsafe { CStr::from_ptr(data.symbol_name) })
+                        .map(CStr::to_string_lossy);
+                    self.launch_enter(launch, symbol.as_deref());
                 } else if exit {
                     let symbol = (!data.symbol_name.is_null())
                         // SAFETY: CUPTI's NUL-terminated kernel name, valid during the callback.
@@ -874,12 +1080,31 @@ unsafe extern "C" fn on_callback(
     id: CallbackId,
     data: *const c_void,
 ) {
-    if Guard::active() || domain != CB_DOMAIN_DRIVER_API || data.is_null() {
+    if data.is_null() {
         return;
     }
     let Some(backend) = BACKEND.get() else {
         return;
     };
+    if domain == CB_DOMAIN_RESOURCE {
+        // Bookkeeping only, and also while kreplay itself is in the driver: a module the
+        // application launches may be loaded lazily from inside kreplay's own calls at a launch.
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: CUPTI passes a CUpti_ResourceData for the resource domain.
+            let data = unsafe { &*(data as *const ResourceData) };
+            backend.on_module(id, data)
+        }));
+        if outcome.is_err() {
+            log(
+                LogLevel::Warn,
+                format!("internal error in resource callback {id}"),
+            );
+        }
+        return;
+    }
+    if Guard::active() || domain != CB_DOMAIN_DRIVER_API {
+        return;
+    }
     let _guard = Guard::enter();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
@@ -937,6 +1162,10 @@ fn initialize(
         warned_graph: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
         warned_cooperative: AtomicBool::new(false),
+        modules: ModuleRegistry::new(),
+        layouts: Mutex::new(Default::default()),
+        warned_layout: AtomicBool::new(false),
+        warned_cubin: AtomicBool::new(false),
     };
     if BACKEND.set(backend).is_err() {
         return Err("already initialized".into());
@@ -958,6 +1187,23 @@ fn initialize(
             log(
                 LogLevel::Warn,
                 format!("cuptiEnableCallback({id}) failed: {}", cupti.describe(rc)),
+            );
+        }
+    }
+    for id in [
+        CBID_RESOURCE_MODULE_LOADED,
+        CBID_RESOURCE_MODULE_UNLOAD_STARTING,
+    ] {
+        // SAFETY: as above, for the resource domain.
+        let rc = unsafe { (cupti.enable_callback)(1, subscriber, CB_DOMAIN_RESOURCE, id) };
+        if rc != 0 {
+            log(
+                LogLevel::Warn,
+                format!(
+                    "cuptiEnableCallback(resource {id}) failed: {}: no module is reported, so \
+                     every launch runs once (untracked_memory)",
+                    cupti.describe(rc)
+                ),
             );
         }
     }

@@ -18,6 +18,9 @@
 //! * [`demo`]: `x += 1` over a footprint, replayed through [`Window`] and verified word by word
 //!   (`kreplay demo --backend cuda`).
 //! * [`fence`]: copies and memsets wait for replay windows on their device.
+//! * [`globals`] and [`scope`]: what a launch's snapshot covers besides tracked allocations
+//!   (its module's writable variables, what its arguments point into) and
+//!   `KREPLAY_SNAPSHOT_SCOPE=referenced`.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
 //!
@@ -29,11 +32,13 @@ pub mod cupti;
 pub mod demo;
 pub mod driver;
 pub mod fence;
+pub mod globals;
 pub mod guard;
 pub mod inject;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod scope;
 pub mod timing;
 pub mod tracking;
 pub mod window;

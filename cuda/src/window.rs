@@ -39,6 +39,14 @@ pub trait LaunchOps {
     fn covered(&self) -> Result<(), String> {
         Ok(())
     }
+    /// The snapshot filter of this launch, from the device's filter `base`: the launch adds
+    /// what it reaches besides (its module's writable variables, what its arguments point
+    /// into) or narrows the start (`KREPLAY_SNAPSHOT_SCOPE=referenced`). `Err` names memory
+    /// the launch may write that the snapshot cannot cover, and the launch is declined with
+    /// `untracked_memory`.
+    fn scope(&self, base: &Filter) -> Result<Filter, String> {
+        Ok(base.clone())
+    }
     /// Wait until every stream of the launch's device is idle.
     fn drain(&self) -> Result<(), String>;
     /// Wait until the launch's stream has finished everything submitted to it.
@@ -74,7 +82,8 @@ pub struct WindowContext<'a> {
     pub locks: &'a AgentLocks,
     /// Snapshots of the launch's device.
     pub snapshotter: &'a Snapshotter,
-    /// The tracked allocations a snapshot covers.
+    /// The device's filter: where every launch's snapshot filter starts
+    /// ([`LaunchOps::scope`]).
     pub filter: &'a Filter,
     /// The tool contexts (PASS ENTER's context toggles act on their replay mask).
     pub registry: &'a ContextRegistry,
@@ -193,6 +202,12 @@ impl Window {
         if let Err(why) = ops.covered() {
             return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why));
         }
+        let filter = match ops.scope(cx.filter) {
+            Ok(filter) => filter,
+            Err(why) => {
+                return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why));
+            }
+        };
         let waited = Instant::now();
         let lock = match cx.locks.write(info.agent_id) {
             Ok(lock) => lock,
@@ -211,7 +226,7 @@ impl Window {
             return State::Declined(Decline::new(DeclineReason::AgentDrainStuck, why));
         }
         let snapping = Instant::now();
-        let plan = match cx.snapshotter.plan(cx.filter) {
+        let plan = match cx.snapshotter.plan(&filter) {
             Ok(plan) => plan,
             Err(e) => return State::Declined(snapshot_decline(&e)),
         };

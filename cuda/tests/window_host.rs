@@ -6,18 +6,24 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::globals::{ModuleLookup, ModuleRegistry, Range};
+use kreplay_cuda::scope::{argument_values, launch_filter};
 use kreplay_cuda::{LaunchOps, Window};
+use kreplay_passloop::ReplayRecord;
 use kreplay_passloop::{
     ContinueChange, DeclineReason, DispatchInfo, LoopEnd, MemoryOpReport, Phase, ReplayOutcome,
     ReplayTool, RestoreRequest, ToolAnswer,
 };
-use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
+use kreplay_snapshot::{Filter, RestoreStrategy, SnapshotConfig, StoreTier};
 
 const AGENT: u64 = 0;
 const WORDS: usize = 4096;
 
 mod fake_device;
 use fake_device::{HostMemory, OneDevice};
+#[path = "fake_device/cubin.rs"]
+mod cubin_image;
+use cubin_image::cubin;
 
 /// Launch operations of the fake: `relaunch` runs the kernel, `wait` and `drain` are no-ops.
 struct FakeLaunch {
@@ -537,4 +543,212 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
         words(&r).iter().all(|&x| x == 8),
         "the snapshot holds the memset's bytes and the launch counts once"
     );
+}
+
+/// A launch whose snapshot filter is made as the injected library makes it ([`LaunchOps::scope`]
+/// is `scope`), running `kernel` as its application launch and its re-launches.
+struct ScopedLaunch<S, K> {
+    inner: FakeLaunch,
+    scope: S,
+    kernel: K,
+}
+
+impl<S: Fn(&Filter) -> Result<Filter, String>, K: Fn()> LaunchOps for ScopedLaunch<S, K> {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn scope(&self, base: &Filter) -> Result<Filter, String> {
+        (self.scope)(base)
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.events.lock().unwrap().push("relaunch".into());
+        (self.kernel)();
+        Ok(())
+    }
+}
+
+/// ENTER, the application's launch (`ops.kernel`), EXIT.
+fn run_scoped<S, K>(r: &Rig, passes: u64, ops: &ScopedLaunch<S, K>) -> ReplayRecord
+where
+    S: Fn(&Filter) -> Result<Filter, String>,
+    K: Fn(),
+{
+    let mut tool = LogTool {
+        passes,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = r.device.context(&r.registry);
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), ops);
+    (ops.kernel)();
+    window.exit(&mut tool, &r.registry, ops, Ok(()))
+}
+
+fn fake(r: &Rig) -> FakeLaunch {
+    FakeLaunch {
+        memory: r.device.memory.clone(),
+        events: r.events.clone(),
+        replayable: Ok(()),
+    }
+}
+
+/// Words of module data after the device's one tracked allocation.
+const MODULE_WORDS: usize = 4;
+/// Where the module's writable data starts.
+const MODULE_BASE: u64 = (WORDS * 4) as u64;
+
+/// The driver's side of one loaded module whose `.nv.global` starts at [`MODULE_BASE`]:
+/// `known` are the variables `cuModuleGetGlobal` finds (name, offset, size).
+struct OneModule(Vec<(&'static str, u64, u64)>);
+
+impl ModuleLookup for OneModule {
+    fn module(&self) -> Result<u64, String> {
+        Ok(1)
+    }
+    fn global(&self, module: u64, name: &str) -> Option<Range> {
+        assert_eq!(module, 1);
+        self.0
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|&(_, off, size)| (MODULE_BASE + off, size))
+    }
+}
+
+/// A device with [`MODULE_WORDS`] words of module data past its tracked allocation, and the
+/// registry that saw the module (kernel `bump`, a 4-byte `counter` in 16 bytes of
+/// `.nv.global`) loaded.
+fn module_rig() -> (Rig, ModuleRegistry) {
+    let r = Rig {
+        device: OneDevice::with_allocations(
+            WORDS + MODULE_WORDS,
+            &[(0, MODULE_BASE)],
+            AGENT,
+            SnapshotConfig::default().with_store(StoreTier::Host),
+        ),
+        registry: ContextRegistry::new(),
+        events: Arc::default(),
+    };
+    let modules = ModuleRegistry::new();
+    let image = cubin("bump", &[(".nv.global", 16, &[("counter", 0, 4)])]);
+    assert_eq!(modules.on_loaded(1, &image), Ok(1));
+    (r, modules)
+}
+
+#[test]
+fn a_module_variable_is_restored_between_passes_like_an_allocation() {
+    let (r, modules) = module_rig();
+    let driver = OneModule(vec![("counter", 0, 4)]);
+    let ops = ScopedLaunch {
+        inner: fake(&r),
+        scope: |base: &Filter| {
+            let variables = modules.variables_of(0, 0x10, Some("bump"), &driver)?;
+            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
+                .map(|s| s.filter)
+        },
+        // `counter += 1` with the rest of the device's words.
+        kernel: || r.device.memory.add_one(),
+    };
+    let record = run_scoped(&r, 4, &ops);
+    assert!(
+        matches!(record.outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{:?}",
+        record.outcome
+    );
+    let got = words(&r);
+    let bad = (0..WORDS + MODULE_WORDS).find(|&i| got[i] != i as u32 + 1);
+    assert_eq!(
+        bad, None,
+        "word {bad:?} (module data from {WORDS}) is not one run's"
+    );
+    assert_eq!(
+        record.cost.bytes_snapshotted,
+        MODULE_BASE + 16,
+        "the allocation and the whole .nv.global section"
+    );
+}
+
+#[test]
+fn a_launch_whose_module_variables_cannot_be_located_runs_once() {
+    let (r, modules) = module_rig();
+    let driver = OneModule(vec![]);
+    let ops = ScopedLaunch {
+        inner: fake(&r),
+        scope: |base: &Filter| {
+            let variables = modules.variables_of(0, 0x10, Some("bump"), &driver)?;
+            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
+                .map(|s| s.filter)
+        },
+        kernel: || r.device.memory.add_one(),
+    };
+    let record = run_scoped(&r, 4, &ops);
+    let decline = record.outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::UntrackedMemory);
+    assert!(decline.detail.contains("counter"), "{decline}");
+    let got = words(&r);
+    assert!((0..WORDS + MODULE_WORDS).all(|i| got[i] == i as u32 + 1));
+    assert!(!r.events.lock().unwrap().iter().any(|e| e == "relaunch"));
+}
+
+#[test]
+fn referenced_scope_snapshots_only_the_allocations_the_arguments_point_into() {
+    // Two allocations of the device: the kernel's argument points into the first, and the
+    // kernel writes only there.
+    let half = WORDS / 2;
+    let half_bytes = (half * 4) as u64;
+    let r = Rig {
+        device: OneDevice::with_allocations(
+            WORDS,
+            &[(0, half_bytes), (half_bytes, half_bytes)],
+            AGENT,
+            SnapshotConfig::default().with_store(StoreTier::Host),
+        ),
+        registry: ContextRegistry::new(),
+        events: Arc::default(),
+    };
+    let mut pointer: u64 = 0x1000;
+    let mut count: u32 = half as u32;
+    let mut params: [*mut std::ffi::c_void; 2] =
+        [(&raw mut pointer).cast(), (&raw mut count).cast()];
+    let layout = [(0usize, 8usize), (8, 4)];
+    let params_ptr = params.as_mut_ptr();
+    let ops = ScopedLaunch {
+        inner: fake(&r),
+        scope: |_: &Filter| {
+            // SAFETY: two parameters as the layout says, alive for the launch.
+            let values =
+                unsafe { argument_values(params_ptr, std::ptr::null_mut(), Some(&layout)) }
+                    .map_err(|e| format!("{e:?}"))?;
+            launch_filter(
+                Filter::referenced_only(AGENT),
+                &r.device.inventory,
+                &[],
+                &values,
+                |_| None,
+            )
+            .map(|s| s.filter)
+        },
+        kernel: || {
+            let mut m = r.device.memory.0.lock().unwrap();
+            m[..half].iter_mut().for_each(|x| *x += 1);
+        },
+    };
+    let record = run_scoped(&r, 4, &ops);
+    assert!(
+        matches!(record.outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{:?}",
+        record.outcome
+    );
+    assert_eq!(
+        record.cost.bytes_snapshotted, half_bytes,
+        "one allocation of two"
+    );
+    let got = words(&r);
+    let bad = (0..WORDS).find(|&i| got[i] != i as u32 + u32::from(i < half));
+    assert_eq!(bad, None, "word {bad:?} is not one run's");
 }

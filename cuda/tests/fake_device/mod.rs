@@ -55,6 +55,9 @@ impl DeviceMemory for HostMemory {
 pub struct OneDevice {
     /// The device's memory.
     pub memory: Arc<HostMemory>,
+    /// The tracked allocations.
+    #[allow(dead_code)]
+    pub inventory: Arc<Inventory>,
     /// Device locks, enabled.
     pub locks: AgentLocks,
     /// Snapshots of the memory.
@@ -66,19 +69,35 @@ pub struct OneDevice {
 impl OneDevice {
     /// `words` counting words (see [`HostMemory::counting`]) on device `agent`.
     pub fn new(words: usize, agent: u64, config: SnapshotConfig) -> OneDevice {
+        OneDevice::with_allocations(words, &[(0, (words * 4) as u64)], agent, config)
+    }
+
+    /// `words` counting words of which only `allocations` (base, size in bytes) are tracked
+    /// as allocations of device `agent`: the rest is memory no allocation call returned (a
+    /// module's variables).
+    #[allow(dead_code)]
+    pub fn with_allocations(
+        words: usize,
+        allocations: &[(u64, u64)],
+        agent: u64,
+        config: SnapshotConfig,
+    ) -> OneDevice {
         let memory = Arc::new(HostMemory::counting(words));
         let inventory = Arc::new(Inventory::new());
-        inventory.on_alloc(NewAllocation {
-            base: 0,
-            size: (words * 4) as u64,
-            owner_agent: agent,
-            kind: MemoryKind::CoarseDevice,
-        });
-        let snapshotter = Snapshotter::new(inventory, memory.clone(), config).unwrap();
+        for &(base, size) in allocations {
+            inventory.on_alloc(NewAllocation {
+                base,
+                size,
+                owner_agent: agent,
+                kind: MemoryKind::CoarseDevice,
+            });
+        }
+        let snapshotter = Snapshotter::new(inventory.clone(), memory.clone(), config).unwrap();
         let locks = AgentLocks::new();
         locks.set_enabled(true);
         OneDevice {
             memory,
+            inventory,
             locks,
             snapshotter,
             filter: Filter::for_replay(agent),

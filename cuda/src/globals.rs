@@ -1,0 +1,650 @@
+//! Writable module-scope variables (`__device__` globals) of loaded CUDA modules.
+//!
+//! A kernel that does `counter += 1` on a `__device__ int counter` writes memory that no
+//! allocation call ever returned: the variable lives in its module's data segment. Every
+//! replayed launch therefore snapshots the writable variables of the launched function's module
+//! besides the tracked allocations (SPEC rule 2), or is declined (`untracked_memory`) when they
+//! cannot be located: never replayed with them unrestored.
+//!
+//! * **Which variables.** CUPTI's resource callback for a module load
+//!   (`CUPTI_CBID_RESOURCE_MODULE_LOADED`) hands over the cubin the driver loaded (an ELF
+//!   image, the JIT result when the module came from PTX). [`parse_cubin`] reads its symbol
+//!   table: the kernels (function symbols in `.text.<name>` sections) and the object symbols
+//!   of the writable data sections (`.nv.global`, uninitialized, and `.nv.global.init`,
+//!   initialized; never `.nv.constant*`, `.nv.shared*` or `.nv.local*`).
+//! * **Where they are.** At a launch, the module comes from the launched function
+//!   (`cuFuncGetModule`) and each variable's device address and size from
+//!   `cuModuleGetGlobal`, by name. A section whose named variables all resolve to one base (the
+//!   address minus the symbol's offset in its section) is covered whole, so unnamed or local
+//!   data inside it (printf strings, `static __device__` variables) is covered too; otherwise
+//!   each variable is covered by its own address and size, and a variable the driver cannot
+//!   resolve declines the launch.
+//! * **Which module.** The kernel's name (CUPTI's `symbolName`) picks the loaded cubins that
+//!   define it; a cubin whose variables all resolve in the launched function's module is taken
+//!   (several cubins defining the same kernel name are all tried; covering more of the module
+//!   than needed is harmless). A kernel no reported cubin defines declines the launch.
+//!
+//! [`ModuleRegistry`] is bookkeeping over a [`ModuleLookup`] (the driver in production, a fake
+//! in tests), so its rules run without a GPU.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// One object symbol of a writable data section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobalSymbol {
+    /// Its name (what `cuModuleGetGlobal` looks up).
+    pub name: String,
+    /// Its offset inside its section.
+    pub offset: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// A writable data section of a cubin (`.nv.global`, `.nv.global.init`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WritableSection {
+    /// The section's name.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its object symbols.
+    pub symbols: Vec<GlobalSymbol>,
+}
+
+/// What kreplay needs of a cubin: its kernels and its writable module-scope variables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CubinSymbols {
+    /// Names of the functions it defines (kernels among them).
+    pub kernels: Vec<String>,
+    /// Its writable data sections of non-zero size.
+    pub writable: Vec<WritableSection>,
+}
+
+const SHT_SYMTAB: u32 = 2;
+const STT_OBJECT: u8 = 1;
+const STT_FUNC: u8 = 2;
+const SHN_LORESERVE: u16 = 0xff00;
+
+fn read<const N: usize>(image: &[u8], at: u64, what: &str) -> Result<[u8; N], String> {
+    let start = usize::try_from(at).map_err(|_| format!("{what} out of range"))?;
+    image
+        .get(
+            start
+                ..start
+                    .checked_add(N)
+                    .ok_or_else(|| format!("{what} out of range"))?,
+        )
+        .map(|s| s.try_into().expect("N bytes"))
+        .ok_or_else(|| format!("{what} at {at:#x} lies past the end of the image"))
+}
+
+fn u16_at(image: &[u8], at: u64, what: &str) -> Result<u16, String> {
+    read::<2>(image, at, what).map(u16::from_le_bytes)
+}
+
+fn u32_at(image: &[u8], at: u64, what: &str) -> Result<u32, String> {
+    read::<4>(image, at, what).map(u32::from_le_bytes)
+}
+
+fn u64_at(image: &[u8], at: u64, what: &str) -> Result<u64, String> {
+    read::<8>(image, at, what).map(u64::from_le_bytes)
+}
+
+/// A NUL-terminated name at `at` in a string table of `len` bytes starting at `table`.
+fn name_at(image: &[u8], table: u64, len: u64, at: u32) -> Result<String, String> {
+    let at = u64::from(at);
+    if at >= len {
+        return Err(format!("name offset {at} outside its string table"));
+    }
+    let start = usize::try_from(table + at).map_err(|_| "string table out of range")?;
+    let end = usize::try_from(table + len)
+        .map_err(|_| "string table out of range")?
+        .min(image.len());
+    let bytes = image
+        .get(start..end)
+        .ok_or("string table lies past the end of the image")?;
+    let n = bytes
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or("unterminated name")?;
+    Ok(String::from_utf8_lossy(&bytes[..n]).into_owned())
+}
+
+#[derive(Clone, Copy)]
+struct Section {
+    name: u32,
+    kind: u32,
+    addr: u64,
+    offset: u64,
+    size: u64,
+    link: u32,
+    entsize: u64,
+}
+
+/// Whether a section of this name holds writable module-scope variables.
+pub fn is_writable_data(section: &str) -> bool {
+    section == ".nv.global" || section.starts_with(".nv.global.")
+}
+
+/// Read the kernels and writable variables of a cubin (a 64-bit little-endian ELF image).
+/// Anything else (a fatbin, PTX text, a truncated image) is an error saying why.
+pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
+    if image.len() < 64 || image[..4] != *b"\x7fELF" {
+        return Err("not an ELF image".into());
+    }
+    if image[4] != 2 || image[5] != 1 {
+        return Err("not a 64-bit little-endian ELF image".into());
+    }
+    let shoff = u64_at(image, 0x28, "e_shoff")?;
+    let shentsize = u64::from(u16_at(image, 0x3a, "e_shentsize")?);
+    let shnum = u16_at(image, 0x3c, "e_shnum")?;
+    let shstrndx = u16_at(image, 0x3e, "e_shstrndx")?;
+    if shentsize < 64 {
+        return Err(format!("section header entries of {shentsize} bytes"));
+    }
+    let mut sections = Vec::with_capacity(usize::from(shnum));
+    for i in 0..u64::from(shnum) {
+        let at = shoff
+            .checked_add(i * shentsize)
+            .ok_or("section header out of range")?;
+        sections.push(Section {
+            name: u32_at(image, at, "sh_name")?,
+            kind: u32_at(image, at + 4, "sh_type")?,
+            addr: u64_at(image, at + 16, "sh_addr")?,
+            offset: u64_at(image, at + 24, "sh_offset")?,
+            size: u64_at(image, at + 32, "sh_size")?,
+            link: u32_at(image, at + 40, "sh_link")?,
+            entsize: u64_at(image, at + 56, "sh_entsize")?,
+        });
+    }
+    let shstr = *sections
+        .get(usize::from(shstrndx))
+        .ok_or("no section name table")?;
+    let names: Vec<String> = sections
+        .iter()
+        .map(|s| name_at(image, shstr.offset, shstr.size, s.name))
+        .collect::<Result<_, _>>()?;
+    let mut out = CubinSymbols::default();
+    let mut writable: HashMap<usize, WritableSection> = HashMap::new();
+    for (i, s) in sections.iter().enumerate() {
+        if is_writable_data(&names[i]) && s.size > 0 {
+            writable.insert(
+                i,
+                WritableSection {
+                    name: names[i].clone(),
+                    size: s.size,
+                    symbols: Vec::new(),
+                },
+            );
+        }
+    }
+    for symtab in sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
+        let strtab = *sections
+            .get(symtab.link as usize)
+            .ok_or("symbol table without a string table")?;
+        let entsize = if symtab.entsize == 0 {
+            24
+        } else {
+            symtab.entsize
+        };
+        if entsize < 24 {
+            return Err(format!("symbol entries of {entsize} bytes"));
+        }
+        for k in 0..symtab.size / entsize {
+            let at = symtab.offset + k * entsize;
+            let info = read::<1>(image, at + 4, "st_info")?[0];
+            let shndx = u16_at(image, at + 6, "st_shndx")?;
+            if shndx == 0 || shndx >= SHN_LORESERVE {
+                continue;
+            }
+            let kind = info & 0xf;
+            if kind != STT_OBJECT && kind != STT_FUNC {
+                continue;
+            }
+            let name = name_at(
+                image,
+                strtab.offset,
+                strtab.size,
+                u32_at(image, at, "st_name")?,
+            )?;
+            let section = usize::from(shndx);
+            let section_name = names.get(section).ok_or("symbol in no section")?;
+            if kind == STT_FUNC && section_name.starts_with(".text.") && !name.is_empty() {
+                out.kernels.push(name);
+            } else if kind == STT_OBJECT
+                && let Some(w) = writable.get_mut(&section)
+            {
+                let value = u64_at(image, at + 8, "st_value")?;
+                let size = u64_at(image, at + 16, "st_size")?;
+                let base = sections[section].addr;
+                let offset = if value >= base { value - base } else { value };
+                if !name.is_empty() {
+                    w.symbols.push(GlobalSymbol { name, offset, size });
+                }
+            }
+        }
+    }
+    let mut writable: Vec<(usize, WritableSection)> = writable.into_iter().collect();
+    writable.sort_by_key(|(i, _)| *i);
+    out.writable = writable.into_iter().map(|(_, w)| w).collect();
+    Ok(out)
+}
+
+/// A device range: base address and size in bytes.
+pub type Range = (u64, u64);
+
+/// Where the launched function's module and its variables are (the driver in production).
+pub trait ModuleLookup {
+    /// The launched function's module (an opaque handle).
+    fn module(&self) -> Result<u64, String>;
+    /// The device address and size of variable `name` of `module`, `None` when it has none.
+    fn global(&self, module: u64, name: &str) -> Option<Range>;
+    /// Make sure the launched function's module is loaded in its context (with lazy loading
+    /// its load, and the load's callback, may come only now). Called when no reported cubin
+    /// defines the kernel.
+    fn load(&self) {}
+}
+
+/// The device ranges of one cubin's writable sections in `module`, or why they cannot be
+/// located.
+pub fn locate(
+    cubin: &CubinSymbols,
+    module: u64,
+    lookup: &dyn ModuleLookup,
+) -> Result<Vec<Range>, String> {
+    let mut out = Vec::new();
+    for section in &cubin.writable {
+        let resolved: Vec<(&GlobalSymbol, Option<Range>)> = section
+            .symbols
+            .iter()
+            .map(|s| (s, lookup.global(module, &s.name)))
+            .collect();
+        // One base for the whole section, when every resolved variable agrees on it and sits
+        // where the cubin says.
+        let bases: Vec<Option<u64>> = resolved
+            .iter()
+            .filter_map(|(s, r)| {
+                r.map(|(addr, size)| {
+                    (s.size == 0 || size == s.size)
+                        .then(|| addr.checked_sub(s.offset))
+                        .flatten()
+                        .filter(|_| s.offset.saturating_add(size) <= section.size)
+                })
+            })
+            .collect();
+        let base = match bases.first() {
+            Some(Some(b)) if bases.iter().all(|x| *x == Some(*b)) => Some(*b),
+            _ => None,
+        };
+        if let Some(base) = base {
+            out.push((base, section.size));
+            continue;
+        }
+        if section.symbols.is_empty() {
+            return Err(format!(
+                "section {} ({} bytes) names no variable the driver could locate",
+                section.name, section.size
+            ));
+        }
+        for (s, r) in resolved {
+            match r {
+                Some((addr, size)) if size > 0 => out.push((addr, size)),
+                Some(_) => {}
+                None => {
+                    return Err(format!(
+                        "cuModuleGetGlobal cannot locate variable {} ({} bytes in {})",
+                        s.name, s.size, section.name
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Loaded modules (CUPTI's module id) and their symbols.
+    modules: HashMap<u32, Arc<CubinSymbols>>,
+    /// Kernel name → the modules that define it.
+    by_kernel: HashMap<String, Vec<u32>>,
+    /// Modules whose cubin could not be read, and why.
+    unreadable: HashMap<u32, String>,
+    /// Located variables per (context, function), valid until a module is unloaded.
+    located: HashMap<(usize, usize), Arc<[Range]>>,
+}
+
+/// The cubins of the process's loaded modules, and the variables located per launched function.
+#[derive(Default)]
+pub struct ModuleRegistry {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for ModuleRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.inner.lock();
+        f.debug_struct("ModuleRegistry")
+            .field("modules", &i.modules.len())
+            .field("unreadable", &i.unreadable.len())
+            .finish()
+    }
+}
+
+impl ModuleRegistry {
+    /// An empty registry.
+    pub fn new() -> ModuleRegistry {
+        ModuleRegistry::default()
+    }
+
+    /// CUPTI reported module `id` loaded with this cubin image. Returns the number of writable
+    /// variables found, or why the image could not be read (its kernels then decline).
+    pub fn on_loaded(&self, id: u32, image: &[u8]) -> Result<usize, String> {
+        let parsed = parse_cubin(image);
+        let mut i = self.inner.lock();
+        Self::forget(&mut i, id);
+        match parsed {
+            Ok(symbols) => {
+                let n = symbols.writable.iter().map(|w| w.symbols.len()).sum();
+                for k in &symbols.kernels {
+                    i.by_kernel.entry(k.clone()).or_default().push(id);
+                }
+                i.modules.insert(id, Arc::new(symbols));
+                Ok(n)
+            }
+            Err(e) => {
+                i.unreadable.insert(id, e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn forget(i: &mut Inner, id: u32) {
+        if let Some(old) = i.modules.remove(&id) {
+            for k in &old.kernels {
+                if let Some(v) = i.by_kernel.get_mut(k) {
+                    v.retain(|m| *m != id);
+                    if v.is_empty() {
+                        i.by_kernel.remove(k);
+                    }
+                }
+            }
+        }
+        i.unreadable.remove(&id);
+        // A function handle of the unloaded module may be handed out again for another one.
+        i.located.clear();
+    }
+
+    /// CUPTI reported module `id` about to be unloaded.
+    pub fn on_unloading(&self, id: u32) {
+        Self::forget(&mut self.inner.lock(), id);
+    }
+
+    fn candidates(&self, kernel: &str) -> Vec<Arc<CubinSymbols>> {
+        let i = self.inner.lock();
+        i.by_kernel
+            .get(kernel)
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| i.modules.get(id).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The writable module-scope variables of the module of `function` (launched in context
+    /// `ctx` under the name `kernel`), as device ranges, or why they cannot be located (the
+    /// launch is then declined).
+    pub fn variables_of(
+        &self,
+        ctx: usize,
+        function: usize,
+        kernel: Option<&str>,
+        lookup: &dyn ModuleLookup,
+    ) -> Result<Arc<[Range]>, String> {
+        if let Some(hit) = self.inner.lock().located.get(&(ctx, function)) {
+            return Ok(hit.clone());
+        }
+        let kernel = kernel.ok_or("the launch names no kernel, so its module is unknown")?;
+        let mut candidates = self.candidates(kernel);
+        if candidates.is_empty() {
+            lookup.load();
+            candidates = self.candidates(kernel);
+        }
+        if candidates.is_empty() {
+            let unreadable = self.inner.lock().unreadable.len();
+            return Err(format!(
+                "no loaded module reported to kreplay defines kernel {kernel}{}, so its \
+                 module-scope variables are unknown",
+                if unreadable > 0 {
+                    format!(" ({unreadable} module image(s) could not be read)")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        let located: Arc<[Range]> = if candidates.iter().all(|c| c.writable.is_empty()) {
+            Arc::from([])
+        } else {
+            let module = lookup.module()?;
+            let mut ranges = Vec::new();
+            let mut first_error = None;
+            let mut any = false;
+            for c in &candidates {
+                if c.writable.is_empty() {
+                    any = true;
+                    continue;
+                }
+                match locate(c, module, lookup) {
+                    Ok(r) => {
+                        any = true;
+                        ranges.extend(r);
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            if !any {
+                return Err(format!(
+                    "the module-scope variables of kernel {kernel}'s module cannot be located: {}",
+                    first_error.unwrap_or_default()
+                ));
+            }
+            ranges.sort_unstable();
+            ranges.dedup();
+            ranges.into()
+        };
+        self.inner
+            .lock()
+            .located
+            .insert((ctx, function), located.clone());
+        Ok(located)
+    }
+}
+
+#[cfg(test)]
+#[path = "../tests/fake_device/cubin.rs"]
+mod cubin_image;
+
+#[cfg(test)]
+mod tests {
+    use super::cubin_image::cubin;
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_cubin_yields_its_kernels_and_only_its_writable_variables() {
+        let image = cubin(
+            "bump",
+            &[
+                (".nv.global", 16, &[("counter", 0, 4), ("flags", 8, 8)]),
+                (".nv.global.init", 8, &[("seed", 0, 8)]),
+            ],
+        );
+        let s = parse_cubin(&image).unwrap();
+        assert_eq!(s.kernels, vec!["bump".to_string()]);
+        assert_eq!(s.writable.len(), 2);
+        assert_eq!(s.writable[0].name, ".nv.global");
+        assert_eq!(s.writable[0].size, 16);
+        let names: Vec<&str> = s
+            .writable
+            .iter()
+            .flat_map(|w| w.symbols.iter().map(|g| g.name.as_str()))
+            .collect();
+        assert_eq!(names, ["counter", "flags", "seed"]);
+        assert_eq!(
+            s.writable[0].symbols[1],
+            GlobalSymbol {
+                name: "flags".into(),
+                offset: 8,
+                size: 8
+            }
+        );
+        assert!(
+            !names.contains(&"read_only_table"),
+            "constants are read-only"
+        );
+    }
+
+    #[test]
+    fn a_cubin_without_writable_data_has_no_variables() {
+        let s = parse_cubin(&cubin("plain", &[])).unwrap();
+        assert_eq!(s.kernels, vec!["plain".to_string()]);
+        assert!(s.writable.is_empty());
+    }
+
+    #[test]
+    fn images_that_are_not_cubins_are_refused_with_a_reason() {
+        assert!(parse_cubin(b"").unwrap_err().contains("not an ELF"));
+        assert!(
+            parse_cubin(b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.0\n.target sm_90\n.address_size 64\n\n\n\n\n")
+                .unwrap_err()
+                .contains("not an ELF")
+        );
+        let mut image = cubin("k", &[(".nv.global", 4, &[("x", 0, 4)])]);
+        let truncated = &image[..image.len() - 10];
+        assert!(parse_cubin(truncated).unwrap_err().contains("past the end"));
+        image[4] = 1;
+        assert!(parse_cubin(&image).unwrap_err().contains("64-bit"));
+    }
+
+    /// The driver side of a fake module whose variables live at `base + offset`.
+    struct FakeModule {
+        module: Result<u64, String>,
+        base: u64,
+        known: Vec<(&'static str, u64, u64)>,
+        loads: Cell<u32>,
+    }
+
+    impl ModuleLookup for FakeModule {
+        fn module(&self) -> Result<u64, String> {
+            self.module.clone()
+        }
+        fn global(&self, module: u64, name: &str) -> Option<Range> {
+            (Ok(module) == self.module)
+                .then(|| self.known.iter().find(|(n, _, _)| *n == name))
+                .flatten()
+                .map(|(_, off, size)| (self.base + off, *size))
+        }
+        fn load(&self) {
+            self.loads.set(self.loads.get() + 1);
+        }
+    }
+
+    fn fake(known: Vec<(&'static str, u64, u64)>) -> FakeModule {
+        FakeModule {
+            module: Ok(7),
+            base: 0x7000_0000,
+            known,
+            loads: Cell::new(0),
+        }
+    }
+
+    #[test]
+    fn a_section_whose_variables_agree_on_its_base_is_covered_whole() {
+        let r = ModuleRegistry::new();
+        let image = cubin(
+            "bump",
+            &[(".nv.global", 32, &[("counter", 0, 4), ("flags", 8, 8)])],
+        );
+        assert_eq!(r.on_loaded(1, &image), Ok(2));
+        // Only `counter` resolves by name (say `flags` is local): the base still covers all 32.
+        let lookup = fake(vec![("counter", 0, 4)]);
+        let v = r.variables_of(0, 0x10, Some("bump"), &lookup).unwrap();
+        assert_eq!(&*v, &[(0x7000_0000, 32)]);
+    }
+
+    #[test]
+    fn a_variable_the_driver_cannot_locate_declines_unless_its_section_base_is_known() {
+        let r = ModuleRegistry::new();
+        let image = cubin("bump", &[(".nv.global", 16, &[("counter", 0, 4)])]);
+        r.on_loaded(1, &image).unwrap();
+        let why = r
+            .variables_of(0, 0x10, Some("bump"), &fake(vec![]))
+            .unwrap_err();
+        assert!(why.contains("counter"), "{why}");
+        // A size that disagrees with the cubin: no section base, but the variable itself.
+        let v = r
+            .variables_of(0, 0x10, Some("bump"), &fake(vec![("counter", 0, 8)]))
+            .unwrap();
+        assert_eq!(&*v, &[(0x7000_0000, 8)]);
+    }
+
+    #[test]
+    fn a_kernel_no_reported_module_defines_declines_after_asking_for_its_load() {
+        let r = ModuleRegistry::new();
+        let lookup = fake(vec![]);
+        let why = r.variables_of(0, 0x10, Some("ghost"), &lookup).unwrap_err();
+        assert!(why.contains("ghost"), "{why}");
+        assert_eq!(lookup.loads.get(), 1, "the module's load was asked for");
+        assert!(r.variables_of(0, 0x10, None, &lookup).is_err());
+    }
+
+    #[test]
+    fn kernels_of_modules_without_writable_data_need_no_driver_call() {
+        let r = ModuleRegistry::new();
+        r.on_loaded(3, &cubin("plain", &[])).unwrap();
+        let lookup = FakeModule {
+            module: Err("must not be asked".into()),
+            ..fake(vec![])
+        };
+        assert!(
+            r.variables_of(0, 1, Some("plain"), &lookup)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn an_unloaded_module_is_forgotten() {
+        let r = ModuleRegistry::new();
+        let image = cubin("bump", &[(".nv.global", 4, &[("counter", 0, 4)])]);
+        r.on_loaded(1, &image).unwrap();
+        let lookup = fake(vec![("counter", 0, 4)]);
+        assert_eq!(
+            r.variables_of(0, 9, Some("bump"), &lookup).unwrap().len(),
+            1
+        );
+        r.on_unloading(1);
+        assert!(r.variables_of(0, 9, Some("bump"), &lookup).is_err());
+    }
+
+    #[test]
+    fn the_module_of_the_launched_function_is_where_variables_are_looked_up() {
+        let r = ModuleRegistry::new();
+        r.on_loaded(
+            1,
+            &cubin("bump", &[(".nv.global", 4, &[("counter", 0, 4)])]),
+        )
+        .unwrap();
+        let lookup = FakeModule {
+            module: Err("cuFuncGetModule failed".into()),
+            ..fake(vec![("counter", 0, 4)])
+        };
+        let why = r.variables_of(0, 9, Some("bump"), &lookup).unwrap_err();
+        assert!(why.contains("cuFuncGetModule"), "{why}");
+    }
+}

@@ -1,0 +1,300 @@
+//! What one launch's snapshot covers (SPEC rules 2 and 3 on CUDA).
+//!
+//! * **Scope.** `KREPLAY_SNAPSHOT_SCOPE=agent` (the default) starts from every tracked
+//!   allocation of the launch's device; `referenced` starts from nothing. Both add the writable
+//!   module-scope variables of the launched function's module ([`crate::globals`]) and what the
+//!   kernel arguments point into.
+//! * **Kernel arguments.** Each parameter's bytes are scanned for 8-byte aligned values (aligned
+//!   in the parameter buffer, where the kernel sees them): with `kernelParams`, parameter `i`
+//!   is `cuFuncGetParamInfo`'s offset and size of parameter `i` (CUDA 12.4 and later); with
+//!   `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER`), the whole buffer. A value inside a tracked
+//!   allocation selects that allocation, whatever its device; a value inside one of the
+//!   module's variables is covered already; a value the driver knows as memory kreplay does not
+//!   track (`cuPointerGetAttribute`) declines the launch (`untracked_memory`); any other value
+//!   is a plain number.
+//! * When the parameter layout is unknown (an older driver, or the driver refuses to describe
+//!   the function), `kernelParams` cannot be scanned: `referenced` then falls back to the agent
+//!   scope for that launch (warned once), never to a narrower snapshot.
+//!
+//! The limit, as on HSA: memory reached only through pointers stored in memory (a pointer
+//! table in a buffer) is invisible to the scan; under `agent` scope it is still covered when
+//! it is the device's own memory.
+
+use std::ffi::c_void;
+
+use kreplay_snapshot::{Filter, Inventory, RegionSource};
+
+use crate::globals::Range;
+
+/// Values below this are never addresses (the first page is never mapped).
+pub const MIN_ADDRESS: u64 = 4096;
+/// `CU_LAUNCH_PARAM_END`.
+pub const CU_LAUNCH_PARAM_END: usize = 0x00;
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER`.
+pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+/// `CU_LAUNCH_PARAM_BUFFER_SIZE`.
+pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+/// The most key/value pairs of an `extra` array read before giving up on its end marker.
+const MAX_EXTRA_PAIRS: usize = 64;
+
+/// One parameter of a function: its offset in the parameter buffer and its size.
+pub type Param = (usize, usize);
+
+/// The values at 8-byte aligned positions of a parameter of `bytes` placed at `offset` in the
+/// parameter buffer, at least [`MIN_ADDRESS`].
+pub fn aligned_values(bytes: &[u8], offset: usize, out: &mut Vec<u64>) {
+    let skip = (8 - offset % 8) % 8;
+    for word in bytes.get(skip..).unwrap_or(&[]).chunks_exact(8) {
+        let v = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+        if v >= MIN_ADDRESS {
+            out.push(v);
+        }
+    }
+}
+
+/// Why a launch's arguments could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgumentsUnknown {
+    /// `kernelParams` was given but the function's parameter layout is unknown.
+    NoLayout,
+    /// The `extra` array is malformed (why).
+    BadExtra(String),
+}
+
+/// The candidate addresses among a launch's arguments.
+///
+/// # Safety
+/// `params` and `extra` are the `kernelParams` and `extra` of a launch call in progress, and
+/// `layout`, when given, describes the launched function's parameters (so `params` has that
+/// many entries, each pointing to at least its parameter's size in bytes).
+pub unsafe fn argument_values(
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    layout: Option<&[Param]>,
+) -> Result<Vec<u64>, ArgumentsUnknown> {
+    let mut out = Vec::new();
+    if !params.is_null() {
+        let layout = layout.ok_or(ArgumentsUnknown::NoLayout)?;
+        for (i, &(offset, size)) in layout.iter().enumerate() {
+            // SAFETY: params has an entry per parameter (the caller's promise).
+            let p = unsafe { *params.add(i) };
+            if p.is_null() || size == 0 {
+                continue;
+            }
+            // SAFETY: each entry points to the parameter's value, `size` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, size) };
+            aligned_values(bytes, offset, &mut out);
+        }
+        return Ok(out);
+    }
+    if extra.is_null() {
+        return Ok(out);
+    }
+    let (mut buffer, mut size) = (std::ptr::null::<u8>(), None::<usize>);
+    let mut ended = false;
+    for pair in 0..MAX_EXTRA_PAIRS {
+        // SAFETY: `extra` is a key/value array ended by CU_LAUNCH_PARAM_END (the driver accepted
+        // it for this launch); reading stops at the end marker.
+        let key = unsafe { *extra.add(2 * pair) } as usize;
+        if key == CU_LAUNCH_PARAM_END {
+            ended = true;
+            break;
+        }
+        // SAFETY: as above, every key other than the end marker is followed by its value.
+        let value = unsafe { *extra.add(2 * pair + 1) };
+        match key {
+            CU_LAUNCH_PARAM_BUFFER_POINTER => buffer = value as *const u8,
+            CU_LAUNCH_PARAM_BUFFER_SIZE if !value.is_null() => {
+                // SAFETY: the value of BUFFER_SIZE points to a size_t.
+                size = Some(unsafe { *(value as *const usize) });
+            }
+            _ => {}
+        }
+    }
+    if !ended {
+        return Err(ArgumentsUnknown::BadExtra(format!(
+            "no end marker within {MAX_EXTRA_PAIRS} pairs"
+        )));
+    }
+    match (buffer.is_null(), size) {
+        (true, _) => {}
+        (false, Some(len)) => {
+            // SAFETY: the launch's argument buffer of `len` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(buffer, len) };
+            aligned_values(bytes, 0, &mut out);
+        }
+        (false, None) => {
+            return Err(ArgumentsUnknown::BadExtra(
+                "a buffer pointer without its size".into(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// What a launch's snapshot filter became, with what it adds to the starting scope.
+#[derive(Clone, Debug)]
+pub struct Scoped {
+    /// The filter.
+    pub filter: Filter,
+    /// Bytes of the distinct allocations the arguments reached.
+    pub referenced_bytes: u64,
+    /// Bytes of the module variables covered.
+    pub variable_bytes: u64,
+}
+
+/// The filter of one launch: `base` (the scope's start), the module's writable variables and
+/// what the argument `values` point into. `known` says whether the driver knows an address
+/// kreplay does not track as memory (`Some(what it is)`: the launch is declined).
+pub fn launch_filter(
+    base: Filter,
+    inventory: &Inventory,
+    variables: &[Range],
+    values: &[u64],
+    known: impl Fn(u64) -> Option<String>,
+) -> Result<Scoped, String> {
+    let mut filter = base;
+    let mut variable_bytes = 0;
+    for &(addr, size) in variables {
+        filter = filter.vouch(addr, size, RegionSource::ModuleVariable);
+        variable_bytes += size;
+    }
+    let mut reached: Vec<(u64, u64)> = Vec::new();
+    for &v in values {
+        if let Some(a) = inventory.lookup(v) {
+            if a.kind.is_reachable() && !reached.iter().any(|(b, _)| *b == a.base) {
+                reached.push((a.base, a.size));
+                filter = filter.reach(v, RegionSource::Referenced);
+            }
+            continue;
+        }
+        if variables
+            .iter()
+            .any(|&(b, s)| v >= b && v < b.saturating_add(s))
+        {
+            continue;
+        }
+        if let Some(what) = known(v) {
+            return Err(format!(
+                "a kernel argument points into memory kreplay does not track at {v:#x} ({what}); \
+                 the launch runs once"
+            ));
+        }
+    }
+    Ok(Scoped {
+        filter,
+        referenced_bytes: reached.iter().map(|(_, s)| s).sum(),
+        variable_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kreplay_snapshot::{MemoryKind, NewAllocation};
+
+    fn inventory() -> Inventory {
+        let inv = Inventory::new();
+        for (base, size, owner) in [
+            (0x10_0000, 0x1000, 0),
+            (0x20_0000, 0x2000, 0),
+            (0x30_0000, 0x100, 1),
+        ] {
+            inv.on_alloc(NewAllocation {
+                base,
+                size,
+                owner_agent: owner,
+                kind: MemoryKind::CoarseDevice,
+            });
+        }
+        inv
+    }
+
+    #[test]
+    fn values_are_read_at_aligned_positions_of_the_parameter_buffer() {
+        let mut out = Vec::new();
+        // A parameter at offset 4: its first aligned word starts 4 bytes in.
+        let mut bytes = vec![0xffu8; 4];
+        bytes.extend_from_slice(&0x10_0010u64.to_ne_bytes());
+        aligned_values(&bytes, 4, &mut out);
+        assert_eq!(out, vec![0x10_0010]);
+        out.clear();
+        aligned_values(&[1, 0, 0, 0, 0, 0, 0, 0], 0, &mut out);
+        assert!(out.is_empty(), "small numbers are never addresses");
+    }
+
+    #[test]
+    fn kernel_params_are_scanned_by_layout_and_refused_without_one() {
+        let mut a = 0x10_0040u64;
+        let mut n = 7u32;
+        let mut b = 0x30_0000u64;
+        let mut params: [*mut c_void; 3] = [
+            (&raw mut a).cast(),
+            (&raw mut n).cast(),
+            (&raw mut b).cast(),
+        ];
+        let layout = [(0, 8), (8, 4), (16, 8)];
+        // SAFETY: three parameters as the layout says, alive for the call.
+        let v =
+            unsafe { argument_values(params.as_mut_ptr(), std::ptr::null_mut(), Some(&layout)) };
+        assert_eq!(v, Ok(vec![0x10_0040, 0x30_0000]));
+        // SAFETY: as above.
+        let v = unsafe { argument_values(params.as_mut_ptr(), std::ptr::null_mut(), None) };
+        assert_eq!(v, Err(ArgumentsUnknown::NoLayout));
+    }
+
+    #[test]
+    fn an_extra_buffer_is_scanned_whole() {
+        let mut buffer = [0u64; 3];
+        buffer[1] = 0x20_0008;
+        let mut size: usize = 24;
+        let mut extra: [*mut c_void; 5] = [
+            CU_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.as_mut_ptr().cast(),
+            CU_LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+            (&raw mut size).cast(),
+            CU_LAUNCH_PARAM_END as *mut c_void,
+        ];
+        // SAFETY: a well-formed extra array over a live buffer.
+        let v = unsafe { argument_values(std::ptr::null_mut(), extra.as_mut_ptr(), None) };
+        assert_eq!(v, Ok(vec![0x20_0008]));
+        extra[2] = CU_LAUNCH_PARAM_END as *mut c_void;
+        // SAFETY: as above, now without the size.
+        let v = unsafe { argument_values(std::ptr::null_mut(), extra.as_mut_ptr(), None) };
+        assert!(matches!(v, Err(ArgumentsUnknown::BadExtra(_))));
+    }
+
+    #[test]
+    fn referenced_scope_selects_what_arguments_and_variables_reach_and_nothing_else() {
+        let inv = inventory();
+        let s = launch_filter(
+            Filter::referenced_only(0),
+            &inv,
+            &[(0x7000_0000, 16)],
+            &[0x20_0010, 0x30_0000, 0x20_0000, 123_456_789, 0x7000_0004],
+            |_| None,
+        )
+        .unwrap();
+        assert_eq!(s.referenced_bytes, 0x2000 + 0x100);
+        assert_eq!(s.variable_bytes, 16);
+        let agent = inv.select(&Filter::for_replay(0));
+        assert_eq!(
+            agent.len(),
+            2,
+            "the agent scope would take both of device 0's"
+        );
+    }
+
+    #[test]
+    fn an_argument_into_memory_the_driver_knows_and_kreplay_does_not_declines() {
+        let inv = inventory();
+        let why = launch_filter(Filter::for_replay(0), &inv, &[], &[0x50_0000], |v| {
+            (v == 0x50_0000).then(|| "device memory".to_string())
+        })
+        .unwrap_err();
+        assert!(
+            why.contains("0x500000") && why.contains("does not track"),
+            "{why}"
+        );
+    }
+}
