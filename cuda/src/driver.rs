@@ -159,6 +159,8 @@ pub struct Optional {
 pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 /// `CU_MEMORYTYPE_HOST`.
 pub const CU_MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_DEVICE`.
@@ -343,6 +345,23 @@ impl Driver {
             )
         };
         (rc == CUDA_SUCCESS && kind != 0).then_some(kind)
+    }
+
+    /// The first address of the driver's allocation holding `addr` (the driver may round an
+    /// allocation up beyond the size asked for).
+    pub fn range_start(&self, addr: u64) -> Option<u64> {
+        let get = self.optional.pointer_get_attribute?;
+        let mut start: CuDevicePtr = 0;
+        // SAFETY: the range-start attribute is one CUdeviceptr; an unknown address is an error
+        // code.
+        let rc = unsafe {
+            get(
+                (&raw mut start).cast(),
+                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                addr,
+            )
+        };
+        (rc == CUDA_SUCCESS).then_some(start)
     }
 }
 

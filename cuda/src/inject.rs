@@ -604,6 +604,13 @@ impl Backend {
     /// What the driver knows `addr` to be, when it is memory kreplay does not track.
     fn untracked_memory_kind(&self, addr: u64) -> Option<String> {
         let kind = self.driver.memory_type(addr)?;
+        if let Some(start) = self.driver.range_start(addr)
+            && self.inventory.get(start).is_some()
+        {
+            // Past the size asked for, inside the driver's rounding of a tracked allocation
+            // (an end pointer): nothing a kernel may write.
+            return None;
+        }
         Some(
             match kind {
                 CU_MEMORYTYPE_HOST => "page-locked host memory",

@@ -170,8 +170,12 @@ pub fn launch_filter(
         }
         if variables
             .iter()
-            .any(|&(b, s)| v >= b && v < b.saturating_add(s))
+            .any(|&(b, s)| v >= b && v <= b.saturating_add(s))
         {
+            continue;
+        }
+        if inventory.lookup(v - 1).is_some_and(|a| a.end() == v) {
+            // One past an allocation's end (an end pointer): nothing there to write.
             continue;
         }
         if let Some(what) = known(v) {

@@ -4,6 +4,7 @@
 # usage: sh cuda/tests/workloads/run_checks.sh BIN [PASSES]
 #   BIN holds `kreplay` and `libkreplay.so` (cargo build --release -p kreplay -p kreplay-cli,
 #   target/release/). Run from the repository root. Needs nvcc and cc for the C parts.
+# device_counter.cu needs libcuda's development link (-lcuda).
 # Every step runs `kreplay run --check`: the program's standard output (its checksums) must be
 # the same with and without kreplay. Prints PASS/FAIL per step; exits 1 if any step failed.
 set -u
@@ -32,10 +33,23 @@ step inplace_vmm "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/inplace_
     -- python3 cuda/tests/workloads/inplace.py
 unset PYTORCH_CUDA_ALLOC_CONF
 
+# KREPLAY_SNAPSHOT_SCOPE=referenced: each launch snapshots what its arguments point into and its
+# module's variables, not the device's every allocation.
+step inplace_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
+    --passes "$PASSES" --check -o "$OUT/inplace_referenced.json" \
+    -- python3 cuda/tests/workloads/inplace.py
+
 if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/add_one" cuda/tests/workloads/add_one.cu
     step add_one "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/add_one.csv" \
         -- "$OUT/add_one"
+    # __device__ variables written by kernels: restored between passes, or the counts are off.
+    nvcc -O2 -o "$OUT/device_counter" cuda/tests/workloads/device_counter.cu -lcuda
+    step device_counter "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_counter.csv" -- "$OUT/device_counter"
+    step device_counter_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
+        --passes "$PASSES" --check -o "$OUT/device_counter_referenced.csv" \
+        -- "$OUT/device_counter"
     if command -v cc >/dev/null; then
         ln -sf libkreplay.so "$BIN/libkreplay.so.0"
         cc -std=c11 -O2 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
