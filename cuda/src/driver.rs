@@ -308,12 +308,34 @@ impl Driver {
     }
 
     /// The parameters (offset, size) of function `f` (`cuFuncGetParamInfo`), `None` when the
-    /// driver cannot describe them.
+    /// driver cannot describe them. A `CUkernel` launched as a `CUfunction` (what the runtime
+    /// launches with since CUDA 12) is described through its function in the current context
+    /// (`cuKernelGetFunction`).
     ///
     /// # Safety
-    /// `f` is a function handle the driver gave out, being launched.
+    /// `f` is a function (or kernel) handle the driver gave out, being launched.
     pub unsafe fn param_layout(&self, f: CuFunction) -> Option<Vec<(usize, usize)>> {
         let info = self.optional.func_get_param_info?;
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: writes two size_t; a handle or index the driver refuses is an error code.
+        let first = unsafe { info(f, 0, &mut offset, &mut size) };
+        let f = if first == CUDA_SUCCESS {
+            f
+        } else {
+            // Not described as a function (or described as one without parameters): a
+            // CUkernel's function in the current context, when it is one.
+            let as_kernel = self.optional.kernel_get_function.and_then(|get| {
+                let mut g: CuFunction = std::ptr::null_mut();
+                // SAFETY: writes one handle; a handle that is no CUkernel is an error code.
+                let rc = unsafe { get(&mut g, f) };
+                (rc == CUDA_SUCCESS && !g.is_null() && g != f).then_some(g)
+            });
+            match as_kernel {
+                Some(g) => g,
+                None if first == CUDA_ERROR_INVALID_VALUE => return Some(Vec::new()),
+                None => return None,
+            }
+        };
         let mut out = Vec::new();
         for index in 0..4096usize {
             let (mut offset, mut size) = (0usize, 0usize);

@@ -604,11 +604,17 @@ impl Backend {
     /// What the driver knows `addr` to be, when it is memory kreplay does not track.
     fn untracked_memory_kind(&self, addr: u64) -> Option<String> {
         let kind = self.driver.memory_type(addr)?;
-        if let Some(start) = self.driver.range_start(addr)
-            && self.inventory.get(start).is_some()
-        {
+        let start = self.driver.range_start(addr);
+        if start.is_some_and(|s| self.inventory.get(s).is_some()) {
             // Past the size asked for, inside the driver's rounding of a tracked allocation
             // (an end pointer): nothing a kernel may write.
+            return None;
+        }
+        if kind == CU_MEMORYTYPE_HOST && start.is_none() {
+            // Host memory the driver can see but did not allocate or lock (pageable memory,
+            // visible to devices that access it directly): no allocation of the driver's,
+            // so most likely a plain number that happens to be a host address, and host
+            // memory is outside the snapshot rule either way.
             return None;
         }
         Some(
