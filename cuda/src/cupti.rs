@@ -368,6 +368,12 @@ mod tests {
         assert_eq!(offset_of!(LaunchKernelParams, stream), 40);
         assert_eq!(size_of::<LaunchKernelParams>(), 64);
         assert_eq!(size_of::<LaunchKernelExParams>(), 32);
+        // CUpti_ResourceData (context, a one-pointer union, descriptor) and
+        // CUpti_ModuleResourceData (uint32_t id, size_t size, const char *cubin) on LP64.
+        assert_eq!(offset_of!(ResourceData, resource_descriptor), 16);
+        assert_eq!(size_of::<ResourceData>(), 24);
+        assert_eq!(offset_of!(ModuleResourceData, cubin_size), 8);
+        assert_eq!(offset_of!(ModuleResourceData, cubin), 16);
         assert_eq!(offset_of!(CuLaunchConfig, stream), 32);
         assert_eq!(size_of::<CuLaunchConfig>(), 56);
         // cuMemMap_params / cuMemUnmap_params as cuda.h's prototypes give them (not yet checked
