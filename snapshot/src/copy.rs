@@ -241,6 +241,20 @@ pub(crate) fn copy_to_host(
     Ok(layout.bytes)
 }
 
+/// Hash every chunk of every region of `layout` as a host store holds it (`store`, laid out by
+/// `layout.store_offset`) into `out` (indexed by global chunk): the hashes a hashing snapshot
+/// would have taken of the same bytes. Returns the bytes hashed.
+pub(crate) fn hash_store(layout: &Layout, store: &[u8], out: &mut [u64]) -> u64 {
+    let all = vec![true; layout.regions.len()];
+    let pieces = layout.full_pieces(&all);
+    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+    let cs = layout.chunk_size;
+    pieces.par_iter().zip(outs).for_each(|(p, out)| {
+        hash_chunks_into(&store[layout.store_range(p)], cs, out);
+    });
+    layout.bytes
+}
+
 /// Snapshot copy of every region into a device shadow at `shadow`, as one batched device copy.
 pub(crate) fn copy_to_shadow(
     device: &dyn DeviceMemory,

@@ -199,6 +199,18 @@ pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> 
     })
 }
 
+/// What one restore is expected to save, in the unit of [`Rates::per_byte`], by restoring the
+/// cheapest verified way instead of writing everything: from what `learned` says changes (with
+/// `set` chunks in the write set), or when it says nothing (or nothing is known), the best case
+/// (nothing changes: a restore is a hash pass).
+fn saved_per_restore(rates: &Rates, learned: Option<(&Learned, u64)>, chunks: u64) -> f64 {
+    let (copy, hash) = rates.per_byte();
+    match learned.and_then(|(l, set)| estimate(rates, l, chunks, set)) {
+        Some(c) => c.full - c.hash.min(c.writeset),
+        None => chunks as f64 * (copy - hash),
+    }
+}
+
 /// Whether hashing a snapshot (what it adds to the copy, see [`Rates::snapshot_hash_extra`]) is
 /// repaid over `restores` restores, each restoring the cheapest verified way instead of writing
 /// everything. `earlier`: what earlier dispatches of the kernel learned; when they say nothing
@@ -209,17 +221,24 @@ pub(crate) fn snapshot_hashes_pay(
     restores: u64,
     chunks: u64,
 ) -> bool {
-    let (copy, hash) = rates.per_byte();
-    let all = chunks as f64;
-    let known = earlier.and_then(|e| {
-        let set = e.write_set.iter().filter(|&&b| b).count() as u64;
-        estimate(rates, e, chunks, set)
-    });
-    let saved = match known {
-        Some(c) => c.full - c.hash.min(c.writeset),
-        None => all * (copy - hash),
-    };
-    restores as f64 * saved > all * rates.snapshot_hash_extra()
+    let known = earlier.map(|e| (e, e.write_set.iter().filter(|&&b| b).count() as u64));
+    restores as f64 * saved_per_restore(rates, known, chunks)
+        > chunks as f64 * rates.snapshot_hash_extra()
+}
+
+/// Whether hashing the store of a snapshot taken without hashes (a whole hash pass over its
+/// bytes) is repaid over `restores` more restores, each restoring the cheapest verified way
+/// instead of writing everything. `learned`: what this dispatch (and the kernel's earlier ones)
+/// learned, with `set` chunks in its write set.
+pub(crate) fn store_hashes_pay(
+    rates: &Rates,
+    learned: &Learned,
+    set: u64,
+    restores: u64,
+    chunks: u64,
+) -> bool {
+    let (_, hash) = rates.per_byte();
+    restores as f64 * saved_per_restore(rates, Some((learned, set)), chunks) > chunks as f64 * hash
 }
 
 #[cfg(test)]
@@ -292,6 +311,21 @@ mod tests {
         assert!(!snapshot_hashes_pay(&rates, Some(&full_once), 1, 1000));
         // No restores at all: never.
         assert!(!snapshot_hashes_pay(&rates, None, 0, 1000));
+    }
+
+    #[test]
+    fn hashing_the_store_late_pays_only_over_enough_restores_that_save() {
+        // A whole hash pass (0.9 of a copy) against 0.1 of a copy saved per restore at best.
+        let rates = host_like_rates();
+        let nothing_known = Learned::default();
+        assert!(!store_hashes_pay(&rates, &nothing_known, 0, 8, 1000));
+        assert!(store_hashes_pay(&rates, &nothing_known, 0, 10, 1000));
+        // Known to rewrite most of memory: a verified restore saves nothing over a full one.
+        let most = Learned {
+            dirty_chunks: Some(900),
+            ..Default::default()
+        };
+        assert!(!store_hashes_pay(&rates, &most, 0, 1000, 1000));
     }
 
     #[test]

@@ -7,12 +7,15 @@ use std::time::Instant;
 
 use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
 use crate::copy::{
-    WriteOutcome, copy_to_host, copy_to_shadow, hash_live, restore_on_device, windows, write_back,
+    WriteOutcome, copy_to_host, copy_to_shadow, hash_live, hash_store, restore_on_device, windows,
+    write_back,
 };
 use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
-use crate::learned::{Key, Learned, PROBE_EVERY, SharedMemory, estimate, snapshot_hashes_pay};
+use crate::learned::{
+    Key, Learned, PROBE_EVERY, SharedMemory, estimate, snapshot_hashes_pay, store_hashes_pay,
+};
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
@@ -162,6 +165,10 @@ pub struct Snapshot {
     learned: Option<WriteSet>,
     /// Whether chunk hashes were taken (restores other than full need them).
     hashed: bool,
+    /// Under auto, when the snapshot was taken without hashes: the restores that choice
+    /// expected. A replay that runs past them may hash the store instead (see
+    /// `Snapshot::hash_store_if_it_pays`).
+    expected_restores: Option<u64>,
     /// The kernel and region set this snapshot's learning is kept under, if any.
     key: Option<Key>,
     memory: SharedMemory,
@@ -340,6 +347,11 @@ impl Snapshotter {
         // expected (see `snapshot_hashes_pay`): those of the kernel's earlier dispatch, or for a
         // kernel seen for the first time those of the latest dispatch of any kernel; a probe
         // hashes again every `PROBE_EVERY` full restores.
+        let expected_restores = match (&earlier, mode) {
+            (_, Mode::Full) => None,
+            (Some(e), _) => Some(e.restores),
+            (None, _) => self.memory.lock().typical_restores,
+        };
         let hashed = match mode {
             Mode::Full => false,
             Mode::Adaptive => {
@@ -350,8 +362,7 @@ impl Snapshotter {
                         e.full_streak >= PROBE_EVERY
                             || snapshot_hashes_pay(&memory.rates, Some(e), e.restores, chunks)
                     }
-                    None => memory
-                        .typical_restores
+                    None => expected_restores
                         .is_none_or(|r| snapshot_hashes_pay(&memory.rates, None, r, chunks)),
                 }
             }
@@ -448,6 +459,7 @@ impl Snapshotter {
             verify_ranges: Vec::new(),
             learned,
             hashed,
+            expected_restores: expected_restores.filter(|_| mode == Mode::Adaptive && !hashed),
             key,
             memory: self.memory.clone(),
             stats: earlier
@@ -523,6 +535,46 @@ impl Snapshot {
 
     fn set_chunks(&self) -> u64 {
         self.learned.as_ref().map_or(0, |set| set.count)
+    }
+
+    /// Auto took this snapshot without hashes, expecting few restores. Once the replay has run
+    /// past them, and a restore is requested that may not be the last, the replay is assumed to
+    /// go on for at least as many restores again as it has done: when hashing the store (its
+    /// bytes are the snapshot's) is repaid over those, it is hashed once, and from this restore
+    /// on auto chooses among the verified strategies as if the snapshot had hashed. A store on
+    /// the device is left alone (its bytes are not the host's to hash).
+    fn hash_store_if_it_pays(&mut self, req: &RestoreRequest) {
+        let due = self.mode == Mode::Adaptive
+            && !self.hashed
+            && !req.may_be_final
+            && self.store.device_addr().is_none()
+            && self
+                .expected_restores
+                .is_some_and(|expected| self.stats.restores >= expected);
+        if !due {
+            return;
+        }
+        let chunks = self.layout.chunks() as u64;
+        let rates = self.memory.lock().rates;
+        let ahead = self.stats.restores + 1;
+        if !store_hashes_pay(&rates, &self.stats, self.set_chunks(), ahead, chunks) {
+            return;
+        }
+        let Ok(mut hashes) = try_vec(self.layout.chunks(), 0u64) else {
+            return;
+        };
+        let hash_start = Instant::now();
+        let len = self.layout.store_len as usize;
+        let bytes = hash_store(&self.layout, &self.store.bytes()[..len], &mut hashes);
+        self.memory
+            .lock()
+            .rates
+            .record_hash(bytes, hash_start.elapsed());
+        self.hashes = hashes;
+        // New hashes get a new name: a device may keep a copy of a snapshot's hashes by it.
+        self.id = NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed);
+        self.hashed = true;
+        self.expected_restores = None;
     }
 
     fn step(&self, req: &RestoreRequest) -> (Step, RestoreStrategy) {
@@ -622,6 +674,7 @@ impl Snapshot {
     /// device memory may now differ from the snapshot: it says how many bytes were not restored.
     pub fn restore(&mut self, req: &RestoreRequest) -> Result<RestoreReport, RestoreError> {
         let start = Instant::now();
+        self.hash_store_if_it_pays(req);
         let (mut step, strategy) = self.step(req);
         self.stats.restores += 1;
         let plan = self.plan_for(step, strategy);

@@ -683,3 +683,87 @@ fn auto_reuses_what_earlier_dispatches_of_a_kernel_learned() {
     }
     assert_eq!(snapshotter.kernels_learned(), 2);
 }
+
+/// auto took a snapshot without hashes because the replays before it restored once (a 2-pass
+/// tool), and then the replay runs 20 passes: once it has run past the restores expected, the
+/// store (which holds the snapshot's bytes) is hashed once and the remaining restores hash and
+/// write what changed (the learned set from the store, the rest hashed) instead of copying
+/// everything 19 times. Every pass still starts from the snapshot's bytes, in two regions (the
+/// second not a whole number of chunks), and a write outside the learned set late in the
+/// replay is found and repaired before the very next pass.
+#[test]
+fn auto_hashes_the_store_when_a_replay_runs_past_the_restores_it_expected() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    // 2 MiB in all (above auto's full-restore threshold, below the size whose timings teach
+    // rates: the default rates decide, so the choice is the same on every machine).
+    let (n1, n2) = (300u64, 211u64);
+    let a = dev.alloc(&inv, n1 * CS, 1, MemoryKind::CoarseDevice, 0);
+    let b = dev.alloc(&inv, n2 * CS + 1000, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(a, &pattern((n1 * CS) as usize, 11));
+    dev.poke(b, &pattern((n2 * CS + 1000) as usize, 12));
+    let all = n1 * CS + n2 * CS + 1000;
+    let snapshotter = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host));
+    let take = |kernel| {
+        let plan = snapshotter.plan(&Filter::for_replay(1)).unwrap();
+        snapshotter.take_for_kernel(plan, kernel).unwrap()
+    };
+    let memory = || (dev.peek(a, n1 * CS), dev.peek(b, n2 * CS + 1000));
+
+    // A 2-pass replay of another kernel: one restore.
+    let before = memory();
+    let mut s = take(1);
+    dirty(&dev, a, &[3]);
+    s.restore(&FINAL).unwrap();
+    assert_eq!(memory(), before);
+    drop(s);
+
+    // A new kernel, 20 passes, writing a few chunks of both regions each pass.
+    let mut s = take(2);
+    assert!(
+        !s.report().hashed,
+        "one restore expected: the snapshot's hashes would not pay"
+    );
+    let mut restores = Vec::new();
+    for pass in 0..19u64 {
+        dirty(&dev, a, &[5, 120]);
+        dirty(&dev, b, &[7, n2]); // chunk n2 is the last, partial one
+        if pass == 15 {
+            dirty(&dev, a, &[250]); // outside what the earlier passes wrote
+        }
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: pass + 1,
+                may_be_final: pass == 18,
+            })
+            .unwrap();
+        assert_eq!(
+            memory(),
+            before,
+            "pass {} starts from the snapshot",
+            pass + 1
+        );
+        restores.push(r);
+    }
+    let full = restores.iter().filter(|r| !r.verified).count();
+    assert!(
+        full <= 2,
+        "the store is hashed once the replay runs past one restore: {full} full restores"
+    );
+    assert!(restores.iter().all(|r| r.verified || r.bytes_moved == all));
+    let late = &restores[full + 1..];
+    assert!(
+        late.iter().all(|r| r.verified
+            && !r.unverified
+            && r.bytes_hashed < all
+            && r.bytes_moved < all / 10),
+        "the learned set is written from the store and the rest hashed: {late:?}"
+    );
+    assert_eq!(
+        restores[15].repaired_chunks, 1,
+        "the write outside the set is repaired before the next pass"
+    );
+}
