@@ -94,15 +94,17 @@ pub struct ReplayConfig {
     pub strategies: Vec<RestoreStrategy>,
     /// Dirty patterns.
     pub patterns: Vec<Pattern>,
-    /// Independent dispatch sequences per cell of up to [`ReplayConfig::long_passes`] passes,
-    /// each on a kernel nothing was learned about: the first dispatch of a cell is the best of
-    /// the sequences' first dispatches, the later dispatch the best of all their later ones.
-    pub sequences: usize,
-    /// Replays of more passes than this are long: they get [`ReplayConfig::long_sequences`]
-    /// sequences per cell instead (their many restores already average out noise).
+    /// Repetitions of each cell: every repetition replays one dispatch sequence per strategy,
+    /// the strategies one after the other in an order rotated by one each repetition (round
+    /// robin), each sequence on a kernel nothing was learned about. A strategy's figure is the
+    /// median of its repetitions, so every strategy of a cell is judged by the same statistic
+    /// over the same stretch of time.
+    pub repeats: usize,
+    /// Replays of more passes than this are long: they get [`ReplayConfig::long_repeats`]
+    /// repetitions instead (each already holds many restores).
     pub long_passes: u64,
-    /// Sequences per cell of a long replay (at least 1).
-    pub long_sequences: usize,
+    /// Repetitions of a cell of a long replay (at least 1).
+    pub long_repeats: usize,
     /// Dispatches of the kernel per sequence: the first is cold, the later ones reuse what the
     /// earlier ones learned (at least 2).
     pub dispatches: usize,
@@ -111,12 +113,12 @@ pub struct ReplayConfig {
 }
 
 impl ReplayConfig {
-    /// Sequences measured per cell of `passes` passes (at least 1).
-    pub fn sequences_for(&self, passes: u64) -> usize {
+    /// Repetitions of a cell of `passes` passes (at least 1).
+    pub fn repeats_for(&self, passes: u64) -> usize {
         if passes > self.long_passes {
-            self.long_sequences.max(1)
+            self.long_repeats.max(1)
         } else {
-            self.sequences.max(1)
+            self.repeats.max(1)
         }
     }
 }
@@ -135,9 +137,9 @@ impl Default for ReplayConfig {
                 RestoreStrategy::WritesetUnverified,
             ],
             patterns: Pattern::ALL.to_vec(),
-            sequences: 3,
+            repeats: 5,
             long_passes: 8,
-            long_sequences: 1,
+            long_repeats: 3,
             dispatches: 2,
             tiers: vec![StoreTier::Host],
         }
@@ -160,14 +162,18 @@ pub struct ReplayRow {
     /// Strategy configured.
     pub strategy: RestoreStrategy,
     /// Snapshot plus every restore of a kernel's first dispatch (nothing learned about that
-    /// kernel before), the best of the cell's sequences.
+    /// kernel before): the median of the cell's repetitions.
     pub first_seconds: f64,
-    /// The same for a later dispatch of the kernel (the best of the cell's later ones), reusing
-    /// what the earlier dispatches learned.
+    /// The fastest and slowest of those first dispatches.
+    pub first_range: (f64, f64),
+    /// The same for the later dispatches of the kernel (the median of all of them), which
+    /// reuse what the earlier dispatches learned.
     pub later_seconds: f64,
-    /// Dispatch sequences measured (`first_seconds` is the best of their first dispatches).
-    pub sequences: usize,
-    /// Dispatches per sequence (`later_seconds` is the best of all but the first ones).
+    /// The fastest and slowest of those later dispatches.
+    pub later_range: (f64, f64),
+    /// Repetitions measured (one dispatch sequence each).
+    pub repeats: usize,
+    /// Dispatches per sequence (all but the first are later dispatches).
     pub dispatches: usize,
     /// What the snapshots and restores of every dispatch measured did.
     pub choices: Choices,
@@ -301,15 +307,44 @@ fn full_restore_seconds(bench: &Bench, tier: StoreTier, chunk: u64) -> Result<f6
     Ok(best)
 }
 
+/// The median of `times` (the mean of the two middle ones for an even count), and the fastest
+/// and slowest.
+pub(crate) fn median_and_range(times: &[f64]) -> (f64, (f64, f64)) {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n == 0 {
+        return (f64::NAN, (f64::NAN, f64::NAN));
+    }
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    (median, (sorted[0], sorted[n - 1]))
+}
+
+/// What one strategy's sequences of a cell measured.
+#[derive(Default)]
+struct Samples {
+    first: Vec<f64>,
+    later: Vec<f64>,
+    choices: Choices,
+}
+
 /// Measures every cell of `config` at `footprint` on `bench`; `copy_ceiling_gbps` is the
 /// ceiling measured for that footprint; `progress` sees each row as soon as it is measured.
 ///
 /// One snapshotter per tier and strategy lives through the footprint (it keeps the machine's
-/// measured rates, as a process's snapshotter does), but only one of them holds a store at a
-/// time: a strategy's store is allocated and faulted in by an untimed snapshot (a process pays
-/// that once, not per dispatch) before its replays of a (dirty, pattern) block and released
-/// after them, so the memory used stays at the footprint plus one store. Every cell replays
-/// another kernel, so each cell's first dispatch has nothing learned before it.
+/// measured rates, as a process's snapshotter does), each with its store allocated and faulted
+/// in by an untimed snapshot before the tier's replays (a process pays that once, not per
+/// dispatch) and released after them: the memory used is the footprint plus one store per
+/// strategy. A cell (dirty, pattern, N) is measured in repetitions; each repetition replays one
+/// dispatch sequence per strategy, in an order rotated by one per repetition, so that the
+/// machine's drifts (memory bandwidth moves by tens of percent over minutes on a shared
+/// machine) fall on every strategy alike. Every sequence replays another kernel, so each first
+/// dispatch has nothing learned before it; the cells run in the order of `config.passes`, so a
+/// cell's first repetition follows replays of another pass count.
 pub(crate) fn measure(
     config: &ReplayConfig,
     matrix: &MatrixConfig,
@@ -329,41 +364,48 @@ pub(crate) fn measure(
                 snapshotter(bench, strategy, tier, matrix.chunk_size).map(|s| (strategy, s))
             })
             .collect::<Result<Vec<_>, String>>()?;
+        // Only their kept stores are wanted: each snapshot is dropped at once.
+        for (_, snapshotter) in &snapshotters {
+            drop(
+                snapshotter
+                    .snapshot(&Filter::for_replay(1))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let dispatches = config.dispatches.max(2);
         for &fraction in &config.dirty_fractions {
             for &pattern in &config.patterns {
-                for (strategy, snapshotter) in &snapshotters {
-                    drop(
-                        snapshotter
-                            .snapshot(&Filter::for_replay(1))
-                            .map_err(|e| e.to_string())?,
-                    );
-                    for &passes in &config.passes {
-                        let sequences = config.sequences_for(passes);
-                        let dispatches = config.dispatches.max(2);
-                        let mut first = f64::INFINITY;
-                        let mut later = f64::INFINITY;
-                        let mut choices = Choices::default();
-                        for _ in 0..sequences {
+                for &passes in &config.passes {
+                    let repeats = config.repeats_for(passes);
+                    let mut samples: Vec<Samples> =
+                        snapshotters.iter().map(|_| Samples::default()).collect();
+                    for rep in 0..repeats {
+                        for i in 0..snapshotters.len() {
+                            let s = (i + rep) % snapshotters.len();
                             kernel += 1;
                             for d in 0..dispatches as u64 {
                                 let t = replay_once(
                                     bench,
-                                    snapshotter,
+                                    &snapshotters[s].1,
                                     kernel,
                                     pattern,
                                     fraction,
                                     d,
                                     passes,
-                                    &mut choices,
+                                    &mut samples[s].choices,
                                 )?
                                 .as_secs_f64();
                                 if d == 0 {
-                                    first = first.min(t);
+                                    samples[s].first.push(t);
                                 } else {
-                                    later = later.min(t);
+                                    samples[s].later.push(t);
                                 }
                             }
                         }
+                    }
+                    for ((strategy, _), sample) in snapshotters.iter().zip(&samples) {
+                        let (first, first_range) = median_and_range(&sample.first);
+                        let (later, later_range) = median_and_range(&sample.later);
                         let row = ReplayRow {
                             footprint,
                             dirty_fraction: fraction,
@@ -372,19 +414,23 @@ pub(crate) fn measure(
                             tier,
                             strategy: *strategy,
                             first_seconds: first,
+                            first_range,
                             later_seconds: later,
-                            sequences,
+                            later_range,
+                            repeats,
                             dispatches,
-                            choices,
+                            choices: sample.choices,
                             full_restore_seconds: full_restore,
                             copy_ceiling_gbps,
                         };
                         progress(&row);
                         rows.push(row);
                     }
-                    snapshotter.release_cached_store();
                 }
             }
+        }
+        for (_, snapshotter) in &snapshotters {
+            snapshotter.release_cached_store();
         }
     }
     Ok(rows)
@@ -408,14 +454,27 @@ pub struct AutoCheck {
     pub dispatch: &'static str,
     /// The cell.
     pub cell: String,
-    /// auto's time / the best verified fixed strategy's time.
+    /// auto's median time / the best verified fixed strategy's median time.
     pub ratio: f64,
-    /// The best strategy.
+    /// The best strategy (the lowest median).
     pub best: RestoreStrategy,
+    /// auto's slowest repetition / its fastest.
+    pub auto_spread: f64,
+    /// The best strategy's slowest repetition / its fastest.
+    pub best_spread: f64,
+    /// auto's slowest repetition / the best strategy's median.
+    pub worst_ratio: f64,
 }
 
-/// auto against the best verified fixed strategy in every cell where both were measured.
+/// Slowest / fastest of a range.
+fn spread((lo, hi): (f64, f64)) -> f64 {
+    hi / lo
+}
+
+/// auto against the best verified fixed strategy in every cell where both were measured, each
+/// by the median of its repetitions (the same statistic for every strategy).
 pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
+    type Pick = fn(&ReplayRow) -> (f64, (f64, f64));
     let mut checks = Vec::new();
     for auto in rows.iter().filter(|r| r.strategy == RestoreStrategy::Auto) {
         let same = |r: &&ReplayRow| {
@@ -434,23 +493,26 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
             auto.pattern,
             auto.passes
         );
-        for (dispatch, time) in [
-            (
-                "first",
-                (|r: &ReplayRow| r.first_seconds) as fn(&ReplayRow) -> f64,
-            ),
-            ("later", |r: &ReplayRow| r.later_seconds),
-        ] {
+        let picks: [(&'static str, Pick); 2] = [
+            ("first", |r| (r.first_seconds, r.first_range)),
+            ("later", |r| (r.later_seconds, r.later_range)),
+        ];
+        for (dispatch, time) in picks {
             if let Some(best) = rows
                 .iter()
                 .filter(same)
-                .min_by(|a, b| time(a).total_cmp(&time(b)))
+                .min_by(|a, b| time(a).0.total_cmp(&time(b).0))
             {
+                let (auto_median, auto_range) = time(auto);
+                let (best_median, best_range) = time(best);
                 checks.push(AutoCheck {
                     dispatch,
                     cell: cell.clone(),
-                    ratio: time(auto) / time(best),
+                    ratio: auto_median / best_median,
                     best: best.strategy,
+                    auto_spread: spread(auto_range),
+                    best_spread: spread(best_range),
+                    worst_ratio: auto_range.1 / best_median,
                 });
             }
         }
@@ -459,7 +521,7 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
 }
 
 /// Columns of the per-replay table with their minimum widths (see [`crate::table_header`]).
-const REPLAY_COLUMNS: [(&str, usize); 14] = [
+const REPLAY_COLUMNS: [(&str, usize); 16] = [
     ("footprint", 9),
     ("dirty", 5),
     ("pattern", 15),
@@ -467,8 +529,10 @@ const REPLAY_COLUMNS: [(&str, usize); 14] = [
     ("tier", 6),
     ("strategy", 19),
     ("first dispatch", 14),
+    ("spread", 6),
     ("/N full", 7),
     ("later dispatch", 14),
+    ("spread", 6),
     ("/N full", 7),
     ("N full restores", 15),
     ("N copies at ceiling", 19),
@@ -498,8 +562,10 @@ pub fn replay_table_line(r: &ReplayRow) -> String {
         r.tier.to_string(),
         r.strategy.to_string(),
         format_seconds(r.first_seconds),
+        format!("{:.3}", spread(r.first_range)),
         format!("{:.3}", r.first_seconds / r.n_full()),
         format_seconds(r.later_seconds),
+        format!("{:.3}", spread(r.later_range)),
         format!("{:.3}", r.later_seconds / r.n_full()),
         format_seconds(r.n_full()),
         format_seconds(r.n_ceiling()),
@@ -546,6 +612,14 @@ mod tests {
     }
 
     #[test]
+    fn medians_take_the_middle_and_ranges_the_extremes() {
+        assert_eq!(median_and_range(&[3.0, 1.0, 2.0]), (2.0, (1.0, 3.0)));
+        assert_eq!(median_and_range(&[4.0, 1.0, 2.0, 3.0]), (2.5, (1.0, 4.0)));
+        assert_eq!(median_and_range(&[7.0]), (7.0, (7.0, 7.0)));
+        assert!(median_and_range(&[]).0.is_nan());
+    }
+
+    #[test]
     fn auto_is_held_against_the_best_verified_fixed_strategy_of_its_cell() {
         let row = |strategy, first: f64, later: f64| ReplayRow {
             footprint: 1 << 20,
@@ -555,8 +629,10 @@ mod tests {
             tier: StoreTier::Host,
             strategy,
             first_seconds: first,
+            first_range: (first * 0.9, first * 1.2),
             later_seconds: later,
-            sequences: 3,
+            later_range: (later, later * 1.1),
+            repeats: 5,
             dispatches: 2,
             choices: Choices::default(),
             full_restore_seconds: 1.0,
@@ -579,6 +655,10 @@ mod tests {
         assert!((checks[0].ratio - 1.05).abs() < 1e-9);
         assert_eq!(checks[1].best, RestoreStrategy::Writeset);
         assert!((checks[1].ratio - 1.2).abs() < 1e-9);
+        // auto's spread and its slowest repetition against the best's median are shown too.
+        assert!((checks[0].auto_spread - 1.2 / 0.9).abs() < 1e-9);
+        assert!((checks[0].worst_ratio - 2.1 * 1.2 / 2.0).abs() < 1e-9);
+        assert!((checks[1].best_spread - 1.1).abs() < 1e-9);
         assert!(format_replay_table(&rows).contains("N copies at ceiling"));
     }
 }

@@ -62,6 +62,12 @@ fn memory_needed(footprint: u64) -> u64 {
     footprint.saturating_mul(3)
 }
 
+/// Memory the whole replays need at a footprint: the tracked memory and one store per strategy
+/// (the strategies of a cell are replayed in turn, each keeping its store).
+fn replay_memory_needed(footprint: u64, strategies: usize) -> u64 {
+    footprint.saturating_mul(strategies as u64 + 1)
+}
+
 /// `MemAvailable` of /proc/meminfo, in bytes.
 fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -140,8 +146,10 @@ pub fn render_ceilings(title: &str, ceilings: &[FootprintCeilings]) -> String {
 /// The auto section: the worst cells first.
 pub fn render_auto(checks: &[AutoCheck]) -> String {
     let mut text = format!(
-        "auto against the best verified fixed strategy (full, hash, writeset) of each cell; \
-         target <= {AUTO_MAX_OVER_BEST:.2}x:\n"
+        "auto against the best verified fixed strategy (full, hash, writeset) of each cell, \
+         median against median of the same interleaved repetitions; target <= \
+         {AUTO_MAX_OVER_BEST:.2}x (spread: slowest / fastest repetition; auto's slowest: its \
+         slowest repetition / the best's median, shown, not judged):\n"
     );
     let mut sorted: Vec<&AutoCheck> = checks.iter().collect();
     sorted.sort_by(|a, b| b.ratio.total_cmp(&a.ratio));
@@ -149,13 +157,23 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
         .iter()
         .filter(|c| c.ratio > AUTO_MAX_OVER_BEST)
         .count();
+    let worst = sorted.first().map_or(String::new(), |c| {
+        format!(
+            "; worst {:.3}x ({} dispatch, {})",
+            c.ratio, c.dispatch, c.cell
+        )
+    });
     for c in &sorted {
         text += &format!(
-            "  {:<5} dispatch  {:<34}  {:.3}x of {}{}\n",
+            "  {:<5} dispatch  {:<34}  {:.3}x of {:<8}  spread auto {:.3}, {} {:.3}; auto's slowest {:.3}x{}\n",
             c.dispatch,
             c.cell,
             c.ratio,
+            c.best.to_string(),
+            c.auto_spread,
             c.best,
+            c.best_spread,
+            c.worst_ratio,
             if c.ratio > AUTO_MAX_OVER_BEST {
                 "  NOT MET"
             } else {
@@ -164,7 +182,7 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
         );
     }
     text += &format!(
-        "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x: {}\n",
+        "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x{worst}: {}\n",
         checks.len() - over,
         checks.len(),
         match (checks.is_empty(), over) {
@@ -242,16 +260,38 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     let mut config = matrix_config(options);
     config.spill_dir = settings.spill_dir;
     let largest = config.footprints.iter().copied().max().unwrap_or(0);
-    if let Some(available) = available_memory()
-        && memory_needed(largest) > available
-    {
-        return Err(format!(
-            "the matrix at {} needs about {} of memory and {} is available; choose smaller \
-             --footprints",
-            format_bytes(largest),
-            format_bytes(memory_needed(largest)),
-            format_bytes(available)
-        ));
+    let replay = replay_config(options);
+    let replay_largest = replay.as_ref().map_or(0, |r| {
+        r.footprints
+            .iter()
+            .filter(|f| config.footprints.contains(f))
+            .copied()
+            .max()
+            .unwrap_or(0)
+    });
+    let replay_needed = replay_memory_needed(
+        replay_largest,
+        replay.as_ref().map_or(0, |r| r.strategies.len()),
+    );
+    if let Some(available) = available_memory() {
+        if memory_needed(largest) > available {
+            return Err(format!(
+                "the matrix at {} needs about {} of memory and {} is available; choose smaller \
+                 --footprints",
+                format_bytes(largest),
+                format_bytes(memory_needed(largest)),
+                format_bytes(available)
+            ));
+        }
+        if replay_needed > available {
+            return Err(format!(
+                "the whole replays at {} need about {} of memory and {} is available; choose \
+                 smaller --replay-footprints",
+                format_bytes(replay_largest),
+                format_bytes(replay_needed),
+                format_bytes(available)
+            ));
+        }
     }
     let mut csv = options.csv.as_deref().map(create).transpose()?;
     let mut svg = options.svg.as_deref().map(create).transpose()?;
@@ -289,7 +329,6 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     };
     write(out, &header)?;
 
-    let replay = replay_config(options);
     // Every measurement is printed (and flushed) as soon as it is made; a failed write stops
     // the printing and is reported once the run returns.
     let mut failed: Option<String> = None;
@@ -358,11 +397,11 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     text += &render_scopes(&scopes);
     let auto = check_auto(&results.replay);
     if !results.replay.is_empty() {
-        let (sequences, long_sequences, dispatches, long_passes) =
+        let (repeats, long_repeats, dispatches, long_passes) =
             replay.as_ref().map_or((0, 0, 0, 0), |r| {
                 (
-                    r.sequences_for(r.long_passes),
-                    r.sequences_for(r.long_passes + 1),
+                    r.repeats_for(r.long_passes),
+                    r.repeats_for(r.long_passes + 1),
                     r.dispatches.max(2),
                     r.long_passes,
                 )
@@ -370,20 +409,26 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
         text += &format!(
             "\nwhole replays (the tables above): snapshot plus every restore of an N-pass \
              replay (learning and verification included; the passes themselves only write the \
-             dirty chunks and are not counted). Each cell replays {sequences} sequences ({} for \
-             more than {long_passes} passes) of {dispatches} dispatches of a kernel nothing was \
-             learned about. first dispatch: the best of the sequences' first dispatches; later \
-             dispatch: the best of the later ones, which reuse what the earlier ones of their \
-             kernel learned. /N full: divided by N full restores of the footprint in the same \
-             tier measured in this run; N copies at ceiling: N copies of the footprint at the \
-             machine's copy ceiling. hashed snapshots: the cell's dispatches whose snapshot \
-             hashed every chunk, of all it measured; restores full/hash/set: how their restores \
-             went (wrote everything; hashed everything and wrote what changed; wrote the learned \
-             write set, hashing every other chunk but under writeset-unverified). auto's first \
-             dispatch of a kernel expects as many restores as the latest dispatch of any kernel \
-             (the previous cell's or sequence's). writeset-unverified skips verification between \
+             dirty chunks and are not counted). Each cell is measured in {repeats} repetitions \
+             ({long_repeats} for more than {long_passes} passes); a repetition replays, for \
+             every strategy in turn (round robin, the order rotated by one each repetition), a \
+             sequence of {dispatches} dispatches of a kernel nothing was learned about. first \
+             dispatch: the median of the strategy's first dispatches; later dispatch: the median \
+             of its later ones, which reuse what the earlier ones of their kernel learned; \
+             spread: the slowest of those repetitions / the fastest. The median, not the \
+             fastest, because this machine's memory bandwidth drifts both ways between \
+             repetitions: the fastest would reward one lucky moment, the median of interleaved \
+             repetitions holds every strategy to the same stretch of time. /N full: divided by \
+             N full restores of the footprint in the same tier (the best of 5) measured in this \
+             run; N copies at ceiling: N copies of the footprint at the machine's copy ceiling. \
+             hashed snapshots: the cell's dispatches whose snapshot hashed every chunk, of all \
+             it measured; restores full/hash/set: how their restores went (wrote everything; \
+             hashed everything and wrote what changed; wrote the learned write set, hashing \
+             every other chunk but under writeset-unverified). auto's first dispatch of a \
+             kernel expects as many restores as the latest dispatch of any kernel: in a cell's \
+             first repetition that is a replay of another pass count (the previous cell's), in \
+             the others one of the same count. writeset-unverified skips verification between \
              passes (opt-in) and is never counted as the best.\n",
-            long_sequences,
         );
         text += "\n";
         text += &render_auto(&auto);
@@ -491,6 +536,25 @@ mod tests {
         assert!(error.contains("choose smaller --footprints"), "{error}");
     }
 
+    #[test]
+    fn whole_replays_too_large_for_this_machine_are_refused_before_running() {
+        let Some(available) = available_memory() else {
+            return;
+        };
+        // The matrix fits (3 footprints), the replays' store per strategy does not.
+        let footprint = available / 5;
+        let options = BenchOptions {
+            footprints: vec![footprint],
+            replay_footprints: Some(vec![footprint]),
+            ..BenchOptions::default()
+        };
+        let error = run(&options, &mut Vec::new()).unwrap_err();
+        assert!(
+            error.contains("choose smaller --replay-footprints"),
+            "{error}"
+        );
+    }
+
     /// Records what was written by the time of each flush.
     #[derive(Default)]
     struct Flushes {
@@ -546,6 +610,9 @@ mod tests {
         for end in ends {
             assert!(out.at_flush.contains(&end), "not flushed at {end}: {text}");
         }
-        assert!(text.contains("cells within 1.10x: "), "{text}");
+        assert!(
+            text.contains("cells within 1.10x; worst ") && text.contains(" spread auto "),
+            "{text}"
+        );
     }
 }
