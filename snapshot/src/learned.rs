@@ -65,8 +65,38 @@ pub(crate) struct Learned {
     pub restores: u64,
 }
 
+/// Measurements a rate is the median of.
+const RATE_SAMPLES: usize = 8;
+
+/// The latest [`RATE_SAMPLES`] measurements of one rate.
+#[derive(Clone, Copy, Debug, Default)]
+struct Recent {
+    values: [f64; RATE_SAMPLES],
+    len: usize,
+    next: usize,
+}
+
+impl Recent {
+    /// Adds `value` (replacing the oldest once full) and returns the median of those kept.
+    fn push(&mut self, value: f64) -> f64 {
+        self.values[self.next] = value;
+        self.next = (self.next + 1) % RATE_SAMPLES;
+        self.len = (self.len + 1).min(RATE_SAMPLES);
+        let mut kept = self.values;
+        let kept = &mut kept[..self.len];
+        kept.sort_by(f64::total_cmp);
+        let n = kept.len();
+        if n % 2 == 1 {
+            kept[n / 2]
+        } else {
+            (kept[n / 2 - 1] + kept[n / 2]) / 2.0
+        }
+    }
+}
+
 /// Nanoseconds per byte of this machine's copies and hash passes, as restores and snapshots
-/// measured them (exponentially weighted).
+/// measured them: each the median of its latest [`RATE_SAMPLES`] measurements, so one copy
+/// slowed by another process (or sped up by a quiet moment) does not move it.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Rates {
     copy: Option<f64>,
@@ -75,28 +105,36 @@ pub(crate) struct Rates {
     hashed_copy: Option<f64>,
     /// Partial write-backs: scattered chunks, per byte dearer than a copy of everything.
     scattered: Option<f64>,
+    /// The measurements behind each rate (copy, hash, hashed copy, scattered).
+    recent: [Recent; 4],
 }
 
 impl Rates {
-    /// Blend the rate of `bytes` in `elapsed` into `rate` (runs too short to say anything are
-    /// left out).
-    fn blend(rate: &mut Option<f64>, bytes: u64, elapsed: Duration) {
+    /// Add the rate of `bytes` in `elapsed` to the measurements of rate `which` (runs too short
+    /// to say anything are left out).
+    fn add_sample(&mut self, which: usize, bytes: u64, elapsed: Duration) {
         if bytes >= RATE_MIN_BYTES {
-            let new = elapsed.as_nanos() as f64 / bytes as f64;
-            *rate = Some(rate.map_or(new, |o| 0.75 * o + 0.25 * new));
+            let median = self.recent[which].push(elapsed.as_nanos() as f64 / bytes as f64);
+            let rate = match which {
+                0 => &mut self.copy,
+                1 => &mut self.hash,
+                2 => &mut self.hashed_copy,
+                _ => &mut self.scattered,
+            };
+            *rate = Some(median);
         }
     }
 
     pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
-        Self::blend(&mut self.copy, bytes, elapsed);
+        self.add_sample(0, bytes, elapsed);
     }
 
     pub(crate) fn record_hash(&mut self, bytes: u64, elapsed: Duration) {
-        Self::blend(&mut self.hash, bytes, elapsed);
+        self.add_sample(1, bytes, elapsed);
     }
 
     pub(crate) fn record_scattered(&mut self, bytes: u64, elapsed: Duration) {
-        Self::blend(&mut self.scattered, bytes, elapsed);
+        self.add_sample(3, bytes, elapsed);
     }
 
     /// Cost per byte of writing back part of the footprint (changed chunks, a write set), in
@@ -106,7 +144,7 @@ impl Rates {
     }
 
     pub(crate) fn record_hashed_copy(&mut self, bytes: u64, elapsed: Duration) {
-        Self::blend(&mut self.hashed_copy, bytes, elapsed);
+        self.add_sample(2, bytes, elapsed);
     }
 
     /// What hashing adds per byte to a snapshot copy: measured as a hashing snapshot against a
@@ -290,6 +328,7 @@ mod tests {
             hash: Some(0.9),
             hashed_copy: Some(1.45),
             scattered: None,
+            ..Default::default()
         }
     }
 
@@ -311,6 +350,28 @@ mod tests {
         assert!(!snapshot_hashes_pay(&rates, Some(&full_once), 1, 1000));
         // No restores at all: never.
         assert!(!snapshot_hashes_pay(&rates, None, 0, 1000));
+    }
+
+    #[test]
+    fn one_outlying_measurement_does_not_move_a_rate_and_a_lasting_change_does() {
+        let mut rates = Rates::default();
+        let ms = Duration::from_millis;
+        let bytes = 16 << 20;
+        for _ in 0..8 {
+            rates.record_copy(bytes, ms(2));
+        }
+        let steady = rates.per_byte().0;
+        // Another process held the CPU through one copy: three times as long.
+        rates.record_copy(bytes, ms(6));
+        assert_eq!(rates.per_byte().0, steady);
+        // The machine really got slower: the rate follows once most measurements say so.
+        for _ in 0..4 {
+            rates.record_copy(bytes, ms(4));
+        }
+        assert!(rates.per_byte().0 > 1.5 * steady, "{rates:?}");
+        // Too short to say anything: left out.
+        rates.record_hash(1 << 20, ms(100));
+        assert_eq!(rates.hash, None);
     }
 
     #[test]
@@ -338,6 +399,7 @@ mod tests {
             hash: Some(0.9),
             hashed_copy: Some(1.4),
             scattered: None,
+            ..Default::default()
         };
         assert!(!snapshot_hashes_pay(&rates, None, 1, 1000));
         let (copy, hash) = rates.per_byte();
@@ -366,6 +428,7 @@ mod tests {
             hash: Some(0.85),
             hashed_copy: Some(1.4),
             scattered: None,
+            ..Default::default()
         };
         let c = estimate(&rates, &learned, 1000, 0).unwrap();
         assert!(c.hash < c.full, "{c:?}");
@@ -382,6 +445,7 @@ mod tests {
             hash: Some(0.2),
             hashed_copy: Some(1.1),
             scattered: None,
+            ..Default::default()
         };
         assert!(snapshot_hashes_pay(&rates, None, 1, 1000));
         // What changes decides: a kernel that rewrites all of memory gains nothing from hashes.

@@ -39,12 +39,16 @@
 //! (hashing would pull every byte over the host link while a full restore stays on the device).
 //! All others choose before each restore the cheapest of a full restore, a hash restore and a
 //! verified write-set restore, estimated from the copy and hash rates the snapshotter's restores
-//! measured and from what this kernel's restores found changed (never the unverified shortcut);
+//! measured (each the median of its latest 8 measurements, so one disturbed copy does not sway
+//! it) and from what this kernel's restores found changed (never the unverified shortcut);
 //! the first restore of a kernel with nothing learned hashes everything. Hashing while
 //! snapshotting costs something too (what a hashing snapshot measured beyond a plain copy):
 //! auto takes the hashes only when the restores expected (those of the kernel's last dispatch,
 //! or for a kernel seen for the first time those of the latest dispatch of any kernel) repay
-//! them; otherwise it restores in full, hashing again every 16 restores to notice a change.
+//! them; otherwise it restores in full, hashing again every 16 restores to notice a change. A
+//! replay that runs past the restores expected has the store (the snapshot's bytes) hashed
+//! once, when that pays over as many restores again, and chooses among the verified strategies
+//! from then on.
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,
