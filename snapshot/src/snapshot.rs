@@ -540,26 +540,29 @@ impl Snapshot {
     /// Auto took this snapshot without hashes, expecting few restores. Once the replay has run
     /// past them, and a restore is requested that may not be the last, the replay is assumed to
     /// go on for at least as many restores again as it has done: when hashing the store (its
-    /// bytes are the snapshot's) is repaid over those, it is hashed once, and from this restore
-    /// on auto chooses among the verified strategies as if the snapshot had hashed. A store on
-    /// the device is left alone (its bytes are not the host's to hash).
-    fn hash_store_if_it_pays(&mut self, req: &RestoreRequest) {
-        let due = self.mode == Mode::Adaptive
+    /// bytes are the snapshot's) is repaid over those, that restore hashes it first (see
+    /// `hash_store`), and from it on auto chooses among the verified strategies as if the
+    /// snapshot had hashed. A store on the device is left alone (its bytes are not the host's
+    /// to hash).
+    fn store_hash_due(&self, req: &RestoreRequest) -> bool {
+        let past_expected = self.mode == Mode::Adaptive
             && !self.hashed
             && !req.may_be_final
             && self.store.device_addr().is_none()
             && self
                 .expected_restores
                 .is_some_and(|expected| self.stats.restores >= expected);
-        if !due {
-            return;
+        past_expected && {
+            let chunks = self.layout.chunks() as u64;
+            let rates = self.memory.lock().rates;
+            let ahead = self.stats.restores + 1;
+            store_hashes_pay(&rates, &self.stats, self.set_chunks(), ahead, chunks)
         }
-        let chunks = self.layout.chunks() as u64;
-        let rates = self.memory.lock().rates;
-        let ahead = self.stats.restores + 1;
-        if !store_hashes_pay(&rates, &self.stats, self.set_chunks(), ahead, chunks) {
-            return;
-        }
+    }
+
+    /// Hash every chunk of the store: the hashes the snapshot did not take. Without memory for
+    /// them nothing changes (restores stay full).
+    fn hash_store(&mut self) {
         let Ok(mut hashes) = try_vec(self.layout.chunks(), 0u64) else {
             return;
         };
@@ -599,7 +602,7 @@ impl Snapshot {
                 RestoreStrategy::Writeset,
             ),
             Mode::Adaptive => {
-                if !self.hashed {
+                if !self.hashed && !self.store_hash_due(req) {
                     return (Step::Full, RestoreStrategy::Full);
                 }
                 let learn = |predict| {
@@ -674,8 +677,16 @@ impl Snapshot {
     /// device memory may now differ from the snapshot: it says how many bytes were not restored.
     pub fn restore(&mut self, req: &RestoreRequest) -> Result<RestoreReport, RestoreError> {
         let start = Instant::now();
-        self.hash_store_if_it_pays(req);
-        let (mut step, strategy) = self.step(req);
+        // Decided (with the step) before the store is hashed, as `plan_restore` decided it.
+        let hash_store_now = self.store_hash_due(req);
+        let (mut step, mut strategy) = self.step(req);
+        if hash_store_now {
+            self.hash_store();
+            if !self.hashed {
+                // No memory for the hashes: this restore writes everything after all.
+                (step, strategy) = (Step::Full, RestoreStrategy::Full);
+            }
+        }
         self.stats.restores += 1;
         let plan = self.plan_for(step, strategy);
         let device: &dyn DeviceMemory = &*self.source.device;

@@ -734,16 +734,22 @@ fn auto_hashes_the_store_when_a_replay_runs_past_the_restores_it_expected() {
         if pass == 15 {
             dirty(&dev, a, &[250]); // outside what the earlier passes wrote
         }
-        let r = s
-            .restore(&RestoreRequest {
-                next_pass: pass + 1,
-                may_be_final: pass == 18,
-            })
-            .unwrap();
+        let req = RestoreRequest {
+            next_pass: pass + 1,
+            may_be_final: pass == 18,
+        };
+        let plan = s.plan_restore(&req);
+        let r = s.restore(&req).unwrap();
         assert_eq!(
             memory(),
             before,
             "pass {} starts from the snapshot",
+            pass + 1
+        );
+        assert_eq!(
+            (plan.strategy, plan.verify, plan.bytes_planned),
+            (r.strategy, r.verified, r.bytes_planned),
+            "RESTORE ENTER's plan is what restore {} does",
             pass + 1
         );
         restores.push(r);
