@@ -605,11 +605,13 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     steady-state restore after a pass that changed that fraction of the 64 KiB chunks; then the \
     cost of whole replays (snapshot plus every restore of an N-pass replay, for a kernel's first \
     dispatch and for later dispatches reusing what it learned) per strategy and dirty pattern, \
-    beside N full restores, at the smallest footprint and in the host tier unless \
+    the strategies of a cell in interleaved repetitions, each figure the median of its \
+    repetitions, beside N full restores, at the smallest footprint and in the host tier unless \
     --replay-footprints and --replay-tiers say otherwise. The device is host memory split into 4 \
     tracked allocations. Prints each row with the ceiling beside it as soon as it is measured, \
     then the design's targets judged from this run's rows (full restore and hash detection \
-    against the ceilings, auto against the best fixed strategy of every replay cell).";
+    against the ceilings, auto's median against the best verified fixed strategy's median in \
+    every replay cell).";
 
 const BENCH_AFTER: &str = "The matrix needs about 3x the largest footprint of free memory (and \
     the footprint again on disk for the file tier, in KREPLAY_SPILL_DIR or the temporary folder; \
