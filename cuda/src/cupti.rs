@@ -89,6 +89,27 @@ pub mod cbid {
     pub const CU_MEM_MAP: CallbackId = 551;
     pub const CU_MEM_UNMAP: CallbackId = 552;
 
+    pub const CU_STREAM_BEGIN_CAPTURE: CallbackId = 495;
+    pub const CU_STREAM_BEGIN_CAPTURE_PTSZ: CallbackId = 496;
+    pub const CU_STREAM_END_CAPTURE: CallbackId = 497;
+    pub const CU_STREAM_END_CAPTURE_PTSZ: CallbackId = 498;
+    pub const CU_STREAM_BEGIN_CAPTURE_V2: CallbackId = 539;
+    pub const CU_STREAM_BEGIN_CAPTURE_V2_PTSZ: CallbackId = 540;
+    pub const CU_STREAM_BEGIN_CAPTURE_TO_GRAPH: CallbackId = 720;
+    pub const CU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ: CallbackId = 721;
+
+    /// The calls that begin a stream capture (every one's parameters start with the stream).
+    pub const BEGIN_CAPTURE: [CallbackId; 6] = [
+        CU_STREAM_BEGIN_CAPTURE,
+        CU_STREAM_BEGIN_CAPTURE_PTSZ,
+        CU_STREAM_BEGIN_CAPTURE_V2,
+        CU_STREAM_BEGIN_CAPTURE_V2_PTSZ,
+        CU_STREAM_BEGIN_CAPTURE_TO_GRAPH,
+        CU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ,
+    ];
+    /// The calls that end one.
+    pub const END_CAPTURE: [CallbackId; 2] = [CU_STREAM_END_CAPTURE, CU_STREAM_END_CAPTURE_PTSZ];
+
     /// Virtual memory management calls kreplay tracks.
     pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
 
@@ -118,9 +139,18 @@ pub mod cbid {
         428, 429, 430, 431, 432, 433, // Async_ptsz
     ];
 
-    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`MEMCPY`] and [`MEMSET`].
+    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`MEMCPY`], [`MEMSET`],
+    /// [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
     pub fn all() -> Vec<CallbackId> {
-        [&SUBSCRIBED[..], &VMM, &MEMCPY, &MEMSET].concat()
+        [
+            &SUBSCRIBED[..],
+            &VMM,
+            &MEMCPY,
+            &MEMSET,
+            &BEGIN_CAPTURE,
+            &END_CAPTURE,
+        ]
+        .concat()
     }
 
     /// The allocation, launch and graph callbacks kreplay enables.
@@ -257,6 +287,15 @@ pub struct MemUnmapParams {
 #[allow(missing_docs)]
 pub struct MemFreeParams {
     pub dptr: CuDevicePtr,
+}
+
+/// The leading field of every `cuStreamBeginCapture*_params` and `cuStreamEndCapture*_params`:
+/// the stream.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct StreamCaptureParams {
+    pub stream: crate::driver::CuStream,
 }
 
 /// The CUPTI entry points kreplay calls.

@@ -43,6 +43,9 @@ pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
 pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: c_int = 3;
 /// `CU_STREAM_CAPTURE_STATUS_NONE`.
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: the calling thread may make calls that a capture in
+/// progress (on this or another thread) would otherwise forbid, without invalidating it.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `CUlaunchConfig` of `cuLaunchKernelEx` (cuda.h, CUDA 12 and 13).
 #[repr(C)]
@@ -238,6 +241,7 @@ driver_table! {
     stream_synchronize_ptsz: b"cuStreamSynchronize_ptsz\0" => fn(CuStream);
     stream_is_capturing: b"cuStreamIsCapturing\0" => fn(CuStream, *mut c_int);
     stream_is_capturing_ptsz: b"cuStreamIsCapturing_ptsz\0" => fn(CuStream, *mut c_int);
+    thread_exchange_stream_capture_mode: b"cuThreadExchangeStreamCaptureMode\0" => fn(*mut c_int);
     mem_alloc: b"cuMemAlloc_v2\0" => fn(*mut CuDevicePtr, usize);
     mem_free: b"cuMemFree_v2\0" => fn(CuDevicePtr);
     mem_get_info: b"cuMemGetInfo_v2\0" => fn(*mut usize, *mut usize);
@@ -390,6 +394,28 @@ impl Driver {
 impl fmt::Debug for Driver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
+/// The calling thread's capture interaction mode held at relaxed (see
+/// [`Driver::relaxed_capture`]); dropping it restores the previous mode.
+#[derive(Debug)]
+#[must_use = "the mode is restored when this is dropped"]
+pub struct RelaxedCapture<'a> {
+    driver: &'a Driver,
+    /// The mode to put back (`None`: the exchange failed, nothing to restore).
+    previous: Option<c_int>,
+    /// The mode belongs to the thread that exchanged it.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for RelaxedCapture<'_> {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.previous.take() {
+            // SAFETY: swaps one int with the calling thread's mode (the one this value
+            // replaced on this same thread: it is not Send).
+            unsafe { (self.driver.thread_exchange_stream_capture_mode)(&mut mode) };
+        }
     }
 }
 
@@ -548,6 +574,27 @@ impl Driver {
                 crate::tracking::HandleLocation::from_location(prop.location_type, prop.location_id)
             }
             Err(e) => crate::tracking::HandleLocation::Unknown(e.to_string()),
+        }
+    }
+
+    /// Switch the calling thread's stream-capture interaction mode to relaxed until the returned
+    /// value is dropped, which puts the previous mode back (on every path, unwinding included).
+    ///
+    /// kreplay's own driver calls inside an application's call (snapshot copies, shadow
+    /// allocations, synchronizations, events) run this way: a capture in
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` on another thread (the default of
+    /// `cudaStreamBeginCapture`, and what PyTorch's CUDA graphs use) would otherwise make them
+    /// fail and invalidate that capture. Relaxed mode does not allow what necessarily conflicts
+    /// with a capture (synchronizing a capturing stream, or a context one of whose streams
+    /// captures): kreplay never does that (see `crate::capture`).
+    pub fn relaxed_capture(&self) -> RelaxedCapture<'_> {
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: swaps one int with the calling thread's mode.
+        let rc = unsafe { (self.thread_exchange_stream_capture_mode)(&mut mode) };
+        RelaxedCapture {
+            driver: self,
+            previous: (rc == CUDA_SUCCESS).then_some(mode),
+            _not_send: std::marker::PhantomData,
         }
     }
 

@@ -25,17 +25,18 @@ use kreplay_snapshot::{
 };
 use parking_lot::Mutex;
 
+use crate::capture::{CaptureStream, Captures};
 use crate::config::{Config, LogLevel};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
     CBID_RESOURCE_MODULE_LOADED, CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData,
     CallbackDomain, CallbackId, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
     MemAllocPitchParams, MemFreeParams, MemMapParams, MemUnmapParams, ModuleResourceData,
-    ResourceData, SubscriberHandle, cbid,
+    ResourceData, StreamCaptureParams, SubscriberHandle, cbid,
 };
 use crate::driver::{
     CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_UNIFIED,
-    CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
+    CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
 };
 use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
@@ -231,6 +232,8 @@ struct Backend {
     watch: MemoryWatch,
     inventory: Arc<Inventory>,
     locks: AgentLocks,
+    /// Stream captures in progress (a replay does not drain a device while one is).
+    captures: Captures,
     devices: Mutex<Vec<(usize, Arc<DeviceState>)>>,
     ordinals: Mutex<Vec<(usize, i32)>>,
     next_dispatch: AtomicU64,
@@ -268,6 +271,7 @@ struct InjectedLaunch<'a> {
     watch: &'a MemoryWatch,
     /// At API ENTER: what the launch's snapshot covers (see [`Backend::launch_scope`]).
     scope: Option<LaunchScope<'a>>,
+    captures: &'a Captures,
     /// Set while dispatch tracing is configured: the launch's passes are timed and reported.
     traced: Option<(&'a PassTimer, &'a dyn Tools)>,
 }
@@ -286,6 +290,10 @@ impl LaunchOps for InjectedLaunch<'_> {
                 .launch_scope(&self.inner.launch, s.device, s.kernel, base),
             None => Ok(base.clone()),
         }
+    }
+    fn drainable(&self) -> Result<(), String> {
+        self.captures
+            .check_drainable(self.inner.launch.device as u64)
     }
     fn drain(&self) -> Result<(), String> {
         self.inner.drain()
@@ -434,6 +442,23 @@ pub fn emit(configured: LogLevel, level: LogLevel, message: std::fmt::Arguments<
 }
 
 impl Backend {
+    /// Whether `stream` still captures after a `cuStreamEndCapture` that failed (one that
+    /// reported the capture invalidated ended it; one called on the wrong thread did not).
+    /// When the driver cannot tell, the capture is taken as still in progress.
+    fn still_capturing(&self, stream: crate::driver::CuStream, per_thread: bool) -> bool {
+        let d = self.driver;
+        let f = if per_thread {
+            d.stream_is_capturing_ptsz
+        } else {
+            d.stream_is_capturing
+        };
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream the application just passed to cuStreamEndCapture; an invalid
+        // handle is an error code.
+        let rc = unsafe { f(stream, &mut status) };
+        rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
     fn ordinal(&self, ctx: CuContext) -> Option<i32> {
         let key = ctx as usize;
         if let Some(&(_, o)) = self.ordinals.lock().iter().find(|(c, _)| *c == key) {
@@ -724,6 +749,7 @@ impl Backend {
                 device: &device,
                 kernel,
             }),
+            captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
@@ -765,6 +791,7 @@ impl Backend {
             },
             watch: &self.watch,
             scope: None,
+            captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
         };
         let launched = self
@@ -978,6 +1005,35 @@ impl Backend {
                     );
                 }
             }
+            id if cbid::BEGIN_CAPTURE.contains(&id) => {
+                // A capture cannot begin while a replay window drains or snapshots the device.
+                let device = self.ordinal(data.context).map(|o| o as u64);
+                if enter {
+                    self.captures.begin_enter(&self.locks, device);
+                } else if exit {
+                    let begun = (result() == CUDA_SUCCESS).then(|| {
+                        // SAFETY: every cuStreamBeginCapture*_params starts with the stream.
+                        let p = unsafe { *(params as *const StreamCaptureParams) };
+                        let per_thread = matches!(
+                            id,
+                            cbid::CU_STREAM_BEGIN_CAPTURE_PTSZ
+                                | cbid::CU_STREAM_BEGIN_CAPTURE_V2_PTSZ
+                                | cbid::CU_STREAM_BEGIN_CAPTURE_TO_GRAPH_PTSZ
+                        );
+                        (CaptureStream::named(p.stream as usize, per_thread), device)
+                    });
+                    self.captures.begin_exit(begun);
+                }
+            }
+            id if cbid::END_CAPTURE.contains(&id) && exit => {
+                // SAFETY: both cuStreamEndCapture*_params start with the stream.
+                let p = unsafe { *(params as *const StreamCaptureParams) };
+                let per_thread = id == cbid::CU_STREAM_END_CAPTURE_PTSZ;
+                if result() == CUDA_SUCCESS || !self.still_capturing(p.stream, per_thread) {
+                    self.captures
+                        .ended(CaptureStream::named(p.stream as usize, per_thread));
+                }
+            }
             id if fence::device_write(id).is_some() => {
                 if enter {
                     let device = self.ordinal(data.context).map(|o| o as u64);
@@ -1120,6 +1176,12 @@ unsafe extern "C" fn on_callback(
     }
     let _guard = Guard::enter();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
+        // fail nor invalidate a capture in progress on another thread: they run in relaxed
+        // capture mode, and the application's call gets its own mode back when this returns.
+        // The fenced copies and memsets make no driver call of their own.
+        let _relaxed =
+            (fence::device_write(id).is_none()).then(|| backend.driver.relaxed_capture());
         // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
         let data = unsafe { &*(data as *const CallbackData) };
         // SAFETY: as above, for callback id `id`.
@@ -1168,6 +1230,7 @@ fn initialize(
         watch: MemoryWatch::new(),
         inventory: Arc::new(Inventory::new()),
         locks,
+        captures: Captures::new(),
         devices: Mutex::new(Vec::new()),
         ordinals: Mutex::new(Vec::new()),
         next_dispatch: AtomicU64::new(1),

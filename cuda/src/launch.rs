@@ -138,7 +138,9 @@ impl LaunchOps for CudaLaunch<'_> {
         // SAFETY: the context of the launch in progress.
         unsafe { d.make_current(self.launch.ctx) }.map_err(|e| e.to_string())?;
         // SAFETY: synchronizes the current context: every stream of the device (one context
-        // per device, as the runtime API and PyTorch use).
+        // per device, as the runtime API and PyTorch use). Never while a stream of the device
+        // is being captured (the window asks `drainable` first, see `crate::capture`): that
+        // would invalidate the capture.
         d.check("cuCtxSynchronize", unsafe { (d.ctx_synchronize)() })
             .map_err(|e| e.to_string())
     }

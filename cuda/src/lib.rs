@@ -21,12 +21,14 @@
 //! * [`globals`] and [`scope`]: what a launch's snapshot covers besides tracked allocations
 //!   (its module's writable variables, what its arguments point into) and
 //!   `KREPLAY_SNAPSHOT_SCOPE=referenced`.
+//! * [`capture`]: stream captures in progress (a replay does not drain a device while one is).
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
 //!
 //! See docs/cuda.md for how to inject and what is snapshotted.
 
 pub mod bench;
+pub mod capture;
 pub mod config;
 pub mod cupti;
 pub mod demo;

@@ -5,9 +5,11 @@
 //!
 //! * **At API ENTER** ([`Window::enter`]), before the driver submits the launch: CONFIG ENTER
 //!   (the tool's pass count), then, for a replay, the device's writer lock, the drain
-//!   (every stream of the device idle) and the snapshot, with the tool's SNAPSHOT ENTER/EXIT,
-//!   and PASS ENTER of pass 0: a tool configures what it measures before the application's
-//!   launch (pass 0) is submitted. Context toggles made there hold for the later passes too.
+//!   (every stream of the device idle; declined instead while a stream of the device is being
+//!   captured into a graph, see [`LaunchOps::drainable`]) and the snapshot, with the tool's
+//!   SNAPSHOT ENTER/EXIT, and PASS ENTER of pass 0: a tool configures what it measures before
+//!   the application's launch (pass 0) is submitted. Context toggles made there hold for the
+//!   later passes too.
 //! * **The application's own launch is pass 0**: it runs on the application's bytes.
 //! * **At API EXIT** ([`Window::exit`]): `kreplay_passloop::run_dispatch` drives the rest with a
 //!   [`ReplayDevice`] whose lock, drain and snapshot steps hand over what ENTER did (or the
@@ -46,6 +48,13 @@ pub trait LaunchOps {
     /// `untracked_memory`.
     fn scope(&self, base: &Filter) -> Result<Filter, String> {
         Ok(base.clone())
+    }
+    /// Whether the launch's device may be drained now; `Err` names why not (a stream of the
+    /// device is being captured into a graph: draining would invalidate the capture), and the
+    /// launch is declined with `batch_or_graph`. Asked while the device's writer lock is held,
+    /// right before [`drain`](Self::drain).
+    fn drainable(&self) -> Result<(), String> {
+        Ok(())
     }
     /// Wait until every stream of the launch's device is idle.
     fn drain(&self) -> Result<(), String>;
@@ -219,6 +228,9 @@ impl Window {
             }
         };
         cost.lock_wait = waited.elapsed();
+        if let Err(why) = ops.drainable() {
+            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
+        }
         let draining = Instant::now();
         let drained = ops.drain();
         cost.drain = draining.elapsed();

@@ -3,9 +3,11 @@
 //! misplaced restore shows up as a wrong sum.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::capture::{CaptureStream, Captures};
 use kreplay_cuda::globals::{ModuleLookup, ModuleRegistry, Range};
 use kreplay_cuda::scope::{argument_values, launch_filter};
 use kreplay_cuda::{LaunchOps, Window};
@@ -751,4 +753,174 @@ fn referenced_scope_snapshots_only_the_allocations_the_arguments_point_into() {
     let got = words(&r);
     let bad = (0..WORDS).find(|&i| got[i] != i as u32 + u32::from(i < half));
     assert_eq!(bad, None, "word {bad:?} is not one run's");
+}
+
+/// The fake launch on a device whose driver follows the rule of stream capture: synchronizing
+/// the context while one of its streams captures fails and invalidates that capture (as
+/// `cuCtxSynchronize` does). The captures in progress are those kreplay follows.
+struct CaptureAwareLaunch {
+    inner: FakeLaunch,
+    captures: Arc<Captures>,
+    invalidated: Arc<AtomicBool>,
+}
+
+impl LaunchOps for CaptureAwareLaunch {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drainable(&self) -> Result<(), String> {
+        self.captures.check_drainable(AGENT)
+    }
+    fn drain(&self) -> Result<(), String> {
+        if self.captures.on_device(AGENT) > 0 {
+            self.invalidated.store(true, Ordering::SeqCst);
+            return Err("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: capture invalidated".into());
+        }
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+fn capture_aware(
+    r: &Rig,
+    captures: &Arc<Captures>,
+    invalidated: &Arc<AtomicBool>,
+) -> CaptureAwareLaunch {
+    CaptureAwareLaunch {
+        inner: FakeLaunch {
+            memory: r.device.memory.clone(),
+            events: r.events.clone(),
+            replayable: Ok(()),
+        },
+        captures: captures.clone(),
+        invalidated: invalidated.clone(),
+    }
+}
+
+/// ENTER, the application's launch, EXIT through `ops`, asking `passes`.
+fn launch_with(r: &Rig, ops: &CaptureAwareLaunch, passes: u64) -> ReplayOutcome {
+    let mut tool = LogTool {
+        passes,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let window = Window::enter(
+        r.device.context(&r.registry),
+        &mut tool,
+        DispatchInfo::default(),
+        ops,
+    );
+    ops.inner.app_launch();
+    window.exit(&mut tool, &r.registry, ops, Ok(())).outcome
+}
+
+#[test]
+fn a_capture_in_progress_on_the_device_declines_the_replay_and_is_never_drained() {
+    let r = rig(SnapshotConfig::default());
+    let captures = Arc::new(Captures::new());
+    let invalidated = Arc::new(AtomicBool::new(false));
+    let ops = capture_aware(&r, &captures, &invalidated);
+    // Another thread's capture (in progress from its cuStreamBeginCapture to its
+    // cuStreamEndCapture) on a stream of this device.
+    let other = CaptureStream::named(0x5000, false);
+    captures.begin_enter(&r.device.locks, Some(AGENT));
+    captures.begin_exit(Some((other, Some(AGENT))));
+
+    let outcome = launch_with(&r, &ops, 4);
+    let decline = outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::BatchOrGraph, "{decline}");
+    assert!(decline.to_string().contains("capture"), "{decline}");
+    assert!(
+        !invalidated.load(Ordering::SeqCst),
+        "the capture was invalidated"
+    );
+    expect_one_run(&r);
+    assert!(
+        !r.events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e == "drain" || e == "relaunch" || e.starts_with("snapshot")),
+        "nothing but the launch ran"
+    );
+    assert!(
+        !r.device.locks.agent_lock(AGENT).is_locked(),
+        "lock released"
+    );
+
+    // Once the capture ended, launches are replayed again.
+    assert!(captures.ended(other));
+    let outcome = launch_with(&r, &ops, 4);
+    assert!(
+        matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{outcome:?}"
+    );
+    assert!(!invalidated.load(Ordering::SeqCst));
+    let got = words(&r);
+    assert!(
+        (0..WORDS).all(|i| got[i] == i as u32 + 2),
+        "two launches, two increments"
+    );
+}
+
+#[test]
+fn a_capture_cannot_begin_while_a_replay_window_holds_the_device() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let captures = Arc::new(Captures::new());
+    let invalidated = Arc::new(AtomicBool::new(false));
+    let ops = capture_aware(&r, &captures, &invalidated);
+    let mut tool = LogTool {
+        passes: 3,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let window = Window::enter(
+        r.device.context(&r.registry),
+        &mut tool,
+        DispatchInfo::default(),
+        &ops,
+    );
+    assert!(window.is_ready(), "no capture yet: drained and snapshotted");
+    let (begun_tx, begun_rx) = mpsc::channel();
+    let capturer = {
+        let (r, captures) = (r.clone(), captures.clone());
+        std::thread::spawn(move || {
+            captures.begin_enter(&r.device.locks, Some(AGENT));
+            captures.begin_exit(Some((CaptureStream::named(0x6000, false), Some(AGENT))));
+            begun_tx.send(()).unwrap();
+        })
+    };
+    assert!(
+        begun_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a capture began inside an open replay window"
+    );
+    assert_eq!(captures.on_device(AGENT), 0);
+    ops.inner.app_launch();
+    let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+    assert!(matches!(
+        record.outcome,
+        ReplayOutcome::Replayed { passes: 3, .. }
+    ));
+    begun_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the capture begins once the window closed");
+    capturer.join().unwrap();
+    assert_eq!(captures.on_device(AGENT), 1);
+    // The next launch sees it and leaves it alone.
+    let outcome = launch_with(&r, &ops, 3);
+    assert_eq!(
+        outcome.decline().map(|d| d.reason),
+        Some(DeclineReason::BatchOrGraph)
+    );
+    assert!(!invalidated.load(Ordering::SeqCst));
+    let got = words(&r);
+    assert!((0..WORDS).all(|i| got[i] == i as u32 + 2));
 }
