@@ -50,6 +50,11 @@ if command -v nvcc >/dev/null; then
     step device_counter_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/device_counter_referenced.csv" \
         -- "$OUT/device_counter"
+    # One thread captures a graph in global mode while another launches x += 1: the capture
+    # must succeed and every buffer hold its exact count of increments, as without kreplay.
+    nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
+    step capture_overlap "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/capture_overlap.csv" -- "$OUT/capture_overlap"
     if command -v cc >/dev/null; then
         ln -sf libkreplay.so "$BIN/libkreplay.so.0"
         cc -std=c11 -O2 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
