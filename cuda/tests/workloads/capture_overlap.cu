@@ -1,8 +1,9 @@
 // Stream capture on one thread while another thread launches non-idempotent kernels.
 //
 // Thread A captures stream sa into a graph in cudaStreamCaptureModeGlobal (the default mode,
-// the one PyTorch's CUDA graphs use): x += 1 kernels on sa are captured, and while capturing it
-// also launches one kernel on another stream (sc), which runs. Thread B launches x += 1 on its
+// the one PyTorch's CUDA graphs use): x += 1 kernels on sa are captured, with a stream-ordered
+// allocation the graph makes, uses and frees, and while capturing it also launches one kernel
+// on another stream (sc), which runs. Thread B launches x += 1 on its
 // own stream (sb) `during` times, all of them while A's capture is open (A begins the capture
 // before it lets B start, and ends it only after B has issued them all: flags, no sleeps), then
 // `after` times once the capture has ended. A instantiates the graph and launches it `graphs`
@@ -103,6 +104,13 @@ int main(int argc, char **argv) {
         set_phase(4);
     } else {
         for (int k = 0; k < captured - 1; k++) add_one<<<blocks, 256, 0, sa>>>(a, n);
+        // A graph allocation: allocated, used and freed by the graph itself.
+        uint32_t *scratch = nullptr;
+        e = cudaMallocAsync((void **)&scratch, bytes, sa);
+        if (e == cudaSuccess) e = cudaMemsetAsync(scratch, 0, bytes, sa);
+        if (e == cudaSuccess) add_one<<<blocks, 256, 0, sa>>>(scratch, n);
+        if (e == cudaSuccess) e = cudaFreeAsync(scratch, sa);
+        if (e != cudaSuccess) a_error = err("graph allocation", e);
         // From the capturing thread, on a stream that is not captured: runs now, once.
         add_one<<<blocks, 256, 0, sc>>>(c, n);
         set_phase(2);
