@@ -535,9 +535,9 @@ impl Backend {
     }
 
     /// The application is about to allocate: give back kreplay's kept shadow on its device,
-    /// unless a stream of the device is being captured (`cuMemFree` synchronizes the context,
-    /// which would invalidate the capture; an allocation captured into a graph takes no memory
-    /// now anyway).
+    /// unless a stream of the device is being captured (`cuMemFree` may synchronize the
+    /// device, and a capture is not risked for it; an allocation captured into a graph takes
+    /// no memory now anyway).
     fn before_app_alloc(&self, ctx: CuContext) {
         if let Some(o) = self.ordinal(ctx)
             && self.captures.on_device(o as u64) > 0
