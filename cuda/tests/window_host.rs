@@ -642,21 +642,25 @@ fn module_rig() -> (Rig, ModuleRegistry) {
     (r, modules)
 }
 
-#[test]
-fn a_module_variable_is_restored_between_passes_like_an_allocation() {
-    let (r, modules) = module_rig();
-    let driver = OneModule(vec![("counter", 0, 4)]);
+/// Replays the `bump` kernel of [`module_rig`]'s cubin 4 times, its module's variables located
+/// through `driver`: `counter += 1` with the rest of the device's words.
+fn run_bump(r: &Rig, modules: &ModuleRegistry, driver: &OneModule) -> ReplayRecord {
     let ops = ScopedLaunch {
-        inner: fake(&r),
+        inner: fake(r),
         scope: |base: &Filter| {
-            let variables = modules.variables_of(0, 0x10, Some("bump"), &driver)?;
+            let variables = modules.variables_of(0, 0x10, Some("bump"), driver)?;
             launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
                 .map(|s| s.filter)
         },
-        // `counter += 1` with the rest of the device's words.
         kernel: || r.device.memory.add_one(),
     };
-    let record = run_scoped(&r, 4, &ops);
+    run_scoped(r, 4, &ops)
+}
+
+#[test]
+fn a_module_variable_is_restored_between_passes_like_an_allocation() {
+    let (r, modules) = module_rig();
+    let record = run_bump(&r, &modules, &OneModule(vec![("counter", 0, 4)]));
     assert!(
         matches!(record.outcome, ReplayOutcome::Replayed { passes: 4, .. }),
         "{:?}",
@@ -678,17 +682,7 @@ fn a_module_variable_is_restored_between_passes_like_an_allocation() {
 #[test]
 fn a_launch_whose_module_variables_cannot_be_located_runs_once() {
     let (r, modules) = module_rig();
-    let driver = OneModule(vec![]);
-    let ops = ScopedLaunch {
-        inner: fake(&r),
-        scope: |base: &Filter| {
-            let variables = modules.variables_of(0, 0x10, Some("bump"), &driver)?;
-            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
-                .map(|s| s.filter)
-        },
-        kernel: || r.device.memory.add_one(),
-    };
-    let record = run_scoped(&r, 4, &ops);
+    let record = run_bump(&r, &modules, &OneModule(vec![]));
     let decline = record.outcome.decline().expect("declined");
     assert_eq!(decline.reason, DeclineReason::UntrackedMemory);
     assert!(decline.detail.contains("counter"), "{decline}");
