@@ -72,6 +72,9 @@ pub(crate) fn dispatch_bytes(p: &hsa_kernel_dispatch_packet_t) -> Packet {
     Packet(unsafe { std::mem::transmute::<hsa_kernel_dispatch_packet_t, [u8; AQL]>(*p) })
 }
 
+/// Packets of one handler call copied without a heap allocation.
+const INLINE_PACKETS: usize = 4;
+
 /// The registered intercept handler (`hsa_amd_queue_intercept_handler`).
 pub(crate) unsafe extern "C" fn intercept_handler(
     pkts: *const c_void,
@@ -85,11 +88,20 @@ pub(crate) unsafe extern "C" fn intercept_handler(
         return;
     }
     // SAFETY: the runtime hands us `count` packets at `pkts`, valid for this call; we copy them.
-    let packets: Vec<Packet> =
-        unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) }
-            .iter()
-            .map(|p| Packet(*p))
-            .collect();
+    let raw = unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) };
+    // The usual doorbell carries one packet or a few: those are copied to the stack, so the
+    // forwarding path allocates nothing.
+    let mut inline = [Packet([0; AQL]); INLINE_PACKETS];
+    let heap: Vec<Packet>;
+    let packets: &[Packet] = if raw.len() <= INLINE_PACKETS {
+        for (to, from) in inline.iter_mut().zip(raw) {
+            *to = Packet(*from);
+        }
+        &inline[..raw.len()]
+    } else {
+        heap = raw.iter().map(|p| Packet(*p)).collect();
+        &heap
+    };
     // SAFETY: `data` is the `QueueState` registered with this queue; the registry keeps it alive
     // until the queue is destroyed, and the runtime calls no handler after that.
     let state = unsafe { &*data.cast::<QueueState>() };
@@ -102,14 +114,14 @@ pub(crate) unsafe extern "C" fn intercept_handler(
             handle_with_reentrant(
                 b,
                 state,
-                &packets,
+                packets,
                 user_pkt_index,
                 writer,
                 &progress,
                 &handled,
             );
         } else {
-            handle(b, state, &packets, writer, &progress, &handled);
+            handle(b, state, packets, writer, &progress, &handled);
         }
     }));
     if outcome.is_err() {

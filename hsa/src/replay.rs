@@ -48,7 +48,11 @@ pub(crate) fn replay_dispatch(
     };
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
-    if let Some(diagnostic) = record.diagnostic_for(&describe(b, state, &info)) {
+    // Describing the dispatch asks the runtime for the agent's name and formats strings: only
+    // when there is something to say, not on every opted-out or fully replayed dispatch.
+    if record.has_diagnostic()
+        && let Some(diagnostic) = record.diagnostic_for(&describe(b, state, &info))
+    {
         if record.outcome.is_failure() {
             log::error!("{diagnostic}");
         } else {

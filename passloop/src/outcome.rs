@@ -306,6 +306,19 @@ impl ReplayRecord {
         ))
     }
 
+    /// Whether [`diagnostic`](Self::diagnostic) has anything to say: false for a replay that
+    /// ran all its passes and for a dispatch that ran once by the tool's choice, so a caller
+    /// can skip describing the dispatch (names, formatting) on the common path.
+    pub fn has_diagnostic(&self) -> bool {
+        match &self.outcome {
+            ReplayOutcome::Replayed { end, .. } => end.is_early(),
+            ReplayOutcome::RanOnce {
+                why: RanOnceReason::OptedOut | RanOnceReason::SinglePass,
+            } => false,
+            _ => true,
+        }
+    }
+
     /// [`diagnostic`](Self::diagnostic) with the dispatch described by `which` (for example
     /// `dispatch 3 (kernel axpy, agent gfx942, queue 1)`), for a caller that knows the names of
     /// the kernel and the agent behind their ids.

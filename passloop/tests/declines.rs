@@ -92,6 +92,7 @@ fn each_pre_pass_decline_runs_once_releases_the_lock_and_reports_its_reason() {
         assert_eq!(device.buffers, after_one_run(), "{reason}");
         assert_eq!(record.cost.passes_run, 0);
         assert_eq!(record.cost.bytes_snapshotted, 0);
+        assert!(record.has_diagnostic());
         let diagnostic = record.diagnostic().expect("declines are reported");
         assert!(diagnostic.contains(reason.as_str()), "{diagnostic}");
         assert!(diagnostic.contains("injected"), "{diagnostic}");
@@ -145,6 +146,7 @@ fn a_stuck_pass_stops_the_loop_loudly_and_still_completes_once() {
     drop(events);
     assert_eq!(record.cost.passes_run, 2);
     assert_eq!(record.cost.pass_times.len(), 2);
+    assert!(record.has_diagnostic());
     let diagnostic = record.diagnostic().expect("a failed pass is reported");
     assert!(diagnostic.contains("pass 1"), "{diagnostic}");
     assert!(diagnostic.contains("pass_drain_stuck"), "{diagnostic}");
@@ -202,6 +204,7 @@ fn a_failed_restore_is_reported_with_what_was_lost_and_stops_the_loop() {
     expected[0] = initial_buffers()[0].clone();
     assert_eq!(device.buffers, expected);
     assert_ne!(device.buffers, after_one_run());
+    assert!(record.has_diagnostic());
     let diagnostic = record
         .diagnostic()
         .expect("a failed restore must never be silent");
@@ -348,5 +351,6 @@ fn a_replayed_dispatch_reports_no_diagnostic() {
         }
     );
     assert_eq!(record.diagnostic(), None);
+    assert!(!record.has_diagnostic());
     assert_eq!(record.outcome.decline(), None);
 }

@@ -46,6 +46,7 @@ fn a_pass_count_above_the_cap_runs_once_as_invalid_pass_count_naming_the_cap() {
             detail.contains(&cap.to_string()) && detail.contains("KREPLAY_MAX_PASSES"),
             "the diagnostic names the cap: {detail}"
         );
+        assert!(record.has_diagnostic());
         assert!(record.diagnostic().unwrap().contains(&cap.to_string()));
         assert_eq!(
             device.buffers,
@@ -155,6 +156,7 @@ fn a_spent_budget_stops_further_passes_never_the_running_one() {
         vec![0],
         "the running pass finished, no further pass started"
     );
+    assert!(record.has_diagnostic());
     assert!(record.diagnostic().unwrap().contains("budget"));
     assert_eq!(device.buffers, after_one_run());
     assert_dispatch_closed(&log, &device, &record);

@@ -57,6 +57,7 @@ fn null_pass_count_runs_once_without_lock_snapshot_or_passes() {
     );
     assert_eq!(device.buffers, after_one_run());
     assert_eq!(record.diagnostic(), None);
+    assert!(!record.has_diagnostic());
     assert_eq!(record.cost.passes_run, 0);
     assert_dispatch_closed(&log, &device, &record);
 }
