@@ -96,6 +96,9 @@ fn one() -> u64 {
 }
 
 static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
+/// Whether `RECORD` holds a record (set once by `start`, never cleared): every dispatch asks,
+/// and a flag costs it no lock.
+static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// The process that started recording (a forked child does not write its parent's record).
 static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -115,11 +118,12 @@ pub fn start(backend: &str, tool: &str, passes_requested: u64) {
         processes: 1,
         ..Default::default()
     });
+    ACTIVE.store(true, std::sync::atomic::Ordering::Release);
 }
 
 /// Whether recording is on.
 pub fn active() -> bool {
-    RECORD.lock().is_some()
+    ACTIVE.load(std::sync::atomic::Ordering::Acquire)
 }
 
 fn join(into: &mut String, add: &[&str]) {

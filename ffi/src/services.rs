@@ -273,7 +273,11 @@ pub fn replay_owner() -> Option<CallbackService> {
     if !replay_configured() {
         return None;
     }
-    table().replay_owner().copied()
+    // Read under the lock: no clone of the table's Arc on every dispatch.
+    TABLE
+        .read()
+        .as_ref()
+        .and_then(|table| table.replay_owner().copied())
 }
 
 /// Every KERNEL_DISPATCH service, in configuration order (a shared slice: no copy is made).
