@@ -637,7 +637,12 @@ const DISPATCH_ABOUT: &str = "kreplay bench-dispatch — the fixed cost kreplay 
     inventory walk is what costs. (c), an ordinary dispatch with no replay service configured, \
     needs a process without one: it is measured in a child process started as 'kreplay \
     bench-dispatch --service none'. Medians are reported, with kreplay's own timing of its replay \
-    loop beside them.\n\n\
+    loop beside them. (b) and (c) are judged by the handler's own work, paired dispatch by \
+    dispatch: on two more queues (kreplay's, and an intercept queue with the pass-through \
+    handler) a probe handler registered below the measured one times the writes to softhsa's \
+    hardware queue, whose doorbell and wake-ups vary by microseconds; each submit minus that time, \
+    one dispatch on each queue per round, and the median of the rounds' differences. The \
+    difference of the lanes' submit medians is printed beside it.\n\n\
     Then the per-pass hand-off: replays of 10 passes alternating with replays of N, each pass \
     timed by kreplay's loop (submit until the completion wait returns) against the kernel's own \
     time, here and in a child process pinned to one CPU ('--service handoff --pin'). Last, the \

@@ -12,6 +12,13 @@
 //! so the ordinary path with no replay service is measured in a child process that runs
 //! `kreplay bench-dispatch --service none` (no tool at all) and hands its figures back as CSV.
 //!
+//! The opted-out and no-service costs are also measured paired: one dispatch on a queue of
+//! kreplay's table and one on an intercept queue with the pass-through handler per round, each
+//! queue with a probe handler below the measured one that times the writes to softhsa's hardware
+//! queue; the submit minus that time is the handler's own work, and the targets are judged by
+//! the median of the rounds' differences (the lanes' difference of medians holds the hardware
+//! queue's wake-ups, which do not resolve a microsecond).
+//!
 //! Whether ordinary work keeps its concurrency is measured in another child process
 //! (`--service overlap`), whose softhsa runs dispatches of one queue concurrently as AQL allows:
 //! two long kernels written to one queue, on a queue of softhsa's own table and on a queue of
