@@ -42,7 +42,7 @@ use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
-use crate::memory::CudaMemory;
+use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter};
 use crate::timing::PassTimer;
 use crate::tracking::MemoryWatch;
@@ -185,6 +185,10 @@ pub struct Summary {
     /// Time of whole replay windows (lock wait, drain, snapshot, every pass and restore; pass
     /// 0 includes the wait for the application's own launch), ns.
     pub replay_ns: u64,
+    /// Host time of the device-memory calls under the snapshots and restores, every device
+    /// summed (what part of `snapshot_ns` and `restore_ns` they are, and how much of them is
+    /// waiting for the GPU).
+    pub memory: MemoryTimes,
 }
 
 impl std::fmt::Display for Summary {
@@ -194,13 +198,17 @@ impl std::fmt::Display for Summary {
             .iter()
             .map(|(k, v)| format!("{k}:{v}"))
             .collect();
+        let m = &self.memory;
+        let ms = |ns: u64| ns as f64 / 1e6;
         write!(
             f,
             "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
              declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
              managed_allocations={} bytes_snapshotted={} bytes_restored={} restores={} \
              snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={} relaunch_ms={:.3} \
-             drain_ms={:.3} replay_ms={:.3}",
+             drain_ms={:.3} replay_ms={:.3} copies={} copy_ms={:.3} copy_wait_ms={:.3} \
+             verified={} verified_ms={:.3} verified_wait_ms={:.3} lists_uploaded={} hashes={} \
+             hash_ms={:.3} shadow_allocs={} shadow_alloc_ms={:.3}",
             self.passes_per_launch,
             self.launches,
             self.replayed,
@@ -221,6 +229,17 @@ impl std::fmt::Display for Summary {
             self.relaunch_ns as f64 / 1e6,
             self.drain_ns as f64 / 1e6,
             self.replay_ns as f64 / 1e6,
+            m.copies,
+            ms(m.copy_ns),
+            ms(m.copy_wait_ns),
+            m.verified,
+            ms(m.verified_ns),
+            ms(m.verified_wait_ns),
+            m.lists_uploaded,
+            m.hashes,
+            ms(m.hash_ns),
+            m.shadow_allocs,
+            ms(m.shadow_alloc_ns),
         )
     }
 }
@@ -866,6 +885,16 @@ impl Backend {
     }
 
     fn summary(&self) -> Summary {
+        // One look at the devices (their lock is not reentrant).
+        let (shadow_bytes_held, memory) = self.devices.lock().iter().fold(
+            (0, MemoryTimes::default()),
+            |(bytes, times), (_, d)| {
+                (
+                    bytes + d.memory.shadow_bytes(),
+                    times.add(&d.memory.times()),
+                )
+            },
+        );
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Summary {
@@ -888,12 +917,8 @@ impl Backend {
             relaunch_ns: l(&s.relaunch_ns),
             drain_ns: l(&s.drain_ns),
             replay_ns: l(&s.replay_ns),
-            shadow_bytes_held: self
-                .devices
-                .lock()
-                .iter()
-                .map(|(_, d)| d.memory.shadow_bytes())
-                .sum(),
+            shadow_bytes_held,
+            memory,
         }
     }
 

@@ -17,8 +17,9 @@
 //! a restore of many scattered pieces is one gather launch instead of one copy per piece.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, Inventory,
@@ -100,6 +101,109 @@ pub struct CudaMemory {
     /// Host ranges pinned by `register_host` that the device can read directly:
     /// (host address, length, device address).
     mapped: Mutex<Vec<(usize, usize, CuDevicePtr)>>,
+    /// Where this memory's host time goes (the exit summary's `memory` fields).
+    times: Times,
+}
+
+/// Counters of [`CudaMemory`]'s own calls, for the exit summary.
+#[derive(Default)]
+struct Times {
+    copies: AtomicU64,
+    copy_ns: AtomicU64,
+    copy_wait_ns: AtomicU64,
+    verified: AtomicU64,
+    verified_ns: AtomicU64,
+    verified_wait_ns: AtomicU64,
+    lists_uploaded: AtomicU64,
+    hashes: AtomicU64,
+    hash_ns: AtomicU64,
+    shadow_allocs: AtomicU64,
+    shadow_alloc_ns: AtomicU64,
+}
+
+/// What [`CudaMemory`]'s calls cost on the host, summed since the memory was made: how many
+/// device-to-device copy batches (snapshots of device shadows and full restores), verified
+/// restores and hash launches it ran, their time from call to return and the part of it spent
+/// waiting for its stream; restore lists uploaded; shadows allocated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryTimes {
+    /// `copy_on_device` calls (snapshot copies into a device shadow, full restores from one).
+    pub copies: u64,
+    /// Their time, ns.
+    pub copy_ns: u64,
+    /// Of which waiting for kreplay's stream, ns.
+    pub copy_wait_ns: u64,
+    /// Verified restores run on the device.
+    pub verified: u64,
+    /// Their time, ns.
+    pub verified_ns: u64,
+    /// Of which waiting for kreplay's stream, ns.
+    pub verified_wait_ns: u64,
+    /// Verified restores that had to upload their range lists (the others found the lists of
+    /// the previous restore still on the device).
+    pub lists_uploaded: u64,
+    /// Hash launches (snapshots that hash on the device).
+    pub hashes: u64,
+    /// Their time, ns.
+    pub hash_ns: u64,
+    /// Device shadows allocated (`cuMemAlloc`; reuses of the kept one not counted).
+    pub shadow_allocs: u64,
+    /// Their time (free of the old one, `cuMemGetInfo`, `cuMemAlloc`), ns.
+    pub shadow_alloc_ns: u64,
+}
+
+impl MemoryTimes {
+    /// The sum of two devices' times.
+    pub fn add(&self, o: &MemoryTimes) -> MemoryTimes {
+        MemoryTimes {
+            copies: self.copies + o.copies,
+            copy_ns: self.copy_ns + o.copy_ns,
+            copy_wait_ns: self.copy_wait_ns + o.copy_wait_ns,
+            verified: self.verified + o.verified,
+            verified_ns: self.verified_ns + o.verified_ns,
+            verified_wait_ns: self.verified_wait_ns + o.verified_wait_ns,
+            lists_uploaded: self.lists_uploaded + o.lists_uploaded,
+            hashes: self.hashes + o.hashes,
+            hash_ns: self.hash_ns + o.hash_ns,
+            shadow_allocs: self.shadow_allocs + o.shadow_allocs,
+            shadow_alloc_ns: self.shadow_alloc_ns + o.shadow_alloc_ns,
+        }
+    }
+}
+
+fn since(start: Instant) -> u64 {
+    start.elapsed().as_nanos() as u64
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Whether a list must go to the device again: not when the device buffer at `at` already
+/// holds exactly `now` (what the last upload to it sent, remembered in `sent`, `sent_at`).
+/// Records `now` as sent when it answers yes; [`forget_upload`] undoes that when the upload
+/// fails.
+/// A buffer is named by its address and size: a buffer regrown (freed and allocated again,
+/// always larger) at the same address is another buffer.
+fn upload_needed<T: PartialEq + Copy>(
+    sent: &mut Vec<T>,
+    sent_at: &mut (CuDevicePtr, u64),
+    now: &[T],
+    at: (CuDevicePtr, u64),
+) -> bool {
+    if *sent_at == at && at.0 != 0 && sent.as_slice() == now {
+        return false;
+    }
+    sent.clear();
+    sent.extend_from_slice(now);
+    *sent_at = at;
+    true
+}
+
+/// The device buffer's content is unknown (an upload or the stream failed).
+fn forget_upload<T>(sent: &mut Vec<T>, sent_at: &mut (CuDevicePtr, u64)) {
+    sent.clear();
+    *sent_at = (0, 0);
 }
 
 /// Device buffers the kernels read their lists from and write their results to, grown on
@@ -124,6 +228,14 @@ struct Scratch {
     set: Vec<DeviceCopy>,
     merged: Vec<DeviceCopy>,
     set_tiles: Vec<GatherEntry>,
+    /// The verified restore's own buffer for its detection entries (`list` serves the other
+    /// launches), and what the last upload put there and into `tiles`: a restore whose lists
+    /// did not change since (the same snapshot, the same learned set) uploads nothing.
+    vlist: Option<Shadow>,
+    sent_entries: Vec<RestoreEntry>,
+    sent_entries_at: (CuDevicePtr, u64),
+    sent_tiles: Vec<GatherEntry>,
+    sent_tiles_at: (CuDevicePtr, u64),
 }
 
 /// A scratch buffer of at least `size` bytes in `slot`, reallocated (power-of-two sizes) when
@@ -298,6 +410,7 @@ impl CudaMemory {
             scratch: Mutex::new(Scratch::default()),
             hash_on_device: AtomicBool::new(true),
             mapped: Mutex::new(Vec::new()),
+            times: Times::default(),
         }))
     }
 
@@ -431,6 +544,33 @@ impl CudaMemory {
     pub fn shadow_bytes(&self) -> u64 {
         self.kept.lock().map_or(0, |s| s.size) + self.lent.lock().map_or(0, |s| s.size)
     }
+
+    /// What this memory's calls have cost on the host so far.
+    pub fn times(&self) -> MemoryTimes {
+        let t = &self.times;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MemoryTimes {
+            copies: l(&t.copies),
+            copy_ns: l(&t.copy_ns),
+            copy_wait_ns: l(&t.copy_wait_ns),
+            verified: l(&t.verified),
+            verified_ns: l(&t.verified_ns),
+            verified_wait_ns: l(&t.verified_wait_ns),
+            lists_uploaded: l(&t.lists_uploaded),
+            hashes: l(&t.hashes),
+            hash_ns: l(&t.hash_ns),
+            shadow_allocs: l(&t.shadow_allocs),
+            shadow_alloc_ns: l(&t.shadow_alloc_ns),
+        }
+    }
+
+    /// Wait for kreplay's stream, adding the wait to `counter`.
+    fn sync_timed(&self, counter: &AtomicU64) -> Result<(), CuError> {
+        let start = Instant::now();
+        let r = self.sync();
+        add(counter, since(start));
+        r
+    }
 }
 
 impl Drop for CudaMemory {
@@ -445,6 +585,7 @@ impl Drop for CudaMemory {
                 scratch.bits,
                 scratch.found,
                 scratch.tiles,
+                scratch.vlist,
             ];
             for s in all.into_iter().flatten() {
                 // SAFETY: our scratch allocations, no longer used.
@@ -559,6 +700,7 @@ impl DeviceMemory for CudaMemory {
             .iter()
             .map(|r| (r.addr, r.len, (r.first - lo) as u64))
             .collect();
+        let start = Instant::now();
         let (entries, work) = hash_entries(&triples, chunk_size);
         let _guard = self.enter().map_err(fail)?;
         let kernels = self
@@ -639,6 +781,8 @@ impl DeviceMemory for CudaMemory {
                 })
         };
         let waited = self.sync();
+        add(&self.times.hashes, 1);
+        add(&self.times.hash_ns, since(start));
         queued.and(waited).map_err(fail)?;
         for (index, _, bytes) in tails {
             out[index] = xxh3_64(&bytes);
@@ -654,6 +798,7 @@ impl DeviceMemory for CudaMemory {
         let Some(first) = job.ranges.iter().find(|r| r.len > 0) else {
             return Ok(());
         };
+        let start = Instant::now();
         let fail = |e: CuError| failed(first.addr, first.len, e);
         let cs = job.chunk_size;
         let chunks = job.hashes.len();
@@ -731,7 +876,7 @@ impl DeviceMemory for CudaMemory {
         let mut buffer = |slot: fn(&mut Scratch) -> &mut Option<Shadow>, n: u64| {
             scratch_buffer(self.driver, slot(&mut scratch), n).map_err(fail)
         };
-        let dev_list = buffer(|s| &mut s.list, list_bytes as u64)?;
+        let dev_list = buffer(|s| &mut s.vlist, list_bytes as u64)?;
         let dev_bits = buffer(|s| &mut s.bits, (bits_bytes + 8) as u64)?;
         let dev_found = buffer(|s| &mut s.found, found_bytes)?;
         let dev_tiles = buffer(|s| &mut s.tiles, tiles_bytes as u64)?;
@@ -751,85 +896,122 @@ impl DeviceMemory for CudaMemory {
             self.driver.check("cuMemcpyHtoDAsync_v2", rc)
         };
         let dev_count = dev_bits + bits_bytes as u64;
-        let queued = htod(dev_list, entries.as_ptr().cast(), list_bytes)
-            .and_then(|()| {
-                if upload_hashes && work > 0 {
-                    htod(dev_snap, job.hashes.as_ptr().cast(), snap_bytes)
-                } else {
-                    Ok(())
-                }
-            })
-            .and_then(|()| {
-                // SAFETY: dev_bits is a scratch buffer of bits_bytes + 8 bytes (sized above).
-                let rc = unsafe {
-                    (self.driver.memset_d8_async)(dev_bits, 0, bits_bytes + 8, self.stream())
-                };
-                self.driver.check("cuMemsetD8Async", rc)
-            })
-            .and_then(|()| htod(dev_tiles, set_tiles.as_ptr().cast(), tiles_bytes))
-            .and_then(|()| {
-                if work == 0 {
-                    return Ok(());
-                }
-                // SAFETY: every live range is a tracked allocation fenced by the inventory and
-                // every source lies in the snapshot's store (our shadow, or the pinned store
-                // mapped by register_host), both alive until the wait; the scratch buffers were
-                // sized above (the found list for one copy per chunk).
-                unsafe {
-                    kernels.restore_verified(
+        // The lists go up only when they differ from what the buffers hold: between two
+        // relearnings of the write set every restore of a snapshot hands over the same ones.
+        let s = &mut *scratch;
+        let named = |b: &Option<Shadow>| b.map_or((0, 0), |b| (b.addr, b.size));
+        let (list_at, tiles_at) = (named(&s.vlist), named(&s.tiles));
+        let send_entries = upload_needed(
+            &mut s.sent_entries,
+            &mut s.sent_entries_at,
+            &entries,
+            list_at,
+        );
+        let send_tiles = upload_needed(
+            &mut s.sent_tiles,
+            &mut s.sent_tiles_at,
+            &set_tiles,
+            tiles_at,
+        );
+        if send_entries || send_tiles {
+            add(&self.times.lists_uploaded, 1);
+        }
+        let queued = (if send_entries {
+            htod(dev_list, entries.as_ptr().cast(), list_bytes)
+        } else {
+            Ok(())
+        })
+        .and_then(|()| {
+            if upload_hashes && work > 0 {
+                htod(dev_snap, job.hashes.as_ptr().cast(), snap_bytes)
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| {
+            // SAFETY: dev_bits is a scratch buffer of bits_bytes + 8 bytes (sized above).
+            let rc = unsafe {
+                (self.driver.memset_d8_async)(dev_bits, 0, bits_bytes + 8, self.stream())
+            };
+            self.driver.check("cuMemsetD8Async", rc)
+        })
+        .and_then(|()| {
+            if send_tiles {
+                htod(dev_tiles, set_tiles.as_ptr().cast(), tiles_bytes)
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| {
+            if work == 0 {
+                return Ok(());
+            }
+            // SAFETY: every live range is a tracked allocation fenced by the inventory and
+            // every source lies in the snapshot's store (our shadow, or the pinned store
+            // mapped by register_host), both alive until the wait; the scratch buffers were
+            // sized above (the found list for one copy per chunk).
+            unsafe {
+                kernels.restore_verified(
+                    self.driver,
+                    self.stream(),
+                    dev_list,
+                    entries.len() as u64,
+                    work,
+                    cs,
+                    dev_snap,
+                    dev_bits,
+                    dev_found,
+                    dev_count,
+                )
+            }
+        })
+        .and_then(|()| {
+            if !set_tiles.is_empty() {
+                // SAFETY: the tiles (uploaded above) lie in fenced allocations and the
+                // store, alive until the wait.
+                return unsafe {
+                    kernels.gather(
                         self.driver,
                         self.stream(),
-                        dev_list,
-                        entries.len() as u64,
-                        work,
-                        cs,
-                        dev_snap,
-                        dev_bits,
-                        dev_found,
-                        dev_count,
-                    )
-                }
-            })
-            .and_then(|()| {
-                if !set_tiles.is_empty() {
-                    // SAFETY: the tiles (uploaded above) lie in fenced allocations and the
-                    // store, alive until the wait.
-                    return unsafe {
-                        kernels.gather(
-                            self.driver,
-                            self.stream(),
-                            dev_tiles,
-                            set_tiles.len() as u64,
-                        )
-                    };
-                }
-                merged.iter().try_for_each(|c| {
-                    // SAFETY: a fenced allocation and our shadow, both device memory of this
-                    // context, alive until the wait.
-                    let rc = unsafe {
-                        (self.driver.memcpy_dtod_async)(c.dst, c.src, c.len as usize, self.stream())
-                    };
-                    self.driver.check("cuMemcpyDtoDAsync_v2", rc)
-                })
-            })
-            .and_then(|()| {
-                // SAFETY: changed is a live host buffer of bits_bytes until the wait below.
-                let rc = unsafe {
-                    (self.driver.memcpy_dtoh_async)(
-                        changed.as_mut_ptr().cast(),
-                        dev_bits,
-                        bits_bytes,
-                        self.stream(),
+                        dev_tiles,
+                        set_tiles.len() as u64,
                     )
                 };
-                self.driver.check("cuMemcpyDtoHAsync_v2", rc)
-            });
-        let waited = self.sync();
+            }
+            merged.iter().try_for_each(|c| {
+                // SAFETY: a fenced allocation and our shadow, both device memory of this
+                // context, alive until the wait.
+                let rc = unsafe {
+                    (self.driver.memcpy_dtod_async)(c.dst, c.src, c.len as usize, self.stream())
+                };
+                self.driver.check("cuMemcpyDtoDAsync_v2", rc)
+            })
+        })
+        .and_then(|()| {
+            // SAFETY: changed is a live host buffer of bits_bytes until the wait below.
+            let rc = unsafe {
+                (self.driver.memcpy_dtoh_async)(
+                    changed.as_mut_ptr().cast(),
+                    dev_bits,
+                    bits_bytes,
+                    self.stream(),
+                )
+            };
+            self.driver.check("cuMemcpyDtoHAsync_v2", rc)
+        });
+        let waited = self.sync_timed(&self.times.verified_wait_ns);
         scratch.entries = entries;
         scratch.set = set;
         scratch.merged = merged;
         scratch.set_tiles = set_tiles;
-        queued.and(waited).map_err(fail)?;
+        add(&self.times.verified, 1);
+        add(&self.times.verified_ns, since(start));
+        if let Err(e) = queued.and(waited) {
+            let s = &mut *scratch;
+            forget_upload(&mut s.sent_entries, &mut s.sent_entries_at);
+            forget_upload(&mut s.sent_tiles, &mut s.sent_tiles_at);
+            return Err(fail(e));
+        }
         scratch.snap_id = job.snapshot_id;
         Ok(())
     }
@@ -844,6 +1026,7 @@ impl DeviceMemory for CudaMemory {
             *self.lent.lock() = Some(shadow);
             return Some(shadow.addr);
         }
+        let start = Instant::now();
         // Too small (or none): free it before measuring what is free.
         if let Some(old) = kept.take() {
             // SAFETY: a shadow of ours, not lent.
@@ -856,6 +1039,8 @@ impl DeviceMemory for CudaMemory {
         let mut addr: CuDevicePtr = 0;
         // SAFETY: allocates in the current context (ours) and writes the address.
         let rc = unsafe { (self.driver.mem_alloc)(&mut addr, size as usize) };
+        add(&self.times.shadow_allocs, 1);
+        add(&self.times.shadow_alloc_ns, since(start));
         self.driver.check("cuMemAlloc_v2", rc).ok()?;
         *self.lent.lock() = Some(Shadow { addr, size });
         Some(addr)
@@ -888,11 +1073,17 @@ impl DeviceMemory for CudaMemory {
         let Some(first) = copies.first() else {
             return Ok(());
         };
+        let start = Instant::now();
         let _guard = self.enter().map_err(|e| failed(first.dst, first.len, e))?;
         let ranges = AllocationCache::new(|a| self.allocation_of(a));
         let merged = coalesce_copies(copies, |a, b| ranges.same(a, b));
+        let done = |r| {
+            add(&self.times.copies, 1);
+            add(&self.times.copy_ns, since(start));
+            r
+        };
         if use_gather(merged.len()) && self.kernels().is_ok() {
-            return self.gather(&merged);
+            return done(self.gather(&merged));
         }
         for c in merged {
             // SAFETY: both ranges are live device memory of this context (a tracked allocation
@@ -902,10 +1093,11 @@ impl DeviceMemory for CudaMemory {
             };
             if let Err(e) = self.driver.check("cuMemcpyDtoDAsync_v2", rc) {
                 let _ = self.sync();
-                return Err(failed(c.dst, c.len, e));
+                return done(Err(failed(c.dst, c.len, e)));
             }
         }
-        self.sync().map_err(|e| failed(first.dst, first.len, e))
+        let waited = self.sync_timed(&self.times.copy_wait_ns);
+        done(waited.map_err(|e| failed(first.dst, first.len, e)))
     }
 
     fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {
@@ -979,6 +1171,61 @@ impl DeviceMemory for CudaMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restore_list_goes_to_the_device_again_only_when_it_or_its_buffer_changed() {
+        let mut sent: Vec<u64> = Vec::new();
+        let mut at = (0, 0);
+        let list = [1u64, 2, 3];
+        // The first restore uploads; the next with the same list into the same buffer not.
+        assert!(upload_needed(&mut sent, &mut at, &list, (0x1000, 4096)));
+        assert!(!upload_needed(&mut sent, &mut at, &list, (0x1000, 4096)));
+        // Another list (the learned set grew), another buffer, a regrown buffer at the same
+        // address: each uploads once.
+        assert!(upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x1000, 4096)
+        ));
+        assert!(!upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x1000, 4096)
+        ));
+        assert!(upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x2000, 4096)
+        ));
+        assert!(upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x2000, 8192)
+        ));
+        assert!(!upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x2000, 8192)
+        ));
+        // A failed upload leaves the buffer unknown: the same list goes again.
+        forget_upload(&mut sent, &mut at);
+        assert!(upload_needed(
+            &mut sent,
+            &mut at,
+            &[1, 2, 4],
+            (0x2000, 8192)
+        ));
+        // No buffer yet (address 0) always uploads.
+        let mut none = (0, 0);
+        let mut empty: Vec<u64> = Vec::new();
+        assert!(upload_needed(&mut empty, &mut none, &[], (0, 0)));
+        assert!(upload_needed(&mut empty, &mut none, &[], (0, 0)));
+    }
 
     #[test]
     fn contiguous_copies_merge_and_others_stay_apart() {
