@@ -1029,8 +1029,8 @@ const RUN_ABOUT: &str = "kreplay run — replay every kernel of any program, on 
     their results' checksums).\n\n\
     kreplay's library is --library, else $KREPLAY_LIBRARY, else libkreplay.so beside the kreplay \
     executable or in ../lib from it.\n\n\
-    Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] [--check] \
-    [-o FILE.csv|FILE.json] -- PROGRAM [ARGS...]";
+    Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
+    [--scope agent|referenced] [--check] [-o FILE.csv|FILE.json] -- PROGRAM [ARGS...]";
 
 /// Which runtime `kreplay run` injects into.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -1041,6 +1041,15 @@ enum BackendArg {
     Cuda,
     /// ROCm (HSA_TOOLS_LIB)
     Hsa,
+}
+
+/// What a replay of `kreplay run` snapshots.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ScopeArg {
+    /// every tracked allocation of the launch's device, plus what the launch reaches
+    Agent,
+    /// only what the kernel's arguments and module variables reach
+    Referenced,
 }
 
 #[derive(Args, Debug)]
@@ -1065,6 +1074,11 @@ struct RunArgs {
     /// kreplay's library (libkreplay.so)
     #[arg(long, value_name = "PATH", value_parser = file_path)]
     library: Option<PathBuf>,
+    /// what a replay snapshots: agent (every allocation of the device) or referenced (what
+    /// the kernel's arguments and module variables reach); default: $KREPLAY_SNAPSHOT_SCOPE,
+    /// else agent
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<ScopeArg>,
     /// the program and its arguments (after --)
     #[arg(
         last = true,
@@ -1091,6 +1105,10 @@ impl RunArgs {
             check: self.check,
             output: self.output,
             library: self.library,
+            scope: self.scope.map(|s| match s {
+                ScopeArg::Agent => crate::run::Scope::Agent,
+                ScopeArg::Referenced => crate::run::Scope::Referenced,
+            }),
             program: self.program,
         }
     }
@@ -1455,6 +1473,29 @@ fn parse_count(value: &str, min: u64, max: u64) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_takes_the_snapshot_scope_and_names_the_choices_on_a_bad_one() {
+        let scope_of = |args: &[&str]| match parse(args.iter().copied()) {
+            Ok(Command::Run(o)) => Ok(o.scope),
+            Ok(_) => panic!("not a run"),
+            Err(e) => Err(e.message),
+        };
+        assert_eq!(
+            scope_of(&["run", "--scope", "referenced", "--", "app"]),
+            Ok(Some(crate::run::Scope::Referenced))
+        );
+        assert_eq!(
+            scope_of(&["run", "--scope", "agent", "--", "app"]),
+            Ok(Some(crate::run::Scope::Agent))
+        );
+        assert_eq!(scope_of(&["run", "--", "app"]), Ok(None));
+        let bad = scope_of(&["run", "--scope", "everything", "--", "app"]).unwrap_err();
+        assert!(
+            bad.contains("--scope") && bad.contains("referenced"),
+            "{bad}"
+        );
+    }
 
     fn demo(args: &[&str]) -> Result<DemoOptions, UsageError> {
         let mut all = vec!["demo"];

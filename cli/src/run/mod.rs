@@ -56,6 +56,25 @@ impl Backend {
     }
 }
 
+/// What a replay snapshots (`KREPLAY_SNAPSHOT_SCOPE`, README "Configuration").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The launch's device's every tracked allocation, plus what the launch reaches.
+    Agent,
+    /// Only what the launch reaches: its arguments' allocations, its module's variables.
+    Referenced,
+}
+
+impl Scope {
+    /// The value of `KREPLAY_SNAPSHOT_SCOPE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Agent => "agent",
+            Scope::Referenced => "referenced",
+        }
+    }
+}
+
 /// Options of `kreplay run`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunOptions {
@@ -71,6 +90,8 @@ pub struct RunOptions {
     pub output: Option<PathBuf>,
     /// kreplay's library; `None`: `KREPLAY_LIBRARY`, else beside the executable.
     pub library: Option<PathBuf>,
+    /// What a replay snapshots (`KREPLAY_SNAPSHOT_SCOPE`); `None`: the environment decides.
+    pub scope: Option<Scope>,
     /// The program and its arguments.
     pub program: Vec<OsString>,
 }
@@ -186,6 +207,28 @@ fn program_name(options: &RunOptions) -> String {
         .unwrap_or_default()
 }
 
+/// The variables the profiled run gets on top of the environment (kreplay's own are removed
+/// from it first, see [`OUR_VARIABLES`]).
+fn injected_variables(
+    options: &RunOptions,
+    backend: Backend,
+    library: &Path,
+    record: &Path,
+) -> Vec<(&'static str, OsString)> {
+    let mut vars = vec![
+        (backend.injection_variable(), library.as_os_str().to_owned()),
+        (ENV_RECORD_DIR, record.as_os_str().to_owned()),
+    ];
+    vars.push(match &options.tool {
+        Some(tool) => ("KREPLAY_TOOL_LIBRARIES", tool.as_os_str().to_owned()),
+        None => ("KREPLAY_PASSES", options.passes.to_string().into()),
+    });
+    if let Some(scope) = options.scope {
+        vars.push(("KREPLAY_SNAPSHOT_SCOPE", scope.name().into()));
+    }
+    vars
+}
+
 /// Runs `options.program` once; `inject` adds kreplay's variables. Its standard output is
 /// captured when `capture`, else inherited.
 fn run_program(
@@ -206,12 +249,7 @@ fn run_program(
         command.env_remove(var);
     }
     if let Some((backend, library, record)) = inject {
-        command.env(backend.injection_variable(), library);
-        command.env(ENV_RECORD_DIR, record);
-        match &options.tool {
-            Some(tool) => command.env("KREPLAY_TOOL_LIBRARIES", tool),
-            None => command.env("KREPLAY_PASSES", options.passes.to_string()),
-        };
+        command.envs(injected_variables(options, backend, library, record));
     }
     command.stdout(if capture {
         Stdio::piped()
@@ -498,6 +536,36 @@ mod tests {
         );
         let crlf = compare_outputs(b"a\r\n", b"a\n").unwrap_err();
         assert!(crlf.contains("the bytes differ"), "{crlf}");
+    }
+
+    #[test]
+    fn scope_sets_the_snapshot_scope_of_the_profiled_run_only_when_given() {
+        let mut options = RunOptions {
+            passes: 38,
+            tool: None,
+            backend: Some(Backend::Cuda),
+            check: false,
+            output: None,
+            library: None,
+            scope: Some(Scope::Referenced),
+            program: vec!["app".into()],
+        };
+        let vars = |o: &RunOptions| {
+            injected_variables(o, Backend::Cuda, Path::new("/l.so"), Path::new("/rec"))
+        };
+        let given = vars(&options);
+        assert!(given.contains(&("KREPLAY_SNAPSHOT_SCOPE", "referenced".into())));
+        assert!(given.contains(&("KREPLAY_PASSES", "38".into())));
+        assert!(given.contains(&("CUDA_INJECTION64_PATH", "/l.so".into())));
+        options.scope = Some(Scope::Agent);
+        assert!(vars(&options).contains(&("KREPLAY_SNAPSHOT_SCOPE", "agent".into())));
+        // Not given: the environment's setting (if any) reaches the program unchanged.
+        options.scope = None;
+        assert!(
+            vars(&options)
+                .iter()
+                .all(|(k, _)| *k != "KREPLAY_SNAPSHOT_SCOPE")
+        );
     }
 
     #[test]
