@@ -443,8 +443,9 @@ impl CudaMemory {
             .map_err(Clone::clone)
     }
 
-    /// Copy `copies` (merged, at least one) with one gather launch.
-    fn gather(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
+    /// Copy `copies` (merged, at least one) with one gather launch; the wait for it is added
+    /// to `waited`.
+    fn gather(&self, copies: &[DeviceCopy], waited: &AtomicU64) -> Result<(), CopyError> {
         let first = copies[0];
         let fail = |e: CuError| failed(first.dst, first.len, e);
         let kernels = self
@@ -465,7 +466,7 @@ impl CudaMemory {
             .and_then(|()| unsafe {
                 kernels.gather(self.driver, self.stream(), list, tiles.len() as u64)
             })
-            .and_then(|()| self.sync())
+            .and_then(|()| self.sync_timed(waited))
             .map_err(|e| {
                 let _ = self.sync();
                 fail(e)
@@ -1083,7 +1084,7 @@ impl DeviceMemory for CudaMemory {
             r
         };
         if use_gather(merged.len()) && self.kernels().is_ok() {
-            return done(self.gather(&merged));
+            return done(self.gather(&merged, &self.times.copy_wait_ns));
         }
         for c in merged {
             // SAFETY: both ranges are live device memory of this context (a tracked allocation
@@ -1116,7 +1117,8 @@ impl DeviceMemory for CudaMemory {
             && self.kernels().is_ok()
             && let Some(copies) = self.mapped_copies(&merged)
         {
-            return self.gather(&copies);
+            // Host-tier writes: their wait is not one of the counted copies'.
+            return self.gather(&copies, &AtomicU64::new(0));
         }
         for (addr, ptr, len) in merged {
             // SAFETY: ptr..ptr+len spans host buffers of the list that continue each other
