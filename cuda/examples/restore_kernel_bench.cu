@@ -4,10 +4,16 @@
 // that copies each changed chunk with its block right after checking it; the copy launch alone
 // in several shapes; copy kernels and the gather against the copy engine over the whole
 // footprint (the full restore's method).
+// The detection in slices is timed too: slice i's copies (kreplay_gather_found over the slice's
+// own list and count) queued on a copy stream of the greatest priority as soon as slice i's
+// detection is done, while the next slices are hashed (the slices alternate between two
+// streams, so one slice's last blocks overlap the next one's first); and detection kernels
+// built with other launch bounds. Given a PTX file (the crate's, JIT-compiled by the driver as
+// kreplay loads it), the same kernels are timed from it too.
 // Built and run on the GPU machine:
 //
-//   nvcc -O3 -arch=sm_90 -o restore_kernel_bench cuda/examples/restore_kernel_bench.cu
-//   ./restore_kernel_bench 32 5   # footprint in GiB, timed repetitions (median reported)
+//   nvcc -O3 -arch=sm_90 -o restore_kernel_bench cuda/examples/restore_kernel_bench.cu -lcuda
+//   ./restore_kernel_bench 32 5 [PTX]  # footprint in GiB, timed repetitions (median reported)
 //
 // A live footprint and its shadow (the snapshot's store) of FOOTPRINT_GIB each, 64 KiB chunks,
 // pseudo-random bytes; a written fraction is evenly spread 64 KiB runs of x += 1 (as the
@@ -16,7 +22,9 @@
 // is compared with the shadow word by word and the bitmap's bits are counted: a difference, or
 // a count other than the chunks written, fails the run.
 #include <algorithm>
+#include <cuda.h>
 #include <cstdio>
+#include <string>
 #include <cstdlib>
 #include <vector>
 
@@ -123,6 +131,31 @@ extern "C" __global__ void fused_restore_verified(const KrRestoreRange *list, u6
     }
 }
 
+// The committed detection built with launch bounds asking for 3 and 4 resident blocks per SM.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    detect_b3(const KrRestoreRange *list, u64 count, u64 work, u64 chunk_size, const u64 *snap,
+              u64 *changed, KrCopy *found, u64 *found_count) {
+    kr_detect(list, count, work, chunk_size, snap, changed, found, found_count);
+}
+extern "C" __global__ void __launch_bounds__(256, 4)
+    detect_b4(const KrRestoreRange *list, u64 count, u64 work, u64 chunk_size, const u64 *snap,
+              u64 *changed, KrCopy *found, u64 *found_count) {
+    kr_detect(list, count, work, chunk_size, snap, changed, found, found_count);
+}
+typedef void (*DetectFn)(const KrRestoreRange *, u64, u64, u64, const u64 *, u64 *, KrCopy *,
+                         u64 *);
+
+#define CKD(x)                                                                             \
+    do {                                                                                   \
+        CUresult r_ = (x);                                                                 \
+        if (r_ != CUDA_SUCCESS) {                                                          \
+            const char *n_ = "?";                                                          \
+            cuGetErrorName(r_, &n_);                                                       \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, n_);                 \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
 // A gather with eight 16-byte loads in flight per thread (kr_gather keeps four).
 __global__ void gather8(const KrCopy *copies, u64 count) {
     for (u64 e = blockIdx.x; e < count; e += gridDim.x) {
@@ -227,7 +260,8 @@ int main(int argc, char **argv) {
     KrRestoreRange *dlist;
     KrHashRange *hlist;
     CK(cudaMalloc(&snap, chunks * 8));
-    CK(cudaMalloc(&bits, (chunks / 64 + 1) * 8));
+    // The bitmap, the committed pair's count, then one count per slice.
+    CK(cudaMalloc(&bits, (chunks / 64 + 1 + 64) * 8));
     count = bits + chunks / 64;
     CK(cudaMalloc(&found, chunks * sizeof(KrCopy)));
     CK(cudaMalloc(&diff, 16));
@@ -245,6 +279,76 @@ int main(int argc, char **argv) {
         printf("%-62s %9.3f ms %6.2f TB/s\n", what, ms, moved / (ms * 1e-3) / 1e12);
     };
     auto nothing = [] {};
+    const char *detect_names[] = {"kreplay_restore_verified", "detect_b3", "detect_b4"};
+    const void *detect_fns[] = {(const void *)kreplay_restore_verified, (const void *)detect_b3,
+                                (const void *)detect_b4};
+    for (int i = 0; i < 3; ++i) {
+        cudaFuncAttributes a;
+        CK(cudaFuncGetAttributes(&a, detect_fns[i]));
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, detect_fns[i], 256, 0));
+        printf("%s: %d registers, %d bytes local, %d blocks of 256 per SM\n", detect_names[i],
+               a.numRegs, (int)a.localSizeBytes, per_sm);
+    }
+    // Streams for the sliced detection: two for the slices, one of the greatest priority (and
+    // one of the default) for the copies. Blocking streams, so that the timing events on the
+    // legacy stream wait for them.
+    int least = 0, greatest = 0;
+    CK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s0, s1, sc, sc_low;
+    CK(cudaStreamCreateWithPriority(&s0, cudaStreamDefault, least));
+    CK(cudaStreamCreateWithPriority(&s1, cudaStreamDefault, least));
+    CK(cudaStreamCreateWithPriority(&sc, cudaStreamDefault, greatest));
+    CK(cudaStreamCreateWithPriority(&sc_low, cudaStreamDefault, least));
+    cudaEvent_t evs[16];
+    for (auto &e : evs) {
+        CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    // Each slice count's list: slice i is chunks [chunks * i / K, chunks * (i + 1) / K).
+    KrRestoreRange *slist[17] = {};
+    for (int K : {2, 4, 8, 16}) {
+        std::vector<KrRestoreRange> l;
+        for (int i = 0; i < K; ++i) {
+            const u64 lo = chunks * i / K, hi = chunks * (i + 1) / K;
+            l.push_back({(u64)live + lo * cs, (u64)shadow + lo * cs, (hi - lo) * cs, lo, 0});
+        }
+        CK(cudaMalloc(&slist[K], K * sizeof(KrRestoreRange)));
+        CK(cudaMemcpy(slist[K], l.data(), K * sizeof(KrRestoreRange), cudaMemcpyHostToDevice));
+    }
+    // A PTX file, loaded through the driver (JIT) as kreplay loads it.
+    CUmodule mod = nullptr;
+    CUfunction p_read = nullptr, p_detect = nullptr, p_found = nullptr;
+    if (argc > 3) {
+        FILE *f = fopen(argv[3], "rb");
+        if (!f) {
+            perror(argv[3]);
+            return 1;
+        }
+        std::string text;
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+            text.append(buf, n);
+        }
+        fclose(f);
+        CKD(cuModuleLoadData(&mod, text.c_str()));
+        CKD(cuModuleGetFunction(&p_read, mod, "kreplay_read_once"));
+        CKD(cuModuleGetFunction(&p_detect, mod, "kreplay_restore_verified"));
+        CKD(cuModuleGetFunction(&p_found, mod, "kreplay_gather_found"));
+        int regs = 0;
+        CKD(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, p_detect));
+        printf("PTX %s: kreplay_restore_verified JIT-compiled to %d registers\n", argv[3], regs);
+    }
+    auto ptx_detect = [&](CUstream st, const KrRestoreRange *l, u64 n, u64 w, u64 *bits_, KrCopy *fd, u64 *cnt) {
+        u64 c = cs;
+        const u64 *sn = snap;
+        void *args[] = {&l, &n, &w, &c, &sn, &bits_, &fd, &cnt};
+        CKD(cuLaunchKernel(p_detect, (unsigned)((w + 31) / 32), 1, 1, 256, 1, 1, 0, st, args, nullptr));
+    };
+    auto ptx_found = [&](CUstream st, KrCopy *fd, u64 *cnt, u64 w) {
+        void *args[] = {&fd, &cnt};
+        CKD(cuLaunchKernel(p_found, (unsigned)std::min<u64>(w, 2048), 1, 1, 256, 1, 1, 0, st, args, nullptr));
+    };
 
     // Ceilings over the whole footprint.
     row("copy engine, cudaMemcpyAsync DtoD (read + write)",
@@ -271,6 +375,15 @@ int main(int argc, char **argv) {
         CK(cudaFree(dt));
     }
     row("kreplay_read_once, 16 blocks/SM", median_ms(reps, nothing, [&] { kreplay_read_once<<<sms * 16, 256>>>((const uint4 *)live, words, (u64 *)diff); }, nothing), B);
+    if (mod) {
+        row("PTX (JIT): kreplay_read_once, 16 blocks/SM", median_ms(reps, nothing, [&] {
+            const uint4 *p = (const uint4 *)live;
+            u64 w = words;
+            u64 *sink = (u64 *)diff;
+            void *args[] = {&p, &w, &sink};
+            CKD(cuLaunchKernel(p_read, sms * 16, 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+        }, nothing), B);
+    }
     row("kreplay_hash_list, one chunk per group", median_ms(reps, nothing, [&] { kreplay_hash_list<<<hash_blocks, 256>>>(hlist, 1, chunks, cs, snap); }, nothing), B);
     CK(cudaMemcpy(live, shadow, bytes, cudaMemcpyDeviceToDevice));
     CK(cudaDeviceSynchronize());
@@ -300,7 +413,64 @@ int main(int argc, char **argv) {
         };
         printf("-- written %.1f%% (%llu chunks of 64 KiB, %.1f MB)\n", f * 100, (unsigned long long)runs,
                runs * (double)cs / 1e6);
-        auto zero = [&] { CK(cudaMemsetAsync(bits, 0, (chunks / 64 + 1) * 8)); };
+        auto zero = [&] { CK(cudaMemsetAsync(bits, 0, (chunks / 64 + 1 + 64) * 8)); };
+        // K slices: slice i's detection on s0 or s1 (alternating when `two`), then its copies on
+        // `copy` once it is done; slice i lists its copies at found[lo..] and counts them in
+        // word 1 + i after the bitmap. `ptx`: the kernels of the loaded PTX.
+        auto sliced = [&](DetectFn det, bool ptx, int K, bool two, cudaStream_t copy) {
+            zero();
+            for (int i = 0; i < K; ++i) {
+                const u64 lo = chunks * i / K, hi = chunks * (i + 1) / K;
+                cudaStream_t d = (two && (i & 1)) ? s1 : s0;
+                if (ptx) {
+                    ptx_detect((CUstream)d, slist[K] + i, 1, hi - lo, bits, found + lo, count + 1 + i);
+                } else {
+                    det<<<(unsigned)((hi - lo + 31) / 32), 256, 0, d>>>(slist[K] + i, 1, hi - lo, cs, snap, bits,
+                                                                       found + lo, count + 1 + i);
+                }
+                CK(cudaEventRecord(evs[i], d));
+                CK(cudaStreamWaitEvent(copy, evs[i], 0));
+                if (ptx) {
+                    ptx_found((CUstream)copy, found + lo, count + 1 + i, hi - lo);
+                } else {
+                    kreplay_gather_found<<<(unsigned)std::min<u64>(hi - lo, 2048), 256, 0, copy>>>(found + lo,
+                                                                                            count + 1 + i);
+                }
+            }
+        };
+        for (int K : {2, 4, 8, 16}) {
+            char name[96];
+            snprintf(name, sizeof name, "  %d slices, 2 detection streams, copies on a high-priority stream", K);
+            row(name, median_ms(reps, write, [&] { sliced(kreplay_restore_verified, false, K, true, sc); }, check), B);
+        }
+        row("  8 slices, 1 detection stream, high-priority copies",
+            median_ms(reps, write, [&] { sliced(kreplay_restore_verified, false, 8, false, sc); }, check), B);
+        row("  8 slices, 2 detection streams, copies at default priority",
+            median_ms(reps, write, [&] { sliced(kreplay_restore_verified, false, 8, true, sc_low); }, check), B);
+        row("  launch bounds (256, 3): detection + copy behind it",
+            median_ms(reps, write, [&] {
+                zero();
+                detect_b3<<<hash_blocks, 256>>>(dlist, 1, chunks, cs, snap, bits, found, count);
+                kreplay_gather_found<<<(unsigned)std::min<u64>(chunks, 2048), 256>>>(found, count);
+            }, check), B);
+        row("  launch bounds (256, 4): detection + copy behind it",
+            median_ms(reps, write, [&] {
+                zero();
+                detect_b4<<<hash_blocks, 256>>>(dlist, 1, chunks, cs, snap, bits, found, count);
+                kreplay_gather_found<<<(unsigned)std::min<u64>(chunks, 2048), 256>>>(found, count);
+            }, check), B);
+        row("  launch bounds (256, 3), 8 slices, 2 streams, high-priority copies",
+            median_ms(reps, write, [&] { sliced(detect_b3, false, 8, true, sc); }, check), B);
+        if (mod) {
+            row("  PTX (JIT): detection + copy behind it",
+                median_ms(reps, write, [&] {
+                    zero();
+                    ptx_detect(0, dlist, 1, chunks, bits, found, count);
+                    ptx_found(0, found, count, chunks);
+                }, check), B);
+            row("  PTX (JIT): 8 slices, 2 streams, high-priority copies",
+                median_ms(reps, write, [&] { sliced(nullptr, true, 8, true, sc); }, check), B);
+        }
         row("  kreplay_restore_verified + kreplay_gather_found (committed)",
             median_ms(reps, write, [&] {
                 zero();

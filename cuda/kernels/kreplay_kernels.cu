@@ -262,10 +262,12 @@ struct KrCopy {
 // zeroes the bitmap and the count). kreplay_gather_found, queued right behind on the same
 // stream, copies them back with whole blocks: copying inside this kernel, eight lanes of a
 // 95-register kernel per chunk, moved changed chunks at a fraction of the gather's rate.
-extern "C" __global__ void kreplay_restore_verified(const KrRestoreRange *list, u64 count,
-                                                    u64 work, u64 chunk_size, const u64 *snap,
-                                                    u64 *changed, KrCopy *found,
-                                                    u64 *found_count) {
+//
+// kr_detect is the kernel's body, so that the restore kernel bench can build variants of it
+// (other launch bounds) from the same code.
+__device__ __forceinline__ void kr_detect(const KrRestoreRange *list, u64 count, u64 work,
+                                          u64 chunk_size, const u64 *snap, u64 *changed,
+                                          KrCopy *found, u64 *found_count) {
     const u32 lane = threadIdx.x & 31;
     const u32 q = lane & 7;
     const u32 mask = 0xffu << (lane & 24);
@@ -321,6 +323,13 @@ extern "C" __global__ void kreplay_restore_verified(const KrRestoreRange *list, 
             found[at] = c;
         }
     }
+}
+
+extern "C" __global__ void kreplay_restore_verified(const KrRestoreRange *list, u64 count,
+                                                    u64 work, u64 chunk_size, const u64 *snap,
+                                                    u64 *changed, KrCopy *found,
+                                                    u64 *found_count) {
+    kr_detect(list, count, work, chunk_size, snap, changed, found, found_count);
 }
 
 // The copies of `count` gather entries, one block per entry (blocks stride over the rest).
