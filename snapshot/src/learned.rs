@@ -94,70 +94,120 @@ impl Recent {
     }
 }
 
+/// Kinds of measurement behind [`Rates`].
+const COPY: usize = 0;
+const HASH: usize = 1;
+/// Snapshot copies that hash each chunk as they copy it.
+const HASHED_COPY: usize = 2;
+/// Partial write-backs: scattered chunks, per byte dearer than a copy of everything.
+const SCATTERED: usize = 3;
+
 /// Nanoseconds per byte of this machine's copies and hash passes, as restores and snapshots
-/// measured them: each the median of its latest [`RATE_SAMPLES`] measurements, so one copy
-/// slowed by another process (or sped up by a quiet moment) does not move it.
-#[derive(Clone, Copy, Debug, Default)]
+/// measured them.
+///
+/// A shared machine's memory bandwidth drifts (by tens of percent over minutes), and `auto`
+/// measures only what it does: a kernel it restores with hash passes never measures a copy,
+/// one it restores in full never measures a hash pass. Rates kept apart would then compare a
+/// copy measured minutes ago with a hash pass measured now. So each rate is split in two: the
+/// kind's cost relative to the machine's current speed (`base`), and that speed (`level`),
+/// which every measurement of any kind moves. A measurement of kind k divided by k's base says
+/// how fast the machine is now; the level is the median of the latest [`RATE_SAMPLES`] of
+/// those, and a kind's base the median of its latest measurements divided by the level of
+/// their time, so one copy slowed by another process (or sped up by a quiet moment) moves
+/// neither. A rate is its base times the current level.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Rates {
-    copy: Option<f64>,
-    hash: Option<f64>,
-    /// Snapshot copies that hash each chunk as they copy it.
-    hashed_copy: Option<f64>,
-    /// Partial write-backs: scattered chunks, per byte dearer than a copy of everything.
-    scattered: Option<f64>,
-    /// The measurements behind each rate (copy, hash, hashed copy, scattered).
+    /// Each kind's cost per byte at level 1 (copy, hash, hashed copy, scattered).
+    base: [Option<f64>; 4],
+    /// The machine's speed now: a cost of kind k is `base[k] * level`.
+    level: f64,
+    /// The latest measurements of each kind divided by the level at their time.
     recent: [Recent; 4],
+    /// The latest measurements of any kind divided by their kind's base.
+    levels: Recent,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Rates {
+            base: [None; 4],
+            level: 1.0,
+            recent: Default::default(),
+            levels: Recent::default(),
+        }
+    }
 }
 
 impl Rates {
-    /// Add the rate of `bytes` in `elapsed` to the measurements of rate `which` (runs too short
+    /// Add the rate of `bytes` in `elapsed` to the measurements of kind `which` (runs too short
     /// to say anything are left out).
     fn add_sample(&mut self, which: usize, bytes: u64, elapsed: Duration) {
-        if bytes >= RATE_MIN_BYTES {
-            let median = self.recent[which].push(elapsed.as_nanos() as f64 / bytes as f64);
-            let rate = match which {
-                0 => &mut self.copy,
-                1 => &mut self.hash,
-                2 => &mut self.hashed_copy,
-                _ => &mut self.scattered,
-            };
-            *rate = Some(median);
+        if bytes < RATE_MIN_BYTES {
+            return;
+        }
+        let per_byte = elapsed.as_nanos() as f64 / bytes as f64;
+        if !(per_byte > 0.0 && per_byte.is_finite()) {
+            return;
+        }
+        if let Some(base) = self.base[which] {
+            self.level = self.levels.push(per_byte / base);
+        }
+        self.base[which] = Some(self.recent[which].push(per_byte / self.level));
+    }
+
+    /// Rates with the given costs per byte at level 1 (tests inject what a machine measured).
+    #[cfg(test)]
+    fn with(
+        copy: Option<f64>,
+        hash: Option<f64>,
+        hashed_copy: Option<f64>,
+        scattered: Option<f64>,
+    ) -> Self {
+        Rates {
+            base: [copy, hash, hashed_copy, scattered],
+            ..Default::default()
         }
     }
 
+    fn rate(&self, which: usize) -> Option<f64> {
+        self.base[which].map(|b| b * self.level)
+    }
+
     pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
-        self.add_sample(0, bytes, elapsed);
+        self.add_sample(COPY, bytes, elapsed);
     }
 
     pub(crate) fn record_hash(&mut self, bytes: u64, elapsed: Duration) {
-        self.add_sample(1, bytes, elapsed);
+        self.add_sample(HASH, bytes, elapsed);
     }
 
     pub(crate) fn record_scattered(&mut self, bytes: u64, elapsed: Duration) {
-        self.add_sample(3, bytes, elapsed);
+        self.add_sample(SCATTERED, bytes, elapsed);
     }
 
     /// Cost per byte of writing back part of the footprint (changed chunks, a write set), in
     /// the unit of [`Rates::per_byte`]: as measured, else a copy's.
     pub(crate) fn scattered_per_byte(&self) -> f64 {
-        self.scattered.unwrap_or(self.per_byte().0)
+        self.rate(SCATTERED).unwrap_or(self.per_byte().0)
     }
 
     pub(crate) fn record_hashed_copy(&mut self, bytes: u64, elapsed: Duration) {
-        self.add_sample(2, bytes, elapsed);
+        self.add_sample(HASHED_COPY, bytes, elapsed);
     }
 
     /// What hashing adds per byte to a snapshot copy: measured as a hashing snapshot against a
     /// plain copy, else (nothing measured yet) a whole hash pass.
     pub(crate) fn snapshot_hash_extra(&self) -> f64 {
         let (copy, hash) = self.per_byte();
-        self.hashed_copy
-            .map_or(hash, |hashed| (hashed - copy).max(0.0))
+        match (self.rate(COPY), self.rate(HASHED_COPY)) {
+            (Some(_), Some(hashed)) => (hashed - copy).max(0.0),
+            _ => hash,
+        }
     }
 
     /// (copy, hash) cost per byte in a common unit.
     pub(crate) fn per_byte(&self) -> (f64, f64) {
-        match (self.copy, self.hash) {
+        match (self.rate(COPY), self.rate(HASH)) {
             (Some(c), Some(h)) => (c, h),
             (Some(c), None) => (c, c * DEFAULT_HASH_PER_COPY),
             // A copy is not assumed dearer than a hash pass until one is measured: otherwise
@@ -323,13 +373,7 @@ mod tests {
     /// Rates of a machine where a hash pass costs almost a copy and hashing while snapshotting
     /// adds about half a copy (what a 2-core host measures).
     fn host_like_rates() -> Rates {
-        Rates {
-            copy: Some(1.0),
-            hash: Some(0.9),
-            hashed_copy: Some(1.45),
-            scattered: None,
-            ..Default::default()
-        }
+        Rates::with(Some(1.0), Some(0.9), Some(1.45), None)
     }
 
     #[test]
@@ -371,7 +415,45 @@ mod tests {
         assert!(rates.per_byte().0 > 1.5 * steady, "{rates:?}");
         // Too short to say anything: left out.
         rates.record_hash(1 << 20, ms(100));
-        assert_eq!(rates.hash, None);
+        assert_eq!(rates.rate(HASH), None);
+    }
+
+    #[test]
+    fn a_copy_rate_measured_on_a_slower_machine_follows_the_hash_passes_measured_since() {
+        // Measured while the machine was slow: copies 0.30 ns/B, hash passes 0.27, hashing
+        // snapshots 0.39, scattered write-backs 0.45.
+        let mut rates = Rates::default();
+        let bytes = 256 << 20;
+        let at = |per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
+        for _ in 0..3 {
+            rates.record_copy(bytes, at(0.30));
+            rates.record_hash(bytes, at(0.27));
+            rates.record_hashed_copy(bytes, at(0.39));
+            rates.record_scattered(bytes / 10, at(0.45));
+        }
+        // Then only verified restores (auto chose them): hash passes and scattered write-backs
+        // at two thirds of the time they took before. No copy is measured, yet a copy costs two
+        // thirds of what it did too.
+        for _ in 0..8 {
+            rates.record_hash(bytes, at(0.18));
+            rates.record_scattered(bytes / 10, at(0.30));
+        }
+        let (copy, hash) = rates.per_byte();
+        assert!((copy - 0.20).abs() < 0.01, "copy {copy}");
+        assert!((hash - 0.18).abs() < 0.01, "hash {hash}");
+        assert!(
+            (rates.snapshot_hash_extra() - 0.06).abs() < 0.01,
+            "{rates:?}"
+        );
+        // 10% of the chunks change: a hash restore (0.18 + 0.1 x 0.30 = 0.21 per byte) costs
+        // more than a full one (0.20). Against the stale copy rate (0.30) it looked cheaper.
+        let learned = Learned {
+            dirty_chunks: Some(100),
+            missed_chunks: Some(100),
+            ..Default::default()
+        };
+        let c = estimate(&rates, &learned, 1000, 0).unwrap();
+        assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
     }
 
     #[test]
@@ -394,13 +476,7 @@ mod tests {
         // Only hashing snapshots and hash passes measured so far (auto always hashed): a copy
         // must not be assumed to cost more than the hash pass, or auto keeps hashing a 2-pass
         // replay's snapshot and never measures the plain copy that would stop it.
-        let rates = Rates {
-            copy: None,
-            hash: Some(0.9),
-            hashed_copy: Some(1.4),
-            scattered: None,
-            ..Default::default()
-        };
+        let rates = Rates::with(None, Some(0.9), Some(1.4), None);
         assert!(!snapshot_hashes_pay(&rates, None, 1, 1000));
         let (copy, hash) = rates.per_byte();
         assert_eq!((copy, hash), (0.9, 0.9));
@@ -423,16 +499,10 @@ mod tests {
             missed_chunks: Some(100),
             ..Default::default()
         };
-        let mut rates = Rates {
-            copy: Some(1.0),
-            hash: Some(0.85),
-            hashed_copy: Some(1.4),
-            scattered: None,
-            ..Default::default()
-        };
+        let mut rates = Rates::with(Some(1.0), Some(0.85), Some(1.4), None);
         let c = estimate(&rates, &learned, 1000, 0).unwrap();
         assert!(c.hash < c.full, "{c:?}");
-        rates.scattered = Some(2.0);
+        rates.base[SCATTERED] = Some(2.0);
         let c = estimate(&rates, &learned, 1000, 0).unwrap();
         assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
     }
@@ -440,13 +510,7 @@ mod tests {
     #[test]
     fn snapshot_hashes_pay_at_once_where_hashing_is_much_cheaper_than_copying() {
         // A device that hashes at several times its copy rate.
-        let rates = Rates {
-            copy: Some(1.0),
-            hash: Some(0.2),
-            hashed_copy: Some(1.1),
-            scattered: None,
-            ..Default::default()
-        };
+        let rates = Rates::with(Some(1.0), Some(0.2), Some(1.1), None);
         assert!(snapshot_hashes_pay(&rates, None, 1, 1000));
         // What changes decides: a kernel that rewrites all of memory gains nothing from hashes.
         let all_written = Learned {

@@ -39,8 +39,10 @@
 //! (hashing would pull every byte over the host link while a full restore stays on the device).
 //! All others choose before each restore the cheapest of a full restore, a hash restore and a
 //! verified write-set restore, estimated from the copy and hash rates the snapshotter's restores
-//! measured (each the median of its latest 8 measurements, so one disturbed copy does not sway
-//! it) and from what this kernel's restores found changed (never the unverified shortcut);
+//! measured (each kind's cost relative to the machine's current speed, which every measurement
+//! of any kind moves, so a copy rate measured minutes ago follows the bandwidth the hash passes
+//! measure now; both are medians of the latest 8 measurements, so one disturbed copy does not
+//! sway them) and from what this kernel's restores found changed (never the unverified shortcut);
 //! the first restore of a kernel with nothing learned hashes everything. Hashing while
 //! snapshotting costs something too (what a hashing snapshot measured beyond a plain copy):
 //! auto takes the hashes only when the restores expected (those of the kernel's last dispatch,
