@@ -256,6 +256,9 @@ pub struct BenchOptions {
     /// Footprints of those replays (`--replay-footprints`; `None`: the smallest of
     /// `footprints`).
     pub replay_footprints: Option<Vec<u64>>,
+    /// Repetitions of each replay cell of up to 8 passes (`--replay-repeats`) and of longer
+    /// ones (`--replay-long-repeats`); `None`: the bench's defaults.
+    pub replay_repeats: (Option<usize>, Option<usize>),
 }
 
 impl Default for BenchOptions {
@@ -280,6 +283,7 @@ impl Default for BenchOptions {
                 .collect(),
             replay_tiers: vec![StoreTier::Host],
             replay_footprints: None,
+            replay_repeats: (None, None),
         }
     }
 }
@@ -800,6 +804,12 @@ struct BenchArgs {
     /// footprints of those replays, each one of --footprints (default: the smallest)
     #[arg(long = "replay-footprints", value_name = "LIST", value_parser = list(parse_size))]
     replay_footprints: Option<List<u64>>,
+    /// repetitions of each replay cell of up to 8 passes, 1 to 100 (default 7)
+    #[arg(long = "replay-repeats", value_name = "N", value_parser = count(1, 100))]
+    replay_repeats: Option<u64>,
+    /// repetitions of each replay cell of more than 8 passes, 1 to 100 (default 5)
+    #[arg(long = "replay-long-repeats", value_name = "N", value_parser = count(1, 100))]
+    replay_long_repeats: Option<u64>,
     /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
     /// device and host, strategies full, hash, writeset and writeset-unverified; default
     /// footprints 1G,8G, dirty 0.1,1,10,100)
@@ -831,6 +841,8 @@ impl BenchArgs {
             ("--replay-dirty", self.replay_dirty.is_some()),
             ("--replay-tiers", self.replay_tiers.is_some()),
             ("--replay-footprints", self.replay_footprints.is_some()),
+            ("--replay-repeats", self.replay_repeats.is_some()),
+            ("--replay-long-repeats", self.replay_long_repeats.is_some()),
         ];
         if let Some((name, _)) = softhsa_only.iter().find(|(_, given)| *given) {
             return Err(format!(
@@ -885,6 +897,10 @@ impl BenchArgs {
             }),
             replay_tiers: self.replay_tiers.map_or(defaults.replay_tiers, |l| l.0),
             replay_footprints: self.replay_footprints.map(|l| l.0),
+            replay_repeats: (
+                self.replay_repeats.map(|n| n as usize),
+                self.replay_long_repeats.map(|n| n as usize),
+            ),
         }
     }
 }
@@ -1793,6 +1809,9 @@ mod tests {
         .unwrap();
         assert_eq!(more.replay_footprints, Some(vec![1 << 30]));
         assert_eq!(more.replay_tiers, vec![StoreTier::Host, StoreTier::File]);
+        let repeats = bench(&["--replay-repeats", "9", "--replay-long-repeats", "3"]).unwrap();
+        assert_eq!(repeats.replay_repeats, (Some(9), Some(3)));
+        assert!(bench(&["--replay-repeats", "0"]).is_err());
         let error = bench(&["--footprints", "256M", "--replay-footprints", "1G"]).unwrap_err();
         assert!(
             error
