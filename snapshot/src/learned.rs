@@ -125,7 +125,16 @@ pub(crate) struct Rates {
     recent: [Recent; 4],
     /// The latest measurements of any kind divided by their kind's base.
     levels: Recent,
+    /// Measurements of other kinds since the latest of each kind.
+    since: [u32; 4],
 }
+
+/// A copy rate is stale once this many measurements of other kinds came after the latest copy:
+/// the machine's speed may have moved differently for copies than for hash passes since.
+const COPY_STALE_AFTER: u32 = 16;
+/// A verified restore estimated to save less than this share of a full one over it is too close
+/// to call on a stale copy rate: a full restore is made instead, which measures the copy again.
+const CLOSE_CALL: f64 = 0.15;
 
 impl Default for Rates {
     fn default() -> Self {
@@ -134,6 +143,7 @@ impl Default for Rates {
             level: 1.0,
             recent: Default::default(),
             levels: Recent::default(),
+            since: [0; 4],
         }
     }
 }
@@ -153,6 +163,13 @@ impl Rates {
             self.level = self.levels.push(per_byte / base);
         }
         self.base[which] = Some(self.recent[which].push(per_byte / self.level));
+        for (kind, since) in self.since.iter_mut().enumerate() {
+            *since = if kind == which {
+                0
+            } else {
+                since.saturating_add(1)
+            };
+        }
     }
 
     /// Rates with the given costs per byte at level 1 (tests inject what a machine measured).
@@ -285,6 +302,16 @@ pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> 
         hash: all * h + dirty.max(missed) * w,
         writeset: set * w + (all - set) * h + missed * w,
     })
+}
+
+/// Whether a restore estimated to cost `costs` should copy everything although a verified
+/// restore looks cheaper: when the copy rate is stale (see [`COPY_STALE_AFTER`]) and the verified
+/// restore's lead is within [`CLOSE_CALL`] of a full one. Otherwise a copy rate measured at
+/// another time would decide every later restore, none of which would measure a copy again.
+pub(crate) fn refresh_copy_rate(rates: &Rates, costs: &Costs) -> bool {
+    rates.base[COPY].is_some()
+        && rates.since[COPY] >= COPY_STALE_AFTER
+        && costs.full <= costs.hash.min(costs.writeset) * (1.0 + CLOSE_CALL)
 }
 
 /// What one restore is expected to save, in the unit of [`Rates::per_byte`], by restoring the
@@ -454,6 +481,45 @@ mod tests {
         };
         let c = estimate(&rates, &learned, 1000, 0).unwrap();
         assert!(c.full < c.hash && c.full < c.writeset, "{c:?}");
+    }
+
+    #[test]
+    fn a_close_call_on_a_stale_copy_rate_copies_everything_to_measure_it_again() {
+        let bytes = 256 << 20;
+        let at = |per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
+        let mut rates = Rates::default();
+        rates.record_copy(bytes, at(0.20));
+        rates.record_hash(bytes, at(0.16));
+        let close = Costs {
+            full: 1.0,
+            hash: 0.95,
+            writeset: 0.97,
+        };
+        let clear = Costs {
+            full: 1.0,
+            hash: 0.5,
+            writeset: 0.6,
+        };
+        // A copy measured recently: the estimates decide.
+        assert!(!refresh_copy_rate(&rates, &close));
+        // Then only hash passes and write-backs, as when auto keeps choosing verified restores.
+        for _ in 0..COPY_STALE_AFTER / 2 {
+            rates.record_hash(bytes, at(0.16));
+            rates.record_scattered(bytes / 10, at(0.3));
+        }
+        // A close call is no longer trusted; a clear one still is.
+        assert!(refresh_copy_rate(&rates, &close));
+        assert!(!refresh_copy_rate(&rates, &clear));
+        // The full restore measures a copy: fresh again.
+        rates.record_copy(bytes, at(0.18));
+        assert!(!refresh_copy_rate(&rates, &close));
+        // No copy ever measured: nothing to refresh (the per-byte fallback already takes a copy
+        // to cost what a hash pass does).
+        let mut never = Rates::default();
+        for _ in 0..COPY_STALE_AFTER {
+            never.record_hash(bytes, at(0.16));
+        }
+        assert!(!refresh_copy_rate(&never, &close));
     }
 
     #[test]

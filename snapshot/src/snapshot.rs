@@ -14,7 +14,8 @@ use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{
-    Key, Learned, PROBE_EVERY, SharedMemory, estimate, snapshot_hashes_pay, store_hashes_pay,
+    Key, Learned, PROBE_EVERY, SharedMemory, estimate, refresh_copy_rate, snapshot_hashes_pay,
+    store_hashes_pay,
 };
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
@@ -622,7 +623,9 @@ impl Snapshot {
                 match estimate(&rates, &self.stats, all, self.set_chunks()) {
                     // Nothing known about this kernel yet: learn.
                     None => learn(predict),
-                    Some(c) if c.full < c.hash.min(c.writeset) => {
+                    // Full is cheapest, or close enough to it that a stale copy rate cannot
+                    // tell (the full restore then measures a copy again).
+                    Some(c) if c.full < c.hash.min(c.writeset) || refresh_copy_rate(&rates, &c) => {
                         (Step::Full, RestoreStrategy::Full)
                     }
                     Some(c) => learn(predict && c.writeset <= c.hash),
