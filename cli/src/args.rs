@@ -609,12 +609,13 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     steady-state restore after a pass that changed that fraction of the 64 KiB chunks; then the \
     cost of whole replays (snapshot plus every restore of an N-pass replay, for a kernel's first \
     dispatch and for later dispatches reusing what it learned) per strategy and dirty pattern, \
-    the strategies of a cell in interleaved repetitions, each figure the median of its \
-    repetitions, beside N full restores, at the smallest footprint and in the host tier unless \
+    the strategies of a cell in interleaved repetitions in shuffled orders after an untimed \
+    dispatch each, each figure the lower quartile of its repetitions (median and spread beside \
+    it), beside N full restores, at the smallest footprint and in the host tier unless \
     --replay-footprints and --replay-tiers say otherwise. The device is host memory split into 4 \
     tracked allocations. Prints each row with the ceiling beside it as soon as it is measured, \
     then the design's targets judged from this run's rows (full restore and hash detection \
-    against the ceilings, auto's median against the best verified fixed strategy's median in \
+    against the ceilings, auto's lower quartile against the best verified fixed strategy's in \
     every replay cell).";
 
 const BENCH_AFTER: &str = "The matrix needs about 3x the largest footprint of free memory (and \
