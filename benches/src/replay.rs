@@ -102,7 +102,7 @@ pub struct ReplayConfig {
     /// Repetitions of each cell: every repetition replays one dispatch sequence per strategy,
     /// the strategies one after the other in an order shuffled anew each repetition, each
     /// sequence on a kernel nothing was learned about. A strategy's figure is the lower
-    /// quartile of its repetitions ([`low_quartile`]), so every strategy of a cell is judged by
+    /// quartile of its repetitions (`low_quartile`), so every strategy of a cell is judged by
     /// the same statistic over the same stretch of time.
     pub repeats: usize,
     /// Replays of more passes than this are long: they get [`ReplayConfig::long_repeats`]
@@ -167,7 +167,7 @@ pub struct ReplayRow {
     /// Strategy configured.
     pub strategy: RestoreStrategy,
     /// Snapshot plus every restore of a kernel's first dispatch (nothing learned about that
-    /// kernel before): the lower quartile of the cell's repetitions ([`low_quartile`]).
+    /// kernel before): the lower quartile of the cell's repetitions (`low_quartile`).
     pub first_seconds: f64,
     /// The fastest and slowest of those first dispatches.
     pub first_range: (f64, f64),
