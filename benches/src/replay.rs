@@ -519,7 +519,7 @@ pub struct AutoCheck {
     /// The same with medians (shown, not judged): auto's median / the lowest median of the
     /// verified fixed strategies.
     pub median_ratio: f64,
-    /// The best strategy (the lowest median).
+    /// The best strategy (the lowest figure: lower quartiles).
     pub best: RestoreStrategy,
     /// auto's slowest repetition / its fastest.
     pub auto_spread: f64,

@@ -10,6 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, backend};
 use crate::queues::{QueueState, Slot, is_wake_up};
@@ -87,21 +88,14 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     if pkts.is_null() || data.is_null() || count == 0 {
         return;
     }
-    // SAFETY: the runtime hands us `count` packets at `pkts`, valid for this call; we copy them.
-    let raw = unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) };
     // The usual doorbell carries one packet or a few: those are copied to the stack, so the
     // forwarding path allocates nothing.
-    let mut inline = [Packet([0; AQL]); INLINE_PACKETS];
-    let heap: Vec<Packet>;
-    let packets: &[Packet] = if raw.len() <= INLINE_PACKETS {
-        for (to, from) in inline.iter_mut().zip(raw) {
-            *to = Packet(*from);
-        }
-        &inline[..raw.len()]
-    } else {
-        heap = raw.iter().map(|p| Packet(*p)).collect();
-        &heap
-    };
+    // SAFETY: the runtime hands us `count` packets at `pkts`, valid for this call; we copy them.
+    let packets: SmallVec<[Packet; INLINE_PACKETS]> =
+        unsafe { std::slice::from_raw_parts(pkts.cast::<[u8; AQL]>(), count as usize) }
+            .iter()
+            .map(|p| Packet(*p))
+            .collect();
     // SAFETY: `data` is the `QueueState` registered with this queue; the registry keeps it alive
     // until the queue is destroyed, and the runtime calls no handler after that.
     let state = unsafe { &*data.cast::<QueueState>() };
@@ -114,14 +108,14 @@ pub(crate) unsafe extern "C" fn intercept_handler(
             handle_with_reentrant(
                 b,
                 state,
-                packets,
+                &packets,
                 user_pkt_index,
                 writer,
                 &progress,
                 &handled,
             );
         } else {
-            handle(b, state, packets, writer, &progress, &handled);
+            handle(b, state, &packets, writer, &progress, &handled);
         }
     }));
     if outcome.is_err() {
