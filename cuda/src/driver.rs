@@ -250,6 +250,8 @@ driver_table! {
     memcpy_dtoh_async: b"cuMemcpyDtoHAsync_v2\0" => fn(*mut c_void, CuDevicePtr, usize, CuStream);
     memcpy_htod_async: b"cuMemcpyHtoDAsync_v2\0" => fn(CuDevicePtr, *const c_void, usize, CuStream);
     memset_d8_async: b"cuMemsetD8Async\0" => fn(CuDevicePtr, u8, usize, CuStream);
+    mem_alloc_host: b"cuMemAllocHost_v2\0" => fn(*mut *mut c_void, usize);
+    mem_free_host: b"cuMemFreeHost\0" => fn(*mut c_void);
     mem_host_register: b"cuMemHostRegister_v2\0" => fn(*mut c_void, usize, c_uint);
     mem_host_unregister: b"cuMemHostUnregister\0" => fn(*mut c_void);
     mem_host_get_device_pointer: b"cuMemHostGetDevicePointer_v2\0" => fn(*mut CuDevicePtr, *mut c_void, c_uint);

@@ -26,6 +26,7 @@ use kreplay_snapshot::{
 use parking_lot::Mutex;
 
 use crate::capture::{CaptureStream, Captures};
+use crate::choice::{ChoiceKey, DeviceChoice, per_restore_ns};
 use crate::config::{Config, LogLevel};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
@@ -115,6 +116,8 @@ struct DeviceState {
     memory: Arc<CudaMemory>,
     snapshotter: Snapshotter,
     filter: Filter,
+    /// `auto`'s measured choice of where detection runs (see [`crate::choice`]).
+    choice: Mutex<DeviceChoice>,
 }
 
 /// Counters printed in the exit summary.
@@ -125,6 +128,8 @@ struct Stats {
     passes: AtomicU64,
     failed: AtomicU64,
     graph_launches: AtomicU64,
+    auto_device: AtomicU64,
+    auto_full: AtomicU64,
     cooperative: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -157,6 +162,11 @@ pub struct Summary {
     pub declined: BTreeMap<String, u64>,
     /// Graph launches (run once).
     pub graph_launches: u64,
+    /// Replays `auto` ran with detection on the device, and with full copies (see
+    /// [`crate::choice`]).
+    pub auto_device: u64,
+    /// See `auto_device`.
+    pub auto_full: u64,
     /// Cooperative launches (run once).
     pub cooperative_not_replayed: u64,
     /// Allocations and mappings tracked.
@@ -208,7 +218,8 @@ impl std::fmt::Display for Summary {
              snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={} relaunch_ms={:.3} \
              drain_ms={:.3} replay_ms={:.3} copies={} copy_ms={:.3} copy_wait_ms={:.3} \
              verified={} verified_ms={:.3} verified_wait_ms={:.3} lists_uploaded={} hashes={} \
-             hash_ms={:.3} shadow_allocs={} shadow_alloc_ms={:.3}",
+             hash_ms={:.3} hash_wait_ms={:.3} shadow_allocs={} shadow_alloc_ms={:.3} \
+             auto_device={} auto_full={}",
             self.passes_per_launch,
             self.launches,
             self.replayed,
@@ -238,8 +249,11 @@ impl std::fmt::Display for Summary {
             m.lists_uploaded,
             m.hashes,
             ms(m.hash_ns),
+            ms(m.hash_wait_ns),
             m.shadow_allocs,
             ms(m.shadow_alloc_ns),
+            self.auto_device,
+            self.auto_full,
         )
     }
 }
@@ -385,6 +399,9 @@ impl ModuleLookup for DriverModules<'_> {
 
 thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+    /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
+    /// runs on the device (the last choice made before the snapshot is the one it runs with).
+    static CHOSEN: std::cell::Cell<Option<(ChoiceKey, bool)>> = const { std::cell::Cell::new(None) };
 }
 
 /// What one restore of a device shadow costs: a fixed part per restore plus the footprint at a
@@ -520,6 +537,7 @@ impl Backend {
             memory,
             snapshotter,
             filter: Filter::for_replay(ordinal as u64),
+            choice: Mutex::new(DeviceChoice::default()),
         });
         devices.push((key, state.clone()));
         Ok(state)
@@ -634,12 +652,64 @@ impl Backend {
             self.untracked_memory_kind(v)
         })?;
         if narrowed && self.config.snapshot.strategy == RestoreStrategy::Auto {
-            device.memory.set_hash_on_device(hash_on_device_for(
-                RestoreStrategy::Auto,
+            self.choose_detection(
+                device,
+                launch.function as usize,
                 scoped.referenced_bytes + scoped.variable_bytes,
-            ));
+            );
         }
         Ok(scoped.filter)
+    }
+
+    /// `auto`: offer the device kernels to the snapshot of a launch of `function` over
+    /// `footprint` bytes or not, as the device's measured choice says, and remember the choice
+    /// for [`Self::learn_choice`]. The kernels are loaded here when chosen, so that their
+    /// loading is not counted in the first snapshot that uses them.
+    fn choose_detection(&self, device: &DeviceState, function: usize, footprint: u64) {
+        let key = ChoiceKey::new(function, footprint);
+        let prior = hash_on_device_for(RestoreStrategy::Auto, footprint);
+        let on = device.choice.lock().choose(key, prior);
+        if on {
+            device.memory.load_kernels();
+        }
+        device.memory.set_hash_on_device(on);
+        CHOSEN.with(|c| c.set(Some((key, on))));
+    }
+
+    /// Record what the launch just replayed on `ctx` cost per restore under the choice
+    /// [`Self::choose_detection`] made for it.
+    fn learn_choice(&self, ctx: CuContext, record: &ReplayRecord) {
+        let Some((key, on)) = CHOSEN.with(std::cell::Cell::take) else {
+            return;
+        };
+        if !matches!(record.outcome, ReplayOutcome::Replayed { .. }) {
+            return;
+        }
+        let c = &record.cost;
+        let restore: Duration = c.restore_times.iter().sum();
+        let Some(ns) = per_restore_ns(
+            c.snapshot.as_nanos() as u64,
+            restore.as_nanos() as u64,
+            c.restore_times.len(),
+        ) else {
+            return;
+        };
+        let key_ctx = ctx as usize;
+        let state = self
+            .devices
+            .lock()
+            .iter()
+            .find(|(c, _)| *c == key_ctx)
+            .map(|(_, d)| d.clone());
+        if let Some(d) = state {
+            d.choice.lock().record(key, on, ns);
+        }
+        let counter = if on {
+            &self.stats.auto_device
+        } else {
+            &self.stats.auto_full
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The parameter layout of `f`, asked of the driver once per function.
@@ -729,6 +799,7 @@ impl Backend {
     }
 
     fn launch_enter(&self, launch: Launch, kernel: Option<&str>) {
+        CHOSEN.with(|c| c.set(None));
         self.stats.launches.fetch_add(1, Ordering::Relaxed);
         let traced = self.tools.dispatch_tracing_configured();
         let (mut tool, trace_only) = match self.tools.replay_tool() {
@@ -751,9 +822,7 @@ impl Backend {
                 .iter()
                 .map(|r| r.size)
                 .sum();
-            device
-                .memory
-                .set_hash_on_device(hash_on_device_for(RestoreStrategy::Auto, footprint));
+            self.choose_detection(&device, launch.function as usize, footprint);
         }
         let cuda_launch = CudaLaunch {
             driver: self.driver,
@@ -829,6 +898,7 @@ impl Backend {
         if trace_only {
             return;
         }
+        self.learn_choice(launch.ctx, &record);
         let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
         self.account(&record, &name);
         self.tools.replay_finished(&record, &name);
@@ -905,6 +975,8 @@ impl Backend {
             failed: l(&s.failed),
             declined: s.declines.lock().clone(),
             graph_launches: l(&s.graph_launches),
+            auto_device: l(&s.auto_device),
+            auto_full: l(&s.auto_full),
             cooperative_not_replayed: l(&s.cooperative),
             allocations: l(&s.allocations),
             frees: l(&s.frees),

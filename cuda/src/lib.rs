@@ -22,6 +22,7 @@
 //!   (its module's writable variables, what its arguments point into) and
 //!   `KREPLAY_SNAPSHOT_SCOPE=referenced`.
 //! * [`capture`]: stream captures in progress (a replay does not drain a device while one is).
+//! * [`choice`]: `auto`'s measured choice between full copies and detection on the device.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
 //!
@@ -29,6 +30,7 @@
 
 pub mod bench;
 pub mod capture;
+pub mod choice;
 pub mod config;
 pub mod cupti;
 pub mod demo;

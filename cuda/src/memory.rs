@@ -117,6 +117,7 @@ struct Times {
     lists_uploaded: AtomicU64,
     hashes: AtomicU64,
     hash_ns: AtomicU64,
+    hash_wait_ns: AtomicU64,
     shadow_allocs: AtomicU64,
     shadow_alloc_ns: AtomicU64,
 }
@@ -146,6 +147,8 @@ pub struct MemoryTimes {
     pub hashes: u64,
     /// Their time, ns.
     pub hash_ns: u64,
+    /// Of which waiting for kreplay's stream (the hash launch and the hashes' copy back), ns.
+    pub hash_wait_ns: u64,
     /// Device shadows allocated (`cuMemAlloc`; reuses of the kept one not counted).
     pub shadow_allocs: u64,
     /// Their time (free of the old one, `cuMemGetInfo`, `cuMemAlloc`), ns.
@@ -165,6 +168,7 @@ impl MemoryTimes {
             lists_uploaded: self.lists_uploaded + o.lists_uploaded,
             hashes: self.hashes + o.hashes,
             hash_ns: self.hash_ns + o.hash_ns,
+            hash_wait_ns: self.hash_wait_ns + o.hash_wait_ns,
             shadow_allocs: self.shadow_allocs + o.shadow_allocs,
             shadow_alloc_ns: self.shadow_alloc_ns + o.shadow_alloc_ns,
         }
@@ -236,6 +240,79 @@ struct Scratch {
     sent_entries_at: (CuDevicePtr, u64),
     sent_tiles: Vec<GatherEntry>,
     sent_tiles_at: (CuDevicePtr, u64),
+    /// Page-locked host memory that results come back into (a verified restore's bitmap, a
+    /// hash launch's hashes): a copy to pageable memory costs the driver a staging copy and
+    /// returns later than one to page-locked memory.
+    readback: PinnedSlot,
+}
+
+/// A page-locked host buffer: its address and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pinned {
+    addr: usize,
+    size: usize,
+}
+
+/// A page-locked host buffer grown on demand and kept, or none when the driver refused one
+/// (then it is not asked again, and results come back into the caller's own memory).
+#[derive(Debug, Default)]
+struct PinnedSlot {
+    buf: Option<Pinned>,
+    refused: bool,
+}
+
+impl PinnedSlot {
+    /// The address of a buffer of at least `size` bytes: the kept one, or a new one of the
+    /// next power of two (at least 4 KiB) from `alloc`, the too small one handed to `free`
+    /// first. `None` when `alloc` fails (now or before): read back into pageable memory.
+    fn get(
+        &mut self,
+        size: usize,
+        alloc: impl FnOnce(usize) -> Option<usize>,
+        free: impl FnOnce(usize),
+    ) -> Option<usize> {
+        if let Some(b) = self.buf
+            && b.size >= size
+        {
+            return Some(b.addr);
+        }
+        if self.refused {
+            return None;
+        }
+        if let Some(old) = self.buf.take() {
+            free(old.addr);
+        }
+        let size = size.max(4096).next_power_of_two();
+        match alloc(size) {
+            Some(addr) if addr != 0 => {
+                self.buf = Some(Pinned { addr, size });
+                Some(addr)
+            }
+            _ => {
+                self.refused = true;
+                None
+            }
+        }
+    }
+
+    /// The buffer, given up (to be freed at teardown).
+    fn take(&mut self) -> Option<Pinned> {
+        self.buf.take()
+    }
+}
+
+/// `cuMemAllocHost` of `size` bytes (the current context's), or `None`.
+fn alloc_pinned(driver: &Driver, size: usize) -> Option<usize> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: writes the address of a new page-locked allocation of `size` bytes.
+    let rc = unsafe { (driver.mem_alloc_host)(&mut p, size) };
+    (rc == crate::driver::CUDA_SUCCESS && !p.is_null()).then_some(p as usize)
+}
+
+/// `cuMemFreeHost` of a buffer from [`alloc_pinned`] that nothing uses any more.
+fn free_pinned(driver: &Driver, addr: usize) {
+    // SAFETY: a page-locked allocation of ours; the stream that used it was waited for.
+    unsafe { (driver.mem_free_host)(addr as *mut c_void) };
 }
 
 /// A scratch buffer of at least `size` bytes in `slot`, reallocated (power-of-two sizes) when
@@ -431,6 +508,16 @@ impl CudaMemory {
         self.hash_on_device.store(on, Ordering::Relaxed);
     }
 
+    /// Load the device kernels into the context now if they are not yet (a failure is kept
+    /// and met again by whatever needs them).
+    pub fn load_kernels(&self) {
+        if self.kernels.get().is_none()
+            && let Ok(_guard) = self.enter()
+        {
+            let _ = self.kernels();
+        }
+    }
+
     /// The device kernels of this context, loaded on first use (the caller has made the
     /// context current).
     pub fn kernels(&self) -> Result<&Kernels, String> {
@@ -560,6 +647,7 @@ impl CudaMemory {
             lists_uploaded: l(&t.lists_uploaded),
             hashes: l(&t.hashes),
             hash_ns: l(&t.hash_ns),
+            hash_wait_ns: l(&t.hash_wait_ns),
             shadow_allocs: l(&t.shadow_allocs),
             shadow_alloc_ns: l(&t.shadow_alloc_ns),
         }
@@ -591,6 +679,10 @@ impl Drop for CudaMemory {
             for s in all.into_iter().flatten() {
                 // SAFETY: our scratch allocations, no longer used.
                 unsafe { (self.driver.mem_free)(s.addr) };
+            }
+            let mut readback = scratch.readback;
+            if let Some(p) = readback.take() {
+                free_pinned(self.driver, p.addr);
             }
             if let Some(Ok(k)) = self.kernels.get() {
                 // SAFETY: our module; nothing of it runs any more.
@@ -730,10 +822,32 @@ impl DeviceMemory for CudaMemory {
             scratch_buffer(self.driver, &mut scratch.list, list_bytes as u64).map_err(fail)?;
         let dev_out =
             scratch_buffer(self.driver, &mut scratch.hashes, out_bytes as u64).map_err(fail)?;
+        // The hashes, then the tails, come back into page-locked memory where the driver
+        // gives some (one staging-free copy each instead of the driver's pageable path).
+        let tail_bytes: usize = tails.iter().map(|t| t.2.len()).sum();
+        let pinned = scratch.readback.get(
+            out_bytes + tail_bytes,
+            |n| alloc_pinned(self.driver, n),
+            |p| free_pinned(self.driver, p),
+        );
         let host_out = &mut out[lo..hi];
+        let out_to = pinned.map_or(host_out.as_mut_ptr().cast::<c_void>(), |p| p as *mut c_void);
+        let mut tail_at = out_bytes;
+        let tail_to: Vec<*mut c_void> = tails
+            .iter_mut()
+            .map(|(_, _, bytes)| match pinned {
+                Some(p) => {
+                    let to = (p + tail_at) as *mut c_void;
+                    tail_at += bytes.len();
+                    to
+                }
+                None => bytes.as_mut_ptr().cast(),
+            })
+            .collect();
         // SAFETY: every range is a tracked allocation fenced by the inventory (or our shadow);
-        // dev_list and dev_out were just sized for the list and the span; entries, host_out and
-        // the tails live until the wait below.
+        // dev_list and dev_out were just sized for the list and the span; entries, host_out,
+        // the tails and the pinned buffer (sized for the span and the tails) live until the
+        // wait below.
         let queued = unsafe {
             self.driver
                 .check(
@@ -759,29 +873,45 @@ impl DeviceMemory for CudaMemory {
                 .and_then(|()| {
                     self.driver.check(
                         "cuMemcpyDtoHAsync_v2",
-                        (self.driver.memcpy_dtoh_async)(
-                            host_out.as_mut_ptr().cast(),
-                            dev_out,
-                            out_bytes,
-                            self.stream(),
-                        ),
+                        (self.driver.memcpy_dtoh_async)(out_to, dev_out, out_bytes, self.stream()),
                     )
                 })
                 .and_then(|()| {
-                    tails.iter_mut().try_for_each(|(_, at, bytes)| {
-                        self.driver.check(
-                            "cuMemcpyDtoHAsync_v2",
-                            (self.driver.memcpy_dtoh_async)(
-                                bytes.as_mut_ptr().cast(),
-                                *at,
-                                bytes.len(),
-                                self.stream(),
-                            ),
-                        )
-                    })
+                    tails
+                        .iter()
+                        .zip(&tail_to)
+                        .try_for_each(|((_, at, bytes), &to)| {
+                            self.driver.check(
+                                "cuMemcpyDtoHAsync_v2",
+                                (self.driver.memcpy_dtoh_async)(
+                                    to,
+                                    *at,
+                                    bytes.len(),
+                                    self.stream(),
+                                ),
+                            )
+                        })
                 })
         };
-        let waited = self.sync();
+        let waited = self.sync_timed(&self.times.hash_wait_ns);
+        if let (Ok(()), Ok(()), Some(p)) = (&queued, &waited, pinned) {
+            // SAFETY: the stream just waited for copied the span's hashes to p and each tail
+            // to its place after them; none of it overlaps host_out or the tails' vectors.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    p as *const u8,
+                    host_out.as_mut_ptr().cast::<u8>(),
+                    out_bytes,
+                );
+                for ((_, _, bytes), &from) in tails.iter_mut().zip(&tail_to) {
+                    std::ptr::copy_nonoverlapping(
+                        from as *const u8,
+                        bytes.as_mut_ptr(),
+                        bytes.len(),
+                    );
+                }
+            }
+        }
         add(&self.times.hashes, 1);
         add(&self.times.hash_ns, since(start));
         queued.and(waited).map_err(fail)?;
@@ -884,6 +1014,12 @@ impl DeviceMemory for CudaMemory {
         let had = scratch.snap.map(|s| s.addr);
         let dev_snap =
             scratch_buffer(self.driver, &mut scratch.snap, snap_bytes as u64).map_err(fail)?;
+        // The bitmap comes back into page-locked memory where the driver gives some.
+        let pinned = scratch.readback.get(
+            bits_bytes,
+            |n| alloc_pinned(self.driver, n),
+            |p| free_pinned(self.driver, p),
+        );
         // The snapshot's hashes go to the device once per snapshot (and after a regrowth).
         let upload_hashes = scratch.snap_id != job.snapshot_id || had != Some(dev_snap);
         scratch.snap_id = 0;
@@ -989,18 +1125,25 @@ impl DeviceMemory for CudaMemory {
             })
         })
         .and_then(|()| {
-            // SAFETY: changed is a live host buffer of bits_bytes until the wait below.
-            let rc = unsafe {
-                (self.driver.memcpy_dtoh_async)(
-                    changed.as_mut_ptr().cast(),
-                    dev_bits,
-                    bits_bytes,
-                    self.stream(),
-                )
-            };
+            let to = pinned.map_or(changed.as_mut_ptr().cast::<c_void>(), |p| p as *mut c_void);
+            // SAFETY: `to` is the pinned buffer (at least bits_bytes, kept in the scratch) or
+            // changed (bits_bytes), live until the wait below.
+            let rc =
+                unsafe { (self.driver.memcpy_dtoh_async)(to, dev_bits, bits_bytes, self.stream()) };
             self.driver.check("cuMemcpyDtoHAsync_v2", rc)
         });
         let waited = self.sync_timed(&self.times.verified_wait_ns);
+        if let (Ok(()), Ok(()), Some(p)) = (&queued, &waited, pinned) {
+            // SAFETY: the pinned buffer holds bits_bytes of the bitmap, copied there by the
+            // stream just waited for; it does not overlap changed.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    p as *const u8,
+                    changed.as_mut_ptr().cast::<u8>(),
+                    bits_bytes,
+                )
+            };
+        }
         scratch.entries = entries;
         scratch.set = set;
         scratch.merged = merged;
@@ -1227,6 +1370,67 @@ mod tests {
         let mut empty: Vec<u64> = Vec::new();
         assert!(upload_needed(&mut empty, &mut none, &[], (0, 0)));
         assert!(upload_needed(&mut empty, &mut none, &[], (0, 0)));
+    }
+
+    #[test]
+    fn results_come_back_into_one_kept_pinned_buffer_regrown_only_when_too_small() {
+        use std::cell::RefCell;
+        let allocs = RefCell::new(Vec::new());
+        let frees = RefCell::new(Vec::new());
+        let mut next = 0x10_0000usize;
+        let mut alloc = |n: usize| {
+            allocs.borrow_mut().push(n);
+            next += 0x10_0000;
+            Some(next)
+        };
+        let mut slot = PinnedSlot::default();
+        // The first read-back allocates (a power of two, at least 4 KiB); later ones that fit
+        // reuse it without asking the driver again.
+        let a = slot.get(100, &mut alloc, |p| frees.borrow_mut().push(p));
+        assert_eq!(a, Some(0x20_0000));
+        for n in [1, 100, 4096] {
+            assert_eq!(slot.get(n, &mut alloc, |p| frees.borrow_mut().push(p)), a);
+        }
+        assert_eq!(*allocs.borrow(), [4096]);
+        // A larger one frees the old buffer first, then allocates the next power of two.
+        let b = slot.get(5000, &mut alloc, |p| frees.borrow_mut().push(p));
+        assert_eq!(b, Some(0x30_0000));
+        assert_eq!(*allocs.borrow(), [4096, 8192]);
+        assert_eq!(*frees.borrow(), [0x20_0000]);
+        // Teardown gets the live buffer, once.
+        assert_eq!(
+            slot.take(),
+            Some(Pinned {
+                addr: 0x30_0000,
+                size: 8192
+            })
+        );
+        assert_eq!(slot.take(), None);
+    }
+
+    #[test]
+    fn a_refused_pinned_buffer_reads_back_into_pageable_memory_from_then_on() {
+        let mut asked = 0;
+        let mut slot = PinnedSlot::default();
+        let mut refuse = |_| {
+            asked += 1;
+            None
+        };
+        assert_eq!(
+            slot.get(64, &mut refuse, |_| panic!("nothing to free")),
+            None
+        );
+        assert_eq!(
+            slot.get(64, &mut refuse, |_| panic!("nothing to free")),
+            None
+        );
+        // The driver is asked once: a process short of page-locked memory is not asked at
+        // every restore.
+        assert_eq!(asked, 1);
+        // A null address is a refusal too.
+        let mut slot = PinnedSlot::default();
+        assert_eq!(slot.get(64, |_| Some(0), |_| {}), None);
+        assert_eq!(slot.take(), None);
     }
 
     #[test]

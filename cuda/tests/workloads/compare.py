@@ -45,7 +45,8 @@ WRAPPER = (
 
 # Fields of kreplay's exit summary worth a median.
 FIELDS = ("snapshot_ms", "restore_ms", "relaunch_ms", "drain_ms", "replay_ms", "restores",
-          "verified_wait_ms", "copy_wait_ms")
+          "copies", "copy_ms", "copy_wait_ms", "verified", "verified_ms", "verified_wait_ms",
+          "hashes", "hash_ms", "hash_wait_ms", "auto_device", "auto_full")
 
 
 def run(cmd, env_extra):

@@ -1,0 +1,180 @@
+//! `auto`'s choice, per launch, between restoring a device shadow in full (copy engine or one
+//! gather launch) and offering the device kernels to the snapshot (hash at the snapshot, verified
+//! restores that read the footprint and copy what changed), from what this process measured.
+//!
+//! A fixed cost model cannot know the program: what a verified restore saves depends on how much
+//! of the footprint its kernel writes, and its fixed costs on the GPU and the driver. So each
+//! launch's cost per restore (its snapshot and all its restores, over the number of restores) is
+//! recorded under the mode it ran in, keyed by the launched function and the footprint's size
+//! class (a power of two), and the next launch of that key takes the cheaper mode once both have
+//! been measured. A key measured in one mode only tries the other once; a key never seen takes
+//! what its size class measured over all functions, and the fitted model
+//! ([`crate::inject::hash_on_device_for`]) where that class has no measurement of both modes
+//! either. The choice is a function of the recorded costs alone, so it is deterministic.
+
+use std::collections::HashMap;
+
+/// What a choice is about: the launched function and the footprint's size class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChoiceKey {
+    function: usize,
+    class: u32,
+}
+
+impl ChoiceKey {
+    /// The key of a launch of `function` (its handle) over `footprint` bytes.
+    pub fn new(function: usize, footprint: u64) -> ChoiceKey {
+        ChoiceKey {
+            function,
+            class: size_class(footprint),
+        }
+    }
+}
+
+/// The power-of-two size class of `footprint` (0 for nothing, else 1 + floor(log2)).
+pub fn size_class(footprint: u64) -> u32 {
+    u64::BITS - footprint.leading_zeros()
+}
+
+/// Measured cost per restore of one mode: the sum and the count of launches.
+#[derive(Clone, Copy, Debug, Default)]
+struct Measured {
+    ns: f64,
+    launches: u32,
+}
+
+impl Measured {
+    fn add(&mut self, ns: f64) {
+        self.ns += ns;
+        self.launches += 1;
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.launches > 0).then(|| self.ns / f64::from(self.launches))
+    }
+}
+
+/// Both modes' measurements: `[full copy, on the device]`.
+type Pair = [Measured; 2];
+
+/// The cheaper mode of `pair` when both were measured (ties keep full copies).
+fn cheaper(pair: &Pair) -> Option<bool> {
+    Some(pair[1].mean()? < pair[0].mean()?)
+}
+
+/// Measured choices of one device.
+#[derive(Debug, Default)]
+pub struct DeviceChoice {
+    keys: HashMap<ChoiceKey, Pair>,
+    classes: HashMap<u32, Pair>,
+}
+
+impl DeviceChoice {
+    /// Whether a launch with key `key` detects on the device; `prior` is the fitted model's
+    /// answer for its footprint (see the module docs for the order of the rules).
+    pub fn choose(&self, key: ChoiceKey, prior: bool) -> bool {
+        if let Some(pair) = self.keys.get(&key) {
+            if let Some(on) = cheaper(pair) {
+                return on;
+            }
+            // Measured in one mode only: try the other once.
+            return pair[0].launches > 0;
+        }
+        self.classes
+            .get(&key.class)
+            .and_then(cheaper)
+            .unwrap_or(prior)
+    }
+
+    /// Record a launch with key `key` that ran with detection on the device (`on`) or not and
+    /// cost `ns` nanoseconds per restore (its snapshot and restores over its restores).
+    pub fn record(&mut self, key: ChoiceKey, on: bool, ns: f64) {
+        if !ns.is_finite() || ns < 0.0 {
+            return;
+        }
+        let i = usize::from(on);
+        self.keys.entry(key).or_default()[i].add(ns);
+        self.classes.entry(key.class).or_default()[i].add(ns);
+    }
+
+    /// How many keys have been measured in both modes (for the exit summary).
+    pub fn decided(&self) -> usize {
+        self.keys.values().filter(|p| cheaper(p).is_some()).count()
+    }
+}
+
+/// The cost per restore of a replay whose snapshot took `snapshot_ns` and whose `restores`
+/// restores took `restore_ns` in all; `None` without restores (nothing to learn from).
+pub fn per_restore_ns(snapshot_ns: u64, restore_ns: u64, restores: usize) -> Option<f64> {
+    (restores > 0).then(|| (snapshot_ns + restore_ns) as f64 / restores as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_key_tries_the_other_mode_once_then_keeps_the_cheaper() {
+        let mut c = DeviceChoice::default();
+        let k = ChoiceKey::new(0x10, 200 * MIB);
+        // The fitted model says "on the device" for 200 MiB: the first launch follows it.
+        assert!(c.choose(k, true));
+        c.record(k, true, 120_000.0);
+        // Then full copies once, measured cheaper: kept from then on.
+        assert!(!c.choose(k, true));
+        c.record(k, false, 80_000.0);
+        assert!(!c.choose(k, true));
+        assert!(!c.choose(k, true));
+        // Full copies grow dearer over later launches (the mean follows): the device again.
+        c.record(k, false, 400_000.0);
+        assert!(c.choose(k, true));
+        assert_eq!(c.decided(), 1);
+    }
+
+    #[test]
+    fn a_small_footprint_measured_cheaper_on_the_device_leaves_full_copies() {
+        // The fitted model keeps 40 MiB in full copies; this process measures otherwise.
+        let mut c = DeviceChoice::default();
+        let k = ChoiceKey::new(0x20, 40 * MIB);
+        assert!(!c.choose(k, false));
+        c.record(k, false, 60_000.0);
+        assert!(c.choose(k, false));
+        c.record(k, true, 35_000.0);
+        assert!(c.choose(k, false));
+    }
+
+    #[test]
+    fn a_new_function_takes_what_its_size_class_measured_or_the_model() {
+        let mut c = DeviceChoice::default();
+        let a = ChoiceKey::new(0x30, 70 * MIB);
+        c.record(a, false, 90_000.0);
+        // One mode measured in the class: an unseen function still follows the model.
+        let b = ChoiceKey::new(0x40, 100 * MIB);
+        assert_eq!(size_class(70 * MIB), size_class(100 * MIB));
+        assert!(!c.choose(b, false));
+        assert!(c.choose(b, true));
+        c.record(a, true, 50_000.0);
+        // Both measured in the class: the cheaper, whatever the model says.
+        assert!(c.choose(b, false));
+        // Another size class knows nothing yet.
+        let d = ChoiceKey::new(0x40, 300 * MIB);
+        assert!(!c.choose(d, false));
+    }
+
+    #[test]
+    fn ties_and_unusable_figures_keep_full_copies() {
+        let mut c = DeviceChoice::default();
+        let k = ChoiceKey::new(1, 64 * MIB);
+        c.record(k, true, f64::NAN);
+        c.record(k, true, -1.0);
+        // Nothing recorded: the model.
+        assert!(!c.choose(k, false));
+        c.record(k, false, 50_000.0);
+        c.record(k, true, 50_000.0);
+        assert!(!c.choose(k, true));
+        assert_eq!(per_restore_ns(1_000, 9_000, 0), None);
+        assert_eq!(per_restore_ns(1_000, 9_000, 10), Some(1_000.0));
+    }
+}
