@@ -6,11 +6,13 @@
 //! of the footprint its kernel writes, and its fixed costs on the GPU and the driver. So each
 //! launch's cost per restore (its snapshot and all its restores, over the number of restores) is
 //! recorded under the mode it ran in, keyed by the launched function and the footprint's size
-//! class (a power of two), and the next launch of that key takes the cheaper mode once both have
-//! been measured. A key measured in one mode only tries the other once; a key never seen takes
-//! what its size class measured over all functions, and the fitted model
-//! ([`crate::inject::hash_on_device_for`]) where that class has no measurement of both modes
-//! either. The choice is a function of the recorded costs alone, so it is deterministic.
+//! class (a power of two). A key is decided once it ran once with full copies and twice on the
+//! device (the snapshot crate learns a kernel's write set over its first restores on the device,
+//! so the first such launch costs more than the next), by the latest cost of each mode; until
+//! then it runs in the mode still missing a measurement. A key never seen takes what its size
+//! class measured over all functions (the mean of each mode), and the fitted model
+//! ([`crate::inject::hash_on_device_for`]) where that class has not measured both modes. The
+//! choice is a function of the recorded costs alone, so it is deterministic.
 
 use std::collections::HashMap;
 
@@ -36,17 +38,19 @@ pub fn size_class(footprint: u64) -> u32 {
     u64::BITS - footprint.leading_zeros()
 }
 
-/// Measured cost per restore of one mode: the sum and the count of launches.
+/// Measured cost per restore of one mode: the sum, the count of launches and the latest.
 #[derive(Clone, Copy, Debug, Default)]
 struct Measured {
     ns: f64,
     launches: u32,
+    last: f64,
 }
 
 impl Measured {
     fn add(&mut self, ns: f64) {
         self.ns += ns;
         self.launches += 1;
+        self.last = ns;
     }
 
     fn mean(&self) -> Option<f64> {
@@ -57,8 +61,24 @@ impl Measured {
 /// Both modes' measurements: `[full copy, on the device]`.
 type Pair = [Measured; 2];
 
-/// The cheaper mode of `pair` when both were measured (ties keep full copies).
-fn cheaper(pair: &Pair) -> Option<bool> {
+/// Launches on the device a key needs before it is decided (the first one learns).
+pub const DEVICE_LAUNCHES_TO_DECIDE: u32 = 2;
+
+/// A key's mode: the cheaper by the latest costs once decided (ties keep full copies), else the
+/// mode still to measure.
+fn key_mode(pair: &Pair) -> bool {
+    let [full, device] = pair;
+    if full.launches == 0 {
+        return false;
+    }
+    if device.launches < DEVICE_LAUNCHES_TO_DECIDE {
+        return true;
+    }
+    device.last < full.last
+}
+
+/// A size class's mode when both were measured: the cheaper by their means.
+fn class_mode(pair: &Pair) -> Option<bool> {
     Some(pair[1].mean()? < pair[0].mean()?)
 }
 
@@ -74,15 +94,11 @@ impl DeviceChoice {
     /// answer for its footprint (see the module docs for the order of the rules).
     pub fn choose(&self, key: ChoiceKey, prior: bool) -> bool {
         if let Some(pair) = self.keys.get(&key) {
-            if let Some(on) = cheaper(pair) {
-                return on;
-            }
-            // Measured in one mode only: try the other once.
-            return pair[0].launches > 0;
+            return key_mode(pair);
         }
         self.classes
             .get(&key.class)
-            .and_then(cheaper)
+            .and_then(class_mode)
             .unwrap_or(prior)
     }
 
@@ -97,9 +113,12 @@ impl DeviceChoice {
         self.classes.entry(key.class).or_default()[i].add(ns);
     }
 
-    /// How many keys have been measured in both modes (for the exit summary).
+    /// How many keys have been measured enough to be decided.
     pub fn decided(&self) -> usize {
-        self.keys.values().filter(|p| cheaper(p).is_some()).count()
+        self.keys
+            .values()
+            .filter(|[f, d]| f.launches > 0 && d.launches >= DEVICE_LAUNCHES_TO_DECIDE)
+            .count()
     }
 }
 
@@ -116,21 +135,28 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn a_key_tries_the_other_mode_once_then_keeps_the_cheaper() {
+    fn a_key_measures_both_modes_then_keeps_the_cheaper_by_the_latest_costs() {
         let mut c = DeviceChoice::default();
         let k = ChoiceKey::new(0x10, 200 * MIB);
-        // The fitted model says "on the device" for 200 MiB: the first launch follows it.
+        // The fitted model says "on the device" for 200 MiB: the first launch follows it
+        // (and learns the write set: dear).
         assert!(c.choose(k, true));
-        c.record(k, true, 120_000.0);
-        // Then full copies once, measured cheaper: kept from then on.
+        c.record(k, true, 300_000.0);
+        // Then full copies once, then the device again (now with what it learned).
         assert!(!c.choose(k, true));
         c.record(k, false, 80_000.0);
-        assert!(!c.choose(k, true));
-        assert!(!c.choose(k, true));
-        // Full copies grow dearer over later launches (the mean follows): the device again.
-        c.record(k, false, 400_000.0);
         assert!(c.choose(k, true));
+        assert_eq!(c.decided(), 0);
+        c.record(k, true, 60_000.0);
+        // Decided: the device's latest launch beat the full copies, although its first did not.
         assert_eq!(c.decided(), 1);
+        assert!(c.choose(k, true));
+        assert!(c.choose(k, false));
+        // The device's next launch costs more than the full copies did: full copies.
+        c.record(k, true, 90_000.0);
+        assert!(!c.choose(k, true));
+        c.record(k, false, 100_000.0);
+        assert!(c.choose(k, true));
     }
 
     #[test]
@@ -140,6 +166,8 @@ mod tests {
         let k = ChoiceKey::new(0x20, 40 * MIB);
         assert!(!c.choose(k, false));
         c.record(k, false, 60_000.0);
+        assert!(c.choose(k, false));
+        c.record(k, true, 70_000.0);
         assert!(c.choose(k, false));
         c.record(k, true, 35_000.0);
         assert!(c.choose(k, false));
@@ -172,6 +200,7 @@ mod tests {
         // Nothing recorded: the model.
         assert!(!c.choose(k, false));
         c.record(k, false, 50_000.0);
+        c.record(k, true, 50_000.0);
         c.record(k, true, 50_000.0);
         assert!(!c.choose(k, true));
         assert_eq!(per_restore_ns(1_000, 9_000, 0), None);

@@ -30,6 +30,10 @@ pub struct Config {
     pub shadow: ShadowBudget,
     /// Log level (`KREPLAY_LOG`).
     pub log: LogLevel,
+    /// `auto` on a device shadow: whether detection runs on the device is chosen from what this
+    /// process measured (`KREPLAY_CUDA_AUTO_DEVICE=measured`, the default; see
+    /// [`crate::choice`]) or from the fitted cost model alone (`model`).
+    pub auto_measured: bool,
 }
 
 /// Digits only (no sign, space or unit), as every numeric `KREPLAY_*` setting.
@@ -139,6 +143,15 @@ impl Config {
                 ));
             }
         };
+        let auto_measured = match lookup("KREPLAY_CUDA_AUTO_DEVICE").as_deref().map(str::trim) {
+            None | Some("measured") => true,
+            Some("model") => false,
+            Some(other) => {
+                return Err(format!(
+                    "KREPLAY_CUDA_AUTO_DEVICE={other:?}: expected measured or model"
+                ));
+            }
+        };
         snapshot
             .validate()
             .map_err(|e| format!("snapshot configuration: {e}"))?;
@@ -147,6 +160,7 @@ impl Config {
             snapshot,
             shadow,
             log,
+            auto_measured,
         })
     }
 
@@ -166,6 +180,26 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn auto_chooses_device_detection_from_measurements_unless_asked_for_the_model() {
+        assert!(with(&[]).unwrap().auto_measured);
+        assert!(
+            with(&[("KREPLAY_CUDA_AUTO_DEVICE", "measured")])
+                .unwrap()
+                .auto_measured
+        );
+        assert!(
+            !with(&[("KREPLAY_CUDA_AUTO_DEVICE", " model ")])
+                .unwrap()
+                .auto_measured
+        );
+        let e = with(&[("KREPLAY_CUDA_AUTO_DEVICE", "fitted")]).unwrap_err();
+        assert!(
+            e.contains("KREPLAY_CUDA_AUTO_DEVICE") && e.contains("fitted"),
+            "{e}"
+        );
     }
 
     #[test]

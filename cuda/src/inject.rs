@@ -668,7 +668,11 @@ impl Backend {
     fn choose_detection(&self, device: &DeviceState, function: usize, footprint: u64) {
         let key = ChoiceKey::new(function, footprint);
         let prior = hash_on_device_for(RestoreStrategy::Auto, footprint);
-        let on = device.choice.lock().choose(key, prior);
+        let on = if self.config.auto_measured {
+            device.choice.lock().choose(key, prior)
+        } else {
+            prior
+        };
         if on {
             device.memory.load_kernels();
         }
