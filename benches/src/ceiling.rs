@@ -333,6 +333,26 @@ mod tests {
     }
 
     #[test]
+    fn the_streaming_copy_copies_every_byte_at_any_alignment() {
+        let src: Vec<u8> = (0..BLOCK + 300).map(|i| (i * 11 + i / 251) as u8).collect();
+        for len in [0, 1, 15, 16, 63, 64, 65, 4096 + 37, BLOCK + 200] {
+            for (s_off, d_off) in [(0, 0), (1, 0), (0, 5), (7, 33)] {
+                let mut dst = vec![0xEEu8; len + 80];
+                // SAFETY: both ranges lie inside their vectors, which do not overlap.
+                unsafe {
+                    copy_streaming(dst.as_mut_ptr().add(d_off), src.as_ptr().add(s_off), len)
+                };
+                assert!(
+                    dst[d_off..d_off + len] == src[s_off..s_off + len],
+                    "{len} {s_off} {d_off}"
+                );
+                assert!(dst[..d_off].iter().all(|&b| b == 0xEE), "before");
+                assert!(dst[d_off + len..].iter().all(|&b| b == 0xEE), "after");
+            }
+        }
+    }
+
+    #[test]
     fn thread_ranges_cover_the_buffer_once() {
         for split in [Split::Shares, Split::Blocks] {
             for threads in 1..4 {
