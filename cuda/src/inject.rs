@@ -47,7 +47,7 @@ use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter};
 use crate::timing::PassTimer;
 use crate::tracking::MemoryWatch;
-use crate::window::{LaunchOps, Mark, Window, WindowContext};
+use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
 /// What the backend asks of the tool side.
 pub trait Tools: Send + Sync + 'static {
@@ -70,6 +70,13 @@ pub trait Tools: Send + Sync + 'static {
     /// before that pass's PASS EXIT, under its context mask) or a launch run once (`None`, at
     /// its API EXIT, on the launching thread).
     fn dispatch_completed(&self, _record: &DispatchRecord) {}
+    /// KERNEL_DISPATCH ENQUEUE ENTER of a submission about to happen, on the launching thread:
+    /// pass `Some(pass)` of a replayed launch (under its context mask) or a launch run once
+    /// (`None`). Returns what delivers its EXIT right after the submission. Asked only while
+    /// dispatch tracing is configured, for the launches whose completions are reported.
+    fn dispatch_enqueue(&self, _info: &DispatchInfo, _pass: Option<u64>) -> Option<Enqueued> {
+        None
+    }
     /// The process is exiting; `summary` holds the backend's totals.
     fn at_exit(&self, _summary: &Summary) {}
 }
@@ -347,6 +354,10 @@ impl LaunchOps for InjectedLaunch<'_> {
                 log(LogLevel::Warn, format!("dispatch timing: {e}"));
             }
         }
+    }
+    fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
+        self.traced
+            .and_then(|(_, tools)| tools.dispatch_enqueue(info, pass))
     }
     fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
         if let Some((timer, tools)) = self.traced {

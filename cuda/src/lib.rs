@@ -51,4 +51,4 @@ pub use config::{Config, LogLevel};
 pub use driver::{CuError, Driver, LoadError};
 pub use launch::{CudaLaunch, Launch, LaunchApi};
 pub use memory::{CudaMemory, ShadowBudget};
-pub use window::{EnterCost, LaunchOps, Mark, Window, WindowContext};
+pub use window::{Enqueued, EnterCost, LaunchOps, Mark, Window, WindowContext};

@@ -73,6 +73,39 @@ pub trait LaunchOps {
     fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
         let _ = (info, pass);
     }
+    /// The launch of pass `pass` (`Some`), or the one run of a launch that is not replayed
+    /// (`None`), is about to be submitted: where a dispatch-tracing implementation announces it
+    /// (KERNEL_DISPATCH ENQUEUE ENTER) and returns what announces its end (EXIT), which the
+    /// window calls right after the submission, under the same pass's mask. Called before
+    /// [`mark`](Self::mark)`(Before)`; the EXIT comes after `mark(After)`, whether or not the
+    /// submission succeeded. The application's own launch is announced at API ENTER (after
+    /// PASS ENTER 0 of a replay) and ended at API EXIT.
+    fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
+        let _ = (info, pass);
+        None
+    }
+}
+
+/// The end of a submission announced by [`LaunchOps::enqueue`]: [`exit`](Self::exit) delivers
+/// it (KERNEL_DISPATCH ENQUEUE EXIT).
+pub struct Enqueued(Box<dyn FnOnce()>);
+
+impl Enqueued {
+    /// `exit` runs once, right after the announced submission.
+    pub fn new(exit: impl FnOnce() + 'static) -> Enqueued {
+        Enqueued(Box::new(exit))
+    }
+
+    /// The submission happened (or failed): deliver its EXIT.
+    pub fn exit(self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Enqueued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enqueued").finish_non_exhaustive()
+    }
 }
 
 /// Where [`LaunchOps::mark`] is called from.
@@ -130,6 +163,8 @@ pub struct Window {
     answer: ToolAnswer,
     state: State,
     cost: EnterCost,
+    /// The application's launch as announced at API ENTER (its EXIT is due at API EXIT).
+    enqueued: Option<Enqueued>,
 }
 
 impl std::fmt::Debug for Window {
@@ -181,19 +216,25 @@ impl Window {
     ) -> Window {
         let answer = tool.config_enter(&info);
         let mut cost = EnterCost::default();
+        let mut enqueued = None;
         let state = match ReplayPlan::from_answer_within(&answer, &tool.limits()) {
             ReplayPlan::Once(_) => State::Ordinary(cx.locks.read_owned(info.agent_id).ok()),
             ReplayPlan::Replay { total_passes, .. } => {
-                Self::prepare(cx, tool, &info, ops, total_passes, &mut cost)
+                Self::prepare(cx, tool, &info, ops, total_passes, &mut cost, &mut enqueued)
             }
         };
-        // The application's launch (pass 0, or its one run) is submitted next.
+        // The application's launch (pass 0, announced under its mask by `prepare`, or its one
+        // run) is submitted next.
+        if !matches!(state, State::Ready { .. }) {
+            enqueued = ops.enqueue(&info, None);
+        }
         ops.mark(Mark::Before);
         Window {
             info,
             answer,
             state,
             cost,
+            enqueued,
         }
     }
 
@@ -204,6 +245,7 @@ impl Window {
         ops: &O,
         total_passes: u64,
         cost: &mut EnterCost,
+        enqueued: &mut Option<Enqueued>,
     ) -> State {
         if let Err(why) = ops.replayable() {
             return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
@@ -273,6 +315,8 @@ impl Window {
                     tool.pass_enter(info, 0, total_passes);
                 }
                 let masked_at_pass0 = mask.masked_off();
+                // The application's launch is pass 0: announced under pass 0's mask.
+                *enqueued = ops.enqueue(info, Some(0));
                 drop(mask);
                 State::Ready {
                     lock: Some(lock),
@@ -321,6 +365,7 @@ impl Window {
             answer,
             state,
             cost,
+            mut enqueued,
         } = self;
         ops.mark(Mark::After);
         let pass0_masked = match &state {
@@ -329,11 +374,18 @@ impl Window {
             } => Some(masked_at_pass0.clone()),
             _ => None,
         };
+        if pass0_masked.is_none()
+            && let Some(enqueued) = enqueued.take()
+        {
+            // The launch's one run was submitted.
+            enqueued.exit();
+        }
         let launch_ok = launched.is_ok();
         let mut device = ExitDevice {
             state,
             ops,
             launched,
+            pass0_enqueued: enqueued,
         };
         let mut adapter = AfterEnter {
             inner: tool,
@@ -341,6 +393,10 @@ impl Window {
             pass0_masked,
         };
         let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
+        if let Some(enqueued) = device.pass0_enqueued.take() {
+            // Pass 0 was never run by the loop: its announcement still ends.
+            enqueued.exit();
+        }
         if launch_ok && matches!(record.outcome, ReplayOutcome::RanOnce { .. }) {
             // Not replayed (opted out, one pass, declined): the application's launch was its
             // one run.
@@ -409,6 +465,8 @@ struct ExitDevice<'o, O: ?Sized> {
     state: State,
     ops: &'o O,
     launched: Result<(), String>,
+    /// The application's launch as announced at API ENTER, ended by pass 0 under its mask.
+    pass0_enqueued: Option<Enqueued>,
 }
 
 fn snapshot_request(r: &RestoreRequest) -> kreplay_snapshot::RestoreRequest {
@@ -484,7 +542,10 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
 
     fn run_pass(&mut self, info: &DispatchInfo, pass: u64) -> Result<(), Decline> {
         if pass == 0 {
-            // The application's own launch.
+            // The application's own launch, submitted before API EXIT.
+            if let Some(enqueued) = self.pass0_enqueued.take() {
+                enqueued.exit();
+            }
             if let Err(why) = &self.launched {
                 return Err(Decline::new(
                     DeclineReason::PassDrainStuck,
@@ -492,9 +553,13 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
                 ));
             }
         } else {
+            let enqueued = self.ops.enqueue(info, Some(pass));
             self.ops.mark(Mark::Before);
             let relaunched = self.ops.relaunch();
             self.ops.mark(Mark::After);
+            if let Some(enqueued) = enqueued {
+                enqueued.exit();
+            }
             relaunched.map_err(|why| {
                 Decline::new(
                     DeclineReason::PassDrainStuck,

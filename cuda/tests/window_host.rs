@@ -918,3 +918,273 @@ fn a_capture_cannot_begin_while_a_replay_window_holds_the_device() {
     let got = words(&r);
     assert!((0..WORDS).all(|i| got[i] == i as u32 + 2));
 }
+
+/// A launch that logs where the window marks it, announces its submissions (ENQUEUE) and
+/// reports its completions, as the injected library does while dispatch tracing is configured.
+struct TracedLaunch {
+    inner: FakeLaunch,
+    /// Whether a replay mask of `registry` is active on this thread when an ENQUEUE is
+    /// announced or completed (the tracing context is masked off for pass 1).
+    registry: Arc<ContextRegistry>,
+    traced: kreplay_ctxmask::ContextId,
+}
+
+fn pass_name(pass: Option<u64>) -> String {
+    pass.map_or_else(|| "once".to_string(), |p| p.to_string())
+}
+
+impl TracedLaunch {
+    fn log(&self, what: String) {
+        let seen = if self.registry.is_active(self.traced) {
+            ""
+        } else {
+            " (masked)"
+        };
+        self.inner
+            .events
+            .lock()
+            .unwrap()
+            .push(format!("{what}{seen}"));
+    }
+}
+
+impl LaunchOps for TracedLaunch {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+    fn mark(&self, at: kreplay_cuda::Mark) {
+        self.log(format!("mark {at:?}"));
+    }
+    fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<kreplay_cuda::Enqueued> {
+        self.log(format!(
+            "enqueue enter {} pass {}",
+            info.dispatch_id,
+            pass_name(pass)
+        ));
+        let events = self.inner.events.clone();
+        let registry = self.registry.clone();
+        let (traced, id) = (self.traced, info.dispatch_id);
+        Some(kreplay_cuda::Enqueued::new(move || {
+            let seen = if registry.is_active(traced) {
+                ""
+            } else {
+                " (masked)"
+            };
+            events
+                .lock()
+                .unwrap()
+                .push(format!("enqueue exit {id} pass {}{seen}", pass_name(pass)));
+        }))
+    }
+    fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
+        self.log(format!(
+            "complete {} pass {}",
+            info.dispatch_id,
+            pass_name(pass)
+        ));
+    }
+}
+
+/// A tool that masks context `traced` off at PASS ENTER `mask_at` (and logs like [`LogTool`]).
+struct MaskingTool {
+    log: LogTool,
+    traced: kreplay_ctxmask::ContextId,
+    mask_at: u64,
+}
+
+impl ReplayTool for MaskingTool {
+    fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer {
+        self.log.config_enter(info)
+    }
+    fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total: u64) {
+        if pass == self.mask_at {
+            kreplay_ctxmask::replay_stop_context(self.traced).expect("armed at PASS ENTER");
+        }
+        self.log.pass_enter(info, pass, total)
+    }
+    fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total: u64) -> ContinueChange {
+        self.log.log(format!("pass exit {pass}"));
+        self.log.pass_exit(info, pass, total)
+    }
+    fn should_continue(&mut self, info: &DispatchInfo, pass: u64, total: u64) -> bool {
+        self.log.should_continue(info, pass, total)
+    }
+    fn snapshot(&mut self, info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {
+        self.log.snapshot(info, phase, report)
+    }
+    fn restore(&mut self, i: &DispatchInfo, p: Phase, q: &RestoreRequest, r: &MemoryOpReport) {
+        self.log.restore(i, p, q, r)
+    }
+    fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome) {
+        self.log.config_exit(info, outcome)
+    }
+}
+
+#[test]
+fn every_submission_of_a_launch_is_enqueued_under_its_pass_mask_and_every_enter_gets_its_exit() {
+    let r = rig(SnapshotConfig::default());
+    let registry = Arc::new(ContextRegistry::new());
+    let traced = registry.create();
+    registry.start(traced).unwrap();
+    let run_masking =
+        |id: u64, passes: u64, app_ok: bool, replayable: Result<(), String>, mask_at: u64| {
+            let ops = TracedLaunch {
+                inner: FakeLaunch {
+                    memory: r.device.memory.clone(),
+                    events: r.events.clone(),
+                    replayable,
+                },
+                registry: registry.clone(),
+                traced,
+            };
+            let mut tool = MaskingTool {
+                log: LogTool {
+                    passes,
+                    events: r.events.clone(),
+                    outcome: RefCell::new(None),
+                },
+                traced,
+                mask_at,
+            };
+            let cx = r.device.context(&registry);
+            let info = DispatchInfo {
+                dispatch_id: id,
+                ..DispatchInfo::default()
+            };
+            let window = Window::enter(cx, &mut tool, info, &ops);
+            let launched = if app_ok {
+                ops.inner.app_launch();
+                Ok(())
+            } else {
+                Err("CUDA_ERROR_INVALID_VALUE".to_string())
+            };
+            window.exit(&mut tool, &registry, &ops, launched).outcome
+        };
+    let run = |id, passes, app_ok, replayable| run_masking(id, passes, app_ok, replayable, 1);
+    let take = || std::mem::take(&mut *r.events.lock().unwrap());
+
+    // Replayed in three passes; pass 1 masked off for the tracing context.
+    assert!(matches!(
+        run(1, 3, true, Ok(())),
+        ReplayOutcome::Replayed { passes: 3, .. }
+    ));
+    assert_eq!(
+        take(),
+        [
+            "config enter",
+            "drain",
+            "snapshot Enter",
+            "snapshot Exit",
+            "pass enter 0",
+            "enqueue enter 1 pass 0",
+            "mark Before",
+            "app launch",
+            "mark After",
+            "enqueue exit 1 pass 0",
+            "complete 1 pass 0",
+            "pass exit 0",
+            "restore",
+            "pass enter 1",
+            "enqueue enter 1 pass 1 (masked)",
+            "mark Before (masked)",
+            "relaunch",
+            "mark After (masked)",
+            "enqueue exit 1 pass 1 (masked)",
+            "complete 1 pass 1 (masked)",
+            "pass exit 1",
+            "restore",
+            "pass enter 2",
+            "enqueue enter 1 pass 2 (masked)",
+            "mark Before (masked)",
+            "relaunch",
+            "mark After (masked)",
+            "enqueue exit 1 pass 2 (masked)",
+            "complete 1 pass 2 (masked)",
+            "pass exit 2",
+            "config exit",
+        ],
+        "the mask of pass 1 is sticky for pass 2; pass 0's ENQUEUE ENTER (at API ENTER) and \
+         EXIT (at API EXIT) both see pass 0's mask"
+    );
+
+    // Opted out (one pass), declined before the launch, and a failed application launch: the
+    // launch's one submission is enqueued with no pass; a failed launch completes nothing.
+    for (id, passes, app_ok, replayable, completes) in [
+        (2, 1, true, Ok(()), true),
+        (3, 4, true, Err("being captured".to_string()), true),
+        (4, 1, false, Ok(()), false),
+    ] {
+        assert!(matches!(
+            run(id, passes, app_ok, replayable),
+            ReplayOutcome::RanOnce { .. }
+        ));
+        let events = take();
+        let records: Vec<&str> = events
+            .iter()
+            .map(String::as_str)
+            .filter(|e| e.starts_with("enqueue") || e.starts_with("complete") || *e == "app launch")
+            .collect();
+        let mut expected = vec![
+            format!("enqueue enter {id} pass once"),
+            "app launch".to_string(),
+            format!("enqueue exit {id} pass once"),
+        ];
+        if !app_ok {
+            expected.remove(1);
+        }
+        if completes {
+            expected.push(format!("complete {id} pass once"));
+        }
+        assert_eq!(records, expected, "launch {id}: {events:?}");
+        let exit = events.iter().position(|e| e.starts_with("enqueue exit"));
+        let config_exit = events.iter().position(|e| e == "config exit");
+        assert!(
+            exit < config_exit,
+            "submitted before CONFIG EXIT: {events:?}"
+        );
+    }
+
+    // A replay whose application launch failed: pass 0's ENQUEUE still gets its EXIT.
+    assert!(matches!(
+        run(5, 3, false, Ok(())),
+        ReplayOutcome::PassFailed { pass: 0, .. }
+    ));
+    let events = take();
+    let records: Vec<&str> = events
+        .iter()
+        .map(String::as_str)
+        .filter(|e| e.starts_with("enqueue") || e.starts_with("complete"))
+        .collect();
+    assert_eq!(records, ["enqueue enter 5 pass 0", "enqueue exit 5 pass 0"]);
+
+    // Masked off from pass 0 on: the application's launch is announced and ended under pass
+    // 0's mask although its ENTER comes at API ENTER and its EXIT at API EXIT.
+    assert!(matches!(
+        run_masking(6, 2, true, Ok(()), 0),
+        ReplayOutcome::Replayed { passes: 2, .. }
+    ));
+    let events = take();
+    let records: Vec<&str> = events
+        .iter()
+        .map(String::as_str)
+        .filter(|e| e.starts_with("enqueue"))
+        .collect();
+    assert_eq!(
+        records,
+        [
+            "enqueue enter 6 pass 0 (masked)",
+            "enqueue exit 6 pass 0 (masked)",
+            "enqueue enter 6 pass 1 (masked)",
+            "enqueue exit 6 pass 1 (masked)",
+        ]
+    );
+}

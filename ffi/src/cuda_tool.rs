@@ -10,8 +10,9 @@
 //! the SNAPSHOT callbacks and PASS ENTER of pass 0 at the launch's API ENTER, before the
 //! application's launch is submitted; PASS EXIT 0 and everything after at its API EXIT
 //! (docs/cuda.md). While a KERNEL_DISPATCH service is configured, every pass of a replayed launch
-//! and every launch run once is timed on the GPU and delivered as a COMPLETE record with its
-//! `replay_pass`, as on HSA. At exit the tools are finalized and the run record is written.
+//! and every launch run once is announced by ENQUEUE ENTER/EXIT records around its submission,
+//! timed on the GPU and delivered as a COMPLETE record, each with its `replay_pass`, as on HSA.
+//! At exit the tools are finalized and the run record is written.
 //!
 //! The driver and CUPTI are loaded at run time; without them `InitializeInjection` is never
 //! called (or refuses with a printed reason), and nothing here needs CUDA to build.
@@ -19,8 +20,9 @@
 use std::ffi::c_int;
 
 use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::Enqueued;
 use kreplay_cuda::inject::{DispatchRecord, Summary, Tools};
-use kreplay_passloop::{ReplayRecord, ReplayTool};
+use kreplay_passloop::{DispatchInfo, ReplayRecord, ReplayTool};
 
 use crate::config::Config;
 use crate::hsa_tool;
@@ -54,6 +56,11 @@ impl Tools for CudaTools {
 
     fn dispatch_completed(&self, record: &DispatchRecord) {
         hsa_tool::dispatch_completed(&record.info, record.pass, record.start_ns, record.end_ns);
+    }
+
+    fn dispatch_enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
+        let records = hsa_tool::EnqueueRecords::enter(std::slice::from_ref(info), pass);
+        Some(Enqueued::new(move || records.exit()))
     }
 
     fn at_exit(&self, summary: &Summary) {

@@ -269,41 +269,9 @@ impl ToolHooks for Hooks {
         pass: Option<u64>,
         submit: &mut dyn FnMut(),
     ) {
-        let tracers = services::dispatch_tracers();
-        let mut payloads: Vec<KernelDispatchData> = infos
-            .iter()
-            .map(|info| {
-                let mut payload = KernelDispatchData::new(dispatch_info(info));
-                if let Some(pass) = pass {
-                    payload.replay_pass = pass;
-                }
-                payload
-            })
-            .collect();
-        let correlation: Vec<u64> = infos
-            .iter()
-            .map(|_| services::next_correlation_id())
-            .collect();
-        // One user_data per (service, dispatch), carried from ENTER to EXIT.
-        let mut user_data = vec![UserData::ZERO; tracers.len() * infos.len()];
-        let mut deliver = |phase: CallbackPhase, payloads: &mut [KernelDispatchData]| {
-            for (s, service) in tracers.iter().enumerate() {
-                for (d, payload) in payloads.iter_mut().enumerate() {
-                    let event = TraceEvent {
-                        operation: KernelDispatchOperation::ENQUEUE.0,
-                        phase,
-                        correlation_id: correlation[d],
-                        decline_reason: DeclineReason::NONE,
-                        payload: (payload as *mut KernelDispatchData).cast::<c_void>(),
-                    };
-                    // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
-                    unsafe { service.deliver(&event, &mut user_data[s * infos.len() + d]) };
-                }
-            }
-        };
-        deliver(CallbackPhase::ENTER, &mut payloads);
+        let enqueue = EnqueueRecords::enter(infos, pass);
         submit();
-        deliver(CallbackPhase::EXIT, &mut payloads);
+        enqueue.exit();
     }
 
     fn counting_configured(&self) -> bool {
@@ -360,6 +328,71 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
         kreplay_passloop::StoreTier::Host => SnapshotTier::HOST,
         kreplay_passloop::StoreTier::File => SnapshotTier::FILE,
         _ => SnapshotTier::NONE,
+    }
+}
+
+/// KERNEL_DISPATCH ENQUEUE of one submission (ordinary dispatches, `pass == None`, or one pass
+/// of a replay): [`enter`](Self::enter) delivers ENTER before it, [`exit`](Self::exit) EXIT after
+/// it, to every dispatch tracing service whose context is active on the calling thread at each
+/// call. ENTER and EXIT of one dispatch share a correlation id, the payload (what the tool wrote
+/// at ENTER stays) and, per service, the `user_data`. Both backends deliver through here.
+pub(crate) struct EnqueueRecords {
+    tracers: Arc<[CallbackService]>,
+    payloads: Vec<KernelDispatchData>,
+    correlation: Vec<u64>,
+    /// One per (service, dispatch), service-major.
+    user_data: Vec<UserData>,
+}
+
+impl EnqueueRecords {
+    /// ENQUEUE ENTER of `infos`, about to be submitted.
+    pub(crate) fn enter(infos: &[DispatchInfo], pass: Option<u64>) -> EnqueueRecords {
+        let tracers = services::dispatch_tracers();
+        let payloads = infos
+            .iter()
+            .map(|info| {
+                let mut payload = KernelDispatchData::new(dispatch_info(info));
+                if let Some(pass) = pass {
+                    payload.replay_pass = pass;
+                }
+                payload
+            })
+            .collect();
+        let correlation = infos
+            .iter()
+            .map(|_| services::next_correlation_id())
+            .collect();
+        let user_data = vec![UserData::ZERO; tracers.len() * infos.len()];
+        let mut records = EnqueueRecords {
+            tracers,
+            payloads,
+            correlation,
+            user_data,
+        };
+        records.deliver(CallbackPhase::ENTER);
+        records
+    }
+
+    /// ENQUEUE EXIT: the submission happened.
+    pub(crate) fn exit(mut self) {
+        self.deliver(CallbackPhase::EXIT);
+    }
+
+    fn deliver(&mut self, phase: CallbackPhase) {
+        let dispatches = self.payloads.len();
+        for (s, service) in self.tracers.iter().enumerate() {
+            for (d, payload) in self.payloads.iter_mut().enumerate() {
+                let event = TraceEvent {
+                    operation: KernelDispatchOperation::ENQUEUE.0,
+                    phase,
+                    correlation_id: self.correlation[d],
+                    decline_reason: DeclineReason::NONE,
+                    payload: (payload as *mut KernelDispatchData).cast::<c_void>(),
+                };
+                // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
+                unsafe { service.deliver(&event, &mut self.user_data[s * dispatches + d]) };
+            }
+        }
     }
 }
 
