@@ -122,10 +122,11 @@ fn assert_replayed_by_example(output: &Output, summary: &Path, passes: u64) {
     );
     assert!(
         summary.contains(&format!(
-            "0 restore failures; {} completions in passes, 0 single; 0 user_data errors",
-            12 * passes
+            "0 restore failures; {runs} completions in passes, 0 single; \
+             {runs} enqueues in passes, 0 single; 0 user_data errors",
+            runs = 12 * passes
         )),
-        "the C tool's dispatch tracing saw one completion per pass: {summary}"
+        "the C tool's dispatch tracing saw one submission and one completion per pass: {summary}"
     );
 }
 

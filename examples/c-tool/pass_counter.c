@@ -2,8 +2,8 @@
  * pass_counter: a complete kreplay tool in C.
  *
  * It replays every kernel dispatch in EXAMPLE_TOOL_PASSES passes (default 3), counts what it
- * sees (passes, bytes snapshotted and restored, dispatch completions per pass, declined
- * dispatches) and writes one summary line when kreplay finalizes it: to the file named by
+ * sees (passes, bytes snapshotted and restored, dispatch submissions and completions per pass,
+ * declined dispatches) and writes one summary line when kreplay finalizes it: to the file named by
  * EXAMPLE_TOOL_OUTPUT, or to stdout. docs/c-tools.md walks through it.
  *
  * Build (C11, for <stdatomic.h>):
@@ -38,6 +38,8 @@ static struct {
     atomic_uint_fast64_t restore_failures;
     atomic_uint_fast64_t completions_in_passes; /* KERNEL_DISPATCH COMPLETE with a pass */
     atomic_uint_fast64_t completions_once;      /* ... of dispatches that ran once */
+    atomic_uint_fast64_t enqueues_in_passes;    /* KERNEL_DISPATCH ENQUEUE EXIT with a pass */
+    atomic_uint_fast64_t enqueues_once;         /* ... of dispatches that ran once */
     atomic_uint_fast64_t user_data_errors;      /* user_data not carried through a dispatch */
 } counts;
 
@@ -122,13 +124,28 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
 static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_data_t* user_data,
                         void* callback_data) {
     const kreplay_callback_tracing_kernel_dispatch_data_t* data = record.payload;
-    (void)user_data;
+    int in_pass = data->replay_pass != KREPLAY_REPLAY_PASS_NONE;
     (void)callback_data;
-    /* Only COMPLETE was asked for (see initialize), one record per pass of a replayed dispatch. */
-    if (data->replay_pass == KREPLAY_REPLAY_PASS_NONE) {
-        count(&counts.completions_once, 1);
-    } else {
-        count(&counts.completions_in_passes, 1);
+    /* ENQUEUE and COMPLETE were asked for (see initialize): for each pass of a replayed
+     * dispatch, and for each dispatch that ran once, ENQUEUE ENTER before its submission,
+     * ENQUEUE EXIT right after, then one COMPLETE once it finished. */
+    switch (record.operation) {
+    case KREPLAY_KERNEL_DISPATCH_ENQUEUE:
+        if (record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
+            /* Comes back at this submission's EXIT. */
+            user_data->value = data->dispatch_info.dispatch_id + 1;
+            break;
+        }
+        if (user_data->value != data->dispatch_info.dispatch_id + 1) {
+            count(&counts.user_data_errors, 1);
+        }
+        count(in_pass ? &counts.enqueues_in_passes : &counts.enqueues_once, 1);
+        break;
+    case KREPLAY_KERNEL_DISPATCH_COMPLETE:
+        count(in_pass ? &counts.completions_in_passes : &counts.completions_once, 1);
+        break;
+    default: /* operations appended in later versions */
+        break;
     }
 }
 
@@ -143,7 +160,8 @@ static int check(kreplay_status_t status, const char* what) {
 static int initialize(kreplay_client_finalize_t finalize, void* tool_data) {
     kreplay_context_id_t replay;
     kreplay_context_id_t tracing;
-    const uint32_t complete_only[] = {KREPLAY_KERNEL_DISPATCH_COMPLETE};
+    const uint32_t operations[] = {KREPLAY_KERNEL_DISPATCH_ENQUEUE,
+                                   KREPLAY_KERNEL_DISPATCH_COMPLETE};
     const char* passes = getenv("EXAMPLE_TOOL_PASSES");
     (void)finalize;
     (void)tool_data;
@@ -168,11 +186,11 @@ static int initialize(kreplay_client_finalize_t finalize, void* tool_data) {
               "configuring kernel replay")) {
         return 1;
     }
-    /* ... another traces dispatch completions. */
+    /* ... another traces dispatch submissions and completions. */
     if (check(kreplay_create_context(&tracing), "kreplay_create_context")) return 1;
     if (check(kreplay_configure_callback_tracing_service(
-                  tracing, KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, complete_only,
-                  sizeof complete_only / sizeof complete_only[0], on_dispatch, NULL),
+                  tracing, KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, operations,
+                  sizeof operations / sizeof operations[0], on_dispatch, NULL),
               "configuring dispatch tracing")) {
         return 1;
     }
@@ -192,12 +210,14 @@ static void finalize(void* tool_data) {
     fprintf(out, "pass_counter: %" PRIu64 " dispatches, %" PRIu64 " replayed, %" PRIu64
            " declined; %" PRIu64 " passes; snapshot %" PRIu64 " bytes, restored %" PRIu64
            " bytes, %" PRIu64 " restore failures; %" PRIu64 " completions in passes, %" PRIu64
-           " single; %" PRIu64 " user_data errors\n",
+           " single; %" PRIu64 " enqueues in passes, %" PRIu64 " single; %" PRIu64
+           " user_data errors\n",
            read_count(&counts.dispatches), read_count(&counts.replayed),
            read_count(&counts.declined), read_count(&counts.passes_run),
            read_count(&counts.bytes_snapshot), read_count(&counts.bytes_restored),
            read_count(&counts.restore_failures), read_count(&counts.completions_in_passes),
-           read_count(&counts.completions_once), read_count(&counts.user_data_errors));
+           read_count(&counts.completions_once), read_count(&counts.enqueues_in_passes),
+           read_count(&counts.enqueues_once), read_count(&counts.user_data_errors));
     if (out == stdout) {
         fflush(out);
     } else {

@@ -159,8 +159,10 @@ fn example_c_tool_linked_with_lkreplay_replays_dispatches_when_loaded_as_rocm_lo
     );
     assert!(
         summary.contains(&format!(
-            "0 restore failures; {runs} completions in passes, 0 single; 0 user_data errors"
+            "0 restore failures; {runs} completions in passes, 0 single; \
+             {runs} enqueues in passes, 0 single; 0 user_data errors"
         )),
-        "the tool traced one completion per pass and got its user data back: {summary}"
+        "the tool traced one submission and one completion per pass and got its user data \
+         back: {summary}"
     );
 }

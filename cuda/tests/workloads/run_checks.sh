@@ -21,6 +21,20 @@ step() {
     if "$@"; then echo "PASS $name"; else echo "FAIL $name"; failures=$((failures + 1)); fi
 }
 
+# The example C tool's summary: every pass it ran got one ENQUEUE (ENTER/EXIT, user_data carried
+# from one to the other) and one COMPLETE record, as on HSA, and so did every launch run once.
+tool_records() {
+    line=$(cat "$1") || return 1
+    echo "$line"
+    passes=$(echo "$line" | sed -n 's/.* \([0-9]*\) passes;.*/\1/p')
+    single=$(echo "$line" | sed -n 's/.* completions in passes, \([0-9]*\) single;.*/\1/p')
+    [ -n "$passes" ] && [ -n "$single" ] && [ "$passes" -gt 0 ] || return 1
+    case "$line" in
+    *"; $passes completions in passes, $single single; $passes enqueues in passes, $single single; 0 user_data errors"*) ;;
+    *) return 1 ;;
+    esac
+}
+
 for w in inplace matmul_acc index_add feedback; do
     step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
         -- python3 cuda/tests/workloads/$w.py
@@ -64,7 +78,7 @@ if command -v nvcc >/dev/null; then
         step c_tool "$BIN/kreplay" run --tool "$OUT/libpass_counter.so" --check \
             -- "$OUT/add_one"
         unset EXAMPLE_TOOL_PASSES EXAMPLE_TOOL_OUTPUT
-        cat "$OUT/pass_counter.txt" 2>/dev/null
+        step c_tool_records tool_records "$OUT/pass_counter.txt"
     fi
 fi
 echo "$failures failure(s); outputs in $OUT"
