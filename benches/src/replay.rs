@@ -250,9 +250,11 @@ fn replay_once(
     choices: &mut Choices,
 ) -> Result<Duration, String> {
     let chunks = bench.map.chunks();
+    // As the pass loop does: the snapshot is told the restores the replay plans.
     let plan = snapshotter
         .plan(&Filter::for_replay(1))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_planned_restores(Some(passes - 1));
     let start = Instant::now();
     let mut snapshot: Snapshot = snapshotter
         .take_for_kernel(plan, kernel)
@@ -381,9 +383,10 @@ struct Samples {
 /// measured rates, as a process's snapshotter does), each with its store allocated and faulted
 /// in by an untimed snapshot before the tier's replays (a process pays that once, not per
 /// dispatch) and released after them: the memory used is the footprint plus one store per
-/// strategy. A cell (dirty, pattern, N) starts with one untimed dispatch of N passes per
-/// strategy (of a kernel of its own), so that what a process replaying N passes has measured and
-/// expects is what the cell's dispatches start from, not the previous cell's pass count. Then
+/// strategy. Every snapshot is told the restores its replay plans (N - 1), as the pass loop
+/// tells it. A cell (dirty, pattern, N) starts with one untimed dispatch of N passes per
+/// strategy (of a kernel of its own), so that the rates a process replaying N passes has
+/// measured are what the cell's dispatches start from, not those of the previous cell. Then
 /// it is measured in repetitions; each repetition replays one dispatch sequence per strategy, in
 /// an order shuffled anew each repetition ([`order`]), so that the machine's drifts (memory
 /// bandwidth moves by tens of percent over minutes on a shared machine) and whatever one

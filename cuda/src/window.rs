@@ -27,7 +27,7 @@ use kreplay_locks::{AgentLocks, OwnedReadAccess, WriteGuard};
 use kreplay_passloop::{
     ContinueChange, Decline, DeclineReason, DispatchInfo, MemoryOpReport, Phase, ReplayDevice,
     ReplayOutcome, ReplayPlan, ReplayRecord, ReplayTool, RestoreFailure, RestoreRequest,
-    RestoreStrategy, StoreTier, ToolAnswer, run_dispatch,
+    RestoreStrategy, SnapshotRequest, StoreTier, ToolAnswer, run_dispatch,
 };
 use kreplay_snapshot::{Filter, Snapshot, SnapshotError, Snapshotter};
 
@@ -291,7 +291,8 @@ impl Window {
             ..Default::default()
         };
         tool.snapshot(info, Phase::Enter, &planned);
-        let taken = cx.snapshotter.take(plan);
+        let restores = SnapshotRequest::for_passes(total_passes).planned_restores;
+        let taken = cx.snapshotter.take(plan.with_planned_restores(restores));
         cost.snapshot = snapping.elapsed();
         match taken {
             Ok(snapshot) => {
@@ -530,6 +531,8 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
     fn take_snapshot(
         &mut self,
         _info: &DispatchInfo,
+        // Taken at API ENTER, told the restores planned there.
+        _request: &SnapshotRequest,
     ) -> Result<(Snapshot, MemoryOpReport), Decline> {
         match &mut self.state {
             State::Ready { taken, .. } => taken

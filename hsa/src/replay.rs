@@ -11,7 +11,7 @@ use kreplay_drain::{PassCompletion, QueueView};
 use kreplay_locks::WriteGuard;
 use kreplay_passloop::{
     Decline, DeclineReason, DispatchInfo, MemoryOpReport, RegionSources, ReplayDevice,
-    RestoreFailure, RestoreRequest, RestoreStrategy, SourceTally, StoreTier,
+    RestoreFailure, RestoreRequest, RestoreStrategy, SnapshotRequest, SourceTally, StoreTier,
 };
 use kreplay_snapshot::{Delta, Snapshot, SnapshotError, SnapshotPlan};
 
@@ -379,11 +379,13 @@ impl ReplayDevice for HsaReplay<'_> {
     fn take_snapshot(
         &mut self,
         info: &DispatchInfo,
+        request: &SnapshotRequest,
     ) -> Result<(Snapshot, MemoryOpReport), Decline> {
         let plan = match self.plan.take() {
             Some(plan) => plan,
             None => self.plan(info)?,
-        };
+        }
+        .with_planned_restores(request.planned_restores);
         // From here on, re-entrant work (from the snapshot callbacks on, on any thread inside a
         // window) is captured before it runs and folded into this snapshot.
         let window = self.b.windows.open(plan.footprint());

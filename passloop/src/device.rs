@@ -139,6 +139,28 @@ pub struct RestoreRequest {
     pub next_may_be_final: bool,
 }
 
+/// What a snapshot is taken for: the passes the loop plans after it, so that a backend's
+/// snapshot can weigh what it prepares for the restores against how many there will be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SnapshotRequest {
+    /// The passes planned: N, or 0 for an indefinite loop (a continue callback decides).
+    pub total_passes: u64,
+    /// The restores planned after the snapshot: N - 1 for N passes (at most that many: a
+    /// continue callback or a time budget may stop the loop earlier); `None` for an indefinite
+    /// loop.
+    pub planned_restores: Option<u64>,
+}
+
+impl SnapshotRequest {
+    /// The request of a replay of `total_passes` passes (0: indefinite).
+    pub fn for_passes(total_passes: u64) -> Self {
+        SnapshotRequest {
+            total_passes,
+            planned_restores: total_passes.checked_sub(1),
+        }
+    }
+}
+
 /// The device steps of one replayed dispatch, implemented by a backend.
 ///
 /// The loop calls them in the order of docs/abi.md §2 on one thread and times each. Every step that can fail
@@ -184,11 +206,13 @@ pub trait ReplayDevice {
     /// with `untracked_memory` or `footprint_budget`.
     fn plan_snapshot(&mut self, info: &DispatchInfo) -> Result<MemoryOpReport, Decline>;
 
-    /// Takes the planned snapshot. Fails with `snapshot_failed` (or `footprint_budget` when the
-    /// store ran out); a failed snapshot must leave device memory untouched.
+    /// Takes the planned snapshot for the passes `request` plans. Fails with `snapshot_failed`
+    /// (or `footprint_budget` when the store ran out); a failed snapshot must leave device
+    /// memory untouched.
     fn take_snapshot(
         &mut self,
         info: &DispatchInfo,
+        request: &SnapshotRequest,
     ) -> Result<(Self::Snapshot, MemoryOpReport), Decline>;
 
     /// Runs pass `pass`: submits the kernel (application completion withheld) and waits for it

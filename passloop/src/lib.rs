@@ -27,7 +27,7 @@
 //!         Ok(MemoryOpReport { bytes_planned: bytes, regions: 1, tier: StoreTier::Host,
 //!                             ..Default::default() })
 //!     }
-//!     fn take_snapshot(&mut self, i: &DispatchInfo)
+//!     fn take_snapshot(&mut self, i: &DispatchInfo, _: &SnapshotRequest)
 //!         -> Result<(Vec<u32>, MemoryOpReport), Decline> {
 //!         let plan = self.plan_snapshot(i)?;
 //!         Ok((self.data.clone(), MemoryOpReport { bytes_moved: plan.bytes_planned, ..plan }))
@@ -88,8 +88,8 @@ pub mod settings;
 mod tool;
 
 pub use device::{
-    MemoryOpReport, RegionSources, ReplayDevice, RestoreRequest, RestoreStrategy, SourceTally,
-    StoreTier,
+    MemoryOpReport, RegionSources, ReplayDevice, RestoreRequest, RestoreStrategy, SnapshotRequest,
+    SourceTally, StoreTier,
 };
 pub use dispatch::DispatchInfo;
 pub use groups::{HardwareCounter, PlanError, plan_groups};

@@ -7,7 +7,7 @@ use kreplay_ctxmask::ContextRegistry;
 use crate::{
     ContinueChange, Decline, DispatchInfo, LoopEnd, LoopLimits, MemoryOpReport, Phase,
     RanOnceReason, ReplayCost, ReplayDevice, ReplayOutcome, ReplayPlan, ReplayRecord, ReplayTool,
-    RestoreRequest,
+    RestoreRequest, SnapshotRequest,
 };
 
 /// Runs one dispatch through the callback flow of docs/abi.md §2 and returns what happened and what it cost.
@@ -166,7 +166,7 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
         };
         self.tool.snapshot(info, Phase::Enter, &plan);
         let copying = Instant::now();
-        let taken = device.take_snapshot(info);
+        let taken = device.take_snapshot(info, &SnapshotRequest::for_passes(total_passes));
         self.cost.snapshot += copying.elapsed();
         let mut snapshot = match taken {
             Ok((snapshot, report)) => {

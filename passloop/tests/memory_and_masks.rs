@@ -10,7 +10,40 @@ use common::{
     after_one_run, after_runs, assert_dispatch_closed, footprint_bytes, initial_buffers, run, setup,
 };
 use kreplay_ctxmask::{ContextId, ToggleError, replay_start_context, replay_stop_context};
-use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
+use kreplay_passloop::{LoopEnd, LoopLimits, ReplayOutcome, SnapshotRequest, ToolAnswer};
+
+/// The snapshot is taken knowing the restores the loop plans after it (N - 1 of N passes; at
+/// most that many with a continue callback; unknown for an indefinite loop), and the loop then
+/// restores no more than it said.
+#[test]
+fn the_snapshot_is_told_the_restores_the_loop_plans_after_it() {
+    for (answer, planned) in [
+        (ToolAnswer::passes(2), Some(1)),
+        (ToolAnswer::passes(38), Some(37)),
+        (ToolAnswer::passes_with_continue(4), Some(3)),
+        (ToolAnswer::passes_with_continue(0), None),
+    ] {
+        let (log, _registry, mut device, mut tool) = setup(answer);
+        // The indefinite loop ends at kreplay's cap.
+        tool.limits = LoopLimits::new(40);
+        let record = run(&mut tool, &mut device);
+        let total = answer.pass_count.unwrap();
+        assert_eq!(
+            device.snapshot_requests,
+            vec![SnapshotRequest {
+                total_passes: total,
+                planned_restores: planned,
+            }],
+            "{answer:?}"
+        );
+        let restores = record.cost.restore_times.len() as u64;
+        assert!(
+            planned.is_none_or(|p| restores <= p),
+            "{answer:?}: {restores} restores"
+        );
+        assert_dispatch_closed(&log, &device, &record);
+    }
+}
 
 #[test]
 fn replayed_kernel_leaves_memory_as_one_ordinary_run() {

@@ -39,7 +39,8 @@ pub struct Snapshotter {
     memory: SharedMemory,
 }
 
-/// The selection a snapshot will copy, with its size: what SNAPSHOT ENTER reports as planned.
+/// The selection a snapshot will copy, with its size: what SNAPSHOT ENTER reports as planned;
+/// and, when the caller knows it, how many restores the replay plans after the snapshot.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct SnapshotPlan {
@@ -49,6 +50,9 @@ pub struct SnapshotPlan {
     sources: Vec<RegionSource>,
     /// The agents whose copy fences the copies hold (`None`: every agent).
     fence: Option<SmallVec<[u64; 2]>>,
+    /// Restores the replay plans after the snapshot (see
+    /// [`with_planned_restores`](SnapshotPlan::with_planned_restores)).
+    restores: Option<u64>,
 }
 
 impl SnapshotPlan {
@@ -80,6 +84,24 @@ impl SnapshotPlan {
     /// Regions and bytes per source.
     pub fn breakdown(&self) -> SourceBreakdown {
         SourceBreakdown::of(self.layout.regions.iter().zip(&self.sources))
+    }
+
+    /// The plan for a replay that plans `restores` restores after the snapshot (N - 1 for N
+    /// passes; at most that many when the replay may stop earlier), or `None` when it does not
+    /// know (an indefinite loop). Under `auto` this decides whether the snapshot hashes its
+    /// chunks: only when the restores planned repay the hashing (see
+    /// [`Snapshotter::take_for_kernel`]); without it, auto expects what the kernel's earlier
+    /// dispatch restored, or for a kernel seen for the first time what the latest dispatch of
+    /// any kernel restored. A replay that runs past the restores planned stays correct (and
+    /// may hash the store then): the number only steers cost, never what is restored.
+    pub fn with_planned_restores(mut self, restores: Option<u64>) -> Self {
+        self.restores = restores;
+        self
+    }
+
+    /// The restores planned after the snapshot, if known.
+    pub fn planned_restores(&self) -> Option<u64> {
+        self.restores
     }
 
     pub(crate) fn fence_agents(&self) -> Option<SmallVec<[u64; 2]>> {
@@ -248,6 +270,7 @@ impl Snapshotter {
             agent: filter.agent(),
             sources,
             fence,
+            restores: None,
         })
     }
 
@@ -345,11 +368,14 @@ impl Snapshotter {
             .map(|k| Key::new(k, &layout.regions, layout.chunk_size));
         let earlier = key.and_then(|k| self.memory.lock().get(&k, layout.chunks()));
         // Auto skips the hashes when they would not pay for themselves over the restores
-        // expected (see `snapshot_hashes_pay`): those of the kernel's earlier dispatch, or for a
-        // kernel seen for the first time those of the latest dispatch of any kernel; a probe
-        // hashes again every `PROBE_EVERY` full restores.
+        // expected (see `snapshot_hashes_pay`): those the replay plans, when it said; else
+        // those of the kernel's earlier dispatch, or for a kernel seen for the first time those
+        // of the latest dispatch of any kernel. What the earlier dispatches learned decides what
+        // each restore is expected to save. A probe hashes again every `PROBE_EVERY` full
+        // restores.
         let expected_restores = match (&earlier, mode) {
             (_, Mode::Full) => None,
+            (_, _) if plan.restores.is_some() => plan.restores,
             (Some(e), _) => Some(e.restores),
             (None, _) => self.memory.lock().typical_restores,
         };
@@ -358,13 +384,13 @@ impl Snapshotter {
             Mode::Adaptive => {
                 let memory = self.memory.lock();
                 let chunks = layout.chunks() as u64;
+                let pays = |restores| {
+                    snapshot_hashes_pay(&memory.rates, earlier.as_ref(), restores, chunks)
+                };
                 match &earlier {
-                    Some(e) => {
-                        e.full_streak >= PROBE_EVERY
-                            || snapshot_hashes_pay(&memory.rates, Some(e), e.restores, chunks)
-                    }
-                    None => expected_restores
-                        .is_none_or(|r| snapshot_hashes_pay(&memory.rates, None, r, chunks)),
+                    Some(e) if e.full_streak >= PROBE_EVERY => true,
+                    // Nothing known at all: hash (a replay may be long).
+                    _ => expected_restores.is_none_or(pays),
                 }
             }
             _ => true,

@@ -773,3 +773,90 @@ fn auto_hashes_the_store_when_a_replay_runs_past_the_restores_it_expected() {
         "the write outside the set is repaired before the next pass"
     );
 }
+
+/// Replays `restores` restores of `snapshot`, `writes` changed before each (and after the last
+/// pass, which is not restored); every pass must start from `before`.
+fn replay_restores(
+    dev: &TestDevice,
+    a: u64,
+    snapshot: &mut Snapshot,
+    restores: u64,
+    writes: &[u64],
+    before: &[u8],
+) {
+    let len = before.len() as u64;
+    for pass in 0..restores {
+        dirty(dev, a, writes);
+        let req = RestoreRequest {
+            next_pass: pass + 1,
+            may_be_final: pass + 1 == restores,
+        };
+        snapshot.restore(&req).unwrap();
+        assert_eq!(
+            dev.peek(a, len),
+            before,
+            "pass {} starts from the snapshot",
+            pass + 1
+        );
+    }
+    dirty(dev, a, writes);
+}
+
+/// Under `auto`, the restores the replay plans decide whether the snapshot hashes, not what
+/// other dispatches restored: after a 38-pass replay of one kernel, a 2-pass replay of a new
+/// kernel (1 restore planned) copies without hashing, since one restore cannot repay the
+/// hashes; so does a 2-pass replay of the 38-pass kernel itself; and after those short replays
+/// a 38-pass replay of a new kernel hashes at once instead of copying everything until it runs
+/// past the one restore the short replays suggest. Every pass starts from the snapshot's bytes
+/// whatever was chosen.
+#[test]
+fn auto_hashes_a_snapshot_only_when_the_restores_planned_for_it_repay_the_hashes() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    // 2 MiB: above auto's full-restore threshold, below the size whose timings teach rates,
+    // so the default rates decide on every machine (a restore saves 0.4 of a copy at best,
+    // hashing adds 0.6 of one to the snapshot: 1 restore does not repay it, 2 do).
+    let n = 512u64;
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(a, &pattern((n * CS) as usize, 21));
+    let snapshotter = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host));
+    let take = |kernel, restores| {
+        let plan = snapshotter
+            .plan(&Filter::for_replay(1))
+            .unwrap()
+            .with_planned_restores(Some(restores));
+        snapshotter.take_for_kernel(plan, kernel).unwrap()
+    };
+    let writes = [3u64, 200, 411];
+    let replay = |kernel, restores| {
+        let before = dev.peek(a, n * CS);
+        let mut s = take(kernel, restores);
+        let hashed = s.report().hashed;
+        replay_restores(&dev, a, &mut s, restores, &writes, &before);
+        hashed
+    };
+
+    assert!(
+        replay(1, 37),
+        "a first dispatch planning 37 restores hashes"
+    );
+    assert!(
+        !replay(2, 1),
+        "a new kernel's 2-pass replay after a 38-pass one: 1 restore cannot repay the hashes"
+    );
+    assert!(
+        !replay(1, 1),
+        "the kernel's earlier dispatch restored 37 times, this one plans 1"
+    );
+    assert!(
+        replay(3, 37),
+        "after 2-pass replays, a new kernel planning 37 restores hashes at once"
+    );
+    assert!(
+        replay(2, 37),
+        "and so does the 2-pass kernel replayed with 38 passes"
+    );
+}

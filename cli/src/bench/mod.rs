@@ -445,11 +445,11 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              hashed snapshots: the cell's dispatches whose snapshot hashed every chunk, of all \
              it measured; restores full/hash/set: how their restores went (wrote everything; \
              hashed everything and wrote what changed; wrote the learned write set, hashing \
-             every other chunk but under writeset-unverified). auto's first dispatch of a \
-             kernel expects as many restores as the latest dispatch of any kernel: the untimed \
-             dispatch at the start of each cell makes that one of the cell's pass count, as in a \
-             process whose tool asks every kernel for the same passes. writeset-unverified skips verification between \
-             passes (opt-in) and is never counted as the best.\n",
+             every other chunk but under writeset-unverified). Every snapshot is told the \
+             restores its replay plans (N - 1), as the pass loop tells it; the untimed dispatch \
+             at the start of each cell lets every strategy start the cell from rates measured \
+             replaying N passes. writeset-unverified skips verification between passes \
+             (opt-in) and is never counted as the best.\n",
         );
         text += "\n";
         text += &render_auto(&auto);

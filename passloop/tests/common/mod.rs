@@ -15,7 +15,7 @@ use kreplay_ctxmask::{ContextId, ContextRegistry};
 use kreplay_passloop::{
     ContinueChange, Decline, DeclineReason, DispatchInfo, LoopLimits, MemoryOpReport, Phase,
     ReplayDevice, ReplayOutcome, ReplayRecord, ReplayTool, RestoreFailure, RestoreRequest,
-    RestoreStrategy, StoreTier, ToolAnswer, run_dispatch,
+    RestoreStrategy, SnapshotRequest, StoreTier, ToolAnswer, run_dispatch,
 };
 
 /// One thing the tool was told or the device was asked to do.
@@ -104,6 +104,8 @@ pub struct HostDevice {
     pub registry: Rc<ContextRegistry>,
     /// `registry.active_contexts()` as seen by each pass's dispatch.
     pub active_per_pass: Vec<Vec<ContextId>>,
+    /// What each `take_snapshot` was asked to take the snapshot for.
+    pub snapshot_requests: Vec<SnapshotRequest>,
 }
 
 /// Element count of each test buffer (different sizes, so bytes add up distinctly).
@@ -149,6 +151,7 @@ impl HostDevice {
             holds_resources: false,
             registry: registry.clone(),
             active_per_pass: Vec::new(),
+            snapshot_requests: Vec::new(),
         }
     }
 
@@ -240,8 +243,10 @@ impl ReplayDevice for HostDevice {
     fn take_snapshot(
         &mut self,
         _info: &DispatchInfo,
+        request: &SnapshotRequest,
     ) -> Result<(HostSnapshot, MemoryOpReport), Decline> {
         self.push(Event::TakeSnapshot);
+        self.snapshot_requests.push(*request);
         self.assert_locked("take_snapshot");
         if let Some(decline) = self.faults.take_snapshot.clone() {
             return Err(decline);
