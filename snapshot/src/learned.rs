@@ -132,6 +132,14 @@ pub(crate) struct Rates {
 /// A copy rate is stale once this many measurements of other kinds came after the latest copy:
 /// the machine's speed may have moved differently for copies than for hash passes since.
 const COPY_STALE_AFTER: u32 = 16;
+/// A rate is out of date once this many measurements of other kinds came after its latest: the
+/// machine's speed has been followed without it for so long (and each kind's speed drifts
+/// somewhat apart) that its next measurement replaces its earlier ones instead of being
+/// outvoted by them, and a copy rate this old is measured again whatever the estimates say
+/// (see [`refresh_copy_rate`]): a stale copy rate a quarter off made hashing look free and
+/// verified restores look cheaper than full ones at 10% written, and nothing `auto` chose
+/// afterwards measured a copy again.
+const OUT_OF_DATE_AFTER: u32 = 4 * COPY_STALE_AFTER;
 /// A verified restore estimated to save less than this share of a full one over it is too close
 /// to call on a stale copy rate: a full restore is made instead, which measures the copy again.
 const CLOSE_CALL: f64 = 0.15;
@@ -159,8 +167,14 @@ impl Rates {
         if !(per_byte > 0.0 && per_byte.is_finite()) {
             return;
         }
-        if let Some(base) = self.base[which] {
-            self.level = self.levels.push(per_byte / base);
+        match self.base[which] {
+            // Out of date: its measurements describe another time, so this one replaces them,
+            // on the speed the other kinds measured since (and says nothing about that speed).
+            Some(_) if self.since[which] >= OUT_OF_DATE_AFTER => {
+                self.recent[which] = Recent::default();
+            }
+            Some(base) => self.level = self.levels.push(per_byte / base),
+            None => {}
         }
         self.base[which] = Some(self.recent[which].push(per_byte / self.level));
         for (kind, since) in self.since.iter_mut().enumerate() {
@@ -243,7 +257,8 @@ pub(crate) struct Memory {
     clock: u64,
     pub rates: Rates,
     /// Restores of the latest dispatch of any kernel: what a kernel seen for the first time is
-    /// expected to need (a tool usually asks every kernel for the same passes).
+    /// expected to need when its replay does not say (a tool usually asks every kernel for the
+    /// same passes).
     pub typical_restores: Option<u64>,
 }
 
@@ -306,12 +321,15 @@ pub(crate) fn estimate(rates: &Rates, learned: &Learned, all: u64, set: u64) -> 
 
 /// Whether a restore estimated to cost `costs` should copy everything although a verified
 /// restore looks cheaper: when the copy rate is stale (see [`COPY_STALE_AFTER`]) and the verified
-/// restore's lead is within [`CLOSE_CALL`] of a full one. Otherwise a copy rate measured at
-/// another time would decide every later restore, none of which would measure a copy again.
+/// restore's lead is within [`CLOSE_CALL`] of a full one, or whatever the lead when the copy rate
+/// is out of date (see [`OUT_OF_DATE_AFTER`]). Otherwise a copy rate measured at another time
+/// would decide every later restore, none of which would measure a copy again.
 pub(crate) fn refresh_copy_rate(rates: &Rates, costs: &Costs) -> bool {
+    let since = rates.since[COPY];
     rates.base[COPY].is_some()
-        && rates.since[COPY] >= COPY_STALE_AFTER
-        && costs.full <= costs.hash.min(costs.writeset) * (1.0 + CLOSE_CALL)
+        && (since >= OUT_OF_DATE_AFTER
+            || (since >= COPY_STALE_AFTER
+                && costs.full <= costs.hash.min(costs.writeset) * (1.0 + CLOSE_CALL)))
 }
 
 /// What one restore is expected to save, in the unit of [`Rates::per_byte`], by restoring the
@@ -520,6 +538,64 @@ mod tests {
             never.record_hash(bytes, at(0.16));
         }
         assert!(!refresh_copy_rate(&never, &close));
+    }
+
+    /// A copy rate measured during a slow spell, then left unmeasured while auto hashed (its
+    /// own choices measure only hash passes and hashing snapshots), must not keep making copies
+    /// look dearer than they are and hashing look free: once stale long enough it is measured
+    /// again whatever the estimates say, and that measurement replaces the stale ones, based
+    /// on the machine's speed the fresh measurements of the other kinds say.
+    #[test]
+    fn a_copy_rate_left_stale_is_measured_again_and_replaces_the_stale_one() {
+        let bytes = 256 << 20;
+        let at = |per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
+        let mut rates = Rates::default();
+        // A steady machine: a hash pass costs 0.82 of a copy, hashing adds 0.29 of one to a
+        // snapshot.
+        for _ in 0..8 {
+            rates.record_copy(bytes, at(0.140));
+            rates.record_hash(bytes, at(0.115));
+            rates.record_hashed_copy(bytes, at(0.180));
+        }
+        // A slow spell (another process) while only copies are measured (a replay restored in
+        // full), then the machine is as before and auto hashes: only hash passes and hashing
+        // snapshots are measured for a long while.
+        for _ in 0..4 {
+            rates.record_copy(bytes, at(0.210));
+        }
+        for _ in 0..40 {
+            rates.record_hash(bytes, at(0.115));
+            rates.record_hashed_copy(bytes, at(0.180));
+        }
+        let clear_lead = Costs {
+            full: 1.0,
+            hash: 0.5,
+            writeset: 0.6,
+        };
+        let (copy, hash) = rates.per_byte();
+        assert!(
+            hash / copy < 0.78 && rates.snapshot_hash_extra() / copy < 0.2,
+            "the stale copy rate makes copies look dearer: hash/copy {}",
+            hash / copy
+        );
+        assert!(
+            refresh_copy_rate(&rates, &clear_lead),
+            "a long-stale copy rate is measured again even against a clear lead"
+        );
+        rates.record_copy(bytes, at(0.140));
+        assert!(!refresh_copy_rate(&rates, &clear_lead));
+        let (copy, hash) = rates.per_byte();
+        let extra = rates.snapshot_hash_extra();
+        assert!(
+            (hash / copy - 0.82).abs() < 0.04,
+            "hash/copy {}",
+            hash / copy
+        );
+        assert!(
+            (extra / copy - 0.29).abs() < 0.04,
+            "extra/copy {}",
+            extra / copy
+        );
     }
 
     #[test]

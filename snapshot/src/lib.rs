@@ -44,15 +44,18 @@
 //! measure now; both are medians of the latest 8 measurements, so one disturbed copy does not
 //! sway them) and from what this kernel's restores found changed (never the unverified shortcut;
 //! when a verified restore leads a full one by less than 15% and no copy has been measured for
-//! 16 measurements, it copies everything, which measures the copy rate again);
+//! 16 measurements, or whatever the lead after 64, it copies everything, which measures the copy
+//! rate again; a rate measured again after 64 measurements of other kinds replaces its earlier
+//! measurements instead of being outvoted by them);
 //! the first restore of a kernel with nothing learned hashes everything. Hashing while
 //! snapshotting costs something too (what a hashing snapshot measured beyond a plain copy):
-//! auto takes the hashes only when the restores expected (those of the kernel's last dispatch,
-//! or for a kernel seen for the first time those of the latest dispatch of any kernel) repay
-//! them; otherwise it restores in full, hashing again every 16 restores to notice a change. A
-//! replay that runs past the restores expected has the store (the snapshot's bytes) hashed
-//! once, when that pays over as many restores again, and chooses among the verified strategies
-//! from then on.
+//! auto takes the hashes only when the restores expected repay them: those the replay plans
+//! ([`SnapshotPlan::with_planned_restores`], which the pass loop sets to N - 1), else those of
+//! the kernel's last dispatch, or for a kernel seen for the first time those of the latest
+//! dispatch of any kernel; otherwise it restores in full, hashing again every 16 restores to
+//! notice a change. A replay that runs past the restores expected has the store (the
+//! snapshot's bytes) hashed once, when that pays over as many restores again, and chooses among
+//! the verified strategies from then on.
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory minus a quarter of it or 512 MiB,
