@@ -496,6 +496,53 @@ scenarios! {
         }
     }
 
+    /// Under `auto`, the snapshot is told the restores its replay plans: a 38-pass replay of a
+    /// kernel takes the snapshot's hashes (37 restores repay them), and the next dispatch of the
+    /// same kernel, replayed in 2 passes, snapshots without hashes (1 restore cannot repay them,
+    /// whatever the kernel's earlier dispatch restored) and restores in full. Both leave memory
+    /// exactly as one ordinary run each would.
+    fn auto_takes_the_snapshots_hashes_only_when_the_replays_planned_restores_repay_them() {
+        // 1.3 MiB: above auto's full-restore threshold, below the size whose timings teach
+        // rates, so the default rates decide on every machine.
+        let snapshot = SnapshotConfig::default()
+            .with_store(kreplay_snapshot::StoreTier::Host)
+            .with_strategy(kreplay_snapshot::RestoreStrategy::Auto)
+            .with_chunk_size(4096);
+        let env = setup_with(0, InstallOptions { snapshot, ..options() });
+        let q = env.app.queue(env.app.gpus[0]);
+        let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
+        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let mut expected = initial.clone();
+        for (runs_before, passes, strategy) in
+            [(0, 38, RestoreStrategy::Writeset), (38, 2, RestoreStrategy::Full)]
+        {
+            env.hooks.set_script(Script::passes(passes));
+            let done = env.app.signal(1);
+            env.app.dispatch(q, env.add(0, &bufs, 1000, 4, None, 256, done));
+            assert_eq!(env.app.wait_zero(done), 0);
+            let id = *env.dispatch_ids().last().unwrap();
+            assert_eq!(env.outcome(id), replayed(passes, LoopEnd::LastPass));
+            assert_eq!(runs(4), runs_before + passes as u32);
+            for v in &mut expected {
+                v[..1000].iter_mut().for_each(|x| *x += 1);
+            }
+            for (buf, want) in bufs.iter().zip(&expected) {
+                assert_eq!(&env.app.read(*buf, want.len()), want, "{passes} passes: exactly +1");
+            }
+            let events = env.hooks.events_of(id);
+            assert_eq!(
+                snapshot_exit(&events).strategy,
+                strategy,
+                "{passes} passes: the snapshot's hashes taken only when they pay"
+            );
+            let restores = restore_exits(&events);
+            assert_eq!(restores.len() as u64, passes - 1);
+            if strategy == RestoreStrategy::Full {
+                assert!(restores.iter().all(|(_, r)| r.strategy == RestoreStrategy::Full));
+            }
+        }
+    }
+
     /// Three contexts trace dispatches; on pass i only context i is enabled (the others are
     /// stopped at PASS ENTER). Records come only from the unmasked context of each pass; global
     /// context state is unchanged afterwards and an ordinary dispatch reaches all three.
