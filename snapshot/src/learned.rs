@@ -260,6 +260,9 @@ pub(crate) struct Memory {
     /// expected to need when its replay does not say (a tool usually asks every kernel for the
     /// same passes).
     pub typical_restores: Option<u64>,
+    /// The share of its chunks the latest dispatch of any kernel found changed (at a restore
+    /// that hashed everything): what a kernel seen for the first time may change.
+    pub typical_dirty: Option<f64>,
 }
 
 pub(crate) type SharedMemory = Arc<Mutex<Memory>>;
@@ -359,6 +362,41 @@ pub(crate) fn snapshot_hashes_pay(
         > chunks as f64 * rates.snapshot_hash_extra()
 }
 
+/// Whether hashing the snapshot of a kernel nothing is known about pays over `restores` restores.
+/// The best case (nothing changes) must repay the hashes. When the kernels replayed before
+/// changed a share `typical` of their chunks and at that share the hashes would not pay, the
+/// guess that costs less when it is wrong is taken: hashing wrongly costs the hashes and one
+/// restore that hashes everything to learn what changes (full restores follow); not hashing
+/// wrongly costs what the restores would have saved in the best case, less the hashes. So a
+/// short replay after kernels that rewrote a tenth of memory copies, and a long one hashes.
+pub(crate) fn new_kernel_hashes_pay(
+    rates: &Rates,
+    restores: u64,
+    chunks: u64,
+    typical: Option<f64>,
+) -> bool {
+    if !snapshot_hashes_pay(rates, None, restores, chunks) {
+        return false;
+    }
+    let Some(share) = typical else {
+        return true;
+    };
+    let dirty = (share.clamp(0.0, 1.0) * chunks as f64).round();
+    let guess = Learned {
+        dirty_chunks: Some(dirty as u64),
+        ..Default::default()
+    };
+    if snapshot_hashes_pay(rates, Some(&guess), restores, chunks) {
+        return true;
+    }
+    let (copy, hash) = rates.per_byte();
+    let all = chunks as f64;
+    let hashes = all * rates.snapshot_hash_extra();
+    let not_hashing_wrongly = restores as f64 * saved_per_restore(rates, None, chunks) - hashes;
+    let learning = (all * hash + dirty * rates.scattered_per_byte() - all * copy).max(0.0);
+    not_hashing_wrongly > hashes + learning
+}
+
 /// Whether hashing the store of a snapshot taken without hashes (a whole hash pass over its
 /// bytes) is repaid over `restores` more restores, each restoring the cheapest verified way
 /// instead of writing everything. `learned`: what this dispatch (and the kernel's earlier ones)
@@ -439,6 +477,23 @@ mod tests {
         assert!(!snapshot_hashes_pay(&rates, Some(&full_once), 1, 1000));
         // No restores at all: never.
         assert!(!snapshot_hashes_pay(&rates, None, 0, 1000));
+    }
+
+    #[test]
+    fn a_new_kernel_after_kernels_that_rewrote_a_tenth_hashes_only_when_not_hashing_risks_more() {
+        // A hash pass at 0.8 of a copy, hashing adds 0.3 of one to a snapshot, changed chunks
+        // cost 2.5 copies each: a restore saves 0.2 of a copy at best, nothing at 10% changed.
+        let rates = Rates::with(Some(1.0), Some(0.8), Some(1.3), Some(2.5));
+        // Nothing known about what kernels change: the best case decides.
+        assert!(new_kernel_hashes_pay(&rates, 3, 1000, None));
+        assert!(!new_kernel_hashes_pay(&rates, 1, 1000, None));
+        // Kernels rewrote a tenth: 3 restores would save at most 0.6 - 0.3 = 0.3 of a copy
+        // when the guess is wrong, hashing wrongly costs 0.3 + 0.05: not hashed.
+        assert!(!new_kernel_hashes_pay(&rates, 3, 1000, Some(0.1)));
+        // 7 restores risk 1.4 - 0.3 = 1.1 unhashed: hashed.
+        assert!(new_kernel_hashes_pay(&rates, 7, 1000, Some(0.1)));
+        // Kernels rewrote 1%: the guess itself says the hashes pay.
+        assert!(new_kernel_hashes_pay(&rates, 3, 1000, Some(0.01)));
     }
 
     #[test]

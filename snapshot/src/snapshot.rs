@@ -14,8 +14,8 @@ use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{
-    Key, Learned, PROBE_EVERY, SharedMemory, estimate, refresh_copy_rate, snapshot_hashes_pay,
-    store_hashes_pay,
+    Key, Learned, PROBE_EVERY, SharedMemory, estimate, new_kernel_hashes_pay, refresh_copy_rate,
+    snapshot_hashes_pay, store_hashes_pay,
 };
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
@@ -387,10 +387,15 @@ impl Snapshotter {
                 let pays = |restores| {
                     snapshot_hashes_pay(&memory.rates, earlier.as_ref(), restores, chunks)
                 };
-                match &earlier {
-                    Some(e) if e.full_streak >= PROBE_EVERY => true,
+                match (&earlier, expected_restores) {
+                    (Some(e), _) if e.full_streak >= PROBE_EVERY => true,
+                    (Some(_), expected) => expected.is_none_or(pays),
+                    // A kernel seen for the first time: what other kernels changed is a guess.
+                    (None, Some(r)) => {
+                        new_kernel_hashes_pay(&memory.rates, r, chunks, memory.typical_dirty)
+                    }
                     // Nothing known at all: hash (a replay may be long).
-                    _ => expected_restores.is_none_or(pays),
+                    (None, None) => true,
                 }
             }
             _ => true,
@@ -1033,8 +1038,12 @@ impl Drop for Snapshot {
                 Some(set) => set.chunks,
                 None => vec![false; self.layout.chunks()],
             };
+            let chunks = self.layout.chunks();
             let mut memory = self.memory.lock();
             memory.typical_restores = Some(learned.restores);
+            if let Some(dirty) = learned.dirty_chunks.filter(|_| chunks > 0) {
+                memory.typical_dirty = Some(dirty as f64 / chunks as f64);
+            }
             memory.put(key, learned);
         }
         if self.keep_store {

@@ -640,7 +640,10 @@ fn auto_reuses_what_earlier_dispatches_of_a_kernel_learned() {
     let most: Vec<u64> = (0..n).filter(|c| c % 8 != 0).collect();
     let few = [5u64, 300];
     for dispatch in 0..3 {
-        for (kernel, writes) in [(1u64, &most[..]), (2, &few[..])] {
+        // The kernel that writes few chunks first: a new kernel after one that rewrote most of
+        // memory is guessed to rewrite as much and restored in full when its replay is short
+        // (see `auto_guesses_what_a_new_kernel_changes_from_the_kernels_replayed_before_it`).
+        for (kernel, writes) in [(2u64, &few[..]), (1, &most[..])] {
             let before = dev.peek(a, n * CS);
             let mut s = take(kernel);
             let mut strategies = Vec::new();
@@ -858,5 +861,55 @@ fn auto_hashes_a_snapshot_only_when_the_restores_planned_for_it_repay_the_hashes
     assert!(
         replay(2, 37),
         "and so does the 2-pass kernel replayed with 38 passes"
+    );
+}
+
+/// Under `auto`, a kernel seen for the first time is guessed to change what the kernels
+/// replayed before it changed, where guessing wrong costs more than the hashes: after a kernel
+/// that rewrote an eighth of memory, a new kernel's 3-pass replay (2 restores, which would save
+/// at most 0.2 of a copy beyond the hashes at the default rates) copies without hashing, while
+/// a 6-pass one (5 restores) hashes; after a kernel that rewrote 3 chunks of 512 a new kernel's
+/// 3-pass replay hashes. Every pass starts from the snapshot's bytes whatever was chosen.
+#[test]
+fn auto_guesses_what_a_new_kernel_changes_from_the_kernels_replayed_before_it() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    // 2 MiB: the default rates decide on every machine.
+    let n = 512u64;
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(a, &pattern((n * CS) as usize, 22));
+    let snapshotter = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Host));
+    let replay = |kernel, restores, writes: &[u64]| {
+        let before = dev.peek(a, n * CS);
+        let plan = snapshotter
+            .plan(&Filter::for_replay(1))
+            .unwrap()
+            .with_planned_restores(Some(restores));
+        let mut s = snapshotter.take_for_kernel(plan, kernel).unwrap();
+        let hashed = s.report().hashed;
+        replay_restores(&dev, a, &mut s, restores, writes, &before);
+        hashed
+    };
+    let eighth: Vec<u64> = (0..n).filter(|c| c % 8 == 3).collect();
+    let three = [7u64, 250, 500];
+
+    assert!(
+        replay(1, 37, &eighth),
+        "nothing known: the best case decides"
+    );
+    assert!(
+        !replay(2, 2, &three),
+        "after a kernel that rewrote an eighth, 2 restores risk less unhashed"
+    );
+    assert!(
+        replay(3, 5, &three),
+        "5 restores risk more unhashed: hashed"
+    );
+    assert!(
+        replay(4, 2, &three),
+        "after a kernel that rewrote 3 chunks: hashed"
     );
 }
