@@ -54,7 +54,8 @@
 //! the kernel's last dispatch, or for a kernel seen for the first time those of the latest
 //! dispatch of any kernel; otherwise it restores in full, hashing again every 16 restores to
 //! notice a change. What a restore saves comes from what the kernel's earlier dispatches found
-//! changed; for a kernel seen for the first time the best case (nothing changes) must repay the
+//! changed; for a kernel seen for the first time (or whose earlier dispatches restored in full,
+//! learning nothing about that) the best case (nothing changes) must repay the
 //! hashes, and when at the share the latest dispatch of any kernel changed they would not, the
 //! guess that costs less when wrong is taken (a short replay copies, a long one hashes). A replay that runs past the restores expected has the store (the
 //! snapshot's bytes) hashed once, when that pays over as many restores again, and chooses among

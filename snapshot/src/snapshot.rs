@@ -389,11 +389,17 @@ impl Snapshotter {
                 };
                 match (&earlier, expected_restores) {
                     (Some(e), _) if e.full_streak >= PROBE_EVERY => true,
+                    // A kernel seen for the first time, or whose earlier dispatches restored in
+                    // full (they say nothing about what it changes): what other kernels changed
+                    // is a guess.
+                    (None, Some(r))
+                    | (
+                        Some(Learned {
+                            dirty_chunks: None, ..
+                        }),
+                        Some(r),
+                    ) => new_kernel_hashes_pay(&memory.rates, r, chunks, memory.typical_dirty),
                     (Some(_), expected) => expected.is_none_or(pays),
-                    // A kernel seen for the first time: what other kernels changed is a guess.
-                    (None, Some(r)) => {
-                        new_kernel_hashes_pay(&memory.rates, r, chunks, memory.typical_dirty)
-                    }
                     // Nothing known at all: hash (a replay may be long).
                     (None, None) => true,
                 }

@@ -867,9 +867,11 @@ fn auto_hashes_a_snapshot_only_when_the_restores_planned_for_it_repay_the_hashes
 /// Under `auto`, a kernel seen for the first time is guessed to change what the kernels
 /// replayed before it changed, where guessing wrong costs more than the hashes: after a kernel
 /// that rewrote an eighth of memory, a new kernel's 3-pass replay (2 restores, which would save
-/// at most 0.2 of a copy beyond the hashes at the default rates) copies without hashing, while
-/// a 6-pass one (5 restores) hashes; after a kernel that rewrote 3 chunks of 512 a new kernel's
-/// 3-pass replay hashes. Every pass starts from the snapshot's bytes whatever was chosen.
+/// at most 0.2 of a copy beyond the hashes at the default rates) copies without hashing, and
+/// so does its next 3-pass dispatch (the first restored in full and learned nothing about what
+/// the kernel changes), while a 6-pass replay (5 restores) hashes; after a kernel that rewrote
+/// 3 chunks of 512 a new kernel's 3-pass replay hashes. Every pass starts from the snapshot's
+/// bytes whatever was chosen.
 #[test]
 fn auto_guesses_what_a_new_kernel_changes_from_the_kernels_replayed_before_it() {
     let dev = TestDevice::new(Caps {
@@ -903,6 +905,10 @@ fn auto_guesses_what_a_new_kernel_changes_from_the_kernels_replayed_before_it() 
     assert!(
         !replay(2, 2, &three),
         "after a kernel that rewrote an eighth, 2 restores risk less unhashed"
+    );
+    assert!(
+        !replay(2, 2, &three),
+        "its earlier dispatch restored in full, so it says nothing about what changes: the same guess"
     );
     assert!(
         replay(3, 5, &three),
