@@ -411,7 +411,7 @@ impl ModuleLookup for DriverModules<'_> {
 thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
     /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
-    /// runs on the device (the last choice made before the snapshot is the one it runs with).
+    /// runs on the device, made when the window asks for the launch's scope (see `launch_scope`).
     static CHOSEN: std::cell::Cell<Option<(ChoiceKey, bool)>> = const { std::cell::Cell::new(None) };
 }
 
@@ -662,12 +662,16 @@ impl Backend {
         let scoped = launch_filter(start, &self.inventory, &variables, &values, |v| {
             self.untracked_memory_kind(v)
         })?;
-        if narrowed && self.config.snapshot.strategy == RestoreStrategy::Auto {
-            self.choose_detection(
-                device,
-                launch.function as usize,
-                scoped.referenced_bytes + scoped.variable_bytes,
-            );
+        if self.config.snapshot.strategy == RestoreStrategy::Auto {
+            // Chosen here, once per replayed launch (the window asks for the scope only of a
+            // launch it replays, before the snapshot): the referenced footprint when narrowed,
+            // else the device's tracked allocations.
+            let footprint = if narrowed {
+                scoped.referenced_bytes + scoped.variable_bytes
+            } else {
+                self.inventory.select(base).iter().map(|r| r.size).sum()
+            };
+            self.choose_detection(device, launch.function as usize, footprint);
         }
         Ok(scoped.filter)
     }
@@ -830,15 +834,6 @@ impl Backend {
                 return;
             }
         };
-        if !trace_only && self.config.snapshot.strategy == RestoreStrategy::Auto {
-            let footprint: u64 = self
-                .inventory
-                .select(&device.filter)
-                .iter()
-                .map(|r| r.size)
-                .sum();
-            self.choose_detection(&device, launch.function as usize, footprint);
-        }
         let cuda_launch = CudaLaunch {
             driver: self.driver,
             launch,
