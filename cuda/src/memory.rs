@@ -309,6 +309,17 @@ fn alloc_pinned(driver: &Driver, size: usize) -> Option<usize> {
     (rc == crate::driver::CUDA_SUCCESS && !p.is_null()).then_some(p as usize)
 }
 
+/// The address of `slot`'s page-locked buffer of at least `size` bytes (see
+/// [`PinnedSlot::get`]), allocated and freed through `driver`; `None`: read back into pageable
+/// memory.
+fn readback_buffer(driver: &Driver, slot: &mut PinnedSlot, size: usize) -> Option<usize> {
+    slot.get(
+        size,
+        |n| alloc_pinned(driver, n),
+        |p| free_pinned(driver, p),
+    )
+}
+
 /// `cuMemFreeHost` of a buffer from [`alloc_pinned`] that nothing uses any more.
 fn free_pinned(driver: &Driver, addr: usize) {
     // SAFETY: a page-locked allocation of ours; the stream that used it was waited for.
@@ -825,11 +836,7 @@ impl DeviceMemory for CudaMemory {
         // The hashes, then the tails, come back into page-locked memory where the driver
         // gives some (one staging-free copy each instead of the driver's pageable path).
         let tail_bytes: usize = tails.iter().map(|t| t.2.len()).sum();
-        let pinned = scratch.readback.get(
-            out_bytes + tail_bytes,
-            |n| alloc_pinned(self.driver, n),
-            |p| free_pinned(self.driver, p),
-        );
+        let pinned = readback_buffer(self.driver, &mut scratch.readback, out_bytes + tail_bytes);
         let host_out = &mut out[lo..hi];
         let out_to = pinned.map_or(host_out.as_mut_ptr().cast::<c_void>(), |p| p as *mut c_void);
         let mut tail_at = out_bytes;
@@ -1015,11 +1022,7 @@ impl DeviceMemory for CudaMemory {
         let dev_snap =
             scratch_buffer(self.driver, &mut scratch.snap, snap_bytes as u64).map_err(fail)?;
         // The bitmap comes back into page-locked memory where the driver gives some.
-        let pinned = scratch.readback.get(
-            bits_bytes,
-            |n| alloc_pinned(self.driver, n),
-            |p| free_pinned(self.driver, p),
-        );
+        let pinned = readback_buffer(self.driver, &mut scratch.readback, bits_bytes);
         // The snapshot's hashes go to the device once per snapshot (and after a regrowth).
         let upload_hashes = scratch.snap_id != job.snapshot_id || had != Some(dev_snap);
         scratch.snap_id = 0;
