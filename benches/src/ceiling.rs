@@ -7,7 +7,7 @@
 //! - read: the same thread and block layouts, summing 8-byte words or 32-byte AVX2 vectors.
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A ceiling: the best method's rate, and every method's.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +22,35 @@ pub struct Ceiling {
     pub method: String,
     /// Every method tried with its GB/s.
     pub tried: Vec<(String, f64)>,
+    /// The best method, to time it again beside a row (`None` when nothing was measured).
+    pub best: Option<CeilingMethod>,
+}
+
+/// One way of copying or reading a buffer, with plain threads and no code of kreplay's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CeilingMethod {
+    threads: usize,
+    split: Split,
+    /// Copies: streaming stores; reads: AVX2 loads.
+    wide: bool,
+}
+
+impl CeilingMethod {
+    /// One timed copy of `src` into `dst` by this method.
+    pub fn copy_once(self, src: &[u8], dst: &mut [u8]) -> Duration {
+        assert_eq!(src.len(), dst.len());
+        let start = Instant::now();
+        copy_with(self, src, dst);
+        black_box(&dst);
+        start.elapsed()
+    }
+
+    /// One timed read of `src` by this method.
+    pub fn read_once(self, src: &[u8]) -> Duration {
+        let start = Instant::now();
+        read_with(self, src);
+        start.elapsed()
+    }
 }
 
 impl Ceiling {
@@ -156,56 +185,72 @@ fn has_streaming() -> bool {
     cfg!(target_arch = "x86_64")
 }
 
+fn copy_with(method: CeilingMethod, src: &[u8], dst: &mut [u8]) {
+    let len = src.len();
+    let CeilingMethod {
+        threads,
+        split,
+        wide: streaming,
+    } = method;
+    let (s, d) = (Ptr(src.as_ptr().cast_mut()), Ptr(dst.as_mut_ptr()));
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                let (s, d) = (s, d);
+                for (a, b) in ranges(len, threads, t, split) {
+                    // SAFETY: [a, b) lies inside both buffers (of equal length); threads get
+                    // disjoint ranges; the buffers outlive the scope.
+                    unsafe {
+                        if streaming {
+                            copy_streaming(d.0.add(a), s.0.add(a), b - a);
+                        } else {
+                            std::ptr::copy_nonoverlapping(s.0.add(a), d.0.add(a), b - a);
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// The copy ceiling over `src.len()` bytes into `dst`.
 pub fn copy_ceiling(src: &[u8], dst: &mut [u8], repeats: usize) -> Ceiling {
     assert_eq!(src.len(), dst.len());
-    let len = src.len();
     let mut tried = Vec::new();
     let stores: &[bool] = if has_streaming() {
         &[false, true]
     } else {
         &[false]
     };
-    let (s, d) = (Ptr(src.as_ptr().cast_mut()), Ptr(dst.as_mut_ptr()));
     for threads in thread_counts() {
         for split in [Split::Shares, Split::Blocks] {
             for &streaming in stores {
-                let seconds = best_of(repeats, || {
-                    std::thread::scope(|scope| {
-                        for t in 0..threads {
-                            scope.spawn(move || {
-                                let (s, d) = (s, d);
-                                for (a, b) in ranges(len, threads, t, split) {
-                                    // SAFETY: [a, b) lies inside both buffers; threads get
-                                    // disjoint ranges; the buffers outlive the scope.
-                                    unsafe {
-                                        if streaming {
-                                            copy_streaming(d.0.add(a), s.0.add(a), b - a);
-                                        } else {
-                                            std::ptr::copy_nonoverlapping(
-                                                s.0.add(a),
-                                                d.0.add(a),
-                                                b - a,
-                                            );
-                                        }
-                                    }
-                                }
-                            });
-                        }
-                    });
-                });
-                let name = format!(
-                    "{}, {}, {} stores",
-                    plural(threads),
-                    split_name(split),
-                    if streaming { "streaming" } else { "memcpy" }
-                );
-                tried.push((name, seconds));
+                let method = CeilingMethod {
+                    threads,
+                    split,
+                    wide: streaming,
+                };
+                let seconds = best_of(repeats, || copy_with(method, src, dst));
+                tried.push((method, seconds));
             }
         }
     }
     black_box(&dst);
-    finish(len as u64, tried)
+    finish(src.len() as u64, tried, true)
+}
+
+fn method_name(method: CeilingMethod, copy: bool) -> String {
+    let kind = match (copy, method.wide) {
+        (true, false) => "memcpy stores",
+        (true, true) => "streaming stores",
+        (false, false) => "8-byte loads",
+        (false, true) => "AVX2 32-byte loads",
+    };
+    format!(
+        "{}, {}, {kind}",
+        plural(method.threads),
+        split_name(method.split)
+    )
 }
 
 fn sum_words(bytes: &[u8]) -> u64 {
@@ -255,65 +300,70 @@ fn has_avx2() -> bool {
     }
 }
 
+fn read_with(method: CeilingMethod, src: &[u8]) {
+    let len = src.len();
+    let CeilingMethod {
+        threads,
+        split,
+        wide: avx2,
+    } = method;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                let mut sum = 0u64;
+                for (a, b) in ranges(len, threads, t, split) {
+                    let part = &src[a..b];
+                    #[cfg(target_arch = "x86_64")]
+                    let s = if avx2 && has_avx2() {
+                        // SAFETY: the CPU has AVX2 (checked just above).
+                        unsafe { sum_avx2(part) }
+                    } else {
+                        sum_words(part)
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let s = {
+                        let _ = avx2;
+                        sum_words(part)
+                    };
+                    sum = sum.wrapping_add(s);
+                }
+                black_box(sum);
+            });
+        }
+    });
+}
+
 /// The read ceiling over `src`.
 pub fn read_ceiling(src: &[u8], repeats: usize) -> Ceiling {
-    let len = src.len();
     let mut tried = Vec::new();
     let loads: &[bool] = if has_avx2() { &[false, true] } else { &[false] };
     for threads in thread_counts() {
         for split in [Split::Shares, Split::Blocks] {
             for &avx2 in loads {
-                let seconds = best_of(repeats, || {
-                    std::thread::scope(|scope| {
-                        for t in 0..threads {
-                            scope.spawn(move || {
-                                let mut sum = 0u64;
-                                for (a, b) in ranges(len, threads, t, split) {
-                                    let part = &src[a..b];
-                                    #[cfg(target_arch = "x86_64")]
-                                    let s = if avx2 {
-                                        // SAFETY: only tried when the CPU has AVX2.
-                                        unsafe { sum_avx2(part) }
-                                    } else {
-                                        sum_words(part)
-                                    };
-                                    #[cfg(not(target_arch = "x86_64"))]
-                                    let s = sum_words(part);
-                                    sum = sum.wrapping_add(s);
-                                }
-                                black_box(sum);
-                            });
-                        }
-                    });
-                });
-                let name = format!(
-                    "{}, {}, {} loads",
-                    plural(threads),
-                    split_name(split),
-                    if avx2 { "AVX2 32-byte" } else { "8-byte" }
-                );
-                tried.push((name, seconds));
+                let method = CeilingMethod {
+                    threads,
+                    split,
+                    wide: avx2,
+                };
+                tried.push((method, best_of(repeats, || read_with(method, src))));
             }
         }
     }
-    finish(len as u64, tried)
+    finish(src.len() as u64, tried, false)
 }
 
-fn finish(bytes: u64, tried: Vec<(String, f64)>) -> Ceiling {
-    let (method, seconds) = tried
-        .iter()
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .cloned()
-        .unwrap_or_else(|| ("nothing measured".into(), f64::INFINITY));
+fn finish(bytes: u64, tried: Vec<(CeilingMethod, f64)>, copy: bool) -> Ceiling {
+    let best = tried.iter().min_by(|a, b| a.1.total_cmp(&b.1)).copied();
     Ceiling {
         bytes,
-        seconds,
-        gbps: rate(bytes, seconds),
-        method,
+        seconds: best.map_or(f64::INFINITY, |b| b.1),
+        gbps: rate(bytes, best.map_or(f64::INFINITY, |b| b.1)),
+        method: best.map_or_else(|| "nothing measured".into(), |b| method_name(b.0, copy)),
         tried: tried
             .into_iter()
-            .map(|(m, s)| (m, rate(bytes, s)))
+            .map(|(m, s)| (method_name(m, copy), rate(bytes, s)))
             .collect(),
+        best: best.map(|b| b.0),
     }
 }
 
@@ -330,6 +380,20 @@ mod tests {
         assert_eq!(&dst[1..], &src[1..]);
         assert!(c.gbps > 0.0 && c.tried.len() >= 2, "{c:?}");
         assert!(c.describe().contains(&c.method));
+    }
+
+    #[test]
+    fn the_best_method_can_be_run_again_and_still_copies_every_byte() {
+        let len = 2 * BLOCK + 99;
+        let src: Vec<u8> = (0..len).map(|i| (i * 13 + i / 511) as u8).collect();
+        let mut dst = vec![0u8; len];
+        let c = copy_ceiling(&src, &mut dst, 1);
+        let mut again = vec![0u8; len];
+        c.best.expect("a method").copy_once(&src, &mut again);
+        assert_eq!(again, src);
+        let r = read_ceiling(&src, 1);
+        assert!(r.best.expect("a method").read_once(&src) > Duration::ZERO);
+        assert!(r.method.contains("loads") && c.method.contains("stores"));
     }
 
     #[test]

@@ -53,13 +53,14 @@ mod ceiling;
 mod device;
 mod matrix;
 mod output;
+mod paired;
 mod plot;
 mod replay;
 mod scope;
 mod targets;
 mod workload;
 
-pub use ceiling::{Ceiling, copy_ceiling, read_ceiling};
+pub use ceiling::{Ceiling, CeilingMethod, copy_ceiling, read_ceiling};
 pub use device::{DeviceStats, HostDevice, HostDeviceOptions};
 pub use matrix::{
     BenchResults, BenchRow, FootprintCeilings, MatrixConfig, Operation, Progress, run_all,
@@ -69,6 +70,7 @@ pub use output::{
     BenchRecord, CSV_HEADER, format_bytes, format_percent, format_seconds, format_table,
     table_header, table_line, write_csv,
 };
+pub use paired::{DEFAULT_PAIRED_SAMPLES, PAIRED_STATISTIC, PairedRatio, interleave, median};
 pub use plot::write_svg;
 pub use replay::{
     AUTO_MAX_OVER_BEST, AutoCheck, Choices, Pattern, ReplayConfig, ReplayRow, check_auto,

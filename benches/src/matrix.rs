@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::ceiling::{Ceiling, copy_ceiling, read_ceiling};
 use crate::device::{HostDevice, HostDeviceOptions};
+use crate::paired::{DEFAULT_PAIRED_SAMPLES, PairedRatio, interleave};
 use crate::replay::{ReplayConfig, ReplayRow};
 use crate::workload::ChunkMap;
 use kreplay_snapshot::{
@@ -116,6 +117,9 @@ pub struct MatrixConfig {
     pub host_windows: bool,
     /// Spill directory for the file tier (`None`: the system temporary directory).
     pub spill_dir: Option<PathBuf>,
+    /// Timed passes of each side when full snapshots, full restores and hash detection are
+    /// paired with their ceiling (see [`crate::PairedRatio`]); the targets judge those pairs.
+    pub paired_samples: usize,
 }
 
 impl Default for MatrixConfig {
@@ -134,6 +138,7 @@ impl Default for MatrixConfig {
             repeats: 3,
             host_windows: true,
             spill_dir: None,
+            paired_samples: DEFAULT_PAIRED_SAMPLES,
         }
     }
 }
@@ -313,10 +318,12 @@ pub struct BenchResults {
     pub ceilings: Vec<FootprintCeilings>,
     /// The per-replay rows.
     pub replay: Vec<ReplayRow>,
+    /// Full snapshots, full restores and hash detection timed in turn with their ceiling.
+    pub paired: Vec<PairedRatio>,
 }
 
 /// What [`run_all`] reports as it goes, in this order for every footprint: `Ceilings`, a `Row`
-/// per matrix measurement, `ReplayStart` and a `Replay` per whole-replay row (when replays are
+/// per matrix measurement, a `Paired` per paired ratio, `ReplayStart` and a `Replay` per whole-replay row (when replays are
 /// measured), then `CeilingsAgain`. Rows carry the ratio to the ceilings measured before them;
 /// the results [`run_all`] returns carry the ratio to the better of both measurements.
 #[derive(Clone, Copy, Debug)]
@@ -325,6 +332,8 @@ pub enum Progress<'a> {
     Ceilings(&'a FootprintCeilings),
     /// A matrix row, as soon as it is measured.
     Row(&'a BenchRow),
+    /// A row of kreplay's timed in turn with its ceiling, as soon as it is measured.
+    Paired(&'a PairedRatio),
     /// The footprint's whole replays start.
     ReplayStart {
         /// Tracked bytes.
@@ -360,6 +369,10 @@ pub fn run_all(
             results.rows.push(row);
         }
         let bench = measure_footprint(config, footprint, &mut results.rows, &mut progress)?;
+        for pair in measure_paired(config, &bench, footprint, &before)? {
+            progress(Progress::Paired(&pair));
+            results.paired.push(pair);
+        }
         if let Some(replay) = replay.filter(|r| r.footprints.contains(&footprint)) {
             progress(Progress::ReplayStart { footprint });
             results.replay.extend(crate::replay::measure(
@@ -417,6 +430,79 @@ fn keep_best_ceilings(rows: &mut [BenchRow], again: &[BenchRow]) {
             row.ratio = row.gbps / gbps;
         }
     }
+}
+
+/// Full snapshots and full restores timed in turn with the copy ceiling, and hash detection
+/// with the read ceiling, `config.paired_samples` passes of each side, per tier (when the
+/// configuration has those strategies). The ceilings' side runs the best method of `ceilings`
+/// on buffers of the footprint's size, allocated for this and freed after.
+fn measure_paired(
+    config: &MatrixConfig,
+    bench: &Bench,
+    footprint: u64,
+    ceilings: &FootprintCeilings,
+) -> Result<Vec<PairedRatio>, String> {
+    use RestoreStrategy::{Full, Hash};
+    let (Some(copy), Some(read)) = (ceilings.copy.best, ceilings.read.best) else {
+        return Ok(Vec::new());
+    };
+    let has = |s| config.strategies.contains(&s);
+    if !has(Full) && !has(Hash) {
+        return Ok(Vec::new());
+    }
+    let len = usize::try_from(footprint).map_err(|_| "footprint exceeds the address space")?;
+    let src = try_buffer(len, 0xA5)?;
+    let mut dst = try_buffer(len, 0)?;
+    let samples = config.paired_samples.max(1);
+    let mut out = Vec::new();
+    for &tier in &config.tiers {
+        for strategy in [Full, Hash].into_iter().filter(|&s| has(s)) {
+            let snapshotter = bench.snapshotter(config, strategy, tier)?;
+            let take = || -> Result<(Snapshot, Duration), String> {
+                let plan = snapshotter
+                    .plan(&Filter::for_replay(1))
+                    .map_err(|e| e.to_string())?;
+                let start = Instant::now();
+                let s = snapshotter.take(plan).map_err(|e| e.to_string())?;
+                Ok((s, start.elapsed()))
+            };
+            let (first, _) = take()?; // allocates the store, untimed
+            let used_tier = first.tier();
+            drop(first);
+            let pair = |operation, ceiling: &Ceiling, (c, r): (Vec<f64>, Vec<f64>)| PairedRatio {
+                footprint,
+                tier: used_tier,
+                operation,
+                strategy: strategy.to_string(),
+                ceiling_method: ceiling.method.clone(),
+                ceiling_seconds: c,
+                row_seconds: r,
+            };
+            if strategy == Full {
+                let series = interleave(
+                    samples,
+                    || Ok(copy.copy_once(&src, &mut dst)),
+                    || take().map(|(_, t)| t),
+                )?;
+                out.push(pair(Operation::Snapshot, &ceilings.copy, series));
+            }
+            let (mut snapshot, _) = take()?;
+            let mut restore = || -> Result<Duration, String> {
+                let start = Instant::now();
+                snapshot.restore(&NOT_FINAL).map_err(|e| e.to_string())?;
+                Ok(start.elapsed())
+            };
+            restore()?; // pass 0, untimed, as in the matrix
+            if strategy == Full {
+                let series = interleave(samples, || Ok(copy.copy_once(&src, &mut dst)), restore)?;
+                out.push(pair(Operation::Restore, &ceilings.copy, series));
+            } else {
+                let series = interleave(samples, || Ok(read.read_once(&src)), restore)?;
+                out.push(pair(Operation::Detect, &ceilings.read, series));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The rows of one footprint, ceilings first.
@@ -601,6 +687,57 @@ mod tests {
     }
 
     #[test]
+    fn full_copies_and_hash_detection_are_paired_with_their_ceiling_in_equal_samples() {
+        let config = MatrixConfig {
+            footprints: vec![256 << 10],
+            dirty_fractions: vec![0.0, 0.25],
+            tiers: vec![StoreTier::Host, StoreTier::File],
+            chunk_size: 4096,
+            repeats: 1,
+            paired_samples: 4,
+            ..Default::default()
+        };
+        let mut before = None;
+        let results = run_all(&config, None, |event| {
+            if let Progress::Ceilings(c) = event {
+                before = Some(c.clone());
+            }
+        })
+        .unwrap();
+        let seen: Vec<(StoreTier, Operation, &str)> = results
+            .paired
+            .iter()
+            .map(|p| (p.tier, p.operation, p.strategy.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [StoreTier::Host, StoreTier::File]
+                .into_iter()
+                .flat_map(|t| [
+                    (t, Operation::Snapshot, "full"),
+                    (t, Operation::Restore, "full"),
+                    (t, Operation::Detect, "hash"),
+                ])
+                .collect::<Vec<_>>()
+        );
+        // The ceiling side runs the best method of the ceilings measured before the rows.
+        let ceilings = before.unwrap();
+        for p in &results.paired {
+            assert_eq!(
+                (p.ceiling_seconds.len(), p.row_seconds.len()),
+                (4, 4),
+                "{p:?}"
+            );
+            let ceiling = if p.operation == Operation::Detect {
+                &ceilings.read
+            } else {
+                &ceilings.copy
+            };
+            assert_eq!(p.ceiling_method, ceiling.method, "{p:?}");
+        }
+    }
+
+    #[test]
     fn every_measurement_is_reported_as_it_is_made_in_footprint_order() {
         let config = MatrixConfig {
             footprints: vec![256 << 10, 512 << 10],
@@ -621,6 +758,7 @@ mod tests {
             events.push(match event {
                 Progress::Ceilings(c) => format!("ceilings {}", c.footprint),
                 Progress::Row(r) => format!("row {} {}", r.footprint, r.operation),
+                Progress::Paired(p) => format!("paired {} {}", p.footprint, p.operation),
                 Progress::ReplayStart { footprint } => format!("replays {footprint}"),
                 Progress::Replay(r) => format!("replay {} {}", r.footprint, r.strategy),
                 Progress::CeilingsAgain { again, best } => {
@@ -632,6 +770,13 @@ mod tests {
         .unwrap();
         let rows = events.iter().filter(|e| e.starts_with("row ")).count();
         assert_eq!(rows, results.rows.len(), "every matrix row, once");
+        let paired = events.iter().filter(|e| e.starts_with("paired ")).count();
+        assert_eq!(paired, results.paired.len());
+        assert_eq!(
+            paired,
+            2 * 3,
+            "full snapshot, full restore, detect per footprint"
+        );
         let replays = events.iter().filter(|e| e.starts_with("replay ")).count();
         assert_eq!(replays, results.replay.len());
         // Replays only at the footprint they list: 4 patterns x 5 strategies.
@@ -660,6 +805,8 @@ mod tests {
         let at = |e: &str| events.iter().position(|x| x == e).unwrap();
         assert_eq!(at("ceilings 262144"), 0);
         assert!(at("again 262144") < at("ceilings 524288"));
+        assert!(at("ceilings 524288") < at("paired 524288 restore"));
+        assert!(at("paired 524288 detect") < at("replays 524288"));
         assert!(at("ceilings 524288") < at("replays 524288"));
         assert!(at("replays 524288") < at("again 524288"));
         assert_eq!(at("again 524288"), events.len() - 1);

@@ -7,6 +7,7 @@ use kreplay_snapshot::{RestoreStrategy, StoreTier};
 
 use crate::matrix::{BenchRow, MatrixConfig, Operation};
 use crate::output::{format_bytes, format_seconds};
+use crate::paired::{PAIRED_STATISTIC, PairedRatio};
 
 /// Full snapshot and restore must reach this fraction of the machine's copy ceiling.
 pub const FULL_COPY_MIN_RATIO: f64 = 0.85;
@@ -60,8 +61,8 @@ impl Target {
     /// What a run must include for the target to be evaluated.
     pub fn needs(self) -> &'static str {
         match self {
-            Target::FullCopy => "strategy full",
-            Target::HashDetection => "strategy hash and dirty 0%",
+            Target::FullCopy => "strategy full, paired with the copy ceiling",
+            Target::HashDetection => "strategy hash, paired with the read ceiling",
             Target::HashRestore => "strategy hash and dirty 0% and 1%",
             Target::WritesetRestore => "strategies full and writeset and dirty 1%",
             Target::WritesetIdle => "strategies full and writeset and dirty 0%",
@@ -106,7 +107,7 @@ fn same(a: f64, b: f64) -> bool {
 }
 
 /// Lookup of rows by what they measured.
-struct Rows<'a>(&'a [BenchRow]);
+struct Rows<'a>(&'a [BenchRow], &'a [PairedRatio]);
 
 impl<'a> Rows<'a> {
     fn find(
@@ -124,6 +125,17 @@ impl<'a> Rows<'a> {
                 && r.operation == operation
                 && same(r.dirty_fraction, dirty)
         })
+    }
+
+    fn paired(
+        &self,
+        footprint: u64,
+        tier: StoreTier,
+        operation: Operation,
+    ) -> Option<&'a PairedRatio> {
+        self.1
+            .iter()
+            .find(|p| p.footprint == footprint && p.tier == tier && p.operation == operation)
     }
 
     fn ceiling(&self, footprint: u64, operation: Operation) -> Option<&'a BenchRow> {
@@ -159,43 +171,39 @@ fn evaluate(
     let find = |strategy, operation, dirty| rows.find(footprint, tier, strategy, operation, dirty);
     match target {
         Target::FullCopy => {
-            let snapshot = find(Full, Operation::Snapshot, 0.0)?;
-            let slowest_restore = rows
-                .0
-                .iter()
-                .filter(|r| {
-                    r.footprint == footprint
-                        && r.tier == Some(tier)
-                        && r.strategy == Some(Full)
-                        && r.operation == Operation::Restore
-                })
-                .min_by(|a, b| a.ratio.total_cmp(&b.ratio));
-            let mut detail = format!(
-                "snapshot {:.2} GB/s ({:.2}x)",
-                snapshot.gbps, snapshot.ratio
-            );
-            let mut worst = snapshot.ratio;
-            if let Some(restore) = slowest_restore {
-                detail += &format!(
-                    ", slowest full restore {:.2} GB/s ({:.2}x)",
-                    restore.gbps, restore.ratio
-                );
-                worst = worst.min(restore.ratio);
-            }
-            detail += &format!(
-                " of the copy ceiling {:.2} GB/s; need >= {FULL_COPY_MIN_RATIO:.2}x",
-                snapshot.ceiling_gbps
-            );
-            Some((worst >= FULL_COPY_MIN_RATIO, detail))
+            let snapshot = rows.paired(footprint, tier, Operation::Snapshot)?;
+            let restore = rows.paired(footprint, tier, Operation::Restore)?;
+            let worst = snapshot.ratio().min(restore.ratio());
+            Some((
+                worst >= FULL_COPY_MIN_RATIO,
+                format!(
+                    "snapshot {:.2} GB/s vs copy ceiling {:.2} GB/s = {:.2}x, full restore {:.2} \
+                     GB/s vs {:.2} GB/s = {:.2}x ({PAIRED_STATISTIC}s of {} passes of each side \
+                     taken in turn; copy ceiling by {}); need >= {FULL_COPY_MIN_RATIO:.2}x",
+                    snapshot.row_gbps(),
+                    snapshot.ceiling_gbps(),
+                    snapshot.ratio(),
+                    restore.row_gbps(),
+                    restore.ceiling_gbps(),
+                    restore.ratio(),
+                    restore.samples().min(snapshot.samples()),
+                    restore.ceiling_method,
+                ),
+            ))
         }
         Target::HashDetection => {
-            let detect = find(Hash, Operation::Detect, 0.0)?;
+            let detect = rows.paired(footprint, tier, Operation::Detect)?;
             Some((
-                detect.ratio >= DETECTION_MIN_RATIO,
+                detect.ratio() >= DETECTION_MIN_RATIO,
                 format!(
-                    "hash pass {:.2} GB/s = {:.2}x of the read ceiling {:.2} GB/s; need >= \
-                     {DETECTION_MIN_RATIO:.2}x",
-                    detect.gbps, detect.ratio, detect.ceiling_gbps
+                    "hash pass {:.2} GB/s vs read ceiling {:.2} GB/s = {:.2}x \
+                     ({PAIRED_STATISTIC}s of {} passes of each side taken in turn; read ceiling \
+                     by {}); need >= {DETECTION_MIN_RATIO:.2}x",
+                    detect.row_gbps(),
+                    detect.ceiling_gbps(),
+                    detect.ratio(),
+                    detect.samples(),
+                    detect.ceiling_method,
                 ),
             ))
         }
@@ -243,12 +251,14 @@ fn evaluate(
     }
 }
 
-/// Evaluates every [`Target`] at every footprint and store tier of `rows` (the result of
-/// [`crate::run_matrix`] with `config`). A target the run has no rows for yields one check with
+/// Evaluates every [`Target`] at every footprint and store tier of `rows` and `paired` (the
+/// results of [`crate::run_all`] with `config`). The targets held to a ceiling (full copies,
+/// hash detection) are judged only from `paired`: each side timed equally often, in turn, by
+/// one statistic. A target the run has no rows for yields one check with
 /// `met: None` saying what the run must include.
 ///
 /// ```
-/// use kreplay_benches::{MatrixConfig, Target, check_targets, run_matrix};
+/// use kreplay_benches::{MatrixConfig, Target, check_targets, run_all};
 /// use kreplay_snapshot::StoreTier;
 ///
 /// let config = MatrixConfig {
@@ -257,14 +267,20 @@ fn evaluate(
 ///     tiers: vec![StoreTier::Host],
 ///     chunk_size: 4096,
 ///     repeats: 1,
+///     paired_samples: 3,
 ///     ..Default::default()
 /// };
-/// let checks = check_targets(&config, &run_matrix(&config).unwrap());
+/// let results = run_all(&config, None, |_| {}).unwrap();
+/// let checks = check_targets(&config, &results.rows, &results.paired);
 /// assert_eq!(checks.len(), Target::ALL.len()); // one footprint, one tier
 /// assert!(checks.iter().all(|c| c.met.is_some()));
 /// ```
-pub fn check_targets(config: &MatrixConfig, rows: &[BenchRow]) -> Vec<TargetCheck> {
-    let rows = Rows(rows);
+pub fn check_targets(
+    config: &MatrixConfig,
+    rows: &[BenchRow],
+    paired: &[PairedRatio],
+) -> Vec<TargetCheck> {
+    let rows = Rows(rows, paired);
     let mut footprints: Vec<u64> = Vec::new();
     for r in rows.0 {
         if !footprints.contains(&r.footprint) {
@@ -355,13 +371,40 @@ mod tests {
         ]
     }
 
+    /// Each side timed 5 times in turn: the ceilings at memcpy 10 ms and read pass 5 ms, the
+    /// full copies at `full` and detection at `detect`.
+    fn paired(full: f64, detect: f64) -> Vec<PairedRatio> {
+        let pair = |operation, strategy: &str, ceiling: f64, row: f64| PairedRatio {
+            footprint: 64 * MIB,
+            tier: StoreTier::Host,
+            operation,
+            strategy: strategy.into(),
+            ceiling_method: "2 threads, 1 MiB blocks round robin".into(),
+            ceiling_seconds: vec![ceiling; 5],
+            row_seconds: vec![row; 5],
+        };
+        vec![
+            pair(Operation::Snapshot, "full", 0.010, full),
+            pair(Operation::Restore, "full", 0.010, full),
+            pair(Operation::Detect, "hash", 0.005, detect),
+        ]
+    }
+
+    fn check(full: f64, detect: f64, hash1: f64, ws1: f64, ws0: f64) -> Vec<TargetCheck> {
+        check_targets(
+            &config(),
+            &rows(full, detect, hash1, ws1, ws0),
+            &paired(full, detect),
+        )
+    }
+
     fn verdicts(checks: &[TargetCheck]) -> Vec<Option<bool>> {
         checks.iter().map(|c| c.met).collect()
     }
 
     #[test]
     fn figures_within_the_limits_meet_every_target() {
-        let checks = check_targets(&config(), &rows(0.011, 0.0055, 0.0056, 0.001, 0.00005));
+        let checks = check(0.011, 0.0055, 0.0056, 0.001, 0.00005);
         assert_eq!(verdicts(&checks), vec![Some(true); 5], "{checks:#?}");
         assert!(
             checks[0].detail.contains("need >= 0.85x"),
@@ -375,7 +418,7 @@ mod tests {
     fn each_target_fails_when_its_figure_crosses_the_limit() {
         // 1% of 1024 chunks of 64 KiB = 10 chunks = 640 KiB; a copy at memcpy speed (6.7 GB/s)
         // takes ~0.098 ms, so the hash restore limit is 6.3 ms + 0.147 ms.
-        let checks = check_targets(&config(), &rows(0.0126, 0.0063, 0.0066, 0.0013, 0.0002));
+        let checks = check(0.0126, 0.0063, 0.0066, 0.0013, 0.0002);
         assert_eq!(
             verdicts(&checks),
             vec![
@@ -396,7 +439,11 @@ mod tests {
             .into_iter()
             .filter(|r| r.strategy.is_none() || r.strategy == Some(RestoreStrategy::Full))
             .collect();
-        let checks = check_targets(&config(), &only_full);
+        let only_full_paired: Vec<PairedRatio> = paired(0.011, 0.0055)
+            .into_iter()
+            .filter(|p| p.strategy == "full")
+            .collect();
+        let checks = check_targets(&config(), &only_full, &only_full_paired);
         assert_eq!(verdicts(&checks), vec![Some(true), None, None, None, None]);
         assert!(
             checks[1].detail.contains("strategy hash"),
@@ -404,5 +451,39 @@ mod tests {
             checks[1].detail
         );
         assert_eq!(checks[1].verdict(), "not evaluated");
+    }
+
+    #[test]
+    fn ceiling_targets_are_judged_from_the_paired_medians_not_from_the_rows() {
+        // The rows (best of a few) say the copies and the hash pass run at the ceiling; the
+        // paired passes, taken in turn with the ceiling, say 0.80x: the paired ones decide.
+        let rows = rows(0.010, 0.005, 0.0051, 0.001, 0.00005);
+        let mut pairs = paired(0.0125, 0.00625);
+        pairs[1].row_seconds = vec![0.009, 0.0125, 0.0125, 0.013, 0.020]; // median 0.0125
+        let checks = check_targets(&config(), &rows, &pairs);
+        assert_eq!(
+            &verdicts(&checks)[..2],
+            &[Some(false), Some(false)],
+            "{checks:#?}"
+        );
+        for (c, says) in checks[..2].iter().zip(["full restore", "hash pass"]) {
+            assert!(c.detail.contains("0.80x"), "{}", c.detail);
+            assert!(c.detail.contains(says), "{}", c.detail);
+            assert!(
+                c.detail
+                    .contains("medians of 5 passes of each side taken in turn"),
+                "{}",
+                c.detail
+            );
+        }
+        assert!(checks[0].detail.contains("copy ceiling by 2 threads"));
+    }
+
+    #[test]
+    fn ceiling_targets_without_paired_passes_are_not_evaluated() {
+        let checks = check_targets(&config(), &rows(0.010, 0.005, 0.0051, 0.001, 0.00005), &[]);
+        assert_eq!(&verdicts(&checks)[..2], &[None, None], "{checks:#?}");
+        assert!(checks[0].detail.contains("paired with the copy ceiling"));
+        assert_eq!(&verdicts(&checks)[2..], &[Some(true); 3]);
     }
 }

@@ -57,9 +57,10 @@ pub(crate) fn checked_settings() -> Result<kreplay::config::Config, String> {
 }
 
 /// Memory the matrix needs at a footprint: the tracked memory, a store and a spare device
-/// shadow (the memcpy ceiling's two buffers are freed before those are allocated).
+/// shadow, and while full copies and hash detection are timed in turn with their ceiling, the
+/// ceiling's two buffers beside them.
 fn memory_needed(footprint: u64) -> u64 {
-    footprint.saturating_mul(3)
+    footprint.saturating_mul(5)
 }
 
 /// Memory the whole replays need at a footprint: the tracked memory and one store per strategy
@@ -369,6 +370,9 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
                 say(&table_header());
             }
             Progress::Row(row) => say(&table_line(row)),
+            Progress::Paired(pair) => {
+                say(&format!("paired with its ceiling: {}\n", pair.describe()))
+            }
             Progress::ReplayStart { footprint } => say(&format!(
                 "\nwhole replays at {} (ratios to the ceilings measured before; see the end of \
                  the report for what the columns mean):\n{}",
@@ -394,14 +398,22 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
         return Err(e);
     }
     let rows = results.rows;
-    let targets = check_targets(&config, &rows);
-    let mut text = String::from(
+    let targets = check_targets(&config, &rows, &results.paired);
+    let mut text = format!(
         "time: best of the repetitions. GB/s: footprint bytes per second (for restores of part \
          of the footprint an effective rate, not bytes moved). ceiling: the machine's copy or \
          read ceiling over the same bytes, above; ratio = GB/s / ceiling GB/s. snapshot_cold: a \
          snapshotter's first snapshot (store allocated and faulted in); snapshot and restore: \
          steady state (writeset and auto restores verify: every chunk outside the learned set \
-         is hashed). detect: a hash restore with nothing dirty (the hash pass alone).\n\n",
+         is hashed). detect: a hash restore with nothing dirty (the hash pass alone). The table's \
+         ratios screen: a row's best of {repeats} against a ceiling's best of {repeats} passes of \
+         each method tried; they are not judged. paired with its ceiling: a full snapshot, a full \
+         restore or the hash pass timed {samples} times in turn with the ceiling's best method \
+         (ceiling pass, kreplay pass, ceiling pass, ...) over as many bytes, each side reduced \
+         to its {statistic}; the targets below judge only these.\n\n",
+        repeats = config.repeats,
+        samples = config.paired_samples,
+        statistic = kreplay_benches::PAIRED_STATISTIC,
     );
     text += &render_ceilings(
         "ceilings of this machine (code independent of kreplay's; the better of a measurement \
@@ -538,6 +550,28 @@ mod tests {
             text.contains("targets (judged from this run's rows):"),
             "{text}"
         );
+        // Full copies and the hash pass are judged from passes taken in turn with their
+        // ceiling, equally many of each, and the report says so.
+        for part in [
+            "256KiB host full snapshot: ",
+            "256KiB host full restore: ",
+            "256KiB host hash detect: ",
+        ] {
+            assert!(
+                text.contains(&format!("paired with its ceiling: {part}")),
+                "{part}: {text}"
+            );
+        }
+        assert!(
+            text.contains("median of 15 interleaved passes each"),
+            "{text}"
+        );
+        assert!(text.contains("The table's ratios screen"), "{text}");
+        let judged = &outcome.targets[0].detail;
+        assert!(
+            judged.contains("passes of each side taken in turn"),
+            "{judged}"
+        );
         for target in kreplay_benches::Target::ALL {
             assert!(
                 text.contains(target.describe()),
@@ -574,8 +608,8 @@ mod tests {
         let Some(available) = available_memory() else {
             return;
         };
-        // The matrix fits (3 footprints), the replays' store per strategy does not.
-        let footprint = available / 5;
+        // The matrix fits (5 footprints), the replays' store per strategy (6) does not.
+        let footprint = available * 2 / 11;
         let options = BenchOptions {
             footprints: vec![footprint],
             replay_footprints: Some(vec![footprint]),
