@@ -613,12 +613,14 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     dispatch each, each figure the lower quartile of its repetitions (median and spread beside \
     it), beside N full restores, at the smallest footprint and in the host tier unless \
     --replay-footprints and --replay-tiers say otherwise. The device is host memory split into 4 \
-    tracked allocations. Prints each row with the ceiling beside it as soon as it is measured, \
-    then the design's targets judged from this run's rows (full restore and hash detection \
-    against the ceilings, auto's lower quartile against the best verified fixed strategy's in \
+    tracked allocations. Prints each row with the ceiling beside it as soon as it is measured; \
+    full snapshots, full restores and hash detection are then timed 15 times in turn with the \
+    ceiling's best method over as many bytes (ceiling pass, kreplay pass, ...), and the design's \
+    targets are judged from this run (full copies and hash detection from the medians of those \
+    paired passes, auto's lower quartile against the best verified fixed strategy's in \
     every replay cell).";
 
-const BENCH_AFTER: &str = "The matrix needs about 3x the largest footprint of free memory (and \
+const BENCH_AFTER: &str = "The matrix needs about 5x the largest footprint of free memory (and \
     the footprint again on disk for the file tier, in KREPLAY_SPILL_DIR or the temporary folder; \
     a bad KREPLAY_* value is an error, as for every command). The fixed cost per dispatch is measured by \
     'kreplay bench-dispatch'.\n\n\
