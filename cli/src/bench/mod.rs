@@ -387,8 +387,8 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
                     std::slice::from_ref(again),
                 ));
                 say(&format!(
-                    "  kept (the better of both, used by the targets and the CSV): copy {:.2} \
-                     GB/s, read {:.2} GB/s\n\n",
+                    "  kept (the better of both, used by the CSV's ratios and the hash restore \
+                     target): copy {:.2} GB/s, read {:.2} GB/s\n\n",
                     best.copy.gbps, best.read.gbps
                 ));
             }
