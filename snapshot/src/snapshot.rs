@@ -385,7 +385,13 @@ impl Snapshotter {
                 let memory = self.memory.lock();
                 let chunks = layout.chunks() as u64;
                 let pays = |restores| {
-                    snapshot_hashes_pay(&memory.rates, earlier.as_ref(), restores, chunks)
+                    snapshot_hashes_pay(
+                        &memory.rates,
+                        earlier.as_ref(),
+                        restores,
+                        chunks,
+                        layout.chunk_size,
+                    )
                 };
                 match (&earlier, expected_restores) {
                     (Some(e), _) if e.full_streak >= PROBE_EVERY => true,
@@ -398,7 +404,13 @@ impl Snapshotter {
                             dirty_chunks: None, ..
                         }),
                         Some(r),
-                    ) => new_kernel_hashes_pay(&memory.rates, r, chunks, memory.typical_dirty),
+                    ) => new_kernel_hashes_pay(
+                        &memory.rates,
+                        r,
+                        chunks,
+                        layout.chunk_size,
+                        memory.typical_dirty,
+                    ),
                     (Some(_), expected) => expected.is_none_or(pays),
                     // Nothing known at all: hash (a replay may be long).
                     (None, None) => true,
@@ -594,7 +606,14 @@ impl Snapshot {
             let chunks = self.layout.chunks() as u64;
             let rates = self.memory.lock().rates;
             let ahead = self.stats.restores + 1;
-            store_hashes_pay(&rates, &self.stats, self.set_chunks(), ahead, chunks)
+            store_hashes_pay(
+                &rates,
+                &self.stats,
+                self.set_chunks(),
+                ahead,
+                chunks,
+                self.layout.chunk_size,
+            )
         }
     }
 
@@ -657,7 +676,13 @@ impl Snapshot {
                 }
                 let rates = self.memory.lock().rates;
                 let all = self.layout.chunks() as u64;
-                match estimate(&rates, &self.stats, all, self.set_chunks()) {
+                match estimate(
+                    &rates,
+                    &self.stats,
+                    all,
+                    self.set_chunks(),
+                    self.layout.chunk_size,
+                ) {
                     // Nothing known about this kernel yet: learn.
                     None => learn(predict),
                     // Full is cheapest, or close enough to it that a stale copy rate cannot
