@@ -145,8 +145,10 @@ const COPY_STALE_AFTER: u32 = 16;
 /// outvoted by them, and a copy rate this old is measured again whatever the estimates say
 /// (see [`refresh_copy_rate`]): a stale copy rate a quarter off made hashing look free and
 /// verified restores look cheaper than full ones at 10% written, and nothing `auto` chose
-/// afterwards measured a copy again.
-const OUT_OF_DATE_AFTER: u32 = 4 * COPY_STALE_AFTER;
+/// afterwards measured a copy again. At twice [`COPY_STALE_AFTER`] (16 verified restores) such
+/// a refresh costs a full restore's lead over the verified one once per 16 restores; at four
+/// times (it was) a copy rate carried half again above what copies cost decided 32 restores.
+const OUT_OF_DATE_AFTER: u32 = 2 * COPY_STALE_AFTER;
 /// A verified restore estimated to save less than this share of a full one over it is too close
 /// to call on a stale copy rate: a full restore is made instead, which measures the copy again.
 /// Such a refresh costs at most this share of one restore, once per [`COPY_STALE_AFTER`]
@@ -762,8 +764,12 @@ mod tests {
         // A close call refreshes at most a few percent of one restore once per
         // COPY_STALE_AFTER / 2 verified restores.
         assert!(CLOSE_CALL <= 0.05);
-        for _ in 0..OUT_OF_DATE_AFTER {
+        assert!(!refresh_copy_rate(&rates, &costs(0.5)));
+        // Out of date after 16 verified restores (32 measurements): re-measured whatever the
+        // lead, so a drifted copy rate decides no more than 16 restores.
+        for _ in 0..COPY_STALE_AFTER / 2 {
             rates.record_hash(bytes, at(0.16));
+            rates.record_scattered(bytes / 10, at(0.3));
         }
         assert!(refresh_copy_rate(&rates, &costs(0.5)), "out of date");
     }

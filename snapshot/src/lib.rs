@@ -43,13 +43,16 @@
 //! of any kind moves, so a copy rate measured minutes ago follows the bandwidth the hash passes
 //! measure now; both are medians of the latest 8 measurements, so one disturbed copy does not
 //! sway them) and from what this kernel's restores found changed (never the unverified shortcut;
-//! when a verified restore leads a full one by less than 15% and no copy has been measured for
-//! 16 measurements, or whatever the lead after 64, it copies everything, which measures the copy
-//! rate again; a rate measured again after 64 measurements of other kinds replaces its earlier
-//! measurements instead of being outvoted by them);
+//! when a verified restore leads a full one by less than 5% and no copy has been measured for
+//! 16 measurements, or whatever the lead after 32, it copies everything, which measures the copy
+//! rate again; a rate measured again after 32 measurements of other kinds replaces its earlier
+//! measurements instead of being outvoted by them; partial write-backs are costed at the rate
+//! of write-backs of their kind, streaming or not);
 //! the first restore of a kernel with nothing learned hashes everything. Hashing while
 //! snapshotting costs something too (what a hashing snapshot measured beyond a plain copy):
-//! auto takes the hashes only when the restores expected repay them: those the replay plans
+//! auto takes the hashes only when the restores expected repay them with a margin (5% of a copy
+//! of the footprint, 25% while the copy rate is stale: a plain snapshot measures the copy
+//! again), counting at least 0.15 of a hash pass for them: those the replay plans
 //! ([`SnapshotPlan::with_planned_restores`], which the pass loop sets to N - 1), else those of
 //! the kernel's last dispatch, or for a kernel seen for the first time those of the latest
 //! dispatch of any kernel; otherwise it restores in full, hashing again every 16 restores to
