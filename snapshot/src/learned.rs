@@ -761,9 +761,6 @@ mod tests {
         );
         assert!(!refresh_copy_rate(&rates, &costs(0.93)), "nor one of 7%");
         assert!(refresh_copy_rate(&rates, &costs(0.97)), "3% is");
-        // A close call refreshes at most a few percent of one restore once per
-        // COPY_STALE_AFTER / 2 verified restores.
-        assert!(CLOSE_CALL <= 0.05);
         assert!(!refresh_copy_rate(&rates, &costs(0.5)));
         // Out of date after 16 verified restores (32 measurements): re-measured whatever the
         // lead, so a drifted copy rate decides no more than 16 restores.
@@ -876,7 +873,7 @@ mod tests {
         let at = |bytes: u64, per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
         let mut rates = Rates::default();
         rates.record_copy(footprint, at(footprint, 0.20));
-        let mut others = |rates: &mut Rates, times: u32| {
+        let others = |rates: &mut Rates, times: u32| {
             for _ in 0..times {
                 rates.record_hash(footprint, at(footprint, 0.12));
                 rates.record_hashed_copy(footprint, at(footprint, 0.23));
