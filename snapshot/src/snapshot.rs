@@ -14,8 +14,8 @@ use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
 use crate::layout::{Layout, Piece, marked_indices};
 use crate::learned::{
-    Key, Learned, PROBE_EVERY, SharedMemory, estimate, new_kernel_hashes_pay, refresh_copy_rate,
-    snapshot_hashes_pay, store_hashes_pay,
+    Key, Learned, PROBE_EVERY, SharedMemory, estimate, full_is_cheaper, new_kernel_hashes_pay,
+    refresh_copy_rate, snapshot_hashes_pay, store_hashes_pay,
 };
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
@@ -687,7 +687,10 @@ impl Snapshot {
                     None => learn(predict),
                     // Full is cheapest, or close enough to it that a stale copy rate cannot
                     // tell (the full restore then measures a copy again).
-                    Some(c) if c.full < c.hash.min(c.writeset) || refresh_copy_rate(&rates, &c) => {
+                    Some(c)
+                        if full_is_cheaper(&c, self.stats.full_streak == 0)
+                            || refresh_copy_rate(&rates, &c) =>
+                    {
                         (Step::Full, RestoreStrategy::Full)
                     }
                     Some(c) => learn(predict && c.writeset <= c.hash),
