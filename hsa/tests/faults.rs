@@ -362,8 +362,9 @@ scenarios! {
 /// marker not processed yet): the replay goes on promptly, it does not wait out the drain
 /// budget on a queue that no longer exists.
 fn destroyed_sibling_scenario() {
+    const STALL: Duration = Duration::from_secs(5);
     let env = setup(InstallOptions {
-        drain: DrainConfig::new(Duration::from_secs(3)),
+        drain: DrainConfig::new(Duration::from_secs(10)),
         ..Default::default()
     });
     let gated = kreplay_softhsa::register_kernel("faults_gated_add", gated_add);
@@ -392,39 +393,46 @@ fn destroyed_sibling_scenario() {
     while !GATED_STARTED.load(Ordering::SeqCst) && Instant::now() < deadline {
         std::thread::yield_now();
     }
-    // The sibling's processor will stall before it takes the in-flight marker that follows
-    // the kernel: the queue is destroyed with that marker unprocessed.
+    // The first packet any hardware queue takes from now on stalls. The replay's own queue gets
+    // nothing before its drain is over, and its drain asks the sibling for a marker (the
+    // sibling forwarded the gated kernel): so the packet that stalls is that marker, whenever
+    // the replay reaches its drain.
     faults::install(Some(
         FaultPlan::new(1)
-            .with_delay(Fault::QueueStall, Duration::from_millis(2000))
+            .with_delay(Fault::QueueStall, STALL)
             .at_most(Fault::QueueStall, 1),
     ));
     let done = env.app.signal(1);
     let packet = env.add(buf, 4096, 1, done);
     let app = env.app;
-    let started = Instant::now();
     let replay = std::thread::spawn(move || {
         app.dispatch(q1, packet);
         app.wait_zero(done)
     });
-    // Let the replay reach its drain (it waits on the gated sibling).
-    let deadline = Instant::now() + WAIT;
-    while env.hooks.configured_dispatches().is_empty() && Instant::now() < deadline {
-        std::thread::yield_now();
-    }
-    std::thread::sleep(Duration::from_millis(300));
     GATE.store(true, Ordering::SeqCst);
     assert_eq!(env.app.wait_zero(sibling_done), 0);
+    // Destroy the sibling only once its marker is stalled: the drain is then waiting on a
+    // queue that is about to disappear.
+    let deadline = Instant::now() + WAIT;
+    while faults::fired(Fault::QueueStall) == 0 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        faults::fired(Fault::QueueStall),
+        1,
+        "the sibling's marker never reached its processor"
+    );
+    let destroyed = Instant::now();
     env.app.destroy_queue(q2);
     assert_eq!(replay.join().unwrap(), 0);
-    let took = started.elapsed();
+    let took = destroyed.elapsed();
     faults::install(None);
     let (_, outcome) = env.last_outcome();
-    // Without the destroy the marker would land after the 2 s stall; with it, the queue is gone
-    // at about 0.3 s and the replay should go on then.
+    // Without the destroy the marker would complete only after the stall; with it, the replay
+    // goes on at once (its passes and restores are a few milliseconds of work).
     assert!(
-        took < Duration::from_millis(1500),
-        "the replay waited {took:?}: {outcome:?}"
+        took < STALL / 2,
+        "the replay went on {took:?} after the destroy: {outcome:?}"
     );
     assert_eq!(declined(&outcome), None, "{outcome:?}");
 }
