@@ -778,9 +778,10 @@ struct BenchArgs {
     /// restore strategies: full, hash, writeset, auto (default full,hash,writeset)
     #[arg(long, value_name = "LIST", value_parser = list(parse_strategy))]
     strategies: Option<List<RestoreStrategy>>,
-    /// snapshot store tiers: host, file, device, auto (default host,file,device)
-    #[arg(long, value_name = "LIST", value_parser = list(parse_tier))]
-    tiers: Option<List<StoreTier>>,
+    /// snapshot store tiers: host, file, device, auto (default host,file,device); with
+    /// --backend cuda: device, host, squeezed (default device)
+    #[arg(long, value_name = "LIST", value_parser = list(parse_bench_tier))]
+    tiers: Option<List<BenchTierName>>,
     /// timed repetitions per measurement, best kept, 1 to 1000 (default 3)
     #[arg(long, value_name = "N", value_parser = count(1, MAX_REPEATS as u64))]
     repeats: Option<u64>,
@@ -814,7 +815,7 @@ struct BenchArgs {
     #[arg(long = "replay-long-repeats", value_name = "N", value_parser = count(1, 100))]
     replay_long_repeats: Option<u64>,
     /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
-    /// device and host, strategies full, hash, writeset and writeset-unverified; default
+    /// device, host and squeezed, strategies full, hash, writeset and writeset-unverified; default
     /// footprints 1G,8G, dirty 0.1,1,10,100)
     #[arg(long, value_name = "BACKEND")]
     backend: Option<DeviceBackend>,
@@ -823,6 +824,18 @@ struct BenchArgs {
 impl BenchArgs {
     fn into_command(self) -> Result<Command, String> {
         if self.backend != Some(DeviceBackend::Cuda) {
+            if self
+                .tiers
+                .iter()
+                .flat_map(|l| &l.0)
+                .any(|t| t.store().is_none())
+            {
+                return Err(
+                    "--tiers: squeezed (a device too full for a shadow) is a tier of --backend \
+                     cuda; the softhsa bench measures host, file, device and auto"
+                        .into(),
+                );
+            }
             let options = self.into_options();
             if let Some(missing) = options
                 .replay_footprints
@@ -859,10 +872,12 @@ impl BenchArgs {
             Some(l) => {
                 l.0.into_iter()
                     .map(|t| match t {
-                        StoreTier::Device => Ok(BenchTier::Device),
-                        StoreTier::Host => Ok(BenchTier::Host),
-                        other => Err(format!(
-                            "--tiers: {other} is not measured by --backend cuda (device, host)"
+                        BenchTierName::Store(StoreTier::Device) => Ok(BenchTier::Device),
+                        BenchTierName::Store(StoreTier::Host) => Ok(BenchTier::Host),
+                        BenchTierName::Squeezed => Ok(BenchTier::Squeezed),
+                        BenchTierName::Store(other) => Err(format!(
+                            "--tiers: {other} is not measured by --backend cuda (device, host, \
+                             squeezed)"
                         )),
                     })
                     .collect::<Result<_, _>>()?
@@ -889,7 +904,9 @@ impl BenchArgs {
                 l.0.into_iter().map(|p| p / 100.0).collect()
             }),
             strategies: self.strategies.map_or(defaults.strategies, |l| l.0),
-            tiers: self.tiers.map_or(defaults.tiers, |l| l.0),
+            tiers: self.tiers.map_or(defaults.tiers, |l| {
+                l.0.into_iter().filter_map(BenchTierName::store).collect()
+            }),
             repeats: self.repeats.map_or(defaults.repeats, |r| r as usize),
             csv: self.csv,
             svg: self.svg,
@@ -1372,6 +1389,35 @@ fn parse_strategy(item: &str) -> Result<RestoreStrategy, String> {
 fn parse_tier(item: &str) -> Result<StoreTier, String> {
     item.parse::<StoreTier>()
         .map_err(|_| "expected host, file, device or auto".to_string())
+}
+
+/// A tier of `kreplay bench --tiers`: a store tier, or `squeezed` (`--backend cuda` only: tier
+/// auto while the bench holds the device's memory, so no shadow fits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BenchTierName {
+    Store(StoreTier),
+    Squeezed,
+}
+
+impl BenchTierName {
+    fn store(self) -> Option<StoreTier> {
+        match self {
+            BenchTierName::Store(t) => Some(t),
+            BenchTierName::Squeezed => None,
+        }
+    }
+}
+
+fn parse_bench_tier(item: &str) -> Result<BenchTierName, String> {
+    if item.eq_ignore_ascii_case("squeezed") {
+        return Ok(BenchTierName::Squeezed);
+    }
+    item.parse::<StoreTier>()
+        .map(BenchTierName::Store)
+        .map_err(|_| {
+            "expected host, file, device or auto, or with --backend cuda device, host or squeezed"
+                .to_string()
+        })
 }
 
 /// A file path: anything but empty.

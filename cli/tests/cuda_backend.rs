@@ -195,6 +195,44 @@ fn the_cuda_bench_reads_its_matrix_and_defaults() {
 }
 
 #[test]
+fn the_cuda_bench_measures_the_squeezed_tier_when_asked() {
+    use kreplay_cuda::bench::BenchTier;
+    let (config, _) = bench(&["--footprints", "32G", "--tiers", "device,squeezed,host"]).unwrap();
+    assert_eq!(
+        config.tiers,
+        vec![BenchTier::Device, BenchTier::Squeezed, BenchTier::Host]
+    );
+    let (config, _) = bench(&["--tiers", "squeezed"]).unwrap();
+    assert_eq!(config.tiers, vec![BenchTier::Squeezed]);
+}
+
+#[test]
+fn a_tier_name_neither_backend_knows_is_refused_with_the_names_it_takes() {
+    for (tiers, bad) in [
+        ("gpu", "'gpu'"),
+        ("squeeze", "'squeeze'"),
+        ("squeezed,gpu", "'gpu'"),
+    ] {
+        let e = bench(&["--tiers", tiers]).unwrap_err();
+        assert!(e.contains("--tiers") && e.contains(bad), "{e}");
+        assert!(e.contains("squeezed"), "the names taken are listed: {e}");
+    }
+    // squeezed needs a GPU memory to fill: the softhsa bench says whose tier it is.
+    let e = parse(["bench", "--tiers", "host,squeezed"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("squeezed") && e.contains("--backend cuda"),
+        "{e}"
+    );
+    let e = bench(&["--tiers", "file"]).unwrap_err();
+    assert!(
+        e.contains("file") && e.contains("device, host, squeezed"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_cuda_bench_command_lines_name_what_is_wrong() {
     for (args, expect) in [
         (&["--dirty", "0"][..], "above 0"),

@@ -8,14 +8,19 @@
 //! ```
 //!
 //! Written fractions 0.1%, 1%, 10%, 100%; strategies full, hash, writeset and
-//! writeset-unverified. `KREPLAY_CUDA_TEST_PTX=<file>` loads that PTX instead of the committed
-//! one.
+//! writeset-unverified; the restore targets judged from the rows after them.
+//! `KREPLAY_CUDA_TEST_PTX=<file>` loads that PTX instead of the committed one.
 
-use kreplay_cuda::bench::{BenchConfig, run};
+use kreplay_cuda::bench::{BenchConfig, judge, render_targets, run};
 use kreplay_cuda::kernels::override_ptx;
 
 fn main() {
-    if let Err(e) = parse().and_then(|config| run(&config, &mut std::io::stdout().lock())) {
+    let result = parse().and_then(|config| {
+        let figures = run(&config, &mut std::io::stdout().lock())?;
+        println!("\n{}", render_targets(&judge(&config, &figures)));
+        Ok(())
+    });
+    if let Err(e) = result {
         eprintln!("restore_bench: {e}");
         std::process::exit(1);
     }

@@ -18,8 +18,13 @@
 //!
 //! each the best of the repetitions, as the snapshot crate's restore reports it (host
 //! bookkeeping included), printed as CSV with the footprint's copy and read ceilings of the same
-//! run beside it. After every restore memory is hashed again and compared with the snapshot's
-//! bytes; a mismatch stops the run with an error.
+//! run beside it (and, for the host tiers, the footprint's time at the pinned host-to-device
+//! rate). After every restore memory is hashed again and compared with the snapshot's bytes; a
+//! mismatch stops the run with an error, and so does a snapshot that does not hold the whole
+//! footprint.
+//!
+//! [`run`] returns the figures it printed; [`judge`] holds the issue's restore targets against
+//! them and [`render_targets`] writes the verdicts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,7 +67,8 @@ impl std::str::FromStr for BenchTier {
 }
 
 impl BenchTier {
-    fn as_str(self) -> &'static str {
+    /// The tier's name, as `--tiers` takes it.
+    pub fn as_str(self) -> &'static str {
         match self {
             BenchTier::Device => "device",
             BenchTier::Host => "host",
@@ -147,6 +153,300 @@ pub fn fraction_label(f: f64) -> String {
     format!("{}%", (f * 100.0 * 1e6).round() / 1e6)
 }
 
+/// One restore figure of a run: the best of its repetitions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured {
+    /// Footprint, bytes.
+    pub footprint: u64,
+    /// Where the snapshot was kept.
+    pub tier: BenchTier,
+    /// The restore strategy.
+    pub strategy: RestoreStrategy,
+    /// The written fraction.
+    pub fraction: f64,
+    /// Restore time, ms.
+    pub ms: f64,
+}
+
+/// What [`run`] measured, for [`judge`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Figures {
+    /// Every restore row.
+    pub restores: Vec<Measured>,
+    /// Per footprint: `cuMemcpyDtoDAsync` of the footprint, ms.
+    pub copy_ceilings: Vec<(u64, f64)>,
+    /// Per footprint and host tier: the footprint's time at the pinned `cuMemcpyHtoDAsync`
+    /// rate, ms.
+    pub htod_ceilings: Vec<(u64, BenchTier, f64)>,
+}
+
+/// How a restore's time divides between [`CudaMemory`]'s calls (its waits for the stream apart)
+/// and the rest (the snapshot crate's bookkeeping around them).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct HostSplit {
+    calls: Duration,
+    waits: Duration,
+    rest: Duration,
+}
+
+impl HostSplit {
+    fn of(
+        before: &crate::memory::MemoryTimes,
+        after: &crate::memory::MemoryTimes,
+        total: Duration,
+    ) -> Self {
+        let ns = |a: u64, b: u64| Duration::from_nanos(b.saturating_sub(a));
+        let calls = ns(before.copy_ns, after.copy_ns)
+            + ns(before.verified_ns, after.verified_ns)
+            + ns(before.hash_ns, after.hash_ns);
+        let waits = ns(before.copy_wait_ns, after.copy_wait_ns)
+            + ns(before.verified_wait_ns, after.verified_wait_ns)
+            + ns(before.hash_wait_ns, after.hash_wait_ns);
+        HostSplit {
+            calls,
+            waits,
+            rest: total.saturating_sub(calls),
+        }
+    }
+}
+
+impl std::fmt::Display for HostSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        write!(
+            f,
+            "best restore: {:.1} us in device calls ({:.1} us of them waiting for the stream), \
+             {:.1} us around them",
+            us(self.calls),
+            us(self.waits),
+            us(self.rest)
+        )
+    }
+}
+
+/// A restore target of the issue, as [`judge`] holds it against a run's figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Target {
+    /// What is promised.
+    pub name: &'static str,
+    /// The tier it is about.
+    pub tier: BenchTier,
+    /// The only footprint it is judged at (`None`: every footprint measured).
+    pub footprint: Option<u64>,
+    /// The written fraction it is judged at.
+    pub fraction: f64,
+    /// A verified restore may cost at most this fraction of a full restore of the same tier.
+    pub max_of_full: f64,
+}
+
+/// The restore targets `kreplay bench --backend cuda` judges: verified restores (hash and
+/// verified write set) of 1% written against a full restore of the same tier.
+pub const TARGETS: [Target; 3] = [
+    Target {
+        name: "verified restore of 1% of 32 GiB at most 1/2 of a full restore (device shadow)",
+        tier: BenchTier::Device,
+        footprint: Some(32 * GIB),
+        fraction: 0.01,
+        max_of_full: 0.5,
+    },
+    Target {
+        name: "verified restore of 1% of 32 GiB at most 1/20 of a full restore from pinned host",
+        tier: BenchTier::Host,
+        footprint: Some(32 * GIB),
+        fraction: 0.01,
+        max_of_full: 1.0 / 20.0,
+    },
+    Target {
+        name: "no room for a shadow (squeezed): verified restore of 1% at most 1/20 of a full \
+               restore from pinned host, every snapshot whole",
+        tier: BenchTier::Squeezed,
+        footprint: None,
+        fraction: 0.01,
+        max_of_full: 1.0 / 20.0,
+    },
+];
+
+/// One target at one footprint and strategy, judged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetCheck {
+    /// The target.
+    pub target: &'static str,
+    /// Its tier.
+    pub tier: BenchTier,
+    /// The footprint (`None` when the tier was not measured at the target's footprint).
+    pub footprint: Option<u64>,
+    /// The verified strategy judged (`None` with the footprint missing).
+    pub strategy: Option<RestoreStrategy>,
+    /// `Some(true)` met, `Some(false)` not met, `None` not evaluated.
+    pub met: Option<bool>,
+    /// The figures, or why it was not evaluated.
+    pub detail: String,
+}
+
+impl TargetCheck {
+    /// "met", "NOT MET" or "not evaluated".
+    pub fn verdict(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "NOT MET",
+            None => "not evaluated",
+        }
+    }
+}
+
+fn same_fraction(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9
+}
+
+/// Holds every [`TARGETS`] entry whose tier `config` measured against `figures`: per footprint
+/// and verified strategy (hash, verified write set) of the run, the restore at the target's
+/// written fraction over the fastest full restore of the same tier and footprint (a full
+/// restore costs the same at every fraction; without one, over the footprint's time at the
+/// copy ceiling of the tier: pinned host-to-device for the host tiers, device-to-device for the
+/// shadow). Not evaluated where a figure is missing.
+pub fn judge(config: &BenchConfig, figures: &Figures) -> Vec<TargetCheck> {
+    let verified: Vec<RestoreStrategy> = config
+        .strategies
+        .iter()
+        .copied()
+        .filter(|s| matches!(s, RestoreStrategy::Hash | RestoreStrategy::Writeset))
+        .collect();
+    let mut checks = Vec::new();
+    for target in TARGETS.iter().filter(|t| config.tiers.contains(&t.tier)) {
+        let footprints: Vec<u64> = config
+            .footprints
+            .iter()
+            .copied()
+            .filter(|&f| target.footprint.is_none_or(|t| t == f))
+            .collect();
+        let mut check = |footprint, strategy, met, detail: String| {
+            checks.push(TargetCheck {
+                target: target.name,
+                tier: target.tier,
+                footprint,
+                strategy,
+                met,
+                detail,
+            })
+        };
+        if footprints.is_empty() {
+            let want = target.footprint.map_or(0, |f| f / GIB);
+            check(None, None, None, format!("{want} GiB not measured"));
+            continue;
+        }
+        if verified.is_empty() {
+            check(
+                None,
+                None,
+                None,
+                "no verified strategy (hash, writeset) measured".into(),
+            );
+            continue;
+        }
+        for &footprint in &footprints {
+            let rows = || {
+                figures
+                    .restores
+                    .iter()
+                    .filter(|m| m.footprint == footprint && m.tier == target.tier)
+            };
+            let full = rows()
+                .filter(|m| m.strategy == RestoreStrategy::Full)
+                .map(|m| m.ms)
+                .min_by(f64::total_cmp);
+            let ceiling = if target.tier == BenchTier::Device {
+                figures
+                    .copy_ceilings
+                    .iter()
+                    .find(|c| c.0 == footprint)
+                    .map(|c| (c.1, "device copy ceiling"))
+            } else {
+                figures
+                    .htod_ceilings
+                    .iter()
+                    .find(|c| c.0 == footprint && c.1 == target.tier)
+                    .map(|c| (c.2, "pinned host-to-device ceiling"))
+            };
+            let reference = match (full, ceiling) {
+                (Some(full), Some((c, what))) => Some((
+                    full,
+                    format!("full restore {full:.3} ms ({what} {c:.3} ms)"),
+                )),
+                (Some(full), None) => Some((full, format!("full restore {full:.3} ms"))),
+                (None, Some((c, what))) => {
+                    Some((c, format!("{what} {c:.3} ms (no full restore measured)")))
+                }
+                (None, None) => None,
+            };
+            let label = fraction_label(target.fraction);
+            for &strategy in &verified {
+                let at = rows()
+                    .find(|m| m.strategy == strategy && same_fraction(m.fraction, target.fraction))
+                    .map(|m| m.ms);
+                match (at, &reference) {
+                    (None, _) => check(
+                        Some(footprint),
+                        Some(strategy),
+                        None,
+                        format!("{strategy} at {label} written not measured"),
+                    ),
+                    (Some(_), None) => check(
+                        Some(footprint),
+                        Some(strategy),
+                        None,
+                        "no full restore or ceiling measured".into(),
+                    ),
+                    (Some(ms), Some((full, against))) => {
+                        let ratio = ms / full;
+                        check(
+                            Some(footprint),
+                            Some(strategy),
+                            Some(ratio <= target.max_of_full),
+                            format!(
+                                "{strategy} at {label}: {ms:.3} ms = {ratio:.3} (1/{:.0}) of \
+                                 {against}; at most {:.3}",
+                                1.0 / ratio,
+                                target.max_of_full
+                            ),
+                        )
+                    }
+                }
+            }
+        }
+    }
+    checks
+}
+
+/// The targets section: one line per target, then one per footprint and strategy with the
+/// verdict and the figures, then the counts.
+pub fn render_targets(checks: &[TargetCheck]) -> String {
+    let mut text = String::from("targets (judged from this run's rows):\n");
+    let mut current = None;
+    for c in checks {
+        if current != Some(c.target) {
+            current = Some(c.target);
+            text += &format!("  {}\n", c.target);
+        }
+        let footprint = c.footprint.map_or("-".to_string(), |f| {
+            format!("{} GiB", f as f64 / GIB as f64)
+        });
+        text += &format!(
+            "    {footprint:<8}  {:<8}  {:<13}  {}\n",
+            c.tier.as_str(),
+            c.verdict(),
+            c.detail
+        );
+    }
+    let count = |met: Option<bool>| checks.iter().filter(|c| c.met == met).count();
+    text += &format!(
+        "  {} met, {} not met, {} not evaluated\n",
+        count(Some(true)),
+        count(Some(false)),
+        count(None)
+    );
+    text
+}
+
 fn best(reps: usize, mut f: impl FnMut() -> Result<Duration, String>) -> Result<Duration, String> {
     let mut best = Duration::MAX;
     for _ in 0..reps {
@@ -165,12 +465,13 @@ fn ms(t: Duration) -> f64 {
 
 /// The CSV header [`run`] writes (the note is quoted: it may hold commas).
 pub const HEADER: &str = "footprint_gib,fraction,metric,ms,tb_per_s_of_footprint,bytes_moved,\
-    bytes_hashed,ceiling_copy_ms,ceiling_read_ms,note";
+    bytes_hashed,ceiling_copy_ms,ceiling_read_ms,ceiling_htod_pinned_ms,note";
 
 /// Runs the measurements of `config` on device 0, writing CSV rows to `out` as they are
-/// measured. An error where there is no driver or device, a driver call fails, or a restore
-/// leaves memory unlike the snapshot.
-pub fn run(config: &BenchConfig, out: &mut dyn Write) -> Result<(), String> {
+/// measured, and returns the restore figures and ceilings for [`judge`]. An error where there
+/// is no driver or device, a driver call fails, a snapshot does not hold the whole footprint,
+/// or a restore leaves memory unlike the snapshot.
+pub fn run(config: &BenchConfig, out: &mut dyn Write) -> Result<Figures, String> {
     config.validate()?;
     let d = crate::demo::driver()?;
     let mut ctx: CuContext = std::ptr::null_mut();
@@ -184,10 +485,11 @@ pub fn run(config: &BenchConfig, out: &mut dyn Write) -> Result<(), String> {
         d.make_current(ctx).map_err(|e| e.to_string())?;
     }
     writeln!(out, "{HEADER}").map_err(|e| e.to_string())?;
+    let mut figures = Figures::default();
     for &bytes in &config.footprints {
-        bench_footprint(d, ctx, bytes, config, out)?;
+        bench_footprint(d, ctx, bytes, config, out, &mut figures)?;
     }
-    Ok(())
+    Ok(figures)
 }
 
 /// Bytes per second of `cuMemcpyHtoDAsync` from a pinned 2 GiB host buffer into device memory,
@@ -240,6 +542,7 @@ fn bench_footprint(
     bytes: u64,
     config: &BenchConfig,
     out: &mut dyn Write,
+    figures: &mut Figures,
 ) -> Result<(), String> {
     let reps = config.reps;
     let gib = bytes as f64 / GIB as f64;
@@ -295,7 +598,9 @@ fn bench_footprint(
         sync()?;
     }
     // The footprint's copy and read ceilings, printed beside every later row once measured.
+    // The pinned host-to-device ceiling too, beside the host tiers' rows.
     let ceilings = std::cell::Cell::new((None::<Duration>, None::<Duration>));
+    let htod_ceiling = std::cell::Cell::new(None::<Duration>);
     let mut row = |fraction: &str,
                    metric: &str,
                    t: Duration,
@@ -307,11 +612,12 @@ fn bench_footprint(
         let opt = |c: Option<Duration>| c.map_or(String::from("-"), |c| format!("{:.3}", ms(c)));
         writeln!(
             out,
-            "{gib},{fraction},{metric},{:.3},{:.3},{moved},{hashed},{},{},\"{}\"",
+            "{gib},{fraction},{metric},{:.3},{:.3},{moved},{hashed},{},{},{},\"{}\"",
             ms(t),
             tbps(bytes, t),
             opt(copy),
             opt(read),
+            opt(htod_ceiling.get()),
             note.replace('"', "\"\""),
         )
         .map_err(|e| format!("cannot write the output: {e}"))
@@ -338,6 +644,7 @@ fn bench_footprint(
         "cuMemcpyDtoDAsync of the footprint",
     )?;
     ceilings.set((Some(copy), None));
+    figures.copy_ceilings.push((bytes, ms(copy)));
     let sink = alloc(d, 4096)?;
     let read = best(reps, || {
         let t = Instant::now();
@@ -445,9 +752,11 @@ fn bench_footprint(
             unsafe { CudaMemory::new(d, inventory.clone(), ctx, ShadowBudget::default(), store) }
                 .map_err(|e| e.to_string())?
         };
+        htod_ceiling.set(None);
         if store != StoreTier::Device {
             let pinned = host_copy_ceiling(d, stream, reps)?;
             let at_rate = Duration::from_secs_f64(bytes as f64 / pinned);
+            figures.htod_ceilings.push((bytes, bench_tier, ms(at_rate)));
             row(
                 "-",
                 &format!("{tier}:ceiling_htod_pinned"),
@@ -459,6 +768,7 @@ fn bench_footprint(
                     pinned / 1e9
                 ),
             )?;
+            htod_ceiling.set(Some(at_rate));
         }
         // Squeezed: hold all device memory but the footprint's worth and 2 GiB, so no shadow
         // fits (a shadow must leave max(2 GiB, 10%) free).
@@ -504,14 +814,18 @@ fn bench_footprint(
                 }
                 let (mut moved, mut hashed) = (0, 0);
                 let mut first = true;
+                // Where the best restore's time went: in CudaMemory's calls (waits apart).
+                let mut split = (Duration::MAX, HostSplit::default());
                 let t = best(reps + 1, || {
                     touch(fraction)?;
+                    let before = mem.times();
                     let r = snap
                         .restore(&RestoreRequest {
                             next_pass: 1,
                             may_be_final: false,
                         })
                         .map_err(|e| e.to_string())?;
+                    let after = mem.times();
                     check(&format!("{tier} {label} {metric}"))?;
                     moved = r.bytes_moved;
                     hashed = r.bytes_hashed;
@@ -523,8 +837,18 @@ fn bench_footprint(
                         first = false;
                         return Ok(Duration::MAX);
                     }
+                    if r.elapsed < split.0 {
+                        split = (r.elapsed, HostSplit::of(&before, &after, r.elapsed));
+                    }
                     Ok(r.elapsed)
                 })?;
+                figures.restores.push(Measured {
+                    footprint: bytes,
+                    tier: bench_tier,
+                    strategy,
+                    fraction,
+                    ms: ms(t),
+                });
                 row(
                     label,
                     &format!("{tier}:{metric}"),
@@ -532,7 +856,7 @@ fn bench_footprint(
                     moved,
                     hashed,
                     &format!(
-                        "snapshot in {:?} ({}{}) {:.1} ms",
+                        "snapshot in {:?} ({}{}) {:.1} ms; {}",
                         report.tier,
                         if report.pinned {
                             "pinned"
@@ -540,7 +864,8 @@ fn bench_footprint(
                             "not pinned"
                         },
                         if report.hashed { ", hashed" } else { "" },
-                        ms(taken)
+                        ms(taken),
+                        split.1
                     ),
                 )?;
                 drop(snap);
@@ -603,6 +928,202 @@ mod tests {
                 .parse::<BenchTier>()
                 .unwrap_err()
                 .contains("device, host or squeezed")
+        );
+    }
+
+    fn m(
+        footprint: u64,
+        tier: BenchTier,
+        strategy: RestoreStrategy,
+        fraction: f64,
+        ms: f64,
+    ) -> Measured {
+        Measured {
+            footprint,
+            tier,
+            strategy,
+            fraction,
+            ms,
+        }
+    }
+
+    /// Run E4's 32 GiB figures (device shadow and squeezed), with a verified write set made
+    /// too slow for the squeezed target.
+    fn e4() -> (BenchConfig, Figures) {
+        use BenchTier::{Device, Squeezed};
+        use RestoreStrategy::{Full, Hash, Writeset, WritesetUnverified};
+        let f = 32 * GIB;
+        let config = BenchConfig {
+            footprints: vec![f],
+            fractions: vec![0.001, 0.01],
+            tiers: vec![Device, Squeezed],
+            ..BenchConfig::default()
+        };
+        let figures = Figures {
+            restores: vec![
+                m(f, Device, Full, 0.001, 15.941),
+                m(f, Device, Full, 0.01, 15.935),
+                m(f, Device, Hash, 0.01, 7.956),
+                m(f, Device, Writeset, 0.01, 8.233),
+                m(f, Device, WritesetUnverified, 0.01, 0.445),
+                m(f, Squeezed, Full, 0.001, 626.2),
+                m(f, Squeezed, Full, 0.01, 624.9),
+                m(f, Squeezed, Hash, 0.001, 8.298),
+                m(f, Squeezed, Hash, 0.01, 14.72),
+                m(f, Squeezed, Writeset, 0.01, 35.0),
+                m(f, Squeezed, WritesetUnverified, 0.01, 7.523),
+            ],
+            copy_ceilings: vec![(f, 16.079)],
+            htod_ceilings: vec![(f, Squeezed, 665.6)],
+        };
+        (config, figures)
+    }
+
+    #[test]
+    fn verified_restores_of_one_percent_are_held_against_the_fastest_full_restore_of_their_tier() {
+        let (config, figures) = e4();
+        let checks = judge(&config, &figures);
+        let line = |tier, strategy| {
+            checks
+                .iter()
+                .find(|c| c.tier == tier && c.strategy == Some(strategy))
+                .unwrap_or_else(|| panic!("no {tier:?} {strategy} line in {checks:?}"))
+        };
+        assert_eq!(checks.len(), 4, "{checks:?}");
+        let hash = line(BenchTier::Squeezed, RestoreStrategy::Hash);
+        assert_eq!(hash.met, Some(true));
+        assert_eq!(hash.footprint, Some(32 * GIB));
+        assert!(
+            hash.detail.contains("14.720 ms = 0.024 (1/42)"),
+            "{}",
+            hash.detail
+        );
+        assert!(
+            hash.detail.contains("full restore 624.900 ms"),
+            "{}",
+            hash.detail
+        );
+        assert!(
+            hash.detail.contains("665.600"),
+            "the ceiling beside it: {}",
+            hash.detail
+        );
+        // 35.0 / 624.9 = 0.056: above 1/20.
+        let writeset = line(BenchTier::Squeezed, RestoreStrategy::Writeset);
+        assert_eq!(writeset.met, Some(false), "{}", writeset.detail);
+        // 7.956 / 15.935 = 0.4993 is under half, 8.233 / 15.935 = 0.517 is not.
+        assert_eq!(
+            line(BenchTier::Device, RestoreStrategy::Hash).met,
+            Some(true)
+        );
+        assert_eq!(
+            line(BenchTier::Device, RestoreStrategy::Writeset).met,
+            Some(false)
+        );
+        assert!(
+            checks
+                .iter()
+                .all(|c| c.strategy != Some(RestoreStrategy::WritesetUnverified)),
+            "an unverified restore is not what the targets promise"
+        );
+        let text = render_targets(&checks);
+        assert!(text.contains("2 met, 2 not met, 0 not evaluated"), "{text}");
+        assert!(text.contains("NOT MET"), "{text}");
+    }
+
+    #[test]
+    fn a_target_at_exactly_its_limit_is_met_and_just_above_it_is_not() {
+        let (config, mut figures) = e4();
+        for (hash_ms, met) in [(624.9 / 20.0, true), (624.9 / 20.0 + 0.001, false)] {
+            figures
+                .restores
+                .iter_mut()
+                .filter(|r| r.tier == BenchTier::Squeezed && r.strategy == RestoreStrategy::Hash)
+                .for_each(|r| r.ms = hash_ms);
+            let checks = judge(&config, &figures);
+            let hash = checks
+                .iter()
+                .find(|c| {
+                    c.tier == BenchTier::Squeezed && c.strategy == Some(RestoreStrategy::Hash)
+                })
+                .unwrap();
+            assert_eq!(hash.met, Some(met), "{hash_ms}: {}", hash.detail);
+        }
+    }
+
+    #[test]
+    fn without_a_full_restore_the_squeezed_target_is_held_against_the_pinned_host_ceiling() {
+        let (mut config, mut figures) = e4();
+        config.strategies = vec![RestoreStrategy::Hash];
+        config.tiers = vec![BenchTier::Squeezed];
+        figures
+            .restores
+            .retain(|r| r.strategy == RestoreStrategy::Hash);
+        let checks = judge(&config, &figures);
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert_eq!(checks[0].met, Some(true));
+        assert!(
+            checks[0]
+                .detail
+                .contains("pinned host-to-device ceiling 665.600 ms (no full restore measured)"),
+            "{}",
+            checks[0].detail
+        );
+        assert!(checks[0].detail.contains("(1/45)"), "{}", checks[0].detail);
+    }
+
+    #[test]
+    fn a_target_whose_figures_are_missing_is_not_evaluated_and_says_what_is_missing() {
+        // No 1% row.
+        let (mut config, mut figures) = e4();
+        figures.restores.retain(|r| r.fraction != 0.01);
+        config.fractions = vec![0.001];
+        let checks = judge(&config, &figures);
+        assert!(checks.iter().all(|c| c.met.is_none()), "{checks:?}");
+        assert!(
+            checks[0].detail.contains("1% written not measured"),
+            "{checks:?}"
+        );
+        // The device target is a 32 GiB one: at 1 GiB it is not judged.
+        let config = BenchConfig {
+            footprints: vec![GIB],
+            ..BenchConfig::default()
+        };
+        let checks = judge(&config, &Figures::default());
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert_eq!(checks[0].met, None);
+        assert!(
+            checks[0].detail.contains("32 GiB not measured"),
+            "{checks:?}"
+        );
+        // A tier not measured has no line; one without a verified strategy says so.
+        let config = BenchConfig {
+            footprints: vec![32 * GIB],
+            strategies: vec![RestoreStrategy::Full],
+            tiers: vec![BenchTier::Squeezed],
+            ..BenchConfig::default()
+        };
+        let checks = judge(&config, &Figures::default());
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert!(
+            checks[0].detail.contains("no verified strategy"),
+            "{checks:?}"
+        );
+        assert!(render_targets(&checks).contains("0 met, 0 not met, 1 not evaluated"));
+    }
+
+    #[test]
+    fn every_row_has_the_pinned_host_ceiling_column_before_the_note() {
+        let columns: Vec<&str> = HEADER.split(',').collect();
+        assert_eq!(columns.len(), 11);
+        assert_eq!(
+            &columns[7..],
+            [
+                "ceiling_copy_ms",
+                "ceiling_read_ms",
+                "ceiling_htod_pinned_ms",
+                "note"
+            ]
         );
     }
 

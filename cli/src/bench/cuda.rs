@@ -1,6 +1,8 @@
 //! `kreplay bench --backend cuda`: the measurements of [`kreplay_cuda::bench`] (restore cost per
 //! tier, strategy and written fraction on a GPU, beside the copy and read ceilings of the same
-//! run), written as CSV to standard output and, with `--csv`, to a file as well.
+//! run), written as CSV to standard output and, with `--csv`, to a file as well; then, on
+//! standard output only, the restore targets judged from those rows
+//! ([`kreplay_cuda::bench::judge`]).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -31,7 +33,8 @@ impl Write for Tee<'_> {
     }
 }
 
-/// Runs the measurements; rows go to `out` (and `csv`) as they are measured.
+/// Runs the measurements; rows go to `out` (and `csv`) as they are measured, the judged
+/// targets to `out` after them.
 pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Result<(), String> {
     config.validate()?;
     // The driver first: no file is created where nothing can be measured.
@@ -40,7 +43,15 @@ pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Res
         .map(|p| File::create(p).map_err(|e| format!("cannot write {}: {e}", p.display())))
         .transpose()?;
     let mut tee = Tee { out, file };
-    kreplay_cuda::bench::run(config, &mut tee)?;
+    let figures = kreplay_cuda::bench::run(config, &mut tee)?;
     tee.flush()
-        .map_err(|e| format!("cannot write the output: {e}"))
+        .map_err(|e| format!("cannot write the output: {e}"))?;
+    let checks = kreplay_cuda::bench::judge(config, &figures);
+    write!(
+        tee.out,
+        "\n{}",
+        kreplay_cuda::bench::render_targets(&checks)
+    )
+    .and_then(|()| tee.out.flush())
+    .map_err(|e| format!("cannot write the output: {e}"))
 }
