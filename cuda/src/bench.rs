@@ -526,6 +526,29 @@ fn host_copy_ceiling(d: &Driver, stream: CuStream, reps: usize) -> Result<f64, S
     Ok(len as f64 / t?.as_secs_f64())
 }
 
+/// Whether a snapshot of a `bytes` footprint is one the tier's rows may be measured on: it
+/// holds the whole footprint, and a squeezed one (tier `auto` with no room for a shadow) fell
+/// back to pinned host memory (a shadow there would time the device tier under another name).
+fn snapshot_as_asked(
+    tier: BenchTier,
+    bytes: u64,
+    moved: u64,
+    landed: StoreTier,
+    pinned: bool,
+) -> Result<(), String> {
+    let name = tier.as_str();
+    if moved != bytes {
+        return Err(format!("{name} snapshot holds {moved} of {bytes} bytes"));
+    }
+    if tier == BenchTier::Squeezed && (landed != StoreTier::Host || !pinned) {
+        return Err(format!(
+            "squeezed snapshot landed in {landed:?} ({}), not pinned host memory",
+            if pinned { "pinned" } else { "not pinned" }
+        ));
+    }
+    Ok(())
+}
+
 fn alloc(d: &Driver, bytes: u64) -> Result<CuDevicePtr, String> {
     let mut p: CuDevicePtr = 0;
     // SAFETY: allocates in the current context.
@@ -806,12 +829,13 @@ fn bench_footprint(
                     .map_err(|e| e.to_string())?;
                 let taken = t0.elapsed();
                 let report = snap.report().clone();
-                if report.bytes_moved != bytes {
-                    return Err(format!(
-                        "{tier} snapshot holds {} of {bytes} bytes",
-                        report.bytes_moved
-                    ));
-                }
+                snapshot_as_asked(
+                    bench_tier,
+                    bytes,
+                    report.bytes_moved,
+                    report.tier,
+                    report.pinned,
+                )?;
                 let (mut moved, mut hashed) = (0, 0);
                 let mut first = true;
                 // Where the best restore's time went: in CudaMemory's calls (waits apart).
@@ -1110,6 +1134,29 @@ mod tests {
             "{checks:?}"
         );
         assert!(render_targets(&checks).contains("0 met, 0 not met, 1 not evaluated"));
+    }
+
+    #[test]
+    fn a_squeezed_snapshot_counts_only_whole_and_in_pinned_host_memory() {
+        use BenchTier::{Device, Squeezed};
+        let g = 32 * GIB;
+        assert_eq!(
+            snapshot_as_asked(Squeezed, g, g, StoreTier::Host, true),
+            Ok(())
+        );
+        assert_eq!(
+            snapshot_as_asked(Device, g, g, StoreTier::Device, false),
+            Ok(())
+        );
+        let short = snapshot_as_asked(Squeezed, g, g - CHUNK, StoreTier::Host, true).unwrap_err();
+        assert!(
+            short.contains("holds 34359672832 of 34359738368 bytes"),
+            "{short}"
+        );
+        let shadow = snapshot_as_asked(Squeezed, g, g, StoreTier::Device, false).unwrap_err();
+        assert!(shadow.contains("landed in Device"), "{shadow}");
+        let unpinned = snapshot_as_asked(Squeezed, g, g, StoreTier::Host, false).unwrap_err();
+        assert!(unpinned.contains("not pinned"), "{unpinned}");
     }
 
     #[test]
