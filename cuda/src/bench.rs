@@ -180,8 +180,9 @@ pub struct Figures {
     pub htod_ceilings: Vec<(u64, BenchTier, f64)>,
 }
 
-/// How a restore's time divides between [`CudaMemory`]'s calls (its waits for the stream apart)
-/// and the rest (the snapshot crate's bookkeeping around them).
+/// How a restore's time divides between [`CudaMemory`]'s timed calls (copies on the device,
+/// verified restores, hash launches; its waits for the stream apart) and the rest (the snapshot
+/// crate's bookkeeping around them).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct HostSplit {
     calls: Duration,
@@ -213,6 +214,10 @@ impl HostSplit {
 impl std::fmt::Display for HostSplit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
+        if self.calls.is_zero() {
+            // Writes from a host store (write_batch) are not among the timed calls.
+            return write!(f, "best restore: no timed device call");
+        }
         write!(
             f,
             "best restore: {:.1} us in device calls ({:.1} us of them waiting for the stream), \
