@@ -432,7 +432,8 @@ pub(crate) fn restore_on_device(
 /// testing all 64 bits of every word that has one cost more host time than the write-back of
 /// the changed chunks on the device.
 fn set_bits(bits: &[u64], chunks: usize, skip: Option<&[bool]>) -> Vec<usize> {
-    let mut out = Vec::new();
+    // Sized once: grown by doubling, the list was copied a dozen times at 1% of 32 GiB.
+    let mut out = Vec::with_capacity(bits.iter().map(|w| w.count_ones() as usize).sum());
     for (i, &word) in bits.iter().enumerate() {
         let mut w = word;
         while w != 0 {
