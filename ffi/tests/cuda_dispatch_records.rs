@@ -8,69 +8,26 @@
 
 use std::cell::Cell;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use kreplay::abi::{
-    CallbackKind, CallbackPhase, CallbackRecord, ContextHandle, KernelDispatchData,
-    KernelDispatchInfo, KernelDispatchOperation, KernelReplayData, KernelReplayOperation,
-    REPLAY_PASS_NONE, Status, UserData,
+    CallbackKind, CallbackRecord, KernelDispatchData, KernelDispatchOperation, REPLAY_PASS_NONE,
+    UserData,
 };
 use kreplay_cuda::inject::{DispatchRecord, Tools};
 use kreplay_cuda::{LaunchOps, Mark, Window};
 use kreplay_passloop::{DispatchInfo, ReplayOutcome};
 use kreplay_snapshot::SnapshotConfig;
 
+mod cuda_common;
+use cuda_common::fake_device::{HostMemory, OneDevice};
+use cuda_common::{PASSES, TRACED, create_context, event, events, host_launch_ops, trace};
+
 const WORDS: usize = 256;
 
-#[path = "../../cuda/tests/fake_device/mod.rs"]
-mod fake_device;
-use fake_device::{HostMemory, OneDevice};
-
-static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-static TRACED: Mutex<Option<ContextHandle>> = Mutex::new(None);
-/// Passes the replay tool asks for (0: it leaves `replay_pass_count` unset, an opt-out).
-static PASSES: AtomicU64 = AtomicU64::new(3);
 /// The fake GPU clock, in nanoseconds.
 static CLOCK: AtomicU64 = AtomicU64::new(1_000);
-
-fn event(e: impl Into<String>) {
-    EVENTS.lock().unwrap().push(e.into());
-}
-
-unsafe extern "C" fn pass_count(_: KernelDispatchInfo, _: UserData) -> u64 {
-    PASSES.load(Ordering::Relaxed)
-}
-
-/// The replay owner: masks the tracing context off at PASS ENTER 1, back on at PASS ENTER 2.
-unsafe extern "C" fn on_replay(record: CallbackRecord, _: *mut UserData, _: *mut c_void) {
-    let config = record.operation == KernelReplayOperation::CONFIG.0;
-    let pass = record.operation == KernelReplayOperation::PASS.0;
-    if !config && !pass {
-        return;
-    }
-    // SAFETY: CONFIG and PASS records carry a KernelReplayData, valid during the call.
-    let p = unsafe { &mut *record.payload.cast::<KernelReplayData>() };
-    let enter = record.phase == CallbackPhase::ENTER;
-    if config && enter && PASSES.load(Ordering::Relaxed) > 0 {
-        p.replay_pass_count = Some(pass_count);
-    }
-    if pass && enter {
-        let traced = TRACED.lock().unwrap().expect("tracing context");
-        let toggle = match p.current_pass {
-            1 => p.replay_stop_context,
-            2 => p.replay_start_context,
-            _ => None,
-        };
-        if let Some(toggle) = toggle {
-            // SAFETY: the payload's own toggle, called during PASS ENTER.
-            assert_eq!(unsafe { toggle(traced) }, Status::SUCCESS);
-        }
-        event(format!("PASS ENTER {}", p.current_pass));
-    } else if pass {
-        event(format!("PASS EXIT {}", p.current_pass));
-    }
-}
 
 /// The dispatch tracer: one line per COMPLETE record.
 unsafe extern "C" fn on_dispatch(record: CallbackRecord, _: *mut UserData, _: *mut c_void) {
@@ -106,20 +63,7 @@ impl FakeLaunch {
 }
 
 impl LaunchOps for FakeLaunch {
-    fn replayable(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn drain(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn wait(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn relaunch(&self) -> Result<(), String> {
-        event("relaunch");
-        self.kernel();
-        Ok(())
-    }
+    host_launch_ops!();
     fn mark(&self, at: Mark) {
         let now = CLOCK.fetch_add(10, Ordering::Relaxed);
         match at {
@@ -138,42 +82,16 @@ impl LaunchOps for FakeLaunch {
 }
 
 fn configure() {
-    let mut replay = ContextHandle::default();
-    let mut traced = ContextHandle::default();
-    // SAFETY: valid out-pointers.
-    unsafe {
-        assert_eq!(
-            kreplay::api::kreplay_create_context(&mut replay),
-            Status::SUCCESS
-        );
-        assert_eq!(
-            kreplay::api::kreplay_create_context(&mut traced),
-            Status::SUCCESS
-        );
-    }
+    let (replay, traced) = (create_context(), create_context());
     *TRACED.lock().unwrap() = Some(traced);
-    for (ctx, kind, cb) in [
-        (
-            replay,
-            CallbackKind::KERNEL_REPLAY,
-            on_replay as unsafe extern "C" fn(CallbackRecord, *mut UserData, *mut c_void),
-        ),
-        (traced, CallbackKind::KERNEL_DISPATCH, on_dispatch),
-    ] {
-        // SAFETY: a valid context and callback; no operation filter.
-        let status = unsafe {
-            kreplay::api::kreplay_configure_callback_tracing_service(
-                ctx,
-                kind,
-                std::ptr::null(),
-                0,
-                Some(cb),
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(status, Status::SUCCESS);
-        assert_eq!(kreplay::api::kreplay_start_context(ctx), Status::SUCCESS);
-    }
+    trace(
+        replay,
+        CallbackKind::KERNEL_REPLAY,
+        &[],
+        cuda_common::mask_pass_1,
+        0,
+    );
+    trace(traced, CallbackKind::KERNEL_DISPATCH, &[], on_dispatch, 0);
 }
 
 #[test]
@@ -215,7 +133,7 @@ fn every_pass_of_a_cuda_launch_and_every_launch_run_once_gets_a_dispatch_record(
     PASSES.store(0, Ordering::Relaxed);
     assert!(matches!(launch(8), ReplayOutcome::RanOnce { .. }));
 
-    let events = EVENTS.lock().unwrap().clone();
+    let events = events();
     let lines: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
     // Timestamps: the marks around each pass's launch (10 ns apart, the kernel in between).
     assert_eq!(

@@ -18,77 +18,33 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kreplay::abi::{
-    CallbackKind, CallbackPhase, CallbackRecord, ContextHandle, KernelDispatchData,
-    KernelDispatchInfo, KernelDispatchOperation, KernelReplayData, KernelReplayOperation,
-    REPLAY_PASS_NONE, Status, UserData,
+    CallbackKind, CallbackPhase, CallbackRecord, KernelDispatchData, KernelDispatchInfo,
+    KernelDispatchOperation, REPLAY_PASS_NONE, UserData,
 };
 use kreplay_cuda::inject::{DispatchRecord, Tools};
 use kreplay_cuda::{Enqueued, LaunchOps, Window};
 use kreplay_passloop::{DispatchInfo, FixedPasses, ReplayOutcome, ReplayTool};
 use kreplay_snapshot::SnapshotConfig;
 
+mod cuda_common;
+use cuda_common::fake_device::{HostMemory, OneDevice};
+use cuda_common::{
+    LOG_CONFIG_EXIT, PASSES, TRACED, create_context, event, events, host_launch_ops, trace,
+};
+
 const WORDS: usize = 256;
 
-#[path = "../../cuda/tests/fake_device/mod.rs"]
-mod fake_device;
-use fake_device::{HostMemory, OneDevice};
-
-static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// (operation, phase, dispatch id, pass) of a record.
 type RecordKey = (u32, u32, u64, u64);
 /// Dispatch info of each record the full tracer received.
 static INFOS: Mutex<Vec<(RecordKey, KernelDispatchInfo)>> = Mutex::new(Vec::new());
 /// Correlation id of each ENQUEUE ENTER, by (dispatch id, pass).
 static CORRELATION: Mutex<Option<HashMap<(u64, u64), u64>>> = Mutex::new(None);
-static TRACED: Mutex<Option<ContextHandle>> = Mutex::new(None);
-/// Passes the replay tool asks for (0: it leaves `replay_pass_count` unset, an opt-out).
-static PASSES: AtomicU64 = AtomicU64::new(3);
 static USER_DATA_ERRORS: AtomicU64 = AtomicU64::new(0);
 static CORRELATION_ERRORS: AtomicU64 = AtomicU64::new(0);
 
 const FULL: usize = 1;
 const COMPLETE_ONLY: usize = 2;
-
-fn event(e: impl Into<String>) {
-    EVENTS.lock().unwrap().push(e.into());
-}
-
-unsafe extern "C" fn pass_count(_: KernelDispatchInfo, _: UserData) -> u64 {
-    PASSES.load(Ordering::Relaxed)
-}
-
-/// The replay owner: masks the full tracer off at PASS ENTER 1, back on at PASS ENTER 2.
-unsafe extern "C" fn on_replay(record: CallbackRecord, _: *mut UserData, _: *mut c_void) {
-    let config = record.operation == KernelReplayOperation::CONFIG.0;
-    let pass = record.operation == KernelReplayOperation::PASS.0;
-    if !config && !pass {
-        return;
-    }
-    // SAFETY: CONFIG and PASS records carry a KernelReplayData, valid during the call.
-    let p = unsafe { &mut *record.payload.cast::<KernelReplayData>() };
-    let enter = record.phase == CallbackPhase::ENTER;
-    if config && enter && PASSES.load(Ordering::Relaxed) > 0 {
-        p.replay_pass_count = Some(pass_count);
-    }
-    if config && !enter {
-        event(format!("CONFIG EXIT {}", p.dispatch_info.dispatch_id));
-    }
-    if pass && enter {
-        let traced = TRACED.lock().unwrap().expect("tracing context");
-        let toggle = match p.current_pass {
-            1 => p.replay_stop_context,
-            2 => p.replay_start_context,
-            _ => None,
-        };
-        if let Some(toggle) = toggle {
-            // SAFETY: the payload's own toggle, called during PASS ENTER.
-            assert_eq!(unsafe { toggle(traced) }, Status::SUCCESS);
-        }
-        event(format!("PASS ENTER {}", p.current_pass));
-    } else if pass {
-        event(format!("PASS EXIT {}", p.current_pass));
-    }
-}
 
 /// Both dispatch tracers (`data` says which): one line per record.
 unsafe extern "C" fn on_dispatch(record: CallbackRecord, user: *mut UserData, data: *mut c_void) {
@@ -141,27 +97,20 @@ struct FakeLaunch {
     uncovered: Cell<bool>,
 }
 
-impl LaunchOps for FakeLaunch {
-    fn replayable(&self) -> Result<(), String> {
-        Ok(())
+impl FakeLaunch {
+    fn kernel(&self) {
+        self.memory.add_one();
     }
+}
+
+impl LaunchOps for FakeLaunch {
+    host_launch_ops!();
     fn covered(&self) -> Result<(), String> {
         if self.uncovered.get() {
             Err("live managed memory".into())
         } else {
             Ok(())
         }
-    }
-    fn drain(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn wait(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn relaunch(&self) -> Result<(), String> {
-        event("relaunch");
-        self.memory.add_one();
-        Ok(())
     }
     fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
         kreplay::cuda_tool::CudaTools.dispatch_enqueue(info, pass)
@@ -177,56 +126,31 @@ impl LaunchOps for FakeLaunch {
 }
 
 fn configure() {
-    let mut contexts = [ContextHandle::default(); 3];
-    for ctx in &mut contexts {
-        // SAFETY: a valid out-pointer.
-        let status = unsafe { kreplay::api::kreplay_create_context(ctx) };
-        assert_eq!(status, Status::SUCCESS);
-    }
-    let [replay, traced, complete_only] = contexts;
+    let (replay, traced, complete_only) = (create_context(), create_context(), create_context());
     *TRACED.lock().unwrap() = Some(traced);
-    let complete = [KernelDispatchOperation::COMPLETE.0];
-    for (ctx, kind, ops, cb, data) in [
-        (
-            replay,
-            CallbackKind::KERNEL_REPLAY,
-            &[][..],
-            on_replay as unsafe extern "C" fn(CallbackRecord, *mut UserData, *mut c_void),
-            0,
-        ),
-        (
-            traced,
-            CallbackKind::KERNEL_DISPATCH,
-            &[][..],
-            on_dispatch,
-            FULL,
-        ),
-        (
-            complete_only,
-            CallbackKind::KERNEL_DISPATCH,
-            &complete[..],
-            on_dispatch,
-            COMPLETE_ONLY,
-        ),
-    ] {
-        // SAFETY: a valid context, operation list and callback.
-        let status = unsafe {
-            kreplay::api::kreplay_configure_callback_tracing_service(
-                ctx,
-                kind,
-                if ops.is_empty() {
-                    std::ptr::null()
-                } else {
-                    ops.as_ptr()
-                },
-                ops.len(),
-                Some(cb),
-                data as *mut c_void,
-            )
-        };
-        assert_eq!(status, Status::SUCCESS);
-        assert_eq!(kreplay::api::kreplay_start_context(ctx), Status::SUCCESS);
-    }
+    // The replay owner notes its CONFIG EXIT: every record of a launch comes before it.
+    LOG_CONFIG_EXIT.store(true, Ordering::Relaxed);
+    trace(
+        replay,
+        CallbackKind::KERNEL_REPLAY,
+        &[],
+        cuda_common::mask_pass_1,
+        0,
+    );
+    trace(
+        traced,
+        CallbackKind::KERNEL_DISPATCH,
+        &[],
+        on_dispatch,
+        FULL,
+    );
+    trace(
+        complete_only,
+        CallbackKind::KERNEL_DISPATCH,
+        &[KernelDispatchOperation::COMPLETE.0],
+        on_dispatch,
+        COMPLETE_ONLY,
+    );
 }
 
 #[test]
@@ -290,7 +214,7 @@ fn every_submission_of_a_cuda_launch_gets_enqueue_records_like_on_hsa() {
         ReplayOutcome::RanOnce { .. }
     ));
 
-    let events = EVENTS.lock().unwrap().clone();
+    let events = events();
     let lines: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
     let once = |id: u64| {
         [

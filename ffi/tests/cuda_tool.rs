@@ -17,19 +17,14 @@ use kreplay_cuda::{LaunchOps, Window};
 use kreplay_passloop::{LoopEnd, ReplayOutcome};
 use kreplay_snapshot::SnapshotConfig;
 
+mod cuda_common;
+use cuda_common::fake_device::{HostMemory, OneDevice};
+use cuda_common::{create_context, event, events, host_launch_ops, trace};
+
 const WORDS: usize = 1024;
 
-#[path = "../../cuda/tests/fake_device/mod.rs"]
-mod fake_device;
-use fake_device::{HostMemory, OneDevice};
-
-static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static CONTEXT: Mutex<Option<ContextHandle>> = Mutex::new(None);
 static INFOS: Mutex<Vec<KernelDispatchInfo>> = Mutex::new(Vec::new());
-
-fn event(e: impl Into<String>) {
-    EVENTS.lock().unwrap().push(e.into());
-}
 
 unsafe extern "C" fn three(_: KernelDispatchInfo, _: UserData) -> u64 {
     3
@@ -92,43 +87,15 @@ impl FakeLaunch {
 }
 
 impl LaunchOps for FakeLaunch {
-    fn replayable(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn drain(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn wait(&self) -> Result<(), String> {
-        Ok(())
-    }
-    fn relaunch(&self) -> Result<(), String> {
-        event("relaunch");
-        self.kernel();
-        Ok(())
-    }
+    host_launch_ops!();
 }
 
 #[test]
 fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_launch() {
     // The tool, configured through the C functions as a tool's initialize would.
-    let mut ctx = ContextHandle::default();
-    // SAFETY: a valid out-pointer.
-    let created = unsafe { kreplay::api::kreplay_create_context(&mut ctx) };
-    assert_eq!(created, Status::SUCCESS);
+    let ctx = create_context();
     *CONTEXT.lock().unwrap() = Some(ctx);
-    // SAFETY: a valid context and callback; no operation filter.
-    let status = unsafe {
-        kreplay::api::kreplay_configure_callback_tracing_service(
-            ctx,
-            CallbackKind::KERNEL_REPLAY,
-            std::ptr::null(),
-            0,
-            Some(on_record),
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(status, Status::SUCCESS);
-    assert_eq!(kreplay::api::kreplay_start_context(ctx), Status::SUCCESS);
+    trace(ctx, CallbackKind::KERNEL_REPLAY, &[], on_record, 0);
 
     let tools = kreplay::cuda_tool::CudaTools;
     assert!(
@@ -179,7 +146,7 @@ fn a_c_abi_tool_sees_cuda_launches_with_pass_0_entered_before_the_application_la
         "three passes leave memory as one launch"
     );
     assert_eq!(
-        EVENTS.lock().unwrap().clone(),
+        events(),
         [
             "CONFIG ENTER",
             "SNAPSHOT ENTER",
