@@ -53,6 +53,9 @@ pub struct SnapshotPlan {
     /// Restores the replay plans after the snapshot (see
     /// [`with_planned_restores`](SnapshotPlan::with_planned_restores)).
     restores: Option<u64>,
+    /// The restore strategy of this snapshot when not the configured one (see
+    /// [`with_strategy`](SnapshotPlan::with_strategy)).
+    strategy: Option<RestoreStrategy>,
 }
 
 impl SnapshotPlan {
@@ -102,6 +105,23 @@ impl SnapshotPlan {
     /// The restores planned after the snapshot, if known.
     pub fn planned_restores(&self) -> Option<u64> {
         self.restores
+    }
+
+    /// The plan for a snapshot restored by `strategy` instead of the snapshotter's configured
+    /// strategy (`None`: the configured one). For a caller that measured, per launch, which way
+    /// of restoring is cheaper (a backend choosing between full device copies and verified
+    /// restores on the device): `writeset` then hashes the snapshot and verifies every restore,
+    /// whatever `auto`'s rates would have said. Every strategy but `writeset-unverified`
+    /// verifies, so a caller choosing among `full`, `hash` and `writeset` keeps auto's
+    /// guarantees.
+    pub fn with_strategy(mut self, strategy: Option<RestoreStrategy>) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The strategy this plan asks for instead of the configured one, if any.
+    pub fn strategy(&self) -> Option<RestoreStrategy> {
+        self.strategy
     }
 
     pub(crate) fn fence_agents(&self) -> Option<SmallVec<[u64; 2]>> {
@@ -271,6 +291,7 @@ impl Snapshotter {
             sources,
             fence,
             restores: None,
+            strategy: None,
         })
     }
 
@@ -361,7 +382,8 @@ impl Snapshotter {
         let all_live = vec![true; layout.regions.len()];
         let wins = windows(device, &layout, &all_live);
         let host_access = wins.iter().all(Option::is_some);
-        let mode = self.mode_for(layout.bytes, tier, caps, host_access);
+        let strategy = plan.strategy.unwrap_or(self.config.strategy);
+        let mode = self.mode_for(strategy, layout.bytes, tier, caps, host_access);
         let learns = matches!(mode, Mode::Writeset | Mode::Adaptive);
         let key = kernel
             .filter(|_| learns)
@@ -534,8 +556,15 @@ impl Snapshotter {
     /// device has no hash kernel and the memory is not host-visible (hashing would then drag
     /// every byte over the host link while a full restore stays on the device); everything
     /// else learns a write set.
-    fn mode_for(&self, bytes: u64, tier: StoreTier, caps: Capabilities, host_access: bool) -> Mode {
-        match self.config.strategy {
+    fn mode_for(
+        &self,
+        strategy: RestoreStrategy,
+        bytes: u64,
+        tier: StoreTier,
+        caps: Capabilities,
+        host_access: bool,
+    ) -> Mode {
+        match strategy {
             RestoreStrategy::Full => Mode::Full,
             RestoreStrategy::Hash => Mode::Hash,
             RestoreStrategy::Writeset => Mode::Writeset,

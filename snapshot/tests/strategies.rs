@@ -919,3 +919,78 @@ fn auto_guesses_what_a_new_kernel_changes_from_the_kernels_replayed_before_it() 
         "after a kernel that rewrote 3 chunks: hashed"
     );
 }
+
+/// A plan may name the strategy of its snapshot (a backend that measured per launch which way
+/// is cheaper): under `auto`, a 2-restore replay planned on a device shadow with device hashing
+/// copies without hashing (one restore saved cannot repay the hashes at the default rates), but
+/// the same plan asking for the verified write set hashes the snapshot, learns what the kernel
+/// writes at its first restore and verifies every restore after it; asking for full restores
+/// copies everything, and asking for nothing keeps auto's choice. Every pass starts from the
+/// snapshot's bytes whatever was chosen.
+#[test]
+fn a_plan_naming_its_strategy_is_restored_by_it_instead_of_the_configured_one() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        device_hash: true,
+        verified_restore: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let n = 512u64;
+    let a = dev.alloc(&inv, n * CS, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(a, &pattern((n * CS) as usize, 23));
+    let snapshotter = snapshotter(&dev, &inv, config(RestoreStrategy::Auto, StoreTier::Device));
+    let writes = [3u64, 200, 411];
+    let tag = std::cell::Cell::new(0x10u8);
+    // Each pass writes bytes no earlier pass wrote (the snapshot holds the last replay's).
+    let pass = || {
+        tag.set(tag.get() + 1);
+        for &c in &writes {
+            dev.poke(a + c * CS + 17, &[tag.get(); 3]);
+        }
+    };
+    let replay = |strategy: Option<RestoreStrategy>| {
+        let before = dev.peek(a, n * CS);
+        let plan = snapshotter
+            .plan(&Filter::for_replay(1))
+            .unwrap()
+            .with_planned_restores(Some(1))
+            .with_strategy(strategy);
+        assert_eq!(plan.strategy(), strategy);
+        let mut s = snapshotter.take(plan).unwrap();
+        assert_eq!(s.tier(), StoreTier::Device);
+        let hashed = s.report().hashed;
+        let mut restores = Vec::new();
+        for next in 1..=3u64 {
+            pass();
+            let r = s
+                .restore(&RestoreRequest {
+                    next_pass: next,
+                    may_be_final: next == 3,
+                })
+                .unwrap();
+            assert_eq!(dev.peek(a, n * CS), before, "pass {next} starts anew");
+            restores.push((r.strategy, r.verified, r.bytes_moved));
+        }
+        pass();
+        (hashed, restores)
+    };
+    let (hashed, restores) = replay(None);
+    assert!(!hashed, "auto: one planned restore does not repay the hashes");
+    assert!(restores.iter().all(|r| r.0 == RestoreStrategy::Full && !r.1));
+    let (hashed, restores) = replay(Some(RestoreStrategy::Writeset));
+    assert!(hashed, "the write set asked for hashes the snapshot");
+    assert!(
+        restores
+            .iter()
+            .all(|r| r.0 == RestoreStrategy::Writeset && r.1 && r.2 == 3 * CS),
+        "every restore verifies and writes the 3 changed chunks: {restores:?}"
+    );
+    let (hashed, restores) = replay(Some(RestoreStrategy::Full));
+    assert!(!hashed);
+    assert!(
+        restores
+            .iter()
+            .all(|r| r.0 == RestoreStrategy::Full && r.2 == n * CS)
+    );
+}
