@@ -13,6 +13,12 @@
 //! class measured over all functions (the mean of each mode), and the fitted model
 //! ([`crate::inject::hash_on_device_for`]) where that class has not measured both modes. The
 //! choice is a function of the recorded costs alone, so it is deterministic.
+//!
+//! The two modes are two ways of restoring: a launch on the device is snapshotted for the
+//! verified write set (its snapshot hashed on the device, every restore writing the learned set
+//! and verifying the rest there, [`crate::inject::chosen_strategy`]); offering the kernels alone
+//! left the snapshot crate's `auto` free to skip the hashes by its own rates, and its restores
+//! were then full copies in both modes.
 
 use std::collections::HashMap;
 

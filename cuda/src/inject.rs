@@ -331,6 +331,9 @@ impl LaunchOps for InjectedLaunch<'_> {
             None => Ok(base.clone()),
         }
     }
+    fn snapshot_strategy(&self) -> Option<RestoreStrategy> {
+        CHOSEN.with(std::cell::Cell::get).and_then(|(_, on)| chosen_strategy(on))
+    }
     fn drainable(&self) -> Result<(), String> {
         self.captures
             .check_drainable(self.inner.launch.device as u64)
@@ -457,6 +460,15 @@ pub const VERIFIED_RESTORE_COST: RestoreCost = RestoreCost {
 pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
     strategy != RestoreStrategy::Auto
         || VERIFIED_RESTORE_COST.at(footprint) < FULL_RESTORE_COST.at(footprint)
+}
+
+/// The snapshot strategy of a launch `auto` chose to restore with detection on the device (`on`)
+/// or not: the verified write set (the snapshot hashed on the device, each restore writing the
+/// learned set and verifying the rest on the device), so that the choice's two modes are two
+/// different ways of restoring and what it measures of each is that way's cost; full copies
+/// stay with `auto` (which copies a device shadow in full when the device offers no hash).
+pub fn chosen_strategy(on: bool) -> Option<RestoreStrategy> {
+    on.then_some(RestoreStrategy::Writeset)
 }
 
 fn log(level: LogLevel, msg: impl std::fmt::Display) {
@@ -1432,6 +1444,14 @@ pub fn initialize_injection(
 mod tests {
     use super::*;
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn a_launch_auto_sends_to_the_device_is_snapshotted_for_the_verified_write_set() {
+        // On the device: hashed at the snapshot, every restore verified; full copies are left
+        // to auto, which copies a shadow in full where the device offers no hash.
+        assert_eq!(chosen_strategy(true), Some(RestoreStrategy::Writeset));
+        assert_eq!(chosen_strategy(false), None);
+    }
 
     #[test]
     fn auto_detects_on_the_device_where_the_measured_costs_beat_a_full_copy() {

@@ -49,6 +49,13 @@ pub trait LaunchOps {
     fn scope(&self, base: &Filter) -> Result<Filter, String> {
         Ok(base.clone())
     }
+    /// The restore strategy of this launch's snapshot when not the configured one: asked right
+    /// after [`scope`](Self::scope), where `auto`'s measured choice of full device copies or
+    /// verified restores on the device is made (see [`crate::choice`]). `None` (the default):
+    /// the configured strategy.
+    fn snapshot_strategy(&self) -> Option<kreplay_snapshot::RestoreStrategy> {
+        None
+    }
     /// Whether the launch's device may be drained now; `Err` names why not (a stream of the
     /// device is being captured into a graph: draining would invalidate the capture), and the
     /// launch is declined with `batch_or_graph`. Asked while the device's writer lock is held,
@@ -292,7 +299,10 @@ impl Window {
         };
         tool.snapshot(info, Phase::Enter, &planned);
         let restores = SnapshotRequest::for_passes(total_passes).planned_restores;
-        let taken = cx.snapshotter.take(plan.with_planned_restores(restores));
+        let taken = cx.snapshotter.take(
+            plan.with_planned_restores(restores)
+                .with_strategy(ops.snapshot_strategy()),
+        );
         cost.snapshot = snapping.elapsed();
         match taken {
             Ok(snapshot) => {

@@ -221,6 +221,77 @@ fn an_unverified_write_set_restore_is_named_as_such_in_every_record() {
     }
 }
 
+/// A launch naming its snapshot's strategy (as `auto`'s device choice does).
+struct ChosenLaunch {
+    inner: FakeLaunch,
+    strategy: Option<RestoreStrategy>,
+}
+
+impl LaunchOps for ChosenLaunch {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn snapshot_strategy(&self) -> Option<RestoreStrategy> {
+        self.strategy
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+#[test]
+fn a_launch_that_names_its_snapshot_strategy_is_restored_by_it_under_auto() {
+    // 16 KiB under `auto`: restored in full, unless the launch names the verified write set.
+    for (strategy, want) in [
+        (None, "restored by full unverified=false"),
+        (
+            Some(RestoreStrategy::Writeset),
+            "restored by writeset unverified=false",
+        ),
+    ] {
+        let r = rig(SnapshotConfig::default()
+            .with_store(StoreTier::Host)
+            .with_strategy(RestoreStrategy::Auto)
+            .with_chunk_size(1024));
+        RESTORES.with(|v| v.borrow_mut().clear());
+        let ops = ChosenLaunch {
+            inner: FakeLaunch {
+                memory: r.device.memory.clone(),
+                events: r.events.clone(),
+                replayable: Ok(()),
+            },
+            strategy,
+        };
+        let mut tool = LogTool {
+            passes: 5,
+            events: r.events.clone(),
+            outcome: RefCell::new(None),
+        };
+        let window = Window::enter(
+            r.device.context(&r.registry),
+            &mut tool,
+            DispatchInfo::default(),
+            &ops,
+        );
+        ops.inner.app_launch();
+        let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+        assert!(
+            matches!(record.outcome, ReplayOutcome::Replayed { passes: 5, .. }),
+            "{:?}",
+            record.outcome
+        );
+        expect_one_run(&r);
+        let restores = RESTORES.with(|v| v.borrow().clone());
+        assert_eq!(restores, vec![want.to_string(); 4], "{strategy:?}");
+    }
+}
+
 #[test]
 fn the_tool_is_asked_the_snapshot_taken_and_pass_0_entered_before_the_applications_launch() {
     let r = rig(SnapshotConfig::default());
