@@ -14,6 +14,8 @@
 //   differs gets its bit in a bitmap of changed chunks and a copy from the snapshot's store (a
 //   device shadow, or pinned host memory through its device mapping) in a list that
 //   kreplay_gather_found, right behind it, carries out without the host.
+// * kreplay_hash_list_wide, kreplay_restore_verified_wide: the same with a whole warp per chunk,
+//   for launches over too few chunks to fill the GPU with groups of eight lanes.
 // * kreplay_gather: a list of device-to-device copies done in one launch (one block per tile;
 //   the host splits copies into tiles).
 // * kreplay_read_once: reads a range once and keeps nothing (the bandwidth ceiling that hashing
@@ -235,6 +237,147 @@ extern "C" __global__ void kreplay_hash_list(const KrHashRange *list, u64 count,
     }
 }
 
+// A whole warp per chunk, for launches over too few chunks to fill the GPU with groups of 8:
+// the same xxh3_64 as kr_hash_long, the warp's four groups of 8 lanes (j = lane / 8) summing
+// the stripes of blocks j, j + 4, j + 8, ... (a block's sums do not depend on the accumulators,
+// only the scramble between blocks does), so four blocks' loads are in flight per chunk instead
+// of one. After each round every lane gathers the four blocks' sums with shuffles and folds them
+// into its accumulators in block order; every lane ends with the same hash. The partial last
+// block, the last stripe and the merge are done by every group alike (the same reads).
+#define KR_FULL 0xffffffffu
+#define KR_WIDE 4
+
+template <bool ALIGNED>
+__device__ __forceinline__ u64 kr_hash_wide(const unsigned char *p, u64 n, u32 lane,
+                                            const u64 (&k0)[8], const u64 (&k1)[8]) {
+    const u32 q = lane & 7;
+    const u32 j = lane >> 3;
+    const u32 sp = q >> 2;
+    const u32 pr = q & 3;
+    const u64 init[8] = {KR_PRIME32_3, KR_PRIME64_1, KR_PRIME64_2, KR_PRIME64_3,
+                         KR_PRIME64_4, KR_PRIME32_2, KR_PRIME64_5, KR_PRIME32_1};
+    u64 acc0 = pr == 0 ? init[0] : pr == 1 ? init[2] : pr == 2 ? init[4] : init[6];
+    u64 acc1 = pr == 0 ? init[1] : pr == 1 ? init[3] : pr == 2 ? init[5] : init[7];
+    const u64 sk0 = KR_SECRET[16 + 2 * pr];
+    const u64 sk1 = KR_SECRET[16 + 2 * pr + 1];
+    const u64 blocks = (n - 1) / 1024;
+    const unsigned char *lane_p = p + sp * 64 + pr * 16;
+    for (u64 b0 = 0; b0 < blocks; b0 += KR_WIDE) {
+        const u64 b = b0 + j;
+        u64 a0 = 0, a1 = 0;
+        if (b < blocks) {
+            const unsigned char *r = lane_p + b * 1024;
+            u64 w0[8], w1[8];
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                kr_load_pair<ALIGNED>(r + t * 128, w0[t], w1[t]);
+            }
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                a0 += kr_mul32(w0[t], k0[t]) + w1[t];
+                a1 += kr_mul32(w1[t], k1[t]) + w0[t];
+            }
+        }
+        a0 += __shfl_xor_sync(KR_FULL, a0, 4);
+        a1 += __shfl_xor_sync(KR_FULL, a1, 4);
+#pragma unroll
+        for (u32 i = 0; i < KR_WIDE; ++i) {
+            const u64 s0 = __shfl_sync(KR_FULL, a0, (i << 3) | q);
+            const u64 s1 = __shfl_sync(KR_FULL, a1, (i << 3) | q);
+            if (b0 + i < blocks) {
+                acc0 += s0;
+                acc1 += s1;
+                acc0 ^= acc0 >> 47;
+                acc0 ^= sk0;
+                acc0 *= KR_PRIME32_1;
+                acc1 ^= acc1 >> 47;
+                acc1 ^= sk1;
+                acc1 *= KR_PRIME32_1;
+            }
+        }
+    }
+    {
+        const u64 stripes = ((n - 1) - blocks * 1024) / 64;
+        const unsigned char *r = lane_p + blocks * 1024;
+        u64 a0 = 0, a1 = 0;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            if ((u64)(2 * t + sp) < stripes) {
+                u64 w0, w1;
+                kr_load_pair<ALIGNED>(r + t * 128, w0, w1);
+                a0 += kr_mul32(w0, k0[t]) + w1;
+                a1 += kr_mul32(w1, k1[t]) + w0;
+            }
+        }
+        a0 += __shfl_xor_sync(KR_FULL, a0, 4);
+        a1 += __shfl_xor_sync(KR_FULL, a1, 4);
+        acc0 += a0;
+        acc1 += a1;
+    }
+    {
+        u64 a0 = 0, a1 = 0;
+        if (sp == 0) {
+            const u64 w0 = kr_load64(p + n - 64 + pr * 16);
+            const u64 w1 = kr_load64(p + n - 64 + pr * 16 + 8);
+            a0 = kr_mul32(w0, KR_LAST_KEY[2 * pr]) + w1;
+            a1 = kr_mul32(w1, KR_LAST_KEY[2 * pr + 1]) + w0;
+        }
+        a0 += __shfl_xor_sync(KR_FULL, a0, 4);
+        a1 += __shfl_xor_sync(KR_FULL, a1, 4);
+        acc0 += a0;
+        acc1 += a1;
+    }
+    const u64 x = acc0 ^ KR_MERGE_KEY[2 * pr];
+    const u64 y = acc1 ^ KR_MERGE_KEY[2 * pr + 1];
+    u64 term = (x * y) ^ __umul64hi(x, y);
+    term += __shfl_xor_sync(KR_FULL, term, 1);
+    term += __shfl_xor_sync(KR_FULL, term, 2);
+    u64 h = n * KR_PRIME64_1 + term;
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ULL;
+    h ^= h >> 32;
+    return h;
+}
+
+// kreplay_hash_list with a whole warp per chunk (kr_hash_wide); blocks of a multiple of 32.
+extern "C" __global__ void kreplay_hash_list_wide(const KrHashRange *list, u64 count, u64 work,
+                                                  u64 chunk_size, u64 *out) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 q = lane & 7;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    u64 k0[8], k1[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        k0[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3)];
+        k1[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3) + 1];
+    }
+    for (u64 w = warp; w < work; w += warps) {
+        u64 lo = 0, hi = count;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (list[mid].work_first <= w) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const KrHashRange e = list[lo];
+        const u64 k = w - e.work_first;
+        const u64 start = k * chunk_size;
+        const u64 n = (e.len - start < chunk_size) ? (e.len - start) : chunk_size;
+        if (n <= KR_MID_SIZE_MAX) {
+            continue;
+        }
+        const unsigned char *p = (const unsigned char *)(e.addr + start);
+        const u64 h = (((size_t)p) & 15) == 0 ? kr_hash_wide<true>(p, n, lane, k0, k1)
+                                               : kr_hash_wide<false>(p, n, lane, k0, k1);
+        if (lane == 0) {
+            out[e.out_first + k] = h;
+        }
+    }
+}
+
 // One range of a verified restore (`struct KrRestoreRange`, the host's `RestoreEntry`): `len`
 // bytes of live memory at `addr`, whose snapshotted bytes are at `src`, cut into chunks of the
 // launch's chunk size; chunk k has global index first + k (in the snapshot's hashes and the
@@ -330,6 +473,64 @@ extern "C" __global__ void kreplay_restore_verified(const KrRestoreRange *list, 
                                                     u64 *changed, KrCopy *found,
                                                     u64 *found_count) {
     kr_detect(list, count, work, chunk_size, snap, changed, found, found_count);
+}
+
+// kreplay_restore_verified with a whole warp per chunk (kr_hash_wide), for launches over too
+// few chunks to fill the GPU with groups of 8 lanes; the same bitmap, list and count.
+extern "C" __global__ void kreplay_restore_verified_wide(const KrRestoreRange *list, u64 count,
+                                                         u64 work, u64 chunk_size,
+                                                         const u64 *snap, u64 *changed,
+                                                         KrCopy *found, u64 *found_count) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 q = lane & 7;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    u64 k0[8], k1[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+        k0[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3)];
+        k1[t] = KR_SECRET[2 * t + (q >> 2) + 2 * (q & 3) + 1];
+    }
+    for (u64 w = warp; w < work; w += warps) {
+        u64 lo = 0, hi = count;
+        while (hi - lo > 1) {
+            const u64 mid = (lo + hi) / 2;
+            if (list[mid].work_first <= w) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const KrRestoreRange e = list[lo];
+        const u64 k = w - e.work_first;
+        const u64 start = k * chunk_size;
+        const u64 n = (e.len - start < chunk_size) ? (e.len - start) : chunk_size;
+        const unsigned char *live = (const unsigned char *)(e.addr + start);
+        const unsigned char *src = (const unsigned char *)(e.src + start);
+        bool differs;
+        if (n <= KR_MID_SIZE_MAX) {
+            u32 d = 0;
+            for (u64 i = lane; i < n; i += 32) {
+                d |= live[i] != src[i];
+            }
+            differs = __any_sync(KR_FULL, d) != 0;
+        } else {
+            const u64 h = (((size_t)live) & 15) == 0
+                              ? kr_hash_wide<true>(live, n, lane, k0, k1)
+                              : kr_hash_wide<false>(live, n, lane, k0, k1);
+            differs = h != snap[e.first + k];
+        }
+        if (differs && lane == 0) {
+            const u64 g = e.first + k;
+            atomicOr(&changed[g >> 6], 1ULL << (g & 63));
+            const u64 at = atomicAdd(found_count, 1ULL);
+            KrCopy c;
+            c.dst = e.addr + start;
+            c.src = e.src + start;
+            c.len = n;
+            found[at] = c;
+        }
+    }
 }
 
 // The copies of `count` gather entries, one block per entry (blocks stride over the rest).

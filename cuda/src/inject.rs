@@ -332,7 +332,9 @@ impl LaunchOps for InjectedLaunch<'_> {
         }
     }
     fn snapshot_strategy(&self) -> Option<RestoreStrategy> {
-        CHOSEN.with(std::cell::Cell::get).and_then(|(_, on)| chosen_strategy(on))
+        CHOSEN
+            .with(std::cell::Cell::get)
+            .and_then(|(_, on)| chosen_strategy(on))
     }
     fn drainable(&self) -> Result<(), String> {
         self.captures

@@ -11,6 +11,8 @@
 //!   `kreplay_hash_list` does) and compared with the snapshot's hash on the device; the changed
 //!   ones listed on the device and copied back from the store by the second launch; the changed
 //!   chunks come back as a bitmap ([`restore_entries`]).
+//! * `kreplay_hash_list_wide` and `kreplay_restore_verified_wide`: the same with a whole warp
+//!   per chunk, for launches over fewer than [`WIDE_BELOW_CHUNKS`] chunks ([`lanes_for`]).
 //! * `kreplay_gather`: many device-to-device copies in one launch; [`gather_tiles`] splits the
 //!   copies into tiles of at most [`GATHER_TILE`] bytes, one block each.
 //! * `kreplay_read_once` and `kreplay_add_one_runs`: the read bandwidth ceiling and the
@@ -38,6 +40,14 @@ pub const MEMCPY_MAX_COPIES: usize = 8;
 pub const HASH_THREADS: u32 = 256;
 /// Lanes that hash one chunk together.
 pub const HASH_LANES: u32 = 8;
+/// Lanes that hash one chunk together in the wide kernels (`*_wide`: a whole warp).
+pub const WIDE_LANES: u32 = 32;
+/// Launches over fewer chunks than this take the wide kernels. A group of [`HASH_LANES`] lanes
+/// has one 1 KiB block of its chunk in flight at a time, and the narrow kernels (96 registers,
+/// two blocks of 256 threads per SM) hold 64 chunks per SM at once: on a 132-SM H200 they fill
+/// the GPU from about 8.4 Ki chunks. Below that a launch is bound by each chunk's chain of
+/// 1 KiB reads (64 of them for 64 KiB), and a warp per chunk keeps four blocks in flight.
+pub const WIDE_BELOW_CHUNKS: u64 = 8 << 10;
 /// Chunks at or below this length are hashed on the host (xxh3's short-input paths).
 pub const HASH_DEVICE_MIN_LEN: u64 = 241;
 
@@ -191,6 +201,24 @@ pub fn hash_grid(chunks: u64) -> u32 {
     chunks.div_ceil(groups_per_block).clamp(1, i32::MAX as u64) as u32
 }
 
+/// The lanes per chunk a hash or detection launch over `chunks` chunks uses, given whether the
+/// loaded module has the wide kernels: [`WIDE_LANES`] below [`WIDE_BELOW_CHUNKS`], else
+/// [`HASH_LANES`].
+pub fn lanes_for(chunks: u64, has_wide: bool) -> u32 {
+    if has_wide && chunks < WIDE_BELOW_CHUNKS {
+        WIDE_LANES
+    } else {
+        HASH_LANES
+    }
+}
+
+/// Grid size (blocks of [`HASH_THREADS`]) of a hash or detection launch over `chunks` chunks
+/// with `lanes` lanes per chunk, up to the grid limit (the kernels stride over the rest).
+pub fn lanes_grid(chunks: u64, lanes: u32) -> u32 {
+    let per_block = u64::from(HASH_THREADS / lanes);
+    chunks.div_ceil(per_block).clamp(1, i32::MAX as u64) as u32
+}
+
 /// Grid size of a gather launch over `entries` entries (one block each, the kernel strides over
 /// any beyond the grid limit).
 pub fn gather_grid(entries: u64) -> u32 {
@@ -232,6 +260,9 @@ pub struct Kernels {
     /// `kreplay_restore_verified` and `kreplay_gather_found`, absent from a PTX built before
     /// them (then verified restores hash and gather in two steps).
     restore_verified: Option<(usize, usize)>,
+    /// `kreplay_hash_list_wide` and `kreplay_restore_verified_wide`, absent from a PTX built
+    /// before them (then every launch takes the narrow kernels).
+    wide: Option<(usize, usize)>,
 }
 
 impl Kernels {
@@ -278,6 +309,9 @@ impl Kernels {
                 restore_verified: get(c"kreplay_restore_verified")
                     .and_then(|r| Ok((r, get(c"kreplay_gather_found")?)))
                     .ok(),
+                wide: get(c"kreplay_hash_list_wide")
+                    .and_then(|h| Ok((h, get(c"kreplay_restore_verified_wide")?)))
+                    .ok(),
             })
         })();
         if found.is_err() {
@@ -319,17 +353,28 @@ impl Kernels {
             (&raw mut cs).cast(),
             (&raw mut o).cast(),
         ];
-        // SAFETY: the arguments match the kernel's signature; memory by the caller's promise.
+        let lanes = self.lanes(work);
+        let function = match self.wide {
+            Some((wide, _)) if lanes == WIDE_LANES => wide,
+            _ => self.hash,
+        };
+        // SAFETY: the arguments match the kernel's signature (the wide one's is the same);
+        // memory by the caller's promise.
         unsafe {
             launch(
                 driver,
-                self.hash,
-                hash_grid(work),
+                function,
+                lanes_grid(work, lanes),
                 HASH_THREADS,
                 stream,
                 &mut args,
             )
         }
+    }
+
+    /// Lanes per chunk of a hash or detection launch over `work` chunks (see [`lanes_for`]).
+    pub fn lanes(&self, work: u64) -> u32 {
+        lanes_for(work, self.wide.is_some())
     }
 
     /// Whether the module has `kreplay_restore_verified`.
@@ -391,12 +436,18 @@ impl Kernels {
             (&raw mut f).cast(),
             (&raw mut fc).cast(),
         ];
-        // SAFETY: the arguments match the kernel's signature; memory by the caller's promise.
+        let lanes = self.lanes(work);
+        let detect = match self.wide {
+            Some((_, wide)) if lanes == WIDE_LANES => wide,
+            _ => detect,
+        };
+        // SAFETY: the arguments match the kernel's signature (the wide one's is the same);
+        // memory by the caller's promise.
         unsafe {
             launch(
                 driver,
                 detect,
-                hash_grid(work),
+                lanes_grid(work, lanes),
                 HASH_THREADS,
                 stream,
                 &mut args,
@@ -657,6 +708,24 @@ mod tests {
     }
 
     #[test]
+    fn launches_over_few_chunks_take_a_warp_per_chunk_where_the_module_has_it() {
+        // 80 MB of 64 KiB chunks: 1250 chunks, a warp each, 8 per block of 256 threads.
+        assert_eq!(lanes_for(1250, true), WIDE_LANES);
+        assert_eq!(lanes_grid(1250, WIDE_LANES), 157);
+        // Groups of 8 would put them in 40 blocks: a third of a 132-SM GPU.
+        assert_eq!(lanes_grid(1250, HASH_LANES), 40);
+        // An older PTX without the wide kernels keeps groups of 8.
+        assert_eq!(lanes_for(1250, false), HASH_LANES);
+        // Large launches fill the GPU with groups of 8 (32 GiB: 512 Ki chunks).
+        assert_eq!(lanes_for(WIDE_BELOW_CHUNKS - 1, true), WIDE_LANES);
+        assert_eq!(lanes_for(WIDE_BELOW_CHUNKS, true), HASH_LANES);
+        assert_eq!(lanes_for(512 << 10, true), HASH_LANES);
+        assert_eq!(lanes_grid(512 << 10, HASH_LANES), hash_grid(512 << 10));
+        assert_eq!(lanes_grid(0, WIDE_LANES), 1);
+        assert_eq!(lanes_grid(u64::MAX, WIDE_LANES), i32::MAX as u32);
+    }
+
+    #[test]
     fn few_copies_use_the_copy_engine_and_many_one_gather_launch() {
         assert!(!use_gather(0));
         assert!(!use_gather(MEMCPY_MAX_COPIES));
@@ -672,6 +741,8 @@ mod tests {
             "kreplay_add_one_runs",
             "kreplay_restore_verified",
             "kreplay_gather_found",
+            "kreplay_hash_list_wide",
+            "kreplay_restore_verified_wide",
         ] {
             assert!(
                 PTX.contains(&format!(".entry {name}(")),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use kreplay_cuda::driver::{CuContext, CuDevicePtr};
-use kreplay_cuda::kernels::override_ptx;
+use kreplay_cuda::kernels::{self, override_ptx};
 use kreplay_cuda::{CudaMemory, Driver, ShadowBudget};
 use kreplay_snapshot::{
     DeviceMemory, Filter, HashRange, Inventory, MemoryKind, NewAllocation, RestoreRequest,
@@ -92,7 +92,9 @@ fn device_chunk_hashes_equal_the_host_xxh3_of_every_chunk() {
     assert!(mem.capabilities().device_hash, "kernels did not load");
     // (offset into the buffer, length, chunk size): whole blocks, partial last blocks, a last
     // stripe that is not 8-byte aligned, short tails for the host path, unaligned starts.
-    let cases: [(usize, usize, usize); 9] = [
+    // The last two: 8192 chunks (groups of 8 lanes per chunk) and 8191 (a warp per chunk, see
+    // `kernels::lanes_for`).
+    let cases: [(usize, usize, usize); 11] = [
         (0, 4 << 20, 64 << 10),
         (0, (4 << 20) + 100, 64 << 10),
         (0, (1 << 20) + 241, 64 << 10),
@@ -102,6 +104,8 @@ fn device_chunk_hashes_equal_the_host_xxh3_of_every_chunk() {
         (3, (2 << 20) + 13, 4096),
         (8, 300, 512),
         (16, 65, 512),
+        (0, 4 << 20, 512),
+        (8, (4 << 20) - 512 - 435, 512),
     ];
     for (off, len, cs) in cases {
         let chunks = len.div_ceil(cs);
@@ -279,6 +283,63 @@ fn one_verified_restore_launch_writes_back_exactly_the_changed_chunks_from_eithe
     unsafe {
         (d.mem_free)(buf);
         (d.mem_free)(shadow);
+    }
+}
+
+#[test]
+fn a_verified_restore_finds_the_same_chunks_with_a_warp_or_eight_lanes_per_chunk() {
+    let Some(d) = gpu() else { return };
+    let ctx = context(d);
+    let cs = 512usize;
+    let mem = memory(d, ctx, Arc::new(Inventory::new()));
+    assert!(mem.capabilities().verified_restore);
+    // 8191 chunks take the wide kernel, 8193 (the last one short) the narrow one.
+    for chunks in [
+        kernels::WIDE_BELOW_CHUNKS as usize - 1,
+        kernels::WIDE_BELOW_CHUNKS as usize + 1,
+    ] {
+        let size = (chunks - 1) * cs + 100;
+        let snap = noise(size, chunks as u64);
+        let hashes: Vec<u64> = snap.chunks(cs).map(xxh3_64).collect();
+        let buf = alloc(d, size);
+        let shadow = alloc(d, size);
+        mem.write(shadow, &snap).unwrap();
+        let mut live = snap.clone();
+        let touched = [0usize, 1, 63, 64, 4000, chunks - 2, chunks - 1];
+        for &c in &touched {
+            live[c * cs + (c % 97).min(99)] ^= 0x81;
+        }
+        mem.write(buf, &live).unwrap();
+        let ranges = [VerifyRange {
+            addr: buf,
+            len: size as u64,
+            store_offset: 0,
+            first: 0,
+            write: false,
+        }];
+        let job = VerifiedRestore {
+            ranges: &ranges,
+            store: StoreBytes::Device(shadow),
+            chunk_size: cs as u64,
+            hashes: &hashes,
+            snapshot_id: 100 + chunks as u64,
+        };
+        let mut changed = vec![0u64; chunks.div_ceil(64)];
+        mem.restore_verified(&job, &mut changed).unwrap();
+        let mut want = vec![0u64; chunks.div_ceil(64)];
+        for &c in &touched {
+            want[c / 64] |= 1 << (c % 64);
+        }
+        assert_eq!(changed, want, "{chunks} chunks: changed chunks differ");
+        let mut out = vec![0u8; size];
+        mem.read(buf, &mut out).unwrap();
+        let wrong = out.iter().zip(&snap).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "{chunks} chunks: {wrong} bytes differ");
+        // SAFETY: our allocations, no longer used.
+        unsafe {
+            (d.mem_free)(buf);
+            (d.mem_free)(shadow);
+        }
     }
 }
 

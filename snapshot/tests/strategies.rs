@@ -976,8 +976,15 @@ fn a_plan_naming_its_strategy_is_restored_by_it_instead_of_the_configured_one() 
         (hashed, restores)
     };
     let (hashed, restores) = replay(None);
-    assert!(!hashed, "auto: one planned restore does not repay the hashes");
-    assert!(restores.iter().all(|r| r.0 == RestoreStrategy::Full && !r.1));
+    assert!(
+        !hashed,
+        "auto: one planned restore does not repay the hashes"
+    );
+    assert!(
+        restores
+            .iter()
+            .all(|r| r.0 == RestoreStrategy::Full && !r.1)
+    );
     let (hashed, restores) = replay(Some(RestoreStrategy::Writeset));
     assert!(hashed, "the write set asked for hashes the snapshot");
     assert!(
