@@ -464,6 +464,32 @@ pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
         || VERIFIED_RESTORE_COST.at(footprint) < FULL_RESTORE_COST.at(footprint)
 }
 
+/// Whether a verified restore on the device can ever beat a full copy of `footprint` bytes: not
+/// where the full copy costs less than a verified restore's fixed part alone (its launches, the
+/// bitmap's round trip), whatever the launch writes (below about 44 MB by the costs above).
+pub fn device_can_win(footprint: u64) -> bool {
+    FULL_RESTORE_COST.at(footprint) > VERIFIED_RESTORE_COST.fixed_us
+}
+
+/// `auto`'s choice for a launch with key `key` over `footprint` bytes: never the device where it
+/// cannot win ([`device_can_win`]: such launches are not spent measuring it), else what this
+/// process measured (`measured`, see [`crate::choice`]) or the fitted model alone.
+pub fn detection_for(
+    choice: &DeviceChoice,
+    key: ChoiceKey,
+    footprint: u64,
+    measured: bool,
+) -> bool {
+    let prior = hash_on_device_for(RestoreStrategy::Auto, footprint);
+    if !device_can_win(footprint) {
+        false
+    } else if measured {
+        choice.choose(key, prior)
+    } else {
+        prior
+    }
+}
+
 /// The snapshot strategy of a launch `auto` chose to restore with detection on the device (`on`)
 /// or not: the verified write set (the snapshot hashed on the device, each restore writing the
 /// learned set and verifying the rest on the device), so that the choice's two modes are two
@@ -696,12 +722,12 @@ impl Backend {
     /// loading is not counted in the first snapshot that uses them.
     fn choose_detection(&self, device: &DeviceState, function: usize, footprint: u64) {
         let key = ChoiceKey::new(function, footprint);
-        let prior = hash_on_device_for(RestoreStrategy::Auto, footprint);
-        let on = if self.config.auto_measured {
-            device.choice.lock().choose(key, prior)
-        } else {
-            prior
-        };
+        let on = detection_for(
+            &device.choice.lock(),
+            key,
+            footprint,
+            self.config.auto_measured,
+        );
         if on {
             device.memory.load_kernels();
         }
@@ -1446,6 +1472,31 @@ pub fn initialize_injection(
 mod tests {
     use super::*;
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn small_footprints_are_never_sent_to_the_device_to_be_measured() {
+        let mut c = DeviceChoice::default();
+        for mib in [2u64, 20, 40] {
+            let key = ChoiceKey::new(7, mib << 20);
+            // Measured with full copies: a key then measures the device, unless it cannot win.
+            c.record(key, false, 40_000.0);
+            assert!(!device_can_win(mib << 20), "{mib} MiB");
+            assert!(!detection_for(&c, key, mib << 20, true), "{mib} MiB");
+            assert!(!detection_for(&c, key, mib << 20, false), "{mib} MiB");
+        }
+        // From about 44 MB the device may win: measured there.
+        let key = ChoiceKey::new(7, 60 << 20);
+        assert!(device_can_win(60 << 20));
+        c.record(key, false, 40_000.0);
+        assert!(detection_for(&c, key, 60 << 20, true));
+        assert!(!detection_for(&c, key, 60 << 20, false));
+        assert!(detection_for(
+            &c,
+            ChoiceKey::new(8, 1 << 30),
+            1 << 30,
+            false
+        ));
+    }
 
     #[test]
     fn a_launch_auto_sends_to_the_device_is_snapshotted_for_the_verified_write_set() {
