@@ -288,9 +288,28 @@ impl Rates {
         }
     }
 
+    /// Whether the hash rate was measured, but not for [`OUT_OF_DATE_AFTER`] measurements of
+    /// other kinds (a run of full restores and plain snapshots measures only copies).
+    fn hash_out_of_date(&self) -> bool {
+        self.base[HASH].is_some() && self.since[HASH] >= OUT_OF_DATE_AFTER
+    }
+
     /// (copy, hash) cost per byte in a common unit.
+    ///
+    /// A hash rate out of date (see [`Rates::hash_out_of_date`]) counts for no more than
+    /// [`DEFAULT_HASH_PER_COPY`] of the current copy rate. Only hash passes measure it, and
+    /// `auto` makes them only where hashing looks paid: a hash rate left above what hashing now
+    /// costs (the machine's speed moved differently for copies than for hash passes while
+    /// only copies were measured) kept every later choice on full restores, and nothing
+    /// measured a hash pass again (on the 2-core host, 1% written, 8 passes: 0 of 14 snapshots
+    /// hashed, a hash rate of 19-23 ms per 256 MiB against 16 ms that hash restores then
+    /// took). Priced at the prior instead, the next replay that would hash at that price does
+    /// hash, and its first hash pass replaces the old rate (see [`Rates::add_sample`]). When
+    /// hashing really costs what the old rate said, that costs one hashing snapshot and one
+    /// verified restore once per [`OUT_OF_DATE_AFTER`] measurements.
     pub(crate) fn per_byte(&self) -> (f64, f64) {
         match (self.rate(COPY), self.rate(HASH)) {
+            (Some(c), Some(h)) if self.hash_out_of_date() => (c, h.min(c * DEFAULT_HASH_PER_COPY)),
             (Some(c), Some(h)) => (c, h),
             (Some(c), None) => (c, c * DEFAULT_HASH_PER_COPY),
             // A copy is not assumed dearer than a hash pass until one is measured: otherwise
@@ -746,6 +765,62 @@ mod tests {
             "extra/copy {}",
             extra / copy
         );
+    }
+
+    /// The traced miss of the 2-core host: a hash rate measured during a slow spell for hash
+    /// passes (above the copy rate), then only copies for a long while (auto restored in full,
+    /// so nothing measured a hash pass). A kernel that rewrites the same 1% over 8 passes must
+    /// hash its snapshot again once that rate is out of date, or no later choice ever measures
+    /// hashing. When the fresh measurement confirms that hashing is dear, auto goes back to
+    /// plain snapshots, and probes again only after as many measurements once more.
+    #[test]
+    fn a_hash_rate_out_of_date_is_measured_again_where_hashing_would_pay_at_its_usual_cost() {
+        let bytes = 256 << 20;
+        let at = |per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
+        let chunks = 4096;
+        let same_percent = Learned {
+            write_set: (0..chunks).map(|c| c < 41).collect(),
+            dirty_chunks: Some(41),
+            missed_chunks: Some(0),
+            restores: 7,
+            ..Default::default()
+        };
+        let mut rates = Rates::default();
+        for _ in 0..4 {
+            rates.record_copy(bytes, at(0.060));
+            rates.record_hashed_copy(bytes, at(0.095));
+            rates.record_hash(bytes, at(0.086));
+        }
+        let hashes_pay = |rates: &Rates| {
+            (
+                snapshot_hashes_pay(rates, Some(&same_percent), 7, chunks, CS),
+                new_kernel_hashes_pay(rates, 7, chunks, CS, Some(0.01)),
+            )
+        };
+        assert_eq!(hashes_pay(&rates), (false, false), "hashing is dear now");
+        for _ in 0..OUT_OF_DATE_AFTER - 1 {
+            rates.record_copy(bytes, at(0.060));
+        }
+        assert_eq!(hashes_pay(&rates), (false, false), "not out of date yet");
+        rates.record_copy(bytes, at(0.060));
+        assert_eq!(
+            hashes_pay(&rates),
+            (true, true),
+            "an out-of-date hash rate is measured again: {rates:?}"
+        );
+        // The probe finds hashing as dear as before: its measurement replaces the old ones
+        // and the next snapshots are plain again, until the rate is out of date once more.
+        rates.record_hash(bytes, at(0.086));
+        assert_eq!(hashes_pay(&rates), (false, false), "{rates:?}");
+        for _ in 0..OUT_OF_DATE_AFTER - 1 {
+            rates.record_copy(bytes, at(0.060));
+            assert!(!hashes_pay(&rates).0);
+        }
+        // A probe that finds hashing cheap keeps auto hashing.
+        rates.record_copy(bytes, at(0.060));
+        assert!(hashes_pay(&rates).0);
+        rates.record_hash(bytes, at(0.040));
+        assert_eq!(hashes_pay(&rates), (true, true), "{rates:?}");
     }
 
     /// A copy rate gone stale while auto kept choosing write-set restores is re-measured only
