@@ -432,6 +432,17 @@ fn keep_best_ceilings(rows: &mut [BenchRow], again: &[BenchRow]) {
     }
 }
 
+/// A snapshot for a one-pass replay of everything `snapshotter` tracks, and how long taking it
+/// took (planning not included).
+fn timed_take(snapshotter: &Snapshotter) -> Result<(Snapshot, Duration), String> {
+    let plan = snapshotter
+        .plan(&Filter::for_replay(1))
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let s = snapshotter.take(plan).map_err(|e| e.to_string())?;
+    Ok((s, start.elapsed()))
+}
+
 /// Full snapshots and full restores timed in turn with the copy ceiling, and hash detection
 /// with the read ceiling, `config.paired_samples` passes of each side, per tier (when the
 /// configuration has those strategies). The ceilings' side runs the best method of `ceilings`
@@ -458,14 +469,7 @@ fn measure_paired(
     for &tier in &config.tiers {
         for strategy in [Full, Hash].into_iter().filter(|&s| has(s)) {
             let snapshotter = bench.snapshotter(config, strategy, tier)?;
-            let take = || -> Result<(Snapshot, Duration), String> {
-                let plan = snapshotter
-                    .plan(&Filter::for_replay(1))
-                    .map_err(|e| e.to_string())?;
-                let start = Instant::now();
-                let s = snapshotter.take(plan).map_err(|e| e.to_string())?;
-                Ok((s, start.elapsed()))
-            };
+            let take = || timed_take(&snapshotter);
             let (first, _) = take()?; // allocates the store, untimed
             let used_tier = first.tier();
             drop(first);
@@ -536,14 +540,7 @@ fn measure_footprint(
     for &tier in &config.tiers {
         for &strategy in &config.strategies {
             let snapshotter = bench.snapshotter(config, strategy, tier)?;
-            let take = || -> Result<(Snapshot, Duration), String> {
-                let plan = snapshotter
-                    .plan(&Filter::for_replay(1))
-                    .map_err(|e| e.to_string())?;
-                let start = Instant::now();
-                let s = snapshotter.take(plan).map_err(|e| e.to_string())?;
-                Ok((s, start.elapsed()))
-            };
+            let take = || timed_take(&snapshotter);
             // The first snapshot allocates the store; the others reuse it, as successive
             // replays do.
             let (first, cold) = take()?;
