@@ -197,8 +197,7 @@ pub fn gather_tiles_into(out: &mut Vec<GatherEntry>, copies: &[DeviceCopy], tile
 /// Grid size of a hash launch over `chunks` chunks: one group of [`HASH_LANES`] lanes per
 /// chunk, up to the grid limit (the kernel strides over the rest).
 pub fn hash_grid(chunks: u64) -> u32 {
-    let groups_per_block = u64::from(HASH_THREADS / HASH_LANES);
-    chunks.div_ceil(groups_per_block).clamp(1, i32::MAX as u64) as u32
+    lanes_grid(chunks, HASH_LANES)
 }
 
 /// The lanes per chunk a hash or detection launch over `chunks` chunks uses, given whether the

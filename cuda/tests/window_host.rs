@@ -137,20 +137,32 @@ fn launch(rig: &Rig, passes: u64, app_ok: bool, replayable: Result<(), String>) 
         events: rig.events.clone(),
         replayable,
     };
+    launch_with(rig, &ops, passes, || {
+        if app_ok {
+            ops.app_launch();
+            Ok(())
+        } else {
+            Err("CUDA_ERROR_INVALID_VALUE".to_string())
+        }
+    })
+}
+
+/// ENTER with `ops`, the application's launch (`app`), EXIT; returns the tool's outcome.
+fn launch_with(
+    rig: &Rig,
+    ops: &impl LaunchOps,
+    passes: u64,
+    app: impl FnOnce() -> Result<(), String>,
+) -> ReplayOutcome {
     let mut tool = LogTool {
         passes,
         events: rig.events.clone(),
         outcome: RefCell::new(None),
     };
     let cx = rig.device.context(&rig.registry);
-    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
-    let launched = if app_ok {
-        ops.app_launch();
-        Ok(())
-    } else {
-        Err("CUDA_ERROR_INVALID_VALUE".to_string())
-    };
-    let record = window.exit(&mut tool, &rig.registry, &ops, launched);
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), ops);
+    let launched = app();
+    let record = window.exit(&mut tool, &rig.registry, ops, launched);
     assert_eq!(tool.outcome.borrow().as_ref(), Some(&record.outcome));
     record.outcome
 }
@@ -268,23 +280,13 @@ fn a_launch_that_names_its_snapshot_strategy_is_restored_by_it_under_auto() {
             },
             strategy,
         };
-        let mut tool = LogTool {
-            passes: 5,
-            events: r.events.clone(),
-            outcome: RefCell::new(None),
-        };
-        let window = Window::enter(
-            r.device.context(&r.registry),
-            &mut tool,
-            DispatchInfo::default(),
-            &ops,
-        );
-        ops.inner.app_launch();
-        let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+        let outcome = launch_with(&r, &ops, 5, || {
+            ops.inner.app_launch();
+            Ok(())
+        });
         assert!(
-            matches!(record.outcome, ReplayOutcome::Replayed { passes: 5, .. }),
-            "{:?}",
-            record.outcome
+            matches!(outcome, ReplayOutcome::Replayed { passes: 5, .. }),
+            "{outcome:?}"
         );
         expect_one_run(&r);
         let restores = RESTORES.with(|v| v.borrow().clone());
@@ -867,23 +869,6 @@ fn capture_aware(
     }
 }
 
-/// ENTER, the application's launch, EXIT through `ops`, asking `passes`.
-fn launch_with(r: &Rig, ops: &CaptureAwareLaunch, passes: u64) -> ReplayOutcome {
-    let mut tool = LogTool {
-        passes,
-        events: r.events.clone(),
-        outcome: RefCell::new(None),
-    };
-    let window = Window::enter(
-        r.device.context(&r.registry),
-        &mut tool,
-        DispatchInfo::default(),
-        ops,
-    );
-    ops.inner.app_launch();
-    window.exit(&mut tool, &r.registry, ops, Ok(())).outcome
-}
-
 #[test]
 fn a_capture_in_progress_on_the_device_declines_the_replay_and_is_never_drained() {
     let r = rig(SnapshotConfig::default());
@@ -896,7 +881,10 @@ fn a_capture_in_progress_on_the_device_declines_the_replay_and_is_never_drained(
     captures.begin_enter(&r.device.locks, Some(AGENT));
     captures.begin_exit(Some((other, Some(AGENT))));
 
-    let outcome = launch_with(&r, &ops, 4);
+    let outcome = launch_with(&r, &ops, 4, || {
+        ops.inner.app_launch();
+        Ok(())
+    });
     let decline = outcome.decline().expect("declined");
     assert_eq!(decline.reason, DeclineReason::BatchOrGraph, "{decline}");
     assert!(decline.to_string().contains("capture"), "{decline}");
@@ -920,7 +908,10 @@ fn a_capture_in_progress_on_the_device_declines_the_replay_and_is_never_drained(
 
     // Once the capture ended, launches are replayed again.
     assert!(captures.ended(other));
-    let outcome = launch_with(&r, &ops, 4);
+    let outcome = launch_with(&r, &ops, 4, || {
+        ops.inner.app_launch();
+        Ok(())
+    });
     assert!(
         matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
         "{outcome:?}"
@@ -980,7 +971,10 @@ fn a_capture_cannot_begin_while_a_replay_window_holds_the_device() {
     capturer.join().unwrap();
     assert_eq!(captures.on_device(AGENT), 1);
     // The next launch sees it and leaves it alone.
-    let outcome = launch_with(&r, &ops, 3);
+    let outcome = launch_with(&r, &ops, 3, || {
+        ops.inner.app_launch();
+        Ok(())
+    });
     assert_eq!(
         outcome.decline().map(|d| d.reason),
         Some(DeclineReason::BatchOrGraph)
