@@ -18,8 +18,8 @@ use std::path::Path;
 use kreplay_benches::{
     AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, Progress,
     ReplayConfig, ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_targets,
-    format_bytes, format_percent, format_seconds, replay_table_header, replay_table_line, run_all,
-    run_scope_case, table_header, table_line, write_csv, write_svg,
+    format_bytes, format_percent, format_seconds, low_quartile_words, replay_table_header,
+    replay_table_line, run_all, run_scope_case, table_header, table_line, write_csv, write_svg,
 };
 
 use crate::args::BenchOptions;
@@ -445,8 +445,8 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              N passes per strategy; a repetition replays, for every strategy in turn (in an \
              order shuffled anew each repetition), a sequence of {dispatches} dispatches of a \
              kernel nothing was learned about. first dispatch: the lower quartile of the \
-             strategy's first dispatches (of 7 repetitions the mean of the 2nd and 3rd fastest, \
-             of 5 the 2nd fastest); later dispatch: the same of its later ones, which reuse what \
+             strategy's first dispatches (of {repeats} repetitions {}, of {long_repeats} {}); \
+             later dispatch: the same of its later ones, which reuse what \
              the earlier ones of their kernel learned; spread: the slowest of those repetitions \
              / the fastest; median: their median, shown, not judged. A low quantile because on a \
              shared machine interference only slows a repetition down; not the fastest, which \
@@ -462,6 +462,8 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              at the start of each cell lets every strategy start the cell from rates measured \
              replaying N passes. writeset-unverified skips verification between passes \
              (opt-in) and is never counted as the best.\n",
+            low_quartile_words(repeats),
+            low_quartile_words(long_repeats),
         );
         text += "\n";
         text += &render_auto(&auto);
