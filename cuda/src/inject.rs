@@ -15,7 +15,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::AgentLocks;
@@ -149,7 +149,34 @@ struct Stats {
     relaunch_ns: AtomicU64,
     drain_ns: AtomicU64,
     replay_ns: AtomicU64,
+    callbacks: AtomicU64,
+    callback_ns: AtomicU64,
+    module_callbacks: AtomicU64,
+    module_ns: AtomicU64,
+    init_ns: AtomicU64,
     declines: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Stats {
+    /// Counts one callback in `count` and, when the returned guard drops, adds the time since
+    /// `start` to `ns`.
+    fn timed<'a>(&self, count: &'a AtomicU64, ns: &'a AtomicU64, start: Instant) -> Timed<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Timed { ns, start }
+    }
+}
+
+/// Adds the time it lived to a counter when it drops (see [`Stats::timed`]).
+struct Timed<'a> {
+    ns: &'a AtomicU64,
+    start: Instant,
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.ns.fetch_add(ns, Ordering::Relaxed);
+    }
 }
 
 /// The backend's totals at exit (also the summary line on standard error).
@@ -206,6 +233,19 @@ pub struct Summary {
     /// summed (what part of `snapshot_ns` and `restore_ns` they are, and how much of them is
     /// waiting for the GPU).
     pub memory: MemoryTimes,
+    /// Driver-API callbacks handled (API ENTER and EXIT each count; kreplay's own calls and
+    /// calls made while kreplay is in the driver are not handled and not counted).
+    pub callbacks: u64,
+    /// Time inside those callbacks, ns: what interception adds to the application's driver
+    /// calls, replay windows included (`callback_ns - replay_ns` is interception alone).
+    pub callback_ns: u64,
+    /// Module load and unload callbacks.
+    pub module_callbacks: u64,
+    /// Time inside them (reading a loaded module's image for its variables), ns.
+    pub module_ns: u64,
+    /// Time of the library's start-up in the injection entry point (loading CUPTI,
+    /// subscribing, the configuration), ns.
+    pub init_ns: u64,
 }
 
 impl std::fmt::Display for Summary {
@@ -226,7 +266,8 @@ impl std::fmt::Display for Summary {
              drain_ms={:.3} replay_ms={:.3} copies={} copy_ms={:.3} copy_wait_ms={:.3} \
              verified={} verified_ms={:.3} verified_wait_ms={:.3} lists_uploaded={} hashes={} \
              hash_ms={:.3} hash_wait_ms={:.3} shadow_allocs={} shadow_alloc_ms={:.3} \
-             auto_device={} auto_full={}",
+             auto_device={} auto_full={} callbacks={} callback_ms={:.3} intercept_ms={:.3} \
+             module_callbacks={} module_ms={:.3} init_ms={:.3}",
             self.passes_per_launch,
             self.launches,
             self.replayed,
@@ -261,6 +302,12 @@ impl std::fmt::Display for Summary {
             ms(m.shadow_alloc_ns),
             self.auto_device,
             self.auto_full,
+            self.callbacks,
+            ms(self.callback_ns),
+            ms(self.callback_ns.saturating_sub(self.replay_ns)),
+            self.module_callbacks,
+            ms(self.module_ns),
+            ms(self.init_ns),
         )
     }
 }
@@ -1041,6 +1088,11 @@ impl Backend {
             replay_ns: l(&s.replay_ns),
             shadow_bytes_held,
             memory,
+            callbacks: l(&s.callbacks),
+            callback_ns: l(&s.callback_ns),
+            module_callbacks: l(&s.module_callbacks),
+            module_ns: l(&s.module_ns),
+            init_ns: l(&s.init_ns),
         }
     }
 
@@ -1310,9 +1362,15 @@ unsafe extern "C" fn on_callback(
     let Some(backend) = BACKEND.get() else {
         return;
     };
+    let start = Instant::now();
     if domain == CB_DOMAIN_RESOURCE {
         // Bookkeeping only, and also while kreplay itself is in the driver: a module the
         // application launches may be loaded lazily from inside kreplay's own calls at a launch.
+        let _timed = backend.stats.timed(
+            &backend.stats.module_callbacks,
+            &backend.stats.module_ns,
+            start,
+        );
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: CUPTI passes a CUpti_ResourceData for the resource domain.
             let data = unsafe { &*(data as *const ResourceData) };
@@ -1330,6 +1388,9 @@ unsafe extern "C" fn on_callback(
         return;
     }
     let _guard = Guard::enter();
+    let _timed = backend
+        .stats
+        .timed(&backend.stats.callbacks, &backend.stats.callback_ns, start);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
         // fail nor invalidate a capture in progress on another thread: they run in relaxed
@@ -1371,6 +1432,7 @@ extern "C" fn print_summary() {
 fn initialize(
     make_tools: impl FnOnce(&Config) -> Result<Box<dyn Tools>, String>,
 ) -> Result<(), String> {
+    let start = Instant::now();
     let config = Config::from_env()?;
     let driver = Driver::get_in_init().map_err(|e| e.to_string())?;
     let cupti = Cupti::load()?;
@@ -1439,6 +1501,10 @@ fn initialize(
         }
     }
     let _ = CUPTI.set((cupti, subscriber as usize));
+    if let Some(b) = BACKEND.get() {
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        b.stats.init_ns.store(ns, Ordering::Relaxed);
+    }
     // SAFETY: registers a plain extern "C" function that never unwinds.
     unsafe { atexit(print_summary) };
     log(
@@ -1605,5 +1671,44 @@ mod tests {
             BuiltIn { passes: 1 }.replay_tool().is_none(),
             "one pass is no replay"
         );
+    }
+    #[test]
+    fn the_summary_reports_interception_time_apart_from_the_replays() {
+        let summary = Summary {
+            callbacks: 12,
+            callback_ns: 5_000_000,
+            replay_ns: 3_000_000,
+            module_callbacks: 4,
+            module_ns: 250_000,
+            init_ns: 1_500_000,
+            ..Summary::default()
+        };
+        let line = summary.to_string();
+        for part in [
+            " callbacks=12 ",
+            " callback_ms=5.000 ",
+            " intercept_ms=2.000 ",
+            " module_callbacks=4 ",
+            " module_ms=0.250 ",
+            " init_ms=1.500",
+        ] {
+            assert!(line.contains(part), "{part:?} in {line}");
+        }
+    }
+
+    #[test]
+    fn a_timed_callback_is_counted_and_its_time_added_when_it_ends() {
+        let stats = Stats::default();
+        let start = Instant::now() - Duration::from_millis(2);
+        {
+            let _t = stats.timed(&stats.callbacks, &stats.callback_ns, start);
+            assert_eq!(stats.callbacks.load(Ordering::Relaxed), 1);
+            assert_eq!(
+                stats.callback_ns.load(Ordering::Relaxed),
+                0,
+                "added at the end"
+            );
+        }
+        assert!(stats.callback_ns.load(Ordering::Relaxed) >= 2_000_000);
     }
 }

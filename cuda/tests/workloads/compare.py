@@ -46,7 +46,8 @@ WRAPPER = (
 # Fields of kreplay's exit summary worth a median.
 FIELDS = ("snapshot_ms", "restore_ms", "relaunch_ms", "drain_ms", "replay_ms", "restores",
           "copies", "copy_ms", "copy_wait_ms", "verified", "verified_ms", "verified_wait_ms",
-          "hashes", "hash_ms", "hash_wait_ms", "auto_device", "auto_full")
+          "hashes", "hash_ms", "hash_wait_ms", "auto_device", "auto_full", "callbacks",
+          "callback_ms", "intercept_ms", "module_callbacks", "module_ms", "init_ms")
 
 
 def run(cmd, env_extra):
