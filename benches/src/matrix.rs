@@ -779,21 +779,29 @@ mod tests {
         // Replays only at the footprint they list: 4 patterns x 5 strategies.
         assert_eq!(replays, 4 * 5);
         assert!(results.replay.iter().all(|r| r.footprint == 512 << 10));
-        // What each strategy's replays did: 7 repetitions of a sequence of 2 dispatches of 3
-        // passes (2 restores each); the untimed dispatch before them is not counted.
+        // What each strategy's replays did: DEFAULT_REPEATS repetitions of a sequence of 2
+        // dispatches of 3 passes (2 restores each); the untimed dispatch before them is not
+        // counted.
+        let reps = crate::replay::DEFAULT_REPEATS;
         for r in &results.replay {
             let c = r.choices;
-            assert_eq!(r.repeats, 7, "{r:?}");
-            assert_eq!(c.dispatches, 14, "{r:?}");
-            assert_eq!(c.full + c.hash + c.writeset, 28, "{r:?}");
+            let dispatches = 2 * reps as u64;
+            assert_eq!(r.repeats, reps, "{r:?}");
+            assert_eq!((r.first_times.len(), r.later_times.len()), (reps, reps));
+            assert_eq!(c.dispatches, dispatches, "{r:?}");
+            assert_eq!(c.full + c.hash + c.writeset, 2 * dispatches, "{r:?}");
             assert!(r.first_range.0 <= r.first_seconds && r.first_seconds <= r.first_range.1);
             assert!(r.later_range.0 <= r.later_seconds && r.later_seconds <= r.later_range.1);
             match r.strategy {
-                RestoreStrategy::Full => assert_eq!((c.hashed_snapshots, c.full), (0, 28)),
-                RestoreStrategy::Hash => assert_eq!((c.hashed_snapshots, c.hash), (14, 28)),
+                RestoreStrategy::Full => {
+                    assert_eq!((c.hashed_snapshots, c.full), (0, 2 * dispatches));
+                }
+                RestoreStrategy::Hash => {
+                    assert_eq!((c.hashed_snapshots, c.hash), (dispatches, 2 * dispatches));
+                }
                 // Learning restores hash everything; the others write the learned set.
                 RestoreStrategy::Writeset => {
-                    assert_eq!((c.hashed_snapshots, c.full), (14, 0));
+                    assert_eq!((c.hashed_snapshots, c.full), (dispatches, 0));
                     assert!(c.writeset > 0 && c.hash > 0, "{c:?}");
                 }
                 _ => {}

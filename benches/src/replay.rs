@@ -184,6 +184,10 @@ pub struct ReplayRow {
     pub later_range: (f64, f64),
     /// Their median (shown beside the figure, not judged).
     pub later_median: f64,
+    /// Every first dispatch's time, in the order of the repetitions.
+    pub first_times: Vec<f64>,
+    /// Every later dispatch's time, repetition by repetition (within one, in dispatch order).
+    pub later_times: Vec<f64>,
     /// Repetitions measured (one dispatch sequence each).
     pub repeats: usize,
     /// Dispatches per sequence (all but the first are later dispatches).
@@ -514,6 +518,8 @@ pub(crate) fn measure(
                             later_seconds: low_quartile(&sample.later),
                             later_range,
                             later_median,
+                            first_times: sample.first.clone(),
+                            later_times: sample.later.clone(),
                             repeats,
                             dispatches,
                             choices: sample.choices,
@@ -564,6 +570,16 @@ pub struct AutoCheck {
     pub best_spread: f64,
     /// auto's slowest repetition / the best strategy's figure.
     pub worst_ratio: f64,
+    /// The median over the repetitions of auto's time / the best strategy's time in the same
+    /// repetition (the two ran within one repetition, so a drift of the machine between
+    /// repetitions falls on both): a paired comparison, shown beside the figure.
+    pub paired_ratio: f64,
+}
+
+/// The median of `a[i] / b[i]` over the pairs (NaN when there are none).
+fn paired_median(a: &[f64], b: &[f64]) -> f64 {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median_and_range(&ratios).0
 }
 
 /// Slowest / fastest of a range.
@@ -574,7 +590,7 @@ fn spread((lo, hi): (f64, f64)) -> f64 {
 /// auto against the best verified fixed strategy in every cell where both were measured, each
 /// by the lower quartile of its repetitions (the same statistic for every strategy).
 pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
-    type Pick = fn(&ReplayRow) -> (f64, (f64, f64), f64);
+    type Pick = fn(&ReplayRow) -> (f64, (f64, f64), f64, &[f64]);
     let mut checks = Vec::new();
     for auto in rows.iter().filter(|r| r.strategy == RestoreStrategy::Auto) {
         let same = |r: &&ReplayRow| {
@@ -595,10 +611,20 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
         );
         let picks: [(&'static str, Pick); 2] = [
             ("first", |r| {
-                (r.first_seconds, r.first_range, r.first_median)
+                (
+                    r.first_seconds,
+                    r.first_range,
+                    r.first_median,
+                    &r.first_times,
+                )
             }),
             ("later", |r| {
-                (r.later_seconds, r.later_range, r.later_median)
+                (
+                    r.later_seconds,
+                    r.later_range,
+                    r.later_median,
+                    &r.later_times,
+                )
             }),
         ];
         for (dispatch, time) in picks {
@@ -607,8 +633,8 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
                 .filter(same)
                 .min_by(|a, b| time(a).0.total_cmp(&time(b).0))
             {
-                let (auto_figure, auto_range, auto_median) = time(auto);
-                let (best_figure, best_range, _) = time(best);
+                let (auto_figure, auto_range, auto_median, auto_times) = time(auto);
+                let (best_figure, best_range, _, best_times) = time(best);
                 let best_median = rows
                     .iter()
                     .filter(same)
@@ -624,6 +650,7 @@ pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
                     auto_spread: spread(auto_range),
                     best_spread: spread(best_range),
                     worst_ratio: auto_range.1 / best_figure,
+                    paired_ratio: paired_median(auto_times, best_times),
                 });
             }
         }
@@ -816,6 +843,8 @@ mod tests {
             later_seconds: later,
             later_range: (later, later * 1.1),
             later_median: later,
+            first_times: vec![first * 0.9, first, first * 1.2],
+            later_times: vec![later, later * 1.1, later],
             repeats: 5,
             dispatches: 2,
             choices: Choices::default(),
@@ -846,5 +875,16 @@ mod tests {
         assert!((checks[0].worst_ratio - 2.1 * 1.2 / 2.0).abs() < 1e-9);
         assert!((checks[1].best_spread - 1.1).abs() < 1e-9);
         assert!(format_replay_table(&rows).contains("N copies at ceiling"));
+    }
+
+    #[test]
+    fn the_paired_ratio_divides_within_each_repetition_before_taking_the_median() {
+        // The machine slowed down in the third repetition for both: unpaired, auto's slow
+        // repetition would count against it; paired, every repetition says 1.05.
+        let auto = [1.05, 2.1, 4.2];
+        let best = [1.0, 2.0, 4.0];
+        assert!((paired_median(&auto, &best) - 1.05).abs() < 1e-12);
+        assert!((paired_median(&[3.0, 1.0, 2.0], &[1.0, 1.0, 1.0]) - 2.0).abs() < 1e-12);
+        assert!(paired_median(&[], &[]).is_nan());
     }
 }

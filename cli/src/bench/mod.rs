@@ -152,7 +152,8 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
     let mut text = format!(
         "auto against the best verified fixed strategy (full, hash, writeset) of each cell, \
          lower quartile against lower quartile of the same interleaved repetitions; target <= \
-         {AUTO_MAX_OVER_BEST:.2}x (shown, not judged: the same with medians; spread: slowest / \
+         {AUTO_MAX_OVER_BEST:.2}x (shown, not judged: the same with medians; paired: the median \
+         over the repetitions of auto / the best in the same repetition; spread: slowest / \
          fastest repetition; auto's slowest: its slowest repetition / the best's figure):\n"
     );
     let mut sorted: Vec<&AutoCheck> = checks.iter().collect();
@@ -169,12 +170,13 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
     });
     for c in &sorted {
         text += &format!(
-            "  {:<5} dispatch  {:<34}  {:.3}x of {:<8}  medians {:.3}x; spread auto {:.3}, {} {:.3}; auto's slowest {:.3}x{}\n",
+            "  {:<5} dispatch  {:<34}  {:.3}x of {:<8}  medians {:.3}x; paired {:.3}x; spread auto {:.3}, {} {:.3}; auto's slowest {:.3}x{}\n",
             c.dispatch,
             c.cell,
             c.ratio,
             c.best.to_string(),
             c.median_ratio,
+            c.paired_ratio,
             c.auto_spread,
             c.best,
             c.best_spread,
@@ -199,6 +201,21 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
         "  with medians instead (shown, not judged): {} of {} cells within \
          {AUTO_MAX_OVER_BEST:.2}x{median_worst}\n",
         checks.len() - median_over,
+        checks.len(),
+    );
+    let paired_over = checks
+        .iter()
+        .filter(|c| c.paired_ratio > AUTO_MAX_OVER_BEST)
+        .count();
+    let paired_worst = checks
+        .iter()
+        .map(|c| c.paired_ratio)
+        .max_by(f64::total_cmp)
+        .map_or(String::new(), |w| format!(", worst {w:.3}x"));
+    text += &format!(
+        "  with paired ratios instead (shown, not judged): {} of {} cells within \
+         {AUTO_MAX_OVER_BEST:.2}x{paired_worst}\n",
+        checks.len() - paired_over,
         checks.len(),
     );
     text += &format!(
