@@ -11,13 +11,23 @@
 //! writeset-unverified; the restore targets judged from the rows after them.
 //! `KREPLAY_CUDA_TEST_PTX=<file>` loads that PTX instead of the committed one.
 
-use kreplay_cuda::bench::{BenchConfig, judge, render_targets, run};
+use kreplay_cuda::bench::{BenchConfig, judge, run};
 use kreplay_cuda::kernels::override_ptx;
 
 fn main() {
     let result = parse().and_then(|config| {
         let figures = run(&config, &mut std::io::stdout().lock())?;
-        println!("\n{}", render_targets(&judge(&config, &figures)));
+        println!();
+        // One line per verdict (`kreplay bench --backend cuda` groups and counts them).
+        for c in judge(&config, &figures) {
+            println!(
+                "{} [{}] {}: {}",
+                c.target,
+                c.tier.as_str(),
+                c.verdict(),
+                c.detail
+            );
+        }
         Ok(())
     });
     if let Err(e) = result {

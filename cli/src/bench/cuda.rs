@@ -8,7 +8,9 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
-use kreplay_cuda::bench::BenchConfig;
+use kreplay_cuda::bench::{BenchConfig, TargetCheck};
+
+use super::{Verdict, render_verdicts};
 
 /// Writes everything to both.
 struct Tee<'a> {
@@ -47,11 +49,70 @@ pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Res
     tee.flush()
         .map_err(|e| format!("cannot write the output: {e}"))?;
     let checks = kreplay_cuda::bench::judge(config, &figures);
-    write!(
-        tee.out,
-        "\n{}",
-        kreplay_cuda::bench::render_targets(&checks)
-    )
-    .and_then(|()| tee.out.flush())
-    .map_err(|e| format!("cannot write the output: {e}"))
+    write!(tee.out, "\n{}", render_targets(&checks))
+        .and_then(|()| tee.out.flush())
+        .map_err(|e| format!("cannot write the output: {e}"))
+}
+
+/// The targets section of the GPU bench (see [`render_verdicts`]; each detail names the
+/// verified strategy it judged).
+pub fn render_targets(checks: &[TargetCheck]) -> String {
+    let lines: Vec<Verdict<'_>> = checks
+        .iter()
+        .map(|c| Verdict {
+            target: c.target,
+            footprint: c.footprint,
+            tier: Some(c.tier.as_str()),
+            met: c.met,
+            detail: &c.detail,
+        })
+        .collect();
+    render_verdicts(&lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kreplay_cuda::bench::BenchTier;
+    use kreplay_snapshot::RestoreStrategy;
+
+    fn check(tier: BenchTier, strategy: Option<RestoreStrategy>, met: Option<bool>) -> TargetCheck {
+        TargetCheck {
+            target: "verified restore of 1% <= 1/2 of a full restore",
+            tier,
+            footprint: strategy.map(|_| 32 << 30),
+            strategy,
+            met,
+            detail: match strategy {
+                Some(s) => format!("{s} at 1%: 7.760 ms = 0.487 (1/2) of full restore"),
+                None => "32 GiB not measured".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn gpu_verdicts_are_grouped_under_their_target_and_counted() {
+        let text = render_targets(&[
+            check(BenchTier::Device, Some(RestoreStrategy::Hash), Some(true)),
+            check(
+                BenchTier::Device,
+                Some(RestoreStrategy::Writeset),
+                Some(false),
+            ),
+            check(BenchTier::Squeezed, None, None),
+        ]);
+        assert_eq!(
+            text.matches("verified restore of 1% <= 1/2").count(),
+            1,
+            "one heading: {text}"
+        );
+        for part in [
+            "32GiB  device    met            hash at 1%: 7.760 ms",
+            "32GiB  device    NOT MET        writeset at 1%: 7.760 ms",
+            "-      squeezed  not evaluated  32 GiB not measured",
+            "1 met, 1 not met, 1 not evaluated",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+    }
 }

@@ -231,35 +231,53 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
     text
 }
 
-/// The targets section: one line per target, footprint and tier, with the figures and the
-/// verdict.
-pub fn render_targets(checks: &[TargetCheck]) -> String {
+/// One line of a targets section: a target judged at one footprint and tier.
+pub struct Verdict<'a> {
+    /// The target, in words (lines of one target are grouped under it).
+    pub target: &'a str,
+    /// The footprint (`None`: the target was not evaluated at any).
+    pub footprint: Option<u64>,
+    /// The tier (`None`: as for the footprint).
+    pub tier: Option<&'a str>,
+    /// `Some(true)` met, `Some(false)` not met, `None` not evaluated.
+    pub met: Option<bool>,
+    /// The figures and the limit they were held to, or why nothing was evaluated.
+    pub detail: &'a str,
+}
+
+/// The targets section of `kreplay bench` on either backend: a heading per target, under it
+/// one line per footprint and tier with the verdict and the figures, then the counts.
+pub fn render_verdicts(lines: &[Verdict<'_>]) -> String {
     let mut text = String::from("targets (judged from this run's rows):\n");
-    let width = checks
+    let width = lines
         .iter()
-        .map(|c| c.footprint.map_or(1, |f| format_bytes(f).len()))
+        .map(|v| v.footprint.map_or(1, |f| format_bytes(f).len()))
         .max()
         .unwrap_or(1);
-    let tier_width = checks
+    let tier_width = lines
         .iter()
-        .map(|c| c.tier.map_or(1, |t| t.as_str().len()))
+        .map(|v| v.tier.map_or(1, str::len))
         .max()
         .unwrap_or(1);
     let mut current = None;
-    for check in checks {
-        if current != Some(check.target) {
-            current = Some(check.target);
-            text += &format!("  {}\n", check.target);
+    for v in lines {
+        if current != Some(v.target) {
+            current = Some(v.target);
+            text += &format!("  {}\n", v.target);
         }
-        let footprint = check.footprint.map_or("-".into(), format_bytes);
-        let tier = check.tier.map_or("-", |t| t.as_str());
+        let footprint = v.footprint.map_or("-".into(), format_bytes);
+        let verdict = match v.met {
+            Some(true) => "met",
+            Some(false) => "NOT MET",
+            None => "not evaluated",
+        };
         text += &format!(
-            "    {footprint:<width$}  {tier:<tier_width$}  {:<13}  {}\n",
-            check.verdict(),
-            check.detail
+            "    {footprint:<width$}  {:<tier_width$}  {verdict:<13}  {}\n",
+            v.tier.unwrap_or("-"),
+            v.detail
         );
     }
-    let count = |met: Option<bool>| checks.iter().filter(|c| c.met == met).count();
+    let count = |met: Option<bool>| lines.iter().filter(|v| v.met == met).count();
     text += &format!(
         "  {} met, {} not met, {} not evaluated\n",
         count(Some(true)),
@@ -267,6 +285,23 @@ pub fn render_targets(checks: &[TargetCheck]) -> String {
         count(None)
     );
     text
+}
+
+/// The targets section of the software-runtime bench (see [`render_verdicts`]).
+pub fn render_targets(checks: &[TargetCheck]) -> String {
+    let names: Vec<String> = checks.iter().map(|c| c.target.to_string()).collect();
+    let lines: Vec<Verdict<'_>> = checks
+        .iter()
+        .zip(&names)
+        .map(|(c, name)| Verdict {
+            target: name,
+            footprint: c.footprint,
+            tier: c.tier.map(|t| t.as_str()),
+            met: c.met,
+            detail: &c.detail,
+        })
+        .collect();
+    render_verdicts(&lines)
 }
 
 /// The scope section: both scopes for a kernel that references 1% of the footprint.
