@@ -74,7 +74,7 @@ pub use paired::{DEFAULT_PAIRED_SAMPLES, PAIRED_STATISTIC, PairedRatio, interlea
 pub use plot::write_svg;
 pub use replay::{
     AUTO_MAX_OVER_BEST, AutoCheck, Choices, Pattern, ReplayConfig, ReplayRow, check_auto,
-    format_replay_table, low_quartile_words, replay_table_header, replay_table_line,
+    check_control, format_replay_table, low_quartile_words, replay_table_header, replay_table_line,
 };
 pub use scope::{SCOPE_REGIONS, ScopeRow, run_scope_case};
 pub use targets::{

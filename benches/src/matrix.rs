@@ -776,8 +776,9 @@ mod tests {
         );
         let replays = events.iter().filter(|e| e.starts_with("replay ")).count();
         assert_eq!(replays, results.replay.len());
-        // Replays only at the footprint they list: 4 patterns x 5 strategies.
-        assert_eq!(replays, 4 * 5);
+        // Replays only at the footprint they list: 4 patterns x (5 strategies and the control).
+        assert_eq!(replays, 4 * 6);
+        assert_eq!(results.replay.iter().filter(|r| r.control).count(), 4);
         assert!(results.replay.iter().all(|r| r.footprint == 512 << 10));
         // What each strategy's replays did: DEFAULT_REPEATS repetitions of a sequence of 2
         // dispatches of 3 passes (2 restores each); the untimed dispatch before them is not

@@ -119,9 +119,23 @@ pub struct ReplayConfig {
     pub dispatches: usize,
     /// The store tiers.
     pub tiers: Vec<StoreTier>,
+    /// Replays `full` a second time in every repetition, as a strategy of its own (a
+    /// [`ReplayRow::control`] row): the same work measured twice, so [`check_control`] shows
+    /// how far the statistic moves when nothing differs but the moment it was measured.
+    pub control: bool,
 }
 
 impl ReplayConfig {
+    /// Whether the control is measured (it needs `full` among the strategies).
+    pub fn has_control(&self) -> bool {
+        self.control && self.strategies.contains(&RestoreStrategy::Full)
+    }
+
+    /// Strategies replayed in every repetition, the control included (each keeps a store).
+    pub fn replayed(&self) -> usize {
+        self.strategies.len() + usize::from(self.has_control())
+    }
+
     /// Repetitions of a cell of `passes` passes (at least 1).
     pub fn repeats_for(&self, passes: u64) -> usize {
         if passes > self.long_passes {
@@ -151,6 +165,7 @@ impl Default for ReplayConfig {
             long_repeats: DEFAULT_LONG_REPEATS,
             dispatches: 2,
             tiers: vec![StoreTier::Host],
+            control: true,
         }
     }
 }
@@ -170,6 +185,9 @@ pub struct ReplayRow {
     pub tier: StoreTier,
     /// Strategy configured.
     pub strategy: RestoreStrategy,
+    /// The control: `full` measured a second time in the same repetitions (see
+    /// [`ReplayConfig::control`]); never judged as a strategy.
+    pub control: bool,
     /// Snapshot plus every restore of a kernel's first dispatch (nothing learned about that
     /// kernel before): the lower quartile of the cell's repetitions (`low_quartile`).
     pub first_seconds: f64,
@@ -442,11 +460,17 @@ pub(crate) fn measure(
     let mut kernel = KERNEL;
     for &tier in &config.tiers {
         let full_restore = full_restore_seconds(bench, tier, matrix.chunk_size)?;
+        let control = config
+            .has_control()
+            .then_some((RestoreStrategy::Full, true));
         let snapshotters = config
             .strategies
             .iter()
-            .map(|&strategy| {
-                snapshotter(bench, strategy, tier, matrix.chunk_size).map(|s| (strategy, s))
+            .map(|&strategy| (strategy, false))
+            .chain(control)
+            .map(|(strategy, control)| {
+                snapshotter(bench, strategy, tier, matrix.chunk_size)
+                    .map(|s| ((strategy, control), s))
             })
             .collect::<Result<Vec<_>, String>>()?;
         // Only their kept stores are wanted: each snapshot is dropped at once.
@@ -502,7 +526,7 @@ pub(crate) fn measure(
                             }
                         }
                     }
-                    for ((strategy, _), sample) in snapshotters.iter().zip(&samples) {
+                    for (((strategy, control), _), sample) in snapshotters.iter().zip(&samples) {
                         let (first_median, first_range) = median_and_range(&sample.first);
                         let (later_median, later_range) = median_and_range(&sample.later);
                         let row = ReplayRow {
@@ -512,6 +536,7 @@ pub(crate) fn measure(
                             passes,
                             tier,
                             strategy: *strategy,
+                            control: *control,
                             first_seconds: low_quartile(&sample.first),
                             first_range,
                             first_median,
@@ -590,16 +615,41 @@ fn spread((lo, hi): (f64, f64)) -> f64 {
 /// auto against the best verified fixed strategy in every cell where both were measured, each
 /// by the lower quartile of its repetitions (the same statistic for every strategy).
 pub fn check_auto(rows: &[ReplayRow]) -> Vec<AutoCheck> {
+    compare_in_cells(
+        rows,
+        |r| r.strategy == RestoreStrategy::Auto && !r.control,
+        |r| is_fixed_verified(r.strategy) && !r.control,
+    )
+}
+
+/// The control against `full` in every cell where both were measured, by the same statistics
+/// as [`check_auto`]: the same work measured twice, so its ratio is 1 but for the moment each
+/// was measured, and how far it strays is how far the auto check can stray by measurement alone.
+pub fn check_control(rows: &[ReplayRow]) -> Vec<AutoCheck> {
+    compare_in_cells(
+        rows,
+        |r| r.control,
+        |r| r.strategy == RestoreStrategy::Full && !r.control,
+    )
+}
+
+/// Every `subject` row against the cheapest `reference` row of its cell (footprint, dirty
+/// fraction, pattern, passes, tier), first and later dispatches apart.
+fn compare_in_cells(
+    rows: &[ReplayRow],
+    subject: impl Fn(&ReplayRow) -> bool,
+    reference: impl Fn(&ReplayRow) -> bool,
+) -> Vec<AutoCheck> {
     type Pick = fn(&ReplayRow) -> (f64, (f64, f64), f64, &[f64]);
     let mut checks = Vec::new();
-    for auto in rows.iter().filter(|r| r.strategy == RestoreStrategy::Auto) {
+    for auto in rows.iter().filter(|r| subject(r)) {
         let same = |r: &&ReplayRow| {
             r.footprint == auto.footprint
                 && r.dirty_fraction == auto.dirty_fraction
                 && r.pattern == auto.pattern
                 && r.passes == auto.passes
                 && r.tier == auto.tier
-                && is_fixed_verified(r.strategy)
+                && reference(r)
         };
         let cell = format!(
             "{} {} {} {} N={}",
@@ -700,7 +750,11 @@ pub fn replay_table_line(r: &ReplayRow) -> String {
         r.pattern.to_string(),
         r.passes.to_string(),
         r.tier.to_string(),
-        r.strategy.to_string(),
+        if r.control {
+            format!("{} (control)", r.strategy)
+        } else {
+            r.strategy.to_string()
+        },
         format_seconds(r.first_seconds),
         format!("{:.3}", spread(r.first_range)),
         format_seconds(r.first_median),
@@ -837,6 +891,7 @@ mod tests {
             passes: 4,
             tier: StoreTier::Host,
             strategy,
+            control: false,
             first_seconds: first,
             first_range: (first * 0.9, first * 1.2),
             first_median: first * 1.1,
@@ -875,6 +930,18 @@ mod tests {
         assert!((checks[0].worst_ratio - 2.1 * 1.2 / 2.0).abs() < 1e-9);
         assert!((checks[1].best_spread - 1.1).abs() < 1e-9);
         assert!(format_replay_table(&rows).contains("N copies at ceiling"));
+        // A control row is neither auto nor a strategy auto is held against.
+        let mut with_control = rows.clone();
+        with_control.push(ReplayRow {
+            control: true,
+            ..row(RestoreStrategy::Full, 0.05, 0.05)
+        });
+        assert_eq!(check_auto(&with_control), checks);
+        let control = check_control(&with_control);
+        assert_eq!(control.len(), 2);
+        assert_eq!(control[0].best, RestoreStrategy::Full);
+        assert!((control[0].ratio - 0.05 / 4.0).abs() < 1e-9);
+        assert!(format_replay_table(&with_control).contains("full (control)"));
     }
 
     #[test]

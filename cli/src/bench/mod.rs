@@ -17,9 +17,10 @@ use std::path::Path;
 
 use kreplay_benches::{
     AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, Progress,
-    ReplayConfig, ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_targets,
-    format_bytes, format_percent, format_seconds, low_quartile_words, replay_table_header,
-    replay_table_line, run_all, run_scope_case, table_header, table_line, write_csv, write_svg,
+    ReplayConfig, ReplayRow, SCOPE_REGIONS, ScopeRow, TargetCheck, check_auto, check_control,
+    check_targets, format_bytes, format_percent, format_seconds, low_quartile_words,
+    replay_table_header, replay_table_line, run_all, run_scope_case, table_header, table_line,
+    write_csv, write_svg,
 };
 
 use crate::args::BenchOptions;
@@ -39,6 +40,8 @@ pub struct BenchOutcome {
     pub replay: Vec<ReplayRow>,
     /// auto against the best verified fixed strategy, per replay cell.
     pub auto: Vec<AutoCheck>,
+    /// The control (full measured twice) against full, per replay cell.
+    pub control: Vec<AutoCheck>,
 }
 
 /// kreplay's settings from the environment, checked before a benchmark measures anything: a bad
@@ -144,6 +147,46 @@ pub fn render_ceilings(title: &str, ceilings: &[FootprintCeilings]) -> String {
             c.read.describe()
         );
     }
+    text
+}
+
+/// The control section: how far the auto check's statistics move when the same work (full) is
+/// measured twice in the same repetitions; the cells that strayed most first.
+pub fn render_control(checks: &[AutoCheck]) -> String {
+    if checks.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from(
+        "control: full replayed a second time in every repetition, as a strategy of its own, \
+         against full by the auto check's statistics (the same work, so any ratio but 1 is \
+         measurement; the five that strayed most):\n",
+    );
+    let mut sorted: Vec<&AutoCheck> = checks.iter().collect();
+    sorted.sort_by(|a, b| b.ratio.total_cmp(&a.ratio));
+    for c in sorted.iter().take(5) {
+        text += &format!(
+            "  {:<5} dispatch  {:<34}  {:.3}x  medians {:.3}x; paired {:.3}x\n",
+            c.dispatch, c.cell, c.ratio, c.median_ratio, c.paired_ratio
+        );
+    }
+    let stat = |name: &str, pick: fn(&AutoCheck) -> f64| {
+        let over = checks
+            .iter()
+            .filter(|c| pick(c) > AUTO_MAX_OVER_BEST)
+            .count();
+        let worst = checks.iter().map(pick).fold(f64::NAN, f64::max);
+        format!(
+            "{name}: {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x, worst {worst:.3}x",
+            checks.len() - over,
+            checks.len()
+        )
+    };
+    text += &format!(
+        "  {}; {}; {}\n",
+        stat("lower quartiles (as judged for auto)", |c| c.ratio),
+        stat("medians", |c| c.median_ratio),
+        stat("paired", |c| c.paired_ratio)
+    );
     text
 }
 
@@ -343,7 +386,7 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     });
     let replay_needed = replay_memory_needed(
         replay_largest,
-        replay.as_ref().map_or(0, |r| r.strategies.len()),
+        replay.as_ref().map_or(0, ReplayConfig::replayed),
     );
     if let Some(available) = available_memory() {
         if memory_needed(largest) > available {
@@ -479,6 +522,7 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     let mut text = String::from("\n");
     text += &render_scopes(&scopes);
     let auto = check_auto(&results.replay);
+    let control = check_control(&results.replay);
     if !results.replay.is_empty() {
         let (repeats, long_repeats, dispatches, long_passes) =
             replay.as_ref().map_or((0, 0, 0, 0), |r| {
@@ -513,12 +557,19 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              restores its replay plans (N - 1), as the pass loop tells it; the untimed dispatch \
              at the start of each cell lets every strategy start the cell from rates measured \
              replaying N passes. writeset-unverified skips verification between passes \
-             (opt-in) and is never counted as the best.\n",
+             (opt-in) and is never counted as the best. full (control) is full replayed once \
+             more in every repetition, as a strategy of its own: never judged, it shows what \
+             the statistics do to the same work measured twice (the control section).\n",
             low_quartile_words(repeats),
             low_quartile_words(long_repeats),
         );
         text += "\n";
         text += &render_auto(&auto);
+        let control_text = render_control(&control);
+        if !control_text.is_empty() {
+            text += "\n";
+            text += &control_text;
+        }
     }
     write(out, &text)?;
 
@@ -541,6 +592,7 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
         ceilings: results.ceilings,
         replay: results.replay,
         auto,
+        control,
     })
 }
 
@@ -634,11 +686,24 @@ mod tests {
         }
         // 2 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
         assert_eq!(outcome.rows.len(), 2 + 3 * 4 + 1);
-        // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x 5 strategies.
-        assert_eq!(outcome.replay.len(), 4 * 5);
+        // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x (5 strategies and the
+        // control, full measured twice).
+        assert_eq!(outcome.replay.len(), 4 * 6);
         assert_eq!(outcome.auto.len(), 4 * 2);
+        assert_eq!(outcome.control.len(), 4 * 2);
+        assert!(
+            outcome
+                .control
+                .iter()
+                .all(|c| c.best == RestoreStrategy::Full),
+            "the control is held against full alone"
+        );
         assert!(
             text.contains("whole replays") && text.contains("auto against"),
+            "{text}"
+        );
+        assert!(
+            text.contains("full (control)") && text.contains("control: full replayed a second"),
             "{text}"
         );
         assert_eq!(outcome.targets.len(), kreplay_benches::Target::ALL.len());
