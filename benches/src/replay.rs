@@ -380,8 +380,8 @@ pub fn low_quartile(times: &[f64]) -> f64 {
     }
 }
 
-/// Which repetitions [`low_quartile`] takes of `n`, in words ("the 3rd fastest", "the mean of
-/// the 2nd and 3rd fastest").
+/// Which repetitions the lower quartile (`low_quartile`) takes of `n`, in words ("the 3rd
+/// fastest", "the mean of the 2nd and 3rd fastest").
 pub fn low_quartile_words(n: usize) -> String {
     let ordinal = |i: usize| match i {
         1 => "fastest".to_string(),
