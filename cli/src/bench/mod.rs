@@ -150,6 +150,24 @@ pub fn render_ceilings(title: &str, ceilings: &[FootprintCeilings]) -> String {
     text
 }
 
+/// "K of N cells within 1.10x, worst Wx" of `checks` by the ratio `pick` takes.
+fn cells_within(checks: &[AutoCheck], pick: fn(&AutoCheck) -> f64) -> String {
+    let over = checks
+        .iter()
+        .filter(|c| pick(c) > AUTO_MAX_OVER_BEST)
+        .count();
+    let worst = checks
+        .iter()
+        .map(pick)
+        .max_by(f64::total_cmp)
+        .map_or(String::new(), |w| format!(", worst {w:.3}x"));
+    format!(
+        "{} of {} cells within {AUTO_MAX_OVER_BEST:.2}x{worst}",
+        checks.len() - over,
+        checks.len()
+    )
+}
+
 /// The control section: how far the auto check's statistics move when the same work (full) is
 /// measured twice in the same repetitions; the cells that strayed most first.
 pub fn render_control(checks: &[AutoCheck]) -> String {
@@ -169,23 +187,11 @@ pub fn render_control(checks: &[AutoCheck]) -> String {
             c.dispatch, c.cell, c.ratio, c.median_ratio, c.paired_ratio
         );
     }
-    let stat = |name: &str, pick: fn(&AutoCheck) -> f64| {
-        let over = checks
-            .iter()
-            .filter(|c| pick(c) > AUTO_MAX_OVER_BEST)
-            .count();
-        let worst = checks.iter().map(pick).fold(f64::NAN, f64::max);
-        format!(
-            "{name}: {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x, worst {worst:.3}x",
-            checks.len() - over,
-            checks.len()
-        )
-    };
     text += &format!(
-        "  {}; {}; {}\n",
-        stat("lower quartiles (as judged for auto)", |c| c.ratio),
-        stat("medians", |c| c.median_ratio),
-        stat("paired", |c| c.paired_ratio)
+        "  lower quartiles (as judged for auto): {}; medians: {}; paired: {}\n",
+        cells_within(checks, |c| c.ratio),
+        cells_within(checks, |c| c.median_ratio),
+        cells_within(checks, |c| c.paired_ratio)
     );
     text
 }
@@ -231,35 +237,13 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
             }
         );
     }
-    let median_over = checks
-        .iter()
-        .filter(|c| c.median_ratio > AUTO_MAX_OVER_BEST)
-        .count();
-    let median_worst = checks
-        .iter()
-        .map(|c| c.median_ratio)
-        .max_by(f64::total_cmp)
-        .map_or(String::new(), |w| format!(", worst {w:.3}x"));
     text += &format!(
-        "  with medians instead (shown, not judged): {} of {} cells within \
-         {AUTO_MAX_OVER_BEST:.2}x{median_worst}\n",
-        checks.len() - median_over,
-        checks.len(),
+        "  with medians instead (shown, not judged): {}\n",
+        cells_within(checks, |c| c.median_ratio)
     );
-    let paired_over = checks
-        .iter()
-        .filter(|c| c.paired_ratio > AUTO_MAX_OVER_BEST)
-        .count();
-    let paired_worst = checks
-        .iter()
-        .map(|c| c.paired_ratio)
-        .max_by(f64::total_cmp)
-        .map_or(String::new(), |w| format!(", worst {w:.3}x"));
     text += &format!(
-        "  with paired ratios instead (shown, not judged): {} of {} cells within \
-         {AUTO_MAX_OVER_BEST:.2}x{paired_worst}\n",
-        checks.len() - paired_over,
-        checks.len(),
+        "  with paired ratios instead (shown, not judged): {}\n",
+        cells_within(checks, |c| c.paired_ratio)
     );
     text += &format!(
         "  {} of {} cells within {AUTO_MAX_OVER_BEST:.2}x{worst}: {}\n",
@@ -332,12 +316,10 @@ pub fn render_verdicts(lines: &[Verdict<'_>]) -> String {
 
 /// The targets section of the software-runtime bench (see [`render_verdicts`]).
 pub fn render_targets(checks: &[TargetCheck]) -> String {
-    let names: Vec<String> = checks.iter().map(|c| c.target.to_string()).collect();
     let lines: Vec<Verdict<'_>> = checks
         .iter()
-        .zip(&names)
-        .map(|(c, name)| Verdict {
-            target: name,
+        .map(|c| Verdict {
+            target: c.target.describe(),
             footprint: c.footprint,
             tier: c.tier.map(|t| t.as_str()),
             met: c.met,
@@ -600,6 +582,49 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
 mod tests {
     use super::*;
     use kreplay_snapshot::{RestoreStrategy, StoreTier};
+
+    fn auto_check(ratio: f64, median_ratio: f64, paired_ratio: f64) -> AutoCheck {
+        AutoCheck {
+            dispatch: "first",
+            cell: "256MiB host 1% same-scattered N=4".into(),
+            ratio,
+            median_ratio,
+            best: RestoreStrategy::Hash,
+            auto_spread: 1.2,
+            best_spread: 1.1,
+            worst_ratio: 1.3,
+            paired_ratio,
+        }
+    }
+
+    #[test]
+    fn the_auto_and_control_sections_count_the_cells_within_the_limit_by_each_statistic() {
+        let checks = [
+            auto_check(1.02, 1.12, 1.01),
+            auto_check(1.11, 1.05, 1.03),
+            auto_check(0.97, 0.99, 1.131),
+        ];
+        let auto = render_auto(&checks);
+        for part in [
+            "with medians instead (shown, not judged): 2 of 3 cells within 1.10x, worst 1.120x",
+            "with paired ratios instead (shown, not judged): 2 of 3 cells within 1.10x, worst \
+             1.131x",
+            "2 of 3 cells within 1.10x; worst 1.110x (first dispatch, 256MiB host 1% \
+             same-scattered N=4): NOT MET",
+        ] {
+            assert!(auto.contains(part), "{part:?} in {auto}");
+        }
+        let control = render_control(&checks);
+        assert!(
+            control.contains(
+                "lower quartiles (as judged for auto): 2 of 3 cells within 1.10x, worst 1.110x; \
+                 medians: 2 of 3 cells within 1.10x, worst 1.120x; paired: 2 of 3 cells within \
+                 1.10x, worst 1.131x"
+            ),
+            "{control}"
+        );
+        assert!(render_control(&[]).is_empty());
+    }
 
     #[test]
     fn options_become_the_matrix_configuration() {
