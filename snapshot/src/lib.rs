@@ -19,7 +19,8 @@
 //!   (registered with the device if it can pin), else a memory-mapped spill file
 //!   ([`StoreTier`]).
 //! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying (AVX2
-//!   chosen at run time, whatever the build's target flags); restores write back only changed
+//!   chosen at run time, whatever the build's target flags, four chunks hashed in one loop so
+//!   that a thread keeps four streams of reads in flight); restores write back only changed
 //!   chunks ([`RestoreStrategy::Hash`]), or learn a write set and verify before every pass
 //!   ([`RestoreStrategy::Writeset`]: the set is written back from the store and every other
 //!   live chunk is hashed, so each pass starts from the snapshotted bytes; a change outside the
@@ -134,7 +135,7 @@ pub use device::{
     StoreBytes, VerifiedRestore, VerifyRange,
 };
 pub use fold::{Capture, Delta, Footprint};
-pub use hash::{HashImpl, chunk_hash, hash_impl};
+pub use hash::{HashImpl, chunk_hash, chunk_hashes, hash_impl};
 pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, NewAllocation, Region};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 pub use snapshot::{
