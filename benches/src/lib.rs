@@ -70,7 +70,9 @@ pub use output::{
     BenchRecord, CSV_HEADER, format_bytes, format_percent, format_seconds, format_table,
     table_header, table_line, write_csv,
 };
-pub use paired::{DEFAULT_PAIRED_SAMPLES, PAIRED_STATISTIC, PairedRatio, interleave, median};
+pub use paired::{
+    DEFAULT_PAIRED_SAMPLES, HASH_PASS, PAIRED_STATISTIC, PairedRatio, interleave, median,
+};
 pub use plot::write_svg;
 pub use replay::{
     AUTO_MAX_OVER_BEST, AutoCheck, Choices, Pattern, ReplayConfig, ReplayRow, check_auto,

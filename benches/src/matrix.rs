@@ -1,5 +1,6 @@
 //! The measurement matrix: snapshot and restore cost against ceilings measured in the same run.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::ceiling::{Ceiling, copy_ceiling, read_ceiling};
 use crate::device::{HostDevice, HostDeviceOptions};
-use crate::paired::{DEFAULT_PAIRED_SAMPLES, PairedRatio, interleave};
+use crate::paired::{DEFAULT_PAIRED_SAMPLES, HASH_PASS, PairedRatio, interleave};
 use crate::replay::{ReplayConfig, ReplayRow};
+use crate::targets::HASH_RESTORE_DIRTY;
 use crate::workload::ChunkMap;
 use kreplay_snapshot::{
     Filter, Inventory, MemoryKind, RestoreRequest, RestoreStrategy, Snapshot, SnapshotConfig,
@@ -443,8 +445,9 @@ fn timed_take(snapshotter: &Snapshotter) -> Result<(Snapshot, Duration), String>
     Ok((s, start.elapsed()))
 }
 
-/// Full snapshots and full restores timed in turn with the copy ceiling, and hash detection
-/// with the read ceiling, `config.paired_samples` passes of each side, per tier (when the
+/// Full snapshots and full restores timed in turn with the copy ceiling, hash detection with
+/// the read ceiling, and hash restores after 1% of the chunks changed with hash restores after
+/// nothing changed, `config.paired_samples` passes of each side, per tier (when the
 /// configuration has those strategies). The ceilings' side runs the best method of `ceilings`
 /// on buffers of the footprint's size, allocated for this and freed after.
 fn measure_paired(
@@ -478,6 +481,7 @@ fn measure_paired(
                 tier: used_tier,
                 operation,
                 strategy: strategy.to_string(),
+                baseline: Operation::ceiling(operation).to_string(),
                 ceiling_method: ceiling.method.clone(),
                 ceiling_seconds: c,
                 row_seconds: r,
@@ -490,20 +494,47 @@ fn measure_paired(
                 )?;
                 out.push(pair(Operation::Snapshot, &ceilings.copy, series));
             }
-            let (mut snapshot, _) = take()?;
-            let mut restore = || -> Result<Duration, String> {
+            let (snapshot, _) = take()?;
+            let snapshot = RefCell::new(snapshot);
+            let restore = || -> Result<Duration, String> {
                 let start = Instant::now();
-                snapshot.restore(&NOT_FINAL).map_err(|e| e.to_string())?;
+                snapshot
+                    .borrow_mut()
+                    .restore(&NOT_FINAL)
+                    .map_err(|e| e.to_string())?;
                 Ok(start.elapsed())
             };
             restore()?; // pass 0, untimed, as in the matrix
             if strategy == Full {
                 let series = interleave(samples, || Ok(copy.copy_once(&src, &mut dst)), restore)?;
                 out.push(pair(Operation::Restore, &ceilings.copy, series));
-            } else {
-                let series = interleave(samples, || Ok(read.read_once(&src)), restore)?;
-                out.push(pair(Operation::Detect, &ceilings.read, series));
+                continue;
             }
+            let series = interleave(samples, || Ok(read.read_once(&src)), restore)?;
+            out.push(pair(Operation::Detect, &ceilings.read, series));
+            // A hash restore after a pass that changed 1% of the chunks, in turn with the hash
+            // pass alone (a restore of the same snapshot with nothing changed).
+            let chunks = bench.map.pick(HASH_RESTORE_DIRTY, 0x5EED);
+            let mut salt = 0;
+            let dirty_restore = || -> Result<Duration, String> {
+                salt += 1;
+                bench
+                    .map
+                    .dirty(&bench.device, &chunks, salt)
+                    .map_err(|e| e.to_string())?;
+                restore()
+            };
+            let (c, r) = interleave(samples, restore, dirty_restore)?;
+            out.push(PairedRatio {
+                footprint,
+                tier: used_tier,
+                operation: Operation::Restore,
+                strategy: strategy.to_string(),
+                baseline: HASH_PASS.into(),
+                ceiling_method: "hash restores of the same snapshot with nothing changed".into(),
+                ceiling_seconds: c,
+                row_seconds: r,
+            });
         }
     }
     Ok(out)
@@ -684,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn full_copies_and_hash_detection_are_paired_with_their_ceiling_in_equal_samples() {
+    fn full_copies_hash_detection_and_hash_restores_are_paired_in_equal_samples() {
         let config = MatrixConfig {
             footprints: vec![256 << 10],
             dirty_fractions: vec![0.0, 0.25],
@@ -714,10 +745,12 @@ mod tests {
                     (t, Operation::Snapshot, "full"),
                     (t, Operation::Restore, "full"),
                     (t, Operation::Detect, "hash"),
+                    (t, Operation::Restore, "hash"),
                 ])
                 .collect::<Vec<_>>()
         );
-        // The ceiling side runs the best method of the ceilings measured before the rows.
+        // The ceiling side runs the best method of the ceilings measured before the rows; the
+        // hash restore after a changing pass is held against the hash pass.
         let ceilings = before.unwrap();
         for p in &results.paired {
             assert_eq!(
@@ -725,12 +758,44 @@ mod tests {
                 (4, 4),
                 "{p:?}"
             );
-            let ceiling = if p.operation == Operation::Detect {
-                &ceilings.read
-            } else {
-                &ceilings.copy
-            };
-            assert_eq!(p.ceiling_method, ceiling.method, "{p:?}");
+            match (p.operation, p.strategy.as_str()) {
+                (Operation::Detect, _) => assert_eq!(p.ceiling_method, ceilings.read.method),
+                (Operation::Restore, "hash") => {
+                    assert_eq!(p.baseline, HASH_PASS);
+                    assert!(p.describe().contains("vs hash pass"), "{}", p.describe());
+                }
+                _ => assert_eq!(p.ceiling_method, ceilings.copy.method, "{p:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_paired_hash_restores_leave_memory_as_snapshotted() {
+        // Every restore after a changing pass must bring the bytes back: a hash restore that
+        // found nothing would be cheaper and wrong.
+        let config = MatrixConfig {
+            footprints: vec![256 << 10],
+            dirty_fractions: vec![0.0],
+            tiers: vec![StoreTier::Host],
+            chunk_size: 4096,
+            paired_samples: 3,
+            ..Default::default()
+        };
+        let bench = Bench::new(&config, 256 << 10).unwrap();
+        let regions = bench.inventory.select(&Filter::for_replay(1));
+        let before: Vec<Vec<u8>> = regions
+            .iter()
+            .map(|r| bench.device.to_vec(r.base, r.size).unwrap())
+            .collect();
+        let ceilings = measure_ceilings(256 << 10, 1).unwrap();
+        let pairs = measure_paired(&config, &bench, 256 << 10, &ceilings).unwrap();
+        let hash = pairs
+            .iter()
+            .find(|p| p.baseline == HASH_PASS)
+            .expect("a paired hash restore");
+        assert_eq!(hash.row_seconds.len(), 3);
+        for (r, bytes) in regions.iter().zip(&before) {
+            assert_eq!(&bench.device.to_vec(r.base, r.size).unwrap(), bytes);
         }
     }
 
@@ -771,8 +836,8 @@ mod tests {
         assert_eq!(paired, results.paired.len());
         assert_eq!(
             paired,
-            2 * 3,
-            "full snapshot, full restore, detect per footprint"
+            2 * 4,
+            "full snapshot, full restore, detect, hash restore per footprint"
         );
         let replays = events.iter().filter(|e| e.starts_with("replay ")).count();
         assert_eq!(replays, results.replay.len());

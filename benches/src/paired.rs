@@ -15,6 +15,10 @@ use crate::output::format_bytes;
 /// does not favour either side).
 pub const PAIRED_STATISTIC: &str = "median";
 
+/// The baseline of a hash restore after a pass that changed some chunks: a hash restore of the
+/// same snapshot after a pass that changed nothing.
+pub const HASH_PASS: &str = "hash pass";
+
 /// Timed passes of each side per paired ratio when the configuration does not say otherwise.
 pub const DEFAULT_PAIRED_SAMPLES: usize = 15;
 
@@ -29,7 +33,11 @@ pub struct PairedRatio {
     pub operation: Operation,
     /// kreplay's restore strategy, in words.
     pub strategy: String,
-    /// The ceiling's method (the best of the independent methods tried before the rows).
+    /// What the row is held against: a ceiling (`copy_ceiling`, `read_ceiling`) or another
+    /// operation of kreplay's (`hash pass`).
+    pub baseline: String,
+    /// How the baseline was measured (for a ceiling, the best of the independent methods tried
+    /// before the rows).
     pub ceiling_method: String,
     /// The ceiling's timed passes, in the order taken.
     pub ceiling_seconds: Vec<f64>,
@@ -83,18 +91,19 @@ impl PairedRatio {
     pub fn describe(&self) -> String {
         format!(
             "{} {} {} {}: {:.2} GB/s vs {} {:.2} GB/s = {:.3}x ({} of {} interleaved passes \
-             each; best of each {:.3}x; ceiling by {})",
+             each; best of each {:.3}x; {} by {})",
             format_bytes(self.footprint),
             self.tier,
             self.strategy,
             self.operation,
             self.row_gbps(),
-            self.operation.ceiling(),
+            self.baseline,
             self.ceiling_gbps(),
             self.ratio(),
             PAIRED_STATISTIC,
             self.samples(),
             self.best_ratio(),
+            self.baseline,
             self.ceiling_method,
         )
     }
@@ -128,6 +137,7 @@ mod tests {
             tier: StoreTier::Host,
             operation: Operation::Restore,
             strategy: "full".into(),
+            baseline: "copy_ceiling".into(),
             ceiling_method: "2 threads, 1 MiB blocks round robin, memcpy stores".into(),
             ceiling_seconds: ceiling.to_vec(),
             row_seconds: row.to_vec(),

@@ -615,10 +615,11 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     --replay-footprints and --replay-tiers say otherwise. The device is host memory split into 4 \
     tracked allocations. Prints each row with the ceiling beside it as soon as it is measured; \
     full snapshots, full restores and hash detection are then timed 15 times in turn with the \
-    ceiling's best method over as many bytes (ceiling pass, kreplay pass, ...), and the design's \
-    targets are judged from this run (full copies and hash detection from the medians of those \
-    paired passes, auto's lower quartile against the best verified fixed strategy's in \
-    every replay cell).";
+    ceiling's best method over as many bytes (ceiling pass, kreplay pass, ...), and hash restores \
+    after a pass that changed 1% of the chunks 15 times in turn with the hash pass, and the \
+    design's targets are judged from this run (full copies, hash detection and the hash restore \
+    from the medians of those paired passes, auto's lower quartile against the best verified \
+    fixed strategy's in every replay cell).";
 
 const BENCH_AFTER: &str = "The matrix needs about 5x the largest footprint of free memory (and \
     the footprint again on disk for the file tier, in KREPLAY_SPILL_DIR or the temporary folder; \
