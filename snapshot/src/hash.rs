@@ -96,7 +96,7 @@ pub fn chunk_hash(bytes: &[u8]) -> u64 {
 }
 
 /// The hash of every `chunk_size` piece of `bytes` (the last may be shorter) into `out`, in
-/// order: the values [`chunk_hash`] gives each, computed [`GROUP`] equal-length chunks at a
+/// order: the values [`chunk_hash`] gives each, computed four equal-length chunks at a
 /// time where the CPU has AVX2. `out` has one entry per piece (extra entries are left alone).
 pub fn chunk_hashes(bytes: &[u8], chunk_size: usize, out: &mut [u64]) {
     assert!(chunk_size > 0, "chunk size 0");
