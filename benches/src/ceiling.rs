@@ -357,28 +357,10 @@ fn sum_words(bytes: &[u8]) -> u64 {
 /// # Safety
 /// AVX2 is available.
 unsafe fn sum_avx2(bytes: &[u8]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_si256(); 4];
     let body = bytes.len() / 128 * 128;
-    let p = bytes.as_ptr();
-    let mut i = 0;
-    while i < body {
-        for (k, a) in acc.iter_mut().enumerate() {
-            // SAFETY: [i + 32k, i + 32k + 32) lies inside `bytes`.
-            let v = unsafe { _mm256_loadu_si256(p.add(i + 32 * k).cast()) };
-            *a = _mm256_add_epi64(*a, v);
-        }
-        i += 128;
-    }
-    let mut out = [0u64; 4];
-    let total = _mm256_add_epi64(
-        _mm256_add_epi64(acc[0], acc[1]),
-        _mm256_add_epi64(acc[2], acc[3]),
-    );
-    // SAFETY: `out` holds 32 bytes.
-    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), total) };
-    out.iter()
-        .fold(sum_words(&bytes[body..]), |a, &b| a.wrapping_add(b))
+    // SAFETY: AVX2 is available (the caller's promise); one part, a multiple of 128 bytes.
+    let sum = unsafe { sum_avx2_streams(&[&bytes[..body]]) };
+    sum.wrapping_add(sum_words(&bytes[body..]))
 }
 
 /// The sum of `bytes` read in `streams` streams advanced in turn, 128 bytes at a time, by 32-byte
@@ -417,10 +399,7 @@ fn sum_words_streams(parts: &[&[u8]]) -> u64 {
     let mut i = 0;
     while i < len {
         for (sum, part) in sums.iter_mut().zip(parts) {
-            *sum = part[i..i + 128]
-                .chunks_exact(8)
-                .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
-                .fold(*sum, u64::wrapping_add);
+            *sum = sum.wrapping_add(sum_words(&part[i..i + 128]));
         }
         i += 128;
     }

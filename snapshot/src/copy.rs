@@ -179,11 +179,6 @@ mod stream {
     }
 }
 
-/// Hash each `chunk_size` chunk of `bytes` into `out`.
-fn hash_chunks_into(bytes: &[u8], chunk_size: u64, out: &mut [u64]) {
-    chunk_hashes(bytes, chunk_size as usize, out);
-}
-
 /// Chunks a hashing snapshot hashes before copying them: a group [`chunk_hashes`] hashes in
 /// one loop, as long as the group fits in half of a core's L2 cache (256 KiB), where the copy
 /// that follows finds it.
@@ -242,7 +237,7 @@ pub(crate) fn copy_to_host(
                 (None, out) => {
                     device.read(layout.regions[p.region].base + offset, dst)?;
                     if let Some(out) = out {
-                        hash_chunks_into(dst, cs, out);
+                        chunk_hashes(dst, cs as usize, out);
                     }
                 }
             }
@@ -260,7 +255,7 @@ pub(crate) fn hash_store(layout: &Layout, store: &[u8], out: &mut [u64]) -> u64 
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
     let cs = layout.chunk_size;
     pieces.par_iter().zip(outs).for_each(|(p, out)| {
-        hash_chunks_into(&store[layout.store_range(p)], cs, out);
+        chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
     });
     layout.bytes
 }
@@ -366,7 +361,7 @@ pub(crate) fn hash_live(
                     scratch.resize(scratch_len, 0);
                     let buf = &mut scratch[..len as usize];
                     device.read(layout.regions[p.region].base + offset, buf)?;
-                    hash_chunks_into(buf, cs, out);
+                    chunk_hashes(buf, cs as usize, out);
                 }
             }
             Ok(())
