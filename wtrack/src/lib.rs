@@ -1,0 +1,290 @@
+//! Page-level tracking of the writes this process's own threads make to some of its memory.
+//!
+//! A replay that knows which pages a pass wrote can restore exactly those, without hashing the
+//! rest of the footprint to find out. When a device's memory is memory of this process that only
+//! its CPU threads write (a software device), the kernel's page tables know: [`WriteTracker`]
+//! registers the ranges with a `userfaultfd` in asynchronous write-protect mode (Linux 6.7+:
+//! `UFFD_FEATURE_WP_ASYNC`), so the first store to each protected page is let through by the
+//! kernel and only un-protects the page, and reads the un-protected ("written") pages back with
+//! the `PAGEMAP_SCAN` ioctl of `/proc/self/pagemap`. No signal handler and no fault thread is
+//! involved, and nothing else in the process can tell, except that the first store to a tracked
+//! page after each [`protect`](WriteTracker::protect) costs a minor fault ([`fault_cost`]).
+//!
+//! What it can follow: private anonymous writable mappings (heap, `mmap(MAP_PRIVATE |
+//! MAP_ANONYMOUS)`), checked against `/proc/self/maps` before anything is registered. Shared or
+//! file-backed memory is refused, because a write through another mapping of the same pages
+//! (another address, another process) would not mark the pages this tracker watches. Writes by
+//! a device's DMA engine never pass through the CPU's page tables either: only a backend whose
+//! memory is written by this process's CPU may use it. A range the process already registered
+//! with a `userfaultfd` of its own is refused by the kernel (`EBUSY`).
+//!
+//! Pages are the unit: ranges are widened to whole pages, so a write to a neighbour sharing a
+//! page is reported too (a superset, never a subset, of the pages written).
+//!
+//! ```no_run
+//! use kreplay_wtrack::WriteTracker;
+//!
+//! let mut buf = vec![0u8; 1 << 20];
+//! let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+//! let tracker = WriteTracker::new(&[range])?;
+//! buf[5000] = 1;
+//! let mut written = Vec::new();
+//! tracker.written(&mut written)?;
+//! assert!(written.iter().any(|r| r.contains(&(buf.as_ptr() as usize + 5000))));
+//! tracker.protect(&written)?; // after writing them back: follow them again
+//! # Ok::<(), kreplay_wtrack::TrackError>(())
+//! ```
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::time::Duration;
+
+#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod linux;
+mod maps;
+
+pub use maps::{Mapping, private_anonymous_cover};
+
+/// Why writes could not be tracked.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TrackError {
+    /// This kernel, its configuration or the platform offers no asynchronous write protection.
+    Unsupported(String),
+    /// A range is not memory the tracker can follow.
+    Refused {
+        /// First byte of the range.
+        addr: usize,
+        /// Its length.
+        len: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A system call failed.
+    Failed {
+        /// Which.
+        what: &'static str,
+        /// What it said.
+        error: io::Error,
+    },
+}
+
+impl fmt::Display for TrackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrackError::Unsupported(why) => write!(f, "write tracking unavailable: {why}"),
+            TrackError::Refused { addr, len, reason } => {
+                write!(f, "cannot track writes to {len} bytes at {addr:#x}: {reason}")
+            }
+            TrackError::Failed { what, error } => write!(f, "{what} failed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for TrackError {}
+
+/// Follows the writes to a set of ranges of this process's memory, page by page (see the crate
+/// docs). Dropping it stops following them (the kernel un-protects the pages).
+pub struct WriteTracker {
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    inner: linux::Tracker,
+    /// The followed ranges, widened to pages, sorted and disjoint.
+    ranges: Vec<Range<usize>>,
+    page: usize,
+}
+
+impl fmt::Debug for WriteTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteTracker")
+            .field("ranges", &self.ranges)
+            .field("page", &self.page)
+            .finish()
+    }
+}
+
+impl WriteTracker {
+    /// Start following the writes to `ranges` (any order, may overlap, may be unaligned): from
+    /// now on, every page of them counts as not written until a store reaches it. All or
+    /// nothing: on an error nothing stays registered.
+    pub fn new(ranges: &[Range<usize>]) -> Result<Self, TrackError> {
+        let page = page_size();
+        let ranges = widen_and_merge(ranges, page);
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            let mappings = maps::read_self_maps()?;
+            for r in &ranges {
+                if let Err(reason) = private_anonymous_cover(&mappings, r.clone()) {
+                    return Err(TrackError::Refused {
+                        addr: r.start,
+                        len: r.end - r.start,
+                        reason,
+                    });
+                }
+            }
+            let inner = linux::Tracker::new(&ranges)?;
+            Ok(WriteTracker {
+                inner,
+                ranges,
+                page,
+            })
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            let _ = (ranges, page);
+            Err(TrackError::Unsupported(
+                "needs Linux on x86_64 or aarch64".into(),
+            ))
+        }
+    }
+
+    /// The followed ranges: the requested ones widened to whole pages, sorted and merged.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// The page size, the unit of everything reported.
+    pub fn page_size(&self) -> usize {
+        self.page
+    }
+
+    /// Bytes followed.
+    pub fn bytes(&self) -> usize {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// Append to `out` the page ranges written since tracking began or since they were last
+    /// [`protect`](Self::protect)ed (sorted, whole pages, adjacent pages merged); returns the
+    /// pages appended. Reading does not protect them again. An error means the set is unknown
+    /// (treat everything as written).
+    pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            let before = out.len();
+            for r in &self.ranges {
+                self.inner.scan(r.clone(), out)?;
+            }
+            let pages = out[before..]
+                .iter()
+                .map(|r| (r.end - r.start) / self.page)
+                .sum();
+            Ok(pages)
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            let _ = out;
+            Err(TrackError::Unsupported("not built for this platform".into()))
+        }
+    }
+
+    /// Follow the writes to `ranges` again from now on (widened to pages, clipped to the
+    /// followed ranges): call it after writing them back. An error means some of them may not
+    /// be followed (stop trusting [`written`](Self::written)).
+    pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            for r in widen_and_merge(ranges, self.page) {
+                for part in clip(&self.ranges, r) {
+                    self.inner.protect(part)?;
+                }
+            }
+            Ok(())
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            let _ = ranges;
+            Err(TrackError::Unsupported("not built for this platform".into()))
+        }
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// What the first store to a protected page costs the thread making it (a minor fault the
+/// kernel resolves itself), measured once per process on a scratch mapping: the best of three
+/// rounds of one store per page over 256 pages. `None` where tracking is unavailable.
+pub fn fault_cost() -> Option<Duration> {
+    static COST: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *COST.get_or_init(|| {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            linux::measure_fault_cost(256, 3)
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            None
+        }
+    })
+}
+
+/// Whether writes can be tracked here at all (the kernel offers asynchronous write protection
+/// and `PAGEMAP_SCAN`): tried once on a scratch mapping, the answer kept.
+pub fn available() -> Result<(), String> {
+    static AVAILABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    AVAILABLE
+        .get_or_init(|| {
+            let scratch = vec![0u8; 4 * page_size()];
+            let start = scratch.as_ptr() as usize;
+            WriteTracker::new(&[start..start + scratch.len()])
+                .and_then(|t| t.written(&mut Vec::new()).map(|_| ()))
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// `ranges` widened to whole pages, sorted, with overlapping and adjacent ones merged; empty
+/// ones dropped.
+pub fn widen_and_merge(ranges: &[Range<usize>], page: usize) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = ranges
+        .iter()
+        .filter(|r| r.start < r.end)
+        .map(|r| {
+            let start = r.start - r.start % page;
+            let end = r.end.div_ceil(page).saturating_mul(page);
+            start..end
+        })
+        .collect();
+    out.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// The parts of `r` inside the sorted, disjoint `within`.
+fn clip(within: &[Range<usize>], r: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+    within.iter().filter_map(move |w| {
+        let start = w.start.max(r.start);
+        let end = w.end.min(r.end);
+        (start < end).then_some(start..end)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_widen_to_pages_and_merge_when_they_touch() {
+        let got = widen_and_merge(&[9000..9001, 100..200, 4096..4097, 20000..20000], 4096);
+        assert_eq!(got, vec![0..12288]);
+        let got = widen_and_merge(&[0..4096, 8192..8193], 4096);
+        assert_eq!(got, vec![0..4096, 8192..12288]);
+    }
+
+    #[test]
+    fn clipping_keeps_only_the_parts_inside() {
+        let within = [0..4096, 8192..16384];
+        let got: Vec<_> = clip(&within, 2048..12288).collect();
+        assert_eq!(got, vec![2048..4096, 8192..12288]);
+    }
+}

@@ -1,0 +1,288 @@
+//! The system calls: a `userfaultfd` in asynchronous write-protect mode, and `PAGEMAP_SCAN`.
+//! The constants and structures are those of Linux's `uapi/linux/userfaultfd.h` and
+//! `uapi/linux/fs.h` (6.7+), written out here because older C headers lack them.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use crate::TrackError;
+
+/// `_IOC(dir, type, nr, size)` of the generic ioctl encoding (x86_64, aarch64).
+const fn ioc(dir: u64, ty: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | (ty << 8) | nr
+}
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+const UFFD_API: u64 = 0xAA;
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, UFFD_API, 0x3F, size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, UFFD_API, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_WRITEPROTECT: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    UFFD_API,
+    0x06,
+    size_of::<UffdioWriteprotect>(),
+);
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+const PAGEMAP_SCAN: u64 = ioc(IOC_READ | IOC_WRITE, b'f' as u64, 16, size_of::<PmScanArg>());
+const PAGE_IS_WRITTEN: u64 = 1 << 1;
+/// Fail the scan where a page is not under asynchronous write protection (a range that is not
+/// ours any more) instead of reporting it as written or not.
+const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
+
+const _: () = assert!(size_of::<PmScanArg>() == 96);
+const _: () = assert!(size_of::<UffdioRegister>() == 32);
+
+fn failed(what: &'static str) -> TrackError {
+    TrackError::Failed {
+        what,
+        error: io::Error::last_os_error(),
+    }
+}
+
+/// The registered `userfaultfd` and the pagemap file the scans go through.
+pub(crate) struct Tracker {
+    uffd: OwnedFd,
+    pagemap: File,
+}
+
+impl Tracker {
+    /// Registers `ranges` (page-aligned, disjoint, checked by the caller to be private
+    /// anonymous memory) for write protection and protects every page of them.
+    pub(crate) fn new(ranges: &[Range<usize>]) -> Result<Tracker, TrackError> {
+        // SAFETY: the userfaultfd system call takes only flags; the returned descriptor is
+        // checked before use and owned below.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_userfaultfd,
+                libc::O_CLOEXEC | libc::O_NONBLOCK | UFFD_USER_MODE_ONLY,
+            )
+        };
+        if fd < 0 {
+            return Err(TrackError::Unsupported(format!(
+                "userfaultfd: {}",
+                io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        let uffd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API reads and writes one `uffdio_api`, which `api` is (layout as in
+        // the uapi header).
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+            return Err(TrackError::Unsupported(format!(
+                "asynchronous write protection (UFFD_FEATURE_WP_ASYNC, Linux 6.7+): {}",
+                io::Error::last_os_error()
+            )));
+        }
+        let pagemap = File::open("/proc/self/pagemap").map_err(|error| TrackError::Failed {
+            what: "opening /proc/self/pagemap",
+            error,
+        })?;
+        let tracker = Tracker { uffd, pagemap };
+        for r in ranges {
+            let mut reg = UffdioRegister {
+                range: span(r),
+                mode: UFFDIO_REGISTER_MODE_WP,
+                ioctls: 0,
+            };
+            // SAFETY: UFFDIO_REGISTER reads and writes one `uffdio_register`; the range is
+            // memory of this process that the caller checked is mapped.
+            if unsafe { libc::ioctl(tracker.uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) }
+                != 0
+            {
+                let error = io::Error::last_os_error();
+                return Err(if error.raw_os_error() == Some(libc::EBUSY) {
+                    TrackError::Refused {
+                        addr: r.start,
+                        len: r.end - r.start,
+                        reason: "already registered with another userfaultfd".into(),
+                    }
+                } else {
+                    TrackError::Failed {
+                        what: "UFFDIO_REGISTER",
+                        error,
+                    }
+                });
+            }
+        }
+        for r in ranges {
+            tracker.protect(r.clone())?;
+        }
+        // Closing the descriptor (dropping `tracker` on an error above) unregisters every
+        // range and clears their protection.
+        Ok(tracker)
+    }
+
+    /// Protect the pages of `r` (page-aligned, inside a registered range) again.
+    pub(crate) fn protect(&self, r: Range<usize>) -> Result<(), TrackError> {
+        let mut wp = UffdioWriteprotect {
+            range: span(&r),
+            mode: UFFDIO_WRITEPROTECT_MODE_WP,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads and writes one `uffdio_writeprotect`; the range is
+        // registered with this descriptor.
+        if unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) } != 0 {
+            return Err(failed("UFFDIO_WRITEPROTECT"));
+        }
+        Ok(())
+    }
+
+    /// Append the written pages of `r` (a registered range) to `out`, merging with the last
+    /// range appended when adjacent.
+    pub(crate) fn scan(&self, r: Range<usize>, out: &mut Vec<Range<usize>>) -> Result<(), TrackError> {
+        let mut buf = [PageRegion::default(); 256];
+        let mut start = r.start as u64;
+        let end = r.end as u64;
+        while start < end {
+            let mut arg = PmScanArg {
+                size: size_of::<PmScanArg>() as u64,
+                flags: PM_SCAN_CHECK_WPASYNC,
+                start,
+                end,
+                vec: buf.as_mut_ptr() as u64,
+                vec_len: buf.len() as u64,
+                category_mask: PAGE_IS_WRITTEN,
+                return_mask: PAGE_IS_WRITTEN,
+                ..PmScanArg::default()
+            };
+            // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len` page regions into
+            // `buf`, and `walk_end` into `arg`.
+            let n = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+            if n < 0 {
+                return Err(failed("PAGEMAP_SCAN"));
+            }
+            for region in &buf[..n as usize] {
+                let (s, e) = (region.start as usize, region.end as usize);
+                match out.last_mut() {
+                    Some(last) if last.end == s => last.end = e,
+                    _ => out.push(s..e),
+                }
+            }
+            if arg.walk_end <= start {
+                return Err(TrackError::Failed {
+                    what: "PAGEMAP_SCAN",
+                    error: io::Error::other("the scan made no progress"),
+                });
+            }
+            start = arg.walk_end;
+        }
+        Ok(())
+    }
+}
+
+fn span(r: &Range<usize>) -> UffdioRange {
+    UffdioRange {
+        start: r.start as u64,
+        len: (r.end - r.start) as u64,
+    }
+}
+
+/// One store per page over `pages` protected pages of a scratch mapping, timed; the best of
+/// `rounds`, per page.
+pub(crate) fn measure_fault_cost(pages: usize, rounds: usize) -> Option<Duration> {
+    let page = crate::page_size();
+    let len = pages * page;
+    // SAFETY: a new private anonymous mapping; nothing is replaced.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return None;
+    }
+    let base = ptr as usize;
+    let best = (|| {
+        // SAFETY: the mapping is `len` bytes, ours alone.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
+        let tracker = Tracker::new(&[base..base + len]).ok()?;
+        let mut best = Duration::MAX;
+        for round in 0..rounds {
+            let start = Instant::now();
+            for p in 0..pages {
+                // SAFETY: inside the mapping; a volatile store so the write is not elided.
+                unsafe { std::ptr::write_volatile(ptr.cast::<u8>().add(p * page), round as u8) };
+            }
+            best = best.min(start.elapsed());
+            tracker.protect(base..base + len).ok()?;
+        }
+        Some(best / pages as u32)
+    })();
+    // SAFETY: unmapping the scratch mapping made above, no longer used.
+    unsafe { libc::munmap(ptr, len) };
+    best
+}

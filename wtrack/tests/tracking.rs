@@ -1,0 +1,246 @@
+//! Write tracking seen from outside: whatever pages are written, by whichever thread, the
+//! tracker reports them; pages left alone stay unreported; memory it cannot follow is refused.
+//! Skipped, with the reason printed, where the kernel offers no asynchronous write protection.
+
+use std::ops::Range;
+
+use kreplay_wtrack::{TrackError, WriteTracker, available, page_size};
+
+/// A private anonymous mapping without huge pages (so page reports are exact), unmapped on drop.
+struct Scratch {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(pages: usize) -> Scratch {
+        let len = pages * page_size();
+        // SAFETY: a new private anonymous mapping, replacing nothing.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        // SAFETY: advice on our own mapping.
+        unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        Scratch {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+    fn range(&self) -> Range<usize> {
+        self.ptr as usize..self.ptr as usize + self.len
+    }
+    fn write(&self, offset: usize, byte: u8) {
+        assert!(offset < self.len);
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile(self.ptr.add(offset), byte) };
+    }
+    fn read(&self, offset: usize) -> u8 {
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::read_volatile(self.ptr.add(offset)) }
+    }
+}
+
+// SAFETY: the mapping is plain memory; the tests write it with volatile byte stores from
+// several threads, which is what they check the tracker sees.
+unsafe impl Sync for Scratch {}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn skip() -> bool {
+    if let Err(why) = available() {
+        eprintln!("skipped: write tracking is not available here: {why}");
+        return true;
+    }
+    false
+}
+
+fn pages_of(ranges: &[Range<usize>], base: usize) -> Vec<usize> {
+    let page = page_size();
+    let mut out: Vec<usize> = ranges
+        .iter()
+        .flat_map(|r| (r.start..r.end).step_by(page))
+        .map(|a| (a - base) / page)
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// A small deterministic generator (xorshift), so every run writes the same pages.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn every_page_written_by_any_thread_is_reported_and_no_other() {
+    if skip() {
+        return;
+    }
+    let pages = 1024;
+    let page = page_size();
+    let mem = Scratch::new(pages);
+    // Half the pages populated before tracking starts, half never touched (no page yet).
+    for p in 0..pages / 2 {
+        mem.write(p * page, 1);
+    }
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let mut expected = std::collections::BTreeSet::new();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut offsets = Vec::new();
+    for _ in 0..300 {
+        let off = (xorshift(&mut state) as usize) % mem.len;
+        offsets.push(off);
+        expected.insert(off / page);
+    }
+    // The first and last byte, and a page whose only access is a read.
+    offsets.extend([0, mem.len - 1]);
+    expected.extend([0, pages - 1]);
+    let quiet = (0..pages).find(|p| !expected.contains(p)).unwrap();
+    let _ = mem.read(quiet * page + 7);
+    let base = mem.range().start;
+    std::thread::scope(|s| {
+        for part in offsets.chunks(40) {
+            let mem = &mem;
+            s.spawn(move || part.iter().for_each(|&o| mem.write(o, 0xAB)));
+        }
+    });
+    let mut written = Vec::new();
+    let n = tracker.written(&mut written).unwrap();
+    let got = pages_of(&written, base);
+    assert_eq!(got, expected.iter().copied().collect::<Vec<_>>());
+    assert_eq!(n, expected.len());
+}
+
+#[test]
+fn protected_pages_count_as_unwritten_until_written_again() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::new(64);
+    let base = mem.range().start;
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    mem.write(3 * page, 1);
+    mem.write(40 * page + 100, 1);
+    let mut written = Vec::new();
+    tracker.written(&mut written).unwrap();
+    assert_eq!(pages_of(&written, base), vec![3, 40]);
+    // Reading does not protect: still written.
+    let mut again = Vec::new();
+    tracker.written(&mut again).unwrap();
+    assert_eq!(again, written);
+    tracker.protect(&written).unwrap();
+    let mut none = Vec::new();
+    assert_eq!(tracker.written(&mut none).unwrap(), 0);
+    mem.write(40 * page, 2);
+    mem.write(41 * page, 2);
+    let mut next = Vec::new();
+    tracker.written(&mut next).unwrap();
+    assert_eq!(pages_of(&next, base), vec![40, 41]);
+    assert_eq!(next.len(), 1, "adjacent pages come back as one range");
+}
+
+#[test]
+fn unaligned_ranges_are_widened_to_their_pages() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::new(8);
+    let base = mem.range().start;
+    let tracker = WriteTracker::new(&[base + 10..base + 2 * page + 1]).unwrap();
+    assert_eq!(tracker.ranges(), &[base..base + 3 * page]);
+    mem.write(2, 9); // before the requested start, same page
+    mem.write(2 * page + 50, 9); // after the requested end, same page
+    mem.write(5 * page, 9); // outside: not followed
+    let mut written = Vec::new();
+    tracker.written(&mut written).unwrap();
+    assert_eq!(pages_of(&written, base), vec![0, 2]);
+}
+
+#[test]
+fn shared_memory_is_refused_because_another_mapping_could_write_it() {
+    if skip() {
+        return;
+    }
+    let len = 4 * page_size();
+    // SAFETY: a new shared anonymous mapping.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED);
+    let start = ptr as usize;
+    let err = WriteTracker::new(&[start..start + len]).unwrap_err();
+    assert!(
+        matches!(&err, TrackError::Refused { reason, .. } if reason.contains("shared")),
+        "{err}"
+    );
+    // SAFETY: our own mapping.
+    unsafe { libc::munmap(ptr, len) };
+}
+
+#[test]
+fn memory_replaced_behind_the_trackers_back_is_never_reported_clean() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::new(16);
+    let base = mem.range().start;
+    for p in 0..16 {
+        mem.write(p * page, 1);
+    }
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    // Pages 4..8 are replaced by a new mapping (what a free and a new allocation at the same
+    // address would do) and written there.
+    // SAFETY: MAP_FIXED over pages of our own mapping.
+    let p = unsafe {
+        libc::mmap(
+            (base + 4 * page) as *mut libc::c_void,
+            4 * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    mem.write(5 * page, 7);
+    let mut written = Vec::new();
+    match tracker.written(&mut written) {
+        Err(_) => {}
+        Ok(_) => assert!(pages_of(&written, base).contains(&5), "{written:x?}"),
+    }
+}
+
+#[test]
+fn a_fault_costs_something_measurable_and_bounded() {
+    if skip() {
+        return;
+    }
+    let cost = kreplay_wtrack::fault_cost().expect("measured where tracking is available");
+    assert!(cost > std::time::Duration::ZERO);
+    assert!(cost < std::time::Duration::from_millis(1), "{cost:?}");
+}
