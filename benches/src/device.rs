@@ -216,6 +216,8 @@ impl DeviceMemory for HostDevice {
         Capabilities::NONE
             .with_device_hash(self.options.device_hash)
             .with_batched_writes(self.options.batched_writes)
+            // Its memory is this process's, written only by the bench's stores.
+            .with_cpu_writes(self.host_windows)
     }
 
     fn host_window(&self, addr: u64, len: u64) -> Option<HostWindow> {

@@ -841,8 +841,8 @@ mod tests {
         );
         let replays = events.iter().filter(|e| e.starts_with("replay ")).count();
         assert_eq!(replays, results.replay.len());
-        // Replays only at the footprint they list: 4 patterns x (5 strategies and the control).
-        assert_eq!(replays, 4 * 6);
+        // Replays only at the footprint they list: 4 patterns x (6 strategies and the control).
+        assert_eq!(replays, 4 * 7);
         assert_eq!(results.replay.iter().filter(|r| r.control).count(), 4);
         assert!(results.replay.iter().all(|r| r.footprint == 512 << 10));
         // What each strategy's replays did: DEFAULT_REPEATS repetitions of a sequence of 2
@@ -855,7 +855,11 @@ mod tests {
             assert_eq!(r.repeats, reps, "{r:?}");
             assert_eq!((r.first_times.len(), r.later_times.len()), (reps, reps));
             assert_eq!(c.dispatches, dispatches, "{r:?}");
-            assert_eq!(c.full + c.hash + c.writeset, 2 * dispatches, "{r:?}");
+            assert_eq!(
+                c.full + c.hash + c.writeset + c.tracked,
+                2 * dispatches,
+                "{r:?}"
+            );
             assert!(r.first_range.0 <= r.first_seconds && r.first_seconds <= r.first_range.1);
             assert!(r.later_range.0 <= r.later_seconds && r.later_seconds <= r.later_range.1);
             match r.strategy {

@@ -156,6 +156,7 @@ impl Default for ReplayConfig {
                 RestoreStrategy::Full,
                 RestoreStrategy::Hash,
                 RestoreStrategy::Writeset,
+                RestoreStrategy::Tracked,
                 RestoreStrategy::Auto,
                 RestoreStrategy::WritesetUnverified,
             ],
@@ -247,6 +248,8 @@ pub struct Choices {
     pub hash: u64,
     /// Restores that wrote the learned write set.
     pub writeset: u64,
+    /// Restores that wrote back the chunks of the pages followed as written (tracked).
+    pub tracked: u64,
 }
 
 impl Choices {
@@ -254,7 +257,9 @@ impl Choices {
     /// learning hash pass as a write-set restore): no hashing and no learned set means full,
     /// hashing all of the snapshot's bytes means hash, anything else wrote the learned set.
     fn restore(&mut self, report: &RestoreReport, snapshot_bytes: u64) {
-        if !report.verified && !report.unverified {
+        if report.strategy == RestoreStrategy::Tracked {
+            self.tracked += 1;
+        } else if !report.verified && !report.unverified {
             self.full += 1;
         } else if report.verified && report.bytes_hashed >= snapshot_bytes {
             self.hash += 1;
@@ -290,10 +295,14 @@ fn replay_once(
     choices.hashed_snapshots += u64::from(snapshot.report().hashed);
     for pass in 0..passes {
         let written = pattern.chunks(chunks, fraction, dispatch, pass);
+        // The pass's own writes are counted: where writes are followed, the first store to
+        // each page costs the pass a fault.
+        let start = Instant::now();
         bench
             .map
             .dirty(&bench.device, &written, dispatch * 1000 + pass + 1)
             .map_err(|e| e.to_string())?;
+        spent += start.elapsed();
         if pass + 1 == passes {
             break;
         }
@@ -571,7 +580,10 @@ pub const AUTO_MAX_OVER_BEST: f64 = 1.10;
 fn is_fixed_verified(s: RestoreStrategy) -> bool {
     matches!(
         s,
-        RestoreStrategy::Full | RestoreStrategy::Hash | RestoreStrategy::Writeset
+        RestoreStrategy::Full
+            | RestoreStrategy::Hash
+            | RestoreStrategy::Writeset
+            | RestoreStrategy::Tracked
     )
 }
 
@@ -727,7 +739,7 @@ const REPLAY_COLUMNS: [(&str, usize); 18] = [
     ("N full restores", 15),
     ("N copies at ceiling", 19),
     ("hashed snapshots", 16),
-    ("restores full/hash/set", 22),
+    ("restores full/hash/set/tracked", 30),
 ];
 
 fn replay_line(fields: &[String]) -> String {
@@ -767,8 +779,8 @@ pub fn replay_table_line(r: &ReplayRow) -> String {
         format_seconds(r.n_ceiling()),
         format!("{}/{}", r.choices.hashed_snapshots, r.choices.dispatches),
         format!(
-            "{}/{}/{}",
-            r.choices.full, r.choices.hash, r.choices.writeset
+            "{}/{}/{}/{}",
+            r.choices.full, r.choices.hash, r.choices.writeset, r.choices.tracked
         ),
     ])
 }

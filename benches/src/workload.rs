@@ -8,6 +8,9 @@ use crate::device::HostDevice;
 #[derive(Clone, Debug)]
 pub struct SplitMix64(u64);
 
+/// The page the passes write a byte of, each page of each chunk they change.
+const PAGE: u64 = 4096;
+
 impl SplitMix64 {
     /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
@@ -92,12 +95,16 @@ impl ChunkMap {
         all
     }
 
-    /// Change one byte (at a position derived from `salt`) in each of `chunks`.
+    /// Changes every chunk of `chunks` (one byte per 4 KiB page, at a place `salt` picks).
     pub fn dirty(&self, device: &HostDevice, chunks: &[u64], salt: u64) -> Result<(), CopyError> {
         for &c in chunks {
             let (addr, len) = self.chunk(c);
-            let at = (salt.wrapping_mul(0x9E37_79B9) ^ c.wrapping_mul(31)) % len;
-            device.flip(addr + at, 0x5A)?;
+            // One byte in every 4 KiB page of the chunk, as a kernel writing the chunk would
+            // touch every page of it (what a pass pays where writes are followed page by page).
+            let at = (salt.wrapping_mul(0x9E37_79B9) ^ c.wrapping_mul(31)) % len.min(PAGE);
+            for off in (at..len).step_by(PAGE as usize) {
+                device.flip(addr + off, 0x5A)?;
+            }
         }
         Ok(())
     }

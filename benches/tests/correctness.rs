@@ -35,13 +35,21 @@ const TIERS: [StoreTier; 4] = [
     StoreTier::File,
     StoreTier::Device,
 ];
-const STRATEGIES: [RestoreStrategy; 5] = [
+const STRATEGIES: [RestoreStrategy; 6] = [
     RestoreStrategy::Auto,
     RestoreStrategy::Full,
     RestoreStrategy::Hash,
     RestoreStrategy::Writeset,
     RestoreStrategy::WritesetUnverified,
+    RestoreStrategy::Tracked,
 ];
+
+/// Whether writes to this device's memory can be followed here (host windows on a machine
+/// whose kernel offers asynchronous write protection).
+fn tracks(kind: DeviceKind) -> bool {
+    matches!(kind, DeviceKind::SoftwareFull | DeviceKind::SoftwarePlain)
+        && kreplay_wtrack::available().is_ok()
+}
 
 fn device(kind: DeviceKind) -> HostDevice {
     let (windows, options) = match kind {
@@ -297,7 +305,13 @@ fn auto_switches_from_write_set_to_full_restores_exactly() {
             .snapshotter(StoreTier::Host, RestoreStrategy::Auto)
             .snapshot(&Filter::for_replay(1))
             .unwrap();
-        assert_eq!(s.report().strategy, RestoreStrategy::Writeset, "{kind:?}");
+        // Where writes can be followed, auto follows them until a pass writes too much.
+        let first = if tracks(kind) {
+            RestoreStrategy::Tracked
+        } else {
+            RestoreStrategy::Writeset
+        };
+        assert_eq!(s.report().strategy, first, "{kind:?}");
         let small = w.write_set(5);
         let mut strategies = Vec::new();
         for pass in 0..4u64 {
@@ -323,14 +337,60 @@ fn auto_switches_from_write_set_to_full_restores_exactly() {
         }
         assert_eq!(
             strategies,
-            [
-                RestoreStrategy::Writeset,
-                RestoreStrategy::Writeset,
-                RestoreStrategy::Writeset,
-                RestoreStrategy::Full
-            ],
+            [first, first, first, RestoreStrategy::Full],
             "{kind:?}"
         );
+    }
+}
+
+#[test]
+fn tracked_restores_write_back_exactly_the_chunks_of_the_pages_written_and_hash_nothing() {
+    for kind in [DeviceKind::SoftwareFull, DeviceKind::SoftwarePlain] {
+        if !tracks(kind) {
+            eprintln!(
+                "skipped: writes cannot be followed here: {:?}",
+                kreplay_wtrack::available()
+            );
+            return;
+        }
+        let sizes = [4 * CS, 6 * CS];
+        let mut w = World::new(kind, &sizes, 5);
+        let mut s = w
+            .snapshotter(StoreTier::Host, RestoreStrategy::Tracked)
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        assert_eq!(s.report().strategy, RestoreStrategy::Tracked);
+        assert!(!s.report().hashed, "nothing to hash: writes are followed");
+        // One byte in chunk 1 of region 0, and four bytes across chunks 2 and 3 of region 1.
+        w.write((0, CS + 7, 1));
+        w.write((1, 3 * CS - 2, 4));
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: 1,
+                may_be_final: false,
+            })
+            .unwrap();
+        assert!(w.identical(), "{kind:?}");
+        assert_eq!(r.strategy, RestoreStrategy::Tracked);
+        assert!(r.verified && !r.unverified);
+        assert_eq!((r.bytes_hashed, r.chunks_restored), (0, 3), "{kind:?}");
+        // Nothing written: nothing restored. Then a write the restore itself must not hide.
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: 2,
+                may_be_final: false,
+            })
+            .unwrap();
+        assert_eq!(r.chunks_restored, 0, "{kind:?}");
+        w.write((0, CS + 7, 1));
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: 3,
+                may_be_final: true,
+            })
+            .unwrap();
+        assert!(w.identical(), "{kind:?}");
+        assert_eq!(r.chunks_restored, 1, "{kind:?}");
     }
 }
 

@@ -403,7 +403,7 @@ fn bad_bench_arguments_are_explained_and_exit_2() {
         ),
         (
             vec!["bench", "--strategies", "full,best"],
-            "'best': expected full, hash, writeset or auto",
+            "'best': expected full, hash, writeset, tracked or auto",
         ),
         (
             vec!["bench", "--tiers", "ram"],

@@ -451,7 +451,9 @@ enum kreplay_restore_strategy_values {
     /** Chunks whose hash changed are copied back. */
     KREPLAY_RESTORE_STRATEGY_HASH = 2,
     /** Chunks that changed are copied back, using the write set learned from pass 0; verified
-     *  before every pass unless KREPLAY_RESTORE=writeset-unverified (see `unverified`). */
+     *  before every pass unless KREPLAY_RESTORE=writeset-unverified (see `unverified`); or
+     *  the chunks of the pages seen written (KREPLAY_RESTORE=tracked, or auto, where the
+     *  device's memory is written only by the CPU of this process). */
     KREPLAY_RESTORE_STRATEGY_WRITESET = 3,
     /** One past the last strategy. */
     KREPLAY_RESTORE_STRATEGY_LAST = 4

@@ -430,9 +430,11 @@ fn strategy(s: kreplay_passloop::RestoreStrategy) -> RestoreStrategy {
         kreplay_passloop::RestoreStrategy::Full => RestoreStrategy::FULL,
         kreplay_passloop::RestoreStrategy::Hash => RestoreStrategy::HASH,
         // The C ABI names both write-set restores WRITESET; the payload's `unverified` field
-        // says which ran.
+        // says which ran. A tracked restore writes back the set of chunks it saw written:
+        // WRITESET too, never unverified.
         kreplay_passloop::RestoreStrategy::Writeset
-        | kreplay_passloop::RestoreStrategy::WritesetUnverified => RestoreStrategy::WRITESET,
+        | kreplay_passloop::RestoreStrategy::WritesetUnverified
+        | kreplay_passloop::RestoreStrategy::Tracked => RestoreStrategy::WRITESET,
         _ => RestoreStrategy::FULL,
     }
 }

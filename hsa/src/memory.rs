@@ -293,7 +293,12 @@ impl DeviceMemory for HsaMemory {
     fn capabilities(&self) -> Capabilities {
         // Writes of scattered chunks go out as one list of async copies with one completion
         // signal (used where the snapshot cannot touch device memory directly).
-        Capabilities::NONE.with_batched_writes(true)
+        // Host windows are handed out only for the software runtime's memory, which its kernels
+        // and copies (host code on this process's threads) alone write: writes to it can be
+        // followed in the page tables.
+        Capabilities::NONE
+            .with_batched_writes(true)
+            .with_cpu_writes(true)
     }
 
     fn write_batch(&self, writes: &[ChunkWrite<'_>]) -> Result<(), CopyError> {

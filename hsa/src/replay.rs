@@ -162,6 +162,7 @@ fn strategy(s: kreplay_snapshot::RestoreStrategy) -> RestoreStrategy {
         kreplay_snapshot::RestoreStrategy::WritesetUnverified => {
             RestoreStrategy::WritesetUnverified
         }
+        kreplay_snapshot::RestoreStrategy::Tracked => RestoreStrategy::Tracked,
         _ => RestoreStrategy::Full,
     }
 }

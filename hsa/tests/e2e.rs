@@ -507,7 +507,9 @@ scenarios! {
         let snapshot = SnapshotConfig::default()
             .with_store(kreplay_snapshot::StoreTier::Host)
             .with_strategy(kreplay_snapshot::RestoreStrategy::Auto)
-            .with_chunk_size(4096);
+            .with_chunk_size(4096)
+            // Hashing decisions are what this checks: writes are not followed.
+            .with_track_writes(false);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         let q = env.app.queue(env.app.gpus[0]);
         let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
@@ -539,6 +541,45 @@ scenarios! {
             assert_eq!(restores.len() as u64, passes - 1);
             if strategy == RestoreStrategy::Full {
                 assert!(restores.iter().all(|(_, r)| r.strategy == RestoreStrategy::Full));
+            }
+        }
+    }
+
+    /// `tracked` on the software runtime: the snapshot follows the kernel's writes from before
+    /// its copy, and every restore writes back only the chunks of the pages the pass wrote (the
+    /// first 1000 values of each of 3 buffers: one 4 KiB page each), hashing nothing; memory is
+    /// exactly +1 after a 6-pass replay. Where writes cannot be followed, it restores as hash.
+    fn tracked_restores_write_back_only_the_pages_each_pass_wrote() {
+        let snapshot = SnapshotConfig::default()
+            .with_store(kreplay_snapshot::StoreTier::Host)
+            .with_strategy(kreplay_snapshot::RestoreStrategy::Tracked)
+            .with_chunk_size(4096);
+        let env = setup_with(0, InstallOptions { snapshot, ..options() });
+        let q = env.app.queue(env.app.gpus[0]);
+        let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
+        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let passes = 6;
+        env.hooks.set_script(Script::passes(passes));
+        let done = env.app.signal(1);
+        env.app.dispatch(q, env.add(0, &bufs, 1000, 4, None, 256, done));
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = *env.dispatch_ids().last().unwrap();
+        assert_eq!(env.outcome(id), replayed(passes, LoopEnd::LastPass));
+        for (buf, mut want) in bufs.iter().zip(initial) {
+            want[..1000].iter_mut().for_each(|x| *x += 1);
+            assert_eq!(env.app.read(*buf, want.len()), want, "exactly +1");
+        }
+        let events = env.hooks.events_of(id);
+        let restores = restore_exits(&events);
+        assert_eq!(restores.len() as u64, passes - 1);
+        let tracked = kreplay_wtrack::available().is_ok();
+        let want = if tracked { RestoreStrategy::Tracked } else { RestoreStrategy::Hash };
+        assert_eq!(snapshot_exit(&events).strategy, want);
+        for (_, r) in &restores {
+            assert_eq!(r.strategy, want, "{r:?}");
+            assert!(!r.unverified && !r.failed, "{r:?}");
+            if tracked {
+                assert_eq!(r.bytes_moved, 3 * 4096, "one page of each buffer: {r:?}");
             }
         }
     }

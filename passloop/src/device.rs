@@ -43,16 +43,20 @@ pub enum RestoreStrategy {
     /// Write back the chunks learned to be written without checking the rest of the footprint
     /// (an explicit opt-in, never chosen on the tool's or the user's behalf).
     WritesetUnverified,
+    /// The chunks of the pages followed as written since the previous restore were written
+    /// back, nothing hashed.
+    Tracked,
 }
 
 impl RestoreStrategy {
-    /// Lower-case name (`full`, `hash`, `writeset`, `writeset-unverified`).
+    /// Lower-case name (`full`, `hash`, `writeset`, `writeset-unverified`, `tracked`).
     pub fn as_str(self) -> &'static str {
         match self {
             RestoreStrategy::Full => "full",
             RestoreStrategy::Hash => "hash",
             RestoreStrategy::Writeset => "writeset",
             RestoreStrategy::WritesetUnverified => "writeset-unverified",
+            RestoreStrategy::Tracked => "tracked",
         }
     }
 

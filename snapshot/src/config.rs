@@ -57,6 +57,10 @@ pub enum RestoreStrategy {
     /// start from bytes the first pass never saw; restores that skipped verification report
     /// `unverified`.
     WritesetUnverified,
+    /// Follow the pages each pass writes (where the device's memory is written only by this
+    /// process's CPU, see `Capabilities::cpu_writes`) and write back exactly the chunks of the
+    /// written pages, hashing nothing. Where writes cannot be followed, restores as `Hash`.
+    Tracked,
 }
 
 impl RestoreStrategy {
@@ -68,6 +72,7 @@ impl RestoreStrategy {
             RestoreStrategy::Hash => "hash",
             RestoreStrategy::Writeset => "writeset",
             RestoreStrategy::WritesetUnverified => "writeset-unverified",
+            RestoreStrategy::Tracked => "tracked",
         }
     }
 }
@@ -192,19 +197,20 @@ impl FromStr for StoreTier {
 
 impl FromStr for RestoreStrategy {
     type Err = ParseEnumError;
-    /// Accepts `auto`, `full`, `hash`, `writeset`, `writeset-unverified` (ASCII
+    /// Accepts `auto`, `full`, `hash`, `writeset`, `writeset-unverified`, `tracked` (ASCII
     /// case-insensitive, surrounding spaces ignored).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         parse_name(
             s,
             "restore strategy",
-            "auto, full, hash, writeset, writeset-unverified",
+            "auto, full, hash, writeset, writeset-unverified, tracked",
             &[
                 ("auto", RestoreStrategy::Auto),
                 ("full", RestoreStrategy::Full),
                 ("hash", RestoreStrategy::Hash),
                 ("writeset", RestoreStrategy::Writeset),
                 ("writeset-unverified", RestoreStrategy::WritesetUnverified),
+                ("tracked", RestoreStrategy::Tracked),
             ],
         )
     }
@@ -276,6 +282,10 @@ pub struct SnapshotConfig {
     /// Keep the last host or file store when a snapshot drops and reuse it for the next snapshot
     /// that fits (saves allocating and faulting in fresh pages). Device shadows are never kept.
     pub keep_store: bool,
+    /// Whether `auto` may follow writes page by page where the device allows it (see
+    /// `RestoreStrategy::Tracked`); off, it chooses among full, hash and write-set restores
+    /// only. `tracked` itself follows them either way.
+    pub track_writes: bool,
     /// What a replay snapshots (read by the backend when it builds its [`Filter`](crate::Filter)).
     pub scope: SnapshotScope,
 }
@@ -290,6 +300,7 @@ impl Default for SnapshotConfig {
             verify_every: DEFAULT_VERIFY_EVERY,
             spill_dir: None,
             keep_store: true,
+            track_writes: true,
             scope: SnapshotScope::Agent,
         }
     }
@@ -335,6 +346,12 @@ impl SnapshotConfig {
     /// This configuration keeping (or not) the last host or file store for reuse.
     pub fn with_keep_store(mut self, keep_store: bool) -> Self {
         self.keep_store = keep_store;
+        self
+    }
+
+    /// This configuration letting `auto` follow writes (or not).
+    pub fn with_track_writes(mut self, track_writes: bool) -> Self {
+        self.track_writes = track_writes;
         self
     }
 

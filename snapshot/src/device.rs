@@ -75,6 +75,11 @@ pub struct Capabilities {
     /// [`DeviceMemory::restore_verified`] is implemented: hashing, comparing and writing back
     /// changed chunks in one device operation.
     pub verified_restore: bool,
+    /// Memory behind the [`HostWindow`]s this device hands out is written only by this
+    /// process's CPU threads (a software device: its kernels and copies are host code), so the
+    /// CPU's page tables see every write and restores may follow them instead of hashing
+    /// (`RestoreStrategy::Tracked`). Never set it for memory a GPU or DMA engine writes.
+    pub cpu_writes: bool,
 }
 
 impl Capabilities {
@@ -83,6 +88,7 @@ impl Capabilities {
         device_hash: false,
         batched_writes: false,
         verified_restore: false,
+        cpu_writes: false,
     };
 
     /// These capabilities with [`device_hash`](Self::device_hash) set to `yes`.
@@ -94,6 +100,12 @@ impl Capabilities {
     /// These capabilities with [`batched_writes`](Self::batched_writes) set to `yes`.
     pub const fn with_batched_writes(mut self, yes: bool) -> Self {
         self.batched_writes = yes;
+        self
+    }
+
+    /// These capabilities with [`cpu_writes`](Self::cpu_writes) set to `yes`.
+    pub const fn with_cpu_writes(mut self, yes: bool) -> Self {
+        self.cpu_writes = yes;
         self
     }
 

@@ -239,6 +239,17 @@ impl Rates {
         self.base[which].map(|b| b * self.level)
     }
 
+    /// Nanoseconds per byte of a full copy, once one was measured.
+    pub(crate) fn copy_ns_per_byte(&self) -> Option<f64> {
+        self.rate(COPY)
+    }
+
+    /// Nanoseconds per byte of a partial write-back of `bytes`, once one of its kind was
+    /// measured.
+    pub(crate) fn partial_ns_per_byte(&self, bytes: u64) -> Option<f64> {
+        self.rate(Self::partial_kind(bytes))
+    }
+
     pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
         self.add_sample(COPY, bytes, elapsed);
     }

@@ -125,6 +125,7 @@ mod report;
 mod snapshot;
 mod source;
 mod store;
+mod track;
 
 pub use config::{
     ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MIN_CHUNK_SIZE, ParseEnumError,

@@ -64,8 +64,9 @@ pub struct RestoreReport {
     pub tier: StoreTier,
     /// Strategy used (never `Auto`).
     pub strategy: RestoreStrategy,
-    /// Whether this restore compared hashes of every live chunk (hash strategy, write-set
-    /// learning or verification).
+    /// Whether this restore knew every chunk that changed: it compared hashes of every live
+    /// chunk (hash strategy, write-set learning or verification) or followed every write to
+    /// them in the page tables (tracked).
     pub verified: bool,
     /// Whether this restore wrote a learned write set back without checking the rest of the
     /// footprint (only under the opt-in `WritesetUnverified`): memory outside the set may differ

@@ -20,6 +20,7 @@ use crate::learned::{
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
+use crate::track::Tracking;
 use smallvec::SmallVec;
 
 /// The id of the next snapshot taken (see `Snapshot::id`).
@@ -140,8 +141,12 @@ enum Mode {
     /// A write set written without hashing between verifications (the opt-in shortcut).
     WritesetUnverified,
     /// Auto: before each restore, the cheapest of full, hash and verified write set by the
-    /// machine's measured rates and what this kernel's restores changed.
+    /// machine's measured rates and what this kernel's restores changed; where the device's
+    /// writes can be followed and that looks cheaper, tracked restores until one costs more
+    /// than a full restore would.
     Adaptive,
+    /// Tracked restores (hash restores where writes cannot be followed).
+    Tracked,
 }
 
 /// What one restore does.
@@ -154,6 +159,8 @@ enum Step {
     /// Hash every live chunk (outside the write set when `predict`: those are written from the
     /// store unhashed) and write the changed ones; `learn` adds them to the write set.
     Detect { learn: bool, predict: bool },
+    /// Write back the chunks of the pages the tracker saw written, hashing nothing.
+    Tracked,
 }
 
 /// The restore a [`RestoreRequest`] would get, known before it runs (RESTORE ENTER data).
@@ -221,6 +228,9 @@ pub struct Snapshot {
     restores_since_hash: u32,
     /// Set after a failed restore: the next one hashes everything.
     needs_verify: bool,
+    /// The pages of the regions followed since the snapshot (`None`: not followed, or no
+    /// longer trusted: restores then write in full or hash).
+    tracking: Option<Tracking>,
 }
 
 fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -384,6 +394,7 @@ impl Snapshotter {
         let host_access = wins.iter().all(Option::is_some);
         let strategy = plan.strategy.unwrap_or(self.config.strategy);
         let mode = self.mode_for(strategy, layout.bytes, tier, caps, host_access);
+        let trackable = caps.cpu_writes && host_access && layout.bytes > 0;
         let learns = matches!(mode, Mode::Writeset | Mode::Adaptive);
         let key = kernel
             .filter(|_| learns)
@@ -401,8 +412,35 @@ impl Snapshotter {
             (Some(e), _) => Some(e.restores),
             (None, _) => self.memory.lock().typical_restores,
         };
+        // Followed from before the copy, so the first pass's writes are seen. Under auto only
+        // where it looks cheaper than what auto would do otherwise (see `tracking_pays`).
+        let tracking = match mode {
+            Mode::Tracked if trackable => Tracking::arm(&wins),
+            Mode::Adaptive if trackable && self.config.track_writes => {
+                let memory = self.memory.lock();
+                let dirty = match &earlier {
+                    Some(Learned {
+                        dirty_chunks: Some(d),
+                        ..
+                    }) => Some(*d as f64 / layout.chunks().max(1) as f64),
+                    Some(_) => None,
+                    None => memory.typical_dirty,
+                };
+                tracking_pays(&memory.rates, dirty, expected_restores, layout.bytes)
+                    .then(|| Tracking::arm(&wins))
+                    .flatten()
+            }
+            _ => None,
+        };
+        // Asked to track where writes cannot be followed: hash restores instead.
+        let mode = if mode == Mode::Tracked && tracking.is_none() {
+            Mode::Hash
+        } else {
+            mode
+        };
         let hashed = match mode {
-            Mode::Full => false,
+            Mode::Full | Mode::Tracked => false,
+            Mode::Adaptive if tracking.is_some() => false,
             Mode::Adaptive => {
                 let memory = self.memory.lock();
                 let chunks = layout.chunks() as u64;
@@ -503,6 +541,8 @@ impl Snapshotter {
             tier,
             strategy: match mode {
                 Mode::Full => RestoreStrategy::Full,
+                Mode::Tracked => RestoreStrategy::Tracked,
+                Mode::Adaptive if tracking.is_some() => RestoreStrategy::Tracked,
                 Mode::Adaptive if !hashed => RestoreStrategy::Full,
                 Mode::Hash => RestoreStrategy::Hash,
                 Mode::Writeset | Mode::WritesetUnverified | Mode::Adaptive => {
@@ -539,6 +579,7 @@ impl Snapshotter {
                 .unwrap_or_default(),
             restores_since_hash: 0,
             needs_verify: false,
+            tracking,
         })
     }
 
@@ -569,6 +610,7 @@ impl Snapshotter {
             RestoreStrategy::Hash => Mode::Hash,
             RestoreStrategy::Writeset => Mode::Writeset,
             RestoreStrategy::WritesetUnverified => Mode::WritesetUnverified,
+            RestoreStrategy::Tracked => Mode::Tracked,
             RestoreStrategy::Auto => {
                 let costly_hash = tier == StoreTier::Device && !caps.device_hash && !host_access;
                 if bytes < AUTO_FULL_BELOW_BYTES || costly_hash {
@@ -625,6 +667,7 @@ impl Snapshot {
     /// to hash).
     fn store_hash_due(&self, req: &RestoreRequest) -> bool {
         let past_expected = self.mode == Mode::Adaptive
+            && self.tracking.is_none()
             && !self.hashed
             && !req.may_be_final
             && self.store.device_addr().is_none()
@@ -666,10 +709,40 @@ impl Snapshot {
         self.expected_restores = None;
     }
 
+    /// Auto stops following writes once a tracked restore, with the faults its pass paid,
+    /// cost more than a full restore of the footprint at the measured copy rate (before any
+    /// copy was measured: once a pass wrote a quarter of the footprint): the passes write too
+    /// many pages for tracking to pay. Later restores are full ones.
+    fn stop_tracking_if_dear(&mut self, restore: std::time::Duration) {
+        let Some(t) = &self.tracking else {
+            return;
+        };
+        let tracked = (restore + t.last_faults()).as_nanos() as f64;
+        let full = self
+            .memory
+            .lock()
+            .rates
+            .copy_ns_per_byte()
+            .map(|ns| ns * self.layout.bytes as f64);
+        let dear = match full {
+            Some(full) => tracked > full,
+            // No copy measured yet: a first store to a followed page costs several copies of
+            // the page (a fault against a memcpy), so passes that write a quarter of the
+            // footprint or more are not worth following.
+            None => t.last_written_bytes().saturating_mul(4) >= self.layout.bytes,
+        };
+        if dear {
+            self.tracking = None;
+        }
+    }
+
     fn step(&self, req: &RestoreRequest) -> (Step, RestoreStrategy) {
         let predict = self.set_chunks() > 0;
+        if self.tracking.is_some() && matches!(self.mode, Mode::Tracked | Mode::Adaptive) {
+            return (Step::Tracked, RestoreStrategy::Tracked);
+        }
         match self.mode {
-            Mode::Full => (Step::Full, RestoreStrategy::Full),
+            Mode::Full | Mode::Tracked => (Step::Full, RestoreStrategy::Full),
             Mode::Hash => (
                 Step::Detect {
                     learn: false,
@@ -756,6 +829,7 @@ impl Snapshot {
             Step::Learned => (set_bytes, 0),
             Step::Detect { predict: false, .. } => (all, all),
             Step::Detect { predict: true, .. } => (all, all - set_bytes),
+            Step::Tracked => (all, 0),
         };
         RestorePlan {
             strategy,
@@ -956,7 +1030,29 @@ impl Snapshot {
                 }
             }
         }
+        if step == Step::Tracked {
+            match self
+                .tracking
+                .as_mut()
+                .and_then(|t| t.changed(layout, &live, &wins))
+            {
+                Some(changed) => {
+                    report.verified = true;
+                    self.stats.dirty_chunks = Some(changed.len() as u64);
+                    self.stats.full_streak = 0;
+                    pieces = layout.runs_of(&live, changed);
+                }
+                None => {
+                    // The tracker cannot say what was written: write everything back, and
+                    // trust it no more.
+                    self.tracking = None;
+                    step = Step::Full;
+                    report.strategy = RestoreStrategy::Full;
+                }
+            }
+        }
         match step {
+            Step::Tracked => {}
             Step::Full => {
                 // A device shadow is copied region by region; the host tiers copy pieces in
                 // parallel.
@@ -986,6 +1082,18 @@ impl Snapshot {
         } else {
             write_back(device, self.caps, layout, &wins, &self.store, &pieces)
         };
+        if step == Step::Tracked {
+            // Written back: follow those bytes again. A tracker that refuses, or a write-back
+            // that failed, leaves pages unfollowed: no more tracked restores.
+            let rearmed = outcome.error.is_none()
+                && self
+                    .tracking
+                    .as_ref()
+                    .is_some_and(|t| t.rearm(layout, &wins, &pieces));
+            if !rearmed {
+                self.tracking = None;
+            }
+        }
         drop(pinned);
         if outcome.error.is_none() && !written {
             let mut memory = self.memory.lock();
@@ -1002,6 +1110,9 @@ impl Snapshot {
         report.bytes_moved = outcome.bytes;
         report.chunks_restored = outcome.chunks;
         report.elapsed = start.elapsed();
+        if step == Step::Tracked && self.mode == Mode::Adaptive {
+            self.stop_tracking_if_dear(report.elapsed);
+        }
         match outcome.error {
             None => Ok(report),
             Some(error) => {
@@ -1015,6 +1126,35 @@ impl Snapshot {
             }
         }
     }
+}
+
+/// Whether auto follows a snapshot's writes: unless what is known says a tracked restore would
+/// cost more than a full one. `dirty`: the share of chunks the kernel's earlier dispatch (or,
+/// for a kernel seen for the first time, the latest dispatch of any kernel) found changed.
+/// A tracked restore of a share `d` costs the pass a fault per written page (priced at one per
+/// 4 KiB: pages are at least that) and writes back `d` of the footprint; a full restore copies
+/// all of it. Until a copy rate is measured, or with nothing known of what kernels write, it
+/// follows them (the first tracked restore measures, and auto stops following writes when that
+/// restore was dear). With no restore ahead there is nothing to save.
+fn tracking_pays(
+    rates: &crate::learned::Rates,
+    dirty: Option<f64>,
+    restores: Option<u64>,
+    bytes: u64,
+) -> bool {
+    if restores == Some(0) {
+        return false;
+    }
+    let (Some(copy), Some(d)) = (rates.copy_ns_per_byte(), dirty) else {
+        return true;
+    };
+    let Some(fault) = kreplay_wtrack::fault_cost() else {
+        return false;
+    };
+    let written = d * bytes as f64;
+    let write_back = rates.partial_ns_per_byte(written as u64).unwrap_or(copy) * written;
+    let faults = fault.as_nanos() as f64 * written / 4096.0;
+    faults + write_back < copy * bytes as f64
 }
 
 /// Whether a restore's write-back measures the machine's copy rate: only a full one, a copy of

@@ -40,7 +40,10 @@ use std::io;
 use std::ops::Range;
 use std::time::Duration;
 
-#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod linux;
 mod maps;
 
@@ -75,7 +78,10 @@ impl fmt::Display for TrackError {
         match self {
             TrackError::Unsupported(why) => write!(f, "write tracking unavailable: {why}"),
             TrackError::Refused { addr, len, reason } => {
-                write!(f, "cannot track writes to {len} bytes at {addr:#x}: {reason}")
+                write!(
+                    f,
+                    "cannot track writes to {len} bytes at {addr:#x}: {reason}"
+                )
             }
             TrackError::Failed { what, error } => write!(f, "{what} failed: {error}"),
         }
@@ -87,7 +93,10 @@ impl std::error::Error for TrackError {}
 /// Follows the writes to a set of ranges of this process's memory, page by page (see the crate
 /// docs). Dropping it stops following them (the kernel un-protects the pages).
 pub struct WriteTracker {
-    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
     inner: linux::Tracker,
     /// The followed ranges, widened to pages, sorted and disjoint.
     ranges: Vec<Range<usize>>,
@@ -110,7 +119,10 @@ impl WriteTracker {
     pub fn new(ranges: &[Range<usize>]) -> Result<Self, TrackError> {
         let page = page_size();
         let ranges = widen_and_merge(ranges, page);
-        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
         {
             let mappings = maps::read_self_maps()?;
             for r in &ranges {
@@ -129,7 +141,10 @@ impl WriteTracker {
                 page,
             })
         }
-        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        #[cfg(not(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )))]
         {
             let _ = (ranges, page);
             Err(TrackError::Unsupported(
@@ -158,7 +173,10 @@ impl WriteTracker {
     /// pages appended. Reading does not protect them again. An error means the set is unknown
     /// (treat everything as written).
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
-        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
         {
             let before = out.len();
             for r in &self.ranges {
@@ -170,10 +188,15 @@ impl WriteTracker {
                 .sum();
             Ok(pages)
         }
-        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        #[cfg(not(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )))]
         {
             let _ = out;
-            Err(TrackError::Unsupported("not built for this platform".into()))
+            Err(TrackError::Unsupported(
+                "not built for this platform".into(),
+            ))
         }
     }
 
@@ -181,7 +204,10 @@ impl WriteTracker {
     /// followed ranges): call it after writing them back. An error means some of them may not
     /// be followed (stop trusting [`written`](Self::written)).
     pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
-        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
         {
             for r in widen_and_merge(ranges, self.page) {
                 for part in clip(&self.ranges, r) {
@@ -190,10 +216,15 @@ impl WriteTracker {
             }
             Ok(())
         }
-        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        #[cfg(not(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )))]
         {
             let _ = ranges;
-            Err(TrackError::Unsupported("not built for this platform".into()))
+            Err(TrackError::Unsupported(
+                "not built for this platform".into(),
+            ))
         }
     }
 }
@@ -211,11 +242,17 @@ pub fn page_size() -> usize {
 pub fn fault_cost() -> Option<Duration> {
     static COST: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
     *COST.get_or_init(|| {
-        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        #[cfg(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
         {
             linux::measure_fault_cost(256, 3)
         }
-        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        #[cfg(not(all(
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )))]
         {
             None
         }
@@ -230,7 +267,7 @@ pub fn available() -> Result<(), String> {
         .get_or_init(|| {
             let scratch = vec![0u8; 4 * page_size()];
             let start = scratch.as_ptr() as usize;
-            WriteTracker::new(&[start..start + scratch.len()])
+            WriteTracker::new(std::slice::from_ref(&(start..start + scratch.len())))
                 .and_then(|t| t.written(&mut Vec::new()).map(|_| ()))
                 .map_err(|e| e.to_string())
         })

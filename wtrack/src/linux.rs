@@ -55,7 +55,12 @@ struct UffdioWriteprotect {
 }
 
 const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, UFFD_API, 0x3F, size_of::<UffdioApi>());
-const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, UFFD_API, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_REGISTER: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    UFFD_API,
+    0x00,
+    size_of::<UffdioRegister>(),
+);
 const UFFDIO_WRITEPROTECT: u64 = ioc(
     IOC_READ | IOC_WRITE,
     UFFD_API,
@@ -88,7 +93,12 @@ struct PmScanArg {
     return_mask: u64,
 }
 
-const PAGEMAP_SCAN: u64 = ioc(IOC_READ | IOC_WRITE, b'f' as u64, 16, size_of::<PmScanArg>());
+const PAGEMAP_SCAN: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    b'f' as u64,
+    16,
+    size_of::<PmScanArg>(),
+);
 const PAGE_IS_WRITTEN: u64 = 1 << 1;
 /// Fail the scan where a page is not under asynchronous write protection (a range that is not
 /// ours any more) instead of reporting it as written or not.
@@ -156,8 +166,7 @@ impl Tracker {
             };
             // SAFETY: UFFDIO_REGISTER reads and writes one `uffdio_register`; the range is
             // memory of this process that the caller checked is mapped.
-            if unsafe { libc::ioctl(tracker.uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) }
-                != 0
+            if unsafe { libc::ioctl(tracker.uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) } != 0
             {
                 let error = io::Error::last_os_error();
                 return Err(if error.raw_os_error() == Some(libc::EBUSY) {
@@ -198,7 +207,11 @@ impl Tracker {
 
     /// Append the written pages of `r` (a registered range) to `out`, merging with the last
     /// range appended when adjacent.
-    pub(crate) fn scan(&self, r: Range<usize>, out: &mut Vec<Range<usize>>) -> Result<(), TrackError> {
+    pub(crate) fn scan(
+        &self,
+        r: Range<usize>,
+        out: &mut Vec<Range<usize>>,
+    ) -> Result<(), TrackError> {
         let mut buf = [PageRegion::default(); 256];
         let mut start = r.start as u64;
         let end = r.end as u64;
@@ -269,7 +282,7 @@ pub(crate) fn measure_fault_cost(pages: usize, rounds: usize) -> Option<Duration
     let best = (|| {
         // SAFETY: the mapping is `len` bytes, ours alone.
         unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
-        let tracker = Tracker::new(&[base..base + len]).ok()?;
+        let tracker = Tracker::new(std::slice::from_ref(&(base..base + len))).ok()?;
         let mut best = Duration::MAX;
         for round in 0..rounds {
             let start = Instant::now();

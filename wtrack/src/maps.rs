@@ -49,10 +49,18 @@ pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Res
             return Err(format!("{at:#x} is not mapped"));
         }
         if !m.private_writable || !m.anonymous {
-            let name = if m.name.is_empty() { "anonymous" } else { &m.name };
+            let name = if m.name.is_empty() {
+                "anonymous"
+            } else {
+                &m.name
+            };
             return Err(format!(
                 "{at:#x} lies in a {} mapping ({name}); only private anonymous writable memory can be followed",
-                if m.private_writable { "file-backed" } else { "shared or read-only" }
+                if m.private_writable {
+                    "file-backed"
+                } else {
+                    "shared or read-only"
+                }
             ));
         }
         at = m.range.end;
@@ -65,12 +73,11 @@ pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Res
 
 #[cfg(target_os = "linux")]
 pub(crate) fn read_self_maps() -> Result<Vec<Mapping>, crate::TrackError> {
-    let text = std::fs::read_to_string("/proc/self/maps").map_err(|error| {
-        crate::TrackError::Failed {
+    let text =
+        std::fs::read_to_string("/proc/self/maps").map_err(|error| crate::TrackError::Failed {
             what: "reading /proc/self/maps",
             error,
-        }
-    })?;
+        })?;
     Ok(text.lines().filter_map(Mapping::parse).collect())
 }
 
@@ -95,14 +102,20 @@ mod tests {
     fn private_anonymous_memory_is_accepted_across_adjacent_mappings() {
         let m = maps(SAMPLE);
         assert_eq!(private_anonymous_cover(&m, 0x55d0c000..0x55d0e000), Ok(()));
-        assert_eq!(private_anonymous_cover(&m, 0x7f0000000000..0x7f0000001000), Ok(()));
+        assert_eq!(
+            private_anonymous_cover(&m, 0x7f0000000000..0x7f0000001000),
+            Ok(())
+        );
     }
 
     #[test]
     fn shared_file_backed_and_unmapped_memory_is_refused_with_the_reason() {
         let m = maps(SAMPLE);
         let shared = private_anonymous_cover(&m, 0x7f00000ff000..0x7f0000101000).unwrap_err();
-        assert!(shared.contains("shared") && shared.contains("memfd"), "{shared}");
+        assert!(
+            shared.contains("shared") && shared.contains("memfd"),
+            "{shared}"
+        );
         let file = private_anonymous_cover(&m, 0x7f0000400000..0x7f0000401000).unwrap_err();
         assert!(file.contains("file-backed"), "{file}");
         let gap = private_anonymous_cover(&m, 0x7f0000200000..0x7f0000301000).unwrap_err();

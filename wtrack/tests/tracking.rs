@@ -2,6 +2,8 @@
 //! tracker reports them; pages left alone stay unreported; memory it cannot follow is refused.
 //! Skipped, with the reason printed, where the kernel offers no asynchronous write protection.
 
+#![allow(clippy::single_range_in_vec_init)] // one range of addresses per list is what is meant
+
 use std::ops::Range;
 
 use kreplay_wtrack::{TrackError, WriteTracker, available, page_size};

@@ -525,8 +525,9 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
             });
         text += &format!(
             "\nwhole replays (the tables above): snapshot plus every restore of an N-pass \
-             replay (learning and verification included; the passes themselves only write the \
-             dirty chunks and are not counted). Each cell is measured in {repeats} repetitions \
+             replay (learning and verification included), and the passes' own writes of the \
+             dirty chunks (where writes are followed, a pass pays a fault for the first store \
+             to each page). Each cell is measured in {repeats} repetitions \
              ({long_repeats} for more than {long_passes} passes), after one untimed dispatch of \
              N passes per strategy; a repetition replays, for every strategy in turn (in an \
              order shuffled anew each repetition), a sequence of {dispatches} dispatches of a \
@@ -541,9 +542,10 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
              N full restores of the footprint in the same tier (the best of 5) measured in this \
              run; N copies at ceiling: N copies of the footprint at the machine's copy ceiling. \
              hashed snapshots: the cell's dispatches whose snapshot hashed every chunk, of all \
-             it measured; restores full/hash/set: how their restores went (wrote everything; \
-             hashed everything and wrote what changed; wrote the learned write set, hashing \
-             every other chunk but under writeset-unverified). Every snapshot is told the \
+             it measured; restores full/hash/set/tracked: how their restores went (wrote \
+             everything; hashed everything and wrote what changed; wrote the learned write set, \
+             hashing every other chunk but under writeset-unverified; wrote back the chunks of \
+             the pages followed as written, hashing nothing). Every snapshot is told the \
              restores its replay plans (N - 1), as the pass loop tells it; the untimed dispatch \
              at the start of each cell lets every strategy start the cell from rates measured \
              replaying N passes. writeset-unverified skips verification between passes \
@@ -719,9 +721,9 @@ mod tests {
         }
         // 2 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
         assert_eq!(outcome.rows.len(), 2 + 3 * 4 + 1);
-        // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x (5 strategies and the
+        // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x (6 strategies and the
         // control, full measured twice).
-        assert_eq!(outcome.replay.len(), 4 * 6);
+        assert_eq!(outcome.replay.len(), 4 * 7);
         assert_eq!(outcome.auto.len(), 4 * 2);
         assert_eq!(outcome.control.len(), 4 * 2);
         assert!(
