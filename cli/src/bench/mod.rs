@@ -199,7 +199,7 @@ pub fn render_control(checks: &[AutoCheck]) -> String {
 /// The auto section: the worst cells first.
 pub fn render_auto(checks: &[AutoCheck]) -> String {
     let mut text = format!(
-        "auto against the best verified fixed strategy (full, hash, writeset) of each cell, \
+        "auto against the best verified fixed strategy (full, hash, writeset, tracked) of each cell, \
          lower quartile against lower quartile of the same interleaved repetitions; target <= \
          {AUTO_MAX_OVER_BEST:.2}x (shown, not judged: the same with medians; paired: the median \
          over the repetitions of auto / the best in the same repetition; spread: slowest / \
