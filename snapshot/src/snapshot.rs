@@ -738,7 +738,8 @@ impl Snapshot {
 
     fn step(&self, req: &RestoreRequest) -> (Step, RestoreStrategy) {
         let predict = self.set_chunks() > 0;
-        if self.tracking.is_some() && matches!(self.mode, Mode::Tracked | Mode::Adaptive) {
+        // Only `tracked` and auto ever follow writes.
+        if self.tracking.is_some() {
             return (Step::Tracked, RestoreStrategy::Tracked);
         }
         match self.mode {

@@ -40,12 +40,20 @@ use std::io;
 use std::ops::Range;
 use std::time::Duration;
 
+// The system calls, or where they do not exist a stand-in of the same shape that refuses.
+mod maps;
 #[cfg(all(
     target_os = "linux",
     any(target_arch = "x86_64", target_arch = "aarch64")
 ))]
-mod linux;
-mod maps;
+#[path = "linux.rs"]
+mod sys;
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+#[path = "unsupported.rs"]
+mod sys;
 
 pub use maps::{Mapping, private_anonymous_cover};
 
@@ -93,11 +101,7 @@ impl std::error::Error for TrackError {}
 /// Follows the writes to a set of ranges of this process's memory, page by page (see the crate
 /// docs). Dropping it stops following them (the kernel un-protects the pages).
 pub struct WriteTracker {
-    #[cfg(all(
-        target_os = "linux",
-        any(target_arch = "x86_64", target_arch = "aarch64")
-    ))]
-    inner: linux::Tracker,
+    inner: sys::Tracker,
     /// The followed ranges, widened to pages, sorted and disjoint.
     ranges: Vec<Range<usize>>,
     page: usize,
@@ -119,38 +123,12 @@ impl WriteTracker {
     pub fn new(ranges: &[Range<usize>]) -> Result<Self, TrackError> {
         let page = page_size();
         let ranges = widen_and_merge(ranges, page);
-        #[cfg(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        ))]
-        {
-            let mappings = maps::read_self_maps()?;
-            for r in &ranges {
-                if let Err(reason) = private_anonymous_cover(&mappings, r.clone()) {
-                    return Err(TrackError::Refused {
-                        addr: r.start,
-                        len: r.end - r.start,
-                        reason,
-                    });
-                }
-            }
-            let inner = linux::Tracker::new(&ranges)?;
-            Ok(WriteTracker {
-                inner,
-                ranges,
-                page,
-            })
-        }
-        #[cfg(not(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        )))]
-        {
-            let _ = (ranges, page);
-            Err(TrackError::Unsupported(
-                "needs Linux on x86_64 or aarch64".into(),
-            ))
-        }
+        let inner = sys::Tracker::new(&ranges)?;
+        Ok(WriteTracker {
+            inner,
+            ranges,
+            page,
+        })
     }
 
     /// The followed ranges: the requested ones widened to whole pages, sorted and merged.
@@ -173,59 +151,27 @@ impl WriteTracker {
     /// pages appended. Reading does not protect them again. An error means the set is unknown
     /// (treat everything as written).
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
-        #[cfg(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        ))]
-        {
-            let before = out.len();
-            for r in &self.ranges {
-                self.inner.scan(r.clone(), out)?;
-            }
-            let pages = out[before..]
-                .iter()
-                .map(|r| (r.end - r.start) / self.page)
-                .sum();
-            Ok(pages)
+        let before = out.len();
+        for r in &self.ranges {
+            self.inner.scan(r.clone(), out)?;
         }
-        #[cfg(not(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        )))]
-        {
-            let _ = out;
-            Err(TrackError::Unsupported(
-                "not built for this platform".into(),
-            ))
-        }
+        let pages = out[before..]
+            .iter()
+            .map(|r| (r.end - r.start) / self.page)
+            .sum();
+        Ok(pages)
     }
 
     /// Follow the writes to `ranges` again from now on (widened to pages, clipped to the
     /// followed ranges): call it after writing them back. An error means some of them may not
     /// be followed (stop trusting [`written`](Self::written)).
     pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
-        #[cfg(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        ))]
-        {
-            for r in widen_and_merge(ranges, self.page) {
-                for part in clip(&self.ranges, r) {
-                    self.inner.protect(part)?;
-                }
+        for r in widen_and_merge(ranges, self.page) {
+            for part in clip(&self.ranges, r) {
+                self.inner.protect(part)?;
             }
-            Ok(())
         }
-        #[cfg(not(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        )))]
-        {
-            let _ = ranges;
-            Err(TrackError::Unsupported(
-                "not built for this platform".into(),
-            ))
-        }
+        Ok(())
     }
 }
 
@@ -241,22 +187,7 @@ pub fn page_size() -> usize {
 /// rounds of one store per page over 256 pages. `None` where tracking is unavailable.
 pub fn fault_cost() -> Option<Duration> {
     static COST: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *COST.get_or_init(|| {
-        #[cfg(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        ))]
-        {
-            linux::measure_fault_cost(256, 3)
-        }
-        #[cfg(not(all(
-            target_os = "linux",
-            any(target_arch = "x86_64", target_arch = "aarch64")
-        )))]
-        {
-            None
-        }
-    })
+    *COST.get_or_init(|| sys::measure_fault_cost(256, 3))
 }
 
 /// Whether writes can be tracked here at all (the kernel offers asynchronous write protection

@@ -1,4 +1,5 @@
-//! The system calls: a `userfaultfd` in asynchronous write-protect mode, and `PAGEMAP_SCAN`.
+//! The system calls: a `userfaultfd` in asynchronous write-protect mode, `PAGEMAP_SCAN`, and
+//! `/proc/self/maps` to check what a range is before registering it.
 //! The constants and structures are those of Linux's `uapi/linux/userfaultfd.h` and
 //! `uapi/linux/fs.h` (6.7+), written out here because older C headers lack them.
 
@@ -121,9 +122,19 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    /// Registers `ranges` (page-aligned, disjoint, checked by the caller to be private
-    /// anonymous memory) for write protection and protects every page of them.
+    /// Checks that `ranges` (page-aligned, disjoint) are private anonymous memory, registers
+    /// them for write protection and protects every page of them.
     pub(crate) fn new(ranges: &[Range<usize>]) -> Result<Tracker, TrackError> {
+        let mappings = read_self_maps()?;
+        for r in ranges {
+            if let Err(reason) = crate::private_anonymous_cover(&mappings, r.clone()) {
+                return Err(TrackError::Refused {
+                    addr: r.start,
+                    len: r.end - r.start,
+                    reason,
+                });
+            }
+        }
         // SAFETY: the userfaultfd system call takes only flags; the returned descriptor is
         // checked before use and owned below.
         let fd = unsafe {
@@ -250,6 +261,14 @@ impl Tracker {
         }
         Ok(())
     }
+}
+
+fn read_self_maps() -> Result<Vec<crate::Mapping>, TrackError> {
+    let text = std::fs::read_to_string("/proc/self/maps").map_err(|error| TrackError::Failed {
+        what: "reading /proc/self/maps",
+        error,
+    })?;
+    Ok(text.lines().filter_map(crate::Mapping::parse).collect())
 }
 
 fn span(r: &Range<usize>) -> UffdioRange {

@@ -71,16 +71,6 @@ pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Res
     Ok(())
 }
 
-#[cfg(target_os = "linux")]
-pub(crate) fn read_self_maps() -> Result<Vec<Mapping>, crate::TrackError> {
-    let text =
-        std::fs::read_to_string("/proc/self/maps").map_err(|error| crate::TrackError::Failed {
-            what: "reading /proc/self/maps",
-            error,
-        })?;
-    Ok(text.lines().filter_map(Mapping::parse).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

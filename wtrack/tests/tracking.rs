@@ -16,14 +16,19 @@ struct Scratch {
 
 impl Scratch {
     fn new(pages: usize) -> Scratch {
+        Scratch::mapped(pages, libc::MAP_PRIVATE)
+    }
+
+    /// An anonymous mapping of `pages` pages, private or shared (`sharing`).
+    fn mapped(pages: usize, sharing: libc::c_int) -> Scratch {
         let len = pages * page_size();
-        // SAFETY: a new private anonymous mapping, replacing nothing.
+        // SAFETY: a new anonymous mapping, replacing nothing.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                sharing | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
@@ -180,27 +185,12 @@ fn shared_memory_is_refused_because_another_mapping_could_write_it() {
     if skip() {
         return;
     }
-    let len = 4 * page_size();
-    // SAFETY: a new shared anonymous mapping.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(ptr, libc::MAP_FAILED);
-    let start = ptr as usize;
-    let err = WriteTracker::new(&[start..start + len]).unwrap_err();
+    let shared = Scratch::mapped(4, libc::MAP_SHARED);
+    let err = WriteTracker::new(&[shared.range()]).unwrap_err();
     assert!(
         matches!(&err, TrackError::Refused { reason, .. } if reason.contains("shared")),
         "{err}"
     );
-    // SAFETY: our own mapping.
-    unsafe { libc::munmap(ptr, len) };
 }
 
 #[test]
