@@ -297,31 +297,33 @@ fn copy_with(method: CeilingMethod, src: &[u8], dst: &mut [u8]) {
     });
 }
 
+/// Every method a ceiling tries, in the order it tries them: each thread count, both splits,
+/// ordinary and (where the CPU has them, `wide`) wide accesses, one and [`STREAMS`] streams per
+/// thread range.
+fn methods(wide: bool) -> impl Iterator<Item = CeilingMethod> {
+    let widths: &'static [bool] = if wide { &[false, true] } else { &[false] };
+    thread_counts().into_iter().flat_map(move |threads| {
+        [Split::Shares, Split::Blocks]
+            .into_iter()
+            .flat_map(move |split| {
+                widths.iter().flat_map(move |&wide| {
+                    [1, STREAMS].map(|streams| CeilingMethod {
+                        threads,
+                        split,
+                        wide,
+                        streams,
+                    })
+                })
+            })
+    })
+}
+
 /// The copy ceiling over `src.len()` bytes into `dst`.
 pub fn copy_ceiling(src: &[u8], dst: &mut [u8], repeats: usize) -> Ceiling {
     assert_eq!(src.len(), dst.len());
-    let mut tried = Vec::new();
-    let stores: &[bool] = if has_streaming() {
-        &[false, true]
-    } else {
-        &[false]
-    };
-    for threads in thread_counts() {
-        for split in [Split::Shares, Split::Blocks] {
-            for &streaming in stores {
-                for streams in [1, STREAMS] {
-                    let method = CeilingMethod {
-                        threads,
-                        split,
-                        wide: streaming,
-                        streams,
-                    };
-                    let seconds = best_of(repeats, || copy_with(method, src, dst));
-                    tried.push((method, seconds));
-                }
-            }
-        }
-    }
+    let tried = methods(has_streaming())
+        .map(|method| (method, best_of(repeats, || copy_with(method, src, dst))))
+        .collect();
     black_box(&dst);
     finish(src.len() as u64, tried, true)
 }
@@ -470,23 +472,9 @@ fn read_with(method: CeilingMethod, src: &[u8]) {
 
 /// The read ceiling over `src`.
 pub fn read_ceiling(src: &[u8], repeats: usize) -> Ceiling {
-    let mut tried = Vec::new();
-    let loads: &[bool] = if has_avx2() { &[false, true] } else { &[false] };
-    for threads in thread_counts() {
-        for split in [Split::Shares, Split::Blocks] {
-            for &avx2 in loads {
-                for streams in [1, STREAMS] {
-                    let method = CeilingMethod {
-                        threads,
-                        split,
-                        wide: avx2,
-                        streams,
-                    };
-                    tried.push((method, best_of(repeats, || read_with(method, src))));
-                }
-            }
-        }
-    }
+    let tried = methods(has_avx2())
+        .map(|method| (method, best_of(repeats, || read_with(method, src))))
+        .collect();
     finish(src.len() as u64, tried, false)
 }
 
@@ -508,6 +496,19 @@ fn finish(bytes: u64, tried: Vec<(CeilingMethod, f64)>, copy: bool) -> Ceiling {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceilings_try_every_thread_count_split_width_and_stream_count_once() {
+        let threads = thread_counts().len();
+        for (wide, widths) in [(false, 1), (true, 2)] {
+            let all: Vec<CeilingMethod> = methods(wide).collect();
+            assert_eq!(all.len(), threads * 2 * widths * 2, "wide {wide}");
+            for (i, m) in all.iter().enumerate() {
+                assert!(!all[..i].contains(m), "{m:?} twice");
+                assert!(wide || !m.wide, "{m:?}");
+            }
+        }
+    }
 
     #[test]
     fn every_copy_method_copies_every_byte() {
