@@ -184,6 +184,27 @@ fn values(start: u32, len: usize) -> Vec<u32> {
     (0..len as u32).map(|i| start + 3 * i).collect()
 }
 
+/// A snapshot configuration with a host store, `strategy` and 4 KiB chunks.
+fn host_store(strategy: kreplay_snapshot::RestoreStrategy) -> SnapshotConfig {
+    SnapshotConfig::default()
+        .with_store(kreplay_snapshot::StoreTier::Host)
+        .with_strategy(strategy)
+        .with_chunk_size(4096)
+}
+
+/// Three buffers' initial values, 1.3 MiB in all: above auto's full-restore threshold.
+fn three_buffers() -> Vec<Vec<u32>> {
+    vec![values(1, 1024), values(5, 262_144), values(9, 65_536)]
+}
+
+/// One coarse-grained buffer of the first pool per entry of `initial`, holding its values.
+fn coarse_buffers(env: &Env, initial: &[Vec<u32>]) -> Vec<Ptr> {
+    initial
+        .iter()
+        .map(|v| env.app.buffer(env.pools[0].coarse, v))
+        .collect()
+}
+
 fn plus_one(v: &[u32]) -> Vec<u32> {
     v.iter().map(|x| x + 1).collect()
 }
@@ -319,7 +340,7 @@ scenarios! {
         let q = env.app.queue(env.app.gpus[0]);
         let forwarded = env.app.observe_forwarded(q);
         let initial: Vec<Vec<u32>> = (0..3).map(|k| values(10 * k, 300)).collect();
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let bufs = coarse_buffers(&env, &initial);
         let done = env.app.signal(1);
 
         env.app.dispatch(q, env.add(0, &bufs, 300, 1, None, 64, done));
@@ -362,7 +383,7 @@ scenarios! {
         env.hooks.set_script(Script::passes(5));
         let q = env.app.queue(env.app.gpus[0]);
         let initial: Vec<Vec<u32>> = vec![values(1, 4096), values(7, 1000), values(100, 70_000)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let bufs = coarse_buffers(&env, &initial);
         let done = env.app.signal(1);
 
         env.app.dispatch(q, env.add(0, &bufs, 1000, 2, None, 128, done));
@@ -392,7 +413,7 @@ scenarios! {
         env.hooks.set_script(Script::passes(3));
         let q = env.app.queue(env.app.gpus[0]);
         let initial: Vec<Vec<u32>> = vec![values(3, 2048), values(11, 50_000)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let bufs = coarse_buffers(&env, &initial);
         let done = env.app.signal(1);
         let packet = env.add(0, &bufs, 2048, 4, None, 64, done);
         let tracked_before = kreplay_hsa::tracked_allocations();
@@ -417,15 +438,12 @@ scenarios! {
     /// reads through `hsa_memory_copy` and restores write the changed chunks back as one batch
     /// of `hsa_amd_memory_async_copy` from a locked host store. Results are still exactly +1.
     fn runtime_copies_alone_restore_the_changed_chunks_in_one_batch() {
-        let snapshot = SnapshotConfig::default()
-            .with_store(kreplay_snapshot::StoreTier::Host)
-            .with_strategy(kreplay_snapshot::RestoreStrategy::Hash)
-            .with_chunk_size(4096);
+        let snapshot = host_store(kreplay_snapshot::RestoreStrategy::Hash);
         let env = setup_with(0, InstallOptions { snapshot, force_runtime_copies: true, ..options() });
         env.hooks.set_script(Script::passes(4));
         let q = env.app.queue(env.app.gpus[0]);
         let initial: Vec<Vec<u32>> = vec![values(2, 65_536), values(6, 16_384)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let bufs = coarse_buffers(&env, &initial);
         let done = env.app.signal(1);
 
         // The kernel changes the first 1000 elements of each buffer: one 4 KiB chunk apiece.
@@ -456,15 +474,12 @@ scenarios! {
     /// The same with a host store and write-set restores: still exactly +1, and each restore
     /// writes back only the chunks the kernel changed, not the footprint.
     fn write_set_restores_from_a_host_store_prevent_accumulation() {
-        let snapshot = SnapshotConfig::default()
-            .with_store(kreplay_snapshot::StoreTier::Host)
-            .with_strategy(kreplay_snapshot::RestoreStrategy::Writeset)
-            .with_chunk_size(4096);
+        let snapshot = host_store(kreplay_snapshot::RestoreStrategy::Writeset);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         env.hooks.set_script(Script::passes(5));
         let q = env.app.queue(env.app.gpus[0]);
-        let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let initial = three_buffers();
+        let bufs = coarse_buffers(&env, &initial);
         let done = env.app.signal(1);
 
         env.app.dispatch(q, env.add(0, &bufs, 1000, 3, None, 256, done));
@@ -504,16 +519,13 @@ scenarios! {
     fn auto_takes_the_snapshots_hashes_only_when_the_replays_planned_restores_repay_them() {
         // 1.3 MiB: above auto's full-restore threshold, below the size whose timings teach
         // rates, so the default rates decide on every machine.
-        let snapshot = SnapshotConfig::default()
-            .with_store(kreplay_snapshot::StoreTier::Host)
-            .with_strategy(kreplay_snapshot::RestoreStrategy::Auto)
-            .with_chunk_size(4096)
+        let snapshot = host_store(kreplay_snapshot::RestoreStrategy::Auto)
             // Hashing decisions are what this checks: writes are not followed.
             .with_track_writes(false);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         let q = env.app.queue(env.app.gpus[0]);
-        let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let initial = three_buffers();
+        let bufs = coarse_buffers(&env, &initial);
         let mut expected = initial.clone();
         for (runs_before, passes, strategy) in
             [(0, 38, RestoreStrategy::Writeset), (38, 2, RestoreStrategy::Full)]
@@ -550,14 +562,11 @@ scenarios! {
     /// first 1000 values of each of 3 buffers: one 4 KiB page each), hashing nothing; memory is
     /// exactly +1 after a 6-pass replay. Where writes cannot be followed, it restores as hash.
     fn tracked_restores_write_back_only_the_pages_each_pass_wrote() {
-        let snapshot = SnapshotConfig::default()
-            .with_store(kreplay_snapshot::StoreTier::Host)
-            .with_strategy(kreplay_snapshot::RestoreStrategy::Tracked)
-            .with_chunk_size(4096);
+        let snapshot = host_store(kreplay_snapshot::RestoreStrategy::Tracked);
         let env = setup_with(0, InstallOptions { snapshot, ..options() });
         let q = env.app.queue(env.app.gpus[0]);
-        let initial: Vec<Vec<u32>> = vec![values(1, 1024), values(5, 262_144), values(9, 65_536)];
-        let bufs: Vec<Ptr> = initial.iter().map(|v| env.app.buffer(env.pools[0].coarse, v)).collect();
+        let initial = three_buffers();
+        let bufs = coarse_buffers(&env, &initial);
         let passes = 6;
         env.hooks.set_script(Script::passes(passes));
         let done = env.app.signal(1);
