@@ -278,9 +278,10 @@ fn span(r: &Range<usize>) -> UffdioRange {
     }
 }
 
-/// One store per page over `pages` protected pages of a scratch mapping, timed; the best of
-/// `rounds`, per page.
-pub(crate) fn measure_fault_cost(pages: usize, rounds: usize) -> Option<Duration> {
+/// What following a page costs, measured on a scratch mapping of `pages` pages: one store to
+/// each protected page (the fault), a scan that finds every page written, and protecting them
+/// all again; each the best of `rounds`, per page.
+pub(crate) fn measure_page_costs(pages: usize, rounds: usize) -> Option<crate::PageCosts> {
     let page = crate::page_size();
     let len = pages * page;
     // SAFETY: a new private anonymous mapping; nothing is replaced.
@@ -302,17 +303,29 @@ pub(crate) fn measure_fault_cost(pages: usize, rounds: usize) -> Option<Duration
         // SAFETY: the mapping is `len` bytes, ours alone.
         unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
         let tracker = Tracker::new(std::slice::from_ref(&(base..base + len))).ok()?;
-        let mut best = Duration::MAX;
+        let mut best = [Duration::MAX; 3];
+        let mut out = Vec::new();
         for round in 0..rounds {
             let start = Instant::now();
             for p in 0..pages {
                 // SAFETY: inside the mapping; a volatile store so the write is not elided.
                 unsafe { std::ptr::write_volatile(ptr.cast::<u8>().add(p * page), round as u8) };
             }
-            best = best.min(start.elapsed());
+            best[0] = best[0].min(start.elapsed());
+            out.clear();
+            let start = Instant::now();
+            tracker.scan(base..base + len, &mut out).ok()?;
+            best[1] = best[1].min(start.elapsed());
+            let start = Instant::now();
             tracker.protect(base..base + len).ok()?;
+            best[2] = best[2].min(start.elapsed());
         }
-        Some(best / pages as u32)
+        let per_page = |d: Duration| d.as_nanos() as f64 / pages as f64;
+        Some(crate::PageCosts {
+            fault_ns: per_page(best[0]),
+            scan_ns: per_page(best[1]),
+            protect_ns: per_page(best[2]),
+        })
     })();
     // SAFETY: unmapping the scratch mapping made above, no longer used.
     unsafe { libc::munmap(ptr, len) };

@@ -2,7 +2,6 @@
 //! calls, each refusing.
 
 use std::ops::Range;
-use std::time::Duration;
 
 use crate::TrackError;
 
@@ -31,6 +30,6 @@ impl Tracker {
     }
 }
 
-pub(crate) fn measure_fault_cost(_pages: usize, _rounds: usize) -> Option<Duration> {
+pub(crate) fn measure_page_costs(_pages: usize, _rounds: usize) -> Option<crate::PageCosts> {
     None
 }

@@ -235,4 +235,13 @@ fn a_fault_costs_something_measurable_and_bounded() {
     let cost = kreplay_wtrack::fault_cost().expect("measured where tracking is available");
     assert!(cost > std::time::Duration::ZERO);
     assert!(cost < std::time::Duration::from_millis(1), "{cost:?}");
+    // Every price of following a page is measured, positive and below a millisecond a page.
+    let costs = kreplay_wtrack::page_costs().expect("measured where tracking is available");
+    for (what, ns) in [
+        ("fault", costs.fault_ns),
+        ("scan", costs.scan_ns),
+        ("protect", costs.protect_ns),
+    ] {
+        assert!(ns > 0.0 && ns < 1e6, "{what}: {ns} ns per page");
+    }
 }
