@@ -217,7 +217,7 @@ impl Rates {
 
     /// Rates with the given costs per byte at level 1 (tests inject what a machine measured).
     #[cfg(test)]
-    fn with(
+    pub(crate) fn with(
         copy: Option<f64>,
         hash: Option<f64>,
         hashed_copy: Option<f64>,
@@ -242,12 +242,6 @@ impl Rates {
     /// Nanoseconds per byte of a full copy, once one was measured.
     pub(crate) fn copy_ns_per_byte(&self) -> Option<f64> {
         self.rate(COPY)
-    }
-
-    /// Nanoseconds per byte of a partial write-back of `bytes`, once one of its kind was
-    /// measured.
-    pub(crate) fn partial_ns_per_byte(&self, bytes: u64) -> Option<f64> {
-        self.rate(Self::partial_kind(bytes))
     }
 
     pub(crate) fn record_copy(&mut self, bytes: u64, elapsed: Duration) {
@@ -345,6 +339,8 @@ pub(crate) struct Memory {
     /// The share of its chunks the latest dispatch of any kernel found changed (at a restore
     /// that hashed everything): what a kernel seen for the first time may change.
     pub typical_dirty: Option<f64>,
+    /// What following writes costs per page, as measured on this snapshotter's footprints.
+    pub track: crate::track::TrackPrices,
 }
 
 pub(crate) type SharedMemory = Arc<Mutex<Memory>>;

@@ -20,7 +20,7 @@ use crate::learned::{
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
-use crate::track::Tracking;
+use crate::track::{Outlook, Tracking, tracking_pays};
 use smallvec::SmallVec;
 
 /// The id of the next snapshot taken (see `Snapshot::id`).
@@ -417,21 +417,36 @@ impl Snapshotter {
         let tracking = match mode {
             Mode::Tracked if trackable => Tracking::arm(&wins),
             Mode::Adaptive if trackable && self.config.track_writes => {
-                let memory = self.memory.lock();
-                let dirty = match &earlier {
-                    Some(Learned {
-                        dirty_chunks: Some(d),
-                        ..
-                    }) => Some(*d as f64 / layout.chunks().max(1) as f64),
-                    Some(_) => None,
-                    None => memory.typical_dirty,
+                let pays = {
+                    let memory = self.memory.lock();
+                    let outlook = Outlook {
+                        restores: expected_restores,
+                        // What the kernel's earlier dispatch found changed; when it restored
+                        // in full (which says nothing of it), what other kernels changed.
+                        dirty: match &earlier {
+                            Some(Learned {
+                                dirty_chunks: Some(d),
+                                ..
+                            }) => Some(*d as f64 / layout.chunks().max(1) as f64),
+                            _ => memory.typical_dirty,
+                        },
+                        earlier: earlier.as_ref(),
+                        bytes: layout.bytes,
+                        chunks: layout.chunks() as u64,
+                        chunk_size: layout.chunk_size,
+                    };
+                    memory
+                        .track
+                        .resolve()
+                        .is_some_and(|prices| tracking_pays(&memory.rates, &prices, &outlook))
                 };
-                tracking_pays(&memory.rates, dirty, expected_restores, layout.bytes)
-                    .then(|| Tracking::arm(&wins))
-                    .flatten()
+                pays.then(|| Tracking::arm(&wins)).flatten()
             }
             _ => None,
         };
+        if let Some(t) = &tracking {
+            self.memory.lock().track.record(t);
+        }
         // Asked to track where writes cannot be followed: hash restores instead.
         let mode = if mode == Mode::Tracked && tracking.is_none() {
             Mode::Hash
@@ -1038,6 +1053,9 @@ impl Snapshot {
                 .and_then(|t| t.changed(layout, &live, &wins))
             {
                 Some(changed) => {
+                    if let Some(t) = &self.tracking {
+                        self.memory.lock().track.record(t);
+                    }
                     report.verified = true;
                     self.stats.dirty_chunks = Some(changed.len() as u64);
                     self.stats.full_streak = 0;
@@ -1127,35 +1145,6 @@ impl Snapshot {
             }
         }
     }
-}
-
-/// Whether auto follows a snapshot's writes: unless what is known says a tracked restore would
-/// cost more than a full one. `dirty`: the share of chunks the kernel's earlier dispatch (or,
-/// for a kernel seen for the first time, the latest dispatch of any kernel) found changed.
-/// A tracked restore of a share `d` costs the pass a fault per written page (priced at one per
-/// 4 KiB: pages are at least that) and writes back `d` of the footprint; a full restore copies
-/// all of it. Until a copy rate is measured, or with nothing known of what kernels write, it
-/// follows them (the first tracked restore measures, and auto stops following writes when that
-/// restore was dear). With no restore ahead there is nothing to save.
-fn tracking_pays(
-    rates: &crate::learned::Rates,
-    dirty: Option<f64>,
-    restores: Option<u64>,
-    bytes: u64,
-) -> bool {
-    if restores == Some(0) {
-        return false;
-    }
-    let (Some(copy), Some(d)) = (rates.copy_ns_per_byte(), dirty) else {
-        return true;
-    };
-    let Some(fault) = kreplay_wtrack::fault_cost() else {
-        return false;
-    };
-    let written = d * bytes as f64;
-    let write_back = rates.partial_ns_per_byte(written as u64).unwrap_or(copy) * written;
-    let faults = fault.as_nanos() as f64 * written / 4096.0;
-    faults + write_back < copy * bytes as f64
 }
 
 /// Whether a restore's write-back measures the machine's copy rate: only a full one, a copy of

@@ -4,12 +4,107 @@
 //! the chunks of the pages written since the last one, reading nothing else.
 
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kreplay_wtrack::WriteTracker;
+use kreplay_wtrack::{PageCosts, WriteTracker};
 
 use crate::device::HostWindow;
 use crate::layout::{Layout, Piece};
+use crate::learned::{Learned, Rates, estimate};
+
+/// Following writes must cost less than restoring without by this share of the latter: the
+/// estimates are medians of measurements that move by tens of percent on a shared machine.
+const TRACK_MARGIN: f64 = 0.05;
+
+/// A fault in a footprint costs this many times the fault `kreplay-wtrack` measures on its
+/// small scratch mapping, whose page tables stay cached: on the 2-core development machine a
+/// pass writing 10% of a 256 MiB footprint paid 0.85-1.0 us a page, against 0.67-0.74 us
+/// measured by the probe in the same process (1.2-1.45x); priced low, auto followed writes
+/// where a tenth of the footprint changed per pass and lost a third to full restores.
+const FAULT_IN_FOOTPRINT: f64 = 1.4;
+
+/// What auto knows, when a snapshot is taken, of the replay ahead and of the kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Outlook<'a> {
+    /// Restores the replay plans (or expects from earlier dispatches).
+    pub restores: Option<u64>,
+    /// The share of its chunks the kernel's earlier dispatch found changed; for a kernel seen
+    /// for the first time, or whose earlier dispatch restored in full, what the latest dispatch
+    /// of any kernel found.
+    pub dirty: Option<f64>,
+    /// What earlier dispatches of the kernel learned.
+    pub earlier: Option<&'a Learned>,
+    /// Bytes of the footprint.
+    pub bytes: u64,
+    /// Chunks of the footprint.
+    pub chunks: u64,
+    /// The chunk size.
+    pub chunk_size: u64,
+}
+
+/// The estimated cost, in nanoseconds, of a replay (`outlook`) that follows writes, and of the
+/// same replay restoring the cheapest way without (full restores, or verified ones with the
+/// snapshot's hashes they need); `None` until a copy has been measured (nothing to price the
+/// alternative by).
+///
+/// Following writes costs, per page of the footprint, protecting it when the snapshot is taken
+/// and un-protecting it when it is dropped; per pass, the first and the last included, a fault
+/// for each page it writes (taken as every page of the chunks `dirty` says change); per
+/// restore, a scan of the footprint's pages, the write-back of the chunks written, and
+/// protecting their pages again. Unknown `dirty` counts as nothing written: the best case,
+/// which the first restore then measures (see `stop_tracking_if_dear` in the snapshot).
+pub(crate) fn replay_costs(
+    rates: &Rates,
+    prices: &PageCosts,
+    outlook: &Outlook<'_>,
+) -> Option<(f64, f64)> {
+    let copy = rates.copy_ns_per_byte()?;
+    let restores = outlook.restores? as f64;
+    let bytes = outlook.bytes as f64;
+    let pages = bytes / kreplay_wtrack::page_size() as f64;
+    let share = outlook.dirty.unwrap_or(0.0).clamp(0.0, 1.0);
+    let (written, written_pages) = (share * bytes, share * pages);
+    let write_back = rates.scattered_per_byte(written as u64) * written;
+    let tracked = 2.0 * prices.protect_ns * pages
+        + (restores + 1.0) * prices.fault_ns * written_pages
+        + restores * (prices.scan_ns * pages + write_back + prices.protect_ns * written_pages);
+    let hash = rates.per_byte().1;
+    // `estimate` prices chunks at a byte's cost each: a chunk's bytes make nanoseconds of it.
+    let verified = outlook
+        .earlier
+        .and_then(|e| {
+            let set = e.write_set.iter().filter(|&&b| b).count() as u64;
+            estimate(rates, e, outlook.chunks, set, outlook.chunk_size)
+        })
+        .map_or(hash * bytes + write_back, |c| {
+            c.hash.min(c.writeset) * outlook.chunk_size as f64
+        });
+    let without =
+        (restores * copy * bytes).min(rates.snapshot_hash_extra() * bytes + restores * verified);
+    Some((tracked, without))
+}
+
+/// Restores a replay is priced at when nothing says how many it plans (no plan, no earlier
+/// dispatch): a replay may be long, as Nsight Compute's full metric set asks 38 passes.
+const UNKNOWN_RESTORES: u64 = 37;
+
+/// Whether auto follows a snapshot's writes: where [`replay_costs`] says following them costs
+/// less than restoring without, by [`TRACK_MARGIN`]. With no restore planned never: starting
+/// and stopping cost about a copy of the footprint, repaid only over restores; with none known,
+/// priced as a long replay ([`UNKNOWN_RESTORES`]). Before any copy was measured, for a replay
+/// of two restores or more (the first restore measures what the passes write, and auto stops
+/// following writes when that was dear).
+pub(crate) fn tracking_pays(rates: &Rates, prices: &PageCosts, outlook: &Outlook<'_>) -> bool {
+    let outlook = Outlook {
+        restores: Some(outlook.restores.unwrap_or(UNKNOWN_RESTORES)),
+        ..*outlook
+    };
+    match (outlook.restores, replay_costs(rates, prices, &outlook)) {
+        (None | Some(0), _) => false,
+        (Some(r), None) => r >= 2,
+        (Some(_), Some((tracked, without))) => tracked * (1.0 + TRACK_MARGIN) < without,
+    }
+}
 
 /// The writes to a snapshot's regions, followed.
 pub(crate) struct Tracking {
@@ -20,6 +115,44 @@ pub(crate) struct Tracking {
     pub(crate) fault: Duration,
     /// Pages the latest restore found written.
     pub(crate) last_pages: Option<u64>,
+    /// Nanoseconds per page followed that starting to follow them took (reading the process's
+    /// mappings, registering, protecting every page).
+    pub(crate) armed_ns_per_page: f64,
+    /// Nanoseconds per page followed that the latest scan for written pages took.
+    pub(crate) last_scan_ns_per_page: Option<f64>,
+}
+
+/// What following writes costs per page, as this process measured it on its own footprints
+/// where it has (starting to follow a footprint, scanning one), else as `kreplay-wtrack`'s
+/// scratch probe measured it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct TrackPrices {
+    /// Starting to follow a page; protecting it again after a write-back, and stopping (the
+    /// kernel un-protects every page when the tracker is dropped) cost about as much.
+    pub protect_ns: Option<f64>,
+    /// Scanning a page for writes.
+    pub scan_ns: Option<f64>,
+}
+
+impl TrackPrices {
+    /// The prices to decide by: what was measured here, else the probe's; `None` where writes
+    /// cannot be followed at all.
+    pub(crate) fn resolve(&self) -> Option<PageCosts> {
+        let probe = kreplay_wtrack::page_costs()?;
+        Some(PageCosts {
+            fault_ns: probe.fault_ns * FAULT_IN_FOOTPRINT,
+            scan_ns: self.scan_ns.unwrap_or(probe.scan_ns),
+            protect_ns: self.protect_ns.unwrap_or(probe.protect_ns),
+        })
+    }
+
+    /// Take in what a snapshot's tracking measured.
+    pub(crate) fn record(&mut self, tracking: &Tracking) {
+        self.protect_ns = Some(tracking.armed_ns_per_page);
+        if let Some(scan) = tracking.last_scan_ns_per_page {
+            self.scan_ns = Some(scan);
+        }
+    }
 }
 
 impl Tracking {
@@ -30,13 +163,19 @@ impl Tracking {
             .iter()
             .map(|w| w.map(|w| w.as_ptr() as usize..w.as_ptr() as usize + w.len()))
             .collect();
-        let fault = kreplay_wtrack::fault_cost()?;
+        // Measured once per process, before the timing below.
+        let probe = kreplay_wtrack::page_costs()?;
+        let fault = Duration::from_nanos((probe.fault_ns * FAULT_IN_FOOTPRINT).round() as u64);
+        let start = Instant::now();
         let tracker = WriteTracker::new(&ranges?).ok()?;
+        let pages = (tracker.bytes() / tracker.page_size()).max(1);
         Some(Tracking {
+            armed_ns_per_page: start.elapsed().as_nanos() as f64 / pages as f64,
             tracker,
             written: Vec::new(),
             fault,
             last_pages: None,
+            last_scan_ns_per_page: None,
         })
     }
 
@@ -50,7 +189,10 @@ impl Tracking {
         wins: &[Option<HostWindow>],
     ) -> Option<Vec<usize>> {
         self.written.clear();
+        let start = Instant::now();
         let pages = self.tracker.written(&mut self.written).ok()?;
+        let followed = (self.tracker.bytes() / self.tracker.page_size()).max(1);
+        self.last_scan_ns_per_page = Some(start.elapsed().as_nanos() as f64 / followed as f64);
         self.last_pages = Some(pages as u64);
         let mut changed = Vec::new();
         for (r, win) in wins.iter().enumerate() {
@@ -105,5 +247,168 @@ impl Tracking {
     /// What the latest restore's pass paid in faults.
     pub(crate) fn last_faults(&self) -> Duration {
         self.fault * self.last_pages.unwrap_or(0) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const CHUNK: u64 = 64 << 10;
+
+    /// Rates and prices as the 2-core development machine measured them: copies at 33 GB/s,
+    /// hash passes at 45 GB/s, a fault 0.75 us, protecting a page 70 ns, scanning one 2 ns.
+    fn machine() -> (Rates, PageCosts) {
+        (
+            Rates::with(Some(0.030), Some(0.022), Some(0.037), Some(0.040)),
+            PageCosts {
+                fault_ns: 750.0,
+                scan_ns: 2.0,
+                protect_ns: 70.0,
+            },
+        )
+    }
+
+    fn outlook(restores: Option<u64>, dirty: Option<f64>) -> Outlook<'static> {
+        let bytes = 256 * MIB;
+        Outlook {
+            restores,
+            dirty,
+            earlier: None,
+            bytes,
+            chunks: bytes / CHUNK,
+            chunk_size: CHUNK,
+        }
+    }
+
+    fn pays(restores: Option<u64>, dirty: Option<f64>) -> bool {
+        let (rates, prices) = machine();
+        tracking_pays(&rates, &prices, &outlook(restores, dirty))
+    }
+
+    #[test]
+    fn one_restore_never_repays_protecting_and_unprotecting_the_footprint() {
+        // Starting and stopping cost 140 ns a page, more than a copy of it (123 ns): even a
+        // replay whose passes write nothing restores cheaper without.
+        for dirty in [None, Some(0.0), Some(0.01), Some(0.1)] {
+            assert!(!pays(Some(1), dirty), "{dirty:?}");
+        }
+    }
+
+    #[test]
+    fn a_few_restores_of_a_small_share_are_cheaper_followed() {
+        for restores in [3, 7, 37] {
+            assert!(pays(Some(restores), Some(0.01)), "{restores}");
+        }
+        // Nothing known of what the kernel writes: the best case decides.
+        assert!(pays(Some(3), None));
+    }
+
+    #[test]
+    fn passes_that_write_a_tenth_fault_more_than_restoring_without_costs() {
+        // Per pass 0.1 x 0.75 us a page of faults (75 ns) plus the write-back, against a hash
+        // pass of 90 ns a page: short replays must not follow writes, and long ones gain too
+        // little to call.
+        for restores in [1, 3, 7, 37] {
+            assert!(!pays(Some(restores), Some(0.1)), "{restores}");
+        }
+        assert!(!pays(Some(37), Some(1.0)));
+    }
+
+    #[test]
+    fn the_costs_count_both_ends_every_pass_fault_and_every_restore() {
+        let (rates, prices) = machine();
+        let o = outlook(Some(3), Some(0.01));
+        let (tracked, without) = replay_costs(&rates, &prices, &o).unwrap();
+        let pages = (256 * MIB / kreplay_wtrack::page_size() as u64) as f64;
+        let written = 0.01 * (256 * MIB) as f64;
+        let expected = 2.0 * 70.0 * pages
+            + 4.0 * 750.0 * 0.01 * pages
+            + 3.0
+                * (2.0 * pages
+                    + rates.scattered_per_byte(written as u64) * written
+                    + 70.0 * 0.01 * pages);
+        assert!(
+            (tracked - expected).abs() < 1.0,
+            "{tracked} against {expected}"
+        );
+        // Without: the cheaper of three full copies and hashes plus three verified restores.
+        let full = 3.0 * 0.030 * (256 * MIB) as f64;
+        assert!(without <= full + 1.0, "{without} against {full}");
+    }
+
+    #[test]
+    fn what_earlier_dispatches_learned_prices_the_restores_without_in_nanoseconds() {
+        let (rates, prices) = machine();
+        let chunks = 256 * MIB / CHUNK;
+        let dirty = chunks / 100;
+        // An earlier dispatch that followed writes: what changed is known, no write set.
+        let followed = Learned {
+            write_set: vec![false; chunks as usize],
+            dirty_chunks: Some(dirty),
+            restores: 7,
+            ..Default::default()
+        };
+        // One that learned its write set: restores hash only what lies outside it.
+        let mut set = vec![false; chunks as usize];
+        set[..dirty as usize].iter_mut().for_each(|b| *b = true);
+        let learned = Learned {
+            write_set: set,
+            dirty_chunks: Some(dirty),
+            restores: 7,
+            ..Default::default()
+        };
+        for earlier in [&followed, &learned] {
+            let o = Outlook {
+                earlier: Some(earlier),
+                ..outlook(Some(7), Some(0.01))
+            };
+            let (tracked, without) = replay_costs(&rates, &prices, &o).unwrap();
+            let (_, unknown) =
+                replay_costs(&rates, &prices, &outlook(Some(7), Some(0.01))).unwrap();
+            // Seven verified restores each hash (nearly) the whole footprint.
+            assert!(
+                without > 0.9 * unknown && without < 1.1 * unknown,
+                "{without} against {unknown}"
+            );
+            assert!(tracked < without);
+            assert!(tracking_pays(&rates, &prices, &o));
+        }
+    }
+
+    #[test]
+    fn without_a_restore_ahead_nothing_is_followed_and_unknown_replays_count_as_long() {
+        assert!(!pays(Some(0), Some(0.0)));
+        // Nothing says how long the replay is: priced as 37 restores.
+        assert!(pays(None, Some(0.01)));
+        assert!(!pays(None, Some(0.1)));
+        let (_, prices) = machine();
+        let fresh = Rates::default();
+        assert!(!tracking_pays(
+            &fresh,
+            &prices,
+            &outlook(Some(1), Some(0.0))
+        ));
+        assert!(tracking_pays(&fresh, &prices, &outlook(Some(2), Some(0.0))));
+    }
+
+    #[test]
+    fn prices_measured_here_replace_the_probes() {
+        let Some(probe) = kreplay_wtrack::page_costs() else {
+            eprintln!("skipped: writes cannot be followed here");
+            return;
+        };
+        let mut prices = TrackPrices::default();
+        let unmeasured = prices.resolve().unwrap();
+        assert_eq!(
+            (unmeasured.protect_ns, unmeasured.scan_ns),
+            (probe.protect_ns, probe.scan_ns)
+        );
+        prices.protect_ns = Some(123.0);
+        prices.scan_ns = Some(4.5);
+        let resolved = prices.resolve().unwrap();
+        assert_eq!((resolved.protect_ns, resolved.scan_ns), (123.0, 4.5));
+        assert_eq!(resolved.fault_ns, probe.fault_ns * FAULT_IN_FOOTPRINT);
     }
 }
