@@ -1,5 +1,5 @@
 //! The cost of whole replays: snapshot plus every restore of an N-pass replay (learning and
-//! verification included), per strategy, for a first dispatch of a kernel and for later
+//! verification included), the passes' own writes and the snapshot's end, per strategy, for a first dispatch of a kernel and for later
 //! dispatches of the same kernel that reuse what the earlier ones learned; beside N full
 //! restores and N copies at the machine's copy ceiling.
 
@@ -316,7 +316,11 @@ fn replay_once(
         spent += start.elapsed();
         choices.restore(&report, snapshot.bytes());
     }
+    // Ending the replay is counted too: a snapshot that followed writes stops following them
+    // here, which walks the footprint's page tables again.
+    let start = Instant::now();
     drop(snapshot);
+    spent += start.elapsed();
     Ok(spent)
 }
 

@@ -270,6 +270,7 @@ impl Default for BenchOptions {
                 RestoreStrategy::Full,
                 RestoreStrategy::Hash,
                 RestoreStrategy::Writeset,
+                RestoreStrategy::Tracked,
             ],
             tiers: vec![StoreTier::Host, StoreTier::File, StoreTier::Device],
             repeats: DEFAULT_REPEATS,
@@ -776,7 +777,8 @@ struct BenchArgs {
     /// comma list of dirty percentages, 0 to 100 (default 0,1,10,100)
     #[arg(long, value_name = "LIST", value_parser = list(parse_percent), allow_hyphen_values = true)]
     dirty: Option<List<f64>>,
-    /// restore strategies: full, hash, writeset, tracked, auto (default full,hash,writeset)
+    /// restore strategies: full, hash, writeset, tracked, auto (default
+    /// full,hash,writeset,tracked)
     #[arg(long, value_name = "LIST", value_parser = list(parse_strategy))]
     strategies: Option<List<RestoreStrategy>>,
     /// snapshot store tiers: host, file, device, auto (default host,file,device); with

@@ -245,9 +245,10 @@ fn bench_prints_the_matrix_with_ceilings_and_targets_and_writes_csv_and_svg() {
     for column in ["time", "GB/s", "ceiling", "ceiling GB/s", "ratio"] {
         assert!(header.contains(column), "{column} missing: {header}");
     }
-    // Ceilings first, then 3 tiers x 3 strategies x (2 snapshots + 2 restores) + 3 detect rows.
+    // Ceilings first, then 3 tiers x 4 strategies (full, hash, writeset, tracked) x
+    // (2 snapshots + 2 restores) + 3 detect rows.
     let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("4MiB")).collect();
-    assert_eq!(rows.len(), 2 + 3 * 3 * 4 + 3, "{text}");
+    assert_eq!(rows.len(), 2 + 3 * 4 * 4 + 3, "{text}");
     assert!(
         rows.iter()
             .any(|r| r.contains(" detect ") && r.contains("read_ceiling"))
@@ -262,7 +263,9 @@ fn bench_prints_the_matrix_with_ceilings_and_targets_and_writes_csv_and_svg() {
         text.contains("targets (judged from this run's rows):"),
         "{text}"
     );
-    assert!(text.contains("write-set restore at 1% dirty <= 1/10 of full restore"));
+    assert!(
+        text.contains("write-set (learned or tracked) restore at 1% dirty <= 1/10 of full restore")
+    );
     assert!(text.contains(" met, "), "{text}");
     // The scope case: the agent scope snapshots the whole footprint, the referenced scope the
     // 1% the kernel's argument points at.

@@ -527,7 +527,8 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
             "\nwhole replays (the tables above): snapshot plus every restore of an N-pass \
              replay (learning and verification included), and the passes' own writes of the \
              dirty chunks (where writes are followed, a pass pays a fault for the first store \
-             to each page). Each cell is measured in {repeats} repetitions \
+             to each page), and dropping the snapshot at the end (where writes were followed, \
+             the footprint is un-protected then). Each cell is measured in {repeats} repetitions \
              ({long_repeats} for more than {long_passes} passes), after one untimed dispatch of \
              N passes per strategy; a repetition replays, for every strategy in turn (in an \
              order shuffled anew each repetition), a sequence of {dispatches} dispatches of a \
@@ -719,8 +720,8 @@ mod tests {
                 "{target:?} missing: {text}"
             );
         }
-        // 2 ceilings; 3 strategies x (2 snapshots + 2 restores); 1 detect row.
-        assert_eq!(outcome.rows.len(), 2 + 3 * 4 + 1);
+        // 2 ceilings; 4 strategies x (2 snapshots + 2 restores); 1 detect row.
+        assert_eq!(outcome.rows.len(), 2 + 4 * 4 + 1);
         // 1 footprint x 1 tier x 1 dirty fraction x 4 patterns x 1 N x (6 strategies and the
         // control, full measured twice).
         assert_eq!(outcome.replay.len(), 4 * 7);
