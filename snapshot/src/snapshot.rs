@@ -747,7 +747,7 @@ impl Snapshot {
             None => t.last_written_bytes().saturating_mul(4) >= self.layout.bytes,
         };
         if dear {
-            self.tracking = None;
+            end_tracking(&mut self.tracking, &self.memory);
         }
     }
 
@@ -1053,9 +1053,6 @@ impl Snapshot {
                 .and_then(|t| t.changed(layout, &live, &wins))
             {
                 Some(changed) => {
-                    if let Some(t) = &self.tracking {
-                        self.memory.lock().track.record(t);
-                    }
                     report.verified = true;
                     self.stats.dirty_chunks = Some(changed.len() as u64);
                     self.stats.full_streak = 0;
@@ -1064,7 +1061,7 @@ impl Snapshot {
                 None => {
                     // The tracker cannot say what was written: write everything back, and
                     // trust it no more.
-                    self.tracking = None;
+                    end_tracking(&mut self.tracking, &self.memory);
                     step = Step::Full;
                     report.strategy = RestoreStrategy::Full;
                 }
@@ -1110,7 +1107,7 @@ impl Snapshot {
                     .as_ref()
                     .is_some_and(|t| t.rearm(layout, &wins, &pieces));
             if !rearmed {
-                self.tracking = None;
+                end_tracking(&mut self.tracking, &self.memory);
             }
         }
         drop(pinned);
@@ -1129,8 +1126,13 @@ impl Snapshot {
         report.bytes_moved = outcome.bytes;
         report.chunks_restored = outcome.chunks;
         report.elapsed = start.elapsed();
-        if step == Step::Tracked && self.mode == Mode::Adaptive {
-            self.stop_tracking_if_dear(report.elapsed);
+        if step == Step::Tracked {
+            if let Some(t) = &self.tracking {
+                self.memory.lock().track.record_restore(t, report.elapsed);
+            }
+            if self.mode == Mode::Adaptive {
+                self.stop_tracking_if_dear(report.elapsed);
+            }
         }
         match outcome.error {
             None => Ok(report),
@@ -1144,6 +1146,17 @@ impl Snapshot {
                 })
             }
         }
+    }
+}
+
+/// Stop following writes (the kernel un-protects every page followed), timing it for the
+/// prices of later decisions.
+fn end_tracking(tracking: &mut Option<Tracking>, memory: &SharedMemory) {
+    if let Some(t) = tracking.take() {
+        let pages = t.followed_pages();
+        let start = Instant::now();
+        drop(t);
+        memory.lock().track.record_end(pages, start.elapsed());
     }
 }
 
@@ -1241,6 +1254,7 @@ impl WriteSet {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
+        end_tracking(&mut self.tracking, &self.memory);
         if let Some(key) = self.key {
             let mut learned = std::mem::take(&mut self.stats);
             learned.write_set = match self.learned.take() {

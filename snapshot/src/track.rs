@@ -55,7 +55,7 @@ pub(crate) struct Outlook<'a> {
 /// which the first restore then measures (see `stop_tracking_if_dear` in the snapshot).
 pub(crate) fn replay_costs(
     rates: &Rates,
-    prices: &PageCosts,
+    prices: &Prices,
     outlook: &Outlook<'_>,
 ) -> Option<(f64, f64)> {
     let copy = rates.copy_ns_per_byte()?;
@@ -65,9 +65,18 @@ pub(crate) fn replay_costs(
     let share = outlook.dirty.unwrap_or(0.0).clamp(0.0, 1.0);
     let (written, written_pages) = (share * bytes, share * pages);
     let write_back = rates.scattered_per_byte(written as u64) * written;
-    let tracked = 2.0 * prices.protect_ns * pages
-        + (restores + 1.0) * prices.fault_ns * written_pages
-        + restores * (prices.scan_ns * pages + write_back + prices.protect_ns * written_pages);
+    let page = &prices.page;
+    // Per restore beyond the scan: as tracked restores here measured it per page written, else
+    // the write-back at the rate of write-backs that size and protecting the pages again.
+    let beyond_scan = prices
+        .written_ns
+        .map_or(write_back + page.protect_ns * written_pages, |ns| {
+            ns * written_pages
+        });
+    let ends = page.protect_ns + prices.unprotect_ns.unwrap_or(page.protect_ns);
+    let tracked = ends * pages
+        + (restores + 1.0) * page.fault_ns * written_pages
+        + restores * (page.scan_ns * pages + beyond_scan);
     let hash = rates.per_byte().1;
     // `estimate` prices chunks at a byte's cost each: a chunk's bytes make nanoseconds of it.
     let verified = outlook
@@ -94,7 +103,7 @@ const UNKNOWN_RESTORES: u64 = 37;
 /// priced as a long replay ([`UNKNOWN_RESTORES`]). Before any copy was measured, for a replay
 /// of two restores or more (the first restore measures what the passes write, and auto stops
 /// following writes when that was dear).
-pub(crate) fn tracking_pays(rates: &Rates, prices: &PageCosts, outlook: &Outlook<'_>) -> bool {
+pub(crate) fn tracking_pays(rates: &Rates, prices: &Prices, outlook: &Outlook<'_>) -> bool {
     let outlook = Outlook {
         restores: Some(outlook.restores.unwrap_or(UNKNOWN_RESTORES)),
         ..*outlook
@@ -122,6 +131,17 @@ pub(crate) struct Tracking {
     pub(crate) last_scan_ns_per_page: Option<f64>,
 }
 
+/// The prices a decision to follow writes is made by (see [`TrackPrices::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Prices {
+    /// Per page: a fault, a scan, protecting.
+    pub page: PageCosts,
+    /// Per page, stopping following it, where measured (else as much as protecting it).
+    pub unprotect_ns: Option<f64>,
+    /// Per page found written, what a tracked restore spends beyond its scan, where measured.
+    pub written_ns: Option<f64>,
+}
+
 /// What following writes costs per page, as this process measured it on its own footprints
 /// where it has (starting to follow a footprint, scanning one), else as `kreplay-wtrack`'s
 /// scratch probe measured it.
@@ -130,27 +150,57 @@ pub(crate) struct TrackPrices {
     /// Starting to follow a page; protecting it again after a write-back, and stopping (the
     /// kernel un-protects every page when the tracker is dropped) cost about as much.
     pub protect_ns: Option<f64>,
+    /// Stopping following a page (the kernel un-protects it when the tracker is dropped).
+    pub unprotect_ns: Option<f64>,
     /// Scanning a page for writes.
     pub scan_ns: Option<f64>,
+    /// What a tracked restore spent beyond its scan, per page found written (writing back the
+    /// chunks, protecting their pages again, the bookkeeping), from restores that found at
+    /// least [`MIN_PRICED_PAGES`] pages written.
+    pub written_ns: Option<f64>,
 }
+
+/// A tracked restore prices the pages it found written only when they were at least this many:
+/// below, its fixed costs would be spread over too few.
+const MIN_PRICED_PAGES: u64 = 64;
 
 impl TrackPrices {
     /// The prices to decide by: what was measured here, else the probe's; `None` where writes
     /// cannot be followed at all.
-    pub(crate) fn resolve(&self) -> Option<PageCosts> {
+    pub(crate) fn resolve(&self) -> Option<Prices> {
         let probe = kreplay_wtrack::page_costs()?;
-        Some(PageCosts {
-            fault_ns: probe.fault_ns * FAULT_IN_FOOTPRINT,
-            scan_ns: self.scan_ns.unwrap_or(probe.scan_ns),
-            protect_ns: self.protect_ns.unwrap_or(probe.protect_ns),
+        Some(Prices {
+            page: PageCosts {
+                fault_ns: probe.fault_ns * FAULT_IN_FOOTPRINT,
+                scan_ns: self.scan_ns.unwrap_or(probe.scan_ns),
+                protect_ns: self.protect_ns.unwrap_or(probe.protect_ns),
+            },
+            unprotect_ns: self.unprotect_ns,
+            written_ns: self.written_ns,
         })
     }
 
-    /// Take in what a snapshot's tracking measured.
+    /// Take in what starting to follow a footprint cost.
     pub(crate) fn record(&mut self, tracking: &Tracking) {
         self.protect_ns = Some(tracking.armed_ns_per_page);
-        if let Some(scan) = tracking.last_scan_ns_per_page {
-            self.scan_ns = Some(scan);
+    }
+
+    /// Take in what stopping following `pages` pages took.
+    pub(crate) fn record_end(&mut self, pages: usize, elapsed: Duration) {
+        self.unprotect_ns = Some(elapsed.as_nanos() as f64 / pages.max(1) as f64);
+    }
+
+    /// Take in what a tracked restore (`elapsed` in all) measured.
+    pub(crate) fn record_restore(&mut self, tracking: &Tracking, elapsed: Duration) {
+        let Some(scan) = tracking.last_scan_ns_per_page else {
+            return;
+        };
+        self.scan_ns = Some(scan);
+        let written = tracking.last_pages.unwrap_or(0);
+        if written >= MIN_PRICED_PAGES {
+            let scanned = scan * tracking.followed_pages() as f64;
+            let beyond = (elapsed.as_nanos() as f64 - scanned).max(0.0);
+            self.written_ns = Some(beyond / written as f64);
         }
     }
 }
@@ -191,8 +241,8 @@ impl Tracking {
         self.written.clear();
         let start = Instant::now();
         let pages = self.tracker.written(&mut self.written).ok()?;
-        let followed = (self.tracker.bytes() / self.tracker.page_size()).max(1);
-        self.last_scan_ns_per_page = Some(start.elapsed().as_nanos() as f64 / followed as f64);
+        self.last_scan_ns_per_page =
+            Some(start.elapsed().as_nanos() as f64 / self.followed_pages() as f64);
         self.last_pages = Some(pages as u64);
         let mut changed = Vec::new();
         for (r, win) in wins.iter().enumerate() {
@@ -239,6 +289,11 @@ impl Tracking {
         self.tracker.protect(&ranges).is_ok()
     }
 
+    /// Pages followed.
+    pub(crate) fn followed_pages(&self) -> usize {
+        (self.tracker.bytes() / self.tracker.page_size()).max(1)
+    }
+
     /// Bytes of the pages the latest restore found written.
     pub(crate) fn last_written_bytes(&self) -> u64 {
         self.last_pages.unwrap_or(0) * self.tracker.page_size() as u64
@@ -259,13 +314,17 @@ mod tests {
 
     /// Rates and prices as the 2-core development machine measured them: copies at 33 GB/s,
     /// hash passes at 45 GB/s, a fault 0.75 us, protecting a page 70 ns, scanning one 2 ns.
-    fn machine() -> (Rates, PageCosts) {
+    fn machine() -> (Rates, Prices) {
         (
             Rates::with(Some(0.030), Some(0.022), Some(0.037), Some(0.040)),
-            PageCosts {
-                fault_ns: 750.0,
-                scan_ns: 2.0,
-                protect_ns: 70.0,
+            Prices {
+                page: PageCosts {
+                    fault_ns: 750.0,
+                    scan_ns: 2.0,
+                    protect_ns: 70.0,
+                },
+                unprotect_ns: None,
+                written_ns: None,
             },
         )
     }
@@ -332,6 +391,21 @@ mod tests {
         assert!(
             (tracked - expected).abs() < 1.0,
             "{tracked} against {expected}"
+        );
+        // Where stopping was timed, and tracked restores measured what a written page costs
+        // them beyond the scan, those replace the prices taken from protecting and the rates.
+        let measured = Prices {
+            unprotect_ns: Some(90.0),
+            written_ns: Some(500.0),
+            ..prices
+        };
+        let (tracked_measured, _) = replay_costs(&rates, &measured, &o).unwrap();
+        let expected = (70.0 + 90.0) * pages
+            + 4.0 * 750.0 * 0.01 * pages
+            + 3.0 * (2.0 * pages + 500.0 * 0.01 * pages);
+        assert!(
+            (tracked_measured - expected).abs() < 1.0,
+            "{tracked_measured} against {expected}"
         );
         // Without: the cheaper of three full copies and hashes plus three verified restores.
         let full = 3.0 * 0.030 * (256 * MIB) as f64;
@@ -400,7 +474,7 @@ mod tests {
             return;
         };
         let mut prices = TrackPrices::default();
-        let unmeasured = prices.resolve().unwrap();
+        let unmeasured = prices.resolve().unwrap().page;
         assert_eq!(
             (unmeasured.protect_ns, unmeasured.scan_ns),
             (probe.protect_ns, probe.scan_ns)
@@ -408,7 +482,11 @@ mod tests {
         prices.protect_ns = Some(123.0);
         prices.scan_ns = Some(4.5);
         let resolved = prices.resolve().unwrap();
-        assert_eq!((resolved.protect_ns, resolved.scan_ns), (123.0, 4.5));
-        assert_eq!(resolved.fault_ns, probe.fault_ns * FAULT_IN_FOOTPRINT);
+        assert_eq!(
+            (resolved.page.protect_ns, resolved.page.scan_ns),
+            (123.0, 4.5)
+        );
+        assert_eq!(resolved.page.fault_ns, probe.fault_ns * FAULT_IN_FOOTPRINT);
+        assert_eq!((resolved.unprotect_ns, resolved.written_ns), (None, None));
     }
 }
