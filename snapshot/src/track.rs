@@ -51,7 +51,8 @@ pub(crate) struct Outlook<'a> {
 /// and un-protecting it when it is dropped; per pass, the first and the last included, a fault
 /// for each page it writes (taken as every page of the chunks `dirty` says change); per
 /// restore, a scan of the footprint's pages, the write-back of the chunks written, and
-/// protecting their pages again. Unknown `dirty` counts as nothing written: the best case,
+/// protecting their pages again (those two as earlier tracked restores measured them per page
+/// written, where they did). Unknown `dirty` counts as nothing written: the best case,
 /// which the first restore then measures (see `stop_tracking_if_dear` in the snapshot).
 pub(crate) fn replay_costs(
     rates: &Rates,
@@ -143,12 +144,11 @@ pub(crate) struct Prices {
 }
 
 /// What following writes costs per page, as this process measured it on its own footprints
-/// where it has (starting to follow a footprint, scanning one), else as `kreplay-wtrack`'s
+/// where it has (starting and ending, scanning, tracked restores), else as `kreplay-wtrack`'s
 /// scratch probe measured it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct TrackPrices {
-    /// Starting to follow a page; protecting it again after a write-back, and stopping (the
-    /// kernel un-protects every page when the tracker is dropped) cost about as much.
+    /// Starting to follow a page (protecting it again after a write-back costs about as much).
     pub protect_ns: Option<f64>,
     /// Stopping following a page (the kernel un-protects it when the tracker is dropped).
     pub unprotect_ns: Option<f64>,
