@@ -210,6 +210,20 @@ fn plus_one(v: &[u32]) -> Vec<u32> {
 }
 
 impl Env {
+    /// Replays `add_one` over the first 1000 values of each of `bufs` (on GPU 0, through `q`)
+    /// with `passes` passes asked of the tool, waits for it, checks it was replayed to its last
+    /// pass, and returns its dispatch id.
+    fn replay_plus_one_on_first_values(&self, q: Queue, bufs: &[Ptr], passes: u64) -> u64 {
+        self.hooks.set_script(Script::passes(passes));
+        let done = self.app.signal(1);
+        self.app
+            .dispatch(q, self.add(0, bufs, 1000, 4, None, 256, done));
+        assert_eq!(self.app.wait_zero(done), 0);
+        let id = *self.dispatch_ids().last().unwrap();
+        assert_eq!(self.outcome(id), replayed(passes, LoopEnd::LastPass));
+        id
+    }
+
     /// An `add_one` dispatch on GPU `agent` over `bufs` (`len` elements each), counting its
     /// runs under `tag` and logging the `u32` at `observe` on each run.
     #[allow(clippy::too_many_arguments)] // one argument per field of the kernel's launch
@@ -530,12 +544,7 @@ scenarios! {
         for (runs_before, passes, strategy) in
             [(0, 38, RestoreStrategy::Writeset), (38, 2, RestoreStrategy::Full)]
         {
-            env.hooks.set_script(Script::passes(passes));
-            let done = env.app.signal(1);
-            env.app.dispatch(q, env.add(0, &bufs, 1000, 4, None, 256, done));
-            assert_eq!(env.app.wait_zero(done), 0);
-            let id = *env.dispatch_ids().last().unwrap();
-            assert_eq!(env.outcome(id), replayed(passes, LoopEnd::LastPass));
+            let id = env.replay_plus_one_on_first_values(q, &bufs, passes);
             assert_eq!(runs(4), runs_before + passes as u32);
             for v in &mut expected {
                 v[..1000].iter_mut().for_each(|x| *x += 1);
@@ -568,12 +577,7 @@ scenarios! {
         let initial = three_buffers();
         let bufs = coarse_buffers(&env, &initial);
         let passes = 6;
-        env.hooks.set_script(Script::passes(passes));
-        let done = env.app.signal(1);
-        env.app.dispatch(q, env.add(0, &bufs, 1000, 4, None, 256, done));
-        assert_eq!(env.app.wait_zero(done), 0);
-        let id = *env.dispatch_ids().last().unwrap();
-        assert_eq!(env.outcome(id), replayed(passes, LoopEnd::LastPass));
+        let id = env.replay_plus_one_on_first_values(q, &bufs, passes);
         for (buf, mut want) in bufs.iter().zip(initial) {
             want[..1000].iter_mut().for_each(|x| *x += 1);
             assert_eq!(env.app.read(*buf, want.len()), want, "exactly +1");
