@@ -125,11 +125,21 @@ pub(crate) struct Tracking {
     pub(crate) fault: Duration,
     /// Pages the latest restore found written.
     pub(crate) last_pages: Option<u64>,
-    /// Nanoseconds per page followed that starting to follow them took (reading the process's
-    /// mappings, registering, protecting every page).
-    pub(crate) armed_ns_per_page: f64,
-    /// Nanoseconds per page followed that the latest scan for written pages took.
-    pub(crate) last_scan_ns_per_page: Option<f64>,
+    /// What starting to follow the pages took (reading the process's mappings, registering,
+    /// protecting every page).
+    armed: Duration,
+    /// What the latest scan for written pages took.
+    last_scan: Option<Duration>,
+}
+
+/// Nanoseconds per page of `elapsed` spent on `pages` pages.
+fn per_page(elapsed: Duration, pages: usize) -> f64 {
+    elapsed.as_nanos() as f64 / pages.max(1) as f64
+}
+
+/// What a fault costs in a footprint, by the probe's measurement (see [`FAULT_IN_FOOTPRINT`]).
+fn fault_in_footprint(probe: &PageCosts) -> f64 {
+    probe.fault_ns * FAULT_IN_FOOTPRINT
 }
 
 /// The prices a decision to follow writes is made by (see [`TrackPrices::resolve`]).
@@ -171,7 +181,7 @@ impl TrackPrices {
         let probe = kreplay_wtrack::page_costs()?;
         Some(Prices {
             page: PageCosts {
-                fault_ns: probe.fault_ns * FAULT_IN_FOOTPRINT,
+                fault_ns: fault_in_footprint(&probe),
                 scan_ns: self.scan_ns.unwrap_or(probe.scan_ns),
                 protect_ns: self.protect_ns.unwrap_or(probe.protect_ns),
             },
@@ -182,25 +192,24 @@ impl TrackPrices {
 
     /// Take in what starting to follow a footprint cost.
     pub(crate) fn record(&mut self, tracking: &Tracking) {
-        self.protect_ns = Some(tracking.armed_ns_per_page);
+        self.protect_ns = Some(per_page(tracking.armed, tracking.followed_pages()));
     }
 
     /// Take in what stopping following `pages` pages took.
     pub(crate) fn record_end(&mut self, pages: usize, elapsed: Duration) {
-        self.unprotect_ns = Some(elapsed.as_nanos() as f64 / pages.max(1) as f64);
+        self.unprotect_ns = Some(per_page(elapsed, pages));
     }
 
     /// Take in what a tracked restore (`elapsed` in all) measured.
     pub(crate) fn record_restore(&mut self, tracking: &Tracking, elapsed: Duration) {
-        let Some(scan) = tracking.last_scan_ns_per_page else {
+        let Some(scan) = tracking.last_scan else {
             return;
         };
-        self.scan_ns = Some(scan);
+        self.scan_ns = Some(per_page(scan, tracking.followed_pages()));
         let written = tracking.last_pages.unwrap_or(0);
         if written >= MIN_PRICED_PAGES {
-            let scanned = scan * tracking.followed_pages() as f64;
-            let beyond = (elapsed.as_nanos() as f64 - scanned).max(0.0);
-            self.written_ns = Some(beyond / written as f64);
+            let beyond = elapsed.saturating_sub(scan);
+            self.written_ns = Some(per_page(beyond, written as usize));
         }
     }
 }
@@ -215,17 +224,16 @@ impl Tracking {
             .collect();
         // Measured once per process, before the timing below.
         let probe = kreplay_wtrack::page_costs()?;
-        let fault = Duration::from_nanos((probe.fault_ns * FAULT_IN_FOOTPRINT).round() as u64);
+        let fault = Duration::from_nanos(fault_in_footprint(&probe).round() as u64);
         let start = Instant::now();
         let tracker = WriteTracker::new(&ranges?).ok()?;
-        let pages = (tracker.bytes() / tracker.page_size()).max(1);
         Some(Tracking {
-            armed_ns_per_page: start.elapsed().as_nanos() as f64 / pages as f64,
+            armed: start.elapsed(),
             tracker,
             written: Vec::new(),
             fault,
             last_pages: None,
-            last_scan_ns_per_page: None,
+            last_scan: None,
         })
     }
 
@@ -241,8 +249,7 @@ impl Tracking {
         self.written.clear();
         let start = Instant::now();
         let pages = self.tracker.written(&mut self.written).ok()?;
-        self.last_scan_ns_per_page =
-            Some(start.elapsed().as_nanos() as f64 / self.followed_pages() as f64);
+        self.last_scan = Some(start.elapsed());
         self.last_pages = Some(pages as u64);
         let mut changed = Vec::new();
         for (r, win) in wins.iter().enumerate() {
