@@ -370,6 +370,72 @@ pub(crate) fn hash_live(
     Ok(bytes)
 }
 
+/// A hash restore through host windows in one pass: every chunk of the live regions is hashed
+/// into `out` (indexed by global chunk) and, where its hash differs from `snapshot`'s, written
+/// back from `store` (the host bytes of the snapshot, laid out by `layout.store_offset`) right
+/// away, while the chunk just read is still in the cache: the write then costs a read of the
+/// snapshot's bytes, not a second trip through memory for the live ones as well. Every live
+/// region must have a window (the caller checks). Returns the bytes hashed and the bytes written
+/// back; which chunks changed is in `out` against `snapshot`, as after [`hash_live`].
+pub(crate) fn hash_and_restore(
+    layout: &Layout,
+    live: &[bool],
+    windows: &[Option<HostWindow>],
+    store: &[u8],
+    snapshot: &[u64],
+    out: &mut [u64],
+) -> (u64, u64) {
+    let cs = layout.chunk_size;
+    let pieces = layout.full_pieces(live);
+    let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
+    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+    let written = pieces
+        .par_iter()
+        .zip(outs)
+        .map(|(p, out)| {
+            let Some(w) = &windows[p.region] else {
+                return 0;
+            };
+            let (offset, len) = layout.piece_span(p);
+            let first = layout.global(p).start;
+            let store_start = layout.store_range(p).start as u64;
+            out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
+                .enumerate()
+                .map(|(i, h)| {
+                    let job = i * MIN_CHUNKS_PER_JOB;
+                    let start = job as u64 * cs;
+                    let n = (cs * h.len() as u64).min(len - start);
+                    // SAFETY: the chunks lie inside the piece, inside the region the window
+                    // covers; the caller holds the inventory's read side. The slice is gone
+                    // before anything below writes to the same bytes.
+                    chunk_hashes(
+                        unsafe { window_bytes(w, offset + start, n) },
+                        cs as usize,
+                        h,
+                    );
+                    let mut written = 0;
+                    for (k, hash) in h.iter().enumerate() {
+                        if *hash == snapshot[first + job + k] {
+                            continue;
+                        }
+                        let at = start + k as u64 * cs;
+                        let bytes = cs.min(len - at);
+                        let src = (store_start + at) as usize;
+                        // SAFETY: the chunk lies inside the window, as above; no slice of it
+                        // lives any more, and the store never overlaps device memory.
+                        unsafe {
+                            window_write(w, offset + at, &store[src..src + bytes as usize], false)
+                        };
+                        written += bytes;
+                    }
+                    written
+                })
+                .sum::<u64>()
+        })
+        .sum();
+    (hashed, written)
+}
+
 /// A verified restore done by the device in one operation ([`DeviceMemory::restore_verified`]):
 /// the chunks of the live regions that `skip` does not mark are hashed and written back where
 /// they differ from the snapshot, the marked ones (a learned write set) are written unhashed.

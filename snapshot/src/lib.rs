@@ -21,7 +21,9 @@
 //! * **Restore cost tracks bytes mutated.** Per-chunk xxh3 hashes taken while copying (AVX2
 //!   chosen at run time, whatever the build's target flags, four chunks hashed in one loop so
 //!   that a thread keeps four streams of reads in flight); restores write back only changed
-//!   chunks ([`RestoreStrategy::Hash`]), or learn a write set and verify before every pass
+//!   chunks ([`RestoreStrategy::Hash`]; where the CPU reads both the memory and the snapshot,
+//!   each changed chunk is written back right after it was hashed, while it is still in the
+//!   cache), or learn a write set and verify before every pass
 //!   ([`RestoreStrategy::Writeset`]: the set is written back from the store and every other
 //!   live chunk is hashed, so each pass starts from the snapshotted bytes; a change outside the
 //!   set is written back and reported as a repair). Only the explicit opt-in

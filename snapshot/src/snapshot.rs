@@ -3,12 +3,12 @@
 use std::collections::TryReserveError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
 use crate::copy::{
-    WriteOutcome, copy_to_host, copy_to_shadow, hash_live, hash_store, restore_on_device, windows,
-    write_back,
+    WriteOutcome, copy_to_host, copy_to_shadow, hash_and_restore, hash_live, hash_store,
+    restore_on_device, windows, write_back,
 };
 use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
@@ -915,6 +915,8 @@ impl Snapshot {
         // bytes and chunks of the learned set it wrote).
         let mut written = false;
         let mut written_totals: Option<(u64, u64)> = None;
+        // Bytes the hash pass itself wrote back (see `hash_and_restore`).
+        let mut fused_writes: Option<u64> = None;
         let skipped_none = live.iter().all(|l| *l);
         if let Step::Detect { learn, predict } = step {
             // The set is taken out while its flags steer the hash pass, and put back below.
@@ -951,16 +953,38 @@ impl Snapshot {
                         .map_err(|_| ())
                 }
                 .and_then(|()| {
-                    hash_live(
-                        device,
-                        self.caps,
-                        layout,
-                        &live,
-                        &wins,
-                        &mut self.live_hashes,
-                        skip,
-                    )
-                    .map_err(|_| ())
+                    // Hashing everything through host windows from a snapshot the CPU can read:
+                    // changed chunks are written back as soon as they are found.
+                    let all_windows =
+                        (0..layout.regions.len()).all(|r| !live[r] || wins[r].is_some());
+                    let store = (skip.is_none() && !self.caps.device_hash && all_windows)
+                        .then(|| store_host_bytes(device, &self.store, layout.bytes))
+                        .flatten();
+                    match store {
+                        Some(store) => {
+                            let (bytes, wrote) = hash_and_restore(
+                                layout,
+                                &live,
+                                &wins,
+                                store,
+                                &self.hashes,
+                                &mut self.live_hashes,
+                            );
+                            written = true;
+                            fused_writes = Some(wrote);
+                            Ok(bytes)
+                        }
+                        None => hash_live(
+                            device,
+                            self.caps,
+                            layout,
+                            &live,
+                            &wins,
+                            &mut self.live_hashes,
+                            skip,
+                        )
+                        .map_err(|_| ()),
+                    }
                 })
                 .map(|bytes| {
                     let changed =
@@ -972,10 +996,19 @@ impl Snapshot {
             match hashed {
                 Ok((bytes, changed)) => {
                     if bytes > 0 {
-                        self.memory
-                            .lock()
-                            .rates
-                            .record_hash(bytes, hash_start.elapsed());
+                        let mut memory = self.memory.lock();
+                        let mut elapsed = hash_start.elapsed();
+                        if let Some(wrote) = fused_writes {
+                            // The hash pass wrote the changed chunks back as it went: what a
+                            // write-back of them costs is not hashing (at most half the pass is
+                            // taken for it, so one slow write-back cannot make hashing look
+                            // free).
+                            let writes = memory.rates.scattered_per_byte(wrote) * wrote as f64;
+                            elapsed = elapsed.saturating_sub(
+                                Duration::from_nanos(writes as u64).min(elapsed / 2),
+                            );
+                        }
+                        memory.rates.record_hash(bytes, elapsed);
                     }
                     report.bytes_hashed = bytes;
                     report.verified = true;
@@ -1145,6 +1178,28 @@ impl Snapshot {
                     report: Box::new(report),
                 })
             }
+        }
+    }
+}
+
+/// The snapshot's bytes as the CPU can read them: a host or file store's own memory, or a device
+/// shadow's host window where the device offers one for all of it. `None` when the CPU cannot
+/// read the snapshot directly.
+fn store_host_bytes<'a>(
+    device: &dyn DeviceMemory,
+    store: &'a Store,
+    bytes: u64,
+) -> Option<&'a [u8]> {
+    match store.device_addr() {
+        None => Some(store.bytes()).filter(|b| b.len() as u64 >= bytes),
+        Some(shadow) => {
+            let window = device
+                .host_window(shadow, bytes)
+                .filter(|w| w.len() as u64 >= bytes)?;
+            // SAFETY: the window covers `bytes` bytes of the shadow, which the store owns and
+            // frees only when dropped (after `'a`); nothing but this snapshot writes a shadow,
+            // and the caller only reads it while the snapshot is borrowed.
+            Some(unsafe { std::slice::from_raw_parts(window.as_ptr(), bytes as usize) })
         }
     }
 }

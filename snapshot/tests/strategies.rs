@@ -1001,3 +1001,95 @@ fn a_plan_naming_its_strategy_is_restored_by_it_instead_of_the_configured_one() 
             .all(|r| r.0 == RestoreStrategy::Full && r.2 == n * CS)
     );
 }
+
+#[test]
+fn a_hash_restore_from_a_snapshot_the_cpu_can_read_writes_changed_chunks_back_during_its_hash_pass()
+{
+    // A device shadow the CPU can read through a window: the hash pass writes the changed
+    // chunks back itself, so no device copy follows it.
+    let (dev, inv, a, data) = setup(Caps {
+        shadow: true,
+        host_visible: true,
+        ..Default::default()
+    });
+    let mut s = snapshotter(&dev, &inv, config(RestoreStrategy::Hash, StoreTier::Device))
+        .snapshot(&Filter::for_replay(1))
+        .unwrap();
+    assert_eq!(s.tier(), StoreTier::Device);
+    dirty(&dev, a, &[1, 9, 63]);
+    let copies = dev.counters.device_copies.load(Ordering::Relaxed);
+    let r = s.restore(&not_final(1)).unwrap();
+    assert_eq!(
+        dev.counters.device_copies.load(Ordering::Relaxed),
+        copies,
+        "written back by the hash pass, not by a device copy after it"
+    );
+    assert_eq!((r.chunks_restored, r.bytes_moved), (3, 3 * CS));
+    assert_eq!(r.bytes_hashed, 64 * CS);
+    assert!(r.verified);
+    assert_eq!(dev.peek(a, 64 * CS), data);
+    let r = s.restore(&FINAL).unwrap();
+    assert_eq!(r.chunks_restored, 0, "nothing changed since");
+}
+
+#[test]
+fn a_hash_pass_that_writes_back_restores_short_last_chunks_and_leaves_freed_regions_alone() {
+    // Regions that end inside a chunk, one freed before the restore; every tier the CPU can
+    // read, and a write set's learning restore (which hashes everything) as well as `hash`.
+    for (store, strategy) in [
+        (StoreTier::Host, RestoreStrategy::Hash),
+        (StoreTier::Device, RestoreStrategy::Hash),
+        (StoreTier::Host, RestoreStrategy::Writeset),
+        (StoreTier::Device, RestoreStrategy::Writeset),
+    ] {
+        let what = format!("{store:?} {strategy:?}");
+        let dev = TestDevice::new(Caps {
+            shadow: true,
+            host_visible: true,
+            ..Default::default()
+        });
+        let inv = Arc::new(Inventory::new());
+        let sizes = [10 * CS + 100, 3 * CS - 5, 5 * CS];
+        let bufs: Vec<(u64, Vec<u8>)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                let addr = dev.alloc(&inv, size, 1, MemoryKind::CoarseDevice, 0);
+                let data = pattern(size as usize, 10 + i as u64);
+                dev.poke(addr, &data);
+                (addr, data)
+            })
+            .collect();
+        let mut s = snapshotter(&dev, &inv, config(strategy, store))
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        assert_eq!(s.tier(), store, "{what}");
+        let (a, b, c) = (bufs[0].0, bufs[1].0, bufs[2].0);
+        dev.poke(a + sizes[0] - 1, &[0xEE]); // the 100-byte last chunk of the first region
+        dev.poke(b, &[0xEE; 7]); // the first chunk of the second
+        dev.poke(b + sizes[1] - 2, &[0xEE; 2]); // and its short last one
+        dev.poke(c, &[0xEE; 3]);
+        dev.free(&inv, c);
+        let r = s.restore(&not_final(1)).unwrap();
+        assert!(r.verified, "{what}");
+        assert_eq!(r.regions_skipped, 1, "{what}: the freed region");
+        assert_eq!(r.chunks_restored, 3, "{what}");
+        assert_eq!(r.bytes_moved, 100 + CS + (CS - 5), "{what}");
+        for (addr, data) in &bufs[..2] {
+            assert_eq!(&dev.peek(*addr, data.len() as u64), data, "{what}");
+        }
+        // The next pass writes the same chunks again: a write set restores them from what it
+        // learned, a hash restore finds them again.
+        dev.poke(a + sizes[0] - 1, &[0xEE]);
+        dev.poke(b, &[0xEE; 7]);
+        let r = s.restore(&FINAL).unwrap();
+        for (addr, data) in &bufs[..2] {
+            assert_eq!(
+                &dev.peek(*addr, data.len() as u64),
+                data,
+                "{what}: second restore"
+            );
+        }
+        assert!(r.chunks_restored >= 2, "{what}");
+    }
+}
