@@ -132,6 +132,59 @@ impl World {
         Snapshotter::new(self.inventory.clone(), self.device.clone(), config).unwrap()
     }
 
+    /// A snapshotter over the host tier that keeps its store, and so keeps following a
+    /// footprint between dispatches where its replay followed writes.
+    fn keeping_snapshotter(&self, strategy: RestoreStrategy) -> Snapshotter {
+        let config = SnapshotConfig::default()
+            .with_store(StoreTier::Host)
+            .with_strategy(strategy)
+            .with_chunk_size(CS)
+            .with_verify_every(0);
+        Snapshotter::new(self.inventory.clone(), self.device.clone(), config).unwrap()
+    }
+
+    /// What memory holds now becomes what every restore must bring back.
+    fn settle(&mut self) {
+        self.expected = self
+            .regions
+            .iter()
+            .map(|&(addr, size)| self.device.to_vec(addr, size).unwrap())
+            .collect();
+    }
+
+    /// One replay of `passes` passes, each making the writes `ops`, restoring after every pass
+    /// but the last; checks that every restore brought back what memory held at the snapshot.
+    /// Returns the snapshot's report.
+    fn replay(
+        &mut self,
+        snapshotter: &Snapshotter,
+        ops: &[(usize, u64, u64)],
+        passes: u64,
+        what: &str,
+    ) -> SnapshotReport {
+        self.settle();
+        let mut s = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
+        for pass in 0..passes {
+            for &op in ops {
+                self.write(op);
+            }
+            if pass + 1 == passes {
+                break;
+            }
+            s.restore(&RestoreRequest {
+                next_pass: pass + 1,
+                may_be_final: pass + 2 == passes,
+            })
+            .unwrap();
+            assert!(self.identical(), "{what}: pass {pass}");
+        }
+        s.report().clone()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.1).sum()
+    }
+
     fn identical(&self) -> bool {
         self.regions
             .iter()
@@ -493,4 +546,141 @@ fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatc
     // The write set (every device and tier it supports) and auto reused a learned set without
     // hashing it.
     assert!(reused_cases >= 14, "{reused_cases}");
+}
+
+/// A replay that followed writes keeps following its footprint after it ends, and the next
+/// snapshot of the same allocations copies only the pages written since. What the application
+/// writes between the two (into pages the last pass wrote, pages restores had protected again,
+/// and pages nothing touched since the first snapshot) must be in that snapshot: a restore of
+/// the second replay that brought back the first one's bytes would undo the application's work.
+#[test]
+fn a_footprint_followed_between_dispatches_snapshots_what_the_application_wrote_in_between() {
+    if !tracks(DeviceKind::SoftwarePlain) {
+        eprintln!(
+            "skipped: writes cannot be followed here: {:?}",
+            kreplay_wtrack::available()
+        );
+        return;
+    }
+    for strategy in [RestoreStrategy::Tracked, RestoreStrategy::Auto] {
+        let what = format!("{strategy}");
+        // Large enough for auto to follow writes in a long replay.
+        let sizes = [AUTO_FULL_BELOW_BYTES, 3 * CS + 5];
+        let mut w = World::new(DeviceKind::SoftwarePlain, &sizes, 21);
+        let snap = w.keeping_snapshotter(strategy);
+        let ops = vec![(0, 5 * CS + 3, 10), (1, CS - 2, 4)];
+        let first = w.replay(&snap, &ops, 38, &what);
+        assert_eq!(first.strategy, RestoreStrategy::Tracked, "{what}");
+        assert_eq!(
+            first.bytes_moved,
+            w.bytes(),
+            "{what}: the first snapshot copies everything"
+        );
+        assert_eq!(snap.following(), Some(w.bytes()), "{what}: still followed");
+        // The application between dispatches: a page the passes wrote, a page far from them,
+        // and the last byte of the small region.
+        w.write((0, 5 * CS, 1));
+        w.write((0, 40 * CS + 9, 100));
+        w.write((1, 3 * CS + 4, 1));
+        let second = w.replay(&snap, &ops, 5, &what);
+        assert_eq!(second.strategy, RestoreStrategy::Tracked, "{what}");
+        assert!(
+            second.bytes_moved > 0 && second.bytes_moved <= 6 * CS,
+            "{what}: only the chunks written since are copied ({} bytes)",
+            second.bytes_moved
+        );
+        // A replay whose pass writes nothing: the snapshot copies what the last pass wrote.
+        let third = w.replay(&snap, &[], 3, &what);
+        assert!(third.bytes_moved <= 4 * CS, "{what}: {}", third.bytes_moved);
+        let fourth = w.replay(&snap, &ops, 2, &what);
+        assert_eq!(fourth.bytes_moved, 0, "{what}: nothing written since");
+        assert!(snap.stop_following(), "{what}");
+        assert_eq!(snap.following(), None);
+        let fifth = w.replay(&snap, &ops, 2, &what);
+        assert_eq!(
+            fifth.bytes_moved,
+            w.bytes(),
+            "{what}: copied whole after stopping"
+        );
+    }
+}
+
+/// A footprint kept followed is continued only by a snapshot of the same allocations: one of a
+/// region freed and allocated again, or of other regions, copies everything, and a snapshot
+/// that does not keep its store leaves nothing followed behind.
+#[test]
+fn a_footprint_followed_between_dispatches_is_continued_only_over_the_same_allocations() {
+    if !tracks(DeviceKind::SoftwarePlain) {
+        eprintln!(
+            "skipped: writes cannot be followed here: {:?}",
+            kreplay_wtrack::available()
+        );
+        return;
+    }
+    let sizes = [8 * CS, 3 * CS + 5];
+    let mut w = World::new(DeviceKind::SoftwarePlain, &sizes, 22);
+    let snap = w.keeping_snapshotter(RestoreStrategy::Tracked);
+    let ops = vec![(0, 2 * CS, 8), (1, 0, 1)];
+    w.replay(&snap, &ops, 3, "first");
+    assert!(snap.following().is_some());
+    // Region 1 freed and allocated again (perhaps at the same address): another allocation.
+    let (gone, size) = w.regions.remove(1);
+    w.expected.remove(1);
+    assert!(w.device.free_tracked(&w.inventory, gone));
+    let again = w
+        .device
+        .alloc_tracked(&w.inventory, size, 1, MemoryKind::CoarseDevice)
+        .unwrap();
+    w.device.write(again, &vec![7u8; size as usize]).unwrap();
+    w.regions.push((again, size));
+    w.expected.push(vec![7u8; size as usize]);
+    let r = w.replay(&snap, &ops, 3, "after a new allocation");
+    assert_eq!(r.bytes_moved, w.bytes(), "another footprint: copied whole");
+    // Continued over the same allocations again, then a new region joins the footprint.
+    let r = w.replay(&snap, &ops, 3, "same allocations");
+    assert!(r.bytes_moved < w.bytes(), "{}", r.bytes_moved);
+    let extra = w
+        .device
+        .alloc_tracked(&w.inventory, 2 * CS, 1, MemoryKind::CoarseDevice)
+        .unwrap();
+    w.regions.push((extra, 2 * CS));
+    let r = w.replay(&snap, &ops, 3, "a region more");
+    assert_eq!(r.bytes_moved, w.bytes());
+    // A snapshotter that does not keep its store follows nothing after its replay.
+    let plain = w.snapshotter(StoreTier::Host, RestoreStrategy::Tracked);
+    assert!(snap.stop_following());
+    w.replay(&plain, &ops, 3, "store not kept");
+    assert_eq!(plain.following(), None);
+}
+
+/// Two snapshotters over the same memory: while one keeps a footprint followed, the other's
+/// replays (which cannot follow the same pages: the kernel refuses a second tracker) still
+/// restore exactly, and their passes' writes and restores are seen by the first one's next
+/// snapshot.
+#[test]
+fn a_second_snapshotter_over_a_footprint_kept_followed_restores_exactly_and_is_seen() {
+    if !tracks(DeviceKind::SoftwarePlain) {
+        eprintln!(
+            "skipped: writes cannot be followed here: {:?}",
+            kreplay_wtrack::available()
+        );
+        return;
+    }
+    let sizes = [16 * CS, 5 * CS + 1];
+    let mut w = World::new(DeviceKind::SoftwarePlain, &sizes, 23);
+    let first = w.keeping_snapshotter(RestoreStrategy::Tracked);
+    let other = w.keeping_snapshotter(RestoreStrategy::Tracked);
+    let ops = vec![(0, 9 * CS + 1, 30), (1, 5 * CS, 1)];
+    w.replay(&first, &ops, 3, "first");
+    assert!(first.following().is_some());
+    let r = w.replay(&other, &[(0, 3 * CS, 5), (1, 0, 2)], 4, "other");
+    assert_ne!(
+        r.strategy,
+        RestoreStrategy::Tracked,
+        "the pages are followed by the first snapshotter already"
+    );
+    w.write((0, 12 * CS, 3));
+    let r = w.replay(&first, &ops, 4, "first again");
+    assert_eq!(r.strategy, RestoreStrategy::Tracked);
+    assert!(r.bytes_moved < w.bytes());
 }

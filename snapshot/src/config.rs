@@ -281,6 +281,8 @@ pub struct SnapshotConfig {
     pub spill_dir: Option<PathBuf>,
     /// Keep the last host or file store when a snapshot drops and reuse it for the next snapshot
     /// that fits (saves allocating and faulting in fresh pages). Device shadows are never kept.
+    /// A store whose snapshot followed writes is kept with its footprint still followed (see
+    /// [`Snapshotter::following`](crate::Snapshotter::following)); off, nothing stays followed.
     pub keep_store: bool,
     /// Whether `auto` may follow writes page by page where the device allows it (see
     /// `RestoreStrategy::Tracked`); off, it chooses among full, hash and write-set restores

@@ -246,6 +246,33 @@ pub(crate) fn copy_to_host(
     Ok(layout.bytes)
 }
 
+/// Copy `pieces` of memory through their regions' host windows into a host store (laid out by
+/// `layout.store_offset`): what a snapshot of a footprint still followed copies (the pages
+/// written since the last one). Pieces of a region without a window are left out. Returns the
+/// bytes copied.
+pub(crate) fn copy_pieces_to_host(
+    layout: &Layout,
+    windows: &[Option<HostWindow>],
+    store: &mut [u8],
+    pieces: &[Piece],
+) -> u64 {
+    let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+    pieces
+        .par_iter()
+        .zip(dsts)
+        .map(|(p, dst)| {
+            let Some(w) = &windows[p.region] else {
+                return 0;
+            };
+            let (offset, len) = layout.piece_span(p);
+            // SAFETY: the piece lies inside its region, which the window covers; the caller
+            // holds the inventory's read side.
+            dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
+            len
+        })
+        .sum()
+}
+
 /// Hash every chunk of every region of `layout` as a host store holds it (`store`, laid out by
 /// `layout.store_offset`) into `out` (indexed by global chunk): the hashes a hashing snapshot
 /// would have taken of the same bytes. Returns the bytes hashed.

@@ -341,6 +341,10 @@ pub(crate) struct Memory {
     pub typical_dirty: Option<f64>,
     /// What following writes costs per page, as measured on this snapshotter's footprints.
     pub track: crate::track::TrackPrices,
+    /// A digest of the regions (allocations and chunk size) the latest snapshot covered: a
+    /// snapshot of the same footprint as the one before it is expected to be followed by
+    /// another (see `Outlook::continues`).
+    pub last_footprint: Option<u64>,
 }
 
 pub(crate) type SharedMemory = Arc<Mutex<Memory>>;

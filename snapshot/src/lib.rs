@@ -32,6 +32,12 @@
 //!   ([`RestoreReport::unverified`]). Copies run in parallel on rayon (streaming stores from
 //!   64 MiB); partial restores are merged into runs and issued as one batch when the device
 //!   batches.
+//! * **Following writes across dispatches.** Where a replay followed its footprint's writes
+//!   ([`RestoreStrategy::Tracked`], or `auto` where that pays) and keeps its store, the
+//!   footprint stays followed after the snapshot is dropped ([`Snapshotter::following`]): the
+//!   next snapshot of the same allocations copies only the pages written since, and a
+//!   snapshot of other allocations, [`Snapshotter::stop_following`] or
+//!   [`Snapshotter::release_cached_store`] stop following it.
 //! * **Reuse across dispatches.** [`Snapshotter::take_for_kernel`] keeps what a dispatch's
 //!   restores learned (the write set, how many chunks changed, whether full restores won) per
 //!   kernel and region set, and the next dispatch of that kernel starts from it; verification

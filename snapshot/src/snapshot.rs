@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ConfigError, RestoreStrategy, SnapshotConfig, StoreTier};
 use crate::copy::{
-    WriteOutcome, copy_to_host, copy_to_shadow, hash_and_restore, hash_live, hash_store,
-    restore_on_device, windows, write_back,
+    WriteOutcome, copy_pieces_to_host, copy_to_host, copy_to_shadow, hash_and_restore, hash_live,
+    hash_store, restore_on_device, windows, write_back,
 };
 use crate::device::{Capabilities, CopyError, DeviceMemory, VerifyRange};
 use crate::inventory::{Filter, Inventory, Region};
@@ -20,7 +20,7 @@ use crate::learned::{
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
-use crate::track::{Outlook, Tracking, tracking_pays};
+use crate::track::{Followed, Outlook, Tracking, tracking_pays};
 use smallvec::SmallVec;
 
 /// The id of the next snapshot taken (see `Snapshot::id`).
@@ -231,6 +231,8 @@ pub struct Snapshot {
     /// The pages of the regions followed since the snapshot (`None`: not followed, or no
     /// longer trusted: restores then write in full or hash).
     tracking: Option<Tracking>,
+    /// Whether the regions stay followed after the snapshot is dropped (see [`Followed`]).
+    keep_following: bool,
 }
 
 fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -349,16 +351,35 @@ impl Snapshotter {
         self.check_budget(plan.layout.bytes)?;
         let device: &dyn DeviceMemory = &*self.source.device;
         let caps = device.capabilities();
+        // A footprint still followed after an earlier replay: continued from when this snapshot
+        // covers the same allocations (its store holds their bytes, but for the pages written
+        // since), else stopped here, before anything is allocated or followed anew.
+        let mut followed = self.source.take_followed();
+        if let Some(f) = followed.take_if(|f| !f.fits(&plan.layout, self.config.store)) {
+            self.end_followed(f);
+        }
         // Allocate before pinning the inventory: a backend's shadow allocation must not wait
         // on (or deadlock with) frees.
-        let mut store = self
-            .source
-            .acquire(plan.layout.store_len, plan.agent, &self.config)
-            .map_err(|detail| SnapshotError::StoreUnavailable {
-                tier: self.config.store,
-                bytes: plan.layout.store_len,
-                detail,
-            })?;
+        let (mut store, mut kept) = match followed {
+            Some(Followed {
+                mut store,
+                tracking,
+                ..
+            }) => {
+                store.reused = true;
+                (store, Some(tracking))
+            }
+            None => (
+                self.source
+                    .acquire(plan.layout.store_len, plan.agent, &self.config)
+                    .map_err(|detail| SnapshotError::StoreUnavailable {
+                        tier: self.config.store,
+                        bytes: plan.layout.store_len,
+                        detail,
+                    })?,
+                None,
+            ),
+        };
         let tier = store.tier();
         let planned = plan.layout.bytes;
         let pinned = self.inventory.pin(plan.fence.as_deref());
@@ -412,10 +433,27 @@ impl Snapshotter {
             (Some(e), _) => Some(e.restores),
             (None, _) => self.memory.lock().typical_restores,
         };
+        // The footprint still followed can be continued only whole: a region freed since (left
+        // out of this layout) ends it.
+        if skipped > 0 || !trackable {
+            end_tracking(&mut kept, &self.memory);
+        }
+        let followed = kept.is_some();
+        // A snapshot of the same footprint as the one before it: expected to be followed by
+        // another, which could continue following it.
+        let footprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&layout.regions, layout.chunk_size).hash(&mut h);
+            h.finish()
+        };
+        let continues = self.config.keep_store
+            && store.reusable()
+            && self.memory.lock().last_footprint.replace(footprint) == Some(footprint);
         // Followed from before the copy, so the first pass's writes are seen. Under auto only
         // where it looks cheaper than what auto would do otherwise (see `tracking_pays`).
         let tracking = match mode {
-            Mode::Tracked if trackable => Tracking::arm(&wins),
+            Mode::Tracked if trackable => kept.take().or_else(|| Tracking::arm(&wins)),
             Mode::Adaptive if trackable && self.config.track_writes => {
                 let pays = {
                     let memory = self.memory.lock();
@@ -434,17 +472,23 @@ impl Snapshotter {
                         bytes: layout.bytes,
                         chunks: layout.chunks() as u64,
                         chunk_size: layout.chunk_size,
+                        followed,
+                        continues,
                     };
                     memory
                         .track
                         .resolve()
                         .is_some_and(|prices| tracking_pays(&memory.rates, &prices, &outlook))
                 };
-                pays.then(|| Tracking::arm(&wins)).flatten()
+                pays.then(|| kept.take().or_else(|| Tracking::arm(&wins)))
+                    .flatten()
             }
             _ => None,
         };
-        if let Some(t) = &tracking {
+        // Not continued (another mode, or not worth it): stop following it now.
+        let continued = followed && kept.is_none() && tracking.is_some();
+        end_tracking(&mut kept, &self.memory);
+        if let Some(t) = tracking.as_ref().filter(|_| !continued) {
             self.memory.lock().track.record(t);
         }
         // Asked to track where writes cannot be followed: hash restores instead.
@@ -501,14 +545,50 @@ impl Snapshotter {
             }
         })?;
         let copy_start = Instant::now();
-        let copied = match store.device_addr() {
-            Some(shadow) => copy_to_shadow(device, &layout, shadow).and_then(|n| {
+        // Continuing to follow: only the pages written since the last snapshot differ from the
+        // store. They are protected again before they are copied, so a write racing the copy
+        // is seen by the next restore. A tracker that cannot say, or refuses, is ended, and
+        // everything is copied.
+        let mut tracking = tracking;
+        let incremental = continued
+            .then_some(tracking.as_mut())
+            .flatten()
+            .and_then(|t| {
+                let changed = t.changed(&layout, &all_live, &wins)?;
+                let pieces = layout.runs_of(&all_live, changed);
+                t.rearm(&layout, &wins, &pieces).then_some(pieces)
+            })
+            .filter(|_| store.device_addr().is_none());
+        if continued && incremental.is_none() {
+            end_tracking(&mut tracking, &self.memory);
+        }
+        // Kept followed after the replay where its store is kept; under auto not when over half
+        // its pages were written since the last snapshot: faults on those cost the application
+        // more than the copy following saves.
+        let keep_following = self.config.keep_store
+            && store.reusable()
+            && !(mode == Mode::Adaptive
+                && incremental.is_some()
+                && tracking
+                    .as_ref()
+                    .is_some_and(|t| 2 * t.last_pages.unwrap_or(0) as usize > t.followed_pages()));
+        let copied = match (&incremental, store.device_addr()) {
+            (Some(pieces), _) => {
+                let len = layout.store_len as usize;
+                Ok(copy_pieces_to_host(
+                    &layout,
+                    &wins,
+                    &mut store.bytes_mut()[..len],
+                    pieces,
+                ))
+            }
+            (None, Some(shadow)) => copy_to_shadow(device, &layout, shadow).and_then(|n| {
                 if hashed {
                     hash_live(device, caps, &layout, &all_live, &wins, &mut hashes, None)?;
                 }
                 Ok(n)
             }),
-            None => {
+            (None, None) => {
                 let len = layout.store_len as usize;
                 let dst = &mut store.bytes_mut()[..len];
                 copy_to_host(
@@ -526,6 +606,7 @@ impl Snapshotter {
         if let Ok(n) = copied
             && store.reused
             && store.device_addr().is_none()
+            && incremental.is_none()
         {
             let mut memory = self.memory.lock();
             if hashed {
@@ -594,8 +675,41 @@ impl Snapshotter {
                 .unwrap_or_default(),
             restores_since_hash: 0,
             needs_verify: false,
+            keep_following,
             tracking,
         })
+    }
+
+    /// Stop following a footprint kept followed after its replay: the kernel un-protects its
+    /// pages (timed, for the prices of later decisions), and its store goes back for reuse.
+    fn end_followed(&self, followed: Followed) {
+        let Followed {
+            tracking, store, ..
+        } = followed;
+        end_tracking(&mut Some(tracking), &self.memory);
+        self.source.give_back(store);
+    }
+
+    /// Stop following the footprint still followed after its replay, if any (see
+    /// [`following`](Snapshotter::following)); returns whether one was. The next snapshot of it
+    /// then copies all of it again. A snapshot of other allocations does this itself.
+    pub fn stop_following(&self) -> bool {
+        let followed = self.source.take_followed();
+        let was = followed.is_some();
+        if let Some(f) = followed {
+            self.end_followed(f);
+        }
+        was
+    }
+
+    /// Bytes of the footprint whose writes are still followed after the replay that followed
+    /// them ended, if any. Where a replay followed writes (`tracked`, or `auto` where that
+    /// pays) and kept its store (`keep_store`), its regions stay followed when its snapshot is
+    /// dropped: the first write to each page afterwards (by anyone in this process) costs a
+    /// minor fault, and the next snapshot of the same allocations copies only the pages written
+    /// since instead of all of them, and starts following at no cost.
+    pub fn following(&self) -> Option<u64> {
+        self.source.followed_bytes()
     }
 
     /// [`plan`](Snapshotter::plan) then [`take`](Snapshotter::take).
@@ -603,8 +717,10 @@ impl Snapshotter {
         self.take(self.plan(filter)?)
     }
 
-    /// Free the store kept for reuse, if any.
+    /// Free the store kept for reuse, if any, and stop following a footprint still followed
+    /// (see [`stop_following`](Snapshotter::stop_following)).
     pub fn release_cached_store(&self) {
+        self.stop_following();
         self.source.release_cached();
     }
 
@@ -1309,7 +1425,29 @@ impl WriteSet {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        end_tracking(&mut self.tracking, &self.memory);
+        // Still following every region, restored without a failure since: keep following them
+        // with the store (see `Followed`); an earlier footprint kept is stopped.
+        let keep = self.keep_following
+            && !self.needs_verify
+            && self.layout.regions.iter().all(|r| r.generation != 0);
+        match self.tracking.take() {
+            Some(tracking) if keep => {
+                let followed = Followed {
+                    regions: self.layout.regions.clone(),
+                    chunk_size: self.layout.chunk_size,
+                    tracking,
+                    store: self.store.take(),
+                };
+                if let Some(Followed {
+                    tracking, store, ..
+                }) = self.source.keep_followed(followed)
+                {
+                    end_tracking(&mut Some(tracking), &self.memory);
+                    self.source.give_back(store);
+                }
+            }
+            mut other => end_tracking(&mut other, &self.memory),
+        }
         if let Some(key) = self.key {
             let mut learned = std::mem::take(&mut self.stats);
             learned.write_set = match self.learned.take() {

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use crate::config::{SnapshotConfig, StoreTier};
 use crate::device::DeviceMemory;
+use crate::track::Followed;
 
 /// Where a store's bytes live.
 pub(crate) enum Backing {
@@ -110,10 +111,12 @@ impl Drop for Store {
     }
 }
 
-/// Allocates stores and keeps the last reusable one.
+/// Allocates stores and keeps the last reusable one, and the footprint still followed after
+/// its replay with the store holding its bytes.
 pub(crate) struct StoreSource {
     pub(crate) device: Arc<dyn DeviceMemory>,
     cached: Mutex<Option<Store>>,
+    followed: Mutex<Option<Followed>>,
 }
 
 impl StoreSource {
@@ -121,7 +124,27 @@ impl StoreSource {
         StoreSource {
             device,
             cached: Mutex::new(None),
+            followed: Mutex::new(None),
         }
+    }
+
+    /// The footprint still followed, taken out (the caller continues from it or ends it).
+    pub(crate) fn take_followed(&self) -> Option<Followed> {
+        self.followed.lock().take()
+    }
+
+    /// Keep following `followed` after its replay; one footprint at a time (an earlier one is
+    /// returned, for the caller to end).
+    pub(crate) fn keep_followed(&self, followed: Followed) -> Option<Followed> {
+        self.followed.lock().replace(followed)
+    }
+
+    /// Bytes of the footprint still followed, if any.
+    pub(crate) fn followed_bytes(&self) -> Option<u64> {
+        self.followed
+            .lock()
+            .as_ref()
+            .map(|f| f.regions.iter().map(|r| r.size).sum())
     }
 
     /// A store of at least `len` bytes. Under `Auto`: a device shadow on `agent` if the device

@@ -16,6 +16,15 @@ use crate::learned::{Learned, Rates, estimate};
 /// estimates are medians of measurements that move by tens of percent on a shared machine.
 const TRACK_MARGIN: f64 = 0.05;
 
+/// Where following writes now is priced as paying only because the next snapshot of the same
+/// footprint continues from it (see [`Outlook::continues`]), it must cost less than restoring
+/// without by this share instead of [`TRACK_MARGIN`]: that next snapshot may not come, and then
+/// what was counted on (a copy of the footprint, un-protecting it later) is not saved. On the
+/// 2-core development machine, with only [`TRACK_MARGIN`], auto started following 256 MiB
+/// footprints whose 8-pass replays wrote a tenth of their pages each pass, and lost a fifth to
+/// hash restores in the replays that started it.
+const BET_MARGIN: f64 = 0.15;
+
 /// A fault in a footprint costs this many times the fault `kreplay-wtrack` measures on its
 /// small scratch mapping, whose page tables stay cached: on the 2-core development machine a
 /// pass writing 10% of a 256 MiB footprint paid 0.85-1.0 us a page, against 0.67-0.74 us
@@ -40,6 +49,15 @@ pub(crate) struct Outlook<'a> {
     pub chunks: u64,
     /// The chunk size.
     pub chunk_size: u64,
+    /// Whether the footprint is still followed from an earlier replay (see [`Followed`]): then
+    /// following it costs no protecting now, and its snapshot copies only the pages written
+    /// since, while not following it costs un-protecting it now and a copy of all of it.
+    pub followed: bool,
+    /// Whether the footprint, if followed, is expected to stay followed after the replay for
+    /// the next snapshot of it (this snapshot's store is kept, and it covers the same
+    /// allocations as the snapshot before it): then un-protecting it is not this replay's cost,
+    /// and following it saves the next snapshot a copy of all of it.
+    pub continues: bool,
 }
 
 /// The estimated cost, in nanoseconds, of a replay (`outlook`) that follows writes, and of the
@@ -74,10 +92,27 @@ pub(crate) fn replay_costs(
         .map_or(write_back + page.protect_ns * written_pages, |ns| {
             ns * written_pages
         });
-    let ends = page.protect_ns + prices.unprotect_ns.unwrap_or(page.protect_ns);
-    let tracked = ends * pages
-        + (restores + 1.0) * page.fault_ns * written_pages
+    let unprotect = prices.unprotect_ns.unwrap_or(page.protect_ns) * pages;
+    let passes = (restores + 1.0) * page.fault_ns * written_pages
         + restores * (page.scan_ns * pages + beyond_scan);
+    // A snapshot of a footprint still followed scans it and copies what was written since the
+    // last one (about what a tracked restore's scan and write-back cost).
+    let incremental = page.scan_ns * pages + beyond_scan;
+    // Starting: still followed, that snapshot instead of a copy of everything, while not
+    // following costs un-protecting it now; else protecting every page (both copy everything).
+    let (start, stop_now) = if outlook.followed {
+        (incremental, unprotect + copy * bytes)
+    } else {
+        (page.protect_ns * pages, 0.0)
+    };
+    // Ending: expected to stay followed for the next snapshot, which then copies what was
+    // written since instead of everything; else un-protecting every page.
+    let (end, next_copy) = if outlook.continues {
+        (incremental, copy * bytes)
+    } else {
+        (unprotect, 0.0)
+    };
+    let tracked = start + passes + end;
     let hash = rates.per_byte().1;
     // `estimate` prices chunks at a byte's cost each: a chunk's bytes make nanoseconds of it.
     let verified = outlook
@@ -89,8 +124,9 @@ pub(crate) fn replay_costs(
         .map_or(hash * bytes + write_back, |c| {
             c.hash.min(c.writeset) * outlook.chunk_size as f64
         });
-    let without =
-        (restores * copy * bytes).min(rates.snapshot_hash_extra() * bytes + restores * verified);
+    let without = stop_now
+        + next_copy
+        + (restores * copy * bytes).min(rates.snapshot_hash_extra() * bytes + restores * verified);
     Some((tracked, without))
 }
 
@@ -99,7 +135,8 @@ pub(crate) fn replay_costs(
 const UNKNOWN_RESTORES: u64 = 37;
 
 /// Whether auto follows a snapshot's writes: where [`replay_costs`] says following them costs
-/// less than restoring without, by [`TRACK_MARGIN`]. With no restore planned never: starting
+/// less than restoring without, by [`TRACK_MARGIN`] (by [`BET_MARGIN`] where that rests on the
+/// next snapshot continuing to follow them). With no restore planned never: starting
 /// and stopping cost about a copy of the footprint, repaid only over restores; with none known,
 /// priced as a long replay ([`UNKNOWN_RESTORES`]). Before any copy was measured, for a replay
 /// of two restores or more (the first restore measures what the passes write, and auto stops
@@ -112,7 +149,14 @@ pub(crate) fn tracking_pays(rates: &Rates, prices: &Prices, outlook: &Outlook<'_
     match (outlook.restores, replay_costs(rates, prices, &outlook)) {
         (None | Some(0), _) => false,
         (Some(r), None) => r >= 2,
-        (Some(_), Some((tracked, without))) => tracked * (1.0 + TRACK_MARGIN) < without,
+        (Some(_), Some((tracked, without))) => {
+            let margin = if outlook.continues && !outlook.followed {
+                BET_MARGIN
+            } else {
+                TRACK_MARGIN
+            };
+            tracked * (1.0 + margin) < without
+        }
     }
 }
 
@@ -130,6 +174,45 @@ pub(crate) struct Tracking {
     armed: Duration,
     /// What the latest scan for written pages took.
     last_scan: Option<Duration>,
+}
+
+/// A footprint still followed after the replay that followed it ended, with the store that
+/// holds its bytes as of the latest snapshot: every page whose bytes differ from the store's is
+/// one the tracker reports written (the store is written only by snapshots, each page from the
+/// moment it was protected, and every write since marks its page). The next snapshot of the
+/// same regions (the same allocations, by generation) copies only those pages, and its
+/// replay's restores keep following them; any other snapshot stops following it first.
+pub(crate) struct Followed {
+    /// The regions followed, as the snapshot that started following them laid them out.
+    pub regions: Vec<crate::inventory::Region>,
+    /// That snapshot's chunk size.
+    pub chunk_size: u64,
+    /// The tracker, still armed.
+    pub tracking: Tracking,
+    /// The store holding the regions' bytes (laid out as that snapshot's layout lays them).
+    pub store: crate::store::Store,
+}
+
+impl Followed {
+    /// Whether a snapshot laid out as `layout` into a store of tier `tier` may continue from it.
+    pub(crate) fn fits(&self, layout: &Layout, tier: crate::config::StoreTier) -> bool {
+        use crate::config::StoreTier;
+        self.regions == layout.regions
+            && self.chunk_size == layout.chunk_size
+            && self.store.capacity >= layout.store_len
+            && (tier == StoreTier::Auto || tier == self.store.tier())
+            // A region vouched for (generation 0) could be freed and allocated again unseen.
+            && self.regions.iter().all(|r| r.generation != 0)
+    }
+}
+
+impl std::fmt::Debug for Followed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Followed")
+            .field("regions", &self.regions.len())
+            .field("chunk_size", &self.chunk_size)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Nanoseconds per page of `elapsed` spent on `pages` pages.
@@ -345,12 +428,65 @@ mod tests {
             bytes,
             chunks: bytes / CHUNK,
             chunk_size: CHUNK,
+            followed: false,
+            continues: false,
         }
     }
 
     fn pays(restores: Option<u64>, dirty: Option<f64>) -> bool {
         let (rates, prices) = machine();
         tracking_pays(&rates, &prices, &outlook(restores, dirty))
+    }
+
+    #[test]
+    fn a_footprint_still_followed_is_followed_on_where_starting_afresh_would_not_pay() {
+        // One restore at 1% written: starting to follow costs more than it saves, but a
+        // footprint already followed is snapshotted by copying what was written since, and
+        // stopping would un-protect it and copy all of it.
+        let (rates, prices) = machine();
+        for dirty in [Some(0.0), Some(0.01)] {
+            let fresh = outlook(Some(1), dirty);
+            assert!(!tracking_pays(&rates, &prices, &fresh), "{dirty:?}");
+            let followed = Outlook {
+                followed: true,
+                ..fresh
+            };
+            assert!(tracking_pays(&rates, &prices, &followed), "{dirty:?}");
+        }
+        // Where every pass writes the whole footprint, faults outweigh that: stop.
+        let all = Outlook {
+            followed: true,
+            ..outlook(Some(1), Some(1.0))
+        };
+        assert!(!tracking_pays(&rates, &prices, &all));
+    }
+
+    #[test]
+    fn a_footprint_snapshotted_again_and_again_is_worth_starting_to_follow_for_one_restore() {
+        // Expected to stay followed for the next snapshot of it: un-protecting is not this
+        // replay's, and the next snapshot copies what was written since instead of everything.
+        let (rates, prices) = machine();
+        let fresh = outlook(Some(1), Some(0.01));
+        let again = Outlook {
+            continues: true,
+            ..fresh
+        };
+        assert!(!tracking_pays(&rates, &prices, &fresh));
+        assert!(tracking_pays(&rates, &prices, &again));
+        let (tracked, without) = replay_costs(&rates, &prices, &again).unwrap();
+        let (fresh_tracked, fresh_without) = replay_costs(&rates, &prices, &fresh).unwrap();
+        assert!(tracked < fresh_tracked, "no un-protecting at the end");
+        let copy = rates.copy_ns_per_byte().unwrap() * fresh.bytes as f64;
+        assert!(
+            (without - fresh_without - copy).abs() < 1.0,
+            "the next snapshot's copy"
+        );
+        // A tenth written by every pass still faults more than it saves.
+        let tenth = Outlook {
+            continues: true,
+            ..outlook(Some(1), Some(0.1))
+        };
+        assert!(!tracking_pays(&rates, &prices, &tenth));
     }
 
     #[test]
