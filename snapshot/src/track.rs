@@ -22,7 +22,8 @@ const TRACK_MARGIN: f64 = 0.05;
 /// what was counted on (a copy of the footprint, un-protecting it later) is not saved. On the
 /// 2-core development machine, with only [`TRACK_MARGIN`], auto started following 256 MiB
 /// footprints whose 8-pass replays wrote a tenth of their pages each pass, and lost a fifth to
-/// hash restores in the replays that started it.
+/// hash restores in the replays that started it (measured while tracked write-backs were still
+/// timed with their re-protecting, which also made the alternatives look dearer).
 const BET_MARGIN: f64 = 0.15;
 
 /// A fault in a footprint costs this many times the fault `kreplay-wtrack` measures on its
@@ -71,7 +72,11 @@ pub(crate) struct Outlook<'a> {
 /// restore, a scan of the footprint's pages, the write-back of the chunks written, and
 /// protecting their pages again (those two as earlier tracked restores measured them per page
 /// written, where they did). Unknown `dirty` counts as nothing written: the best case,
-/// which the first restore then measures (see `stop_tracking_if_dear` in the snapshot).
+/// which the first restore then measures (see `stop_tracking_if_dear` in the snapshot). A
+/// footprint still followed (`followed`) is not protected again, its snapshot copies what was
+/// written since, and not following it costs un-protecting it now and a copy of all of it; one
+/// expected to stay followed for the next snapshot (`continues`) is not un-protected at the
+/// end, and following it saves that snapshot a copy of all of it.
 pub(crate) fn replay_costs(
     rates: &Rates,
     prices: &Prices,
