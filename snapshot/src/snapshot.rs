@@ -683,11 +683,7 @@ impl Snapshotter {
     /// Stop following a footprint kept followed after its replay: the kernel un-protects its
     /// pages (timed, for the prices of later decisions), and its store goes back for reuse.
     fn end_followed(&self, followed: Followed) {
-        let Followed {
-            tracking, store, ..
-        } = followed;
-        end_tracking(&mut Some(tracking), &self.memory);
-        self.source.give_back(store);
+        end_followed(followed, &self.source, &self.memory);
     }
 
     /// Stop following the footprint still followed after its replay, if any (see
@@ -1320,6 +1316,16 @@ fn store_host_bytes<'a>(
     }
 }
 
+/// Stop following a footprint kept followed after its replay (timed, as [`end_tracking`]), and
+/// offer its store back for reuse.
+fn end_followed(followed: Followed, source: &StoreSource, memory: &SharedMemory) {
+    let Followed {
+        tracking, store, ..
+    } = followed;
+    end_tracking(&mut Some(tracking), memory);
+    source.give_back(store);
+}
+
 /// Stop following writes (the kernel un-protects every page followed), timing it for the
 /// prices of later decisions.
 fn end_tracking(tracking: &mut Option<Tracking>, memory: &SharedMemory) {
@@ -1438,12 +1444,8 @@ impl Drop for Snapshot {
                     tracking,
                     store: self.store.take(),
                 };
-                if let Some(Followed {
-                    tracking, store, ..
-                }) = self.source.keep_followed(followed)
-                {
-                    end_tracking(&mut Some(tracking), &self.memory);
-                    self.source.give_back(store);
+                if let Some(earlier) = self.source.keep_followed(followed) {
+                    end_followed(earlier, &self.source, &self.memory);
                 }
             }
             mut other => end_tracking(&mut other, &self.memory),

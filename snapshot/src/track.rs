@@ -186,7 +186,9 @@ pub(crate) struct Tracking {
 /// one the tracker reports written (the store is written only by snapshots, each page from the
 /// moment it was protected, and every write since marks its page). The next snapshot of the
 /// same regions (the same allocations, by generation) copies only those pages, and its
-/// replay's restores keep following them; any other snapshot stops following it first.
+/// replay's restores keep following them; any other snapshot stops following it first. Only a
+/// snapshot whose regions all have a generation is kept followed (see `Snapshot`'s drop): a
+/// region vouched for (generation 0) could be freed and allocated again unseen.
 pub(crate) struct Followed {
     /// The regions followed, as the snapshot that started following them laid them out.
     pub regions: Vec<crate::inventory::Region>,
@@ -206,8 +208,6 @@ impl Followed {
             && self.chunk_size == layout.chunk_size
             && self.store.capacity >= layout.store_len
             && (tier == StoreTier::Auto || tier == self.store.tier())
-            // A region vouched for (generation 0) could be freed and allocated again unseen.
-            && self.regions.iter().all(|r| r.generation != 0)
     }
 }
 
