@@ -51,6 +51,18 @@ fn tracks(kind: DeviceKind) -> bool {
         && kreplay_wtrack::available().is_ok()
 }
 
+/// [`tracks`], printing why a test that needs it is skipped when it does not.
+fn tracks_or_says_why(kind: DeviceKind) -> bool {
+    let yes = tracks(kind);
+    if !yes {
+        eprintln!(
+            "skipped: writes cannot be followed here: {:?}",
+            kreplay_wtrack::available()
+        );
+    }
+    yes
+}
+
 fn device(kind: DeviceKind) -> HostDevice {
     let (windows, options) = match kind {
         DeviceKind::SoftwareFull => (true, HostDeviceOptions::all()),
@@ -399,11 +411,7 @@ fn auto_switches_from_write_set_to_full_restores_exactly() {
 #[test]
 fn tracked_restores_write_back_exactly_the_chunks_of_the_pages_written_and_hash_nothing() {
     for kind in [DeviceKind::SoftwareFull, DeviceKind::SoftwarePlain] {
-        if !tracks(kind) {
-            eprintln!(
-                "skipped: writes cannot be followed here: {:?}",
-                kreplay_wtrack::available()
-            );
+        if !tracks_or_says_why(kind) {
             return;
         }
         let sizes = [4 * CS, 6 * CS];
@@ -497,11 +505,7 @@ fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatc
                 let spread: Vec<_> = first.iter().chain(&moved).copied().collect();
                 for (dispatch, ops) in [&first, &moved, &spread, &first].into_iter().enumerate() {
                     // The application's memory between dispatches is the new starting point.
-                    w.expected = w
-                        .regions
-                        .iter()
-                        .map(|&(addr, size)| w.device.to_vec(addr, size).unwrap())
-                        .collect();
+                    w.settle();
                     let plan = snap.plan(&Filter::for_replay(1)).unwrap();
                     let mut s = snap.take_for_kernel(plan, KERNEL).unwrap();
                     let seeded = s.learned_chunks().unwrap_or(0);
@@ -555,11 +559,7 @@ fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatc
 /// the second replay that brought back the first one's bytes would undo the application's work.
 #[test]
 fn a_footprint_followed_between_dispatches_snapshots_what_the_application_wrote_in_between() {
-    if !tracks(DeviceKind::SoftwarePlain) {
-        eprintln!(
-            "skipped: writes cannot be followed here: {:?}",
-            kreplay_wtrack::available()
-        );
+    if !tracks_or_says_why(DeviceKind::SoftwarePlain) {
         return;
     }
     for strategy in [RestoreStrategy::Tracked, RestoreStrategy::Auto] {
@@ -610,11 +610,7 @@ fn a_footprint_followed_between_dispatches_snapshots_what_the_application_wrote_
 /// that does not keep its store leaves nothing followed behind.
 #[test]
 fn a_footprint_followed_between_dispatches_is_continued_only_over_the_same_allocations() {
-    if !tracks(DeviceKind::SoftwarePlain) {
-        eprintln!(
-            "skipped: writes cannot be followed here: {:?}",
-            kreplay_wtrack::available()
-        );
+    if !tracks_or_says_why(DeviceKind::SoftwarePlain) {
         return;
     }
     let sizes = [8 * CS, 3 * CS + 5];
@@ -659,11 +655,7 @@ fn a_footprint_followed_between_dispatches_is_continued_only_over_the_same_alloc
 /// snapshot.
 #[test]
 fn a_second_snapshotter_over_a_footprint_kept_followed_restores_exactly_and_is_seen() {
-    if !tracks(DeviceKind::SoftwarePlain) {
-        eprintln!(
-            "skipped: writes cannot be followed here: {:?}",
-            kreplay_wtrack::available()
-        );
+    if !tracks_or_says_why(DeviceKind::SoftwarePlain) {
         return;
     }
     let sizes = [16 * CS, 5 * CS + 1];
