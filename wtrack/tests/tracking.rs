@@ -245,3 +245,55 @@ fn a_fault_costs_something_measurable_and_bounded() {
         assert!(ns > 0.0 && ns < 1e6, "{what}: {ns} ns per page");
     }
 }
+
+/// Pages whose contents the kernel throws away at the process's request read back as zeros
+/// afterwards: a change of their bytes that no store made.
+#[test]
+fn pages_discarded_with_madvise_are_reported_written_even_if_nothing_stores_to_them() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::new(32);
+    let base = mem.range().start;
+    for p in 0..32 {
+        mem.write(p * page, 1);
+    }
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let advise = |first: usize, pages: usize, advice: libc::c_int| {
+        // SAFETY: advice on pages of our own mapping, which the test reads afterwards only.
+        let rc = unsafe {
+            libc::madvise(
+                (base + first * page) as *mut libc::c_void,
+                pages * page,
+                advice,
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "madvise({advice}): {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    advise(3, 2, libc::MADV_DONTNEED); // pages 3, 4: zeros, left unread
+    advise(10, 1, libc::MADV_DONTNEED); // page 10: zeros, read afterwards
+    assert_eq!(mem.read(10 * page), 0);
+    advise(20, 1, libc::MADV_FREE); // page 20: freed lazily, then reclaimed
+    advise(20, 1, libc::MADV_PAGEOUT);
+    let mut written = Vec::new();
+    match tracker.written(&mut written) {
+        Err(e) => panic!("the tracker could not say: {e}"),
+        Ok(_) => {
+            let pages = pages_of(&written, base);
+            for p in [3, 4, 10] {
+                assert_eq!(mem.read(p * page), 0);
+                assert!(pages.contains(&p), "page {p} changed, reported {pages:?}");
+            }
+            if mem.read(20 * page) == 0 {
+                assert!(pages.contains(&20), "page 20 changed, reported {pages:?}");
+            }
+            assert!(!pages.contains(&0) && !pages.contains(&31), "{pages:?}");
+        }
+    }
+}
