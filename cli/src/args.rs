@@ -811,10 +811,10 @@ struct BenchArgs {
     /// footprints of those replays, each one of --footprints (default: the smallest)
     #[arg(long = "replay-footprints", value_name = "LIST", value_parser = list(parse_size))]
     replay_footprints: Option<List<u64>>,
-    /// repetitions of each replay cell of up to 8 passes, 1 to 100 (default 7)
+    /// repetitions of each replay cell of up to 8 passes, 1 to 100 (default 9)
     #[arg(long = "replay-repeats", value_name = "N", value_parser = count(1, 100))]
     replay_repeats: Option<u64>,
-    /// repetitions of each replay cell of more than 8 passes, 1 to 100 (default 5)
+    /// repetitions of each replay cell of more than 8 passes, 1 to 100 (default 7)
     #[arg(long = "replay-long-repeats", value_name = "N", value_parser = count(1, 100))]
     replay_long_repeats: Option<u64>,
     /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
@@ -1738,6 +1738,22 @@ mod tests {
             format!("kreplay {}\n", env!("CARGO_PKG_VERSION"))
         );
         assert_eq!(printed(&["--version"]), printed(&["-V"]));
+    }
+
+    #[test]
+    fn the_replay_repetitions_help_states_the_defaults_the_bench_uses() {
+        let help = help_of(Some("bench"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let defaults = kreplay_benches::ReplayConfig::default();
+        for (option, default) in [
+            ("up to 8 passes", defaults.repeats),
+            ("more than 8 passes", defaults.long_repeats),
+        ] {
+            let said = format!("{option}, 1 to 100 (default {default})");
+            assert!(help.contains(&said), "the help should say {said:?}");
+        }
     }
 
     #[test]
