@@ -619,8 +619,9 @@ const BENCH_ABOUT: &str = "kreplay bench — snapshot and restore cost beside ce
     ceiling's best method over as many bytes (ceiling pass, kreplay pass, ...), and hash restores \
     after a pass that changed 1% of the chunks 15 times in turn with the hash pass, and the \
     design's targets are judged from this run (full copies, hash detection and the hash restore \
-    from the medians of those paired passes, auto's lower quartile against the best verified \
-    fixed strategy's in every replay cell).";
+    from the medians of those paired passes; auto in every replay cell against each verified \
+    fixed strategy paired per repetition, the median of auto's time / the strategy's time in the \
+    same repetition).";
 
 const BENCH_AFTER: &str = "The matrix needs about 5x the largest footprint of free memory (and \
     the footprint again on disk for the file tier, in KREPLAY_SPILL_DIR or the temporary folder; \
