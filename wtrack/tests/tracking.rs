@@ -297,3 +297,47 @@ fn pages_discarded_with_madvise_are_reported_written_even_if_nothing_stores_to_t
         }
     }
 }
+
+/// An application that forks (a subprocess started by a runtime, say) shares its pages with the
+/// child copy-on-write until either writes them: the parent's stores after the fork must still
+/// be reported, and the child's must not (they go to the child's own copies).
+#[test]
+fn writes_after_the_process_forks_are_still_reported_and_the_childs_are_not() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::new(16);
+    let base = mem.range().start;
+    for p in 0..16 {
+        mem.write(p * page, 1);
+    }
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    // SAFETY: the child only stores to its own copy of the mapping and exits without running
+    // anything else of the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        mem.write(9 * page, 9);
+        // SAFETY: leaving the child at once, skipping the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    mem.write(3 * page, 3);
+    let mut written = Vec::new();
+    tracker.written(&mut written).unwrap();
+    let pages = pages_of(&written, base);
+    assert_eq!(
+        pages,
+        vec![3],
+        "the parent wrote page 3 only; reported {pages:?}"
+    );
+    assert_eq!(
+        mem.read(9 * page),
+        1,
+        "the child's store stays in the child"
+    );
+}
