@@ -150,12 +150,15 @@ pub fn render_ceilings(title: &str, ceilings: &[FootprintCeilings]) -> String {
     text
 }
 
+/// Whether a ratio of the auto check is not within [`AUTO_MAX_OVER_BEST`]: a ratio that could
+/// not be computed (NaN, no repetitions to compare) is not within it either.
+fn over_limit(ratio: f64) -> bool {
+    ratio.is_nan() || ratio > AUTO_MAX_OVER_BEST
+}
+
 /// "K of N cells within 1.10x, worst Wx" of `checks` by the ratio `pick` takes.
 fn cells_within(checks: &[AutoCheck], pick: fn(&AutoCheck) -> f64) -> String {
-    let over = checks
-        .iter()
-        .filter(|c| pick(c) > AUTO_MAX_OVER_BEST)
-        .count();
+    let over = checks.iter().filter(|c| over_limit(pick(c))).count();
     let worst = checks
         .iter()
         .map(pick)
@@ -236,10 +239,7 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
     let shown: Vec<AutoCheck> = checks.iter().filter(|c| !c.judged).cloned().collect();
     let checks: Vec<AutoCheck> = checks.iter().filter(|c| c.judged).cloned().collect();
     let checks = &checks[..];
-    let over = checks
-        .iter()
-        .filter(|c| c.paired_ratio > AUTO_MAX_OVER_BEST)
-        .count();
+    let over = checks.iter().filter(|c| over_limit(c.paired_ratio)).count();
     let worst = sorted.first().map_or(String::new(), |c| {
         format!("; worst {:.3}x ({}, {})", c.paired_ratio, label(c), c.cell)
     });
@@ -257,7 +257,7 @@ pub fn render_auto(checks: &[AutoCheck]) -> String {
             c.best,
             c.best_spread,
             c.worst_ratio,
-            match (c.judged, c.paired_ratio > AUTO_MAX_OVER_BEST) {
+            match (c.judged, over_limit(c.paired_ratio)) {
                 (true, true) => "  NOT MET",
                 (false, true) => "  (shown)",
                 _ => "",
@@ -690,6 +690,10 @@ mod tests {
         // The worst judged cell is listed first.
         let first_line = auto.lines().nth(1).unwrap();
         assert!(first_line.contains("paired 1.131x"), "{first_line}");
+        // A ratio that could not be computed is not within the limit.
+        let unknown = render_auto(&[auto_check(1.0, 1.0, f64::NAN)]);
+        assert!(unknown.ends_with(": NOT MET\n"), "{unknown}");
+        assert!(unknown.contains("0 of 1 cells within 1.10x"), "{unknown}");
         let within = [auto_check(1.3, 1.2, 1.09)];
         assert!(render_auto(&within).contains("1 of 1 cells within 1.10x; worst 1.090x"));
         assert!(render_auto(&within).ends_with(": met\n"));
