@@ -952,13 +952,6 @@ mod tests {
     #[test]
     fn auto_is_held_against_the_best_verified_fixed_strategy_of_its_cell() {
         let row = |strategy, first: f64, later: f64| ReplayRow {
-            footprint: 1 << 20,
-            dirty_fraction: 0.01,
-            pattern: Pattern::SameScattered,
-            passes: 4,
-            tier: StoreTier::Host,
-            strategy,
-            control: false,
             first_seconds: first,
             first_range: (first * 0.9, first * 1.2),
             first_median: first * 1.1,
@@ -968,10 +961,7 @@ mod tests {
             first_times: vec![first * 0.9, first, first * 1.2],
             later_times: vec![later, later * 1.1, later],
             repeats: 5,
-            dispatches: 2,
-            choices: Choices::default(),
-            full_restore_seconds: 1.0,
-            copy_ceiling_gbps: 10.0,
+            ..cell_row(strategy, &[first])
         };
         let rows = vec![
             row(RestoreStrategy::Full, 4.0, 4.0),

@@ -19,6 +19,15 @@ impl Scratch {
         Scratch::mapped(pages, libc::MAP_PRIVATE)
     }
 
+    /// A private mapping of `pages` pages, each written once (so each has a page of its own).
+    fn populated(pages: usize) -> Scratch {
+        let mem = Scratch::new(pages);
+        for p in 0..pages {
+            mem.write(p * page_size(), 1);
+        }
+        mem
+    }
+
     /// An anonymous mapping of `pages` pages, private or shared (`sharing`).
     fn mapped(pages: usize, sharing: libc::c_int) -> Scratch {
         let len = pages * page_size();
@@ -199,11 +208,8 @@ fn memory_replaced_behind_the_trackers_back_is_never_reported_clean() {
         return;
     }
     let page = page_size();
-    let mem = Scratch::new(16);
+    let mem = Scratch::populated(16);
     let base = mem.range().start;
-    for p in 0..16 {
-        mem.write(p * page, 1);
-    }
     let tracker = WriteTracker::new(&[mem.range()]).unwrap();
     // Pages 4..8 are replaced by a new mapping (what a free and a new allocation at the same
     // address would do) and written there.
@@ -254,11 +260,8 @@ fn pages_discarded_with_madvise_are_reported_written_even_if_nothing_stores_to_t
         return;
     }
     let page = page_size();
-    let mem = Scratch::new(32);
+    let mem = Scratch::populated(32);
     let base = mem.range().start;
-    for p in 0..32 {
-        mem.write(p * page, 1);
-    }
     let tracker = WriteTracker::new(&[mem.range()]).unwrap();
     let advise = |first: usize, pages: usize, advice: libc::c_int| {
         // SAFETY: advice on pages of our own mapping, which the test reads afterwards only.
@@ -307,11 +310,8 @@ fn writes_after_the_process_forks_are_still_reported_and_the_childs_are_not() {
         return;
     }
     let page = page_size();
-    let mem = Scratch::new(16);
+    let mem = Scratch::populated(16);
     let base = mem.range().start;
-    for p in 0..16 {
-        mem.write(p * page, 1);
-    }
     let tracker = WriteTracker::new(&[mem.range()]).unwrap();
     // SAFETY: the child only stores to its own copy of the mapping and exits without running
     // anything else of the test harness.
