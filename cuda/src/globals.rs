@@ -27,7 +27,7 @@
 //! [`ModuleRegistry`] is bookkeeping over a [`ModuleLookup`] (the driver in production, a fake
 //! in tests), so its rules run without a GPU.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -54,14 +54,43 @@ pub struct WritableSection {
     pub symbols: Vec<GlobalSymbol>,
 }
 
-/// What kreplay needs of a cubin: its kernels and its writable module-scope variables.
+/// What kreplay needs of a cubin: its kernels, its writable module-scope variables and the
+/// device-runtime functions its kernels call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CubinSymbols {
     /// Names of the functions it defines (kernels among them).
     pub kernels: Vec<String>,
     /// Its writable data sections of non-zero size.
     pub writable: Vec<WritableSection>,
+    /// Functions of [`DEVICE_RUNTIME_CALLS`] each function can reach, directly or through the
+    /// functions it calls (only functions that reach one).
+    pub runtime_calls: BTreeMap<String, Vec<String>>,
 }
+
+/// Functions the driver supplies to device code whose effects no restore of the snapshot undoes:
+/// device-side `printf` (`vprintf` writes the driver's printf buffer, printed by the host at the
+/// next synchronisation: every pass would print again) and the device heap's allocator
+/// (`malloc`, `free`, and `__nv_aligned_device_malloc` behind `aligned_alloc`: every pass would
+/// allocate again from, or free again into, memory kreplay cannot snapshot).
+pub const DEVICE_RUNTIME_CALLS: [&str; 4] =
+    ["vprintf", "malloc", "free", "__nv_aligned_device_malloc"];
+
+/// Whether `name` is one of the device heap's functions (of [`DEVICE_RUNTIME_CALLS`]).
+pub fn is_heap_call(name: &str) -> bool {
+    matches!(name, "malloc" | "free" | "__nv_aligned_device_malloc")
+}
+
+/// `SHT_CUDA_INFO`: `.nv.info` and `.nv.info.<function>`, attributes of the image and of one
+/// function (`sh_info` is the function's text section).
+const SHT_CUDA_INFO: u32 = 0x7000_0000;
+/// `SHT_CUDA_CALLGRAPH`: `.nv.callgraph`, pairs of 32-bit symbol indices (caller, callee);
+/// entries with caller 0 are the driver's markers.
+const SHT_CUDA_CALLGRAPH: u32 = 0x7000_0001;
+/// The `.nv.info` attribute listing a function's external calls (32-bit symbol indices).
+const EIATTR_EXTERNS: u8 = 0x0f;
+/// `.nv.info` entry formats: a 16-bit value, and a 16-bit size followed by that many bytes.
+const EIFMT_HVAL: u8 = 3;
+const EIFMT_SVAL: u8 = 4;
 
 const SHT_SYMTAB: u32 = 2;
 const STT_OBJECT: u8 = 1;
@@ -121,6 +150,7 @@ struct Section {
     offset: u64,
     size: u64,
     link: u32,
+    info: u32,
     entsize: u64,
 }
 
@@ -157,6 +187,7 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
             offset: u64_at(image, at + 24, "sh_offset")?,
             size: u64_at(image, at + 32, "sh_size")?,
             link: u32_at(image, at + 40, "sh_link")?,
+            info: u32_at(image, at + 44, "sh_info")?,
             entsize: u64_at(image, at + 56, "sh_entsize")?,
         });
     }
@@ -181,7 +212,12 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
             );
         }
     }
-    for symtab in sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
+    // Every symbol table's entries by index: (name, type, section index).
+    let mut tables: HashMap<usize, Vec<(String, u8, u16)>> = HashMap::new();
+    for (t, symtab) in sections.iter().enumerate() {
+        if symtab.kind != SHT_SYMTAB {
+            continue;
+        }
         let strtab = *sections
             .get(symtab.link as usize)
             .ok_or("symbol table without a string table")?;
@@ -193,23 +229,25 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
         if entsize < 24 {
             return Err(format!("symbol entries of {entsize} bytes"));
         }
+        let table = tables.entry(t).or_default();
         for k in 0..symtab.size / entsize {
             let at = symtab.offset + k * entsize;
             let info = read::<1>(image, at + 4, "st_info")?[0];
             let shndx = u16_at(image, at + 6, "st_shndx")?;
-            if shndx == 0 || shndx >= SHN_LORESERVE {
-                continue;
-            }
             let kind = info & 0xf;
-            if kind != STT_OBJECT && kind != STT_FUNC {
-                continue;
-            }
             let name = name_at(
                 image,
                 strtab.offset,
                 strtab.size,
                 u32_at(image, at, "st_name")?,
             )?;
+            table.push((name.clone(), kind, shndx));
+            if shndx == 0 || shndx >= SHN_LORESERVE {
+                continue;
+            }
+            if kind != STT_OBJECT && kind != STT_FUNC {
+                continue;
+            }
             let section = usize::from(shndx);
             let section_name = names.get(section).ok_or("symbol in no section")?;
             if kind == STT_FUNC && section_name.starts_with(".text.") && !name.is_empty() {
@@ -227,9 +265,126 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
             }
         }
     }
+    out.runtime_calls = runtime_calls(image, &sections, &names, &tables)?;
     let mut writable: Vec<(usize, WritableSection)> = writable.into_iter().collect();
     writable.sort_by_key(|(i, _)| *i);
     out.writable = writable.into_iter().map(|(_, w)| w).collect();
+    Ok(out)
+}
+
+/// Calls between functions (symbol indices of one symbol table), from `.nv.callgraph` and
+/// from the `EIATTR_EXTERNS` attributes of `.nv.info.<function>`.
+fn call_edges(
+    image: &[u8],
+    sections: &[Section],
+    names: &[String],
+    tables: &HashMap<usize, Vec<(String, u8, u16)>>,
+) -> Result<HashMap<(usize, u32), Vec<u32>>, String> {
+    let mut edges: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
+    for (i, s) in sections.iter().enumerate() {
+        let table = s.link as usize;
+        if s.kind == SHT_CUDA_CALLGRAPH || names[i] == ".nv.callgraph" {
+            for k in 0..s.size / 8 {
+                let caller = u32_at(image, s.offset + 8 * k, "call graph entry")?;
+                let callee = u32_at(image, s.offset + 8 * k + 4, "call graph entry")?;
+                if caller != 0 {
+                    edges.entry((table, caller)).or_default().push(callee);
+                }
+            }
+        } else if s.kind == SHT_CUDA_INFO && names[i].starts_with(".nv.info.") {
+            // The function whose text section this describes.
+            let Some(function) = tables.get(&table).and_then(|t| {
+                t.iter()
+                    .position(|(_, kind, shndx)| *kind == STT_FUNC && u32::from(*shndx) == s.info)
+            }) else {
+                continue;
+            };
+            let mut at = s.offset;
+            let end = s.offset.saturating_add(s.size);
+            while at + 4 <= end {
+                let [format, attribute] = read::<2>(image, at, "attribute")?;
+                match format {
+                    EIFMT_HVAL => at += 4,
+                    EIFMT_SVAL => {
+                        let len = u64::from(u16_at(image, at + 2, "attribute size")?);
+                        if attribute == EIATTR_EXTERNS {
+                            for k in 0..len / 4 {
+                                let callee = u32_at(image, at + 4 + 4 * k, "extern")?;
+                                edges
+                                    .entry((table, function as u32))
+                                    .or_default()
+                                    .push(callee);
+                            }
+                        }
+                        at += 4 + len;
+                    }
+                    // A format whose length is not known here: the rest of the section is
+                    // not read (the call graph lists the same calls).
+                    _ => break,
+                }
+            }
+        }
+    }
+    Ok(edges)
+}
+
+/// For each function defined in a text section, the functions of [`DEVICE_RUNTIME_CALLS`] it
+/// can reach through the call graph and the functions' extern lists. A device-runtime function
+/// the image declares but no function is seen to call is counted against every function of
+/// the image: a call kreplay cannot place is never taken as no call.
+fn runtime_calls(
+    image: &[u8],
+    sections: &[Section],
+    names: &[String],
+    tables: &HashMap<usize, Vec<(String, u8, u16)>>,
+) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let edges = call_edges(image, sections, names, tables)?;
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (&t, table) in tables {
+        let runtime = |i: u32| -> Option<&str> {
+            let (name, _, shndx) = table.get(i as usize)?;
+            (*shndx == 0 && DEVICE_RUNTIME_CALLS.contains(&name.as_str())).then_some(name)
+        };
+        let declared: Vec<u32> = (0..table.len() as u32)
+            .filter(|&i| runtime(i).is_some())
+            .collect();
+        if declared.is_empty() {
+            continue;
+        }
+        let placed: HashSet<u32> = edges
+            .iter()
+            .filter(|((table, _), _)| *table == t)
+            .flat_map(|(_, callees)| callees.iter().copied())
+            .collect();
+        for (f, (name, kind, shndx)) in table.iter().enumerate() {
+            let defined = *shndx != 0 && *shndx < SHN_LORESERVE;
+            let in_text = names
+                .get(usize::from(*shndx))
+                .is_some_and(|n| n.starts_with(".text."));
+            if *kind != STT_FUNC || !defined || !in_text || name.is_empty() {
+                continue;
+            }
+            let mut seen = HashSet::from([f as u32]);
+            let mut todo = vec![f as u32];
+            while let Some(node) = todo.pop() {
+                for &callee in edges.get(&(t, node)).into_iter().flatten() {
+                    if seen.insert(callee) {
+                        todo.push(callee);
+                    }
+                }
+            }
+            seen.extend(declared.iter().filter(|d| !placed.contains(d)));
+            let mut calls: Vec<String> = seen
+                .into_iter()
+                .filter_map(|i| runtime(i).map(str::to_owned))
+                .collect();
+            if !calls.is_empty() {
+                calls.sort();
+                calls.dedup();
+                out.entry(name.clone()).or_default().extend(calls);
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -394,6 +549,21 @@ impl ModuleRegistry {
             .unwrap_or_default()
     }
 
+    /// The functions of [`DEVICE_RUNTIME_CALLS`] that `kernel` can call, in any loaded module
+    /// that defines a kernel of that name (several such modules: all of their calls).
+    pub fn runtime_calls(&self, kernel: &str) -> Vec<String> {
+        let mut calls: Vec<String> = self
+            .candidates(kernel)
+            .iter()
+            .filter_map(|c| c.runtime_calls.get(kernel))
+            .flatten()
+            .cloned()
+            .collect();
+        calls.sort();
+        calls.dedup();
+        calls
+    }
+
     /// The writable module-scope variables of the module of `function` (launched in context
     /// `ctx` under the name `kernel`), as device ranges, or why they cannot be located (the
     /// launch is then declined).
@@ -471,7 +641,7 @@ mod cubin_image;
 
 #[cfg(test)]
 mod tests {
-    use super::cubin_image::cubin;
+    use super::cubin_image::{Cubin, cubin};
     use super::*;
     use std::cell::Cell;
 
@@ -507,6 +677,88 @@ mod tests {
             !names.contains(&"read_only_table"),
             "constants are read-only"
         );
+    }
+
+    fn calls_of(s: &CubinSymbols) -> Vec<(&str, Vec<&str>)> {
+        s.runtime_calls
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.iter().map(String::as_str).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn device_runtime_calls_are_followed_through_the_call_graph() {
+        // `outer` prints only through `helper`, which is not inlined; `plain` calls nothing.
+        let image = Cubin {
+            functions: &["say", "outer", "helper", "plain", "grab"],
+            externs: &["vprintf", "malloc"],
+            calls: &[
+                ("say", "vprintf"),
+                ("outer", "helper"),
+                ("helper", "vprintf"),
+                ("grab", "malloc"),
+            ],
+            ..Cubin::default()
+        }
+        .image();
+        let s = parse_cubin(&image).unwrap();
+        assert_eq!(
+            calls_of(&s),
+            [
+                ("grab", vec!["malloc"]),
+                ("helper", vec!["vprintf"]),
+                ("outer", vec!["vprintf"]),
+                ("say", vec!["vprintf"]),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_extern_listed_in_a_functions_attributes_counts_without_a_call_graph() {
+        let image = Cubin {
+            functions: &["grab", "plain"],
+            externs: &["malloc", "free"],
+            listed: &[("grab", &["malloc", "free"])],
+            ..Cubin::default()
+        }
+        .image();
+        let s = parse_cubin(&image).unwrap();
+        assert_eq!(calls_of(&s), [("grab", vec!["free", "malloc"])]);
+    }
+
+    #[test]
+    fn a_runtime_function_no_call_places_counts_against_every_function() {
+        let image = Cubin {
+            functions: &["a", "b"],
+            externs: &["vprintf", "cudaGetParameterBufferV2"],
+            ..Cubin::default()
+        }
+        .image();
+        let s = parse_cubin(&image).unwrap();
+        assert_eq!(
+            calls_of(&s),
+            [("a", vec!["vprintf"]), ("b", vec!["vprintf"])]
+        );
+        // Without any runtime function declared, nothing is counted.
+        let s = parse_cubin(&cubin("plain", &[])).unwrap();
+        assert!(s.runtime_calls.is_empty());
+    }
+
+    #[test]
+    fn the_registry_answers_a_kernels_runtime_calls_by_name_until_unloaded() {
+        let modules = ModuleRegistry::new();
+        let image = Cubin {
+            functions: &["say"],
+            externs: &["vprintf"],
+            calls: &[("say", "vprintf")],
+            ..Cubin::default()
+        }
+        .image();
+        modules.on_loaded(3, &image).unwrap();
+        assert_eq!(modules.runtime_calls("say"), ["vprintf"]);
+        assert!(modules.runtime_calls("other").is_empty());
+        modules.on_unloading(3);
+        assert!(modules.runtime_calls("say").is_empty());
     }
 
     #[test]
