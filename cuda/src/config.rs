@@ -3,6 +3,7 @@
 use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
+use crate::devruntime::HeapPolicy;
 use crate::memory::ShadowBudget;
 
 /// How loudly the injected library speaks on standard error.
@@ -34,6 +35,9 @@ pub struct Config {
     /// process measured (`KREPLAY_CUDA_AUTO_DEVICE=measured`, the default; see
     /// [`crate::choice`]) or from the fitted cost model alone (`model`).
     pub auto_measured: bool,
+    /// What launches do once a kernel has used the device heap on their context
+    /// (`KREPLAY_CUDA_DEVICE_HEAP`, `decline` or `trust`; see [`crate::devruntime`]).
+    pub device_heap: HeapPolicy,
 }
 
 /// Digits only (no sign, space or unit), as every numeric `KREPLAY_*` setting.
@@ -152,6 +156,12 @@ impl Config {
                 ));
             }
         };
+        let device_heap = match lookup("KREPLAY_CUDA_DEVICE_HEAP") {
+            Some(v) => v
+                .parse::<HeapPolicy>()
+                .map_err(|e| format!("KREPLAY_CUDA_DEVICE_HEAP={e}"))?,
+            None => HeapPolicy::Decline,
+        };
         snapshot
             .validate()
             .map_err(|e| format!("snapshot configuration: {e}"))?;
@@ -161,6 +171,7 @@ impl Config {
             shadow,
             log,
             auto_measured,
+            device_heap,
         })
     }
 
@@ -211,6 +222,9 @@ mod tests {
         assert_eq!(c.log, LogLevel::Warn);
         assert_eq!(c.shadow, ShadowBudget::default());
         assert_eq!(c.snapshot.scope, SnapshotScope::Agent);
+        assert_eq!(c.device_heap, HeapPolicy::Decline);
+        let trusted = with(&[("KREPLAY_CUDA_DEVICE_HEAP", "trust")]).unwrap();
+        assert_eq!(trusted.device_heap, HeapPolicy::Trust);
     }
 
     #[test]
@@ -280,6 +294,7 @@ mod tests {
             ("KREPLAY_SNAPSHOT_STORE", "gpu", "auto, device, host, file"),
             ("KREPLAY_RESTORE", "fast", "writeset"),
             ("KREPLAY_LOG", "loud", "off, warn, info, debug"),
+            ("KREPLAY_CUDA_DEVICE_HEAP", "ignore", "decline or trust"),
             ("KREPLAY_CUDA_SHADOW_HEADROOM_MIB", "-1", "non-negative"),
         ] {
             let err = with(&[(var, value)]).unwrap_err();

@@ -35,6 +35,7 @@ use crate::cupti::{
     MemAllocPitchParams, MemFreeParams, MemMapParams, MemUnmapParams, ModuleResourceData,
     ResourceData, StreamCaptureParams, SubscriberHandle, cbid,
 };
+use crate::devruntime::DeviceRuntime;
 use crate::driver::{
     CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_UNIFIED,
     CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
@@ -125,6 +126,8 @@ struct DeviceState {
     filter: Filter,
     /// `auto`'s measured choice of where detection runs (see [`crate::choice`]).
     choice: Mutex<DeviceChoice>,
+    /// Device-heap use on this context (see [`crate::devruntime`]).
+    runtime: DeviceRuntime,
 }
 
 /// Counters printed in the exit summary.
@@ -636,6 +639,7 @@ impl Backend {
             snapshotter,
             filter: Filter::for_replay(ordinal as u64),
             choice: Mutex::new(DeviceChoice::default()),
+            runtime: DeviceRuntime::new(),
         });
         devices.push((key, state.clone()));
         Ok(state)
@@ -711,6 +715,14 @@ impl Backend {
             kernel,
             &lookup,
         )?;
+        // After the variables: finding them loads the module when it is loaded lazily, and
+        // with it the cubin that says which device-runtime functions the kernel calls.
+        if let Some(kernel) = kernel {
+            let calls = self.modules.runtime_calls(kernel);
+            device
+                .runtime
+                .check(kernel, &calls, self.config.device_heap)?;
+        }
         let referenced = self.config.snapshot.scope == SnapshotScope::Referenced;
         let layout = if launch.params.is_null() {
             None
@@ -992,6 +1004,16 @@ impl Backend {
             .check("kernel launch", result)
             .map_err(|e| e.to_string());
         let record = window.exit(&mut *tool, self.tools.contexts(), &ops, launched);
+        if let (ReplayOutcome::RanOnce { .. }, Some(kernel)) = (&record.outcome, symbol) {
+            // A kernel that ran once without its scope being asked for (one pass) may still
+            // have used the device heap: later launches on its context must know.
+            let kernel = kernel.to_string_lossy();
+            if let Ok(device) = self.device(launch.ctx) {
+                device
+                    .runtime
+                    .note(&kernel, &self.modules.runtime_calls(&kernel));
+            }
+        }
         if trace_only {
             return;
         }

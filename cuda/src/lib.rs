@@ -34,6 +34,7 @@ pub mod choice;
 pub mod config;
 pub mod cupti;
 pub mod demo;
+pub mod devruntime;
 pub mod driver;
 pub mod fence;
 pub mod globals;

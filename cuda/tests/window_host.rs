@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::capture::{CaptureStream, Captures};
+use kreplay_cuda::devruntime::{DeviceRuntime, HeapPolicy};
 use kreplay_cuda::globals::{ModuleLookup, ModuleRegistry, Range};
 use kreplay_cuda::scope::{argument_values, launch_filter};
 use kreplay_cuda::{LaunchOps, Window};
@@ -25,7 +26,7 @@ mod fake_device;
 use fake_device::{HostMemory, OneDevice};
 #[path = "fake_device/cubin.rs"]
 mod cubin_image;
-use cubin_image::cubin;
+use cubin_image::{Cubin, cubin};
 
 /// Launch operations of the fake: `relaunch` runs the kernel, `wait` and `drain` are no-ops.
 struct FakeLaunch {
@@ -1251,5 +1252,91 @@ fn every_submission_of_a_launch_is_enqueued_under_its_pass_mask_and_every_enter_
             "enqueue enter 6 pass 1 (masked)",
             "enqueue exit 6 pass 1 (masked)",
         ]
+    );
+}
+
+/// Replays kernel `kernel` of a module whose cubin has the kernels `say` (calls `vprintf`),
+/// `grab` (calls `malloc`) and `bump` (calls nothing), its scope made as the injected library
+/// makes it: the module's variables, then the device-runtime check of the context `runtime`.
+fn run_runtime_kernel(
+    r: &Rig,
+    modules: &ModuleRegistry,
+    runtime: &DeviceRuntime,
+    kernel: &str,
+    policy: HeapPolicy,
+) -> ReplayRecord {
+    let ops = ScopedLaunch {
+        inner: fake(r),
+        scope: |base: &Filter| {
+            let variables = modules.variables_of(0, 0x10, Some(kernel), &OneModule(vec![]))?;
+            runtime.check(kernel, &modules.runtime_calls(kernel), policy)?;
+            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
+                .map(|s| s.filter)
+        },
+        kernel: || r.device.memory.add_one(),
+    };
+    run_scoped(r, 4, &ops)
+}
+
+fn runtime_rig() -> (Rig, ModuleRegistry) {
+    let r = rig(SnapshotConfig::default().with_store(StoreTier::Host));
+    let modules = ModuleRegistry::new();
+    let image = Cubin {
+        functions: &["say", "grab", "bump"],
+        externs: &["vprintf", "malloc"],
+        calls: &[("say", "vprintf"), ("grab", "malloc")],
+        ..Cubin::default()
+    }
+    .image();
+    modules.on_loaded(1, &image).unwrap();
+    (r, modules)
+}
+
+#[test]
+fn a_kernel_that_prints_runs_once_declined_and_the_next_one_is_replayed() {
+    let (r, modules) = runtime_rig();
+    let runtime = DeviceRuntime::new();
+    let record = run_runtime_kernel(&r, &modules, &runtime, "say", HeapPolicy::Decline);
+    let decline = record.outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::UntrackedMemory);
+    assert!(decline.detail.contains("vprintf"), "{decline}");
+    expect_one_run(&r);
+    assert!(!r.events.lock().unwrap().iter().any(|e| e == "relaunch"));
+    let record = run_runtime_kernel(&r, &modules, &runtime, "bump", HeapPolicy::Decline);
+    assert!(
+        matches!(record.outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "printing marks nothing: {:?}",
+        record.outcome
+    );
+}
+
+#[test]
+fn after_a_kernel_used_the_device_heap_later_launches_decline_unless_trusted() {
+    let (r, modules) = runtime_rig();
+    let runtime = DeviceRuntime::new();
+    let grab = run_runtime_kernel(&r, &modules, &runtime, "grab", HeapPolicy::Trust);
+    let decline = grab
+        .outcome
+        .decline()
+        .expect("a heap user is declined even when trusted");
+    assert!(decline.detail.contains("malloc"), "{decline}");
+    expect_one_run(&r);
+    let bump = run_runtime_kernel(&r, &modules, &runtime, "bump", HeapPolicy::Decline);
+    let decline = bump
+        .outcome
+        .decline()
+        .expect("declined after the heap was used");
+    assert_eq!(decline.reason, DeclineReason::UntrackedMemory);
+    assert!(decline.detail.contains("grab"), "{decline}");
+    let trusted = run_runtime_kernel(&r, &modules, &runtime, "bump", HeapPolicy::Trust);
+    assert!(
+        matches!(trusted.outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{:?}",
+        trusted.outcome
+    );
+    let got = words(&r);
+    assert!(
+        (0..WORDS).all(|i| got[i] == i as u32 + 3),
+        "three launches, each seen once"
     );
 }
