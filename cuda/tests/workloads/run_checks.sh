@@ -64,6 +64,12 @@ if command -v nvcc >/dev/null; then
     step device_counter_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/device_counter_referenced.csv" \
         -- "$OUT/device_counter"
+    # Device-side printf and malloc: kernels that call them run once (declined), and so does
+    # every later launch once the device heap was used, so the lines print once and the heap
+    # holds one run's blocks.
+    nvcc -O2 -o "$OUT/device_runtime" cuda/tests/workloads/device_runtime.cu
+    step device_runtime "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_runtime.csv" -- "$OUT/device_runtime"
     # One thread captures a graph in global mode while another launches x += 1: the capture
     # must succeed and every buffer hold its exact count of increments, as without kreplay.
     nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
