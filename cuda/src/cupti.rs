@@ -88,6 +88,16 @@ pub mod cbid {
     pub const CU_MEM_CREATE: CallbackId = 549;
     pub const CU_MEM_MAP: CallbackId = 551;
     pub const CU_MEM_UNMAP: CallbackId = 552;
+    pub const CU_SURF_REF_SET_ARRAY: CallbackId = 194;
+    pub const CU_SURF_OBJECT_CREATE: CallbackId = 343;
+    pub const CU_SURF_OBJECT_DESTROY: CallbackId = 344;
+
+    /// The calls that let kernels write CUDA arrays (surfaces), which kreplay does not snapshot.
+    pub const SURFACES: [CallbackId; 3] = [
+        CU_SURF_REF_SET_ARRAY,
+        CU_SURF_OBJECT_CREATE,
+        CU_SURF_OBJECT_DESTROY,
+    ];
 
     pub const CU_STREAM_BEGIN_CAPTURE: CallbackId = 495;
     pub const CU_STREAM_BEGIN_CAPTURE_PTSZ: CallbackId = 496;
@@ -139,12 +149,13 @@ pub mod cbid {
         428, 429, 430, 431, 432, 433, // Async_ptsz
     ];
 
-    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`MEMCPY`], [`MEMSET`],
-    /// [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
+    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SURFACES`], [`MEMCPY`],
+    /// [`MEMSET`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
             &VMM,
+            &SURFACES,
             &MEMCPY,
             &MEMSET,
             &BEGIN_CAPTURE,
@@ -287,6 +298,23 @@ pub struct MemUnmapParams {
 #[allow(missing_docs)]
 pub struct MemFreeParams {
     pub dptr: CuDevicePtr,
+}
+
+/// `cuSurfObjectCreate_params`: where the new surface object is written, and its resource.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct SurfObjectCreateParams {
+    pub surface: *mut u64,
+    pub resource: *const c_void,
+}
+
+/// `cuSurfObjectDestroy_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct SurfObjectDestroyParams {
+    pub surface: u64,
 }
 
 /// The leading field of every `cuStreamBeginCapture*_params` and `cuStreamEndCapture*_params`:

@@ -33,7 +33,8 @@ use crate::cupti::{
     CBID_RESOURCE_MODULE_LOADED, CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData,
     CallbackDomain, CallbackId, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
     MemAllocPitchParams, MemFreeParams, MemMapParams, MemUnmapParams, ModuleResourceData,
-    ResourceData, StreamCaptureParams, SubscriberHandle, cbid,
+    ResourceData, StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams,
+    SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::driver::{
@@ -330,6 +331,7 @@ struct Backend {
     stats: Stats,
     warned_graph: AtomicBool,
     warned_managed: AtomicBool,
+    warned_surfaces: AtomicBool,
     warned_cooperative: AtomicBool,
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
     modules: ModuleRegistry,
@@ -692,6 +694,18 @@ impl Backend {
             .map(|(_, d)| d.clone());
         if let Some(d) = state {
             d.memory.release_kept_shadow();
+        }
+    }
+
+    /// Warn once that surfaces stop replays (see [`crate::tracking`]).
+    fn warn_surfaces(&self) {
+        if !self.warned_surfaces.swap(true, Ordering::Relaxed) {
+            log(
+                LogLevel::Warn,
+                "surfaces (cuSurfObjectCreate, cuSurfRefSetArray) let kernels write CUDA arrays, \
+                 which are not snapshotted: launches run once, declined as untracked_memory, \
+                 while a surface object is live (and after a surface reference is bound)",
+            );
         }
     }
 
@@ -1184,6 +1198,27 @@ impl Backend {
                     );
                 }
             }
+            cbid::CU_SURF_OBJECT_CREATE if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuSurfObjectCreate_params; on success *pSurfObject holds the new
+                // surface object.
+                let handle = unsafe {
+                    let p = &*(params as *const SurfObjectCreateParams);
+                    (!p.surface.is_null()).then(|| *p.surface)
+                };
+                if let Some(handle) = handle {
+                    self.watch.on_surface_created(handle);
+                    self.warn_surfaces();
+                }
+            }
+            cbid::CU_SURF_OBJECT_DESTROY if enter => {
+                // SAFETY: cuSurfObjectDestroy_params.
+                let handle = unsafe { (*(params as *const SurfObjectDestroyParams)).surface };
+                self.watch.on_surface_destroyed(handle);
+            }
+            cbid::CU_SURF_REF_SET_ARRAY if exit && result() == CUDA_SUCCESS => {
+                self.watch.on_surface_reference_bound();
+                self.warn_surfaces();
+            }
             cbid::CU_MEM_CREATE if enter => self.before_app_alloc(data.context),
             cbid::CU_MEM_MAP if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemMap_params.
@@ -1476,6 +1511,7 @@ fn initialize(
         stats: Stats::default(),
         warned_graph: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
+        warned_surfaces: AtomicBool::new(false),
         warned_cooperative: AtomicBool::new(false),
         modules: ModuleRegistry::new(),
         layouts: Mutex::new(Default::default()),

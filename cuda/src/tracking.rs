@@ -13,10 +13,16 @@
 //!   mappings it covers. A mapping whose handle is not on a device (host memory) or cannot be
 //!   read, or an unmap that cuts a mapping in part, leaves memory kreplay cannot describe:
 //!   launches are declined from then on while such memory is mapped.
+//! * **Surfaces.** A kernel writes a CUDA array through a surface object
+//!   (`cuSurfObjectCreate`), an opaque handle that looks like a small number in its arguments
+//!   or in memory, or through a surface reference bound to an array (`cuSurfRefSetArray`).
+//!   kreplay does not snapshot arrays: while a surface object is live, and from the first bound
+//!   surface reference on, launches are declined (`untracked_memory`) and run once. (Texture
+//!   objects only read arrays and need nothing.)
 //!
 //! [`MemoryWatch`] is pure bookkeeping (no driver), so its rules are tested without a GPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kreplay_snapshot::{Inventory, MemoryKind, NewAllocation};
 use parking_lot::Mutex;
@@ -67,6 +73,10 @@ struct State {
     mapped: BTreeMap<u64, u64>,
     /// Mapped ranges kreplay could not attribute: base → size.
     untracked: BTreeMap<u64, u64>,
+    /// Live surface objects.
+    surfaces: BTreeSet<u64>,
+    /// Whether a surface reference was ever bound to an array (never unbound).
+    surface_reference: bool,
 }
 
 /// Managed allocations and VMM mappings of the process.
@@ -100,6 +110,22 @@ impl MemoryWatch {
     /// `cuMemFree` of `base`: true when it was a managed allocation (now gone).
     pub fn on_free(&self, base: u64) -> bool {
         self.state.lock().managed.remove(&base).is_some()
+    }
+
+    /// `cuSurfObjectCreate` made surface object `handle`.
+    pub fn on_surface_created(&self, handle: u64) {
+        self.state.lock().surfaces.insert(handle);
+    }
+
+    /// `cuSurfObjectDestroy` of `handle`.
+    pub fn on_surface_destroyed(&self, handle: u64) {
+        self.state.lock().surfaces.remove(&handle);
+    }
+
+    /// `cuSurfRefSetArray` bound a surface reference to an array: its kernels may write that
+    /// array from now on (nothing unbinds a surface reference).
+    pub fn on_surface_reference_bound(&self) {
+        self.state.lock().surface_reference = true;
     }
 
     /// `cuMemMap` of `size` bytes at `base` succeeded, on `device` when known. Returns true when
@@ -202,6 +228,20 @@ impl MemoryWatch {
                 s.managed.len()
             ));
         }
+        if let Some(&first) = s.surfaces.iter().next() {
+            return Some(format!(
+                "{} surface object(s) live (first: {first}); kernels write CUDA arrays through \
+                 them, and arrays are not snapshotted",
+                s.surfaces.len()
+            ));
+        }
+        if s.surface_reference {
+            return Some(
+                "a surface reference was bound to a CUDA array (cuSurfRefSetArray); kernels \
+                 write arrays through it, and arrays are not snapshotted"
+                    .to_owned(),
+            );
+        }
         if let Some((&base, &size)) = s.untracked.iter().next() {
             return Some(format!(
                 "{} mapped range(s) kreplay cannot attribute to a device (first: {size} bytes at \
@@ -271,6 +311,30 @@ mod tests {
         assert!(w.untracked_reason().unwrap().contains("cannot attribute"));
         w.on_unmap(0x10_0000, 0x20_0000);
         assert_eq!(w.untracked_reason(), None);
+    }
+
+    #[test]
+    fn a_live_surface_object_blocks_replay_until_destroyed_and_a_bound_reference_for_good() {
+        let w = MemoryWatch::new();
+        w.on_surface_created(1);
+        w.on_surface_created(2);
+        let why = w
+            .untracked_reason()
+            .expect("declined while surfaces are live");
+        assert!(
+            why.contains("2 surface object(s)") && why.contains("arrays"),
+            "{why}"
+        );
+        w.on_surface_destroyed(1);
+        assert!(w.untracked_reason().is_some());
+        w.on_surface_destroyed(2);
+        w.on_surface_destroyed(7); // unknown: nothing happens
+        assert_eq!(w.untracked_reason(), None);
+        w.on_surface_reference_bound();
+        let why = w
+            .untracked_reason()
+            .expect("a bound reference is never unbound");
+        assert!(why.contains("cuSurfRefSetArray"), "{why}");
     }
 
     #[test]
