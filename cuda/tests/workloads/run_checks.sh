@@ -70,6 +70,10 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/device_runtime" cuda/tests/workloads/device_runtime.cu
     step device_runtime "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/device_runtime.csv" -- "$OUT/device_runtime"
+    # A CUDA array written through a surface object: launches run once while it is live.
+    nvcc -O2 -o "$OUT/surface" cuda/tests/workloads/surface.cu
+    step surface "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface.csv" \
+        -- "$OUT/surface"
     # One thread captures a graph in global mode while another launches x += 1: the capture
     # must succeed and every buffer hold its exact count of increments, as without kreplay.
     nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
