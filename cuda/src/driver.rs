@@ -160,6 +160,8 @@ pub struct Optional {
 
 /// `CUDA_ERROR_INVALID_VALUE`: among others, a parameter index past the function's last.
 pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+/// `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`.
+pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
@@ -229,6 +231,7 @@ driver_table! {
     get_error_name: b"cuGetErrorName\0" => fn(CuResult, *mut *const c_char);
     device_get_count: b"cuDeviceGetCount\0" => fn(*mut c_int);
     device_get: b"cuDeviceGet\0" => fn(*mut CuDevice, c_int);
+    device_get_attribute: b"cuDeviceGetAttribute\0" => fn(*mut c_int, c_int, CuDevice);
     primary_ctx_retain: b"cuDevicePrimaryCtxRetain\0" => fn(*mut CuContext, CuDevice);
     primary_ctx_release: b"cuDevicePrimaryCtxRelease_v2\0" => fn(CuDevice);
     ctx_get_current: b"cuCtxGetCurrent\0" => fn(*mut CuContext);
@@ -356,6 +359,25 @@ impl Driver {
             out.push((offset, size));
         }
         None
+    }
+
+    /// Whether device `ordinal` reads and writes pageable host memory directly
+    /// (`CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`: HMM, or ATS on a Grace Hopper machine).
+    /// `None` when the driver cannot say.
+    pub fn pageable_memory_access(&self, ordinal: i32) -> Option<bool> {
+        let mut device: CuDevice = 0;
+        let mut value: c_int = 0;
+        // SAFETY: out-parameters of the types cuda.h declares; an unknown ordinal or attribute
+        // is an error code.
+        let ok = unsafe {
+            (self.device_get)(&raw mut device, ordinal) == CUDA_SUCCESS
+                && (self.device_get_attribute)(
+                    &raw mut value,
+                    CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+                    device,
+                ) == CUDA_SUCCESS
+        };
+        ok.then_some(value != 0)
     }
 
     /// What the driver knows `addr` to be, when it is memory (`None`: not an address of any

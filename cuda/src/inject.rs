@@ -38,7 +38,6 @@ use crate::cupti::{
 };
 use crate::devruntime::DeviceRuntime;
 use crate::driver::{
-    CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_UNIFIED,
     CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
 };
 use crate::fence;
@@ -46,7 +45,7 @@ use crate::globals::{ModuleLookup, ModuleRegistry, Range};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
-use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter};
+use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_kind};
 use crate::timing::PassTimer;
 use crate::tracking::MemoryWatch;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
@@ -129,6 +128,8 @@ struct DeviceState {
     choice: Mutex<DeviceChoice>,
     /// Device-heap use on this context (see [`crate::devruntime`]).
     runtime: DeviceRuntime,
+    /// Whether the device reads and writes pageable host memory directly (HMM, ATS).
+    pageable: bool,
 }
 
 /// Counters printed in the exit summary.
@@ -642,6 +643,8 @@ impl Backend {
             filter: Filter::for_replay(ordinal as u64),
             choice: Mutex::new(DeviceChoice::default()),
             runtime: DeviceRuntime::new(),
+            // Unknown counts as able: a pageable address in an argument is then declined.
+            pageable: self.driver.pageable_memory_access(ordinal).unwrap_or(true),
         });
         devices.push((key, state.clone()));
         Ok(state)
@@ -773,7 +776,7 @@ impl Backend {
             }
         };
         let scoped = launch_filter(start, &self.inventory, &variables, &values, |v| {
-            self.untracked_memory_kind(v)
+            self.untracked_memory_kind(v, device.pageable)
         })?;
         if self.config.snapshot.strategy == RestoreStrategy::Auto {
             // Chosen here, once per replayed launch (the window asks for the scope only of a
@@ -855,32 +858,14 @@ impl Backend {
         layout
     }
 
-    /// What the driver knows `addr` to be, when it is memory kreplay does not track.
-    fn untracked_memory_kind(&self, addr: u64) -> Option<String> {
+    /// What the driver knows `addr` to be, when it is memory kreplay does not track and a
+    /// kernel of a device with pageable memory access `pageable` may write (see
+    /// [`untracked_kind`]).
+    fn untracked_memory_kind(&self, addr: u64, pageable: bool) -> Option<String> {
         let kind = self.driver.memory_type(addr)?;
         let start = self.driver.range_start(addr);
-        if start.is_some_and(|s| self.inventory.get(s).is_some()) {
-            // Past the size asked for, inside the driver's rounding of a tracked allocation
-            // (an end pointer): nothing a kernel may write.
-            return None;
-        }
-        if kind == CU_MEMORYTYPE_HOST && start.is_none() {
-            // Host memory the driver can see but did not allocate or lock (pageable memory,
-            // visible to devices that access it directly): no allocation of the driver's,
-            // so most likely a plain number that happens to be a host address, and host
-            // memory is outside the snapshot rule either way.
-            return None;
-        }
-        Some(
-            match kind {
-                CU_MEMORYTYPE_HOST => "page-locked host memory",
-                CU_MEMORYTYPE_DEVICE => "device memory not allocated through a tracked call",
-                CU_MEMORYTYPE_ARRAY => "a CUDA array",
-                CU_MEMORYTYPE_UNIFIED => "managed memory",
-                _ => "memory of an unknown type",
-            }
-            .to_string(),
-        )
+        let tracked = start.is_some_and(|s| self.inventory.get(s).is_some());
+        untracked_kind(kind, start.is_some(), tracked, pageable).map(str::to_owned)
     }
 
     /// CUPTI reported a module loaded or about to be unloaded.

@@ -10,8 +10,9 @@
 //!   `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER`), the whole buffer. A value inside a tracked
 //!   allocation selects that allocation, whatever its device; a value inside one of the
 //!   module's variables is covered already; a value the driver knows as memory kreplay does not
-//!   track (`cuPointerGetAttribute`) declines the launch (`untracked_memory`); any other value
-//!   is a plain number.
+//!   track (`cuPointerGetAttribute`; pageable host memory only on a device that writes it
+//!   directly, see [`untracked_kind`]) declines the launch (`untracked_memory`); any other
+//!   value is a plain number.
 //! * When the parameter layout is unknown (an older driver, or the driver refuses to describe
 //!   the function), `kernelParams` cannot be scanned: `referenced` then falls back to the agent
 //!   scope for that launch (warned once), never to a narrower snapshot.
@@ -24,7 +25,40 @@ use std::ffi::c_void;
 
 use kreplay_snapshot::{Filter, Inventory, RegionSource};
 
+use crate::driver::{
+    CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_UNIFIED,
+};
 use crate::globals::Range;
+
+/// What an argument value the driver knows as memory of `kind` (`CU_MEMORYTYPE_*`) is, when it
+/// declines the launch; `None` when it does not. `has_range`: the driver named the allocation
+/// holding it; `tracked`: that allocation is one kreplay tracks (the value is then past the size
+/// asked for, inside the driver's rounding: an end pointer). Host memory without an allocation
+/// range is pageable memory the driver merely sees: most likely a plain number that happens to
+/// be a host address, and out of a kernel's reach, unless the device reads and writes pageable
+/// memory directly (`pageable`: HMM, or ATS on Grace Hopper), where a kernel given it may write
+/// it and no snapshot holds it.
+pub fn untracked_kind(
+    kind: u32,
+    has_range: bool,
+    tracked: bool,
+    pageable: bool,
+) -> Option<&'static str> {
+    if tracked {
+        return None;
+    }
+    Some(match kind {
+        CU_MEMORYTYPE_HOST if !has_range && !pageable => return None,
+        CU_MEMORYTYPE_HOST if !has_range => {
+            "pageable host memory, which this device writes directly (pageable memory access)"
+        }
+        CU_MEMORYTYPE_HOST => "page-locked host memory",
+        CU_MEMORYTYPE_DEVICE => "device memory not allocated through a tracked call",
+        CU_MEMORYTYPE_ARRAY => "a CUDA array",
+        CU_MEMORYTYPE_UNIFIED => "managed memory",
+        _ => "memory of an unknown type",
+    })
+}
 
 /// Values below this are never addresses (the first page is never mapped).
 pub const MIN_ADDRESS: u64 = 4096;
@@ -195,6 +229,31 @@ pub fn launch_filter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pageable_host_memory_declines_only_where_the_device_can_write_it() {
+        // A host address without an allocation range: a plain number where the device cannot
+        // reach pageable memory; memory a kernel may write where it can (HMM, ATS).
+        assert_eq!(
+            untracked_kind(CU_MEMORYTYPE_HOST, false, false, false),
+            None
+        );
+        let why = untracked_kind(CU_MEMORYTYPE_HOST, false, false, true).expect("declined");
+        assert!(why.contains("pageable"), "{why}");
+        // Page-locked host memory, foreign device memory, arrays and managed memory decline
+        // either way; the rounding past a tracked allocation never does.
+        for kind in [
+            CU_MEMORYTYPE_HOST,
+            CU_MEMORYTYPE_DEVICE,
+            CU_MEMORYTYPE_ARRAY,
+            CU_MEMORYTYPE_UNIFIED,
+        ] {
+            for pageable in [false, true] {
+                assert!(untracked_kind(kind, true, false, pageable).is_some());
+                assert_eq!(untracked_kind(kind, true, true, pageable), None);
+            }
+        }
+    }
     use kreplay_snapshot::{MemoryKind, NewAllocation};
 
     fn inventory() -> Inventory {
