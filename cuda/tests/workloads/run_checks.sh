@@ -47,6 +47,12 @@ step inplace_vmm "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/inplace_
     -- python3 cuda/tests/workloads/inplace.py
 unset PYTORCH_CUDA_ALLOC_CONF
 
+# Half-precision GEMMs with accumulation: on Hopper cuBLAS stores through TMA descriptors, which
+# the referenced scope must still find the output in.
+step matmul_bf16_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
+    --passes "$PASSES" --check -o "$OUT/matmul_bf16_referenced.json" \
+    -- python3 cuda/tests/workloads/matmul_bf16.py
+
 # KREPLAY_SNAPSHOT_SCOPE=referenced: each launch snapshots what its arguments point into and its
 # module's variables, not the device's every allocation.
 step inplace_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
