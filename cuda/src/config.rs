@@ -1,5 +1,7 @@
 //! The injected library's configuration, from `KREPLAY_*` environment variables.
 
+use std::time::Duration;
+
 use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
@@ -38,6 +40,9 @@ pub struct Config {
     /// What launches do once a kernel has used the device heap on their context
     /// (`KREPLAY_CUDA_DEVICE_HEAP`, `decline` or `trust`; see [`crate::devruntime`]).
     pub device_heap: HeapPolicy,
+    /// How long the drain before a snapshot is waited for before the replay is declined
+    /// (`KREPLAY_DRAIN_TIMEOUT_MS`, shared with the HSA backend; see [`crate::drainer`]).
+    pub drain_timeout: Duration,
 }
 
 /// Digits only (no sign, space or unit), as every numeric `KREPLAY_*` setting.
@@ -93,6 +98,31 @@ pub fn built_in_passes(lookup: impl Fn(&str) -> Option<String>) -> Result<Option
             variable,
             value,
             expected: PASSES_EXPECTED,
+        }),
+    }
+}
+
+/// `KREPLAY_DRAIN_TIMEOUT_MS`: how long a drain before a snapshot may wait.
+pub const ENV_DRAIN_TIMEOUT_MS: &str = "KREPLAY_DRAIN_TIMEOUT_MS";
+/// The drain timeout used when [`ENV_DRAIN_TIMEOUT_MS`] is not set.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
+/// What [`drain_timeout`] accepts, for error messages.
+pub const DRAIN_TIMEOUT_EXPECTED: &str = "a whole number of milliseconds, at least 1";
+
+/// The drain timeout, `None` when [`ENV_DRAIN_TIMEOUT_MS`] is not set. The one reader of the
+/// variable: libkreplay's configuration (both backends) and the CUDA backend's call it.
+pub fn drain_timeout(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Duration>, BadSetting> {
+    let Some(value) = lookup(ENV_DRAIN_TIMEOUT_MS) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u64>().ok().filter(|&ms| ms > 0) {
+        Some(ms) => Ok(Some(Duration::from_millis(ms))),
+        None => Err(BadSetting {
+            variable: ENV_DRAIN_TIMEOUT_MS,
+            value,
+            expected: DRAIN_TIMEOUT_EXPECTED,
         }),
     }
 }
@@ -162,6 +192,9 @@ impl Config {
                 .map_err(|e| format!("KREPLAY_CUDA_DEVICE_HEAP={e}"))?,
             None => HeapPolicy::Decline,
         };
+        let drain_timeout = drain_timeout(&lookup)
+            .map_err(|e| e.to_string())?
+            .unwrap_or(DEFAULT_DRAIN_TIMEOUT);
         snapshot
             .validate()
             .map_err(|e| format!("snapshot configuration: {e}"))?;
@@ -172,6 +205,7 @@ impl Config {
             log,
             auto_measured,
             device_heap,
+            drain_timeout,
         })
     }
 
@@ -223,6 +257,9 @@ mod tests {
         assert_eq!(c.shadow, ShadowBudget::default());
         assert_eq!(c.snapshot.scope, SnapshotScope::Agent);
         assert_eq!(c.device_heap, HeapPolicy::Decline);
+        assert_eq!(c.drain_timeout, DEFAULT_DRAIN_TIMEOUT);
+        let short = with(&[("KREPLAY_DRAIN_TIMEOUT_MS", "250")]).unwrap();
+        assert_eq!(short.drain_timeout, Duration::from_millis(250));
         let trusted = with(&[("KREPLAY_CUDA_DEVICE_HEAP", "trust")]).unwrap();
         assert_eq!(trusted.device_heap, HeapPolicy::Trust);
     }
@@ -295,6 +332,8 @@ mod tests {
             ("KREPLAY_RESTORE", "fast", "writeset"),
             ("KREPLAY_LOG", "loud", "off, warn, info, debug"),
             ("KREPLAY_CUDA_DEVICE_HEAP", "ignore", "decline or trust"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "0", "at least 1"),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", "soon", "milliseconds"),
             ("KREPLAY_CUDA_SHADOW_HEADROOM_MIB", "-1", "non-negative"),
         ] {
             let err = with(&[(var, value)]).unwrap_err();

@@ -524,7 +524,11 @@ fn in_context(
         params: args.as_mut_ptr(),
         extra: std::ptr::null_mut(),
     };
-    let ops = CudaLaunch { driver: d, launch };
+    let ops = CudaLaunch {
+        driver: d,
+        launch,
+        drainer: None,
+    };
     let info = launch.dispatch_info(1, |a| ops.attribute(a));
     let cx = WindowContext {
         locks: &locks,

@@ -37,6 +37,7 @@ use crate::cupti::{
     SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
+use crate::drainer::Drainer;
 use crate::driver::{
     CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
 };
@@ -320,6 +321,8 @@ impl std::fmt::Display for Summary {
 struct Backend {
     driver: &'static Driver,
     config: Config,
+    /// The drain before each snapshot, bounded by the drain timeout.
+    drainer: Drainer,
     tools: Box<dyn Tools>,
     watch: MemoryWatch,
     inventory: Arc<Inventory>,
@@ -935,6 +938,7 @@ impl Backend {
         let cuda_launch = CudaLaunch {
             driver: self.driver,
             launch,
+            drainer: Some(&self.drainer),
         };
         // A launch on a stream being captured into a graph does not run now (it is declined and
         // no record is due); an event recorded there would become a node of the graph.
@@ -992,6 +996,7 @@ impl Backend {
             inner: CudaLaunch {
                 driver: self.driver,
                 launch,
+                drainer: Some(&self.drainer),
             },
             watch: &self.watch,
             scope: None,
@@ -1482,8 +1487,21 @@ fn initialize(
     let locks = AgentLocks::new();
     locks.set_enabled(tools.replay_wanted());
     let passes = config.passes;
+    let drainer = Drainer::new(config.drain_timeout, move |ctx| {
+        // The drain thread's own calls must neither fail nor invalidate a capture in progress
+        // on another thread (the window drains only while no stream of the device captures).
+        let _relaxed = driver.relaxed_capture();
+        // SAFETY: the context of the launch that asked for the drain; applications launch in
+        // primary contexts, which stay alive until CUDA is torn down at exit.
+        unsafe { driver.make_current(ctx as CuContext) }.map_err(|e| e.to_string())?;
+        // SAFETY: synchronizes the current context: every stream of its device.
+        driver
+            .check("cuCtxSynchronize", unsafe { (driver.ctx_synchronize)() })
+            .map_err(|e| e.to_string())
+    });
     let backend = Backend {
         driver,
+        drainer,
         config,
         tools,
         watch: MemoryWatch::new(),

@@ -4,6 +4,7 @@ use std::ffi::{c_int, c_void};
 
 use kreplay_passloop::DispatchInfo;
 
+use crate::drainer::Drainer;
 use crate::driver::{
     CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
     CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_PER_THREAD, CuContext, CuFunction, CuLaunchConfig,
@@ -101,6 +102,10 @@ pub struct CudaLaunch<'a> {
     pub driver: &'a Driver,
     /// The launch.
     pub launch: Launch,
+    /// Drains with a timeout on kreplay's drain thread (see [`crate::drainer`]); `None`
+    /// synchronizes on the calling thread (kreplay's own programs, whose devices run nothing
+    /// else).
+    pub drainer: Option<&'a Drainer>,
 }
 
 impl CudaLaunch<'_> {
@@ -134,6 +139,9 @@ impl LaunchOps for CudaLaunch<'_> {
     }
 
     fn drain(&self) -> Result<(), String> {
+        if let Some(drainer) = self.drainer {
+            return drainer.drain(self.launch.ctx as usize);
+        }
         let d = self.driver;
         // SAFETY: the context of the launch in progress.
         unsafe { d.make_current(self.launch.ctx) }.map_err(|e| e.to_string())?;

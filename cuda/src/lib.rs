@@ -35,6 +35,7 @@ pub mod config;
 pub mod cupti;
 pub mod demo;
 pub mod devruntime;
+pub mod drainer;
 pub mod driver;
 pub mod fence;
 pub mod globals;

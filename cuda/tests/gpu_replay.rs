@@ -191,7 +191,11 @@ fn replay_add_one(
         params: args.as_mut_ptr(),
         extra: std::ptr::null_mut(),
     };
-    let ops = CudaLaunch { driver: d, launch };
+    let ops = CudaLaunch {
+        driver: d,
+        launch,
+        drainer: None,
+    };
     let info = launch.dispatch_info(1, |a| ops.attribute(a));
     let registry = ContextRegistry::new();
     let cx = WindowContext {

@@ -49,7 +49,7 @@ use crate::logging::LogLevel;
 /// `KREPLAY_MAX_SNAPSHOT_BYTES`.
 pub const ENV_MAX_SNAPSHOT_BYTES: &str = "KREPLAY_MAX_SNAPSHOT_BYTES";
 /// `KREPLAY_DRAIN_TIMEOUT_MS`.
-pub const ENV_DRAIN_TIMEOUT_MS: &str = "KREPLAY_DRAIN_TIMEOUT_MS";
+pub const ENV_DRAIN_TIMEOUT_MS: &str = kreplay_cuda::config::ENV_DRAIN_TIMEOUT_MS;
 /// `KREPLAY_SNAPSHOT_STORE`.
 pub const ENV_SNAPSHOT_STORE: &str = "KREPLAY_SNAPSHOT_STORE";
 /// `KREPLAY_RESTORE`.
@@ -70,7 +70,7 @@ pub const ENV_PASSES: &str = kreplay_cuda::config::ENV_PASSES;
 pub const ENV_CUDA_PASSES: &str = kreplay_cuda::config::ENV_CUDA_PASSES;
 
 /// The drain timeout used when `KREPLAY_DRAIN_TIMEOUT_MS` is not set.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_millis(10_000);
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = kreplay_cuda::config::DEFAULT_DRAIN_TIMEOUT;
 
 /// kreplay's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,18 +179,14 @@ impl Config {
             })?;
             config.max_snapshot_bytes = (bytes != 0).then_some(bytes);
         }
-        if let Some(value) = lookup(ENV_DRAIN_TIMEOUT_MS) {
-            let millis = value
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|&ms| ms > 0)
-                .ok_or_else(|| ConfigError {
-                    variable: ENV_DRAIN_TIMEOUT_MS,
-                    value: value.clone(),
-                    expected: "a whole number of milliseconds, at least 1".to_owned(),
-                })?;
-            config.drain_timeout = Duration::from_millis(millis);
+        if let Some(timeout) =
+            kreplay_cuda::config::drain_timeout(&lookup).map_err(|e| ConfigError {
+                variable: e.variable,
+                value: e.value,
+                expected: e.expected.to_owned(),
+            })?
+        {
+            config.drain_timeout = timeout;
         }
         if let Some(value) = lookup(ENV_SNAPSHOT_STORE) {
             config.snapshot_store = parse_choice(

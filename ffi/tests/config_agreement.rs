@@ -74,3 +74,16 @@ fn both_backends_read_the_built_in_passes_and_their_older_cuda_name_alike() {
         }
     }
 }
+
+#[test]
+fn both_backends_read_the_drain_timeout_alike() {
+    for value in ["250", " 250 ", "1", "0", "-1", "1.5", "soon", "", "+7"] {
+        let pairs = [("KREPLAY_DRAIN_TIMEOUT_MS", value)];
+        let abi = kreplay::config::Config::from_lookup(lookup(&pairs));
+        let cuda = kreplay_cuda::config::Config::from_lookup(lookup(&pairs));
+        assert_eq!(abi.is_ok(), cuda.is_ok(), "{value:?}: {abi:?} / {cuda:?}");
+        if let (Ok(abi), Ok(cuda)) = (abi, cuda) {
+            assert_eq!(abi.drain_timeout, cuda.drain_timeout, "{value:?}");
+        }
+    }
+}
