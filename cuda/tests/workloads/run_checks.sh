@@ -80,6 +80,11 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/surface" cuda/tests/workloads/surface.cu
     step surface "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface.csv" \
         -- "$OUT/surface"
+    # A kernel waits for the host on one stream while the host launches on another: the drain
+    # before a snapshot gives up after KREPLAY_DRAIN_TIMEOUT_MS and the launches run once.
+    nvcc -O2 -o "$OUT/drain_stuck" cuda/tests/workloads/drain_stuck.cu
+    step drain_stuck env KREPLAY_DRAIN_TIMEOUT_MS=2000 timeout 120 "$BIN/kreplay" run \
+        --passes "$PASSES" --check -o "$OUT/drain_stuck.csv" -- "$OUT/drain_stuck"
     # One thread captures a graph in global mode while another launches x += 1: the capture
     # must succeed and every buffer hold its exact count of increments, as without kreplay.
     nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
