@@ -131,6 +131,9 @@ struct DeviceState {
     runtime: DeviceRuntime,
     /// Whether the device reads and writes pageable host memory directly (HMM, ATS).
     pageable: bool,
+    /// The drain before each snapshot, bounded by the drain timeout: one per context, so that
+    /// a device whose drain is stuck does not hold up another's.
+    drainer: Drainer,
 }
 
 /// Counters printed in the exit summary.
@@ -321,8 +324,6 @@ impl std::fmt::Display for Summary {
 struct Backend {
     driver: &'static Driver,
     config: Config,
-    /// The drain before each snapshot, bounded by the drain timeout.
-    drainer: Drainer,
     tools: Box<dyn Tools>,
     watch: MemoryWatch,
     inventory: Arc<Inventory>,
@@ -648,6 +649,7 @@ impl Backend {
             runtime: DeviceRuntime::new(),
             // Unknown counts as able: a pageable address in an argument is then declined.
             pageable: self.driver.pageable_memory_access(ordinal).unwrap_or(true),
+            drainer: context_drainer(self.driver, self.config.drain_timeout),
         });
         devices.push((key, state.clone()));
         Ok(state)
@@ -938,7 +940,7 @@ impl Backend {
         let cuda_launch = CudaLaunch {
             driver: self.driver,
             launch,
-            drainer: Some(&self.drainer),
+            drainer: Some(&device.drainer),
         };
         // A launch on a stream being captured into a graph does not run now (it is declined and
         // no record is due); an event recorded there would become a node of the graph.
@@ -996,7 +998,8 @@ impl Backend {
             inner: CudaLaunch {
                 driver: self.driver,
                 launch,
-                drainer: Some(&self.drainer),
+                // The drain comes before the snapshot, at ENTER; nothing drains at EXIT.
+                drainer: None,
             },
             watch: &self.watch,
             scope: None,
@@ -1341,6 +1344,22 @@ impl Backend {
     }
 }
 
+/// The drain of one context on a thread of kreplay's own (see [`crate::drainer`]).
+fn context_drainer(driver: &'static Driver, timeout: Duration) -> Drainer {
+    Drainer::new(timeout, move |ctx| {
+        // The drain thread's own calls must neither fail nor invalidate a capture in progress
+        // on another thread (the window drains only while no stream of the device captures).
+        let _relaxed = driver.relaxed_capture();
+        // SAFETY: the context of the launch that asked for the drain; applications launch in
+        // primary contexts, which stay alive until CUDA is torn down at exit.
+        unsafe { driver.make_current(ctx as CuContext) }.map_err(|e| e.to_string())?;
+        // SAFETY: synchronizes the current context: every stream of its device.
+        driver
+            .check("cuCtxSynchronize", unsafe { (driver.ctx_synchronize)() })
+            .map_err(|e| e.to_string())
+    })
+}
+
 /// The launch a launch callback describes.
 ///
 /// # Safety
@@ -1487,21 +1506,8 @@ fn initialize(
     let locks = AgentLocks::new();
     locks.set_enabled(tools.replay_wanted());
     let passes = config.passes;
-    let drainer = Drainer::new(config.drain_timeout, move |ctx| {
-        // The drain thread's own calls must neither fail nor invalidate a capture in progress
-        // on another thread (the window drains only while no stream of the device captures).
-        let _relaxed = driver.relaxed_capture();
-        // SAFETY: the context of the launch that asked for the drain; applications launch in
-        // primary contexts, which stay alive until CUDA is torn down at exit.
-        unsafe { driver.make_current(ctx as CuContext) }.map_err(|e| e.to_string())?;
-        // SAFETY: synchronizes the current context: every stream of its device.
-        driver
-            .check("cuCtxSynchronize", unsafe { (driver.ctx_synchronize)() })
-            .map_err(|e| e.to_string())
-    });
     let backend = Backend {
         driver,
-        drainer,
         config,
         tools,
         watch: MemoryWatch::new(),
