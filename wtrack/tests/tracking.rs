@@ -341,3 +341,61 @@ fn writes_after_the_process_forks_are_still_reported_and_the_childs_are_not() {
         "the child's store stays in the child"
     );
 }
+
+/// Stores the kernel makes on the process's behalf (a `read(2)` into the buffer, a
+/// `process_vm_writev` aimed at it) go through the same page tables: the pages they fill must
+/// be reported, or a restore would leave their bytes in place.
+#[test]
+fn pages_the_kernel_fills_for_a_system_call_are_reported() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let mem = Scratch::populated(16);
+    let base = mem.range().start;
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    // read(2) from a pipe into page 5.
+    let mut fds = [0; 2];
+    // SAFETY: a new pipe.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let msg = [7u8; 64];
+    // SAFETY: writing our own bytes to the pipe's write end.
+    let sent = unsafe { libc::write(fds[1], msg.as_ptr().cast(), msg.len()) };
+    assert_eq!(sent, 64);
+    // SAFETY: the kernel stores 64 bytes inside page 5 of the mapping.
+    let got = unsafe { libc::read(fds[0], mem.ptr.add(5 * page + 100).cast(), 64) };
+    assert_eq!(got, 64, "read: {}", std::io::Error::last_os_error());
+    // SAFETY: our own descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    // process_vm_writev into page 11, from this process to itself.
+    let local = libc::iovec {
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: 16,
+    };
+    // SAFETY: page 11 lies inside the mapping.
+    let target = unsafe { mem.ptr.add(11 * page) };
+    let remote = libc::iovec {
+        iov_base: target.cast(),
+        iov_len: 16,
+    };
+    // SAFETY: one local and one remote vector, both valid; the target is this process.
+    let wrote = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if wrote < 0 {
+        // Forbidden here (a seccomp filter or ptrace policy): the read(2) case still stands.
+        eprintln!(
+            "process_vm_writev not allowed here: {}",
+            std::io::Error::last_os_error()
+        );
+    } else {
+        assert_eq!(wrote, 16);
+    }
+    let mut written = Vec::new();
+    tracker.written(&mut written).unwrap();
+    let pages = pages_of(&written, base);
+    let want = if wrote < 0 { vec![5] } else { vec![5, 11] };
+    assert_eq!(pages, want, "reported {pages:?}");
+    assert_eq!(mem.read(5 * page + 100), 7);
+}
