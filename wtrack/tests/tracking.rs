@@ -94,6 +94,22 @@ fn pages_of(ranges: &[Range<usize>], base: usize) -> Vec<usize> {
     out
 }
 
+/// A private mapping of `pages` pages, each written once, followed by a new tracker; with the
+/// mapping's first address.
+fn populated_and_followed(pages: usize) -> (Scratch, usize, WriteTracker) {
+    let mem = Scratch::populated(pages);
+    let base = mem.range().start;
+    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    (mem, base, tracker)
+}
+
+/// The pages (indices from `base`) `tracker` reports written.
+fn written_pages(tracker: &WriteTracker, base: usize) -> Vec<usize> {
+    let mut written = Vec::new();
+    tracker.written(&mut written).unwrap();
+    pages_of(&written, base)
+}
+
 /// A small deterministic generator (xorshift), so every run writes the same pages.
 fn xorshift(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -184,9 +200,7 @@ fn unaligned_ranges_are_widened_to_their_pages() {
     mem.write(2, 9); // before the requested start, same page
     mem.write(2 * page + 50, 9); // after the requested end, same page
     mem.write(5 * page, 9); // outside: not followed
-    let mut written = Vec::new();
-    tracker.written(&mut written).unwrap();
-    assert_eq!(pages_of(&written, base), vec![0, 2]);
+    assert_eq!(written_pages(&tracker, base), vec![0, 2]);
 }
 
 #[test]
@@ -208,9 +222,7 @@ fn memory_replaced_behind_the_trackers_back_is_never_reported_clean() {
         return;
     }
     let page = page_size();
-    let mem = Scratch::populated(16);
-    let base = mem.range().start;
-    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let (mem, base, tracker) = populated_and_followed(16);
     // Pages 4..8 are replaced by a new mapping (what a free and a new allocation at the same
     // address would do) and written there.
     // SAFETY: MAP_FIXED over pages of our own mapping.
@@ -260,9 +272,7 @@ fn pages_discarded_with_madvise_are_reported_written_even_if_nothing_stores_to_t
         return;
     }
     let page = page_size();
-    let mem = Scratch::populated(32);
-    let base = mem.range().start;
-    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let (mem, base, tracker) = populated_and_followed(32);
     let advise = |first: usize, pages: usize, advice: libc::c_int| {
         // SAFETY: advice on pages of our own mapping, which the test reads afterwards only.
         let rc = unsafe {
@@ -310,9 +320,7 @@ fn writes_after_the_process_forks_are_still_reported_and_the_childs_are_not() {
         return;
     }
     let page = page_size();
-    let mem = Scratch::populated(16);
-    let base = mem.range().start;
-    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let (mem, base, tracker) = populated_and_followed(16);
     // SAFETY: the child only stores to its own copy of the mapping and exits without running
     // anything else of the test harness.
     let pid = unsafe { libc::fork() };
@@ -327,9 +335,7 @@ fn writes_after_the_process_forks_are_still_reported_and_the_childs_are_not() {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     mem.write(3 * page, 3);
-    let mut written = Vec::new();
-    tracker.written(&mut written).unwrap();
-    let pages = pages_of(&written, base);
+    let pages = written_pages(&tracker, base);
     assert_eq!(
         pages,
         vec![3],
@@ -351,9 +357,7 @@ fn pages_the_kernel_fills_for_a_system_call_are_reported() {
         return;
     }
     let page = page_size();
-    let mem = Scratch::populated(16);
-    let base = mem.range().start;
-    let tracker = WriteTracker::new(&[mem.range()]).unwrap();
+    let (mem, base, tracker) = populated_and_followed(16);
     // read(2) from a pipe into page 5.
     let mut fds = [0; 2];
     // SAFETY: a new pipe.
@@ -392,9 +396,7 @@ fn pages_the_kernel_fills_for_a_system_call_are_reported() {
     } else {
         assert_eq!(wrote, 16);
     }
-    let mut written = Vec::new();
-    tracker.written(&mut written).unwrap();
-    let pages = pages_of(&written, base);
+    let pages = written_pages(&tracker, base);
     let want = if wrote < 0 { vec![5] } else { vec![5, 11] };
     assert_eq!(pages, want, "reported {pages:?}");
     assert_eq!(mem.read(5 * page + 100), 7);
