@@ -131,6 +131,17 @@ pub struct ConfigError {
     pub expected: String,
 }
 
+/// A setting read by the parsers libkreplay shares with the CUDA backend.
+impl From<kreplay_cuda::config::BadSetting> for ConfigError {
+    fn from(e: kreplay_cuda::config::BadSetting) -> ConfigError {
+        ConfigError {
+            variable: e.variable,
+            value: e.value,
+            expected: e.expected.to_owned(),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -179,13 +190,7 @@ impl Config {
             })?;
             config.max_snapshot_bytes = (bytes != 0).then_some(bytes);
         }
-        if let Some(timeout) =
-            kreplay_cuda::config::drain_timeout(&lookup).map_err(|e| ConfigError {
-                variable: e.variable,
-                value: e.value,
-                expected: e.expected.to_owned(),
-            })?
-        {
+        if let Some(timeout) = kreplay_cuda::config::drain_timeout(&lookup)? {
             config.drain_timeout = timeout;
         }
         if let Some(value) = lookup(ENV_SNAPSHOT_STORE) {
@@ -234,13 +239,7 @@ impl Config {
         // `KREPLAY_CUDA_PASSES` is the CUDA backend's older name for the same setting, read
         // when `KREPLAY_PASSES` is not set; the CUDA backend's configuration reads both
         // through the same function.
-        if let Some(passes) =
-            kreplay_cuda::config::built_in_passes(&lookup).map_err(|e| ConfigError {
-                variable: e.variable,
-                value: e.value,
-                expected: e.expected.to_owned(),
-            })?
-        {
+        if let Some(passes) = kreplay_cuda::config::built_in_passes(&lookup)? {
             config.passes = passes;
         }
         if let Some(value) = lookup(ENV_LOG) {
