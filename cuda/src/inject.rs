@@ -353,6 +353,8 @@ static CUPTI: OnceLock<(Cupti, usize)> = OnceLock::new();
 struct Pending {
     window: Window,
     launch: Launch,
+    /// The launch's context's state, found at ENTER.
+    device: Arc<DeviceState>,
     tool: Box<dyn ReplayTool>,
     /// The launch's events while dispatch tracing is configured.
     timer: Option<PassTimer>,
@@ -816,9 +818,9 @@ impl Backend {
         CHOSEN.with(|c| c.set(Some((key, on))));
     }
 
-    /// Record what the launch just replayed on `ctx` cost per restore under the choice
+    /// Record what the launch just replayed on `device` cost per restore under the choice
     /// [`Self::choose_detection`] made for it.
-    fn learn_choice(&self, ctx: CuContext, record: &ReplayRecord) {
+    fn learn_choice(&self, device: &DeviceState, record: &ReplayRecord) {
         let Some((key, on)) = CHOSEN.with(std::cell::Cell::take) else {
             return;
         };
@@ -834,16 +836,7 @@ impl Backend {
         ) else {
             return;
         };
-        let key_ctx = ctx as usize;
-        let state = self
-            .devices
-            .lock()
-            .iter()
-            .find(|(c, _)| *c == key_ctx)
-            .map(|(_, d)| d.clone());
-        if let Some(d) = state {
-            d.choice.lock().record(key, on, ns);
-        }
+        device.choice.lock().record(key, on, ns);
         let counter = if on {
             &self.stats.auto_device
         } else {
@@ -976,6 +969,7 @@ impl Backend {
             *p.borrow_mut() = Some(Pending {
                 window,
                 launch,
+                device: device.clone(),
                 tool,
                 timer,
                 trace_only,
@@ -987,6 +981,7 @@ impl Backend {
         let Some(Pending {
             window,
             launch,
+            device,
             mut tool,
             timer,
             trace_only,
@@ -1015,16 +1010,14 @@ impl Backend {
             // A kernel that ran once without its scope being asked for (one pass) may still
             // have used the device heap: later launches on its context must know.
             let kernel = kernel.to_string_lossy();
-            if let Ok(device) = self.device(launch.ctx) {
-                device
-                    .runtime
-                    .note(&kernel, &self.modules.runtime_calls(&kernel));
-            }
+            device
+                .runtime
+                .note(&kernel, &self.modules.runtime_calls(&kernel));
         }
         if trace_only {
             return;
         }
-        self.learn_choice(launch.ctx, &record);
+        self.learn_choice(&device, &record);
         let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
         self.account(&record, &name);
         self.tools.replay_finished(&record, &name);
