@@ -123,21 +123,40 @@ pub mod cbid {
     /// Virtual memory management calls kreplay tracks.
     pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
 
-    /// Copies fenced against replay windows: `cuMemcpy`, `cuMemcpyAsync`, the `_v2` HtoD, DtoH,
-    /// DtoD (and `Async`), 2D, 2D unaligned, 3D (and `Async`), peer copies, the batched copies
-    /// CUDA 12.8 added (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`) and the `_v2` forms CUDA
-    /// 13's headers map those names to, and their `_ptds` / `_ptsz` per-thread-stream variants.
-    /// A batch is fenced on its context's device as a whole (the fence needs no parameter of
-    /// the call, so the `_v2` forms' shorter parameter lists do not matter).
-    pub const MEMCPY: [CallbackId; 42] = [
+    /// Copies fenced against replay windows, every `cuMemcpy*` entry point a 64-bit program
+    /// reaches: `cuMemcpy`, `cuMemcpyAsync`, the `_v2` HtoD, DtoH, DtoD (and `Async`), the copies
+    /// to, from and between CUDA arrays (AtoD writes device memory, DtoA reads it; HtoA, AtoH and
+    /// AtoA change what a kernel reading the array through a texture sees), 2D, 2D unaligned, 3D
+    /// (and `Async`), peer copies, the batched copies CUDA 12.8 added (`cuMemcpyBatchAsync`,
+    /// `cuMemcpy3DBatchAsync`) and the `_v2` forms CUDA 13's headers map those names to, and
+    /// their `_ptds` / `_ptsz` per-thread-stream variants. A batch is fenced on its context's
+    /// device as a whole (the fence needs no parameter of the call, so the `_v2` forms' shorter
+    /// parameter lists do not matter).
+    pub const MEMCPY: [CallbackId; 56] = [
         305, 306, // cuMemcpy, cuMemcpyAsync
         276, 277, 278, 279, 280, 281, // cuMemcpy{HtoD,DtoH,DtoD}{,Async}_v2
+        282, 283, 284, 285, 286, // cuMemcpyAtoH{,Async}_v2, cuMemcpy{AtoD,DtoA,AtoA}_v2
         287, 288, 289, 290, 291, // cuMemcpy2D{,Unaligned,Async}_v2, cuMemcpy3D{,Async}_v2
+        292, 293, // cuMemcpyHtoA{,Async}_v2
         318, 319, 320, 321, // cuMemcpyPeer{,Async}, cuMemcpy3DPeer{,Async}
-        397, 398, 399, 405, 406, 407, 408, 409, 410, // _ptds
-        418, 421, 422, 423, 424, 425, 426, 427, // _ptsz
+        397, 398, 399, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, // _ptds
+        418, 419, 420, 421, 422, 423, 424, 425, 426, 427, // _ptsz
         776, 777, 778, 779, // cuMemcpyBatchAsync{,_ptsz}, cuMemcpy3DBatchAsync{,_ptsz}
         796, 797, 798, 799, // cuMemcpyBatchAsync_v2{,_ptsz}, cuMemcpy3DBatchAsync_v2{,_ptsz}
+    ];
+
+    /// Stream memory operations that write device memory when their stream reaches them,
+    /// fenced like copies: `cuStreamWriteValue32`, `cuStreamWriteValue64` and
+    /// `cuStreamBatchMemOp` (which may hold writes), the first forms and the `_v2` ones CUDA
+    /// 12+ headers map those names to, each with its `_ptsz` variant. (`cuStreamWaitValue*`
+    /// only waits: the drain's timeout bounds a wait that never ends.)
+    pub const STREAM_WRITES: [CallbackId; 12] = [
+        460, 461, // cuStreamWriteValue32{,_ptsz}
+        462, 463, // cuStreamBatchMemOp{,_ptsz}
+        475, 476, // cuStreamWriteValue64{,_ptsz}
+        663, 664, // cuStreamWriteValue32_v2{,_ptsz}
+        665, 666, // cuStreamWriteValue64_v2{,_ptsz}
+        667, 668, // cuStreamBatchMemOp_v2{,_ptsz}
     ];
 
     /// Memsets fenced against replay windows: `cuMemsetD{8,16,32}` and `cuMemsetD2D{8,16,32}`,
@@ -150,7 +169,7 @@ pub mod cbid {
     ];
 
     /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SURFACES`], [`MEMCPY`],
-    /// [`MEMSET`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
+    /// [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
@@ -158,6 +177,7 @@ pub mod cbid {
             &SURFACES,
             &MEMCPY,
             &MEMSET,
+            &STREAM_WRITES,
             &BEGIN_CAPTURE,
             &END_CAPTURE,
         ]

@@ -1,13 +1,16 @@
-//! Device writes (and reads) by the application's copies and memsets, fenced against replay
-//! windows, as on HSA.
+//! Device writes (and reads) by the application outside the launches kreplay replays: copies,
+//! memsets, stream memory operations, graph launches and cooperative launches, fenced against
+//! replay windows, as on HSA.
 //!
-//! A `cuMemcpy*` / `cuMemset*` call takes the reader side of its device's lock at API ENTER and
-//! gives it back at API EXIT ([`enter`], [`exit`]). So:
+//! Such a call takes the reader side of its device's lock at API ENTER and gives it back at API
+//! EXIT ([`enter`], [`exit`]), as an ordinary (run once) `cuLaunchKernel` does in the window
+//! code. So:
 //!
-//! * a copy whose call begins while a replay window holds the device (writer side, from the
-//!   launch's API ENTER to its API EXIT) waits until the window closes: it never lands between
-//!   a snapshot and a restore, and never reads a pass's intermediate bytes;
-//! * a replay window waits for the calls in progress; an asynchronous copy they enqueued is
+//! * a call that begins while a replay window holds the device (writer side, from the launch's
+//!   API ENTER to its API EXIT), on any thread, waits until the window closes: what it writes
+//!   never lands between a snapshot and a restore (where a restore would undo it), and it never
+//!   reads a pass's intermediate bytes;
+//! * a replay window waits for the calls in progress; the asynchronous work they enqueued is
 //!   then waited for by the window's drain (`cuCtxSynchronize`) before the snapshot.
 //!
 //! The readers a thread holds are kept on a thread-local stack (ENTER and EXIT of one call
@@ -26,14 +29,30 @@ pub enum DeviceWrite {
     Copy,
     /// A memset (`cuMemset*`).
     Set,
+    /// A stream memory operation (`cuStreamWriteValue*`, `cuStreamBatchMemOp*`): writes words
+    /// when its stream reaches it.
+    StreamWrite,
+    /// A graph launch: its kernels, copies and memsets run once, not replayed.
+    Graph,
+    /// A cooperative launch (`cuLaunchCooperativeKernel*`): runs once, not replayed.
+    Cooperative,
 }
 
-/// Whether driver-API callback `id` is a copy or a memset kreplay fences.
+/// Whether driver-API callback `id` is a call kreplay fences, and what kind.
 pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     if cbid::MEMCPY.contains(&id) {
         Some(DeviceWrite::Copy)
     } else if cbid::MEMSET.contains(&id) {
         Some(DeviceWrite::Set)
+    } else if cbid::STREAM_WRITES.contains(&id) {
+        Some(DeviceWrite::StreamWrite)
+    } else if matches!(id, cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ) {
+        Some(DeviceWrite::Graph)
+    } else if matches!(
+        id,
+        cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
+    ) {
+        Some(DeviceWrite::Cooperative)
     } else {
         None
     }
@@ -43,7 +62,7 @@ thread_local! {
     static HELD: RefCell<Vec<OwnedReadAccess>> = const { RefCell::new(Vec::new()) };
 }
 
-/// API ENTER of a copy or memset on `device`: waits while a replay window holds the device,
+/// API ENTER of a fenced call on `device`: waits while a replay window holds the device,
 /// then holds the reader side until [`exit`]. `device` is `None` when the call's device is not
 /// known (nothing is held, but [`exit`] stays balanced).
 pub fn enter(locks: &AgentLocks, device: Option<u64>) {
@@ -97,6 +116,73 @@ mod tests {
         for id in [776, 777, 778, 779, 796, 797, 798, 799] {
             assert_eq!(device_write(id), Some(DeviceWrite::Copy), "{id}");
             assert!(cbid::all().contains(&id), "callback {id} is enabled");
+        }
+    }
+
+    #[test]
+    fn every_call_that_changes_device_memory_outside_a_replayed_launch_is_fenced() {
+        // Ids from CUDA 13.0's cupti_driver_cbid.h. Unfenced, such a call made on another thread
+        // while a replay window is open lands between the snapshot and a restore, and the
+        // restore undoes it (or a later pass reads it).
+        let calls: [(&str, CallbackId); 28] = [
+            ("cuMemcpyAtoD_v2", 284),
+            ("cuMemcpyDtoA_v2", 285),
+            ("cuMemcpyAtoA_v2", 286),
+            ("cuMemcpyAtoH_v2", 282),
+            ("cuMemcpyHtoA_v2", 292),
+            ("cuMemcpyHtoAAsync_v2", 293),
+            ("cuMemcpyDtoA_v2_ptds", 400),
+            ("cuMemcpyAtoD_v2_ptds", 401),
+            ("cuMemcpyHtoA_v2_ptds", 402),
+            ("cuMemcpyHtoAAsync_v2_ptsz", 419),
+            ("cuStreamWriteValue32", 460),
+            ("cuStreamWriteValue32_ptsz", 461),
+            ("cuStreamBatchMemOp", 462),
+            ("cuStreamBatchMemOp_ptsz", 463),
+            ("cuStreamWriteValue64", 475),
+            ("cuStreamWriteValue64_ptsz", 476),
+            ("cuStreamWriteValue32_v2", 663),
+            ("cuStreamWriteValue32_v2_ptsz", 664),
+            ("cuStreamWriteValue64_v2", 665),
+            ("cuStreamWriteValue64_v2_ptsz", 666),
+            ("cuStreamBatchMemOp_v2", 667),
+            ("cuStreamBatchMemOp_v2_ptsz", 668),
+            ("cuGraphLaunch", 514),
+            ("cuGraphLaunch_ptsz", 515),
+            ("cuLaunchCooperativeKernel", 477),
+            ("cuLaunchCooperativeKernel_ptsz", 478),
+            ("cuMemcpyAsync", 306),
+            ("cuMemsetD32Async", 220),
+        ];
+        for (name, id) in calls {
+            assert!(device_write(id).is_some(), "{name} ({id}) is not fenced");
+        }
+        // Waits write nothing; the launches kreplay replays take their lock in the window.
+        for id in [
+            458,
+            459,
+            473,
+            474,
+            659,
+            660,
+            661,
+            662,
+            cbid::CU_LAUNCH_KERNEL_EX,
+        ] {
+            assert_eq!(device_write(id), None, "{id}");
+        }
+    }
+
+    #[test]
+    fn every_fenced_call_has_its_callback_enabled() {
+        let enabled = cbid::all();
+        for id in 0..1000 {
+            if device_write(id).is_some() {
+                assert!(
+                    enabled.contains(&id),
+                    "callback {id} is fenced but never enabled"
+                );
+            }
         }
     }
 

@@ -678,6 +678,29 @@ impl Backend {
         );
     }
 
+    /// Counts (and warns once about) the work a fenced call runs once that kreplay never
+    /// replays: graph launches and cooperative launches.
+    fn note_unreplayed(&self, write: Option<fence::DeviceWrite>) {
+        let (warned, what) = match write {
+            Some(fence::DeviceWrite::Graph) => {
+                self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
+                (&self.warned_graph, "graph launches run once, not replayed")
+            }
+            Some(fence::DeviceWrite::Cooperative) => {
+                self.stats.launches.fetch_add(1, Ordering::Relaxed);
+                self.stats.cooperative.fetch_add(1, Ordering::Relaxed);
+                (
+                    &self.warned_cooperative,
+                    "cooperative launches run once, not replayed",
+                )
+            }
+            _ => return,
+        };
+        if !warned.swap(true, Ordering::Relaxed) {
+            log(LogLevel::Warn, what);
+        }
+    }
+
     fn on_free(&self, base: u64) {
         if self.inventory.on_free(base).is_some() {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
@@ -1286,28 +1309,11 @@ impl Backend {
             }
             id if fence::device_write(id).is_some() => {
                 if enter {
+                    self.note_unreplayed(fence::device_write(id));
                     let device = self.ordinal(data.context).map(|o| o as u64);
                     fence::enter(&self.locks, device);
                 } else if exit {
                     fence::exit();
-                }
-            }
-            cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ if enter => {
-                self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
-                if !self.warned_graph.swap(true, Ordering::Relaxed) {
-                    log(LogLevel::Warn, "graph launches run once, not replayed");
-                }
-            }
-            cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
-                if enter =>
-            {
-                self.stats.launches.fetch_add(1, Ordering::Relaxed);
-                self.stats.cooperative.fetch_add(1, Ordering::Relaxed);
-                if !self.warned_cooperative.swap(true, Ordering::Relaxed) {
-                    log(
-                        LogLevel::Warn,
-                        "cooperative launches run once, not replayed",
-                    );
                 }
             }
             cbid::CU_LAUNCH_KERNEL
@@ -1454,7 +1460,8 @@ unsafe extern "C" fn on_callback(
         // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
         // fail nor invalidate a capture in progress on another thread: they run in relaxed
         // capture mode, and the application's call gets its own mode back when this returns.
-        // The fenced copies and memsets make no driver call of their own.
+        // The fenced calls (copies, memsets, stream writes, graph and cooperative launches)
+        // make no driver call of their own.
         let _relaxed =
             (fence::device_write(id).is_none()).then(|| backend.driver.relaxed_capture());
         // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.

@@ -90,6 +90,20 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
     step capture_overlap "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/capture_overlap.csv" -- "$OUT/capture_overlap"
+    # While one thread's launches are replayed, another writes its own buffers by stream
+    # memory operations, graph launches, cooperative launches and copies from a CUDA array:
+    # each waits for the open replay window, so no restore undoes it.
+    nvcc -O2 -o "$OUT/concurrent_writers" cuda/tests/workloads/concurrent_writers.cu -lcuda
+    step concurrent_writers "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/concurrent_writers.csv" -- "$OUT/concurrent_writers"
+    # Kernels launched from device code: every pass of the parent starts its children again,
+    # and their writes are restored with the parent's.
+    nvcc -O2 -rdc=true -o "$OUT/device_launch" cuda/tests/workloads/device_launch.cu -lcudadevrt
+    step device_launch "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_launch.csv" -- "$OUT/device_launch"
+    step device_launch_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
+        --passes "$PASSES" --check -o "$OUT/device_launch_referenced.csv" \
+        -- "$OUT/device_launch"
     if command -v cc >/dev/null; then
         ln -sf libkreplay.so "$BIN/libkreplay.so.0"
         cc -std=c11 -O2 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
