@@ -464,6 +464,9 @@ pub fn locate(
 struct Inner {
     /// Loaded modules (CUPTI's module id) and their symbols.
     modules: HashMap<u32, Arc<CubinSymbols>>,
+    /// Loads of each module not unloaded yet: CUPTI gives a module the same id in every
+    /// context it is loaded in.
+    loads: HashMap<u32, usize>,
     /// Kernel name → the modules that define it.
     by_kernel: HashMap<String, Vec<u32>>,
     /// Modules whose cubin could not be read, and why.
@@ -500,6 +503,7 @@ impl ModuleRegistry {
         let parsed = parse_cubin(image);
         let mut i = self.inner.lock();
         Self::forget(&mut i, id);
+        *i.loads.entry(id).or_default() += 1;
         match parsed {
             Ok(symbols) => {
                 let n = symbols.writable.iter().map(|w| w.symbols.len()).sum();
@@ -532,9 +536,19 @@ impl ModuleRegistry {
         i.located.clear();
     }
 
-    /// CUPTI reported module `id` about to be unloaded.
+    /// CUPTI reported module `id` about to be unloaded (from one context: it stays known while
+    /// another context has it loaded).
     pub fn on_unloading(&self, id: u32) {
-        Self::forget(&mut self.inner.lock(), id);
+        let mut i = self.inner.lock();
+        let left = i.loads.get(&id).map_or(0, |n| n.saturating_sub(1));
+        if left > 0 {
+            i.loads.insert(id, left);
+            // A function handle of the unloaded copy may be handed out again for another one.
+            i.located.clear();
+        } else {
+            i.loads.remove(&id);
+            Self::forget(&mut i, id);
+        }
     }
 
     fn candidates(&self, kernel: &str) -> Vec<Arc<CubinSymbols>> {
@@ -882,6 +896,30 @@ mod tests {
         );
         r.on_unloading(1);
         assert!(r.variables_of(0, 9, Some("bump"), &lookup).is_err());
+    }
+
+    #[test]
+    fn a_module_loaded_in_two_contexts_is_known_until_both_unloaded_it() {
+        let r = ModuleRegistry::new();
+        let image = cubin("bump", &[(".nv.global", 4, &[("counter", 0, 4)])]);
+        r.on_loaded(1, &image).unwrap();
+        r.on_loaded(1, &image).unwrap();
+        let lookup = fake(vec![("counter", 0, 4)]);
+        r.on_unloading(1);
+        assert_eq!(
+            r.variables_of(0, 9, Some("bump"), &lookup).unwrap().len(),
+            1,
+            "the other context still has it"
+        );
+        r.on_unloading(1);
+        assert!(r.variables_of(0, 9, Some("bump"), &lookup).is_err());
+        r.on_unloading(1);
+        r.on_loaded(1, &image).unwrap();
+        assert_eq!(
+            r.variables_of(0, 9, Some("bump"), &lookup).unwrap().len(),
+            1,
+            "an unload too many does not hide a later load"
+        );
     }
 
     #[test]
