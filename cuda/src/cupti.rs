@@ -28,7 +28,11 @@ pub type CallbackFunc = unsafe extern "C" fn(
 pub const CB_DOMAIN_DRIVER_API: CallbackDomain = 1;
 /// `CUPTI_CB_DOMAIN_RESOURCE`.
 pub const CB_DOMAIN_RESOURCE: CallbackDomain = 3;
-/// `CUPTI_CBID_RESOURCE_MODULE_LOADED` (`CUpti_CallbackIdResource`).
+/// `CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING` (`CUpti_CallbackIdResource`): a context is
+/// about to be destroyed, by `cuCtxDestroy`, a primary context's reset (`cudaDeviceReset`) or
+/// its last release.
+pub const CBID_RESOURCE_CONTEXT_DESTROY_STARTING: CallbackId = 2;
+/// `CUPTI_CBID_RESOURCE_MODULE_LOADED`.
 pub const CBID_RESOURCE_MODULE_LOADED: CallbackId = 6;
 /// `CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING`.
 pub const CBID_RESOURCE_MODULE_UNLOAD_STARTING: CallbackId = 7;

@@ -33,6 +33,8 @@ struct State {
     /// The last drain that ended, and how.
     ended: u64,
     result: Result<(), String>,
+    /// The [`Drainer`] was dropped: the drain thread ends once it is idle.
+    closed: bool,
 }
 
 impl Default for State {
@@ -44,6 +46,7 @@ impl Default for State {
             busy: false,
             ended: 0,
             result: Ok(()),
+            closed: false,
         }
     }
 }
@@ -131,6 +134,13 @@ impl Drainer {
     }
 }
 
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        self.shared.state.lock().closed = true;
+        self.shared.changed.notify_all();
+    }
+}
+
 impl Shared {
     fn run(&self) {
         loop {
@@ -140,6 +150,9 @@ impl Shared {
                     if let Some(p) = s.pending.take() {
                         s.busy = true;
                         break p;
+                    }
+                    if s.closed {
+                        return;
                     }
                     self.changed.wait(&mut s);
                 }
@@ -179,6 +192,23 @@ mod tests {
             Ok(())
         });
         (d, release, seen)
+    }
+
+    #[test]
+    fn the_drain_thread_ends_when_its_drainer_is_dropped() {
+        let (d, _release, _seen) = gated(7);
+        assert_eq!(d.drain(1), Ok(()));
+        let shared = Arc::downgrade(&d.shared);
+        drop(d);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The thread holds the last reference to the shared state until it returns.
+        while shared.upgrade().is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the drain thread is still running"
+            );
+            std::thread::yield_now();
+        }
     }
 
     #[test]

@@ -160,6 +160,10 @@ pub struct Optional {
 
 /// `CUDA_ERROR_INVALID_VALUE`: among others, a parameter index past the function's last.
 pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+/// `CUDA_ERROR_INVALID_CONTEXT`: the handle names no context the driver knows.
+pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED`: the context was destroyed (a primary context reset).
+pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CuResult = 709;
 /// `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS`.
 pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.

@@ -28,18 +28,20 @@ use parking_lot::Mutex;
 use crate::capture::{CaptureStream, Captures};
 use crate::choice::{ChoiceKey, DeviceChoice, per_restore_ns};
 use crate::config::{Config, LogLevel};
+use crate::contexts::{Contexts, SyncError};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
-    CBID_RESOURCE_MODULE_LOADED, CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData,
-    CallbackDomain, CallbackId, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
-    MemAllocPitchParams, MemFreeParams, MemMapParams, MemUnmapParams, ModuleResourceData,
-    ResourceData, StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams,
-    SurfObjectDestroyParams, cbid,
+    CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
+    CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId, Cupti,
+    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams,
+    MemMapParams, MemUnmapParams, ModuleResourceData, ResourceData, StreamCaptureParams,
+    SubscriberHandle, SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::drainer::Drainer;
 use crate::driver::{
-    CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
+    CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_INVALID_CONTEXT,
+    CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
 };
 use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
@@ -331,7 +333,8 @@ struct Backend {
     /// Stream captures in progress (a replay does not drain a device while one is).
     captures: Captures,
     devices: Mutex<Vec<(usize, Arc<DeviceState>)>>,
-    ordinals: Mutex<Vec<(usize, i32)>>,
+    /// The contexts seen and their devices: a drain waits for every one of the launch's device.
+    contexts: Arc<Contexts>,
     next_dispatch: AtomicU64,
     stats: Stats,
     warned_graph: AtomicBool,
@@ -606,14 +609,48 @@ impl Backend {
     }
 
     fn ordinal(&self, ctx: CuContext) -> Option<i32> {
-        let key = ctx as usize;
-        if let Some(&(_, o)) = self.ordinals.lock().iter().find(|(c, _)| *c == key) {
-            return Some(o);
-        }
         // The call's context is current on the calling thread inside its callback.
-        let o = self.driver.current_device().ok()?;
-        self.ordinals.lock().push((key, o));
-        Some(o)
+        self.contexts
+            .ordinal(ctx as usize, || self.driver.current_device().ok())
+    }
+
+    /// Context `ctx` is about to be destroyed (`cuCtxDestroy`, or a primary context's reset by
+    /// `cudaDeviceReset`): kreplay frees what it holds there (a kept shadow, scratch memory, its
+    /// kernels' module) while the context is alive, forgets the context and the allocations
+    /// that end with it, and gives the calling thread its current context back. Kept, that
+    /// state would name memory and kernels of a context that no longer exists: on the H200 the
+    /// next launches after a `cudaDeviceReset` copied through stale handles and crashed the
+    /// program in the driver (`device_reset.cu`).
+    fn before_context_destroyed(&self, ctx: CuContext) {
+        let key = ctx as usize;
+        let dying = self.contexts.forget(key);
+        log(
+            LogLevel::Debug,
+            format!(
+                "context {key:#x} ends: {} allocation(s) end with it",
+                dying.len()
+            ),
+        );
+        for base in dying {
+            self.on_free(base);
+        }
+        let state = {
+            let mut devices = self.devices.lock();
+            let at = devices.iter().position(|(c, _)| *c == key);
+            at.map(|i| devices.remove(i).1)
+        };
+        if let Some(state) = state {
+            let previous = self.driver.current_context();
+            drop(state);
+            // SAFETY: the context current on this thread when the application made its call
+            // (or none); freeing kreplay's memory may have made `ctx` current instead.
+            if unsafe { self.driver.make_current(previous) }.is_err() {
+                log(
+                    LogLevel::Warn,
+                    "could not make the calling thread's context current again",
+                );
+            }
+        }
     }
 
     fn device(&self, ctx: CuContext) -> Result<Arc<DeviceState>, String> {
@@ -651,7 +688,11 @@ impl Backend {
             runtime: DeviceRuntime::new(),
             // Unknown counts as able: a pageable address in an argument is then declined.
             pageable: self.driver.pageable_memory_access(ordinal).unwrap_or(true),
-            drainer: context_drainer(self.driver, self.config.drain_timeout),
+            drainer: context_drainer(
+                self.driver,
+                self.config.drain_timeout,
+                self.contexts.clone(),
+            ),
         });
         devices.push((key, state.clone()));
         Ok(state)
@@ -889,8 +930,16 @@ impl Backend {
         untracked_kind(kind, start.is_some(), tracked, pageable).map(str::to_owned)
     }
 
-    /// CUPTI reported a module loaded or about to be unloaded.
-    fn on_module(&self, id: CallbackId, data: &ResourceData) {
+    /// A resource-domain callback: a context about to be destroyed, a module loaded or about
+    /// to be unloaded.
+    fn on_resource(&self, id: CallbackId, data: &ResourceData) {
+        if id == CBID_RESOURCE_CONTEXT_DESTROY_STARTING {
+            // kreplay's own calls while it frees what it held in the context are not the
+            // application's.
+            let _guard = Guard::enter();
+            self.before_context_destroyed(data.context);
+            return;
+        }
         if data.resource_descriptor.is_null() {
             return;
         }
@@ -1166,6 +1215,9 @@ impl Backend {
                         let p = &*(params as *const MemAllocParams);
                         (*p.dptr, p.bytesize as u64)
                     };
+                    if id == cbid::CU_MEM_ALLOC_V2 {
+                        self.contexts.note_allocation(data.context as usize, base);
+                    }
                     self.on_alloc(data.context, base, size, "cuMemAlloc");
                 }
             }
@@ -1178,6 +1230,7 @@ impl Backend {
                         let p = &*(params as *const MemAllocPitchParams);
                         (*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64))
                     };
+                    self.contexts.note_allocation(data.context as usize, base);
                     self.on_alloc(data.context, base, size, "cuMemAllocPitch");
                 }
             }
@@ -1186,6 +1239,7 @@ impl Backend {
             {
                 // SAFETY: these parameter structs start with the CUdeviceptr being freed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
+                self.contexts.note_free(base);
                 if !self.watch.on_free(base) {
                     self.on_free(base);
                 }
@@ -1343,19 +1397,28 @@ impl Backend {
     }
 }
 
-/// The drain of one context on a thread of kreplay's own (see [`crate::drainer`]).
-fn context_drainer(driver: &'static Driver, timeout: Duration) -> Drainer {
+/// The drain before a launch's snapshot, on a thread of kreplay's own (see
+/// [`crate::drainer`]): the launch's context and every other context seen on its device (see
+/// [`crate::contexts`]).
+fn context_drainer(driver: &'static Driver, timeout: Duration, contexts: Arc<Contexts>) -> Drainer {
     Drainer::new(timeout, move |ctx| {
         // The drain thread's own calls must neither fail nor invalidate a capture in progress
         // on another thread (the window drains only while no stream of the device captures).
         let _relaxed = driver.relaxed_capture();
-        // SAFETY: the context of the launch that asked for the drain; applications launch in
-        // primary contexts, which stay alive until CUDA is torn down at exit.
-        unsafe { driver.make_current(ctx as CuContext) }.map_err(|e| e.to_string())?;
-        // SAFETY: synchronizes the current context: every stream of its device.
-        driver
-            .check("cuCtxSynchronize", unsafe { (driver.ctx_synchronize)() })
-            .map_err(|e| e.to_string())
+        contexts.drain_device(ctx, |c| {
+            let gone_or_failed = |e: crate::driver::CuError| match e.code {
+                CUDA_ERROR_INVALID_CONTEXT | CUDA_ERROR_CONTEXT_IS_DESTROYED => SyncError::Gone,
+                _ => SyncError::Failed(e.to_string()),
+            };
+            // SAFETY: a context kreplay saw in a call of the application's and that was not
+            // destroyed since (`cuCtxDestroy` forgets it first); one the driver no longer knows
+            // is an error code.
+            unsafe { driver.make_current(c as CuContext) }.map_err(gone_or_failed)?;
+            // SAFETY: synchronizes the current context: every stream of it.
+            driver
+                .check("cuCtxSynchronize", unsafe { (driver.ctx_synchronize)() })
+                .map_err(gone_or_failed)
+        })
     })
 }
 
@@ -1439,7 +1502,7 @@ unsafe extern "C" fn on_callback(
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: CUPTI passes a CUpti_ResourceData for the resource domain.
             let data = unsafe { &*(data as *const ResourceData) };
-            backend.on_module(id, data)
+            backend.on_resource(id, data)
         }));
         if outcome.is_err() {
             log(
@@ -1515,7 +1578,7 @@ fn initialize(
         locks,
         captures: Captures::new(),
         devices: Mutex::new(Vec::new()),
-        ordinals: Mutex::new(Vec::new()),
+        contexts: Arc::new(Contexts::default()),
         next_dispatch: AtomicU64::new(1),
         stats: Stats::default(),
         warned_graph: AtomicBool::new(false),
@@ -1551,6 +1614,7 @@ fn initialize(
         }
     }
     for id in [
+        CBID_RESOURCE_CONTEXT_DESTROY_STARTING,
         CBID_RESOURCE_MODULE_LOADED,
         CBID_RESOURCE_MODULE_UNLOAD_STARTING,
     ] {

@@ -32,6 +32,7 @@ pub mod bench;
 pub mod capture;
 pub mod choice;
 pub mod config;
+pub mod contexts;
 pub mod cupti;
 pub mod demo;
 pub mod devruntime;

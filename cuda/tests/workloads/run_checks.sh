@@ -96,6 +96,18 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/concurrent_writers" cuda/tests/workloads/concurrent_writers.cu -lcuda
     step concurrent_writers "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/concurrent_writers.csv" -- "$OUT/concurrent_writers"
+    # A second context's kernels still running when a launch of the primary context is
+    # replayed: the drain before its snapshot waits for every context of the device.
+    nvcc -O2 -o "$OUT/two_contexts" cuda/tests/workloads/two_contexts.cu -lcuda
+    step two_contexts "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/two_contexts.csv" -- "$OUT/two_contexts"
+    # cudaDeviceReset and cuCtxDestroy between launches: kreplay lets go of what it held in
+    # the context that ends, and of the allocations that end with it.
+    nvcc -O2 -o "$OUT/device_reset" cuda/tests/workloads/device_reset.cu -lcuda
+    step device_reset "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_reset.csv" -- "$OUT/device_reset"
+    step device_reset_host env KREPLAY_SNAPSHOT_STORE=host "$BIN/kreplay" run \
+        --passes "$PASSES" --check -o "$OUT/device_reset_host.csv" -- "$OUT/device_reset"
     # Kernels launched from device code: every pass of the parent starts its children again,
     # and their writes are restored with the parent's.
     nvcc -O2 -rdc=true -o "$OUT/device_launch" cuda/tests/workloads/device_launch.cu -lcudadevrt
