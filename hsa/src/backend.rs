@@ -29,6 +29,8 @@ pub(crate) struct Backend {
     pub(crate) soft_queues: crate::soft_queues::SoftQueues,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
     pub(crate) vmem: crate::vmem::VmemTracker,
+    /// Agents linked by peer-access grants, replayed as one group (`crate::peers`).
+    pub(crate) peers: crate::peers::Peers,
     pub(crate) hooks: Arc<dyn ToolHooks>,
     pub(crate) drain: DrainConfig,
     /// See [`InstallOptions::skip_restore`].
@@ -186,6 +188,7 @@ pub(crate) unsafe fn install(
         windows: crate::fold::Windows::default(),
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
+        peers: crate::peers::Peers::default(),
         hooks,
         drain: options.drain,
         skip_restore: options.skip_restore,
@@ -287,6 +290,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
         hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,
         hsa_amd_memory_fill_fn = copies::memory_fill,
+        hsa_amd_agents_allow_access_fn = memory::agents_allow_access,
         hsa_amd_memory_lock_fn = memory::memory_lock,
         hsa_amd_memory_lock_to_pool_fn = memory::memory_lock_to_pool,
         hsa_amd_memory_unlock_fn = memory::memory_unlock,

@@ -81,7 +81,7 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
 }
 
 /// The GPU agents among `agents`, deduplicated and sorted (one lock order for every thread).
-fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent_t>) -> Vec<u64> {
+pub(crate) fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent_t>) -> Vec<u64> {
     let mut gpus: Vec<u64> = Vec::with_capacity(2);
     for agent in agents {
         if agent.handle != 0

@@ -87,6 +87,7 @@ mod fold;
 mod layout;
 mod memory;
 mod original;
+mod peers;
 mod queues;
 mod reach;
 mod replay;
@@ -275,6 +276,12 @@ pub fn tracked_owner(addr: u64) -> Option<u64> {
     backend::installed()
         .and_then(|b| b.inventory.lookup(addr))
         .map(|a| a.owner_agent)
+}
+
+/// The agents a replay on `agent` takes and drains together, in handle order: `agent` and every
+/// agent linked to it by peer-access grants (see ARCHITECTURE.md, "Concurrency").
+pub fn replay_group(agent: u64) -> Vec<u64> {
+    backend::installed().map_or_else(|| vec![agent], |b| b.peers.group(agent))
 }
 
 /// For a virtual memory mapping (`hsa_amd_vmem_map`) containing `addr`: the agents it was made

@@ -133,6 +133,51 @@ pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
     })
 }
 
+/// Wrapper of `hsa_amd_agents_allow_access`: a grant of a GPU's memory to other GPUs links
+/// them into one replay group (`crate::peers`). Grants of memory the CPU owns link nothing.
+pub(crate) unsafe extern "C" fn agents_allow_access(
+    num_agents: u32,
+    agents: *const hsa_agent_t,
+    flags: *const u32,
+    ptr: *const c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_agents_allow_access_fn(num_agents, agents, flags, ptr)
+        );
+        if status == HSA_STATUS_SUCCESS && !agents.is_null() {
+            // SAFETY: the runtime accepted `num_agents` agent handles at `agents`.
+            let granted = unsafe { std::slice::from_raw_parts(agents, num_agents as usize) };
+            link_peers(b, ptr, granted.iter().copied());
+        }
+        status
+    })
+}
+
+/// Links the GPU owning the memory at `ptr` with the GPU agents among `granted`.
+pub(crate) fn link_peers(
+    b: &Backend,
+    ptr: *const c_void,
+    granted: impl Iterator<Item = hsa_agent_t>,
+) {
+    let Some(info) = (!ptr.is_null())
+        .then(|| b.original.pointer_info(ptr))
+        .flatten()
+    else {
+        return;
+    };
+    let owner = crate::copies::gpu_agents(b, [info.agentOwner]);
+    if owner.is_empty() {
+        return;
+    }
+    b.peers.link(&crate::copies::gpu_agents(
+        b,
+        granted.chain([info.agentOwner]),
+    ));
+}
+
 /// Wrapper of `hsa_amd_memory_lock`: locked host memory is memory a kernel may write, tracked
 /// (as host memory at the address agents use) so the snapshot rules can include it.
 pub(crate) unsafe extern "C" fn memory_lock(

@@ -116,7 +116,7 @@ struct HsaReplay<'a> {
     /// What re-entrant work changed in the snapshot's memory, to fold in at the next restore.
     deltas: Vec<Delta>,
     progress: &'a Cell<Progress>,
-    guard: Option<(WriteGuard, InWindow)>,
+    guard: Option<(Vec<WriteGuard>, InWindow)>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
 }
@@ -266,29 +266,36 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn lock_agent(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        // Lock order: a thread inside a replay window never waits for another agent's writer
-        // side (that replay may be waiting for this one): it tries once and declines.
-        let taken = if in_replay_window() {
-            self.b
-                .locks
-                .try_write_for(info.agent_id, std::time::Duration::ZERO)
-                .map_err(|e| e.to_string())
-        } else {
-            // While it waits, this handler keeps delivering its queue's mail (the drain marker
-            // of the replay it waits for).
-            let (b, state, sink) = (self.b, self.state, self.sink);
-            self.b
-                .locks
-                .write_serving(info.agent_id, SERVE_SLICE, || deliver_mail(b, state, sink))
-                .map_err(|e| e.to_string())
-        };
-        match taken {
-            Ok(guard) => {
-                self.guard = Some((guard, InWindow::enter()));
-                Ok(())
+        // The writer side of the agent and of every agent whose kernels may write its memory
+        // (`crate::peers`), taken in handle order by every replay, so two replays of one group
+        // never wait for each other crosswise. Lock order: a thread inside a replay window never
+        // waits for another agent's writer side (that replay may be waiting for this one): it
+        // tries once and declines.
+        let nested = in_replay_window();
+        let (b, state, sink) = (self.b, self.state, self.sink);
+        let mut guards = Vec::new();
+        for agent in self.b.peers.group(info.agent_id) {
+            let taken = if nested {
+                b.locks
+                    .try_write_for(agent, std::time::Duration::ZERO)
+                    .map_err(|e| e.to_string())
+            } else {
+                // While it waits, this handler keeps delivering its queue's mail (the drain
+                // marker of the replay it waits for).
+                b.locks
+                    .write_serving(agent, SERVE_SLICE, || deliver_mail(b, state, sink))
+                    .map_err(|e| e.to_string())
+            };
+            match taken {
+                Ok(guard) => guards.push(guard),
+                // The sides taken so far are given back as `guards` drops.
+                Err(detail) => {
+                    return Err(Decline::new(DeclineReason::ReentrantDispatch, detail));
+                }
             }
-            Err(detail) => Err(Decline::new(DeclineReason::ReentrantDispatch, detail)),
         }
+        self.guard = Some((guards, InWindow::enter()));
+        Ok(())
     }
 
     fn unlock_agent(&mut self, _info: &DispatchInfo) {
@@ -296,8 +303,14 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        let queues = self.b.queues.on_agent(info.agent_id);
-        // Ask every queue of the agent for a drain marker: this one and side queues get it
+        // The queues and copies of every agent of the group (`crate::peers`): a kernel of a
+        // peer already running may be writing this agent's memory.
+        let group = self.b.peers.group(info.agent_id);
+        let queues: Vec<_> = group
+            .iter()
+            .flat_map(|&a| self.b.queues.on_agent(a))
+            .collect();
+        // Ask every queue of the agents for a drain marker: this one and side queues get it
         // from here, the others through their mailbox (their handler may be waiting for this
         // very replay, and writes mail while it waits).
         let deadline = Instant::now() + self.b.drain.timeout;
@@ -333,8 +346,12 @@ impl ReplayDevice for HsaReplay<'_> {
             backend: self.b,
             state: self.state,
         };
-        let copies = self.b.copies.counter(info.agent_id);
-        kreplay_drain::drain_agent(&own, &siblings, &[&*copies], &self.b.drain)
+        let copies: Vec<_> = group.iter().map(|&a| self.b.copies.counter(a)).collect();
+        let copies: Vec<&dyn kreplay_drain::AsyncCopyTracker> = copies
+            .iter()
+            .map(|c| &**c as &dyn kreplay_drain::AsyncCopyTracker)
+            .collect();
+        kreplay_drain::drain_agent(&own, &siblings, &copies, &self.b.drain)
             .map(|_| ())
             .map_err(|stuck| decline_from(stuck.reason(), stuck.to_string()))
     }

@@ -271,6 +271,12 @@ pub(crate) unsafe extern "C" fn set_access(
                     (d.agent_handle.handle, d.permissions)
                 })
                 .collect();
+            // Peer access to a GPU's memory: the agents that may write it replay with its owner.
+            let granted = access
+                .iter()
+                .filter(|&&(_, permissions)| permissions & HSA_ACCESS_PERMISSION_WO != 0)
+                .map(|&(handle, _)| hsa_agent_t { handle });
+            crate::memory::link_peers(b, va, granted);
             // Each call replaces the previous permissions of every agent.
             if let Some(m) = b.vmem.mappings.lock().get_mut(&(va as u64)) {
                 m.access = access;

@@ -166,8 +166,27 @@ fn a_virtual_memory_mapping_is_tracked_with_owner_and_access_and_restored() {
                     (app.gpus[1].handle, HSA_ACCESS_PERMISSION_RO)
                 ])
             );
+            // Read-only access cannot write GPU 0's memory: the agents stay apart.
+            let (g0, g1) = (app.gpus[0].handle, app.gpus[1].handle);
+            assert_eq!(kreplay_hsa::replay_group(g0), [g0]);
             // SAFETY: the mapping is 8 KiB of writable memory.
             unsafe { std::ptr::write_bytes(va.cast::<u8>(), 3, size) };
+            replay_add(&app, &hooks, addr, 2048);
+            // Write access makes GPU 1 a peer: replays on either take and drain both.
+            let access = [hsa_amd_memory_access_desc_t {
+                permissions: HSA_ACCESS_PERMISSION_RW,
+                agent_handle: app.gpus[1],
+            }];
+            ok(
+                amd6!(
+                    app,
+                    hsa_amd_vmem_set_access_fn(va, size, access.as_ptr(), 1)
+                ),
+                "set access",
+            );
+            let both = if g0 < g1 { [g0, g1] } else { [g1, g0] };
+            assert_eq!(kreplay_hsa::replay_group(g0), both);
+            assert_eq!(kreplay_hsa::replay_group(g1), both);
             replay_add(&app, &hooks, addr, 2048);
 
             // A second reference (retain) keeps the handle; unmapping forgets the range.

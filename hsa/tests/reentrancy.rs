@@ -503,6 +503,66 @@ scenarios! {
         assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
     }
 
+    /// Agents 0 and 1 granted each other access to a buffer (one replay group): two threads,
+    /// one per agent, each dispatch x += 1 fifteen times onto their own agent's buffer and
+    /// fifteen times onto the peer's, every dispatch replayed three times. The replays take
+    /// both agents' writer sides in the same order and drain both: none deadlocks, and every
+    /// buffer ends at its count of runs, none undone by the other agent's restores.
+    fn replays_on_two_peer_agents_from_two_threads_neither_deadlock_nor_undo_each_other() {
+        let env = setup();
+        let allow = env.app.amd().hsa_amd_agents_allow_access_fn.expect("hsa_amd_agents_allow_access");
+        let own = [env.app.buffer(env.pools[0].coarse, &[0; 64]), env.app.buffer(env.pools[1].coarse, &[0; 64])];
+        let peer = [env.app.buffer(env.pools[0].coarse, &[0; 64]), env.app.buffer(env.pools[1].coarse, &[0; 64])];
+        for (k, buf) in peer.iter().enumerate() {
+            let other = env.app.gpus[1 - k];
+            // SAFETY: one agent handle, alive for the call; `buf` is a live allocation.
+            assert_eq!(unsafe { allow(1, &other, std::ptr::null(), buf.raw()) }, 0);
+        }
+        let (g0, g1) = (env.app.gpus[0].handle, env.app.gpus[1].handle);
+        assert_eq!(kreplay_hsa::replay_group(g0), kreplay_hsa::replay_group(g1));
+        env.hooks.set_script(Script::passes(3));
+        let queues = [env.app.queue(env.app.gpus[0]), env.app.queue(env.app.gpus[1])];
+        let rounds = 15;
+        let mut packets = Vec::new();
+        for k in 0..2 {
+            let mut mine = Vec::new();
+            for _ in 0..rounds {
+                for buf in [own[k], peer[1 - k]] {
+                    let done = env.app.signal(1);
+                    mine.push((env.add(k, buf, 30 + k as u32, 64, done), done));
+                }
+            }
+            packets.push(mine);
+        }
+        let app = env.app;
+        let jobs: Vec<Box<dyn FnOnce() -> i64 + Send>> = packets
+            .into_iter()
+            .enumerate()
+            .map(|(k, mine)| -> Box<dyn FnOnce() -> i64 + Send> {
+                let q = queues[k];
+                Box::new(move || mine.into_iter().map(|(p, done)| {
+                    app.dispatch(q, p);
+                    app.wait_zero(done)
+                }).sum())
+            })
+            .collect();
+
+        let finished = bounded(LIMIT, jobs);
+
+        assert_eq!(finished, vec![0, 0]);
+        let replayed = env
+            .hooks
+            .configured_dispatches()
+            .iter()
+            .filter(|d| matches!(env.hooks.finished_record(d.dispatch_id).outcome, ReplayOutcome::Replayed { passes: 3, .. }))
+            .count();
+        assert_eq!(replayed, 4 * rounds, "every dispatch replayed");
+        for k in 0..2 {
+            assert_eq!(env.app.read(own[k], 64), vec![rounds as u32; 64], "agent {k}'s own buffer");
+            assert_eq!(env.app.read(peer[k], 64), vec![rounds as u32; 64], "agent {k}'s buffer the peer writes");
+        }
+    }
+
     /// Replays on agents 0 and 1 at the same time whose PASS ENTER callbacks each copy
     /// (`hsa_memory_copy`) into memory of the other agent: both copies land inside their
     /// callbacks, both replays finish, nothing deadlocks.

@@ -80,6 +80,61 @@ fn ok(status: hsa_status_t, what: &str) {
 /// GPU 0) and returns once they landed. `source` is a host buffer holding those words.
 type Write = fn(app: &App, target: Ptr, source: Ptr, value: u32);
 
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FillArgs {
+    buf: u64,
+    len: u32,
+    value: u32,
+}
+
+/// `buf[i] = value`.
+fn fill_words(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `FillArgs` block.
+    let args: FillArgs = unsafe { group.kernargs() };
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: `buf` holds `len` u32; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) = args.value };
+        }
+    }
+}
+
+/// Set by [`slow_fill`] once it runs.
+static SLOW_STARTED: AtomicBool = AtomicBool::new(false);
+/// Set by [`slow_fill`] if a pass of the replay ran before it wrote.
+static SLOW_SAW_PASS: AtomicBool = AtomicBool::new(false);
+
+/// One work group: waits until a pass of the replay runs (at most [`WRITE_WINDOW`]), then sets
+/// `buf[..len] = value`.
+fn slow_fill(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `FillArgs` block.
+    let args: FillArgs = unsafe { group.kernargs() };
+    SLOW_STARTED.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + WRITE_WINDOW;
+    while !PASS_RUNNING.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    SLOW_SAW_PASS.store(PASS_RUNNING.load(Ordering::SeqCst), Ordering::SeqCst);
+    for i in 0..args.len {
+        // SAFETY: `buf` holds `len` u32.
+        unsafe { *(args.buf as *mut u32).add(i as usize) = args.value };
+    }
+}
+
+/// `buf[i] += 1`, marking the replay's passes as running.
+fn marked_add(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `Args` block.
+    let args: Args = unsafe { group.kernargs() };
+    PASS_RUNNING.store(true, Ordering::SeqCst);
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: `buf` holds `len` u32; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
 /// Waits for an application completion signal of an asynchronous write.
 fn landed(app: &App, signal: hsa_signal_t) {
     assert_eq!(app.wait_zero(signal), 0, "the write completed");
@@ -96,6 +151,35 @@ fn with_memory_fill(app: &App, target: Ptr, _source: Ptr, value: u32) {
         .expect("hsa_amd_memory_fill");
     // SAFETY: `target` holds WORDS u32 of a live allocation.
     ok(unsafe { fill(target.raw(), value, WORDS) }, "memory fill");
+}
+
+/// A kernel on GPU 1, granted access to GPU 0's buffer (`hsa_amd_agents_allow_access`, as
+/// peer access needs on ROCm), fills it.
+fn with_dispatch_on_the_other_gpu(app: &App, target: Ptr, _source: Ptr, value: u32) {
+    let allow = app
+        .amd()
+        .hsa_amd_agents_allow_access_fn
+        .expect("hsa_amd_agents_allow_access");
+    let gpu1 = app.gpus[1];
+    // SAFETY: one agent handle, alive for the call; `target` is a live allocation.
+    ok(
+        unsafe { allow(1, &gpu1, std::ptr::null(), target.raw()) },
+        "allow access",
+    );
+    let pools = app.pools(gpu1);
+    let kernel = kreplay_softhsa::register_kernel("fill_words", fill_words);
+    let kernarg = app.kernargs(
+        &pools,
+        FillArgs {
+            buf: target.0,
+            len: WORDS as u32,
+            value,
+        },
+    );
+    let q = app.queue(gpu1);
+    let done = app.signal(1);
+    app.dispatch(q, Aql::dispatch(kernel, WORDS as u32, 64, kernarg, done));
+    landed(app, done);
 }
 
 fn with_async_copy_rect(app: &App, target: Ptr, source: Ptr, _value: u32) {
@@ -249,6 +333,11 @@ scenarios! {
         race(RestoreStrategy::Full, with_memory_fill);
     }
 
+    /// A kernel on the other GPU, granted access, fills another coarse buffer of the agent.
+    fn a_kernel_on_another_gpu_writing_the_agents_memory_during_a_replay_is_not_undone() {
+        race(RestoreStrategy::Full, with_dispatch_on_the_other_gpu);
+    }
+
     /// `hsa_amd_memory_async_copy_rect` into another coarse buffer of the agent.
     fn a_rect_copy_during_a_replay_is_not_undone_by_a_restore() {
         race(RestoreStrategy::Writeset, with_async_copy_rect);
@@ -263,5 +352,100 @@ fn a_copy_on_engine_during_a_replay_is_not_undone_by_a_restore() {
         "a_copy_on_engine_during_a_replay_is_not_undone_by_a_restore",
         &["5.6", "6.2"],
         || race(RestoreStrategy::Full, with_async_copy_on_engine),
+    );
+}
+
+/// A kernel on GPU 1, granted access to a buffer of GPU 0, is still running when a dispatch on
+/// GPU 0 is replayed: the replay's drain waits for it (GPU 1 is in GPU 0's group), so its write
+/// lands before the snapshot instead of between a pass and a restore that would undo it.
+#[test]
+fn a_kernel_of_a_peer_gpu_running_when_a_replay_begins_is_drained_before_the_snapshot() {
+    support::isolated(
+        "a_kernel_of_a_peer_gpu_running_when_a_replay_begins_is_drained_before_the_snapshot",
+        || {
+            let hooks = TestHooks::new(0);
+            let app = app::install(
+                hooks.clone(),
+                InstallOptions {
+                    drain: DrainConfig::new(WAIT),
+                    ..Default::default()
+                },
+            );
+            hooks.configure_replay(true);
+            hooks.set_script(Script::passes(3));
+            let (gpu0, gpu1) = (app.gpus[0], app.gpus[1]);
+            let pools0 = app.pools(gpu0);
+            let pools1 = app.pools(gpu1);
+            let init: Vec<u32> = (0..256).map(|i| 3 * i).collect();
+            let buf = app.buffer(pools0.coarse, &init);
+            let target = app.buffer(pools0.coarse, &[1; WORDS]);
+            let allow = app
+                .amd()
+                .hsa_amd_agents_allow_access_fn
+                .expect("hsa_amd_agents_allow_access");
+            // SAFETY: one agent handle, alive for the call; `target` is a live allocation.
+            ok(
+                unsafe { allow(1, &gpu1, std::ptr::null(), target.raw()) },
+                "allow access",
+            );
+
+            let slow = kreplay_softhsa::register_kernel("slow_fill", slow_fill);
+            let slow_args = app.kernargs(
+                &pools1,
+                FillArgs {
+                    buf: target.0,
+                    len: WORDS as u32,
+                    value: 0x5eed,
+                },
+            );
+            let q1 = app.queue(gpu1);
+            let slow_done = app.signal(1);
+            // One pass: this dispatch is not the one replayed.
+            hooks.set_script(Script::passes(1));
+            app.dispatch(q1, Aql::dispatch(slow, 64, 64, slow_args, slow_done));
+            let deadline = Instant::now() + WAIT;
+            while !SLOW_STARTED.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            assert!(
+                SLOW_STARTED.load(Ordering::SeqCst),
+                "GPU 1's kernel started"
+            );
+
+            hooks.set_script(Script::passes(3));
+            let add = kreplay_softhsa::register_kernel("marked_add", marked_add);
+            let add_args = app.kernargs(
+                &pools0,
+                Args {
+                    buf: buf.0,
+                    len: 256,
+                    pad: 0,
+                },
+            );
+            let q0 = app.queue(gpu0);
+            let done = app.signal(1);
+            app.dispatch(q0, Aql::dispatch(add, 256, 64, add_args, done));
+            assert_eq!(app.wait_zero(done), 0, "GPU 0's dispatch completed");
+            assert_eq!(app.wait_zero(slow_done), 0, "GPU 1's dispatch completed");
+            let replayed = hooks
+                .configured_dispatches()
+                .iter()
+                .map(|d| hooks.finished_record(d.dispatch_id).outcome)
+                .filter(|o| matches!(o, ReplayOutcome::Replayed { passes: 3, .. }))
+                .count();
+            assert_eq!(replayed, 1, "GPU 0's dispatch was replayed");
+            let lost = app
+                .read(target, WORDS)
+                .iter()
+                .filter(|&&w| w != 0x5eed)
+                .count();
+            assert_eq!(lost, 0, "{lost} of {WORDS} words GPU 1 wrote were lost");
+            assert!(
+                !SLOW_SAW_PASS.load(Ordering::SeqCst),
+                "GPU 1's kernel was still running when a pass on GPU 0 began"
+            );
+            let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
+            assert_eq!(app.read(buf, 256), expected, "single-run results");
+        },
     );
 }
