@@ -1024,6 +1024,10 @@ struct StressArgs {
     /// no hsa_amd_memory_fill
     #[arg(long)]
     no_fill: bool,
+    /// no peer access: buffers are not granted to the other agent, whose dispatches never
+    /// touch them
+    #[arg(long)]
+    no_peers: bool,
     /// the tool leaves its contexts alone
     #[arg(long)]
     no_toggles: bool,
@@ -1045,6 +1049,7 @@ impl StressArgs {
         mix.async_copy &= !self.no_async_copy;
         mix.memory_copy &= !self.no_memory_copy;
         mix.fill &= !self.no_fill;
+        mix.peers &= !self.no_peers;
         StressOptions {
             seconds: self.seconds.unwrap_or(defaults.seconds),
             seed: self.seed.unwrap_or(defaults.seed),

@@ -73,7 +73,8 @@ fn a_short_seeded_stress_run_loses_no_byte_and_no_completion() {
     );
     assert!(out.contains("completions: 0 lost, 0 extra"), "{out}");
     // The run really mixed what it claims: replays with passes and restores, opted-out
-    // dispatches, shared queues, allocations, async copies and context toggles.
+    // dispatches, shared queues, dispatches on the peer agent, allocations, async copies and
+    // context toggles.
     assert!(
         number_before(&out, "operations:", " dispatches") > 100,
         "{out}"
@@ -82,6 +83,7 @@ fn a_short_seeded_stress_run_loses_no_byte_and_no_completion() {
         " to be replayed",
         " opted out",
         " on shared",
+        " on the peer agent",
         " alloc/free",
         " async copies",
         " memory copies",

@@ -337,6 +337,19 @@ impl Hsa {
         Ok(ptr.cast())
     }
 
+    /// `hsa_amd_agents_allow_access`: `agents` may reach the allocation at `ptr`.
+    pub fn allow_access(&self, agents: &[hsa_agent_t], ptr: *const u8) -> HsaResult<()> {
+        call!(
+            self.amd,
+            hsa_amd_agents_allow_access_fn(
+                agents.len() as u32,
+                agents.as_ptr(),
+                std::ptr::null(),
+                ptr.cast()
+            )
+        )
+    }
+
     /// `hsa_amd_memory_pool_free`.
     pub fn free(&self, ptr: *mut u8) -> HsaResult<()> {
         call!(self.amd, hsa_amd_memory_pool_free_fn(ptr.cast()))

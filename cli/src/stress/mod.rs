@@ -272,12 +272,13 @@ impl Report {
         text.push_str(&format!("mix: {}\n", mix_line(options)));
         text.push_str(&format!(
             "operations: {ops} ({} dispatches: {} to be replayed, {} opted out, {} on shared \
-             queues; {} alloc/free, {} async copies, {} memory copies, {} fills; {} runtime \
-             calls retried)\n",
+             queues, {} on the peer agent; {} alloc/free, {} async copies, {} memory copies, {} \
+             fills; {} runtime calls retried)\n",
             c.dispatches(),
             c.replayed_dispatches,
             c.opted_out_dispatches,
             c.shared_queue_dispatches,
+            c.peer_dispatches,
             c.alloc_frees,
             c.async_copies,
             c.memory_copies,
@@ -434,6 +435,7 @@ fn mix_line(options: &StressOptions) -> String {
         (m.async_copy, "async copies"),
         (m.memory_copy, "memory copies"),
         (m.fill, "fills"),
+        (m.peers, "peer access"),
         (options.toggles, "context toggles"),
         (options.reentrant, "re-entrant tool dispatches"),
     ];
@@ -472,6 +474,7 @@ fn reproduce(options: &StressOptions, plan: Option<&FaultPlan>) -> String {
         (m.async_copy, "--no-async-copy"),
         (m.memory_copy, "--no-memory-copy"),
         (m.fill, "--no-fill"),
+        (m.peers, "--no-peers"),
         (options.toggles, "--no-toggles"),
         (options.reentrant, "--no-reentrant"),
         (options.restore, "--no-restore"),

@@ -45,6 +45,9 @@ pub struct Mix {
     pub memory_copy: bool,
     /// `hsa_amd_memory_fill` of an owned buffer.
     pub fill: bool,
+    /// Every owned buffer is granted to every agent (`hsa_amd_agents_allow_access`, peer
+    /// access), and some dispatches run on the other agent than the one owning their buffers.
+    pub peers: bool,
 }
 
 impl Mix {
@@ -56,6 +59,7 @@ impl Mix {
         async_copy: true,
         memory_copy: true,
         fill: true,
+        peers: true,
     };
 }
 
@@ -114,6 +118,8 @@ pub struct OpCounts {
     pub opted_out_dispatches: u64,
     /// Of all dispatches, those sent to a shared queue.
     pub shared_queue_dispatches: u64,
+    /// Of all dispatches, those run on another agent than the one owning their buffers.
+    pub peer_dispatches: u64,
     /// Temporary allocations (each freed again).
     pub alloc_frees: u64,
     /// Asynchronous copies.
@@ -136,6 +142,7 @@ impl OpCounts {
         self.replayed_dispatches += other.replayed_dispatches;
         self.opted_out_dispatches += other.opted_out_dispatches;
         self.shared_queue_dispatches += other.shared_queue_dispatches;
+        self.peer_dispatches += other.peer_dispatches;
         self.alloc_frees += other.alloc_frees;
         self.async_copies += other.async_copies;
         self.memory_copies += other.memory_copies;
@@ -558,6 +565,11 @@ impl<'s, 'c> Thread<'s, 'c> {
             for _ in 0..BUFFERS_PER_AGENT {
                 let ptr =
                     shared.retry("hsa_amd_memory_pool_allocate", || hsa.allocate(pool, bytes))?;
+                if shared.config.mix.peers && shared.agents.len() > 1 {
+                    shared.retry("hsa_amd_agents_allow_access", || {
+                        hsa.allow_access(&shared.agents, ptr)
+                    })?;
+                }
                 slots.push(ptr.cast::<u32>());
             }
             buffers.push(slots);
@@ -658,7 +670,17 @@ impl<'s, 'c> Thread<'s, 'c> {
                 } else {
                     (op::MUTATE, std::ptr::null())
                 };
-                self.dispatch(agent, shared_queue, replayed, dst, src, op, constant)
+                // With peer access, one dispatch in five runs on the agent drawn for the other
+                // operand (no extra draw: the reference sees the same sequence).
+                let on = if mix.peers && roll % 5 == 2 {
+                    other_agent
+                } else {
+                    agent
+                };
+                if on != agent {
+                    self.counts.peer_dispatches += 1;
+                }
+                self.dispatch(on, shared_queue, replayed, dst, src, op, constant)
             }
         }
     }
