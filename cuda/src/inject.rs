@@ -340,6 +340,8 @@ struct Backend {
     warned_graph: AtomicBool,
     warned_managed: AtomicBool,
     warned_surfaces: AtomicBool,
+    /// A tool made a device write from a replay callback (see [`crate::window`]).
+    warned_tool_work: AtomicBool,
     warned_cooperative: AtomicBool,
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
     modules: ModuleRegistry,
@@ -716,6 +718,31 @@ impl Backend {
         log(
             LogLevel::Debug,
             format!("{what} {size} bytes at {base:#x} on device {ordinal}"),
+        );
+    }
+
+    /// A tool called `function` (a launch, copy or memset) from a callback inside a replay
+    /// window: it runs once, but what it writes into snapshotted memory is not kept across the
+    /// restores that follow. Said once per process.
+    fn warn_tool_work(&self, function: *const std::ffi::c_char) {
+        if self.warned_tool_work.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let name = if function.is_null() {
+            "a driver call".to_string()
+        } else {
+            // SAFETY: CUPTI's NUL-terminated API name, valid during the callback.
+            unsafe { CStr::from_ptr(function) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        log(
+            LogLevel::Warn,
+            format!(
+                "a tool called {name} from a callback inside a replay window: the work runs once, \
+                 but on CUDA what it writes into memory the snapshot holds is undone by the next \
+                 restore (HSA keeps it); issue such work from CONFIG EXIT, after the replay"
+            ),
         );
     }
 
@@ -1397,6 +1424,19 @@ impl Backend {
     }
 }
 
+/// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
+/// kind, a copy, a memset or a stream write.
+fn writes_device(id: CallbackId) -> bool {
+    fence::device_write(id).is_some()
+        || matches!(
+            id,
+            cbid::CU_LAUNCH_KERNEL
+                | cbid::CU_LAUNCH_KERNEL_PTSZ
+                | cbid::CU_LAUNCH_KERNEL_EX
+                | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+        )
+}
+
 /// The drain before a launch's snapshot, on a thread of kreplay's own (see
 /// [`crate::drainer`]): the launch's context and every other context seen on its device (see
 /// [`crate::contexts`]).
@@ -1512,7 +1552,17 @@ unsafe extern "C" fn on_callback(
         }
         return;
     }
-    if Guard::active() || domain != CB_DOMAIN_DRIVER_API {
+    if domain != CB_DOMAIN_DRIVER_API {
+        return;
+    }
+    if Guard::active() {
+        if crate::window::in_replay_callback() {
+            // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
+            let data = unsafe { &*(data as *const CallbackData) };
+            if data.callback_site == API_ENTER && writes_device(id) {
+                backend.warn_tool_work(data.function_name);
+            }
+        }
         return;
     }
     let _guard = Guard::enter();
@@ -1584,6 +1634,7 @@ fn initialize(
         warned_graph: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
         warned_surfaces: AtomicBool::new(false),
+        warned_tool_work: AtomicBool::new(false),
         warned_cooperative: AtomicBool::new(false),
         modules: ModuleRegistry::new(),
         layouts: Mutex::new(Default::default()),

@@ -19,7 +19,15 @@
 //!   left; the application's stream order is untouched, so there is no completion to fire.
 //!
 //! The GPU side is behind [`LaunchOps`], so the same window runs over a host fake in tests.
+//!
+//! **Work a tool issues from its callbacks.** The tool's callbacks from the snapshot on (SNAPSHOT
+//! EXIT, PASS ENTER and EXIT, the continue callback, RESTORE) run with [`in_replay_callback`]
+//! true. A launch, copy or memset the tool makes there runs once, at once (kreplay's re-entry
+//! guard keeps it out of the window), but on CUDA what it writes into memory the snapshot holds
+//! is not kept across the restores that follow, as it is on HSA: the injected library warns the
+//! first time a tool does so (see docs/cuda.md).
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use kreplay_ctxmask::{ContextId, ContextRegistry};
@@ -183,6 +191,29 @@ impl std::fmt::Debug for Window {
     }
 }
 
+thread_local! {
+    static IN_REPLAY_CALLBACK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is inside a tool callback of a replay window whose snapshot was
+/// taken (work the tool issues now may be undone by a later restore).
+pub fn in_replay_callback() -> bool {
+    IN_REPLAY_CALLBACK.with(Cell::get)
+}
+
+/// Runs `f` (a tool callback) with [`in_replay_callback`] true when `replaying`.
+fn in_window<R>(replaying: bool, f: impl FnOnce() -> R) -> R {
+    if replaying { replay_callback(f) } else { f() }
+}
+
+/// Runs `f` (a tool callback) with [`in_replay_callback`] true.
+fn replay_callback<R>(f: impl FnOnce() -> R) -> R {
+    let before = IN_REPLAY_CALLBACK.with(|c| c.replace(true));
+    let out = f();
+    IN_REPLAY_CALLBACK.with(|c| c.set(before));
+    out
+}
+
 /// The passloop's tier name for a snapshot tier.
 pub fn tier(t: kreplay_snapshot::StoreTier) -> StoreTier {
     match t {
@@ -316,14 +347,14 @@ impl Window {
                     strategy: strategy(r.strategy),
                     ..Default::default()
                 };
-                tool.snapshot(info, Phase::Exit, &report);
+                replay_callback(|| tool.snapshot(info, Phase::Exit, &report));
                 // PASS ENTER of pass 0 before the application's launch is submitted, with the
                 // context toggles armed on a replay mask of its own; what they masked off is
                 // carried into the pass loop's mask at API EXIT.
                 let mask = cx.registry.begin_replay();
                 {
                     let _armed = mask.arm();
-                    tool.pass_enter(info, 0, total_passes);
+                    replay_callback(|| tool.pass_enter(info, 0, total_passes));
                 }
                 let masked_at_pass0 = mask.masked_off();
                 // The application's launch is pass 0: announced under pass 0's mask.
@@ -401,6 +432,7 @@ impl Window {
         let mut adapter = AfterEnter {
             inner: tool,
             answer,
+            replaying: pass0_masked.is_some(),
             pass0_masked,
         };
         let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
@@ -428,6 +460,8 @@ struct AfterEnter<'t, T: ?Sized> {
     answer: ToolAnswer,
     /// `Some` (what pass 0's toggles masked off) when PASS ENTER 0 was delivered at API ENTER.
     pass0_masked: Option<Vec<ContextId>>,
+    /// ENTER took a snapshot: the callbacks run inside the replay window.
+    replaying: bool,
 }
 
 impl<T: ReplayTool + ?Sized> ReplayTool for AfterEnter<'_, T> {
@@ -448,13 +482,20 @@ impl<T: ReplayTool + ?Sized> ReplayTool for AfterEnter<'_, T> {
             }
             return;
         }
-        self.inner.pass_enter(info, pass, total_passes)
+        let inner = &mut self.inner;
+        in_window(self.replaying, || {
+            inner.pass_enter(info, pass, total_passes)
+        })
     }
     fn pass_exit(&mut self, info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange {
-        self.inner.pass_exit(info, pass, total_passes)
+        let inner = &mut self.inner;
+        in_window(self.replaying, || inner.pass_exit(info, pass, total_passes))
     }
     fn should_continue(&mut self, info: &DispatchInfo, current: u64, total: u64) -> bool {
-        self.inner.should_continue(info, current, total)
+        let inner = &mut self.inner;
+        in_window(self.replaying, || {
+            inner.should_continue(info, current, total)
+        })
     }
     fn snapshot(&mut self, _info: &DispatchInfo, _phase: Phase, _report: &MemoryOpReport) {}
     fn restore(
@@ -464,7 +505,10 @@ impl<T: ReplayTool + ?Sized> ReplayTool for AfterEnter<'_, T> {
         request: &RestoreRequest,
         report: &MemoryOpReport,
     ) {
-        self.inner.restore(info, phase, request, report)
+        let inner = &mut self.inner;
+        in_window(self.replaying, || {
+            inner.restore(info, phase, request, report)
+        })
     }
     fn config_exit(&mut self, info: &DispatchInfo, outcome: &ReplayOutcome) {
         self.inner.config_exit(info, outcome)

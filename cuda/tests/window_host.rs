@@ -1340,3 +1340,95 @@ fn after_a_kernel_used_the_device_heap_later_launches_decline_unless_trusted() {
         "three launches, each seen once"
     );
 }
+
+/// Records, per callback, whether the window marks it as a tool callback inside a replay.
+struct MarkTool {
+    passes: u64,
+    seen: Vec<(String, bool)>,
+}
+
+impl MarkTool {
+    fn note(&mut self, what: String) {
+        let inside = kreplay_cuda::window::in_replay_callback();
+        self.seen.push((what, inside));
+    }
+}
+
+impl ReplayTool for MarkTool {
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        self.note("config enter".into());
+        ToolAnswer::passes(self.passes)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, pass: u64, _: u64) {
+        self.note(format!("pass enter {pass}"));
+    }
+    fn pass_exit(&mut self, _: &DispatchInfo, pass: u64, _: u64) -> ContinueChange {
+        self.note(format!("pass exit {pass}"));
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        self.note("continue".into());
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, phase: Phase, _: &MemoryOpReport) {
+        self.note(format!("snapshot {phase:?}"));
+    }
+    fn restore(&mut self, _: &DispatchInfo, phase: Phase, _: &RestoreRequest, _: &MemoryOpReport) {
+        self.note(format!("restore {phase:?}"));
+    }
+    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {
+        self.note("config exit".into());
+    }
+}
+
+/// The callbacks where work a tool issues could be undone by a later restore (from SNAPSHOT
+/// EXIT to the last pass) are the ones the injected library watches for device work.
+#[test]
+fn tool_callbacks_from_the_snapshot_on_are_marked_as_inside_the_replay_window() {
+    let r = rig(SnapshotConfig::default());
+    let ops = fake(&r);
+    for passes in [3, 1] {
+        let mut tool = MarkTool {
+            passes,
+            seen: Vec::new(),
+        };
+        let cx = r.device.context(&r.registry);
+        let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+        ops.app_launch();
+        let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+        assert!(!kreplay_cuda::window::in_replay_callback(), "cleared after");
+        let inside: Vec<&str> = tool
+            .seen
+            .iter()
+            .filter(|(_, inside)| *inside)
+            .map(|(what, _)| what.as_str())
+            .collect();
+        if passes == 1 {
+            assert!(matches!(record.outcome, ReplayOutcome::RanOnce { .. }));
+            assert!(inside.is_empty(), "{:?}", tool.seen);
+            continue;
+        }
+        assert!(matches!(
+            record.outcome,
+            ReplayOutcome::Replayed { passes: 3, .. }
+        ));
+        for what in [
+            "snapshot Exit",
+            "pass enter 0",
+            "pass exit 0",
+            "restore Enter",
+            "restore Exit",
+            "pass enter 1",
+            "pass exit 2",
+        ] {
+            assert!(inside.contains(&what), "{what}: {:?}", tool.seen);
+        }
+        for what in ["config enter", "snapshot Enter", "config exit"] {
+            assert!(
+                tool.seen.iter().any(|(w, inside)| w == what && !inside),
+                "{what} is outside: {:?}",
+                tool.seen
+            );
+        }
+    }
+}
