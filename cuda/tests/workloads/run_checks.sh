@@ -35,6 +35,26 @@ tool_records() {
     esac
 }
 
+# tool_work.c under `kreplay run --check` on add_one; its standard error must hold the warning.
+tool_work_run() {
+    "$BIN/kreplay" run --tool "$OUT/libtool_work.so" --check -- "$OUT/add_one" \
+        2>"$OUT/tool_work.err"
+    rc=$?
+    tail -n 4 "$OUT/tool_work.err"
+    [ "$rc" -eq 0 ] && grep -q "from a callback inside a replay window" "$OUT/tool_work.err"
+}
+
+# tool_work.c's summary: memsets made, none failed, every read-back found its last value.
+tool_work_counts() {
+    line=$(cat "$1") || return 1
+    echo "$line"
+    case "$line" in
+    "tool_work: 0 memsets"* | *": 0 kept, "*) return 1 ;;
+    *" memsets, 0 failures; read back after the replay: "*" kept, 0 lost") ;;
+    *) return 1 ;;
+    esac
+}
+
 for w in inplace matmul_acc index_add feedback; do
     step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
         -- python3 cuda/tests/workloads/$w.py
@@ -126,6 +146,16 @@ if command -v nvcc >/dev/null; then
             -- "$OUT/add_one"
         unset EXAMPLE_TOOL_PASSES EXAMPLE_TOOL_OUTPUT
         step c_tool_records tool_records "$OUT/pass_counter.txt"
+        # A tool that sets a buffer of its own from every PASS EXIT: the memsets run once each,
+        # the application's output is unchanged, and kreplay warns that such work is not kept
+        # in snapshotted memory on CUDA.
+        cc -std=c11 -O2 -fPIC -shared -I ffi/include cuda/tests/workloads/tool_work.c \
+            -L "$BIN" -lkreplay -ldl -Wl,-rpath,"$BIN" -o "$OUT/libtool_work.so"
+        rm -f "$OUT/tool_work.txt"
+        export TOOL_WORK_OUTPUT="$OUT/tool_work.txt"
+        step tool_work tool_work_run
+        unset TOOL_WORK_OUTPUT
+        step tool_work_counts tool_work_counts "$OUT/tool_work.txt"
     fi
 fi
 echo "$failures failure(s); outputs in $OUT"

@@ -1,0 +1,117 @@
+/*
+ * tool_work: a kreplay tool that issues device work from inside a replay window on CUDA.
+ *
+ * It replays every launch in 4 passes and, at every PASS EXIT, sets a small buffer of its own
+ * with cuMemsetD32 (resolved from the process's libcuda at run time, so this builds with a
+ * plain C compiler). The buffer is allocated at the first PASS EXIT, inside kreplay's callback,
+ * so kreplay does not track it and the memsets are kept. kreplay must run the memsets once,
+ * leave the application's results alone and warn that work from such callbacks is not kept in
+ * snapshotted memory (docs/cuda.md, "Work a tool issues from its callbacks"). At CONFIG EXIT,
+ * after the replay, it reads the buffer back; at finalization it prints, to TOOL_WORK_OUTPUT or
+ * stdout, how many memsets it made and how many read-backs found the last one's value.
+ *
+ * Build: cc -std=c11 -fPIC -shared -I ffi/include cuda/tests/workloads/tool_work.c \
+ *          -L BIN -lkreplay -ldl -o libtool_work.so
+ */
+#include "kreplay.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef unsigned long long devptr_t;
+typedef int (*mem_alloc_fn)(devptr_t*, size_t);
+typedef int (*memset_d32_fn)(devptr_t, unsigned int, size_t);
+typedef int (*memcpy_dtoh_fn)(void*, devptr_t, size_t);
+
+static atomic_uint_fast64_t memsets;
+static atomic_uint_fast64_t failures;
+static atomic_uint_fast64_t kept;
+static atomic_uint_fast64_t lost;
+static devptr_t buffer;
+static unsigned int last_value;
+
+static uint64_t pass_count(kreplay_kernel_dispatch_info_t dispatch, kreplay_user_data_t user_data) {
+    (void)dispatch;
+    (void)user_data;
+    return 4;
+}
+
+static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_data_t* user_data,
+                      void* callback_data) {
+    (void)user_data;
+    (void)callback_data;
+    if (record.operation == KREPLAY_KERNEL_REPLAY_CONFIG) {
+        if (record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
+            kreplay_callback_tracing_kernel_replay_data_t* data = record.payload;
+            data->replay_pass_count = pass_count;
+        } else if (buffer != 0) {
+            unsigned int words[4] = {0, 0, 0, 0};
+            memcpy_dtoh_fn copy = (memcpy_dtoh_fn)dlsym(RTLD_DEFAULT, "cuMemcpyDtoH_v2");
+            int same = copy != NULL && copy(words, buffer, sizeof words) == 0 &&
+                       words[0] == last_value && words[3] == last_value;
+            atomic_fetch_add(same ? &kept : &lost, 1);
+        }
+        return;
+    }
+    if (record.operation != KREPLAY_KERNEL_REPLAY_PASS ||
+        record.phase != KREPLAY_CALLBACK_PHASE_EXIT) {
+        return;
+    }
+    mem_alloc_fn alloc = (mem_alloc_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    memset_d32_fn set = (memset_d32_fn)dlsym(RTLD_DEFAULT, "cuMemsetD32_v2");
+    if (alloc == NULL || set == NULL) {
+        atomic_fetch_add(&failures, 1);
+        return;
+    }
+    if (buffer == 0 && alloc(&buffer, 16) != 0) {
+        atomic_fetch_add(&failures, 1);
+        return;
+    }
+    unsigned int value = (unsigned int)atomic_fetch_add(&memsets, 1) + 1;
+    if (set(buffer, value, 4) != 0) {
+        atomic_fetch_add(&failures, 1);
+        return;
+    }
+    last_value = value;
+}
+
+static int initialize(kreplay_client_finalize_t finalize, void* tool_data) {
+    kreplay_context_id_t replay;
+    (void)finalize;
+    (void)tool_data;
+    if (kreplay_create_context(&replay) != KREPLAY_STATUS_SUCCESS) return 1;
+    if (kreplay_configure_callback_tracing_service(replay, KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY,
+                                                   NULL, 0, on_replay,
+                                                   NULL) != KREPLAY_STATUS_SUCCESS) {
+        return 1;
+    }
+    return kreplay_start_context(replay) != KREPLAY_STATUS_SUCCESS;
+}
+
+static void finalize(void* tool_data) {
+    const char* path = getenv("TOOL_WORK_OUTPUT");
+    FILE* out = path != NULL ? fopen(path, "w") : stdout;
+    (void)tool_data;
+    if (out == NULL) return;
+    fprintf(out,
+            "tool_work: %" PRIu64 " memsets, %" PRIu64 " failures; read back after the replay: %"
+            PRIu64 " kept, %" PRIu64 " lost\n",
+            (uint64_t)atomic_load(&memsets), (uint64_t)atomic_load(&failures),
+            (uint64_t)atomic_load(&kept), (uint64_t)atomic_load(&lost));
+    if (out != stdout) fclose(out);
+}
+
+kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char* runtime_version,
+                                                   uint32_t priority,
+                                                   kreplay_client_id_t* client_id) {
+    static kreplay_tool_configure_result_t result = {
+        sizeof(kreplay_tool_configure_result_t), initialize, finalize, NULL};
+    (void)runtime_version;
+    (void)priority;
+    if (version / 10000 != KREPLAY_VERSION_MAJOR) return NULL;
+    client_id->name = "tool_work";
+    return &result;
+}
