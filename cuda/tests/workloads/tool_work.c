@@ -2,8 +2,8 @@
  * tool_work: a kreplay tool that issues device work from inside a replay window on CUDA.
  *
  * It replays every launch in 4 passes and, at every PASS EXIT, sets a small buffer of its own
- * with cuMemsetD32 (resolved from the process's libcuda at run time, so this builds with a
- * plain C compiler). The buffer is allocated at the first PASS EXIT, inside kreplay's callback,
+ * with cuMemsetD32 (looked up in the libcuda the process has loaded, so this builds with a
+ * plain C compiler; the CUDA runtime loads libcuda privately, so the lookup opens it by name). The buffer is allocated at the first PASS EXIT, inside kreplay's callback,
  * so kreplay does not track it and the memsets are kept. kreplay must run the memsets once,
  * leave the application's results alone and warn that work from such callbacks is not kept in
  * snapshotted memory (docs/cuda.md, "Work a tool issues from its callbacks"). At CONFIG EXIT,
@@ -33,6 +33,14 @@ static atomic_uint_fast64_t lost;
 static devptr_t buffer;
 static unsigned int last_value;
 
+/* `name` in the process's libcuda (already loaded by the application's CUDA runtime). */
+static void* driver_entry(const char* name) {
+    static void* libcuda;
+    if (libcuda == NULL) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (libcuda == NULL) libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+    return libcuda != NULL ? dlsym(libcuda, name) : NULL;
+}
+
 static uint64_t pass_count(kreplay_kernel_dispatch_info_t dispatch, kreplay_user_data_t user_data) {
     (void)dispatch;
     (void)user_data;
@@ -49,7 +57,7 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
             data->replay_pass_count = pass_count;
         } else if (buffer != 0) {
             unsigned int words[4] = {0, 0, 0, 0};
-            memcpy_dtoh_fn copy = (memcpy_dtoh_fn)dlsym(RTLD_DEFAULT, "cuMemcpyDtoH_v2");
+            memcpy_dtoh_fn copy = (memcpy_dtoh_fn)driver_entry("cuMemcpyDtoH_v2");
             int same = copy != NULL && copy(words, buffer, sizeof words) == 0 &&
                        words[0] == last_value && words[3] == last_value;
             atomic_fetch_add(same ? &kept : &lost, 1);
@@ -60,8 +68,8 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
         record.phase != KREPLAY_CALLBACK_PHASE_EXIT) {
         return;
     }
-    mem_alloc_fn alloc = (mem_alloc_fn)dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
-    memset_d32_fn set = (memset_d32_fn)dlsym(RTLD_DEFAULT, "cuMemsetD32_v2");
+    mem_alloc_fn alloc = (mem_alloc_fn)driver_entry("cuMemAlloc_v2");
+    memset_d32_fn set = (memset_d32_fn)driver_entry("cuMemsetD32_v2");
     if (alloc == NULL || set == NULL) {
         atomic_fetch_add(&failures, 1);
         return;
