@@ -11,7 +11,7 @@
 //!
 //! A context is seen at the first call of it that kreplay handles; every call that puts work on
 //! a device (a launch, a copy, a memset, a stream write, a graph launch) is one. `cuCtxDestroy`
-//! forgets a context, and says which `cuMemAlloc` allocations die with it (the driver frees
+//! forgets a context, and says which `cuMemAlloc` and `cuMemAllocManaged` allocations die with it (the driver frees
 //! them without a `cuMemFree`); one the driver says no longer exists when it is drained is
 //! forgotten too.
 //! Contexts are opaque handles here, so the rules run without a GPU.
@@ -33,7 +33,8 @@ pub enum SyncError {
 #[derive(Debug, Default)]
 pub struct Contexts {
     seen: Mutex<Vec<(usize, i32)>>,
-    /// The context of each live `cuMemAlloc` / `cuMemAllocPitch` allocation, by base.
+    /// The context of each live `cuMemAlloc`, `cuMemAllocPitch` and `cuMemAllocManaged`
+    /// allocation, by base.
     owners: Mutex<HashMap<u64, usize>>,
 }
 

@@ -634,7 +634,10 @@ impl Backend {
             ),
         );
         for base in dying {
-            self.on_free(base);
+            // Managed memory ends with its context too, and with it the declines it caused.
+            if !self.watch.on_free(base) {
+                self.on_free(base);
+            }
         }
         let state = {
             let mut devices = self.devices.lock();
@@ -1279,6 +1282,7 @@ impl Backend {
                     (*p.dptr, p.bytesize as u64)
                 };
                 self.watch.on_managed_alloc(base, size);
+                self.contexts.note_allocation(data.context as usize, base);
                 self.stats.managed.fetch_add(1, Ordering::Relaxed);
                 if !self.warned_managed.swap(true, Ordering::Relaxed) {
                     log(

@@ -4,8 +4,9 @@
 // memory of its own in the device's primary context) and checks the result. cudaDeviceReset
 // then destroys the primary context and everything in it, kreplay's memory and kernels too.
 // Phase 2 allocates again (the driver may hand out the same addresses) and launches again.
-// Phase 3 does the same in a context of its own (cuCtxCreate), destroyed at its end, and phase
-// 4 once more in the primary context. Every buffer is checked against its count of launches;
+// Phase 3 does the same in a context of its own (cuCtxCreate), which also holds a managed
+// allocation it never frees (while managed memory is live kreplay runs launches once), destroyed
+// at its end, and phase 4 once more in the primary context. Every buffer is checked against its count of launches;
 // the program prints the sums and exits 2 on any difference.
 //
 // Under `kreplay run --passes N --check` the output must be the same as without kreplay: after
@@ -80,6 +81,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (!phase("own context", 3, n)) return 1;
+    uint32_t *managed = nullptr;
+    if (cudaMallocManaged(&managed, 4096) != cudaSuccess) return 1;
     if (cuCtxDestroy(ctx) || cuCtxSetCurrent(primary)) {
         fprintf(stderr, "cuCtxDestroy failed\n");
         return 1;
