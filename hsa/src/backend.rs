@@ -46,6 +46,9 @@ pub(crate) struct Backend {
     pub(crate) cpu_agent: OnceLock<Option<hsa_agent_t>>,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
+    /// Agents reach any host memory of the process (SVM accessible by default, XNACK on): a
+    /// kernel argument that is an address mapped in the process may be written by the kernel.
+    pub(crate) svm_by_default: bool,
     /// Per agent: see [`Backend::host_visible_device_memory`].
     host_visible: parking_lot::Mutex<std::collections::HashMap<u64, bool>>,
     finalized: AtomicBool,
@@ -168,6 +171,7 @@ pub(crate) unsafe fn install(
     // SAFETY: the caller guarantees `table` is a valid, initialized HSA API table.
     let original = unsafe { Original::capture(table) }.map_err(InstallError::Table)?;
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
+    let svm_by_default = original.svm_accessible_by_default();
     let inventory = Arc::new(Inventory::new());
     let auto_store = options.snapshot.store == kreplay_snapshot::StoreTier::Auto;
     let snapshotter = Snapshotter::new(
@@ -197,6 +201,7 @@ pub(crate) unsafe fn install(
         locked_host: parking_lot::Mutex::default(),
         cpu_agent: OnceLock::new(),
         ticks_per_second,
+        svm_by_default,
         host_visible: parking_lot::Mutex::default(),
         finalized: AtomicBool::new(false),
         next_dispatch_id: AtomicU64::new(0),

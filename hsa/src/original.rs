@@ -544,6 +544,21 @@ impl Original {
         (status == HSA_STATUS_SUCCESS && hz != 0).then_some(hz)
     }
 
+    /// Whether agents reach any host memory of the process without registration
+    /// (`HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT`: XNACK on). Unknown counts as no.
+    pub(crate) fn svm_accessible_by_default(&self) -> bool {
+        let mut on = false;
+        // The attribute writes one bool.
+        let status = call!(
+            self.core,
+            hsa_system_get_info_fn(
+                HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT,
+                (&mut on as *mut bool).cast()
+            )
+        );
+        status == HSA_STATUS_SUCCESS && on
+    }
+
     pub(crate) fn queue_destroy(&self, queue: *mut hsa_queue_t) -> hsa_status_t {
         call!(self.core, hsa_queue_destroy_fn(queue))
     }

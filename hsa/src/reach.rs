@@ -11,7 +11,10 @@
 //!   variable is vouched for; read-only variables, the rest of a loaded code segment and
 //!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
 //!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
-//!   [`adoption`]); a value in no memory the runtime knows is a plain number.
+//!   [`adoption`]); a value in no memory the runtime knows is a plain number, except where the
+//!   agents reach the process's host memory directly (`HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT`,
+//!   XNACK on): there a value that is an address mapped in the process declines the replay
+//!   (`untracked_memory`), since the kernel may write that memory and no snapshot holds it.
 //! * **Module-scope variables.** The writable variables of every frozen executable loaded on the agent
 //!   (`hsa_executable_iterate_agent_symbols`, `VARIABLE_SEGMENT` global and not
 //!   `VARIABLE_IS_CONST`) are vouched for by address and size: they live inside a loader
@@ -415,6 +418,18 @@ pub(crate) fn filter(
     Ok(filter)
 }
 
+/// Whether `addr` lies in a page mapped in this process (`mincore(2)` on its page).
+fn mapped_in_process(addr: u64) -> bool {
+    const PAGE: u64 = 4096;
+    let Ok(page) = usize::try_from(addr & !(PAGE - 1)) else {
+        return false;
+    };
+    let mut resident = 0u8;
+    // SAFETY: mincore only inspects the page tables: on an unmapped page it fails with ENOMEM,
+    // on a mapped one it writes one byte per page (one page here) into `resident`.
+    unsafe { libc::mincore(page as *mut libc::c_void, PAGE as usize, &mut resident) == 0 }
+}
+
 /// Adds what `value` (a kernel argument) points into to `filter`.
 fn resolve(
     b: &Backend,
@@ -442,7 +457,19 @@ fn resolve(
         });
     }
     let Some(info) = b.original.pointer_info(value as *const c_void) else {
-        // No memory the runtime knows: a plain number.
+        // No memory the runtime knows: a plain number, unless agents reach the process's host
+        // memory directly (XNACK) and it is an address mapped here, which the kernel may write
+        // and no snapshot holds.
+        if b.svm_by_default && mapped_in_process(value) {
+            return Err(Decline::new(
+                DeclineReason::UntrackedMemory,
+                format!(
+                    "a kernel argument ({value:#x}) is an address of this process's host memory, \
+                     which the agents reach directly here (SVM accessible by default, XNACK on) \
+                     and which is not snapshotted"
+                ),
+            ));
+        }
         return Ok(filter);
     };
     // A loader segment (it holds module variables): only its writable variables count, the

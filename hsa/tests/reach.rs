@@ -487,6 +487,31 @@ scenarios! {
         );
     }
 
+    /// Where the agents reach any host memory of the process (SVM accessible by default, as on a
+    /// ROCm machine with XNACK on), a kernel argument pointing into `malloc`ed memory may be
+    /// written by the kernel and no snapshot holds it: the replay is declined and the kernel
+    /// runs once. (Without SVM the same value is a plain number: no agent could use it.)
+    fn an_argument_into_malloced_memory_declines_where_agents_reach_host_memory() {
+        kreplay_softhsa::configure(kreplay_softhsa::SoftHsaConfig {
+            svm_accessible_by_default: true,
+            ..Default::default()
+        })
+        .expect("softhsa configured");
+        let env = setup(SnapshotConfig::default());
+        let init = values(64);
+        let heap: &'static mut [u32] = Box::leak(init.clone().into_boxed_slice());
+        let id = env.add_one(Ptr(heap.as_mut_ptr() as u64), 64);
+        match env.hooks.finished_record(id).outcome {
+            ReplayOutcome::RanOnce { why: kreplay_passloop::RanOnceReason::Declined(d) } => {
+                assert_eq!(d.reason, kreplay_passloop::DeclineReason::UntrackedMemory, "{d:?}");
+                assert!(d.detail.contains("XNACK"), "{}", d.detail);
+            }
+            other => panic!("expected an untracked_memory decline, got {other:?}"),
+        }
+        assert_eq!(RUNS.load(Ordering::SeqCst), 1, "the dispatch ran once");
+        assert_eq!(heap.to_vec(), plus_one(&init));
+    }
+
     /// An argument that points at a module variable of code loaded on the other agent: the
     /// writable variable is restored by address and size (the loader segment around it is not
     /// adopted), a read-only variable an argument points at is not snapshotted.

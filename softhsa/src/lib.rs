@@ -105,6 +105,11 @@ pub struct SoftHsaConfig {
     /// [`POLL_ENV`] in microseconds if it is set, else [`DEFAULT_POLL`]. `Some(Duration::ZERO)`
     /// turns polling off: waiters park at once.
     pub poll_before_block: Option<std::time::Duration>,
+    /// What `HSA_AMD_SYSTEM_INFO_SVM_SUPPORTED` and `HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT`
+    /// report: on a ROCm machine with XNACK on, agents reach any host memory of the process,
+    /// `malloc`ed memory included. softhsa's kernels are host code and reach it either way; this
+    /// only changes what the runtime says (default: false, as without XNACK).
+    pub svm_accessible_by_default: bool,
 }
 
 /// How long a thread about to block polls first, unless configured otherwise (see
@@ -127,6 +132,7 @@ impl Default for SoftHsaConfig {
             worker_threads: 0,
             overlap_dispatches: false,
             poll_before_block: None,
+            svm_accessible_by_default: false,
         }
     }
 }
