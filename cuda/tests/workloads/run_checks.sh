@@ -55,7 +55,8 @@ tool_work_counts() {
     esac
 }
 
-for w in inplace matmul_acc index_add feedback; do
+# threads.py: four Python threads on streams of their own, launching and allocating at once.
+for w in inplace matmul_acc index_add feedback threads; do
     step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
         -- python3 cuda/tests/workloads/$w.py
 done
