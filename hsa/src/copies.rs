@@ -115,27 +115,33 @@ struct Fence<'a> {
     _holds: Option<crate::fold::Holds<'a>>,
 }
 
+/// The reader side of each of `agents`, waited for while a replay holds it. A call issued from a
+/// replay callback on the same agent (re-entrant) proceeds without it. Lock order: a thread inside
+/// a replay window never waits for another agent's writer side (that replay may be waiting for
+/// this one): it tries once, and if that agent is being replayed the call proceeds at once, like
+/// re-entrant work.
+pub(crate) fn readers<'a>(b: &'a Backend, agents: &[u64]) -> Vec<kreplay_locks::ReadAccess<'a>> {
+    let window = crate::queues::in_replay_window();
+    agents
+        .iter()
+        .filter_map(|&a| {
+            if window {
+                b.locks
+                    .try_read_for(a, std::time::Duration::ZERO)
+                    .ok()
+                    .flatten()
+            } else {
+                b.locks.read(a).ok()
+            }
+        })
+        .collect()
+}
+
 impl<'a> Fence<'a> {
     /// Waits while a replay holds any of `agents`, then counts one write on each.
     fn enter(b: &'a Backend, agents: &[u64]) -> Self {
-        // A write issued from a replay callback on the same agent (re-entrant) proceeds
-        // without the reader side. Lock order: a thread inside a replay window never waits for
-        // another agent's writer side (that replay may be waiting for this one): it tries once,
-        // and if that agent is being replayed the write proceeds at once, like re-entrant work.
         let window = crate::queues::in_replay_window();
-        let guards = agents
-            .iter()
-            .filter_map(|&a| {
-                if window {
-                    b.locks
-                        .try_read_for(a, std::time::Duration::ZERO)
-                        .ok()
-                        .flatten()
-                } else {
-                    b.locks.read(a).ok()
-                }
-            })
-            .collect();
+        let guards = readers(b, agents);
         // Holds before counts: a replay settling waits for holds first, then for counts.
         let holds = window.then(|| crate::fold::hold_open(b));
         let counters: Vec<_> = agents.iter().map(|&a| b.copies.counter(a)).collect();

@@ -143,13 +143,29 @@ pub(crate) unsafe extern "C" fn agents_allow_access(
 ) -> hsa_status_t {
     guarded(|| {
         let b = backend();
+        let granted: &[hsa_agent_t] = if agents.is_null() {
+            &[]
+        } else {
+            // SAFETY: the caller passes `num_agents` agent handles at `agents` (the runtime
+            // rejects the call otherwise, and nothing is linked then).
+            unsafe { std::slice::from_raw_parts(agents, num_agents as usize) }
+        };
+        // A grant made while a replay holds one of the agents waits for it to end: that replay
+        // took its group before the grant, so a kernel of the newly linked agent would not wait
+        // for it.
+        let _fence = (b.replay_active() && !ptr.is_null())
+            .then(|| {
+                b.original
+                    .pointer_info(ptr)
+                    .map(|info| granted.iter().copied().chain([info.agentOwner]))
+            })
+            .flatten()
+            .map(|members| crate::copies::readers(b, &crate::copies::gpu_agents(b, members)));
         let status = forward!(
             b,
             amd.hsa_amd_agents_allow_access_fn(num_agents, agents, flags, ptr)
         );
-        if status == HSA_STATUS_SUCCESS && !agents.is_null() {
-            // SAFETY: the runtime accepted `num_agents` agent handles at `agents`.
-            let granted = unsafe { std::slice::from_raw_parts(agents, num_agents as usize) };
+        if status == HSA_STATUS_SUCCESS {
             link_peers(b, ptr, granted.iter().copied());
         }
         status

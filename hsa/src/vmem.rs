@@ -262,15 +262,31 @@ pub(crate) unsafe extern "C" fn set_access(
 ) -> hsa_status_t {
     guarded(|| {
         let b = backend();
-        let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
-        if status == HSA_STATUS_SUCCESS && !desc.is_null() {
-            let access: Vec<(u64, u32)> = (0..count)
+        let access: Vec<(u64, u32)> = if desc.is_null() {
+            Vec::new()
+        } else {
+            (0..count)
                 .map(|i| {
-                    // SAFETY: the runtime accepted `count` descriptors at `desc`.
+                    // SAFETY: the caller passes `count` descriptors at `desc` (the runtime
+                    // rejects the call otherwise, and nothing is recorded then).
                     let d = unsafe { desc.add(i).read_unaligned() };
                     (d.agent_handle.handle, d.permissions)
                 })
-                .collect();
+                .collect()
+        };
+        // A grant of write access made while a replay holds the owner or a grantee waits for
+        // it to end (see `crate::memory::agents_allow_access`).
+        let _fence = b.replay_active().then(|| {
+            let owner = b.inventory.lookup(va as u64).map(|a| a.owner_agent);
+            let members = access
+                .iter()
+                .filter(|&&(_, permissions)| permissions & HSA_ACCESS_PERMISSION_WO != 0)
+                .map(|&(handle, _)| hsa_agent_t { handle })
+                .chain(owner.map(|handle| hsa_agent_t { handle }));
+            crate::copies::readers(b, &crate::copies::gpu_agents(b, members))
+        });
+        let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
+        if status == HSA_STATUS_SUCCESS && !desc.is_null() {
             // Peer access to a GPU's memory: the agents that may write it replay with its owner.
             let granted = access
                 .iter()

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use hsa_sys::*;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::{LoopEnd, ReplayOutcome};
+use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig};
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, App, Aql, Pools, Ptr, WAIT};
@@ -249,6 +249,11 @@ fn with_async_copy_on_engine(app: &App, target: Ptr, source: Ptr, _value: u32) {
 /// during the first pass; checks that nothing of the write is lost and that the kernel's own
 /// buffer holds single-run results.
 fn race(strategy: RestoreStrategy, write: Write) {
+    race_with(strategy, write, 3);
+}
+
+/// [`race`], where dispatches on agents other than GPU 0 ask for `other_passes` passes.
+fn race_with(strategy: RestoreStrategy, write: Write, other_passes: u64) {
     let snapshot = SnapshotConfig::default().with_strategy(strategy);
     let hooks = TestHooks::new(0);
     let app = app::install(
@@ -260,7 +265,14 @@ fn race(strategy: RestoreStrategy, write: Write) {
         },
     );
     hooks.configure_replay(true);
-    hooks.set_script(Script::passes(3));
+    let gpu0 = app.gpus[0].handle;
+    hooks.set_script(Script::new(move |_, info| {
+        ToolAnswer::passes(if info.agent_id == gpu0 {
+            3
+        } else {
+            other_passes
+        })
+    }));
     let pools: Pools = app.pools(app.gpus[0]);
     let init: Vec<u32> = (0..256).map(|i| 7 * i).collect();
     let buf = app.buffer(pools.coarse, &init);
@@ -336,6 +348,13 @@ scenarios! {
     /// A kernel on the other GPU, granted access, fills another coarse buffer of the agent.
     fn a_kernel_on_another_gpu_writing_the_agents_memory_during_a_replay_is_not_undone() {
         race(RestoreStrategy::Full, with_dispatch_on_the_other_gpu);
+    }
+
+    /// The same with the other GPU's dispatch not replayed (one pass): it goes through as an
+    /// ordinary dispatch of its own agent, and the grant it follows was made while GPU 0's
+    /// replay already held its agent.
+    fn a_grant_and_an_ordinary_kernel_on_another_gpu_during_a_replay_are_not_undone() {
+        race_with(RestoreStrategy::Full, with_dispatch_on_the_other_gpu, 1);
     }
 
     /// `hsa_amd_memory_async_copy_rect` into another coarse buffer of the agent.
