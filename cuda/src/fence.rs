@@ -38,6 +38,36 @@ pub enum DeviceWrite {
     Cooperative,
 }
 
+/// Where a copy or memset writes, as far as its first parameter tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// Host memory (`cuMemcpyDtoH*`): no device memory is written.
+    Host,
+    /// Device memory at this address (a 1D memset, `cuMemcpyHtoD*` / `DtoD*`) or, for
+    /// `cuMemcpy` / `cuMemcpyAsync`, an address of either kind.
+    Address,
+    /// Anything else (2D and 3D copies, peer and batched copies, arrays, stream writes,
+    /// launches): not described.
+    Unknown,
+}
+
+/// Where driver-API call `id` writes: for [`Destination::Address`] the destination is the
+/// first parameter of the call, a `CUdeviceptr` (ids from CUDA 13.0's `cupti_driver_cbid.h`).
+pub fn destination(id: CallbackId) -> Destination {
+    match id {
+        // cuMemcpyDtoH{,Async}_v2, their _ptds and _ptsz forms
+        278 | 279 | 398 | 422 => Destination::Host,
+        // cuMemsetD{8,16,32}{_v2,Async} and their _v2_ptds / Async_ptsz forms
+        249..=251 | 216 | 218 | 220 | 411..=413 | 428..=430
+        // cuMemcpyHtoD{,Async}_v2, cuMemcpyDtoD{,Async}_v2, cuMemcpy, cuMemcpyAsync, and
+        // their _ptds / _ptsz forms
+        | 276 | 277 | 280 | 281 | 305 | 306 | 397 | 399 | 408 | 418 | 421 | 423 => {
+            Destination::Address
+        }
+        _ => Destination::Unknown,
+    }
+}
+
 /// Whether driver-API callback `id` is a call kreplay fences, and what kind.
 pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     if cbid::MEMCPY.contains(&id) {
@@ -171,6 +201,28 @@ mod tests {
         ] {
             assert_eq!(device_write(id), None, "{id}");
         }
+    }
+
+    #[test]
+    fn copies_to_the_host_write_no_device_memory_and_simple_ones_name_their_destination() {
+        for id in [278, 279, 398, 422] {
+            assert_eq!(destination(id), Destination::Host, "{id}");
+        }
+        // Every id described is a fenced copy or memset.
+        for id in 0..1000 {
+            if destination(id) != Destination::Unknown {
+                assert!(
+                    matches!(device_write(id), Some(DeviceWrite::Copy | DeviceWrite::Set)),
+                    "{id}"
+                );
+            }
+        }
+        // cuMemsetD32_v2, cuMemcpyHtoD_v2, cuMemcpyAsync; 2D copies and launches are not described.
+        assert_eq!(destination(251), Destination::Address);
+        assert_eq!(destination(276), Destination::Address);
+        assert_eq!(destination(306), Destination::Address);
+        assert_eq!(destination(287), Destination::Unknown);
+        assert_eq!(destination(cbid::CU_LAUNCH_KERNEL), Destination::Unknown);
     }
 
     #[test]

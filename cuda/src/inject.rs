@@ -724,6 +724,24 @@ impl Backend {
         );
     }
 
+    /// Whether a tool's call `id` (see [`writes_device`]) may write memory a snapshot holds:
+    /// not a copy to the host, nor a copy or memset into memory kreplay does not track (a
+    /// buffer the tool allocated inside its callbacks, which kreplay's re-entry guard kept out
+    /// of the inventory); anything it cannot describe may.
+    fn may_write_snapshot(&self, id: CallbackId, data: &CallbackData) -> bool {
+        match fence::destination(id) {
+            fence::Destination::Host => false,
+            fence::Destination::Unknown => true,
+            fence::Destination::Address if data.function_params.is_null() => true,
+            fence::Destination::Address => {
+                // SAFETY: for these calls the parameter struct starts with the destination
+                // (a CUdeviceptr, or for cuMemcpy an address of either kind).
+                let dst = unsafe { *(data.function_params as *const u64) };
+                self.inventory.lookup(dst).is_some()
+            }
+        }
+    }
+
     /// A tool called `function` (a launch, copy or memset) from a callback inside a replay
     /// window: it runs once, but what it writes into snapshotted memory is not kept across the
     /// restores that follow. Said once per process.
@@ -1563,7 +1581,10 @@ unsafe extern "C" fn on_callback(
         if crate::window::in_replay_callback() {
             // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
             let data = unsafe { &*(data as *const CallbackData) };
-            if data.callback_site == API_ENTER && writes_device(id) {
+            if data.callback_site == API_ENTER
+                && writes_device(id)
+                && backend.may_write_snapshot(id, data)
+            {
                 backend.warn_tool_work(data.function_name);
             }
         }

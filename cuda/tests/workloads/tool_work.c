@@ -2,13 +2,16 @@
  * tool_work: a kreplay tool that issues device work from inside a replay window on CUDA.
  *
  * It replays every launch in 4 passes and, at every PASS EXIT, sets a small buffer of its own
- * with cuMemsetD32 (looked up in the libcuda the process has loaded, so this builds with a
- * plain C compiler; the CUDA runtime loads libcuda privately, so the lookup opens it by name). The buffer is allocated at the first PASS EXIT, inside kreplay's callback,
- * so kreplay does not track it and the memsets are kept. kreplay must run the memsets once,
- * leave the application's results alone and warn that work from such callbacks is not kept in
- * snapshotted memory (docs/cuda.md, "Work a tool issues from its callbacks"). At CONFIG EXIT,
- * after the replay, it reads the buffer back; at finalization it prints, to TOOL_WORK_OUTPUT or
- * stdout, how many memsets it made and how many read-backs found the last one's value.
+ * with cuMemsetD32 and then again with cuMemsetD2D32 (looked up in the libcuda the process has
+ * loaded, so this builds with a plain C compiler; the CUDA runtime loads libcuda privately, so
+ * the lookup opens it by name). The buffer is allocated at the first PASS EXIT, inside kreplay's
+ * callback, so kreplay does not track it and the memsets are kept. kreplay must run the memsets
+ * once, leave the application's results alone, say nothing about cuMemsetD32 (its destination is
+ * memory no snapshot holds) and warn about cuMemsetD2D32, whose destination it does not read,
+ * that work from such callbacks is not kept in snapshotted memory (docs/cuda.md, "Work a tool
+ * issues from its callbacks"). At CONFIG EXIT, after the replay, it reads the buffer back; at
+ * finalization it prints, to TOOL_WORK_OUTPUT or stdout, how many memset pairs it made and how
+ * many read-backs found the last value.
  *
  * Build: cc -std=c11 -fPIC -shared -I ffi/include cuda/tests/workloads/tool_work.c \
  *          -L BIN -lkreplay -ldl -o libtool_work.so
@@ -24,6 +27,7 @@
 typedef unsigned long long devptr_t;
 typedef int (*mem_alloc_fn)(devptr_t*, size_t);
 typedef int (*memset_d32_fn)(devptr_t, unsigned int, size_t);
+typedef int (*memset_d2d32_fn)(devptr_t, size_t, unsigned int, size_t, size_t);
 typedef int (*memcpy_dtoh_fn)(void*, devptr_t, size_t);
 
 static atomic_uint_fast64_t memsets;
@@ -70,7 +74,8 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
     }
     mem_alloc_fn alloc = (mem_alloc_fn)driver_entry("cuMemAlloc_v2");
     memset_d32_fn set = (memset_d32_fn)driver_entry("cuMemsetD32_v2");
-    if (alloc == NULL || set == NULL) {
+    memset_d2d32_fn set_2d = (memset_d2d32_fn)driver_entry("cuMemsetD2D32_v2");
+    if (alloc == NULL || set == NULL || set_2d == NULL) {
         atomic_fetch_add(&failures, 1);
         return;
     }
@@ -79,7 +84,8 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
         return;
     }
     unsigned int value = (unsigned int)atomic_fetch_add(&memsets, 1) + 1;
-    if (set(buffer, value, 4) != 0) {
+    /* The same 16 bytes twice: one row of 4 words, pitch 16 bytes. */
+    if (set(buffer, value, 4) != 0 || set_2d(buffer, 16, value, 4, 1) != 0) {
         atomic_fetch_add(&failures, 1);
         return;
     }
@@ -105,7 +111,7 @@ static void finalize(void* tool_data) {
     (void)tool_data;
     if (out == NULL) return;
     fprintf(out,
-            "tool_work: %" PRIu64 " memsets, %" PRIu64 " failures; read back after the replay: %"
+            "tool_work: %" PRIu64 " memset pairs, %" PRIu64 " failures; read back after the replay: %"
             PRIu64 " kept, %" PRIu64 " lost\n",
             (uint64_t)atomic_load(&memsets), (uint64_t)atomic_load(&failures),
             (uint64_t)atomic_load(&kept), (uint64_t)atomic_load(&lost));
