@@ -153,14 +153,15 @@ pub(crate) unsafe extern "C" fn agents_allow_access(
         // A grant made while a replay holds one of the agents waits for it to end: that replay
         // took its group before the grant, so a kernel of the newly linked agent would not wait
         // for it.
+        // Grants of memory the CPU owns link nothing (see `link_peers`) and wait for nothing.
         let _fence = (b.replay_active() && !ptr.is_null())
-            .then(|| {
-                b.original
-                    .pointer_info(ptr)
-                    .map(|info| granted.iter().copied().chain([info.agentOwner]))
-            })
+            .then(|| b.original.pointer_info(ptr))
             .flatten()
-            .map(|members| crate::copies::readers(b, &crate::copies::gpu_agents(b, members)));
+            .filter(|info| !crate::copies::gpu_agents(b, [info.agentOwner]).is_empty())
+            .map(|info| {
+                let members = granted.iter().copied().chain([info.agentOwner]);
+                crate::copies::readers(b, &crate::copies::gpu_agents(b, members))
+            });
         let status = forward!(
             b,
             amd.hsa_amd_agents_allow_access_fn(num_agents, agents, flags, ptr)
