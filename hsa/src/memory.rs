@@ -150,49 +150,42 @@ pub(crate) unsafe extern "C" fn agents_allow_access(
             // rejects the call otherwise, and nothing is linked then).
             unsafe { std::slice::from_raw_parts(agents, num_agents as usize) }
         };
+        let members = grant_members(b, ptr, granted.iter().copied());
         // A grant made while a replay holds one of the agents waits for it to end: that replay
         // took its group before the grant, so a kernel of the newly linked agent would not wait
         // for it.
-        // Grants of memory the CPU owns link nothing (see `link_peers`) and wait for nothing.
-        let _fence = (b.replay_active() && !ptr.is_null())
-            .then(|| b.original.pointer_info(ptr))
-            .flatten()
-            .filter(|info| !crate::copies::gpu_agents(b, [info.agentOwner]).is_empty())
-            .map(|info| {
-                let members = granted.iter().copied().chain([info.agentOwner]);
-                crate::copies::readers(b, &crate::copies::gpu_agents(b, members))
-            });
+        let _fence = b
+            .replay_active()
+            .then(|| crate::copies::readers(b, &members));
         let status = forward!(
             b,
             amd.hsa_amd_agents_allow_access_fn(num_agents, agents, flags, ptr)
         );
         if status == HSA_STATUS_SUCCESS {
-            link_peers(b, ptr, granted.iter().copied());
+            b.peers.link(&members);
         }
         status
     })
 }
 
-/// Links the GPU owning the memory at `ptr` with the GPU agents among `granted`.
-pub(crate) fn link_peers(
+/// The GPU agents a grant of the memory at `ptr` to `granted` links into one replay group
+/// (`crate::peers`): the GPU owning it and the GPUs among `granted`. None when the CPU owns the
+/// memory, or the runtime does not know it: such a grant links nothing.
+pub(crate) fn grant_members(
     b: &Backend,
     ptr: *const c_void,
     granted: impl Iterator<Item = hsa_agent_t>,
-) {
+) -> Vec<u64> {
     let Some(info) = (!ptr.is_null())
         .then(|| b.original.pointer_info(ptr))
         .flatten()
     else {
-        return;
+        return Vec::new();
     };
-    let owner = crate::copies::gpu_agents(b, [info.agentOwner]);
-    if owner.is_empty() {
-        return;
+    if crate::copies::gpu_agents(b, [info.agentOwner]).is_empty() {
+        return Vec::new();
     }
-    b.peers.link(&crate::copies::gpu_agents(
-        b,
-        granted.chain([info.agentOwner]),
-    ));
+    crate::copies::gpu_agents(b, granted.chain([info.agentOwner]))
 }
 
 /// Wrapper of `hsa_amd_memory_lock`: locked host memory is memory a kernel may write, tracked

@@ -274,25 +274,20 @@ pub(crate) unsafe extern "C" fn set_access(
                 })
                 .collect()
         };
-        // A grant of write access made while a replay holds the owner or a grantee waits for
-        // it to end (see `crate::memory::agents_allow_access`).
-        let _fence = b.replay_active().then(|| {
-            let owner = b.inventory.lookup(va as u64).map(|a| a.owner_agent);
-            let members = access
-                .iter()
-                .filter(|&&(_, permissions)| permissions & HSA_ACCESS_PERMISSION_WO != 0)
-                .map(|&(handle, _)| hsa_agent_t { handle })
-                .chain(owner.map(|handle| hsa_agent_t { handle }));
-            crate::copies::readers(b, &crate::copies::gpu_agents(b, members))
-        });
+        // Peer access to a GPU's memory: the agents that may write it replay with its owner. A
+        // grant made while a replay holds one of them waits for it to end (see
+        // `crate::memory::agents_allow_access`).
+        let writers = access
+            .iter()
+            .filter(|&&(_, permissions)| permissions & HSA_ACCESS_PERMISSION_WO != 0)
+            .map(|&(handle, _)| hsa_agent_t { handle });
+        let members = crate::memory::grant_members(b, va, writers);
+        let _fence = b
+            .replay_active()
+            .then(|| crate::copies::readers(b, &members));
         let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
         if status == HSA_STATUS_SUCCESS && !desc.is_null() {
-            // Peer access to a GPU's memory: the agents that may write it replay with its owner.
-            let granted = access
-                .iter()
-                .filter(|&&(_, permissions)| permissions & HSA_ACCESS_PERMISSION_WO != 0)
-                .map(|&(handle, _)| hsa_agent_t { handle });
-            crate::memory::link_peers(b, va, granted);
+            b.peers.link(&members);
             // Each call replaces the previous permissions of every agent.
             if let Some(m) = b.vmem.mappings.lock().get_mut(&(va as u64)) {
                 m.access = access;
