@@ -635,9 +635,7 @@ impl Backend {
         );
         for base in dying {
             // Managed memory ends with its context too, and with it the declines it caused.
-            if !self.watch.on_free(base) {
-                self.on_free(base);
-            }
+            self.on_app_free(base);
         }
         let state = {
             let mut devices = self.devices.lock();
@@ -769,13 +767,13 @@ impl Backend {
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
     /// replays: graph launches and cooperative launches.
-    fn note_unreplayed(&self, write: Option<fence::DeviceWrite>) {
+    fn note_unreplayed(&self, write: fence::DeviceWrite) {
         let (warned, what) = match write {
-            Some(fence::DeviceWrite::Graph) => {
+            fence::DeviceWrite::Graph => {
                 self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
                 (&self.warned_graph, "graph launches run once, not replayed")
             }
-            Some(fence::DeviceWrite::Cooperative) => {
+            fence::DeviceWrite::Cooperative => {
                 self.stats.launches.fetch_add(1, Ordering::Relaxed);
                 self.stats.cooperative.fetch_add(1, Ordering::Relaxed);
                 (
@@ -787,6 +785,14 @@ impl Backend {
         };
         if !warned.swap(true, Ordering::Relaxed) {
             log(LogLevel::Warn, what);
+        }
+    }
+
+    /// The application's allocation at `base` ended (freed, or with its context): a managed
+    /// allocation leaves the watch, any other the inventory.
+    fn on_app_free(&self, base: u64) {
+        if !self.watch.on_free(base) {
+            self.on_free(base);
         }
     }
 
@@ -1248,6 +1254,17 @@ impl Backend {
         // SAFETY: at EXIT, function_return_value points to the call's CUresult.
         let result = || unsafe { *(data.function_return_value as *const CuResult) };
         let params = data.function_params;
+        if let Some(write) = fence::device_write(id) {
+            // No fenced call is one of the calls handled below.
+            if enter {
+                self.note_unreplayed(write);
+                let device = self.ordinal(data.context).map(|o| o as u64);
+                fence::enter(&self.locks, device);
+            } else if exit {
+                fence::exit();
+            }
+            return;
+        }
         match id {
             cbid::CU_MEM_ALLOC_V2
             | cbid::CU_MEM_ALLOC_ASYNC
@@ -1288,9 +1305,7 @@ impl Backend {
                 // SAFETY: these parameter structs start with the CUdeviceptr being freed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
                 self.contexts.note_free(base);
-                if !self.watch.on_free(base) {
-                    self.on_free(base);
-                }
+                self.on_app_free(base);
             }
             cbid::CU_MEM_ALLOC_MANAGED if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemAllocManaged_params starts with (CUdeviceptr*, size_t); on
@@ -1408,15 +1423,6 @@ impl Backend {
                 if result() == CUDA_SUCCESS || !self.still_capturing(p.stream, per_thread) {
                     self.captures
                         .ended(CaptureStream::named(p.stream as usize, per_thread));
-                }
-            }
-            id if fence::device_write(id).is_some() => {
-                if enter {
-                    self.note_unreplayed(fence::device_write(id));
-                    let device = self.ordinal(data.context).map(|o| o as u64);
-                    fence::enter(&self.locks, device);
-                } else if exit {
-                    fence::exit();
                 }
             }
             cbid::CU_LAUNCH_KERNEL
