@@ -135,6 +135,14 @@ fn marked_add(group: &WorkGroup) {
     }
 }
 
+/// How many of the [`WORDS`] words at `target` are not `value` (a write's words lost).
+fn words_other_than(app: &App, target: Ptr, value: u32) -> usize {
+    app.read(target, WORDS)
+        .iter()
+        .filter(|&&w| w != value)
+        .count()
+}
+
 /// Waits for an application completion signal of an asynchronous write.
 fn landed(app: &App, signal: hsa_signal_t) {
     assert_eq!(app.wait_zero(signal), 0, "the write completed");
@@ -315,11 +323,7 @@ fn race_with(strategy: RestoreStrategy, write: Write, other_passes: u64) {
             end: LoopEnd::LastPass
         }
     );
-    let lost = app
-        .read(target, WORDS)
-        .iter()
-        .filter(|&&w| w != 0x5eed)
-        .count();
+    let lost = words_other_than(&app, target, 0x5eed);
     assert_eq!(lost, 0, "{lost} of {WORDS} written words were lost");
     assert!(
         !WRITE_SEEN_MID_REPLAY.load(Ordering::SeqCst),
@@ -453,11 +457,7 @@ fn a_kernel_of_a_peer_gpu_running_when_a_replay_begins_is_drained_before_the_sna
                 .filter(|o| matches!(o, ReplayOutcome::Replayed { passes: 3, .. }))
                 .count();
             assert_eq!(replayed, 1, "GPU 0's dispatch was replayed");
-            let lost = app
-                .read(target, WORDS)
-                .iter()
-                .filter(|&&w| w != 0x5eed)
-                .count();
+            let lost = words_other_than(&app, target, 0x5eed);
             assert_eq!(lost, 0, "{lost} of {WORDS} words GPU 1 wrote were lost");
             assert!(
                 !SLOW_SAW_PASS.load(Ordering::SeqCst),
