@@ -206,12 +206,17 @@ fn in_window<R>(replaying: bool, f: impl FnOnce() -> R) -> R {
     if replaying { replay_callback(f) } else { f() }
 }
 
-/// Runs `f` (a tool callback) with [`in_replay_callback`] true.
+/// Runs `f` (a tool callback) with [`in_replay_callback`] true; the flag is put back even if
+/// `f` unwinds (the callback handler catches panics, and the thread goes on).
 fn replay_callback<R>(f: impl FnOnce() -> R) -> R {
-    let before = IN_REPLAY_CALLBACK.with(|c| c.replace(true));
-    let out = f();
-    IN_REPLAY_CALLBACK.with(|c| c.set(before));
-    out
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_REPLAY_CALLBACK.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_REPLAY_CALLBACK.with(|c| c.replace(true)));
+    f()
 }
 
 /// The passloop's tier name for a snapshot tier.

@@ -1432,3 +1432,39 @@ fn tool_callbacks_from_the_snapshot_on_are_marked_as_inside_the_replay_window() 
         }
     }
 }
+
+/// A tool callback that panics inside the replay window (the injected library catches it)
+/// leaves the thread outside the window afterwards.
+#[test]
+fn a_panicking_tool_callback_does_not_leave_the_thread_marked_inside_a_window() {
+    struct Panics;
+    impl ReplayTool for Panics {
+        fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+            ToolAnswer::passes(3)
+        }
+        fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {
+            assert!(kreplay_cuda::window::in_replay_callback());
+            panic!("a tool's bug");
+        }
+        fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+            ContinueChange::Keep
+        }
+        fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+            true
+        }
+        fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
+        fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
+        fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {}
+    }
+    let r = rig(SnapshotConfig::default());
+    let ops = fake(&r);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let cx = r.device.context(&r.registry);
+        Window::enter(cx, &mut Panics, DispatchInfo::default(), &ops)
+    }));
+    assert!(
+        unwound.is_err(),
+        "PASS ENTER of pass 0 panicked at API ENTER"
+    );
+    assert!(!kreplay_cuda::window::in_replay_callback());
+}
