@@ -41,6 +41,19 @@ impl Footprint {
     pub fn bytes(&self) -> u64 {
         self.regions.iter().map(|r| r.size).sum()
     }
+
+    /// Whether it holds no memory.
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    /// The part of it made of the regions `keep` accepts (the memory one call may write, say).
+    pub fn only(&self, keep: impl Fn(&Region) -> bool) -> Footprint {
+        Footprint {
+            regions: self.regions.iter().filter(|r| keep(r)).copied().collect(),
+            fence: self.fence.clone(),
+        }
+    }
 }
 
 /// Host copies of a footprint's regions as they were at one moment (`None` for a region freed
@@ -208,7 +221,8 @@ impl Snapshot {
             let last = ((offset + bytes.len() as u64 - 1) / cs) as usize;
             touched.extend((first..=last).map(|k| (r, k)));
         }
-        if self.hashes.len() == layout.chunks() && !touched.is_empty() {
+        let rehash = self.hashes.len() == layout.chunks() && !touched.is_empty();
+        if rehash {
             touched.sort_unstable();
             touched.dedup();
             let mut scratch = Vec::new();
@@ -227,6 +241,11 @@ impl Snapshot {
             }
         }
         drop(pinned);
+        if rehash {
+            // Changed hashes get a new name: a device keeping a copy of them by the old one
+            // would otherwise verify against what the store held before the fold.
+            self.rename();
+        }
         Ok(folded)
     }
 }

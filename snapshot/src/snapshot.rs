@@ -816,6 +816,12 @@ impl Snapshot {
         }
     }
 
+    /// Gives the snapshot's hashes a new name: a device may keep a copy of them by it
+    /// ([`crate::VerifiedRestore::snapshot_id`]), so hashes that changed must not keep the old.
+    pub(crate) fn rename(&mut self) {
+        self.id = NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Hash every chunk of the store: the hashes the snapshot did not take. Without memory for
     /// them nothing changes (restores stay full).
     fn hash_store(&mut self) {
@@ -830,8 +836,7 @@ impl Snapshot {
             .rates
             .record_hash(bytes, hash_start.elapsed());
         self.hashes = hashes;
-        // New hashes get a new name: a device may keep a copy of a snapshot's hashes by it.
-        self.id = NEXT_SNAPSHOT_ID.fetch_add(1, Ordering::Relaxed);
+        self.rename();
         self.hashed = true;
         self.expected_restores = None;
     }

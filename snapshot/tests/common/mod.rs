@@ -68,6 +68,9 @@ pub struct TestDevice {
     pub counters: Counters,
     /// Called at the start of every write (used to hold a restore inside a write).
     pub on_write: Mutex<Option<Box<dyn FnMut() + Send>>>,
+    /// The hashes `restore_verified` was last given, by snapshot id: like a GPU, the device
+    /// keeps its own copy and uses it while the id is the same (`VerifiedRestore::snapshot_id`).
+    kept_hashes: Mutex<Option<(u64, Vec<u64>)>>,
 }
 
 impl TestDevice {
@@ -82,6 +85,7 @@ impl TestDevice {
             verified_device_stores_only: AtomicBool::new(false),
             counters: Counters::default(),
             on_write: Mutex::new(None),
+            kept_hashes: Mutex::new(None),
         })
     }
 
@@ -299,6 +303,11 @@ impl DeviceMemory for TestDevice {
         }
         assert_eq!(changed.len(), job.hashes.len().div_ceil(64));
         assert!(changed.iter().all(|w| *w == 0), "the bitmap comes zeroed");
+        let mut kept = self.kept_hashes.lock();
+        if kept.as_ref().is_none_or(|(id, _)| *id != job.snapshot_id) {
+            *kept = Some((job.snapshot_id, job.hashes.to_vec()));
+        }
+        let hashes = &kept.as_ref().expect("kept above").1;
         let cs = job.chunk_size;
         for r in job.ranges {
             for k in 0..r.len.div_ceil(cs) {
@@ -313,7 +322,7 @@ impl DeviceMemory for TestDevice {
                 };
                 let g = r.first + k as usize;
                 let differs = !r.write
-                    && xxhash_rust::xxh3::xxh3_64(&self.peek(r.addr + off, n)) != job.hashes[g];
+                    && xxhash_rust::xxh3::xxh3_64(&self.peek(r.addr + off, n)) != hashes[g];
                 if r.write || differs {
                     self.poke(r.addr + off, &saved);
                     self.counters.bytes_written.fetch_add(n, Ordering::Relaxed);
