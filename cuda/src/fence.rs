@@ -68,6 +68,39 @@ pub fn destination(id: CallbackId) -> Destination {
     }
 }
 
+/// Bytes per element of a [`Destination::Address`] call's count: 1 for copies (a byte count)
+/// and `cuMemsetD8*`, 2 for `cuMemsetD16*`, 4 for `cuMemsetD32*`.
+fn element_bytes(id: CallbackId) -> u64 {
+    match id {
+        250 | 218 | 412 | 429 => 2,
+        251 | 220 | 413 | 430 => 4,
+        _ => 1,
+    }
+}
+
+/// The device range a [`Destination::Address`] call writes, every byte of it: its destination
+/// and its count times the element size. Every such call's parameter struct starts with the
+/// destination (a `CUdeviceptr`) and has its count (`N` or `ByteCount`, a `size_t`) at byte 16,
+/// after the value or the source (`cuMemsetD32_v2_params`, `cuMemcpyHtoD_v2_params`,
+/// `cuMemcpyAsync_params` and their kin in CUDA's `generated_cuda_meta.h`). `None` for any
+/// other call.
+///
+/// # Safety
+/// `params` is null or the parameter struct of driver-API callback `id`.
+pub unsafe fn written_range(id: CallbackId, params: *const std::ffi::c_void) -> Option<(u64, u64)> {
+    if destination(id) != Destination::Address || params.is_null() {
+        return None;
+    }
+    // SAFETY: per the layout above, for a parameter struct of call `id`.
+    let (dst, count) = unsafe {
+        (
+            *(params as *const u64),
+            *((params as *const u8).add(16) as *const usize),
+        )
+    };
+    Some((dst, (count as u64).saturating_mul(element_bytes(id))))
+}
+
 /// Whether driver-API callback `id` is a call kreplay fences, and what kind.
 pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     if cbid::MEMCPY.contains(&id) {
@@ -223,6 +256,46 @@ mod tests {
         assert_eq!(destination(306), Destination::Address);
         assert_eq!(destination(287), Destination::Unknown);
         assert_eq!(destination(cbid::CU_LAUNCH_KERNEL), Destination::Unknown);
+    }
+
+    /// A memset's range is its count of elements of its width; a copy's its byte count.
+    #[test]
+    fn a_simple_copy_or_memset_names_every_byte_it_writes() {
+        // cuMemsetD32Async_params: dstDevice, ui (padded), N, hStream.
+        #[repr(C)]
+        struct Set32 {
+            dst: u64,
+            value: u32,
+            n: usize,
+            stream: usize,
+        }
+        let set = Set32 {
+            dst: 0x7000_0000,
+            value: 7,
+            n: 100,
+            stream: 0,
+        };
+        let p = &set as *const Set32 as *const std::ffi::c_void;
+        for (id, bytes) in [(220, 400), (251, 400), (430, 400), (250, 200), (249, 100)] {
+            // SAFETY: every memset's struct has this prefix (the width of `value` aside).
+            let range = unsafe { written_range(id, p) };
+            assert_eq!(range, Some((0x7000_0000, bytes)), "{id}");
+        }
+        // cuMemcpyHtoD_v2_params: dstDevice, srcHost, ByteCount.
+        let copy: [u64; 3] = [0x7100_0000, 0x1234, 4096];
+        let p = copy.as_ptr() as *const std::ffi::c_void;
+        for id in [276, 277, 280, 305, 306, 418] {
+            // SAFETY: a copy's struct: destination, source, byte count.
+            let range = unsafe { written_range(id, p) };
+            assert_eq!(range, Some((0x7100_0000, 4096)), "{id}");
+        }
+        let _ = (set.value, set.stream);
+        // SAFETY: not a simple copy or memset, and a null struct: never read.
+        assert_eq!(unsafe { written_range(278, p) }, None, "to the host");
+        // SAFETY: as above.
+        assert_eq!(unsafe { written_range(254, p) }, None, "2D memset");
+        // SAFETY: a null struct is never read.
+        assert_eq!(unsafe { written_range(251, std::ptr::null()) }, None);
     }
 
     #[test]

@@ -21,7 +21,8 @@ use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::AgentLocks;
 use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
-    Filter, Inventory, MemoryKind, NewAllocation, RestoreStrategy, SnapshotScope, Snapshotter,
+    Capture, Delta, Filter, Footprint, Inventory, MemoryKind, NewAllocation, RestoreStrategy,
+    SnapshotScope, Snapshotter,
 };
 use parking_lot::Mutex;
 
@@ -50,6 +51,7 @@ use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_kind};
 use crate::timing::PassTimer;
+use crate::toolwork::{self, Before, Target, ToolWorkIo};
 use crate::tracking::MemoryWatch;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
@@ -166,6 +168,12 @@ struct Stats {
     module_ns: AtomicU64,
     init_ns: AtomicU64,
     declines: Mutex<BTreeMap<String, u64>>,
+    /// Calls a tool made from its replay callbacks into memory a snapshot held.
+    tool_work: AtomicU64,
+    /// Bytes of such work folded into snapshots.
+    tool_work_kept: AtomicU64,
+    /// Such calls whose work a later restore may have undone (reported on stderr).
+    tool_work_lost: AtomicU64,
 }
 
 impl Stats {
@@ -257,6 +265,13 @@ pub struct Summary {
     /// Time of the library's start-up in the injection entry point (loading CUPTI,
     /// subscribing, the configuration), ns.
     pub init_ns: u64,
+    /// Calls a tool made from its callbacks inside replay windows that may write memory the
+    /// window's snapshot held (see [`crate::toolwork`]).
+    pub tool_work: u64,
+    /// Bytes those calls wrote there, kept by the restores that followed.
+    pub tool_work_kept_bytes: u64,
+    /// Those calls whose work may have been undone (each reported on stderr).
+    pub tool_work_lost: u64,
 }
 
 impl std::fmt::Display for Summary {
@@ -278,7 +293,8 @@ impl std::fmt::Display for Summary {
              verified={} verified_ms={:.3} verified_wait_ms={:.3} lists_uploaded={} hashes={} \
              hash_ms={:.3} hash_wait_ms={:.3} shadow_allocs={} shadow_alloc_ms={:.3} \
              auto_device={} auto_full={} callbacks={} callback_ms={:.3} intercept_ms={:.3} \
-             module_callbacks={} module_ms={:.3} init_ms={:.3}",
+             module_callbacks={} module_ms={:.3} init_ms={:.3} tool_work={} \
+             tool_work_kept_bytes={} tool_work_lost={}",
             self.passes_per_launch,
             self.launches,
             self.replayed,
@@ -319,6 +335,9 @@ impl std::fmt::Display for Summary {
             self.module_callbacks,
             ms(self.module_ns),
             ms(self.init_ns),
+            self.tool_work,
+            self.tool_work_kept_bytes,
+            self.tool_work_lost,
         )
     }
 }
@@ -341,7 +360,6 @@ struct Backend {
     warned_managed: AtomicBool,
     warned_surfaces: AtomicBool,
     /// A tool made a device write from a replay callback (see [`crate::window`]).
-    warned_tool_work: AtomicBool,
     warned_cooperative: AtomicBool,
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
     modules: ModuleRegistry,
@@ -378,6 +396,8 @@ struct InjectedLaunch<'a> {
     captures: &'a Captures,
     /// Set while dispatch tracing is configured: the launch's passes are timed and reported.
     traced: Option<(&'a PassTimer, &'a dyn Tools)>,
+    /// At API ENTER: the launch's device, for the tool's work inside its window.
+    device: Option<&'a Arc<DeviceState>>,
 }
 
 impl LaunchOps for InjectedLaunch<'_> {
@@ -427,6 +447,13 @@ impl LaunchOps for InjectedLaunch<'_> {
     fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
         self.traced
             .and_then(|(_, tools)| tools.dispatch_enqueue(info, pass))
+    }
+    fn tool_work(&self) -> Option<Box<dyn ToolWorkIo>> {
+        let device = self.device?.clone();
+        Some(Box::new(DeviceWork {
+            device,
+            ctx: self.inner.launch.ctx as usize,
+        }))
     }
     fn completed(&self, info: &DispatchInfo, pass: Option<u64>) {
         if let Some((timer, tools)) = self.traced {
@@ -722,47 +749,76 @@ impl Backend {
         );
     }
 
-    /// Whether a tool's call `id` (see [`writes_device`]) may write memory a snapshot holds:
-    /// not a copy to the host, nor a copy or memset into memory kreplay does not track (a
-    /// buffer the tool allocated inside its callbacks, which kreplay's re-entry guard kept out
-    /// of the inventory); anything it cannot describe may.
-    fn may_write_snapshot(&self, id: CallbackId, data: &CallbackData) -> bool {
-        match fence::destination(id) {
-            fence::Destination::Host => false,
-            fence::Destination::Unknown => true,
-            fence::Destination::Address if data.function_params.is_null() => true,
-            fence::Destination::Address => {
-                // SAFETY: for these calls the parameter struct starts with the destination
-                // (a CUdeviceptr, or for cuMemcpy an address of either kind).
-                let dst = unsafe { *(data.function_params as *const u64) };
-                self.inventory.lookup(dst).is_some()
+    /// A call `id` (see [`writes_device`]) a tool made from one of its callbacks inside a
+    /// replay window: at API ENTER, what of the window's snapshot it may write is watched; at
+    /// API EXIT, what it wrote there is kept for the window's next restore (see
+    /// [`crate::toolwork`]).
+    fn tool_call(&self, id: CallbackId, data: &CallbackData) {
+        if data.callback_site != API_ENTER {
+            let kept = toolwork::after();
+            self.stats.tool_work_kept.fetch_add(kept, Ordering::Relaxed);
+            return;
+        }
+        let name = api_name(data.function_name);
+        let values;
+        // SAFETY: CUPTI's parameter struct of call `id`, valid during the callback.
+        let target = match unsafe { fence::written_range(id, data.function_params) } {
+            Some((addr, len)) => Target::Range { addr, len },
+            None if fence::destination(id) == fence::Destination::Host => return,
+            None => match self.tool_launch_values(id, data) {
+                Some(v) => {
+                    values = v;
+                    Target::Reached(&values)
+                }
+                None => Target::Anything,
+            },
+        };
+        match toolwork::before(&name, target) {
+            Before::Watching(_) | Before::Failed => {
+                self.stats.tool_work.fetch_add(1, Ordering::Relaxed);
             }
+            Before::NotKept => {
+                self.stats.tool_work_lost.fetch_add(1, Ordering::Relaxed);
+                log(
+                    LogLevel::Warn,
+                    format!(
+                        "a tool called {name} from a callback inside a replay window that keeps \
+                         no such work: the next restore may undo what it wrote"
+                    ),
+                );
+            }
+            Before::Outside | Before::Untouched => {}
         }
     }
 
-    /// A tool called `function` (a launch, copy or memset) from a callback inside a replay
-    /// window: it runs once, but what it writes into snapshotted memory is not kept across the
-    /// restores that follow. Said once per process.
-    fn warn_tool_work(&self, function: *const std::ffi::c_char) {
-        if self.warned_tool_work.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        let name = if function.is_null() {
-            "a driver call".to_string()
-        } else {
-            // SAFETY: CUPTI's NUL-terminated API name, valid during the callback.
-            unsafe { CStr::from_ptr(function) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        log(
-            LogLevel::Warn,
-            format!(
-                "a tool called {name} from a callback inside a replay window: the work runs once, \
-                 but on CUDA what it writes into memory the snapshot holds is undone by the next \
-                 restore (HSA keeps it); issue such work from CONFIG EXIT, after the replay"
-            ),
+    /// The argument values of a tool's kernel launch `id`, where they are trusted to name all
+    /// the memory the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`, as for the
+    /// application's launches) and the driver describes the kernel's parameters; `None` for
+    /// any other call: it may write anything.
+    fn tool_launch_values(&self, id: CallbackId, data: &CallbackData) -> Option<Vec<u64>> {
+        let launch = matches!(
+            id,
+            cbid::CU_LAUNCH_KERNEL
+                | cbid::CU_LAUNCH_KERNEL_PTSZ
+                | cbid::CU_LAUNCH_KERNEL_EX
+                | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
         );
+        if !launch
+            || data.function_params.is_null()
+            || self.config.snapshot.scope != SnapshotScope::Referenced
+        {
+            return None;
+        }
+        // SAFETY: one of the four launch ids, with CUPTI's parameter struct; the context and
+        // device are not used for reading the arguments.
+        let launch = unsafe { decode_launch(id, data.function_params, std::ptr::null_mut(), 0) };
+        let layout = if launch.params.is_null() {
+            None
+        } else {
+            self.layout(launch.function)
+        };
+        // SAFETY: the launch call's own parameters, read during its API ENTER callback.
+        unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }.ok()
     }
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
@@ -1080,6 +1136,7 @@ impl Backend {
             }),
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
+            device: Some(&device),
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
         let info = launch.dispatch_info(id, |a| ops.inner.attribute(a));
@@ -1126,6 +1183,7 @@ impl Backend {
             scope: None,
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
+            device: None,
         };
         let launched = self
             .driver
@@ -1241,6 +1299,9 @@ impl Backend {
             module_callbacks: l(&s.module_callbacks),
             module_ns: l(&s.module_ns),
             init_ns: l(&s.init_ns),
+            tool_work: l(&s.tool_work),
+            tool_work_kept_bytes: l(&s.tool_work_kept),
+            tool_work_lost: l(&s.tool_work_lost),
         }
     }
 
@@ -1584,14 +1645,19 @@ unsafe extern "C" fn on_callback(
         return;
     }
     if Guard::active() {
-        if crate::window::in_replay_callback() {
-            // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
-            let data = unsafe { &*(data as *const CallbackData) };
-            if data.callback_site == API_ENTER
-                && writes_device(id)
-                && backend.may_write_snapshot(id, data)
-            {
-                backend.warn_tool_work(data.function_name);
+        if crate::window::in_replay_callback() && writes_device(id) {
+            // A tool's call from its replay callback (kreplay's own calls inside one are told
+            // apart by `toolwork`).
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
+                let data = unsafe { &*(data as *const CallbackData) };
+                backend.tool_call(id, data)
+            }));
+            if outcome.is_err() {
+                log(
+                    LogLevel::Warn,
+                    format!("internal error in callback {id} of a tool's call"),
+                );
             }
         }
         return;
@@ -1665,7 +1731,6 @@ fn initialize(
         warned_graph: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
         warned_surfaces: AtomicBool::new(false),
-        warned_tool_work: AtomicBool::new(false),
         warned_cooperative: AtomicBool::new(false),
         modules: ModuleRegistry::new(),
         layouts: Mutex::new(Default::default()),
@@ -1744,6 +1809,62 @@ pub fn initialize_injection(
             eprintln!("kreplay-cuda: not installed: internal error during initialization");
             0
         }
+    }
+}
+
+/// CUPTI's name of a driver call (`function_name`), or a placeholder.
+fn api_name(function: *const std::ffi::c_char) -> String {
+    if function.is_null() {
+        return "a driver call".to_string();
+    }
+    // SAFETY: CUPTI's NUL-terminated API name, valid during the callback.
+    unsafe { CStr::from_ptr(function) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// How a replay window on `device` reads memory around a tool's work (see
+/// [`crate::toolwork`]): the drain of the device's contexts, and its snapshotter's captures.
+struct DeviceWork {
+    device: Arc<DeviceState>,
+    /// The launch's context (the drain covers every context of the device).
+    ctx: usize,
+}
+
+impl ToolWorkIo for DeviceWork {
+    fn quiesce(&self) -> Result<(), String> {
+        self.device.drainer.drain(self.ctx)
+    }
+    fn capture(&self, footprint: &Footprint) -> Result<Capture, String> {
+        self.device
+            .snapshotter
+            .capture(footprint)
+            .map_err(|e| e.to_string())
+    }
+    fn changes(&self, since: &Capture) -> Result<Delta, String> {
+        self.device
+            .snapshotter
+            .changes(since)
+            .map_err(|e| e.to_string())
+    }
+    fn written(&self, addr: u64, len: u64) -> Result<Delta, String> {
+        self.device
+            .snapshotter
+            .written(addr, len)
+            .map_err(|e| e.to_string())
+    }
+    fn lost(&self, call: &str, why: &str) {
+        if let Some(backend) = BACKEND.get() {
+            backend.stats.tool_work_lost.fetch_add(1, Ordering::Relaxed);
+        }
+        log(
+            LogLevel::Warn,
+            format!(
+                "a tool's {call} from a callback inside a replay window on device {}: the next \
+                 restore may undo what it wrote ({why})",
+                self.device.ordinal
+            ),
+        );
     }
 }
 

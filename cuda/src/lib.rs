@@ -25,6 +25,8 @@
 //! * [`choice`]: `auto`'s measured choice between full copies and detection on the device.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
 //! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
+//! * [`toolwork`]: work a tool issues from its callbacks inside a replay window, folded into
+//!   the snapshot so the restores that follow keep it.
 //!
 //! See docs/cuda.md for how to inject and what is snapshotted.
 
@@ -47,6 +49,7 @@ pub mod launch;
 pub mod memory;
 pub mod scope;
 pub mod timing;
+pub mod toolwork;
 pub mod tracking;
 pub mod window;
 

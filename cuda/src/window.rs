@@ -23,9 +23,10 @@
 //! **Work a tool issues from its callbacks.** The tool's callbacks from the snapshot on (SNAPSHOT
 //! EXIT, PASS ENTER and EXIT, the continue callback, RESTORE) run with [`in_replay_callback`]
 //! true. A launch, copy or memset the tool makes there runs once, at once (kreplay's re-entry
-//! guard keeps it out of the window), but on CUDA what it writes into memory the snapshot holds
-//! is not kept across the restores that follow, as it is on HSA: the injected library warns the
-//! first time a tool does so (see docs/cuda.md).
+//! guard keeps it out of the window), and what it changes in the memory the snapshot holds is
+//! kept across the restores that follow: the window opens [`crate::toolwork`] with its
+//! snapshot's footprint and [`LaunchOps::tool_work`], and folds what the tool's calls changed
+//! into the snapshot before each restore.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -38,6 +39,8 @@ use kreplay_passloop::{
     RestoreStrategy, SnapshotRequest, StoreTier, ToolAnswer, run_dispatch,
 };
 use kreplay_snapshot::{Filter, Snapshot, SnapshotError, Snapshotter};
+
+use crate::toolwork::{self, ToolWorkIo};
 
 /// What the window needs from the GPU for one launch.
 pub trait LaunchOps {
@@ -97,6 +100,12 @@ pub trait LaunchOps {
     /// PASS ENTER 0 of a replay) and ended at API EXIT.
     fn enqueue(&self, info: &DispatchInfo, pass: Option<u64>) -> Option<Enqueued> {
         let _ = (info, pass);
+        None
+    }
+    /// How the memory of this launch's device is read around work a tool issues from its
+    /// callbacks (see [`crate::toolwork`]), asked once the snapshot is taken. `None` (the
+    /// default): such work is not kept across the restores that follow.
+    fn tool_work(&self) -> Option<Box<dyn ToolWorkIo>> {
         None
     }
 }
@@ -257,6 +266,8 @@ impl Window {
         info: DispatchInfo,
         ops: &O,
     ) -> Window {
+        // A window left open by a callback that unwound is over.
+        toolwork::close();
         let answer = tool.config_enter(&info);
         let mut cost = EnterCost::default();
         let mut enqueued = None;
@@ -352,6 +363,7 @@ impl Window {
                     strategy: strategy(r.strategy),
                     ..Default::default()
                 };
+                toolwork::open(snapshot.footprint(), ops.tool_work());
                 replay_callback(|| tool.snapshot(info, Phase::Exit, &report));
                 // PASS ENTER of pass 0 before the application's launch is submitted, with the
                 // context toggles armed on a replay mask of its own; what they masked off is
@@ -441,6 +453,7 @@ impl Window {
             pass0_masked,
         };
         let mut record = run_dispatch(&mut adapter, &mut device, registry, &info);
+        toolwork::close();
         if let Some(enqueued) = device.pass0_enqueued.take() {
             // Pass 0 was never run by the loop: its announcement still ends.
             enqueued.exit();
@@ -661,6 +674,8 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
         snapshot: &mut Snapshot,
         request: &RestoreRequest,
     ) -> Result<MemoryOpReport, RestoreFailure> {
+        // What the tool's work changed since the last restore is brought back from now on.
+        toolwork::fold_into(snapshot);
         snapshot
             .restore(&snapshot_request(request))
             .map(|r| restore_report(&r))

@@ -76,7 +76,7 @@ impl Capture {
 
 /// Bytes of device memory that changed since a [`Capture`], with their new values: runs of
 /// changed bytes, each exactly as long as the change (bytes that kept their value are never
-/// included).
+/// included); or, from [`Snapshotter::written`], every byte of a range known to be written.
 #[derive(Clone, Debug, Default)]
 pub struct Delta {
     changes: Vec<(u64, Vec<u8>)>,
@@ -96,6 +96,11 @@ impl Delta {
     /// The runs of changed bytes: device address and new values.
     pub fn changes(&self) -> impl Iterator<Item = (u64, &[u8])> {
         self.changes.iter().map(|(a, b)| (*a, &b[..]))
+    }
+
+    /// Adds `other`'s runs to these.
+    pub fn append(&mut self, other: Delta) {
+        self.changes.extend(other.changes);
     }
 }
 
@@ -139,6 +144,35 @@ impl Snapshotter {
         Ok(Capture {
             regions,
             fence: footprint.fence.clone(),
+        })
+    }
+
+    /// The current bytes of `len` bytes at `addr`, as a delta: what work known to have written
+    /// every one of them (a copy, a memset) left there, whether or not a byte's value changed.
+    /// A capture cannot tell a byte written with the value it held from one not written;
+    /// where the written range is known this is exact.
+    pub fn written(&self, addr: u64, len: u64) -> Result<Delta, CopyError> {
+        let size = usize::try_from(len).map_err(|_| CopyError::Failed {
+            addr,
+            len,
+            detail: "range exceeds the address space".into(),
+        })?;
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(size)
+            .map_err(|_| CopyError::Failed {
+                addr,
+                len,
+                detail: "no host memory for the written bytes".into(),
+            })?;
+        bytes.resize(size, 0);
+        read_device(self.device(), addr, &mut bytes)?;
+        Ok(Delta {
+            changes: if size == 0 {
+                Vec::new()
+            } else {
+                vec![(addr, bytes)]
+            },
         })
     }
 

@@ -138,3 +138,35 @@ fn a_delta_lists_exactly_the_changed_bytes_and_skips_freed_regions() {
         "a freed region is left out"
     );
 }
+
+/// A range known to be written is taken whole, bytes written with the value they held
+/// included, and folding it makes the snapshot hold exactly those bytes there: a word the work
+/// set to what a pass had left in some of its bytes is not torn.
+#[test]
+fn a_written_range_is_folded_whole_even_where_bytes_kept_their_value() {
+    let dev = TestDevice::new(Caps::default());
+    let inv = std::sync::Arc::new(Inventory::new());
+    let buf = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
+    dev.poke(buf, &0x3FFu32.to_le_bytes());
+    let snap = snapshotter(&dev, &inv, SnapshotConfig::default());
+    let mut s = snap.snapshot(&Filter::for_replay(1)).unwrap();
+    // The pass: the word becomes 0x400; then the work sets it to 0xABC0_0000, whose low byte
+    // is the one the pass left.
+    dev.poke(buf, &0x400u32.to_le_bytes());
+    let capture = snap.capture(&s.footprint()).unwrap();
+    dev.poke(buf, &0xABC0_0000u32.to_le_bytes());
+    assert_eq!(
+        snap.changes(&capture).unwrap().bytes(),
+        3,
+        "a capture sees three changed bytes"
+    );
+    let written = snap.written(buf, 4).unwrap();
+    assert_eq!(written.bytes(), 4);
+    assert_eq!(s.fold(&written).unwrap(), 4);
+    s.restore(&FINAL).unwrap();
+    assert_eq!(dev.peek(buf, 4), 0xABC0_0000u32.to_le_bytes());
+    let mut both = snap.written(buf + 8, 0).unwrap();
+    assert!(both.is_empty(), "an empty range writes nothing");
+    both.append(snap.written(buf + 8, 2).unwrap());
+    assert_eq!(both.bytes(), 2);
+}

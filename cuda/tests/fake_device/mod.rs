@@ -22,6 +22,7 @@ impl HostMemory {
     }
 
     /// The "kernel": `x += 1` on every word, so a forgotten restore shows as a wrong word.
+    #[allow(dead_code)]
     pub fn add_one(&self) {
         self.0.lock().unwrap().iter_mut().for_each(|x| *x += 1);
     }
@@ -68,6 +69,7 @@ pub struct OneDevice {
 
 impl OneDevice {
     /// `words` counting words (see [`HostMemory::counting`]) on device `agent`.
+    #[allow(dead_code)]
     pub fn new(words: usize, agent: u64, config: SnapshotConfig) -> OneDevice {
         OneDevice::with_allocations(words, &[(0, (words * 4) as u64)], agent, config)
     }

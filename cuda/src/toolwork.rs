@@ -1,0 +1,239 @@
+//! Work a tool issues from its own callbacks inside a replay window, kept across the restores
+//! that follow (docs/abi.md §3 rule 10).
+//!
+//! A launch, copy or memset a tool makes from a callback runs once, at once (kreplay's re-entry
+//! guard keeps it out of the window). From SNAPSHOT EXIT to the last pass the window's snapshot
+//! is held, and its next restore would write the snapshot back over what that work changed. So
+//! while a window is open on a thread ([`open`], from the moment its snapshot is taken), a call
+//! of the tool's on that thread is bracketed:
+//!
+//! * **[`before`]**, at the call's API ENTER, notes what of the snapshot's memory the call may
+//!   write (its [`Target`]). A 1D copy or memset names its destination range: nothing is read
+//!   now. For anything else (the regions a launch's arguments point into, or the whole
+//!   snapshot) that memory is captured to the host once the device is idle. A call into memory
+//!   the snapshot does not hold (a buffer the tool allocated inside its callbacks, never
+//!   tracked) costs nothing.
+//! * **[`after`]**, at its API EXIT, once the device is idle again, keeps for the window what the
+//!   call wrote (a [`Delta`]): the current bytes of a named range, every one of them (a byte
+//!   written with the value it held is still written), or what differs from the capture, byte
+//!   for byte. A capture cannot tell a byte written with the value it already held from one not
+//!   written: a launch from PASS EXIT that writes, into bytes the pass changed, the values the
+//!   pass left there leaves those bytes to be restored.
+//! * **The window's next restore** folds the kept deltas into the snapshot first
+//!   ([`fold_into`], `kreplay_snapshot::Snapshot::fold`), so that restore and every later one
+//!   brings the work's bytes back. The launched kernel's own writes are still undone: a capture
+//!   is taken after them and only the tool's changes are listed.
+//!
+//! Failures (no host memory for a capture, a device that does not go idle) are reported through
+//! [`ToolWorkIo::lost`]: the work then still ran, but a later restore may undo it.
+
+use std::cell::RefCell;
+
+use kreplay_snapshot::{Capture, Delta, Footprint, Snapshot};
+
+/// How a window's memory is read around a tool's work, for the device the window replays on.
+pub trait ToolWorkIo {
+    /// Waits until the device finished everything submitted to it.
+    fn quiesce(&self) -> Result<(), String>;
+    /// The current bytes of `footprint` (see `kreplay_snapshot::Snapshotter::capture`).
+    fn capture(&self, footprint: &Footprint) -> Result<Capture, String>;
+    /// The current bytes of `len` bytes at `addr`, all of them written (see
+    /// `kreplay_snapshot::Snapshotter::written`).
+    fn written(&self, addr: u64, len: u64) -> Result<Delta, String>;
+    /// What differs in memory from `since` (see `kreplay_snapshot::Snapshotter::changes`).
+    fn changes(&self, since: &Capture) -> Result<Delta, String>;
+    /// The tool's work `call` may be undone by a later restore, because of `why`.
+    fn lost(&self, call: &str, why: &str);
+}
+
+/// What a tool's call may write.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    /// `len` bytes at `addr`, every one of them written: the destination of a 1D copy or
+    /// memset.
+    Range {
+        /// First byte.
+        addr: u64,
+        /// Bytes written.
+        len: u64,
+    },
+    /// Memory these values point into: a launch's argument values, where they are trusted to
+    /// name everything the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`).
+    Reached(&'a [u64]),
+    /// Any memory of the snapshot (2D, 3D, peer, batched and array copies, stream writes,
+    /// graph launches, launches whose arguments are not trusted or not known).
+    Anything,
+}
+
+/// What [`before`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Before {
+    /// No replay window's callback is running on this thread: the work is the tool's own
+    /// business (CONFIG ENTER, CONFIG EXIT, outside any window).
+    Outside,
+    /// Inside a replay callback, but the window keeps no tool work (a window over a device
+    /// without [`ToolWorkIo`]): the work may be undone.
+    NotKept,
+    /// The call writes none of the snapshot's memory: nothing captured.
+    Untouched,
+    /// The call may write this many bytes of the snapshot's memory (a range to read at
+    /// [`after`], or bytes captured now).
+    Watching(u64),
+    /// The capture failed (reported through [`ToolWorkIo::lost`]).
+    Failed,
+}
+
+/// What [`before`] noted of the call in progress.
+enum Watch {
+    /// Pieces (address, length) of the snapshot's memory the call writes whole.
+    Ranges(Vec<(u64, u64)>),
+    /// What the memory it may write held before it.
+    Captured(Capture),
+}
+
+struct Open {
+    footprint: Footprint,
+    io: Box<dyn ToolWorkIo>,
+    /// The call in progress, with its name.
+    call: Option<(Watch, String)>,
+    /// What the tool's calls changed since the last fold.
+    pending: Vec<Delta>,
+}
+
+thread_local! {
+    static OPEN: RefCell<Option<Open>> = const { RefCell::new(None) };
+}
+
+/// A window's snapshot of `footprint` was taken on this thread: from now until [`close`], the
+/// tool's work is captured and kept through `io` (`None`: the window cannot keep it).
+pub(crate) fn open(footprint: Footprint, io: Option<Box<dyn ToolWorkIo>>) {
+    OPEN.with(|o| {
+        *o.borrow_mut() = io.map(|io| Open {
+            footprint,
+            io,
+            call: None,
+            pending: Vec::new(),
+        })
+    });
+}
+
+/// The window on this thread ended: what is still pending stays in memory (no restore follows).
+pub(crate) fn close() {
+    OPEN.with(|o| o.borrow_mut().take());
+}
+
+/// API ENTER of the tool's call `call` that may write `target`: captures the part of the
+/// window's snapshot it may write.
+pub fn before(call: &str, target: Target<'_>) -> Before {
+    if !crate::window::in_replay_callback() {
+        return Before::Outside;
+    }
+    OPEN.with(|o| {
+        // Busy: this is kreplay's own copy or synchronization inside a capture, not the tool's.
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return Before::Untouched;
+        };
+        let Some(open) = o.as_mut() else {
+            return Before::NotKept;
+        };
+        let within = |a: u64, r: &kreplay_snapshot::Region| a >= r.base && a - r.base < r.size;
+        open.call = None;
+        let call = call.to_string();
+        let part = match target {
+            Target::Range { addr, len } => {
+                let end = addr.saturating_add(len);
+                let pieces: Vec<(u64, u64)> = open
+                    .footprint
+                    .regions()
+                    .iter()
+                    .filter_map(|r| {
+                        let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
+                        (from < to).then_some((from, to - from))
+                    })
+                    .collect();
+                if pieces.is_empty() {
+                    return Before::Untouched;
+                }
+                let bytes = pieces.iter().map(|p| p.1).sum();
+                open.call = Some((Watch::Ranges(pieces), call));
+                return Before::Watching(bytes);
+            }
+            Target::Reached(values) => open
+                .footprint
+                .only(|r| values.iter().any(|&v| within(v, r))),
+            Target::Anything => open.footprint.clone(),
+        };
+        if part.is_empty() {
+            return Before::Untouched;
+        }
+        let captured = open.io.quiesce().and_then(|()| open.io.capture(&part));
+        match captured {
+            Ok(capture) => {
+                let bytes = capture.bytes();
+                open.call = Some((Watch::Captured(capture), call));
+                Before::Watching(bytes)
+            }
+            Err(why) => {
+                open.io.lost(&call, &format!("no capture before it: {why}"));
+                Before::Failed
+            }
+        }
+    })
+}
+
+/// API EXIT of the tool's call that [`before`] watched: keeps what it wrote for the window's
+/// next restore. Returns the bytes kept (0 when nothing was watched).
+pub fn after() -> u64 {
+    OPEN.with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return 0;
+        };
+        let Some(open) = o.as_mut() else { return 0 };
+        let Some((watch, call)) = open.call.take() else {
+            return 0;
+        };
+        let io = &open.io;
+        let delta = io.quiesce().and_then(|()| match &watch {
+            Watch::Captured(capture) => io.changes(capture),
+            Watch::Ranges(pieces) => pieces.iter().try_fold(Delta::default(), |mut d, &(a, n)| {
+                d.append(io.written(a, n)?);
+                Ok(d)
+            }),
+        });
+        match delta {
+            Ok(delta) if delta.is_empty() => 0,
+            Ok(delta) => {
+                let bytes = delta.bytes();
+                open.pending.push(delta);
+                bytes
+            }
+            Err(why) => {
+                open.io
+                    .lost(&call, &format!("its changes could not be read: {why}"));
+                0
+            }
+        }
+    })
+}
+
+/// Folds what the tool's work changed since the last call into `snapshot` (before a restore).
+/// Returns the bytes folded in.
+pub(crate) fn fold_into(snapshot: &mut Snapshot) -> u64 {
+    OPEN.with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return 0;
+        };
+        let Some(open) = o.as_mut() else { return 0 };
+        let mut folded = 0;
+        for delta in std::mem::take(&mut open.pending) {
+            match snapshot.fold(&delta) {
+                Ok(n) => folded += n,
+                Err(e) => open.io.lost(
+                    "work issued from a replay callback",
+                    &format!("folding it into the snapshot failed: {e}"),
+                ),
+            }
+        }
+        folded
+    })
+}

@@ -1,0 +1,452 @@
+//! Work a tool issues from its callbacks inside a replay window (docs/abi.md §3 rule 10), over
+//! the host fake of `window_host.rs`: the "kernel" adds 1 to every word, and the tool sets some
+//! words from one of its callbacks, bracketed the way the injected library brackets a tool's
+//! driver call (`toolwork::before` at API ENTER, `toolwork::after` at API EXIT). What the tool
+//! set must survive every later restore, and the kernel's own writes must still be undone.
+
+use std::sync::{Arc, Mutex};
+
+use kreplay_ctxmask::ContextRegistry;
+use kreplay_cuda::toolwork::{self, Before, Target, ToolWorkIo};
+use kreplay_cuda::{LaunchOps, Window};
+use kreplay_passloop::{
+    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayTool, RestoreRequest,
+    ToolAnswer,
+};
+use kreplay_snapshot::{
+    Capture, Delta, Footprint, RestoreStrategy, SnapshotConfig, Snapshotter, StoreTier,
+};
+
+mod fake_device;
+use fake_device::{HostMemory, OneDevice};
+
+const AGENT: u64 = 0;
+/// Tracked words (one allocation at address 0).
+const WORDS: usize = 4096;
+/// Words past the allocation: memory kreplay does not track (a buffer the tool allocated).
+const EXTRA: usize = 64;
+/// The words the tool sets, and to what.
+const SET: std::ops::Range<usize> = 1000..1100;
+/// No byte of it equals the byte a pass leaves in the set words (`i + 1` for `i` in [`SET`]): a
+/// capture cannot see a byte written with the value it held.
+const VALUE: u32 = 0xABCD_EF77;
+
+/// Reads the fake's memory around the tool's work with a snapshotter of its own over the same
+/// memory and inventory; `fail` makes every capture fail.
+struct HostIo {
+    snapshotter: Snapshotter,
+    fail: bool,
+    lost: Arc<Mutex<Vec<String>>>,
+}
+
+impl ToolWorkIo for HostIo {
+    fn quiesce(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn capture(&self, footprint: &Footprint) -> Result<Capture, String> {
+        if self.fail {
+            return Err("no host memory".into());
+        }
+        self.snapshotter
+            .capture(footprint)
+            .map_err(|e| e.to_string())
+    }
+    fn changes(&self, since: &Capture) -> Result<Delta, String> {
+        self.snapshotter.changes(since).map_err(|e| e.to_string())
+    }
+    fn written(&self, addr: u64, len: u64) -> Result<Delta, String> {
+        if self.fail {
+            return Err("no host memory".into());
+        }
+        self.snapshotter
+            .written(addr, len)
+            .map_err(|e| e.to_string())
+    }
+    fn lost(&self, call: &str, why: &str) {
+        self.lost.lock().unwrap().push(format!("{call}: {why}"));
+    }
+}
+
+/// The fake launch: `relaunch` runs the kernel; `keeps` says whether it offers a [`HostIo`].
+struct Launch<'a> {
+    device: &'a OneDevice,
+    keeps: bool,
+    fail: bool,
+    lost: Arc<Mutex<Vec<String>>>,
+}
+
+impl LaunchOps for Launch<'_> {
+    fn replayable(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn drain(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn wait(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        add_one_tracked(&self.device.memory);
+        Ok(())
+    }
+    fn tool_work(&self) -> Option<Box<dyn ToolWorkIo>> {
+        let d = self.device;
+        self.keeps.then(|| {
+            Box::new(HostIo {
+                snapshotter: Snapshotter::new(
+                    d.inventory.clone(),
+                    d.memory.clone(),
+                    SnapshotConfig::default(),
+                )
+                .unwrap(),
+                fail: self.fail,
+                lost: self.lost.clone(),
+            }) as Box<dyn ToolWorkIo>
+        })
+    }
+}
+
+/// The kernel: `x += 1` on the tracked words only.
+fn add_one_tracked(memory: &HostMemory) {
+    memory.0.lock().unwrap()[..WORDS]
+        .iter_mut()
+        .for_each(|x| *x += 1);
+}
+
+/// Which callback the tool works from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    SnapshotExit,
+    PassEnter(u64),
+    PassExit(u64),
+    /// RESTORE ENTER before pass `n`.
+    RestoreEnter(u64),
+    /// RESTORE EXIT before pass `n`.
+    RestoreExit(u64),
+    ConfigExit,
+}
+
+/// What the tool's call is said to write.
+#[derive(Clone, Copy, Debug)]
+enum Aim {
+    /// Its destination address (a 1D memset).
+    Address,
+    /// Anything (a launch whose arguments are not trusted).
+    Anything,
+    /// Through argument values: one into the set words, one into untracked memory.
+    Reached,
+}
+
+/// Sets [`SET`] to [`VALUE`] (or `extra`: the untracked words) from the callback `at`.
+struct WorkTool<'a> {
+    passes: u64,
+    at: At,
+    aim: Aim,
+    memory: &'a HostMemory,
+    untracked: bool,
+    before: Vec<Before>,
+}
+
+impl WorkTool<'_> {
+    fn work_if(&mut self, now: At) {
+        if now != self.at {
+            return;
+        }
+        let (words, addr) = if self.untracked {
+            (WORDS..WORDS + EXTRA, (WORDS * 4) as u64)
+        } else {
+            (SET, (SET.start * 4) as u64)
+        };
+        let values = [addr + 8, (WORDS * 4 + 16) as u64];
+        let target = match self.aim {
+            Aim::Address => Target::Range {
+                addr,
+                len: (words.len() * 4) as u64,
+            },
+            Aim::Anything => Target::Anything,
+            Aim::Reached => Target::Reached(&values),
+        };
+        self.before.push(toolwork::before("cuMemsetD32_v2", target));
+        self.memory.0.lock().unwrap()[words]
+            .iter_mut()
+            .for_each(|x| *x = VALUE);
+        toolwork::after();
+    }
+}
+
+impl ReplayTool for WorkTool<'_> {
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        ToolAnswer::passes(self.passes)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, pass: u64, _: u64) {
+        self.work_if(At::PassEnter(pass));
+    }
+    fn pass_exit(&mut self, _: &DispatchInfo, pass: u64, _: u64) -> ContinueChange {
+        self.work_if(At::PassExit(pass));
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, phase: Phase, _: &MemoryOpReport) {
+        if phase == Phase::Exit {
+            self.work_if(At::SnapshotExit);
+        }
+    }
+    fn restore(&mut self, _: &DispatchInfo, phase: Phase, r: &RestoreRequest, _: &MemoryOpReport) {
+        self.work_if(match phase {
+            Phase::Enter => At::RestoreEnter(r.next_pass),
+            Phase::Exit => At::RestoreExit(r.next_pass),
+        });
+    }
+    fn config_exit(&mut self, _: &DispatchInfo, _: &ReplayOutcome) {
+        self.work_if(At::ConfigExit);
+    }
+}
+
+struct Run {
+    words: Vec<u32>,
+    before: Vec<Before>,
+    lost: Vec<String>,
+}
+
+/// One launch replayed `passes` times with the tool working at `at`.
+fn run(config: SnapshotConfig, passes: u64, at: At, aim: Aim, keeps: bool, fail: bool) -> Run {
+    run_on(config, passes, at, aim, keeps, fail, false)
+}
+
+fn run_on(
+    config: SnapshotConfig,
+    passes: u64,
+    at: At,
+    aim: Aim,
+    keeps: bool,
+    fail: bool,
+    untracked: bool,
+) -> Run {
+    let device =
+        OneDevice::with_allocations(WORDS + EXTRA, &[(0, (WORDS * 4) as u64)], AGENT, config);
+    let registry = ContextRegistry::new();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let ops = Launch {
+        device: &device,
+        keeps,
+        fail,
+        lost: lost.clone(),
+    };
+    let mut tool = WorkTool {
+        passes,
+        at,
+        aim,
+        memory: &device.memory,
+        untracked,
+        before: Vec::new(),
+    };
+    let window = Window::enter(
+        device.context(&registry),
+        &mut tool,
+        DispatchInfo::default(),
+        &ops,
+    );
+    add_one_tracked(&device.memory);
+    let record = window.exit(&mut tool, &registry, &ops, Ok(()));
+    assert!(
+        matches!(record.outcome, ReplayOutcome::Replayed { .. }),
+        "{:?}",
+        record.outcome
+    );
+    let words = device.memory.0.lock().unwrap().clone();
+    let lost = lost.lock().unwrap().clone();
+    Run {
+        words,
+        before: tool.before,
+        lost,
+    }
+}
+
+/// Words that are not what the application would see after the tool's work and one run of the
+/// kernel: `set_to` for the set words, `i + 1` for the others.
+fn wrong_words(words: &[u32], set_to: u32) -> Vec<usize> {
+    (0..WORDS)
+        .filter(|&i| {
+            let want = if SET.contains(&i) {
+                set_to
+            } else {
+                i as u32 + 1
+            };
+            words[i] != want
+        })
+        .collect()
+}
+
+const PASSES: u64 = 4;
+
+const EVERY_CALLBACK: [At; 9] = [
+    At::SnapshotExit,
+    At::PassEnter(0),
+    At::PassExit(0),
+    At::RestoreEnter(1),
+    At::RestoreExit(1),
+    At::PassEnter(2),
+    At::PassExit(2),
+    At::RestoreEnter(3),
+    At::PassExit(3),
+];
+
+/// Whatever callback it comes from, what the tool set is kept by every later restore, under
+/// every strategy and store tier: the passes after it start from it (so the final words hold
+/// it plus the kernel's one increment, or only it when set after the last pass), and every
+/// other word holds exactly one increment.
+#[test]
+fn what_a_tool_writes_from_a_replay_callback_survives_the_restores_that_follow() {
+    for strategy in [
+        RestoreStrategy::Full,
+        RestoreStrategy::Hash,
+        RestoreStrategy::Writeset,
+    ] {
+        for store in [StoreTier::Host, StoreTier::File] {
+            for at in EVERY_CALLBACK {
+                let config = SnapshotConfig::default()
+                    .with_strategy(strategy)
+                    .with_store(store)
+                    .with_chunk_size(4096);
+                let r = run(config, PASSES, at, Aim::Address, true, false);
+                let set_to = if at == At::PassExit(PASSES - 1) {
+                    VALUE
+                } else {
+                    VALUE + 1
+                };
+                let wrong = wrong_words(&r.words, set_to);
+                assert!(
+                    wrong.is_empty(),
+                    "{strategy} {store} {at:?}: {} wrong word(s), first {:?} = {:#x}",
+                    wrong.len(),
+                    wrong.first(),
+                    r.words[wrong[0]]
+                );
+                assert_eq!(
+                    r.before,
+                    vec![Before::Watching((SET.len() * 4) as u64)],
+                    "{at:?}: the destination range is watched, nothing else"
+                );
+                assert!(r.lost.is_empty(), "{:?}", r.lost);
+            }
+        }
+    }
+}
+
+/// A call whose destination is not described (a launch, a 2D copy) captures the whole snapshot
+/// and keeps its work the same way.
+#[test]
+fn work_whose_destination_is_unknown_is_captured_whole_and_kept() {
+    let r = run(
+        SnapshotConfig::default(),
+        PASSES,
+        At::PassExit(1),
+        Aim::Anything,
+        true,
+        false,
+    );
+    assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
+    assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
+}
+
+/// A launch whose argument values are trusted captures the regions they point into and nothing
+/// for values into memory the snapshot does not hold.
+#[test]
+fn trusted_argument_values_capture_only_the_regions_they_point_into() {
+    let r = run(
+        SnapshotConfig::default(),
+        PASSES,
+        At::PassEnter(1),
+        Aim::Reached,
+        true,
+        false,
+    );
+    assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
+    assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
+}
+
+/// Work into memory the snapshot does not hold (a buffer the tool allocated inside its
+/// callbacks) captures nothing and is left alone; the application's words are one run's.
+#[test]
+fn work_into_memory_outside_the_snapshot_captures_nothing_and_stays() {
+    for aim in [Aim::Address, Aim::Reached] {
+        let r = run_on(
+            SnapshotConfig::default(),
+            PASSES,
+            At::PassExit(1),
+            aim,
+            true,
+            false,
+            true,
+        );
+        if let Aim::Address = aim {
+            assert_eq!(r.before, vec![Before::Untouched]);
+        }
+        assert!(
+            r.words[WORDS..].iter().all(|&w| w == VALUE),
+            "the tool's own words"
+        );
+        let one_run = (0..WORDS).all(|i| r.words[i] == i as u32 + 1);
+        assert!(one_run, "the application's words hold one increment");
+    }
+}
+
+/// Work outside the replay callbacks (CONFIG EXIT, after the last pass) is not bracketed: it is
+/// the tool's own business and nothing restores over it.
+#[test]
+fn work_at_config_exit_is_outside_the_window() {
+    let r = run(
+        SnapshotConfig::default(),
+        PASSES,
+        At::ConfigExit,
+        Aim::Address,
+        true,
+        false,
+    );
+    assert_eq!(r.before, vec![Before::Outside]);
+    assert_eq!(wrong_words(&r.words, VALUE), Vec::<usize>::new());
+}
+
+/// A window that cannot keep tool work says so (the injected library then warns), and one
+/// whose capture fails reports the call as possibly undone: the restores then bring the
+/// snapshot back over it, never silently.
+#[test]
+fn work_that_cannot_be_kept_is_reported_not_hidden() {
+    let r = run(
+        SnapshotConfig::default(),
+        PASSES,
+        At::PassExit(1),
+        Aim::Address,
+        false,
+        false,
+    );
+    assert_eq!(r.before, vec![Before::NotKept]);
+    let one_run = (0..WORDS).all(|i| r.words[i] == i as u32 + 1);
+    assert!(one_run, "the restores undid the work");
+    for (aim, before, why) in [
+        (
+            Aim::Address,
+            Before::Watching((SET.len() * 4) as u64),
+            "its changes could not be read",
+        ),
+        (Aim::Anything, Before::Failed, "no capture before it"),
+    ] {
+        let r = run(
+            SnapshotConfig::default(),
+            PASSES,
+            At::PassExit(1),
+            aim,
+            true,
+            true,
+        );
+        assert_eq!(r.before, vec![before]);
+        assert_eq!(r.lost.len(), 1, "{:?}", r.lost);
+        assert!(
+            r.lost[0].starts_with(&format!("cuMemsetD32_v2: {why}: no host memory")),
+            "{:?}",
+            r.lost
+        );
+    }
+}
