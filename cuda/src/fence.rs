@@ -101,6 +101,20 @@ pub unsafe fn written_range(id: CallbackId, params: *const std::ffi::c_void) -> 
     Some((dst, (count as u64).saturating_mul(element_bytes(id))))
 }
 
+/// The destination of a memset of any shape (`cuMemsetD2D32_v2` and its kin included): every
+/// memset's parameter struct starts with it, a `CUdeviceptr`, and a memset writes inside the
+/// one allocation holding it. `None` for any other call.
+///
+/// # Safety
+/// `params` is null or the parameter struct of driver-API callback `id`.
+pub unsafe fn memset_destination(id: CallbackId, params: *const std::ffi::c_void) -> Option<u64> {
+    if !cbid::MEMSET.contains(&id) || params.is_null() {
+        return None;
+    }
+    // SAFETY: a memset's parameter struct starts with its destination.
+    Some(unsafe { *(params as *const u64) })
+}
+
 /// Whether driver-API callback `id` is a call kreplay fences, and what kind.
 pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     if cbid::MEMCPY.contains(&id) {
@@ -296,6 +310,16 @@ mod tests {
         assert_eq!(unsafe { written_range(254, p) }, None, "2D memset");
         // SAFETY: a null struct is never read.
         assert_eq!(unsafe { written_range(251, std::ptr::null()) }, None);
+        // cuMemsetD2D32_v2_params: dstDevice, dstPitch, ui, Width, Height.
+        let set_2d: [u64; 5] = [0x7200_0000, 4096, 7, 1024, 8];
+        let p = set_2d.as_ptr() as *const std::ffi::c_void;
+        for id in [252, 254, 226, 416, 433, 251] {
+            // SAFETY: every memset's struct starts with its destination.
+            let dst = unsafe { memset_destination(id, p) };
+            assert_eq!(dst, Some(0x7200_0000), "{id}");
+        }
+        // SAFETY: a copy is not a memset: its struct is never read.
+        assert_eq!(unsafe { memset_destination(276, p) }, None);
     }
 
     #[test]

@@ -761,11 +761,23 @@ impl Backend {
         }
         let name = api_name(data.function_name);
         let values;
+        let params = data.function_params;
         // SAFETY: CUPTI's parameter struct of call `id`, valid during the callback.
-        let target = match unsafe { fence::written_range(id, data.function_params) } {
-            Some((addr, len)) => Target::Range { addr, len },
-            None if fence::destination(id) == fence::Destination::Host => return,
-            None => match self.tool_launch_values(id, data) {
+        let (range, set_at) = unsafe {
+            (
+                fence::written_range(id, params),
+                fence::memset_destination(id, params),
+            )
+        };
+        let target = match (range, set_at) {
+            (Some((addr, len)), _) => Target::Range { addr, len },
+            _ if fence::destination(id) == fence::Destination::Host => return,
+            // A 2D memset: inside the allocation holding its destination.
+            (None, Some(dst)) => {
+                values = vec![dst];
+                Target::Reached(&values)
+            }
+            (None, None) => match self.tool_launch_values(id, data) {
                 Some(v) => {
                     values = v;
                     Target::Reached(&values)

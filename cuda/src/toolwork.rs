@@ -57,11 +57,12 @@ pub enum Target<'a> {
         /// Bytes written.
         len: u64,
     },
-    /// Memory these values point into: a launch's argument values, where they are trusted to
-    /// name everything the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`).
+    /// The regions these addresses point into: a 2D memset's destination (it writes inside
+    /// that allocation), or a launch's argument values where they are trusted to name
+    /// everything the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`).
     Reached(&'a [u64]),
     /// Any memory of the snapshot (2D, 3D, peer, batched and array copies, stream writes,
-    /// graph launches, launches whose arguments are not trusted or not known).
+    /// graph and cooperative launches, launches whose arguments are not trusted or not known).
     Anything,
 }
 

@@ -35,16 +35,32 @@ tool_records() {
     esac
 }
 
-# tool_work.c under `kreplay run --check` on add_one; its standard error must hold the warning,
-# about the 2D memset (the 1D one writes memory kreplay does not track: no warning).
+# tool_work.c under `kreplay run --check` on add_one: its memsets write only its own buffer, so
+# kreplay watches none of them (tool_work=0 in its summary) and reports no work lost.
 tool_work_run() {
     "$BIN/kreplay" run --tool "$OUT/libtool_work.so" --check -- "$OUT/add_one" \
         2>"$OUT/tool_work.err"
     rc=$?
     tail -n 4 "$OUT/tool_work.err"
+    [ "$rc" -eq 0 ] && grep -q " tool_work=0 .* tool_work_lost=0" "$OUT/tool_work.err" &&
+        ! grep -q "may undo" "$OUT/tool_work.err"
+}
+
+# tool_work.c on tool_target.cu: the tool's two memsets into the application's buffer, made at
+# PASS EXIT of pass 1, are kept by the restores after them (both quarters end at the tool's
+# value plus the launches), the rest of the buffer holds one increment per launch, and kreplay's
+# summary counts the two calls with nothing lost: 4 MiB kept from the 1D memset (its whole
+# range), 3 MiB from the 2D one (the three bytes of each word it changed, found by comparison).
+tool_target_run() {
+    "$BIN/kreplay" run --tool "$OUT/libtool_work.so" -- "$OUT/tool_target" \
+        >"$OUT/tool_target.out" 2>"$OUT/tool_target.err"
+    rc=$?
+    cat "$OUT/tool_target.out"
+    tail -n 3 "$OUT/tool_target.err"
     [ "$rc" -eq 0 ] &&
-        grep -q "a tool called cuMemsetD2D32_v2 from a callback inside a replay window" \
-            "$OUT/tool_work.err"
+        grep -q "set by cuMemsetD32 1048576 of 1048576, by cuMemsetD2D32 1048576 of 1048576, untouched 2097152 of 2097152" \
+            "$OUT/tool_target.out" &&
+        grep -q " tool_work=2 tool_work_kept_bytes=7340032 tool_work_lost=0" "$OUT/tool_target.err"
 }
 
 # tool_work.c's summary: memset pairs made, none failed, every read-back found its last value.
@@ -151,8 +167,8 @@ if command -v nvcc >/dev/null; then
         unset EXAMPLE_TOOL_PASSES EXAMPLE_TOOL_OUTPUT
         step c_tool_records tool_records "$OUT/pass_counter.txt"
         # A tool that sets a buffer of its own from every PASS EXIT: the memsets run once each,
-        # the application's output is unchanged, and kreplay warns, about the call whose
-        # destination it cannot tell, that such work is not kept in snapshotted memory on CUDA.
+        # the application's output is unchanged, and none of them is watched; then the same
+        # tool writing into the application's buffer from PASS EXIT 1: that work is kept.
         cc -std=c11 -O2 -fPIC -shared -I ffi/include cuda/tests/workloads/tool_work.c \
             -L "$BIN" -lkreplay -ldl -Wl,-rpath,"$BIN" -o "$OUT/libtool_work.so"
         rm -f "$OUT/tool_work.txt"
@@ -160,6 +176,11 @@ if command -v nvcc >/dev/null; then
         step tool_work tool_work_run
         unset TOOL_WORK_OUTPUT
         step tool_work_counts tool_work_counts "$OUT/tool_work.txt"
+        nvcc -O2 -Xlinker --export-dynamic -o "$OUT/tool_target" \
+            cuda/tests/workloads/tool_target.cu
+        export TOOL_WORK_OUTPUT="$OUT/tool_target.txt"
+        step tool_target tool_target_run
+        unset TOOL_WORK_OUTPUT
     fi
 fi
 echo "$failures failure(s); outputs in $OUT"

@@ -5,17 +5,23 @@
  * with cuMemsetD32 and then again with cuMemsetD2D32 (looked up in the libcuda the process has
  * loaded, so this builds with a plain C compiler; the CUDA runtime loads libcuda privately, so
  * the lookup opens it by name). The buffer is allocated at the first PASS EXIT, inside kreplay's
- * callback, so kreplay does not track it and the memsets are kept. kreplay must run the memsets
- * once, leave the application's results alone, say nothing about cuMemsetD32 (its destination is
- * memory no snapshot holds) and warn about cuMemsetD2D32, whose destination it does not read,
- * that work from such callbacks is not kept in snapshotted memory (docs/cuda.md, "Work a tool
- * issues from its callbacks"). At CONFIG EXIT, after the replay, it reads the buffer back; at
- * finalization it prints, to TOOL_WORK_OUTPUT or stdout, how many memset pairs it made and how
- * many read-backs found the last value.
+ * callback, so kreplay does not track it: the memsets run once and nothing restores over them.
+ * At CONFIG EXIT, after the replay, it reads the buffer back; at finalization it prints, to
+ * TOOL_WORK_OUTPUT or stdout, how many memset pairs it made and how many read-backs found the
+ * last value.
+ *
+ * When the application exports a buffer of its own (tool_target.cu: tool_work_target and
+ * tool_work_words), the tool also writes into memory the replay's snapshot holds, once: at PASS
+ * EXIT of pass 1 of the first replayed launch it sets the buffer's first quarter to TOOL_VALUE
+ * with cuMemsetD32 and its second quarter with cuMemsetD2D32 (rows of 1024 words). kreplay must
+ * keep that work across the restores that follow (docs/abi.md §3 rule 10), so the application
+ * ends with TOOL_VALUE plus its launches in both quarters (tool_target.cu prints the counts).
  *
  * Build: cc -std=c11 -fPIC -shared -I ffi/include cuda/tests/workloads/tool_work.c \
  *          -L BIN -lkreplay -ldl -o libtool_work.so
  */
+/* RTLD_DEFAULT */
+#define _GNU_SOURCE
 #include "kreplay.h"
 
 #include <dlfcn.h>
@@ -36,6 +42,10 @@ static atomic_uint_fast64_t kept;
 static atomic_uint_fast64_t lost;
 static devptr_t buffer;
 static unsigned int last_value;
+static atomic_int app_work_done;
+
+#define TOOL_VALUE 0x00ABCDEFu
+#define ROW_WORDS 1024
 
 /* `name` in the process's libcuda (already loaded by the application's CUDA runtime). */
 static void* driver_entry(const char* name) {
@@ -82,6 +92,20 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
     if (buffer == 0 && alloc(&buffer, 16) != 0) {
         atomic_fetch_add(&failures, 1);
         return;
+    }
+    kreplay_callback_tracing_kernel_replay_data_t* data = record.payload;
+    const unsigned long long* target = dlsym(RTLD_DEFAULT, "tool_work_target");
+    const unsigned long long* words = dlsym(RTLD_DEFAULT, "tool_work_words");
+    if (data->current_pass == 1 && target != NULL && words != NULL && *target != 0 &&
+        *words >= 4 * ROW_WORDS && !atomic_exchange(&app_work_done, 1)) {
+        /* Into the application's buffer: the first quarter in one call, the second in rows. */
+        size_t quarter = (size_t)(*words / 4);
+        devptr_t second = *target + quarter * sizeof(unsigned int);
+        if (set(*target, TOOL_VALUE, quarter) != 0 ||
+            set_2d(second, ROW_WORDS * sizeof(unsigned int), TOOL_VALUE, ROW_WORDS,
+                   quarter / ROW_WORDS) != 0) {
+            atomic_fetch_add(&failures, 1);
+        }
     }
     unsigned int value = (unsigned int)atomic_fetch_add(&memsets, 1) + 1;
     /* The same 16 bytes twice: one row of 4 words, pitch 16 bytes. */
