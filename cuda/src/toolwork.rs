@@ -149,7 +149,7 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
                     .iter()
                     .filter_map(|r| {
                         let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
-                        (from < to).then_some((from, to - from))
+                        (from < to).then(|| (from, to - from))
                     })
                     .collect();
                 if pieces.is_empty() {

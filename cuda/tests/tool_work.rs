@@ -153,7 +153,8 @@ impl WorkTool<'_> {
             return;
         }
         let (words, addr) = if self.untracked {
-            (WORDS..WORDS + EXTRA, (WORDS * 4) as u64)
+            // Not right at the allocation's end: wholly past it.
+            (WORDS + 16..WORDS + EXTRA, ((WORDS + 16) * 4) as u64)
         } else {
             (SET, (SET.start * 4) as u64)
         };
@@ -385,7 +386,7 @@ fn work_into_memory_outside_the_snapshot_captures_nothing_and_stays() {
             assert_eq!(r.before, vec![Before::Untouched]);
         }
         assert!(
-            r.words[WORDS..].iter().all(|&w| w == VALUE),
+            r.words[WORDS + 16..].iter().all(|&w| w == VALUE),
             "the tool's own words"
         );
         let one_run = (0..WORDS).all(|i| r.words[i] == i as u32 + 1);

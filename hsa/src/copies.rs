@@ -112,7 +112,7 @@ struct Fence<'a> {
     /// From inside a replay window: holds of the open replays (see `crate::fold`), so that
     /// the write is folded into their snapshots instead of being erased by their restores.
     /// Declared last: released after the counts finish.
-    _holds: Option<crate::fold::Holds<'a>>,
+    holds: Option<crate::fold::Holds<'a>>,
 }
 
 /// The reader side of each of `agents`, waited for while a replay holds it. A call issued from a
@@ -151,17 +151,31 @@ impl<'a> Fence<'a> {
         Fence {
             _guards: guards,
             counters,
-            _holds: holds,
+            holds,
         }
+    }
+
+    /// The write it fences put every one of `len` bytes at `dst` (a copy's destination, a
+    /// fill), when it succeeded: from inside a replay window, the open replays take those bytes
+    /// whole (see `crate::fold`).
+    fn wrote(&self, status: hsa_status_t, dst: *const c_void, len: usize) -> hsa_status_t {
+        if let Some(holds) = &self.holds
+            && status == HSA_STATUS_SUCCESS
+        {
+            holds.wrote(dst as u64, len as u64);
+        }
+        status
     }
 
     /// Submits an asynchronous write with a completion signal of kreplay's own (`submit` gets
     /// it); the write stays counted until that signal reaches 0, then the application's
-    /// `completion` is decremented.
+    /// `completion` is decremented. `whole`: the range it writes every byte of, if known (see
+    /// [`Fence::wrote`]; settles read it once the copy landed).
     fn submit_async(
         mut self,
         b: &Backend,
         completion: hsa_signal_t,
+        whole: Option<(*mut c_void, usize)>,
         submit: impl FnOnce(hsa_signal_t) -> hsa_status_t,
     ) -> hsa_status_t {
         let proxy = match b.original.signal_create(1) {
@@ -172,6 +186,9 @@ impl<'a> Fence<'a> {
         if status != HSA_STATUS_SUCCESS {
             b.original.signal_destroy(proxy);
             return status; // dropping `self` finishes the counts
+        }
+        if let Some((dst, len)) = whole {
+            self.wrote(status, dst, len);
         }
         let pending = Box::into_raw(Box::new(PendingCopy {
             proxy,
@@ -224,7 +241,8 @@ pub(crate) unsafe extern "C" fn async_copy(
             );
         }
         let agents = gpu_agents(b, [src_agent, dst_agent]);
-        Fence::enter(b, &agents).submit_async(b, completion, |proxy| {
+        let fence = Fence::enter(b, &agents);
+        fence.submit_async(b, completion, Some((dst, size)), |proxy| {
             b.original
                 .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy)
         })
@@ -260,7 +278,7 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
             return forward(completion);
         }
         let agents = gpu_agents(b, [src_agent, dst_agent]);
-        Fence::enter(b, &agents).submit_async(b, completion, forward)
+        Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), forward)
     })
 }
 
@@ -303,7 +321,8 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
         };
         let touched = [owner(b, base(dst)), owner(b, base(src)), Some(copy_agent)];
         let agents = gpu_agents(b, touched.into_iter().flatten());
-        Fence::enter(b, &agents).submit_async(b, completion, forward)
+        // A rectangle does not write every byte between its first and last: compared only.
+        Fence::enter(b, &agents).submit_async(b, completion, None, forward)
     })
 }
 
@@ -320,8 +339,8 @@ pub(crate) unsafe extern "C" fn memory_copy(
         }
         let touched = [owner(b, dst), owner(b, src)];
         let agents = gpu_agents(b, touched.into_iter().flatten());
-        let _fence = Fence::enter(b, &agents);
-        b.original.memory_copy(dst, src, size)
+        let fence = Fence::enter(b, &agents);
+        fence.wrote(b.original.memory_copy(dst, src, size), dst, size)
     })
 }
 
@@ -338,7 +357,7 @@ pub(crate) unsafe extern "C" fn memory_fill(
             return forward();
         }
         let agents = gpu_agents(b, owner(b, ptr));
-        let _fence = Fence::enter(b, &agents);
-        forward()
+        let fence = Fence::enter(b, &agents);
+        fence.wrote(forward(), ptr, count.saturating_mul(4))
     })
 }

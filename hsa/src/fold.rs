@@ -11,7 +11,9 @@
 //! Before its next pass's kernel and before its next restore, the owner settles the window
 //! ([`Window::settle`]): it waits for the re-entrant work (side queues, counted copies), lists
 //! what changed since the capture (a [`Delta`]: byte for byte, so a pass's own writes around it
-//! are not mixed in), and folds it into the snapshot (`kreplay_snapshot::Snapshot::fold`) at the
+//! are not mixed in) and, whole, the ranges copies and fills are known to have written
+//! ([`Holds::wrote`]: a comparison cannot see a byte written with the value it held), and folds
+//! it into the snapshot (`kreplay_snapshot::Snapshot::fold`) at the
 //! next restore. Restores then bring the work's bytes back, under every strategy and store tier.
 //!
 //! Lock order: a window's state mutex is a leaf (never held while waiting for anything but its
@@ -50,6 +52,10 @@ struct State {
     capture: Option<Capture>,
     /// A capture could not be taken: the next settle warns that work may be overwritten.
     capture_failed: bool,
+    /// Ranges of the footprint that work known to write them whole (a copy, a fill) wrote
+    /// since the last settle: taken whole, as a capture cannot tell a byte written with the
+    /// value it held from one not written.
+    written: Vec<(u64, u64)>,
 }
 
 /// One open replay whose snapshot re-entrant work must not be erased from.
@@ -87,6 +93,7 @@ impl Windows {
                 holders: 0,
                 capture: None,
                 capture_failed: false,
+                written: Vec::new(),
             }),
             changed: Condvar::new(),
         });
@@ -123,6 +130,21 @@ impl Drop for Holds<'_> {
         let mut reg = self.windows.reg.lock();
         reg.active.retain(|&t| t != self.ticket);
         self.windows.changed.notify_all();
+    }
+}
+
+impl Holds<'_> {
+    /// The work held for wrote all `len` bytes at `addr` (a copy's destination, a fill): the
+    /// parts the held windows' snapshots hold are taken whole at their next settle.
+    pub(crate) fn wrote(&self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len);
+        for window in &self.held {
+            let pieces = window.footprint.regions().iter().filter_map(|r| {
+                let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
+                (from < to).then(|| (from, to - from))
+            });
+            window.state.lock().written.extend(pieces);
+        }
     }
 }
 
@@ -218,10 +240,11 @@ impl Window {
     /// it to land (every side queue, every counted copy; never given up on) and returns what it
     /// changed in this window's memory. `None` when nothing was issued.
     pub(crate) fn settle(&self, b: &Backend) -> Option<Result<Delta, String>> {
-        let (capture, failed) = {
+        let (capture, failed, written) = {
             let mut state = self.state.lock();
             let failed = std::mem::take(&mut state.capture_failed);
-            (state.capture.take(), failed)
+            let written = std::mem::take(&mut state.written);
+            (state.capture.take(), failed, written)
         };
         if capture.is_none() && !failed {
             return None;
@@ -234,6 +257,18 @@ impl Window {
                 .changes(&capture)
                 .map_err(|e| format!("its changes could not be read: {e}")),
         };
+        // Ranges written whole go in after the comparison's runs: every byte of them, at
+        // their current (the work's) values.
+        let delta = delta.and_then(|mut delta| {
+            for (addr, len) in written {
+                let whole = b
+                    .snapshotter
+                    .written(addr, len)
+                    .map_err(|e| format!("what it wrote could not be read: {e}"))?;
+                delta.append(whole);
+            }
+            Ok(delta)
+        });
         Some(delta)
     }
 }

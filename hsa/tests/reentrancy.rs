@@ -466,6 +466,43 @@ scenarios! {
         assert_eq!(env.outcome_of_tag_queue(q1, 64), vec![ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }]);
     }
 
+    /// The tool copies (`hsa_memory_copy`) and fills (`hsa_amd_memory_fill`) words the replayed
+    /// kernel just changed, from PASS EXIT of pass 0, with values some of whose bytes are the
+    /// ones the kernel left there (the kernel makes 9 into 10; the copy writes 0x0B0A, whose low
+    /// byte is 10, and the fill 0x0000_000A, all of whose bytes are). The passes after start
+    /// from what the tool wrote, every byte of it: the words end at the tool's value plus the
+    /// one increment of the last pass. A comparison with memory before the call would miss the
+    /// bytes written with the value they held and leave the snapshot's 9 under them.
+    fn a_tool_copy_or_fill_after_a_pass_is_kept_whole_even_where_bytes_kept_their_value() {
+        let env = setup();
+        let q1 = env.app.queue(env.app.gpus[0]);
+        let outer_queue = queue_id(q1);
+        let buf = env.app.buffer(env.pools[0].coarse, &[9; 64]);
+        let done = env.app.signal(1);
+        let outer = env.add(0, buf, 30, 64, done);
+        let app = env.app;
+        env.hooks.set_script(Script::passes(3).on_pass_exit(move |_, info, pass, _| {
+            if info.queue_id == outer_queue && pass == 0 {
+                app.write(buf, &[0x0B0A; 16]);
+                app.fill(Ptr(buf.0 + 16 * 4), 0x0A, 16);
+            }
+            kreplay_passloop::ContinueChange::default()
+        }));
+        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
+            app.dispatch(q1, outer);
+            app.wait_zero(done)
+        });
+
+        let finished = bounded(LIMIT, vec![replayer]);
+
+        assert_eq!(finished, vec![0]);
+        assert_eq!(runs(30), 3);
+        let mut expected = vec![10; 64];
+        expected[..16].fill(0x0B0B);
+        expected[16..32].fill(0x0B);
+        assert_eq!(env.app.read(buf, 64), expected);
+    }
+
     /// The tool dispatches onto a sibling queue from PASS EXIT of pass 0 (after the replayed
     /// kernel ran, before the next restore), over a buffer of the replaying agent that the
     /// replay snapshots, and waits for it: its increment survives the restores of the later

@@ -430,6 +430,14 @@ impl App {
         );
     }
 
+    /// Sets `count` words at `ptr` to `value` with `hsa_amd_memory_fill`.
+    pub fn fill(&self, ptr: Ptr, value: u32, count: usize) {
+        ok(
+            hsa!(self, amd.hsa_amd_memory_fill_fn(ptr.raw(), value, count)),
+            "memory fill",
+        );
+    }
+
     /// Reads `len` values at `ptr` with `hsa_memory_copy`.
     pub fn read(&self, ptr: Ptr, len: usize) -> Vec<u32> {
         let mut out = vec![0u32; len];
