@@ -405,7 +405,9 @@ impl LaunchOps for InjectedLaunch<'_> {
         self.inner.replayable()
     }
     fn covered(&self) -> Result<(), String> {
-        self.watch.untracked_reason().map_or(Ok(()), Err)
+        self.watch
+            .untracked_reason(self.inner.launch.ctx as usize)
+            .map_or(Ok(()), Err)
     }
     fn scope(&self, base: &Filter) -> Result<Filter, String> {
         match &self.scope {
@@ -653,6 +655,7 @@ impl Backend {
     fn before_context_destroyed(&self, ctx: CuContext) {
         let key = ctx as usize;
         let dying = self.contexts.forget(key);
+        self.watch.on_context_destroyed(key);
         log(
             LogLevel::Debug,
             format!(
@@ -1406,7 +1409,7 @@ impl Backend {
                     (!p.surface.is_null()).then(|| *p.surface)
                 };
                 if let Some(handle) = handle {
-                    self.watch.on_surface_created(handle);
+                    self.watch.on_surface_created(handle, data.context as usize);
                     self.warn_surfaces();
                 }
             }
@@ -1416,7 +1419,7 @@ impl Backend {
                 self.watch.on_surface_destroyed(handle);
             }
             cbid::CU_SURF_REF_SET_ARRAY if exit && result() == CUDA_SUCCESS => {
-                self.watch.on_surface_reference_bound();
+                self.watch.on_surface_reference_bound(data.context as usize);
                 self.warn_surfaces();
             }
             cbid::CU_MEM_CREATE if enter => self.before_app_alloc(data.context),

@@ -16,9 +16,11 @@
 //! * **Surfaces.** A kernel writes a CUDA array through a surface object
 //!   (`cuSurfObjectCreate`), an opaque handle that looks like a small number in its arguments
 //!   or in memory, or through a surface reference bound to an array (`cuSurfRefSetArray`).
-//!   kreplay does not snapshot arrays: while a surface object is live, and from the first bound
-//!   surface reference on, launches are declined (`untracked_memory`) and run once. (Texture
-//!   objects only read arrays and need nothing.)
+//!   kreplay does not snapshot arrays: while a surface object is live in a context, and from the
+//!   first surface reference bound there on, launches in that context are declined
+//!   (`untracked_memory`) and run once; a context's end ends both. (Surface objects and
+//!   references belong to the context they were made in. Texture objects only read arrays and
+//!   need nothing.)
 //!
 //! [`MemoryWatch`] is pure bookkeeping (no driver), so its rules are tested without a GPU.
 
@@ -73,10 +75,11 @@ struct State {
     mapped: BTreeMap<u64, u64>,
     /// Mapped ranges kreplay could not attribute: base → size.
     untracked: BTreeMap<u64, u64>,
-    /// Live surface objects.
-    surfaces: BTreeSet<u64>,
-    /// Whether a surface reference was ever bound to an array (never unbound).
-    surface_reference: bool,
+    /// Live surface objects: handle → the context it was made in.
+    surfaces: BTreeMap<u64, usize>,
+    /// Contexts where a surface reference was bound to an array (never unbound until the
+    /// context ends).
+    surface_references: BTreeSet<usize>,
 }
 
 /// Managed allocations and VMM mappings of the process.
@@ -112,9 +115,9 @@ impl MemoryWatch {
         self.state.lock().managed.remove(&base).is_some()
     }
 
-    /// `cuSurfObjectCreate` made surface object `handle`.
-    pub fn on_surface_created(&self, handle: u64) {
-        self.state.lock().surfaces.insert(handle);
+    /// `cuSurfObjectCreate` made surface object `handle` in context `ctx`.
+    pub fn on_surface_created(&self, handle: u64, ctx: usize) {
+        self.state.lock().surfaces.insert(handle, ctx);
     }
 
     /// `cuSurfObjectDestroy` of `handle`.
@@ -122,10 +125,18 @@ impl MemoryWatch {
         self.state.lock().surfaces.remove(&handle);
     }
 
-    /// `cuSurfRefSetArray` bound a surface reference to an array: its kernels may write that
-    /// array from now on (nothing unbinds a surface reference).
-    pub fn on_surface_reference_bound(&self) {
-        self.state.lock().surface_reference = true;
+    /// `cuSurfRefSetArray` bound a surface reference of a module of context `ctx` to an array:
+    /// that context's kernels may write the array from now on (nothing unbinds a surface
+    /// reference but the context's end).
+    pub fn on_surface_reference_bound(&self, ctx: usize) {
+        self.state.lock().surface_references.insert(ctx);
+    }
+
+    /// Context `ctx` is about to be destroyed: its surface objects and references end with it.
+    pub fn on_context_destroyed(&self, ctx: usize) {
+        let mut s = self.state.lock();
+        s.surfaces.retain(|_, c| *c != ctx);
+        s.surface_references.remove(&ctx);
     }
 
     /// `cuMemMap` of `size` bytes at `base` succeeded, on `device` when known. Returns true when
@@ -218,8 +229,9 @@ impl MemoryWatch {
         out
     }
 
-    /// Why no launch may be replayed now (`None`: nothing live that the snapshot misses).
-    pub fn untracked_reason(&self) -> Option<String> {
+    /// Why no launch in context `ctx` may be replayed now (`None`: nothing live that the
+    /// snapshot misses).
+    pub fn untracked_reason(&self, ctx: usize) -> Option<String> {
         let s = self.state.lock();
         if let Some((&base, &size)) = s.managed.iter().next() {
             return Some(format!(
@@ -228,14 +240,15 @@ impl MemoryWatch {
                 s.managed.len()
             ));
         }
-        if let Some(&first) = s.surfaces.iter().next() {
+        let mut live = s.surfaces.iter().filter(|(_, c)| **c == ctx);
+        if let Some((&first, _)) = live.next() {
             return Some(format!(
-                "{} surface object(s) live (first: {first}); kernels write CUDA arrays through \
-                 them, and arrays are not snapshotted",
-                s.surfaces.len()
+                "{} surface object(s) live in the launch's context (first: {first}); kernels \
+                 write CUDA arrays through them, and arrays are not snapshotted",
+                1 + live.count()
             ));
         }
-        if s.surface_reference {
+        if s.surface_references.contains(&ctx) {
             return Some(
                 "a surface reference was bound to a CUDA array (cuSurfRefSetArray); kernels \
                  write arrays through it, and arrays are not snapshotted"
@@ -280,7 +293,7 @@ mod tests {
             "snapshotted for device 1"
         );
         assert!(bases_on(&inventory, 0).is_empty(), "not device 0's memory");
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
         // Its unmap removes it from the inventory of the device it was attributed to.
         assert_eq!(w.on_unmap(0x10_0000, 0x20_0000).removed, vec![0x10_0000]);
     }
@@ -308,46 +321,75 @@ mod tests {
                 .contains("cuMemGetAllocationPropertiesFromHandle")
         );
         assert!(bases_on(&inventory, 0).is_empty() && bases_on(&inventory, 2).is_empty());
-        assert!(w.untracked_reason().unwrap().contains("cannot attribute"));
+        assert!(
+            w.untracked_reason(CTX)
+                .unwrap()
+                .contains("cannot attribute")
+        );
         w.on_unmap(0x10_0000, 0x20_0000);
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
     }
+
+    /// A context, for the rules that do not depend on it.
+    const CTX: usize = 0x5000;
 
     #[test]
     fn a_live_surface_object_blocks_replay_until_destroyed_and_a_bound_reference_for_good() {
         let w = MemoryWatch::new();
-        w.on_surface_created(1);
-        w.on_surface_created(2);
+        w.on_surface_created(1, CTX);
+        w.on_surface_created(2, CTX);
         let why = w
-            .untracked_reason()
+            .untracked_reason(CTX)
             .expect("declined while surfaces are live");
         assert!(
             why.contains("2 surface object(s)") && why.contains("arrays"),
             "{why}"
         );
         w.on_surface_destroyed(1);
-        assert!(w.untracked_reason().is_some());
+        assert!(w.untracked_reason(CTX).is_some());
         w.on_surface_destroyed(2);
         w.on_surface_destroyed(7); // unknown: nothing happens
-        assert_eq!(w.untracked_reason(), None);
-        w.on_surface_reference_bound();
+        assert_eq!(w.untracked_reason(CTX), None);
+        w.on_surface_reference_bound(CTX);
         let why = w
-            .untracked_reason()
+            .untracked_reason(CTX)
             .expect("a bound reference is never unbound");
         assert!(why.contains("cuSurfRefSetArray"), "{why}");
+    }
+
+    /// Surface objects and references belong to their context: launches of another context are
+    /// replayed, and the context's end ends them (a surface left live in a destroyed context
+    /// declined every later launch of the process).
+    #[test]
+    fn surfaces_decline_only_their_own_contexts_launches_and_end_with_it() {
+        let (a, b) = (CTX, CTX + 0x1000);
+        let w = MemoryWatch::new();
+        w.on_surface_created(5, a);
+        w.on_surface_reference_bound(a);
+        assert!(w.untracked_reason(a).is_some());
+        assert_eq!(w.untracked_reason(b), None, "another context's launches");
+        w.on_context_destroyed(b);
+        assert!(w.untracked_reason(a).is_some(), "another context's end");
+        w.on_context_destroyed(a);
+        assert_eq!(w.untracked_reason(a), None, "ended with its context");
+        w.on_managed_alloc(0x1000, 64);
+        assert!(
+            w.untracked_reason(b).is_some(),
+            "managed memory is reached from every context"
+        );
     }
 
     #[test]
     fn a_live_managed_allocation_blocks_replay_until_it_is_freed() {
         let w = MemoryWatch::new();
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
         w.on_managed_alloc(0x1000, 4096);
-        let why = w.untracked_reason().expect("declined");
+        let why = w.untracked_reason(CTX).expect("declined");
         assert!(why.contains("managed"), "{why}");
         assert!(!w.on_free(0x2000), "not a managed allocation");
-        assert!(w.untracked_reason().is_some());
+        assert!(w.untracked_reason(CTX).is_some());
         assert!(w.on_free(0x1000));
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
     }
 
     #[test]
@@ -356,7 +398,7 @@ mod tests {
         assert!(w.on_map(0x10_0000, 0x20_0000, Some(0)));
         assert!(w.on_map(0x30_0000, 0x20_0000, Some(0)));
         assert_eq!(
-            w.untracked_reason(),
+            w.untracked_reason(CTX),
             None,
             "tracked mappings are snapshotted"
         );
@@ -376,18 +418,28 @@ mod tests {
     fn a_mapping_of_unknown_device_or_cut_in_part_declines_until_unmapped() {
         let w = MemoryWatch::new();
         assert!(!w.on_map(0x10_0000, 0x1000, None));
-        assert!(w.untracked_reason().unwrap().contains("cannot attribute"));
+        assert!(
+            w.untracked_reason(CTX)
+                .unwrap()
+                .contains("cannot attribute")
+        );
         w.on_unmap(0x10_0000, 0x1000);
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
 
         assert!(w.on_map(0x20_0000, 0x3000, Some(1)));
         let out = w.on_unmap(0x20_1000, 0x1000);
         assert_eq!(out.removed, vec![0x20_0000]);
         assert!(out.partial);
-        assert!(w.untracked_reason().is_some(), "the rest is not described");
+        assert!(
+            w.untracked_reason(CTX).is_some(),
+            "the rest is not described"
+        );
         w.on_unmap(0x20_0000, 0x1000);
-        assert!(w.untracked_reason().is_some(), "the tail is still mapped");
+        assert!(
+            w.untracked_reason(CTX).is_some(),
+            "the tail is still mapped"
+        );
         w.on_unmap(0x20_2000, 0x1000);
-        assert_eq!(w.untracked_reason(), None);
+        assert_eq!(w.untracked_reason(CTX), None);
     }
 }

@@ -74,6 +74,13 @@ tool_work_counts() {
     esac
 }
 
+surface_reset_run() {
+    "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface_reset.csv" \
+        -- "$OUT/surface" reset || return 1
+    grep "^_Z4bumpPii," "$OUT/surface_reset.csv"
+    grep -q "^_Z4bumpPii,4,4,.*,-\$" "$OUT/surface_reset.csv"
+}
+
 # threads.py: four Python threads on streams of their own, launching and allocating at once.
 for w in inplace matmul_acc index_add feedback threads; do
     step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
@@ -120,6 +127,9 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/surface" cuda/tests/workloads/surface.cu
     step surface "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface.csv" \
         -- "$OUT/surface"
+    # A surface object left live in a context that cudaDeviceReset destroys ends with it: the
+    # four x += 1 launches (two before the reset, two after) are all replayed.
+    step surface_reset surface_reset_run
     # A kernel waits for the host on one stream while the host launches on another: the drain
     # before a snapshot gives up after KREPLAY_DRAIN_TIMEOUT_MS and the launches run once.
     nvcc -O2 -o "$OUT/drain_stuck" cuda/tests/workloads/drain_stuck.cu
