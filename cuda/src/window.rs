@@ -169,8 +169,9 @@ pub struct EnterCost {
 enum State {
     /// Not replayed: an ordinary launch (holding the reader side while replay is configured).
     Ordinary(#[allow(dead_code)] Option<OwnedReadAccess>),
-    /// Replay was wanted but declined before the launch; memory untouched.
-    Declined(Decline),
+    /// Replay was wanted but declined before the launch; memory untouched. The launch runs once,
+    /// as an ordinary one, holding the reader side while it is submitted.
+    Declined(Decline, #[allow(dead_code)] Option<OwnedReadAccess>),
     /// Locked, drained and snapshotted: ready for passes.
     Ready {
         lock: Option<WriteGuard>,
@@ -274,7 +275,16 @@ impl Window {
         let state = match ReplayPlan::from_answer_within(&answer, &tool.limits()) {
             ReplayPlan::Once(_) => State::Ordinary(cx.locks.read_owned(info.agent_id).ok()),
             ReplayPlan::Replay { total_passes, .. } => {
-                Self::prepare(cx, tool, &info, ops, total_passes, &mut cost, &mut enqueued)
+                match Self::prepare(cx, tool, &info, ops, total_passes, &mut cost, &mut enqueued) {
+                    // Declined: the launch runs once, as an ordinary one, so it too waits for
+                    // a replay window another thread holds on the device (its writer side was
+                    // given back, if taken). Submitted inside another window, it would run
+                    // between that window's snapshot and restores, and they would undo it.
+                    State::Declined(decline, _) => {
+                        State::Declined(decline, cx.locks.read_owned(info.agent_id).ok())
+                    }
+                    state => state,
+                }
             }
         };
         // The application's launch (pass 0, announced under its mask by `prepare`, or its one
@@ -302,41 +312,41 @@ impl Window {
         enqueued: &mut Option<Enqueued>,
     ) -> State {
         if let Err(why) = ops.replayable() {
-            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
+            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why), None);
         }
         if let Err(why) = ops.covered() {
-            return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why));
+            return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why), None);
         }
         let filter = match ops.scope(cx.filter) {
             Ok(filter) => filter,
             Err(why) => {
-                return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why));
+                return State::Declined(Decline::new(DeclineReason::UntrackedMemory, why), None);
             }
         };
         let waited = Instant::now();
         let lock = match cx.locks.write(info.agent_id) {
             Ok(lock) => lock,
             Err(e) => {
-                return State::Declined(Decline::new(
-                    DeclineReason::ReentrantDispatch,
-                    e.to_string(),
-                ));
+                return State::Declined(
+                    Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
+                    None,
+                );
             }
         };
         cost.lock_wait = waited.elapsed();
         if let Err(why) = ops.drainable() {
-            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why));
+            return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why), None);
         }
         let draining = Instant::now();
         let drained = ops.drain();
         cost.drain = draining.elapsed();
         if let Err(why) = drained {
-            return State::Declined(Decline::new(DeclineReason::AgentDrainStuck, why));
+            return State::Declined(Decline::new(DeclineReason::AgentDrainStuck, why), None);
         }
         let snapping = Instant::now();
         let plan = match cx.snapshotter.plan(&filter) {
             Ok(plan) => plan,
-            Err(e) => return State::Declined(snapshot_decline(&e)),
+            Err(e) => return State::Declined(snapshot_decline(&e), None),
         };
         let planned = MemoryOpReport {
             bytes_planned: plan.bytes(),
@@ -395,7 +405,7 @@ impl Window {
                         ..planned
                     },
                 );
-                State::Declined(decline)
+                State::Declined(decline, None)
             }
         }
     }
@@ -568,7 +578,7 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
 
     fn check_replayable(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
         match &self.state {
-            State::Declined(d) => Err(d.clone()),
+            State::Declined(d, _) => Err(d.clone()),
             State::Ordinary(_) => Err(Decline::new(
                 DeclineReason::SnapshotFailed,
                 "no snapshot was taken before the launch",

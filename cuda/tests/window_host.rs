@@ -453,6 +453,80 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
     );
 }
 
+/// A launch that is declined before its snapshot (not replayable: captured into a graph; live
+/// memory the snapshot cannot cover) still runs once, right after API ENTER: like an ordinary
+/// launch it must not be submitted while another thread's replay window holds the device, or
+/// it runs between that window's snapshot and restores and the restores undo what it wrote
+/// (seen on the H200 as a PyTorch program's index tensor reverted under another thread's
+/// replay, tripping an index-bounds assertion).
+#[test]
+fn a_declined_launch_on_another_thread_waits_for_the_replay_window_to_close() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// API ENTER, the launch, API EXIT of `ops` on this thread; says when ENTER returned.
+    fn declined_launch(r: &Rig, ops: &dyn LaunchOps, app: &FakeLaunch, entered: mpsc::Sender<()>) {
+        let mut tool = LogTool {
+            passes: 4,
+            events: r.events.clone(),
+            outcome: RefCell::new(None),
+        };
+        let cx = r.device.context(&r.registry);
+        let w = Window::enter(cx, &mut tool, DispatchInfo::default(), ops);
+        entered.send(()).unwrap();
+        app.app_launch();
+        let record = w.exit(&mut tool, &ContextRegistry::new(), ops, Ok(()));
+        assert!(record.outcome.decline().is_some(), "{:?}", record.outcome);
+    }
+
+    for case in ["not replayable", "uncovered memory"] {
+        let r = Arc::new(rig(SnapshotConfig::default()));
+        let ops = fake(&r);
+        let mut tool = LogTool {
+            passes: 4,
+            events: r.events.clone(),
+            outcome: RefCell::new(None),
+        };
+        let cx = r.device.context(&r.registry);
+        let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+        assert!(window.is_ready());
+
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let other = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut app = fake(&r);
+                if case == "not replayable" {
+                    app.replayable = Err("captured into a graph".into());
+                    declined_launch(&r, &app, &app, entered_tx);
+                } else {
+                    let ops = Uncovered(fake(&r));
+                    declined_launch(&r, &ops, &app, entered_tx);
+                }
+            })
+        };
+        assert!(
+            entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "{case}: the declined launch got past API ENTER while a replay window was open"
+        );
+        ops.app_launch();
+        let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+        assert!(matches!(
+            record.outcome,
+            ReplayOutcome::Replayed { passes: 4, .. }
+        ));
+        entered_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the declined launch proceeds once the window closes");
+        other.join().unwrap();
+        let got = words(&r);
+        assert!(
+            got.iter().enumerate().all(|(i, &x)| x == i as u32 + 2),
+            "{case}: one replayed launch and one declined launch leave +2"
+        );
+    }
+}
+
 /// The fake's operations with memory the snapshot does not cover (live managed memory).
 struct Uncovered(FakeLaunch);
 
