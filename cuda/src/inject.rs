@@ -508,6 +508,8 @@ impl ModuleLookup for DriverModules<'_> {
 
 thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+    /// The reader side a launch without a window holds from its API ENTER to its EXIT.
+    static UNWINDOWED: RefCell<Option<kreplay_locks::OwnedReadAccess>> = const { RefCell::new(None) };
     /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
     /// runs on the device, made when the window asks for the launch's scope (see `launch_scope`).
     static CHOSEN: std::cell::Cell<Option<(ChoiceKey, bool)>> = const { std::cell::Cell::new(None) };
@@ -1118,13 +1120,13 @@ impl Backend {
             Some(tool) => (tool, false),
             // Not replayed, but timed and reported: a window of one pass.
             None if traced => (Box::new(FixedPasses::new(1)) as Box<dyn ReplayTool>, true),
-            None => return,
+            None => return self.ordinary_without_window(&launch),
         };
         let device = match self.device(launch.ctx) {
             Ok(d) => d,
             Err(e) => {
                 log(LogLevel::Warn, format!("launch not replayed: {e}"));
-                return;
+                return self.ordinary_without_window(&launch);
             }
         };
         let cuda_launch = CudaLaunch {
@@ -1175,7 +1177,16 @@ impl Backend {
         });
     }
 
+    /// A launch that gets no window still runs as an ordinary one: it holds the reader side of
+    /// its device until its API EXIT, so it is not submitted inside a replay window another
+    /// thread holds there (whose restores would undo what it writes).
+    fn ordinary_without_window(&self, launch: &Launch) {
+        let read = self.locks.read_owned(launch.device as u64).ok();
+        UNWINDOWED.with(|u| *u.borrow_mut() = read);
+    }
+
     fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
+        UNWINDOWED.with(|u| u.borrow_mut().take());
         let Some(Pending {
             window,
             launch,
