@@ -760,7 +760,10 @@ impl Backend {
     /// [`crate::toolwork`]).
     fn tool_call(&self, id: CallbackId, data: &CallbackData) {
         if data.callback_site != API_ENTER {
-            let kept = toolwork::after();
+            // SAFETY: at API EXIT, function_return_value points to the call's CUresult.
+            let succeeded = !data.function_return_value.is_null()
+                && unsafe { *(data.function_return_value as *const CuResult) } == CUDA_SUCCESS;
+            let kept = toolwork::after(succeeded);
             self.stats.tool_work_kept.fetch_add(kept, Ordering::Relaxed);
             return;
         }

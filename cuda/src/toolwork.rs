@@ -183,8 +183,10 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
 }
 
 /// API EXIT of the tool's call that [`before`] watched: keeps what it wrote for the window's
-/// next restore. Returns the bytes kept (0 when nothing was watched).
-pub fn after() -> u64 {
+/// next restore. Returns the bytes kept (0 when nothing was watched). A call that failed
+/// (`succeeded` false) wrote nothing into a named range: reading the range then would take what
+/// the pass left there for the tool's work, so it is dropped (a comparison is still made).
+pub fn after(succeeded: bool) -> u64 {
     OPEN.with(|o| {
         let Ok(mut o) = o.try_borrow_mut() else {
             return 0;
@@ -193,6 +195,9 @@ pub fn after() -> u64 {
         let Some((watch, call)) = open.call.take() else {
             return 0;
         };
+        if !succeeded && matches!(watch, Watch::Ranges(_)) {
+            return 0;
+        }
         let io = &open.io;
         let delta = io.quiesce().and_then(|()| match &watch {
             Watch::Captured(capture) => io.changes(capture),

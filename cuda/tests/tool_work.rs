@@ -144,6 +144,8 @@ struct WorkTool<'a> {
     aim: Aim,
     memory: &'a HostMemory,
     untracked: bool,
+    /// The call fails and writes nothing.
+    fails: bool,
     before: Vec<Before>,
 }
 
@@ -168,10 +170,15 @@ impl WorkTool<'_> {
             Aim::Reached => Target::Reached(&values),
         };
         self.before.push(toolwork::before("cuMemsetD32_v2", target));
+        if self.fails {
+            // The call failed: it wrote nothing.
+            toolwork::after(false);
+            return;
+        }
         self.memory.0.lock().unwrap()[words]
             .iter_mut()
             .for_each(|x| *x = VALUE);
-        toolwork::after();
+        toolwork::after(true);
     }
 }
 
@@ -211,57 +218,79 @@ struct Run {
     lost: Vec<String>,
 }
 
-/// One launch replayed `passes` times with the tool working at `at`.
-fn run(config: SnapshotConfig, passes: u64, at: At, aim: Aim, keeps: bool, fail: bool) -> Run {
-    run_on(config, passes, at, aim, keeps, fail, false)
-}
-
-fn run_on(
+/// One replayed launch of [`PASSES`] passes with the tool working at `at`.
+#[derive(Clone)]
+struct Case {
     config: SnapshotConfig,
-    passes: u64,
     at: At,
     aim: Aim,
+    /// The window offers a [`HostIo`].
     keeps: bool,
-    fail: bool,
+    /// The [`HostIo`]'s reads fail.
+    io_fails: bool,
+    /// The tool writes memory the snapshot does not hold.
     untracked: bool,
-) -> Run {
-    let device =
-        OneDevice::with_allocations(WORDS + EXTRA, &[(0, (WORDS * 4) as u64)], AGENT, config);
-    let registry = ContextRegistry::new();
-    let lost = Arc::new(Mutex::new(Vec::new()));
-    let ops = Launch {
-        device: &device,
-        keeps,
-        fail,
-        lost: lost.clone(),
-    };
-    let mut tool = WorkTool {
-        passes,
-        at,
-        aim,
-        memory: &device.memory,
-        untracked,
-        before: Vec::new(),
-    };
-    let window = Window::enter(
-        device.context(&registry),
-        &mut tool,
-        DispatchInfo::default(),
-        &ops,
-    );
-    add_one_tracked(&device.memory);
-    let record = window.exit(&mut tool, &registry, &ops, Ok(()));
-    assert!(
-        matches!(record.outcome, ReplayOutcome::Replayed { .. }),
-        "{:?}",
-        record.outcome
-    );
-    let words = device.memory.0.lock().unwrap().clone();
-    let lost = lost.lock().unwrap().clone();
-    Run {
-        words,
-        before: tool.before,
-        lost,
+    /// The tool's call fails and writes nothing.
+    call_fails: bool,
+}
+
+impl Case {
+    fn at(at: At) -> Case {
+        Case {
+            config: SnapshotConfig::default(),
+            at,
+            aim: Aim::Address,
+            keeps: true,
+            io_fails: false,
+            untracked: false,
+            call_fails: false,
+        }
+    }
+
+    fn run(self) -> Run {
+        let device = OneDevice::with_allocations(
+            WORDS + EXTRA,
+            &[(0, (WORDS * 4) as u64)],
+            AGENT,
+            self.config,
+        );
+        let registry = ContextRegistry::new();
+        let lost = Arc::new(Mutex::new(Vec::new()));
+        let ops = Launch {
+            device: &device,
+            keeps: self.keeps,
+            fail: self.io_fails,
+            lost: lost.clone(),
+        };
+        let mut tool = WorkTool {
+            passes: PASSES,
+            at: self.at,
+            aim: self.aim,
+            memory: &device.memory,
+            untracked: self.untracked,
+            fails: self.call_fails,
+            before: Vec::new(),
+        };
+        let window = Window::enter(
+            device.context(&registry),
+            &mut tool,
+            DispatchInfo::default(),
+            &ops,
+        );
+        add_one_tracked(&device.memory);
+        let record = window.exit(&mut tool, &registry, &ops, Ok(()));
+        assert!(
+            matches!(record.outcome, ReplayOutcome::Replayed { .. }),
+            "{:?}",
+            record.outcome
+        );
+        let words = device.memory.0.lock().unwrap().clone();
+        let lost = lost.lock().unwrap().clone();
+        Run {
+            words,
+            before: tool.before,
+            lost,
+        }
     }
 }
 
@@ -311,7 +340,11 @@ fn what_a_tool_writes_from_a_replay_callback_survives_the_restores_that_follow()
                     .with_strategy(strategy)
                     .with_store(store)
                     .with_chunk_size(4096);
-                let r = run(config, PASSES, at, Aim::Address, true, false);
+                let r = Case {
+                    config,
+                    ..Case::at(at)
+                }
+                .run();
                 let set_to = if at == At::PassExit(PASSES - 1) {
                     VALUE
                 } else {
@@ -340,14 +373,11 @@ fn what_a_tool_writes_from_a_replay_callback_survives_the_restores_that_follow()
 /// and keeps its work the same way.
 #[test]
 fn work_whose_destination_is_unknown_is_captured_whole_and_kept() {
-    let r = run(
-        SnapshotConfig::default(),
-        PASSES,
-        At::PassExit(1),
-        Aim::Anything,
-        true,
-        false,
-    );
+    let r = Case {
+        aim: Aim::Anything,
+        ..Case::at(At::PassExit(1))
+    }
+    .run();
     assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
     assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
 }
@@ -356,14 +386,11 @@ fn work_whose_destination_is_unknown_is_captured_whole_and_kept() {
 /// for values into memory the snapshot does not hold.
 #[test]
 fn trusted_argument_values_capture_only_the_regions_they_point_into() {
-    let r = run(
-        SnapshotConfig::default(),
-        PASSES,
-        At::PassEnter(1),
-        Aim::Reached,
-        true,
-        false,
-    );
+    let r = Case {
+        aim: Aim::Reached,
+        ..Case::at(At::PassEnter(1))
+    }
+    .run();
     assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
     assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
 }
@@ -373,15 +400,12 @@ fn trusted_argument_values_capture_only_the_regions_they_point_into() {
 #[test]
 fn work_into_memory_outside_the_snapshot_captures_nothing_and_stays() {
     for aim in [Aim::Address, Aim::Reached] {
-        let r = run_on(
-            SnapshotConfig::default(),
-            PASSES,
-            At::PassExit(1),
+        let r = Case {
             aim,
-            true,
-            false,
-            true,
-        );
+            untracked: true,
+            ..Case::at(At::PassExit(1))
+        }
+        .run();
         if let Aim::Address = aim {
             assert_eq!(r.before, vec![Before::Untouched]);
         }
@@ -398,14 +422,7 @@ fn work_into_memory_outside_the_snapshot_captures_nothing_and_stays() {
 /// the tool's own business and nothing restores over it.
 #[test]
 fn work_at_config_exit_is_outside_the_window() {
-    let r = run(
-        SnapshotConfig::default(),
-        PASSES,
-        At::ConfigExit,
-        Aim::Address,
-        true,
-        false,
-    );
+    let r = Case::at(At::ConfigExit).run();
     assert_eq!(r.before, vec![Before::Outside]);
     assert_eq!(wrong_words(&r.words, VALUE), Vec::<usize>::new());
 }
@@ -415,14 +432,11 @@ fn work_at_config_exit_is_outside_the_window() {
 /// snapshot back over it, never silently.
 #[test]
 fn work_that_cannot_be_kept_is_reported_not_hidden() {
-    let r = run(
-        SnapshotConfig::default(),
-        PASSES,
-        At::PassExit(1),
-        Aim::Address,
-        false,
-        false,
-    );
+    let r = Case {
+        keeps: false,
+        ..Case::at(At::PassExit(1))
+    }
+    .run();
     assert_eq!(r.before, vec![Before::NotKept]);
     let one_run = (0..WORDS).all(|i| r.words[i] == i as u32 + 1);
     assert!(one_run, "the restores undid the work");
@@ -434,14 +448,12 @@ fn work_that_cannot_be_kept_is_reported_not_hidden() {
         ),
         (Aim::Anything, Before::Failed, "no capture before it"),
     ] {
-        let r = run(
-            SnapshotConfig::default(),
-            PASSES,
-            At::PassExit(1),
+        let r = Case {
             aim,
-            true,
-            true,
-        );
+            io_fails: true,
+            ..Case::at(At::PassExit(1))
+        }
+        .run();
         assert_eq!(r.before, vec![before]);
         assert_eq!(r.lost.len(), 1, "{:?}", r.lost);
         assert!(
@@ -449,5 +461,25 @@ fn work_that_cannot_be_kept_is_reported_not_hidden() {
             "{:?}",
             r.lost
         );
+    }
+}
+
+/// A copy or memset that fails wrote nothing: its range, which holds what the pass left there,
+/// is not taken for its work, and the next restores undo the pass as always (a comparison finds
+/// nothing either).
+#[test]
+fn a_call_that_failed_keeps_nothing_and_the_pass_is_still_undone() {
+    for aim in [Aim::Address, Aim::Anything] {
+        for at in [At::PassExit(0), At::PassExit(2)] {
+            let r = Case {
+                aim,
+                call_fails: true,
+                ..Case::at(at)
+            }
+            .run();
+            let one_run = (0..WORDS).all(|i| r.words[i] == i as u32 + 1);
+            assert!(one_run, "{aim:?} {at:?}: every word holds one increment");
+            assert!(r.lost.is_empty(), "{:?}", r.lost);
+        }
     }
 }
