@@ -81,8 +81,9 @@ surface_reset_run() {
     grep -q "^_Z4bumpPii,4,4,.*,-\$" "$OUT/surface_reset.csv"
 }
 
-# threads.py: four Python threads on streams of their own, launching and allocating at once.
-for w in inplace matmul_acc index_add feedback threads; do
+# threads.py: four Python threads on streams of their own, launching and allocating at once;
+# run three times: a race between one thread's replay and another's launch need not show in one.
+for w in inplace matmul_acc index_add feedback threads threads threads; do
     step "$w" "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/$w.json" \
         -- python3 cuda/tests/workloads/$w.py
 done
