@@ -77,7 +77,7 @@ impl Captures {
     /// of the device's lock until [`begin_exit`](Self::begin_exit), like a copy
     /// ([`crate::fence`]).
     pub fn begin_enter(&self, locks: &AgentLocks, device: Option<u64>) {
-        crate::fence::enter(locks, device);
+        crate::fence::enter(locks, device.as_slice());
     }
 
     /// API EXIT of that call: `begun` names the stream and device when it succeeded; the

@@ -135,18 +135,48 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     }
 }
 
-thread_local! {
-    static HELD: RefCell<Vec<OwnedReadAccess>> = const { RefCell::new(Vec::new()) };
+/// The devices whose replay windows a fenced call must wait for, sorted, each once: the device
+/// of its context (`current`), the devices owning the tracked memory its first two parameters
+/// point into (`owners`: the destination and source of a 1D copy, which may be another device's
+/// memory, reached through unified addressing or peer access; a memset's destination), and,
+/// for a call whose memory the parameters do not describe (`described` false: 2D, 3D, peer,
+/// batched and array copies, stream writes, graph and cooperative launches), every device that
+/// may have windows (`all`). A copy that reads another device's memory waits too: it must not
+/// read a pass's bytes.
+pub fn devices_to_fence(
+    current: Option<u64>,
+    owners: &[Option<u64>],
+    described: bool,
+    all: &[u64],
+) -> Vec<u64> {
+    let mut devices: Vec<u64> = current
+        .into_iter()
+        .chain(owners.iter().flatten().copied())
+        .collect();
+    if !described {
+        devices.extend_from_slice(all);
+    }
+    devices.sort_unstable();
+    devices.dedup();
+    devices
 }
 
-/// API ENTER of a fenced call on `device`: waits while a replay window holds the device,
-/// then holds the reader side until [`exit`]. `device` is `None` when the call's device is not
-/// known (nothing is held, but [`exit`] stays balanced).
-pub fn enter(locks: &AgentLocks, device: Option<u64>) {
-    let access = device
-        .and_then(|d| locks.read_owned(d).ok())
-        .unwrap_or(OwnedReadAccess::NotNeeded);
-    HELD.with(|h| h.borrow_mut().push(access));
+thread_local! {
+    static HELD: RefCell<Vec<Vec<OwnedReadAccess>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// API ENTER of a fenced call that may touch the memory of `devices` (see
+/// [`devices_to_fence`]): waits while a replay window holds any of them, then holds their
+/// reader sides until [`exit`]. They are taken in ascending order; a window holds the writer
+/// side of its own device only, so readers waiting in order never close a cycle. An empty list
+/// (the call's device is not known) holds nothing, but [`exit`] stays balanced.
+pub fn enter(locks: &AgentLocks, devices: &[u64]) {
+    debug_assert!(devices.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+    let held = devices
+        .iter()
+        .filter_map(|&d| locks.read_owned(d).ok())
+        .collect();
+    HELD.with(|h| h.borrow_mut().push(held));
 }
 
 /// API EXIT of the call [`enter`] fenced: its reader side is given back.
@@ -322,6 +352,35 @@ mod tests {
         assert_eq!(unsafe { memset_destination(276, p) }, None);
     }
 
+    /// A copy into (or out of) another device's memory waits for that device's windows too; a
+    /// call whose memory is not described waits for every device's.
+    #[test]
+    fn a_fenced_call_waits_for_the_devices_whose_memory_it_touches() {
+        assert_eq!(
+            devices_to_fence(Some(1), &[None, None], true, &[0, 1, 2]),
+            vec![1]
+        );
+        assert_eq!(
+            devices_to_fence(Some(1), &[Some(0), None], true, &[0, 1, 2]),
+            vec![0, 1],
+            "a copy from device 1's context into device 0's memory"
+        );
+        assert_eq!(
+            devices_to_fence(Some(2), &[Some(2), Some(0)], true, &[]),
+            vec![0, 2],
+            "a copy reading device 0's memory"
+        );
+        assert_eq!(
+            devices_to_fence(Some(1), &[None, None], false, &[2, 0, 1]),
+            vec![0, 1, 2],
+            "a 2D or peer copy: every device"
+        );
+        assert_eq!(
+            devices_to_fence(None, &[None, None], true, &[0]),
+            Vec::<u64>::new()
+        );
+    }
+
     #[test]
     fn every_fenced_call_has_its_callback_enabled() {
         let enabled = cbid::all();
@@ -339,13 +398,18 @@ mod tests {
     fn enter_and_exit_nest_per_thread() {
         let locks = AgentLocks::new();
         locks.set_enabled(true);
-        enter(&locks, Some(0));
-        enter(&locks, None);
+        enter(&locks, &[0, 3]);
+        enter(&locks, &[]);
         assert_eq!(depth(), 2);
         assert!(locks.agent_lock(0).is_locked(), "reader held");
+        assert!(
+            locks.agent_lock(3).is_locked(),
+            "every device's reader held"
+        );
         exit();
         exit();
         assert_eq!(depth(), 0);
         assert!(!locks.agent_lock(0).is_locked());
+        assert!(!locks.agent_lock(3).is_locked());
     }
 }

@@ -754,6 +754,33 @@ impl Backend {
         );
     }
 
+    /// The devices whose replay windows fenced call `id` waits for (see
+    /// [`fence::devices_to_fence`]).
+    fn fenced_devices(&self, id: CallbackId, data: &CallbackData) -> Vec<u64> {
+        let current = self.ordinal(data.context).map(|o| o as u64);
+        let described = fence::destination(id) != fence::Destination::Unknown;
+        let params = data.function_params as *const u64;
+        let owners = if described && !params.is_null() {
+            // SAFETY: a 1D copy's or memset's parameter struct starts with two 8-byte fields:
+            // destination and source (a memset's value and its padding: a number, looked up
+            // like an address; at worst one more device waited for).
+            let (first, second) = unsafe { (*params, *params.add(1)) };
+            [first, second].map(|a| self.inventory.lookup(a).map(|x| x.owner_agent))
+        } else {
+            [None, None]
+        };
+        let all: Vec<u64> = if described {
+            Vec::new()
+        } else {
+            self.devices
+                .lock()
+                .iter()
+                .map(|(_, d)| d.ordinal as u64)
+                .collect()
+        };
+        fence::devices_to_fence(current, &owners, described, &all)
+    }
+
     /// A call `id` (see [`writes_device`]) a tool made from one of its callbacks inside a
     /// replay window: at API ENTER, what of the window's snapshot it may write is watched; at
     /// API EXIT, what it wrote there is kept for the window's next restore (see
@@ -1348,8 +1375,8 @@ impl Backend {
             // No fenced call is one of the calls handled below.
             if enter {
                 self.note_unreplayed(write);
-                let device = self.ordinal(data.context).map(|o| o as u64);
-                fence::enter(&self.locks, device);
+                let devices = self.fenced_devices(id, data);
+                fence::enter(&self.locks, &devices);
             } else if exit {
                 fence::exit();
             }

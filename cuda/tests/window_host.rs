@@ -580,7 +580,7 @@ fn a_launch_while_uncovered_memory_is_live_is_declined_and_runs_once() {
 
 /// A memset on another thread: every word set to `value`, fenced like a `cuMemsetD32` call.
 fn fenced_memset(r: &Rig, value: u32) {
-    kreplay_cuda::fence::enter(&r.device.locks, Some(AGENT));
+    kreplay_cuda::fence::enter(&r.device.locks, &[AGENT]);
     r.events.lock().unwrap().push(format!("memset {value}"));
     r.device
         .memory
@@ -649,7 +649,7 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
 
     let r = Arc::new(rig(SnapshotConfig::default()));
     // A memset whose call is in progress on this thread (between its API ENTER and EXIT).
-    kreplay_cuda::fence::enter(&r.device.locks, Some(AGENT));
+    kreplay_cuda::fence::enter(&r.device.locks, &[AGENT]);
     let (entered_tx, entered_rx) = mpsc::channel();
     let launcher = {
         let r = r.clone();
