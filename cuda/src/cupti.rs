@@ -92,6 +92,9 @@ pub mod cbid {
     pub const CU_MEM_CREATE: CallbackId = 549;
     pub const CU_MEM_MAP: CallbackId = 551;
     pub const CU_MEM_UNMAP: CallbackId = 552;
+    pub const CU_CTX_ENABLE_PEER_ACCESS: CallbackId = 313;
+    pub const CU_MEM_SET_ACCESS: CallbackId = 553;
+    pub const CU_MEM_POOL_SET_ACCESS: CallbackId = 605;
     pub const CU_SURF_REF_SET_ARRAY: CallbackId = 194;
     pub const CU_SURF_OBJECT_CREATE: CallbackId = 343;
     pub const CU_SURF_OBJECT_DESTROY: CallbackId = 344;
@@ -123,6 +126,15 @@ pub mod cbid {
     ];
     /// The calls that end one.
     pub const END_CAPTURE: [CallbackId; 2] = [CU_STREAM_END_CAPTURE, CU_STREAM_END_CAPTURE_PTSZ];
+
+    /// The calls that let one device's kernels reach another device's memory (peer access:
+    /// `cuCtxEnablePeerAccess`, `cuMemSetAccess` on a mapping, `cuMemPoolSetAccess` on a pool),
+    /// which link the devices into one replay group (`kreplay_locks::AgentGroups`).
+    pub const PEER_ACCESS: [CallbackId; 3] = [
+        CU_CTX_ENABLE_PEER_ACCESS,
+        CU_MEM_SET_ACCESS,
+        CU_MEM_POOL_SET_ACCESS,
+    ];
 
     /// Virtual memory management calls kreplay tracks.
     pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
@@ -172,12 +184,13 @@ pub mod cbid {
         428, 429, 430, 431, 432, 433, // Async_ptsz
     ];
 
-    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SURFACES`], [`MEMCPY`],
-    /// [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
+    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`PEER_ACCESS`], [`SURFACES`],
+    /// [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
             &VMM,
+            &PEER_ACCESS,
             &SURFACES,
             &MEMCPY,
             &MEMSET,
@@ -305,6 +318,56 @@ pub struct MemMapParams {
     pub offset: usize,
     pub handle: u64,
     pub flags: u64,
+}
+
+/// `cuCtxEnablePeerAccess_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct CtxEnablePeerAccessParams {
+    pub peer_context: CuContext,
+    pub flags: u32,
+}
+
+/// `CUmemAccessDesc`: a location (`CUmemLocation`: type, id) and the access it gets.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct MemAccessDesc {
+    pub location_type: i32,
+    pub location_id: i32,
+    pub flags: i32,
+}
+
+/// `cuMemSetAccess_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemSetAccessParams {
+    pub ptr: CuDevicePtr,
+    pub size: usize,
+    pub desc: *const MemAccessDesc,
+    pub count: usize,
+}
+
+/// `cuMemPoolSetAccess_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemPoolSetAccessParams {
+    pub pool: *mut c_void,
+    pub map: *const MemAccessDesc,
+    pub count: usize,
+}
+
+/// The devices an access list gives any access (`CU_MEM_LOCATION_TYPE_DEVICE` locations whose
+/// flags are not `CU_MEM_ACCESS_FLAGS_PROT_NONE`).
+pub fn devices_granted(descs: &[MemAccessDesc]) -> Vec<u64> {
+    descs
+        .iter()
+        .filter(|d| d.location_type == crate::tracking::CU_MEM_LOCATION_TYPE_DEVICE && d.flags != 0)
+        .filter_map(|d| u64::try_from(d.location_id).ok())
+        .collect()
 }
 
 /// `cuMemUnmap_params`.
@@ -444,6 +507,31 @@ impl Cupti {
 mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn peer_access_parameters_have_the_header_layout() {
+        // cuda.h: CUmemLocation { CUmemLocationType type; int id; } and
+        // CUmemAccessDesc { CUmemLocation location; CUmemAccess_flags flags; }.
+        assert_eq!(size_of::<MemAccessDesc>(), 12);
+        assert_eq!(offset_of!(MemAccessDesc, flags), 8);
+        assert_eq!(offset_of!(MemSetAccessParams, desc), 16);
+        assert_eq!(offset_of!(MemSetAccessParams, count), 24);
+        assert_eq!(offset_of!(MemPoolSetAccessParams, map), 8);
+        assert_eq!(offset_of!(CtxEnablePeerAccessParams, flags), 8);
+    }
+
+    /// Read and read-write access to a device link it; no access, or a host location, does not.
+    #[test]
+    fn only_devices_given_access_are_granted() {
+        let desc = |location_type, location_id, flags| MemAccessDesc {
+            location_type,
+            location_id,
+            flags,
+        };
+        let list = [desc(1, 0, 3), desc(1, 2, 1), desc(1, 3, 0), desc(2, 5, 3)];
+        assert_eq!(devices_granted(&list), vec![0, 2]);
+        assert_eq!(devices_granted(&[]), Vec::<u64>::new());
+    }
 
     #[test]
     fn callback_data_has_the_header_layout() {

@@ -535,6 +535,7 @@ fn in_context(
         snapshotter: &snapshotter,
         filter: &filter,
         registry: &registry,
+        group: &[],
     };
     let mut tool = Recorder {
         passes: config.passes,

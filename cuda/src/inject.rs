@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kreplay_ctxmask::ContextRegistry;
-use kreplay_locks::AgentLocks;
+use kreplay_locks::{AgentGroups, AgentLocks};
 use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
     Capture, Delta, Filter, Footprint, Inventory, MemoryKind, NewAllocation, RestoreStrategy,
@@ -33,10 +33,11 @@ use crate::contexts::{Contexts, SyncError};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
     CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
-    CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId, Cupti,
-    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams,
-    MemMapParams, MemUnmapParams, ModuleResourceData, ResourceData, StreamCaptureParams,
-    SubscriberHandle, SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
+    CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId,
+    CtxEnablePeerAccessParams, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
+    MemAllocPitchParams, MemFreeParams, MemMapParams, MemPoolSetAccessParams, MemSetAccessParams,
+    MemUnmapParams, ModuleResourceData, ResourceData, StreamCaptureParams, SubscriberHandle,
+    SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::drainer::Drainer;
@@ -354,6 +355,8 @@ struct Backend {
     devices: Mutex<Vec<(usize, Arc<DeviceState>)>>,
     /// The contexts seen and their devices: a drain waits for every one of the launch's device.
     contexts: Arc<Contexts>,
+    /// Devices linked by peer access: a replay on one locks and drains its whole group.
+    peers: AgentGroups,
     next_dispatch: AtomicU64,
     stats: Stats,
     warned_graph: AtomicBool,
@@ -398,6 +401,8 @@ struct InjectedLaunch<'a> {
     traced: Option<(&'a PassTimer, &'a dyn Tools)>,
     /// At API ENTER: the launch's device, for the tool's work inside its window.
     device: Option<&'a Arc<DeviceState>>,
+    /// A context of each other device of the launch's group, drained with it.
+    peer_contexts: Vec<usize>,
 }
 
 impl LaunchOps for InjectedLaunch<'_> {
@@ -427,7 +432,14 @@ impl LaunchOps for InjectedLaunch<'_> {
             .check_drainable(self.inner.launch.device as u64)
     }
     fn drain(&self) -> Result<(), String> {
-        self.inner.drain()
+        self.inner.drain()?;
+        let Some(drainer) = self.inner.drainer else {
+            return Ok(());
+        };
+        // The drain thread synchronises every context seen on the device of the one named.
+        self.peer_contexts
+            .iter()
+            .try_for_each(|&ctx| drainer.drain(ctx))
     }
     fn wait(&self) -> Result<(), String> {
         self.inner.wait()
@@ -645,6 +657,36 @@ impl Backend {
         // The call's context is current on the calling thread inside its callback.
         self.contexts
             .ordinal(ctx as usize, || self.driver.current_device().ok())
+    }
+
+    /// The device of context `ctx`, which need not be current (it is made current for the
+    /// question when kreplay has not seen it, and the caller's context is made current again).
+    fn context_ordinal(&self, ctx: CuContext) -> Option<i32> {
+        self.contexts.ordinal(ctx as usize, || {
+            let previous = self.driver.current_context();
+            // SAFETY: a context the application named in a call that succeeded.
+            unsafe { self.driver.make_current(ctx) }.ok()?;
+            let device = self.driver.current_device().ok();
+            // SAFETY: the context current on this thread before.
+            let _ = unsafe { self.driver.make_current(previous) };
+            device
+        })
+    }
+
+    /// `call` let the kernels of `devices` reach each other's memory: from now on a replay on
+    /// any of them locks and drains them all.
+    fn link_devices(&self, devices: &[u64], call: &str) {
+        let mut devices = devices.to_vec();
+        devices.sort_unstable();
+        devices.dedup();
+        if devices.len() < 2 {
+            return;
+        }
+        self.peers.link(&devices);
+        log(
+            LogLevel::Debug,
+            format!("{call} links devices {devices:?}: replays on them lock and drain them all"),
+        );
     }
 
     /// Context `ctx` is about to be destroyed (`cuCtxDestroy`, or a primary context's reset by
@@ -1173,7 +1215,16 @@ impl Backend {
         } else {
             None
         };
+        // The devices whose kernels may write this device's memory, or whose memory its kernels
+        // may write (peer access): a replay locks and drains them all.
+        let group = self.peers.group(device.ordinal as u64);
+        let peer_contexts = group
+            .iter()
+            .filter(|&&d| d != device.ordinal as u64)
+            .filter_map(|&d| self.contexts.on_device(d as i32).first().copied())
+            .collect();
         let ops = InjectedLaunch {
+            peer_contexts,
             inner: cuda_launch,
             watch: &self.watch,
             scope: Some(LaunchScope {
@@ -1192,6 +1243,7 @@ impl Backend {
             snapshotter: &device.snapshotter,
             filter: &device.filter,
             registry: self.tools.contexts(),
+            group: &group,
         };
         let window = Window::enter(cx, &mut *tool, info, &ops);
         debug_assert_eq!(info.agent_id, device.ordinal as u64);
@@ -1240,6 +1292,7 @@ impl Backend {
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
             device: None,
+            peer_contexts: Vec::new(),
         };
         let launched = self
             .driver
@@ -1441,6 +1494,42 @@ impl Backend {
                          once, declined as untracked_memory, while managed memory is allocated",
                     );
                 }
+            }
+            cbid::CU_CTX_ENABLE_PEER_ACCESS if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuCtxEnablePeerAccess_params.
+                let peer = unsafe { (*(params as *const CtxEnablePeerAccessParams)).peer_context };
+                let devices = [self.ordinal(data.context), self.context_ordinal(peer)];
+                if let [Some(a), Some(b)] = devices {
+                    self.link_devices(&[a as u64, b as u64], "cuCtxEnablePeerAccess");
+                }
+            }
+            cbid::CU_MEM_SET_ACCESS if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuMemSetAccess_params, its access list `count` entries long.
+                let (ptr, mut devices) = unsafe {
+                    let p = *(params as *const MemSetAccessParams);
+                    (p.ptr, granted(p.desc, p.count))
+                };
+                // The mapping's own device (its handle's, as tracked), or where it is not
+                // tracked the calling context's: one of them holds the memory.
+                match self.inventory.lookup(ptr) {
+                    Some(a) => devices.push(a.owner_agent),
+                    None => devices.extend(self.ordinal(data.context).map(|o| o as u64)),
+                }
+                self.link_devices(&devices, "cuMemSetAccess");
+            }
+            cbid::CU_MEM_POOL_SET_ACCESS if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuMemPoolSetAccess_params, its access list `count` entries long.
+                let mut devices = unsafe {
+                    let p = *(params as *const MemPoolSetAccessParams);
+                    granted(p.map, p.count)
+                };
+                if !devices.is_empty() {
+                    // The pool's own device is not in the call: every device kreplay knows is
+                    // linked with the ones granted (more waiting, never a missed writer).
+                    devices.extend(self.devices.lock().iter().map(|(_, d)| d.ordinal as u64));
+                    devices.extend(self.ordinal(data.context).map(|o| o as u64));
+                }
+                self.link_devices(&devices, "cuMemPoolSetAccess");
             }
             cbid::CU_SURF_OBJECT_CREATE if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuSurfObjectCreate_params; on success *pSurfObject holds the new
@@ -1782,6 +1871,7 @@ fn initialize(
         captures: Captures::new(),
         devices: Mutex::new(Vec::new()),
         contexts: Arc::new(Contexts::default()),
+        peers: AgentGroups::new(),
         next_dispatch: AtomicU64::new(1),
         stats: Stats::default(),
         warned_graph: AtomicBool::new(false),
@@ -1866,6 +1956,19 @@ pub fn initialize_injection(
             0
         }
     }
+}
+
+/// The devices an access list of `count` entries at `desc` gives access (see
+/// [`cupti::devices_granted`]).
+///
+/// # Safety
+/// `desc` is null or points to `count` `CUmemAccessDesc` entries.
+unsafe fn granted(desc: *const cupti::MemAccessDesc, count: usize) -> Vec<u64> {
+    if desc.is_null() || count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: per the caller, `count` entries at `desc`.
+    cupti::devices_granted(unsafe { std::slice::from_raw_parts(desc, count) })
 }
 
 /// CUPTI's name of a driver call (`function_name`), or a placeholder.

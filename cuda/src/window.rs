@@ -74,7 +74,8 @@ pub trait LaunchOps {
     fn drainable(&self) -> Result<(), String> {
         Ok(())
     }
-    /// Wait until every stream of the launch's device is idle.
+    /// Wait until every stream of the launch's device is idle, and of every other device of
+    /// its group ([`WindowContext::group`]).
     fn drain(&self) -> Result<(), String>;
     /// Wait until the launch's stream has finished everything submitted to it.
     fn wait(&self) -> Result<(), String>;
@@ -153,6 +154,20 @@ pub struct WindowContext<'a> {
     pub filter: &'a Filter,
     /// The tool contexts (PASS ENTER's context toggles act on their replay mask).
     pub registry: &'a ContextRegistry,
+    /// The devices whose kernels may write the launch's device's memory or whose memory its
+    /// kernels may write (peer access, `kreplay_locks::AgentGroups`), the launch's own included,
+    /// in ascending order; empty: the launch's device alone. A replay takes the writer side of
+    /// each (and [`LaunchOps::drain`] drains them all).
+    pub group: &'a [u64],
+}
+
+/// The devices a replay on `agent` locks: `group`, or `agent` alone.
+fn locked_devices(group: &[u64], agent: u64) -> Vec<u64> {
+    let mut devices = group.to_vec();
+    devices.push(agent);
+    devices.sort_unstable();
+    devices.dedup();
+    devices
 }
 
 /// What ENTER did before the launch, and how long it took.
@@ -174,7 +189,8 @@ enum State {
     Declined(Decline, #[allow(dead_code)] Option<OwnedReadAccess>),
     /// Locked, drained and snapshotted: ready for passes.
     Ready {
-        lock: Option<WriteGuard>,
+        /// The writer sides of the launch's device and its group, in ascending order.
+        lock: Vec<WriteGuard>,
         plan: MemoryOpReport,
         taken: Option<Box<(Snapshot, MemoryOpReport)>>,
         /// The contexts PASS ENTER of pass 0 masked off (at API ENTER).
@@ -324,15 +340,20 @@ impl Window {
             }
         };
         let waited = Instant::now();
-        let lock = match cx.locks.write(info.agent_id) {
-            Ok(lock) => lock,
-            Err(e) => {
-                return State::Declined(
-                    Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
-                    None,
-                );
+        // Every replay takes the sides of a group in ascending order: two replays of one group
+        // never wait for each other crosswise.
+        let mut lock = Vec::new();
+        for device in locked_devices(cx.group, info.agent_id) {
+            match cx.locks.write(device) {
+                Ok(guard) => lock.push(guard),
+                Err(e) => {
+                    return State::Declined(
+                        Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
+                        None,
+                    );
+                }
             }
-        };
+        }
         cost.lock_wait = waited.elapsed();
         if let Err(why) = ops.drainable() {
             return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why), None);
@@ -388,7 +409,7 @@ impl Window {
                 *enqueued = ops.enqueue(info, Some(0));
                 drop(mask);
                 State::Ready {
-                    lock: Some(lock),
+                    lock,
                     plan: planned,
                     taken: Some(Box::new((snapshot, report))),
                     masked_at_pass0,
@@ -594,7 +615,7 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
 
     fn unlock_agent(&mut self, _info: &DispatchInfo) {
         if let State::Ready { lock, .. } = &mut self.state {
-            drop(lock.take());
+            lock.clear();
         }
     }
 

@@ -203,6 +203,7 @@ fn replay_add_one(
         snapshotter: &snapshotter,
         filter: &filter,
         registry: &registry,
+        group: &[],
     };
     let mut tool = FixedPasses::new(passes);
     let window = Window::enter(cx, &mut tool, info, &ops);

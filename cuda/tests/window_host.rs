@@ -1542,3 +1542,104 @@ fn a_panicking_tool_callback_does_not_leave_the_thread_marked_inside_a_window() 
     );
     assert!(!kreplay_cuda::window::in_replay_callback());
 }
+
+/// Peer access links devices: a replay on device 1 whose group holds device 0 takes device 0's
+/// writer side too, so an ordinary launch on device 0 (which may write memory device 1's kernels
+/// reach, or be written by them) waits for the window; and replays on the two devices, which
+/// take their group's sides in one order, never hold windows at once nor wait for each other
+/// crosswise.
+#[test]
+fn a_replay_locks_every_device_of_its_peer_group() {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let group = [0u64, 1];
+    let on = |agent: u64| DispatchInfo {
+        agent_id: agent,
+        ..DispatchInfo::default()
+    };
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let ops = fake(&r);
+    let mut tool = LogTool {
+        passes: 3,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = kreplay_cuda::WindowContext {
+        group: &group,
+        ..r.device.context(&r.registry)
+    };
+    let window = Window::enter(cx, &mut tool, on(1), &ops);
+    assert!(window.is_ready());
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let other = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = fake(&r);
+            let mut tool = LogTool {
+                passes: 1,
+                events: r.events.clone(),
+                outcome: RefCell::new(None),
+            };
+            let cx = r.device.context(&r.registry);
+            let w = Window::enter(cx, &mut tool, on(0), &ops);
+            entered_tx.send(()).unwrap();
+            ops.app_launch();
+            w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+        })
+    };
+    assert!(
+        entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "device 0's ordinary launch got past API ENTER while its peer's replay held the group"
+    );
+    ops.app_launch();
+    window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+    entered_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("it proceeds once the window closes");
+    other.join().unwrap();
+
+    // Two threads replaying on devices 0 and 1 of the group: never two windows at once.
+    let open = Arc::new(AtomicU32::new(0));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let deadline = Instant::now() + Duration::from_millis(400);
+    let threads: Vec<_> = [0u64, 1]
+        .into_iter()
+        .map(|agent| {
+            let (r, open, overlaps) = (r.clone(), open.clone(), overlaps.clone());
+            std::thread::spawn(move || {
+                let mut windows = 0;
+                while Instant::now() < deadline {
+                    let ops = fake(&r);
+                    let mut tool = LogTool {
+                        passes: 2,
+                        events: Arc::default(),
+                        outcome: RefCell::new(None),
+                    };
+                    let cx = kreplay_cuda::WindowContext {
+                        group: &group,
+                        ..r.device.context(&r.registry)
+                    };
+                    let w = Window::enter(cx, &mut tool, on(agent), &ops);
+                    if open.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    std::thread::yield_now();
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    ops.app_launch();
+                    w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
+                    windows += 1;
+                }
+                windows
+            })
+        })
+        .collect();
+    let windows: Vec<u32> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(windows.iter().all(|&n| n > 0), "{windows:?}");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "windows on two linked devices were open at once ({windows:?} windows)"
+    );
+}

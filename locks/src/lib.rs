@@ -727,6 +727,9 @@ impl fmt::Debug for WriteGuard {
     }
 }
 
+mod groups;
+pub use groups::AgentGroups;
+
 #[cfg(test)]
 mod tests;
 

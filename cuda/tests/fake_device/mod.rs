@@ -113,6 +113,7 @@ impl OneDevice {
             snapshotter: &self.snapshotter,
             filter: &self.filter,
             registry,
+            group: &[],
         }
     }
 }
