@@ -4,7 +4,7 @@
 //! A launch, copy or memset a tool makes from a callback runs once, at once (kreplay's re-entry
 //! guard keeps it out of the window). From SNAPSHOT EXIT to the last pass the window's snapshot
 //! is held, and its next restore would write the snapshot back over what that work changed. So
-//! while a window is open on a thread ([`open`], from the moment its snapshot is taken), a call
+//! while a window is open on a thread (`open`, from the moment its snapshot is taken), a call
 //! of the tool's on that thread is bracketed:
 //!
 //! * **[`before`]**, at the call's API ENTER, notes what of the snapshot's memory the call may
@@ -20,7 +20,7 @@
 //!   written: a launch from PASS EXIT that writes, into bytes the pass changed, the values the
 //!   pass left there leaves those bytes to be restored.
 //! * **The window's next restore** folds the kept deltas into the snapshot first
-//!   ([`fold_into`], `kreplay_snapshot::Snapshot::fold`), so that restore and every later one
+//!   (`fold_into`, `kreplay_snapshot::Snapshot::fold`), so that restore and every later one
 //!   brings the work's bytes back. The launched kernel's own writes are still undone: a capture
 //!   is taken after them and only the tool's changes are listed.
 //!
