@@ -35,7 +35,10 @@ const RECORD: &str = r#"{
   ],
   "graph_launches": 3,
   "cooperative_not_replayed": 0,
-  "managed_allocations": 1
+  "managed_allocations": 1,
+  "tool_work": 3,
+  "tool_work_kept_bytes": 4096,
+  "tool_work_lost": 1
 }"#;
 
 /// Writes the fake program into `dir`: it dumps its kreplay-related environment to
@@ -175,6 +178,15 @@ fn run_on_cuda_injects_libkreplay_with_the_built_in_tool_and_prints_the_kernels(
     );
     assert!(stdout.contains("3 graph launch(es)"), "{stdout}");
     assert!(stdout.contains("1 managed allocation(s)"), "{stdout}");
+    // Work a tool issued from its replay callbacks: what was kept, and, loudly, what may not be.
+    assert!(
+        stdout.contains("2 tool call(s) from replay callbacks kept (4096 bytes)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("1 tool call(s) from replay callbacks may have been undone by a restore"),
+        "{stdout}"
+    );
     // The record folder is the command's own business: removed after reading.
     let record = env
         .lines()
@@ -208,6 +220,15 @@ fn the_records_of_several_processes_are_added_up_per_kernel() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(record.processes, 2);
     assert_eq!(record.kernels[1].declines.get("untracked_memory"), Some(&2));
+    assert_eq!(
+        (
+            record.tool_work,
+            record.tool_work_kept_bytes,
+            record.tool_work_lost
+        ),
+        (6, 8192, 2),
+        "added up over the processes"
+    );
 }
 
 #[test]

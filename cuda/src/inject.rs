@@ -271,7 +271,7 @@ pub struct Summary {
     pub tool_work: u64,
     /// Bytes those calls wrote there, kept by the restores that followed.
     pub tool_work_kept_bytes: u64,
-    /// Those calls whose work may have been undone (each reported on stderr).
+    /// Of those calls, the ones whose work may have been undone (each reported on stderr).
     pub tool_work_lost: u64,
 }
 
@@ -867,6 +867,7 @@ impl Backend {
                 self.stats.tool_work.fetch_add(1, Ordering::Relaxed);
             }
             Before::NotKept => {
+                self.stats.tool_work.fetch_add(1, Ordering::Relaxed);
                 self.stats.tool_work_lost.fetch_add(1, Ordering::Relaxed);
                 log(
                     LogLevel::Warn,

@@ -65,11 +65,14 @@ impl Tools for CudaTools {
 
     fn at_exit(&self, summary: &Summary) {
         crate::lifecycle::finalize_tools();
-        crate::run_record::set_totals(
-            summary.graph_launches,
-            summary.cooperative_not_replayed,
-            summary.managed_allocations,
-        );
+        crate::run_record::set_totals(crate::run_record::Totals {
+            graph_launches: summary.graph_launches,
+            cooperative_not_replayed: summary.cooperative_not_replayed,
+            managed_allocations: summary.managed_allocations,
+            tool_work: summary.tool_work,
+            tool_work_kept_bytes: summary.tool_work_kept_bytes,
+            tool_work_lost: summary.tool_work_lost,
+        });
         crate::run_record::write();
     }
 }

@@ -86,6 +86,17 @@ pub struct RunRecord {
     pub cooperative_not_replayed: u64,
     /// Managed allocations seen (launches decline while one is live).
     pub managed_allocations: u64,
+    /// Calls a tool made from its replay callbacks into memory a snapshot held (CUDA; their
+    /// work is kept by the restores that follow).
+    #[serde(default)]
+    pub tool_work: u64,
+    /// Bytes those calls wrote there, kept.
+    #[serde(default)]
+    pub tool_work_kept_bytes: u64,
+    /// Of those calls, the ones whose work a later restore may have undone (each warned about
+    /// on stderr).
+    #[serde(default)]
+    pub tool_work_lost: u64,
     /// Processes whose records this one adds up (1 for one process's file).
     #[serde(default = "one")]
     pub processes: u64,
@@ -178,12 +189,27 @@ pub fn add(record: &ReplayRecord, kernel: &str) {
     }
 }
 
+/// The backend's whole-run counters (see [`RunRecord`]'s fields of the same names).
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(missing_docs)]
+pub struct Totals {
+    pub graph_launches: u64,
+    pub cooperative_not_replayed: u64,
+    pub managed_allocations: u64,
+    pub tool_work: u64,
+    pub tool_work_kept_bytes: u64,
+    pub tool_work_lost: u64,
+}
+
 /// Sets the backend's whole-run counters.
-pub fn set_totals(graph_launches: u64, cooperative: u64, managed: u64) {
+pub fn set_totals(t: Totals) {
     if let Some(run) = RECORD.lock().as_mut() {
-        run.graph_launches = graph_launches;
-        run.cooperative_not_replayed = cooperative;
-        run.managed_allocations = managed;
+        run.graph_launches = t.graph_launches;
+        run.cooperative_not_replayed = t.cooperative_not_replayed;
+        run.managed_allocations = t.managed_allocations;
+        run.tool_work = t.tool_work;
+        run.tool_work_kept_bytes = t.tool_work_kept_bytes;
+        run.tool_work_lost = t.tool_work_lost;
     }
 }
 
@@ -256,6 +282,9 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
         run.graph_launches += other.graph_launches;
         run.cooperative_not_replayed += other.cooperative_not_replayed;
         run.managed_allocations += other.managed_allocations;
+        run.tool_work += other.tool_work;
+        run.tool_work_kept_bytes += other.tool_work_kept_bytes;
+        run.tool_work_lost += other.tool_work_lost;
         if run.tool != other.tool {
             run.tool = "mixed".into();
         }

@@ -339,6 +339,20 @@ pub fn table(record: &RunRecord) -> String {
             record.managed_allocations
         ));
     }
+    let kept = record.tool_work.saturating_sub(record.tool_work_lost);
+    if kept > 0 {
+        text.push_str(&format!(
+            "; {kept} tool call(s) from replay callbacks kept ({} bytes)",
+            record.tool_work_kept_bytes
+        ));
+    }
+    if record.tool_work_lost > 0 {
+        text.push_str(&format!(
+            "; WARNING: {} tool call(s) from replay callbacks may have been undone by a restore \
+             (see the warnings above)",
+            record.tool_work_lost
+        ));
+    }
     text.push('\n');
     text
 }
