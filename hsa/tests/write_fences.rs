@@ -262,6 +262,19 @@ fn race(strategy: RestoreStrategy, write: Write) {
 
 /// [`race`], where dispatches on agents other than GPU 0 ask for `other_passes` passes.
 fn race_with(strategy: RestoreStrategy, write: Write, other_passes: u64) {
+    race_on(strategy, write, other_passes, |app, pools| {
+        app.buffer(pools.coarse, &[1; WORDS])
+    });
+}
+
+/// [`race_with`] with the written buffer (of [`WORDS`] words holding 1, in GPU 0's snapshot)
+/// made by `target`.
+fn race_on(
+    strategy: RestoreStrategy,
+    write: Write,
+    other_passes: u64,
+    target: impl FnOnce(&App, &Pools) -> Ptr,
+) {
     let snapshot = SnapshotConfig::default().with_strategy(strategy);
     let hooks = TestHooks::new(0);
     let app = app::install(
@@ -284,7 +297,7 @@ fn race_with(strategy: RestoreStrategy, write: Write, other_passes: u64) {
     let pools: Pools = app.pools(app.gpus[0]);
     let init: Vec<u32> = (0..256).map(|i| 7 * i).collect();
     let buf = app.buffer(pools.coarse, &init);
-    let target = app.buffer(pools.coarse, &[1; WORDS]);
+    let target = target(&app, &pools);
     let source = app.buffer(app.host_pool(), &[0x5eed; WORDS]);
     let kernel = kreplay_softhsa::register_kernel("racing_add", racing_add);
     let kernarg = app.kernargs(
@@ -365,6 +378,84 @@ scenarios! {
     fn a_rect_copy_during_a_replay_is_not_undone_by_a_restore() {
         race(RestoreStrategy::Writeset, with_async_copy_rect);
     }
+}
+
+/// A virtual memory mapping of GPU 0's coarse pool, [`WORDS`] words holding 1, writable by
+/// GPU 0 only.
+fn vmem_target(app: &App, pools: &Pools) -> Ptr {
+    let amd = app.amd_v2().expect("a ROCm 6.x table");
+    let size = WORDS * 4;
+    let mut va: *mut c_void = std::ptr::null_mut();
+    let mut handle = hsa_sys::layouts::hsa_amd_vmem_alloc_handle_t::default();
+    let access = [hsa_sys::layouts::hsa_amd_memory_access_desc_t {
+        permissions: HSA_ACCESS_PERMISSION_RW,
+        agent_handle: app.gpus[0],
+    }];
+    // SAFETY: the ROCm 6.x entries with their documented arguments: a fresh reservation of
+    // `size` bytes, a handle of that size from GPU 0's pool mapped over all of it, one access
+    // entry alive for the call.
+    unsafe {
+        let reserve = amd.hsa_amd_vmem_address_reserve_fn.expect("reserve");
+        ok(reserve(&mut va, size, 0, 0), "reserve");
+        let create = amd.hsa_amd_vmem_handle_create_fn.expect("create");
+        ok(create(pools.coarse, size, 0, 0, &mut handle), "create");
+        let map = amd.hsa_amd_vmem_map_fn.expect("map");
+        ok(map(va, size, 0, handle, 0), "map");
+        let set_access = amd.hsa_amd_vmem_set_access_fn.expect("set access");
+        ok(set_access(va, size, access.as_ptr(), 1), "set access");
+    }
+    let target = Ptr(va as u64);
+    app.write(target, &[1; WORDS]);
+    target
+}
+
+/// GPU 1 is given write access to GPU 0's mapping (`hsa_amd_vmem_set_access`), then fills it with
+/// a kernel that runs once.
+fn with_vmem_grant_and_dispatch_on_the_other_gpu(app: &App, target: Ptr, _source: Ptr, value: u32) {
+    let amd = app.amd_v2().expect("a ROCm 6.x table");
+    let access = [hsa_sys::layouts::hsa_amd_memory_access_desc_t {
+        permissions: HSA_ACCESS_PERMISSION_RW,
+        agent_handle: app.gpus[1],
+    }];
+    let set_access = amd.hsa_amd_vmem_set_access_fn.expect("set access");
+    // SAFETY: `target` is a mapping of WORDS words; one access entry alive for the call.
+    ok(
+        unsafe { set_access(target.raw(), WORDS * 4, access.as_ptr(), 1) },
+        "set access",
+    );
+    let pools = app.pools(app.gpus[1]);
+    let kernel = kreplay_softhsa::register_kernel("fill_words", fill_words);
+    let kernarg = app.kernargs(
+        &pools,
+        FillArgs {
+            buf: target.0,
+            len: WORDS as u32,
+            value,
+        },
+    );
+    let q = app.queue(app.gpus[1]);
+    let done = app.signal(1);
+    app.dispatch(q, Aql::dispatch(kernel, WORDS as u32, 64, kernarg, done));
+    landed(app, done);
+}
+
+/// The vmem half of the grant fence: write access to a mapping of GPU 0 given to GPU 1 while
+/// GPU 0's replay runs waits for that replay (it took its group before the grant), so GPU 1's
+/// ordinary kernel that follows cannot write the mapping between a pass and a restore.
+#[test]
+fn a_vmem_grant_and_an_ordinary_kernel_on_another_gpu_during_a_replay_are_not_undone() {
+    support::isolated_on(
+        "a_vmem_grant_and_an_ordinary_kernel_on_another_gpu_during_a_replay_are_not_undone",
+        &["6.2"],
+        || {
+            race_on(
+                RestoreStrategy::Full,
+                with_vmem_grant_and_dispatch_on_the_other_gpu,
+                1,
+                vmem_target,
+            )
+        },
+    );
 }
 
 /// `hsa_amd_memory_async_copy_on_engine` (ROCm 5.6+ tables only) into another coarse buffer of
