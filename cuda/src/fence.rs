@@ -115,6 +115,58 @@ pub unsafe fn memset_destination(id: CallbackId, params: *const std::ffi::c_void
     Some(unsafe { *(params as *const u64) })
 }
 
+/// What device memory a call writes, as far as its parameters tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writes {
+    /// No device memory (a copy to the host).
+    Nothing,
+    /// Every byte of `len` bytes at `addr` ([`written_range`]).
+    Range {
+        /// First byte.
+        addr: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// Some bytes of the allocation holding this address (a 2D memset,
+    /// [`memset_destination`]).
+    Within(u64),
+    /// Not described: a launch, a 2D, 3D, peer, batched or array copy, a stream write.
+    Unknown,
+}
+
+/// What call `id` writes (see [`Writes`]).
+///
+/// # Safety
+/// `params` is null or the parameter struct of driver-API callback `id`.
+pub unsafe fn writes(id: CallbackId, params: *const std::ffi::c_void) -> Writes {
+    // SAFETY: forwarded.
+    let (range, set_at) = unsafe { (written_range(id, params), memset_destination(id, params)) };
+    match (range, set_at) {
+        (Some((addr, len)), _) => Writes::Range { addr, len },
+        _ if destination(id) == Destination::Host => Writes::Nothing,
+        (None, Some(dst)) => Writes::Within(dst),
+        (None, None) => Writes::Unknown,
+    }
+}
+
+/// The two addresses a described call's parameters start with (destination and source of a 1D
+/// copy; a memset's destination and its value, a number), whose owners the call's fence waits
+/// for too ([`devices_to_fence`]); `None` for a call [`destination`] does not describe.
+///
+/// # Safety
+/// `params` is null or the parameter struct of driver-API callback `id`.
+pub unsafe fn leading_addresses(
+    id: CallbackId,
+    params: *const std::ffi::c_void,
+) -> Option<[u64; 2]> {
+    if destination(id) == Destination::Unknown || params.is_null() {
+        return None;
+    }
+    let p = params as *const u64;
+    // SAFETY: every described call's parameter struct starts with two 8-byte fields.
+    Some(unsafe { [*p, *p.add(1)] })
+}
+
 /// Whether driver-API callback `id` is a call kreplay fences, and what kind.
 pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     if cbid::MEMCPY.contains(&id) {
@@ -379,6 +431,62 @@ mod tests {
             devices_to_fence(None, &[None, None], true, &[0]),
             Vec::<u64>::new()
         );
+    }
+
+    /// How a tool's call is watched and which addresses a fence looks up come from the same
+    /// parameter structs: a 1D memset's range, a 2D memset's destination, a copy to the host
+    /// (nothing written, but its source read), a copy's destination and source, a launch (not
+    /// described).
+    #[test]
+    fn what_a_call_writes_and_touches_is_read_from_its_parameters() {
+        let p = |v: &[u64]| v.as_ptr() as *const std::ffi::c_void;
+        // cuMemsetD32_v2(dst, value, N)
+        let set = [0x7000_0000u64, 5, 16];
+        // SAFETY: each struct below has the layout of its call's parameters (at least the
+        // fields read).
+        unsafe {
+            assert_eq!(
+                writes(251, p(&set)),
+                Writes::Range {
+                    addr: 0x7000_0000,
+                    len: 64
+                }
+            );
+            assert_eq!(leading_addresses(251, p(&set)), Some([0x7000_0000, 5]));
+            // cuMemsetD2D32_v2(dst, pitch, value, width, height)
+            let set_2d = [0x7200_0000u64, 4096, 7, 1024, 8];
+            assert_eq!(writes(254, p(&set_2d)), Writes::Within(0x7200_0000));
+            assert_eq!(
+                leading_addresses(254, p(&set_2d)),
+                None,
+                "a 2D memset: every device"
+            );
+            // cuMemcpyDtoH_v2(dstHost, srcDevice, ByteCount)
+            let to_host = [0x1234u64, 0x7300_0000, 256];
+            assert_eq!(writes(278, p(&to_host)), Writes::Nothing);
+            assert_eq!(
+                leading_addresses(278, p(&to_host)),
+                Some([0x1234, 0x7300_0000]),
+                "the source's device is waited for: a copy must not read a pass's bytes"
+            );
+            // cuMemcpyDtoD_v2(dst, src, ByteCount)
+            let d2d = [0x7400_0000u64, 0x7500_0000, 128];
+            assert_eq!(
+                writes(280, p(&d2d)),
+                Writes::Range {
+                    addr: 0x7400_0000,
+                    len: 128
+                }
+            );
+            assert_eq!(
+                leading_addresses(280, p(&d2d)),
+                Some([0x7400_0000, 0x7500_0000])
+            );
+            assert_eq!(writes(cbid::CU_LAUNCH_KERNEL, p(&d2d)), Writes::Unknown);
+            assert_eq!(writes(318, p(&d2d)), Writes::Unknown, "a peer copy");
+            assert_eq!(leading_addresses(318, p(&d2d)), None);
+            assert_eq!(leading_addresses(280, std::ptr::null()), None);
+        }
     }
 
     #[test]

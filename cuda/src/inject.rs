@@ -801,15 +801,12 @@ impl Backend {
     fn fenced_devices(&self, id: CallbackId, data: &CallbackData) -> Vec<u64> {
         let current = self.ordinal(data.context).map(|o| o as u64);
         let described = fence::destination(id) != fence::Destination::Unknown;
-        let params = data.function_params as *const u64;
-        let owners = if described && !params.is_null() {
-            // SAFETY: a 1D copy's or memset's parameter struct starts with two 8-byte fields:
-            // destination and source (a memset's value and its padding: a number, looked up
-            // like an address; at worst one more device waited for).
-            let (first, second) = unsafe { (*params, *params.add(1)) };
-            [first, second].map(|a| self.inventory.lookup(a).map(|x| x.owner_agent))
-        } else {
-            [None, None]
+        // SAFETY: CUPTI's parameter struct of call `id`, valid during the callback. A memset's
+        // second field is its value: a number, looked up like an address (at worst one more
+        // device waited for).
+        let owners = match unsafe { fence::leading_addresses(id, data.function_params) } {
+            Some(addresses) => addresses.map(|a| self.inventory.lookup(a).map(|x| x.owner_agent)),
+            None => [None, None],
         };
         let all: Vec<u64> = if described {
             Vec::new()
@@ -838,23 +835,16 @@ impl Backend {
         }
         let name = api_name(data.function_name);
         let values;
-        let params = data.function_params;
         // SAFETY: CUPTI's parameter struct of call `id`, valid during the callback.
-        let (range, set_at) = unsafe {
-            (
-                fence::written_range(id, params),
-                fence::memset_destination(id, params),
-            )
-        };
-        let target = match (range, set_at) {
-            (Some((addr, len)), _) => Target::Range { addr, len },
-            _ if fence::destination(id) == fence::Destination::Host => return,
+        let target = match unsafe { fence::writes(id, data.function_params) } {
+            fence::Writes::Range { addr, len } => Target::Range { addr, len },
+            fence::Writes::Nothing => return,
             // A 2D memset: inside the allocation holding its destination.
-            (None, Some(dst)) => {
+            fence::Writes::Within(dst) => {
                 values = vec![dst];
                 Target::Reached(&values)
             }
-            (None, None) => match self.tool_launch_values(id, data) {
+            fence::Writes::Unknown => match self.tool_launch_values(id, data) {
                 Some(v) => {
                     values = v;
                     Target::Reached(&values)
