@@ -134,6 +134,23 @@ impl Drainer {
     }
 }
 
+impl Drainer {
+    /// Waits until no drain runs or waits to run, at most until `deadline`: whether it is idle
+    /// now. A context about to be destroyed waits for this, so that the drain thread is not
+    /// synchronising it while the driver destroys it (a drain that began before the context was
+    /// forgotten may have listed it).
+    pub fn wait_idle(&self, deadline: Instant) -> bool {
+        let shared = &self.shared;
+        let mut s = shared.state.lock();
+        while s.busy || s.pending.is_some() {
+            if shared.changed.wait_until(&mut s, deadline).timed_out() {
+                return !(s.busy || s.pending.is_some());
+            }
+        }
+        true
+    }
+}
+
 impl Drop for Drainer {
     fn drop(&mut self) {
         self.shared.state.lock().closed = true;
@@ -219,6 +236,26 @@ mod tests {
         let e = d.drain(99).unwrap_err();
         assert!(e.contains("cuCtxSynchronize"), "{e}");
         assert_eq!(*seen.lock(), [1, 2, 99]);
+    }
+
+    #[test]
+    fn waiting_for_idle_ends_when_the_drain_thread_has_nothing_left_or_at_the_deadline() {
+        let (d, release, _seen) = gated(7);
+        assert!(d.wait_idle(Instant::now()), "never started: idle");
+        assert_eq!(d.drain(1), Ok(()));
+        assert!(d.wait_idle(Instant::now()), "a drain that ended");
+        assert!(d.drain(7).is_err(), "stuck past the timeout");
+        let started = Instant::now();
+        assert!(
+            !d.wait_idle(started + Duration::from_millis(50)),
+            "the stuck drain still runs"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        release.send(()).unwrap();
+        assert!(
+            d.wait_idle(Instant::now() + Duration::from_secs(10)),
+            "idle once the stuck work ended"
+        );
     }
 
     #[test]

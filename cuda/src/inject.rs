@@ -698,8 +698,31 @@ impl Backend {
     /// program in the driver (`device_reset.cu`).
     fn before_context_destroyed(&self, ctx: CuContext) {
         let key = ctx as usize;
+        let ordinal = self.contexts.ordinal(key, || None);
         let dying = self.contexts.forget(key);
         self.watch.on_context_destroyed(key);
+        // Forgotten, the context is in no later drain; a drain of its device already running
+        // may have listed it, and must not synchronise it while the driver destroys it: wait
+        // for it (at most the drain timeout, then the destruction goes on regardless).
+        let drainers: Vec<Arc<DeviceState>> = self
+            .devices
+            .lock()
+            .iter()
+            .filter(|(_, d)| Some(d.ordinal) == ordinal)
+            .map(|(_, d)| d.clone())
+            .collect();
+        for d in drainers {
+            if !d.drainer.wait_idle(Instant::now() + d.drainer.timeout()) {
+                log(
+                    LogLevel::Warn,
+                    format!(
+                        "context {key:#x} is destroyed while a drain of its device still runs \
+                         after {:?}",
+                        d.drainer.timeout()
+                    ),
+                );
+            }
+        }
         log(
             LogLevel::Debug,
             format!(
