@@ -3,7 +3,9 @@
 //! While a replay service is configured, every ordinary dispatch on an agent takes that agent's
 //! lock on the *reader* side, and a replay holds the *writer* side for its whole window (from the
 //! drain before the snapshot to the last restore). Agents are independent: replaying on one agent
-//! never blocks dispatches or replays on another.
+//! never blocks dispatches or replays on another, unless the backend linked them into a group
+//! ([`AgentGroups`]: agents whose kernels may write each other's memory), whose replays take the
+//! writer side of every agent of the group in ascending key order.
 //!
 //! [`AgentLocks`] is the registry. Agents are named by a `u64` key (a backend's agent handle) and
 //! their locks are created lazily on first use.
