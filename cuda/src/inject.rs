@@ -819,9 +819,22 @@ impl Backend {
         );
     }
 
+    /// The devices kreplay has state for (where windows may be open).
+    fn known_devices(&self) -> Vec<u64> {
+        self.devices
+            .lock()
+            .iter()
+            .map(|(_, d)| d.ordinal as u64)
+            .collect()
+    }
+
     /// The devices whose replay windows fenced call `id` waits for (see
     /// [`fence::devices_to_fence`]).
     fn fenced_devices(&self, id: CallbackId, data: &CallbackData) -> Vec<u64> {
+        if !self.locks.is_enabled() {
+            // No replay can happen: the fence takes nothing, whatever the devices.
+            return Vec::new();
+        }
         let current = self.ordinal(data.context).map(|o| o as u64);
         let described = fence::destination(id) != fence::Destination::Unknown;
         // SAFETY: CUPTI's parameter struct of call `id`, valid during the callback. A memset's
@@ -831,14 +844,10 @@ impl Backend {
             Some(addresses) => addresses.map(|a| self.inventory.lookup(a).map(|x| x.owner_agent)),
             None => [None, None],
         };
-        let all: Vec<u64> = if described {
+        let all = if described {
             Vec::new()
         } else {
-            self.devices
-                .lock()
-                .iter()
-                .map(|(_, d)| d.ordinal as u64)
-                .collect()
+            self.known_devices()
         };
         fence::devices_to_fence(current, &owners, described, &all)
     }
@@ -899,14 +908,7 @@ impl Backend {
     /// application's launches) and the driver describes the kernel's parameters; `None` for
     /// any other call: it may write anything.
     fn tool_launch_values(&self, id: CallbackId, data: &CallbackData) -> Option<Vec<u64>> {
-        let launch = matches!(
-            id,
-            cbid::CU_LAUNCH_KERNEL
-                | cbid::CU_LAUNCH_KERNEL_PTSZ
-                | cbid::CU_LAUNCH_KERNEL_EX
-                | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
-        );
-        if !launch
+        if !cbid::LAUNCHES.contains(&id)
             || data.function_params.is_null()
             || self.config.snapshot.scope != SnapshotScope::Referenced
         {
@@ -915,13 +917,7 @@ impl Backend {
         // SAFETY: one of the four launch ids, with CUPTI's parameter struct; the context and
         // device are not used for reading the arguments.
         let launch = unsafe { decode_launch(id, data.function_params, std::ptr::null_mut(), 0) };
-        let layout = if launch.params.is_null() {
-            None
-        } else {
-            self.layout(launch.function)
-        };
-        // SAFETY: the launch call's own parameters, read during its API ENTER callback.
-        unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }.ok()
+        self.launch_argument_values(&launch).ok()
     }
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
@@ -1025,15 +1021,7 @@ impl Backend {
                 .check(kernel, &calls, self.config.device_heap)?;
         }
         let referenced = self.config.snapshot.scope == SnapshotScope::Referenced;
-        let layout = if launch.params.is_null() {
-            None
-        } else {
-            self.layout(launch.function)
-        };
-        // SAFETY: the launch call's own parameters, read during its API ENTER callback; the
-        // layout is the driver's description of the launched function.
-        let values = unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) };
-        let (start, values, narrowed) = match values {
+        let (start, values, narrowed) = match self.launch_argument_values(launch) {
             Ok(values) if referenced => {
                 (Filter::referenced_only(device.ordinal as u64), values, true)
             }
@@ -1074,6 +1062,19 @@ impl Backend {
             self.choose_detection(device, launch.function as usize, footprint);
         }
         Ok(scoped.filter)
+    }
+
+    /// The argument values of `launch`, read with the driver's description of the launched
+    /// function's parameters (asked once per function).
+    fn launch_argument_values(&self, launch: &Launch) -> Result<Vec<u64>, ArgumentsUnknown> {
+        let layout = if launch.params.is_null() {
+            None
+        } else {
+            self.layout(launch.function)
+        };
+        // SAFETY: the launch call's own parameters, read during its API ENTER callback; the
+        // layout is the driver's description of the launched function.
+        unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }
     }
 
     /// `auto`: offer the device kernels to the snapshot of a launch of `function` over
@@ -1540,7 +1541,7 @@ impl Backend {
                 if !devices.is_empty() {
                     // The pool's own device is not in the call: every device kreplay knows is
                     // linked with the ones granted (more waiting, never a missed writer).
-                    devices.extend(self.devices.lock().iter().map(|(_, d)| d.ordinal as u64));
+                    devices.extend(self.known_devices());
                     devices.extend(self.ordinal(data.context).map(|o| o as u64));
                 }
                 self.link_devices(&devices, "cuMemPoolSetAccess");
@@ -1675,14 +1676,7 @@ impl Backend {
 /// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
 /// kind, a copy, a memset or a stream write.
 fn writes_device(id: CallbackId) -> bool {
-    fence::device_write(id).is_some()
-        || matches!(
-            id,
-            cbid::CU_LAUNCH_KERNEL
-                | cbid::CU_LAUNCH_KERNEL_PTSZ
-                | cbid::CU_LAUNCH_KERNEL_EX
-                | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
-        )
+    fence::device_write(id).is_some() || cbid::LAUNCHES.contains(&id)
 }
 
 /// The drain before a launch's snapshot, on a thread of kreplay's own (see
