@@ -1781,17 +1781,14 @@ unsafe extern "C" fn on_callback(
             &backend.stats.module_ns,
             start,
         );
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: CUPTI passes a CUpti_ResourceData for the resource domain.
-            let data = unsafe { &*(data as *const ResourceData) };
-            backend.on_resource(id, data)
-        }));
-        if outcome.is_err() {
-            log(
-                LogLevel::Warn,
-                format!("internal error in resource callback {id}"),
-            );
-        }
+        contained(
+            || {
+                // SAFETY: CUPTI passes a CUpti_ResourceData for the resource domain.
+                let data = unsafe { &*(data as *const ResourceData) };
+                backend.on_resource(id, data)
+            },
+            || format!("internal error in resource callback {id}"),
+        );
         return;
     }
     if domain != CB_DOMAIN_DRIVER_API {
@@ -1801,17 +1798,14 @@ unsafe extern "C" fn on_callback(
         if crate::window::in_replay_callback() && writes_device(id) {
             // A tool's call from its replay callback (kreplay's own calls inside one are told
             // apart by `toolwork`).
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
-                let data = unsafe { &*(data as *const CallbackData) };
-                backend.tool_call(id, data)
-            }));
-            if outcome.is_err() {
-                log(
-                    LogLevel::Warn,
-                    format!("internal error in callback {id} of a tool's call"),
-                );
-            }
+            contained(
+                || {
+                    // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
+                    let data = unsafe { &*(data as *const CallbackData) };
+                    backend.tool_call(id, data)
+                },
+                || format!("internal error in callback {id} of a tool's call"),
+            );
         }
         return;
     }
@@ -1819,24 +1813,29 @@ unsafe extern "C" fn on_callback(
     let _timed = backend
         .stats
         .timed(&backend.stats.callbacks, &backend.stats.callback_ns, start);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
-        // fail nor invalidate a capture in progress on another thread: they run in relaxed
-        // capture mode, and the application's call gets its own mode back when this returns.
-        // The fenced calls (copies, memsets, stream writes, graph and cooperative launches)
-        // make no driver call of their own.
-        let _relaxed =
-            (fence::device_write(id).is_none()).then(|| backend.driver.relaxed_capture());
-        // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
-        let data = unsafe { &*(data as *const CallbackData) };
-        // SAFETY: as above, for callback id `id`.
-        unsafe { backend.handle(id, data) }
-    }));
-    if outcome.is_err() {
-        log(
-            LogLevel::Warn,
-            format!("internal error in callback {id}; the call was left alone"),
-        );
+    contained(
+        || {
+            // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
+            // fail nor invalidate a capture in progress on another thread: they run in relaxed
+            // capture mode, and the application's call gets its own mode back when this returns.
+            // The fenced calls (copies, memsets, stream writes, graph and cooperative launches)
+            // make no driver call of their own.
+            let _relaxed =
+                (fence::device_write(id).is_none()).then(|| backend.driver.relaxed_capture());
+            // SAFETY: CUPTI passes a CUpti_CallbackData for the driver-API domain.
+            let data = unsafe { &*(data as *const CallbackData) };
+            // SAFETY: as above, for callback id `id`.
+            unsafe { backend.handle(id, data) }
+        },
+        || format!("internal error in callback {id}; the call was left alone"),
+    );
+}
+
+/// Runs `f` (a callback's work) so that a panic never unwinds into CUPTI: one is caught and
+/// reported as a warning, `why`.
+fn contained(f: impl FnOnce(), why: impl FnOnce() -> String) {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        log(LogLevel::Warn, why());
     }
 }
 
