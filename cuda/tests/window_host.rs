@@ -390,51 +390,70 @@ fn the_device_lock_is_released_after_exit_and_reentry_is_declined() {
     assert_eq!(words(&r)[0], 2, "two launches, each counted once");
 }
 
-#[test]
-fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
-    use std::sync::mpsc;
+/// API ENTER, the application's launch and API EXIT on this thread of a launch on device `agent`
+/// whose tool asks for `passes`, through `ops` (`app` is the launch the driver submits);
+/// `entered` hears when API ENTER returned.
+fn launch_telling_enter(
+    r: &Rig,
+    agent: u64,
+    passes: u64,
+    ops: &dyn LaunchOps,
+    app: &FakeLaunch,
+    entered: std::sync::mpsc::Sender<()>,
+) -> ReplayOutcome {
+    let mut tool = LogTool {
+        passes,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let info = DispatchInfo {
+        agent_id: agent,
+        ..DispatchInfo::default()
+    };
+    let w = Window::enter(r.device.context(&r.registry), &mut tool, info, ops);
+    entered.send(()).unwrap();
+    app.app_launch();
+    w.exit(&mut tool, &ContextRegistry::new(), ops, Ok(()))
+        .outcome
+}
+
+/// Opens a replay window of 4 passes on device `agent` (its peer group `group`), runs `other` on
+/// another thread (a launch that says when it got past API ENTER, see [`launch_telling_enter`]),
+/// and checks that `other`'s launch gets past API ENTER only once the window closed (`what`
+/// names it in the messages).
+fn waits_for_a_replay_window(
+    r: &Arc<Rig>,
+    agent: u64,
+    group: &[u64],
+    what: &str,
+    other: impl FnOnce(&Rig, std::sync::mpsc::Sender<()>) + Send + 'static,
+) {
     use std::time::Duration;
 
-    let r = Arc::new(rig(SnapshotConfig::default()));
-    let ops = FakeLaunch {
-        memory: r.device.memory.clone(),
-        events: r.events.clone(),
-        replayable: Ok(()),
-    };
+    let ops = fake(r);
     let mut tool = LogTool {
         passes: 4,
         events: r.events.clone(),
         outcome: RefCell::new(None),
     };
-    let cx = r.device.context(&r.registry);
-    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    let cx = kreplay_cuda::WindowContext {
+        group,
+        ..r.device.context(&r.registry)
+    };
+    let info = DispatchInfo {
+        agent_id: agent,
+        ..DispatchInfo::default()
+    };
+    let window = Window::enter(cx, &mut tool, info, &ops);
     assert!(window.is_ready());
-
-    // Another thread's ordinary (single-pass) launch on the same device.
-    let (entered_tx, entered_rx) = mpsc::channel();
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
     let other = {
         let r = r.clone();
-        std::thread::spawn(move || {
-            let ops = FakeLaunch {
-                memory: r.device.memory.clone(),
-                events: r.events.clone(),
-                replayable: Ok(()),
-            };
-            let mut tool = LogTool {
-                passes: 1,
-                events: r.events.clone(),
-                outcome: RefCell::new(None),
-            };
-            let cx = r.device.context(&r.registry);
-            let w = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
-            entered_tx.send(()).unwrap();
-            ops.app_launch();
-            w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
-        })
+        std::thread::spawn(move || other(&r, entered_tx))
     };
     assert!(
         entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
-        "the ordinary launch got past API ENTER while a replay window was open"
+        "{what} got past API ENTER while a replay window was open"
     );
     ops.app_launch();
     let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
@@ -444,8 +463,18 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
     ));
     entered_rx
         .recv_timeout(Duration::from_secs(10))
-        .expect("the ordinary launch proceeds once the window closes");
+        .unwrap_or_else(|_| panic!("{what} proceeds once the window closes"));
     other.join().unwrap();
+}
+
+#[test]
+fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    // Another thread's ordinary (single-pass) launch on the same device.
+    waits_for_a_replay_window(&r, AGENT, &[], "the ordinary launch", |r, entered| {
+        let ops = fake(r);
+        launch_telling_enter(r, AGENT, 1, &ops, &ops, entered);
+    });
     let got = words(&r);
     assert!(
         got.iter().enumerate().all(|(i, &x)| x == i as u32 + 2),
@@ -461,64 +490,19 @@ fn an_ordinary_launch_on_another_thread_waits_for_the_replay_window_to_close() {
 /// replay, tripping an index-bounds assertion).
 #[test]
 fn a_declined_launch_on_another_thread_waits_for_the_replay_window_to_close() {
-    use std::sync::mpsc;
-    use std::time::Duration;
-
-    /// API ENTER, the launch, API EXIT of `ops` on this thread; says when ENTER returned.
-    fn declined_launch(r: &Rig, ops: &dyn LaunchOps, app: &FakeLaunch, entered: mpsc::Sender<()>) {
-        let mut tool = LogTool {
-            passes: 4,
-            events: r.events.clone(),
-            outcome: RefCell::new(None),
-        };
-        let cx = r.device.context(&r.registry);
-        let w = Window::enter(cx, &mut tool, DispatchInfo::default(), ops);
-        entered.send(()).unwrap();
-        app.app_launch();
-        let record = w.exit(&mut tool, &ContextRegistry::new(), ops, Ok(()));
-        assert!(record.outcome.decline().is_some(), "{:?}", record.outcome);
-    }
-
     for case in ["not replayable", "uncovered memory"] {
         let r = Arc::new(rig(SnapshotConfig::default()));
-        let ops = fake(&r);
-        let mut tool = LogTool {
-            passes: 4,
-            events: r.events.clone(),
-            outcome: RefCell::new(None),
-        };
-        let cx = r.device.context(&r.registry);
-        let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
-        assert!(window.is_ready());
-
-        let (entered_tx, entered_rx) = mpsc::channel();
-        let other = {
-            let r = r.clone();
-            std::thread::spawn(move || {
-                let mut app = fake(&r);
-                if case == "not replayable" {
-                    app.replayable = Err("captured into a graph".into());
-                    declined_launch(&r, &app, &app, entered_tx);
-                } else {
-                    let ops = Uncovered(fake(&r));
-                    declined_launch(&r, &ops, &app, entered_tx);
-                }
-            })
-        };
-        assert!(
-            entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "{case}: the declined launch got past API ENTER while a replay window was open"
-        );
-        ops.app_launch();
-        let record = window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
-        assert!(matches!(
-            record.outcome,
-            ReplayOutcome::Replayed { passes: 4, .. }
-        ));
-        entered_rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the declined launch proceeds once the window closes");
-        other.join().unwrap();
+        let what = format!("{case}: the declined launch");
+        waits_for_a_replay_window(&r, AGENT, &[], &what, move |r, entered| {
+            let mut app = fake(r);
+            let outcome = if case == "not replayable" {
+                app.replayable = Err("captured into a graph".into());
+                launch_telling_enter(r, AGENT, 4, &app, &app, entered)
+            } else {
+                launch_telling_enter(r, AGENT, 4, &Uncovered(fake(r)), &app, entered)
+            };
+            assert!(outcome.decline().is_some(), "{outcome:?}");
+        });
         let got = words(&r);
         assert!(
             got.iter().enumerate().all(|(i, &x)| x == i as u32 + 2),
@@ -1551,7 +1535,6 @@ fn a_panicking_tool_callback_does_not_leave_the_thread_marked_inside_a_window() 
 #[test]
 fn a_replay_locks_every_device_of_its_peer_group() {
     use std::sync::atomic::AtomicU32;
-    use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
     let group = [0u64, 1];
@@ -1560,45 +1543,16 @@ fn a_replay_locks_every_device_of_its_peer_group() {
         ..DispatchInfo::default()
     };
     let r = Arc::new(rig(SnapshotConfig::default()));
-    let ops = fake(&r);
-    let mut tool = LogTool {
-        passes: 3,
-        events: r.events.clone(),
-        outcome: RefCell::new(None),
-    };
-    let cx = kreplay_cuda::WindowContext {
-        group: &group,
-        ..r.device.context(&r.registry)
-    };
-    let window = Window::enter(cx, &mut tool, on(1), &ops);
-    assert!(window.is_ready());
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let other = {
-        let r = r.clone();
-        std::thread::spawn(move || {
-            let ops = fake(&r);
-            let mut tool = LogTool {
-                passes: 1,
-                events: r.events.clone(),
-                outcome: RefCell::new(None),
-            };
-            let cx = r.device.context(&r.registry);
-            let w = Window::enter(cx, &mut tool, on(0), &ops);
-            entered_tx.send(()).unwrap();
-            ops.app_launch();
-            w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
-        })
-    };
-    assert!(
-        entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
-        "device 0's ordinary launch got past API ENTER while its peer's replay held the group"
+    waits_for_a_replay_window(
+        &r,
+        1,
+        &group,
+        "device 0's ordinary launch, its peer's replay holding the group,",
+        |r, entered| {
+            let ops = fake(r);
+            launch_telling_enter(r, 0, 1, &ops, &ops, entered);
+        },
     );
-    ops.app_launch();
-    window.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()));
-    entered_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("it proceeds once the window closes");
-    other.join().unwrap();
 
     // Two threads replaying on devices 0 and 1 of the group: never two windows at once.
     let open = Arc::new(AtomicU32::new(0));
