@@ -47,6 +47,17 @@ struct Args {
     pad: u32,
 }
 
+/// Applies `f` to `buf[i]` for every work-item `i` of `group` below `len`.
+fn each_word(group: &WorkGroup, buf: u64, len: u32, f: impl Fn(&mut u32)) {
+    for [i, _, _] in group.work_items() {
+        if i < len {
+            // SAFETY: `buf` holds `len` u32 (every kernel's arguments say so); each work-item
+            // owns index `i`.
+            f(unsafe { &mut *(buf as *mut u32).add(i as usize) });
+        }
+    }
+}
+
 /// `buf[i] += 1`; the first run also opens the window for the racing write and gives it up to
 /// [`WRITE_WINDOW`] to complete.
 fn racing_add(group: &WorkGroup) {
@@ -63,12 +74,7 @@ fn racing_add(group: &WorkGroup) {
             WRITE_SEEN_MID_REPLAY.store(true, Ordering::SeqCst);
         }
     }
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: `buf` holds `len` u32; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
+    each_word(group, args.buf, args.len, |w| *w += 1);
 }
 
 /// Checks an HSA status.
@@ -92,12 +98,7 @@ struct FillArgs {
 fn fill_words(group: &WorkGroup) {
     // SAFETY: every dispatch of this kernel carries a `FillArgs` block.
     let args: FillArgs = unsafe { group.kernargs() };
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: `buf` holds `len` u32; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) = args.value };
-        }
-    }
+    each_word(group, args.buf, args.len, |w| *w = args.value);
 }
 
 /// Set by [`slow_fill`] once it runs.
@@ -127,12 +128,7 @@ fn marked_add(group: &WorkGroup) {
     // SAFETY: every dispatch of this kernel carries an `Args` block.
     let args: Args = unsafe { group.kernargs() };
     PASS_RUNNING.store(true, Ordering::SeqCst);
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: `buf` holds `len` u32; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
+    each_word(group, args.buf, args.len, |w| *w += 1);
 }
 
 /// How many of the [`WORDS`] words at `target` are not `value` (a write's words lost).
