@@ -241,8 +241,7 @@ pub(crate) unsafe extern "C" fn async_copy(
             );
         }
         let agents = gpu_agents(b, [src_agent, dst_agent]);
-        let fence = Fence::enter(b, &agents);
-        fence.submit_async(b, completion, Some((dst, size)), |proxy| {
+        Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), |proxy| {
             b.original
                 .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy)
         })
