@@ -12,10 +12,10 @@
 use smallvec::SmallVec;
 
 use crate::copy::read_device;
-use crate::device::CopyError;
+use crate::device::{CopyError, DeviceMemory};
 use crate::hash::chunk_hash;
 use crate::inventory::Region;
-use crate::snapshot::{Snapshot, SnapshotPlan, Snapshotter};
+use crate::snapshot::{Snapshot, SnapshotPlan, Snapshotter, try_vec};
 use crate::store::Backing;
 
 /// The memory a snapshot holds, as a [`Capture`] reads it: its regions and the agents whose copy
@@ -104,6 +104,22 @@ impl Delta {
     }
 }
 
+/// `len` bytes of device memory at `addr`, read into a host buffer of their own; `what` names
+/// the buffer when no host memory can be had for it.
+fn read_to_host(
+    device: &dyn DeviceMemory,
+    addr: u64,
+    len: u64,
+    what: &str,
+) -> Result<Vec<u8>, CopyError> {
+    let failed = |detail: String| CopyError::Failed { addr, len, detail };
+    let size =
+        usize::try_from(len).map_err(|_| failed("the range exceeds the address space".into()))?;
+    let mut bytes = try_vec(size, 0u8).map_err(|_| failed(format!("no host memory for {what}")))?;
+    read_device(device, addr, &mut bytes)?;
+    Ok(bytes)
+}
+
 impl SnapshotPlan {
     /// The memory this plan's snapshot will hold.
     pub fn footprint(&self) -> Footprint {
@@ -126,19 +142,7 @@ impl Snapshotter {
                 regions.push((*region, None));
                 continue;
             }
-            let failed = |detail: &str| CopyError::Failed {
-                addr: region.base,
-                len: region.size,
-                detail: detail.into(),
-            };
-            let len = usize::try_from(region.size)
-                .map_err(|_| failed("region exceeds the address space"))?;
-            let mut bytes = Vec::new();
-            bytes
-                .try_reserve_exact(len)
-                .map_err(|_| failed("no host memory for a capture"))?;
-            bytes.resize(len, 0);
-            read_device(device, region.base, &mut bytes)?;
+            let bytes = read_to_host(device, region.base, region.size, "a capture")?;
             regions.push((*region, Some(bytes)));
         }
         Ok(Capture {
@@ -152,23 +156,9 @@ impl Snapshotter {
     /// A capture cannot tell a byte written with the value it held from one not written;
     /// where the written range is known this is exact.
     pub fn written(&self, addr: u64, len: u64) -> Result<Delta, CopyError> {
-        let size = usize::try_from(len).map_err(|_| CopyError::Failed {
-            addr,
-            len,
-            detail: "range exceeds the address space".into(),
-        })?;
-        let mut bytes = Vec::new();
-        bytes
-            .try_reserve_exact(size)
-            .map_err(|_| CopyError::Failed {
-                addr,
-                len,
-                detail: "no host memory for the written bytes".into(),
-            })?;
-        bytes.resize(size, 0);
-        read_device(self.device(), addr, &mut bytes)?;
+        let bytes = read_to_host(self.device(), addr, len, "the written bytes")?;
         Ok(Delta {
-            changes: if size == 0 {
+            changes: if bytes.is_empty() {
                 Vec::new()
             } else {
                 vec![(addr, bytes)]

@@ -235,7 +235,7 @@ pub struct Snapshot {
     keep_following: bool,
 }
 
-fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
+pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
     let mut v = Vec::new();
     v.try_reserve_exact(len)?;
     v.resize(len, value);
