@@ -142,16 +142,7 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
         let call = call.to_string();
         let part = match target {
             Target::Range { addr, len } => {
-                let end = addr.saturating_add(len);
-                let pieces: Vec<(u64, u64)> = open
-                    .footprint
-                    .regions()
-                    .iter()
-                    .filter_map(|r| {
-                        let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
-                        (from < to).then(|| (from, to - from))
-                    })
-                    .collect();
+                let pieces: Vec<(u64, u64)> = open.footprint.pieces(addr, len).collect();
                 if pieces.is_empty() {
                     return Before::Untouched;
                 }

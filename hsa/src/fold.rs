@@ -137,12 +137,8 @@ impl Holds<'_> {
     /// The work held for wrote all `len` bytes at `addr` (a copy's destination, a fill): the
     /// parts the held windows' snapshots hold are taken whole at their next settle.
     pub(crate) fn wrote(&self, addr: u64, len: u64) {
-        let end = addr.saturating_add(len);
         for window in &self.held {
-            let pieces = window.footprint.regions().iter().filter_map(|r| {
-                let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
-                (from < to).then(|| (from, to - from))
-            });
+            let pieces = window.footprint.pieces(addr, len);
             window.state.lock().written.extend(pieces);
         }
     }

@@ -47,6 +47,16 @@ impl Footprint {
         self.regions.is_empty()
     }
 
+    /// The pieces (address, length) of the `len` bytes at `addr` that lie in its regions, in
+    /// region order.
+    pub fn pieces(&self, addr: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let end = addr.saturating_add(len);
+        self.regions.iter().filter_map(move |r| {
+            let (from, to) = (addr.max(r.base), end.min(r.base + r.size));
+            (from < to).then(|| (from, to - from))
+        })
+    }
+
     /// The part of it made of the regions `keep` accepts (the memory one call may write, say).
     pub fn only(&self, keep: impl Fn(&Region) -> bool) -> Footprint {
         Footprint {
