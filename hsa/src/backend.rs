@@ -44,6 +44,8 @@ pub(crate) struct Backend {
     pub(crate) locked_host: parking_lot::Mutex<Vec<(usize, usize, usize)>>,
     /// The CPU agent, looked up on first use.
     pub(crate) cpu_agent: OnceLock<Option<hsa_agent_t>>,
+    /// Every GPU agent of the system, ascending, looked up on first use (see [`Backend::gpus`]).
+    gpus: OnceLock<Vec<u64>>,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
     /// Agents reach any host memory of the process (SVM accessible by default, XNACK on): a
@@ -84,6 +86,13 @@ pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
 }
 
 impl Backend {
+    /// Every GPU agent of the system (handles, ascending): the agents whose kernels may write
+    /// memory the CPU owns. The runtime's agents do not change while it runs.
+    pub(crate) fn gpus(&self) -> &[u64] {
+        self.gpus
+            .get_or_init(|| crate::copies::gpu_agents(self, self.original.agents()))
+    }
+
     pub(crate) fn is_finalized(&self) -> bool {
         self.finalized.load(Ordering::Acquire)
     }
@@ -200,6 +209,7 @@ pub(crate) unsafe fn install(
         force_runtime_copies: options.force_runtime_copies,
         locked_host: parking_lot::Mutex::default(),
         cpu_agent: OnceLock::new(),
+        gpus: OnceLock::new(),
         ticks_per_second,
         svm_by_default,
         host_visible: parking_lot::Mutex::default(),

@@ -95,6 +95,28 @@ pub(crate) fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent
     gpus
 }
 
+/// The GPU agents a runtime write into `dst` waits for: the GPUs among `touched` (the owners of
+/// its memory and the agents it names) and, when `dst` lies in tracked memory the CPU owns, every
+/// GPU, since a replay on any of them may hold that memory in its snapshot
+/// (`crate::peers::replay_agents`).
+fn write_agents(
+    b: &Backend,
+    touched: impl IntoIterator<Item = hsa_agent_t>,
+    dst: *const c_void,
+) -> Vec<u64> {
+    let mut agents = gpu_agents(b, touched);
+    let cpu_owned = b
+        .inventory
+        .lookup(dst as u64)
+        .is_some_and(|a| !b.gpus().contains(&a.owner_agent));
+    if cpu_owned {
+        agents.extend_from_slice(b.gpus());
+        agents.sort_unstable();
+        agents.dedup();
+    }
+    agents
+}
+
 /// The agent owning the allocation at `ptr`, if the runtime knows one.
 fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
     if ptr.is_null() {
@@ -240,7 +262,7 @@ pub(crate) unsafe extern "C" fn async_copy(
                 dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
             );
         }
-        let agents = gpu_agents(b, [src_agent, dst_agent]);
+        let agents = write_agents(b, [src_agent, dst_agent], dst);
         Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), |proxy| {
             b.original
                 .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy)
@@ -276,7 +298,7 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
         if !b.replay_active() {
             return forward(completion);
         }
-        let agents = gpu_agents(b, [src_agent, dst_agent]);
+        let agents = write_agents(b, [src_agent, dst_agent], dst);
         Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), forward)
     })
 }
@@ -319,7 +341,7 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
             }
         };
         let touched = [owner(b, base(dst)), owner(b, base(src)), Some(copy_agent)];
-        let agents = gpu_agents(b, touched.into_iter().flatten());
+        let agents = write_agents(b, touched.into_iter().flatten(), base(dst));
         // A rectangle does not write every byte between its first and last: compared only.
         Fence::enter(b, &agents).submit_async(b, completion, None, forward)
     })
@@ -337,7 +359,7 @@ pub(crate) unsafe extern "C" fn memory_copy(
             return b.original.memory_copy(dst, src, size);
         }
         let touched = [owner(b, dst), owner(b, src)];
-        let agents = gpu_agents(b, touched.into_iter().flatten());
+        let agents = write_agents(b, touched.into_iter().flatten(), dst);
         let fence = Fence::enter(b, &agents);
         fence.wrote(b.original.memory_copy(dst, src, size), dst, size)
     })
@@ -355,7 +377,7 @@ pub(crate) unsafe extern "C" fn memory_fill(
         if !b.replay_active() {
             return forward();
         }
-        let agents = gpu_agents(b, owner(b, ptr));
+        let agents = write_agents(b, owner(b, ptr), ptr);
         let fence = Fence::enter(b, &agents);
         fence.wrote(forward(), ptr, count.saturating_mul(4))
     })

@@ -134,7 +134,9 @@ pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
 }
 
 /// Wrapper of `hsa_amd_agents_allow_access`: a grant of a GPU's memory to other GPUs links
-/// them into one replay group (`crate::peers`). Grants of memory the CPU owns link nothing.
+/// them into one replay group (`crate::peers`). Grants of memory the CPU owns link nothing: a
+/// replay whose dispatch points into such memory holds every GPU itself
+/// (`crate::peers::replay_agents`).
 pub(crate) unsafe extern "C" fn agents_allow_access(
     num_agents: u32,
     agents: *const hsa_agent_t,

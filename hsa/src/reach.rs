@@ -367,9 +367,45 @@ pub(crate) fn filter(
             filter = filter.vouch(address, size, RegionSource::ModuleVariable);
         }
     }
+    for value in argument_values(b, dispatch, &symbols)? {
+        filter = resolve(b, filter, value, &symbols)?;
+    }
+    Ok(filter)
+}
+
+/// The owners of the memory the dispatch's arguments point into, read without changing
+/// anything (nothing is adopted, nothing declined): for a replay to work out which agents it
+/// must hold before it takes their locks (`crate::peers::replay_agents`). An owner of 0 is
+/// memory the runtime knows without an owner. Unreadable arguments give none.
+pub(crate) fn argument_owners(
+    b: &Backend,
+    agent: hsa_agent_t,
+    dispatch: &hsa_kernel_dispatch_packet_t,
+) -> Vec<u64> {
+    let symbols = loaded_symbols(agent);
+    let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
+    values
+        .into_iter()
+        .filter_map(|value| match b.inventory.lookup(value) {
+            Some(a) => a.kind.is_reachable().then_some(a.owner_agent),
+            None => b
+                .original
+                .pointer_info(value as *const c_void)
+                .map(|info| info.agentOwner.handle),
+        })
+        .collect()
+}
+
+/// The 8-byte aligned values of the dispatch's kernel arguments that may be addresses (at least
+/// [`MIN_ADDRESS`]); none when it has no arguments.
+fn argument_values(
+    b: &Backend,
+    dispatch: &hsa_kernel_dispatch_packet_t,
+    symbols: &[LoadedSymbol],
+) -> Result<Vec<u64>, Decline> {
     let kernarg = dispatch.kernarg_address as u64;
     if kernarg == 0 {
-        return Ok(filter);
+        return Ok(Vec::new());
     }
     let known_size = symbols.iter().find_map(|s| match *s {
         LoadedSymbol::Kernel {
@@ -409,13 +445,13 @@ pub(crate) fn filter(
     }
     // The scan starts at an 8-byte boundary of the device address (the ABI aligns pointers).
     let skip = (8 - (kernarg % 8) as usize) % 8;
-    for word in bytes.get(skip..).unwrap_or(&[]).chunks_exact(8) {
-        let value = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
-        if value >= MIN_ADDRESS {
-            filter = resolve(b, filter, value, &symbols)?;
-        }
-    }
-    Ok(filter)
+    Ok(bytes
+        .get(skip..)
+        .unwrap_or(&[])
+        .chunks_exact(8)
+        .map(|word| u64::from_ne_bytes(word.try_into().expect("8 bytes")))
+        .filter(|&value| value >= MIN_ADDRESS)
+        .collect())
 }
 
 /// Whether `addr` lies in a page mapped in this process (`mincore(2)` on its page).

@@ -13,7 +13,7 @@ use kreplay_passloop::{
     Decline, DeclineReason, DispatchInfo, MemoryOpReport, RegionSources, ReplayDevice,
     RestoreFailure, RestoreRequest, RestoreStrategy, SnapshotRequest, SourceTally, StoreTier,
 };
-use kreplay_snapshot::{Delta, Snapshot, SnapshotError, SnapshotPlan};
+use kreplay_snapshot::{Delta, Filter, Snapshot, SnapshotError, SnapshotPlan};
 
 use crate::DispatchRecord;
 use crate::backend::Backend;
@@ -43,6 +43,7 @@ pub(crate) fn replay_dispatch(
         deltas: Vec::new(),
         progress,
         guard: None,
+        locked: Vec::new(),
         plan: None,
         pass_signal: None,
     };
@@ -117,6 +118,9 @@ struct HsaReplay<'a> {
     deltas: Vec<Delta>,
     progress: &'a Cell<Progress>,
     guard: Option<(Vec<WriteGuard>, InWindow)>,
+    /// The agents whose writer sides `guard` holds, ascending (`crate::peers::replay_agents`):
+    /// the ones the drain waits for.
+    locked: Vec<u64>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
 }
@@ -178,14 +182,35 @@ impl HsaReplay<'_> {
     /// The snapshot plan of this dispatch: what its scope, its kernel arguments and the module
     /// variables on its agent reach (see `crate::reach`).
     fn plan(&self, info: &DispatchInfo) -> Result<SnapshotPlan, Decline> {
-        let filter = crate::reach::filter(
+        let filter = self.filter(info)?;
+        // The agents whose kernels may write what the snapshot holds must be the ones this
+        // replay holds and drained: they were worked out before the locks were taken, and a
+        // grant or an allocation since may have changed them.
+        if self.b.gpus().len() > 1 {
+            let owners = crate::peers::reached_owners(self.b, &filter);
+            let needed = crate::peers::replay_agents(self.b, info.agent_id, owners);
+            if let Some(agent) = needed.iter().find(|a| !self.locked.contains(a)) {
+                return Err(Decline::new(
+                    DeclineReason::SnapshotFailed,
+                    format!(
+                        "agent {agent:#x} may write memory this dispatch reaches, and became so \
+                         while the replay waited for its locks; it is not held"
+                    ),
+                ));
+            }
+        }
+        self.b.snapshotter.plan(&filter).map_err(snapshot_decline)
+    }
+
+    /// What the dispatch reaches (see `crate::reach`).
+    fn filter(&self, info: &DispatchInfo) -> Result<Filter, Decline> {
+        crate::reach::filter(
             self.b,
             hsa_agent_t {
                 handle: info.agent_id,
             },
             &self.dispatch,
-        )?;
-        self.b.snapshotter.plan(&filter).map_err(snapshot_decline)
+        )
     }
 }
 
@@ -271,10 +296,24 @@ impl ReplayDevice for HsaReplay<'_> {
         // never wait for each other crosswise. Lock order: a thread inside a replay window never
         // waits for another agent's writer side (that replay may be waiting for this one): it
         // tries once and declines.
+        //
+        // With more than one GPU, memory the dispatch's arguments point into may be written by
+        // another GPU's kernels (host memory any of them reaches, another GPU's memory): those
+        // GPUs are locked and drained too (`crate::peers::replay_agents`). What the arguments
+        // reach is read here, before the locks, and checked again under them by `plan`.
+        let agents = if self.b.gpus().len() > 1 {
+            let agent = hsa_agent_t {
+                handle: info.agent_id,
+            };
+            let owners = crate::reach::argument_owners(self.b, agent, &self.dispatch);
+            crate::peers::replay_agents(self.b, info.agent_id, owners)
+        } else {
+            self.b.peers.group(info.agent_id)
+        };
         let nested = in_replay_window();
         let (b, state, sink) = (self.b, self.state, self.sink);
         let mut guards = Vec::new();
-        for agent in self.b.peers.group(info.agent_id) {
+        for &agent in &agents {
             let taken = if nested {
                 b.locks
                     .try_write_for(agent, std::time::Duration::ZERO)
@@ -295,17 +334,19 @@ impl ReplayDevice for HsaReplay<'_> {
             }
         }
         self.guard = Some((guards, InWindow::enter()));
+        self.locked = agents;
         Ok(())
     }
 
     fn unlock_agent(&mut self, _info: &DispatchInfo) {
         self.guard = None;
+        self.locked.clear();
     }
 
-    fn drain(&mut self, info: &DispatchInfo) -> Result<(), Decline> {
-        // The queues and copies of every agent of the group (`crate::peers`): a kernel of a
-        // peer already running may be writing this agent's memory.
-        let group = self.b.peers.group(info.agent_id);
+    fn drain(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
+        // The queues and copies of every agent this replay holds (`crate::peers`): a kernel of
+        // one of them already running may be writing memory the snapshot will hold.
+        let group = &self.locked;
         let queues: Vec<_> = group
             .iter()
             .flat_map(|&a| self.b.queues.on_agent(a))

@@ -45,6 +45,9 @@ struct Args {
     buf: u64,
     len: u32,
     pad: u32,
+    /// Another allocation the dispatch points to without touching it (0: none): its snapshot
+    /// holds it all the same.
+    also: u64,
 }
 
 /// Applies `f` to `buf[i]` for every work-item `i` of `group` below `len`.
@@ -258,9 +261,28 @@ fn race(strategy: RestoreStrategy, write: Write) {
 
 /// [`race`], where dispatches on agents other than GPU 0 ask for `other_passes` passes.
 fn race_with(strategy: RestoreStrategy, write: Write, other_passes: u64) {
-    race_on(strategy, write, other_passes, |app, pools| {
-        app.buffer(pools.coarse, &[1; WORDS])
-    });
+    race_on(
+        strategy,
+        write,
+        other_passes,
+        Target::Unreferenced,
+        |app, pools| app.buffer(pools.coarse, &[1; WORDS]),
+    );
+}
+
+/// Whether the replayed dispatch's arguments point to the written buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// No: it is in the snapshot as the agent's own coarse memory.
+    Unreferenced,
+    /// Yes: it is in the snapshot because an argument points into it, whatever its owner.
+    Referenced,
+}
+
+/// A buffer of [`WORDS`] words holding 1 in system memory, which the CPU owns: in a replay's
+/// snapshot only when an argument points into it, and any GPU's kernel may write it.
+fn host_target(app: &App, _pools: &Pools) -> Ptr {
+    app.buffer(app.host_pool(), &[1; WORDS])
 }
 
 /// [`race_with`] with the written buffer (of [`WORDS`] words holding 1, in GPU 0's snapshot)
@@ -269,6 +291,7 @@ fn race_on(
     strategy: RestoreStrategy,
     write: Write,
     other_passes: u64,
+    reference: Target,
     target: impl FnOnce(&App, &Pools) -> Ptr,
 ) {
     let snapshot = SnapshotConfig::default().with_strategy(strategy);
@@ -302,6 +325,11 @@ fn race_on(
             buf: buf.0,
             len: 256,
             pad: 0,
+            also: if reference == Target::Referenced {
+                target.0
+            } else {
+                0
+            },
         },
     );
 
@@ -373,6 +401,55 @@ scenarios! {
     /// `hsa_amd_memory_async_copy_rect` into another coarse buffer of the agent.
     fn a_rect_copy_during_a_replay_is_not_undone_by_a_restore() {
         race(RestoreStrategy::Writeset, with_async_copy_rect);
+    }
+
+    /// A kernel on GPU 1, granted access to a buffer of system memory that GPU 0's replayed
+    /// dispatch points to (so GPU 0's snapshot holds it), fills it; GPU 1's dispatch is replayed
+    /// too. The CPU owns the buffer, so the grant links no GPUs: GPU 0's replay itself holds and
+    /// drains every GPU while its snapshot holds memory any of them may write.
+    fn a_kernel_on_another_gpu_writing_host_memory_a_replay_holds_is_not_undone() {
+        race_on(
+            RestoreStrategy::Full,
+            with_dispatch_on_the_other_gpu,
+            3,
+            Target::Referenced,
+            host_target,
+        );
+    }
+
+    /// The same with GPU 1's dispatch run once: an ordinary dispatch, which waits for GPU 0's
+    /// replay on GPU 1's reader side.
+    fn an_ordinary_kernel_on_another_gpu_writing_host_memory_a_replay_holds_is_not_undone() {
+        race_on(
+            RestoreStrategy::Writeset,
+            with_dispatch_on_the_other_gpu,
+            1,
+            Target::Referenced,
+            host_target,
+        );
+    }
+
+    /// `hsa_memory_copy` from memory the runtime does not know into the system-memory buffer a
+    /// replay holds: no GPU owns either end, and the copy still waits for the replay.
+    fn an_hsa_memory_copy_into_host_memory_a_replay_holds_is_not_undone() {
+        race_on(
+            RestoreStrategy::Full,
+            with_memory_copy,
+            3,
+            Target::Referenced,
+            host_target,
+        );
+    }
+
+    /// `hsa_amd_memory_fill` of the system-memory buffer a replay holds.
+    fn a_memory_fill_of_host_memory_a_replay_holds_is_not_undone() {
+        race_on(
+            RestoreStrategy::Hash,
+            with_memory_fill,
+            3,
+            Target::Referenced,
+            host_target,
+        );
     }
 }
 
@@ -448,6 +525,7 @@ fn a_vmem_grant_and_an_ordinary_kernel_on_another_gpu_during_a_replay_are_not_un
                 RestoreStrategy::Full,
                 with_vmem_grant_and_dispatch_on_the_other_gpu,
                 1,
+                Target::Unreferenced,
                 vmem_target,
             )
         },
@@ -473,85 +551,111 @@ fn a_kernel_of_a_peer_gpu_running_when_a_replay_begins_is_drained_before_the_sna
     support::isolated(
         "a_kernel_of_a_peer_gpu_running_when_a_replay_begins_is_drained_before_the_snapshot",
         || {
-            let hooks = TestHooks::new(0);
-            let app = app::install(
-                hooks.clone(),
-                InstallOptions {
-                    drain: DrainConfig::new(WAIT),
-                    ..Default::default()
-                },
-            );
-            hooks.configure_replay(true);
-            hooks.set_script(Script::passes(3));
-            let (gpu0, gpu1) = (app.gpus[0], app.gpus[1]);
-            let pools0 = app.pools(gpu0);
-            let pools1 = app.pools(gpu1);
-            let init: Vec<u32> = (0..256).map(|i| 3 * i).collect();
-            let buf = app.buffer(pools0.coarse, &init);
-            let target = app.buffer(pools0.coarse, &[1; WORDS]);
-            let allow = app
-                .amd()
-                .hsa_amd_agents_allow_access_fn
-                .expect("hsa_amd_agents_allow_access");
-            // SAFETY: one agent handle, alive for the call; `target` is a live allocation.
-            ok(
-                unsafe { allow(1, &gpu1, std::ptr::null(), target.raw()) },
-                "allow access",
-            );
-
-            let slow = kreplay_softhsa::register_kernel("slow_fill", slow_fill);
-            let slow_args = app.kernargs(
-                &pools1,
-                FillArgs {
-                    buf: target.0,
-                    len: WORDS as u32,
-                    value: 0x5eed,
-                },
-            );
-            let q1 = app.queue(gpu1);
-            let slow_done = app.signal(1);
-            // One pass: this dispatch is not the one replayed.
-            hooks.set_script(Script::passes(1));
-            app.dispatch(q1, Aql::dispatch(slow, 64, 64, slow_args, slow_done));
-            let deadline = Instant::now() + WAIT;
-            while !SLOW_STARTED.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::yield_now();
-            }
-            assert!(
-                SLOW_STARTED.load(Ordering::SeqCst),
-                "GPU 1's kernel started"
-            );
-
-            hooks.set_script(Script::passes(3));
-            let add = kreplay_softhsa::register_kernel("marked_add", marked_add);
-            let add_args = app.kernargs(
-                &pools0,
-                Args {
-                    buf: buf.0,
-                    len: 256,
-                    pad: 0,
-                },
-            );
-            let q0 = app.queue(gpu0);
-            let done = app.signal(1);
-            app.dispatch(q0, Aql::dispatch(add, 256, 64, add_args, done));
-            assert_eq!(app.wait_zero(done), 0, "GPU 0's dispatch completed");
-            assert_eq!(app.wait_zero(slow_done), 0, "GPU 1's dispatch completed");
-            let replayed = hooks
-                .configured_dispatches()
-                .iter()
-                .map(|d| hooks.finished_record(d.dispatch_id).outcome)
-                .filter(|o| matches!(o, ReplayOutcome::Replayed { passes: 3, .. }))
-                .count();
-            assert_eq!(replayed, 1, "GPU 0's dispatch was replayed");
-            let lost = words_other_than(&app, target, 0x5eed);
-            assert_eq!(lost, 0, "{lost} of {WORDS} words GPU 1 wrote were lost");
-            assert!(
-                !SLOW_SAW_PASS.load(Ordering::SeqCst),
-                "GPU 1's kernel was still running when a pass on GPU 0 began"
-            );
-            let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
-            assert_eq!(app.read(buf, 256), expected, "single-run results");
+            running_when_a_replay_begins(Target::Unreferenced, |app, pools| {
+                app.buffer(pools.coarse, &[1; WORDS])
+            })
         },
     );
+}
+
+/// The same with the buffer in system memory, which GPU 0's replayed dispatch points to: GPU 1
+/// is in no group with GPU 0, and the replay drains it because its snapshot holds memory any GPU
+/// may write.
+#[test]
+fn a_kernel_of_another_gpu_writing_host_memory_when_a_replay_begins_is_drained_before_the_snapshot()
+{
+    support::isolated(
+        "a_kernel_of_another_gpu_writing_host_memory_when_a_replay_begins_is_drained_before_the_snapshot",
+        || running_when_a_replay_begins(Target::Referenced, host_target),
+    );
+}
+
+/// A kernel on GPU 1, granted access to the buffer `target` makes, fills it while a dispatch on
+/// GPU 0 (pointing to it or not, as `reference` says) is replayed; checks the fill was waited for
+/// before the snapshot and none of it was lost.
+fn running_when_a_replay_begins(reference: Target, target: impl FnOnce(&App, &Pools) -> Ptr) {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            drain: DrainConfig::new(WAIT),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    hooks.set_script(Script::passes(3));
+    let (gpu0, gpu1) = (app.gpus[0], app.gpus[1]);
+    let pools0 = app.pools(gpu0);
+    let pools1 = app.pools(gpu1);
+    let init: Vec<u32> = (0..256).map(|i| 3 * i).collect();
+    let buf = app.buffer(pools0.coarse, &init);
+    let target = target(&app, &pools0);
+    let allow = app
+        .amd()
+        .hsa_amd_agents_allow_access_fn
+        .expect("hsa_amd_agents_allow_access");
+    // SAFETY: one agent handle, alive for the call; `target` is a live allocation.
+    ok(
+        unsafe { allow(1, &gpu1, std::ptr::null(), target.raw()) },
+        "allow access",
+    );
+
+    let slow = kreplay_softhsa::register_kernel("slow_fill", slow_fill);
+    let slow_args = app.kernargs(
+        &pools1,
+        FillArgs {
+            buf: target.0,
+            len: WORDS as u32,
+            value: 0x5eed,
+        },
+    );
+    let q1 = app.queue(gpu1);
+    let slow_done = app.signal(1);
+    // One pass: this dispatch is not the one replayed.
+    hooks.set_script(Script::passes(1));
+    app.dispatch(q1, Aql::dispatch(slow, 64, 64, slow_args, slow_done));
+    let deadline = Instant::now() + WAIT;
+    while !SLOW_STARTED.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert!(
+        SLOW_STARTED.load(Ordering::SeqCst),
+        "GPU 1's kernel started"
+    );
+
+    hooks.set_script(Script::passes(3));
+    let add = kreplay_softhsa::register_kernel("marked_add", marked_add);
+    let add_args = app.kernargs(
+        &pools0,
+        Args {
+            buf: buf.0,
+            len: 256,
+            pad: 0,
+            also: if reference == Target::Referenced {
+                target.0
+            } else {
+                0
+            },
+        },
+    );
+    let q0 = app.queue(gpu0);
+    let done = app.signal(1);
+    app.dispatch(q0, Aql::dispatch(add, 256, 64, add_args, done));
+    assert_eq!(app.wait_zero(done), 0, "GPU 0's dispatch completed");
+    assert_eq!(app.wait_zero(slow_done), 0, "GPU 1's dispatch completed");
+    let replayed = hooks
+        .configured_dispatches()
+        .iter()
+        .map(|d| hooks.finished_record(d.dispatch_id).outcome)
+        .filter(|o| matches!(o, ReplayOutcome::Replayed { passes: 3, .. }))
+        .count();
+    assert_eq!(replayed, 1, "GPU 0's dispatch was replayed");
+    let lost = words_other_than(&app, target, 0x5eed);
+    assert_eq!(lost, 0, "{lost} of {WORDS} words GPU 1 wrote were lost");
+    assert!(
+        !SLOW_SAW_PASS.load(Ordering::SeqCst),
+        "GPU 1's kernel was still running when a pass on GPU 0 began"
+    );
+    let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
+    assert_eq!(app.read(buf, 256), expected, "single-run results");
 }

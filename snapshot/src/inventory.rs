@@ -307,6 +307,11 @@ impl Filter {
     pub fn required(&self) -> &[u64] {
         &self.required
     }
+
+    /// The addresses given to [`Filter::reach`], in the order given.
+    pub fn reached(&self) -> impl Iterator<Item = u64> + '_ {
+        self.reached.iter().map(|&(addr, _)| addr)
+    }
 }
 
 #[derive(Debug)]
