@@ -279,6 +279,23 @@ enum Target {
     Referenced,
 }
 
+impl Target {
+    /// The arguments of the replayed `x += 1` over the 256 words at `buf`, pointing to `target`
+    /// too when referenced.
+    fn args(self, buf: Ptr, target: Ptr) -> Args {
+        Args {
+            buf: buf.0,
+            len: 256,
+            pad: 0,
+            also: if self == Target::Referenced {
+                target.0
+            } else {
+                0
+            },
+        }
+    }
+}
+
 /// A buffer of [`WORDS`] words holding 1 in system memory, which the CPU owns: in a replay's
 /// snapshot only when an argument points into it, and any GPU's kernel may write it.
 fn host_target(app: &App, _pools: &Pools) -> Ptr {
@@ -319,19 +336,7 @@ fn race_on(
     let target = target(&app, &pools);
     let source = app.buffer(app.host_pool(), &[0x5eed; WORDS]);
     let kernel = kreplay_softhsa::register_kernel("racing_add", racing_add);
-    let kernarg = app.kernargs(
-        &pools,
-        Args {
-            buf: buf.0,
-            len: 256,
-            pad: 0,
-            also: if reference == Target::Referenced {
-                target.0
-            } else {
-                0
-            },
-        },
-    );
+    let kernarg = app.kernargs(&pools, reference.args(buf, target));
 
     let writer = std::thread::spawn(move || {
         let deadline = Instant::now() + WAIT;
@@ -625,19 +630,7 @@ fn running_when_a_replay_begins(reference: Target, target: impl FnOnce(&App, &Po
 
     hooks.set_script(Script::passes(3));
     let add = kreplay_softhsa::register_kernel("marked_add", marked_add);
-    let add_args = app.kernargs(
-        &pools0,
-        Args {
-            buf: buf.0,
-            len: 256,
-            pad: 0,
-            also: if reference == Target::Referenced {
-                target.0
-            } else {
-                0
-            },
-        },
-    );
+    let add_args = app.kernargs(&pools0, reference.args(buf, target));
     let q0 = app.queue(gpu0);
     let done = app.signal(1);
     app.dispatch(q0, Aql::dispatch(add, 256, 64, add_args, done));
