@@ -76,8 +76,11 @@ impl Default for HsaApiTableV3 {
 }
 
 /// The AMD extension table in the order of ROCm 5.6 and later (majors 1 at 456 bytes, 2 from
-/// ROCm 6.0), through the last entry ROCm 6.2 appended (576 bytes). The entries shared with
-/// [`AmdExtTable`] have the same names and types.
+/// ROCm 6.0), through the last entry ROCm 6.2 appended (576 bytes) and the ROCm 7 entries up to
+/// `hsa_amd_agent_preload` (AMD extension interface 1.19, 656 bytes), in the order of the public
+/// `hsa_api_trace.h`. The entries shared with [`AmdExtTable`] have the same names and types; the
+/// ROCm 7 entries kreplay never calls are typed as opaque function pointers (only their place
+/// matters).
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct AmdExtTableV2 {
@@ -541,6 +544,90 @@ pub struct AmdExtTableV2 {
             flags: u64,
         ) -> hsa_status_t,
     >,
+    pub hsa_amd_enable_logging_fn: Option<OpaqueEntry>,
+    pub hsa_amd_signal_wait_all_fn: Option<OpaqueEntry>,
+    pub hsa_amd_memory_get_preferred_copy_engine_fn: Option<OpaqueEntry>,
+    pub hsa_amd_portable_export_dmabuf_v2_fn: Option<OpaqueEntry>,
+    pub hsa_amd_ais_file_write_fn: Option<OpaqueEntry>,
+    pub hsa_amd_ais_file_read_fn: Option<
+        unsafe extern "C" fn(
+            handle: hsa_amd_ais_file_handle_t,
+            device_ptr: *mut c_void,
+            size: u64,
+            file_offset: i64,
+            size_copied: *mut u64,
+            status: *mut i32,
+        ) -> hsa_status_t,
+    >,
+    pub hsa_amd_counted_queue_acquire_fn: Option<OpaqueEntry>,
+    pub hsa_amd_counted_queue_release_fn: Option<OpaqueEntry>,
+    pub hsa_amd_memory_async_batch_copy_fn: Option<
+        unsafe extern "C" fn(
+            copy_ops: *const hsa_amd_memory_copy_op_t,
+            num_copy_ops: u32,
+            num_dep_signals: u32,
+            dep_signals: *const hsa_signal_t,
+        ) -> hsa_status_t,
+    >,
+    pub hsa_amd_agent_preload_fn: Option<OpaqueEntry>,
+}
+
+/// An entry of a runtime table kreplay never calls: a function pointer whose signature does not
+/// matter here (never call through it).
+pub type OpaqueEntry = unsafe extern "C" fn();
+
+/// The file of `hsa_amd_ais_file_read` (ROCm 7, experimental): on Linux its `fd`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub union hsa_amd_ais_file_handle_t {
+    pub handle: *mut c_void,
+    pub fd: c_int,
+    pub pad: [u8; 8],
+}
+
+impl std::fmt::Debug for hsa_amd_ais_file_handle_t {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: every bit pattern of the 8 bytes is a valid `[u8; 8]`.
+        write!(f, "hsa_amd_ais_file_handle_t({:?})", unsafe { self.pad })
+    }
+}
+
+/// `HSA_AMD_MEMORY_COPY_OP_VERSION`: the only `version` of [`hsa_amd_memory_copy_op_t`] a
+/// runtime of AMD extension interface 1.17 accepts.
+pub const HSA_AMD_MEMORY_COPY_OP_VERSION: u16 = 1;
+/// `hsa_amd_memory_copy_op_type_t`: one source to one destination (lists when `num_entries` > 0).
+pub const HSA_AMD_MEMORY_COPY_OP_LINEAR: u16 = 0;
+/// `hsa_amd_memory_copy_op_type_t`: one source to the `num_entries` destinations of `dst_list`.
+pub const HSA_AMD_MEMORY_COPY_OP_LINEAR_BROADCAST: u16 = 1;
+/// `hsa_amd_memory_copy_op_type_t`: two buffers exchanged.
+pub const HSA_AMD_MEMORY_COPY_OP_LINEAR_SWAP: u16 = 2;
+
+/// One operation of `hsa_amd_memory_async_batch_copy` (ROCm 7, AMD extension interface 1.17),
+/// laid out as the public `hsa_ext_amd.h` declares it. The header's anonymous unions are single
+/// words here, named after their scalar member: `src` (or `src_list`), `src_agent` (or
+/// `src_agent_list`), `dst_agent` (or `dst_agent_list`), `dst` (or `dst_list`), and `size`
+/// (`size`/`unused_size`, `src_size`/`dst_size`, or `size_list`/`reserved0`); `wait` and
+/// `signal` are the header's wait-before and signal-after blocks, as words. Every operation of
+/// one batch carries the same `completion_signal`, set by the caller to the number of
+/// operations and decremented once per operation completed.
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+#[allow(non_camel_case_types)]
+pub struct hsa_amd_memory_copy_op_t {
+    pub version: u16,
+    pub type_: u16,
+    pub num_entries: u16,
+    pub traffic_class: u16,
+    pub completion_signal: hsa_signal_t,
+    pub src: u64,
+    pub src_agent: u64,
+    pub dst_agent: u64,
+    pub dst: u64,
+    pub size: [u64; 2],
+    pub wait: [u64; 4],
+    pub signal: [u64; 3],
+    pub reserved1: u64,
 }
 
 /// Sizes (`minor_id`) of the tables of each release, from the public headers.
@@ -561,8 +648,11 @@ pub mod sizes {
     pub const AMD_5_6: u32 = 456;
     /// AMD extension table of ROCm 6.0 (`hsa_amd_vmem_*` appended).
     pub const AMD_6_0: u32 = 552;
-    /// AMD extension table of ROCm 6.2 (what [`super::AmdExtTableV2`] describes).
+    /// AMD extension table of ROCm 6.2.
     pub const AMD_6_2: u32 = 576;
+    /// AMD extension table through `hsa_amd_agent_preload` (a ROCm 7 runtime of AMD extension
+    /// interface 1.19; what [`super::AmdExtTableV2`] describes). Later runtimes append more.
+    pub const AMD_7_PRELOAD: u32 = 656;
 }
 
 /// Copies the entries two layouts share, by name.
@@ -754,14 +844,39 @@ assert_offsets!(AmdExtTableV2 {
     hsa_amd_agent_set_async_scratch_limit_fn: 552,
     hsa_amd_queue_get_info_fn: 560,
     hsa_amd_vmem_address_reserve_align_fn: 568,
+    hsa_amd_ais_file_read_fn: 616,
+    hsa_amd_memory_async_batch_copy_fn: 640,
+    hsa_amd_agent_preload_fn: 648,
 });
+
+// A batch copy's operation (ROCm 7, public hsa_ext_amd.h).
+assert_offsets!(hsa_amd_memory_copy_op_t {
+    version: 0,
+    type_: 2,
+    num_entries: 4,
+    traffic_class: 6,
+    completion_signal: 8,
+    src: 16,
+    src_agent: 24,
+    dst_agent: 32,
+    dst: 40,
+    size: 48,
+    wait: 64,
+    signal: 96,
+    reserved1: 120,
+});
+const _: () = assert!(std::mem::size_of::<hsa_amd_memory_copy_op_t>() == 128);
 
 const _: () = {
     assert!(std::mem::size_of::<HsaApiTable>() == sizes::ROOT_5 as usize);
     assert!(std::mem::size_of::<HsaApiTableV3>() == sizes::ROOT_6_2 as usize);
     assert!(std::mem::size_of::<CoreApiTable>() == sizes::CORE as usize);
     assert!(std::mem::size_of::<AmdExtTable>() == sizes::AMD_5_2 as usize);
-    assert!(std::mem::size_of::<AmdExtTableV2>() == sizes::AMD_6_2 as usize);
+    assert!(std::mem::size_of::<AmdExtTableV2>() == sizes::AMD_7_PRELOAD as usize);
+    assert!(
+        std::mem::offset_of!(AmdExtTableV2, hsa_amd_vmem_address_reserve_align_fn) + 8
+            == sizes::AMD_6_2 as usize
+    );
     // ROCm 5.6's table ends with the two dma-buf entries; 6.0's with the vmem entries.
     assert!(
         std::mem::offset_of!(AmdExtTableV2, hsa_amd_portable_close_dmabuf_fn) + 8

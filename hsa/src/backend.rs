@@ -304,6 +304,8 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_memory_async_copy_fn = copies::async_copy,
         hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
         hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,
+        hsa_amd_memory_async_batch_copy_fn = copies::async_batch_copy,
+        hsa_amd_ais_file_read_fn = copies::ais_file_read,
         hsa_amd_memory_fill_fn = copies::memory_fill,
         hsa_amd_agents_allow_access_fn = memory::agents_allow_access,
         hsa_amd_memory_lock_fn = memory::memory_lock,

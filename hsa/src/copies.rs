@@ -27,7 +27,10 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use hsa_sys::layouts::hsa_amd_sdma_engine_id_t;
+use hsa_sys::layouts::{
+    HSA_AMD_MEMORY_COPY_OP_VERSION, hsa_amd_ais_file_handle_t, hsa_amd_memory_copy_op_t,
+    hsa_amd_sdma_engine_id_t,
+};
 use hsa_sys::*;
 use kreplay_drain::InFlightCounter;
 use parking_lot::Mutex;
@@ -56,7 +59,11 @@ impl CopyTracker {
 struct PendingCopy {
     proxy: hsa_signal_t,
     application: hsa_signal_t,
+    /// How much the application's signal drops when the copy landed (a batch's operations).
+    count: i64,
     counters: Vec<Arc<InFlightCounter>>,
+    /// The batch operations submitted in the application's stead, alive until they landed.
+    _operations: Vec<hsa_amd_memory_copy_op_t>,
 }
 
 unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
@@ -70,7 +77,8 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
         }
         if pending.application.handle != 0 {
             crate::dispatch::carry_timestamps(pending.proxy, pending.application);
-            b.original.signal_subtract(pending.application, 1);
+            b.original
+                .signal_subtract(pending.application, pending.count);
         }
         b.original.signal_destroy(pending.proxy);
     }));
@@ -194,17 +202,35 @@ impl<'a> Fence<'a> {
     /// `completion` is decremented. `whole`: the range it writes every byte of, if known (see
     /// [`Fence::wrote`]; settles read it once the copy landed).
     fn submit_async(
-        mut self,
+        self,
         b: &Backend,
         completion: hsa_signal_t,
         whole: Option<(*mut c_void, usize)>,
         submit: impl FnOnce(hsa_signal_t) -> hsa_status_t,
     ) -> hsa_status_t {
-        let proxy = match b.original.signal_create(1) {
+        self.submit_counted(b, completion, whole, 1, Vec::new(), |proxy, _| {
+            submit(proxy)
+        })
+    }
+
+    /// [`Fence::submit_async`] for `count` completions on one signal (a batch's operations, kept
+    /// in `operations` until they landed and passed to `submit` to fill in the signal): the
+    /// write stays counted until kreplay's signal, starting at `count`, reaches 0, then the
+    /// application's `completion` drops by `count`.
+    fn submit_counted(
+        mut self,
+        b: &Backend,
+        completion: hsa_signal_t,
+        whole: Option<(*mut c_void, usize)>,
+        count: i64,
+        mut operations: Vec<hsa_amd_memory_copy_op_t>,
+        submit: impl FnOnce(hsa_signal_t, &mut [hsa_amd_memory_copy_op_t]) -> hsa_status_t,
+    ) -> hsa_status_t {
+        let proxy = match b.original.signal_create(count) {
             Ok(s) => s,
             Err(status) => return status,
         };
-        let status = submit(proxy);
+        let status = submit(proxy, &mut operations);
         if status != HSA_STATUS_SUCCESS {
             b.original.signal_destroy(proxy);
             return status; // dropping `self` finishes the counts
@@ -215,7 +241,9 @@ impl<'a> Fence<'a> {
         let pending = Box::into_raw(Box::new(PendingCopy {
             proxy,
             application: completion,
+            count,
             counters: std::mem::take(&mut self.counters),
+            _operations: operations,
         }));
         let status = b.original.signal_async_handler(
             proxy,
@@ -300,6 +328,117 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
         }
         let agents = write_agents(b, [src_agent, dst_agent], dst);
         Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), forward)
+    })
+}
+
+/// Wrapper of `hsa_amd_memory_async_batch_copy` (ROCm 7). Its operations' destinations are not
+/// read (lists, broadcasts, swaps and indirect addresses): while a replay service is configured
+/// a batch waits for a replay on any GPU and counts on every GPU until its last operation
+/// landed, so every replay's drain waits for it. kreplay puts one completion signal of its own,
+/// starting at the number of operations, in every operation (the runtime takes one signal per
+/// batch) and decrements the application's by as much once all landed. A batch with an
+/// operation of a version kreplay does not know is fenced for its submission only, with a
+/// warning: its copies may land inside a later replay.
+pub(crate) unsafe extern "C" fn async_batch_copy(
+    ops: *const hsa_amd_memory_copy_op_t,
+    num_ops: u32,
+    num_deps: u32,
+    deps: *const hsa_signal_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let forward = |ops: *const hsa_amd_memory_copy_op_t| {
+            forward!(
+                b,
+                amd.hsa_amd_memory_async_batch_copy_fn(ops, num_ops, num_deps, deps)
+            )
+        };
+        if !b.replay_active() || ops.is_null() || num_ops == 0 {
+            return forward(ops);
+        }
+        let fence = Fence::enter(b, b.gpus());
+        // The version leads every operation (a later version may be laid out otherwise): the
+        // first one's is read before the operations are read as the known layout.
+        // SAFETY: the caller passes at least one operation at `ops`, which starts with it.
+        let first = unsafe { ops.cast::<u16>().read_unaligned() };
+        let operations = if first == HSA_AMD_MEMORY_COPY_OP_VERSION {
+            // SAFETY: `num_ops` operations of the known layout at `ops` (the entry's contract;
+            // the runtime reads them during the call just the same).
+            unsafe { std::slice::from_raw_parts(ops, num_ops as usize) }.to_vec()
+        } else {
+            Vec::new()
+        };
+        let known = !operations.is_empty()
+            && operations
+                .iter()
+                .all(|op| op.version == HSA_AMD_MEMORY_COPY_OP_VERSION);
+        let completion = operations
+            .first()
+            .map_or(hsa_signal_t { handle: 0 }, |op| op.completion_signal);
+        if !known || completion.handle == 0 {
+            if !known {
+                b.hooks.warn_once(
+                    "batch_copy_version",
+                    "hsa_amd_memory_async_batch_copy with an operation version kreplay does not \
+                     know: the batch waited for running replays, but its copies may land inside \
+                     a later one, whose restores would undo them",
+                );
+            }
+            // Fenced for the submission; the runtime rejects a batch without a signal itself.
+            return forward(ops);
+        }
+        fence.submit_counted(
+            b,
+            completion,
+            None,
+            i64::from(num_ops),
+            operations,
+            |proxy, operations| {
+                for op in operations.iter_mut() {
+                    op.completion_signal = proxy;
+                }
+                forward(operations.as_ptr())
+            },
+        )
+    })
+}
+
+/// Wrapper of `hsa_amd_ais_file_read` (ROCm 7, experimental; synchronous): a file read into
+/// memory at `device_ptr`, fenced like `hsa_memory_copy` for the length of the call.
+pub(crate) unsafe extern "C" fn ais_file_read(
+    handle: hsa_amd_ais_file_handle_t,
+    device_ptr: *mut c_void,
+    size: u64,
+    file_offset: i64,
+    size_copied: *mut u64,
+    status: *mut i32,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let forward = || {
+            forward!(
+                b,
+                amd.hsa_amd_ais_file_read_fn(
+                    handle,
+                    device_ptr,
+                    size,
+                    file_offset,
+                    size_copied,
+                    status
+                )
+            )
+        };
+        if !b.replay_active() {
+            return forward();
+        }
+        let agents = write_agents(b, owner(b, device_ptr), device_ptr);
+        let fence = Fence::enter(b, &agents);
+        // What it wrote is `size_copied`, at most `size`: the whole range is taken.
+        fence.wrote(
+            forward(),
+            device_ptr,
+            usize::try_from(size).unwrap_or(usize::MAX),
+        )
     })
 }
 

@@ -252,6 +252,89 @@ fn with_async_copy_on_engine(app: &App, target: Ptr, source: Ptr, _value: u32) {
     landed(app, done);
 }
 
+/// `hsa_amd_memory_async_batch_copy` (a ROCm 7 table): two operations sharing one completion
+/// signal, the first copying the first half of `source` into `target` as one range, the second
+/// the second half as a list of two ranges.
+fn with_batch_copy(app: &App, target: Ptr, source: Ptr, _value: u32) {
+    use hsa_sys::layouts::{
+        HSA_AMD_MEMORY_COPY_OP_LINEAR, HSA_AMD_MEMORY_COPY_OP_VERSION, hsa_amd_memory_copy_op_t,
+    };
+    let amd = app.amd_v2().expect("a ROCm 7 table");
+    let batch = amd
+        .hsa_amd_memory_async_batch_copy_fn
+        .expect("hsa_amd_memory_async_batch_copy");
+    let (half, quarter) = ((WORDS * 2) as u64, (WORDS) as u64);
+    let done = app.signal(2);
+    let op = hsa_amd_memory_copy_op_t {
+        version: HSA_AMD_MEMORY_COPY_OP_VERSION,
+        type_: HSA_AMD_MEMORY_COPY_OP_LINEAR,
+        completion_signal: done,
+        src: source.0,
+        src_agent: app.cpu.handle,
+        dst_agent: app.gpus[0].handle,
+        dst: target.0,
+        size: [half, 0],
+        ..Default::default()
+    };
+    let dsts = [target.0 + half, target.0 + half + quarter];
+    let srcs = [source.0 + half, source.0 + half + quarter];
+    let sizes = [quarter; 2];
+    let agents = [app.gpus[0].handle; 2];
+    let listed = hsa_amd_memory_copy_op_t {
+        num_entries: 2,
+        src: srcs.as_ptr() as u64,
+        dst: dsts.as_ptr() as u64,
+        dst_agent: agents.as_ptr() as u64,
+        size: [sizes.as_ptr() as u64, 0],
+        ..op
+    };
+    let ops = [op, listed];
+    // SAFETY: two operations of the ROCm 7 layout; every range lies inside a live allocation of
+    // WORDS u32, and the lists the second one points to outlive the copy (waited for below).
+    let status = unsafe { batch(ops.as_ptr(), 2, 0, std::ptr::null()) };
+    ok(status, "batch copy");
+    landed(app, done);
+}
+
+/// `hsa_amd_ais_file_read` (a ROCm 7 table): the words, written to a file first, read from it
+/// into `target`.
+fn with_ais_file_read(app: &App, target: Ptr, _source: Ptr, value: u32) {
+    use std::io::Write;
+    use std::os::unix::io::AsRawFd;
+    let amd = app.amd_v2().expect("a ROCm 7 table");
+    let read = amd.hsa_amd_ais_file_read_fn.expect("hsa_amd_ais_file_read");
+    let path = std::env::temp_dir().join(format!("kreplay-ais-read-{}", std::process::id()));
+    let bytes: Vec<u8> = std::iter::repeat_n(value.to_ne_bytes(), WORDS)
+        .flatten()
+        .collect();
+    let mut file = std::fs::File::create(&path).expect("a file in the temporary directory");
+    file.write_all(&bytes).expect("the words written");
+    let file = std::fs::File::open(&path).expect("the file opened");
+    std::fs::remove_file(&path).expect("the file removed");
+    let handle = hsa_sys::layouts::hsa_amd_ais_file_handle_t {
+        fd: file.as_raw_fd(),
+    };
+    let (mut copied, mut error) = (0u64, 0i32);
+    // SAFETY: an open file of WORDS words, read into a live allocation of WORDS u32; both out
+    // pointers are locals alive for the call.
+    let status = unsafe {
+        read(
+            handle,
+            target.raw(),
+            bytes.len() as u64,
+            0,
+            &mut copied,
+            &mut error,
+        )
+    };
+    ok(status, "ais file read");
+    assert_eq!(
+        (copied, error),
+        (bytes.len() as u64, 0),
+        "the whole file read"
+    );
+}
+
 /// Replays a dispatch on GPU 0 three times while `write` fills another coarse buffer of GPU 0
 /// during the first pass; checks that nothing of the write is lost and that the kernel's own
 /// buffer holds single-run results.
@@ -545,6 +628,73 @@ fn a_copy_on_engine_during_a_replay_is_not_undone_by_a_restore() {
         "a_copy_on_engine_during_a_replay_is_not_undone_by_a_restore",
         &["5.6", "6.2"],
         || race(RestoreStrategy::Full, with_async_copy_on_engine),
+    );
+}
+
+/// `hsa_amd_memory_async_batch_copy` (ROCm 7 tables only) into another coarse buffer of the
+/// agent: kreplay does not read the operations' destinations, and the batch waits for the
+/// replay on every GPU and is drained as one copy.
+#[test]
+fn a_batch_copy_during_a_replay_is_not_undone_by_a_restore() {
+    support::isolated_on(
+        "a_batch_copy_during_a_replay_is_not_undone_by_a_restore",
+        &["7"],
+        || race(RestoreStrategy::Writeset, with_batch_copy),
+    );
+}
+
+/// `hsa_amd_ais_file_read` (ROCm 7 tables only) into another coarse buffer of the agent.
+#[test]
+fn an_ais_file_read_during_a_replay_is_not_undone_by_a_restore() {
+    support::isolated_on(
+        "an_ais_file_read_during_a_replay_is_not_undone_by_a_restore",
+        &["7"],
+        || race(RestoreStrategy::Hash, with_ais_file_read),
+    );
+}
+
+/// A batch whose operation has a version kreplay does not know is passed to the runtime as it
+/// came (which refuses it here) and the tool is warned that such a batch is fenced for its
+/// submission only.
+#[test]
+fn a_batch_copy_of_an_unknown_operation_version_is_forwarded_with_a_warning() {
+    support::isolated_on(
+        "a_batch_copy_of_an_unknown_operation_version_is_forwarded_with_a_warning",
+        &["7"],
+        || {
+            use hsa_sys::layouts::hsa_amd_memory_copy_op_t;
+            let hooks = TestHooks::new(0);
+            let app = app::install(hooks.clone(), InstallOptions::default());
+            hooks.configure_replay(true);
+            let batch = app
+                .amd_v2()
+                .and_then(|amd| amd.hsa_amd_memory_async_batch_copy_fn)
+                .expect("hsa_amd_memory_async_batch_copy");
+            let pools = app.pools(app.gpus[0]);
+            let (target, source) = (app.alloc(pools.coarse, 64), app.alloc(pools.coarse, 64));
+            let done = app.signal(1);
+            let op = hsa_amd_memory_copy_op_t {
+                version: 2,
+                completion_signal: done,
+                src: source.0,
+                src_agent: app.gpus[0].handle,
+                dst_agent: app.gpus[0].handle,
+                dst: target.0,
+                size: [64, 0],
+                ..Default::default()
+            };
+            // SAFETY: one operation, alive for the call; the runtime validates it.
+            let status = unsafe { batch(&op, 1, 0, std::ptr::null()) };
+            assert_eq!(
+                status, HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                "the runtime's answer"
+            );
+            assert!(
+                hooks.warned_keys().contains(&"batch_copy_version"),
+                "warned: {:?}",
+                hooks.warnings()
+            );
+        },
     );
 }
 

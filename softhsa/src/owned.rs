@@ -7,7 +7,7 @@ use hsa_sys::{
 };
 
 /// Environment variable choosing the layout of [`OwnedApiTable::softhsa`]: `5.2` (the default),
-/// `5.6` or `6.2`.
+/// `5.6`, `6.2` or `7`.
 pub const TABLE_LAYOUT_ENV: &str = "KREPLAY_SOFTHSA_TABLE";
 
 /// Which ROCm release's API table layout softhsa hands out.
@@ -22,14 +22,19 @@ pub enum TableLayout {
     /// ROCm 6.2 and later: root major 3 (64 bytes), core and AMD extension majors 2, the AMD
     /// extension table in the 5.6 order with the 6.x entries appended (576 bytes).
     Rocm62,
+    /// A ROCm 7 runtime of AMD extension interface 1.19: the 6.2 layout with the AMD extension
+    /// table grown to `hsa_amd_agent_preload` (656 bytes), `hsa_amd_memory_async_batch_copy`
+    /// and `hsa_amd_ais_file_read` included (softhsa's other 7.x entries are null).
+    Rocm7,
 }
 
 impl TableLayout {
     /// Every layout.
-    pub const ALL: [TableLayout; 3] = [
+    pub const ALL: [TableLayout; 4] = [
         TableLayout::Rocm52,
         TableLayout::Rocm56,
         TableLayout::Rocm62,
+        TableLayout::Rocm7,
     ];
 
     /// The value of [`TABLE_LAYOUT_ENV`] that selects this layout.
@@ -38,6 +43,7 @@ impl TableLayout {
             TableLayout::Rocm52 => "5.2",
             TableLayout::Rocm56 => "5.6",
             TableLayout::Rocm62 => "6.2",
+            TableLayout::Rocm7 => "7",
         }
     }
 
@@ -47,7 +53,7 @@ impl TableLayout {
             .into_iter()
             .find(|l| l.name() == value.trim())
             .ok_or_else(|| {
-                format!("{TABLE_LAYOUT_ENV}={value:?} is not a table layout (5.2, 5.6 or 6.2)")
+                format!("{TABLE_LAYOUT_ENV}={value:?} is not a table layout (5.2, 5.6, 6.2 or 7)")
             })
     }
 
@@ -168,9 +174,16 @@ impl OwnedApiTable {
                 amd.version = version(1, sizes::AMD_5_6, 0);
                 owned.set_amd(AmdTable::V2(Box::new(amd)));
             }
-            TableLayout::Rocm62 => {
+            TableLayout::Rocm62 | TableLayout::Rocm7 => {
                 let mut amd = crate::api::amd_table_v2();
-                amd.version = version(2, sizes::AMD_6_2, 3);
+                amd.version = if layout == TableLayout::Rocm7 {
+                    version(2, sizes::AMD_7_PRELOAD, 0x0b)
+                } else {
+                    // Nothing past 6.2's entries exists there.
+                    amd.hsa_amd_memory_async_batch_copy_fn = None;
+                    amd.hsa_amd_ais_file_read_fn = None;
+                    version(2, sizes::AMD_6_2, 3)
+                };
                 owned.set_amd(AmdTable::V2(Box::new(amd)));
                 owned.root.version = version(3, sizes::ROOT_6_2, 1);
                 owned.core.version.major_id = 2;

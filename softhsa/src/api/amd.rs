@@ -765,6 +765,136 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy(
     })
 }
 
+/// `hsa_amd_ais_file_read` (ROCm 7, experimental): reads `size` bytes of the file `handle.fd`
+/// at `file_offset` into the runtime allocation at `device_ptr`, synchronously; the bytes read
+/// go to `size_copied`, and `status` gets 0 (or the OS error number of a failed read).
+pub(crate) unsafe extern "C" fn hsa_amd_ais_file_read(
+    handle: hsa_sys::layouts::hsa_amd_ais_file_handle_t,
+    device_ptr: *mut c_void,
+    size: u64,
+    file_offset: i64,
+    size_copied: *mut u64,
+    status: *mut i32,
+) -> hsa_status_t {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::FromRawFd;
+    with_runtime(|rt| {
+        // SAFETY: the handle's `fd` member, as Linux callers set it.
+        let fd = unsafe { handle.fd };
+        let size = usize::try_from(size).map_err(|_| HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        let offset = u64::try_from(file_offset).map_err(|_| HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        if fd < 0 || device_ptr.is_null() || size == 0 {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let allocation = rt
+            .memory
+            .find(device_ptr as usize)
+            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+        if device_ptr as usize - allocation.base + size > allocation.size {
+            return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
+        }
+        // SAFETY: the caller's open file, borrowed for the call: ManuallyDrop keeps it open.
+        let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+        // SAFETY: the range lies inside a live runtime allocation (checked above).
+        let buffer = unsafe { std::slice::from_raw_parts_mut(device_ptr.cast::<u8>(), size) };
+        let (copied, error) = match file.read_at(buffer, offset) {
+            Ok(n) => (n as u64, 0),
+            Err(e) => (0, e.raw_os_error().unwrap_or(-1)),
+        };
+        // SAFETY: the caller's out pointers, written when non-null.
+        unsafe {
+            if !size_copied.is_null() {
+                *size_copied = copied;
+            }
+            if !status.is_null() {
+                *status = error;
+            }
+        }
+        if error == 0 {
+            Ok(())
+        } else {
+            Err(HSA_STATUS_ERROR)
+        }
+    })
+}
+
+/// `hsa_amd_memory_async_batch_copy` (ROCm 7): linear operations only (`HSA_AMD_MEMORY_COPY_OP_LINEAR`,
+/// one range or, with `num_entries` > 0, lists of ranges), without wait-before or
+/// signal-after blocks; any other operation makes the whole call fail with
+/// `HSA_STATUS_ERROR_INVALID_ARGUMENT` before anything is submitted. Every operation carries the
+/// batch's one completion signal and decrements it once when its ranges are copied.
+pub(crate) unsafe extern "C" fn hsa_amd_memory_async_batch_copy(
+    copy_ops: *const hsa_sys::layouts::hsa_amd_memory_copy_op_t,
+    num_copy_ops: u32,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+) -> hsa_status_t {
+    use hsa_sys::layouts::{HSA_AMD_MEMORY_COPY_OP_LINEAR, HSA_AMD_MEMORY_COPY_OP_VERSION};
+    with_runtime(|rt| {
+        if num_copy_ops == 0 {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: `copy_ops` lists `num_copy_ops` operations.
+        let ops = unsafe { read_array(copy_ops, num_copy_ops as usize) }?;
+        let signal = ops[0].completion_signal.handle;
+        let mut jobs = Vec::with_capacity(ops.len());
+        for op in &ops {
+            if op.version != HSA_AMD_MEMORY_COPY_OP_VERSION
+                || op.type_ != HSA_AMD_MEMORY_COPY_OP_LINEAR
+                || op.completion_signal.handle != signal
+                || op.wait != [0; 4]
+                || op.signal != [0; 3]
+            {
+                return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+            }
+            let ranges: Vec<(usize, usize, usize, u64)> = if op.num_entries == 0 {
+                vec![(
+                    op.dst as usize,
+                    op.src as usize,
+                    op.size[0] as usize,
+                    op.dst_agent,
+                )]
+            } else {
+                let n = usize::from(op.num_entries);
+                // SAFETY: HSA contract: with entries, `dst`, `src`, `size` and `dst_agent`
+                // point to `num_entries` destinations, sources, sizes and agents.
+                let (dsts, srcs, sizes, agents) = unsafe {
+                    (
+                        read_array(op.dst as *const usize, n)?,
+                        read_array(op.src as *const usize, n)?,
+                        read_array(op.size[0] as *const usize, n)?,
+                        read_array(op.dst_agent as *const u64, n)?,
+                    )
+                };
+                (0..n)
+                    .map(|i| (dsts[i], srcs[i], sizes[i], agents[i]))
+                    .collect()
+            };
+            let mut engine = None;
+            for &(dst, src, _, dst_agent) in &ranges {
+                if dst == 0 || src == 0 {
+                    return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+                }
+                let (d, s) = (rt.agent(dst_agent)?, rt.agent(op.src_agent)?);
+                engine.get_or_insert(engine_agent(rt, d, s));
+            }
+            jobs.push((engine.unwrap_or(0), ranges));
+        }
+        for (engine, ranges) in jobs {
+            let work = Box::new(move || {
+                for (dst, src, size, _) in ranges {
+                    // SAFETY: the batch copy's contract keeps every range valid until the
+                    // completion signal is decremented; `copy` tolerates overlap.
+                    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, size) };
+                }
+            });
+            let completion = hsa_signal_t { handle: signal };
+            submit_copy(rt, engine, num_dep_signals, dep_signals, completion, work)?;
+        }
+        Ok(())
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
     dst: *const hsa_pitched_ptr_t,

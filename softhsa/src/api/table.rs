@@ -302,6 +302,8 @@ pub(crate) fn amd_table_v2() -> AmdExtTableV2 {
         hsa_amd_agent_set_async_scratch_limit_fn: Some(amd::hsa_amd_agent_set_async_scratch_limit),
         hsa_amd_queue_get_info_fn: Some(amd::hsa_amd_queue_get_info),
         hsa_amd_vmem_address_reserve_align_fn: Some(amd::hsa_amd_vmem_address_reserve_align),
+        hsa_amd_memory_async_batch_copy_fn: Some(amd::hsa_amd_memory_async_batch_copy),
+        hsa_amd_ais_file_read_fn: Some(amd::hsa_amd_ais_file_read),
         ..AmdExtTableV2::from_v1(&amd_table())
     }
 }
@@ -351,7 +353,11 @@ mod tests {
     #[test]
     fn the_rocm6_amd_table_fills_every_entry_and_keeps_the_shared_ones() {
         let v2 = amd_table_v2();
-        assert!(entries(&v2).iter().all(|&e| e != 0));
+        let through_6_2 = (hsa_sys::layouts::sizes::AMD_6_2 as usize - 16) / 8;
+        assert!(entries(&v2)[..through_6_2].iter().all(|&e| e != 0));
+        // Of the ROCm 7 entries, the two that write memory.
+        assert!(v2.hsa_amd_memory_async_batch_copy_fn.is_some());
+        assert!(v2.hsa_amd_ais_file_read_fn.is_some());
         // SAFETY: softhsa's table points to leaked, initialized tables.
         let v1 = unsafe { &*api_table().amd_ext_ };
         assert_eq!(
