@@ -5,15 +5,19 @@
 //! it waits while a replay holds that agent and a replay waits for it:
 //!
 //! - the asynchronous ones (`hsa_amd_memory_async_copy`, `hsa_amd_memory_async_copy_on_engine`,
-//!   `hsa_amd_memory_async_copy_rect`) run with a completion signal of kreplay's own; when it
-//!   reaches 0 (the copy landed), a handler counts the copy finished and only then decrements
-//!   the application's signal. A replay's drain waits for the agent's count to reach zero, i.e.
-//!   for every earlier copy's completion, not merely its submission;
-//! - the synchronous ones (`hsa_memory_copy`, `hsa_amd_memory_fill`) hold the reader side and
-//!   the count for the length of the call, so a replay starts only after they returned.
+//!   `hsa_amd_memory_async_copy_rect`, ROCm 7's `hsa_amd_memory_async_batch_copy`) run with a
+//!   completion signal of kreplay's own; when it reaches 0 (the copy, or every operation of the
+//!   batch, landed), a handler counts the copy finished and only then decrements the
+//!   application's signal. A replay's drain waits for the agent's count to reach zero, i.e. for
+//!   every earlier copy's completion, not merely its submission;
+//! - the synchronous ones (`hsa_memory_copy`, `hsa_amd_memory_fill`, ROCm 7's
+//!   `hsa_amd_ais_file_read`) hold the reader side and the count for the length of the call, so
+//!   a replay starts only after they returned.
 //!
 //! The agents a write touches are the GPU owners of the memory at its source and destination
-//! (`hsa_amd_pointer_info`), plus the agents the call names. A write issued from a replay
+//! (`hsa_amd_pointer_info`), plus the agents the call names, plus every GPU when its destination
+//! is tracked memory the CPU owns (a replay on any GPU may hold it). A batch copy's operations
+//! are not read for their destinations: it touches every GPU. A write issued from a replay
 //! callback on the agent being replayed (re-entrant) proceeds without the lock; one issued from
 //! a replay callback onto *another* agent tries that agent's reader side once and, if a replay
 //! holds it, proceeds at once too (waiting could deadlock two replays whose tools write into each
