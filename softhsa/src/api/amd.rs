@@ -520,6 +520,19 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_unlock(host_ptr: *mut c_void) -> 
     with_runtime(|rt| rt.memory.unlock(host_ptr as usize))
 }
 
+/// Whether the `bytes` at `ptr` lie inside one live runtime allocation
+/// (`HSA_STATUS_ERROR_INVALID_ALLOCATION` if not).
+fn inside_allocation(rt: &Runtime, ptr: *mut c_void, bytes: usize) -> HsaResult {
+    let allocation = rt
+        .memory
+        .find(ptr as usize)
+        .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
+    if ptr as usize - allocation.base + bytes > allocation.size {
+        return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
+    }
+    Ok(())
+}
+
 pub(crate) unsafe extern "C" fn hsa_amd_memory_fill(
     ptr: *mut c_void,
     value: u32,
@@ -535,13 +548,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_fill(
         let bytes = count
             .checked_mul(4)
             .ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
-        let allocation = rt
-            .memory
-            .find(ptr as usize)
-            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
-        if ptr as usize - allocation.base + bytes > allocation.size {
-            return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
-        }
+        inside_allocation(rt, ptr, bytes)?;
         let words = ptr.cast::<u32>();
         for i in 0..count {
             // SAFETY: the range [ptr, ptr + 4*count) lies inside a live runtime allocation
@@ -786,13 +793,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_ais_file_read(
         if fd < 0 || device_ptr.is_null() || size == 0 {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
-        let allocation = rt
-            .memory
-            .find(device_ptr as usize)
-            .ok_or(HSA_STATUS_ERROR_INVALID_ALLOCATION)?;
-        if device_ptr as usize - allocation.base + size > allocation.size {
-            return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
-        }
+        inside_allocation(rt, device_ptr, size)?;
         // SAFETY: the caller's open file, borrowed for the call: ManuallyDrop keeps it open.
         let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
         // SAFETY: the range lies inside a live runtime allocation (checked above).
