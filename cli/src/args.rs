@@ -984,7 +984,8 @@ const STRESS_ABOUT: &str = "kreplay stress — nothing lost under many threads, 
     dispatches in 2 to 4 passes and opts the others out, toggles its contexts in every pass and \
     dispatches from inside its callbacks. N application threads, each owning buffers on 2 GPU \
     agents, run a seeded mix of dispatches (private and shared queues), temporary allocations, \
-    async copies, hsa_memory_copy and fills for the given time. The same operations then run \
+    async copies (with KREPLAY_SOFTHSA_TABLE=7 every other one a ROCm 7 batch copy), \
+    hsa_memory_copy and fills for the given time. The same operations then run \
     without kreplay and without faults, and every buffer is compared. Prints operations, replays, \
     passes, bytes restored, declines per reason, restore failures and the faults that struck.";
 

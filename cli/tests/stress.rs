@@ -139,6 +139,28 @@ fn a_stress_run_with_injected_faults_loses_nothing_and_reports_the_faults() {
     );
 }
 
+/// On a ROCm 7 table every other asynchronous copy is a batch of two operations
+/// (`hsa_amd_memory_async_batch_copy`), which kreplay fences with a completion signal of its
+/// own: with copy faults and late copies, nothing is lost and every completion fires once.
+#[test]
+fn a_stress_run_on_a_rocm_7_table_issues_batch_copies_and_loses_nothing() {
+    let args = [
+        "--seed",
+        "17",
+        "--faults",
+        "async_copy:0.03,async_copy_delay:0.05@3,copy:0.02",
+    ];
+    let output = stress(&args, &[("KREPLAY_SOFTHSA_TABLE", "7")]);
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(out.contains("stress: PASSED"), "{out}");
+    assert!(
+        number_before(&out, "operations:", " as ROCm 7 batches") > 0,
+        "{out}"
+    );
+    assert_every_reentrant_dispatch_completed(&out);
+}
+
 #[test]
 fn a_stress_run_without_restores_reports_the_lost_bytes_and_exits_1() {
     let output = kreplay(

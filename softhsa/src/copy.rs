@@ -20,6 +20,9 @@ pub(crate) struct CopyJob {
     pub(crate) profile: bool,
     /// Moves the bytes.
     pub(crate) work: Box<dyn FnOnce() + Send>,
+    /// How many completions the copy reports on `completion` once it ran (a batch's operations;
+    /// 1 for a single copy).
+    pub(crate) completions: u32,
 }
 
 #[derive(Default)]
@@ -135,6 +138,8 @@ fn engine_loop(shared: &EngineShared) {
         if job.profile {
             job.completion.record_copy_time(start, now_ticks());
         }
-        job.completion.complete_one();
+        for _ in 0..job.completions {
+            job.completion.complete_one();
+        }
     }
 }

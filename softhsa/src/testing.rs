@@ -34,7 +34,16 @@ fn check(status: hsa_status_t) -> HsaResult<()> {
 pub struct Hsa {
     core: CoreApiTable,
     amd: AmdExtTable,
+    batch_copy: Option<BatchCopy>,
 }
+
+/// `hsa_amd_memory_async_batch_copy` (ROCm 7 tables).
+pub type BatchCopy = unsafe extern "C" fn(
+    copy_ops: *const hsa_sys::layouts::hsa_amd_memory_copy_op_t,
+    num_copy_ops: u32,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+) -> hsa_status_t;
 
 /// Unwraps a table entry; every entry the wrappers use must be present.
 macro_rules! entry {
@@ -204,8 +213,14 @@ impl Hsa {
             Self {
                 core: *table.core_,
                 amd: hsa_sys::layouts::read_amd_ext_as_v1(table.amd_ext_),
+                batch_copy: batch_copy_of(table.amd_ext_),
             }
         }
+    }
+
+    /// `hsa_amd_memory_async_batch_copy`, where the table has it (a ROCm 7 layout).
+    pub fn batch_copy(&self) -> Option<BatchCopy> {
+        self.batch_copy
     }
 
     /// The copied core table.
@@ -580,5 +595,28 @@ impl Hsa {
     pub unsafe fn dispatch(&self, queue: *mut hsa_queue_t, dispatch: &Dispatch) -> u64 {
         // SAFETY: forwarded from the caller.
         unsafe { self.submit(queue, &dispatch_packet(dispatch)) }
+    }
+}
+
+/// The batch copy entry of an AMD extension table, when its order and declared size hold one.
+///
+/// # Safety
+/// `table` points to a readable AMD extension table at least `minor_id` bytes long.
+unsafe fn batch_copy_of(table: *const AmdExtTable) -> Option<BatchCopy> {
+    use hsa_sys::layouts::{AmdExtTableV2, amd_ext_is_v2};
+    // SAFETY: the version header is the first 16 bytes of every table (caller: readable).
+    let version = unsafe { (*table).version };
+    let offset = std::mem::offset_of!(AmdExtTableV2, hsa_amd_memory_async_batch_copy_fn);
+    if !amd_ext_is_v2(&version) || (version.minor_id as usize) < offset + 8 {
+        return None;
+    }
+    // SAFETY: the entry lies inside the declared size of a table in the 5.6+ order, where it
+    // has this type.
+    unsafe {
+        table
+            .cast::<u8>()
+            .add(offset)
+            .cast::<Option<BatchCopy>>()
+            .read()
     }
 }

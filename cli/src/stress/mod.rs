@@ -272,7 +272,7 @@ impl Report {
         text.push_str(&format!("mix: {}\n", mix_line(options)));
         text.push_str(&format!(
             "operations: {ops} ({} dispatches: {} to be replayed, {} opted out, {} on shared \
-             queues, {} on the peer agent; {} alloc/free, {} async copies, {} memory copies, {} \
+             queues, {} on the peer agent; {} alloc/free, {} async copies{}, {} memory copies, {} \
              fills; {} runtime calls retried)\n",
             c.dispatches(),
             c.replayed_dispatches,
@@ -281,6 +281,11 @@ impl Report {
             c.peer_dispatches,
             c.alloc_frees,
             c.async_copies,
+            if c.batch_copies > 0 {
+                format!(" ({} as ROCm 7 batches)", c.batch_copies)
+            } else {
+                String::new()
+            },
             c.memory_copies,
             c.fills,
             c.retries,

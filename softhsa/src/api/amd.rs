@@ -713,6 +713,27 @@ fn submit_copy(
     completion_signal: hsa_signal_t,
     work: Box<dyn FnOnce() + Send>,
 ) -> HsaResult {
+    submit_copies(
+        rt,
+        engine,
+        num_dep_signals,
+        dep_signals,
+        completion_signal,
+        work,
+        1,
+    )
+}
+
+/// [`submit_copy`] for a job that reports `completions` completions (a batch's operations).
+fn submit_copies(
+    rt: &Runtime,
+    engine: usize,
+    num_dep_signals: u32,
+    dep_signals: *const hsa_signal_t,
+    completion_signal: hsa_signal_t,
+    work: Box<dyn FnOnce() + Send>,
+    completions: u32,
+) -> HsaResult {
     let completion = rt.signal(completion_signal.handle)?;
     // SAFETY: HSA contract: `dep_signals` lists `num_dep_signals` signals.
     let deps = unsafe { read_array(dep_signals, num_dep_signals as usize) }?
@@ -726,6 +747,7 @@ fn submit_copy(
             completion,
             profile: rt.async_copy_profiling.load(Ordering::Acquire),
             work,
+            completions,
         },
     )
 }
@@ -823,7 +845,8 @@ pub(crate) unsafe extern "C" fn hsa_amd_ais_file_read(
 /// one range or, with `num_entries` > 0, lists of ranges), without wait-before or
 /// signal-after blocks; any other operation makes the whole call fail with
 /// `HSA_STATUS_ERROR_INVALID_ARGUMENT` before anything is submitted. Every operation carries the
-/// batch's one completion signal and decrements it once when its ranges are copied.
+/// batch's one completion signal; the batch runs as one copy on the first operation's engine,
+/// which decrements the signal once per operation when all ranges are copied.
 pub(crate) unsafe extern "C" fn hsa_amd_memory_async_batch_copy(
     copy_ops: *const hsa_sys::layouts::hsa_amd_memory_copy_op_t,
     num_copy_ops: u32,
@@ -881,18 +904,25 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_batch_copy(
             }
             jobs.push((engine.unwrap_or(0), ranges));
         }
-        for (engine, ranges) in jobs {
-            let work = Box::new(move || {
-                for (dst, src, size, _) in ranges {
-                    // SAFETY: the batch copy's contract keeps every range valid until the
-                    // completion signal is decremented; `copy` tolerates overlap.
-                    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, size) };
-                }
-            });
-            let completion = hsa_signal_t { handle: signal };
-            submit_copy(rt, engine, num_dep_signals, dep_signals, completion, work)?;
-        }
-        Ok(())
+        // One job for the whole batch, so that a failed submission leaves nothing submitted.
+        let engine = jobs[0].0;
+        let work = Box::new(move || {
+            for (dst, src, size, _) in jobs.into_iter().flat_map(|(_, ranges)| ranges) {
+                // SAFETY: the batch copy's contract keeps every range valid until the
+                // completion signal is decremented; `copy` tolerates overlap.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, size) };
+            }
+        });
+        let completion = hsa_signal_t { handle: signal };
+        submit_copies(
+            rt,
+            engine,
+            num_dep_signals,
+            dep_signals,
+            completion,
+            work,
+            num_copy_ops,
+        )
     })
 }
 

@@ -124,6 +124,9 @@ pub struct OpCounts {
     pub alloc_frees: u64,
     /// Asynchronous copies.
     pub async_copies: u64,
+    /// Of those, the ones issued as a batch of two operations (`hsa_amd_memory_async_batch_copy`,
+    /// every other asynchronous copy where the table has it).
+    pub batch_copies: u64,
     /// `hsa_memory_copy` calls.
     pub memory_copies: u64,
     /// Fills.
@@ -145,6 +148,7 @@ impl OpCounts {
         self.peer_dispatches += other.peer_dispatches;
         self.alloc_frees += other.alloc_frees;
         self.async_copies += other.async_copies;
+        self.batch_copies += other.batch_copies;
         self.memory_copies += other.memory_copies;
         self.fills += other.fills;
         self.retries += other.retries;
@@ -688,12 +692,17 @@ impl<'s, 'c> Thread<'s, 'c> {
     /// Sets the completion signal to 1 before an operation, checking that the previous one
     /// fired it exactly once.
     fn arm(&mut self) {
+        self.arm_for(1);
+    }
+
+    /// Arms the completion signal for `completions` completions (a batch's operations).
+    fn arm_for(&mut self, completions: i64) {
         let hsa = &self.shared.hsa;
         let value = hsa.signal_load(self.done);
         if value < 0 {
             self.extra_completions += value.unsigned_abs();
         }
-        hsa.signal_store(self.done, 1);
+        hsa.signal_store(self.done, completions);
     }
 
     /// Waits for the armed completion; a completion that never comes stops the thread.
@@ -820,6 +829,11 @@ impl<'s, 'c> Thread<'s, 'c> {
     ) -> Result<(), String> {
         let shared = self.shared;
         let bytes = self.words() as usize * 4;
+        if let Some(batch) = shared.hsa.batch_copy()
+            && self.counts.async_copies % 2 == 1
+        {
+            return self.batch_copy(batch, dst_agent, dst, src_agent, src);
+        }
         let copy = shared
             .hsa
             .amd()
@@ -846,6 +860,44 @@ impl<'s, 'c> Thread<'s, 'c> {
         })?;
         self.counts.async_copies += 1;
         self.wait("an asynchronous copy")
+    }
+
+    /// The same copy as [`Self::async_copy`] as a ROCm 7 batch of two linear operations, one per
+    /// half of the buffer, sharing one completion signal set to 2.
+    fn batch_copy(
+        &mut self,
+        batch: kreplay_softhsa::testing::BatchCopy,
+        dst_agent: usize,
+        dst: *mut u32,
+        src_agent: usize,
+        src: *const u32,
+    ) -> Result<(), String> {
+        use hsa_sys::layouts::{
+            HSA_AMD_MEMORY_COPY_OP_LINEAR, HSA_AMD_MEMORY_COPY_OP_VERSION, hsa_amd_memory_copy_op_t,
+        };
+        let shared = self.shared;
+        let half = self.words() as u64 * 2;
+        let op = |offset: u64| hsa_amd_memory_copy_op_t {
+            version: HSA_AMD_MEMORY_COPY_OP_VERSION,
+            type_: HSA_AMD_MEMORY_COPY_OP_LINEAR,
+            completion_signal: self.done,
+            src: src as u64 + offset,
+            src_agent: shared.agents[src_agent].handle,
+            dst_agent: shared.agents[dst_agent].handle,
+            dst: dst as u64 + offset,
+            size: [half, 0],
+            ..Default::default()
+        };
+        let ops = [op(0), op(half)];
+        self.arm_for(2);
+        shared.retry("hsa_amd_memory_async_batch_copy", || {
+            // SAFETY: two operations over the halves of owned, live buffers of the named
+            // agents, valid until the completion, waited for below; `ops` outlives the call.
+            status_result(unsafe { batch(ops.as_ptr(), 2, 0, std::ptr::null()) })
+        })?;
+        self.counts.async_copies += 1;
+        self.counts.batch_copies += 1;
+        self.wait("a batch copy")
     }
 
     fn memory_copy(&mut self, dst: *mut u32, src: *const u32) -> Result<(), String> {
