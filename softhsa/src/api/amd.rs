@@ -704,28 +704,9 @@ pub(crate) unsafe extern "C" fn hsa_amd_deregister_deallocation_callback(
 // ---------------------------------------------------------------------------------------------
 // Asynchronous copies
 
-/// Validates the dependencies and completion signal and queues `work` on an agent's engine.
+/// Validates the dependencies and completion signal and queues `work` on an agent's engine; the
+/// job reports `completions` completions once it ran (a batch's operations; 1 for one copy).
 fn submit_copy(
-    rt: &Runtime,
-    engine: usize,
-    num_dep_signals: u32,
-    dep_signals: *const hsa_signal_t,
-    completion_signal: hsa_signal_t,
-    work: Box<dyn FnOnce() + Send>,
-) -> HsaResult {
-    submit_copies(
-        rt,
-        engine,
-        num_dep_signals,
-        dep_signals,
-        completion_signal,
-        work,
-        1,
-    )
-}
-
-/// [`submit_copy`] for a job that reports `completions` completions (a batch's operations).
-fn submit_copies(
     rt: &Runtime,
     engine: usize,
     num_dep_signals: u32,
@@ -790,6 +771,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy(
             dep_signals,
             completion_signal,
             work,
+            1,
         )
     })
 }
@@ -914,7 +896,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_batch_copy(
             }
         });
         let completion = hsa_signal_t { handle: signal };
-        submit_copies(
+        submit_copy(
             rt,
             engine,
             num_dep_signals,
@@ -995,6 +977,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
             dep_signals,
             completion_signal,
             work,
+            1,
         )
     })
 }
