@@ -54,6 +54,18 @@ fn runs(tag: u32) -> u32 {
     RUNS[tag as usize].load(Ordering::SeqCst)
 }
 
+/// Dispatches `packet` on `queue` from a thread of its own and waits for `done`, bounded by
+/// [`LIMIT`]: the wait's result, as [`bounded`] returns it.
+fn dispatch_and_wait(app: App, queue: Queue, packet: Aql, done: hsa_signal_t) -> Vec<i64> {
+    bounded(
+        LIMIT,
+        vec![Box::new(move || {
+            app.dispatch(queue, packet);
+            app.wait_zero(done)
+        })],
+    )
+}
+
 struct Env {
     app: App,
     hooks: Arc<TestHooks>,
@@ -157,12 +169,7 @@ fn tool_dispatches_after_passes_survive(
             }
             kreplay_passloop::ContinueChange::default()
         }));
-    let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
-        app.dispatch(q1, outer);
-        app.wait_zero(done)
-    });
-
-    let finished = bounded(LIMIT, vec![replayer]);
+    let finished = dispatch_and_wait(app, q1, outer, done);
 
     assert_eq!(finished, vec![0]);
     assert_eq!(
@@ -352,12 +359,7 @@ scenarios! {
                 *w.lock() = Some(app.wait_zero(inner_done));
             }
         }));
-        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
-            app.dispatch(q, outer);
-            app.wait_zero(done)
-        });
-
-        let finished = bounded(LIMIT, vec![replayer]);
+        let finished = dispatch_and_wait(app, q, outer, done);
 
         assert_eq!(finished, vec![0]);
         assert_eq!(*inner_wait.lock(), Some(0), "the tool's dispatch completed inside the callback");
@@ -451,12 +453,7 @@ scenarios! {
                 *w.lock() = Some(app.wait_zero(inner_done));
             }
         }));
-        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
-            app.dispatch(q1, outer);
-            app.wait_zero(done)
-        });
-
-        let finished = bounded(LIMIT, vec![replayer]);
+        let finished = dispatch_and_wait(app, q1, outer, done);
 
         assert_eq!(finished, vec![0]);
         assert_eq!(*inner_wait.lock(), Some(0));
@@ -488,12 +485,7 @@ scenarios! {
             }
             kreplay_passloop::ContinueChange::default()
         }));
-        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
-            app.dispatch(q1, outer);
-            app.wait_zero(done)
-        });
-
-        let finished = bounded(LIMIT, vec![replayer]);
+        let finished = dispatch_and_wait(app, q1, outer, done);
 
         assert_eq!(finished, vec![0]);
         assert_eq!(runs(30), 3);
@@ -525,12 +517,7 @@ scenarios! {
             }
             kreplay_passloop::ContinueChange::default()
         }));
-        let replayer: Box<dyn FnOnce() -> i64 + Send> = Box::new(move || {
-            app.dispatch(q1, outer);
-            app.wait_zero(done)
-        });
-
-        let finished = bounded(LIMIT, vec![replayer]);
+        let finished = dispatch_and_wait(app, q1, outer, done);
 
         assert_eq!(finished, vec![0]);
         assert_eq!(*inner_wait.lock(), Some(0));
