@@ -34,7 +34,6 @@ const RECORD: &str = r#"{
      "declines": {"untracked_memory": 1}}
   ],
   "graph_launches": 3,
-  "cooperative_not_replayed": 0,
   "managed_allocations": 1,
   "tool_work": 3,
   "tool_work_kept_bytes": 4096,

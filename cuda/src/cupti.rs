@@ -89,13 +89,15 @@ pub mod cbid {
     pub const CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: CallbackId = 612;
     pub const CU_LAUNCH_KERNEL_EX: CallbackId = 652;
     pub const CU_LAUNCH_KERNEL_EX_PTSZ: CallbackId = 653;
-    /// The kernel launches kreplay replays: `cuLaunchKernel`, `cuLaunchKernelEx` and their
-    /// per-thread-stream variants.
-    pub const LAUNCHES: [CallbackId; 4] = [
+    /// The kernel launches kreplay replays: `cuLaunchKernel`, `cuLaunchKernelEx`,
+    /// `cuLaunchCooperativeKernel` and their per-thread-stream variants.
+    pub const LAUNCHES: [CallbackId; 6] = [
         CU_LAUNCH_KERNEL,
         CU_LAUNCH_KERNEL_PTSZ,
         CU_LAUNCH_KERNEL_EX,
         CU_LAUNCH_KERNEL_EX_PTSZ,
+        CU_LAUNCH_COOPERATIVE_KERNEL,
+        CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
     ];
     pub const CU_MEM_CREATE: CallbackId = 549;
     pub const CU_MEM_MAP: CallbackId = 551;

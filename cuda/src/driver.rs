@@ -134,6 +134,19 @@ type LaunchKernelExFn = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> CuResult;
+/// `cuLaunchCooperativeKernel` (and `_ptsz`): `cuLaunchKernel`'s arguments without `extra`.
+type LaunchCooperativeKernelFn = unsafe extern "C" fn(
+    CuFunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CuStream,
+    *mut *mut c_void,
+) -> CuResult;
 
 /// Entry points kreplay uses where the driver has them, `None` where it does not (older
 /// drivers): what needs them degrades as documented at each use.
@@ -191,6 +204,8 @@ macro_rules! driver_table {
             pub launch_kernel_ptsz: LaunchKernelFn,
             pub launch_kernel_ex: Option<LaunchKernelExFn>,
             pub launch_kernel_ex_ptsz: Option<LaunchKernelExFn>,
+            pub launch_cooperative_kernel: Option<LaunchCooperativeKernelFn>,
+            pub launch_cooperative_kernel_ptsz: Option<LaunchCooperativeKernelFn>,
             /// Entry points newer drivers have (`None` on older ones).
             pub optional: Optional,
         }
@@ -213,6 +228,12 @@ macro_rules! driver_table {
                         .ok().map(|s| *s);
                     let launch_kernel_ex_ptsz = lib.get::<LaunchKernelExFn>(b"cuLaunchKernelEx_ptsz\0")
                         .ok().map(|s| *s);
+                    let launch_cooperative_kernel = lib
+                        .get::<LaunchCooperativeKernelFn>(b"cuLaunchCooperativeKernel\0")
+                        .ok().map(|s| *s);
+                    let launch_cooperative_kernel_ptsz = lib
+                        .get::<LaunchCooperativeKernelFn>(b"cuLaunchCooperativeKernel_ptsz\0")
+                        .ok().map(|s| *s);
                     let optional = Optional {
                         func_get_module: lib.get(b"cuFuncGetModule\0").ok().map(|s| *s),
                         module_get_global: lib.get(b"cuModuleGetGlobal_v2\0").ok().map(|s| *s),
@@ -222,7 +243,8 @@ macro_rules! driver_table {
                         pointer_get_attribute: lib.get(b"cuPointerGetAttribute\0").ok().map(|s| *s),
                     };
                     Ok(Driver { _lib: lib, $( $field, )* launch_kernel, launch_kernel_ptsz,
-                        launch_kernel_ex, launch_kernel_ex_ptsz, optional })
+                        launch_kernel_ex, launch_kernel_ex_ptsz, launch_cooperative_kernel,
+                        launch_cooperative_kernel_ptsz, optional })
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! Device writes (and reads) by the application outside the launches kreplay replays: copies,
-//! memsets, stream memory operations, graph launches and cooperative launches, fenced against
-//! replay windows, as on HSA.
+//! memsets, stream memory operations and graph launches, fenced against replay windows, as on
+//! HSA.
 //!
 //! Such a call takes the reader side of its device's lock at API ENTER and gives it back at API
 //! EXIT ([`enter`], [`exit`]), as an ordinary (run once) `cuLaunchKernel` does in the window
@@ -34,8 +34,6 @@ pub enum DeviceWrite {
     StreamWrite,
     /// A graph launch: its kernels, copies and memsets run once, not replayed.
     Graph,
-    /// A cooperative launch (`cuLaunchCooperativeKernel*`): runs once, not replayed.
-    Cooperative,
 }
 
 /// Where a copy or memset writes, as far as its first parameter tells.
@@ -177,11 +175,6 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
         Some(DeviceWrite::StreamWrite)
     } else if matches!(id, cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ) {
         Some(DeviceWrite::Graph)
-    } else if matches!(
-        id,
-        cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
-    ) {
-        Some(DeviceWrite::Cooperative)
     } else {
         None
     }
@@ -192,7 +185,7 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
 /// point into (`owners`: the destination and source of a 1D copy, which may be another device's
 /// memory, reached through unified addressing or peer access; a memset's destination), and,
 /// for a call whose memory the parameters do not describe (`described` false: 2D, 3D, peer,
-/// batched and array copies, stream writes, graph and cooperative launches), every device that
+/// batched and array copies, stream writes, graph launches), every device that
 /// may have windows (`all`). A copy that reads another device's memory waits too: it must not
 /// read a pass's bytes.
 pub fn devices_to_fence(
@@ -283,7 +276,7 @@ mod tests {
         // Ids from CUDA 13.0's cupti_driver_cbid.h. Unfenced, such a call made on another thread
         // while a replay window is open lands between the snapshot and a restore, and the
         // restore undoes it (or a later pass reads it).
-        let calls: [(&str, CallbackId); 28] = [
+        let calls: [(&str, CallbackId); 26] = [
             ("cuMemcpyAtoD_v2", 284),
             ("cuMemcpyDtoA_v2", 285),
             ("cuMemcpyAtoA_v2", 286),
@@ -308,8 +301,6 @@ mod tests {
             ("cuStreamBatchMemOp_v2_ptsz", 668),
             ("cuGraphLaunch", 514),
             ("cuGraphLaunch_ptsz", 515),
-            ("cuLaunchCooperativeKernel", 477),
-            ("cuLaunchCooperativeKernel_ptsz", 478),
             ("cuMemcpyAsync", 306),
             ("cuMemsetD32Async", 220),
         ];
@@ -317,17 +308,10 @@ mod tests {
             assert!(device_write(id).is_some(), "{name} ({id}) is not fenced");
         }
         // Waits write nothing; the launches kreplay replays take their lock in the window.
-        for id in [
-            458,
-            459,
-            473,
-            474,
-            659,
-            660,
-            661,
-            662,
-            cbid::CU_LAUNCH_KERNEL_EX,
-        ] {
+        for id in [458, 459, 473, 474, 659, 660, 661, 662] {
+            assert_eq!(device_write(id), None, "{id}");
+        }
+        for id in cbid::LAUNCHES {
             assert_eq!(device_write(id), None, "{id}");
         }
     }

@@ -34,10 +34,10 @@ use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
     CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
     CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId,
-    CtxEnablePeerAccessParams, Cupti, LaunchKernelExParams, LaunchKernelParams, MemAllocParams,
-    MemAllocPitchParams, MemFreeParams, MemMapParams, MemPoolSetAccessParams, MemSetAccessParams,
-    MemUnmapParams, ModuleResourceData, ResourceData, StreamCaptureParams, SubscriberHandle,
-    SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
+    CtxEnablePeerAccessParams, Cupti, LaunchCooperativeKernelParams, LaunchKernelExParams,
+    LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams, MemMapParams,
+    MemPoolSetAccessParams, MemSetAccessParams, MemUnmapParams, ModuleResourceData, ResourceData,
+    StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::drainer::Drainer;
@@ -151,7 +151,6 @@ struct Stats {
     graph_launches: AtomicU64,
     auto_device: AtomicU64,
     auto_full: AtomicU64,
-    cooperative: AtomicU64,
     allocations: AtomicU64,
     frees: AtomicU64,
     managed: AtomicU64,
@@ -204,7 +203,7 @@ impl Drop for Timed<'_> {
 pub struct Summary {
     /// Passes the built-in tool asks for (`KREPLAY_PASSES`; 1 when C tools decide).
     pub passes_per_launch: u64,
-    /// Kernel launches seen (cooperative ones included).
+    /// Kernel launches seen.
     pub launches: u64,
     /// Launches replayed.
     pub replayed: u64,
@@ -221,8 +220,6 @@ pub struct Summary {
     pub auto_device: u64,
     /// See `auto_device`.
     pub auto_full: u64,
-    /// Cooperative launches (run once).
-    pub cooperative_not_replayed: u64,
     /// Allocations and mappings tracked.
     pub allocations: u64,
     /// Frees and unmaps of tracked memory.
@@ -287,7 +284,7 @@ impl std::fmt::Display for Summary {
         write!(
             f,
             "summary passes_per_launch={} launches={} replayed={} passes_run={} failed={} \
-             declined=[{}] graph_launches={} cooperative_not_replayed={} allocations={} frees={} \
+             declined=[{}] graph_launches={} allocations={} frees={} \
              managed_allocations={} bytes_snapshotted={} bytes_restored={} restores={} \
              snapshot_ms={:.3} restore_ms={:.3} shadow_bytes_held={} relaunch_ms={:.3} \
              drain_ms={:.3} replay_ms={:.3} copies={} copy_ms={:.3} copy_wait_ms={:.3} \
@@ -303,7 +300,6 @@ impl std::fmt::Display for Summary {
             self.failed,
             declines.join(","),
             self.graph_launches,
-            self.cooperative_not_replayed,
             self.allocations,
             self.frees,
             self.managed_allocations,
@@ -363,7 +359,6 @@ struct Backend {
     warned_managed: AtomicBool,
     warned_surfaces: AtomicBool,
     /// A tool made a device write from a replay callback (see [`crate::window`]).
-    warned_cooperative: AtomicBool,
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
     modules: ModuleRegistry,
     /// Parameter layouts per function (`None`: the driver cannot describe it).
@@ -914,32 +909,21 @@ impl Backend {
         {
             return None;
         }
-        // SAFETY: one of the four launch ids, with CUPTI's parameter struct; the context and
+        // SAFETY: one of the launch ids, with CUPTI's parameter struct; the context and
         // device are not used for reading the arguments.
         let launch = unsafe { decode_launch(id, data.function_params, std::ptr::null_mut(), 0) };
         self.launch_argument_values(&launch).ok()
     }
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
-    /// replays: graph launches and cooperative launches.
+    /// replays: graph launches.
     fn note_unreplayed(&self, write: fence::DeviceWrite) {
-        let (warned, what) = match write {
-            fence::DeviceWrite::Graph => {
-                self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
-                (&self.warned_graph, "graph launches run once, not replayed")
-            }
-            fence::DeviceWrite::Cooperative => {
-                self.stats.launches.fetch_add(1, Ordering::Relaxed);
-                self.stats.cooperative.fetch_add(1, Ordering::Relaxed);
-                (
-                    &self.warned_cooperative,
-                    "cooperative launches run once, not replayed",
-                )
-            }
-            _ => return,
-        };
-        if !warned.swap(true, Ordering::Relaxed) {
-            log(LogLevel::Warn, what);
+        if write != fence::DeviceWrite::Graph {
+            return;
+        }
+        self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
+        if !self.warned_graph.swap(true, Ordering::Relaxed) {
+            log(LogLevel::Warn, "graph launches run once, not replayed");
         }
     }
 
@@ -1404,7 +1388,6 @@ impl Backend {
             graph_launches: l(&s.graph_launches),
             auto_device: l(&s.auto_device),
             auto_full: l(&s.auto_full),
-            cooperative_not_replayed: l(&s.cooperative),
             allocations: l(&s.allocations),
             frees: l(&s.frees),
             managed_allocations: l(&s.managed),
@@ -1649,7 +1632,9 @@ impl Backend {
             cbid::CU_LAUNCH_KERNEL
             | cbid::CU_LAUNCH_KERNEL_PTSZ
             | cbid::CU_LAUNCH_KERNEL_EX
-            | cbid::CU_LAUNCH_KERNEL_EX_PTSZ => {
+            | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+            | cbid::CU_LAUNCH_COOPERATIVE_KERNEL
+            | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ => {
                 if enter {
                     let Some(ordinal) = self.ordinal(data.context) else {
                         return;
@@ -1707,7 +1692,7 @@ fn context_drainer(driver: &'static Driver, timeout: Duration, contexts: Arc<Con
 /// The launch a launch callback describes.
 ///
 /// # Safety
-/// `params` is the parameter struct of driver-API callback `id` (one of the four launch ids).
+/// `params` is the parameter struct of driver-API callback `id` (one of [`cbid::LAUNCHES`]).
 unsafe fn decode_launch(
     id: CallbackId,
     params: *const c_void,
@@ -1716,8 +1701,30 @@ unsafe fn decode_launch(
 ) -> Launch {
     let per_thread = matches!(
         id,
-        cbid::CU_LAUNCH_KERNEL_PTSZ | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+        cbid::CU_LAUNCH_KERNEL_PTSZ
+            | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
+            | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
     );
+    if matches!(
+        id,
+        cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
+    ) {
+        // SAFETY: cuLaunchCooperativeKernel_params.
+        let p = unsafe { *(params as *const LaunchCooperativeKernelParams) };
+        return Launch {
+            ctx,
+            device,
+            api: LaunchApi::Cooperative,
+            per_thread,
+            function: p.f,
+            grid: p.grid,
+            block: p.block,
+            shared_mem_bytes: p.shared_mem_bytes,
+            stream: p.stream,
+            params: p.kernel_params,
+            extra: std::ptr::null_mut(),
+        };
+    }
     if matches!(
         id,
         cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
@@ -1818,7 +1825,7 @@ unsafe extern "C" fn on_callback(
             // kreplay's own driver calls (snapshots, shadows, synchronizations, events) must neither
             // fail nor invalidate a capture in progress on another thread: they run in relaxed
             // capture mode, and the application's call gets its own mode back when this returns.
-            // The fenced calls (copies, memsets, stream writes, graph and cooperative launches)
+            // The fenced calls (copies, memsets, stream writes, graph launches)
             // make no driver call of their own.
             let _relaxed =
                 (fence::device_write(id).is_none()).then(|| backend.driver.relaxed_capture());
@@ -1884,7 +1891,6 @@ fn initialize(
         warned_graph: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
         warned_surfaces: AtomicBool::new(false),
-        warned_cooperative: AtomicBool::new(false),
         modules: ModuleRegistry::new(),
         layouts: Mutex::new(Default::default()),
         warned_layout: AtomicBool::new(false),
@@ -2157,6 +2163,45 @@ mod tests {
                 ([7, 1, 1], [32, 2, 1], 128)
             );
             assert_eq!((l.function, l.stream), (ex.f, config.stream));
+        }
+    }
+
+    #[test]
+    fn cooperative_launches_are_decoded_as_launches_to_replay_not_as_fenced_calls() {
+        let mut args: [*mut c_void; 1] = [std::ptr::null_mut()];
+        let p = LaunchCooperativeKernelParams {
+            f: 0x60 as CuFunction,
+            grid: [132, 1, 1],
+            block: [256, 1, 1],
+            shared_mem_bytes: 512,
+            stream: 0x70 as CuStream,
+            kernel_params: args.as_mut_ptr(),
+        };
+        let ctx = 0x30 as CuContext;
+        for (id, per_thread) in [
+            (cbid::CU_LAUNCH_COOPERATIVE_KERNEL, false),
+            (cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ, true),
+        ] {
+            assert!(cbid::LAUNCHES.contains(&id), "{id} is not a launch");
+            assert!(cbid::SUBSCRIBED.contains(&id), "{id} is not subscribed");
+            assert_eq!(
+                fence::device_write(id),
+                None,
+                "{id} is fenced, not replayed"
+            );
+            // SAFETY: a cuLaunchCooperativeKernel_params for a cooperative launch id.
+            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 1) };
+            assert_eq!(l.api, LaunchApi::Cooperative);
+            assert_eq!(l.per_thread, per_thread);
+            assert_eq!(
+                (l.grid, l.block, l.shared_mem_bytes),
+                ([132, 1, 1], [256, 1, 1], 512)
+            );
+            assert_eq!(
+                (l.function, l.stream, l.params, l.extra),
+                (p.f, p.stream, p.kernel_params, std::ptr::null_mut())
+            );
+            assert_eq!((l.ctx, l.device), (ctx, 1));
         }
     }
 

@@ -22,6 +22,9 @@ pub enum LaunchApi {
         /// The application's configuration, valid until the call returns.
         config: *const CuLaunchConfig,
     },
+    /// `cuLaunchCooperativeKernel`: every block of the grid resident at once, so the kernel
+    /// may synchronise the whole grid (it takes no `extra`).
+    Cooperative,
 }
 
 /// One launch, with the application's parameter pointers (valid between the launch's API ENTER
@@ -203,8 +206,38 @@ impl LaunchOps for CudaLaunch<'_> {
                 // SAFETY: as above, the application's own configuration and parameters.
                 unsafe { f(config, l.function, l.params, l.extra) }
             }
+            LaunchApi::Cooperative => {
+                let f = if l.per_thread {
+                    d.launch_cooperative_kernel_ptsz
+                } else {
+                    d.launch_cooperative_kernel
+                };
+                let f = f.ok_or("this driver has no cuLaunchCooperativeKernel")?;
+                // SAFETY: as above, the arguments the application passed to this entry point.
+                // The grid fitted the device when the application's launch was accepted, and
+                // nothing else of the application runs on the device while the window is open.
+                unsafe {
+                    f(
+                        l.function,
+                        l.grid[0],
+                        l.grid[1],
+                        l.grid[2],
+                        l.block[0],
+                        l.block[1],
+                        l.block[2],
+                        l.shared_mem_bytes,
+                        l.stream,
+                        l.params,
+                    )
+                }
+            }
         };
-        d.check("cuLaunchKernel", rc).map_err(|e| e.to_string())
+        let call = match l.api {
+            LaunchApi::Kernel => "cuLaunchKernel",
+            LaunchApi::KernelEx { .. } => "cuLaunchKernelEx",
+            LaunchApi::Cooperative => "cuLaunchCooperativeKernel",
+        };
+        d.check(call, rc).map_err(|e| e.to_string())
     }
 }
 

@@ -62,7 +62,7 @@ pub enum Target<'a> {
     /// everything the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`).
     Reached(&'a [u64]),
     /// Any memory of the snapshot (2D, 3D, peer, batched and array copies, stream writes,
-    /// graph and cooperative launches, launches whose arguments are not trusted or not known).
+    /// graph launches, launches whose arguments are not trusted or not known).
     Anything,
 }
 

@@ -67,7 +67,6 @@ impl Tools for CudaTools {
         crate::lifecycle::finalize_tools();
         crate::run_record::set_totals(crate::run_record::Totals {
             graph_launches: summary.graph_launches,
-            cooperative_not_replayed: summary.cooperative_not_replayed,
             managed_allocations: summary.managed_allocations,
             tool_work: summary.tool_work,
             tool_work_kept_bytes: summary.tool_work_kept_bytes,

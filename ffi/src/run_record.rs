@@ -82,8 +82,6 @@ pub struct RunRecord {
     pub kernels: Vec<KernelRecord>,
     /// Graph launches (run once, never replayed).
     pub graph_launches: u64,
-    /// Cooperative launches (run once).
-    pub cooperative_not_replayed: u64,
     /// Managed allocations seen (launches decline while one is live).
     pub managed_allocations: u64,
     /// Calls a tool made from its replay callbacks into memory a snapshot held (CUDA; their
@@ -194,7 +192,6 @@ pub fn add(record: &ReplayRecord, kernel: &str) {
 #[allow(missing_docs)]
 pub struct Totals {
     pub graph_launches: u64,
-    pub cooperative_not_replayed: u64,
     pub managed_allocations: u64,
     pub tool_work: u64,
     pub tool_work_kept_bytes: u64,
@@ -205,7 +202,6 @@ pub struct Totals {
 pub fn set_totals(t: Totals) {
     if let Some(run) = RECORD.lock().as_mut() {
         run.graph_launches = t.graph_launches;
-        run.cooperative_not_replayed = t.cooperative_not_replayed;
         run.managed_allocations = t.managed_allocations;
         run.tool_work = t.tool_work;
         run.tool_work_kept_bytes = t.tool_work_kept_bytes;
@@ -280,7 +276,6 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
     for other in records {
         run.processes += other.processes;
         run.graph_launches += other.graph_launches;
-        run.cooperative_not_replayed += other.cooperative_not_replayed;
         run.managed_allocations += other.managed_allocations;
         run.tool_work += other.tool_work;
         run.tool_work_kept_bytes += other.tool_work_kept_bytes;

@@ -327,10 +327,10 @@ pub fn table(record: &RunRecord) -> String {
         record.kernels.len(),
         record.backend
     ));
-    if record.graph_launches + record.cooperative_not_replayed > 0 {
+    if record.graph_launches > 0 {
         text.push_str(&format!(
-            "; run once, not replayed: {} graph launch(es), {} cooperative launch(es)",
-            record.graph_launches, record.cooperative_not_replayed
+            "; run once, not replayed: {} graph launch(es)",
+            record.graph_launches
         ));
     }
     if record.managed_allocations > 0 {

@@ -6,7 +6,8 @@
 // runs `rounds` rounds of four writes into buffers of its own, none of them a cuLaunchKernel:
 //   - cuStreamWriteValue32: marks[r] = r + 1;
 //   - a graph launch of a graph holding one kernel node: g[] += 1;
-//   - a cooperative launch (cudaLaunchCooperativeKernel): c[] += 1;
+//   - a cooperative launch (cudaLaunchCooperativeKernel): c[] += 1, replayed in a window of its
+//     own, which waits for A's;
 //   - cuMemcpyAtoD from a CUDA array holding 1, 2, 3, ...: copied[r] = r + 1.
 // Every buffer's sum is known in advance; the program prints them and exits 2 on any difference.
 //

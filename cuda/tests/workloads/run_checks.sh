@@ -74,6 +74,16 @@ tool_work_counts() {
     esac
 }
 
+# cooperative.cu: the same cooperative kernel launched 12 times through the four entry points
+# that make cooperative launches; every launch is replayed (12 launches, 12 replayed, PASSES
+# passes each, none failed or declined) and the checksums are those of the run without kreplay.
+cooperative_run() {
+    env KREPLAY_SNAPSHOT_SCOPE="$1" "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/cooperative_$1.csv" -- "$OUT/cooperative" || return 1
+    grep "^coop_step," "$OUT/cooperative_$1.csv"
+    grep -q "^coop_step,12,12,$((12 * PASSES)),.*,0,-\$" "$OUT/cooperative_$1.csv"
+}
+
 surface_reset_run() {
     "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface_reset.csv" \
         -- "$OUT/surface" reset || return 1
@@ -142,11 +152,15 @@ if command -v nvcc >/dev/null; then
     step capture_overlap "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/capture_overlap.csv" -- "$OUT/capture_overlap"
     # While one thread's launches are replayed, another writes its own buffers by stream
-    # memory operations, graph launches, cooperative launches and copies from a CUDA array:
-    # each waits for the open replay window, so no restore undoes it.
+    # memory operations, graph launches, cooperative launches (replayed themselves) and copies
+    # from a CUDA array: each waits for the open replay window, so no restore undoes it.
     nvcc -O2 -o "$OUT/concurrent_writers" cuda/tests/workloads/concurrent_writers.cu -lcuda
     step concurrent_writers "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/concurrent_writers.csv" -- "$OUT/concurrent_writers"
+    # Cooperative launches (grid-wide synchronisation) are replayed like any other launch.
+    nvcc -O2 -o "$OUT/cooperative" cuda/tests/workloads/cooperative.cu -lcuda
+    step cooperative cooperative_run agent
+    step cooperative_referenced cooperative_run referenced
     # A second context's kernels still running when a launch of the primary context is
     # replayed: the drain before its snapshot waits for every context of the device.
     nvcc -O2 -o "$OUT/two_contexts" cuda/tests/workloads/two_contexts.cu -lcuda

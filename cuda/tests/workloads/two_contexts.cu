@@ -1,8 +1,8 @@
 // Two contexts on one device: work still running in one context while a launch in the other is
 // replayed.
 //
-// Thread B creates a second context on device 0 (cuCtxCreate) and, in it, makes cooperative
-// launches (run once by kreplay, asynchronous) of a kernel that spins for about `spin_us` of GPU
+// Thread B creates a second context on device 0 (cuCtxCreate) and, in it, makes graph launches
+// (run once by kreplay, asynchronous) of a kernel that spins for about `spin_us` of GPU
 // time and then adds 1 to every word of its buffer y. Thread A, in the primary context,
 // launches x += 1 (replayed under kreplay) while B's kernels run. y must end at the number of
 // B's launches and x at A's; the program prints both sums and exits 2 on any difference.
@@ -93,12 +93,27 @@ int main(int argc, char **argv) {
             b_ready = 2;
             return;
         }
-        b_ready = 1;
         size_t mm = m;
         void *args[] = {&y, &mm, &spin_cycles};
+        // A graph of one kernel node: graph launches run once under kreplay, so B's kernels
+        // stay asynchronous while A's launches are replayed.
+        cudaGraph_t graph;
+        cudaGraphNode_t node;
+        cudaGraphExec_t exec;
+        cudaKernelNodeParams kp = {};
+        kp.func = (void *)slow_add;
+        kp.gridDim = dim3(8);
+        kp.blockDim = dim3(256);
+        kp.kernelParams = args;
+        if (cudaGraphCreate(&graph, 0) || cudaGraphAddKernelNode(&node, graph, nullptr, 0, &kp) ||
+            cudaGraphInstantiate(&exec, graph, 0)) {
+            b_error = std::string("graph setup: ") + cudaGetErrorName(cudaGetLastError());
+            b_ready = 2;
+            return;
+        }
+        b_ready = 1;
         for (int k = 0; k < b_launches && b_error.empty(); k++) {
-            cudaError_t e = cudaLaunchCooperativeKernel((void *)slow_add, dim3(8), dim3(256),
-                                                        args, 0, sb);
+            cudaError_t e = cudaGraphLaunch(exec, sb);
             if (e != cudaSuccess) b_error = std::string("launch: ") + cudaGetErrorName(e);
             // Keep about one of B's kernels in flight at a time, so they overlap A's launches.
             if (k > 0 && cudaStreamQuery(sb) == cudaErrorNotReady) {
@@ -110,6 +125,8 @@ int main(int argc, char **argv) {
         if (e != cudaSuccess && b_error.empty()) b_error = std::string("B: ") + cudaGetErrorName(e);
         y_sum = sum(y, m);
         while (!a_done.load()) std::this_thread::yield();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
         cudaFree(y);
         cuCtxDestroy(ctx);
     });
