@@ -241,21 +241,57 @@ pub(crate) struct Prices {
     pub written_ns: Option<f64>,
 }
 
+/// The latest [`Recent::KEPT`] measurements of one price, decided by by their median: one
+/// measurement slowed down by the machine (a preempted thread, another process's burst) cannot
+/// price following writes out of auto's choices. That would last: auto measures these prices
+/// only on restores that follow writes, so a price it stopped following writes over is never
+/// measured again (in a full run of `kreplay bench`, one slow scan stopped auto following
+/// writes for the rest of the process).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Recent {
+    samples: [f64; Recent::KEPT],
+    len: usize,
+    next: usize,
+}
+
+impl Recent {
+    /// Measurements kept.
+    const KEPT: usize = 5;
+
+    /// Take in a measurement, forgetting the oldest beyond [`Recent::KEPT`].
+    pub(crate) fn push(&mut self, value: f64) {
+        self.samples[self.next] = value;
+        self.next = (self.next + 1) % Self::KEPT;
+        self.len = (self.len + 1).min(Self::KEPT);
+    }
+
+    /// The median of the measurements kept (of two, the lower); `None` before the first.
+    pub(crate) fn median(&self) -> Option<f64> {
+        if self.len == 0 {
+            return None;
+        }
+        let mut kept = self.samples;
+        let kept = &mut kept[..self.len];
+        kept.sort_by(f64::total_cmp);
+        Some(kept[(self.len - 1) / 2])
+    }
+}
+
 /// What following writes costs per page, as this process measured it on its own footprints
 /// where it has (starting and ending, scanning, tracked restores), else as `kreplay-wtrack`'s
-/// scratch probe measured it.
+/// scratch probe measured it; each the median of its recent measurements ([`Recent`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct TrackPrices {
     /// Starting to follow a page (protecting it again after a write-back costs about as much).
-    pub protect_ns: Option<f64>,
+    pub protect_ns: Recent,
     /// Stopping following a page (the kernel un-protects it when the tracker is dropped).
-    pub unprotect_ns: Option<f64>,
+    pub unprotect_ns: Recent,
     /// Scanning a page for writes.
-    pub scan_ns: Option<f64>,
+    pub scan_ns: Recent,
     /// What a tracked restore spent beyond its scan, per page found written (writing back the
     /// chunks, protecting their pages again, the bookkeeping), from restores that found at
     /// least [`MIN_PRICED_PAGES`] pages written.
-    pub written_ns: Option<f64>,
+    pub written_ns: Recent,
 }
 
 /// A tracked restore prices the pages it found written only when they were at least this many:
@@ -270,22 +306,23 @@ impl TrackPrices {
         Some(Prices {
             page: PageCosts {
                 fault_ns: fault_in_footprint(&probe),
-                scan_ns: self.scan_ns.unwrap_or(probe.scan_ns),
-                protect_ns: self.protect_ns.unwrap_or(probe.protect_ns),
+                scan_ns: self.scan_ns.median().unwrap_or(probe.scan_ns),
+                protect_ns: self.protect_ns.median().unwrap_or(probe.protect_ns),
             },
-            unprotect_ns: self.unprotect_ns,
-            written_ns: self.written_ns,
+            unprotect_ns: self.unprotect_ns.median(),
+            written_ns: self.written_ns.median(),
         })
     }
 
     /// Take in what starting to follow a footprint cost.
     pub(crate) fn record(&mut self, tracking: &Tracking) {
-        self.protect_ns = Some(per_page(tracking.armed, tracking.followed_pages()));
+        self.protect_ns
+            .push(per_page(tracking.armed, tracking.followed_pages()));
     }
 
     /// Take in what stopping following `pages` pages took.
     pub(crate) fn record_end(&mut self, pages: usize, elapsed: Duration) {
-        self.unprotect_ns = Some(per_page(elapsed, pages));
+        self.unprotect_ns.push(per_page(elapsed, pages));
     }
 
     /// Take in what a tracked restore (`elapsed` in all) measured.
@@ -293,11 +330,11 @@ impl TrackPrices {
         let Some(scan) = tracking.last_scan else {
             return;
         };
-        self.scan_ns = Some(per_page(scan, tracking.followed_pages()));
+        self.scan_ns.push(per_page(scan, tracking.followed_pages()));
         let written = tracking.last_pages.unwrap_or(0);
         if written >= MIN_PRICED_PAGES {
             let beyond = elapsed.saturating_sub(scan);
-            self.written_ns = Some(per_page(beyond, written as usize));
+            self.written_ns.push(per_page(beyond, written as usize));
         }
     }
 }
@@ -627,8 +664,8 @@ mod tests {
             (unmeasured.protect_ns, unmeasured.scan_ns),
             (probe.protect_ns, probe.scan_ns)
         );
-        prices.protect_ns = Some(123.0);
-        prices.scan_ns = Some(4.5);
+        prices.protect_ns.push(123.0);
+        prices.scan_ns.push(4.5);
         let resolved = prices.resolve().unwrap();
         assert_eq!(
             (resolved.page.protect_ns, resolved.page.scan_ns),
@@ -636,5 +673,42 @@ mod tests {
         );
         assert_eq!(resolved.page.fault_ns, probe.fault_ns * FAULT_IN_FOOTPRINT);
         assert_eq!((resolved.unprotect_ns, resolved.written_ns), (None, None));
+    }
+
+    #[test]
+    fn one_slow_scan_does_not_price_following_writes_out() {
+        if kreplay_wtrack::page_costs().is_none() {
+            eprintln!("skipped: writes cannot be followed here");
+            return;
+        }
+        let (rates, _) = machine();
+        // A 256 MiB footprint, 1% written per pass, 8 passes: worth following at the scan
+        // prices measured so far.
+        let mut prices = TrackPrices::default();
+        for ns in [2.1, 1.9, 2.0] {
+            prices.scan_ns.push(ns);
+        }
+        let long = Outlook {
+            bytes: 256 * MIB,
+            chunks: 256 * MIB / CHUNK,
+            ..outlook(Some(7), Some(0.01))
+        };
+        let pays = |prices: &TrackPrices| tracking_pays(&rates, &prices.resolve().unwrap(), &long);
+        assert!(pays(&prices));
+        // One scan that waited 4 ms for a preempted thread: 60 ns a page.
+        prices.scan_ns.push(60.0);
+        assert!(pays(&prices), "one slow scan priced following writes out");
+        // Scans that are slow every time do.
+        for _ in 0..3 {
+            prices.scan_ns.push(60.0);
+        }
+        assert!(!pays(&prices));
+        // The median of what is kept, the oldest forgotten first.
+        let mut recent = Recent::default();
+        assert_eq!(recent.median(), None);
+        for v in [5.0, 1.0, 9.0, 7.0, 3.0, 100.0, 100.0] {
+            recent.push(v);
+        }
+        assert_eq!(recent.median(), Some(9.0));
     }
 }
