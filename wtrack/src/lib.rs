@@ -43,6 +43,8 @@ use std::io;
 use std::ops::Range;
 use std::time::Duration;
 
+use rayon::prelude::*;
+
 // The system calls, or where they do not exist a stand-in of the same shape that refuses.
 mod maps;
 #[cfg(all(
@@ -153,10 +155,33 @@ impl WriteTracker {
     /// [`protect`](Self::protect)ed (sorted, whole pages, adjacent pages merged); returns the
     /// pages appended. Reading does not protect them again. An error means the set is unknown
     /// (treat everything as written).
+    ///
+    /// The kernel walks the page tables of every followed page, about a nanosecond or two
+    /// each; a footprint of more than [`SCAN_PIECE`] bytes is scanned in pieces of that size
+    /// on the rayon pool's threads at once, and the pieces' answers joined in order.
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
         let before = out.len();
-        for r in &self.ranges {
-            self.inner.scan(r.clone(), out)?;
+        let pieces = split(&self.ranges, SCAN_PIECE);
+        if pieces.len() < 2 || rayon::current_num_threads() < 2 {
+            for r in pieces {
+                self.inner.scan(r, out)?;
+            }
+        } else {
+            let found: Vec<Result<Vec<Range<usize>>, TrackError>> = pieces
+                .into_par_iter()
+                .map(|r| {
+                    let mut part = Vec::new();
+                    self.inner.scan(r, &mut part).map(|()| part)
+                })
+                .collect();
+            for part in found {
+                for r in part? {
+                    match out[before..].last_mut() {
+                        Some(last) if last.end == r.start => last.end = r.end,
+                        _ => out.push(r),
+                    }
+                }
+            }
         }
         let pages = out[before..]
             .iter()
@@ -176,6 +201,27 @@ impl WriteTracker {
         }
         Ok(())
     }
+}
+
+/// Above this many bytes followed, [`WriteTracker::written`] scans in pieces of this size on
+/// several threads. On the 2-core development machine a scan of 1 GiB of 4 KiB pages took
+/// 260-540 us on one thread; a piece of 64 MiB takes a few dozen, well above what handing it
+/// to another thread costs.
+pub const SCAN_PIECE: usize = 64 << 20;
+
+/// `ranges` (sorted, disjoint) cut into consecutive pieces of at most `piece` bytes (`piece` a
+/// multiple of the page size), in order.
+fn split(ranges: &[Range<usize>], piece: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    for r in ranges {
+        let mut start = r.start;
+        while start < r.end {
+            let end = r.end.min(start.saturating_add(piece));
+            out.push(start..end);
+            start = end;
+        }
+    }
+    out
 }
 
 /// The system page size.
@@ -272,6 +318,13 @@ mod tests {
         assert_eq!(got, vec![0..12288]);
         let got = widen_and_merge(&[0..4096, 8192..8193], 4096);
         assert_eq!(got, vec![0..4096, 8192..12288]);
+    }
+
+    #[test]
+    fn ranges_split_into_pieces_in_order_covering_every_byte() {
+        let got = split(&[0..10, 20..25, 30..30], 4);
+        assert_eq!(got, vec![0..4, 4..8, 8..10, 20..24, 24..25]);
+        assert_eq!(split(&[0..8], 8), vec![0..8]);
     }
 
     #[test]

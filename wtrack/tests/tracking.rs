@@ -159,6 +159,65 @@ fn every_page_written_by_any_thread_is_reported_and_no_other() {
 }
 
 #[test]
+fn a_footprint_scanned_in_pieces_on_several_threads_reports_exactly_its_written_runs() {
+    if skip() {
+        return;
+    }
+    let page = page_size();
+    let piece = kreplay_wtrack::SCAN_PIECE / page;
+    // Two followed ranges, the first of three pieces and a half: the scan is split. Nothing is
+    // populated beforehand: unpopulated pages count as protected too.
+    let first = Scratch::new(piece * 7 / 2);
+    let second = Scratch::new(piece + 3);
+    let tracker = WriteTracker::new(&[first.range(), second.range()]).unwrap();
+    // Runs that straddle the pieces' boundaries, one that ends at a boundary, one that starts
+    // at one, single pages, and the last page of each range.
+    let mut runs: Vec<Range<usize>> = vec![
+        0..1,
+        piece - 2..piece + 2,
+        2 * piece - 5..2 * piece,
+        3 * piece..3 * piece + 1,
+        3 * piece + 9..3 * piece + 10,
+        piece * 7 / 2 - 1..piece * 7 / 2,
+    ];
+    runs.sort_by_key(|r| r.start);
+    for r in &runs {
+        for p in r.clone() {
+            first.write(p * page + 11, 7);
+        }
+    }
+    let second_pages = [piece - 1, piece, piece + 2];
+    for p in second_pages {
+        second.write(p * page, 7);
+    }
+    let mut written = Vec::new();
+    let n = tracker.written(&mut written).unwrap();
+    // Reported in address order, each run of adjacent pages as one range, nothing else.
+    let (a, b) = (first.range().start, second.range().start);
+    let mut expected: Vec<Range<usize>> = runs
+        .iter()
+        .map(|r| a + r.start * page..a + r.end * page)
+        .collect();
+    let mut tail: Vec<Range<usize>> = vec![
+        b + (piece - 1) * page..b + (piece + 1) * page,
+        b + (piece + 2) * page..b + (piece + 3) * page,
+    ];
+    expected.append(&mut tail);
+    expected.sort_by_key(|r| r.start);
+    // The two mappings may lie next to each other: a run may then continue into the other.
+    let mut merged: Vec<Range<usize>> = Vec::new();
+    for r in expected {
+        match merged.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => merged.push(r),
+        }
+    }
+    assert_eq!(written, merged);
+    let pages: usize = runs.iter().map(|r| r.len()).sum::<usize>() + second_pages.len();
+    assert_eq!(n, pages);
+}
+
+#[test]
 fn protected_pages_count_as_unwritten_until_written_again() {
     if skip() {
         return;
