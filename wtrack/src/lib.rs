@@ -128,12 +128,13 @@ impl WriteTracker {
     pub fn new(ranges: &[Range<usize>]) -> Result<Self, TrackError> {
         let page = page_size();
         let ranges = widen_and_merge(ranges, page);
-        let inner = sys::Tracker::new(&ranges)?;
-        Ok(WriteTracker {
-            inner,
+        let tracker = WriteTracker {
+            inner: sys::Tracker::register(&ranges)?,
             ranges,
             page,
-        })
+        };
+        tracker.protect_pieces(tracker.ranges.clone())?;
+        Ok(tracker)
     }
 
     /// The followed ranges: the requested ones widened to whole pages, sorted and merged.
@@ -194,12 +195,24 @@ impl WriteTracker {
     /// followed ranges): call it after writing them back. An error means some of them may not
     /// be followed (stop trusting [`written`](Self::written)).
     pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
-        for r in widen_and_merge(ranges, self.page) {
-            for part in clip(&self.ranges, r) {
-                self.inner.protect(part)?;
-            }
+        let parts: Vec<Range<usize>> = widen_and_merge(ranges, self.page)
+            .into_iter()
+            .flat_map(|r| clip(&self.ranges, r).collect::<Vec<_>>())
+            .collect();
+        self.protect_pieces(parts)
+    }
+
+    /// Protect `parts` (page-aligned, inside the followed ranges, sorted, disjoint): in
+    /// [`SCAN_PIECE`] pieces on the rayon pool's threads at once where they add up to more
+    /// than one piece, as [`written`](Self::written) scans.
+    fn protect_pieces(&self, parts: Vec<Range<usize>>) -> Result<(), TrackError> {
+        let total: usize = parts.iter().map(|r| r.end - r.start).sum();
+        if total <= SCAN_PIECE || rayon::current_num_threads() < 2 {
+            return parts.into_iter().try_for_each(|r| self.inner.protect(r));
         }
-        Ok(())
+        split(&parts, SCAN_PIECE)
+            .into_par_iter()
+            .try_for_each(|r| self.inner.protect(r))
     }
 }
 
@@ -324,7 +337,8 @@ mod tests {
     fn ranges_split_into_pieces_in_order_covering_every_byte() {
         let got = split(&[0..10, 20..25, 30..30], 4);
         assert_eq!(got, vec![0..4, 4..8, 8..10, 20..24, 24..25]);
-        assert_eq!(split(&[0..8], 8), vec![0..8]);
+        let whole = split(std::slice::from_ref(&(0..8)), 8);
+        assert_eq!((whole.len(), whole.first()), (1, Some(&(0..8))));
     }
 
     #[test]

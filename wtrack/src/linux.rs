@@ -125,6 +125,16 @@ impl Tracker {
     /// Checks that `ranges` (page-aligned, disjoint) are private anonymous memory, registers
     /// them for write protection and protects every page of them.
     pub(crate) fn new(ranges: &[Range<usize>]) -> Result<Tracker, TrackError> {
+        let tracker = Tracker::register(ranges)?;
+        for r in ranges {
+            tracker.protect(r.clone())?;
+        }
+        Ok(tracker)
+    }
+
+    /// [`new`](Tracker::new) without protecting anything yet: the caller protects the ranges
+    /// (every page of them) before relying on a scan.
+    pub(crate) fn register(ranges: &[Range<usize>]) -> Result<Tracker, TrackError> {
         let mappings = read_self_maps()?;
         for r in ranges {
             if let Err(reason) = crate::private_anonymous_cover(&mappings, r.clone()) {
@@ -194,11 +204,8 @@ impl Tracker {
                 });
             }
         }
-        for r in ranges {
-            tracker.protect(r.clone())?;
-        }
-        // Closing the descriptor (dropping `tracker` on an error above) unregisters every
-        // range and clears their protection.
+        // Closing the descriptor (dropping `tracker` on an error above or the caller's)
+        // unregisters every range and clears their protection.
         Ok(tracker)
     }
 

@@ -17,6 +17,10 @@ impl Tracker {
         Err(unsupported())
     }
 
+    pub(crate) fn register(_ranges: &[Range<usize>]) -> Result<Tracker, TrackError> {
+        Err(unsupported())
+    }
+
     pub(crate) fn protect(&self, _r: Range<usize>) -> Result<(), TrackError> {
         Err(unsupported())
     }

@@ -159,15 +159,16 @@ fn every_page_written_by_any_thread_is_reported_and_no_other() {
 }
 
 #[test]
-fn a_footprint_scanned_in_pieces_on_several_threads_reports_exactly_its_written_runs() {
+fn a_footprint_followed_in_pieces_on_several_threads_reports_exactly_its_written_runs() {
     if skip() {
         return;
     }
     let page = page_size();
     let piece = kreplay_wtrack::SCAN_PIECE / page;
-    // Two followed ranges, the first of three pieces and a half: the scan is split. Nothing is
-    // populated beforehand: unpopulated pages count as protected too.
-    let first = Scratch::new(piece * 7 / 2);
+    // Two followed ranges, the first of three pieces and a half: protecting them and scanning
+    // them are split. The first is populated beforehand (a page left unprotected would be
+    // reported), the second not (unpopulated pages count as protected too).
+    let first = Scratch::populated(piece * 7 / 2);
     let second = Scratch::new(piece + 3);
     let tracker = WriteTracker::new(&[first.range(), second.range()]).unwrap();
     // Runs that straddle the pieces' boundaries, one that ends at a boundary, one that starts
