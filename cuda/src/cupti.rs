@@ -557,6 +557,15 @@ mod tests {
         assert_eq!(offset_of!(LaunchKernelParams, stream), 40);
         assert_eq!(size_of::<LaunchKernelParams>(), 64);
         assert_eq!(size_of::<LaunchKernelExParams>(), 32);
+        // cuLaunchCooperativeKernel_params in cuda.h's argument order (the replays of
+        // cooperative.cu on the H200 decoded it: grid, stream and arguments as launched).
+        assert_eq!(
+            offset_of!(LaunchCooperativeKernelParams, shared_mem_bytes),
+            32
+        );
+        assert_eq!(offset_of!(LaunchCooperativeKernelParams, stream), 40);
+        assert_eq!(offset_of!(LaunchCooperativeKernelParams, kernel_params), 48);
+        assert_eq!(size_of::<LaunchCooperativeKernelParams>(), 56);
         // CUpti_ResourceData (context, a one-pointer union, descriptor) and
         // CUpti_ModuleResourceData (uint32_t id, size_t size, const char *cubin) on LP64.
         assert_eq!(offset_of!(ResourceData, resource_descriptor), 16);
