@@ -666,17 +666,31 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
             if let Some(enqueued) = enqueued {
                 enqueued.exit();
             }
+            // The restore before this pass put back the bytes from before the application's
+            // launch: a pass that does not run to its end leaves memory that no ordinary run
+            // leaves, and nothing can run the kernel again to mend it. Say so.
             relaunched.map_err(|why| {
                 Decline::new(
                     DeclineReason::PassDrainStuck,
-                    format!("re-launch of pass {pass} failed: {why}"),
+                    format!(
+                        "re-launch of pass {pass} failed: {why}; device memory does NOT match an \
+                         ordinary run: it holds the bytes from before the application's \
+                         launch, whose writes are undone"
+                    ),
                 )
             })?;
         }
         self.ops.wait().map_err(|why| {
+            let memory = if pass == 0 {
+                String::new()
+            } else {
+                "; device memory does NOT match an ordinary run: the application's \
+                 launch's writes are undone and this pass did not finish"
+                    .to_owned()
+            };
             Decline::new(
                 DeclineReason::PassDrainStuck,
-                format!("pass {pass} did not complete: {why}"),
+                format!("pass {pass} did not complete: {why}{memory}"),
             )
         })?;
         self.ops.completed(info, Some(pass));

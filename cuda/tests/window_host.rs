@@ -1597,3 +1597,70 @@ fn a_replay_locks_every_device_of_its_peer_group() {
         "windows on two linked devices were open at once ({windows:?} windows)"
     );
 }
+
+/// The fake's operations whose re-launches fail to be submitted from the `fail_from`-th on
+/// (counting from 1), as a driver call returning an error does: nothing runs.
+struct RefusedRelaunch {
+    inner: FakeLaunch,
+    fail_from: usize,
+    relaunches: std::sync::atomic::AtomicUsize,
+}
+
+impl LaunchOps for RefusedRelaunch {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        if self.relaunches.fetch_add(1, Ordering::Relaxed) + 1 >= self.fail_from {
+            return Err(
+                "cuLaunchCooperativeKernel failed: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES".into(),
+            );
+        }
+        self.inner.relaunch()
+    }
+}
+
+#[test]
+fn a_re_launch_the_driver_refuses_is_reported_as_undoing_the_application_launch() {
+    // Pass 2's re-launch is refused after the restore before it: memory is back to the bytes
+    // from before the application's launch, and nothing can run the kernel again. The tool and
+    // the log must hear that memory does not hold what an ordinary run leaves.
+    let r = rig(SnapshotConfig::default().with_store(StoreTier::Host));
+    let ops = RefusedRelaunch {
+        inner: fake(&r),
+        fail_from: 2,
+        relaunches: Default::default(),
+    };
+    let mut tool = LogTool {
+        passes: 4,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let cx = r.device.context(&r.registry);
+    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
+    assert!(window.is_ready());
+    ops.inner.app_launch();
+    let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+    let outcome = tool.outcome.borrow().clone().expect("CONFIG EXIT ran");
+    assert_eq!(outcome, record.outcome);
+    let ReplayOutcome::PassFailed { pass, decline } = &record.outcome else {
+        panic!("{:?}", record.outcome);
+    };
+    assert_eq!(*pass, 2);
+    assert!(
+        decline.detail.contains("does NOT match an ordinary run")
+            && decline.detail.contains("undone"),
+        "{decline}"
+    );
+    let diagnostic = record.diagnostic().expect("a failed replay is diagnosed");
+    assert!(diagnostic.contains("does NOT match"), "{diagnostic}");
+    // What the report says is what memory holds: the snapshot, not one run's +1.
+    let got = words(&r);
+    assert!(got.iter().enumerate().all(|(i, &x)| x == i as u32));
+}
