@@ -241,12 +241,12 @@ pub(crate) struct Prices {
     pub written_ns: Option<f64>,
 }
 
-/// The latest [`Recent::KEPT`] measurements of one price, decided by by their median: one
+/// The latest [`Recent::KEPT`] measurements of one price, decided by their median: one
 /// measurement slowed down by the machine (a preempted thread, another process's burst) cannot
 /// price following writes out of auto's choices. That would last: auto measures these prices
 /// only on restores that follow writes, so a price it stopped following writes over is never
-/// measured again (in a full run of `kreplay bench`, one slow scan stopped auto following
-/// writes for the rest of the process).
+/// measured again (in a full run of `kreplay bench` priced by the latest measurement, auto
+/// stopped following writes part way through and never started again in that process).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Recent {
     samples: [f64; Recent::KEPT],
