@@ -133,7 +133,7 @@ impl WriteTracker {
             ranges,
             page,
         };
-        tracker.protect_pieces(tracker.ranges.clone())?;
+        tracker.in_pieces(&tracker.ranges, |r| tracker.inner.protect(r))?;
         Ok(tracker)
     }
 
@@ -162,26 +162,14 @@ impl WriteTracker {
     /// on the rayon pool's threads at once, and the pieces' answers joined in order.
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
         let before = out.len();
-        let pieces = split(&self.ranges, SCAN_PIECE);
-        if pieces.len() < 2 || rayon::current_num_threads() < 2 {
-            for r in pieces {
-                self.inner.scan(r, out)?;
-            }
-        } else {
-            let found: Vec<Result<Vec<Range<usize>>, TrackError>> = pieces
-                .into_par_iter()
-                .map(|r| {
-                    let mut part = Vec::new();
-                    self.inner.scan(r, &mut part).map(|()| part)
-                })
-                .collect();
-            for part in found {
-                for r in part? {
-                    match out[before..].last_mut() {
-                        Some(last) if last.end == r.start => last.end = r.end,
-                        _ => out.push(r),
-                    }
-                }
+        let found = self.in_pieces(&self.ranges, |r| {
+            let mut part = Vec::new();
+            self.inner.scan(r, &mut part).map(|()| part)
+        })?;
+        for r in found.into_iter().flatten() {
+            match out[before..].last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
             }
         }
         let pages = out[before..]
@@ -197,27 +185,31 @@ impl WriteTracker {
     pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
         let parts: Vec<Range<usize>> = widen_and_merge(ranges, self.page)
             .into_iter()
-            .flat_map(|r| clip(&self.ranges, r).collect::<Vec<_>>())
+            .flat_map(|r| clip(&self.ranges, r))
             .collect();
-        self.protect_pieces(parts)
+        self.in_pieces(&parts, |r| self.inner.protect(r))?;
+        Ok(())
     }
 
-    /// Protect `parts` (page-aligned, inside the followed ranges, sorted, disjoint): in
-    /// [`SCAN_PIECE`] pieces on the rayon pool's threads at once where they add up to more
-    /// than one piece, as [`written`](Self::written) scans.
-    fn protect_pieces(&self, parts: Vec<Range<usize>>) -> Result<(), TrackError> {
+    /// `f` over `parts` (page-aligned, sorted, disjoint), its answers in order: on this thread
+    /// where they add up to at most [`SCAN_PIECE`] bytes (or the pool has one thread), else
+    /// cut into pieces of that size and run on the rayon pool's threads at once. Scanning and
+    /// protecting both walk the page tables, a nanosecond or two per page.
+    fn in_pieces<T: Send>(
+        &self,
+        parts: &[Range<usize>],
+        f: impl Fn(Range<usize>) -> Result<T, TrackError> + Sync + Send,
+    ) -> Result<Vec<T>, TrackError> {
         let total: usize = parts.iter().map(|r| r.end - r.start).sum();
         if total <= SCAN_PIECE || rayon::current_num_threads() < 2 {
-            return parts.into_iter().try_for_each(|r| self.inner.protect(r));
+            return parts.iter().cloned().map(f).collect();
         }
-        split(&parts, SCAN_PIECE)
-            .into_par_iter()
-            .try_for_each(|r| self.inner.protect(r))
+        split(parts, SCAN_PIECE).into_par_iter().map(f).collect()
     }
 }
 
-/// Above this many bytes followed, [`WriteTracker::written`] scans in pieces of this size on
-/// several threads. On the 2-core development machine a scan of 1 GiB of 4 KiB pages took
+/// Above this many bytes, [`WriteTracker::written`] scans, and protecting protects, in pieces
+/// of this size on several threads. On the 2-core development machine a scan of 1 GiB of 4 KiB pages took
 /// 260-540 us on one thread; a piece of 64 MiB takes a few dozen, well above what handing it
 /// to another thread costs.
 pub const SCAN_PIECE: usize = 64 << 20;
