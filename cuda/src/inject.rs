@@ -358,7 +358,6 @@ struct Backend {
     warned_graph: AtomicBool,
     warned_managed: AtomicBool,
     warned_surfaces: AtomicBool,
-    /// A tool made a device write from a replay callback (see [`crate::window`]).
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
     modules: ModuleRegistry,
     /// Parameter layouts per function (`None`: the driver cannot describe it).
@@ -1705,63 +1704,60 @@ unsafe fn decode_launch(
             | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
             | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
     );
-    if matches!(
-        id,
-        cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
-    ) {
-        // SAFETY: cuLaunchCooperativeKernel_params.
-        let p = unsafe { *(params as *const LaunchCooperativeKernelParams) };
-        return Launch {
-            ctx,
-            device,
-            api: LaunchApi::Cooperative,
-            per_thread,
-            function: p.f,
-            grid: p.grid,
-            block: p.block,
-            shared_mem_bytes: p.shared_mem_bytes,
-            stream: p.stream,
-            params: p.kernel_params,
-            extra: std::ptr::null_mut(),
-        };
-    }
-    if matches!(
-        id,
-        cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
-    ) {
-        // SAFETY: cuLaunchKernelEx_params, whose config points to the caller's CUlaunchConfig.
-        let (p, c) = unsafe {
-            let p = *(params as *const LaunchKernelExParams);
-            (p, *p.config)
-        };
-        Launch {
-            ctx,
-            device,
-            api: LaunchApi::KernelEx { config: p.config },
-            per_thread,
-            function: p.f,
-            grid: c.grid_dim,
-            block: c.block_dim,
-            shared_mem_bytes: c.shared_mem_bytes,
-            stream: c.stream,
-            params: p.kernel_params,
-            extra: p.extra,
+    match id {
+        cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ => {
+            // SAFETY: cuLaunchCooperativeKernel_params.
+            let p = unsafe { *(params as *const LaunchCooperativeKernelParams) };
+            Launch {
+                ctx,
+                device,
+                api: LaunchApi::Cooperative,
+                per_thread,
+                function: p.f,
+                grid: p.grid,
+                block: p.block,
+                shared_mem_bytes: p.shared_mem_bytes,
+                stream: p.stream,
+                params: p.kernel_params,
+                extra: std::ptr::null_mut(),
+            }
         }
-    } else {
-        // SAFETY: cuLaunchKernel_params.
-        let p = unsafe { *(params as *const LaunchKernelParams) };
-        Launch {
-            ctx,
-            device,
-            api: LaunchApi::Kernel,
-            per_thread,
-            function: p.f,
-            grid: p.grid,
-            block: p.block,
-            shared_mem_bytes: p.shared_mem_bytes,
-            stream: p.stream,
-            params: p.kernel_params,
-            extra: p.extra,
+        cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ => {
+            // SAFETY: cuLaunchKernelEx_params, whose config points to the caller's CUlaunchConfig.
+            let (p, c) = unsafe {
+                let p = *(params as *const LaunchKernelExParams);
+                (p, *p.config)
+            };
+            Launch {
+                ctx,
+                device,
+                api: LaunchApi::KernelEx { config: p.config },
+                per_thread,
+                function: p.f,
+                grid: c.grid_dim,
+                block: c.block_dim,
+                shared_mem_bytes: c.shared_mem_bytes,
+                stream: c.stream,
+                params: p.kernel_params,
+                extra: p.extra,
+            }
+        }
+        _ => {
+            // SAFETY: cuLaunchKernel_params.
+            let p = unsafe { *(params as *const LaunchKernelParams) };
+            Launch {
+                ctx,
+                device,
+                api: LaunchApi::Kernel,
+                per_thread,
+                function: p.f,
+                grid: p.grid,
+                block: p.block,
+                shared_mem_bytes: p.shared_mem_bytes,
+                stream: p.stream,
+                params: p.kernel_params,
+                extra: p.extra,
+            }
         }
     }
 }
