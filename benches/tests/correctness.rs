@@ -455,6 +455,77 @@ fn tracked_restores_write_back_exactly_the_chunks_of_the_pages_written_and_hash_
     }
 }
 
+/// A replay runs the same kernel on the same bytes, so its passes mostly write the same pages:
+/// a tracked restore leaves the pages written at two restores in a row open (written back at
+/// every restore, no fault for the next pass). Every restore must still bring back the
+/// snapshot: when a pass writes open pages again, writes pages that are not open, writes
+/// part of a page a neighbouring region shares, or stops writing the open ones, which are
+/// then followed again within a few restores.
+#[test]
+fn pages_written_by_every_pass_are_left_open_and_every_restore_stays_exact() {
+    for kind in [DeviceKind::SoftwareFull, DeviceKind::SoftwarePlain] {
+        if !tracks_or_says_why(kind) {
+            return;
+        }
+        let sizes = [16 * CS, 6 * CS + 5];
+        let mut w = World::new(kind, &sizes, 31);
+        let mut s = w
+            .snapshotter(StoreTier::Host, RestoreStrategy::Tracked)
+            .snapshot(&Filter::for_replay(1))
+            .unwrap();
+        let mut next_pass = 0;
+        let mut pass = |w: &mut World, ops: &[(usize, u64, u64)]| {
+            for &op in ops {
+                w.write(op);
+            }
+            next_pass += 1;
+            let r = s
+                .restore(&RestoreRequest {
+                    next_pass,
+                    may_be_final: false,
+                })
+                .unwrap();
+            assert!(w.identical(), "{kind:?}: restore {next_pass}");
+            assert_eq!(r.strategy, RestoreStrategy::Tracked, "{kind:?}");
+            r
+        };
+        // Three pages of region 0 (one write across two of them) and the last, partial page
+        // of region 1.
+        let same = [(0, 3 * CS + 100, CS), (0, 9 * CS, 8), (1, 6 * CS, 5)];
+        let first = pass(&mut w, &same);
+        assert_eq!(
+            first.bytes_left_open, 0,
+            "{kind:?}: no pass before the first"
+        );
+        let second = pass(&mut w, &same);
+        assert_eq!(
+            second.bytes_left_open,
+            4 * CS,
+            "{kind:?}: the pages both passes wrote"
+        );
+        // Open pages written again, and a page that is not open: both restored.
+        let r = pass(&mut w, &[(0, 4 * CS + 7, 3), (0, 12 * CS, 1)]);
+        assert!(r.chunks_restored >= 5, "{kind:?}: {}", r.chunks_restored);
+        // Passes that write nothing: the open pages are written back whatever the pass did,
+        // until a restore protects them again; then nothing is open and nothing written.
+        let mut quiet = Vec::new();
+        for _ in 0..12 {
+            quiet.push(pass(&mut w, &[]));
+        }
+        let protected_at = quiet
+            .iter()
+            .position(|r| r.bytes_left_open == 0)
+            .expect("open pages followed again");
+        assert!(protected_at < 9, "{kind:?}: after {protected_at} restores");
+        for r in &quiet[protected_at + 1..] {
+            assert_eq!((r.bytes_left_open, r.chunks_restored), (0, 0), "{kind:?}");
+        }
+        // Followed again: a write to a page that was open is found and restored.
+        let r = pass(&mut w, &[(0, 9 * CS + 3, 1)]);
+        assert_eq!(r.chunks_restored, 1, "{kind:?}");
+    }
+}
+
 #[test]
 fn freed_region_is_skipped_while_the_others_are_restored() {
     for kind in DEVICES {

@@ -64,6 +64,10 @@ pub(crate) struct Learned {
     pub full_streak: u32,
     /// Restores of the latest dispatch.
     pub restores: u64,
+    /// The share of what a restore found changed (chunks, or pages where writes were
+    /// followed) that the restore before it found changed too, most recently: whether the
+    /// kernel's passes write the same places each time.
+    pub repeat: Option<f64>,
 }
 
 /// Measurements a rate is the median of.
@@ -339,6 +343,9 @@ pub(crate) struct Memory {
     /// The share of its chunks the latest dispatch of any kernel found changed (at a restore
     /// that hashed everything): what a kernel seen for the first time may change.
     pub typical_dirty: Option<f64>,
+    /// The latest dispatch's [`Learned::repeat`] that measured one, of any kernel: whether a
+    /// kernel seen for the first time is taken to write the same places each pass.
+    pub typical_repeat: Option<f64>,
     /// What following writes costs per page, as measured on this snapshotter's footprints.
     pub track: crate::track::TrackPrices,
     /// A digest of the regions (allocations and chunk size) the latest snapshot covered: a

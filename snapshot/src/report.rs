@@ -72,6 +72,10 @@ pub struct RestoreReport {
     /// footprint (only under the opt-in `WritesetUnverified`): memory outside the set may differ
     /// from the snapshot.
     pub unverified: bool,
+    /// Tracked: bytes of the pages this restore wrote back and left writable, not followed
+    /// again, because the latest passes wrote them each time. The next pass writes them
+    /// without a fault, and the next restore writes them back whatever that pass did.
+    pub bytes_left_open: u64,
     /// Wall time.
     pub elapsed: Duration,
 }

@@ -20,7 +20,7 @@ use crate::learned::{
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
-use crate::track::{Followed, Outlook, Tracking, tracking_pays};
+use crate::track::{self, Followed, Outlook, Tracking, tracking_pays};
 use smallvec::SmallVec;
 
 /// The id of the next snapshot taken (see `Snapshot::id`).
@@ -233,6 +233,11 @@ pub struct Snapshot {
     tracking: Option<Tracking>,
     /// Whether the regions stay followed after the snapshot is dropped (see [`Followed`]).
     keep_following: bool,
+    /// The chunks the latest restore found changed, where it knew each of them.
+    repeats: Repeats,
+    /// Whether the passes were expected to write what the pass before wrote when the snapshot
+    /// was taken (see `track::Outlook::repeat`), until a restore measures it.
+    repeat: f64,
 }
 
 pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -421,6 +426,14 @@ impl Snapshotter {
             .filter(|_| learns)
             .map(|k| Key::new(k, &layout.regions, layout.chunk_size));
         let earlier = key.and_then(|k| self.memory.lock().get(&k, layout.chunks()));
+        // Whether the kernel's passes write what the pass before wrote: as its earlier dispatch
+        // measured it, else as the latest dispatch of any kernel that measured it did, else
+        // taken to (a replay runs the same kernel on the same bytes each pass).
+        let repeat = earlier
+            .as_ref()
+            .and_then(|e| e.repeat)
+            .or(self.memory.lock().typical_repeat)
+            .unwrap_or(1.0);
         // Auto skips the hashes when they would not pay for themselves over the restores
         // expected (see `snapshot_hashes_pay`): those the replay plans, when it said; else
         // those of the kernel's earlier dispatch, or for a kernel seen for the first time those
@@ -468,6 +481,7 @@ impl Snapshotter {
                             }) => Some(*d as f64 / layout.chunks().max(1) as f64),
                             _ => memory.typical_dirty,
                         },
+                        repeat: Some(repeat),
                         earlier: earlier.as_ref(),
                         bytes: layout.bytes,
                         chunks: layout.chunks() as u64,
@@ -556,7 +570,7 @@ impl Snapshotter {
             .and_then(|t| {
                 let changed = t.changed(&layout, &all_live, &wins)?;
                 let pieces = layout.runs_of(&all_live, changed);
-                t.rearm(&layout, &wins, &pieces).then_some(pieces)
+                t.rearm(&layout, &wins, &pieces, false).then_some(pieces)
             })
             .filter(|_| store.device_addr().is_none());
         if continued && incremental.is_none() {
@@ -677,6 +691,8 @@ impl Snapshotter {
             needs_verify: false,
             keep_following,
             tracking,
+            repeats: Repeats::default(),
+            repeat,
         })
     }
 
@@ -849,7 +865,18 @@ impl Snapshot {
         let Some(t) = &self.tracking else {
             return;
         };
-        let tracked = (restore + t.last_faults()).as_nanos() as f64;
+        // Where the passes write what the pass before wrote, only the first two passes fault
+        // on every page written (and one after each revisit): judged by what the passes after
+        // them pay, a kernel whose writes repeat is not stopped for its first pass's faults.
+        let repeat = self.stats.repeat.unwrap_or(self.repeat);
+        let faults = if repeat >= track::OPEN_SHARE {
+            let fresh = (1.0 - repeat) + repeat / f64::from(track::REVISIT_EVERY);
+            t.fault
+                .mul_f64(t.last_pages.unwrap_or(0) as f64 * fresh.clamp(0.0, 1.0))
+        } else {
+            t.last_faults()
+        };
+        let tracked = (restore + faults).as_nanos() as f64;
         let full = self
             .memory
             .lock()
@@ -1024,6 +1051,7 @@ impl Snapshot {
             strategy,
             verified: false,
             unverified: matches!(step, Step::Learned),
+            bytes_left_open: 0,
             elapsed: Default::default(),
         };
 
@@ -1112,6 +1140,13 @@ impl Snapshot {
             };
             match hashed {
                 Ok((bytes, changed)) => {
+                    let set_chunks = predicted.as_ref().map(|set| set.count);
+                    if let Some(repeat) = self
+                        .repeats
+                        .measure(&changed, set_chunks.filter(|_| predict))
+                    {
+                        self.stats.repeat = Some(repeat);
+                    }
                     if bytes > 0 {
                         let mut memory = self.memory.lock();
                         let mut elapsed = hash_start.elapsed();
@@ -1205,6 +1240,9 @@ impl Snapshot {
                 Some(changed) => {
                     report.verified = true;
                     self.stats.dirty_chunks = Some(changed.len() as u64);
+                    if let Some(repeat) = self.tracking.as_ref().and_then(|t| t.last_repeat) {
+                        self.stats.repeat = Some(repeat);
+                    }
                     self.stats.full_streak = 0;
                     pieces = layout.runs_of(&live, changed);
                 }
@@ -1258,11 +1296,16 @@ impl Snapshot {
             let rearmed = outcome.error.is_none()
                 && self
                     .tracking
-                    .as_ref()
-                    .is_some_and(|t| t.rearm(layout, &wins, &pieces));
+                    .as_mut()
+                    .is_some_and(|t| t.rearm(layout, &wins, &pieces, true));
             if !rearmed {
                 end_tracking(&mut self.tracking, &self.memory);
             }
+            report.bytes_left_open = self.tracking.as_ref().map_or(0, Tracking::open_bytes);
+        }
+        if !matches!(step, Step::Detect { .. }) {
+            // What this restore found changed, chunk by chunk, is not known to the next.
+            self.repeats.forget();
         }
         drop(pinned);
         if outcome.error.is_none() && !written {
@@ -1353,6 +1396,54 @@ fn measures_copy_rate(step: Step) -> bool {
 
 /// Global indices of the chunks of live regions whose live hash differs from the snapshot's,
 /// in order, leaving out the chunks `skip` marks (not hashed).
+/// How many of the chunks a restore finds changed the restore before it found changed too,
+/// measured by restores that hash: what tells auto whether a kernel's passes write the same
+/// places each time (see `track::replay_costs`), where its writes were not followed.
+#[derive(Debug, Default)]
+struct Repeats {
+    /// The chunks (global indices, ascending) the latest restore found changed, where it hashed
+    /// every chunk; `None` after any other restore.
+    last: Option<Vec<usize>>,
+}
+
+impl Repeats {
+    /// Take in what a hashing restore found changed (`changed`, ascending; with `predicted`,
+    /// the chunks in the learned set it wrote unread, only those outside the set) and return
+    /// the share of this restore's changed chunks the restore before found changed too,
+    /// where that can be told: after a restore that hashed every chunk, exactly by comparing
+    /// the two; for a restore that wrote a set of `predicted` chunks unread, only where that
+    /// set is what the restore before found (the pass is taken to change as many chunks as
+    /// that one did, and the set's chunks as changed again).
+    fn measure(&mut self, changed: &[usize], predicted: Option<u64>) -> Option<f64> {
+        let last = self.last.take();
+        match predicted {
+            Some(set) => {
+                let before = last.filter(|l| l.len() as u64 == set && set > 0)?.len();
+                Some(1.0 - (changed.len() as f64 / before as f64).min(1.0))
+            }
+            None => {
+                let share = last.filter(|_| !changed.is_empty()).map(|before| {
+                    let (mut i, mut both) = (0, 0usize);
+                    for &c in changed {
+                        while i < before.len() && before[i] < c {
+                            i += 1;
+                        }
+                        both += usize::from(before.get(i) == Some(&c));
+                    }
+                    both as f64 / changed.len() as f64
+                });
+                self.last = Some(changed.to_vec());
+                share
+            }
+        }
+    }
+
+    /// Nothing known of what the latest restore found changed, chunk by chunk.
+    fn forget(&mut self) {
+        self.last = None;
+    }
+}
+
 fn changed_chunks<'a>(
     layout: &'a Layout,
     live: &'a [bool],
@@ -1467,6 +1558,9 @@ impl Drop for Snapshot {
             if let Some(dirty) = learned.dirty_chunks.filter(|_| chunks > 0) {
                 memory.typical_dirty = Some(dirty as f64 / chunks as f64);
             }
+            if learned.repeat.is_some() {
+                memory.typical_repeat = learned.repeat;
+            }
             memory.put(key, learned);
         }
         if self.keep_store {
@@ -1478,6 +1572,28 @@ impl Drop for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_writes_are_measured_between_restores_that_hashed_every_chunk_or_a_set_learned_by_one()
+     {
+        let mut r = Repeats::default();
+        // Nothing before the first: unknown.
+        assert_eq!(r.measure(&[1, 5, 9, 12], None), None);
+        // Three of four found again.
+        assert_eq!(r.measure(&[1, 5, 7, 12], None), Some(0.75));
+        // A restore that wrote the set of the four chunks the one before found, unread, and
+        // found one more changed outside it: one of four moved.
+        assert_eq!(r.measure(&[30], Some(4)), Some(0.75));
+        // After it nothing is known chunk by chunk, nor after a restore that told nothing.
+        assert_eq!(r.measure(&[2], None), None);
+        r.forget();
+        assert_eq!(r.measure(&[2], None), None);
+        // A set that is not what the restore before found (carried from earlier dispatches)
+        // says nothing of the pass before.
+        assert_eq!(r.measure(&[], Some(9)), None);
+        // Nothing changed: no share.
+        assert_eq!(r.measure(&[], None), None);
+    }
 
     #[test]
     fn only_full_restores_measure_the_copy_rate() {

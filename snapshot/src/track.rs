@@ -42,6 +42,10 @@ pub(crate) struct Outlook<'a> {
     /// for the first time, or whose earlier dispatch restored in full, what the latest dispatch
     /// of any kernel found.
     pub dirty: Option<f64>,
+    /// The share of what a pass writes that the pass before it wrote too, as the kernel's
+    /// earlier dispatch measured it, else as the latest dispatch of any kernel did (see
+    /// [`Learned::repeat`]); unknown counts as none.
+    pub repeat: Option<f64>,
     /// What earlier dispatches of the kernel learned.
     pub earlier: Option<&'a Learned>,
     /// Bytes of the footprint.
@@ -68,7 +72,9 @@ pub(crate) struct Outlook<'a> {
 ///
 /// Following writes costs, per page of the footprint, protecting it when the snapshot is taken
 /// and un-protecting it when it is dropped; per pass, the first and the last included, a fault
-/// for each page it writes (taken as every page of the chunks `dirty` says change); per
+/// for each page it writes (taken as every page of the chunks `dirty` says change), except,
+/// where the passes mostly write what the pass before wrote (`repeat`), the pages left open
+/// from the second restore on; per
 /// restore, a scan of the footprint's pages, the write-back of the chunks written, and
 /// protecting their pages again (those two as earlier tracked restores measured them per page
 /// written, where they did). Unknown `dirty` counts as nothing written: the best case,
@@ -90,16 +96,30 @@ pub(crate) fn replay_costs(
     let (written, written_pages) = (share * bytes, share * pages);
     let write_back = rates.scattered_per_byte(written as u64) * written;
     let page = &prices.page;
+    // Passes whose writes fault: every pass, unless the passes mostly write what the pass
+    // before wrote; then those pages are left open from the second restore on (see
+    // `Tracking::rearm`), and fault again only after every REVISIT_EVERYth restore.
+    // Restores whose write-back protects every page written again are, likewise, the first
+    // and a share of the others.
+    let repeat = outlook.repeat.unwrap_or(0.0).clamp(0.0, 1.0);
+    let (faulting, protecting) = if repeat >= OPEN_SHARE && restores >= 2.0 {
+        let fresh = (1.0 - repeat) + repeat / f64::from(REVISIT_EVERY);
+        (
+            2.0 + (restores - 1.0) * fresh,
+            1.0 + (restores - 1.0) * fresh,
+        )
+    } else {
+        (restores + 1.0, restores)
+    };
     // Per restore beyond the scan: as tracked restores here measured it per page written, else
     // the write-back at the rate of write-backs that size and protecting the pages again.
-    let beyond_scan = prices
-        .written_ns
-        .map_or(write_back + page.protect_ns * written_pages, |ns| {
-            ns * written_pages
-        });
+    let beyond_scan = prices.written_ns.map_or(
+        write_back + page.protect_ns * written_pages * protecting / restores.max(1.0),
+        |ns| ns * written_pages,
+    );
     let unprotect = prices.unprotect_ns.unwrap_or(page.protect_ns) * pages;
-    let passes = (restores + 1.0) * page.fault_ns * written_pages
-        + restores * (page.scan_ns * pages + beyond_scan);
+    let passes =
+        faulting * page.fault_ns * written_pages + restores * (page.scan_ns * pages + beyond_scan);
     // A snapshot of a footprint still followed scans it and copies what was written since the
     // last one (about what a tracked restore's scan and write-back cost).
     let incremental = page.scan_ns * pages + beyond_scan;
@@ -165,15 +185,43 @@ pub(crate) fn tracking_pays(rates: &Rates, prices: &Prices, outlook: &Outlook<'_
     }
 }
 
+/// Write-backs in a row that may leave pages open (see [`Tracking::rearm`]): the next one
+/// protects every page it writes back, so that pages the passes stopped writing are followed
+/// again and the share of repeated writes is measured afresh. A replay whose passes all write
+/// the same pages pays their faults in one pass of this many, after the first two.
+pub(crate) const REVISIT_EVERY: u32 = 8;
+
+/// Pages written at two scans in a row are left open only where they are at least this share
+/// of the pages the latest scan found written: a page left open is written back at every
+/// restore whether the pass wrote it or not, which is cheaper than its fault only where the
+/// passes mostly write it again.
+pub(crate) const OPEN_SHARE: f64 = 0.5;
+
 /// The writes to a snapshot's regions, followed.
 pub(crate) struct Tracking {
     tracker: WriteTracker,
     /// Scratch for the written page ranges of a restore.
     written: Vec<Range<usize>>,
+    /// The pages the scan before the latest found written (sorted, merged).
+    before: Vec<Range<usize>>,
+    /// The pages the latest scan found written that the scan before it found too.
+    repeated: Vec<Range<usize>>,
+    /// Pages the latest write-back left open: not protected again, so the next pass writes
+    /// them without a fault and the next scan reports them written whatever the pass did.
+    open_pages: u64,
+    /// Write-backs in a row that left pages open.
+    open_streak: u32,
+    /// Pages the latest scan found written that were protected when its pass began: the
+    /// pass's faults.
+    fresh_pages: u64,
     /// What the first store to a followed page costs the pass making it.
     pub(crate) fault: Duration,
     /// Pages the latest restore found written.
     pub(crate) last_pages: Option<u64>,
+    /// The share of the pages the latest scan found written that the scan before it found
+    /// written too, where nothing was left open between the two (else unknown: open pages
+    /// are reported written whatever the pass did).
+    pub(crate) last_repeat: Option<f64>,
     /// What starting to follow the pages took (reading the process's mappings, registering,
     /// protecting every page).
     armed: Duration,
@@ -290,7 +338,7 @@ pub(crate) struct TrackPrices {
     pub scan_ns: Recent,
     /// What a tracked restore spent beyond its scan, per page found written (writing back the
     /// chunks, protecting their pages again, the bookkeeping), from restores that found at
-    /// least [`MIN_PRICED_PAGES`] pages written.
+    /// least [`MIN_PRICED_PAGES`] pages written, none of them left open before or after.
     pub written_ns: Recent,
 }
 
@@ -332,7 +380,12 @@ impl TrackPrices {
         };
         self.scan_ns.push(per_page(scan, tracking.followed_pages()));
         let written = tracking.last_pages.unwrap_or(0);
-        if written >= MIN_PRICED_PAGES {
+        // Priced only where every page written was protected again and none was open before
+        // the pass: what a written page costs a replay whose writes move. A restore that left
+        // pages open protected fewer of them, and priced by it, following the writes of
+        // kernels whose passes write other pages each time looked cheaper than it is.
+        let every_page_protected = tracking.open_pages == 0 && tracking.fresh_pages == written;
+        if written >= MIN_PRICED_PAGES && every_page_protected {
             let beyond = elapsed.saturating_sub(scan);
             self.written_ns.push(per_page(beyond, written as usize));
         }
@@ -356,8 +409,14 @@ impl Tracking {
             armed: start.elapsed(),
             tracker,
             written: Vec::new(),
+            before: Vec::new(),
+            repeated: Vec::new(),
+            open_pages: 0,
+            open_streak: 0,
+            fresh_pages: 0,
             fault,
             last_pages: None,
+            last_repeat: None,
             last_scan: None,
         })
     }
@@ -376,6 +435,15 @@ impl Tracking {
         let pages = self.tracker.written(&mut self.written).ok()?;
         self.last_scan = Some(start.elapsed());
         self.last_pages = Some(pages as u64);
+        // Pages left open are reported written whatever the pass did: only the others cost it
+        // a fault, and only a scan after a pass that began with nothing open says how many of
+        // its pages the pass before wrote too.
+        self.fresh_pages = (pages as u64).saturating_sub(self.open_pages);
+        self.repeated = intersect(&self.written, &self.before);
+        let repeated = self.pages_of(&self.repeated) as u64;
+        self.last_repeat = (self.open_pages == 0 && !self.before.is_empty() && pages > 0)
+            .then(|| repeated as f64 / pages as f64);
+        self.before.clone_from(&self.written);
         let mut changed = Vec::new();
         for (r, win) in wins.iter().enumerate() {
             if !live[r] {
@@ -403,12 +471,23 @@ impl Tracking {
 
     /// Follow the bytes of `pieces` again (after they were written back). False when the
     /// tracker refused: it can no longer be trusted.
+    ///
+    /// With `keep_open` (a restore's write-back), pages the latest scan and the one before it
+    /// both found written are left open where they are at least [`OPEN_SHARE`] of the pages
+    /// the latest found: a replay runs the same kernel on the same bytes each pass, so it
+    /// mostly writes them again, and writing such a page back at every restore (a copy of a
+    /// page) costs less than its fault each pass (several copies). Every
+    /// [`REVISIT_EVERY`]th write-back in a row that left pages open protects them all again.
+    /// Nothing is lost either way: a page not protected is reported written by every scan,
+    /// and its chunks written back.
     pub(crate) fn rearm(
-        &self,
+        &mut self,
         layout: &Layout,
         wins: &[Option<HostWindow>],
         pieces: &[Piece],
+        keep_open: bool,
     ) -> bool {
+        let page = self.tracker.page_size();
         let ranges: Vec<Range<usize>> = pieces
             .iter()
             .filter_map(|p| {
@@ -418,7 +497,36 @@ impl Tracking {
                 Some(start..start + len as usize)
             })
             .collect();
-        self.tracker.protect(&ranges).is_ok()
+        let ranges = whole_pages(ranges, page);
+        let found = self.last_pages.unwrap_or(0);
+        let repeats = keep_open
+            && self.open_streak < REVISIT_EVERY
+            && found > 0
+            && self.pages_of(&self.repeated) as f64 >= OPEN_SHARE * found as f64;
+        let open = if repeats {
+            intersect(&self.repeated, &ranges)
+        } else {
+            Vec::new()
+        };
+        let protect = subtract(&ranges, &open);
+        let ok = self.tracker.protect(&protect).is_ok();
+        self.open_pages = self.pages_of(&open) as u64;
+        self.open_streak = if self.open_pages > 0 {
+            self.open_streak + 1
+        } else {
+            0
+        };
+        ok
+    }
+
+    /// Whole pages in `ranges` (page-aligned ones).
+    fn pages_of(&self, ranges: &[Range<usize>]) -> usize {
+        ranges.iter().map(|r| r.len()).sum::<usize>() / self.tracker.page_size()
+    }
+
+    /// Bytes of the pages the latest write-back left open (see [`rearm`](Tracking::rearm)).
+    pub(crate) fn open_bytes(&self) -> u64 {
+        self.open_pages * self.tracker.page_size() as u64
     }
 
     /// Pages followed.
@@ -431,10 +539,68 @@ impl Tracking {
         self.last_pages.unwrap_or(0) * self.tracker.page_size() as u64
     }
 
-    /// What the latest restore's pass paid in faults.
+    /// What the latest restore's pass paid in faults (pages left open before it cost none).
     pub(crate) fn last_faults(&self) -> Duration {
-        self.fault * self.last_pages.unwrap_or(0) as u32
+        self.fault * self.fresh_pages as u32
     }
+}
+
+/// `ranges` widened to whole pages of `page` bytes, sorted and merged.
+fn whole_pages(mut ranges: Vec<Range<usize>>, page: usize) -> Vec<Range<usize>> {
+    for r in &mut ranges {
+        *r = r.start / page * page..r.end.div_ceil(page) * page;
+    }
+    ranges.sort_unstable_by_key(|r| r.start);
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+    for r in ranges.into_iter().filter(|r| !r.is_empty()) {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// The bytes in both `a` and `b` (each sorted and disjoint), sorted and disjoint.
+fn intersect(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
+    let (mut i, mut j) = (0, 0);
+    let mut out = Vec::new();
+    while i < a.len() && j < b.len() {
+        let (lo, hi) = (a[i].start.max(b[j].start), a[i].end.min(b[j].end));
+        if lo < hi {
+            out.push(lo..hi);
+        }
+        if a[i].end <= b[j].end {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// The bytes of `a` not in `b` (each sorted and disjoint), sorted and disjoint.
+fn subtract(a: &[Range<usize>], b: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for r in a {
+        let mut start = r.start;
+        while j < b.len() && b[j].end <= start {
+            j += 1;
+        }
+        let mut k = j;
+        while k < b.len() && b[k].start < r.end {
+            if b[k].start > start {
+                out.push(start..b[k].start);
+            }
+            start = start.max(b[k].end);
+            k += 1;
+        }
+        if start < r.end {
+            out.push(start..r.end);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -466,6 +632,7 @@ mod tests {
         Outlook {
             restores,
             dirty,
+            repeat: None,
             earlier: None,
             bytes,
             chunks: bytes / CHUNK,
@@ -558,6 +725,91 @@ mod tests {
             assert!(!pays(Some(restores), Some(0.1)), "{restores}");
         }
         assert!(!pays(Some(37), Some(1.0)));
+    }
+
+    #[test]
+    fn passes_that_write_the_same_tenth_each_time_are_followed_where_faults_every_pass_are_not() {
+        // A replay runs the same kernel on the same bytes: where its passes write what the pass
+        // before wrote, those pages are left open after the second restore, so only the first
+        // two passes (and one in REVISIT_EVERY after) pay their faults.
+        let (rates, prices) = machine();
+        for restores in [7, 37] {
+            let o = outlook(Some(restores), Some(0.1));
+            assert!(!tracking_pays(&rates, &prices, &o), "{restores}");
+            let same = Outlook {
+                repeat: Some(1.0),
+                ..o
+            };
+            assert!(tracking_pays(&rates, &prices, &same), "{restores}");
+            // Writes that mostly move are priced as faulting every pass.
+            let moving = Outlook {
+                repeat: Some(0.1),
+                ..o
+            };
+            assert_eq!(
+                replay_costs(&rates, &prices, &moving),
+                replay_costs(&rates, &prices, &o)
+            );
+        }
+        // One restore: nothing is left open before the second, so repeats change nothing.
+        let one = outlook(Some(1), Some(0.1));
+        assert_eq!(
+            replay_costs(
+                &rates,
+                &prices,
+                &Outlook {
+                    repeat: Some(1.0),
+                    ..one
+                }
+            ),
+            replay_costs(&rates, &prices, &one)
+        );
+    }
+
+    #[test]
+    fn left_open_pages_fault_in_the_first_two_passes_and_once_per_revisit() {
+        let (rates, prices) = machine();
+        let o = Outlook {
+            repeat: Some(1.0),
+            ..outlook(Some(17), Some(0.01))
+        };
+        let (tracked, _) = replay_costs(&rates, &prices, &o).unwrap();
+        let pages = (256 * MIB / kreplay_wtrack::page_size() as u64) as f64;
+        let written = 0.01 * (256 * MIB) as f64;
+        let fresh = 1.0 / f64::from(REVISIT_EVERY);
+        let expected = 2.0 * 70.0 * pages
+            + (2.0 + 16.0 * fresh) * 750.0 * 0.01 * pages
+            + 17.0
+                * (2.0 * pages
+                    + rates.scattered_per_byte(written as u64) * written
+                    + 70.0 * 0.01 * pages * (1.0 + 16.0 * fresh) / 17.0);
+        assert!(
+            (tracked - expected).abs() < 1.0,
+            "{tracked} against {expected}"
+        );
+    }
+
+    #[test]
+    fn page_ranges_intersect_and_subtract_as_sets_of_bytes() {
+        let a = vec![0..10, 20..30, 40..50];
+        let b = vec![5..25, 28..42, 60..70];
+        assert_eq!(intersect(&a, &b), vec![5..10, 20..25, 28..30, 40..42]);
+        assert_eq!(subtract(&a, &b), vec![0..5, 25..28, 42..50]);
+        assert_eq!(subtract(&b, &a), vec![10..20, 30..40, 60..70]);
+        assert_eq!(subtract(&a, &[]), a);
+        assert!(intersect(&a, &[]).is_empty());
+        // A range of `a` split by several of `b`, and one of `b` spanning two of `a`.
+        let whole = vec![0..100, 200..210];
+        assert_eq!(
+            subtract(&whole, &[10..20, 30..40]),
+            vec![0..10, 20..30, 40..100, 200..210]
+        );
+        let across = vec![5..25, 300..301];
+        assert_eq!(subtract(&[0..10, 20..30], &across), vec![0..5, 25..30]);
+        assert_eq!(
+            whole_pages(vec![9000..9001, 0..1, 4095..4097], 4096),
+            vec![0..12288]
+        );
     }
 
     #[test]
