@@ -1308,7 +1308,15 @@ impl Snapshot {
             self.repeats.forget();
         }
         drop(pinned);
-        if outcome.error.is_none() && !written {
+        // A tracked restore's write-back is not taken as a sample of the machine's speed: the
+        // rates are relative to a level every sample moves, and the chunks of the pages a pass
+        // wrote (scattered or one run, many or few) cost per byte what their shape does. While
+        // auto followed writes every pass, such samples were the only ones, and moved the level
+        // by the shape of the writes: in `kreplay bench` after the contiguous cells, a copy
+        // was priced at nearly twice what it cost, and following writes that cost more than
+        // hash restores looked cheaper. Tracked restores price their write-backs themselves
+        // (`track::TrackPrices::written_ns`).
+        if outcome.error.is_none() && !written && step != Step::Tracked {
             let mut memory = self.memory.lock();
             if measures_copy_rate(step) {
                 memory.rates.record_copy(outcome.bytes, write_elapsed);

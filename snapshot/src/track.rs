@@ -1,7 +1,10 @@
 //! Restores that know what a pass wrote: where the device's memory is written only by this
 //! process's CPU through the host windows it hands out (`Capabilities::cpu_writes`), its pages
 //! are followed with `kreplay-wtrack` from the snapshot on, and a restore writes back exactly
-//! the chunks of the pages written since the last one, reading nothing else.
+//! the chunks of the pages written since the last one, reading nothing else. Pages the passes
+//! keep writing are left writable between restores and written back at each (see
+//! [`Tracking::rearm`]): a replay's passes run the same kernel on the same bytes, and a page's
+//! write-back costs less than the fault its first store would pay every pass.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -111,18 +114,21 @@ pub(crate) fn replay_costs(
     } else {
         (restores + 1.0, restores)
     };
-    // Per restore beyond the scan: as tracked restores here measured it per page written, else
-    // the write-back at the rate of write-backs that size and protecting the pages again.
-    let beyond_scan = prices.written_ns.map_or(
-        write_back + page.protect_ns * written_pages * protecting / restores.max(1.0),
-        |ns| ns * written_pages,
-    );
+    // Per restore beyond the scan: the write-back of the pages written, as tracked restores
+    // here measured it per page, else at the rate of write-backs that size; and protecting
+    // again the pages not left open, as tracked restores measured it per page protected, else
+    // as starting to follow a page costs.
+    let back = prices
+        .written_ns
+        .map_or(write_back, |ns| ns * written_pages);
+    let reprotect = prices.reprotect_ns.unwrap_or(page.protect_ns) * written_pages;
+    let beyond_scan = back + reprotect * protecting / restores.max(1.0);
     let unprotect = prices.unprotect_ns.unwrap_or(page.protect_ns) * pages;
     let passes =
         faulting * page.fault_ns * written_pages + restores * (page.scan_ns * pages + beyond_scan);
     // A snapshot of a footprint still followed scans it and copies what was written since the
     // last one (about what a tracked restore's scan and write-back cost).
-    let incremental = page.scan_ns * pages + beyond_scan;
+    let incremental = page.scan_ns * pages + back + reprotect;
     // Starting: still followed, that snapshot instead of a copy of everything, while not
     // following costs un-protecting it now; else protecting every page (both copy everything).
     let (start, stop_now) = if outlook.followed {
@@ -214,6 +220,8 @@ pub(crate) struct Tracking {
     /// Pages the latest scan found written that were protected when its pass began: the
     /// pass's faults.
     fresh_pages: u64,
+    /// What the latest [`rearm`](Tracking::rearm) took, and the pages it protected.
+    last_rearm: Option<(Duration, u64)>,
     /// What the first store to a followed page costs the pass making it.
     pub(crate) fault: Duration,
     /// Pages the latest restore found written.
@@ -285,8 +293,11 @@ pub(crate) struct Prices {
     pub page: PageCosts,
     /// Per page, stopping following it, where measured (else as much as protecting it).
     pub unprotect_ns: Option<f64>,
-    /// Per page found written, what a tracked restore spends beyond its scan, where measured.
+    /// Per page found written, what a tracked restore spends beyond its scan and protecting
+    /// pages again, where measured.
     pub written_ns: Option<f64>,
+    /// Per page protected again after a write-back, where measured.
+    pub reprotect_ns: Option<f64>,
 }
 
 /// The latest [`Recent::KEPT`] measurements of one price, decided by their median: one
@@ -336,10 +347,14 @@ pub(crate) struct TrackPrices {
     pub unprotect_ns: Recent,
     /// Scanning a page for writes.
     pub scan_ns: Recent,
-    /// What a tracked restore spent beyond its scan, per page found written (writing back the
-    /// chunks, protecting their pages again, the bookkeeping), from restores that found at
-    /// least [`MIN_PRICED_PAGES`] pages written, none of them left open before or after.
+    /// What a tracked restore spent beyond its scan and protecting pages again, per page found
+    /// written (writing back the chunks, the bookkeeping), from restores that found at least
+    /// [`MIN_PRICED_PAGES`] pages written.
     pub written_ns: Recent,
+    /// What protecting pages again after a write-back took, per page protected, from restores
+    /// that protected at least [`MIN_PRICED_PAGES`] (scattered pages cost more than a run of
+    /// them: a range each).
+    pub reprotect_ns: Recent,
 }
 
 /// A tracked restore prices the pages it found written only when they were at least this many:
@@ -359,6 +374,7 @@ impl TrackPrices {
             },
             unprotect_ns: self.unprotect_ns.median(),
             written_ns: self.written_ns.median(),
+            reprotect_ns: self.reprotect_ns.median(),
         })
     }
 
@@ -380,13 +396,16 @@ impl TrackPrices {
         };
         self.scan_ns.push(per_page(scan, tracking.followed_pages()));
         let written = tracking.last_pages.unwrap_or(0);
-        // Priced only where every page written was protected again and none was open before
-        // the pass: what a written page costs a replay whose writes move. A restore that left
-        // pages open protected fewer of them, and priced by it, following the writes of
-        // kernels whose passes write other pages each time looked cheaper than it is.
-        let every_page_protected = tracking.open_pages == 0 && tracking.fresh_pages == written;
-        if written >= MIN_PRICED_PAGES && every_page_protected {
-            let beyond = elapsed.saturating_sub(scan);
+        // Protecting apart: a restore that left pages open protected fewer than it wrote back,
+        // and priced together, the pages of kernels whose passes write other places each time
+        // looked cheaper to follow than they are, and those that repeat dearer.
+        let (protecting, protected) = tracking.last_rearm.unwrap_or_default();
+        if protected >= MIN_PRICED_PAGES {
+            self.reprotect_ns
+                .push(per_page(protecting, protected as usize));
+        }
+        if written >= MIN_PRICED_PAGES {
+            let beyond = elapsed.saturating_sub(scan).saturating_sub(protecting);
             self.written_ns.push(per_page(beyond, written as usize));
         }
     }
@@ -414,6 +433,7 @@ impl Tracking {
             open_pages: 0,
             open_streak: 0,
             fresh_pages: 0,
+            last_rearm: None,
             fault,
             last_pages: None,
             last_repeat: None,
@@ -509,7 +529,9 @@ impl Tracking {
             Vec::new()
         };
         let protect = subtract(&ranges, &open);
+        let start = Instant::now();
         let ok = self.tracker.protect(&protect).is_ok();
+        self.last_rearm = Some((start.elapsed(), self.pages_of(&protect) as u64));
         self.open_pages = self.pages_of(&open) as u64;
         self.open_streak = if self.open_pages > 0 {
             self.open_streak + 1
@@ -623,6 +645,7 @@ mod tests {
                 },
                 unprotect_ns: None,
                 written_ns: None,
+                reprotect_ns: None,
             },
         )
     }
@@ -830,7 +853,9 @@ mod tests {
             "{tracked} against {expected}"
         );
         // Where stopping was timed, and tracked restores measured what a written page costs
-        // them beyond the scan, those replace the prices taken from protecting and the rates.
+        // them beyond the scan (protecting apart), those replace the prices taken from
+        // protecting and the rates; protecting a page again is priced as starting to follow it
+        // until a restore measured it.
         let measured = Prices {
             unprotect_ns: Some(90.0),
             written_ns: Some(500.0),
@@ -839,10 +864,20 @@ mod tests {
         let (tracked_measured, _) = replay_costs(&rates, &measured, &o).unwrap();
         let expected = (70.0 + 90.0) * pages
             + 4.0 * 750.0 * 0.01 * pages
-            + 3.0 * (2.0 * pages + 500.0 * 0.01 * pages);
+            + 3.0 * (2.0 * pages + (500.0 + 70.0) * 0.01 * pages);
         assert!(
             (tracked_measured - expected).abs() < 1.0,
             "{tracked_measured} against {expected}"
+        );
+        // Protecting pages again, once measured, is priced by itself.
+        let reprotecting = Prices {
+            reprotect_ns: Some(300.0),
+            ..measured
+        };
+        let (tracked_reprotect, _) = replay_costs(&rates, &reprotecting, &o).unwrap();
+        assert!(
+            (tracked_reprotect - expected - 3.0 * 230.0 * 0.01 * pages).abs() < 1.0,
+            "{tracked_reprotect} against {expected}"
         );
         // Without: the cheaper of three full copies and hashes plus three verified restores.
         let full = 3.0 * 0.030 * (256 * MIB) as f64;
