@@ -455,6 +455,73 @@ fn tracked_restores_write_back_exactly_the_chunks_of_the_pages_written_and_hash_
     }
 }
 
+/// Auto follows the writes of a kernel it knows nothing about, then stops after a restore finds
+/// that the passes write too much for that to pay. The snapshot was taken without hashes (its
+/// writes were to be followed), so a replay with many restores still ahead must not restore
+/// all of them in full: the store is hashed, and the restores left choose among the verified
+/// ways (here a third of the footprint changes each pass, so a hash restore is the cheaper).
+/// Every restore stays exact.
+#[test]
+fn auto_that_stops_following_writes_hashes_the_store_for_the_restores_still_ahead() {
+    let kind = DeviceKind::SoftwareFull;
+    if !tracks_or_says_why(kind) {
+        return;
+    }
+    // 3 MiB: above auto's full-restore threshold, below the size whose timings teach rates (the
+    // default rates decide, the same on every machine).
+    let chunks = 768;
+    let mut w = World::new(kind, &[chunks * CS], 43);
+    let snapshotter = w.snapshotter(StoreTier::Host, RestoreStrategy::Auto);
+    let passes = 20;
+    let plan = snapshotter
+        .plan(&Filter::for_replay(1))
+        .unwrap()
+        .with_planned_restores(Some(passes - 1));
+    w.settle();
+    let mut s = snapshotter.take(plan).unwrap();
+    assert_eq!(
+        s.report().strategy,
+        RestoreStrategy::Tracked,
+        "a kernel nothing is known about: its writes are followed"
+    );
+    assert!(!s.report().hashed);
+    let mut reports = Vec::new();
+    for pass in 0..passes {
+        // Three chunks in ten, others each pass: 30% of the footprint, never the same twice
+        // in a row.
+        for c in (0..chunks).filter(|c| (c + 3 * pass) % 10 < 3) {
+            w.write((0, c * CS + 16, 8));
+        }
+        if pass + 1 == passes {
+            break;
+        }
+        let r = s
+            .restore(&RestoreRequest {
+                next_pass: pass + 1,
+                may_be_final: pass + 2 == passes,
+            })
+            .unwrap();
+        assert!(w.identical(), "restore {}", pass + 1);
+        reports.push(r);
+    }
+    let stopped = reports
+        .iter()
+        .position(|r| r.strategy != RestoreStrategy::Tracked)
+        .expect("following writes that cost more than a full copy stops");
+    let after = &reports[stopped..];
+    let full = after
+        .iter()
+        .filter(|r| r.strategy == RestoreStrategy::Full)
+        .count();
+    assert!(
+        full <= 1,
+        "{} restores ahead after following stopped, {full} of them full: {:?}",
+        after.len(),
+        after.iter().map(|r| r.strategy).collect::<Vec<_>>()
+    );
+    assert!(after.iter().all(|r| r.verified));
+}
+
 /// A replay runs the same kernel on the same bytes, so its passes mostly write the same pages:
 /// a tracked restore leaves the pages written at two restores in a row open (written back at
 /// every restore, no fault for the next pass). Every restore must still bring back the
