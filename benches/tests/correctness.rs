@@ -176,21 +176,43 @@ impl World {
     ) -> SnapshotReport {
         self.settle();
         let mut s = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
-        for pass in 0..passes {
+        self.run_passes(&mut s, passes, what, |w, _| {
             for &op in ops {
-                self.write(op);
+                w.write(op);
             }
+        });
+        s.report().clone()
+    }
+
+    /// The passes of a replay of `s`: `writes` makes pass p's writes, and every pass but the
+    /// last is followed by a restore, after which memory must hold what it held at the snapshot
+    /// (see [`World::settle`]). Returns the restores' reports.
+    fn run_passes(
+        &mut self,
+        s: &mut Snapshot,
+        passes: u64,
+        what: &str,
+        mut writes: impl FnMut(&mut World, u64),
+    ) -> Vec<RestoreReport> {
+        let mut reports = Vec::new();
+        for pass in 0..passes {
+            writes(self, pass);
             if pass + 1 == passes {
                 break;
             }
-            s.restore(&RestoreRequest {
-                next_pass: pass + 1,
-                may_be_final: pass + 2 == passes,
-            })
-            .unwrap();
-            assert!(self.identical(), "{what}: pass {pass}");
+            let r = s
+                .restore(&RestoreRequest {
+                    next_pass: pass + 1,
+                    may_be_final: pass + 2 == passes,
+                })
+                .unwrap();
+            assert!(
+                self.identical(),
+                "{what}: pass {pass}: the next pass would not start from the snapshot"
+            );
+            reports.push(r);
         }
-        s.report().clone()
+        reports
     }
 
     fn bytes(&self) -> u64 {
@@ -485,25 +507,13 @@ fn auto_that_stops_following_writes_hashes_the_store_for_the_restores_still_ahea
         "a kernel nothing is known about: its writes are followed"
     );
     assert!(!s.report().hashed);
-    let mut reports = Vec::new();
-    for pass in 0..passes {
-        // Three chunks in ten, others each pass: 30% of the footprint, never the same twice
-        // in a row.
+    // Three chunks in ten, others each pass: 30% of the footprint, never the same twice in a
+    // row.
+    let reports = w.run_passes(&mut s, passes, "auto", |w, pass| {
         for c in (0..chunks).filter(|c| (c + 3 * pass) % 10 < 3) {
             w.write((0, c * CS + 16, 8));
         }
-        if pass + 1 == passes {
-            break;
-        }
-        let r = s
-            .restore(&RestoreRequest {
-                next_pass: pass + 1,
-                may_be_final: pass + 2 == passes,
-            })
-            .unwrap();
-        assert!(w.identical(), "restore {}", pass + 1);
-        reports.push(r);
-    }
+    });
     let stopped = reports
         .iter()
         .position(|r| r.strategy != RestoreStrategy::Tracked)
@@ -647,25 +657,17 @@ fn learned_sets_reused_across_dispatches_still_start_every_pass_from_its_dispatc
                     let plan = snap.plan(&Filter::for_replay(1)).unwrap();
                     let mut s = snap.take_for_kernel(plan, KERNEL).unwrap();
                     let seeded = s.learned_chunks().unwrap_or(0);
-                    let passes = 4;
-                    for pass in 0..passes {
-                        for &op in ops {
-                            w.write(op);
-                        }
-                        if pass + 1 == passes {
-                            break;
-                        }
-                        let r = s
-                            .restore(&RestoreRequest {
-                                next_pass: pass + 1,
-                                may_be_final: pass + 2 == passes,
-                            })
-                            .unwrap();
-                        assert!(
-                            w.identical(),
-                            "{what}: dispatch {dispatch} pass {pass}: the next pass would not \
-                             start from this dispatch's snapshot"
-                        );
+                    let restores = w.run_passes(
+                        &mut s,
+                        4,
+                        &format!("{what}: dispatch {dispatch}"),
+                        |w, _| {
+                            for &op in ops {
+                                w.write(op);
+                            }
+                        },
+                    );
+                    for (pass, r) in restores.iter().enumerate() {
                         if r.strategy != RestoreStrategy::Full
                             && strategy != RestoreStrategy::WritesetUnverified
                         {
