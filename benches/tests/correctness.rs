@@ -519,17 +519,15 @@ fn auto_that_stops_following_writes_hashes_the_store_for_the_restores_still_ahea
         .position(|r| r.strategy != RestoreStrategy::Tracked)
         .expect("following writes that cost more than a full copy stops");
     let after = &reports[stopped..];
-    let full = after
-        .iter()
-        .filter(|r| r.strategy == RestoreStrategy::Full)
-        .count();
+    // The first of them hashes the store, then restores the verified way, as do the others.
     assert!(
-        full <= 1,
-        "{} restores ahead after following stopped, {full} of them full: {:?}",
+        after
+            .iter()
+            .all(|r| r.strategy != RestoreStrategy::Full && r.verified),
+        "{} restores ahead after following stopped: {:?}",
         after.len(),
         after.iter().map(|r| r.strategy).collect::<Vec<_>>()
     );
-    assert!(after.iter().all(|r| r.verified));
 }
 
 /// A replay runs the same kernel on the same bytes, so its passes mostly write the same pages:
