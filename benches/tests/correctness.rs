@@ -601,6 +601,59 @@ fn pages_written_by_every_pass_are_left_open_and_every_restore_stays_exact() {
     }
 }
 
+/// Pages left open are protected again at a revisit, and the pass after it faults on them.
+/// Where that pass writes them all again, the next revisit comes after twice as many restores
+/// (8, then 16, then 32): a replay whose passes keep writing the same pages pays fewer faulting
+/// passes. Where it writes only some of them, revisits come every 8 restores again. Every
+/// restore stays exact.
+#[test]
+fn revisits_of_open_pages_are_put_off_while_the_passes_keep_writing_them() {
+    let kind = DeviceKind::SoftwareFull;
+    if !tracks_or_says_why(kind) {
+        return;
+    }
+    let mut w = World::new(kind, &[16 * CS], 47);
+    let snapshotter = w.snapshotter(StoreTier::Host, RestoreStrategy::Tracked);
+    // Restores that left nothing open, numbered from 1: the first (no scan before it) and
+    // each revisit.
+    let closed = |reports: &[RestoreReport]| -> Vec<usize> {
+        reports
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.bytes_left_open == 0)
+            .map(|(i, _)| i + 1)
+            .collect()
+    };
+    let same = [(0, 2 * CS, 8), (0, 5 * CS + 9, 1), (0, 11 * CS, CS)];
+    w.settle();
+    let mut s = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
+    let reports = w.run_passes(&mut s, 60, "the same pages", |w, _| {
+        for &op in &same {
+            w.write(op);
+        }
+    });
+    assert!(
+        reports
+            .iter()
+            .all(|r| r.strategy == RestoreStrategy::Tracked)
+    );
+    assert_eq!(closed(&reports), [1, 10, 27], "the same pages every pass");
+    drop(s);
+
+    // After the first revisit the passes write two of the three pages: the next revisit comes
+    // 8 restores later, not 16 (after it, the two pages are all the passes write, and all
+    // that is open).
+    w.settle();
+    let mut s = snapshotter.snapshot(&Filter::for_replay(1)).unwrap();
+    let reports = w.run_passes(&mut s, 30, "fewer pages", |w, pass| {
+        let ops = if pass < 10 { &same[..] } else { &same[..2] };
+        for &op in ops {
+            w.write(op);
+        }
+    });
+    assert_eq!(closed(&reports), [1, 10, 19], "two of the three pages");
+}
+
 #[test]
 fn freed_region_is_skipped_while_the_others_are_restored() {
     for kind in DEVICES {

@@ -194,8 +194,20 @@ pub(crate) fn tracking_pays(rates: &Rates, prices: &Prices, outlook: &Outlook<'_
 /// Write-backs in a row that may leave pages open (see [`Tracking::rearm`]): the next one
 /// protects every page it writes back, so that pages the passes stopped writing are followed
 /// again and the share of repeated writes is measured afresh. A replay whose passes all write
-/// the same pages pays their faults in one pass of this many, after the first two.
+/// the same pages pays their faults in at most one pass of this many, after the first two:
+/// where a revisit finds the passes still writing [`REVISIT_KEPT`] of the pages that were
+/// open, the next comes after twice as many write-backs (up to [`REVISIT_MOST`]).
 pub(crate) const REVISIT_EVERY: u32 = 8;
+
+/// The longest run of write-backs leaving pages open between two revisits. A page left open
+/// that the passes no longer write costs a copy of it at every restore until the next revisit
+/// (a fault costs several), so a revisit is put off only while nearly every open page is
+/// written again.
+const REVISIT_MOST: u32 = 32;
+
+/// The share of the pages open before a revisit that the pass after it must write again for
+/// the next revisit to be put off.
+const REVISIT_KEPT: f64 = 0.9;
 
 /// Pages written at two scans in a row are left open only where they are at least this share
 /// of the pages the latest scan found written: a page left open is written back at every
@@ -217,6 +229,13 @@ pub(crate) struct Tracking {
     open_pages: u64,
     /// Write-backs in a row that left pages open.
     open_streak: u32,
+    /// The pages the latest write-back left open.
+    open: Vec<Range<usize>>,
+    /// Write-backs in a row that may leave pages open before the next revisit (see
+    /// [`REVISIT_EVERY`]).
+    revisit_every: u32,
+    /// After a revisit, until the scan that follows it: the pages that were open before it.
+    revisited: Option<Vec<Range<usize>>>,
     /// Pages the latest scan found written that were protected when its pass began: the
     /// pass's faults.
     fresh_pages: u64,
@@ -432,6 +451,9 @@ impl Tracking {
             repeated: Vec::new(),
             open_pages: 0,
             open_streak: 0,
+            open: Vec::new(),
+            revisit_every: REVISIT_EVERY,
+            revisited: None,
             fresh_pages: 0,
             last_rearm: None,
             fault,
@@ -464,6 +486,16 @@ impl Tracking {
         self.last_repeat = (self.open_pages == 0 && !self.before.is_empty() && pages > 0)
             .then(|| repeated as f64 / pages as f64);
         self.before.clone_from(&self.written);
+        // The scan after a revisit: the passes still write (nearly) all the pages that were
+        // open, so the next revisit is put off; else revisits come at the first pace again.
+        if let Some(open) = self.revisited.take() {
+            let kept = self.pages_of(&intersect(&self.written, &open)) as f64;
+            self.revisit_every = if kept >= REVISIT_KEPT * self.pages_of(&open) as f64 {
+                (self.revisit_every * 2).min(REVISIT_MOST)
+            } else {
+                REVISIT_EVERY
+            };
+        }
         let mut changed = Vec::new();
         for (r, win) in wins.iter().enumerate() {
             if !live[r] {
@@ -496,9 +528,11 @@ impl Tracking {
     /// both found written are left open where they are at least [`OPEN_SHARE`] of the pages
     /// the latest found: a replay runs the same kernel on the same bytes each pass, so it
     /// mostly writes them again, and writing such a page back at every restore (a copy of a
-    /// page) costs less than its fault each pass (several copies). Every
-    /// [`REVISIT_EVERY`]th write-back in a row that left pages open protects them all again.
-    /// Nothing is lost either way: a page not protected is reported written by every scan,
+    /// page) costs less than its fault each pass (several copies). The [`REVISIT_EVERY`]th
+    /// write-back in a row that left pages open protects them all again (a revisit), and where
+    /// the pass after a revisit writes [`REVISIT_KEPT`] of the pages that were open again, the
+    /// next revisit comes after twice as many (up to [`REVISIT_MOST`]). Nothing is lost either
+    /// way: a page not protected is reported written by every scan,
     /// and its chunks written back.
     pub(crate) fn rearm(
         &mut self,
@@ -520,7 +554,7 @@ impl Tracking {
         let ranges = whole_pages(ranges, page);
         let found = self.last_pages.unwrap_or(0);
         let repeats = keep_open
-            && self.open_streak < REVISIT_EVERY
+            && self.open_streak < self.revisit_every
             && found > 0
             && self.pages_of(&self.repeated) as f64 >= OPEN_SHARE * found as f64;
         let open = if repeats {
@@ -532,7 +566,12 @@ impl Tracking {
         let start = Instant::now();
         let ok = self.tracker.protect(&protect).is_ok();
         self.last_rearm = Some((start.elapsed(), self.pages_of(&protect) as u64));
-        self.open_pages = self.pages_of(&open) as u64;
+        let revisit = keep_open && self.open_streak >= self.revisit_every;
+        let was_open = std::mem::replace(&mut self.open, open);
+        if revisit {
+            self.revisited = Some(was_open);
+        }
+        self.open_pages = self.pages_of(&self.open) as u64;
         self.open_streak = if self.open_pages > 0 {
             self.open_streak + 1
         } else {
