@@ -1019,14 +1019,21 @@ mod tests {
             chunks: 256 * MIB / CHUNK,
             ..outlook(Some(7), Some(0.01))
         };
-        let pays = |prices: &TrackPrices| tracking_pays(&rates, &prices.resolve().unwrap(), &long);
+        // Faults and protecting priced as `machine` does, not by this process's probe (measured
+        // while other tests load the machine): only the scans decide.
+        prices.protect_ns.push(70.0);
+        let pays = |prices: &TrackPrices| {
+            let mut resolved = prices.resolve().unwrap();
+            resolved.page.fault_ns = 750.0;
+            tracking_pays(&rates, &resolved, &long)
+        };
         assert!(pays(&prices));
-        // One scan that waited 4 ms for a preempted thread: 60 ns a page.
-        prices.scan_ns.push(60.0);
+        // One scan that waited 13 ms for a preempted thread: 200 ns a page.
+        prices.scan_ns.push(200.0);
         assert!(pays(&prices), "one slow scan priced following writes out");
         // Scans that are slow every time do.
         for _ in 0..3 {
-            prices.scan_ns.push(60.0);
+            prices.scan_ns.push(200.0);
         }
         assert!(!pays(&prices));
         // The median of what is kept, the oldest forgotten first.
