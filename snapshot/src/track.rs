@@ -101,7 +101,9 @@ pub(crate) fn replay_costs(
     let page = &prices.page;
     // Passes whose writes fault: every pass, unless the passes mostly write what the pass
     // before wrote; then those pages are left open from the second restore on (see
-    // `Tracking::rearm`), and fault again only after every REVISIT_EVERYth restore.
+    // `Tracking::rearm`), and fault again only after every REVISIT_EVERYth restore (at
+    // most: revisits are put off while the passes keep writing the open pages, which this
+    // leaves out, so a long replay of the same writes is priced a little above its cost).
     // Restores whose write-back protects every page written again are, likewise, the first
     // and a share of the others.
     let repeat = outlook.repeat.unwrap_or(0.0).clamp(0.0, 1.0);
