@@ -553,7 +553,7 @@ impl Tracking {
                 Some(start..start + len as usize)
             })
             .collect();
-        let ranges = whole_pages(ranges, page);
+        let ranges = kreplay_wtrack::widen_and_merge(&ranges, page);
         let found = self.last_pages.unwrap_or(0);
         let repeats = keep_open
             && self.open_streak < self.revisit_every
@@ -606,22 +606,6 @@ impl Tracking {
     pub(crate) fn last_faults(&self) -> Duration {
         self.fault * self.fresh_pages as u32
     }
-}
-
-/// `ranges` widened to whole pages of `page` bytes, sorted and merged.
-fn whole_pages(mut ranges: Vec<Range<usize>>, page: usize) -> Vec<Range<usize>> {
-    for r in &mut ranges {
-        *r = r.start / page * page..r.end.div_ceil(page) * page;
-    }
-    ranges.sort_unstable_by_key(|r| r.start);
-    let mut merged: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
-    for r in ranges.into_iter().filter(|r| !r.is_empty()) {
-        match merged.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => merged.push(r),
-        }
-    }
-    merged
 }
 
 /// The bytes in both `a` and `b` (each sorted and disjoint), sorted and disjoint.
@@ -871,7 +855,7 @@ mod tests {
         let across = vec![5..25, 300..301];
         assert_eq!(subtract(&[0..10, 20..30], &across), vec![0..5, 25..30]);
         assert_eq!(
-            whole_pages(vec![9000..9001, 0..1, 4095..4097], 4096),
+            kreplay_wtrack::widen_and_merge(&[9000..9001, 0..1, 4095..4097], 4096),
             vec![0..12288]
         );
     }
