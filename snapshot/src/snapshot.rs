@@ -890,12 +890,9 @@ impl Snapshot {
         // on every page written (and one after each revisit): judged by what the passes after
         // them pay, a kernel whose writes repeat is not stopped for its first pass's faults.
         let repeat = self.stats.repeat.unwrap_or(self.repeat);
-        let faults = if repeat >= track::OPEN_SHARE {
-            let fresh = (1.0 - repeat) + repeat / f64::from(track::REVISIT_EVERY);
-            t.fault
-                .mul_f64(t.last_pages.unwrap_or(0) as f64 * fresh.clamp(0.0, 1.0))
-        } else {
-            t.last_faults()
+        let faults = match track::faulting_share(repeat) {
+            Some(fresh) => t.fault.mul_f64(t.last_pages.unwrap_or(0) as f64 * fresh),
+            None => t.last_faults(),
         };
         let tracked = (restore + faults).as_nanos() as f64;
         // The restores still planned, where the store could be hashed for them.

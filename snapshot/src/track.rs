@@ -106,15 +106,16 @@ pub(crate) fn replay_costs(
     // leaves out, so a long replay of the same writes is priced a little above its cost).
     // Restores whose write-back protects every page written again are, likewise, the first
     // and a share of the others.
-    let repeat = outlook.repeat.unwrap_or(0.0).clamp(0.0, 1.0);
-    let (faulting, protecting) = if repeat >= OPEN_SHARE && restores >= 2.0 {
-        let fresh = (1.0 - repeat) + repeat / f64::from(REVISIT_EVERY);
-        (
+    let fresh = outlook
+        .repeat
+        .and_then(faulting_share)
+        .filter(|_| restores >= 2.0);
+    let (faulting, protecting) = match fresh {
+        Some(fresh) => (
             2.0 + (restores - 1.0) * fresh,
             1.0 + (restores - 1.0) * fresh,
-        )
-    } else {
-        (restores + 1.0, restores)
+        ),
+        None => (restores + 1.0, restores),
     };
     // Per restore beyond the scan: the write-back of the pages written, as tracked restores
     // here measured it per page, else at the rate of write-backs that size; and protecting
@@ -193,13 +194,22 @@ pub(crate) fn tracking_pays(rates: &Rates, prices: &Prices, outlook: &Outlook<'_
     }
 }
 
+/// Where a kernel's passes write, each, a share `repeat` of what the pass before wrote: the
+/// share of the pages they write that faults, in a pass after the second, once what they
+/// repeat is left open (see [`Tracking::rearm`]). `None` below [`OPEN_SHARE`], where nothing
+/// is left open and every page written faults.
+pub(crate) fn faulting_share(repeat: f64) -> Option<f64> {
+    let repeat = repeat.clamp(0.0, 1.0);
+    (repeat >= OPEN_SHARE).then(|| (1.0 - repeat) + repeat / f64::from(REVISIT_EVERY))
+}
+
 /// Write-backs in a row that may leave pages open (see [`Tracking::rearm`]): the next one
 /// protects every page it writes back, so that pages the passes stopped writing are followed
 /// again and the share of repeated writes is measured afresh. A replay whose passes all write
 /// the same pages pays their faults in at most one pass of this many, after the first two:
 /// where a revisit finds the passes still writing [`REVISIT_KEPT`] of the pages that were
 /// open, the next comes after twice as many write-backs (up to [`REVISIT_MOST`]).
-pub(crate) const REVISIT_EVERY: u32 = 8;
+const REVISIT_EVERY: u32 = 8;
 
 /// The longest run of write-backs leaving pages open between two revisits. A page left open
 /// that the passes no longer write costs a copy of it at every restore until the next revisit
@@ -215,7 +225,7 @@ const REVISIT_KEPT: f64 = 0.9;
 /// of the pages the latest scan found written: a page left open is written back at every
 /// restore whether the pass wrote it or not, which is cheaper than its fault only where the
 /// passes mostly write it again.
-pub(crate) const OPEN_SHARE: f64 = 0.5;
+const OPEN_SHARE: f64 = 0.5;
 
 /// The writes to a snapshot's regions, followed.
 pub(crate) struct Tracking {
@@ -226,12 +236,10 @@ pub(crate) struct Tracking {
     before: Vec<Range<usize>>,
     /// The pages the latest scan found written that the scan before it found too.
     repeated: Vec<Range<usize>>,
-    /// Pages the latest write-back left open: not protected again, so the next pass writes
-    /// them without a fault and the next scan reports them written whatever the pass did.
-    open_pages: u64,
     /// Write-backs in a row that left pages open.
     open_streak: u32,
-    /// The pages the latest write-back left open.
+    /// The pages the latest write-back left open: not protected again, so the next pass writes
+    /// them without a fault and the next scan reports them written whatever the pass did.
     open: Vec<Range<usize>>,
     /// Write-backs in a row that may leave pages open before the next revisit (see
     /// [`REVISIT_EVERY`]).
@@ -451,7 +459,6 @@ impl Tracking {
             written: Vec::new(),
             before: Vec::new(),
             repeated: Vec::new(),
-            open_pages: 0,
             open_streak: 0,
             open: Vec::new(),
             revisit_every: REVISIT_EVERY,
@@ -482,10 +489,11 @@ impl Tracking {
         // Pages left open are reported written whatever the pass did: only the others cost it
         // a fault, and only a scan after a pass that began with nothing open says how many of
         // its pages the pass before wrote too.
-        self.fresh_pages = (pages as u64).saturating_sub(self.open_pages);
+        let open_pages = self.pages_of(&self.open) as u64;
+        self.fresh_pages = (pages as u64).saturating_sub(open_pages);
         self.repeated = intersect(&self.written, &self.before);
         let repeated = self.pages_of(&self.repeated) as u64;
-        self.last_repeat = (self.open_pages == 0 && !self.before.is_empty() && pages > 0)
+        self.last_repeat = (open_pages == 0 && !self.before.is_empty() && pages > 0)
             .then(|| repeated as f64 / pages as f64);
         self.before.clone_from(&self.written);
         // The scan after a revisit: the passes still write (nearly) all the pages that were
@@ -573,8 +581,7 @@ impl Tracking {
         if revisit {
             self.revisited = Some(was_open);
         }
-        self.open_pages = self.pages_of(&self.open) as u64;
-        self.open_streak = if self.open_pages > 0 {
+        self.open_streak = if !self.open.is_empty() {
             self.open_streak + 1
         } else {
             0
@@ -589,7 +596,7 @@ impl Tracking {
 
     /// Bytes of the pages the latest write-back left open (see [`rearm`](Tracking::rearm)).
     pub(crate) fn open_bytes(&self) -> u64 {
-        self.open_pages * self.tracker.page_size() as u64
+        (self.pages_of(&self.open) * self.tracker.page_size()) as u64
     }
 
     /// Pages followed.
