@@ -164,6 +164,12 @@ const CLOSE_CALL: f64 = 0.05;
 /// What hashing while snapshotting adds, at least, as a share of a hash pass over the same
 /// bytes (see [`Rates::snapshot_hash_extra`]); on the 2-core host it measured 0.2-0.3 of one.
 const MIN_HASH_EXTRA: f64 = 0.15;
+/// What hashing while snapshotting adds, at most, as a share of a hash pass, once its latest
+/// measurement is out of date (see [`OUT_OF_DATE_AFTER`]): only snapshots that hash measure
+/// it, and one measured dear kept every later one from hashing. A usual share (the 2-core
+/// host measured 0.2-0.45 of a hash pass), so the next replay whose hashes pay at that share
+/// hashes, and measures it again.
+const HASH_EXTRA_RETRY: f64 = 0.3;
 /// A snapshot's hashes must save more than they cost by this share of a copy of the footprint
 /// over the replay's restores: the estimates are medians of measurements that move by tens of
 /// percent on a shared machine, so a thinner saving is a guess, and on the 2-core host the
@@ -289,10 +295,18 @@ impl Rates {
     /// [`MIN_HASH_EXTRA`] of a hash pass: the difference of two rates measured at different
     /// times (each moved by the machine's drift since) can come out at nothing, or below, while
     /// a hashing snapshot still hashes every byte it copies.
+    /// Measured, but out of date: no more than [`HASH_EXTRA_RETRY`] of a hash pass.
     pub(crate) fn snapshot_hash_extra(&self) -> f64 {
         let (copy, hash) = self.per_byte();
         match (self.rate(COPY), self.rate(HASHED_COPY)) {
-            (Some(_), Some(hashed)) => (hashed - copy).max(MIN_HASH_EXTRA * hash),
+            (Some(_), Some(hashed)) => {
+                let extra = (hashed - copy).max(MIN_HASH_EXTRA * hash);
+                if self.since[HASHED_COPY] >= OUT_OF_DATE_AFTER {
+                    extra.min(HASH_EXTRA_RETRY * hash)
+                } else {
+                    extra
+                }
+            }
             _ => hash,
         }
     }
@@ -716,6 +730,47 @@ mod tests {
         // Too short to say anything: left out.
         rates.record_hash(1 << 20, ms(100));
         assert_eq!(rates.rate(HASH), None);
+    }
+
+    /// `auto` measures what hashing a snapshot adds only on snapshots it hashes. One measured
+    /// in a slow moment (in `kreplay bench`, 256 MiB: a first hashing snapshot at 0.091 ns/B
+    /// against plain copies at 0.052, later ones at 0.063-0.077) priced the hashes of every
+    /// later short replay above what they save, no snapshot hashed again, and 4-pass replays
+    /// writing a tenth of the footprint made full restores at 1.2-1.3 times the cost of hash
+    /// restores. Once out of date it counts for no more than a usual share of a hash pass, so
+    /// the next replay where that pays hashes and measures it again.
+    #[test]
+    fn a_hashing_snapshot_measured_dear_long_ago_is_tried_again() {
+        let mut rates = Rates::default();
+        let bytes = 256 << 20;
+        let chunks = bytes / CS;
+        let at = |per_byte: f64| Duration::from_nanos((per_byte * bytes as f64) as u64);
+        rates.record_copy(bytes, at(0.052));
+        rates.record_hash(bytes, at(0.040));
+        rates.record_hashed_copy(bytes, at(0.091));
+        let dear = rates.snapshot_hash_extra();
+        assert!((dear - 0.039).abs() < 0.002, "{rates:?}");
+        // Three restores of a tenth written: the hashes look dearer than what they save.
+        assert!(!new_kernel_hashes_pay(&rates, 3, chunks, CS, Some(0.1)));
+        // Then only full restores and plain snapshots, at the same speed.
+        for _ in 0..OUT_OF_DATE_AFTER {
+            rates.record_copy(bytes, at(0.052));
+        }
+        let retried = rates.snapshot_hash_extra();
+        assert!(
+            retried <= HASH_EXTRA_RETRY * rates.per_byte().1 + 1e-12,
+            "{retried} {rates:?}"
+        );
+        assert!(new_kernel_hashes_pay(&rates, 3, chunks, CS, Some(0.1)));
+        // The snapshot that hashed measures it again, and that measurement is what counts (its
+        // restores measure hash passes again too).
+        rates.record_hashed_copy(bytes, at(0.091));
+        rates.record_hash(bytes, at(0.040));
+        assert!(
+            (rates.snapshot_hash_extra() - dear).abs() < 0.002,
+            "{rates:?}"
+        );
+        assert!(!new_kernel_hashes_pay(&rates, 3, chunks, CS, Some(0.1)));
     }
 
     #[test]
