@@ -1170,6 +1170,8 @@ impl Snapshot {
             match hashed {
                 Ok((bytes, changed)) => {
                     let set_chunks = predicted.as_ref().map(|set| set.count);
+                    // Hashed around a learned set (not a whole pass) where it held any chunk.
+                    let predicting_now = set_chunks.is_some_and(|n| n > 0);
                     if let Some(repeat) = self
                         .repeats
                         .measure(&changed, set_chunks.filter(|_| predict))
@@ -1189,7 +1191,11 @@ impl Snapshot {
                                 Duration::from_nanos(writes as u64).min(elapsed / 2),
                             );
                         }
-                        memory.rates.record_hash(bytes, elapsed);
+                        if predicting_now {
+                            memory.rates.record_partial_hash(bytes, elapsed);
+                        } else {
+                            memory.rates.record_hash(bytes, elapsed);
+                        }
                     }
                     report.bytes_hashed = bytes;
                     report.verified = true;
