@@ -377,9 +377,12 @@ impl Window {
         };
         tool.snapshot(info, Phase::Enter, &planned);
         let restores = SnapshotRequest::for_passes(total_passes).planned_restores;
-        let taken = cx.snapshotter.take(
+        // Keyed by the launched function: what one launch's restores learned (the write set,
+        // what changes) is kept for its next launch over the same memory, as on HSA.
+        let taken = cx.snapshotter.take_for_kernel(
             plan.with_planned_restores(restores)
                 .with_strategy(ops.snapshot_strategy()),
+            info.kernel_id,
         );
         cost.snapshot = snapping.elapsed();
         match taken {

@@ -206,6 +206,53 @@ fn four_passes_leave_memory_as_one_run_for_every_strategy_and_tier() {
     }
 }
 
+/// A write set learned by the restores of one launch is kept for the next launch of the same
+/// function over the same memory, as on HSA (keyed by the dispatch's kernel, here the CUDA
+/// function), so that launch restores the set from its first restore on instead of learning it
+/// again; another function learns its own.
+#[test]
+fn launches_of_one_function_keep_what_their_restores_learned_for_the_next() {
+    let r = rig(SnapshotConfig::default()
+        .with_strategy(RestoreStrategy::Writeset)
+        .with_chunk_size(1024));
+    let run = |function: u64| {
+        let ops = FakeLaunch {
+            memory: r.device.memory.clone(),
+            events: r.events.clone(),
+            replayable: Ok(()),
+        };
+        let mut tool = LogTool {
+            passes: 4,
+            events: r.events.clone(),
+            outcome: RefCell::new(None),
+        };
+        let info = DispatchInfo {
+            kernel_id: function,
+            ..Default::default()
+        };
+        let window = Window::enter(r.device.context(&r.registry), &mut tool, info, &ops);
+        ops.app_launch();
+        window.exit(&mut tool, &r.registry, &ops, Ok(())).outcome
+    };
+    let replayed = ReplayOutcome::Replayed {
+        passes: 4,
+        end: LoopEnd::LastPass,
+    };
+    assert_eq!(run(0x7000), replayed);
+    expect_one_run(&r);
+    assert_eq!(r.device.snapshotter.kernels_learned(), 1);
+    // The same function again: what it learned is reused, and memory is as after two runs.
+    assert_eq!(run(0x7000), replayed);
+    assert_eq!(r.device.snapshotter.kernels_learned(), 1);
+    let got = words(&r);
+    assert!(
+        (0..WORDS).all(|i| got[i] == i as u32 + 2),
+        "not as after two runs"
+    );
+    assert_eq!(run(0x7100), replayed);
+    assert_eq!(r.device.snapshotter.kernels_learned(), 2);
+}
+
 #[test]
 fn an_unverified_write_set_restore_is_named_as_such_in_every_record() {
     let r = rig(SnapshotConfig::default()
