@@ -155,13 +155,24 @@ fn launch_with(
     passes: u64,
     app: impl FnOnce() -> Result<(), String>,
 ) -> ReplayOutcome {
+    launch_info(rig, ops, passes, DispatchInfo::default(), app)
+}
+
+/// [`launch_with`] for a dispatch described by `info`.
+fn launch_info(
+    rig: &Rig,
+    ops: &impl LaunchOps,
+    passes: u64,
+    info: DispatchInfo,
+    app: impl FnOnce() -> Result<(), String>,
+) -> ReplayOutcome {
     let mut tool = LogTool {
         passes,
         events: rig.events.clone(),
         outcome: RefCell::new(None),
     };
     let cx = rig.device.context(&rig.registry);
-    let window = Window::enter(cx, &mut tool, DispatchInfo::default(), ops);
+    let window = Window::enter(cx, &mut tool, info, ops);
     let launched = app();
     let record = window.exit(&mut tool, &rig.registry, ops, launched);
     assert_eq!(tool.outcome.borrow().as_ref(), Some(&record.outcome));
@@ -216,23 +227,15 @@ fn launches_of_one_function_keep_what_their_restores_learned_for_the_next() {
         .with_strategy(RestoreStrategy::Writeset)
         .with_chunk_size(1024));
     let run = |function: u64| {
-        let ops = FakeLaunch {
-            memory: r.device.memory.clone(),
-            events: r.events.clone(),
-            replayable: Ok(()),
-        };
-        let mut tool = LogTool {
-            passes: 4,
-            events: r.events.clone(),
-            outcome: RefCell::new(None),
-        };
+        let ops = fake(&r);
         let info = DispatchInfo {
             kernel_id: function,
             ..Default::default()
         };
-        let window = Window::enter(r.device.context(&r.registry), &mut tool, info, &ops);
-        ops.app_launch();
-        window.exit(&mut tool, &r.registry, &ops, Ok(())).outcome
+        launch_info(&r, &ops, 4, info, || {
+            ops.app_launch();
+            Ok(())
+        })
     };
     let replayed = ReplayOutcome::Replayed {
         passes: 4,
