@@ -317,8 +317,8 @@ impl Rates {
     /// plain copy, else (nothing measured yet) a whole hash pass. Never less than
     /// [`MIN_HASH_EXTRA`] of a hash pass: the difference of two rates measured at different
     /// times (each moved by the machine's drift since) can come out at nothing, or below, while
-    /// a hashing snapshot still hashes every byte it copies.
-    /// Measured, but out of date: no more than [`HASH_EXTRA_RETRY`] of a hash pass.
+    /// a hashing snapshot still hashes every byte it copies. Measured, but out of date: no more
+    /// than [`HASH_EXTRA_RETRY`] of a hash pass.
     pub(crate) fn snapshot_hash_extra(&self) -> f64 {
         let (copy, hash) = self.per_byte();
         match (self.rate(COPY), self.rate(HASHED_COPY)) {
