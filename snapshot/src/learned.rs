@@ -215,7 +215,7 @@ impl Rates {
         match self.base[which] {
             // Out of date: its measurements describe another time, so this one replaces them,
             // on the speed the other kinds measured since (and says nothing about that speed).
-            Some(_) if self.since[which] >= OUT_OF_DATE_AFTER => {
+            Some(_) if self.out_of_date(which) => {
                 self.recent[which] = Recent::default();
             }
             Some(base) => self.level = self.levels.push(per_byte / base),
@@ -280,7 +280,7 @@ impl Rates {
     pub(crate) fn partial_hash_per_byte(&self) -> f64 {
         let hash = self.per_byte().1;
         match self.rate(PARTIAL_HASH) {
-            Some(partial) if self.since[PARTIAL_HASH] < OUT_OF_DATE_AFTER => partial.max(hash),
+            Some(partial) if !self.out_of_date(PARTIAL_HASH) => partial.max(hash),
             _ => hash,
         }
     }
@@ -324,7 +324,7 @@ impl Rates {
         match (self.rate(COPY), self.rate(HASHED_COPY)) {
             (Some(_), Some(hashed)) => {
                 let extra = (hashed - copy).max(MIN_HASH_EXTRA * hash);
-                if self.since[HASHED_COPY] >= OUT_OF_DATE_AFTER {
+                if self.out_of_date(HASHED_COPY) {
                     extra.min(HASH_EXTRA_RETRY * hash)
                 } else {
                     extra
@@ -334,15 +334,16 @@ impl Rates {
         }
     }
 
-    /// Whether the hash rate was measured, but not for [`OUT_OF_DATE_AFTER`] measurements of
-    /// other kinds (a run of full restores and plain snapshots measures only copies).
-    fn hash_out_of_date(&self) -> bool {
-        self.base[HASH].is_some() && self.since[HASH] >= OUT_OF_DATE_AFTER
+    /// Whether the rate of kind `kind` was measured, but not for [`OUT_OF_DATE_AFTER`]
+    /// measurements of other kinds (a run of full restores and plain snapshots, for instance,
+    /// measures only copies).
+    fn out_of_date(&self, kind: usize) -> bool {
+        self.base[kind].is_some() && self.since[kind] >= OUT_OF_DATE_AFTER
     }
 
     /// (copy, hash) cost per byte in a common unit.
     ///
-    /// A hash rate out of date (see [`Rates::hash_out_of_date`]) counts for no more than
+    /// A hash rate out of date (see [`Rates::out_of_date`]) counts for no more than
     /// [`DEFAULT_HASH_PER_COPY`] of the current copy rate. Only hash passes measure it, and
     /// `auto` makes them only where hashing looks paid: a hash rate left above what hashing now
     /// costs (the machine's speed moved differently for copies than for hash passes while
@@ -355,7 +356,7 @@ impl Rates {
     /// verified restore once per [`OUT_OF_DATE_AFTER`] measurements.
     pub(crate) fn per_byte(&self) -> (f64, f64) {
         match (self.rate(COPY), self.rate(HASH)) {
-            (Some(c), Some(h)) if self.hash_out_of_date() => (c, h.min(c * DEFAULT_HASH_PER_COPY)),
+            (Some(c), Some(h)) if self.out_of_date(HASH) => (c, h.min(c * DEFAULT_HASH_PER_COPY)),
             (Some(c), Some(h)) => (c, h),
             (Some(c), None) => (c, c * DEFAULT_HASH_PER_COPY),
             // A copy is not assumed dearer than a hash pass until one is measured: otherwise
@@ -462,11 +463,8 @@ pub(crate) fn estimate(
 /// is out of date (see [`OUT_OF_DATE_AFTER`]). Otherwise a copy rate measured at another time
 /// would decide every later restore, none of which would measure a copy again.
 pub(crate) fn refresh_copy_rate(rates: &Rates, costs: &Costs) -> bool {
-    let since = rates.since[COPY];
-    rates.base[COPY].is_some()
-        && (since >= OUT_OF_DATE_AFTER
-            || (since >= COPY_STALE_AFTER
-                && costs.full <= costs.hash.min(costs.writeset) * (1.0 + CLOSE_CALL)))
+    rates.out_of_date(COPY)
+        || (rates.copy_stale() && costs.full <= costs.hash.min(costs.writeset) * (1.0 + CLOSE_CALL))
 }
 
 /// Whether a full restore is the cheapest by the estimates `costs`. After a verified restore
