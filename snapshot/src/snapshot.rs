@@ -20,7 +20,7 @@ use crate::learned::{
 use crate::report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 use crate::source::{RegionSource, SourceBreakdown};
 use crate::store::{Store, StoreSource};
-use crate::track::{self, Followed, Outlook, Tracking, tracking_pays};
+use crate::track::{self, Followed, Outlook, PassClock, Tracking, tracking_pays};
 use smallvec::SmallVec;
 
 /// The id of the next snapshot taken (see `Snapshot::id`).
@@ -242,6 +242,8 @@ pub struct Snapshot {
     /// Whether the passes were expected to write what the pass before wrote when the snapshot
     /// was taken (see `track::Outlook::repeat`), until a restore measures it.
     repeat: f64,
+    /// The passes between restores, timed while writes are followed (what a fault costs them).
+    passes: PassClock,
 }
 
 pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -470,7 +472,10 @@ impl Snapshotter {
         // Followed from before the copy, so the first pass's writes are seen. Under auto only
         // where it looks cheaper than what auto would do otherwise (see `tracking_pays`).
         let tracking = match mode {
-            Mode::Tracked if trackable => kept.take().or_else(|| Tracking::arm(&wins)),
+            Mode::Tracked if trackable => {
+                let prices = self.memory.lock().track.resolve();
+                kept.take().or_else(|| Tracking::arm(&wins, prices))
+            }
             Mode::Adaptive if trackable && self.config.track_writes => {
                 let pays = {
                     let memory = self.memory.lock();
@@ -498,7 +503,8 @@ impl Snapshotter {
                         .resolve()
                         .is_some_and(|prices| tracking_pays(&memory.rates, &prices, &outlook))
                 };
-                pays.then(|| kept.take().or_else(|| Tracking::arm(&wins)))
+                let prices = self.memory.lock().track.resolve();
+                pays.then(|| kept.take().or_else(|| Tracking::arm(&wins, prices)))
                     .flatten()
             }
             _ => None,
@@ -668,6 +674,10 @@ impl Snapshotter {
             elapsed: start.elapsed(),
             sources: SourceBreakdown::of(layout.regions.iter().zip(&sources)),
         };
+        let mut passes = PassClock::default();
+        if tracking.is_some() {
+            passes.start();
+        }
         Ok(Snapshot {
             fence: plan.fence,
             layout,
@@ -698,6 +708,7 @@ impl Snapshotter {
             tracking,
             repeats: Repeats::default(),
             repeat,
+            passes,
         })
     }
 
@@ -717,6 +728,15 @@ impl Snapshotter {
             self.end_followed(f);
         }
         was
+    }
+
+    /// What a fault on a followed page costs the passes, in nanoseconds per page, as the passes
+    /// of this snapshotter's replays measured it (the median of the latest five measurements:
+    /// where a replay's passes write the same pages, its first pass faults on each and its
+    /// third on none); `None` until one did. `auto` prices following writes by it, and until
+    /// then by `kreplay-wtrack`'s probe of a small mapping.
+    pub fn measured_fault_ns(&self) -> Option<f64> {
+        self.memory.lock().track.fault_ns.median()
     }
 
     /// Bytes of the footprint whose writes are still followed after the replay that followed
@@ -1037,6 +1057,7 @@ impl Snapshot {
     /// device memory may now differ from the snapshot: it says how many bytes were not restored.
     pub fn restore(&mut self, req: &RestoreRequest) -> Result<RestoreReport, RestoreError> {
         let start = Instant::now();
+        let pass_time = self.passes.pass_time(start);
         // Decided (with the step) before the store is hashed, as `plan_restore` decided it.
         let hash_store_now = self.store_hash_due(req);
         let (mut step, mut strategy) = self.step(req);
@@ -1364,11 +1385,22 @@ impl Snapshot {
         report.elapsed = start.elapsed();
         if step == Step::Tracked {
             if let Some(t) = &self.tracking {
-                self.memory.lock().track.record_restore(t, report.elapsed);
+                let fault = pass_time.and_then(|time| self.passes.pass(time, t.last_fresh_pages()));
+                let mut memory = self.memory.lock();
+                memory.track.record_restore(t, report.elapsed);
+                if let Some(fault) = fault {
+                    memory.track.record_fault(fault);
+                }
             }
             if self.mode == Mode::Adaptive {
                 self.stop_tracking_if_dear(report.elapsed);
             }
+        }
+        // The next pass starts now; timed only while writes are followed.
+        if self.tracking.is_some() {
+            self.passes.start();
+        } else {
+            self.passes.stop();
         }
         match outcome.error {
             None => Ok(report),

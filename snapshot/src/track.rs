@@ -384,6 +384,9 @@ pub(crate) struct TrackPrices {
     /// that protected at least [`MIN_PRICED_PAGES`] (scattered pages cost more than a run of
     /// them: a range each).
     pub reprotect_ns: Recent,
+    /// What a fault cost the passes of replays here, per page (see [`PassClock`]); until one
+    /// was measured, the probe's times [`FAULT_IN_FOOTPRINT`].
+    pub fault_ns: Recent,
 }
 
 /// A tracked restore prices the pages it found written only when they were at least this many:
@@ -397,7 +400,10 @@ impl TrackPrices {
         let probe = kreplay_wtrack::page_costs()?;
         Some(Prices {
             page: PageCosts {
-                fault_ns: fault_in_footprint(&probe),
+                fault_ns: self
+                    .fault_ns
+                    .median()
+                    .unwrap_or_else(|| fault_in_footprint(&probe)),
                 scan_ns: self.scan_ns.median().unwrap_or(probe.scan_ns),
                 protect_ns: self.protect_ns.median().unwrap_or(probe.protect_ns),
             },
@@ -405,6 +411,11 @@ impl TrackPrices {
             written_ns: self.written_ns.median(),
             reprotect_ns: self.reprotect_ns.median(),
         })
+    }
+
+    /// Take in what a fault cost a replay's passes, per page (see [`PassClock`]).
+    pub(crate) fn record_fault(&mut self, ns_per_page: f64) {
+        self.fault_ns.push(ns_per_page);
     }
 
     /// Take in what starting to follow a footprint cost.
@@ -443,14 +454,14 @@ impl TrackPrices {
 impl Tracking {
     /// Follows the host windows of every region, or `None` when one has no window or the
     /// memory cannot be followed (the caller restores without).
-    pub(crate) fn arm(wins: &[Option<HostWindow>]) -> Option<Tracking> {
+    /// `prices`: what following costs now (see [`TrackPrices::resolve`]), `None` where it
+    /// cannot be followed.
+    pub(crate) fn arm(wins: &[Option<HostWindow>], prices: Option<Prices>) -> Option<Tracking> {
         let ranges: Option<Vec<Range<usize>>> = wins
             .iter()
             .map(|w| w.map(|w| w.as_ptr() as usize..w.as_ptr() as usize + w.len()))
             .collect();
-        // Measured once per process, before the timing below.
-        let probe = kreplay_wtrack::page_costs()?;
-        let fault = Duration::from_nanos(fault_in_footprint(&probe).round() as u64);
+        let fault = Duration::from_nanos(prices?.page.fault_ns.round() as u64);
         let start = Instant::now();
         let tracker = WriteTracker::new(&ranges?).ok()?;
         Some(Tracking {
@@ -613,6 +624,80 @@ impl Tracking {
     pub(crate) fn last_faults(&self) -> Duration {
         self.fault * self.fresh_pages as u32
     }
+
+    /// Pages the latest restore's pass faulted on (written while protected).
+    pub(crate) fn last_fresh_pages(&self) -> u64 {
+        self.fresh_pages
+    }
+}
+
+/// The passes of one replay whose writes are followed, timed between restores, to measure what
+/// a fault costs them (see [`TrackPrices::fault_ns`]). They run the same kernel on the same
+/// bytes, so where one pass faulted on many pages and a later one on few (a kernel whose passes
+/// write the same places: from the third pass on its pages are left open, see
+/// [`Tracking::rearm`]), the difference of their times per page of the difference is what a
+/// fault costs the replay, as its own threads paid it: whatever else a pass does (the kernel,
+/// the tool's callbacks between passes) is in both. The first pass is the one compared: its
+/// faults are on pages nothing touched since the snapshot, as every fault of a kernel whose
+/// passes write other places each time is. Until then faults are priced by the probe
+/// `kreplay-wtrack` runs once per process on a small mapping of its own, one reading that
+/// decides every choice of the process: on the 2-core host it read 1.08 and 1.33 us in two
+/// processes (priced 1.5 and 1.9 us), while the first passes of `kreplay bench`'s 256 MiB replays
+/// paid 1.07-1.59 us a fault (medians of five 1.14-1.54 us).
+#[derive(Debug, Default)]
+pub(crate) struct PassClock {
+    /// When the snapshot was taken or the latest restore ended (the next pass started after).
+    since: Option<Instant>,
+    /// The first pass: its time and the pages it faulted on.
+    first: Option<(Duration, u64)>,
+    /// Whether this replay measured a fault already (one measurement per replay).
+    measured: bool,
+}
+
+impl PassClock {
+    /// Start timing the passes (when writes are followed from the snapshot on).
+    pub(crate) fn start(&mut self) {
+        self.since = Some(Instant::now());
+    }
+
+    /// Stop timing (writes are no longer followed).
+    pub(crate) fn stop(&mut self) {
+        self.since = None;
+    }
+
+    /// The time of the pass that ended at `now` (a restore's start), if passes are timed.
+    pub(crate) fn pass_time(&self, now: Instant) -> Option<Duration> {
+        self.since.map(|since| now.saturating_duration_since(since))
+    }
+
+    /// A pass took `time` and faulted on `pages`: what a fault cost, per page, when this pass
+    /// and the first differ by enough pages to tell (see [`fault_per_page`]); once per replay.
+    pub(crate) fn pass(&mut self, time: Duration, pages: u64) -> Option<f64> {
+        let Some(first) = self.first else {
+            self.first = Some((time, pages));
+            return None;
+        };
+        if self.measured {
+            return None;
+        }
+        let fault = fault_per_page(first, (time, pages))?;
+        self.measured = true;
+        Some(fault)
+    }
+}
+
+/// What a fault costs per page, from two passes of one replay, each (time, pages faulted on):
+/// the difference of their times over the difference of their pages, where those differ by at
+/// least [`MIN_PRICED_PAGES`] and by half of the larger (else the difference is mostly noise).
+/// `None` where the pass with more faults was not the slower one.
+pub(crate) fn fault_per_page(a: (Duration, u64), b: (Duration, u64)) -> Option<f64> {
+    let (more, fewer) = if a.1 >= b.1 { (a, b) } else { (b, a) };
+    let pages = more.1 - fewer.1;
+    if pages < MIN_PRICED_PAGES || 2 * pages < more.1 {
+        return None;
+    }
+    let extra = more.0.checked_sub(fewer.0)?;
+    (!extra.is_zero()).then(|| per_page(extra, pages as usize))
 }
 
 /// The bytes in both `a` and `b` (each sorted and disjoint), sorted and disjoint.
@@ -992,6 +1077,63 @@ mod tests {
         );
         assert_eq!(resolved.page.fault_ns, probe.fault_ns * FAULT_IN_FOOTPRINT);
         assert_eq!((resolved.unprotect_ns, resolved.written_ns), (None, None));
+    }
+
+    #[test]
+    fn a_fault_is_priced_from_two_passes_that_faulted_on_clearly_different_pages() {
+        let ms = Duration::from_millis;
+        // 1,000 pages more took 1.2 ms more: 1,200 ns a fault, whichever pass came first.
+        assert_eq!(
+            fault_per_page((ms(5), 1000), (ms(3) + ms(4) / 5, 0)),
+            Some(1200.0)
+        );
+        assert_eq!(
+            fault_per_page((ms(3) + ms(4) / 5, 0), (ms(5), 1000)),
+            Some(1200.0)
+        );
+        // Pages too close to tell (the same count, a tenth apart, or under the least priced).
+        assert_eq!(fault_per_page((ms(5), 1000), (ms(3), 1000)), None);
+        assert_eq!(fault_per_page((ms(5), 1000), (ms(3), 900)), None);
+        assert_eq!(fault_per_page((ms(5), 40), (ms(3), 0)), None);
+        // The pass with more faults was not the slower (preempted, say): nothing to say.
+        assert_eq!(fault_per_page((ms(3), 1000), (ms(5), 0)), None);
+        assert_eq!(fault_per_page((ms(3), 1000), (ms(3), 0)), None);
+    }
+
+    #[test]
+    fn a_replay_measures_a_fault_once_against_its_first_pass() {
+        let ms = Duration::from_millis;
+        let mut clock = PassClock::default();
+        assert_eq!(clock.pass_time(Instant::now()), None, "not started");
+        clock.start();
+        assert!(clock.pass_time(Instant::now()).is_some());
+        // The first pass is the reference; the second faulted alike: nothing yet.
+        assert_eq!(clock.pass(ms(6), 2000), None);
+        assert_eq!(clock.pass(ms(6), 2000), None);
+        // The third faulted on none: 2 ms over 2,000 pages.
+        assert_eq!(clock.pass(ms(4), 0), Some(1000.0));
+        // Once per replay.
+        assert_eq!(clock.pass(ms(2), 0), None);
+        clock.stop();
+        assert_eq!(clock.pass_time(Instant::now()), None);
+    }
+
+    #[test]
+    fn a_fault_price_measured_on_passes_replaces_the_probes() {
+        let Some(probe) = kreplay_wtrack::page_costs() else {
+            eprintln!("skipped: writes cannot be followed here");
+            return;
+        };
+        let mut prices = TrackPrices::default();
+        assert_eq!(
+            prices.resolve().unwrap().page.fault_ns,
+            probe.fault_ns * FAULT_IN_FOOTPRINT
+        );
+        for ns in [950.0, 5000.0, 1010.0] {
+            prices.record_fault(ns);
+        }
+        // The median: one slow measurement does not decide.
+        assert_eq!(prices.resolve().unwrap().page.fault_ns, 1010.0);
     }
 
     #[test]
