@@ -166,6 +166,11 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/two_contexts" cuda/tests/workloads/two_contexts.cu -lcuda
     step two_contexts "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/two_contexts.csv" -- "$OUT/two_contexts"
+    # Two GPUs linked by peer access: kernels on each writing the other's memory, a peer copy,
+    # and one thread per device launching at once. With one GPU it prints that it needs two.
+    nvcc -O2 -o "$OUT/two_gpus" cuda/tests/workloads/two_gpus.cu
+    step two_gpus "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/two_gpus.csv" -- "$OUT/two_gpus"
     # cudaDeviceReset and cuCtxDestroy between launches: kreplay lets go of what it held in
     # the context that ends, and of the allocations that end with it.
     nvcc -O2 -o "$OUT/device_reset" cuda/tests/workloads/device_reset.cu -lcuda
