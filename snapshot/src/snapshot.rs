@@ -477,7 +477,7 @@ impl Snapshotter {
                 kept.take().or_else(|| Tracking::arm(&wins, prices))
             }
             Mode::Adaptive if trackable && self.config.track_writes => {
-                let pays = {
+                let (pays, prices) = {
                     let memory = self.memory.lock();
                     let outlook = Outlook {
                         restores: expected_restores,
@@ -498,12 +498,11 @@ impl Snapshotter {
                         followed,
                         continues,
                     };
-                    memory
-                        .track
-                        .resolve()
-                        .is_some_and(|prices| tracking_pays(&memory.rates, &prices, &outlook))
+                    let prices = memory.track.resolve();
+                    let pays = prices
+                        .is_some_and(|prices| tracking_pays(&memory.rates, &prices, &outlook));
+                    (pays, prices)
                 };
-                let prices = self.memory.lock().track.resolve();
                 pays.then(|| kept.take().or_else(|| Tracking::arm(&wins, prices)))
                     .flatten()
             }
@@ -675,9 +674,7 @@ impl Snapshotter {
             sources: SourceBreakdown::of(layout.regions.iter().zip(&sources)),
         };
         let mut passes = PassClock::default();
-        if tracking.is_some() {
-            passes.start();
-        }
+        passes.restart(tracking.is_some());
         Ok(Snapshot {
             fence: plan.fence,
             layout,
@@ -1397,11 +1394,7 @@ impl Snapshot {
             }
         }
         // The next pass starts now; timed only while writes are followed.
-        if self.tracking.is_some() {
-            self.passes.start();
-        } else {
-            self.passes.stop();
-        }
+        self.passes.restart(self.tracking.is_some());
         match outcome.error {
             None => Ok(report),
             Some(error) => {

@@ -655,14 +655,10 @@ pub(crate) struct PassClock {
 }
 
 impl PassClock {
-    /// Start timing the passes (when writes are followed from the snapshot on).
-    pub(crate) fn start(&mut self) {
-        self.since = Some(Instant::now());
-    }
-
-    /// Stop timing (writes are no longer followed).
-    pub(crate) fn stop(&mut self) {
-        self.since = None;
+    /// A pass starts now: timed where `followed` (writes are followed), else not (timing
+    /// stops).
+    pub(crate) fn restart(&mut self, followed: bool) {
+        self.since = followed.then(Instant::now);
     }
 
     /// The time of the pass that ended at `now` (a restore's start), if passes are timed.
@@ -1105,7 +1101,7 @@ mod tests {
         let ms = Duration::from_millis;
         let mut clock = PassClock::default();
         assert_eq!(clock.pass_time(Instant::now()), None, "not started");
-        clock.start();
+        clock.restart(true);
         assert!(clock.pass_time(Instant::now()).is_some());
         // The first pass is the reference; the second faulted alike: nothing yet.
         assert_eq!(clock.pass(ms(6), 2000), None);
@@ -1114,7 +1110,7 @@ mod tests {
         assert_eq!(clock.pass(ms(4), 0), Some(1000.0));
         // Once per replay.
         assert_eq!(clock.pass(ms(2), 0), None);
-        clock.stop();
+        clock.restart(false);
         assert_eq!(clock.pass_time(Instant::now()), None);
     }
 
