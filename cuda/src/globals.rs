@@ -27,7 +27,7 @@
 //! [`ModuleRegistry`] is bookkeeping over a [`ModuleLookup`] (the driver in production, a fake
 //! in tests), so its rules run without a GPU.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -128,8 +128,9 @@ fn name_at(image: &[u8], table: u64, len: u64, at: u32) -> Result<String, String
     if at >= len {
         return Err(format!("name offset {at} outside its string table"));
     }
-    let start = usize::try_from(table + at).map_err(|_| "string table out of range")?;
-    let end = usize::try_from(table + len)
+    let start =
+        usize::try_from(table.saturating_add(at)).map_err(|_| "string table out of range")?;
+    let end = usize::try_from(table.saturating_add(len))
         .map_err(|_| "string table out of range")?
         .min(image.len());
     let bytes = image
@@ -182,13 +183,13 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
             .ok_or("section header out of range")?;
         sections.push(Section {
             name: u32_at(image, at, "sh_name")?,
-            kind: u32_at(image, at + 4, "sh_type")?,
-            addr: u64_at(image, at + 16, "sh_addr")?,
-            offset: u64_at(image, at + 24, "sh_offset")?,
-            size: u64_at(image, at + 32, "sh_size")?,
-            link: u32_at(image, at + 40, "sh_link")?,
-            info: u32_at(image, at + 44, "sh_info")?,
-            entsize: u64_at(image, at + 56, "sh_entsize")?,
+            kind: u32_at(image, at.saturating_add(4), "sh_type")?,
+            addr: u64_at(image, at.saturating_add(16), "sh_addr")?,
+            offset: u64_at(image, at.saturating_add(24), "sh_offset")?,
+            size: u64_at(image, at.saturating_add(32), "sh_size")?,
+            link: u32_at(image, at.saturating_add(40), "sh_link")?,
+            info: u32_at(image, at.saturating_add(44), "sh_info")?,
+            entsize: u64_at(image, at.saturating_add(56), "sh_entsize")?,
         });
     }
     let shstr = *sections
@@ -231,9 +232,9 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
         }
         let table = tables.entry(t).or_default();
         for k in 0..symtab.size / entsize {
-            let at = symtab.offset + k * entsize;
-            let info = read::<1>(image, at + 4, "st_info")?[0];
-            let shndx = u16_at(image, at + 6, "st_shndx")?;
+            let at = symtab.offset.saturating_add(k * entsize);
+            let info = read::<1>(image, at.saturating_add(4), "st_info")?[0];
+            let shndx = u16_at(image, at.saturating_add(6), "st_shndx")?;
             let kind = info & 0xf;
             let name = name_at(
                 image,
@@ -255,8 +256,8 @@ pub fn parse_cubin(image: &[u8]) -> Result<CubinSymbols, String> {
             } else if kind == STT_OBJECT
                 && let Some(w) = writable.get_mut(&section)
             {
-                let value = u64_at(image, at + 8, "st_value")?;
-                let size = u64_at(image, at + 16, "st_size")?;
+                let value = u64_at(image, at.saturating_add(8), "st_value")?;
+                let size = u64_at(image, at.saturating_add(16), "st_size")?;
                 let base = sections[section].addr;
                 let offset = if value >= base { value - base } else { value };
                 if !name.is_empty() {
@@ -285,8 +286,12 @@ fn call_edges(
         let table = s.link as usize;
         if s.kind == SHT_CUDA_CALLGRAPH || names[i] == ".nv.callgraph" {
             for k in 0..s.size / 8 {
-                let caller = u32_at(image, s.offset + 8 * k, "call graph entry")?;
-                let callee = u32_at(image, s.offset + 8 * k + 4, "call graph entry")?;
+                let caller = u32_at(image, s.offset.saturating_add(8 * k), "call graph entry")?;
+                let callee = u32_at(
+                    image,
+                    s.offset.saturating_add(8 * k + 4),
+                    "call graph entry",
+                )?;
                 if caller != 0 {
                     edges.entry((table, caller)).or_default().push(callee);
                 }
@@ -301,22 +306,22 @@ fn call_edges(
             };
             let mut at = s.offset;
             let end = s.offset.saturating_add(s.size);
-            while at + 4 <= end {
+            while at.saturating_add(4) <= end {
                 let [format, attribute] = read::<2>(image, at, "attribute")?;
                 match format {
-                    EIFMT_HVAL => at += 4,
+                    EIFMT_HVAL => at = at.saturating_add(4),
                     EIFMT_SVAL => {
-                        let len = u64::from(u16_at(image, at + 2, "attribute size")?);
+                        let len = u64::from(u16_at(image, at.saturating_add(2), "attribute size")?);
                         if attribute == EIATTR_EXTERNS {
                             for k in 0..len / 4 {
-                                let callee = u32_at(image, at + 4 + 4 * k, "extern")?;
+                                let callee = u32_at(image, at.saturating_add(4 + 4 * k), "extern")?;
                                 edges
                                     .entry((table, function as u32))
                                     .or_default()
                                     .push(callee);
                             }
                         }
-                        at += 4 + len;
+                        at = at.saturating_add(4 + len);
                     }
                     // A format whose length is not known here: the rest of the section is
                     // not read (the call graph lists the same calls).
@@ -328,10 +333,22 @@ fn call_edges(
     Ok(edges)
 }
 
+/// Functions device code calls to launch kernels from the device (dynamic parallelism,
+/// `-rdc=true`): a launch is no call, so the call graph has no edge from the launching function
+/// to the kernel it launches.
+pub const DEVICE_LAUNCH_CALLS: [&str; 4] = [
+    "cudaGetParameterBuffer",
+    "cudaGetParameterBufferV2",
+    "cudaLaunchDevice",
+    "cudaLaunchDeviceV2",
+];
+
 /// For each function defined in a text section, the functions of [`DEVICE_RUNTIME_CALLS`] it
 /// can reach through the call graph and the functions' extern lists. A device-runtime function
 /// the image declares but no function is seen to call is counted against every function of
-/// the image: a call kreplay cannot place is never taken as no call.
+/// the image: a call kreplay cannot place is never taken as no call. A function that can launch
+/// kernels from the device (one of [`DEVICE_LAUNCH_CALLS`], placed or not) reaches what any
+/// function of the image reaches: which kernel it launches is a pointer kreplay cannot follow.
 fn runtime_calls(
     image: &[u8],
     sections: &[Section],
@@ -339,14 +356,18 @@ fn runtime_calls(
     tables: &HashMap<usize, Vec<(String, u8, u16)>>,
 ) -> Result<BTreeMap<String, Vec<String>>, String> {
     let edges = call_edges(image, sections, names, tables)?;
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Each function's runtime calls, and whether it launches from the device.
+    let mut reached: Vec<(String, BTreeSet<String>, bool)> = Vec::new();
     for (&t, table) in tables {
-        let runtime = |i: u32| -> Option<&str> {
+        let external = |i: u32, list: &[&str]| -> Option<String> {
             let (name, _, shndx) = table.get(i as usize)?;
-            (*shndx == 0 && DEVICE_RUNTIME_CALLS.contains(&name.as_str())).then_some(name)
+            (*shndx == 0 && list.contains(&name.as_str())).then(|| name.clone())
         };
         let declared: Vec<u32> = (0..table.len() as u32)
-            .filter(|&i| runtime(i).is_some())
+            .filter(|&i| {
+                external(i, &DEVICE_RUNTIME_CALLS).is_some()
+                    || external(i, &DEVICE_LAUNCH_CALLS).is_some()
+            })
             .collect();
         if declared.is_empty() {
             continue;
@@ -374,15 +395,28 @@ fn runtime_calls(
                 }
             }
             seen.extend(declared.iter().filter(|d| !placed.contains(d)));
-            let mut calls: Vec<String> = seen
-                .into_iter()
-                .filter_map(|i| runtime(i).map(str::to_owned))
+            let calls: BTreeSet<String> = seen
+                .iter()
+                .filter_map(|&i| external(i, &DEVICE_RUNTIME_CALLS))
                 .collect();
-            if !calls.is_empty() {
-                calls.sort();
-                calls.dedup();
-                out.entry(name.clone()).or_default().extend(calls);
-            }
+            let launches = seen
+                .iter()
+                .any(|&i| external(i, &DEVICE_LAUNCH_CALLS).is_some());
+            reached.push((name.clone(), calls, launches));
+        }
+    }
+    let every: BTreeSet<String> = reached
+        .iter()
+        .flat_map(|(_, calls, _)| calls.iter().cloned())
+        .collect();
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, calls, launches) in reached {
+        let calls = if launches { &every } else { &calls };
+        if !calls.is_empty() {
+            let entry = out.entry(name).or_default();
+            entry.extend(calls.iter().cloned());
+            entry.sort();
+            entry.dedup();
         }
     }
     Ok(out)

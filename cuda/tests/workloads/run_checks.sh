@@ -186,6 +186,12 @@ if command -v nvcc >/dev/null; then
     step device_launch_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/device_launch_referenced.csv" \
         -- "$OUT/device_launch"
+    # A kernel whose device-launched child prints: declined (run once), so each line is
+    # printed once.
+    nvcc -O2 -rdc=true -o "$OUT/device_launch_print" cuda/tests/workloads/device_launch_print.cu \
+        -lcudadevrt
+    step device_launch_print "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_launch_print.csv" -- "$OUT/device_launch_print"
     if command -v cc >/dev/null; then
         ln -sf libkreplay.so "$BIN/libkreplay.so.0"
         cc -std=c11 -O2 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
