@@ -50,7 +50,7 @@ use crate::globals::{ModuleLookup, ModuleRegistry, Range};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
-use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_kind};
+use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_at};
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
 use crate::tracking::MemoryWatch;
@@ -1030,8 +1030,8 @@ impl Backend {
                 (base.clone(), Vec::new(), false)
             }
         };
-        let scoped = launch_filter(start, &self.inventory, &variables, &values, |v| {
-            self.untracked_memory_kind(v, device.pageable)
+        let scoped = launch_filter(start, &self.inventory, &variables, &values, |v, end| {
+            self.untracked_memory_kind(v, device.pageable, end)
         })?;
         if self.config.snapshot.strategy == RestoreStrategy::Auto {
             // Chosen here, once per replayed launch (the window asks for the scope only of a
@@ -1119,12 +1119,12 @@ impl Backend {
 
     /// What the driver knows `addr` to be, when it is memory kreplay does not track and a
     /// kernel of a device with pageable memory access `pageable` may write (see
-    /// [`untracked_kind`]).
-    fn untracked_memory_kind(&self, addr: u64, pageable: bool) -> Option<String> {
+    /// [`untracked_at`]; `end`: an end pointer).
+    fn untracked_memory_kind(&self, addr: u64, pageable: bool, end: bool) -> Option<String> {
         let kind = self.driver.memory_type(addr)?;
         let start = self.driver.range_start(addr);
         let tracked = start.is_some_and(|s| self.inventory.get(s).is_some());
-        untracked_kind(kind, start.is_some(), tracked, pageable).map(str::to_owned)
+        untracked_at(addr, end, kind, start, tracked, pageable).map(str::to_owned)
     }
 
     /// A resource-domain callback: a context about to be destroyed, a module loaded or about

@@ -60,6 +60,25 @@ pub fn untracked_kind(
     })
 }
 
+/// [`untracked_kind`] of an argument value `addr` the driver knows as memory of `kind` whose
+/// range starts at `start`, where `end` says the value is one past a tracked allocation or a
+/// covered variable (see [`launch_filter`]): such an end pointer inside the range it ends (the
+/// driver's rounding past an allocation's size, the rest of a module's data) is nothing a
+/// kernel writes; only memory that begins at it is other memory.
+pub fn untracked_at(
+    addr: u64,
+    end: bool,
+    kind: u32,
+    start: Option<u64>,
+    tracked: bool,
+    pageable: bool,
+) -> Option<&'static str> {
+    if end && start != Some(addr) {
+        return None;
+    }
+    untracked_kind(kind, start.is_some(), tracked, pageable)
+}
+
 /// Values below this are never addresses (the first page is never mapped).
 pub const MIN_ADDRESS: u64 = 4096;
 /// `CU_LAUNCH_PARAM_END`.
@@ -178,14 +197,16 @@ pub struct Scoped {
 }
 
 /// The filter of one launch: `base` (the scope's start), the module's writable variables and
-/// what the argument `values` point into. `known` says whether the driver knows an address
-/// kreplay does not track as memory (`Some(what it is)`: the launch is declined).
+/// what the argument `values` point into. `known(v, end)` says whether the driver knows an
+/// address kreplay does not track as memory (`Some(what it is)`: the launch is declined);
+/// `end` is true where `v` is one past a tracked allocation or a covered variable (an end
+/// pointer), where only memory the driver says begins at `v` itself is another allocation.
 pub fn launch_filter(
     base: Filter,
     inventory: &Inventory,
     variables: &[Range],
     values: &[u64],
-    known: impl Fn(u64) -> Option<String>,
+    known: impl Fn(u64, bool) -> Option<String>,
 ) -> Result<Scoped, String> {
     let mut filter = base;
     let mut variable_bytes = 0;
@@ -204,15 +225,15 @@ pub fn launch_filter(
         }
         if variables
             .iter()
-            .any(|&(b, s)| v >= b && v <= b.saturating_add(s))
+            .any(|&(b, s)| v >= b && v < b.saturating_add(s))
         {
             continue;
         }
-        if inventory.lookup(v - 1).is_some_and(|a| a.end() == v) {
-            // One past an allocation's end (an end pointer): nothing there to write.
-            continue;
-        }
-        if let Some(what) = known(v) {
+        // One past an allocation's or a variable's end (an end pointer) is nothing to write,
+        // unless other memory begins there: the driver is asked either way.
+        let end = variables.iter().any(|&(b, s)| b.saturating_add(s) == v)
+            || inventory.lookup(v - 1).is_some_and(|a| a.end() == v);
+        if let Some(what) = known(v, end) {
             return Err(format!(
                 "a kernel argument points into memory kreplay does not track at {v:#x} ({what}); \
                  the launch runs once"
@@ -335,7 +356,7 @@ mod tests {
             &inv,
             &[(0x7000_0000, 16)],
             &[0x20_0010, 0x30_0000, 0x20_0000, 123_456_789, 0x7000_0004],
-            |_| None,
+            |_, _| None,
         )
         .unwrap();
         assert_eq!(s.referenced_bytes, 0x2000 + 0x100);
@@ -351,7 +372,7 @@ mod tests {
     #[test]
     fn an_argument_into_memory_the_driver_knows_and_kreplay_does_not_declines() {
         let inv = inventory();
-        let why = launch_filter(Filter::for_replay(0), &inv, &[], &[0x50_0000], |v| {
+        let why = launch_filter(Filter::for_replay(0), &inv, &[], &[0x50_0000], |v, _| {
             (v == 0x50_0000).then(|| "device memory".to_string())
         })
         .unwrap_err();
@@ -359,5 +380,99 @@ mod tests {
             why.contains("0x500000") && why.contains("does not track"),
             "{why}"
         );
+    }
+
+    /// A driver that knows device memory ranges kreplay does not track (base, size), asked the
+    /// way the backend asks it.
+    fn driver_knowing(
+        inv: &Inventory,
+        ranges: &[(u64, u64)],
+    ) -> impl Fn(u64, bool) -> Option<String> {
+        let ranges = ranges.to_vec();
+        let tracked: Vec<(u64, u64)> = inv
+            .select(&Filter::for_replay(0))
+            .iter()
+            .map(|r| (r.base, r.size))
+            .collect();
+        move |v, end| {
+            let start = ranges
+                .iter()
+                .chain(tracked.iter())
+                .find(|&&(b, s)| v >= b && v < b + s)
+                .map(|&(b, _)| b)?;
+            let is_tracked = tracked.iter().any(|&(b, _)| b == start);
+            untracked_at(v, end, CU_MEMORYTYPE_DEVICE, Some(start), is_tracked, false)
+                .map(str::to_owned)
+        }
+    }
+
+    #[test]
+    fn an_end_pointer_where_untracked_memory_begins_declines() {
+        // Device 0's tracked allocation ends at 0x20_2000; memory kreplay does not track (say
+        // opened from another process) begins right there.
+        let inv = inventory();
+        let known = driver_knowing(&inv, &[(0x20_2000, 0x1000)]);
+        let why =
+            launch_filter(Filter::referenced_only(0), &inv, &[], &[0x20_2000], known).unwrap_err();
+        assert!(why.contains("0x202000"), "{why}");
+    }
+
+    #[test]
+    fn a_plain_end_pointer_or_one_inside_the_drivers_rounding_is_nothing_to_write() {
+        let inv = inventory();
+        // Nothing at the end pointer.
+        let s = launch_filter(
+            Filter::referenced_only(0),
+            &inv,
+            &[],
+            &[0x20_2000],
+            driver_knowing(&inv, &[]),
+        )
+        .unwrap();
+        assert_eq!(s.referenced_bytes, 0);
+        // The driver rounded the allocation up: its range (starting at the tracked base) goes
+        // on past the end pointer.
+        let rounded = |v: u64, end: bool| {
+            let start = (0x20_0000..0x20_4000).contains(&v).then_some(0x20_0000);
+            untracked_at(v, end, CU_MEMORYTYPE_DEVICE, start, start.is_some(), false)
+                .map(str::to_owned)
+        };
+        let s =
+            launch_filter(Filter::referenced_only(0), &inv, &[], &[0x20_2000], rounded).unwrap();
+        assert_eq!(s.referenced_bytes, 0);
+    }
+
+    #[test]
+    fn a_value_one_past_a_variable_is_covered_only_as_an_end_pointer() {
+        let inv = inventory();
+        let var = (0x7000_0000u64, 0x100u64);
+        let past = var.0 + var.1;
+        // Other memory kreplay does not track begins right after the variable: declined.
+        let why = launch_filter(
+            Filter::referenced_only(0),
+            &inv,
+            &[var],
+            &[past],
+            driver_knowing(&inv, &[(past, 0x100)]),
+        )
+        .unwrap_err();
+        assert!(why.contains("does not track"), "{why}");
+        // The module's data goes on past the variable (one range from before it): an end
+        // pointer, nothing to write.
+        let module_data = |v: u64, end: bool| {
+            let start = (0x7000_0000..0x7001_0000)
+                .contains(&v)
+                .then_some(0x6fff_0000);
+            untracked_at(v, end, CU_MEMORYTYPE_DEVICE, start, false, false).map(str::to_owned)
+        };
+        let s = launch_filter(
+            Filter::referenced_only(0),
+            &inv,
+            &[var],
+            &[past],
+            module_data,
+        )
+        .unwrap();
+        assert_eq!(s.variable_bytes, 0x100);
     }
 }

@@ -831,8 +831,14 @@ fn run_bump(r: &Rig, modules: &ModuleRegistry, driver: &OneModule) -> ReplayReco
         inner: fake(r),
         scope: |base: &Filter| {
             let variables = modules.variables_of(0, 0x10, Some("bump"), driver)?;
-            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
-                .map(|s| s.filter)
+            launch_filter(
+                base.clone(),
+                &r.device.inventory,
+                &variables,
+                &[],
+                |_, _| None,
+            )
+            .map(|s| s.filter)
         },
         kernel: || r.device.memory.add_one(),
     };
@@ -907,7 +913,7 @@ fn referenced_scope_snapshots_only_the_allocations_the_arguments_point_into() {
                 &r.device.inventory,
                 &[],
                 &values,
-                |_| None,
+                |_, _| None,
             )
             .map(|s| s.filter)
         },
@@ -1378,8 +1384,14 @@ fn run_runtime_kernel(
         scope: |base: &Filter| {
             let variables = modules.variables_of(0, 0x10, Some(kernel), &OneModule(vec![]))?;
             runtime.check(kernel, &modules.runtime_calls(kernel), policy)?;
-            launch_filter(base.clone(), &r.device.inventory, &variables, &[], |_| None)
-                .map(|s| s.filter)
+            launch_filter(
+                base.clone(),
+                &r.device.inventory,
+                &variables,
+                &[],
+                |_, _| None,
+            )
+            .map(|s| s.filter)
         },
         kernel: || r.device.memory.add_one(),
     };
