@@ -117,7 +117,7 @@ pub fn drain_timeout(
     let Some(value) = lookup(ENV_DRAIN_TIMEOUT_MS) else {
         return Ok(None);
     };
-    match value.trim().parse::<u64>().ok().filter(|&ms| ms > 0) {
+    match parse_positive(&value) {
         Some(ms) => Ok(Some(Duration::from_millis(ms))),
         None => Err(BadSetting {
             variable: ENV_DRAIN_TIMEOUT_MS,
@@ -166,16 +166,20 @@ impl Config {
                 .checked_mul(1 << 20)
                 .ok_or_else(|| format!("KREPLAY_CUDA_SHADOW_HEADROOM_MIB={v:?}: too large"))?;
         }
-        let log = match lookup("KREPLAY_LOG").as_deref().map(str::trim) {
-            None | Some("warn") => LogLevel::Warn,
-            Some("off") => LogLevel::Off,
-            Some("info") => LogLevel::Info,
-            Some("debug") => LogLevel::Debug,
-            Some(other) => {
-                return Err(format!(
-                    "KREPLAY_LOG={other:?}: expected one of off, warn, info, debug"
-                ));
-            }
+        // As libkreplay's own reader takes it (both read the same variable in one process):
+        // any ASCII case, spaces around ignored.
+        let log = match lookup("KREPLAY_LOG") {
+            None => LogLevel::Warn,
+            Some(v) => [
+                ("off", LogLevel::Off),
+                ("warn", LogLevel::Warn),
+                ("info", LogLevel::Info),
+                ("debug", LogLevel::Debug),
+            ]
+            .into_iter()
+            .find(|(name, _)| v.trim().eq_ignore_ascii_case(name))
+            .map(|(_, level)| level)
+            .ok_or_else(|| format!("KREPLAY_LOG={v:?}: expected one of off, warn, info, debug"))?,
         };
         let auto_measured = match lookup("KREPLAY_CUDA_AUTO_DEVICE").as_deref().map(str::trim) {
             None | Some("measured") => true,

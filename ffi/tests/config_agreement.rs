@@ -87,3 +87,35 @@ fn both_backends_read_the_drain_timeout_alike() {
         }
     }
 }
+
+#[test]
+fn both_backends_read_the_log_level_alike() {
+    // libkreplay on CUDA reads KREPLAY_LOG twice (its own configuration and the CUDA
+    // backend's): a spelling one takes and the other refuses left the backend uninstalled.
+    for value in [
+        "info", " info ", "INFO", "Info", "Debug", "OFF", "Warn", "loud", "",
+    ] {
+        let pairs = [("KREPLAY_LOG", value)];
+        let abi = kreplay::config::Config::from_lookup(lookup(&pairs));
+        let cuda = kreplay_cuda::config::Config::from_lookup(lookup(&pairs));
+        assert_eq!(abi.is_ok(), cuda.is_ok(), "{value:?}: {abi:?} / {cuda:?}");
+    }
+    let cuda = kreplay_cuda::config::Config::from_lookup(lookup(&[("KREPLAY_LOG", "DEBUG")]));
+    assert_eq!(cuda.unwrap().log, kreplay_cuda::config::LogLevel::Debug);
+}
+
+#[test]
+fn millisecond_settings_take_the_same_spellings() {
+    // Both are documented as "milliseconds, at least 1": digits only, as every numeric setting.
+    for value in ["250", "+250", " 250", "250 ", "0", "-1", "2.5"] {
+        let budget =
+            kreplay::config::Config::from_lookup(lookup(&[("KREPLAY_REPLAY_BUDGET_MS", value)]));
+        let drain =
+            kreplay::config::Config::from_lookup(lookup(&[("KREPLAY_DRAIN_TIMEOUT_MS", value)]));
+        assert_eq!(
+            budget.is_ok(),
+            drain.is_ok(),
+            "{value:?}: budget {budget:?} / drain timeout {drain:?}"
+        );
+    }
+}
