@@ -194,6 +194,13 @@ pub trait PassCompletion {
     fn wait_handlers(&self, deadline: Instant) -> bool {
         WaitStrategy::DEFAULT.wait_until(deadline, || self.pending_handlers() == 0)
     }
+
+    /// Why the pass can never complete, once that is known (the queue it runs on failed, so
+    /// its completion will not come): [`wait_pass_patiently`] then stops waiting. `None` (the
+    /// default): it may still complete.
+    fn failed(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Budgets for draining.
@@ -281,6 +288,19 @@ pub struct PassReport {
     /// Time the whole wait took.
     pub elapsed: Duration,
 }
+
+/// A pass [`wait_pass_patiently`] stopped waiting for: its completion can never come.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PassNeverCompletes {
+    /// Why ([`PassCompletion::failed`]).
+    pub why: String,
+    /// Time waited before that was known.
+    pub waited: Duration,
+}
+
+/// How often [`wait_pass_patiently`] asks a running pass whether it failed.
+const FAILURE_CHECK: Duration = Duration::from_millis(20);
 
 /// The dispatch's own queue did not go idle in time (`queue_drain_stuck`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -592,32 +612,46 @@ pub fn wait_pass(
 /// long that takes: a running pass is never abandoned (its late writes would land after the
 /// application was told it was done). Each time `config.pass_timeout` passes without the pass
 /// finishing, `on_slow` is called with the time waited so far (a backend warns there) and the
-/// wait goes on.
+/// wait goes on. The one exception is a pass whose completion can never come
+/// ([`PassCompletion::failed`], asked every few milliseconds): the wait ends with why.
 pub fn wait_pass_patiently(
     pass: &dyn PassCompletion,
     config: &DrainConfig,
     on_slow: &mut dyn FnMut(Duration),
-) -> PassReport {
+) -> Result<PassReport, PassNeverCompletes> {
     let start = Instant::now();
     let interval = config.pass_timeout.max(Duration::from_millis(1));
-
+    let mut next_warning = start + interval;
+    let mut patiently = |done: &dyn Fn(Instant) -> bool| -> Result<(), PassNeverCompletes> {
+        loop {
+            if let Some(why) = pass.failed() {
+                return Err(PassNeverCompletes {
+                    why,
+                    waited: start.elapsed(),
+                });
+            }
+            if done((Instant::now() + FAILURE_CHECK).min(next_warning)) {
+                return Ok(());
+            }
+            if Instant::now() >= next_warning {
+                on_slow(start.elapsed());
+                next_warning += interval;
+            }
+        }
+    };
     let waited_for_completion = !pass.is_complete();
     if waited_for_completion {
-        while !pass.wait_complete(Instant::now() + interval) {
-            on_slow(start.elapsed());
-        }
+        patiently(&|deadline| pass.wait_complete(deadline))?;
     }
     let handlers_waited_on = pass.pending_handlers();
     if handlers_waited_on > 0 {
-        while !pass.wait_handlers(Instant::now() + interval) {
-            on_slow(start.elapsed());
-        }
+        patiently(&|deadline| pass.wait_handlers(deadline))?;
     }
-    PassReport {
+    Ok(PassReport {
         waited_for_completion,
         handlers_waited_on,
         elapsed: start.elapsed(),
-    }
+    })
 }
 
 /// A count of operations in flight (async copies, completion handlers) with a blocking wait for

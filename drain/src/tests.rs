@@ -449,7 +449,8 @@ fn a_long_pass_is_waited_for_with_a_warning_per_interval_never_abandoned() {
                 _ => {}
             }
         },
-    );
+    )
+    .expect("completes");
     assert_eq!(
         warnings.len(),
         5,
@@ -470,7 +471,8 @@ fn a_finished_pass_is_not_warned_about() {
     let pass = TestPass::new(true, 0);
     let report = wait_pass_patiently(&pass, &DrainConfig::new(SHORT), &mut |_| {
         panic!("no warning for a pass that is done")
-    });
+    })
+    .expect("completes");
     assert!(!report.waited_for_completion);
 }
 
@@ -547,4 +549,42 @@ fn in_flight_counter_wakes_a_blocked_waiter_promptly() {
         );
     }
     assert_eq!(counter.count(), 0);
+}
+
+#[test]
+fn a_pass_that_can_never_complete_ends_the_wait_with_why() {
+    // A pass whose queue failed: its completion never comes. The wait must stop soon after
+    // the failure is known, not wait (and warn) for ever.
+    struct Failing {
+        failed_at: Instant,
+    }
+    impl PassCompletion for Failing {
+        fn is_complete(&self) -> bool {
+            false
+        }
+        fn pending_handlers(&self) -> usize {
+            0
+        }
+        fn failed(&self) -> Option<String> {
+            (Instant::now() >= self.failed_at).then(|| "its queue failed".to_string())
+        }
+    }
+    let pass = Failing {
+        failed_at: Instant::now() + SHORT,
+    };
+    let mut warnings = 0;
+    let ended = wait_pass_patiently(
+        &pass,
+        &DrainConfig::new(LONG).with_pass_timeout(LONG),
+        &mut |_| warnings += 1,
+    )
+    .expect_err("the pass never completes");
+    assert_eq!(ended.why, "its queue failed");
+    assert!(ended.waited >= SHORT, "{:?}", ended.waited);
+    assert!(
+        ended.waited < LONG,
+        "stopped within a few checks of the failure, not at the warning interval: {:?}",
+        ended.waited
+    );
+    assert_eq!(warnings, 0);
 }

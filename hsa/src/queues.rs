@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hsa_sys::*;
@@ -60,6 +60,77 @@ pub(crate) struct QueueState {
     /// A side queue that was given re-entrant work (until then nothing of a tool's can be in
     /// flight on it, and waits for re-entrant work pass it by).
     carried_work: AtomicBool,
+    /// The queue's error callback as kreplay installed it: whether the queue failed.
+    errors: Arc<QueueErrors>,
+}
+
+/// A queue's error callback as the application gave it, and the first error the runtime
+/// reported for the queue. kreplay installs [`on_queue_error`] in its place, so that a replay
+/// whose pass runs on a queue that failed (a kernel's memory fault) stops waiting for a
+/// completion that will never come, instead of holding the agent for ever.
+pub(crate) struct QueueErrors {
+    callback: QueueErrorCallback,
+    data: *mut c_void,
+    /// The first error's status, 0 while there is none.
+    status: AtomicU32,
+}
+
+// SAFETY: `data` is the application's opaque pointer, only handed back to its callback (as
+// the runtime would, from any thread).
+unsafe impl Send for QueueErrors {}
+// SAFETY: as above; `status` is atomic.
+unsafe impl Sync for QueueErrors {}
+
+impl QueueErrors {
+    pub(crate) fn new(callback: QueueErrorCallback, data: *mut c_void) -> Arc<QueueErrors> {
+        Arc::new(QueueErrors {
+            callback,
+            data,
+            status: AtomicU32::new(0),
+        })
+    }
+
+    /// The data pointer to register with [`on_queue_error`] (alive as long as the `Arc`).
+    fn as_data(self: &Arc<Self>) -> *mut c_void {
+        Arc::as_ptr(self).cast_mut().cast()
+    }
+
+    /// The status of the first error the runtime reported for the queue, if any.
+    pub(crate) fn failed(&self) -> Option<hsa_status_t> {
+        match self.status.load(Ordering::Acquire) {
+            0 => None,
+            status => Some(status),
+        }
+    }
+}
+
+/// The error callback kreplay registers for every queue it creates: notes the error, then
+/// calls the application's callback with its own data, as the runtime would have.
+///
+/// # Safety
+/// `data` is the pointer of a [`QueueErrors`] kept alive by its queue's [`QueueState`] (or by
+/// the queue creation that registered it) while the queue exists.
+unsafe extern "C" fn on_queue_error(
+    status: hsa_status_t,
+    source: *mut hsa_queue_t,
+    data: *mut c_void,
+) {
+    // SAFETY: see the function's contract.
+    let errors = unsafe { &*data.cast::<QueueErrors>() };
+    // A success status would read as "no error": note it as a generic error instead.
+    let noted = if status == HSA_STATUS_SUCCESS {
+        HSA_STATUS_ERROR
+    } else {
+        status
+    };
+    let _ = errors
+        .status
+        .compare_exchange(0, noted, Ordering::AcqRel, Ordering::Acquire);
+    if let Some(callback) = errors.callback {
+        // SAFETY: the application's callback with the data it registered, as the runtime
+        // would call it.
+        unsafe { callback(status, source, errors.data) };
+    }
 }
 
 /// What became of a packet slot reserved from inside a replay window.
@@ -99,7 +170,12 @@ impl Drop for QueueState {
 }
 
 impl QueueState {
-    fn new(queue: *mut hsa_queue_t, agent: hsa_agent_t, in_flight: hsa_signal_t) -> Self {
+    fn new(
+        queue: *mut hsa_queue_t,
+        agent: hsa_agent_t,
+        in_flight: hsa_signal_t,
+        errors: Arc<QueueErrors>,
+    ) -> Self {
         // SAFETY: `queue` is a live queue the runtime just created.
         let (id, doorbell, type_) =
             unsafe { ((*queue).id, (*queue).doorbell_signal, (*queue).type_) };
@@ -117,7 +193,14 @@ impl QueueState {
             dirty: AtomicBool::new(false),
             alive: Mutex::new(true),
             carried_work: AtomicBool::new(false),
+            errors,
         }
+    }
+
+    /// The status of the first error the runtime reported for this queue, if any (a queue
+    /// that failed runs nothing more).
+    pub(crate) fn failed(&self) -> Option<hsa_status_t> {
+        self.errors.failed()
     }
 
     /// Notes that re-entrant work is about to be submitted to this side queue.
@@ -390,13 +473,14 @@ impl QueueRegistry {
             return Some(state.clone());
         }
         let in_flight = b.original.signal_create(0).ok()?;
+        let errors = QueueErrors::new(None, std::ptr::null_mut());
         let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
         let status = b.original.queue_create(
             agent,
             SIDE_QUEUE_SIZE,
             HSA_QUEUE_TYPE_MULTI,
-            None,
-            std::ptr::null_mut(),
+            Some(on_queue_error),
+            errors.as_data(),
             0,
             0,
             &raw mut queue,
@@ -406,7 +490,7 @@ impl QueueRegistry {
             return None;
         }
         b.original.set_profiler_enabled(queue, true);
-        let state = Arc::new(QueueState::new(queue, agent, in_flight));
+        let state = Arc::new(QueueState::new(queue, agent, in_flight, errors));
         side.insert(agent.handle, state.clone());
         self.add(state.clone());
         Some(state)
@@ -476,12 +560,13 @@ pub(crate) unsafe extern "C" fn queue_create(
             Ok(s) => s,
             Err(status) => return status,
         };
+        let errors = QueueErrors::new(callback, data);
         let status = b.original.intercept_create(
             agent,
             size,
             type_,
-            callback,
-            data,
+            Some(on_queue_error),
+            errors.as_data(),
             private_segment_size,
             group_segment_size,
             queue,
@@ -492,7 +577,7 @@ pub(crate) unsafe extern "C" fn queue_create(
         }
         // SAFETY: the runtime wrote a valid queue pointer through the caller's out pointer.
         let q = unsafe { *queue };
-        let state = Arc::new(QueueState::new(q, agent, in_flight));
+        let state = Arc::new(QueueState::new(q, agent, in_flight, errors));
         // Per-pass timestamps for dispatch records; harmless for the application.
         b.original.set_profiler_enabled(q, true);
         let status = b.original.intercept_register(

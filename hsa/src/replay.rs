@@ -231,6 +231,8 @@ fn sources(b: kreplay_snapshot::SourceBreakdown) -> RegionSources {
 struct PassSignal<'a> {
     b: &'a Backend,
     signal: hsa_signal_t,
+    /// The queue the pass runs on (the application's, or the agent's side queue).
+    queue: &'a QueueState,
 }
 
 impl PassCompletion for PassSignal<'_> {
@@ -245,6 +247,15 @@ impl PassCompletion for PassSignal<'_> {
 
     fn wait_complete(&self, deadline: Instant) -> bool {
         self.b.wait_signal_zero(self.signal, deadline)
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.queue.failed().map(|status| {
+            format!(
+                "queue {} went into its error state (status {status:#x}, reported to the                  application's queue error callback): the pass will never complete",
+                self.queue.id
+            )
+        })
     }
 }
 
@@ -520,8 +531,17 @@ impl ReplayDevice for HsaReplay<'_> {
         }
         // A running pass is never abandoned: its kernel may still write, and the application
         // must not see its completion before that. A long pass is warned about and waited for.
-        kreplay_drain::wait_pass_patiently(
-            &PassSignal { b: self.b, signal },
+        // Only a pass whose queue failed (it runs nothing more) is given up on.
+        let queue = match self.sink {
+            Sink::Side(side) => side,
+            Sink::Handler(_) => self.state,
+        };
+        let waited = kreplay_drain::wait_pass_patiently(
+            &PassSignal {
+                b: self.b,
+                signal,
+                queue,
+            },
             &self.b.drain,
             &mut |waited| {
                 self.b.hooks.warn(&format!(
@@ -538,6 +558,17 @@ impl ReplayDevice for HsaReplay<'_> {
         }
         if let Some(warning) = trouble {
             self.b.hooks.warn(&warning);
+        }
+        if let Err(never) = waited {
+            // Nothing of the pass can be read back (counters, times): it did not complete.
+            return Err(Decline::new(
+                DeclineReason::PassDrainStuck,
+                format!(
+                    "pass {pass} never completed: {} (after {:.3} s)",
+                    never.why,
+                    never.waited.as_secs_f64()
+                ),
+            ));
         }
         if let Some(counted) = counted {
             crate::counting::collect(self.b, counted, signal);
@@ -664,7 +695,9 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn fire_completion(&mut self, _info: &DispatchInfo) {
-        if self.dispatch.completion_signal.handle != 0 {
+        // On a queue that failed the dispatch never completes, with kreplay or without: the
+        // application heard of it through its queue error callback.
+        if self.dispatch.completion_signal.handle != 0 && self.state.failed().is_none() {
             self.b
                 .original
                 .signal_subtract(self.dispatch.completion_signal, 1);
