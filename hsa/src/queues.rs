@@ -694,6 +694,35 @@ pub(crate) fn in_replay_window() -> bool {
     WINDOWS.try_with(Cell::get).unwrap_or(0) > 0
 }
 
+thread_local! {
+    static CALLBACKS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is inside the pass loop of a dispatch it handles (CONFIG ENTER to
+/// CONFIG EXIT, with or without a replay window): a dispatch the tool submits from there onto
+/// the handler's own queue could only be handled once this handler call returns, which waits
+/// for the tool, so it is re-entrant work too and runs on the agent's side queue.
+pub(crate) fn in_tool_callbacks() -> bool {
+    in_replay_window() || CALLBACKS.try_with(Cell::get).unwrap_or(0) > 0
+}
+
+/// Marks the current thread as running a dispatch's pass loop (its tool callbacks) while alive.
+/// Not `Send`, like [`InWindow`].
+pub(crate) struct InCallbacks(std::marker::PhantomData<*const ()>);
+
+impl InCallbacks {
+    pub(crate) fn enter() -> InCallbacks {
+        let _ = CALLBACKS.try_with(|w| w.set(w.get() + 1));
+        InCallbacks(std::marker::PhantomData)
+    }
+}
+
+impl Drop for InCallbacks {
+    fn drop(&mut self) {
+        let _ = CALLBACKS.try_with(|w| w.set(w.get().saturating_sub(1)));
+    }
+}
+
 /// Marks the current thread as inside a replay window while alive. Not `Send`: dropped on the
 /// thread that made it, like the window itself.
 pub(crate) struct InWindow(std::marker::PhantomData<*const ()>);
@@ -711,12 +740,12 @@ impl Drop for InWindow {
     }
 }
 
-/// Re-entrant work is marked when its slots are reserved: called from inside a replay window on
-/// a queue of kreplay's, the slots are recorded so that the packets run on the agent's side
+/// Re-entrant work is marked when its slots are reserved: called from inside a replay window or
+/// a dispatch's tool callbacks (see [`in_tool_callbacks`]) on a queue of kreplay's, the slots are recorded so that the packets run on the agent's side
 /// queue, promptly, whichever thread ends up handling them.
 fn note_reservation(queue: *const hsa_queue_t, first: u64, count: u64) {
     let Some(b) = installed() else { return };
-    if count == 0 || b.is_finalized() || !in_replay_window() {
+    if count == 0 || b.is_finalized() || !in_tool_callbacks() {
         return;
     }
     if let Some(state) = b.queues.by_queue(queue) {
@@ -743,12 +772,13 @@ add_write_index_wrapper!(
     queue_add_write_index_screlease => queue_add_write_index,
 );
 
-/// A doorbell store from inside a replay window: the re-entrant packets it publishes run now,
+/// A doorbell store from inside a replay window or a dispatch's tool callbacks: the re-entrant
+/// packets it publishes run now,
 /// on the agent's side queue, before the store reaches the runtime (which may hand the slots to
 /// a thread that waits for this very replay). Their slots are then dropped by the handler.
 fn run_published_reentrant(signal: hsa_signal_t, value: i64) {
     let Some(b) = installed() else { return };
-    if b.is_finalized() || !in_replay_window() || value < 0 {
+    if b.is_finalized() || !in_tool_callbacks() || value < 0 {
         return;
     }
     let Some(state) = b.queues.by_doorbell(signal) else {
@@ -762,7 +792,7 @@ fn run_published_reentrant(signal: hsa_signal_t, value: i64) {
 /// Wrapper of `hsa_signal_store_relaxed`: see [`run_published_reentrant`].
 pub(crate) unsafe extern "C" fn signal_store_relaxed(signal: hsa_signal_t, value: i64) {
     let Some(b) = installed() else { return };
-    if in_replay_window() {
+    if in_tool_callbacks() {
         let _ = std::panic::catch_unwind(|| run_published_reentrant(signal, value));
     }
     b.original.signal_store_relaxed(signal, value);
@@ -771,7 +801,7 @@ pub(crate) unsafe extern "C" fn signal_store_relaxed(signal: hsa_signal_t, value
 /// Wrapper of `hsa_signal_store_screlease`: see [`run_published_reentrant`].
 pub(crate) unsafe extern "C" fn signal_store_screlease(signal: hsa_signal_t, value: i64) {
     let Some(b) = installed() else { return };
-    if in_replay_window() {
+    if in_tool_callbacks() {
         let _ = std::panic::catch_unwind(|| run_published_reentrant(signal, value));
     }
     b.original.signal_store_screlease(signal, value);

@@ -21,7 +21,7 @@ use crate::dispatch::{
     Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
 };
 use crate::fold::Window;
-use crate::queues::{InWindow, QueueIdle, QueueState, in_replay_window};
+use crate::queues::{InCallbacks, InWindow, QueueIdle, QueueState, in_replay_window};
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
@@ -47,8 +47,10 @@ pub(crate) fn replay_dispatch(
         plan: None,
         pass_signal: None,
     };
+    let callbacks = InCallbacks::enter();
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
+    drop(callbacks);
     // Describing the dispatch asks the runtime for the agent's name and formats strings: only
     // when there is something to say, not on every opted-out or fully replayed dispatch.
     if record.has_diagnostic()
