@@ -2,7 +2,7 @@
 //! (`cupti_callbacks.h`, `cupti_driver_cbid.h`, `generated_cuda_meta.h`) and resolved from
 //! `libcupti` at run time.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use libloading::Library;
 
@@ -108,6 +108,32 @@ pub mod cbid {
     pub const CU_SURF_REF_SET_ARRAY: CallbackId = 194;
     pub const CU_SURF_OBJECT_CREATE: CallbackId = 343;
     pub const CU_SURF_OBJECT_DESTROY: CallbackId = 344;
+    pub const CU_IPC_OPEN_MEM_HANDLE: CallbackId = 329;
+    pub const CU_IPC_CLOSE_MEM_HANDLE: CallbackId = 330;
+    pub const CU_IPC_OPEN_MEM_HANDLE_V2: CallbackId = 567;
+    pub const CU_MEM_POOL_IMPORT_POINTER: CallbackId = 616;
+    pub const CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER: CallbackId = 486;
+    pub const CU_GRAPHICS_RESOURCE_GET_MAPPED_POINTER_V2: CallbackId = 258;
+    pub const CU_GRAPHICS_UNMAP_RESOURCES: CallbackId = 134;
+    pub const CU_GRAPHICS_UNMAP_RESOURCES_PTSZ: CallbackId = 444;
+
+    /// Device memory another process or another API shares with this one, and where it ends:
+    /// memory opened from another process (`cuIpcOpenMemHandle`, `_v2`; closed by
+    /// `cuIpcCloseMemHandle`), a pointer imported from another process's pool
+    /// (`cuMemPoolImportPointer`; freed by `cuMemFree`/`cuMemFreeAsync`), a buffer mapped from
+    /// external memory (`cuExternalMemoryGetMappedBuffer`, Vulkan or Direct3D; freed by
+    /// `cuMemFree`), a graphics resource's mapped pointer
+    /// (`cuGraphicsResourceGetMappedPointer_v2`; ended by `cuGraphicsUnmapResources`).
+    pub const SHARED: [CallbackId; 8] = [
+        CU_IPC_OPEN_MEM_HANDLE,
+        CU_IPC_CLOSE_MEM_HANDLE,
+        CU_IPC_OPEN_MEM_HANDLE_V2,
+        CU_MEM_POOL_IMPORT_POINTER,
+        CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER,
+        CU_GRAPHICS_RESOURCE_GET_MAPPED_POINTER_V2,
+        CU_GRAPHICS_UNMAP_RESOURCES,
+        CU_GRAPHICS_UNMAP_RESOURCES_PTSZ,
+    ];
 
     /// The calls that let kernels write CUDA arrays (surfaces), which kreplay does not snapshot.
     pub const SURFACES: [CallbackId; 3] = [
@@ -194,12 +220,14 @@ pub mod cbid {
         428, 429, 430, 431, 432, 433, // Async_ptsz
     ];
 
-    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`PEER_ACCESS`], [`SURFACES`],
-    /// [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and [`END_CAPTURE`].
+    /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SHARED`], [`PEER_ACCESS`],
+    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and
+    /// [`END_CAPTURE`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
             &VMM,
+            &SHARED,
             &PEER_ACCESS,
             &SURFACES,
             &MEMCPY,
@@ -397,6 +425,56 @@ pub struct MemFreeParams {
     pub dptr: CuDevicePtr,
 }
 
+/// The parameter structs of `cuIpcOpenMemHandle` (`_v2`), `cuMemPoolImportPointer` and
+/// `cuExternalMemoryGetMappedBuffer`: each starts with where the new device pointer is written.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct PointerOutParams {
+    pub dptr: *mut CuDevicePtr,
+}
+
+/// `cuExternalMemoryGetMappedBuffer_params`: the new pointer, the external memory and the
+/// buffer's description (`CUDA_EXTERNAL_MEMORY_BUFFER_DESC`: offset, then size).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct ExternalMemoryGetMappedBufferParams {
+    pub dptr: *mut CuDevicePtr,
+    pub ext_mem: *mut c_void,
+    pub buffer_desc: *const ExternalMemoryBufferDesc,
+}
+
+/// `CUDA_EXTERNAL_MEMORY_BUFFER_DESC`, its leading fields.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct ExternalMemoryBufferDesc {
+    pub offset: u64,
+    pub size: u64,
+    pub flags: c_uint,
+}
+
+/// `cuGraphicsResourceGetMappedPointer_v2_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphicsMappedPointerParams {
+    pub dptr: *mut CuDevicePtr,
+    pub size: *mut usize,
+    pub resource: *mut c_void,
+}
+
+/// `cuGraphicsUnmapResources_params` (and `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphicsUnmapParams {
+    pub count: c_uint,
+    pub resources: *const *mut c_void,
+    pub stream: *mut c_void,
+}
+
 /// `cuSurfObjectCreate_params`: where the new surface object is written, and its resource.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -580,6 +658,18 @@ mod tests {
         assert_eq!(offset_of!(MemMapParams, handle), 24);
         assert_eq!(size_of::<MemMapParams>(), 40);
         assert_eq!(size_of::<MemUnmapParams>(), 16);
+        // The shared-memory calls' parameter structs, as cuda.h's prototypes give them, and
+        // CUDA_EXTERNAL_MEMORY_BUFFER_DESC (offset, size, flags).
+        assert_eq!(
+            offset_of!(ExternalMemoryGetMappedBufferParams, buffer_desc),
+            16
+        );
+        assert_eq!(offset_of!(ExternalMemoryBufferDesc, size), 8);
+        assert_eq!(offset_of!(ExternalMemoryBufferDesc, flags), 16);
+        assert_eq!(offset_of!(GraphicsMappedPointerParams, size), 8);
+        assert_eq!(offset_of!(GraphicsMappedPointerParams, resource), 16);
+        assert_eq!(offset_of!(GraphicsUnmapParams, resources), 8);
+        assert_eq!(offset_of!(GraphicsUnmapParams, stream), 16);
         // CUmemAllocationProp as cuda.h declares it: location at 8, 32 bytes in all.
         use crate::driver::CuMemAllocationProp;
         assert_eq!(offset_of!(CuMemAllocationProp, location_type), 8);

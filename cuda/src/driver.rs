@@ -181,8 +181,12 @@ pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CuResult = 709;
 pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: c_int = 88;
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
 pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 /// `CU_MEMORYTYPE_HOST`.
 pub const CU_MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_DEVICE`.
@@ -438,6 +442,36 @@ impl Driver {
             )
         };
         (rc == CUDA_SUCCESS).then_some(start)
+    }
+
+    /// The size of the driver's allocation holding `addr` (`None` when it knows none).
+    pub fn range_size(&self, addr: u64) -> Option<u64> {
+        let get = self.optional.pointer_get_attribute?;
+        let mut size: usize = 0;
+        // SAFETY: the range-size attribute is one size_t; an unknown address is an error code.
+        let rc = unsafe {
+            get(
+                (&raw mut size).cast(),
+                CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                addr,
+            )
+        };
+        (rc == CUDA_SUCCESS && size > 0).then_some(size as u64)
+    }
+
+    /// The ordinal of the device whose memory `addr` is (`None` when the driver cannot say).
+    pub fn device_ordinal(&self, addr: u64) -> Option<i32> {
+        let get = self.optional.pointer_get_attribute?;
+        let mut ordinal: c_int = -1;
+        // SAFETY: the device-ordinal attribute is one int; an unknown address is an error code.
+        let rc = unsafe {
+            get(
+                (&raw mut ordinal).cast(),
+                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        };
+        (rc == CUDA_SUCCESS && ordinal >= 0).then_some(ordinal)
     }
 }
 

@@ -597,6 +597,20 @@ impl ModuleRegistry {
             .unwrap_or_default()
     }
 
+    /// A kernel of a loaded module that can call the device heap's functions (see
+    /// [`is_heap_call`]), and its calls, if any: what a graph launch may run without kreplay
+    /// seeing which kernels it runs. The first by name, so the answer does not depend on the
+    /// order modules were loaded in.
+    pub fn heap_user(&self) -> Option<(String, Vec<String>)> {
+        let i = self.inner.lock();
+        i.modules
+            .values()
+            .flat_map(|m| m.runtime_calls.iter())
+            .filter(|(_, calls)| calls.iter().any(|c| is_heap_call(c)))
+            .min_by(|a, b| a.0.cmp(b.0))
+            .map(|(kernel, calls)| (kernel.clone(), calls.clone()))
+    }
+
     /// The functions of [`DEVICE_RUNTIME_CALLS`] that `kernel` can call, in any loaded module
     /// that defines a kernel of that name (several such modules: all of their calls).
     pub fn runtime_calls(&self, kernel: &str) -> Vec<String> {
@@ -772,6 +786,34 @@ mod tests {
         .image();
         let s = parse_cubin(&image).unwrap();
         assert_eq!(calls_of(&s), [("grab", vec!["free", "malloc"])]);
+    }
+
+    #[test]
+    fn a_loaded_kernel_that_can_use_the_heap_is_found_whichever_module_holds_it() {
+        let r = ModuleRegistry::new();
+        let printing = Cubin {
+            functions: &["say"],
+            externs: &["vprintf"],
+            calls: &[("say", "vprintf")],
+            ..Cubin::default()
+        }
+        .image();
+        r.on_loaded(1, &printing).unwrap();
+        assert_eq!(r.heap_user(), None, "printf is no heap call");
+        let grabbing = Cubin {
+            functions: &["plain", "grab"],
+            externs: &["malloc"],
+            calls: &[("grab", "malloc")],
+            ..Cubin::default()
+        }
+        .image();
+        r.on_loaded(2, &grabbing).unwrap();
+        assert_eq!(
+            r.heap_user(),
+            Some(("grab".to_string(), vec!["malloc".to_string()]))
+        );
+        r.on_unloading(2);
+        assert_eq!(r.heap_user(), None, "gone with its module");
     }
 
     #[test]

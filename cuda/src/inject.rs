@@ -34,10 +34,12 @@ use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
     CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
     CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId,
-    CtxEnablePeerAccessParams, Cupti, LaunchCooperativeKernelParams, LaunchKernelExParams,
-    LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams, MemMapParams,
-    MemPoolSetAccessParams, MemSetAccessParams, MemUnmapParams, ModuleResourceData, ResourceData,
-    StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
+    CtxEnablePeerAccessParams, Cupti, ExternalMemoryGetMappedBufferParams,
+    GraphicsMappedPointerParams, GraphicsUnmapParams, LaunchCooperativeKernelParams,
+    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams,
+    MemMapParams, MemPoolSetAccessParams, MemSetAccessParams, MemUnmapParams, ModuleResourceData,
+    PointerOutParams, ResourceData, StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams,
+    SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::drainer::Drainer;
@@ -915,8 +917,10 @@ impl Backend {
     }
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
-    /// replays: graph launches.
-    fn note_unreplayed(&self, write: fence::DeviceWrite) {
+    /// replays: graph launches. kreplay does not see which kernels a graph runs, so where a
+    /// loaded module has a kernel that can use the device heap, the graph may have run it: the
+    /// launch's context counts as having used the heap (see [`crate::devruntime`]).
+    fn note_unreplayed(&self, write: fence::DeviceWrite, ctx: CuContext) {
         if write != fence::DeviceWrite::Graph {
             return;
         }
@@ -924,12 +928,68 @@ impl Backend {
         if !self.warned_graph.swap(true, Ordering::Relaxed) {
             log(LogLevel::Warn, "graph launches run once, not replayed");
         }
+        if let Some((kernel, calls)) = self.modules.heap_user() {
+            match self.device(ctx) {
+                Ok(device) => device.runtime.note(
+                    &format!("{kernel} (loaded; a graph launch may run it)"),
+                    &calls,
+                ),
+                Err(e) => log(
+                    LogLevel::Warn,
+                    format!("a graph launch that may use the device heap: {e}"),
+                ),
+            }
+        }
     }
 
     /// The application's allocation at `base` ended (freed, or with its context): a managed
     /// allocation leaves the watch, any other the inventory.
     fn on_app_free(&self, base: u64) {
         if !self.watch.on_free(base) {
+            self.on_free(base);
+        }
+    }
+
+    /// Device memory shared from another process or API appeared at `base` in context `ctx`
+    /// (`size` where the call says it): snapshotted as memory of the device that holds it, as
+    /// the driver says, or, where the driver cannot describe it, counted so that launches
+    /// decline while it is mapped (see `tracking`).
+    fn on_shared(&self, ctx: CuContext, base: u64, size: Option<u64>, what: &str) {
+        let size = size
+            .filter(|&n| n > 0)
+            .or_else(|| self.driver.range_size(base));
+        let device = self
+            .driver
+            .device_ordinal(base)
+            .or_else(|| self.ordinal(ctx));
+        match self
+            .watch
+            .record_shared(&self.inventory, base, size, device)
+        {
+            Ok(device) => {
+                self.contexts.note_allocation(ctx as usize, base);
+                self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+                log(
+                    LogLevel::Debug,
+                    format!(
+                        "{what}: {} bytes at {base:#x} on device {device}",
+                        size.unwrap_or(0)
+                    ),
+                );
+            }
+            Err(why) => log(
+                LogLevel::Warn,
+                format!(
+                    "{what} at {base:#x}: {why}; launches run once (untracked_memory) while it \
+                     is mapped"
+                ),
+            ),
+        }
+    }
+
+    /// Shared memory at `base` ended (closed or unmapped).
+    fn on_shared_end(&self, base: u64) {
+        if self.watch.on_shared_end(base) {
             self.on_free(base);
         }
     }
@@ -1424,7 +1484,7 @@ impl Backend {
         if let Some(write) = fence::device_write(id) {
             // No fenced call is one of the calls handled below.
             if enter {
-                self.note_unreplayed(write);
+                self.note_unreplayed(write, data.context);
                 let devices = self.fenced_devices(id, data);
                 fence::enter(&self.locks, &devices);
             } else if exit {
@@ -1548,6 +1608,87 @@ impl Backend {
             cbid::CU_SURF_REF_SET_ARRAY if exit && result() == CUDA_SUCCESS => {
                 self.watch.on_surface_reference_bound(data.context as usize);
                 self.warn_surfaces();
+            }
+            cbid::CU_IPC_OPEN_MEM_HANDLE
+            | cbid::CU_IPC_OPEN_MEM_HANDLE_V2
+            | cbid::CU_MEM_POOL_IMPORT_POINTER
+                if exit && result() == CUDA_SUCCESS =>
+            {
+                // SAFETY: these calls' parameter structs start with the out-pointer of the new
+                // device pointer, written on success.
+                let base = unsafe { *(*(params as *const PointerOutParams)).dptr };
+                let what = if id == cbid::CU_MEM_POOL_IMPORT_POINTER {
+                    "cuMemPoolImportPointer"
+                } else {
+                    "cuIpcOpenMemHandle"
+                };
+                self.on_shared(data.context, base, None, what);
+            }
+            cbid::CU_IPC_CLOSE_MEM_HANDLE if enter => {
+                // SAFETY: cuIpcCloseMemHandle_params is the CUdeviceptr being closed.
+                let base = unsafe { (*(params as *const MemFreeParams)).dptr };
+                self.contexts.note_free(base);
+                self.on_shared_end(base);
+            }
+            cbid::CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuExternalMemoryGetMappedBuffer_params; on success *devPtr is set, and
+                // the buffer description the application passed is alive during the call.
+                let (base, size) = unsafe {
+                    let p = &*(params as *const ExternalMemoryGetMappedBufferParams);
+                    (*p.dptr, p.buffer_desc.as_ref().map(|d| d.size))
+                };
+                self.on_shared(data.context, base, size, "cuExternalMemoryGetMappedBuffer");
+            }
+            cbid::CU_GRAPHICS_RESOURCE_GET_MAPPED_POINTER_V2
+                if exit && result() == CUDA_SUCCESS =>
+            {
+                // SAFETY: cuGraphicsResourceGetMappedPointer_v2_params; on success the pointer
+                // is set, and the size too where the application asked for it.
+                let (base, size, resource) = unsafe {
+                    let p = &*(params as *const GraphicsMappedPointerParams);
+                    (
+                        *p.dptr,
+                        p.size.as_ref().map(|&n| n as u64),
+                        p.resource as usize,
+                    )
+                };
+                // Asked again for the same mapping: nothing new. A mapping that moved ends
+                // the old one.
+                match self.watch.on_graphics_unmapped(resource) {
+                    Some(old) if old == base => {}
+                    old => {
+                        if let Some(old) = old {
+                            self.on_shared_end(old);
+                        }
+                        self.on_shared(
+                            data.context,
+                            base,
+                            size,
+                            "cuGraphicsResourceGetMappedPointer",
+                        );
+                    }
+                }
+                self.watch.on_graphics_mapped(resource, base);
+            }
+            cbid::CU_GRAPHICS_UNMAP_RESOURCES | cbid::CU_GRAPHICS_UNMAP_RESOURCES_PTSZ if enter => {
+                // SAFETY: cuGraphicsUnmapResources_params, its resource array `count` long.
+                let resources: Vec<usize> = unsafe {
+                    let p = &*(params as *const GraphicsUnmapParams);
+                    if p.resources.is_null() {
+                        Vec::new()
+                    } else {
+                        std::slice::from_raw_parts(p.resources, p.count as usize)
+                            .iter()
+                            .map(|&r| r as usize)
+                            .collect()
+                    }
+                };
+                for resource in resources {
+                    if let Some(base) = self.watch.on_graphics_unmapped(resource) {
+                        self.contexts.note_free(base);
+                        self.on_shared_end(base);
+                    }
+                }
             }
             cbid::CU_MEM_CREATE if enter => self.before_app_alloc(data.context),
             cbid::CU_MEM_MAP if exit && result() == CUDA_SUCCESS => {

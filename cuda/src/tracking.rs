@@ -22,6 +22,14 @@
 //!   references belong to the context they were made in. Texture objects only read arrays and
 //!   need nothing.)
 //!
+//! * **Shared memory**: device memory opened from another process (`cuIpcOpenMemHandle`), a
+//!   pointer imported from another process's pool (`cuMemPoolImportPointer`), a buffer mapped
+//!   from external memory (`cuExternalMemoryGetMappedBuffer`) or a graphics resource's mapped
+//!   pointer: a kernel writes it like its own memory, through its arguments or through
+//!   pointers kept in memory, so it is snapshotted as device memory of the device that holds it
+//!   (size and device from the driver) until it is closed, freed or unmapped; where the driver
+//!   cannot describe it, launches are declined while it is mapped.
+//!
 //! [`MemoryWatch`] is pure bookkeeping (no driver), so its rules are tested without a GPU.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,6 +88,13 @@ struct State {
     /// Contexts where a surface reference was bound to an array (never unbound until the
     /// context ends).
     surface_references: BTreeSet<usize>,
+    /// Tracked device memory shared from another process or API: base → size.
+    shared: BTreeMap<u64, u64>,
+    /// Shared memory kreplay could not attribute (size or device unknown): base → size (0:
+    /// unknown).
+    unattributed: BTreeMap<u64, u64>,
+    /// Mapped graphics resources: resource → the base of its mapped pointer.
+    graphics: BTreeMap<usize, u64>,
 }
 
 /// Managed allocations and VMM mappings of the process.
@@ -110,9 +125,67 @@ impl MemoryWatch {
         self.state.lock().managed.insert(base, size);
     }
 
-    /// `cuMemFree` of `base`: true when it was a managed allocation (now gone).
+    /// `cuMemFree` of `base`: true when it was a managed allocation (now gone). Shared memory
+    /// freed this way (an imported pool pointer, an external memory buffer) ends here too.
     pub fn on_free(&self, base: u64) -> bool {
-        self.state.lock().managed.remove(&base).is_some()
+        let mut s = self.state.lock();
+        s.shared.remove(&base);
+        s.unattributed.remove(&base);
+        s.managed.remove(&base).is_some()
+    }
+
+    /// Device memory another process or API shares with this one appeared at `base` (see
+    /// `cupti::cbid::SHARED`), `size` bytes of device `device` where the driver says so. It is
+    /// snapshotted like the application's own allocations: added to `inventory` as device
+    /// memory of that device (its ordinal is returned). Where its size or device is not known,
+    /// it is counted as untracked memory (the error says why), so launches decline until it
+    /// ends ([`MemoryWatch::on_shared_end`]).
+    pub fn record_shared(
+        &self,
+        inventory: &Inventory,
+        base: u64,
+        size: Option<u64>,
+        device: Option<i32>,
+    ) -> Result<i32, String> {
+        let mut s = self.state.lock();
+        match (size.filter(|&n| n > 0), device.filter(|&d| d >= 0)) {
+            (Some(size), Some(device)) => {
+                s.shared.insert(base, size);
+                inventory.on_alloc(NewAllocation {
+                    base,
+                    size,
+                    owner_agent: device as u64,
+                    kind: MemoryKind::CoarseDevice,
+                });
+                Ok(device)
+            }
+            (size, device) => {
+                s.unattributed.insert(base, size.unwrap_or(0));
+                Err(match (size, device) {
+                    (None, _) => "the driver does not say its size".to_owned(),
+                    _ => "the driver does not say which device holds it".to_owned(),
+                })
+            }
+        }
+    }
+
+    /// Shared memory at `base` ended (closed, unmapped): true when it was tracked (the caller
+    /// removes it from the inventory).
+    pub fn on_shared_end(&self, base: u64) -> bool {
+        let mut s = self.state.lock();
+        s.unattributed.remove(&base);
+        s.shared.remove(&base).is_some()
+    }
+
+    /// Graphics resource `resource` is mapped at `base`.
+    pub fn on_graphics_mapped(&self, resource: usize, base: u64) {
+        self.state.lock().graphics.insert(resource, base);
+    }
+
+    /// Graphics resource `resource` is unmapped: the base of its mapped pointer, if one was
+    /// asked for (end it with [`MemoryWatch::on_shared_end`]).
+    pub fn on_graphics_unmapped(&self, resource: usize) -> Option<u64> {
+        self.state.lock().graphics.remove(&resource)
     }
 
     /// `cuSurfObjectCreate` made surface object `handle` in context `ctx`.
@@ -262,6 +335,13 @@ impl MemoryWatch {
                 s.untracked.len()
             ));
         }
+        if let Some(&base) = s.unattributed.keys().next() {
+            return Some(format!(
+                "{} range(s) of memory shared from another process or API that kreplay cannot \
+                 describe (first at {base:#x})",
+                s.unattributed.len()
+            ));
+        }
         None
     }
 }
@@ -377,6 +457,60 @@ mod tests {
             w.untracked_reason(b).is_some(),
             "managed memory is reached from every context"
         );
+    }
+
+    #[test]
+    fn shared_memory_is_snapshotted_on_its_device_until_it_ends() {
+        let w = MemoryWatch::new();
+        let inv = Inventory::new();
+        // Opened from another process: 2 MiB on device 1.
+        assert_eq!(
+            w.record_shared(&inv, 0x7000_0000, Some(2 << 20), Some(1)),
+            Ok(1)
+        );
+        let a = inv.lookup(0x7000_0000 + 100).expect("in the inventory");
+        assert_eq!((a.base, a.size, a.owner_agent), (0x7000_0000, 2 << 20, 1));
+        assert_eq!(w.untracked_reason(CTX), None, "tracked, so replay goes on");
+        assert!(w.on_shared_end(0x7000_0000));
+        assert!(!w.on_shared_end(0x7000_0000), "ended once");
+        // An imported pool pointer ends with cuMemFree (the caller frees the inventory's).
+        w.record_shared(&inv, 0x9000_0000, Some(4096), Some(0))
+            .unwrap();
+        assert!(!w.on_free(0x9000_0000), "not managed memory");
+        assert!(!w.on_shared_end(0x9000_0000), "already ended by the free");
+    }
+
+    #[test]
+    fn shared_memory_the_driver_cannot_describe_declines_until_it_ends() {
+        let w = MemoryWatch::new();
+        let inv = Inventory::new();
+        for (size, device) in [(None, Some(0)), (Some(4096), None), (Some(0), Some(0))] {
+            let why = w
+                .record_shared(&inv, 0x5000_0000, size, device)
+                .expect_err("not attributable");
+            assert!(!why.is_empty());
+            assert!(
+                inv.lookup(0x5000_0000).is_none(),
+                "never snapshotted in part"
+            );
+            let reason = w.untracked_reason(CTX).expect("launches decline");
+            assert!(reason.contains("shared"), "{reason}");
+            assert!(!w.on_shared_end(0x5000_0000), "it was not tracked");
+            assert_eq!(w.untracked_reason(CTX), None, "replay resumes once it ends");
+        }
+        // Ended by cuMemFree too.
+        let _ = w.record_shared(&inv, 0x5000_0000, None, None);
+        w.on_free(0x5000_0000);
+        assert_eq!(w.untracked_reason(CTX), None);
+    }
+
+    #[test]
+    fn a_graphics_resource_ends_its_mapped_pointer_when_unmapped() {
+        let w = MemoryWatch::new();
+        w.on_graphics_mapped(0xabc, 0x6000_0000);
+        assert_eq!(w.on_graphics_unmapped(0xdef), None);
+        assert_eq!(w.on_graphics_unmapped(0xabc), Some(0x6000_0000));
+        assert_eq!(w.on_graphics_unmapped(0xabc), None);
     }
 
     #[test]

@@ -186,6 +186,15 @@ if command -v nvcc >/dev/null; then
     step device_launch_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/device_launch_referenced.csv" \
         -- "$OUT/device_launch"
+    # A graph runs a kernel that allocates from the device heap; later launches write the heap:
+    # declined once the graph may have used it.
+    nvcc -O2 -o "$OUT/device_heap_graph" cuda/tests/workloads/device_heap_graph.cu
+    step device_heap_graph "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/device_heap_graph.csv" -- "$OUT/device_heap_graph"
+    # Memory another process shares (CUDA IPC), written directly and through a pointer kept in
+    # device memory: snapshotted as the opening process's device memory.
+    nvcc -O2 -o "$OUT/ipc" cuda/tests/workloads/ipc.cu
+    step ipc "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/ipc.csv" -- "$OUT/ipc"
     # A kernel whose device-launched child prints: declined (run once), so each line is
     # printed once.
     nvcc -O2 -rdc=true -o "$OUT/device_launch_print" cuda/tests/workloads/device_launch_print.cu \
