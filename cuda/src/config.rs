@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive};
+use kreplay_passloop::settings::{BYTE_COUNT_EXPECTED, parse_byte_count, parse_positive, read_env};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier};
 
 use crate::devruntime::HeapPolicy;
@@ -213,9 +213,13 @@ impl Config {
         })
     }
 
-    /// Read the configuration from the environment.
+    /// Read the configuration from the environment. A value that is not valid Unicode is an
+    /// error naming its variable, never taken as unset.
     pub fn from_env() -> Result<Config, String> {
-        Config::from_lookup(|k| std::env::var(k).ok())
+        read_env(
+            |lookup| Config::from_lookup(lookup),
+            |name, value| format!("{name}={value:?}: expected a UTF-8 value"),
+        )
     }
 }
 

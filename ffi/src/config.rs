@@ -154,20 +154,25 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Every variable [`Config::from_lookup`] reads.
+const READ: [&str; 11] = [
+    ENV_MAX_SNAPSHOT_BYTES,
+    ENV_DRAIN_TIMEOUT_MS,
+    ENV_SNAPSHOT_STORE,
+    ENV_RESTORE,
+    ENV_SPILL_DIR,
+    ENV_LOG,
+    ENV_MAX_PASSES,
+    ENV_REPLAY_BUDGET_MS,
+    ENV_SNAPSHOT_SCOPE,
+    ENV_PASSES,
+    ENV_CUDA_PASSES,
+];
+
 impl Config {
     /// Reads the process environment. A variable that is set but not valid Unicode is an error.
     pub fn from_env() -> Result<Config, ConfigError> {
-        for variable in [
-            ENV_MAX_SNAPSHOT_BYTES,
-            ENV_DRAIN_TIMEOUT_MS,
-            ENV_SNAPSHOT_STORE,
-            ENV_RESTORE,
-            ENV_SPILL_DIR,
-            ENV_LOG,
-            ENV_MAX_PASSES,
-            ENV_REPLAY_BUDGET_MS,
-            ENV_SNAPSHOT_SCOPE,
-        ] {
+        for variable in READ {
             if let Err(std::env::VarError::NotUnicode(raw)) = std::env::var(variable) {
                 return Err(ConfigError {
                     variable,
@@ -296,6 +301,21 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn every_variable_read_is_checked_for_unicode_first() {
+        // from_env refuses a value that is not UTF-8 in the variables it lists; one read but
+        // not listed was taken as unset (KREPLAY_PASSES was): the list must be what is read.
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        Config::from_lookup(|name| {
+            asked.borrow_mut().insert(name.to_owned());
+            None
+        })
+        .unwrap();
+        let listed: std::collections::BTreeSet<String> =
+            READ.iter().map(|s| s.to_string()).collect();
+        assert_eq!(asked.into_inner(), listed);
     }
 
     #[test]

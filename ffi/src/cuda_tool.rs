@@ -82,6 +82,7 @@ pub fn make_tools() -> Result<Box<dyn Tools>, String> {
     let config = Config::from_env().map_err(|e| e.to_string())?;
     logging::install_stderr_logger();
     logging::set_level(config.log);
+    hsa_tool::check_snapshot_config(&config)?;
     hsa_tool::apply_limits(&config);
     crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
     hsa_tool::start_recording("cuda");

@@ -81,6 +81,7 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     // initialized into a kreplay that then fails to load would be left without replay.
     // SAFETY: forwarded from the caller (null is checked, not read).
     unsafe { kreplay_hsa::check_table(table) }.map_err(|e| e.to_string())?;
+    check_snapshot_config(&config)?;
     apply_limits(&config);
     crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
     start_recording("hsa");
@@ -92,6 +93,17 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     };
     // SAFETY: forwarded from the caller.
     unsafe { kreplay_hsa::install(table, Arc::new(Hooks), options) }.map_err(|e| e.to_string())
+}
+
+/// The snapshot settings' own checks (a spill folder no file can be created in, say), made
+/// before any tool is initialized: the backend would refuse them only at its installation,
+/// after the tools had run, and a tool initialized into a kreplay that fails to load is never
+/// finalized.
+pub(crate) fn check_snapshot_config(config: &Config) -> Result<(), String> {
+    config
+        .snapshot_config()
+        .validate()
+        .map_err(|e| format!("invalid snapshot configuration: {e}"))
 }
 
 /// Takes the loop limits and the built-in tool's passes from `config` (at load, on either

@@ -43,6 +43,31 @@ pub fn binary_unit_shift(unit: &str) -> Option<u32> {
     }
 }
 
+/// Runs `read` (a configuration reader taking a lookup of variables) over the process
+/// environment. A variable it asks for whose value is not valid Unicode is the error
+/// `not_unicode(name, value)`, never taken as unset: a malformed value is never a silent
+/// default.
+pub fn read_env<T, E>(
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<T, E>,
+    not_unicode: impl FnOnce(&str, String) -> E,
+) -> Result<T, E> {
+    let bad: std::cell::RefCell<Option<(String, String)>> = std::cell::RefCell::new(None);
+    let lookup = |name: &str| match std::env::var(name) {
+        Ok(value) => Some(value),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(raw)) => {
+            bad.borrow_mut()
+                .get_or_insert_with(|| (name.to_owned(), raw.to_string_lossy().into_owned()));
+            None
+        }
+    };
+    let result = read(&lookup);
+    match bad.into_inner() {
+        Some((name, value)) => Err(not_unicode(&name, value)),
+        None => result,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
