@@ -237,6 +237,9 @@ impl std::error::Error for ConfigError {}
 pub const DEFAULT_CHUNK_SIZE: u64 = 64 * 1024;
 /// Smallest accepted chunk size.
 pub const MIN_CHUNK_SIZE: u64 = 512;
+/// The largest chunk size [`SnapshotConfig::validate`] accepts (1 GiB): a chunk is hashed and
+/// written back whole, and sizes near the top of the address space overflow its arithmetic.
+pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
 /// Default write-set verification period (`verify_every`).
 pub const DEFAULT_VERIFY_EVERY: u32 = 8;
 
@@ -271,7 +274,8 @@ pub struct SnapshotConfig {
     pub store: StoreTier,
     /// Restore strategy.
     pub strategy: RestoreStrategy,
-    /// Chunk size in bytes for hashing and partial restores (at least [`MIN_CHUNK_SIZE`]).
+    /// Chunk size in bytes for hashing and partial restores (at least [`MIN_CHUNK_SIZE`], at
+    /// most [`MAX_CHUNK_SIZE`]).
     pub chunk_size: u64,
     /// Write-set strategy: verify with hashes on every K-th restore (1 = every restore, which is
     /// the hash strategy; 0 = only before a pass that may be the final one). A restore whose
@@ -396,10 +400,13 @@ impl SnapshotConfig {
                 ),
             });
         }
-        if usize::try_from(self.chunk_size).is_err() {
+        if self.chunk_size > MAX_CHUNK_SIZE {
             return Err(ConfigError {
                 variable: "chunk_size",
-                message: "does not fit the address space".into(),
+                message: format!(
+                    "{} bytes is above the maximum of {MAX_CHUNK_SIZE}",
+                    self.chunk_size
+                ),
             });
         }
         if let Some(dir) = &self.spill_dir {
@@ -501,14 +508,21 @@ mod tests {
     }
 
     #[test]
-    fn chunk_sizes_below_the_minimum_are_rejected() {
-        assert!(
+    fn chunk_sizes_below_the_minimum_or_above_the_maximum_are_rejected() {
+        let with = |chunk_size| {
             SnapshotConfig {
-                chunk_size: 100,
+                chunk_size,
                 ..Default::default()
             }
             .validate()
-            .is_err()
-        );
+        };
+        assert!(with(100).is_err());
+        assert!(with(MIN_CHUNK_SIZE).is_ok());
+        assert!(with(MAX_CHUNK_SIZE).is_ok());
+        // Sizes that overflowed the hashing's arithmetic (a snapshot then panicked).
+        for huge in [MAX_CHUNK_SIZE + 1, 1 << 62, u64::MAX] {
+            let err = with(huge).unwrap_err();
+            assert!(err.to_string().contains("maximum"), "{err}");
+        }
     }
 }

@@ -221,8 +221,9 @@ impl Snapshot {
 
     /// Writes `delta` into the store, so that every later restore brings those bytes back with
     /// their new values (device memory is left as it is: it holds them already). Chunk hashes
-    /// of the chunks it touches are refreshed. Changes outside the snapshot's regions, or in
-    /// regions freed since, are ignored. Returns the bytes folded in.
+    /// of the chunks it touches are refreshed. The parts of changes outside the snapshot's
+    /// regions, or in regions freed since, are ignored (a change that runs past a region keeps
+    /// its part inside). Returns the bytes folded in.
     pub fn fold(&mut self, delta: &Delta) -> Result<u64, CopyError> {
         let pinned = self.inventory.pin(self.fence.as_deref());
         let layout = &self.layout;
@@ -231,29 +232,40 @@ impl Snapshot {
         let mut touched: Vec<(usize, usize)> = Vec::new();
         let mut folded = 0;
         for (addr, bytes) in delta.changes() {
-            // The region holding `addr`: the last one starting at or before it.
-            let r = layout.regions.partition_point(|g| g.base <= addr);
-            let Some(r) = r.checked_sub(1) else { continue };
-            let region = layout.regions[r];
-            let offset = addr - region.base;
-            if offset + bytes.len() as u64 > region.size || !pinned.is_live(&region) {
-                continue;
-            }
-            let at = layout.store_offset[r] + offset;
-            match &mut self.store.backing {
-                Backing::Device { addr: shadow } => {
-                    self.source.device.write(*shadow + at, bytes)?
+            let end = addr.saturating_add(bytes.len() as u64);
+            // Every region the change overlaps (regions never share a byte), from the last one
+            // starting at or before `addr`; each gets its part of the change.
+            let from = layout
+                .regions
+                .partition_point(|g| g.base <= addr)
+                .saturating_sub(1);
+            for (r, region) in layout.regions.iter().enumerate().skip(from) {
+                if region.base >= end {
+                    break;
                 }
-                Backing::Empty(_) => continue,
-                Backing::Host { .. } | Backing::File { .. } => {
-                    let at = at as usize;
-                    self.store.bytes_mut()[at..at + bytes.len()].copy_from_slice(bytes);
+                let lo = addr.max(region.base);
+                let hi = end.min(region.base.saturating_add(region.size));
+                if lo >= hi || !pinned.is_live(region) {
+                    continue;
                 }
+                let piece = &bytes[(lo - addr) as usize..(hi - addr) as usize];
+                let offset = lo - region.base;
+                let at = layout.store_offset[r] + offset;
+                match &mut self.store.backing {
+                    Backing::Device { addr: shadow } => {
+                        self.source.device.write(*shadow + at, piece)?
+                    }
+                    Backing::Empty(_) => continue,
+                    Backing::Host { .. } | Backing::File { .. } => {
+                        let at = at as usize;
+                        self.store.bytes_mut()[at..at + piece.len()].copy_from_slice(piece);
+                    }
+                }
+                folded += piece.len() as u64;
+                let first = (offset / cs) as usize;
+                let last = ((offset + piece.len() as u64 - 1) / cs) as usize;
+                touched.extend((first..=last).map(|k| (r, k)));
             }
-            folded += bytes.len() as u64;
-            let first = (offset / cs) as usize;
-            let last = ((offset + bytes.len() as u64 - 1) / cs) as usize;
-            touched.extend((first..=last).map(|k| (r, k)));
         }
         let rehash = self.hashes.len() == layout.chunks() && !touched.is_empty();
         if rehash {

@@ -104,9 +104,12 @@ pub fn chunk_hashes(bytes: &[u8], chunk_size: usize, out: &mut [u64]) {
     let mut out = out.iter_mut();
     #[cfg(target_arch = "x86_64")]
     {
-        if chunk_size > MID_MAX && hash_impl() == HashImpl::Avx2 {
-            let whole = bytes.len() / chunk_size / GROUP * GROUP;
-            for group in bytes[..whole * chunk_size].chunks_exact(GROUP * chunk_size) {
+        if chunk_size > MID_MAX
+            && hash_impl() == HashImpl::Avx2
+            && let Some(group_len) = GROUP.checked_mul(chunk_size)
+        {
+            let whole = bytes.len() / group_len * GROUP;
+            for group in bytes[..whole * chunk_size].chunks_exact(group_len) {
                 let inputs: [&[u8]; GROUP] =
                     std::array::from_fn(|k| &group[k * chunk_size..(k + 1) * chunk_size]);
                 // SAFETY: `hash_impl` returns Avx2 only when the CPU reports AVX2; the inputs
@@ -342,6 +345,18 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_size_past_the_bytes_hashes_them_as_one_chunk() {
+        // The four-at-a-time path multiplied the chunk size by four: near the top of the
+        // address space that overflowed (a panic, or a zero-length group).
+        let data = [7u8; 300];
+        for chunk_size in [1 << 62, usize::MAX / 2, usize::MAX] {
+            let mut out = [0u64; 2];
+            chunk_hashes(&data, chunk_size, &mut out);
+            assert_eq!(out, [chunk_hash(&data), 0]);
+        }
+    }
 
     fn bytes(len: usize, seed: u64) -> Vec<u8> {
         let mut state = seed;

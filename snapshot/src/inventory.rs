@@ -256,8 +256,9 @@ impl Filter {
 
     /// Select `size` bytes at `base`, a range the inventory does not hold (e.g. a module-scope
     /// variable inside loaded code), labelled `source`. The caller vouches that the range stays
-    /// valid memory for the life of the snapshot. A range inside an allocation the filter
-    /// already selects is not selected twice.
+    /// valid memory for the life of the snapshot. Bytes an allocation the filter selects, or
+    /// another vouched range, already covers are not selected twice: vouched ranges that
+    /// overlap are merged, and the part of one inside a selected allocation is left to it.
     pub fn vouch(mut self, base: u64, size: u64, source: RegionSource) -> Self {
         if size > 0 {
             self.vouched.push((base, size, source));
@@ -389,24 +390,51 @@ impl Table {
                     .or_insert_with(|| Selected::of(a, source));
             }
         }
-        for &(base, size, source) in &filter.vouched {
-            let end = base.saturating_add(size);
-            let covered = picked.range(..=base).next_back().is_some_and(|(_, s)| {
-                s.region.base <= base && s.region.base + s.region.size >= end
-            });
-            if !covered && !picked.contains_key(&base) {
-                picked.insert(
-                    base,
-                    Selected {
-                        region: Region {
-                            base,
-                            size,
-                            generation: 0,
-                        },
-                        source,
-                        owner: None,
+        // Vouched ranges, merged where they overlap or touch, less what the picked
+        // allocations cover: no two regions of a selection may share a byte (a byte in two
+        // regions is restored from one copy and folded into the other, and a longer range
+        // vouched at a base already picked must not be cut to the shorter).
+        let mut vouched: Vec<(u64, u64, RegionSource)> = filter
+            .vouched
+            .iter()
+            .map(|&(base, size, source)| (base, base.saturating_add(size), source))
+            .collect();
+        vouched.sort_by_key(|&(base, end, _)| (base, std::cmp::Reverse(end)));
+        let mut merged: Vec<(u64, u64, RegionSource)> = Vec::with_capacity(vouched.len());
+        for (base, end, source) in vouched {
+            match merged.last_mut() {
+                Some(last) if base <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((base, end, source)),
+            }
+        }
+        let allocations: Vec<(u64, u64)> = picked
+            .values()
+            .map(|s| (s.region.base, s.region.base.saturating_add(s.region.size)))
+            .collect();
+        let mut add = |base: u64, end: u64, source: RegionSource| {
+            picked.insert(
+                base,
+                Selected {
+                    region: Region {
+                        base,
+                        size: end - base,
+                        generation: 0,
                     },
-                );
+                    source,
+                    owner: None,
+                },
+            );
+        };
+        for (base, end, source) in merged {
+            let mut at = base;
+            for &(a_base, a_end) in allocations.iter().filter(|&&(b, e)| b < end && e > base) {
+                if a_base > at {
+                    add(at, a_base, source);
+                }
+                at = at.max(a_end);
+            }
+            if at < end {
+                add(at, end, source);
             }
         }
         Ok(picked.into_values().collect())

@@ -449,7 +449,8 @@ pub(crate) fn estimate(
     let all = all as f64;
     let set = set as f64;
     // Each restore writes back its chunks in one go, at the rate of a write-back that size.
-    let written = |chunks: f64| chunks * rates.scattered_per_byte((chunks as u64) * chunk_size);
+    let written =
+        |chunks: f64| chunks * rates.scattered_per_byte((chunks as u64).saturating_mul(chunk_size));
     Some(Costs {
         full: all * c,
         hash: all * h + written(dirty.max(missed)),

@@ -136,8 +136,8 @@ mod store;
 mod track;
 
 pub use config::{
-    ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MIN_CHUNK_SIZE, ParseEnumError,
-    RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
+    ConfigError, DEFAULT_CHUNK_SIZE, DEFAULT_VERIFY_EVERY, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
+    ParseEnumError, RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier,
 };
 pub use device::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,

@@ -170,3 +170,98 @@ fn a_written_range_is_folded_whole_even_where_bytes_kept_their_value() {
     both.append(snap.written(buf + 8, 2).unwrap());
     assert_eq!(both.bytes(), 2);
 }
+
+/// A kernel-reachable range vouched twice at one base, shorter first: the longer one counts (it
+/// was cut to the first, and the rest of it was never restored).
+#[test]
+fn a_longer_range_vouched_at_a_base_already_vouched_is_restored_whole() {
+    let dev = TestDevice::new(Caps::default());
+    let inv = std::sync::Arc::new(Inventory::new());
+    let var = dev.raw_alloc(4096, 0);
+    let original = pattern(64, 5);
+    dev.poke(var, &original);
+    let snap = snapshotter(&dev, &inv, SnapshotConfig::default());
+    let filter = Filter::referenced_only(1)
+        .vouch(var, 8, RegionSource::ModuleVariable)
+        .vouch(var, 64, RegionSource::ModuleVariable);
+    for strategy in STRATEGIES {
+        let snap = snapshotter(
+            &dev,
+            &inv,
+            SnapshotConfig::default().with_strategy(strategy),
+        );
+        let mut s = snap.snapshot(&filter).unwrap();
+        dev.poke(var, &[0xEE; 64]);
+        s.restore(&FINAL).unwrap();
+        assert_eq!(dev.peek(var, 64), original, "{strategy}");
+    }
+    assert_eq!(snap.plan(&filter).unwrap().bytes(), 64);
+}
+
+/// Vouched ranges that overlap become one region: work folded into the shared bytes survives
+/// every restore, counted once (it was folded into one of two overlapping regions and undone
+/// from the other).
+#[test]
+fn work_folded_into_overlapping_vouched_ranges_survives_every_restore() {
+    for strategy in STRATEGIES {
+        let dev = TestDevice::new(Caps::default());
+        let inv = std::sync::Arc::new(Inventory::new());
+        let var = dev.raw_alloc(8192, 0);
+        let original = pattern(4096, 11);
+        dev.poke(var, &original);
+        let filter = Filter::referenced_only(1)
+            .vouch(var, 2048, RegionSource::ModuleVariable)
+            .vouch(var + 1024, 2048, RegionSource::ModuleVariable);
+        let config = SnapshotConfig::default()
+            .with_strategy(strategy)
+            .with_store(StoreTier::Host)
+            .with_chunk_size(512);
+        let snap = snapshotter(&dev, &inv, config);
+        let mut s = snap.snapshot(&filter).unwrap();
+        assert_eq!(s.regions().len(), 1, "{strategy}: merged");
+        let mut expected = original.clone();
+        for p in 0..4u64 {
+            dev.poke(var + 100, &pattern(32, 40 + p));
+            if p == 0 {
+                let capture = snap.capture(&s.footprint()).unwrap();
+                let work: Vec<u8> = original[1500..1516].iter().map(|b| !b).collect();
+                dev.poke(var + 1500, &work);
+                expected[1500..1516].copy_from_slice(&work);
+                let delta = snap.changes(&capture).unwrap();
+                assert_eq!(delta.bytes(), 16, "{strategy}");
+                assert_eq!(s.fold(&delta).unwrap(), 16, "{strategy}: folded once");
+            }
+            let request = if p == 3 { FINAL } else { not_final(p + 1) };
+            s.restore(&request).unwrap();
+            assert_eq!(dev.peek(var, 4096), expected, "{strategy}, restore {p}");
+        }
+    }
+}
+
+/// A written range that runs past the end of the region it starts in keeps its part inside
+/// (the whole change was skipped, and those bytes were undone by the next restore).
+#[test]
+fn a_written_range_running_past_its_region_keeps_its_part_inside() {
+    let dev = TestDevice::new(Caps::default());
+    let inv = std::sync::Arc::new(Inventory::new());
+    let buf = dev.alloc(&inv, 4096, 1, MemoryKind::CoarseDevice, 0);
+    let var = dev.raw_alloc(4096, 0);
+    dev.poke(buf, &pattern(4096, 21));
+    let snap = snapshotter(&dev, &inv, SnapshotConfig::default());
+    // The snapshot holds buf whole and the first 2 KiB of `var`; the work writes 200 bytes
+    // from 1,900 bytes into `var`, 148 of them inside the vouched range.
+    let filter = Filter::for_replay(1).vouch(var, 2048, RegionSource::ModuleVariable);
+    let mut s = snap.snapshot(&filter).unwrap();
+    dev.poke(buf, &[0; 64]);
+    let work = pattern(200, 33);
+    dev.poke(var + 1900, &work);
+    let written = snap.written(var + 1900, 200).unwrap();
+    assert_eq!(s.fold(&written).unwrap(), 148);
+    s.restore(&FINAL).unwrap();
+    assert_eq!(dev.peek(var + 1900, 200), work, "the work's bytes stay");
+    assert_eq!(
+        dev.peek(buf, 4096),
+        pattern(4096, 21),
+        "the pass's are undone"
+    );
+}
