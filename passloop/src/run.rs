@@ -200,8 +200,10 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
     ) -> ReplayOutcome {
         let info = self.info;
         let mask = self.registry.begin_replay();
-        // Pass 0 runs on the application's own bytes, so stopping after it is always exact;
-        // a later pass may be final only when the restore before it was asked to be exact.
+        // Pass 0 runs on the application's own bytes, so stopping after it is always exact; a
+        // later pass may be final only when the restore before it was exact: asked to be, or
+        // not the explicitly unverified kind (so a continue callback the tool installs at a PASS
+        // EXIT is asked right after that pass, unless the restore before it was unverified).
         let mut may_be_final = true;
         let mut pass = 0u64;
         loop {
@@ -285,6 +287,7 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
                 Ok(report) => {
                     self.cost.bytes_restored += report.bytes_moved;
                     self.tool.restore(info, Phase::Exit, &request, &report);
+                    may_be_final = request.next_may_be_final || !report.unverified;
                 }
                 Err(failure) => {
                     self.cost.bytes_restored += failure.report.bytes_moved;
@@ -300,7 +303,6 @@ impl<T: ReplayTool + ?Sized> Run<'_, T> {
                     };
                 }
             }
-            may_be_final = request.next_may_be_final;
             pass = passes;
         }
     }

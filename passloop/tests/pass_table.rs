@@ -324,11 +324,39 @@ fn restore_requests_are_all_possibly_final_with_continue() {
 }
 
 #[test]
-fn continue_set_at_pass_exit_is_consulted_only_after_an_exact_restore() {
+fn continue_set_at_pass_exit_is_asked_right_after_that_pass() {
     // N = 5 without continue at CONFIG ENTER; at PASS EXIT of pass 1 the tool sets one that
-    // always says stop. Pass 1 followed a restore that was not asked to be exact, so the loop
-    // may not end there; it asks after pass 2, whose restore was exact.
+    // always says stop. kreplay.h: "Asked after each PASS EXIT except the last of a fixed
+    // count": asked after pass 1 (it was first asked after pass 2, and a third pass ran).
     let (log, _registry, mut device, mut tool) = setup(ToolAnswer::passes(5));
+    tool.on_pass_exit = Box::new(|pass| {
+        if pass == 1 {
+            ContinueChange::Set
+        } else {
+            ContinueChange::Keep
+        }
+    });
+    tool.keep_going = Box::new(|_, _| false);
+    let record = run(&mut tool, &mut device);
+    assert_eq!(
+        record.outcome,
+        ReplayOutcome::Replayed {
+            passes: 2,
+            end: LoopEnd::ContinueStopped
+        }
+    );
+    assert_eq!(continues_asked(&log.borrow()), vec![1]);
+    assert_eq!(device.buffers, after_one_run());
+    assert_dispatch_closed(&log, &device, &record);
+}
+
+#[test]
+fn continue_set_after_an_unverified_restore_is_asked_after_the_next_exact_one() {
+    // The same, where the restore before pass 1 was the explicitly unverified kind (not asked
+    // to be exact): pass 1 may have run on other bytes, so the loop cannot end there; it asks
+    // after pass 2, whose restore was exact.
+    let (log, _registry, mut device, mut tool) = setup(ToolAnswer::passes(5));
+    device.unverified_unless_final = true;
     tool.on_pass_exit = Box::new(|pass| {
         if pass == 1 {
             ContinueChange::Set

@@ -91,6 +91,9 @@ pub struct HostDevice {
     pub faults: Faults,
     /// When set, `restore` reports success but writes nothing back.
     pub restore_disabled: bool,
+    /// When set, a restore not asked to be exact reports itself unverified (as the explicitly
+    /// unverified write set does), though it writes everything back.
+    pub unverified_unless_final: bool,
     pub lock_held: bool,
     pub unlocks: u32,
     /// How often the application's completion fired (through run_once or fire_completion).
@@ -143,6 +146,7 @@ impl HostDevice {
             buffers: initial_buffers(),
             faults: Faults::default(),
             restore_disabled: false,
+            unverified_unless_final: false,
             lock_held: false,
             unlocks: 0,
             completions: 0,
@@ -323,6 +327,7 @@ impl ReplayDevice for HostDevice {
         }
         Ok(MemoryOpReport {
             bytes_moved: footprint_bytes(),
+            unverified: self.unverified_unless_final && !request.next_may_be_final,
             ..planned
         })
     }
