@@ -35,7 +35,6 @@
 //! assert_eq!(lifecycle::finalize_tools(), 0);
 //! ```
 
-use std::cell::RefCell;
 use std::ffi::{CStr, c_void};
 use std::fmt;
 use std::mem::size_of;
@@ -235,9 +234,28 @@ static STATE: Mutex<LifecycleState> = Mutex::new(LifecycleState {
     libraries: Vec::new(),
 });
 
-thread_local! {
-    /// Contexts created on this thread while a tool's initialize runs here.
-    static CREATED_DURING_INIT: RefCell<Option<Vec<ContextId>>> = const { RefCell::new(None) };
+/// Contexts created while a tool's configure or initialize runs, on any thread (tools are
+/// configured and initialized one at a time, and a tool may create its contexts on a thread of
+/// its own): that tool's.
+static CREATED_DURING_SETUP: Mutex<Option<Vec<ContextId>>> = Mutex::new(None);
+
+fn begin_setup() {
+    *CREATED_DURING_SETUP.lock() = Some(Vec::new());
+}
+
+fn end_setup() -> Vec<ContextId> {
+    CREATED_DURING_SETUP.lock().take().unwrap_or_default()
+}
+
+/// Stops `contexts` and removes their services: nothing of a tool that failed or stays
+/// inactive may reach it.
+fn stop_contexts(contexts: &[ContextId]) {
+    let registry = ContextRegistry::global();
+    for &context in contexts {
+        let _ = registry.stop(context);
+        let _ = services::remove_context(context);
+        crate::counting::remove_context(context);
+    }
 }
 
 /// Has tool initialization begun (from then on `kreplay_force_configure` is refused)?
@@ -262,14 +280,23 @@ pub fn force_configure(configure: ConfigureFn) -> Result<(), Status> {
     Ok(())
 }
 
-/// Records a context created by `kreplay_create_context` (attributed to the tool whose initialize
-/// is running on this thread, if any).
+/// Records a context created by `kreplay_create_context`: it belongs to the tool whose configure
+/// or initialize is running (on whatever thread it was created), else, once tools are
+/// initialized, to the one active tool where there is exactly one (with several, a context
+/// created later is nobody's: it is not stopped when one of them finalizes itself).
 pub(crate) fn note_context_created(context: ContextId) {
-    CREATED_DURING_INIT.with(|created| {
-        if let Some(list) = created.borrow_mut().as_mut() {
-            list.push(context);
-        }
-    });
+    if let Some(list) = CREATED_DURING_SETUP.lock().as_mut() {
+        list.push(context);
+        return;
+    }
+    let mut state = STATE.lock();
+    let mut active = state
+        .tools
+        .iter_mut()
+        .filter(|tool| tool.summary.state == ToolState::Active);
+    if let (Some(tool), None) = (active.next(), active.next()) {
+        tool.summary.contexts.push(context);
+    }
 }
 
 /// A snapshot of every tool kreplay knows about.
@@ -373,6 +400,7 @@ pub(crate) fn reset() {
     let mut state = STATE.lock();
     state.forced.clear();
     state.tools.clear();
+    *CREATED_DURING_SETUP.lock() = None;
     services::reset();
     crate::counting::reset();
     PHASE.store(UNINITIALIZED, Ordering::Release);
@@ -445,10 +473,12 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
         name: std::ptr::null(),
         handle: client,
     };
+    begin_setup();
     // SAFETY: `configure` is a tool's `kreplay_configure` (type checked by its declaration in
     // kreplay.h); the version string is a static NUL-terminated string and `client_id` is valid
     // for the call.
     let result = unsafe { configure(VERSION, VERSION_STRING.as_ptr(), priority, &mut client_id) };
+    let contexts = end_setup();
     let name = if client_id.name.is_null() {
         None
     } else {
@@ -465,7 +495,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             name,
             origin,
             state: ToolState::Declined,
-            contexts: Vec::new(),
+            contexts,
         },
         initialize: None,
         finalize: None,
@@ -474,6 +504,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     };
     if result.is_null() {
         crate::kreplay_info!("tool {} stays inactive", describe(&tool.summary));
+        stop_contexts(&tool.summary.contexts);
         return tool;
     }
     // SAFETY: a non-null result points to a `kreplay_tool_configure_result_t` whose first field,
@@ -486,6 +517,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             size_of::<ToolConfigureResult>()
         );
         tool.summary.state = ToolState::Rejected;
+        stop_contexts(&tool.summary.contexts);
         return tool;
     }
     // SAFETY: the size check above shows the whole struct was provided by the tool.
@@ -508,21 +540,20 @@ fn initialize_tool(index: usize) {
         (tool.initialize, tool.tool_data)
     };
 
-    CREATED_DURING_INIT.with(|created| *created.borrow_mut() = Some(Vec::new()));
+    begin_setup();
     let rc = match initialize {
         // SAFETY: the tool's initialize, called once with the finalize trampoline and the tool's
         // own data, exactly as kreplay.h documents.
         Some(initialize) => unsafe { initialize(Some(client_finalize), tool_data) },
         None => 0,
     };
-    let contexts = CREATED_DURING_INIT
-        .with(|created| created.borrow_mut().take())
-        .unwrap_or_default();
+    let created = end_setup();
 
-    let (early_finalize, description) = {
+    let (early_finalize, description, contexts) = {
         let mut state = STATE.lock();
         let tool = &mut state.tools[index];
-        tool.summary.contexts = contexts.clone();
+        tool.summary.contexts.extend(created);
+        let contexts = tool.summary.contexts.clone();
         let description = describe(&tool.summary);
         let early_finalize = if rc != 0 {
             tool.summary.state = ToolState::Failed;
@@ -534,16 +565,11 @@ fn initialize_tool(index: usize) {
             tool.summary.state = ToolState::Active;
             None
         };
-        (early_finalize, description)
+        (early_finalize, description, contexts)
     };
 
     if rc != 0 {
-        let registry = ContextRegistry::global();
-        for &context in &contexts {
-            let _ = registry.stop(context);
-            let _ = services::remove_context(context);
-            crate::counting::remove_context(context);
-        }
+        stop_contexts(&contexts);
         crate::kreplay_warn!(
             "tool {description} failed to initialize (returned {rc}); its {} context(s) were stopped",
             contexts.len()

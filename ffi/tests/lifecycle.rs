@@ -584,3 +584,156 @@ fn tool_search_from_env_includes_the_process() {
         assert!(search.libraries.is_empty());
     }
 }
+
+/// A tool whose configure creates, configures and starts its context (allowed: services may be
+/// configured "inside kreplay_configure or the tool's initialize"), with the given initialize.
+macro_rules! tool_creating_in_configure {
+    ($configure:ident, $name:literal, $kind:expr, $initialize:expr) => {
+        unsafe extern "C" fn $configure(
+            _: u32,
+            _: *const c_char,
+            _: u32,
+            client: *mut ClientId,
+        ) -> *mut ToolConfigureResult {
+            static mut RESULT: ToolConfigureResult = ToolConfigureResult {
+                size: 0,
+                initialize: None,
+                finalize: None,
+                tool_data: std::ptr::null_mut(),
+            };
+            // SAFETY: kreplay passes a valid client id.
+            unsafe { (*client).name = concat!($name, "\0").as_ptr().cast() };
+            create_configured_context($name, $kind);
+            let result = ToolConfigureResult {
+                size: size_of::<ToolConfigureResult>(),
+                initialize: $initialize,
+                finalize: Some(finalize_log),
+                tool_data: concat!($name, "\0").as_ptr() as *mut c_void,
+            };
+            // SAFETY: as in `rust_tool!`: serialized tests, a static that outlives the tool.
+            unsafe {
+                let slot = &raw mut RESULT;
+                slot.write(result);
+                slot
+            }
+        }
+    };
+}
+
+unsafe extern "C" fn initialize_fails_quietly(_: ClientFinalizeFn, _: *mut c_void) -> c_int {
+    1
+}
+
+unsafe extern "C" fn initialize_quietly(_: ClientFinalizeFn, _: *mut c_void) -> c_int {
+    0
+}
+
+tool_creating_in_configure!(
+    configure_creating_then_failing,
+    "configured-failing",
+    CallbackKind::KERNEL_REPLAY,
+    Some(initialize_fails_quietly)
+);
+tool_creating_in_configure!(
+    configure_creating,
+    "configured",
+    CallbackKind::KERNEL_DISPATCH,
+    Some(initialize_quietly)
+);
+
+/// Creates its context on a thread of its own, joins it, then fails.
+unsafe extern "C" fn initialize_on_a_thread_then_fail(
+    _: ClientFinalizeFn,
+    _: *mut c_void,
+) -> c_int {
+    std::thread::spawn(|| create_configured_context("threaded", CallbackKind::KERNEL_REPLAY))
+        .join()
+        .unwrap();
+    1
+}
+
+rust_tool!(
+    configure_threaded,
+    "threaded",
+    Some(initialize_on_a_thread_then_fail),
+    size_of::<ToolConfigureResult>()
+);
+
+#[test]
+fn contexts_a_tool_creates_in_configure_are_stopped_when_it_fails() {
+    // They were nobody's: the failed tool's context stayed started and its KERNEL_REPLAY
+    // service kept it the process's replay owner.
+    let _serial = start_test();
+    assert_eq!(
+        kreplay_force_configure(Some(configure_creating_then_failing)),
+        Status::SUCCESS
+    );
+    let report = lifecycle::initialize_tools_with(&none()).unwrap();
+    assert_eq!(report.tools[0].state, ToolState::Failed);
+    let contexts = contexts_of("configured-failing");
+    assert_eq!(contexts.len(), 1);
+    assert_eq!(
+        ContextRegistry::global().is_started(contexts[0].into()),
+        Ok(false)
+    );
+    assert!(!services::replay_configured(), "its service is gone");
+}
+
+#[test]
+fn contexts_a_tool_creates_in_configure_are_stopped_before_it_finalizes() {
+    let _serial = start_test();
+    assert_eq!(
+        kreplay_force_configure(Some(configure_creating)),
+        Status::SUCCESS
+    );
+    let report = lifecycle::initialize_tools_with(&none()).unwrap();
+    assert_eq!(report.tools[0].state, ToolState::Active);
+    assert_eq!(report.tools[0].contexts.len(), 1);
+    take_events();
+    assert_eq!(lifecycle::finalize_tools(), 1);
+    assert_eq!(take_events(), ["finalize configured started=[false]"]);
+}
+
+#[test]
+fn contexts_a_tool_creates_on_a_thread_of_its_own_during_initialize_are_its_own() {
+    let _serial = start_test();
+    assert_eq!(
+        kreplay_force_configure(Some(configure_threaded)),
+        Status::SUCCESS
+    );
+    let report = lifecycle::initialize_tools_with(&none()).unwrap();
+    assert_eq!(report.tools[0].state, ToolState::Failed);
+    let contexts = contexts_of("threaded");
+    assert_eq!(contexts.len(), 1);
+    assert_eq!(
+        ContextRegistry::global().is_started(contexts[0].into()),
+        Ok(false)
+    );
+    assert!(!services::replay_configured());
+}
+
+rust_tool!(
+    configure_quiet,
+    "quiet",
+    Some(initialize_quietly),
+    size_of::<ToolConfigureResult>()
+);
+
+#[test]
+fn a_context_created_after_initialization_belongs_to_the_one_active_tool() {
+    let _serial = start_test();
+    assert_eq!(
+        kreplay_force_configure(Some(configure_quiet)),
+        Status::SUCCESS
+    );
+    lifecycle::initialize_tools_with(&none()).unwrap();
+    // The tool creates its context later (at its first dispatch, say): it is still its own,
+    // stopped before its finalize runs.
+    assert_eq!(
+        create_configured_context("quiet", CallbackKind::KERNEL_DISPATCH),
+        Status::ERROR_CONFIGURATION_LOCKED
+    );
+    take_events();
+    assert_eq!(lifecycle::finalize_tools(), 1);
+    assert_eq!(take_events(), ["finalize quiet started=[false]"]);
+}
