@@ -38,11 +38,15 @@ fn both_backends_read_the_snapshot_budget_alike() {
         let cuda = kreplay_cuda::config::Config::from_lookup(lookup(&pairs));
         assert_eq!(abi.is_ok(), cuda.is_ok(), "{value:?}: {abi:?} / {cuda:?}");
         if let (Ok(abi), Ok(cuda)) = (abi, cuda) {
-            assert_eq!(
-                abi.snapshot_config().max_bytes,
-                cuda.snapshot.max_bytes,
-                "{value:?}"
-            );
+            let (a, c) = (abi.snapshot_config().max_bytes, cuda.snapshot.max_bytes);
+            if value == "0" {
+                // Derived from the memory available now, read once by each: other processes
+                // move it between the two reads, so the two agree on the rule, not the byte.
+                let (a, c) = (a.expect("derived") as f64, c.expect("derived") as f64);
+                assert!((a - c).abs() <= 0.01 * a.max(c), "{value:?}: {a} / {c}");
+            } else {
+                assert_eq!(a, c, "{value:?}");
+            }
         }
     }
 }
