@@ -84,8 +84,8 @@ pub fn make_tools() -> Result<Box<dyn Tools>, String> {
     logging::set_level(config.log);
     hsa_tool::check_snapshot_config(&config)?;
     hsa_tool::apply_limits(&config);
-    crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
-    hsa_tool::start_recording("cuda");
+    let report = crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
+    hsa_tool::start_recording("cuda", &report);
     Ok(Box::new(CudaTools))
 }
 

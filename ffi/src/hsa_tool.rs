@@ -83,8 +83,8 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     unsafe { kreplay_hsa::check_table(table) }.map_err(|e| e.to_string())?;
     check_snapshot_config(&config)?;
     apply_limits(&config);
-    crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
-    start_recording("hsa");
+    let report = crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
+    start_recording("hsa", &report);
     let options = InstallOptions {
         snapshot: config.snapshot_config(),
         drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
@@ -125,29 +125,31 @@ pub(crate) fn builtin_passes() -> u64 {
 }
 
 /// Whether dispatches go through the replay loop: a tool owns KERNEL_REPLAY, or the built-in
-/// tool is on.
+/// tool is on, or `kreplay run` records the run (then every dispatch is counted, replayed or
+/// not: without a tool that replays, each runs once through the loop).
 pub(crate) fn replay_wanted() -> bool {
-    services::replay_configured() || builtin_passes() > 1
+    services::replay_configured() || builtin_passes() > 1 || crate::run_record::active()
 }
 
 /// The tool that decides one dispatch: the KERNEL_REPLAY owner's callbacks, else the built-in
-/// tool when `KREPLAY_PASSES` asks for replay; `None` when neither. Its memory reports are
-/// noted for the run record.
+/// tool when `KREPLAY_PASSES` asks for replay or the run is recorded (one pass: the dispatch
+/// runs once and is counted); `None` otherwise. Its memory reports are noted for the run
+/// record.
 pub(crate) fn tool_for_dispatch() -> Option<Box<dyn ReplayTool>> {
     match services::replay_owner() {
         Some(owner) => Some(Box::new(crate::run_record::Recording(CReplayTool::new(
             Some(owner),
         )))),
-        None if builtin_passes() > 1 => Some(Box::new(crate::run_record::Recording(
-            crate::run_record::built_in_passes(builtin_passes()),
-        ))),
+        None if builtin_passes() > 1 || crate::run_record::active() => Some(Box::new(
+            crate::run_record::Recording(crate::run_record::built_in_passes(builtin_passes())),
+        )),
         None => None,
     }
 }
 
 /// Starts the run record when `KREPLAY_RECORD_DIR` is set; it is written at unload and at
 /// exit.
-pub(crate) fn start_recording(backend: &str) {
+pub(crate) fn start_recording(backend: &str, tools: &crate::lifecycle::InitReport) {
     if std::env::var_os(crate::run_record::ENV_RECORD_DIR).is_none() {
         return;
     }
@@ -156,7 +158,7 @@ pub(crate) fn start_recording(backend: &str) {
     } else {
         ("built-in", builtin_passes())
     };
-    crate::run_record::start(backend, tool, passes);
+    crate::run_record::start(backend, tool, passes, tools.problems());
     // SAFETY: registers a plain extern "C" function that never unwinds.
     unsafe { atexit(write_record_at_exit) };
 }

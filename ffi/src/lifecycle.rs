@@ -105,7 +105,8 @@ pub struct ToolSummary {
     pub origin: ToolOrigin,
     /// Its state.
     pub state: ToolState,
-    /// The contexts it created during its initialize.
+    /// Its contexts (see docs/abi.md: created while its configure or initialize ran, or later
+    /// while it was the only active tool).
     pub contexts: Vec<ContextId>,
 }
 
@@ -139,6 +140,22 @@ pub struct InitReport {
 }
 
 impl InitReport {
+    /// What went wrong with the tools, one line each: libraries that could not be used, and
+    /// tools rejected or failed at initialize (a tool that chose to stay inactive is not a
+    /// problem).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.load_errors.iter().map(ToString::to_string).collect();
+        for tool in &self.tools {
+            let what = match tool.state {
+                ToolState::Rejected => "was rejected (its configure result is too small)",
+                ToolState::Failed => "failed to initialize",
+                _ => continue,
+            };
+            out.push(format!("tool {} {what}", describe(tool)));
+        }
+        out
+    }
+
     /// How many tools ended initialization active.
     pub fn active_tools(&self) -> usize {
         self.tools

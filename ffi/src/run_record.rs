@@ -98,6 +98,10 @@ pub struct RunRecord {
     /// Processes whose records this one adds up (1 for one process's file).
     #[serde(default = "one")]
     pub processes: u64,
+    /// What went wrong with the C ABI's tools at load, one line each (a library that could not
+    /// be used, a tool rejected or failed at initialize): `kreplay run --tool` fails on any.
+    #[serde(default)]
+    pub tool_problems: Vec<String>,
 }
 
 fn one() -> u64 {
@@ -118,13 +122,14 @@ thread_local! {
 }
 
 /// Starts recording for `backend` (called at load when `KREPLAY_RECORD_DIR` is set).
-pub fn start(backend: &str, tool: &str, passes_requested: u64) {
+pub fn start(backend: &str, tool: &str, passes_requested: u64, tool_problems: Vec<String>) {
     OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
     *RECORD.lock() = Some(RunRecord {
         backend: backend.into(),
         tool: tool.into(),
         passes_requested,
         processes: 1,
+        tool_problems,
         ..Default::default()
     });
     ACTIVE.store(true, std::sync::atomic::Ordering::Release);
@@ -280,6 +285,11 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
         run.tool_work += other.tool_work;
         run.tool_work_kept_bytes += other.tool_work_kept_bytes;
         run.tool_work_lost += other.tool_work_lost;
+        for problem in other.tool_problems {
+            if !run.tool_problems.contains(&problem) {
+                run.tool_problems.push(problem);
+            }
+        }
         if run.tool != other.tool {
             run.tool = "mixed".into();
         }
@@ -394,7 +404,7 @@ mod tests {
 
     #[test]
     fn dispatches_add_up_per_kernel_with_tiers_declines_and_an_atomic_file() {
-        start("hsa", "built-in", 3);
+        start("hsa", "built-in", 3, Vec::new());
         let mut tool = Recording(built_in_passes(3));
         let info = DispatchInfo::default();
         tool.config_enter(&info);
