@@ -24,6 +24,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser;
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use kreplay_snapshot::{RestoreStrategy, StoreTier};
 
@@ -668,7 +669,7 @@ struct DemoArgs {
     #[command(flatten)]
     help: HelpFlag,
     /// passes per dispatch, 1 to 64 (default 4; 1 = no replay)
-    #[arg(long, value_name = "N", value_parser = count(1, MAX_PASSES as u64))]
+    #[arg(long, value_name = "N", value_parser = count(1, MAX_PASSES as u64), allow_negative_numbers = true)]
     passes: Option<u64>,
     /// replay without restoring memory between passes, to show the wrong answer that restore
     /// prevents (verification fails)
@@ -679,15 +680,15 @@ struct DemoArgs {
     #[arg(long, value_name = "N", value_parser = count(1, MAX_ELEMENTS as u64))]
     elements: Option<u64>,
     /// write every dispatch and pass record as JSON
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     json: Option<PathBuf>,
     /// write one CSV row per pass (column replay_pass)
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     csv: Option<PathBuf>,
     /// load a tool library (a C tool defining kreplay_configure, see docs/c-tools.md) against this
     /// process's kreplay; repeatable, and KREPLAY_TOOL_LIBRARIES adds more. If it configures
     /// kernel replay, it chooses the passes and the demo's tool only observes
-    #[arg(long, value_name = "PATH", value_parser = file_path, action = ArgAction::Append)]
+    #[arg(long, value_name = "PATH", value_parser = file_path(), action = ArgAction::Append)]
     tool: Vec<PathBuf>,
     /// softhsa (default: the HSA application on the software runtime) or cuda (x += 1 on a GPU)
     #[arg(long, value_name = "BACKEND")]
@@ -790,11 +791,11 @@ struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = count(1, MAX_REPEATS as u64))]
     repeats: Option<u64>,
     /// write every row as CSV
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     csv: Option<PathBuf>,
     /// write an SVG plot of restore time against dirty fraction (largest footprint, log scales)
     /// with the copy and read ceilings as reference lines
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     svg: Option<PathBuf>,
     /// a device without host windows, reached through reads and writes only, like a GPU behind
     /// PCIe
@@ -940,7 +941,7 @@ struct DispatchArgs {
     #[arg(long, value_name = "N", value_parser = count(MIN_DISPATCHES as u64, MAX_DISPATCHES as u64))]
     dispatches: Option<u64>,
     /// passes of the replayed dispatch, 2 to 64 (default 2)
-    #[arg(long, value_name = "N", value_parser = count(2, MAX_PASSES as u64))]
+    #[arg(long, value_name = "N", value_parser = count(2, MAX_PASSES as u64), allow_negative_numbers = true)]
     passes: Option<u64>,
     /// replay: measure (a) and (b), the per-pass hand-off and the inventories here, (c), the
     /// overlap of two long kernels on one queue and the pinned hand-off in child processes
@@ -957,7 +958,7 @@ struct DispatchArgs {
     #[arg(long)]
     pin: bool,
     /// write every figure as CSV (nanoseconds)
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     csv: Option<PathBuf>,
 }
 
@@ -1103,10 +1104,16 @@ struct RunArgs {
     #[command(flatten)]
     help: HelpFlag,
     /// passes per kernel launch of the built-in tool, 2 to 1024 (default 4)
-    #[arg(long, value_name = "N", value_parser = count(2, 1024), conflicts_with = "tool")]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = count(2, 1024),
+        conflicts_with = "tool",
+        allow_negative_numbers = true
+    )]
     passes: Option<u64>,
     /// your tool library (its kreplay_configure decides what is replayed)
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     tool: Option<PathBuf>,
     /// auto (default), cuda or hsa
     #[arg(long, value_name = "BACKEND")]
@@ -1115,10 +1122,10 @@ struct RunArgs {
     #[arg(long)]
     check: bool,
     /// also write the table to FILE, .csv or .json
-    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output)]
+    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output())]
     output: Option<PathBuf>,
     /// kreplay's library (libkreplay.so)
-    #[arg(long, value_name = "PATH", value_parser = file_path)]
+    #[arg(long, value_name = "PATH", value_parser = file_path())]
     library: Option<PathBuf>,
     /// what a replay snapshots: agent (every allocation of the device) or referenced (what
     /// the kernel's arguments and module variables reach); default: $KREPLAY_SNAPSHOT_SCOPE,
@@ -1202,7 +1209,7 @@ struct ProfileArgs {
     replay_mode: Option<ReplayModeArg>,
     /// also write every row (dispatch_id, replay_pass, kernel, agent, counter, value) to FILE,
     /// .csv or .json
-    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output)]
+    #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output())]
     output: Option<PathBuf>,
     /// run both modes and say whether their values (GRBM_DURATION_NS excluded) and the
     /// workload's results are the same
@@ -1288,12 +1295,13 @@ impl ProfileArgs {
 }
 
 /// A `kreplay profile` output file: a path ending in .csv or .json.
-fn profile_output(value: &str) -> Result<PathBuf, String> {
-    let path = file_path(value)?;
-    match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("csv") || e.eq_ignore_ascii_case("json") => Ok(path),
-        _ => Err("the output file must end in .csv or .json".into()),
-    }
+fn profile_output() -> impl TypedValueParser<Value = PathBuf> {
+    file_path().try_map(
+        |path: PathBuf| match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("csv") || e.eq_ignore_ascii_case("json") => Ok(path),
+            _ => Err("the output file must end in .csv or .json"),
+        },
+    )
 }
 
 /// A seed: any whole number from 0 to 2^64 - 1, digits only.
@@ -1431,12 +1439,15 @@ fn parse_bench_tier(item: &str) -> Result<BenchTierName, String> {
 }
 
 /// A file path: anything but empty.
-fn file_path(value: &str) -> Result<PathBuf, String> {
-    if value.is_empty() {
-        Err("needs a file path".into())
-    } else {
-        Ok(PathBuf::from(value))
-    }
+/// A path, whatever its bytes (a file name need not be UTF-8), but not empty.
+fn file_path() -> impl TypedValueParser<Value = PathBuf> {
+    clap::builder::OsStringValueParser::new().try_map(|value: std::ffi::OsString| {
+        if value.is_empty() {
+            Err("needs a file path")
+        } else {
+            Ok(PathBuf::from(value))
+        }
+    })
 }
 
 /// A comma-separated list whose items `item` parses; empty items and repeated items are errors.

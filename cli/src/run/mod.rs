@@ -26,6 +26,8 @@ use serde::Serialize;
 
 use crate::format::{Align, Table, format_bytes};
 
+mod process;
+
 /// Passes of the built-in tool when `--passes` is not given.
 pub const DEFAULT_PASSES: u64 = 4;
 
@@ -103,14 +105,22 @@ pub struct RunOutcome {
     pub status: ExitStatus,
     /// What the injected library recorded.
     pub record: RunRecord,
-    /// `--check`: `Ok` when both standard outputs were the same, else the difference.
+    /// `--check`: `Ok` when both runs printed the same and ended alike, else the difference.
     pub check: Option<Result<(), String>>,
+    /// Processes the program started were still running when it exited (under kreplay): the
+    /// table misses what they run.
+    pub left_running: bool,
 }
 
 impl RunOutcome {
-    /// Whether the command succeeded: the program did, and `--check` found no difference.
+    /// Whether the command succeeded: the program did and left no process running, the tool
+    /// given with `--tool` loaded and initialized (`record.tool_problems`), and `--check` found
+    /// no difference.
     pub fn passed(&self) -> bool {
-        self.status.success() && self.check.as_ref().is_none_or(Result::is_ok)
+        self.status.success()
+            && self.record.tool_problems.is_empty()
+            && !self.left_running
+            && self.check.as_ref().is_none_or(Result::is_ok)
     }
 }
 
@@ -229,41 +239,63 @@ fn injected_variables(
     vars
 }
 
-/// Runs `options.program` once; `inject` adds kreplay's variables. Its standard output is
-/// captured when `capture`, else inherited.
+/// Runs `options.program` once; `inject` adds kreplay's variables. `input` is given to its
+/// standard input (else it inherits kreplay's); its standard output is captured when
+/// `capture`, else inherited.
 fn run_program(
     options: &RunOptions,
     inject: Option<(Backend, &Path, &Path)>,
+    input: Option<&[u8]>,
     capture: bool,
-) -> Result<(ExitStatus, Vec<u8>), String> {
+) -> Result<process::Ran, String> {
     let (program, args) = options
         .program
         .split_first()
         .ok_or("no program given (after --)")?;
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .stdin(Stdio::inherit())
-        .stderr(Stdio::inherit());
+    command.args(args).stderr(Stdio::inherit());
     for var in OUR_VARIABLES {
         command.env_remove(var);
     }
     if let Some((backend, library, record)) = inject {
         command.envs(injected_variables(options, backend, library, record));
     }
-    command.stdout(if capture {
-        Stdio::piped()
-    } else {
-        Stdio::inherit()
-    });
     let name = program_name(options);
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {name}: {e}"))?;
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("lost {name} while it ran: {e}"))?;
-    Ok((output.status, output.stdout))
+    let ran = process::run(&mut command, input, capture).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+            format!("cannot start {name}: {e}")
+        }
+        _ => format!("cannot start {name}, or lost it while it ran: {e}"),
+    })?;
+    if ran.output_held {
+        eprintln!(
+            "kreplay: a process {name} started still holds its standard output; what it wrote \
+             until {name} exited is what counts"
+        );
+    }
+    if ran.left_running {
+        eprintln!(
+            "kreplay: processes {name} started are still running after it exited: their \
+             kernels are not in the table (and their records are lost)"
+        );
+    }
+    Ok(ran)
+}
+
+/// `--check` with a standard input that is not a terminal: all of it, read once, so that both
+/// runs get the same bytes (the first run would otherwise take them from the second).
+fn input_for_check(check: bool) -> Result<Option<Vec<u8>>, String> {
+    use std::io::{IsTerminal, Read};
+    let stdin = std::io::stdin();
+    if !check || stdin.is_terminal() {
+        return Ok(None);
+    }
+    let mut input = Vec::new();
+    stdin
+        .lock()
+        .read_to_end(&mut input)
+        .map_err(|e| format!("cannot read the standard input to give to both runs: {e}"))?;
+    Ok(Some(input))
 }
 
 /// Reads and adds up the records the processes of the program wrote into `dir`.
@@ -311,10 +343,14 @@ pub fn table(record: &RunRecord) -> String {
         .iter()
         .map(|k| k.declines.values().sum::<u64>())
         .sum();
-    let tool = if record.tool == "built-in" {
-        format!("built-in tool, {} passes", record.passes_requested)
-    } else {
-        "your tool".to_string()
+    let tool = match record.tool.as_str() {
+        "built-in" if record.passes_requested > 1 => {
+            format!("built-in tool, {} passes", record.passes_requested)
+        }
+        // No tool took the replay: every dispatch ran once (a tool given with --tool that did
+        // not load, failed, or stayed inactive).
+        "built-in" => "no tool replays: every kernel ran once".to_string(),
+        _ => "your tool".to_string(),
     };
     let processes = if record.processes > 1 {
         format!(" in {} processes", record.processes)
@@ -426,12 +462,20 @@ pub fn compare_outputs(with: &[u8], without: &[u8]) -> Result<(), String> {
     if with == without {
         return Ok(());
     }
-    let a: Vec<&str> = std::str::from_utf8(with)
-        .map(|s| s.lines().collect())
-        .unwrap_or_default();
-    let b: Vec<&str> = std::str::from_utf8(without)
-        .map(|s| s.lines().collect())
-        .unwrap_or_default();
+    // Line by line, whatever the bytes (a line that is not UTF-8 is shown with replacement
+    // characters); a last line without its newline is a line too.
+    let lines = |bytes: &[u8]| -> Vec<String> {
+        let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+        if bytes.is_empty() {
+            return Vec::new();
+        }
+        body.split(|&b| b == b'\n')
+            .map(|line| {
+                String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line)).into_owned()
+            })
+            .collect()
+    };
+    let (a, b) = (lines(with), lines(without));
     let differing: Vec<usize> = (0..a.len().max(b.len()))
         .filter(|&i| a.get(i) != b.get(i))
         .collect();
@@ -442,14 +486,17 @@ pub fn compare_outputs(with: &[u8], without: &[u8]) -> Result<(), String> {
         differing.len()
     );
     if differing.is_empty() {
-        text.push_str(" (the bytes differ: line endings or invalid UTF-8)");
+        text.push_str(
+            " (the bytes differ: line endings, a missing last newline or bytes that are not \
+             UTF-8)",
+        );
     }
     for &i in differing.iter().take(5) {
         text.push_str(&format!(
             "\n  line {}:\n    with kreplay:    {}\n    without kreplay: {}",
             i + 1,
-            a.get(i).copied().unwrap_or("(none)"),
-            b.get(i).copied().unwrap_or("(none)")
+            a.get(i).map_or("(none)", String::as_str),
+            b.get(i).map_or("(none)", String::as_str)
         ));
     }
     if differing.len() > 5 {
@@ -478,10 +525,13 @@ pub fn run_with(
         existing_file(tool, "--tool")?;
     }
     let program = program_name(options);
+    process::prepare();
+    let input = input_for_check(options.check)?;
     let record_dir = record_dir()?;
     let profiled = run_program(
         options,
         Some((backend, &library, &record_dir)),
+        input.as_deref(),
         options.check,
     );
     let record = profiled
@@ -489,15 +539,25 @@ pub fn run_with(
         .map_err(Clone::clone)
         .and_then(|_| read_record(&record_dir, &program, backend));
     let _ = std::fs::remove_dir_all(&record_dir);
-    let (status, stdout) = profiled?;
+    let profiled = profiled?;
+    if let Some(signal) = process::interrupted() {
+        return Err(format!(
+            "interrupted (signal {signal}, passed on to {program}, which exited with {})",
+            profiled.status
+        ));
+    }
+    let status = profiled.status;
     let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
     if options.check {
-        out.write_all(&stdout).map_err(write_err)?;
+        out.write_all(&profiled.stdout).map_err(write_err)?;
     }
     if !status.success() {
         eprintln!("kreplay: {program} exited with {status} under kreplay");
     }
     let record = record?;
+    for problem in &record.tool_problems {
+        eprintln!("kreplay: {problem}");
+    }
     out.write_all(table(&record).as_bytes())
         .map_err(write_err)?;
     if let Some(path) = &options.output {
@@ -505,16 +565,28 @@ pub fn run_with(
         writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
     }
     let check = if options.check {
-        let (plain_status, plain) = run_program(options, None, true)?;
-        if plain_status.success() != status.success() {
-            eprintln!("kreplay: {program} exited with {plain_status} without kreplay");
+        let plain = run_program(options, None, input.as_deref(), true)?;
+        if let Some(signal) = process::interrupted() {
+            return Err(format!(
+                "interrupted (signal {signal}) during the run without kreplay"
+            ));
         }
-        let compared = compare_outputs(&stdout, &plain);
+        let compared = compare_outputs(&profiled.stdout, &plain.stdout).and_then(|()| {
+            if plain.status == status {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the standard output is the same, but {program} exited with {status} under \
+                     kreplay and with {} without",
+                    plain.status
+                ))
+            }
+        });
         match &compared {
             Ok(()) => writeln!(
                 out,
                 "check: the standard output is the same with and without kreplay ({} bytes)",
-                stdout.len()
+                profiled.stdout.len()
             )
             .map_err(write_err)?,
             Err(diff) => eprintln!("kreplay: check failed: {diff}"),
@@ -525,6 +597,7 @@ pub fn run_with(
     };
     Ok(RunOutcome {
         status,
+        left_running: profiled.left_running,
         record,
         check,
     })

@@ -1,0 +1,154 @@
+//! Running the program of `kreplay run` as a child process: its standard input given to both
+//! runs of `--check` alike, its standard output captured without waiting for processes it left
+//! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
+//! cleans up after itself instead of dying first.
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// The program's process while it runs (0: none): where an interruption is passed on.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+/// The signal that interrupted `kreplay run` (0: none).
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+
+/// How long, after the program exited, the rest of its standard output may take to arrive: what
+/// it wrote is in the pipe already, so only a process it left running and holding the pipe can
+/// make it take longer.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+extern "C" fn pass_on(signal: libc::c_int) {
+    INTERRUPTED.store(signal, Ordering::SeqCst);
+    let child = CHILD.load(Ordering::SeqCst);
+    if child > 0 {
+        // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
+        // (cleared as soon as it was waited for).
+        unsafe { libc::kill(child, signal) };
+    }
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP are passed on to the program instead of ending
+/// `kreplay run` at once, and the program's orphaned descendants become this process's
+/// children (so that ones still running can be told apart from ones that ended).
+pub fn prepare() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs a handler that only stores to atomics and calls kill, both
+        // async-signal-safe; the sigaction struct is fully initialized.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = pass_on as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+    // SAFETY: PR_SET_CHILD_SUBREAPER with 1 only changes who adopts this process's orphaned
+    // descendants.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+}
+
+/// The signal that interrupted `kreplay run`, if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPTED.load(Ordering::SeqCst) {
+        0 => None,
+        signal => Some(signal),
+    }
+}
+
+/// Whether processes the program started are still running after it exited (they were
+/// adopted by this process, see [`prepare`]); the ones that already ended are reaped.
+fn descendants_running() -> bool {
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for any child without blocking; the program itself was reaped already.
+        match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+            0 => return true,
+            pid if pid > 0 => continue,
+            _ => return false,
+        }
+    }
+}
+
+/// What a run of the program gave.
+pub struct Ran {
+    pub status: ExitStatus,
+    /// Its standard output, when captured.
+    pub stdout: Vec<u8>,
+    /// The standard output was still held open by a process the program left running: `stdout`
+    /// is what arrived until it exited.
+    pub output_held: bool,
+    /// Processes the program started were still running after it exited.
+    pub left_running: bool,
+}
+
+/// Runs `command` to its end: `input` is written to its standard input (else it inherits
+/// kreplay's), and its standard output is captured when `capture` (else inherited).
+pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::io::Result<Ran> {
+    command.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    });
+    command.stdout(if capture {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    });
+    let mut child = command.spawn()?;
+    CHILD.store(child.id() as i32, Ordering::SeqCst);
+    let feeder = feed(&mut child, input);
+    let reader = child.stdout.take().map(read_all);
+    let waited = child.wait();
+    CHILD.store(0, Ordering::SeqCst);
+    let status = waited?;
+    if let Some(feeder) = feeder {
+        // The program may not read all of its input: a write it never takes fails, harmlessly.
+        let _ = feeder.join();
+    }
+    let (stdout, output_held) = match reader {
+        None => (Vec::new(), false),
+        Some((read, done)) => {
+            let held = done.recv_timeout(OUTPUT_AFTER_EXIT).is_err();
+            let bytes = std::mem::take(&mut *read.lock().unwrap_or_else(|e| e.into_inner()));
+            (bytes, held)
+        }
+    };
+    Ok(Ran {
+        status,
+        stdout,
+        output_held,
+        left_running: descendants_running(),
+    })
+}
+
+/// Writes `input` to the child's standard input on a thread of its own, then closes it.
+fn feed(child: &mut Child, input: Option<&[u8]>) -> Option<std::thread::JoinHandle<()>> {
+    let (mut pipe, input) = (child.stdin.take()?, input?.to_vec());
+    Some(std::thread::spawn(move || {
+        let _ = pipe.write_all(&input);
+    }))
+}
+
+/// Reads `pipe` to its end on a thread of its own, into the buffer returned; the receiver
+/// hears once the pipe closed (a process the program left running may keep it open).
+fn read_all(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<Vec<u8>>>, mpsc::Receiver<()>) {
+    let (tx, rx) = mpsc::channel();
+    let read = Arc::new(Mutex::new(Vec::new()));
+    let into = read.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => into
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(());
+    });
+    (read, rx)
+}

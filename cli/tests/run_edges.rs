@@ -1,0 +1,830 @@
+//! `kreplay run` from the outside, in the situations a user hits: a `--tool` that cannot be
+//! used, `--check` on programs that read their input, leave processes behind, fail only
+//! without kreplay or print bytes that are not UTF-8, interruptions, workers that outlive the
+//! program, and option values the shell allows (paths that are not UTF-8, negative counts).
+//! Every run is killed after a deadline.
+
+#[allow(dead_code)]
+mod bounded {
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    pub struct Ran {
+        pub code: Option<i32>,
+        pub stdout: String,
+        pub stdout_bytes: Vec<u8>,
+        pub stderr: String,
+        pub timed_out: bool,
+        pub elapsed: Duration,
+    }
+
+    impl std::fmt::Debug for Ran {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "code={:?} timed_out={} elapsed={:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                self.code, self.timed_out, self.elapsed, self.stdout, self.stderr
+            )
+        }
+    }
+
+    pub fn kreplay_exe() -> &'static str {
+        env!("CARGO_BIN_EXE_kreplay")
+    }
+
+    /// The kreplay command, with inherited KREPLAY_* / injection variables removed, in its own
+    /// process group (so a deadline kill takes its children too).
+    pub fn command(args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)]) -> Command {
+        let mut c = Command::new(kreplay_exe());
+        c.args(args);
+        for (name, _) in std::env::vars_os() {
+            let n = name.to_string_lossy();
+            if n.starts_with("KREPLAY_") || n == "CUDA_INJECTION64_PATH" || n == "HSA_TOOLS_LIB" {
+                c.env_remove(name);
+            }
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.process_group(0);
+        c
+    }
+
+    /// Runs `c` with `stdin` bytes (None: /dev/null), killing its process group after
+    /// `deadline`.
+    pub fn run(mut c: Command, stdin: Option<&[u8]>, deadline: Duration) -> Ran {
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let start = Instant::now();
+        let mut child = c.spawn().expect("kreplay starts");
+        let pgid = child.id() as i32;
+        if let Some(bytes) = stdin {
+            let mut si = child.stdin.take().unwrap();
+            let bytes = bytes.to_vec();
+            std::thread::spawn(move || {
+                let _ = si.write_all(&bytes);
+            });
+        }
+        let mut so = child.stdout.take().unwrap();
+        let mut se = child.stderr.take().unwrap();
+        let to = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = so.read_to_end(&mut v);
+            v
+        });
+        let te = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = se.read_to_end(&mut v);
+            v
+        });
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > deadline {
+                timed_out = true;
+                // SAFETY: kills the process group this test created.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = start.elapsed();
+        // Anything still holding the pipes (a stray descendant) is killed too, so the readers end.
+        if !timed_out {
+            let grace = Instant::now();
+            while !to.is_finished() || !te.is_finished() {
+                if grace.elapsed() > Duration::from_secs(5) {
+                    // SAFETY: kills the process group this test created.
+                    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let stdout_bytes = to.join().unwrap();
+        let stderr = te.join().unwrap();
+        Ran {
+            code: status.code(),
+            stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(),
+            stdout_bytes,
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            timed_out,
+            elapsed,
+        }
+    }
+
+    /// `kreplay ARGS` with strings, no stdin, a deadline.
+    pub fn kreplay(args: &[&str], env: &[(&str, &str)], deadline_s: u64) -> Ran {
+        let a: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        let e: Vec<(&str, &std::ffi::OsStr)> = env
+            .iter()
+            .map(|(k, v)| (*k, std::ffi::OsStr::new(v)))
+            .collect();
+        run(command(&a, &e), None, Duration::from_secs(deadline_s))
+    }
+
+    /// A fresh folder for one test.
+    pub fn scratch(name: &str) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("run-edges-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// This build's libkreplay.so.
+    pub fn libkreplay() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        [
+            deps.join("libkreplay.so"),
+            deps.parent().unwrap().join("libkreplay.so"),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libkreplay.so beside the test binaries")
+    }
+
+    /// examples/softhsa_app.
+    pub fn softhsa_app() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let app = exe
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("examples/softhsa_app");
+        assert!(app.is_file(), "cargo test builds {}", app.display());
+        app
+    }
+
+    /// Writes an executable shell script.
+    pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+        let mut perms = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&p, perms).unwrap();
+        p
+    }
+
+    /// A shell snippet writing a minimal one-kernel record, as libkreplay does at exit.
+    pub const WRITE_RECORD: &str = r#"if [ -n "$KREPLAY_RECORD_DIR" ]; then cat > "$KREPLAY_RECORD_DIR/kreplay-record-$$.json" <<'REC'
+{"backend":"hsa","tool":"built-in","passes_requested":4,"kernels":[{"kernel":"k","launches":1,"replayed":1,"passes":4,"snapshot_bytes":64,"tier":"host","strategy":"full","restores":3,"restore_ms":0.1,"failed":0,"declines":{}}],"graph_launches":0,"managed_allocations":0}
+REC
+fi
+"#;
+}
+
+use bounded::*;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+// ---- tool ----
+
+fn build_c(dir: &Path, name: &str, source: &str) -> Option<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let lib = dir.join(format!("lib{name}.so"));
+    let ok = std::process::Command::new("cc")
+        .args(["-std=c11", "-fPIC", "-shared", "-I"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../ffi/include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&lib)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then_some(lib)
+}
+
+fn run_with_tool(tool: &Path, json: &Path, env: &[(&str, &str)]) -> Ran {
+    let lib = libkreplay();
+    let app = softhsa_app();
+    kreplay(
+        &[
+            "run",
+            "--backend",
+            "hsa",
+            "--library",
+            lib.to_str().unwrap(),
+            "--tool",
+            tool.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+            "--",
+            app.to_str().unwrap(),
+        ],
+        env,
+        120,
+    )
+}
+
+/// What the JSON says: (tool, launches).
+fn recorded(json: &Path) -> (String, u64) {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap_or_default())
+            .unwrap_or(serde_json::Value::Null);
+    let launches = v["kernels"]
+        .as_array()
+        .map(|ks| ks.iter().map(|k| k["launches"].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0);
+    (v["tool"].as_str().unwrap_or("").to_string(), launches)
+}
+
+#[test]
+fn a_tool_that_is_not_a_library_is_not_a_successful_run() {
+    let dir = scratch("tool-not-elf");
+    let tool = dir.join("libnot_a_tool.so");
+    std::fs::write(&tool, b"this is not an ELF file").unwrap();
+    let json = dir.join("k.json");
+    let ran = run_with_tool(&tool, &json, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_ne!(
+        ran.code,
+        Some(0),
+        "the tool was never loaded (stderr says so), nothing was replayed, yet exit 0: {ran:?}"
+    );
+}
+
+#[test]
+fn a_tool_without_kreplay_configure_is_not_a_successful_run() {
+    let dir = scratch("tool-no-entry");
+    let Some(tool) = build_c(
+        &dir,
+        "noentry",
+        "int not_kreplay_configure(void) { return 0; }\n",
+    ) else {
+        return;
+    };
+    let json = dir.join("k.json");
+    let ran = run_with_tool(&tool, &json, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    let (tool_name, launches) = recorded(&json);
+    assert_ne!(
+        ran.code,
+        Some(0),
+        "tool has no kreplay_configure; record says tool={tool_name:?}, launches={launches}: {ran:?}"
+    );
+}
+
+#[test]
+fn a_tool_whose_initialize_fails_is_not_a_successful_run() {
+    let dir = scratch("tool-init-fails");
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/c-tool/pass_counter.c"
+    ))
+    .unwrap();
+    let Some(tool) = build_c(&dir, "pass_counter", &src) else {
+        return;
+    };
+    let json = dir.join("k.json");
+    // pass_counter's initialize returns 1 for EXAMPLE_TOOL_PASSES=0 (kreplay marks it failed).
+    let ran = run_with_tool(&tool, &json, &[("EXAMPLE_TOOL_PASSES", "0")]);
+    assert!(!ran.timed_out, "{ran:?}");
+    let (tool_name, launches) = recorded(&json);
+    assert!(
+        ran.code != Some(0) || (tool_name != "built-in" && launches == 6),
+        "tool failed to initialize; exit {:?}, record says tool={tool_name:?} launches={launches} \
+         (the app made 6): {ran:?}",
+        ran.code
+    );
+}
+
+#[test]
+fn launches_a_tool_declined_to_replay_are_still_counted() {
+    // A valid tool that answers kreplay_configure with NULL (stays inactive) — the README: the
+    // table lists launches per kernel; the application made 6.
+    let dir = scratch("tool-declines");
+    let Some(tool) = build_c(
+        &dir,
+        "declines",
+        "#include <kreplay.h>\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* r, uint32_t p,\n\
+             kreplay_client_id_t* id) { (void)v; (void)r; (void)p; (void)id; return NULL; }\n",
+    ) else {
+        return;
+    };
+    let json = dir.join("k.json");
+    let ran = run_with_tool(&tool, &json, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    let (tool_name, launches) = recorded(&json);
+    assert_eq!(
+        launches, 6,
+        "the app dispatched 6 kernels; record tool={tool_name:?}: {ran:?}"
+    );
+}
+
+// ---- check ----
+
+fn check_run(dir: &Path, body: &str, extra: &[&str], stdin: Option<&[u8]>, deadline_s: u64) -> Ran {
+    let app = script(dir, "app.sh", body);
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let mut args: Vec<&str> = vec![
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args.push("--");
+    let app = app.to_str().unwrap().to_string();
+    args.push(&app);
+    let a: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    run(command(&a, &[]), stdin, Duration::from_secs(deadline_s))
+}
+
+#[test]
+fn check_of_a_program_that_reads_its_input_compares_like_with_like() {
+    // The same program, the same input: both runs must see it. The profiled run inherits and
+    // consumes stdin, the plain run then reads an empty stream.
+    let dir = scratch("check-stdin");
+    let body =
+        format!("{WRITE_RECORD}sum=$(wc -c | tr -d ' ')\necho \"checksum of input: $sum\"\n");
+    let ran = check_run(&dir, &body, &["--check"], Some(b"0123456789\n"), 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(
+        ran.code,
+        Some(0),
+        "a deterministic program given the same input was reported as differing: {ran:?}"
+    );
+}
+
+#[test]
+fn check_does_not_hang_on_a_program_that_leaves_a_background_child() {
+    // A launcher that starts a long-lived helper (daemon, server) and exits. Without --check
+    // kreplay returns as soon as the program exits; with --check it must too.
+    let dir = scratch("check-bg");
+    let body = format!("{WRITE_RECORD}sleep 60 &\necho launched\n");
+    let plain = check_run(&dir, &body, &[], None, 30);
+    assert!(
+        !plain.timed_out && plain.elapsed < Duration::from_secs(10),
+        "without --check: {plain:?}"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 20);
+    assert!(
+        !ran.timed_out && ran.elapsed < Duration::from_secs(10),
+        "kreplay run --check waits for every holder of the program's stdout pipe, not for the \
+         program: {ran:?}"
+    );
+}
+
+#[test]
+fn check_fails_when_the_program_fails_only_without_kreplay() {
+    // Same standard output, exit 0 under kreplay, exit 3 without it: the two runs did not agree,
+    // yet the check says they are the same and the command exits 0.
+    let dir = scratch("check-status");
+    let body = format!(
+        "{WRITE_RECORD}echo checksum 42\nif [ -n \"$HSA_TOOLS_LIB\" ]; then exit 0; else exit 3; fi\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_ne!(
+        ran.code,
+        Some(0),
+        "the runs with and without kreplay ended differently: {ran:?}"
+    );
+}
+
+#[test]
+fn check_names_the_differing_line_when_the_output_has_a_non_utf8_byte() {
+    // A program printing a binary header line then results: the results differ on line 2.
+    let dir = scratch("check-binary");
+    let body = format!(
+        "{WRITE_RECORD}printf '\\377\\376 header\\n'\nif [ -n \"$HSA_TOOLS_LIB\" ]; then echo 'sum 1'; else echo 'sum 2'; fi\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(
+        ran.stderr.contains("line 2")
+            && ran.stderr.contains("sum 1")
+            && ran.stderr.contains("sum 2"),
+        "the difference is not reported line by line for output with one non-UTF-8 byte: {ran:?}"
+    );
+}
+
+// ---- behaviour that is correct (kept as controls) ----
+
+#[test]
+fn crash_under_kreplay_with_same_output_fails() {
+    let dir = scratch("check-crash");
+    let body = format!(
+        "{WRITE_RECORD}echo checksum 42\nif [ -n \"$HSA_TOOLS_LIB\" ]; then kill -SEGV $$; fi\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+}
+
+#[test]
+fn no_trailing_newline_difference_fails() {
+    let dir = scratch("check-eol");
+    let body = format!(
+        "{WRITE_RECORD}if [ -n \"$HSA_TOOLS_LIB\" ]; then printf 'a\\nb'; else printf 'a\\nb\\n'; fi\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+}
+
+#[test]
+fn huge_identical_output_and_child_output_pass() {
+    let dir = scratch("check-huge");
+    let body = format!(
+        "{WRITE_RECORD}head -c 67108864 /dev/zero | tr '\\0' 'x'\necho\nsh -c 'echo from child'\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 120);
+    assert!(!ran.timed_out, "{:?}", ran.code);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert!(ran.stdout.contains("from child\n"));
+    assert!(
+        ran.stdout
+            .contains("check: the standard output is the same")
+    );
+}
+
+#[test]
+fn program_that_closes_stdout_early_passes() {
+    let dir = scratch("check-close");
+    let body = format!("{WRITE_RECORD}echo first\nexec 1>&-\necho lost 2>/dev/null\nexit 0\n");
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+}
+
+#[test]
+fn stderr_only_difference_is_not_compared() {
+    let dir = scratch("check-stderr");
+    let body = format!(
+        "{WRITE_RECORD}echo same\nif [ -n \"$HSA_TOOLS_LIB\" ]; then echo A >&2; else echo B >&2; fi\n"
+    );
+    let ran = check_run(&dir, &body, &["--check"], None, 30);
+    assert_eq!(ran.code, Some(0), "README: stdout only: {ran:?}");
+}
+
+// ---- process ----
+
+fn record_dirs(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("kreplay-run-"))
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn wait_for_file(p: &Path) -> String {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if let Ok(s) = std::fs::read_to_string(p)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{} never written", p.display());
+}
+
+/// Starts `kreplay run` on a program that records its pid and sleeps; returns (kreplay child,
+/// program pid, TMPDIR).
+fn start_sleeper(name: &str) -> (std::process::Child, i32, std::path::PathBuf) {
+    let dir = scratch(name);
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let pidfile = dir.join("pid");
+    let app = script(
+        &dir,
+        "app.sh",
+        &format!("echo $$ > '{}'\nexec sleep 30\n", pidfile.display()),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"x").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let mut c = command(&a, &[("TMPDIR", tmp.as_os_str())]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let child = c.spawn().unwrap();
+    let pid: i32 = wait_for_file(&pidfile).trim().parse().unwrap();
+    (child, pid, tmp)
+}
+
+#[test]
+fn interrupting_kreplay_run_leaves_no_record_folder_behind() {
+    // Ctrl-C in a terminal: SIGINT to the whole foreground process group.
+    let (mut child, pid, tmp) = start_sleeper("sigint");
+    assert_eq!(
+        record_dirs(&tmp).len(),
+        1,
+        "the run's record folder exists while it runs"
+    );
+    // SAFETY: the group this test created.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(200));
+    let left = record_dirs(&tmp);
+    // SAFETY: kills the process group of the kreplay this test started.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = pid;
+    assert!(left.is_empty(), "left in TMPDIR after Ctrl-C: {left:?}");
+}
+
+#[test]
+fn terminating_kreplay_run_does_not_leave_the_program_running() {
+    // A job runner stopping the command (SIGTERM to kreplay's pid, as `kill PID`, Python's
+    // Popen.terminate(), systemd's main-process kill do).
+    let (mut child, pid, tmp) = start_sleeper("sigterm");
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let orphan = alive(pid);
+    let left = record_dirs(&tmp);
+    // SAFETY: kills the process group of the kreplay this test started.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    assert!(
+        !orphan && left.is_empty(),
+        "after SIGTERM to kreplay: program still running = {orphan}, record folders left = {left:?}"
+    );
+}
+
+#[test]
+fn a_worker_process_that_outlives_the_launcher_is_counted_or_reported() {
+    // A launcher that runs one worker in the foreground and one in the background, then exits:
+    // two processes loaded kreplay, each made 6 launches.
+    let dir = scratch("outlive");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "launch.sh",
+        &format!("'{a}'\n( sleep 1; '{a}' ) &\nexit 0\n", a = app.display()),
+    );
+    let lib = libkreplay();
+    let json = dir.join("k.json");
+    let ran = kreplay(
+        &[
+            "run",
+            "--backend",
+            "hsa",
+            "--library",
+            lib.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+            "--",
+            launcher.to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default())
+            .unwrap_or_default();
+    assert!(
+        ran.code != Some(0) || v["processes"] == 2,
+        "exit 0 with processes={} launches={}: {ran:?}",
+        v["processes"],
+        v["kernels"][0]["launches"]
+    );
+}
+
+// ---- controls ----
+
+#[test]
+fn two_sequential_processes_add_up() {
+    let dir = scratch("two");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "two.sh",
+        &format!("'{a}' && '{a}'\n", a = app.display()),
+    );
+    let lib = libkreplay();
+    let json = dir.join("k.json");
+    let ran = kreplay(
+        &[
+            "run",
+            "--backend",
+            "hsa",
+            "--passes",
+            "3",
+            "--library",
+            lib.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+            "--",
+            launcher.to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["processes"], 2);
+    assert_eq!(v["kernels"][0]["launches"], 12);
+    assert_eq!(v["kernels"][0]["passes"], 36);
+    assert!(
+        ran.stdout.contains("12 launch(es) on hsa in 2 processes"),
+        "{ran:?}"
+    );
+}
+
+// ---- args ----
+
+#[test]
+fn a_library_path_that_is_not_utf8_is_accepted_like_the_program_path() {
+    // Linux paths are bytes; the program and its arguments may be any bytes, and so may the
+    // library (README: --library PATH).
+    let dir = scratch("nonutf8-lib");
+    let mut name = dir.clone().into_os_string().into_vec();
+    name.extend_from_slice(b"/lib\xffkreplay.so");
+    let lib = OsString::from_vec(name);
+    std::fs::copy(libkreplay(), &lib).unwrap();
+    let app = softhsa_app();
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("run"),
+        OsStr::new("--backend"),
+        OsStr::new("hsa"),
+        OsStr::new("--library"),
+        &lib,
+        OsStr::new("--"),
+        app.as_os_str(),
+    ];
+    let ran = run(command(&args, &[]), None, Duration::from_secs(60));
+    assert_eq!(
+        ran.code,
+        Some(0),
+        "an existing library at a non-UTF-8 path is refused: {ran:?}"
+    );
+}
+
+#[test]
+fn an_output_path_that_is_not_utf8_is_accepted_or_named_in_the_error() {
+    let dir = scratch("nonutf8-out");
+    let mut name = dir.clone().into_os_string().into_vec();
+    name.extend_from_slice(b"/k\xff.json");
+    let out = OsString::from_vec(name);
+    let app = softhsa_app();
+    let lib = libkreplay();
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("run"),
+        OsStr::new("--backend"),
+        OsStr::new("hsa"),
+        OsStr::new("--library"),
+        lib.as_os_str(),
+        OsStr::new("-o"),
+        &out,
+        OsStr::new("--"),
+        app.as_os_str(),
+    ];
+    let ran = run(command(&args, &[]), None, Duration::from_secs(60));
+    assert!(
+        ran.code == Some(0) || ran.stderr.contains("--output") || ran.stderr.contains("-o"),
+        "the error does not say which argument it refuses: {ran:?}"
+    );
+    let _ = out.as_bytes();
+}
+
+#[test]
+fn a_negative_pass_count_gets_the_range_error_not_a_misleading_tip() {
+    let app = softhsa_app();
+    let ran = kreplay(
+        &["run", "--passes", "-1", "--", app.to_str().unwrap()],
+        &[],
+        30,
+    );
+    assert_eq!(ran.code, Some(2), "{ran:?}");
+    assert!(
+        !ran.stderr.contains("use '-- -1'"),
+        "the tip would make -1 the PROGRAM: {ran:?}"
+    );
+    assert!(ran.stderr.contains("--passes"), "{ran:?}");
+}
+
+// ---- controls ----
+
+#[test]
+fn bad_values_get_usage_errors() {
+    let app = softhsa_app();
+    let app = app.to_str().unwrap();
+    for (args, code, needle) in [
+        (vec!["run", app], 2, "unexpected argument"),
+        (vec!["run", "--passes", "0", "--", app], 2, "--passes"),
+        (vec!["run", "--passes", "abc", "--", app], 2, "--passes"),
+        (
+            vec!["run", "--passes", "99999999999999999999999", "--", app],
+            2,
+            "at most 1024",
+        ),
+        (
+            vec!["run", "--passes", "1025", "--", app],
+            2,
+            "at most 1024",
+        ),
+        (vec!["run", "-o", "x.txt", "--", app], 2, ".csv or .json"),
+        (vec!["run", "--scope", "all", "--", app], 2, "--scope"),
+        (
+            vec!["run", "--backend", "hsa", "--backend", "cuda", "--", app],
+            2,
+            "multiple",
+        ),
+        (
+            vec![
+                "run",
+                "--backend",
+                "hsa",
+                "-o",
+                "/nonexistent/k.csv",
+                "--",
+                app,
+            ],
+            1,
+            "cannot write",
+        ),
+        (
+            vec!["run", "--backend", "hsa", "--library", "/tmp", "--", app],
+            1,
+            "--library",
+        ),
+        (
+            vec!["run", "--backend", "auto", "--", app],
+            1,
+            "no GPU runtime found",
+        ),
+    ] {
+        let ran = kreplay(&args, &[], 30);
+        assert_eq!(ran.code, Some(code), "{args:?}: {ran:?}");
+        assert!(ran.stderr.contains(needle), "{args:?}: {ran:?}");
+    }
+    let lib = libkreplay();
+    for prog in ["no-such-program-on-path", "/etc/passwd", "/tmp"] {
+        let ran = kreplay(
+            &[
+                "run",
+                "--backend",
+                "hsa",
+                "--library",
+                lib.to_str().unwrap(),
+                "--",
+                prog,
+            ],
+            &[],
+            30,
+        );
+        assert_eq!(ran.code, Some(1), "{ran:?}");
+        assert!(
+            ran.stderr.contains("cannot start") && ran.stderr.contains(prog),
+            "{ran:?}"
+        );
+    }
+}
+
+#[test]
+fn cuda_backend_without_gpu_fails_cleanly() {
+    let lib = libkreplay();
+    let app = softhsa_app();
+    let ran = kreplay(
+        &[
+            "run",
+            "--backend",
+            "cuda",
+            "--library",
+            lib.to_str().unwrap(),
+            "--",
+            app.to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(ran.stderr.contains("recorded nothing"), "{ran:?}");
+}
