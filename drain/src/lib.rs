@@ -121,7 +121,7 @@ impl WaitStrategy {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(sleep.min(deadline - now));
-                sleep = (sleep * 2).min(self.max_sleep);
+                sleep = sleep.saturating_mul(2).min(self.max_sleep);
             }
             if done() {
                 return true;
@@ -298,6 +298,18 @@ pub struct PassNeverCompletes {
     /// Time waited before that was known.
     pub waited: Duration,
 }
+
+/// `at + wait`, or a time so far ahead it never comes where that is past what an `Instant`
+/// holds (a timeout of `Duration::MAX` means no limit).
+fn later(at: Instant, wait: Duration) -> Instant {
+    at.checked_add(wait)
+        .or_else(|| at.checked_add(FOREVER))
+        .unwrap_or(at)
+}
+
+/// What [`later`] waits where the time asked for is past what an `Instant` holds: about a
+/// century.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// How often [`wait_pass_patiently`] asks a running pass whether it failed.
 const FAILURE_CHECK: Duration = Duration::from_millis(20);
@@ -524,7 +536,7 @@ pub fn drain_agent(
     config: &DrainConfig,
 ) -> Result<DrainReport, DrainStuck> {
     let start = Instant::now();
-    let deadline = start + config.timeout;
+    let deadline = later(start, config.timeout);
     let mut waited_on = 0;
 
     if !queue_drained(own_queue, deadline, &mut waited_on) {
@@ -581,7 +593,7 @@ pub fn wait_pass(
     config: &DrainConfig,
 ) -> Result<PassReport, PassDrainStuck> {
     let start = Instant::now();
-    let deadline = start + config.pass_timeout;
+    let deadline = later(start, config.pass_timeout);
 
     let waited_for_completion = !pass.is_complete();
     if waited_for_completion && !pass.wait_complete(deadline) {
@@ -621,7 +633,7 @@ pub fn wait_pass_patiently(
 ) -> Result<PassReport, PassNeverCompletes> {
     let start = Instant::now();
     let interval = config.pass_timeout.max(Duration::from_millis(1));
-    let mut next_warning = start + interval;
+    let mut next_warning = later(start, interval);
     let mut patiently = |done: &dyn Fn(Instant) -> bool| -> Result<(), PassNeverCompletes> {
         loop {
             if let Some(why) = pass.failed() {
@@ -630,12 +642,12 @@ pub fn wait_pass_patiently(
                     waited: start.elapsed(),
                 });
             }
-            if done((Instant::now() + FAILURE_CHECK).min(next_warning)) {
+            if done(later(Instant::now(), FAILURE_CHECK).min(next_warning)) {
                 return Ok(());
             }
             if Instant::now() >= next_warning {
                 on_slow(start.elapsed());
-                next_warning += interval;
+                next_warning = later(next_warning, interval);
             }
         }
     };
