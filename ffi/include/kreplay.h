@@ -838,7 +838,8 @@ kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
                                                kreplay_counter_config_id_t* config_id);
 
 /**
- * Splits `counters` into the fewest passes that count all of them and writes that number to
+ * Splits `counters` into the fewest passes that count all of them (found exactly for up to 64
+ * distinct counters within a bounded search; beyond, a first-fit packing) and writes that number to
  * `*pass_count` (0 for no counters); when `pass_of_counter` is not NULL, writes the 0-based pass
  * of each counter there (`counters_count` entries; a counter listed twice is counted once).
  * KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when one counter alone cannot be counted in a pass;

@@ -5,7 +5,8 @@
 //! hardware counters it is computed from, which must be counted in the same pass). A group is
 //! valid when, for every block, the distinct hardware counters its members occupy fit the
 //! block's limit. [`plan_groups`] finds the fewest valid groups covering every request: exactly
-//! for the small sets profilers ask for (a bounded search), first-fit otherwise.
+//! for the small sets profilers ask for (up to 64 distinct requests, a search of at most 200,000
+//! steps per candidate count), first-fit otherwise.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -59,7 +60,8 @@ impl fmt::Display for PlanError {
 impl std::error::Error for PlanError {}
 
 /// The groups (each a list of request indices, in request order) that cover every request in
-/// the fewest passes. `requests[i]` lists the hardware counters request `i` occupies;
+/// the fewest passes (found exactly for up to 64 requests, within a bounded search; beyond
+/// that, or where the search runs out, first-fit's). `requests[i]` lists the hardware counters request `i` occupies;
 /// `limits[b]` is block `b`'s per-pass limit. Requests occupying the same hardware counters
 /// share them. An empty request list gives no groups.
 pub fn plan_groups(
@@ -94,9 +96,17 @@ pub fn plan_groups(
     order.sort_by_key(|&i| std::cmp::Reverse(needs[i].len()));
     let mut best = first_fit(&needs, &order, limits);
     let lower = lower_bound(&needs, limits);
-    let mut budget = 200_000u32;
-    let mut k = lower;
+    // The exact search recurses once per request: beyond EXACT_MOST requests it would go deep
+    // enough to overflow a thread's stack, and first-fit stands.
+    let mut k = if needs.len() <= EXACT_MOST {
+        lower
+    } else {
+        best.len()
+    };
     while k < best.len() {
+        // Each candidate count gets the whole budget: one spent proving a smaller count
+        // impossible must not leave the next count unsearched.
+        let mut budget = SEARCH_BUDGET;
         let mut groups: Vec<BTreeSet<HardwareCounter>> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
         match search(
@@ -171,6 +181,11 @@ fn lower_bound(needs: &[BTreeSet<HardwareCounter>], limits: &[u32]) -> usize {
         .unwrap_or(1)
         .max(1)
 }
+
+/// The most requests the exact search takes on (its recursion is one level per request).
+const EXACT_MOST: usize = 64;
+/// Search nodes per candidate pass count.
+const SEARCH_BUDGET: u32 = 200_000;
 
 /// Places `order[at..]` into at most `k` groups. `Some(true)`: found (in `members`);
 /// `Some(false)`: impossible; `None`: the search budget ran out.
