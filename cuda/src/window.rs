@@ -340,20 +340,23 @@ impl Window {
             }
         };
         let waited = Instant::now();
-        // Every replay takes the sides of a group in ascending order: two replays of one group
-        // never wait for each other crosswise.
-        let mut lock = Vec::new();
-        for device in locked_devices(cx.group, info.agent_id) {
-            match cx.locks.write(device) {
-                Ok(guard) => lock.push(guard),
-                Err(e) => {
-                    return State::Declined(
-                        Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
-                        None,
-                    );
-                }
+        // A replay takes the sides of its group without ever waiting while it holds one (see
+        // `AgentLocks::write_all_serving`): two replays of one group, or a replay and a thread
+        // whose fenced call on one device nests one on another, never wait for each other
+        // crosswise.
+        let devices = locked_devices(cx.group, info.agent_id);
+        let lock = match cx
+            .locks
+            .write_all_serving(&devices, Duration::from_millis(50), || {})
+        {
+            Ok(lock) => lock,
+            Err(e) => {
+                return State::Declined(
+                    Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
+                    None,
+                );
             }
-        }
+        };
         cost.lock_wait = waited.elapsed();
         if let Err(why) = ops.drainable() {
             return State::Declined(Decline::new(DeclineReason::BatchOrGraph, why), None);

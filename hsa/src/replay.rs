@@ -325,27 +325,29 @@ impl ReplayDevice for HsaReplay<'_> {
         };
         let nested = in_replay_window();
         let (b, state, sink) = (self.b, self.state, self.sink);
-        let mut guards = Vec::new();
-        for &agent in &agents {
-            let taken = if nested {
-                b.locks
-                    .try_write_for(agent, std::time::Duration::ZERO)
-                    .map_err(|e| e.to_string())
-            } else {
-                // While it waits, this handler keeps delivering its queue's mail (the drain
-                // marker of the replay it waits for).
-                b.locks
-                    .write_serving(agent, SERVE_SLICE, || deliver_mail(b, state, sink))
-                    .map_err(|e| e.to_string())
-            };
-            match taken {
-                Ok(guard) => guards.push(guard),
-                // The sides taken so far are given back as `guards` drops.
-                Err(detail) => {
-                    return Err(Decline::new(DeclineReason::ReentrantDispatch, detail));
+        let guards = if nested {
+            let mut guards = Vec::new();
+            for &agent in &agents {
+                match b.locks.try_write_for(agent, std::time::Duration::ZERO) {
+                    Ok(guard) => guards.push(guard),
+                    // The sides taken so far are given back as `guards` drops.
+                    Err(e) => {
+                        return Err(Decline::new(
+                            DeclineReason::ReentrantDispatch,
+                            e.to_string(),
+                        ));
+                    }
                 }
             }
-        }
+            guards
+        } else {
+            // Never waiting while holding one (see `write_all_serving`); while it waits, this
+            // handler keeps delivering its queue's mail (the drain marker of the replay it
+            // waits for).
+            b.locks
+                .write_all_serving(&agents, SERVE_SLICE, || deliver_mail(b, state, sink))
+                .map_err(|e| Decline::new(DeclineReason::ReentrantDispatch, e.to_string()))?
+        };
         self.guard = Some((guards, InWindow::enter()));
         self.locked = agents;
         Ok(())

@@ -573,6 +573,51 @@ impl AgentLocks {
         }
     }
 
+    /// Writer sides of every agent of `agents` (a replay's group, ascending), waiting in slices
+    /// of `slice` and calling `between` after each slice that did not get a lock (see
+    /// [`write_serving`](Self::write_serving)).
+    ///
+    /// Never waits while it holds one: it takes each agent's side without waiting, and where
+    /// one is busy gives back the sides it took, waits for that one alone, then tries the rest
+    /// again. A group's writer that held one agent while it waited for the next would wait for
+    /// ever on a thread that holds the next agent's reader side and takes a nested reader side
+    /// of the first (an ordinary dispatch whose submission dispatches on a linked agent).
+    pub fn write_all_serving(
+        &self,
+        agents: &[u64],
+        slice: Duration,
+        mut between: impl FnMut(),
+    ) -> Result<Vec<WriteGuard>, Reentrant> {
+        let mut waited: Option<WriteGuard> = None;
+        loop {
+            let mut guards: Vec<WriteGuard> = Vec::with_capacity(agents.len());
+            let mut busy = None;
+            for &agent in agents {
+                if let Some(held) = waited.take_if(|g| g.lock.agent == agent) {
+                    guards.push(held);
+                    continue;
+                }
+                let lock = Arc::clone(self.lookup(agent));
+                match lock.try_acquire_exclusive_for(Duration::ZERO) {
+                    Ok(()) => guards.push(WriteGuard { lock }),
+                    Err(TryWriteError::Reentrant(r)) => return Err(r),
+                    Err(TryWriteError::TimedOut { .. }) => {
+                        busy = Some(agent);
+                        break;
+                    }
+                }
+            }
+            let Some(agent) = busy else {
+                return Ok(guards);
+            };
+            // Nothing held while waiting (the one waited for before, if any, is given back
+            // with the rest).
+            drop(guards);
+            drop(waited.take());
+            waited = Some(self.write_serving(agent, slice, &mut between)?);
+        }
+    }
+
     /// Writer side for a replay window on `agent`, giving up after `timeout`.
     ///
     /// Use it to report a stuck agent instead of hanging.
