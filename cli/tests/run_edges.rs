@@ -775,11 +775,6 @@ fn bad_values_get_usage_errors() {
             1,
             "--library",
         ),
-        (
-            vec!["run", "--backend", "auto", "--", app],
-            1,
-            "no GPU runtime found",
-        ),
     ] {
         let ran = kreplay(&args, &[], 30);
         assert_eq!(ran.code, Some(code), "{args:?}: {ran:?}");
