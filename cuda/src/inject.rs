@@ -929,6 +929,9 @@ impl Backend {
             log(LogLevel::Warn, "graph launches run once, not replayed");
         }
         if let Some((kernel, calls)) = self.modules.heap_user() {
+            // Finding the context's state may make driver calls of kreplay's own: in relaxed
+            // capture mode, as every other callback's (fenced calls otherwise make none).
+            let _relaxed = self.driver.relaxed_capture();
             match self.device(ctx) {
                 Ok(device) => device.runtime.note(
                     &format!("{kernel} (loaded; a graph launch may run it)"),
