@@ -1,8 +1,9 @@
 //! A tool of its own (not the shared test tool, whose script has no CONFIG EXIT or RESTORE
 //! hooks) that, at one chosen callback, dispatches its own kernel onto the queue whose dispatch
-//! it is being told about and waits for it (SPEC §3 rules 1 and 10: it runs exactly once,
-//! promptly, and nothing deadlocks). CONFIG EXIT of a dispatch declined before the agent lock
-//! used to wait for ever, as CONFIG ENTER did (see reentry_config.rs).
+//! it is being told about (or a sibling queue) and waits for it (SPEC §3 rules 1 and 10: it runs
+//! exactly once, promptly, and nothing deadlocks). From CONFIG ENTER, and from the CONFIG EXIT
+//! of a dispatch declined before the agent lock, onto the dispatch's own queue, it used to wait
+//! for ever: only a thread holding a replay window made re-entrant work.
 
 #[allow(dead_code)]
 #[macro_use]
@@ -17,8 +18,8 @@ use kreplay_ctxmask::ContextRegistry;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
 use kreplay_passloop::{
-    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
-    RestoreRequest, ToolAnswer,
+    ContinueChange, DispatchInfo, LoopEnd, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord,
+    ReplayTool, RestoreRequest, ToolAnswer,
 };
 use kreplay_softhsa::WorkGroup;
 use parking_lot::Mutex;
@@ -51,6 +52,7 @@ fn add_one(group: &WorkGroup) {
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum At {
+    ConfigEnter,
     ConfigExit,
     RestoreEnter,
     RestoreExit,
@@ -106,6 +108,8 @@ impl ReplayTool for Tool<'_> {
         if info.workgroup_size[0] != 64 {
             return ToolAnswer::OPT_OUT;
         }
+        self.hooks
+            .maybe_dispatch(At::ConfigEnter, info.workgroup_size[0]);
         if self.hooks.invalid {
             ToolAnswer::passes(0)
         } else {
@@ -183,7 +187,9 @@ fn kernargs(app: &App, pools: &Pools, buf: Ptr, tag: u32) -> Ptr {
     )
 }
 
-fn run(at: At, invalid: bool) {
+/// The tool dispatches at `at` onto the dispatch's own queue, or onto a sibling queue of the
+/// same agent (`sibling`); `invalid`: the dispatch is declined before the lock.
+fn run(at: At, invalid: bool, sibling: bool) {
     let hooks = Arc::new(Hooks {
         registry: ContextRegistry::new(),
         at,
@@ -203,6 +209,7 @@ fn run(at: At, invalid: bool) {
     let pools = app.pools(app.gpus[0]);
     let kernel = kreplay_softhsa::register_kernel("reentry_callbacks_add_one", add_one);
     let q = app.queue(app.gpus[0]);
+    let other = app.queue(app.gpus[0]);
     let buf = app.buffer(pools.coarse, &[7; 64]);
     let inner_buf = app.buffer(pools.fine, &[40; 64]);
     let (done, inner_done) = (app.signal(1), app.signal(1));
@@ -216,7 +223,7 @@ fn run(at: At, invalid: bool) {
     let outer = Aql::dispatch(kernel, 64, 64, kernargs(&app, &pools, buf, 4), done);
     let _ = hooks.inner.set(Inner {
         app,
-        queue: q,
+        queue: if sibling { other } else { q },
         packet: inner,
         done: inner_done,
     });
@@ -250,24 +257,43 @@ fn run(at: At, invalid: bool) {
         vec![8; 64],
         "the application's dispatch added one"
     );
+    if !invalid {
+        let replayed = hooks.outcomes.lock().iter().any(|(wg, outcome)| {
+            *wg == 64
+                && *outcome
+                    == ReplayOutcome::Replayed {
+                        passes: 3,
+                        end: LoopEnd::LastPass,
+                    }
+        });
+        assert!(replayed, "{:?}", hooks.outcomes.lock());
+    }
 }
 
 scenarios! {
+    /// CONFIG ENTER, onto the queue whose dispatch it configures.
+    fn a_tool_dispatch_from_config_enter_onto_its_queue() {
+        run(At::ConfigEnter, false, false);
+    }
+    /// CONFIG ENTER, onto a sibling queue of the same agent.
+    fn a_tool_dispatch_from_config_enter_onto_a_sibling_queue() {
+        run(At::ConfigEnter, false, true);
+    }
     /// CONFIG EXIT of a dispatch declined before the lock (0 passes, no continue callback).
     fn a_tool_dispatch_from_config_exit_of_a_declined_dispatch_onto_its_queue() {
-        run(At::ConfigExit, true);
+        run(At::ConfigExit, true, false);
     }
     /// CONFIG EXIT of a replayed dispatch.
     fn a_tool_dispatch_from_config_exit_of_a_replayed_dispatch_onto_its_queue() {
-        run(At::ConfigExit, false);
+        run(At::ConfigExit, false, false);
     }
     fn a_tool_dispatch_from_restore_enter_onto_the_replaying_queue() {
-        run(At::RestoreEnter, false);
+        run(At::RestoreEnter, false, false);
     }
     fn a_tool_dispatch_from_restore_exit_onto_the_replaying_queue() {
-        run(At::RestoreExit, false);
+        run(At::RestoreExit, false, false);
     }
     fn a_tool_dispatch_from_snapshot_exit_onto_the_replaying_queue() {
-        run(At::SnapshotExit, false);
+        run(At::SnapshotExit, false, false);
     }
 }
