@@ -82,7 +82,7 @@ where
         Command::Bench(options) => finished(bench::run(&options, out).map(drop)),
         Command::BenchDispatch(options) => finished(bench::dispatch::run(&options, out).map(drop)),
         Command::Profile(options) => match profile::run(&options, out) {
-            Ok(outcome) if outcome.check.as_ref().is_none_or(Result::is_ok) => EXIT_OK,
+            Ok(outcome) if outcome.passed() => EXIT_OK,
             Ok(_) => EXIT_FAILURE,
             Err(error) => {
                 eprintln!("kreplay: error: {error}");

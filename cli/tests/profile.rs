@@ -5,10 +5,15 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn kreplay(args: &[&str]) -> Output {
+    kreplay_with(args, &[])
+}
+
+fn kreplay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kreplay"))
         .args(args)
         .env_remove("KREPLAY_TOOL_LIBRARIES")
         .env_remove("KREPLAY_SOFTHSA_FAULTS")
+        .envs(env.iter().copied())
         .output()
         .expect("run kreplay")
 }
@@ -299,4 +304,82 @@ fn bad_profile_command_lines_are_usage_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown counter 'NOT_A_COUNTER'"));
     let out = kreplay(&["profile", "--pmc", "SQ_WAVES", "-o", "x.txt", "--", "saxpy"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains(".csv or .json"));
+}
+
+/// Kernel replay that cannot give every pass (declined for the snapshot budget or the cap on
+/// passes, or ended by the time budget before the last group) makes the profile incomplete: it
+/// says which dispatches and fails (it exited 0 with their values quietly missing).
+#[test]
+fn a_kernel_replay_that_did_not_count_every_group_is_reported_incomplete_and_fails() {
+    for (setting, value, elements, why) in [
+        (
+            "KREPLAY_MAX_SNAPSHOT_BYTES",
+            "1",
+            "1000",
+            "replay declined: footprint_budget",
+        ),
+        (
+            "KREPLAY_MAX_PASSES",
+            "1",
+            "1000",
+            "replay declined: invalid_pass_count",
+        ),
+        ("KREPLAY_REPLAY_BUDGET_MS", "1", "300000", "budget"),
+    ] {
+        let csv = scratch(&format!("incomplete-{setting}.csv"));
+        let out = kreplay_with(
+            &[
+                "profile",
+                "--counters",
+                "SQ_WAVES",
+                "SQ_WORKGROUPS",
+                "SQ_WORK_ITEMS",
+                "TCC_ATOMIC",
+                "--elements",
+                elements,
+                "-o",
+                csv.to_str().unwrap(),
+                "--",
+                "histogram",
+            ],
+            &[(setting, value)],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{setting}: {stdout}");
+        assert!(
+            stdout.contains("INCOMPLETE") && stdout.contains("counter group(s) counted"),
+            "{setting}: {stdout}"
+        );
+        assert!(stdout.contains(why), "{setting}: {why}: {stdout}");
+    }
+}
+
+/// A counter listed twice in one group is one counter of a set: one row per dispatch, pass and
+/// counter (it was counted and reported twice).
+#[test]
+fn a_counter_listed_twice_in_a_group_is_counted_once() {
+    let csv = scratch("twice.csv");
+    let out = kreplay(&[
+        "profile",
+        "--pmc",
+        "SQ_WAVES",
+        "SQ_WAVES",
+        "--pmc",
+        "SQ_WORK_ITEMS",
+        "--elements",
+        "1000",
+        "-o",
+        csv.to_str().unwrap(),
+        "--",
+        "histogram",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let rows = read_csv(&csv);
+    let mut seen = BTreeSet::new();
+    for r in &rows {
+        assert!(
+            seen.insert((r.0, r.1.clone(), r.5.clone())),
+            "counted twice: {r:?}"
+        );
+    }
 }

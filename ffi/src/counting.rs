@@ -226,11 +226,15 @@ pub fn create_config(agent: u64, ids: &[u32]) -> Result<CounterConfigId, Countin
     }
     check_known(&c, ids)?;
     kreplay_hsa::check_counters(agent, ids)?;
+    // A configuration is a set: a counter listed twice is counted (and reported) once.
+    let mut unique: Vec<u32> = Vec::with_capacity(ids.len());
+    for &id in ids {
+        if !unique.contains(&id) {
+            unique.push(id);
+        }
+    }
     let mut configs = CONFIGS.write();
-    configs.push(Config {
-        agent,
-        ids: ids.to_vec(),
-    });
+    configs.push(Config { agent, ids: unique });
     Ok(CounterConfigId {
         handle: configs.len() as u64,
     })

@@ -76,6 +76,17 @@ pub struct ProfileOutcome {
     pub check: Option<Result<(), Vec<String>>>,
     /// Each agent's counters (a row's `counter` indexes its agent's list).
     pub catalogues: HashMap<u64, Vec<CounterDesc>>,
+    /// Kernel replay: dispatches whose passes did not count every group (replay declined or
+    /// ended early), one line each; the profile is incomplete and the command fails.
+    pub incomplete: Vec<String>,
+}
+
+impl ProfileOutcome {
+    /// Whether the profile is whole: every dispatch counted every group, and `--check` (if
+    /// asked) found kernel and application replay alike.
+    pub fn passed(&self) -> bool {
+        self.incomplete.is_empty() && self.check.as_ref().is_none_or(Result::is_ok)
+    }
 }
 
 static RAN: AtomicBool = AtomicBool::new(false);
@@ -216,11 +227,14 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
         .collect();
 
     // Each run's rows and the fingerprint of the workload's results.
+    let incomplete = std::cell::RefCell::new(Vec::new());
     let run_kernel = || -> Result<(Vec<Row>, Vec<u64>), String> {
         tool::start_run(tool::Mode::Kernel, 0);
         // SAFETY: the table kreplay is installed in, alive for this call.
         let run = unsafe { workload::run(table.table(), options.workload, options.elements) }?;
-        Ok((finish_run()?, vec![run.checksum]))
+        let (rows, missing) = finish_run()?;
+        incomplete.borrow_mut().extend(missing);
+        Ok((rows, vec![run.checksum]))
     };
     let run_application = || -> Result<(Vec<Row>, Vec<u64>), String> {
         let mut rows = Vec::new();
@@ -229,7 +243,7 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
             tool::start_run(tool::Mode::Application(g), g);
             // SAFETY: as above.
             let run = unsafe { workload::run(table.table(), options.workload, options.elements) }?;
-            rows.extend(finish_run()?);
+            rows.extend(finish_run()?.0);
             sums.push(run.checksum);
         }
         Ok((rows, sums))
@@ -274,15 +288,17 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
         rows,
         check,
         catalogues: catalogues.by_agent,
+        incomplete: incomplete.into_inner(),
     })
 }
 
-fn finish_run() -> Result<Vec<Row>, String> {
-    let (rows, problems) = tool::take();
-    if let Some(problem) = problems.first() {
+/// The rows of a run, and the dispatches whose counters are incomplete.
+fn finish_run() -> Result<(Vec<Row>, Vec<String>), String> {
+    let taken = tool::take();
+    if let Some(problem) = taken.problems.first() {
         return Err(format!("the profiling tool failed: {problem}"));
     }
-    Ok(rows)
+    Ok((taken.rows, taken.incomplete))
 }
 
 /// The position of each dispatch within its run (dispatch ids grow in submission order).
@@ -528,6 +544,20 @@ fn write_report(
                     let _ = writeln!(text, "  {d}");
                 }
             }
+        }
+    }
+    if !o.incomplete.is_empty() {
+        let _ = writeln!(
+            text,
+            "\nINCOMPLETE: {} dispatch(es) did not count every counter group (their values are \
+             missing above and from the output file):",
+            o.incomplete.len()
+        );
+        for line in o.incomplete.iter().take(20) {
+            let _ = writeln!(text, "  {line}");
+        }
+        if o.incomplete.len() > 20 {
+            let _ = writeln!(text, "  ... and {} more", o.incomplete.len() - 20);
         }
     }
     out.write_all(text.as_bytes())

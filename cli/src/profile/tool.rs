@@ -13,7 +13,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use kreplay::abi::{
     CallbackKind, CallbackPhase, CallbackRecord, ClientFinalizeFn, ClientId, ContextHandle,
     CounterConfigId, CounterRecord, KernelDispatchInfo, KernelReplayData, KernelReplayOperation,
-    REPLAY_PASS_NONE, Status, ToolConfigureResult, UserData,
+    REPLAY_PASS_NONE, ReplayOutcomeKind, Status, ToolConfigureResult, UserData,
 };
 use kreplay::api::{
     kreplay_configure_callback_tracing_service, kreplay_create_context, kreplay_force_configure,
@@ -60,6 +60,8 @@ struct State {
     rows: Vec<Row>,
     dispatches: u64,
     problems: Vec<String>,
+    /// Kernel replay: dispatches whose passes did not count every group, and why.
+    incomplete: Vec<String>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -69,6 +71,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     rows: Vec::new(),
     dispatches: 0,
     problems: Vec::new(),
+    incomplete: Vec::new(),
 });
 static REGISTERED: OnceLock<()> = OnceLock::new();
 
@@ -99,11 +102,26 @@ pub fn start_run(mode: Mode, run: usize) {
     s.run = run;
 }
 
-/// Takes every row collected so far, and the problems the tool met.
-pub fn take() -> (Vec<Row>, Vec<String>) {
+/// What one run of the workload collected.
+pub struct Taken {
+    /// Every row.
+    pub rows: Vec<Row>,
+    /// Problems the tool met (a failure of the tool itself).
+    pub problems: Vec<String>,
+    /// Kernel replay: dispatches whose passes did not count every group (declined, or ended
+    /// before the last group), one line each.
+    pub incomplete: Vec<String>,
+}
+
+/// Takes everything collected so far.
+pub fn take() -> Taken {
     let mut s = state();
     s.mode = Mode::Idle;
-    (std::mem::take(&mut s.rows), std::mem::take(&mut s.problems))
+    Taken {
+        rows: std::mem::take(&mut s.rows),
+        problems: std::mem::take(&mut s.problems),
+        incomplete: std::mem::take(&mut s.incomplete),
+    }
 }
 
 fn guarded<R>(what: &str, fallback: R, body: impl FnOnce() -> R) -> R {
@@ -207,10 +225,13 @@ unsafe extern "C" fn on_replay(
     _callback_data: *mut c_void,
 ) {
     guarded("replay callback", (), || {
-        if record.operation != KernelReplayOperation::CONFIG.0
-            || record.phase != CallbackPhase::ENTER
-            || record.payload.is_null()
-        {
+        if record.operation != KernelReplayOperation::CONFIG.0 || record.payload.is_null() {
+            return;
+        }
+        if record.phase == CallbackPhase::EXIT {
+            // SAFETY: CONFIG records carry a kernel replay payload, read-only at EXIT.
+            let data = unsafe { &*record.payload.cast::<KernelReplayData>() };
+            note_end(data);
             return;
         }
         if state().mode == Mode::Kernel {
@@ -220,6 +241,39 @@ unsafe extern "C" fn on_replay(
             };
         }
     });
+}
+
+/// Kernel replay: a dispatch whose passes did not count every group (a replay declined, or
+/// ended by kreplay's limits before the last group) is noted, so the report says its values
+/// are incomplete instead of leaving them out quietly.
+fn note_end(data: &KernelReplayData) {
+    let mut s = state();
+    let groups = s.configs.len() as u64;
+    if s.mode != Mode::Kernel || groups <= 1 || data.passes_run >= groups {
+        return;
+    }
+    let why = if data.outcome == ReplayOutcomeKind::DECLINED {
+        format!("replay declined: {}", data.decline_reason)
+    } else {
+        let label = |l: Option<&std::ffi::CStr>| {
+            l.map_or_else(|| "?".to_owned(), |l| l.to_string_lossy().into_owned())
+        };
+        format!(
+            "{}, {}",
+            label(data.outcome.label()),
+            label(data.end_reason.label())
+        )
+    };
+    let counted = if data.outcome == ReplayOutcomeKind::DECLINED {
+        0
+    } else {
+        data.passes_run
+    };
+    let line = format!(
+        "dispatch {} (kernel {:#x}): {counted} of {groups} counter group(s) counted, {why}",
+        data.dispatch_info.dispatch_id, data.dispatch_info.kernel_id
+    );
+    s.incomplete.push(line);
 }
 
 unsafe extern "C" fn pick(
