@@ -206,7 +206,8 @@ impl WorkGroup {
 
 /// Counters programmed for the next dispatch completing a signal, then its values.
 enum Slot {
-    Programmed(Vec<u32>),
+    /// For the next dispatch on this agent (its index) completing the signal.
+    Programmed(usize, Vec<u32>),
     Counted(Vec<f64>),
 }
 
@@ -220,17 +221,19 @@ pub(crate) struct Counting {
 }
 
 impl Counting {
-    /// Takes the programming of `signal`, if any.
-    pub(crate) fn begin(signal: u64) -> Option<Self> {
+    /// Takes the programming of `signal` for a dispatch on `agent` (its index), if any: a
+    /// dispatch on another agent completing the same signal leaves it for the next one on
+    /// `agent`.
+    pub(crate) fn begin(signal: u64, agent: usize) -> Option<Self> {
         if signal == 0 {
             return None;
         }
         let mut slots = SLOTS.lock();
         let map = slots.as_mut()?;
-        if !matches!(map.get(&signal), Some(Slot::Programmed(_))) {
+        if !matches!(map.get(&signal), Some(Slot::Programmed(a, _)) if *a == agent) {
             return None;
         }
-        let Some(Slot::Programmed(ids)) = map.remove(&signal) else {
+        let Some(Slot::Programmed(_, ids)) = map.remove(&signal) else {
             return None;
         };
         Some(Self {
@@ -432,7 +435,7 @@ unsafe extern "C" fn program(
 ) -> hsa_status_t {
     crate::api::guard(|| {
         let rt = crate::runtime::current()?;
-        rt.gpu_agent(agent.handle)?;
+        let agent = rt.gpu_agent(agent.handle)?;
         rt.signal(signal.handle)?;
         // SAFETY: forwarded from the caller's contract.
         let ids = unsafe { ids_from(ids, count) }?;
@@ -440,7 +443,7 @@ unsafe extern "C" fn program(
         SLOTS
             .lock()
             .get_or_insert_with(HashMap::new)
-            .insert(signal.handle, Slot::Programmed(ids));
+            .insert(signal.handle, Slot::Programmed(agent, ids));
         Ok(())
     })
 }

@@ -637,7 +637,7 @@ fn dispatch(rt: &Runtime, queue: &Queue, p: &hsa_kernel_dispatch_packet_t) -> Re
     let kernel = crate::kernel::lookup_kernel(p.kernel_object)
         .ok_or(Halt::Failed(HSA_STATUS_ERROR_INVALID_CODE_OBJECT))?;
     let done = completion(rt, p.completion_signal)?;
-    let counting = crate::counters::Counting::begin(p.completion_signal.handle);
+    let counting = crate::counters::Counting::begin(p.completion_signal.handle, queue.agent());
     let grid = Grid {
         kernel,
         grid_size,

@@ -187,3 +187,41 @@ fn more_counters_than_a_block_counts_in_one_pass_is_refused_naming_the_limit() {
     unsafe { t.counter_count.unwrap()(hsa.cpu_agent().unwrap(), &mut n) };
     assert_eq!(n, 0);
 }
+
+/// Runs add_one over `n` items on `agent`, completing `done`.
+fn add_one_on(hsa: &Hsa, agent: hsa_agent_t, n: u32, done: hsa_signal_t) {
+    let pool = hsa.coarse_pool(agent).unwrap();
+    let data = hsa.allocate(pool, n as usize * 4).unwrap().cast::<u32>();
+    let mut args = AddOneArgs { data };
+    let queue = hsa.queue_create(agent, 64).unwrap();
+    let dispatch = Dispatch::linear(add_one_kernel(), n, 64, (&raw mut args).cast(), done);
+    // SAFETY: live queue; args outlive the dispatch (waited for below).
+    unsafe { hsa.dispatch(queue, &dispatch) };
+    assert!(hsa.wait_zero(done, PROMPT));
+    // SAFETY: created above; its dispatch completed.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+    hsa.free(data.cast()).unwrap();
+}
+
+/// `program` is for "the next dispatch on `agent` whose completion signal is `signal`": a
+/// dispatch on another agent completing the same signal first does not take it (it did).
+#[test]
+fn a_programming_for_one_agent_is_left_to_the_next_dispatch_on_that_agent() {
+    let (hsa, _session) = open();
+    let t = table(&hsa);
+    let gpus = hsa.gpu_agents().unwrap();
+    assert!(gpus.len() >= 2, "softhsa has two GPU agents");
+    let items = ids_by_name(&t, gpus[0])["SQ_WORK_ITEMS"];
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: extension entry; one id.
+    let status = unsafe { t.program.unwrap()(gpus[0], done, &items, 1) };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    add_one_on(&hsa, gpus[1], 100, done);
+    hsa.signal_store(done, 1);
+    add_one_on(&hsa, gpus[0], 300, done);
+    let mut value = [0.0f64; 1];
+    // SAFETY: extension entry; one value of room.
+    let status = unsafe { t.read.unwrap()(done, value.as_mut_ptr(), 1) };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    assert_eq!(value[0], 300.0, "the dispatch on the other agent took it");
+}
