@@ -170,8 +170,16 @@ pub(crate) unsafe extern "C" fn executable_create_alt(
     })
 }
 
+/// Wrapper of `hsa_executable_destroy`: a fenced call. Every replay snapshots the writable
+/// module-scope variables of the executables loaded on its agent, and restores them after each
+/// pass: the executable (its variables' memory) is destroyed only once no replay of a GPU holds
+/// them, so no restore writes into memory the runtime has freed (and may have handed to another
+/// allocation, of another GPU).
 pub(crate) unsafe extern "C" fn executable_destroy(exe: hsa_executable_t) -> hsa_status_t {
     guarded(|| {
+        let b = backend();
+        let gpus = b.gpus().to_vec();
+        let _fence = crate::copies::readers(b, &gpus);
         EXECUTABLES.lock().retain(|t| t.handle != exe.handle);
         let api = API.get().expect("installed with the entries");
         // SAFETY: the runtime's own entry, called with the caller's argument.
