@@ -70,6 +70,13 @@ struct PendingCopy {
     _operations: Vec<hsa_amd_memory_copy_op_t>,
 }
 
+/// A leaked [`PendingCopy`] handed to the thread that waits for its copy.
+struct SendPending(*mut PendingCopy);
+
+// SAFETY: the copy's signals are handles any thread may use, its counters are thread-safe, and
+// the operations are plain data kept alive, never read; only the one waiting thread takes it.
+unsafe impl Send for SendPending {}
+
 unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
     // SAFETY: `arg` is the `Box<PendingCopy>` leaked when the handler was registered; the runtime
     // calls this handler once (it returns false), so the box is reclaimed exactly once.
@@ -249,6 +256,31 @@ impl<'a> Fence<'a> {
             counters: std::mem::take(&mut self.counters),
             _operations: operations,
         }));
+        if self.holds.is_some() {
+            // From inside a replay window: the replay waits for this copy before it goes on,
+            // and the runtime's one async-handler thread may be blocked by the replay (an
+            // application's handler inside a fenced call on this agent): the copy's end is
+            // waited for on a thread of kreplay's own instead.
+            let sendable = SendPending(pending);
+            let waiter = std::thread::Builder::new()
+                .name("kreplay-copy".into())
+                .spawn(move || {
+                    let pending = sendable;
+                    let b = backend();
+                    b.original.signal_wait_eq(proxy, 0, u64::MAX);
+                    // SAFETY: the box leaked above, run once here (no handler was registered).
+                    unsafe { copy_landed(0, pending.0.cast()) };
+                });
+            if waiter.is_ok() {
+                return HSA_STATUS_SUCCESS;
+            }
+            // No thread: the copy's end is waited for right here (below, as without a
+            // handler), though the runtime's handlers may then be needed first.
+            b.original.signal_wait_eq(proxy, 0, u64::MAX);
+            // SAFETY: the box leaked above; no handler was registered and no thread runs it.
+            unsafe { copy_landed(0, pending.cast()) };
+            return HSA_STATUS_SUCCESS;
+        }
         let status = b.original.signal_async_handler(
             proxy,
             HSA_SIGNAL_CONDITION_EQ,
