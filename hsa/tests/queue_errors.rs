@@ -115,6 +115,21 @@ fn run(passes: u64) {
         ERRORS.load(Ordering::SeqCst) >= 1,
         "the application's queue error callback ran"
     );
+    // The application goes on submitting to the failed queue (nothing more runs there).
+    let more_done = app.signal(1);
+    let more = add(&app, &pools, buf, 64, false, more_done);
+    let submitted = bounded(
+        Duration::from_secs(5),
+        vec![Box::new(move || {
+            app.dispatch(bad_q, more);
+            0
+        })],
+    );
+    assert_eq!(
+        submitted,
+        vec![0],
+        "a submission to the failed queue returns"
+    );
     // Another queue of the same agent keeps working.
     let good_done = app.signal(1);
     let good = add(&app, &pools, other, 64, false, good_done);
@@ -131,6 +146,23 @@ fn run(passes: u64) {
         "a dispatch on a healthy queue of the agent completes"
     );
     assert_eq!(app.read(other, 64), vec![101; 64]);
+    if passes > 1 {
+        // A dispatch on a healthy queue of the agent is replayed as ever.
+        let bad_queue = hooks.configured_dispatches()[0].queue_id;
+        let second = hooks
+            .configured_dispatches()
+            .iter()
+            .find(|d| d.queue_id != bad_queue)
+            .expect("the healthy queue's dispatch")
+            .dispatch_id;
+        assert_eq!(
+            hooks.finished_record(second).outcome,
+            ReplayOutcome::Replayed {
+                passes,
+                end: kreplay_passloop::LoopEnd::LastPass
+            }
+        );
+    }
     assert!(
         rx.recv_timeout(Duration::from_secs(5)).is_ok(),
         "the doorbell store of the faulting dispatch returned"
