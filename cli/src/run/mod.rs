@@ -527,6 +527,9 @@ pub fn run_with(
     let program = program_name(options);
     process::prepare();
     let input = input_for_check(options.check)?;
+    if let Some(signal) = process::interrupted() {
+        return Err(format!("interrupted (signal {signal}) before {program} started"));
+    }
     let record_dir = record_dir()?;
     let profiled = run_program(
         options,
