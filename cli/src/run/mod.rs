@@ -528,7 +528,9 @@ pub fn run_with(
     process::prepare();
     let input = input_for_check(options.check)?;
     if let Some(signal) = process::interrupted() {
-        return Err(format!("interrupted (signal {signal}) before {program} started"));
+        return Err(format!(
+            "interrupted (signal {signal}) before {program} started"
+        ));
     }
     let record_dir = record_dir()?;
     let profiled = run_program(
