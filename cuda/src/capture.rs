@@ -75,9 +75,19 @@ impl Captures {
     /// API ENTER of a call that begins a capture in a context of `device`: waits while a
     /// replay window holds the device (it drains and snapshots it), then holds the reader side
     /// of the device's lock until [`begin_exit`](Self::begin_exit), like a copy
-    /// ([`crate::fence`]).
-    pub fn begin_enter(&self, locks: &AgentLocks, device: Option<u64>) {
-        crate::fence::enter(locks, device.as_slice());
+    /// ([`crate::fence`]). Where the device is not known the capture counts on every device
+    /// (see `on_device`), so it waits for the windows of all of `known` (every device kreplay
+    /// has state for).
+    pub fn begin_enter(&self, locks: &AgentLocks, device: Option<u64>, known: &[u64]) {
+        match device {
+            Some(device) => crate::fence::enter(locks, &[device]),
+            None => {
+                let mut all = known.to_vec();
+                all.sort_unstable();
+                all.dedup();
+                crate::fence::enter(locks, &all);
+            }
+        }
     }
 
     /// API EXIT of that call: `begun` names the stream and device when it succeeded; the

@@ -13,6 +13,7 @@
 //! [`Drainer`] takes the synchronisation as a function of the context, so its rules run
 //! without a GPU.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use parking_lot::{Condvar, Mutex};
 /// Waits until every stream of a context (an opaque handle) is idle, or says why it failed.
 pub type SyncFn = dyn Fn(usize) -> Result<(), String> + Send + Sync;
 
+#[derive(Default)]
 struct State {
     /// Whether the drain thread runs.
     started: bool,
@@ -30,26 +32,17 @@ struct State {
     pending: Option<(u64, usize)>,
     /// Whether the drain thread is synchronising now.
     busy: bool,
-    /// The last drain that ended, and how.
+    /// The last drain that ended.
     ended: u64,
-    result: Result<(), String>,
+    /// How the drains that ended went, by id, until their askers take them (one asker's result
+    /// is never another's: a second drain may end before the first asker wakes up).
+    results: BTreeMap<u64, Result<(), String>>,
     /// The [`Drainer`] was dropped: the drain thread ends once it is idle.
     closed: bool,
 }
 
-impl Default for State {
-    fn default() -> State {
-        State {
-            started: false,
-            asked: 0,
-            pending: None,
-            busy: false,
-            ended: 0,
-            result: Ok(()),
-            closed: false,
-        }
-    }
-}
+/// How many drains' results wait for their askers at most.
+const RESULTS_KEPT: usize = 64;
 
 struct Shared {
     state: Mutex<State>,
@@ -130,7 +123,9 @@ impl Drainer {
                 ));
             }
         }
-        s.result.clone()
+        s.results
+            .remove(&id)
+            .unwrap_or_else(|| Err("the drain's result was lost".to_owned()))
     }
 }
 
@@ -174,11 +169,21 @@ impl Shared {
                     self.changed.wait(&mut s);
                 }
             };
-            let result = (self.sync)(ctx);
+            // A panic in the synchronisation is that drain's failure, never the thread's end
+            // (every later drain would wait for it).
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.sync)(ctx)))
+                    .unwrap_or_else(|_| {
+                        Err(format!("the synchronisation of context {ctx:#x} panicked"))
+                    });
             let mut s = self.state.lock();
             s.busy = false;
             s.ended = id;
-            s.result = result;
+            s.results.insert(id, result);
+            // Results of askers that gave up waiting are never taken: keep the latest few.
+            while s.results.len() > RESULTS_KEPT {
+                s.results.pop_first();
+            }
             self.changed.notify_all();
         }
     }

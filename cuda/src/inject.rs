@@ -1747,7 +1747,8 @@ impl Backend {
                 // A capture cannot begin while a replay window drains or snapshots the device.
                 let device = self.ordinal(data.context).map(|o| o as u64);
                 if enter {
-                    self.captures.begin_enter(&self.locks, device);
+                    self.captures
+                        .begin_enter(&self.locks, device, &self.known_devices());
                 } else if exit {
                     let begun = (result() == CUDA_SUCCESS).then(|| {
                         // SAFETY: every cuStreamBeginCapture*_params starts with the stream.

@@ -993,7 +993,7 @@ fn a_capture_in_progress_on_the_device_declines_the_replay_and_is_never_drained(
     // Another thread's capture (in progress from its cuStreamBeginCapture to its
     // cuStreamEndCapture) on a stream of this device.
     let other = CaptureStream::named(0x5000, false);
-    captures.begin_enter(&r.device.locks, Some(AGENT));
+    captures.begin_enter(&r.device.locks, Some(AGENT), &[AGENT]);
     captures.begin_exit(Some((other, Some(AGENT))));
 
     let outcome = launch_with(&r, &ops, 4, || {
@@ -1064,7 +1064,7 @@ fn a_capture_cannot_begin_while_a_replay_window_holds_the_device() {
     let capturer = {
         let (r, captures) = (r.clone(), captures.clone());
         std::thread::spawn(move || {
-            captures.begin_enter(&r.device.locks, Some(AGENT));
+            captures.begin_enter(&r.device.locks, Some(AGENT), &[AGENT]);
             captures.begin_exit(Some((CaptureStream::named(0x6000, false), Some(AGENT))));
             begun_tx.send(()).unwrap();
         })
