@@ -62,6 +62,8 @@ const UFFDIO_REGISTER: u64 = ioc(
     0x00,
     size_of::<UffdioRegister>(),
 );
+/// `_IOR(UFFDIO, _UFFDIO_UNREGISTER, struct uffdio_range)`.
+const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, UFFD_API, 0x01, size_of::<UffdioRange>());
 const UFFDIO_WRITEPROTECT: u64 = ioc(
     IOC_READ | IOC_WRITE,
     UFFD_API,
@@ -119,6 +121,23 @@ fn failed(what: &'static str) -> TrackError {
 pub(crate) struct Tracker {
     uffd: OwnedFd,
     pagemap: File,
+    /// The ranges registered with `uffd`, unregistered on drop.
+    registered: Vec<Range<usize>>,
+}
+
+impl Drop for Tracker {
+    /// Unregisters every range (which clears its protection) before the descriptor closes.
+    /// Closing alone unregisters nothing while another process holds the descriptor too (a
+    /// child forked while the ranges were followed keeps it until it exits or execs): the
+    /// ranges would stay registered and protected, and could never be followed again.
+    fn drop(&mut self) {
+        for r in &self.registered {
+            let mut range = span(r);
+            // SAFETY: UFFDIO_UNREGISTER reads one `uffdio_range`, which `range` is; a range
+            // unmapped since only makes the call fail, which changes nothing.
+            unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_UNREGISTER as _, &mut range) };
+        }
+    }
 }
 
 impl Tracker {
@@ -178,7 +197,11 @@ impl Tracker {
             what: "opening /proc/self/pagemap",
             error,
         })?;
-        let tracker = Tracker { uffd, pagemap };
+        let mut tracker = Tracker {
+            uffd,
+            pagemap,
+            registered: Vec::with_capacity(ranges.len()),
+        };
         for r in ranges {
             let mut reg = UffdioRegister {
                 range: span(r),
@@ -190,6 +213,7 @@ impl Tracker {
             if unsafe { libc::ioctl(tracker.uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) } != 0
             {
                 let error = io::Error::last_os_error();
+                // Dropping `tracker` unregisters the ranges registered so far.
                 return Err(if error.raw_os_error() == Some(libc::EBUSY) {
                     TrackError::Refused {
                         addr: r.start,
@@ -203,9 +227,8 @@ impl Tracker {
                     }
                 });
             }
+            tracker.registered.push(r.clone());
         }
-        // Closing the descriptor (dropping `tracker` on an error above or the caller's)
-        // unregisters every range and clears their protection.
         Ok(tracker)
     }
 
