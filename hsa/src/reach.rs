@@ -451,13 +451,14 @@ fn argument_values(
             )
         })?;
     }
-    // The scan starts at an 8-byte boundary of the device address (the ABI aligns pointers).
-    let skip = (8 - (kernarg % 8) as usize) % 8;
-    Ok(bytes
-        .get(skip..)
-        .unwrap_or(&[])
-        .chunks_exact(8)
-        .map(|word| u64::from_ne_bytes(word.try_into().expect("8 bytes")))
+    // Every 8-byte window at a 4-byte boundary of the device address: the ABI aligns pointers
+    // to 8, but a packed struct passed by value puts one at 4 (it was never read, and the
+    // memory it names was replayed unrestored). A window resolving to nothing is a number.
+    let skip = (4 - (kernarg % 4) as usize) % 4;
+    let words = bytes.get(skip..).unwrap_or(&[]);
+    Ok((0..words.len().saturating_sub(7))
+        .step_by(4)
+        .map(|at| u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes")))
         .filter(|&value| value >= MIN_ADDRESS)
         .collect())
 }
@@ -500,6 +501,18 @@ fn resolve(
             filter
         });
     }
+    // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
+    // allocation it ends is reached too (it was taken for a plain number); what begins at the
+    // value itself is resolved below as ever.
+    let filter = if b
+        .inventory
+        .lookup(value - 1)
+        .is_some_and(|a| a.end() == value && a.kind.is_reachable())
+    {
+        filter.reach(value - 1, RegionSource::Referenced)
+    } else {
+        filter
+    };
     let Some(info) = b.original.pointer_info(value as *const c_void) else {
         // No memory the runtime knows: a plain number, unless agents reach the process's host
         // memory directly (XNACK) and it is an address mapped here, which the kernel may write
