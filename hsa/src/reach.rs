@@ -7,7 +7,8 @@
 //!   kernel object no executable describes (softhsa's registered host kernels, code loaded
 //!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
 //!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
-//!   regions, never miss one. Every 8-byte aligned value is resolved: a writable module
+//!   regions, never miss one. Every 8-byte value at a 4-byte aligned position is resolved (one
+//!   past a tracked allocation's end reaches that allocation): a writable module
 //!   variable is vouched for; read-only variables, the rest of a loaded code segment and
 //!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
 //!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
@@ -404,7 +405,8 @@ pub(crate) fn argument_owners(
         .collect()
 }
 
-/// The 8-byte aligned values of the dispatch's kernel arguments that may be addresses (at least
+/// The 8-byte values at 4-byte aligned positions of the dispatch's kernel arguments that may be
+/// addresses (at least
 /// [`MIN_ADDRESS`]); none when it has no arguments.
 fn argument_values(
     b: &Backend,
