@@ -430,8 +430,20 @@ fn trace_completions(
                 .copied()
                 .flatten()
                 .unwrap_or_else(|| dispatch_info(b, state, &dispatch));
-            traced_infos.push(info);
+            // Its ENQUEUE records are delivered only where its COMPLETE can be: a dispatch
+            // whose completion cannot be watched is forwarded untraced (it was ENQUEUEd and
+            // never COMPLETEd), and said so.
+            let untraced = |why: String| {
+                b.hooks.warn_once(
+                    "untraced_dispatch",
+                    &format!(
+                        "dispatch {} forwarded without KERNEL_DISPATCH records or counters: {why}",
+                        info.dispatch_id
+                    ),
+                );
+            };
             let Ok(proxy) = b.original.signal_create(1) else {
+                untraced("kreplay could not create its completion signal".to_owned());
                 return *packet;
             };
             let traced = Box::into_raw(Box::new(TracedDispatch {
@@ -452,8 +464,10 @@ fn trace_completions(
                 // SAFETY: not registered, so the box is still ours.
                 drop(unsafe { Box::from_raw(traced) });
                 b.original.signal_destroy(proxy);
+                untraced(format!("its completion handler was refused ({status:#x})"));
                 return *packet;
             }
+            traced_infos.push(info);
             dispatch.completion_signal = proxy;
             dispatch_bytes(&dispatch)
         })
