@@ -388,13 +388,27 @@ impl QueueView for QueueIdle<'_> {
         self.state.id
     }
 
+    /// A queue that failed runs nothing more: idle, whatever it was given.
     fn is_idle(&self) -> bool {
-        self.backend.original.signal_load(self.state.in_flight) == 0
+        self.state.failed().is_some()
+            || self.backend.original.signal_load(self.state.in_flight) == 0
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
-        self.backend
-            .wait_signal_zero(self.state.in_flight, deadline)
+        // In slices, so that a queue failing meanwhile is not waited for to the deadline.
+        loop {
+            if self.is_idle() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let slice = (now + std::time::Duration::from_millis(20)).min(deadline);
+            if self.backend.wait_signal_zero(self.state.in_flight, slice) {
+                return true;
+            }
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hsa_sys::*;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::{DeclineReason, ReplayOutcome};
+use kreplay_passloop::{DeclineReason, ReplayOutcome, ToolAnswer};
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, App, Aql, Pools, Ptr, Queue};
 use support::bounded;
@@ -194,5 +194,80 @@ scenarios! {
     /// A 3-pass replay of a kernel that faults on its first pass.
     fn a_replayed_kernel_that_faults_neither_hangs_nor_blocks_the_agent() {
         run(3);
+    }
+}
+
+/// A queue fails on an ordinary (not replayed) dispatch; the application goes on submitting to
+/// it; then a dispatch on a healthy queue of the same agent is replayed. The failed queue runs
+/// nothing more, so it is no queue for the replay's drain to wait for.
+fn failed_queue_then_replay_on_its_agent() {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            drain: DrainConfig::new(Duration::from_millis(500)),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    // 32 work-items: run once; 64: replayed in 3 passes.
+    hooks.set_script(Script::new(|_, info| {
+        ToolAnswer::passes(if info.grid_size[0] == 32 { 1 } else { 3 })
+    }));
+    let pools = app.pools(app.gpus[0]);
+    let bad_q = queue_with_callback(&app, app.gpus[0]);
+    let good_q = app.queue(app.gpus[0]);
+    let buf = app.buffer(pools.coarse, &[7; 64]);
+    let other = app.buffer(pools.coarse, &[100; 64]);
+    let bad_done = app.signal(1);
+    let bad = add(&app, &pools, buf, 32, true, bad_done);
+    let finished = bounded(
+        Duration::from_secs(5),
+        vec![Box::new(move || {
+            app.dispatch(bad_q, bad);
+            0
+        })],
+    );
+    assert_eq!(finished, vec![0]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ERRORS.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert!(ERRORS.load(Ordering::SeqCst) >= 1, "the queue failed");
+    let more_done = app.signal(1);
+    let more = add(&app, &pools, buf, 32, false, more_done);
+    let good_done = app.signal(1);
+    let good = add(&app, &pools, other, 64, false, good_done);
+    let started = std::time::Instant::now();
+    let waited = bounded(
+        Duration::from_secs(5),
+        vec![Box::new(move || {
+            app.dispatch(bad_q, more);
+            app.dispatch(good_q, good);
+            app.wait_zero(good_done)
+        })],
+    );
+    assert_eq!(waited, vec![0]);
+    let second = hooks
+        .configured_dispatches()
+        .iter()
+        .find(|d| d.grid_size[0] == 64)
+        .expect("the healthy queue's dispatch")
+        .dispatch_id;
+    assert_eq!(
+        hooks.finished_record(second).outcome,
+        ReplayOutcome::Replayed {
+            passes: 3,
+            end: kreplay_passloop::LoopEnd::LastPass
+        },
+        "after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(app.read(other, 64), vec![101; 64]);
+}
+
+scenarios! {
+    fn a_failed_queue_is_not_waited_for_by_a_later_replay_of_its_agent() {
+        failed_queue_then_replay_on_its_agent();
     }
 }
