@@ -235,12 +235,12 @@ pub fn launch_filter(
         // One past an allocation's or a variable's end (an end pointer): a kernel may walk back
         // from it, so the allocation it ends is reached too; other memory that begins there is
         // the driver's to say.
-        let ends = inventory.lookup(v - 1).filter(|a| a.end() == v);
+        let ends = inventory.ending_at(v);
         if let Some(a) = ends.filter(|a| a.kind.is_reachable())
             && !reached.iter().any(|(b, _)| *b == a.base)
         {
             reached.push((a.base, a.size));
-            filter = filter.reach(v - 1, RegionSource::Referenced);
+            filter = filter.reach(a.base, RegionSource::Referenced);
         }
         let end = ends.is_some() || variables.iter().any(|&(b, s)| b.saturating_add(s) == v);
         if let Some(what) = known(v, end) {

@@ -506,14 +506,9 @@ fn resolve(
     // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
     // allocation it ends is reached too (it was taken for a plain number); what begins at the
     // value itself is resolved below as ever.
-    let filter = if b
-        .inventory
-        .lookup(value - 1)
-        .is_some_and(|a| a.end() == value && a.kind.is_reachable())
-    {
-        filter.reach(value - 1, RegionSource::Referenced)
-    } else {
-        filter
+    let filter = match b.inventory.ending_at(value) {
+        Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
+        _ => filter,
     };
     let Some(info) = b.original.pointer_info(value as *const c_void) else {
         // No memory the runtime knows: a plain number, unless agents reach the process's host

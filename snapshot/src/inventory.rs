@@ -607,6 +607,13 @@ impl Inventory {
         self.table.read().containing(addr).copied()
     }
 
+    /// The live allocation that ends exactly at `addr` (`addr` is one past its last byte: an
+    /// end pointer), if any.
+    pub fn ending_at(&self, addr: u64) -> Option<Allocation> {
+        self.lookup(addr.checked_sub(1)?)
+            .filter(|a| a.end() == addr)
+    }
+
     /// The live allocation starting exactly at `base`, if any.
     pub fn get(&self, base: u64) -> Option<Allocation> {
         self.table.read().by_base.get(&base).copied()
