@@ -256,43 +256,35 @@ impl<'a> Fence<'a> {
             counters: std::mem::take(&mut self.counters),
             _operations: operations,
         }));
-        if self.holds.is_some() {
-            // From inside a replay window: the replay waits for this copy before it goes on,
-            // and the runtime's one async-handler thread may be blocked by the replay (an
-            // application's handler inside a fenced call on this agent): the copy's end is
-            // waited for on a thread of kreplay's own instead.
+        // From inside a replay window the replay waits for this copy before it goes on, and
+        // the runtime's one async-handler thread may be blocked by the replay (an application's
+        // handler inside a fenced call on this agent): the copy's end is then waited for on a
+        // thread of kreplay's own instead of by the runtime's handler.
+        let watched = if self.holds.is_some() {
             let sendable = SendPending(pending);
-            let waiter = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("kreplay-copy".into())
                 .spawn(move || {
                     let pending = sendable;
-                    let b = backend();
-                    b.original.signal_wait_eq(proxy, 0, u64::MAX);
+                    backend().original.signal_wait_eq(proxy, 0, u64::MAX);
                     // SAFETY: the box leaked above, run once here (no handler was registered).
                     unsafe { copy_landed(0, pending.0.cast()) };
-                });
-            if waiter.is_ok() {
-                return HSA_STATUS_SUCCESS;
-            }
-            // No thread: the copy's end is waited for right here (below, as without a
-            // handler), though the runtime's handlers may then be needed first.
+                })
+                .is_ok()
+        } else {
+            b.original.signal_async_handler(
+                proxy,
+                HSA_SIGNAL_CONDITION_EQ,
+                0,
+                Some(copy_landed),
+                pending.cast(),
+            ) == HSA_STATUS_SUCCESS
+        };
+        if !watched {
+            // Neither a handler nor a thread: wait here so the copy is still counted and the
+            // application still sees its completion exactly once.
             b.original.signal_wait_eq(proxy, 0, u64::MAX);
-            // SAFETY: the box leaked above; no handler was registered and no thread runs it.
-            unsafe { copy_landed(0, pending.cast()) };
-            return HSA_STATUS_SUCCESS;
-        }
-        let status = b.original.signal_async_handler(
-            proxy,
-            HSA_SIGNAL_CONDITION_EQ,
-            0,
-            Some(copy_landed),
-            pending.cast(),
-        );
-        if status != HSA_STATUS_SUCCESS {
-            // No handler: wait here so the copy is still counted and the application still sees
-            // its completion exactly once.
-            b.original.signal_wait_eq(proxy, 0, u64::MAX);
-            // SAFETY: the handler was not registered, so `pending` is still ours to run.
+            // SAFETY: nothing else was given `pending`, so it is still ours to run.
             unsafe { copy_landed(0, pending.cast()) };
         }
         HSA_STATUS_SUCCESS
