@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use std::thread::LocalKey;
 use std::time::Instant;
 
 use hsa_sys::*;
@@ -700,16 +701,18 @@ pub(crate) fn is_wake_up(packet: &Packet) -> bool {
 thread_local! {
     /// Replay windows (agent writer locks) this thread holds.
     static WINDOWS: Cell<u32> = const { Cell::new(0) };
+    /// Pass loops of dispatches this thread handles (CONFIG ENTER to CONFIG EXIT).
+    static CALLBACKS: Cell<u32> = const { Cell::new(0) };
+}
+
+fn counted(count: &'static LocalKey<Cell<u32>>) -> bool {
+    count.try_with(Cell::get).unwrap_or(0) > 0
 }
 
 /// Whether this thread is inside a replay window (holds some agent's writer side): what it
 /// submits is re-entrant work.
 pub(crate) fn in_replay_window() -> bool {
-    WINDOWS.try_with(Cell::get).unwrap_or(0) > 0
-}
-
-thread_local! {
-    static CALLBACKS: Cell<u32> = const { Cell::new(0) };
+    counted(&WINDOWS)
 }
 
 /// Whether this thread is inside the pass loop of a dispatch it handles (CONFIG ENTER to
@@ -717,46 +720,46 @@ thread_local! {
 /// the handler's own queue could only be handled once this handler call returns, which waits
 /// for the tool, so it is re-entrant work too and runs on the agent's side queue.
 pub(crate) fn in_tool_callbacks() -> bool {
-    in_replay_window() || CALLBACKS.try_with(Cell::get).unwrap_or(0) > 0
+    in_replay_window() || counted(&CALLBACKS)
 }
 
-/// Marks the current thread as running a dispatch's pass loop (its tool callbacks) while alive.
-/// Not `Send`, like [`InWindow`].
-pub(crate) struct InCallbacks(std::marker::PhantomData<*const ()>);
+/// Marks the current thread, while alive, as inside a replay window ([`Mark::window`]) or a
+/// dispatch's pass loop ([`Mark::callbacks`]). Not `Send`: dropped on the thread that made it.
+pub(crate) struct Mark {
+    count: &'static LocalKey<Cell<u32>>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
 
-impl InCallbacks {
-    pub(crate) fn enter() -> InCallbacks {
-        let _ = CALLBACKS.try_with(|w| w.set(w.get() + 1));
-        InCallbacks(std::marker::PhantomData)
+impl Mark {
+    fn enter(count: &'static LocalKey<Cell<u32>>) -> Mark {
+        let _ = count.try_with(|c| c.set(c.get() + 1));
+        Mark {
+            count,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// Inside a replay window (see [`in_replay_window`]).
+    pub(crate) fn window() -> Mark {
+        Mark::enter(&WINDOWS)
+    }
+
+    /// Inside a dispatch's pass loop (see [`in_tool_callbacks`]).
+    pub(crate) fn callbacks() -> Mark {
+        Mark::enter(&CALLBACKS)
     }
 }
 
-impl Drop for InCallbacks {
+impl Drop for Mark {
     fn drop(&mut self) {
-        let _ = CALLBACKS.try_with(|w| w.set(w.get().saturating_sub(1)));
-    }
-}
-
-/// Marks the current thread as inside a replay window while alive. Not `Send`: dropped on the
-/// thread that made it, like the window itself.
-pub(crate) struct InWindow(std::marker::PhantomData<*const ()>);
-
-impl InWindow {
-    pub(crate) fn enter() -> InWindow {
-        let _ = WINDOWS.try_with(|w| w.set(w.get() + 1));
-        InWindow(std::marker::PhantomData)
-    }
-}
-
-impl Drop for InWindow {
-    fn drop(&mut self) {
-        let _ = WINDOWS.try_with(|w| w.set(w.get().saturating_sub(1)));
+        let _ = self.count.try_with(|c| c.set(c.get().saturating_sub(1)));
     }
 }
 
 /// Re-entrant work is marked when its slots are reserved: called from inside a replay window or
-/// a dispatch's tool callbacks (see [`in_tool_callbacks`]) on a queue of kreplay's, the slots are recorded so that the packets run on the agent's side
-/// queue, promptly, whichever thread ends up handling them.
+/// a dispatch's tool callbacks (see [`in_tool_callbacks`]) on a queue of kreplay's, the slots
+/// are recorded so that the packets run on the agent's side queue, promptly, whichever thread
+/// ends up handling them.
 fn note_reservation(queue: *const hsa_queue_t, first: u64, count: u64) {
     let Some(b) = installed() else { return };
     if count == 0 || b.is_finalized() || !in_tool_callbacks() {

@@ -21,7 +21,7 @@ use crate::dispatch::{
     Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
 };
 use crate::fold::Window;
-use crate::queues::{InCallbacks, InWindow, QueueIdle, QueueState, in_replay_window};
+use crate::queues::{Mark, QueueIdle, QueueState, in_replay_window};
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
@@ -47,7 +47,7 @@ pub(crate) fn replay_dispatch(
         plan: None,
         pass_signal: None,
     };
-    let callbacks = InCallbacks::enter();
+    let callbacks = Mark::callbacks();
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
     drop(device);
     drop(callbacks);
@@ -119,7 +119,7 @@ struct HsaReplay<'a> {
     /// What re-entrant work changed in the snapshot's memory, to fold in at the next restore.
     deltas: Vec<Delta>,
     progress: &'a Cell<Progress>,
-    guard: Option<(Vec<WriteGuard>, InWindow)>,
+    guard: Option<(Vec<WriteGuard>, Mark)>,
     /// The agents whose writer sides `guard` holds, ascending (`crate::peers::replay_agents`):
     /// the ones the drain waits for.
     locked: Vec<u64>,
@@ -348,7 +348,7 @@ impl ReplayDevice for HsaReplay<'_> {
                 .write_all_serving(&agents, SERVE_SLICE, || deliver_mail(b, state, sink))
                 .map_err(|e| Decline::new(DeclineReason::ReentrantDispatch, e.to_string()))?
         };
-        self.guard = Some((guards, InWindow::enter()));
+        self.guard = Some((guards, Mark::window()));
         self.locked = agents;
         Ok(())
     }
