@@ -41,11 +41,14 @@ use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded};
 use crate::original::forward;
+use crate::waits::WaitingCopies;
 
 /// In-flight async copies per agent.
 #[derive(Default)]
 pub(crate) struct CopyTracker {
     by_agent: Mutex<HashMap<u64, Arc<InFlightCounter>>>,
+    /// Copies in flight that wait for dependencies (see `crate::waits`).
+    pub(crate) waiting: WaitingCopies,
 }
 
 impl CopyTracker {
@@ -83,6 +86,7 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
     let pending = unsafe { Box::from_raw(arg.cast::<PendingCopy>()) };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let b = backend();
+        b.copies.waiting.landed(pending.proxy);
         for counter in &pending.counters {
             counter.finish();
         }
@@ -149,7 +153,11 @@ fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
 /// completion is seen: see [`Fence::submit_async`]).
 struct Fence<'a> {
     _guards: Vec<kreplay_locks::ReadAccess<'a>>,
+    /// The agents it counts on, and `counters` their counts.
+    agents: Vec<u64>,
     counters: Vec<Arc<InFlightCounter>>,
+    /// An asynchronous write's dependencies: it starts once each fired.
+    deps: Vec<hsa_signal_t>,
     /// From inside a replay window: holds of the open replays (see `crate::fold`), so that
     /// the write is folded into their snapshots instead of being erased by their restores.
     /// Declared last: released after the counts finish.
@@ -191,9 +199,23 @@ impl<'a> Fence<'a> {
         }
         Fence {
             _guards: guards,
+            agents: agents.to_vec(),
             counters,
+            deps: Vec::new(),
             holds,
         }
+    }
+
+    /// The asynchronous write it fences starts once each of the `count` signals at `deps`
+    /// fired: while one of them is held back by a replay, that replay's drain need not wait
+    /// for it (`crate::waits`).
+    fn after(mut self, count: u32, deps: *const hsa_signal_t) -> Self {
+        if count > 0 && !deps.is_null() {
+            // SAFETY: the caller's `count` dependency signals at `deps` (the entry's contract;
+            // the runtime reads them during the call just the same).
+            self.deps = unsafe { std::slice::from_raw_parts(deps, count as usize) }.to_vec();
+        }
+        self
     }
 
     /// The write it fences put every one of `len` bytes at `dst` (a copy's destination, a
@@ -241,8 +263,13 @@ impl<'a> Fence<'a> {
             Ok(s) => s,
             Err(status) => return status,
         };
+        // Noted before it is submitted, so that its landing never comes first.
+        b.copies
+            .waiting
+            .submitted(b, proxy, &self.agents, &self.deps);
         let status = submit(proxy, &mut operations);
         if status != HSA_STATUS_SUCCESS {
+            b.copies.waiting.landed(proxy);
             b.original.signal_destroy(proxy);
             return status; // dropping `self` finishes the counts
         }
@@ -319,7 +346,8 @@ pub(crate) unsafe extern "C" fn async_copy(
             );
         }
         let agents = write_agents(b, [src_agent, dst_agent], dst);
-        Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), |proxy| {
+        let fence = Fence::enter(b, &agents).after(num_deps, deps);
+        fence.submit_async(b, completion, Some((dst, size)), |proxy| {
             b.original
                 .async_copy(dst, dst_agent, src, src_agent, size, num_deps, deps, proxy)
         })
@@ -355,7 +383,12 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
             return forward(completion);
         }
         let agents = write_agents(b, [src_agent, dst_agent], dst);
-        Fence::enter(b, &agents).submit_async(b, completion, Some((dst, size)), forward)
+        Fence::enter(b, &agents).after(num_deps, deps).submit_async(
+            b,
+            completion,
+            Some((dst, size)),
+            forward,
+        )
     })
 }
 
@@ -384,7 +417,7 @@ pub(crate) unsafe extern "C" fn async_batch_copy(
         if !b.replay_active() || ops.is_null() || num_ops == 0 {
             return forward(ops);
         }
-        let fence = Fence::enter(b, b.gpus());
+        let fence = Fence::enter(b, b.gpus()).after(num_deps, deps);
         // The version leads every operation (a later version may be laid out otherwise): the
         // first one's is read before the operations are read as the known layout.
         // SAFETY: the caller passes at least one operation at `ops`, which starts with it.
@@ -510,7 +543,9 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
         let touched = [owner(b, base(dst)), owner(b, base(src)), Some(copy_agent)];
         let agents = write_agents(b, touched.into_iter().flatten(), base(dst));
         // A rectangle does not write every byte between its first and last: compared only.
-        Fence::enter(b, &agents).submit_async(b, completion, None, forward)
+        Fence::enter(b, &agents)
+            .after(num_deps, deps)
+            .submit_async(b, completion, None, forward)
     })
 }
 

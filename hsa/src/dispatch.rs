@@ -46,6 +46,22 @@ impl Packet {
     }
 }
 
+/// What is queued behind a dispatch on its queue, not yet forwarded: the rest of its handler
+/// call's packets, and the application's ring from `next_index` on (`crate::waits`).
+#[derive(Clone, Copy)]
+pub(crate) struct Queued<'a> {
+    pub(crate) behind: &'a [Packet],
+    pub(crate) next_index: Option<u64>,
+}
+
+impl Queued<'_> {
+    /// Nothing known to be queued behind (re-entrant work on a side queue).
+    pub(crate) const NONE: Queued<'static> = Queued {
+        behind: &[],
+        next_index: None,
+    };
+}
+
 /// Where packets go: the next level of the intercept chain of the queue being handled, or the
 /// agent's side queue (re-entrant work, which must not wait behind the application's queue).
 #[derive(Clone, Copy)]
@@ -115,7 +131,15 @@ pub(crate) unsafe extern "C" fn intercept_handler(
                 &handled,
             );
         } else {
-            handle(b, state, &packets, writer, &progress, &handled);
+            handle(
+                b,
+                state,
+                &packets,
+                user_pkt_index,
+                writer,
+                &progress,
+                &handled,
+            );
         }
     }));
     if outcome.is_err() {
@@ -195,10 +219,12 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
     }
 }
 
+/// Handles `packets`, the first of them at index `first_index` of the application's ring.
 fn handle(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
+    first_index: u64,
     writer: Writer,
     progress: &Cell<Progress>,
     handled: &Cell<usize>,
@@ -238,7 +264,11 @@ fn handle(
             handled.set(i);
             progress.set(Progress::Untouched);
         }
-        replay_dispatch(b, state, dispatch, Sink::Handler(writer), progress);
+        let queued = Queued {
+            behind: &packets[i + 1..],
+            next_index: Some(first_index.wrapping_add(i as u64 + 1)),
+        };
+        replay_dispatch(b, state, dispatch, Sink::Handler(writer), queued, progress);
         handled.set(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
@@ -284,7 +314,16 @@ fn handle_with_reentrant(
         }
         if start < i {
             let inner = Cell::new(0);
-            handle(b, state, &packets[start..i], writer, progress, &inner);
+            let index = first_index.wrapping_add(start as u64);
+            handle(
+                b,
+                state,
+                &packets[start..i],
+                index,
+                writer,
+                progress,
+                &inner,
+            );
             progress.set(Progress::Untouched);
         }
         handled.set(i + 1);
@@ -296,7 +335,8 @@ fn handle_with_reentrant(
     }
     if start < packets.len() {
         let inner = Cell::new(0);
-        handle(b, state, &packets[start..], writer, progress, &inner);
+        let index = first_index.wrapping_add(start as u64);
+        handle(b, state, &packets[start..], index, writer, progress, &inner);
         handled.set(start + inner.get());
     }
 }
@@ -359,14 +399,33 @@ pub(crate) fn forward(
         && !b.is_finalized();
     if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
+        let patched = match bracket(b, state, sink, track, &patched) {
+            std::borrow::Cow::Borrowed(_) => patched,
+            std::borrow::Cow::Owned(bracketed) => bracketed,
+        };
         b.hooks.dispatch_enqueue(&traced, None, &mut || {
             sink.write(b, &patched);
             progress.set(Progress::Done);
         });
         return;
     }
-    sink.write(b, packets);
+    sink.write(b, &bracket(b, state, sink, track, packets));
     progress.set(Progress::Done);
+}
+
+/// `packets` with every barrier that waits bracketed by markers, where a replay's drain looks
+/// for them: on an application queue while a replay service is configured (`crate::waits`).
+fn bracket<'p>(
+    b: &Backend,
+    state: &QueueState,
+    sink: Sink<'_>,
+    track: bool,
+    packets: &'p [Packet],
+) -> std::borrow::Cow<'p, [Packet]> {
+    match sink {
+        Sink::Handler(_) if track => state.waits.bracket(b, packets),
+        _ => std::borrow::Cow::Borrowed(packets),
+    }
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.

@@ -93,6 +93,7 @@ mod reach;
 mod replay;
 mod soft_queues;
 mod vmem;
+mod waits;
 
 pub use counting::{CounterDesc, CountingError, agent_counters, check_counters};
 pub use layout::{AmdOrder, TableShape, Version};

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded, installed};
 use crate::dispatch::Packet;
+use crate::waits::{Held, WaitLog};
 
 /// One application queue as kreplay sees it.
 ///
@@ -63,6 +64,8 @@ pub(crate) struct QueueState {
     carried_work: AtomicBool,
     /// The queue's error callback as kreplay installed it: whether the queue failed.
     errors: Arc<QueueErrors>,
+    /// Barriers forwarded while their condition did not hold (see `crate::waits`).
+    pub(crate) waits: WaitLog,
 }
 
 /// A queue's error callback as the application gave it, and the first error the runtime
@@ -166,6 +169,9 @@ impl Drop for QueueState {
         // nothing can reference the in-flight signal any more.
         if let Some(b) = crate::backend::installed() {
             b.original.signal_destroy(self.in_flight);
+            if let Some(signal) = self.waits.take_signal() {
+                b.original.signal_destroy(signal);
+            }
         }
     }
 }
@@ -195,6 +201,7 @@ impl QueueState {
             alive: Mutex::new(true),
             carried_work: AtomicBool::new(false),
             errors,
+            waits: WaitLog::default(),
         }
     }
 
@@ -339,6 +346,19 @@ impl QueueState {
         claimed
     }
 
+    /// The packets the application published in its ring from `first` on, in order, up to
+    /// the first slot not published yet (at most one ring's worth): what waits behind the
+    /// handler call in progress.
+    pub(crate) fn queued_from(&self, b: &Backend, first: u64) -> Vec<Packet> {
+        // SAFETY: `queue` is live while its state is registered.
+        let size = u64::from(unsafe { (*self.queue).size });
+        // Adding 0 reads the write index.
+        let write = b.original.queue_add_write_index(self.queue, 0);
+        (first..write.min(first.saturating_add(size)))
+            .map_while(|index| self.published(index))
+            .collect()
+    }
+
     /// The packet at `index` of the application's ring, once its header says it is valid.
     fn published(&self, index: u64) -> Option<Packet> {
         // SAFETY: `queue` is live while its state is registered; base and size describe its ring.
@@ -382,6 +402,8 @@ pub(crate) fn barrier_header() -> u16 {
 pub(crate) struct QueueIdle<'a> {
     pub(crate) backend: &'a Backend,
     pub(crate) state: &'a QueueState,
+    /// The signals the replay that drains holds back (`crate::waits`).
+    pub(crate) held: &'a Held,
 }
 
 impl QueueView for QueueIdle<'_> {
@@ -389,10 +411,12 @@ impl QueueView for QueueIdle<'_> {
         self.state.id
     }
 
-    /// A queue that failed runs nothing more: idle, whatever it was given.
+    /// A queue that failed runs nothing more: idle, whatever it was given. So is one parked
+    /// at a barrier that cannot open before the replay ends (`crate::waits`).
     fn is_idle(&self) -> bool {
         self.state.failed().is_some()
             || self.backend.original.signal_load(self.state.in_flight) == 0
+            || self.state.waits.parked(self.backend, self.held)
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
@@ -405,7 +429,13 @@ impl QueueView for QueueIdle<'_> {
             if now >= deadline {
                 return false;
             }
-            let slice = (now + std::time::Duration::from_millis(20)).min(deadline);
+            // A queue with a bracketed barrier may park at it: looked at more often.
+            let slice = if self.held.is_empty() || !self.state.waits.has_open() {
+                std::time::Duration::from_millis(20)
+            } else {
+                std::time::Duration::from_millis(1)
+            };
+            let slice = (now + slice).min(deadline);
             if self.backend.wait_signal_zero(self.state.in_flight, slice) {
                 return true;
             }

@@ -18,10 +18,12 @@ use kreplay_snapshot::{Delta, Filter, Snapshot, SnapshotError, SnapshotPlan};
 use crate::DispatchRecord;
 use crate::backend::Backend;
 use crate::dispatch::{
-    Packet, Progress, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info, forward,
+    Packet, Progress, Queued, SERVE_SLICE, Sink, deliver_mail, dispatch_bytes, dispatch_info,
+    forward,
 };
 use crate::fold::Window;
 use crate::queues::{Mark, QueueIdle, QueueState, in_replay_window};
+use crate::waits::Held;
 
 /// Runs one dispatch through the pass loop and returns the dispatch as the tool saw it.
 pub(crate) fn replay_dispatch(
@@ -29,6 +31,7 @@ pub(crate) fn replay_dispatch(
     state: &QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
     sink: Sink<'_>,
+    queued: Queued<'_>,
     progress: &Cell<Progress>,
 ) -> DispatchInfo {
     let info = dispatch_info(b, state, &dispatch);
@@ -38,6 +41,7 @@ pub(crate) fn replay_dispatch(
         state,
         dispatch,
         sink,
+        queued,
         reentrant: matches!(sink, Sink::Side(_)),
         window: None,
         deltas: Vec::new(),
@@ -83,7 +87,14 @@ pub(crate) fn run_reentrant(b: &Backend, state: &QueueState, packet: Packet) {
     let progress = Cell::new(Progress::Untouched);
     match packet.as_dispatch() {
         Some(dispatch) => {
-            replay_dispatch(b, state, dispatch, Sink::Side(&side), &progress);
+            replay_dispatch(
+                b,
+                state,
+                dispatch,
+                Sink::Side(&side),
+                Queued::NONE,
+                &progress,
+            );
         }
         None => forward(b, state, &[packet], &[], Sink::Side(&side), true, &progress),
     }
@@ -112,6 +123,9 @@ struct HsaReplay<'a> {
     state: &'a QueueState,
     dispatch: hsa_kernel_dispatch_packet_t,
     sink: Sink<'a>,
+    /// What is queued behind the dispatch on its queue (its completion and theirs are held
+    /// back until the replay ends: `crate::waits`).
+    queued: Queued<'a>,
     /// Work issued from inside a replay window: runs once on the side queue, never replayed.
     reentrant: bool,
     /// This replay's window for re-entrant work (`crate::fold`), open from the snapshot on.
@@ -140,7 +154,16 @@ impl Drop for HsaReplay<'_> {
     }
 }
 
+/// The decline for an error of another crate whose reason is `reason` and whose message is
+/// `detail` (which may start with the reason: the decline names it once).
 fn decline_from(reason: &str, detail: String) -> Decline {
+    let detail = match detail
+        .strip_prefix(reason)
+        .and_then(|d| d.strip_prefix(": "))
+    {
+        Some(rest) => rest.to_string(),
+        None => detail,
+    };
     let reason = DeclineReason::ALL
         .into_iter()
         .find(|r| r.as_str() == reason)
@@ -262,6 +285,22 @@ impl PassCompletion for PassSignal<'_> {
 }
 
 impl HsaReplay<'_> {
+    /// The signals this replay holds back until it ends: the dispatch's completion and those of
+    /// the packets queued behind it on its queue, in its handler call and in the ring.
+    fn held(&self) -> Held {
+        let mut held = Held::default();
+        held.add(self.dispatch.completion_signal);
+        for packet in self.queued.behind {
+            held.add(crate::waits::completion_signal(packet));
+        }
+        if let Some(next) = self.queued.next_index {
+            for packet in self.state.queued_from(self.b, next) {
+                held.add(crate::waits::completion_signal(&packet));
+            }
+        }
+        held
+    }
+
     fn close_window(&mut self) {
         if let Some(window) = self.window.take() {
             self.b.windows.close(&window);
@@ -390,18 +429,38 @@ impl ReplayDevice for HsaReplay<'_> {
                 queue.request_drain_marker(self.b, deadline);
             }
         }
+        let held = self.held();
         let views: Vec<QueueIdle<'_>> = queues
             .iter()
             .map(|s| QueueIdle {
                 backend: self.b,
                 state: s,
+                held: &held,
             })
             .collect();
         let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
         let own = QueueIdle {
             backend: self.b,
             state: self.state,
+            held: &held,
         };
+        // A copy waiting for what this replay holds back lands only after the dispatch has
+        // run, and copy engines run their copies in order, so the snapshot's and the tool's
+        // copies could queue behind it: the dispatch runs once, now rather than after the
+        // drain timeout.
+        if let Some(&agent) = group
+            .iter()
+            .find(|&&agent| self.b.copies.waiting.held_on(self.b, agent, &held) > 0)
+        {
+            return Err(Decline::new(
+                DeclineReason::AgentDrainStuck,
+                format!(
+                    "an async copy on agent {agent:#x} waits for this dispatch's completion (or \
+                     for a packet queued behind it): it cannot land before the dispatch runs, \
+                     and copies run in order behind it"
+                ),
+            ));
+        }
         let copies: Vec<_> = group.iter().map(|&a| self.b.copies.counter(a)).collect();
         let copies: Vec<&dyn kreplay_drain::AsyncCopyTracker> = copies
             .iter()

@@ -133,6 +133,37 @@ impl Aql {
         Aql(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
     }
 
+    /// A barrier-AND packet that waits until every one of `deps` (at most 5) reached 0.
+    #[allow(dead_code)] // not every scenario file waits on signals in a queue
+    pub fn barrier_and(deps: &[hsa_signal_t], completion: hsa_signal_t) -> Aql {
+        Aql::barrier_waiting(HSA_PACKET_TYPE_BARRIER_AND, deps, completion)
+    }
+
+    /// A barrier-OR packet that waits until one of `deps` (at most 5) reached 0.
+    #[allow(dead_code)] // not every scenario file waits on signals in a queue
+    pub fn barrier_or(deps: &[hsa_signal_t], completion: hsa_signal_t) -> Aql {
+        Aql::barrier_waiting(HSA_PACKET_TYPE_BARRIER_OR, deps, completion)
+    }
+
+    fn barrier_waiting(kind: u32, deps: &[hsa_signal_t], completion: hsa_signal_t) -> Aql {
+        assert!(
+            deps.len() <= 5,
+            "a barrier packet holds at most 5 dependencies"
+        );
+        let header = (kind << HSA_PACKET_HEADER_TYPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCACQUIRE_FENCE_SCOPE)
+            | (HSA_FENCE_SCOPE_SYSTEM << HSA_PACKET_HEADER_SCRELEASE_FENCE_SCOPE);
+        let mut packet = hsa_barrier_and_packet_t {
+            header: header as u16,
+            completion_signal: completion,
+            ..Default::default()
+        };
+        packet.dep_signal[..deps.len()].copy_from_slice(deps);
+        // SAFETY: a barrier-AND packet (and a barrier-OR one, laid out alike) is 64 bytes of
+        // plain data.
+        Aql(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
+    }
+
     /// The same packet with its barrier bit set (it starts only after every earlier packet of
     /// its queue completed).
     #[allow(dead_code)] // not every scenario file orders its packets this way
@@ -577,6 +608,11 @@ impl App {
     /// The signal's current value.
     pub fn load(&self, signal: hsa_signal_t) -> i64 {
         hsa!(self, core.hsa_signal_load_scacquire_fn(signal))
+    }
+
+    /// Stores `value` into `signal` from the host.
+    pub fn store(&self, signal: hsa_signal_t, value: i64) {
+        hsa!(self, core.hsa_signal_store_screlease_fn(signal, value));
     }
 
     /// Waits until `signal` is 0, at most [`WAIT`]; returns the value it ended at.
