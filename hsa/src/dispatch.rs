@@ -351,6 +351,10 @@ pub(crate) fn deliver_mail(b: &Backend, state: &QueueState, sink: Sink<'_>) {
     }
 }
 
+/// The most drain markers kreplay keeps in flight on a single-producer queue by adding one to
+/// each forwarded batch.
+const SINGLE_PRODUCER_MARKERS: i64 = 4;
+
 /// How long a handler waits for the agent's lock before it looks at its mailbox again.
 pub(crate) const SERVE_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -389,7 +393,15 @@ pub(crate) fn forward(
     let mut packets = std::borrow::Cow::Borrowed(packets);
     match sink {
         Sink::Handler(_) if track && state.single_producer => {
-            packets.to_mut().push(state.drain_marker(b));
+            // A few markers in flight at most: they take slots of the hardware queue that the
+            // application does not know of (a queue whose work waits for the host would fill
+            // up and block its submitting thread). Batches past them are covered by a marker
+            // a drain leaves in the mailbox.
+            if state.markers_in_flight(b) < SINGLE_PRODUCER_MARKERS {
+                packets.to_mut().push(state.drain_marker(b));
+            } else {
+                state.mark_dirty();
+            }
         }
         Sink::Handler(_) => state.mark_dirty(),
         Sink::Side(side) => side.mark_dirty(),

@@ -233,6 +233,26 @@ impl QueueState {
         forwarded || b.original.signal_load(self.in_flight) != 0
     }
 
+    /// Drain markers asked for on this queue and not completed.
+    pub(crate) fn markers_in_flight(&self, b: &Backend) -> i64 {
+        b.original.signal_load(self.in_flight)
+    }
+
+    /// For a single-producer queue: whether batches were forwarded without a marker since a
+    /// drain last asked (clears the mark); if so, leaves a marker in the mailbox, which the
+    /// queue's own thread writes when it next handles the queue or waits for the agent's lock
+    /// (a single-producer queue is never rung by kreplay).
+    pub(crate) fn mail_marker_if_unmarked(&self, b: &Backend) -> bool {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let alive = self.alive.lock();
+        if *alive {
+            self.post(self.drain_marker(b));
+        }
+        true
+    }
+
     /// Whether kreplay left packets for this queue's hardware queue (one load).
     pub(crate) fn has_mail(&self) -> bool {
         self.mailbox_len.load(Ordering::Acquire) > 0

@@ -412,7 +412,9 @@ impl ReplayDevice for HsaReplay<'_> {
         for queue in &queues {
             let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
             if queue.single_producer && !own {
-                // Its forwarded batches carry their markers already.
+                // Its forwarded batches carry their markers, but for those forwarded while
+                // several were in flight: for them a marker waits in its mailbox.
+                queue.mail_marker_if_unmarked(self.b);
                 continue;
             }
             if !queue.needs_drain_marker(self.b) {

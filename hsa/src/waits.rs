@@ -11,12 +11,16 @@
 //! barrier packet forwarded while its condition does not hold (and a replay service is
 //! configured) is bracketed by two markers of kreplay's own, barrier-AND packets with the
 //! barrier bit set counted on one signal per queue: the first completes once everything before
-//! the barrier has completed, the second once the barrier itself has. A queue whose latest
+//! the barrier has completed, the second once the barrier itself has. One bracket per queue at
+//! a time (the markers take slots of the hardware queue the application does not know of): a
+//! barrier forwarded while an earlier one is still bracketed goes unbracketed, and a drain
+//! waits for it as it would without brackets. A queue whose latest
 //! completed marker is the first of a bracket is parked at that barrier: nothing before it runs
 //! any more and nothing after it starts until it opens. The drain counts the queue idle when
 //! the barrier cannot open during the replay: a barrier-AND with a dependency the replay holds
 //! and that has not fired, a barrier-OR whose every dependency is such, a barrier-value packet
-//! on a held signal whose condition does not hold.
+//! waiting for a held signal to reach 0 (any other value other packets counting the same
+//! signal down may reach on their own).
 //!
 //! An async copy waiting for a held signal is different: copy engines run their copies in
 //! order, so the snapshot's restores and the tool's own copies could queue behind it and never
@@ -127,7 +131,18 @@ impl Wait {
         match self {
             Wait::All(deps) => deps.iter().any(|&h| held_unfired(h)),
             Wait::Any(deps) => deps.iter().all(|&h| held_unfired(h)),
-            Wait::Value { signal, .. } => held.contains(*signal) && !self.holds(b),
+            // Only "the signal reached 0": other packets may count the same signal down, and
+            // any other condition (`== 1`, `< 2`, ...) they alone may satisfy.
+            Wait::Value {
+                signal,
+                cond,
+                value,
+                mask,
+            } => {
+                let zero = (*cond == HSA_SIGNAL_CONDITION_EQ && *value == 0)
+                    || (*cond == HSA_SIGNAL_CONDITION_LT && *value == 1);
+                zero && *mask == -1 && held_unfired(*signal)
+            }
         }
     }
 }
@@ -239,9 +254,16 @@ impl WaitLog {
         };
         let completed = log.completed(b);
         log.prune(completed);
-        let mut out = Vec::with_capacity(packets.len() + 2 * waits.len());
-        for (packet, wait) in packets.iter().zip(waits) {
-            let Some(wait) = wait else {
+        if !log.open.is_empty() {
+            // One bracket at a time: the markers take slots of the hardware queue that the
+            // application does not know of, so they must stay few (a queue filled with
+            // barriers would otherwise block its submitting thread).
+            return Cow::Borrowed(packets);
+        }
+        let mut out = Vec::with_capacity(packets.len() + 2);
+        let mut waits = waits.into_iter();
+        for packet in packets {
+            let Some(wait) = waits.next().flatten().filter(|_| log.open.is_empty()) else {
                 out.push(*packet);
                 continue;
             };

@@ -164,6 +164,12 @@ impl Aql {
         Aql(unsafe { std::mem::transmute::<hsa_barrier_and_packet_t, [u8; 64]>(packet) })
     }
 
+    /// A packet from its 64 raw bytes (header in bytes 0..2, written last on submission).
+    #[allow(dead_code)] // for scenario files that build packets of their own
+    pub fn from_bytes(bytes: [u8; 64]) -> Aql {
+        Aql(bytes)
+    }
+
     /// The same packet with its barrier bit set (it starts only after every earlier packet of
     /// its queue completed).
     #[allow(dead_code)] // not every scenario file orders its packets this way
