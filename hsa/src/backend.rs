@@ -23,6 +23,8 @@ pub(crate) struct Backend {
     pub(crate) locks: AgentLocks,
     pub(crate) queues: QueueRegistry,
     pub(crate) copies: CopyTracker,
+    /// kreplay's thread for the completions it forwards (`crate::watcher`).
+    pub(crate) watcher: crate::watcher::Watcher,
     /// Open replays that re-entrant work must not be erased from (`crate::fold`).
     pub(crate) windows: crate::fold::Windows,
     /// Ring buffers of soft queues.
@@ -198,6 +200,7 @@ pub(crate) unsafe fn install(
         locks,
         queues: QueueRegistry::default(),
         copies: CopyTracker::default(),
+        watcher: crate::watcher::Watcher::default(),
         windows: crate::fold::Windows::default(),
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),

@@ -299,13 +299,7 @@ impl<'a> Fence<'a> {
                 })
                 .is_ok()
         } else {
-            b.original.signal_async_handler(
-                proxy,
-                HSA_SIGNAL_CONDITION_EQ,
-                0,
-                Some(copy_landed),
-                pending.cast(),
-            ) == HSA_STATUS_SUCCESS
+            crate::watcher::when_zero(b, proxy, copy_landed, pending.cast()) == HSA_STATUS_SUCCESS
         };
         if !watched {
             // Neither a handler nor a thread: wait here so the copy is still counted and the

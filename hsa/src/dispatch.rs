@@ -524,13 +524,7 @@ fn trace_completions(
                 info,
                 counted: crate::counting::program(b, &info, None, proxy),
             }));
-            let status = b.original.signal_async_handler(
-                proxy,
-                HSA_SIGNAL_CONDITION_EQ,
-                0,
-                Some(traced_complete),
-                traced.cast(),
-            );
+            let status = crate::watcher::when_zero(b, proxy, traced_complete, traced.cast());
             if status != HSA_STATUS_SUCCESS {
                 // SAFETY: not registered, so the box is still ours.
                 drop(unsafe { Box::from_raw(traced) });

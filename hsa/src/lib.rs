@@ -94,6 +94,7 @@ mod replay;
 mod soft_queues;
 mod vmem;
 mod waits;
+mod watcher;
 
 pub use counting::{CounterDesc, CountingError, agent_counters, check_counters};
 pub use layout::{AmdOrder, TableShape, Version};

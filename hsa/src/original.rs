@@ -450,6 +450,33 @@ impl Original {
         )
     }
 
+    /// `hsa_amd_signal_wait_any` over `signals` (each with its condition and value), for at
+    /// most about `timeout_ticks`; `None` when the runtime lacks it.
+    pub(crate) fn signal_wait_any(
+        &self,
+        signals: &mut [hsa_signal_t],
+        conds: &mut [hsa_signal_condition_t],
+        values: &mut [hsa_signal_value_t],
+        timeout_ticks: u64,
+    ) -> Option<u32> {
+        let f = self.amd.hsa_amd_signal_wait_any_fn?;
+        debug_assert!(signals.len() == conds.len() && conds.len() == values.len());
+        let mut satisfying: hsa_signal_value_t = 0;
+        // SAFETY: three arrays of `signals.len()` entries each, live for the call, and an out
+        // value; the runtime's own entry point.
+        Some(unsafe {
+            f(
+                signals.len() as u32,
+                signals.as_mut_ptr(),
+                conds.as_mut_ptr(),
+                values.as_mut_ptr(),
+                timeout_ticks,
+                HSA_WAIT_STATE_BLOCKED,
+                &raw mut satisfying,
+            )
+        })
+    }
+
     pub(crate) fn signal_async_handler(
         &self,
         signal: hsa_signal_t,

@@ -410,7 +410,6 @@ scenarios! {
     /// With a replay service configured (no replay even running), the same callback must see
     /// the copy complete: the copy's completion must not need the async-handler thread the
     /// callback occupies.
-    #[ignore = "known defect: fenced copies' completions are forwarded by the runtime's one async-handler thread, which an application handler waiting for them blocks"]
     fn a_stream_callback_sees_an_async_copy_complete_while_replay_is_configured() {
         callback_waits_for_a_copy(true);
     }
@@ -418,7 +417,6 @@ scenarios! {
 
     /// With dispatch tracing and a replay service configured (the tool opts this dispatch
     /// out), a stream callback that waits for a kernel launched meanwhile sees it complete.
-    #[ignore = "known defect: traced completions are forwarded by the runtime's one async-handler thread, which an application handler waiting for them blocks"]
     fn a_stream_callback_sees_a_kernel_complete_while_dispatches_are_traced() {
         let hooks = TestHooks::new(1);
         let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_secs(1)), ..Default::default() });

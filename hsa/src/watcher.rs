@@ -1,0 +1,152 @@
+//! kreplay's own thread for the completions it forwards to the application.
+//!
+//! A fenced async copy and a traced dispatch run with a completion signal of kreplay's; when
+//! that signal reaches 0, kreplay does its bookkeeping and then decrements the application's
+//! signal. The runtime's async signal handlers would do, but the runtime runs them all on one
+//! thread, one at a time: an application handler that waits for such a completion (a stream
+//! callback waiting for the copy it follows) would block the very thread that must deliver it.
+//! So kreplay waits for its own signals on a thread of its own (`hsa_amd_signal_wait_any` over
+//! every pending signal and a wake-up signal of its own), and falls back to the runtime's
+//! handlers only where that thread cannot be had.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hsa_sys::*;
+use parking_lot::Mutex;
+
+use crate::backend::{Backend, backend};
+
+/// What runs once a watched signal reached 0.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// How long the thread waits before it looks at its list again without being woken (a bound on
+/// a wake-up missed, never relied on).
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The watched signals and the thread that waits for them.
+#[derive(Default)]
+pub(crate) struct Watcher {
+    inner: Mutex<Inner>,
+    started: AtomicBool,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Signals the thread waits for, each with what runs when it reaches 0.
+    pending: Vec<(hsa_signal_t, Job)>,
+    /// Rung (incremented) whenever `pending` grows; `None` until the thread runs.
+    wake: Option<hsa_signal_t>,
+    /// The thread could not be started (no signal, no thread, no `wait_any`): never again.
+    unavailable: bool,
+}
+
+impl Watcher {
+    /// Runs `job` on kreplay's watcher thread once `signal` reaches 0. Gives `job` back when
+    /// the thread cannot be had (the caller then uses the runtime's handler).
+    pub(crate) fn on_zero(&self, b: &Backend, signal: hsa_signal_t, job: Job) -> Result<(), Job> {
+        let mut inner = self.inner.lock();
+        if inner.unavailable || b.original.amd().hsa_amd_signal_wait_any_fn.is_none() {
+            return Err(job);
+        }
+        if !self.started.load(Ordering::Acquire) {
+            let Ok(wake) = b.original.signal_create(0) else {
+                inner.unavailable = true;
+                return Err(job);
+            };
+            let spawned = std::thread::Builder::new()
+                .name("kreplay-completions".into())
+                .spawn(move || run(wake));
+            if spawned.is_err() {
+                b.original.signal_destroy(wake);
+                inner.unavailable = true;
+                return Err(job);
+            }
+            inner.wake = Some(wake);
+            self.started.store(true, Ordering::Release);
+        }
+        inner.pending.push((signal, job));
+        if let Some(wake) = inner.wake {
+            b.original.signal_add(wake, 1);
+        }
+        Ok(())
+    }
+
+    /// The jobs whose signal reached 0, taken off the list.
+    fn take_done(&self, b: &Backend) -> Vec<Job> {
+        let mut inner = self.inner.lock();
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < inner.pending.len() {
+            if b.original.signal_load(inner.pending[i].0) == 0 {
+                done.push(inner.pending.swap_remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
+        done
+    }
+}
+
+/// The watcher thread: waits for any pending signal to reach 0 or for the wake-up signal to
+/// move, runs the jobs whose signal reached 0 (outside the lock, in no particular order), and
+/// waits again.
+fn run(wake: hsa_signal_t) {
+    let b = backend();
+    let watcher: &Watcher = &b.watcher;
+    let mut signals: Vec<hsa_signal_t> = Vec::new();
+    let mut conds: Vec<hsa_signal_condition_t> = Vec::new();
+    let mut values: Vec<hsa_signal_value_t> = Vec::new();
+    loop {
+        for job in watcher.take_done(b) {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            if ran.is_err() {
+                log::error!("internal error while forwarding a completion");
+            }
+        }
+        let seen = b.original.signal_load(wake);
+        signals.clear();
+        conds.clear();
+        values.clear();
+        signals.push(wake);
+        conds.push(HSA_SIGNAL_CONDITION_NE);
+        values.push(seen);
+        for (signal, _) in &watcher.inner.lock().pending {
+            signals.push(*signal);
+            conds.push(HSA_SIGNAL_CONDITION_EQ);
+            values.push(0);
+        }
+        b.original
+            .signal_wait_any(&mut signals, &mut conds, &mut values, b.ticks(IDLE_WAIT));
+    }
+}
+
+/// The argument of a completion handler, handed to the watcher thread.
+struct HandlerArg(*mut std::ffi::c_void);
+
+// SAFETY: the argument is a leaked box that the handler alone takes back, once, on whichever
+// thread runs it (as the runtime's handler thread would).
+unsafe impl Send for HandlerArg {}
+
+/// Runs `handler(0, arg)` once `signal` reaches 0: on kreplay's watcher thread, or else as the
+/// runtime's async handler. `handler` must return false (it runs once) and take `arg` back.
+pub(crate) fn when_zero(
+    b: &Backend,
+    signal: hsa_signal_t,
+    handler: unsafe extern "C" fn(hsa_signal_value_t, *mut std::ffi::c_void) -> bool,
+    arg: *mut std::ffi::c_void,
+) -> hsa_status_t {
+    let sent = HandlerArg(arg);
+    let job: Job = Box::new(move || {
+        let arg = sent;
+        // SAFETY: the handler's own contract: its leaked argument, run once, here.
+        unsafe { handler(0, arg.0) };
+    });
+    match b.watcher.on_zero(b, signal, job) {
+        Ok(()) => HSA_STATUS_SUCCESS,
+        // The job was not kept and never runs: the runtime's handler takes `arg` instead.
+        Err(_) => {
+            b.original
+                .signal_async_handler(signal, HSA_SIGNAL_CONDITION_EQ, 0, Some(handler), arg)
+        }
+    }
+}
