@@ -229,7 +229,10 @@ fn handle(
     progress: &Cell<Progress>,
     handled: &Cell<usize>,
 ) {
+    // Where each forward ends in the application's ring (`crate::waits`).
+    let end = |i: usize| first_index.wrapping_add(i as u64);
     if !b.replay_active() {
+        state.will_forward(end(packets.len()));
         forward(
             b,
             state,
@@ -252,6 +255,7 @@ fn handle(
             continue;
         };
         if start < i {
+            state.will_forward(end(i));
             forward(
                 b,
                 state,
@@ -269,11 +273,14 @@ fn handle(
             next_index: Some(first_index.wrapping_add(i as u64 + 1)),
         };
         replay_dispatch(b, state, dispatch, Sink::Handler(writer), queued, progress);
+        state.will_forward(end(i + 1));
+        state.forwarded();
         handled.set(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
     }
     if start < packets.len() {
+        state.will_forward(end(packets.len()));
         forward(
             b,
             state,
@@ -417,11 +424,17 @@ pub(crate) fn forward(
         };
         b.hooks.dispatch_enqueue(&traced, None, &mut || {
             sink.write(b, &patched);
+            if let Sink::Handler(_) = sink {
+                state.forwarded();
+            }
             progress.set(Progress::Done);
         });
         return;
     }
     sink.write(b, &bracket(b, state, sink, track, packets));
+    if let Sink::Handler(_) = sink {
+        state.forwarded();
+    }
     progress.set(Progress::Done);
 }
 

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::thread::LocalKey;
 use std::time::Instant;
 
@@ -66,6 +66,11 @@ pub(crate) struct QueueState {
     errors: Arc<QueueErrors>,
     /// Barriers forwarded while their condition did not hold (see `crate::waits`).
     pub(crate) waits: WaitLog,
+    /// Index of the application's ring up to which packets were forwarded: the ones from there
+    /// on are not in the hardware queue yet (`crate::waits`).
+    forwarded_to: AtomicU64,
+    /// Where `forwarded_to` goes once the packets being forwarded are written.
+    forwarding_to: AtomicU64,
 }
 
 /// A queue's error callback as the application gave it, and the first error the runtime
@@ -202,6 +207,8 @@ impl QueueState {
             carried_work: AtomicBool::new(false),
             errors,
             waits: WaitLog::default(),
+            forwarded_to: AtomicU64::new(0),
+            forwarding_to: AtomicU64::new(0),
         }
     }
 
@@ -370,12 +377,46 @@ impl QueueState {
     /// the first slot not published yet (at most one ring's worth): what waits behind the
     /// handler call in progress.
     pub(crate) fn queued_from(&self, b: &Backend, first: u64) -> Vec<Packet> {
+        self.published_from(b, first)
+            .into_iter()
+            .map(|(_, packet)| packet)
+            .collect()
+    }
+
+    fn published_from(&self, b: &Backend, first: u64) -> Vec<(u64, Packet)> {
         // SAFETY: `queue` is live while its state is registered.
         let size = u64::from(unsafe { (*self.queue).size });
         // Adding 0 reads the write index.
         let write = b.original.queue_add_write_index(self.queue, 0);
         (first..write.min(first.saturating_add(size)))
-            .map_while(|index| self.published(index))
+            .map_while(|index| self.published(index).map(|p| (index, p)))
+            .collect()
+    }
+
+    /// Notes that the packets the handler forwards next end before ring index `next` (only the
+    /// thread handling the queue calls this; [`forwarded`](Self::forwarded) commits it).
+    pub(crate) fn will_forward(&self, next: u64) {
+        self.forwarding_to.store(next, Ordering::Release);
+    }
+
+    /// The packets announced by [`will_forward`](Self::will_forward) reached the hardware
+    /// queue: called while the agent's reader side is held, so that a replay, which holds the
+    /// writer side, sees them either not forwarded and not counted, or both.
+    pub(crate) fn forwarded(&self) {
+        let next = self.forwarding_to.load(Ordering::Acquire);
+        self.forwarded_to.fetch_max(next, Ordering::AcqRel);
+    }
+
+    /// The application's packets published in this queue's ring and not forwarded: while a
+    /// replay holds the queue's agent none of them can reach the hardware queue (forwarding
+    /// waits for the agent's lock), but for re-entrant work, which is left out.
+    pub(crate) fn unforwarded(&self, b: &Backend) -> Vec<Packet> {
+        let from = self.forwarded_to.load(Ordering::Acquire);
+        let reentrant = self.reentrant.lock();
+        self.published_from(b, from)
+            .into_iter()
+            .filter(|(index, _)| !reentrant.contains_key(index))
+            .map(|(_, packet)| packet)
             .collect()
     }
 
@@ -422,8 +463,9 @@ pub(crate) fn barrier_header() -> u16 {
 pub(crate) struct QueueIdle<'a> {
     pub(crate) backend: &'a Backend,
     pub(crate) state: &'a QueueState,
-    /// The signals the replay that drains holds back (`crate::waits`).
-    pub(crate) held: &'a Held,
+    /// The signals the replay that drains holds back, as of now (`crate::waits`: they only
+    /// grow while it holds its agents, as the application queues packets it holds back).
+    pub(crate) held: &'a dyn Fn() -> Held,
 }
 
 impl QueueView for QueueIdle<'_> {
@@ -436,7 +478,8 @@ impl QueueView for QueueIdle<'_> {
     fn is_idle(&self) -> bool {
         self.state.failed().is_some()
             || self.backend.original.signal_load(self.state.in_flight) == 0
-            || self.state.waits.parked(self.backend, self.held)
+            || (self.state.waits.has_open()
+                && self.state.waits.parked(self.backend, &(self.held)()))
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
@@ -450,7 +493,7 @@ impl QueueView for QueueIdle<'_> {
                 return false;
             }
             // A queue with a bracketed barrier may park at it: looked at more often.
-            let slice = if self.held.is_empty() || !self.state.waits.has_open() {
+            let slice = if !self.state.waits.has_open() {
                 std::time::Duration::from_millis(20)
             } else {
                 std::time::Duration::from_millis(1)

@@ -285,20 +285,38 @@ impl PassCompletion for PassSignal<'_> {
 }
 
 impl HsaReplay<'_> {
-    /// The signals this replay holds back until it ends: the dispatch's completion and those of
-    /// the packets queued behind it on its queue, in its handler call and in the ring.
-    fn held(&self) -> Held {
-        let mut held = Held::default();
-        held.add(self.dispatch.completion_signal);
-        for packet in self.queued.behind {
-            held.add(crate::waits::completion_signal(packet));
-        }
+    /// The signals this replay holds back until it ends (`crate::waits`): the dispatch's
+    /// completion and those of the packets queued behind it on its queue (in its handler call
+    /// and in the ring), of the packets of the held agents' other queues that are not
+    /// forwarded yet (forwarding waits for this replay's locks), and, while any of those keeps
+    /// a bracketed barrier shut, of the packets behind that barrier.
+    fn held(&self, queues: &[Arc<QueueState>]) -> Held {
+        let mut packets: Vec<Packet> = self.queued.behind.to_vec();
         if let Some(next) = self.queued.next_index {
-            for packet in self.state.queued_from(self.b, next) {
-                held.add(crate::waits::completion_signal(&packet));
+            packets.extend(self.state.queued_from(self.b, next));
+        }
+        for queue in queues {
+            if !std::ptr::eq(Arc::as_ptr(queue), self.state) {
+                packets.extend(queue.unforwarded(self.b));
             }
         }
-        held
+        let mut held = Held::default();
+        held.add(self.dispatch.completion_signal);
+        for packet in &packets {
+            held.add(crate::waits::completion_signal(packet));
+        }
+        // Shut barriers hold what is behind them, which may shut more: until nothing is new.
+        loop {
+            let mut grew = false;
+            for queue in queues {
+                for signal in queue.waits.shut_behind(self.b, &held) {
+                    grew |= held.add(hsa_signal_t { handle: signal });
+                }
+            }
+            if !grew {
+                return held;
+            }
+        }
     }
 
     fn close_window(&mut self) {
@@ -431,20 +449,21 @@ impl ReplayDevice for HsaReplay<'_> {
                 queue.request_drain_marker(self.b, deadline);
             }
         }
-        let held = self.held();
+        let held_now = || self.held(&queues);
+        let held = held_now();
         let views: Vec<QueueIdle<'_>> = queues
             .iter()
             .map(|s| QueueIdle {
                 backend: self.b,
                 state: s,
-                held: &held,
+                held: &held_now,
             })
             .collect();
         let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
         let own = QueueIdle {
             backend: self.b,
             state: self.state,
-            held: &held,
+            held: &held_now,
         };
         // A copy waiting for what this replay holds back lands only after the dispatch has
         // run, and copy engines run their copies in order, so the snapshot's and the tool's
@@ -748,6 +767,9 @@ impl ReplayDevice for HsaReplay<'_> {
     }
 
     fn run_once(&mut self, info: &DispatchInfo) {
+        if let Some(next) = self.queued.next_index {
+            self.state.will_forward(next);
+        }
         forward(
             self.b,
             self.state,

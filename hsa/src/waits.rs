@@ -35,6 +35,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 use hsa_sys::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
@@ -164,10 +166,13 @@ fn condition_holds(cond: u32, current: i64, value: i64) -> bool {
 pub(crate) struct Held(SmallVec<[u64; 8]>);
 
 impl Held {
-    /// Adds `signal` (0 is no signal).
-    pub(crate) fn add(&mut self, signal: hsa_signal_t) {
+    /// Adds `signal` (0 is no signal); whether it was new.
+    pub(crate) fn add(&mut self, signal: hsa_signal_t) -> bool {
         if signal.handle != 0 && !self.contains(signal.handle) {
             self.0.push(signal.handle);
+            true
+        } else {
+            false
         }
     }
 
@@ -196,12 +201,29 @@ pub(crate) fn completion_signal(packet: &Packet) -> hsa_signal_t {
 struct Bracketed {
     first: u64,
     wait: Wait,
+    /// Completion signals of the packets forwarded after the barrier (the first
+    /// [`BEHIND_KEPT`]): while it stays shut, they cannot fire.
+    behind: SmallVec<[u64; 8]>,
+}
+
+/// How many completion signals behind a bracketed barrier are kept.
+const BEHIND_KEPT: usize = 256;
+
+impl Bracketed {
+    fn note_behind(&mut self, packet: &Packet) {
+        let signal = completion_signal(packet).handle;
+        if signal != 0 && self.behind.len() < BEHIND_KEPT && !self.behind.contains(&signal) {
+            self.behind.push(signal);
+        }
+    }
 }
 
 /// The bracketed barriers of one queue (see the module documentation).
 #[derive(Default)]
 pub(crate) struct WaitLog {
     inner: Mutex<WaitLogInner>,
+    /// Whether a barrier is bracketed and not known to have opened (one load on every forward).
+    open: AtomicBool,
 }
 
 #[derive(Default)]
@@ -241,10 +263,26 @@ impl WaitLog {
             .iter()
             .map(|p| Wait::of(p).filter(|w| !w.holds(b)))
             .collect();
-        if waits.iter().all(Option::is_none) {
+        let waiting = waits.iter().any(Option::is_some);
+        if !waiting && !self.open.load(Ordering::Acquire) {
             return Cow::Borrowed(packets);
         }
         let mut log = self.inner.lock();
+        let completed = log.completed(b);
+        self.prune(&mut log, completed);
+        if let Some(open) = log.open.front_mut() {
+            // One bracket at a time: the markers take slots of the hardware queue that the
+            // application does not know of, so they must stay few (a queue filled with
+            // barriers would otherwise block its submitting thread). What goes behind the
+            // open one is noted.
+            for packet in packets {
+                open.note_behind(packet);
+            }
+            return Cow::Borrowed(packets);
+        }
+        if !waiting {
+            return Cow::Borrowed(packets);
+        }
         let signal = match log.signal {
             Some(s) => s,
             None => match b.original.signal_create(0) {
@@ -252,28 +290,32 @@ impl WaitLog {
                 Err(_) => return Cow::Borrowed(packets),
             },
         };
-        let completed = log.completed(b);
-        log.prune(completed);
-        if !log.open.is_empty() {
-            // One bracket at a time: the markers take slots of the hardware queue that the
-            // application does not know of, so they must stay few (a queue filled with
-            // barriers would otherwise block its submitting thread).
-            return Cow::Borrowed(packets);
-        }
         let mut out = Vec::with_capacity(packets.len() + 2);
-        let mut waits = waits.into_iter();
-        for packet in packets {
-            let Some(wait) = waits.next().flatten().filter(|_| log.open.is_empty()) else {
+        for (packet, wait) in packets.iter().zip(waits) {
+            if let Some(open) = log.open.front_mut() {
+                open.note_behind(packet);
+                out.push(*packet);
+                continue;
+            }
+            let Some(wait) = wait else {
                 out.push(*packet);
                 continue;
             };
             b.original.signal_add(signal, 2);
             let first = log.written + 1;
             log.written += 2;
-            log.open.push_back(Bracketed { first, wait });
+            // The barrier's own completion cannot fire while it is shut either.
+            let mut bracketed = Bracketed {
+                first,
+                wait,
+                behind: SmallVec::new(),
+            };
+            bracketed.note_behind(packet);
+            log.open.push_back(bracketed);
             let marker = marker(signal);
             out.extend([marker, *packet, marker]);
         }
+        self.open.store(true, Ordering::Release);
         Cow::Owned(out)
     }
 
@@ -288,7 +330,7 @@ impl WaitLog {
             return false;
         }
         let completed = log.completed(b);
-        log.prune(completed);
+        self.prune(&mut log, completed);
         log.open
             .front()
             .is_some_and(|w| w.first == completed && w.wait.held_shut(b, held))
@@ -296,7 +338,30 @@ impl WaitLog {
 
     /// Whether any barrier of the queue is bracketed and not known to have opened.
     pub(crate) fn has_open(&self) -> bool {
-        !self.inner.lock().open.is_empty()
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Forgets the barriers whose second marker completed (`completed` markers did).
+    fn prune(&self, log: &mut WaitLogInner, completed: u64) {
+        log.prune(completed);
+        if log.open.is_empty() {
+            self.open.store(false, Ordering::Release);
+        }
+    }
+
+    /// The completion signals of the packets behind this queue's bracketed barrier, when that
+    /// barrier cannot open while `held` stays held: they cannot fire either.
+    pub(crate) fn shut_behind(&self, b: &Backend, held: &Held) -> SmallVec<[u64; 8]> {
+        if held.is_empty() || !self.has_open() {
+            return SmallVec::new();
+        }
+        let mut log = self.inner.lock();
+        let completed = log.completed(b);
+        self.prune(&mut log, completed);
+        match log.open.front() {
+            Some(open) if open.wait.held_shut(b, held) => open.behind.clone(),
+            _ => SmallVec::new(),
+        }
     }
 
     /// The markers' signal, for the queue's teardown.

@@ -669,7 +669,6 @@ scenarios! {
     /// completion signal of stream 2's wait packet, which waits for the event recorded behind
     /// the replayed kernel. The copy cannot start before the kernel's last pass, like a copy
     /// waiting on the kernel itself: the replay must not wait the drain timeout for it.
-    #[ignore = "known limit: a signal held only through another queue's parked barrier is not followed (the drain waits out its timeout, then the dispatch runs once)"]
     fn a_copy_behind_a_stream_waiting_for_the_replayed_kernel_does_not_stall_the_replay() {
         let env = setup(Duration::from_millis(1500));
         let (app, gpu) = (env.app, env.gpu);
@@ -738,7 +737,6 @@ scenarios! {
     /// Three streams: stream 2 waits for the replayed dispatch, then records an event; stream 3
     /// waits for that event, then runs a kernel. Nothing of streams 2 and 3 can run before the
     /// last pass: the replay must not be held off.
-    #[ignore = "known limit: a signal held only through another queue's parked barrier is not followed (the drain waits out its timeout, then the dispatch runs once)"]
     fn a_chain_of_waits_across_three_streams_does_not_hold_the_replay_off() {
         let env = setup(Duration::from_millis(1500));
         let (s1, s2, s3) = (env.app.queue(env.gpu), env.app.queue(env.gpu), env.app.queue(env.gpu));
@@ -839,7 +837,6 @@ scenarios! {
     /// the event record in one submission. Neither replay may be held off by the other
     /// thread's waiting stream (its event, queued behind that thread's kernel, cannot fire
     /// before that thread's replay either).
-    #[ignore = "known limit: packets waiting in another queue's handler for the replay's lock are not counted as held (the drain waits out its timeout, then the dispatch runs once)"]
     fn two_threads_each_waiting_for_their_own_kernel_do_not_hold_each_other_off() {
         let env = Arc::new(setup(Duration::from_millis(1500)));
         let app = env.app;
