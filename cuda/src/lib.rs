@@ -24,6 +24,7 @@
 //! * [`capture`]: stream captures in progress (a replay does not drain a device while one is).
 //! * [`choice`]: `auto`'s measured choice between full copies and detection on the device.
 //! * [`tracking`]: managed memory and virtual-memory mappings (what the snapshot covers).
+//! * [`graphmem`]: memory CUDA graphs allocate, unbacked until a graph holding it runs.
 //! * [`timing`]: GPU begin/end timestamps of passes for KERNEL_DISPATCH records.
 //! * [`toolwork`]: work a tool issues from its callbacks inside a replay window, folded into
 //!   the snapshot so the restores that follow keep it.
@@ -42,6 +43,7 @@ pub mod drainer;
 pub mod driver;
 pub mod fence;
 pub mod globals;
+pub mod graphmem;
 pub mod guard;
 pub mod inject;
 pub mod kernels;
