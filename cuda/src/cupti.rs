@@ -172,6 +172,46 @@ pub mod cbid {
         CU_MEM_POOL_SET_ACCESS,
     ];
 
+    // Graph memory (see `crate::graphmem`), from CUDA 13.0's `cupti_driver_cbid.h` (the
+    // `nvidia-cuda-cupti` 13.0.85 wheel's copy; the same numbers in the CUDA 11 copy the code
+    // search finds in iree-org/iree's third_party/cuda/include/cupti_driver_cbid.h, for those it
+    // has), with the parameter structs of its `generated_cuda_meta.h`.
+    pub const CU_GRAPH_INSTANTIATE: CallbackId = 513;
+    pub const CU_GRAPH_EXEC_DESTROY: CallbackId = 516;
+    pub const CU_GRAPH_INSTANTIATE_V2: CallbackId = 578;
+    pub const CU_GRAPH_ADD_MEM_ALLOC_NODE: CallbackId = 638;
+    pub const CU_GRAPH_INSTANTIATE_WITH_FLAGS: CallbackId = 643;
+    pub const CU_GRAPH_INSTANTIATE_WITH_PARAMS: CallbackId = 656;
+    pub const CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ: CallbackId = 657;
+    pub const CU_GRAPH_ADD_NODE: CallbackId = 712;
+    pub const CU_GRAPH_ADD_NODE_V2: CallbackId = 723;
+
+    /// The calls that instantiate an executable graph (`cuGraphInstantiate` is
+    /// `cuGraphInstantiateWithFlags` in CUDA 12 and 13 headers): every one's parameters start
+    /// with `(CUgraphExec *phGraphExec, CUgraph hGraph)`.
+    pub const GRAPH_INSTANTIATE: [CallbackId; 5] = [
+        CU_GRAPH_INSTANTIATE,
+        CU_GRAPH_INSTANTIATE_V2,
+        CU_GRAPH_INSTANTIATE_WITH_FLAGS,
+        CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+        CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+    ];
+
+    /// The graph calls kreplay follows for graph memory: allocation nodes added, executable
+    /// graphs instantiated and destroyed (launches are in [`SUBSCRIBED`]; free nodes are read
+    /// when their graph is instantiated).
+    pub const GRAPH_MEMORY: [CallbackId; 9] = [
+        CU_GRAPH_INSTANTIATE,
+        CU_GRAPH_INSTANTIATE_V2,
+        CU_GRAPH_INSTANTIATE_WITH_FLAGS,
+        CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+        CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+        CU_GRAPH_EXEC_DESTROY,
+        CU_GRAPH_ADD_MEM_ALLOC_NODE,
+        CU_GRAPH_ADD_NODE,
+        CU_GRAPH_ADD_NODE_V2,
+    ];
+
     /// Virtual memory management calls kreplay tracks.
     pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
 
@@ -221,8 +261,8 @@ pub mod cbid {
     ];
 
     /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SHARED`], [`PEER_ACCESS`],
-    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`] and
-    /// [`END_CAPTURE`].
+    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`],
+    /// [`END_CAPTURE`] and [`GRAPH_MEMORY`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
@@ -235,6 +275,7 @@ pub mod cbid {
             &STREAM_WRITES,
             &BEGIN_CAPTURE,
             &END_CAPTURE,
+            &GRAPH_MEMORY,
         ]
         .concat()
     }
@@ -423,6 +464,203 @@ pub struct MemUnmapParams {
 #[allow(missing_docs)]
 pub struct MemFreeParams {
     pub dptr: CuDevicePtr,
+}
+
+/// `cuMemAllocAsync_params` (also `_ptsz`): the stream follows the size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocAsyncParams {
+    pub dptr: *mut CuDevicePtr,
+    pub bytesize: usize,
+    pub stream: CuStream,
+}
+
+/// `cuMemAllocFromPoolAsync_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocFromPoolAsyncParams {
+    pub dptr: *mut CuDevicePtr,
+    pub bytesize: usize,
+    pub pool: *mut c_void,
+    pub stream: CuStream,
+}
+
+/// `cuMemFreeAsync_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemFreeAsyncParams {
+    pub dptr: CuDevicePtr,
+    pub stream: CuStream,
+}
+
+/// `CUmemPoolProps` (cuda.h, CUDA 11.2 to 13): how a pool, or a graph allocation node, places
+/// its memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemPoolProps {
+    /// `CUmemAllocationType` (`CU_MEM_ALLOCATION_TYPE_PINNED` = 1).
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    /// `CUmemLocation::type` (`CU_MEM_LOCATION_TYPE_DEVICE` = 1).
+    pub location_type: c_int,
+    /// `CUmemLocation::id` (the device ordinal for a device location).
+    pub location_id: c_int,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`, and `_v2`, which has the same fields): `dptr` is written
+/// by `cuGraphAddMemAllocNode` and `cuGraphMemAllocNodeGetParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolProps,
+    pub access_descs: *const MemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CuDevicePtr,
+}
+
+impl MemAllocNodeParams {
+    /// The graph allocation these parameters describe (after the driver wrote `dptr`).
+    pub fn allocation(&self) -> crate::graphmem::GraphAlloc {
+        let p = &self.pool_props;
+        crate::graphmem::GraphAlloc {
+            base: self.dptr,
+            size: self.bytesize as u64,
+            place: crate::graphmem::Place::from_pool(p.alloc_type, p.location_type, p.location_id),
+        }
+    }
+}
+
+/// `cuGraphAddMemAllocNode_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphAddMemAllocNodeParams {
+    pub ph_graph_node: *mut *mut c_void,
+    pub graph: *mut c_void,
+    pub dependencies: *const *mut c_void,
+    pub num_dependencies: usize,
+    pub node_params: *mut MemAllocNodeParams,
+}
+
+/// `cuGraphAddNode_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphAddNodeParams {
+    pub ph_graph_node: *mut *mut c_void,
+    pub graph: *mut c_void,
+    pub dependencies: *const *mut c_void,
+    pub num_dependencies: usize,
+    pub node_params: *mut GraphNodeParamsHead,
+}
+
+/// `cuGraphAddNode_v2_params` (what `cuGraphAddNode` is in CUDA 13 headers).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphAddNodeV2Params {
+    pub ph_graph_node: *mut *mut c_void,
+    pub graph: *mut c_void,
+    pub dependencies: *const *mut c_void,
+    pub dependency_data: *const c_void,
+    pub num_dependencies: usize,
+    pub node_params: *mut GraphNodeParamsHead,
+}
+
+/// The head of `CUgraphNodeParams`: its type, then (after `int reserved0[3]`) the union whose
+/// `alloc` member is a `CUDA_MEM_ALLOC_NODE_PARAMS_v2` for a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node.
+/// Only read, never made: the struct the application passed is larger (232 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphNodeParamsHead {
+    pub node_type: c_int,
+    pub reserved0: [c_int; 3],
+    pub alloc: MemAllocNodeParams,
+}
+
+/// The leading fields of every `cuGraphInstantiate*_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphInstantiateParams {
+    pub ph_graph_exec: *mut *mut c_void,
+    pub graph: *mut c_void,
+}
+
+/// `cuGraphInstantiateWithFlags_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphInstantiateWithFlagsParams {
+    pub ph_graph_exec: *mut *mut c_void,
+    pub graph: *mut c_void,
+    pub flags: u64,
+}
+
+/// `cuGraphInstantiateWithParams_params` (also `_ptsz`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphInstantiateWithParamsParams {
+    pub ph_graph_exec: *mut *mut c_void,
+    pub graph: *mut c_void,
+    pub instantiate_params: *const GraphInstantiateInfo,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphInstantiateInfo {
+    pub flags: u64,
+    pub upload_stream: CuStream,
+    pub err_node_out: *mut c_void,
+    pub result_out: c_int,
+}
+
+/// `cuGraphLaunch_params` (also `_ptsz`), and the leading field of `cuGraphExecDestroy_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct GraphLaunchParams {
+    pub exec: *mut c_void,
+    pub stream: CuStream,
+}
+
+/// The instantiation flags a successful `cuGraphInstantiate*` call `id` was given: its `flags`
+/// parameter, the `flags` of its `CUDA_GRAPH_INSTANTIATE_PARAMS`, or 0 for the forms without
+/// flags.
+///
+/// # Safety
+/// `params` is the parameter struct of driver-API callback `id`, one of
+/// [`cbid::GRAPH_INSTANTIATE`].
+pub unsafe fn instantiate_flags(id: CallbackId, params: *const c_void) -> u64 {
+    match id {
+        // SAFETY: cuGraphInstantiateWithFlags_params, per the caller.
+        cbid::CU_GRAPH_INSTANTIATE_WITH_FLAGS => unsafe {
+            (*(params as *const GraphInstantiateWithFlagsParams)).flags
+        },
+        cbid::CU_GRAPH_INSTANTIATE_WITH_PARAMS | cbid::CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ => {
+            // SAFETY: cuGraphInstantiateWithParams(_ptsz)_params, per the caller; the
+            // application's CUDA_GRAPH_INSTANTIATE_PARAMS is alive during its call.
+            unsafe {
+                let p = *(params as *const GraphInstantiateWithParamsParams);
+                p.instantiate_params.as_ref().map_or(0, |i| i.flags)
+            }
+        }
+        _ => 0,
+    }
 }
 
 /// The parameter structs of `cuIpcOpenMemHandle` (`_v2`), `cuMemPoolImportPointer` and
@@ -670,12 +908,113 @@ mod tests {
         assert_eq!(offset_of!(GraphicsMappedPointerParams, resource), 16);
         assert_eq!(offset_of!(GraphicsUnmapParams, resources), 8);
         assert_eq!(offset_of!(GraphicsUnmapParams, stream), 16);
+        // Graph memory, as CUDA 13.0's cuda.h and generated_cuda_meta.h declare them:
+        // CUmemPoolProps is 88 bytes (location at 8, reserved[54] from 34), so in
+        // CUDA_MEM_ALLOC_NODE_PARAMS bytesize is at 104 and dptr at 112; CUgraphNodeParams'
+        // union starts at 16; the stream of cuMemAllocAsync and cuMemFreeAsync follows the
+        // size and the pointer.
+        assert_eq!(size_of::<MemPoolProps>(), 88);
+        assert_eq!(offset_of!(MemPoolProps, location_type), 8);
+        assert_eq!(offset_of!(MemPoolProps, location_id), 12);
+        assert_eq!(offset_of!(MemAllocNodeParams, access_descs), 88);
+        assert_eq!(offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(offset_of!(MemAllocNodeParams, dptr), 112);
+        assert_eq!(size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(offset_of!(GraphNodeParamsHead, alloc), 16);
+        assert_eq!(offset_of!(GraphAddMemAllocNodeParams, node_params), 32);
+        assert_eq!(offset_of!(GraphAddNodeParams, node_params), 32);
+        assert_eq!(offset_of!(GraphAddNodeV2Params, node_params), 40);
+        assert_eq!(offset_of!(GraphInstantiateWithFlagsParams, flags), 16);
+        assert_eq!(
+            offset_of!(GraphInstantiateWithParamsParams, instantiate_params),
+            16
+        );
+        assert_eq!(size_of::<GraphInstantiateInfo>(), 32);
+        assert_eq!(offset_of!(MemAllocAsyncParams, stream), 16);
+        assert_eq!(offset_of!(MemAllocFromPoolAsyncParams, stream), 24);
+        assert_eq!(offset_of!(MemFreeAsyncParams, stream), 8);
+        assert_eq!(offset_of!(GraphLaunchParams, stream), 8);
         // CUmemAllocationProp as cuda.h declares it: location at 8, 32 bytes in all.
         use crate::driver::CuMemAllocationProp;
         assert_eq!(offset_of!(CuMemAllocationProp, location_type), 8);
         assert_eq!(offset_of!(CuMemAllocationProp, location_id), 12);
         assert_eq!(offset_of!(CuMemAllocationProp, alloc_flags), 24);
         assert_eq!(size_of::<CuMemAllocationProp>(), 32);
+    }
+
+    /// The flags of each instantiate call as its parameters give them, and the graph
+    /// allocation an allocation node's parameters describe (pinned device memory, or not).
+    #[test]
+    fn graph_memory_parameters_are_read_as_the_headers_lay_them_out() {
+        use crate::graphmem::{CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, Place};
+        let mut exec: *mut c_void = std::ptr::null_mut();
+        let with_flags = GraphInstantiateWithFlagsParams {
+            ph_graph_exec: &raw mut exec,
+            graph: std::ptr::null_mut(),
+            flags: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        };
+        let info = GraphInstantiateInfo {
+            flags: 3,
+            upload_stream: std::ptr::null_mut(),
+            err_node_out: std::ptr::null_mut(),
+            result_out: 0,
+        };
+        let with_params = GraphInstantiateWithParamsParams {
+            ph_graph_exec: &raw mut exec,
+            graph: std::ptr::null_mut(),
+            instantiate_params: &raw const info,
+        };
+        // SAFETY: each a parameter struct of the id it is read as.
+        unsafe {
+            let flags = |id, p: *const c_void| instantiate_flags(id, p);
+            assert_eq!(
+                flags(
+                    cbid::CU_GRAPH_INSTANTIATE_WITH_FLAGS,
+                    (&raw const with_flags).cast()
+                ),
+                1
+            );
+            for id in [
+                cbid::CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+                cbid::CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+            ] {
+                assert_eq!(flags(id, (&raw const with_params).cast()), 3);
+            }
+            for id in [cbid::CU_GRAPH_INSTANTIATE, cbid::CU_GRAPH_INSTANTIATE_V2] {
+                assert_eq!(flags(id, (&raw const with_flags).cast()), 0);
+            }
+        }
+        let node = |alloc_type, location_type, location_id| MemAllocNodeParams {
+            pool_props: MemPoolProps {
+                alloc_type,
+                handle_types: 0,
+                location_type,
+                location_id,
+                win32_security_attributes: std::ptr::null_mut(),
+                max_size: 0,
+                usage: 0,
+                reserved: [0; 54],
+            },
+            access_descs: std::ptr::null(),
+            access_desc_count: 0,
+            bytesize: 4096,
+            dptr: 0x7f00_0000_0000,
+        };
+        let a = node(1, 1, 2).allocation();
+        assert_eq!(
+            (a.base, a.size, a.place),
+            (0x7f00_0000_0000, 4096, Place::Device(2))
+        );
+        assert!(matches!(node(1, 2, 0).allocation().place, Place::Other(_)));
+        assert!(matches!(node(2, 1, 0).allocation().place, Place::Other(_)));
+        for id in cbid::GRAPH_INSTANTIATE {
+            assert!(cbid::GRAPH_MEMORY.contains(&id));
+            assert_eq!(
+                crate::fence::device_write(id),
+                None,
+                "{id} is no fenced call"
+            );
+        }
     }
 
     #[test]

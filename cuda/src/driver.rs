@@ -169,6 +169,21 @@ pub struct Optional {
     /// `cuPointerGetAttribute`.
     pub pointer_get_attribute:
         Option<unsafe extern "C" fn(*mut c_void, c_int, CuDevicePtr) -> CuResult>,
+    /// `cuGraphGetNodes` (CUDA 10.0): a graph's nodes (`CUgraph`, `CUgraphNode *`, `size_t *`).
+    pub graph_get_nodes:
+        Option<unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut usize) -> CuResult>,
+    /// `cuGraphNodeGetType` (CUDA 10.0).
+    pub graph_node_get_type: Option<unsafe extern "C" fn(*mut c_void, *mut c_int) -> CuResult>,
+    /// `cuGraphMemAllocNodeGetParams` (CUDA 11.4, with allocation nodes).
+    pub graph_mem_alloc_node_get_params: Option<
+        unsafe extern "C" fn(*mut c_void, *mut crate::cupti::MemAllocNodeParams) -> CuResult,
+    >,
+    /// `cuGraphMemFreeNodeGetParams` (CUDA 11.4).
+    pub graph_mem_free_node_get_params:
+        Option<unsafe extern "C" fn(*mut c_void, *mut CuDevicePtr) -> CuResult>,
+    /// `cuGraphChildGraphNodeGetGraph` (CUDA 10.0).
+    pub graph_child_graph_node_get_graph:
+        Option<unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult>,
 }
 
 /// `CUDA_ERROR_INVALID_VALUE`: among others, a parameter index past the function's last.
@@ -245,6 +260,14 @@ macro_rules! driver_table {
                         kernel_get_function: lib.get(b"cuKernelGetFunction\0").ok().map(|s| *s),
                         func_load: lib.get(b"cuFuncLoad\0").ok().map(|s| *s),
                         pointer_get_attribute: lib.get(b"cuPointerGetAttribute\0").ok().map(|s| *s),
+                        graph_get_nodes: lib.get(b"cuGraphGetNodes\0").ok().map(|s| *s),
+                        graph_node_get_type: lib.get(b"cuGraphNodeGetType\0").ok().map(|s| *s),
+                        graph_mem_alloc_node_get_params: lib
+                            .get(b"cuGraphMemAllocNodeGetParams\0").ok().map(|s| *s),
+                        graph_mem_free_node_get_params: lib
+                            .get(b"cuGraphMemFreeNodeGetParams\0").ok().map(|s| *s),
+                        graph_child_graph_node_get_graph: lib
+                            .get(b"cuGraphChildGraphNodeGetGraph\0").ok().map(|s| *s),
                     };
                     Ok(Driver { _lib: lib, $( $field, )* launch_kernel, launch_kernel_ptsz,
                         launch_kernel_ex, launch_kernel_ex_ptsz, launch_cooperative_kernel,
@@ -459,6 +482,27 @@ impl Driver {
         (rc == CUDA_SUCCESS && size > 0).then_some(size as u64)
     }
 
+    /// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`, `_ptsz` for a
+    /// per-thread-stream call): `Some(true)` also for a capture already invalidated, whose
+    /// calls still add no work; `None` when the driver cannot say (on the legacy stream while
+    /// another stream captures, among others).
+    ///
+    /// # Safety
+    /// `stream` is a stream handle the application passed to a call in progress (or a
+    /// special handle: null, `CU_STREAM_PER_THREAD`).
+    pub unsafe fn stream_capturing(&self, stream: CuStream, per_thread: bool) -> Option<bool> {
+        let f = if per_thread {
+            self.stream_is_capturing_ptsz
+        } else {
+            self.stream_is_capturing
+        };
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a stream the application passed (the caller's promise); writes one
+        // CUstreamCaptureStatus, and an invalid stream is an error code.
+        let rc = unsafe { f(stream, &mut status) };
+        (rc == CUDA_SUCCESS).then_some(status != CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// The ordinal of the device whose memory `addr` is (`None` when the driver cannot say).
     pub fn device_ordinal(&self, addr: u64) -> Option<i32> {
         let get = self.optional.pointer_get_attribute?;
@@ -472,6 +516,81 @@ impl Driver {
             )
         };
         (rc == CUDA_SUCCESS && ordinal >= 0).then_some(ordinal)
+    }
+}
+
+/// The graph nodes of the driver, for [`crate::graphmem::walk`]: graph and node handles the
+/// application gave or the driver returned, read inside the application's call that holds them.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverGraphs<'a>(pub &'a Driver);
+
+impl DriverGraphs<'_> {
+    fn entry<T>(&self, f: Option<T>, name: &str) -> Result<T, String> {
+        f.ok_or_else(|| format!("this driver has no {name}"))
+    }
+    fn call(&self, call: &'static str, rc: CuResult) -> Result<(), String> {
+        self.0.check(call, rc).map_err(|e| e.to_string())
+    }
+}
+
+impl crate::graphmem::GraphApi for DriverGraphs<'_> {
+    fn nodes(&self, graph: usize) -> Result<Vec<usize>, String> {
+        let get = self.entry(self.0.optional.graph_get_nodes, "cuGraphGetNodes")?;
+        let mut count: usize = 0;
+        // SAFETY: with a null array, writes the node count; an invalid graph is an error code.
+        let rc = unsafe { get(graph as *mut c_void, std::ptr::null_mut(), &mut count) };
+        self.call("cuGraphGetNodes", rc)?;
+        let mut nodes: Vec<*mut c_void> = vec![std::ptr::null_mut(); count];
+        // SAFETY: writes at most `count` handles into an array of `count`, and the number
+        // written into `count`.
+        let rc = unsafe { get(graph as *mut c_void, nodes.as_mut_ptr(), &mut count) };
+        self.call("cuGraphGetNodes", rc)?;
+        nodes.truncate(count);
+        Ok(nodes.into_iter().map(|n| n as usize).collect())
+    }
+    fn node_type(&self, node: usize) -> Result<i32, String> {
+        let get = self.entry(self.0.optional.graph_node_get_type, "cuGraphNodeGetType")?;
+        let mut t: c_int = -1;
+        // SAFETY: writes one CUgraphNodeType; an invalid node is an error code.
+        let rc = unsafe { get(node as *mut c_void, &mut t) };
+        self.call("cuGraphNodeGetType", rc)?;
+        Ok(t)
+    }
+    fn alloc(&self, node: usize) -> Result<crate::graphmem::GraphAlloc, String> {
+        let get = self.entry(
+            self.0.optional.graph_mem_alloc_node_get_params,
+            "cuGraphMemAllocNodeGetParams",
+        )?;
+        let mut p = std::mem::MaybeUninit::<crate::cupti::MemAllocNodeParams>::zeroed();
+        // SAFETY: writes one CUDA_MEM_ALLOC_NODE_PARAMS (its pointers are the node's own); an
+        // invalid node is an error code.
+        let rc = unsafe { get(node as *mut c_void, p.as_mut_ptr()) };
+        self.call("cuGraphMemAllocNodeGetParams", rc)?;
+        // SAFETY: zeroed is a valid value of the struct (integers and pointers), and the
+        // driver filled it.
+        Ok(unsafe { p.assume_init() }.allocation())
+    }
+    fn freed(&self, node: usize) -> Result<u64, String> {
+        let get = self.entry(
+            self.0.optional.graph_mem_free_node_get_params,
+            "cuGraphMemFreeNodeGetParams",
+        )?;
+        let mut dptr: CuDevicePtr = 0;
+        // SAFETY: writes one CUdeviceptr; an invalid node is an error code.
+        let rc = unsafe { get(node as *mut c_void, &mut dptr) };
+        self.call("cuGraphMemFreeNodeGetParams", rc)?;
+        Ok(dptr)
+    }
+    fn child(&self, node: usize) -> Result<usize, String> {
+        let get = self.entry(
+            self.0.optional.graph_child_graph_node_get_graph,
+            "cuGraphChildGraphNodeGetGraph",
+        )?;
+        let mut g: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one CUgraph (owned by the node); an invalid node is an error code.
+        let rc = unsafe { get(node as *mut c_void, &mut g) };
+        self.call("cuGraphChildGraphNodeGetGraph", rc)?;
+        Ok(g as usize)
     }
 }
 
