@@ -35,20 +35,23 @@ use crate::cupti::{
     CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
     CBID_RESOURCE_MODULE_UNLOAD_STARTING, CallbackData, CallbackDomain, CallbackId,
     CtxEnablePeerAccessParams, Cupti, ExternalMemoryGetMappedBufferParams,
-    GraphicsMappedPointerParams, GraphicsUnmapParams, LaunchCooperativeKernelParams,
-    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemAllocPitchParams, MemFreeParams,
-    MemMapParams, MemPoolSetAccessParams, MemSetAccessParams, MemUnmapParams, ModuleResourceData,
-    PointerOutParams, ResourceData, StreamCaptureParams, SubscriberHandle, SurfObjectCreateParams,
-    SurfObjectDestroyParams, cbid,
+    GraphAddMemAllocNodeParams, GraphAddNodeParams, GraphAddNodeV2Params, GraphInstantiateParams,
+    GraphLaunchParams, GraphicsMappedPointerParams, GraphicsUnmapParams,
+    LaunchCooperativeKernelParams, LaunchKernelExParams, LaunchKernelParams, MemAllocAsyncParams,
+    MemAllocFromPoolAsyncParams, MemAllocParams, MemAllocPitchParams, MemFreeAsyncParams,
+    MemFreeParams, MemMapParams, MemPoolSetAccessParams, MemSetAccessParams, MemUnmapParams,
+    ModuleResourceData, PointerOutParams, ResourceData, StreamCaptureParams, SubscriberHandle,
+    SurfObjectCreateParams, SurfObjectDestroyParams, cbid,
 };
 use crate::devruntime::DeviceRuntime;
 use crate::drainer::Drainer;
 use crate::driver::{
     CU_STREAM_CAPTURE_STATUS_NONE, CUDA_ERROR_CONTEXT_IS_DESTROYED, CUDA_ERROR_INVALID_CONTEXT,
-    CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, Driver,
+    CUDA_SUCCESS, CuContext, CuFunction, CuModule, CuResult, CuStream, Driver, DriverGraphs,
 };
 use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
+use crate::graphmem::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, GraphAlloc, GraphMemory, Place};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
@@ -346,6 +349,8 @@ struct Backend {
     config: Config,
     tools: Box<dyn Tools>,
     watch: MemoryWatch,
+    /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
+    graphs: GraphMemory,
     inventory: Arc<Inventory>,
     locks: AgentLocks,
     /// Stream captures in progress (a replay does not drain a device while one is).
@@ -390,6 +395,7 @@ struct Pending {
 struct InjectedLaunch<'a> {
     inner: CudaLaunch<'a>,
     watch: &'a MemoryWatch,
+    graphs: &'a GraphMemory,
     /// At API ENTER: what the launch's snapshot covers (see [`Backend::launch_scope`]).
     scope: Option<LaunchScope<'a>>,
     captures: &'a Captures,
@@ -408,6 +414,7 @@ impl LaunchOps for InjectedLaunch<'_> {
     fn covered(&self) -> Result<(), String> {
         self.watch
             .untracked_reason(self.inner.launch.ctx as usize)
+            .or_else(|| self.graphs.untracked_reason())
             .map_or(Ok(()), Err)
     }
     fn scope(&self, base: &Filter) -> Result<Filter, String> {
@@ -802,6 +809,7 @@ impl Backend {
             );
             return;
         };
+        self.graphs.on_other_alloc(base, size);
         self.inventory.on_alloc(NewAllocation {
             base,
             size,
@@ -948,6 +956,14 @@ impl Backend {
     /// The application's allocation at `base` ended (freed, or with its context): a managed
     /// allocation leaves the watch, any other the inventory.
     fn on_app_free(&self, base: u64) {
+        if self.graphs.on_free(&self.inventory, base) {
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            log(
+                LogLevel::Debug,
+                format!("graph allocation at {base:#x} freed"),
+            );
+            return;
+        }
         if !self.watch.on_free(base) {
             self.on_free(base);
         }
@@ -994,6 +1010,110 @@ impl Backend {
     fn on_shared_end(&self, base: u64) {
         if self.watch.on_shared_end(base) {
             self.on_free(base);
+        }
+    }
+
+    /// Whether an asynchronous allocation or free on `stream` (`per_thread`: a `_ptsz` call) in
+    /// context `ctx` is being captured into a graph. Where the driver cannot say, it is taken as
+    /// captured while a capture kreplay follows is in progress on the device: a captured
+    /// allocation taken for an ordinary one would be snapshotted with no memory behind it.
+    fn captured(&self, stream: CuStream, per_thread: bool, ctx: CuContext) -> bool {
+        // SAFETY: the stream the application passed to the allocation or free in progress.
+        unsafe { self.driver.stream_capturing(stream, per_thread) }.unwrap_or_else(|| {
+            self.ordinal(ctx)
+                .is_some_and(|o| self.captures.on_device(o as u64) > 0)
+        })
+    }
+
+    /// A `cuMemAllocAsync` captured into a graph returned `base`: the driver made an allocation
+    /// node of it, with no memory behind it until a graph holding it is launched.
+    fn on_captured_alloc(&self, ctx: CuContext, base: u64, size: u64) {
+        // The pool's device, as far as the call tells; the graph's instantiation reads the
+        // node's own placement.
+        let place = match self.ordinal(ctx) {
+            Some(o) => Place::Device(o),
+            None => Place::Other("the capturing context's device is not known".to_owned()),
+        };
+        let alloc = GraphAlloc { base, size, place };
+        self.on_graph_alloc_node(alloc, &[], "cuMemAllocAsync captured into a graph");
+    }
+
+    /// An allocation node was made (`what`): known, never snapshotted, until a graph holding
+    /// it is launched. `peers`: the devices its access list lets reach it (linked with its
+    /// own, as `cuMemSetAccess` links them).
+    fn on_graph_alloc_node(&self, alloc: GraphAlloc, peers: &[u64], what: &str) {
+        log(
+            LogLevel::Debug,
+            format!(
+                "{what}: {} bytes at {:#x} ({:?}), no memory behind it until a graph holding it \
+                 is launched",
+                alloc.size, alloc.base, alloc.place
+            ),
+        );
+        if let Place::Device(d) = alloc.place
+            && !peers.is_empty()
+        {
+            let mut devices = peers.to_vec();
+            devices.push(d as u64);
+            self.link_devices(&devices, what);
+        }
+        self.graphs.on_alloc_node(&self.inventory, alloc);
+    }
+
+    /// `cuGraphInstantiate*` made executable graph `exec` of `graph` with `flags`: which memory
+    /// its launches allocate and free is read now, from the graph and its child graphs.
+    fn on_graph_instantiated(&self, exec: usize, graph: usize, flags: u64) {
+        let nodes = crate::graphmem::walk(graph, &DriverGraphs(self.driver));
+        match &nodes {
+            Ok(n) if !n.allocs.is_empty() || !n.frees.is_empty() => log(
+                LogLevel::Debug,
+                format!(
+                    "graph {exec:#x} instantiated (flags {flags:#x}): {} allocation node(s), {} \
+                     free node(s)",
+                    n.allocs.len(),
+                    n.frees.len()
+                ),
+            ),
+            Ok(_) => {}
+            Err(why) => log(
+                LogLevel::Warn,
+                format!(
+                    "the memory nodes of graph {exec:#x} cannot be read ({why}): once it is \
+                     launched, launches run once (untracked_memory)"
+                ),
+            ),
+        }
+        self.graphs.on_instantiated(exec, nodes, flags);
+    }
+
+    /// `cuGraphLaunch` of `exec` in context `ctx` succeeded: its allocations have memory
+    /// behind them and are tracked (ending with the context), its free nodes' end.
+    fn on_graph_launched(&self, exec: usize, ctx: CuContext) {
+        let launched = self.graphs.on_launched(&self.inventory, exec);
+        for &(base, device) in &launched.backed {
+            self.contexts.note_allocation(ctx as usize, base);
+            self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+            log(
+                LogLevel::Debug,
+                format!(
+                    "graph {exec:#x} launched: its allocation at {base:#x} on device {device} \
+                     is tracked"
+                ),
+            );
+        }
+        for &base in &launched.freed {
+            self.contexts.note_free(base);
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            log(
+                LogLevel::Debug,
+                format!("graph {exec:#x} launched: its free node freed {base:#x}"),
+            );
+        }
+        if let Some(why) = launched.unreadable {
+            log(
+                LogLevel::Warn,
+                format!("{why}: launches run once (untracked_memory)"),
+            );
         }
     }
 
@@ -1093,8 +1213,12 @@ impl Backend {
                 (base.clone(), Vec::new(), false)
             }
         };
+        // A graph allocation with no memory behind it is known to kreplay but never in the
+        // inventory: an argument pointing into it declines the launch before any copy.
         let scoped = launch_filter(start, &self.inventory, &variables, &values, |v, end| {
-            self.untracked_memory_kind(v, device.pageable, end)
+            self.graphs
+                .argument_reason(v)
+                .or_else(|| self.untracked_memory_kind(v, device.pageable, end))
         })?;
         if self.config.snapshot.strategy == RestoreStrategy::Auto {
             // Chosen here, once per replayed launch (the window asks for the scope only of a
@@ -1288,6 +1412,7 @@ impl Backend {
             peer_contexts,
             inner: cuda_launch,
             watch: &self.watch,
+            graphs: &self.graphs,
             scope: Some(LaunchScope {
                 backend: self,
                 device: &device,
@@ -1349,6 +1474,7 @@ impl Backend {
                 drainer: None,
             },
             watch: &self.watch,
+            graphs: &self.graphs,
             scope: None,
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
@@ -1491,6 +1617,13 @@ impl Backend {
                 let devices = self.fenced_devices(id, data);
                 fence::enter(&self.locks, &devices);
             } else if exit {
+                if write == fence::DeviceWrite::Graph && result() == CUDA_SUCCESS {
+                    // Before the reader side is given back: no replay window on the device
+                    // snapshots while the graph's allocations become tracked memory.
+                    // SAFETY: cuGraphLaunch(_ptsz)_params starts with the executable graph.
+                    let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
+                    self.on_graph_launched(exec as usize, data.context);
+                }
                 fence::exit();
             }
             return;
@@ -1513,7 +1646,16 @@ impl Backend {
                     if id == cbid::CU_MEM_ALLOC_V2 {
                         self.contexts.note_allocation(data.context as usize, base);
                     }
-                    self.on_alloc(data.context, base, size, "cuMemAlloc");
+                    // SAFETY: `params` is this call's parameter struct.
+                    let stream = unsafe { async_stream(id, params) };
+                    match stream {
+                        Some((stream, per_thread))
+                            if self.captured(stream, per_thread, data.context) =>
+                        {
+                            self.on_captured_alloc(data.context, base, size);
+                        }
+                        _ => self.on_alloc(data.context, base, size, "cuMemAlloc"),
+                    }
                 }
             }
             cbid::CU_MEM_ALLOC_PITCH_V2 => {
@@ -1534,8 +1676,75 @@ impl Backend {
             {
                 // SAFETY: these parameter structs start with the CUdeviceptr being freed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
+                if id != cbid::CU_MEM_FREE_V2 {
+                    // SAFETY: cuMemFreeAsync(_ptsz)_params.
+                    let stream = unsafe { (*(params as *const MemFreeAsyncParams)).stream };
+                    let per_thread = id == cbid::CU_MEM_FREE_ASYNC_PTSZ;
+                    if self.captured(stream, per_thread, data.context) {
+                        // A free node of the graph being captured: the memory stays until a
+                        // graph holding the node is launched (read at its instantiation).
+                        log(
+                            LogLevel::Debug,
+                            format!("cuMemFreeAsync of {base:#x} captured into a graph"),
+                        );
+                        return;
+                    }
+                }
                 self.contexts.note_free(base);
                 self.on_app_free(base);
+            }
+            cbid::CU_GRAPH_ADD_MEM_ALLOC_NODE if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuGraphAddMemAllocNode_params; on success the driver wrote the
+                // allocation's address into the application's nodeParams, alive during its call.
+                let node = unsafe {
+                    let p = *(params as *const GraphAddMemAllocNodeParams);
+                    p.node_params.as_ref().copied()
+                };
+                if let Some(node) = node {
+                    // SAFETY: the node's access list, `access_desc_count` entries, alive during
+                    // the call.
+                    let peers = unsafe { granted(node.access_descs, node.access_desc_count) };
+                    self.on_graph_alloc_node(node.allocation(), &peers, "cuGraphAddMemAllocNode");
+                }
+            }
+            cbid::CU_GRAPH_ADD_NODE | cbid::CU_GRAPH_ADD_NODE_V2
+                if exit && result() == CUDA_SUCCESS =>
+            {
+                // SAFETY: cuGraphAddNode(_v2)_params; nodeParams points to the application's
+                // CUgraphNodeParams (256 bytes), alive during its call, whose head is read.
+                let node = unsafe {
+                    let head = if id == cbid::CU_GRAPH_ADD_NODE {
+                        (*(params as *const GraphAddNodeParams)).node_params
+                    } else {
+                        (*(params as *const GraphAddNodeV2Params)).node_params
+                    };
+                    head.as_ref()
+                        .filter(|h| h.node_type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+                        .map(|h| h.alloc)
+                };
+                if let Some(node) = node {
+                    // SAFETY: as above, the node's access list.
+                    let peers = unsafe { granted(node.access_descs, node.access_desc_count) };
+                    self.on_graph_alloc_node(node.allocation(), &peers, "cuGraphAddNode");
+                }
+            }
+            id if cbid::GRAPH_INSTANTIATE.contains(&id) && exit && result() == CUDA_SUCCESS => {
+                // SAFETY: every cuGraphInstantiate*_params starts with (CUgraphExec *, CUgraph);
+                // on success the executable graph was written.
+                let (exec, graph) = unsafe {
+                    let p = *(params as *const GraphInstantiateParams);
+                    (p.ph_graph_exec.as_ref().copied(), p.graph)
+                };
+                // SAFETY: the parameter struct of instantiate call `id`.
+                let flags = unsafe { cupti::instantiate_flags(id, params) };
+                if let Some(exec) = exec {
+                    self.on_graph_instantiated(exec as usize, graph as usize, flags);
+                }
+            }
+            cbid::CU_GRAPH_EXEC_DESTROY if enter => {
+                // SAFETY: cuGraphExecDestroy_params is the executable graph.
+                let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
+                self.graphs.on_exec_destroyed(exec as usize);
             }
             cbid::CU_MEM_ALLOC_MANAGED if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemAllocManaged_params starts with (CUdeviceptr*, size_t); on
@@ -1802,6 +2011,28 @@ impl Backend {
     }
 }
 
+/// The stream of an asynchronous allocation call `id` (`cuMemAllocAsync`,
+/// `cuMemAllocFromPoolAsync`, each with its `_ptsz` form) and whether it is a per-thread-stream
+/// call; `None` for any other allocation call.
+///
+/// # Safety
+/// `params` is the parameter struct of driver-API callback `id`.
+unsafe fn async_stream(id: CallbackId, params: *const c_void) -> Option<(CuStream, bool)> {
+    match id {
+        cbid::CU_MEM_ALLOC_ASYNC | cbid::CU_MEM_ALLOC_ASYNC_PTSZ => {
+            // SAFETY: cuMemAllocAsync(_ptsz)_params, per the caller.
+            let stream = unsafe { (*(params as *const MemAllocAsyncParams)).stream };
+            Some((stream, id == cbid::CU_MEM_ALLOC_ASYNC_PTSZ))
+        }
+        cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+            // SAFETY: cuMemAllocFromPoolAsync(_ptsz)_params, per the caller.
+            let stream = unsafe { (*(params as *const MemAllocFromPoolAsyncParams)).stream };
+            Some((stream, id == cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ))
+        }
+        _ => None,
+    }
+}
+
 /// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
 /// kind, a copy, a memset or a stream write.
 fn writes_device(id: CallbackId) -> bool {
@@ -2021,6 +2252,7 @@ fn initialize(
         config,
         tools,
         watch: MemoryWatch::new(),
+        graphs: GraphMemory::new(),
         inventory: Arc::new(Inventory::new()),
         locks,
         captures: Captures::new(),
@@ -2343,6 +2575,46 @@ mod tests {
                 (p.f, p.stream, p.kernel_params, std::ptr::null_mut())
             );
             assert_eq!((l.ctx, l.device), (ctx, 1));
+        }
+    }
+
+    /// The stream of a stream-ordered allocation is what tells a captured one (an allocation
+    /// node, no memory behind it) from an ordinary one; a plain allocation has none.
+    #[test]
+    fn the_stream_of_an_asynchronous_allocation_is_read_for_each_entry_point() {
+        let mut dptr: u64 = 0;
+        let alloc = MemAllocAsyncParams {
+            dptr: &raw mut dptr,
+            bytesize: 64,
+            stream: 0x20 as CuStream,
+        };
+        let pool = MemAllocFromPoolAsyncParams {
+            dptr: &raw mut dptr,
+            bytesize: 64,
+            pool: 0x30 as *mut c_void,
+            stream: 0x40 as CuStream,
+        };
+        // SAFETY: each a parameter struct of the id it is read as (none for cuMemAlloc_v2).
+        unsafe {
+            let p = (&raw const alloc).cast();
+            let q = (&raw const pool).cast();
+            assert_eq!(
+                async_stream(cbid::CU_MEM_ALLOC_ASYNC, p),
+                Some((alloc.stream, false))
+            );
+            assert_eq!(
+                async_stream(cbid::CU_MEM_ALLOC_ASYNC_PTSZ, p),
+                Some((alloc.stream, true))
+            );
+            assert_eq!(
+                async_stream(cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC, q),
+                Some((pool.stream, false))
+            );
+            assert_eq!(
+                async_stream(cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ, q),
+                Some((pool.stream, true))
+            );
+            assert_eq!(async_stream(cbid::CU_MEM_ALLOC_V2, p), None);
         }
     }
 
