@@ -84,6 +84,19 @@ cooperative_run() {
     grep -q "^coop_step,12,12,$((12 * PASSES)),.*,0,-\$" "$OUT/cooperative_$1.csv"
 }
 
+# graph_alloc.cu: graph allocations written by kernels outside the graphs. The kernel given an
+# allocation of a graph that has not run yet is declined (untracked_memory: no memory is behind
+# it, so no snapshot may copy it); every launch that adds through the pointer kept in device
+# memory is replayed (8 into the captured allocation, 8 into the node-by-node one), and the
+# checksums are those of the run without kreplay.
+graph_alloc_run() {
+    "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/graph_alloc.csv" \
+        -- "$OUT/graph_alloc" || return 1
+    grep -E "^_Z6add_ifPjmi,|^_Z11add_throughPKPjm," "$OUT/graph_alloc.csv"
+    grep -q "^_Z6add_ifPjmi,1,0,.*untracked_memory:1\$" "$OUT/graph_alloc.csv" &&
+        grep -q "^_Z11add_throughPKPjm,16,16,.*,0,-\$" "$OUT/graph_alloc.csv"
+}
+
 surface_reset_run() {
     "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/surface_reset.csv" \
         -- "$OUT/surface" reset || return 1
@@ -191,6 +204,11 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/device_heap_graph" cuda/tests/workloads/device_heap_graph.cu
     step device_heap_graph "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/device_heap_graph.csv" -- "$OUT/device_heap_graph"
+    # Memory graphs allocate (captured cudaMallocAsync, cudaGraphAddMemAllocNode), written
+    # directly and through a pointer kept in device memory once the graph ran; a launch between
+    # the capture and the graph's first launch must never copy it.
+    nvcc -O2 -o "$OUT/graph_alloc" cuda/tests/workloads/graph_alloc.cu
+    step graph_alloc graph_alloc_run
     # Memory another process shares (CUDA IPC), written directly and through a pointer kept in
     # device memory: snapshotted as the opening process's device memory.
     nvcc -O2 -o "$OUT/ipc" cuda/tests/workloads/ipc.cu
