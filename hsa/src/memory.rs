@@ -513,19 +513,21 @@ impl DeviceMemory for HsaMemory {
 
     fn copy_on_device(&self, copies: &[DeviceCopy]) -> Result<(), CopyError> {
         let b = backend();
-        // The runtime's copy is thread safe: issue the list from the worker pool so copies
+        // The runtime's copy is thread safe: issue the list from kreplay's pool so copies
         // overlap (on the software runtime each one is a memcpy on the calling thread).
-        copies.par_iter().try_for_each(|c| {
-            let status = b.original.memory_copy(
-                c.dst as *mut c_void,
-                c.src as *const c_void,
-                c.len as usize,
-            );
-            if status == HSA_STATUS_SUCCESS {
-                Ok(())
-            } else {
-                Err(copy_failed(c.dst, c.len as usize, status))
-            }
+        kreplay_snapshot::pool::install(|| {
+            copies.par_iter().try_for_each(|c| {
+                let status = b.original.memory_copy(
+                    c.dst as *mut c_void,
+                    c.src as *const c_void,
+                    c.len as usize,
+                );
+                if status == HSA_STATUS_SUCCESS {
+                    Ok(())
+                } else {
+                    Err(copy_failed(c.dst, c.len as usize, status))
+                }
+            })
         })
     }
 }

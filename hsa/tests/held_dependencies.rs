@@ -11,63 +11,16 @@
 #[macro_use]
 mod support;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use hsa_sys::hsa_signal_t;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{DeclineReason, LoopEnd, RanOnceReason, ReplayOutcome, ToolAnswer};
-use kreplay_softhsa::WorkGroup;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use support::app::{self, App, Aql, Pools, Ptr, Queue};
+use support::counted::{AddArgs, add, runs, seen};
 use support::tool::{Script, TestHooks};
-
-/// Runs of `add` per tag.
-static RUNS: [AtomicU32; 16] = [const { AtomicU32::new(0) }; 16];
-/// The value of `buf[0]` each run of `add` started from, as (tag, value).
-static SEEN: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    tag: u32,
-    amount: u32,
-}
-
-/// `buf[i] += amount` for every work-item; work-group 0 counts the run and notes `buf[0]`.
-fn add(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    let buf = args.buf as *mut u32;
-    if group.group_id() == [0, 0, 0] {
-        RUNS[args.tag as usize].fetch_add(1, Ordering::SeqCst);
-        // SAFETY: `buf` holds at least `len` (>= 1) u32 the scenario owns.
-        SEEN.lock()
-            .push((args.tag, unsafe { std::ptr::read_volatile(buf) }));
-    }
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: each work-item owns index `i` of a buffer of `len` u32.
-            unsafe { *buf.add(i as usize) += args.amount };
-        }
-    }
-}
-
-fn runs(tag: u32) -> u32 {
-    RUNS[tag as usize].load(Ordering::SeqCst)
-}
-
-fn seen(tag: u32) -> Vec<u32> {
-    SEEN.lock()
-        .iter()
-        .filter(|(t, _)| *t == tag)
-        .map(|(_, v)| *v)
-        .collect()
-}
 
 /// The replayed dispatch's tag.
 const REPLAYED: u32 = 1;

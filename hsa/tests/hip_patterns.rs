@@ -13,7 +13,7 @@ mod support;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hsa_sys::*;
@@ -21,46 +21,13 @@ use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
 use kreplay_softhsa::WorkGroup;
-use parking_lot::Mutex;
 use support::app::{self, App, Aql, Pools, Ptr, Queue};
 use support::bounded;
+use support::counted::{AddArgs, add, count_run, note_run, runs, seen};
 use support::tool::{Script, TestHooks};
 
 // ---------------------------------------------------------------------------------------------
 // Kernels
-
-/// Runs of `add`/`plus` per tag.
-static RUNS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
-/// The value of `buf[0]` (or `src[0]`) each run started from, as (tag, value).
-static SEEN: Mutex<Vec<(u32, u32)>> = Mutex::new(Vec::new());
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    tag: u32,
-    amount: u32,
-}
-
-/// `buf[i] += amount`; work-group 0 counts the run and notes `buf[0]`.
-fn add(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    let buf = args.buf as *mut u32;
-    if group.group_id() == [0, 0, 0] {
-        RUNS[args.tag as usize].fetch_add(1, Ordering::SeqCst);
-        // SAFETY: `buf` holds at least `len` (>= 1) u32 the scenario owns.
-        SEEN.lock()
-            .push((args.tag, unsafe { std::ptr::read_volatile(buf) }));
-    }
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: each work-item owns index `i` of a buffer of `len` u32.
-            unsafe { *buf.add(i as usize) += args.amount };
-        }
-    }
-}
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -78,10 +45,7 @@ fn plus(group: &WorkGroup) {
     let args: PlusArgs = unsafe { group.kernargs() };
     let (src, dst) = (args.src as *const u32, args.dst as *mut u32);
     if group.group_id() == [0, 0, 0] {
-        RUNS[args.tag as usize].fetch_add(1, Ordering::SeqCst);
-        // SAFETY: `src` holds at least `len` (>= 1) u32.
-        SEEN.lock()
-            .push((args.tag, unsafe { std::ptr::read_volatile(src) }));
+        note_run(args.tag, src);
     }
     for [i, _, _] in group.work_items() {
         if i < args.len {
@@ -89,18 +53,6 @@ fn plus(group: &WorkGroup) {
             unsafe { *dst.add(i as usize) = *src.add(i as usize) + args.amount };
         }
     }
-}
-
-fn runs(tag: u32) -> u32 {
-    RUNS[tag as usize].load(Ordering::SeqCst)
-}
-
-fn seen(tag: u32) -> Vec<u32> {
-    SEEN.lock()
-        .iter()
-        .filter(|(t, _)| *t == tag)
-        .map(|(_, v)| *v)
-        .collect()
 }
 
 /// A job for [`bounded`].
@@ -341,7 +293,7 @@ fn slow(group: &WorkGroup) {
     // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
     let args: AddArgs = unsafe { group.kernargs() };
     if group.group_id() == [0, 0, 0] {
-        RUNS[args.tag as usize].fetch_add(1, Ordering::SeqCst);
+        count_run(args.tag);
         std::thread::sleep(Duration::from_millis(300));
     }
 }

@@ -196,54 +196,59 @@ pub(crate) fn copy_to_host(
     store: &mut [u8],
     hashes: Option<&mut [u64]>,
 ) -> Result<u64, CopyError> {
-    let live = vec![true; layout.regions.len()];
-    let pieces = layout.full_pieces(&live);
-    let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
-    let outs: Vec<Option<&mut [u64]>> = match hashes {
-        Some(h) => split_ranges(h, pieces.iter().map(|p| layout.global(p)))
-            .into_iter()
-            .map(Some)
-            .collect(),
-        None => pieces.iter().map(|_| None).collect(),
-    };
-    let cs = layout.chunk_size;
-    let streaming = layout.bytes >= STREAMING_MIN_BYTES;
-    pieces
-        .par_iter()
-        .zip(dsts)
-        .zip(outs)
-        .try_for_each(|((p, dst), out)| {
-            let (offset, len) = layout.piece_span(p);
-            match (&windows[p.region], out) {
-                (Some(w), Some(out)) => {
-                    // Hash then copy a few chunks at a time, so each chunk is read from memory
-                    // once (the copy finds it in cache, and streaming stores leave the store
-                    // out).
-                    let group = copy_group(cs);
-                    let span = cs as usize * group;
-                    for (i, (d, h)) in dst.chunks_mut(span).zip(out.chunks_mut(group)).enumerate() {
-                        // SAFETY: the piece lies inside its region and the window covers the
-                        // region; the caller holds the inventory's read side.
-                        let s =
-                            unsafe { window_bytes(w, offset + (i * span) as u64, d.len() as u64) };
-                        chunk_hashes(s, cs as usize, h);
-                        copy_bytes(d, s, streaming);
+    crate::pool::install(|| {
+        let live = vec![true; layout.regions.len()];
+        let pieces = layout.full_pieces(&live);
+        let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+        let outs: Vec<Option<&mut [u64]>> = match hashes {
+            Some(h) => split_ranges(h, pieces.iter().map(|p| layout.global(p)))
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => pieces.iter().map(|_| None).collect(),
+        };
+        let cs = layout.chunk_size;
+        let streaming = layout.bytes >= STREAMING_MIN_BYTES;
+        pieces
+            .par_iter()
+            .zip(dsts)
+            .zip(outs)
+            .try_for_each(|((p, dst), out)| {
+                let (offset, len) = layout.piece_span(p);
+                match (&windows[p.region], out) {
+                    (Some(w), Some(out)) => {
+                        // Hash then copy a few chunks at a time, so each chunk is read from memory
+                        // once (the copy finds it in cache, and streaming stores leave the store
+                        // out).
+                        let group = copy_group(cs);
+                        let span = cs as usize * group;
+                        for (i, (d, h)) in
+                            dst.chunks_mut(span).zip(out.chunks_mut(group)).enumerate()
+                        {
+                            // SAFETY: the piece lies inside its region and the window covers the
+                            // region; the caller holds the inventory's read side.
+                            let s = unsafe {
+                                window_bytes(w, offset + (i * span) as u64, d.len() as u64)
+                            };
+                            chunk_hashes(s, cs as usize, h);
+                            copy_bytes(d, s, streaming);
+                        }
+                    }
+                    (Some(w), None) => {
+                        // SAFETY: as above.
+                        copy_bytes(dst, unsafe { window_bytes(w, offset, len) }, streaming);
+                    }
+                    (None, out) => {
+                        device.read(layout.regions[p.region].base + offset, dst)?;
+                        if let Some(out) = out {
+                            chunk_hashes(dst, cs as usize, out);
+                        }
                     }
                 }
-                (Some(w), None) => {
-                    // SAFETY: as above.
-                    copy_bytes(dst, unsafe { window_bytes(w, offset, len) }, streaming);
-                }
-                (None, out) => {
-                    device.read(layout.regions[p.region].base + offset, dst)?;
-                    if let Some(out) = out {
-                        chunk_hashes(dst, cs as usize, out);
-                    }
-                }
-            }
-            Ok(())
-        })?;
-    Ok(layout.bytes)
+                Ok(())
+            })?;
+        Ok(layout.bytes)
+    })
 }
 
 /// Copy `pieces` of memory through their regions' host windows into a host store (laid out by
@@ -256,35 +261,39 @@ pub(crate) fn copy_pieces_to_host(
     store: &mut [u8],
     pieces: &[Piece],
 ) -> u64 {
-    let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
-    pieces
-        .par_iter()
-        .zip(dsts)
-        .map(|(p, dst)| {
-            let Some(w) = &windows[p.region] else {
-                return 0;
-            };
-            let (offset, len) = layout.piece_span(p);
-            // SAFETY: the piece lies inside its region, which the window covers; the caller
-            // holds the inventory's read side.
-            dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
-            len
-        })
-        .sum()
+    crate::pool::install(|| {
+        let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+        pieces
+            .par_iter()
+            .zip(dsts)
+            .map(|(p, dst)| {
+                let Some(w) = &windows[p.region] else {
+                    return 0;
+                };
+                let (offset, len) = layout.piece_span(p);
+                // SAFETY: the piece lies inside its region, which the window covers; the caller
+                // holds the inventory's read side.
+                dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
+                len
+            })
+            .sum()
+    })
 }
 
 /// Hash every chunk of every region of `layout` as a host store holds it (`store`, laid out by
 /// `layout.store_offset`) into `out` (indexed by global chunk): the hashes a hashing snapshot
 /// would have taken of the same bytes. Returns the bytes hashed.
 pub(crate) fn hash_store(layout: &Layout, store: &[u8], out: &mut [u64]) -> u64 {
-    let all = vec![true; layout.regions.len()];
-    let pieces = layout.full_pieces(&all);
-    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-    let cs = layout.chunk_size;
-    pieces.par_iter().zip(outs).for_each(|(p, out)| {
-        chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
-    });
-    layout.bytes
+    crate::pool::install(|| {
+        let all = vec![true; layout.regions.len()];
+        let pieces = layout.full_pieces(&all);
+        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+        let cs = layout.chunk_size;
+        pieces.par_iter().zip(outs).for_each(|(p, out)| {
+            chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
+        });
+        layout.bytes
+    })
 }
 
 /// Snapshot copy of every region into a device shadow at `shadow`, as one batched device copy.
@@ -322,79 +331,81 @@ pub(crate) fn hash_live(
     out: &mut [u64],
     skip: Option<&[bool]>,
 ) -> Result<u64, CopyError> {
-    let cs = layout.chunk_size;
-    if caps.device_hash {
-        // One call for every range: whole live regions, or the runs between the chunks `skip`
-        // marks, found without visiting every chunk, so a device can hash all of them in one
-        // launch. A range never spans two regions (a device may check that each range lies in
-        // one allocation, and neighbouring allocations are often adjacent in the address space).
-        let runs: Vec<(usize, usize, usize)> = match skip {
-            None => (0..layout.regions.len())
-                .filter(|&r| live[r])
-                .map(|r| (r, 0, layout.region_chunks(r)))
-                .collect(),
-            Some(set) => layout.unmarked_runs(live, set),
+    crate::pool::install(|| {
+        let cs = layout.chunk_size;
+        if caps.device_hash {
+            // One call for every range: whole live regions, or the runs between the chunks `skip`
+            // marks, found without visiting every chunk, so a device can hash all of them in one
+            // launch. A range never spans two regions (a device may check that each range lies in
+            // one allocation, and neighbouring allocations are often adjacent in the address space).
+            let runs: Vec<(usize, usize, usize)> = match skip {
+                None => (0..layout.regions.len())
+                    .filter(|&r| live[r])
+                    .map(|r| (r, 0, layout.region_chunks(r)))
+                    .collect(),
+                Some(set) => layout.unmarked_runs(live, set),
+            };
+            let mut bytes = 0;
+            let ranges: Vec<HashRange> = runs
+                .into_iter()
+                .map(|(r, first, count)| {
+                    let (offset, len) = layout.span(r, first, count);
+                    bytes += len;
+                    HashRange {
+                        addr: layout.regions[r].base + offset,
+                        len,
+                        first: layout.first_chunk[r] + first,
+                    }
+                })
+                .collect();
+            device.hash_chunk_ranges(&ranges, cs, out)?;
+            return Ok(bytes);
+        }
+        let pieces = match skip {
+            None => layout.full_pieces(live),
+            Some(set) => layout.runs(live, |c| !set[c]),
         };
-        let mut bytes = 0;
-        let ranges: Vec<HashRange> = runs
-            .into_iter()
-            .map(|(r, first, count)| {
-                let (offset, len) = layout.span(r, first, count);
-                bytes += len;
-                HashRange {
-                    addr: layout.regions[r].base + offset,
-                    len,
-                    first: layout.first_chunk[r] + first,
+        let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
+        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+        let scratch_len = pieces
+            .iter()
+            .filter(|p| windows[p.region].is_none())
+            .map(|p| layout.piece_span(p).1)
+            .max()
+            .unwrap_or(0) as usize;
+        pieces.par_iter().zip(outs).try_for_each_init(
+            Vec::new,
+            |scratch: &mut Vec<u8>, (p, out)| {
+                let (offset, len) = layout.piece_span(p);
+                match &windows[p.region] {
+                    Some(w) => {
+                        // Chunks of one piece in parallel too: hashing is CPU-bound per chunk.
+                        out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
+                            .enumerate()
+                            .for_each(|(i, h)| {
+                                let start = (i * MIN_CHUNKS_PER_JOB) as u64 * cs;
+                                let n = (cs * h.len() as u64).min(len - start);
+                                // SAFETY: the chunks lie inside the piece, inside the region the
+                                // window covers; the caller holds the inventory's read side.
+                                chunk_hashes(
+                                    unsafe { window_bytes(w, offset + start, n) },
+                                    cs as usize,
+                                    h,
+                                );
+                            });
+                    }
+                    None => {
+                        scratch.resize(scratch_len, 0);
+                        let buf = &mut scratch[..len as usize];
+                        device.read(layout.regions[p.region].base + offset, buf)?;
+                        chunk_hashes(buf, cs as usize, out);
+                    }
                 }
-            })
-            .collect();
-        device.hash_chunk_ranges(&ranges, cs, out)?;
-        return Ok(bytes);
-    }
-    let pieces = match skip {
-        None => layout.full_pieces(live),
-        Some(set) => layout.runs(live, |c| !set[c]),
-    };
-    let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
-    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-    let scratch_len = pieces
-        .iter()
-        .filter(|p| windows[p.region].is_none())
-        .map(|p| layout.piece_span(p).1)
-        .max()
-        .unwrap_or(0) as usize;
-    pieces.par_iter().zip(outs).try_for_each_init(
-        Vec::new,
-        |scratch: &mut Vec<u8>, (p, out)| {
-            let (offset, len) = layout.piece_span(p);
-            match &windows[p.region] {
-                Some(w) => {
-                    // Chunks of one piece in parallel too: hashing is CPU-bound per chunk.
-                    out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
-                        .enumerate()
-                        .for_each(|(i, h)| {
-                            let start = (i * MIN_CHUNKS_PER_JOB) as u64 * cs;
-                            let n = (cs * h.len() as u64).min(len - start);
-                            // SAFETY: the chunks lie inside the piece, inside the region the
-                            // window covers; the caller holds the inventory's read side.
-                            chunk_hashes(
-                                unsafe { window_bytes(w, offset + start, n) },
-                                cs as usize,
-                                h,
-                            );
-                        });
-                }
-                None => {
-                    scratch.resize(scratch_len, 0);
-                    let buf = &mut scratch[..len as usize];
-                    device.read(layout.regions[p.region].base + offset, buf)?;
-                    chunk_hashes(buf, cs as usize, out);
-                }
-            }
-            Ok(())
-        },
-    )?;
-    Ok(bytes)
+                Ok(())
+            },
+        )?;
+        Ok(bytes)
+    })
 }
 
 /// A hash restore through host windows in one pass: every chunk of the live regions is hashed
@@ -412,55 +423,62 @@ pub(crate) fn hash_and_restore(
     snapshot: &[u64],
     out: &mut [u64],
 ) -> (u64, u64) {
-    let cs = layout.chunk_size;
-    let pieces = layout.full_pieces(live);
-    let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
-    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-    let written = pieces
-        .par_iter()
-        .zip(outs)
-        .map(|(p, out)| {
-            let Some(w) = &windows[p.region] else {
-                return 0;
-            };
-            let (offset, len) = layout.piece_span(p);
-            let first = layout.global(p).start;
-            let store_start = layout.store_range(p).start as u64;
-            out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
-                .enumerate()
-                .map(|(i, h)| {
-                    let job = i * MIN_CHUNKS_PER_JOB;
-                    let start = job as u64 * cs;
-                    let n = (cs * h.len() as u64).min(len - start);
-                    // SAFETY: the chunks lie inside the piece, inside the region the window
-                    // covers; the caller holds the inventory's read side. The slice is gone
-                    // before anything below writes to the same bytes.
-                    chunk_hashes(
-                        unsafe { window_bytes(w, offset + start, n) },
-                        cs as usize,
-                        h,
-                    );
-                    let mut written = 0;
-                    for (k, hash) in h.iter().enumerate() {
-                        if *hash == snapshot[first + job + k] {
-                            continue;
+    crate::pool::install(|| {
+        let cs = layout.chunk_size;
+        let pieces = layout.full_pieces(live);
+        let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
+        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+        let written = pieces
+            .par_iter()
+            .zip(outs)
+            .map(|(p, out)| {
+                let Some(w) = &windows[p.region] else {
+                    return 0;
+                };
+                let (offset, len) = layout.piece_span(p);
+                let first = layout.global(p).start;
+                let store_start = layout.store_range(p).start as u64;
+                out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
+                    .enumerate()
+                    .map(|(i, h)| {
+                        let job = i * MIN_CHUNKS_PER_JOB;
+                        let start = job as u64 * cs;
+                        let n = (cs * h.len() as u64).min(len - start);
+                        // SAFETY: the chunks lie inside the piece, inside the region the window
+                        // covers; the caller holds the inventory's read side. The slice is gone
+                        // before anything below writes to the same bytes.
+                        chunk_hashes(
+                            unsafe { window_bytes(w, offset + start, n) },
+                            cs as usize,
+                            h,
+                        );
+                        let mut written = 0;
+                        for (k, hash) in h.iter().enumerate() {
+                            if *hash == snapshot[first + job + k] {
+                                continue;
+                            }
+                            let at = start + k as u64 * cs;
+                            let bytes = cs.min(len - at);
+                            let src = (store_start + at) as usize;
+                            // SAFETY: the chunk lies inside the window, as above; no slice of it
+                            // lives any more, and the store never overlaps device memory.
+                            unsafe {
+                                window_write(
+                                    w,
+                                    offset + at,
+                                    &store[src..src + bytes as usize],
+                                    false,
+                                )
+                            };
+                            written += bytes;
                         }
-                        let at = start + k as u64 * cs;
-                        let bytes = cs.min(len - at);
-                        let src = (store_start + at) as usize;
-                        // SAFETY: the chunk lies inside the window, as above; no slice of it
-                        // lives any more, and the store never overlaps device memory.
-                        unsafe {
-                            window_write(w, offset + at, &store[src..src + bytes as usize], false)
-                        };
-                        written += bytes;
-                    }
-                    written
-                })
-                .sum::<u64>()
-        })
-        .sum();
-    (hashed, written)
+                        written
+                    })
+                    .sum::<u64>()
+            })
+            .sum();
+        (hashed, written)
+    })
 }
 
 /// A verified restore done by the device in one operation ([`DeviceMemory::restore_verified`]):
@@ -603,85 +621,87 @@ pub(crate) fn write_back(
     store: &Store,
     pieces: &[Piece],
 ) -> WriteOutcome {
-    let mut outcome = WriteOutcome::default();
-    if pieces.is_empty() {
-        return outcome;
-    }
-    let total = |ps: &[&Piece]| -> (u64, usize) {
-        ps.iter().fold((0, 0), |(b, c), p| {
-            (b + layout.piece_span(p).1, c + p.count)
-        })
-    };
-    if let Some(shadow) = store.device_addr() {
-        // Pieces that continue each other within one region are one copy (a full restore is
-        // then one copy per region instead of one per 1 MiB piece).
-        let mut copies: Vec<DeviceCopy> = Vec::new();
-        let mut last_region = usize::MAX;
-        for p in pieces {
-            let (offset, len) = layout.piece_span(p);
-            let dst = layout.regions[p.region].base + offset;
-            match copies.last_mut() {
-                Some(c) if last_region == p.region && c.dst + c.len == dst => c.len += len,
-                _ => copies.push(DeviceCopy {
-                    dst,
-                    src: shadow + layout.store_offset[p.region] + offset,
-                    len,
-                }),
-            }
-            last_region = p.region;
+    crate::pool::install(|| {
+        let mut outcome = WriteOutcome::default();
+        if pieces.is_empty() {
+            return outcome;
         }
-        let all: Vec<&Piece> = pieces.iter().collect();
-        let (bytes, chunks) = total(&all);
-        outcome.record(bytes, chunks, device.copy_on_device(&copies));
-        return outcome;
-    }
-    let src = store.bytes();
-    let (direct, via_device): (Vec<&Piece>, Vec<&Piece>) =
-        pieces.iter().partition(|p| windows[p.region].is_some());
-    if !direct.is_empty() {
-        let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
-        direct.par_iter().for_each(|p| {
-            let (offset, _) = layout.piece_span(p);
-            if let Some(w) = &windows[p.region] {
-                // SAFETY: the piece lies inside its region, which the window covers; the caller
-                // holds the inventory's read side.
-                unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
-            }
-        });
-        let (bytes, chunks) = total(&direct);
-        outcome.record(bytes, chunks, Ok(()));
-    }
-    if via_device.is_empty() {
-        return outcome;
-    }
-    if caps.batched_writes {
-        let writes: Vec<ChunkWrite<'_>> = via_device
-            .iter()
-            .map(|p| ChunkWrite {
-                addr: layout.regions[p.region].base + layout.piece_span(p).0,
-                data: &src[layout.store_range(p)],
+        let total = |ps: &[&Piece]| -> (u64, usize) {
+            ps.iter().fold((0, 0), |(b, c), p| {
+                (b + layout.piece_span(p).1, c + p.count)
             })
-            .collect();
-        let (bytes, chunks) = total(&via_device);
-        outcome.record(bytes, chunks, device.write_batch(&writes));
-    } else {
-        let results: Vec<(u64, usize, Result<(), CopyError>)> = via_device
-            .par_iter()
-            .map(|p| {
+        };
+        if let Some(shadow) = store.device_addr() {
+            // Pieces that continue each other within one region are one copy (a full restore is
+            // then one copy per region instead of one per 1 MiB piece).
+            let mut copies: Vec<DeviceCopy> = Vec::new();
+            let mut last_region = usize::MAX;
+            for p in pieces {
                 let (offset, len) = layout.piece_span(p);
-                let base = layout.regions[p.region].base;
-                (
-                    len,
-                    p.count,
-                    device.write(base + offset, &src[layout.store_range(p)]),
-                )
-            })
-            .collect();
-        for (bytes, chunks, result) in results {
-            outcome.record(bytes, chunks, result);
+                let dst = layout.regions[p.region].base + offset;
+                match copies.last_mut() {
+                    Some(c) if last_region == p.region && c.dst + c.len == dst => c.len += len,
+                    _ => copies.push(DeviceCopy {
+                        dst,
+                        src: shadow + layout.store_offset[p.region] + offset,
+                        len,
+                    }),
+                }
+                last_region = p.region;
+            }
+            let all: Vec<&Piece> = pieces.iter().collect();
+            let (bytes, chunks) = total(&all);
+            outcome.record(bytes, chunks, device.copy_on_device(&copies));
+            return outcome;
         }
-    }
-    outcome
+        let src = store.bytes();
+        let (direct, via_device): (Vec<&Piece>, Vec<&Piece>) =
+            pieces.iter().partition(|p| windows[p.region].is_some());
+        if !direct.is_empty() {
+            let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
+            direct.par_iter().for_each(|p| {
+                let (offset, _) = layout.piece_span(p);
+                if let Some(w) = &windows[p.region] {
+                    // SAFETY: the piece lies inside its region, which the window covers; the caller
+                    // holds the inventory's read side.
+                    unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
+                }
+            });
+            let (bytes, chunks) = total(&direct);
+            outcome.record(bytes, chunks, Ok(()));
+        }
+        if via_device.is_empty() {
+            return outcome;
+        }
+        if caps.batched_writes {
+            let writes: Vec<ChunkWrite<'_>> = via_device
+                .iter()
+                .map(|p| ChunkWrite {
+                    addr: layout.regions[p.region].base + layout.piece_span(p).0,
+                    data: &src[layout.store_range(p)],
+                })
+                .collect();
+            let (bytes, chunks) = total(&via_device);
+            outcome.record(bytes, chunks, device.write_batch(&writes));
+        } else {
+            let results: Vec<(u64, usize, Result<(), CopyError>)> = via_device
+                .par_iter()
+                .map(|p| {
+                    let (offset, len) = layout.piece_span(p);
+                    let base = layout.regions[p.region].base;
+                    (
+                        len,
+                        p.count,
+                        device.write(base + offset, &src[layout.store_range(p)]),
+                    )
+                })
+                .collect();
+            for (bytes, chunks, result) in results {
+                outcome.record(bytes, chunks, result);
+            }
+        }
+        outcome
+    })
 }
 
 #[cfg(test)]

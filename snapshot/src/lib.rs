@@ -29,7 +29,7 @@
 //!   set is written back and reported as a repair). Only the explicit opt-in
 //!   [`RestoreStrategy::WritesetUnverified`] writes the learned set without hashing the rest
 //!   (checked every K restores and before any possibly-final pass), and its reports say so
-//!   ([`RestoreReport::unverified`]). Copies run in parallel on rayon (streaming stores from
+//!   ([`RestoreReport::unverified`]). Copies run in parallel on kreplay's rayon pool (streaming stores from
 //!   64 MiB); partial restores are merged into runs and issued as one batch when the device
 //!   batches.
 //! * **Following writes across dispatches.** Where a replay followed its footprint's writes
@@ -37,7 +37,13 @@
 //!   footprint stays followed after the snapshot is dropped ([`Snapshotter::following`]): the
 //!   next snapshot of the same allocations copies only the pages written since, and a
 //!   snapshot of other allocations, [`Snapshotter::stop_following`] or
-//!   [`Snapshotter::release_cached_store`] stop following it.
+//!   [`Snapshotter::release_cached_store`] stop following it. Not kept while the process has
+//!   memory pinned for I/O (io_uring fixed buffers, RDMA: the kernel writes it past the page
+//!   tables, `kreplay_wtrack::pinned_bytes`), nor when the footprint has over 1,024 ranges
+//!   (each may split a mapping); and a footprint kept followed cannot meanwhile be registered
+//!   with the application's own `userfaultfd` nor collapsed with `MADV_COLLAPSE`.
+//! * **A pool of its own.** Parallel copies, hashes and page scans run on this crate's own
+//!   rayon pool ([`pool::install`]), never on the global one an application may keep busy.
 //! * **Reuse across dispatches.** [`Snapshotter::take_for_kernel`] keeps what a dispatch's
 //!   restores learned (the write set, how many chunks changed, whether full restores won) per
 //!   kernel and region set, and the next dispatch of that kernel starts from it; verification
@@ -129,6 +135,7 @@ mod hash;
 mod inventory;
 mod layout;
 mod learned;
+pub mod pool;
 mod report;
 mod snapshot;
 mod source;

@@ -366,7 +366,10 @@ impl Snapshotter {
         // covers the same allocations (its store holds their bytes, but for the pages written
         // since), else stopped here, before anything is allocated or followed anew.
         let mut followed = self.source.take_followed();
-        if let Some(f) = followed.take_if(|f| !f.fits(&plan.layout, self.config.store)) {
+        // Not when memory is pinned for I/O now: the kernel may have written it unseen.
+        if let Some(f) = followed.take_if(|f| {
+            !f.fits(&plan.layout, self.config.store) || !track::may_stay_followed(None)
+        }) {
             self.end_followed(f);
         }
         // Allocate before pinning the inventory: a backend's shadow allocation must not wait
@@ -1599,7 +1602,8 @@ impl Drop for Snapshot {
         // with the store (see `Followed`); an earlier footprint kept is stopped.
         let keep = self.keep_following
             && !self.needs_verify
-            && self.layout.regions.iter().all(|r| r.generation != 0);
+            && self.layout.regions.iter().all(|r| r.generation != 0)
+            && track::may_stay_followed(self.tracking.as_ref());
         match self.tracking.take() {
             Some(tracking) if keep => {
                 let followed = Followed {

@@ -451,6 +451,20 @@ impl TrackPrices {
     }
 }
 
+/// The most ranges a footprint kept followed between replays may have: each range followed
+/// may split a mapping of the process in two or three, and the mappings a process may have are
+/// few (`vm.max_map_count`, 65,530 by default), so many small allocations are not kept.
+const KEPT_RANGES_MAX: usize = 1024;
+
+/// Whether what a tracker saw between replays can be relied on now, and a footprint followed
+/// with `tracking` kept followed: no memory of the process is pinned for I/O (the kernel
+/// writes such pages past any tracker, `kreplay_wtrack::pinned_bytes`) and its ranges are few
+/// enough not to crowd the process's mappings.
+pub(crate) fn may_stay_followed(tracking: Option<&Tracking>) -> bool {
+    tracking.is_none_or(|t| t.tracker.ranges().len() <= KEPT_RANGES_MAX)
+        && kreplay_wtrack::pinned_bytes() == 0
+}
+
 impl Tracking {
     /// Follows the host windows of every region, or `None` when one has no window or the
     /// memory cannot be followed (the caller restores without).
@@ -463,7 +477,8 @@ impl Tracking {
             .collect();
         let fault = Duration::from_nanos(prices?.page.fault_ns.round() as u64);
         let start = Instant::now();
-        let tracker = WriteTracker::new(&ranges?).ok()?;
+        let ranges = ranges?;
+        let tracker = crate::pool::install(|| WriteTracker::new(&ranges)).ok()?;
         Some(Tracking {
             armed: start.elapsed(),
             tracker,
@@ -494,7 +509,8 @@ impl Tracking {
     ) -> Option<Vec<usize>> {
         self.written.clear();
         let start = Instant::now();
-        let pages = self.tracker.written(&mut self.written).ok()?;
+        let (tracker, written) = (&self.tracker, &mut self.written);
+        let pages = crate::pool::install(|| tracker.written(written)).ok()?;
         self.last_scan = Some(start.elapsed());
         self.last_pages = Some(pages as u64);
         // Pages left open are reported written whatever the pass did: only the others cost it
@@ -585,7 +601,8 @@ impl Tracking {
         };
         let protect = subtract(&ranges, &open);
         let start = Instant::now();
-        let ok = self.tracker.protect(&protect).is_ok();
+        let tracker = &self.tracker;
+        let ok = crate::pool::install(|| tracker.protect(&protect)).is_ok();
         self.last_rearm = Some((start.elapsed(), self.pages_of(&protect) as u64));
         let revisit = keep_open && self.open_streak >= self.revisit_every;
         let was_open = std::mem::replace(&mut self.open, open);

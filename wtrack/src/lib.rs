@@ -19,7 +19,11 @@
 //! (another address, another process) would not mark the pages this tracker watches. Writes by
 //! a device's DMA engine never pass through the CPU's page tables either: only a backend whose
 //! memory is written by this process's CPU may use it. A range the process already registered
-//! with a `userfaultfd` of its own is refused by the kernel (`EBUSY`).
+//! with a `userfaultfd` of its own is refused by the kernel (`EBUSY`), and while a tracker
+//! follows a range the process cannot register it with one of its own, nor collapse it into
+//! huge pages (`MADV_COLLAPSE`); each range followed may split a mapping in two or three.
+//! Pages the kernel pinned for I/O before they were protected (io_uring fixed buffers, RDMA)
+//! are written through the kernel's own mapping, which no tracker sees ([`pinned_bytes`]).
 //!
 //! Pages are the unit: ranges are widened to whole pages, so a write to a neighbour sharing a
 //! page is reported too (a superset, never a subset, of the pages written).
@@ -279,6 +283,23 @@ pub fn available() -> Result<(), String> {
                 .map_err(|e| e.to_string())
         })
         .clone()
+}
+
+/// Bytes of this process's memory the kernel holds pinned for I/O (`VmPin` of
+/// `/proc/self/status`: io_uring fixed buffers, RDMA memory regions and the like), 0 where
+/// the kernel does not say. The kernel writes such pages through a mapping of its own, not
+/// through the process's page tables: a write there is never reported by a tracker, so while
+/// any are pinned a caller should not rely on what a tracker saw between its own operations.
+pub fn pinned_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                let kb = line.strip_prefix("VmPin:")?.trim().strip_suffix("kB")?;
+                kb.trim().parse::<u64>().ok()
+            })
+        })
+        .map_or(0, |kb| kb.saturating_mul(1024))
 }
 
 /// `ranges` widened to whole pages, sorted, with overlapping and adjacent ones merged; empty

@@ -2,6 +2,7 @@
 //! side ([`app`]) and the test tool ([`tool`]).
 
 pub mod app;
+pub mod counted;
 pub mod tool;
 
 use std::io::Read;
