@@ -8,7 +8,7 @@
 //! | `KREPLAY_MAX_SNAPSHOT_BYTES` | bytes, optionally with `K`/`M`/`G`/`T` (binary, `KiB` etc. also accepted); `0` = derive | `0` |
 //! | `KREPLAY_DRAIN_TIMEOUT_MS` | milliseconds, at least 1 | `10000` |
 //! | `KREPLAY_SNAPSHOT_STORE` | `auto`, `device`, `host`, `file` | `auto` |
-//! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset`, `writeset-unverified` | `auto` |
+//! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset`, `writeset-unverified`, `tracked` | `auto` |
 //! | `KREPLAY_MAX_PASSES` | a whole number of passes, at least 1 | `1024` |
 //! | `KREPLAY_REPLAY_BUDGET_MS` | milliseconds per dispatch, at least 1 | no budget |
 //! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
@@ -209,7 +209,7 @@ impl Config {
             config.restore = parse_choice(
                 ENV_RESTORE,
                 &value,
-                "one of auto, full, hash, writeset, writeset-unverified",
+                "one of auto, full, hash, writeset, writeset-unverified, tracked",
             )?;
         }
         if let Some(value) = lookup(ENV_SNAPSHOT_SCOPE) {
@@ -449,6 +449,7 @@ mod tests {
             ("hash", RestoreStrategy::Hash),
             ("writeset", RestoreStrategy::Writeset),
             ("writeset-unverified", RestoreStrategy::WritesetUnverified),
+            ("tracked", RestoreStrategy::Tracked),
         ] {
             assert_eq!(
                 config_from(&[("KREPLAY_RESTORE", text)]).unwrap().restore,
@@ -521,7 +522,7 @@ mod tests {
         let err = config_from(&[("KREPLAY_RESTORE", "fast")]).unwrap_err();
         assert_eq!(
             err.expected,
-            "one of auto, full, hash, writeset, writeset-unverified"
+            "one of auto, full, hash, writeset, writeset-unverified, tracked"
         );
     }
 }
