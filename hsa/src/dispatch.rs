@@ -337,6 +337,9 @@ fn handle_with_reentrant(
         if slot == Slot::Reentrant {
             crate::replay::run_reentrant(b, state, packets[i]);
         }
+        // Not the application's queue's to forward: past it, as if forwarded (`crate::waits`).
+        state.will_forward(first_index.wrapping_add(i as u64 + 1));
+        state.forwarded();
         i += 1;
         start = i;
     }
