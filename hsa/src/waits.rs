@@ -133,19 +133,26 @@ impl Wait {
         match self {
             Wait::All(deps) => deps.iter().any(|&h| held_unfired(h)),
             Wait::Any(deps) => deps.iter().all(|&h| held_unfired(h)),
-            // Only "the signal reached 0": other packets may count the same signal down, and
-            // any other condition (`== 1`, `< 2`, ...) they alone may satisfy.
-            Wait::Value {
-                signal,
-                cond,
-                value,
-                mask,
-            } => {
-                let zero = (*cond == HSA_SIGNAL_CONDITION_EQ && *value == 0)
-                    || (*cond == HSA_SIGNAL_CONDITION_LT && *value == 1);
-                zero && *mask == -1 && held_unfired(*signal)
-            }
+            Wait::Value { .. } => self.zero_of().is_some_and(held_unfired),
         }
+    }
+
+    /// For a barrier-value packet that waits for its whole signal to reach 0, that signal.
+    /// Only such a wait counts as held shut: other packets may count the same signal down, and
+    /// any other condition (`== 1`, `< 2`, ...) they alone may satisfy.
+    fn zero_of(&self) -> Option<u64> {
+        let Wait::Value {
+            signal,
+            cond,
+            value,
+            mask: -1,
+        } = *self
+        else {
+            return None;
+        };
+        let zero = (cond == HSA_SIGNAL_CONDITION_EQ && value == 0)
+            || (cond == HSA_SIGNAL_CONDITION_LT && value == 1);
+        zero.then_some(signal)
     }
 }
 
