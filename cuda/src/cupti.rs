@@ -579,7 +579,8 @@ pub struct GraphAddNodeV2Params {
 
 /// The head of `CUgraphNodeParams`: its type, then (after `int reserved0[3]`) the union whose
 /// `alloc` member is a `CUDA_MEM_ALLOC_NODE_PARAMS_v2` for a `CU_GRAPH_NODE_TYPE_MEM_ALLOC` node.
-/// Only read, never made: the struct the application passed is larger (232 bytes).
+/// Only read, never made: the struct the application passed is larger (256 bytes, its union
+/// 232).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]

@@ -118,8 +118,10 @@ pub struct GraphNodes {
 /// What one launch changed, for the caller's accounting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Launched {
-    /// Device allocations that became backed (added to the inventory): base and device.
-    pub backed: Vec<(u64, i32)>,
+    /// Allocations that became backed: base and device (`None`: not device memory, or placed
+    /// on another device than the launch's, not snapshotted: see [`GraphMemory::on_launched`]).
+    /// Device ones were added to the inventory.
+    pub backed: Vec<(u64, Option<i32>)>,
     /// Backed allocations the launch's free nodes freed (removed from the inventory).
     pub freed: Vec<u64>,
     /// Set when the graph's nodes could not be read at its instantiation (why): from now on
@@ -252,8 +254,11 @@ impl GraphMemory {
     /// unbacked until a graph holding it is launched. Any tracked allocation overlapping its
     /// address was freed without kreplay seeing it, and is dropped: no snapshot may copy there.
     pub fn on_alloc_node(&self, inventory: &Inventory, alloc: GraphAlloc) {
-        drop_overlapping(inventory, alloc.base, alloc.size);
         let mut s = self.state.lock();
+        // A live graph allocation at that address stays: the new node may reuse it once a free
+        // node the application added before it ran (the driver reuses addresses so), and until
+        // then it is live memory.
+        drop_overlapping(inventory, alloc.base, alloc.size, &s.backed);
         s.forget_overlapping(alloc.base, alloc.size);
         if !s.backed.contains_key(&alloc.base) {
             s.unbacked.insert(alloc.base, alloc);
@@ -284,15 +289,29 @@ impl GraphMemory {
         s.execs.insert(exec, Exec { nodes, flags });
     }
 
-    /// `cuGraphLaunch` of `exec` succeeded: its allocations are backed (device ones added to
-    /// `inventory`), then what its free nodes free ends. An executable graph kreplay did not
-    /// see instantiated changes nothing.
-    pub fn on_launched(&self, inventory: &Inventory, exec: usize) -> Launched {
+    /// `cuGraphLaunch` of `exec` on a stream of device `launch_device` (`None`: not known)
+    /// succeeded. Per address, its allocation and free nodes change what is live: a graph may
+    /// free an allocation and hand its address to another (CUDA reuses addresses within a
+    /// graph), and may free what an earlier launch allocated, so the nodes at one address are
+    /// counted (their order is the graph's, not known here; live before, each free ends one
+    /// allocation, each allocation node makes one): live after the launch when more were made
+    /// than ended. What stays live is backed (device memory added to `inventory`), what ended
+    /// is freed. An allocation placed on another device than the launch's gets its memory when
+    /// that device's stream reaches it, which a drain of its own device does not wait for: it
+    /// is backed but not snapshotted (launches decline while it is live). Allocations of
+    /// different sizes at one address that stays live are not described either. An
+    /// executable graph kreplay did not see instantiated changes nothing.
+    pub fn on_launched(
+        &self,
+        inventory: &Inventory,
+        exec: usize,
+        launch_device: Option<i32>,
+    ) -> Launched {
         let mut out = Launched::default();
         let mut s = self.state.lock();
-        let nodes = match s.execs.get(&exec).map(|e| e.nodes.clone()) {
+        let (nodes, flags) = match s.execs.get(&exec).map(|e| (e.nodes.clone(), e.flags)) {
             None => return out,
-            Some(Err(why)) => {
+            Some((Err(why), _)) => {
                 let why = format!(
                     "a graph whose memory nodes could not be read was launched ({why}): it may \
                      have allocated memory kreplay cannot describe"
@@ -301,29 +320,72 @@ impl GraphMemory {
                 out.unreadable = Some(why);
                 return out;
             }
-            Some(Ok(nodes)) => nodes,
+            Some((Ok(nodes), flags)) => (nodes, flags),
         };
+        let auto_free = flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH != 0;
+        let mut at: BTreeMap<u64, (Vec<GraphAlloc>, usize)> = BTreeMap::new();
         for a in nodes.allocs {
-            s.unbacked.remove(&a.base);
-            if s.backed.contains_key(&a.base) {
-                // Made again at the same address (auto-free on relaunch): still backed.
-                continue;
-            }
-            if let Place::Device(d) = a.place {
-                inventory.on_alloc(NewAllocation {
-                    base: a.base,
-                    size: a.size,
-                    owner_agent: d as u64,
-                    kind: MemoryKind::CoarseDevice,
-                });
-                out.backed.push((a.base, d));
-            }
-            s.backed.insert(a.base, a);
+            at.entry(a.base).or_default().0.push(a);
         }
         for base in nodes.frees {
-            if s.end(inventory, base) {
-                out.freed.push(base);
+            at.entry(base).or_default().1 += 1;
+        }
+        for (base, (allocs, frees)) in at {
+            // Relaunched with auto-free: what this graph allocated before is freed first.
+            let live_before = s.backed.contains_key(&base) && (!auto_free || allocs.is_empty());
+            let made = allocs.len();
+            let live_after = usize::from(live_before) + made > frees;
+            if !live_after {
+                // Ending it leaves it unbacked while a graph still holds its node; a free of
+                // nothing live changes nothing.
+                if s.end(inventory, base) {
+                    out.freed.push(base);
+                }
+                if made > 0 {
+                    // Made and freed inside the launch: unbacked again, as the graph holds it.
+                    s.unbacked.insert(base, allocs[0].clone());
+                }
+                continue;
             }
+            if made == 0 {
+                continue; // live before, untouched
+            }
+            // A new allocation at `base` is what stays live: whatever was there ended.
+            if s.backed.contains_key(&base) {
+                s.end(inventory, base);
+            }
+            s.unbacked.remove(&base);
+            let mut alloc = allocs[0].clone();
+            if allocs
+                .iter()
+                .any(|a| a.size != alloc.size || a.place != alloc.place)
+            {
+                alloc.place = Place::Other(
+                    "allocation nodes of different sizes or places share its address within \
+                     one graph"
+                        .to_owned(),
+                );
+            }
+            if let (Place::Device(d), Some(launch)) = (&alloc.place, launch_device)
+                && *d != launch
+            {
+                alloc.place = Place::Other(format!(
+                    "placed on device {d} by a graph launched on device {launch}"
+                ));
+            }
+            match alloc.place {
+                Place::Device(d) => {
+                    inventory.on_alloc(NewAllocation {
+                        base,
+                        size: alloc.size,
+                        owner_agent: d as u64,
+                        kind: MemoryKind::CoarseDevice,
+                    });
+                    out.backed.push((base, Some(d)));
+                }
+                Place::Other(_) => out.backed.push((base, None)),
+            }
+            s.backed.insert(base, alloc);
         }
         out
     }
@@ -386,6 +448,15 @@ impl GraphMemory {
             .map(|e| e.flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH != 0)
     }
 
+    /// Whether a launch of `exec` allocates memory (its graph has allocation nodes).
+    pub fn allocates(&self, exec: usize) -> bool {
+        self.state
+            .lock()
+            .execs
+            .get(&exec)
+            .is_some_and(|e| e.nodes.as_ref().is_ok_and(|n| !n.allocs.is_empty()))
+    }
+
     /// Whether `base` is a known graph allocation with no memory behind it now.
     pub fn is_unbacked(&self, base: u64) -> bool {
         self.state.lock().unbacked.contains_key(&base)
@@ -399,12 +470,18 @@ impl GraphMemory {
 
 /// Drops every tracked allocation overlapping `[base, base + size)`: the driver handed that
 /// range out to a graph allocation, so those were freed without kreplay seeing it.
-fn drop_overlapping(inventory: &Inventory, base: u64, size: u64) {
+fn drop_overlapping(
+    inventory: &Inventory,
+    base: u64,
+    size: u64,
+    live_graph_allocations: &BTreeMap<u64, GraphAlloc>,
+) {
     let end = base.saturating_add(size.max(1));
     let stale: Vec<u64> = inventory
         .select(&Filter::any())
         .iter()
         .filter(|r| r.base < end && r.base.saturating_add(r.size) > base)
+        .filter(|r| !live_graph_allocations.contains_key(&r.base))
         .map(|r| r.base)
         .collect();
     for b in stale {

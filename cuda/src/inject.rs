@@ -1089,16 +1089,21 @@ impl Backend {
     /// `cuGraphLaunch` of `exec` in context `ctx` succeeded: its allocations have memory
     /// behind them and are tracked (ending with the context), its free nodes' end.
     fn on_graph_launched(&self, exec: usize, ctx: CuContext) {
-        let launched = self.graphs.on_launched(&self.inventory, exec);
+        let launched = self
+            .graphs
+            .on_launched(&self.inventory, exec, self.ordinal(ctx));
         for &(base, device) in &launched.backed {
+            // Every kind ends with the context, the ones not snapshotted too (they decline
+            // launches while live).
             self.contexts.note_allocation(ctx as usize, base);
             self.stats.allocations.fetch_add(1, Ordering::Relaxed);
+            let what = match device {
+                Some(d) => format!("on device {d} is tracked"),
+                None => "is live, not snapshotted".to_owned(),
+            };
             log(
                 LogLevel::Debug,
-                format!(
-                    "graph {exec:#x} launched: its allocation at {base:#x} on device {device} \
-                     is tracked"
-                ),
+                format!("graph {exec:#x} launched: its allocation at {base:#x} {what}"),
             );
         }
         for &base in &launched.freed {
@@ -1614,6 +1619,15 @@ impl Backend {
             // No fenced call is one of the calls handled below.
             if enter {
                 self.note_unreplayed(write, data.context);
+                if write == fence::DeviceWrite::Graph {
+                    // SAFETY: cuGraphLaunch(_ptsz)_params starts with the executable graph.
+                    let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
+                    if self.graphs.allocates(exec as usize) {
+                        // Its allocations take memory now: as before any allocation, kreplay's
+                        // kept shadow makes room.
+                        self.before_app_alloc(data.context);
+                    }
+                }
                 let devices = self.fenced_devices(id, data);
                 fence::enter(&self.locks, &devices);
             } else if exit {

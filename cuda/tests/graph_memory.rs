@@ -224,7 +224,7 @@ impl Rig {
         for &f in frees {
             self.device.unmap(f);
         }
-        self.graphs.on_launched(&self.inventory, exec);
+        self.graphs.on_launched(&self.inventory, exec, Some(0));
     }
 
     /// `cuMemFreeAsync` of `base` on an ordinary stream.
@@ -531,7 +531,7 @@ fn a_launched_graph_whose_nodes_could_not_be_read_declines_every_later_launch() 
     r.graphs
         .on_instantiated(0xf, Err("cuGraphGetNodes failed".into()), 0);
     assert!(replayed(&run(&r, &[X], || r.device.add_one(X, 1))));
-    r.graphs.on_launched(&r.inventory, 0xf);
+    r.graphs.on_launched(&r.inventory, 0xf, Some(0));
     let why = declined_untracked(&run(&r, &[X], || r.device.add_one(X, 1)));
     assert!(why.contains("cuGraphGetNodes failed"), "{why}");
     r.graphs.on_exec_destroyed(0xf);
