@@ -449,7 +449,16 @@ impl ReplayDevice for HsaReplay<'_> {
                 queue.request_drain_marker(self.b, deadline);
             }
         }
-        let held_now = || self.held(&queues);
+        // Held signals matter only to a queue with a bracketed barrier or to a copy waiting for
+        // signals; neither can appear while this replay holds its agents.
+        let waiting = queues.iter().any(|q| q.waits.has_open()) || self.b.copies.waiting.any();
+        let held_now = || {
+            if waiting {
+                self.held(&queues)
+            } else {
+                Held::default()
+            }
+        };
         let held = held_now();
         let views: Vec<QueueIdle<'_>> = queues
             .iter()

@@ -418,6 +418,11 @@ impl WaitingCopies {
             .insert(proxy.handle, (agents.iter().copied().collect(), wait));
     }
 
+    /// Whether any copy waits for dependencies.
+    pub(crate) fn any(&self) -> bool {
+        !self.by_proxy.lock().is_empty()
+    }
+
     /// Forgets the copy whose completion signal is `proxy` (it landed).
     pub(crate) fn landed(&self, proxy: hsa_signal_t) {
         let mut map = self.by_proxy.lock();

@@ -15,6 +15,15 @@ use crate::store::Store;
 /// [`GROUP`], which [`chunk_hashes`] hashes in one loop.
 const MIN_CHUNKS_PER_JOB: usize = 2 * GROUP;
 
+/// The parallel jobs a pass over `pieces` split in jobs of [`MIN_CHUNKS_PER_JOB`] chunks makes
+/// (one or none: nothing leaves the calling thread).
+fn jobs(pieces: &[Piece], layout: &Layout) -> usize {
+    pieces
+        .iter()
+        .map(|p| layout.global(p).len().div_ceil(MIN_CHUNKS_PER_JOB).max(1))
+        .sum()
+}
+
 /// The host window of every live region that the device exposes in full.
 pub(crate) fn windows(
     device: &dyn DeviceMemory,
@@ -196,19 +205,19 @@ pub(crate) fn copy_to_host(
     store: &mut [u8],
     hashes: Option<&mut [u64]>,
 ) -> Result<u64, CopyError> {
-    crate::pool::install(|| {
-        let live = vec![true; layout.regions.len()];
-        let pieces = layout.full_pieces(&live);
-        let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
-        let outs: Vec<Option<&mut [u64]>> = match hashes {
-            Some(h) => split_ranges(h, pieces.iter().map(|p| layout.global(p)))
-                .into_iter()
-                .map(Some)
-                .collect(),
-            None => pieces.iter().map(|_| None).collect(),
-        };
-        let cs = layout.chunk_size;
-        let streaming = layout.bytes >= STREAMING_MIN_BYTES;
+    let live = vec![true; layout.regions.len()];
+    let pieces = layout.full_pieces(&live);
+    let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+    let outs: Vec<Option<&mut [u64]>> = match hashes {
+        Some(h) => split_ranges(h, pieces.iter().map(|p| layout.global(p)))
+            .into_iter()
+            .map(Some)
+            .collect(),
+        None => pieces.iter().map(|_| None).collect(),
+    };
+    let cs = layout.chunk_size;
+    let streaming = layout.bytes >= STREAMING_MIN_BYTES;
+    crate::pool::install_for(pieces.len(), || {
         pieces
             .par_iter()
             .zip(dsts)
@@ -246,9 +255,9 @@ pub(crate) fn copy_to_host(
                     }
                 }
                 Ok(())
-            })?;
-        Ok(layout.bytes)
-    })
+            })
+    })?;
+    Ok(layout.bytes)
 }
 
 /// Copy `pieces` of memory through their regions' host windows into a host store (laid out by
@@ -261,8 +270,8 @@ pub(crate) fn copy_pieces_to_host(
     store: &mut [u8],
     pieces: &[Piece],
 ) -> u64 {
-    crate::pool::install(|| {
-        let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+    let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
+    crate::pool::install_for(pieces.len(), || {
         pieces
             .par_iter()
             .zip(dsts)
@@ -284,16 +293,16 @@ pub(crate) fn copy_pieces_to_host(
 /// `layout.store_offset`) into `out` (indexed by global chunk): the hashes a hashing snapshot
 /// would have taken of the same bytes. Returns the bytes hashed.
 pub(crate) fn hash_store(layout: &Layout, store: &[u8], out: &mut [u64]) -> u64 {
-    crate::pool::install(|| {
-        let all = vec![true; layout.regions.len()];
-        let pieces = layout.full_pieces(&all);
-        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-        let cs = layout.chunk_size;
+    let all = vec![true; layout.regions.len()];
+    let pieces = layout.full_pieces(&all);
+    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+    let cs = layout.chunk_size;
+    crate::pool::install_for(pieces.len(), || {
         pieces.par_iter().zip(outs).for_each(|(p, out)| {
             chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
-        });
-        layout.bytes
-    })
+        })
+    });
+    layout.bytes
 }
 
 /// Snapshot copy of every region into a device shadow at `shadow`, as one batched device copy.
@@ -331,48 +340,48 @@ pub(crate) fn hash_live(
     out: &mut [u64],
     skip: Option<&[bool]>,
 ) -> Result<u64, CopyError> {
-    crate::pool::install(|| {
-        let cs = layout.chunk_size;
-        if caps.device_hash {
-            // One call for every range: whole live regions, or the runs between the chunks `skip`
-            // marks, found without visiting every chunk, so a device can hash all of them in one
-            // launch. A range never spans two regions (a device may check that each range lies in
-            // one allocation, and neighbouring allocations are often adjacent in the address space).
-            let runs: Vec<(usize, usize, usize)> = match skip {
-                None => (0..layout.regions.len())
-                    .filter(|&r| live[r])
-                    .map(|r| (r, 0, layout.region_chunks(r)))
-                    .collect(),
-                Some(set) => layout.unmarked_runs(live, set),
-            };
-            let mut bytes = 0;
-            let ranges: Vec<HashRange> = runs
-                .into_iter()
-                .map(|(r, first, count)| {
-                    let (offset, len) = layout.span(r, first, count);
-                    bytes += len;
-                    HashRange {
-                        addr: layout.regions[r].base + offset,
-                        len,
-                        first: layout.first_chunk[r] + first,
-                    }
-                })
-                .collect();
-            device.hash_chunk_ranges(&ranges, cs, out)?;
-            return Ok(bytes);
-        }
-        let pieces = match skip {
-            None => layout.full_pieces(live),
-            Some(set) => layout.runs(live, |c| !set[c]),
+    let cs = layout.chunk_size;
+    if caps.device_hash {
+        // One call for every range: whole live regions, or the runs between the chunks `skip`
+        // marks, found without visiting every chunk, so a device can hash all of them in one
+        // launch. A range never spans two regions (a device may check that each range lies in
+        // one allocation, and neighbouring allocations are often adjacent in the address space).
+        let runs: Vec<(usize, usize, usize)> = match skip {
+            None => (0..layout.regions.len())
+                .filter(|&r| live[r])
+                .map(|r| (r, 0, layout.region_chunks(r)))
+                .collect(),
+            Some(set) => layout.unmarked_runs(live, set),
         };
-        let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
-        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-        let scratch_len = pieces
-            .iter()
-            .filter(|p| windows[p.region].is_none())
-            .map(|p| layout.piece_span(p).1)
-            .max()
-            .unwrap_or(0) as usize;
+        let mut bytes = 0;
+        let ranges: Vec<HashRange> = runs
+            .into_iter()
+            .map(|(r, first, count)| {
+                let (offset, len) = layout.span(r, first, count);
+                bytes += len;
+                HashRange {
+                    addr: layout.regions[r].base + offset,
+                    len,
+                    first: layout.first_chunk[r] + first,
+                }
+            })
+            .collect();
+        device.hash_chunk_ranges(&ranges, cs, out)?;
+        return Ok(bytes);
+    }
+    let pieces = match skip {
+        None => layout.full_pieces(live),
+        Some(set) => layout.runs(live, |c| !set[c]),
+    };
+    let bytes = pieces.iter().map(|p| layout.piece_span(p).1).sum();
+    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+    let scratch_len = pieces
+        .iter()
+        .filter(|p| windows[p.region].is_none())
+        .map(|p| layout.piece_span(p).1)
+        .max()
+        .unwrap_or(0) as usize;
+    crate::pool::install_for(jobs(&pieces, layout), || {
         pieces.par_iter().zip(outs).try_for_each_init(
             Vec::new,
             |scratch: &mut Vec<u8>, (p, out)| {
@@ -403,9 +412,9 @@ pub(crate) fn hash_live(
                 }
                 Ok(())
             },
-        )?;
-        Ok(bytes)
-    })
+        )
+    })?;
+    Ok(bytes)
 }
 
 /// A hash restore through host windows in one pass: every chunk of the live regions is hashed
@@ -423,12 +432,12 @@ pub(crate) fn hash_and_restore(
     snapshot: &[u64],
     out: &mut [u64],
 ) -> (u64, u64) {
-    crate::pool::install(|| {
-        let cs = layout.chunk_size;
-        let pieces = layout.full_pieces(live);
-        let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
-        let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-        let written = pieces
+    let cs = layout.chunk_size;
+    let pieces = layout.full_pieces(live);
+    let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
+    let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
+    let written = crate::pool::install_for(jobs(&pieces, layout), || {
+        pieces
             .par_iter()
             .zip(outs)
             .map(|(p, out)| {
@@ -476,9 +485,9 @@ pub(crate) fn hash_and_restore(
                     })
                     .sum::<u64>()
             })
-            .sum();
-        (hashed, written)
-    })
+            .sum()
+    });
+    (hashed, written)
 }
 
 /// A verified restore done by the device in one operation ([`DeviceMemory::restore_verified`]):
@@ -621,44 +630,44 @@ pub(crate) fn write_back(
     store: &Store,
     pieces: &[Piece],
 ) -> WriteOutcome {
-    crate::pool::install(|| {
-        let mut outcome = WriteOutcome::default();
-        if pieces.is_empty() {
-            return outcome;
-        }
-        let total = |ps: &[&Piece]| -> (u64, usize) {
-            ps.iter().fold((0, 0), |(b, c), p| {
-                (b + layout.piece_span(p).1, c + p.count)
-            })
-        };
-        if let Some(shadow) = store.device_addr() {
-            // Pieces that continue each other within one region are one copy (a full restore is
-            // then one copy per region instead of one per 1 MiB piece).
-            let mut copies: Vec<DeviceCopy> = Vec::new();
-            let mut last_region = usize::MAX;
-            for p in pieces {
-                let (offset, len) = layout.piece_span(p);
-                let dst = layout.regions[p.region].base + offset;
-                match copies.last_mut() {
-                    Some(c) if last_region == p.region && c.dst + c.len == dst => c.len += len,
-                    _ => copies.push(DeviceCopy {
-                        dst,
-                        src: shadow + layout.store_offset[p.region] + offset,
-                        len,
-                    }),
-                }
-                last_region = p.region;
+    let mut outcome = WriteOutcome::default();
+    if pieces.is_empty() {
+        return outcome;
+    }
+    let total = |ps: &[&Piece]| -> (u64, usize) {
+        ps.iter().fold((0, 0), |(b, c), p| {
+            (b + layout.piece_span(p).1, c + p.count)
+        })
+    };
+    if let Some(shadow) = store.device_addr() {
+        // Pieces that continue each other within one region are one copy (a full restore is
+        // then one copy per region instead of one per 1 MiB piece).
+        let mut copies: Vec<DeviceCopy> = Vec::new();
+        let mut last_region = usize::MAX;
+        for p in pieces {
+            let (offset, len) = layout.piece_span(p);
+            let dst = layout.regions[p.region].base + offset;
+            match copies.last_mut() {
+                Some(c) if last_region == p.region && c.dst + c.len == dst => c.len += len,
+                _ => copies.push(DeviceCopy {
+                    dst,
+                    src: shadow + layout.store_offset[p.region] + offset,
+                    len,
+                }),
             }
-            let all: Vec<&Piece> = pieces.iter().collect();
-            let (bytes, chunks) = total(&all);
-            outcome.record(bytes, chunks, device.copy_on_device(&copies));
-            return outcome;
+            last_region = p.region;
         }
-        let src = store.bytes();
-        let (direct, via_device): (Vec<&Piece>, Vec<&Piece>) =
-            pieces.iter().partition(|p| windows[p.region].is_some());
-        if !direct.is_empty() {
-            let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
+        let all: Vec<&Piece> = pieces.iter().collect();
+        let (bytes, chunks) = total(&all);
+        outcome.record(bytes, chunks, device.copy_on_device(&copies));
+        return outcome;
+    }
+    let src = store.bytes();
+    let (direct, via_device): (Vec<&Piece>, Vec<&Piece>) =
+        pieces.iter().partition(|p| windows[p.region].is_some());
+    if !direct.is_empty() {
+        let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
+        crate::pool::install_for(direct.len(), || {
             direct.par_iter().for_each(|p| {
                 let (offset, _) = layout.piece_span(p);
                 if let Some(w) = &windows[p.region] {
@@ -666,42 +675,45 @@ pub(crate) fn write_back(
                     // holds the inventory's read side.
                     unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
                 }
+            })
+        });
+        let (bytes, chunks) = total(&direct);
+        outcome.record(bytes, chunks, Ok(()));
+    }
+    if via_device.is_empty() {
+        return outcome;
+    }
+    if caps.batched_writes {
+        let writes: Vec<ChunkWrite<'_>> = via_device
+            .iter()
+            .map(|p| ChunkWrite {
+                addr: layout.regions[p.region].base + layout.piece_span(p).0,
+                data: &src[layout.store_range(p)],
+            })
+            .collect();
+        let (bytes, chunks) = total(&via_device);
+        outcome.record(bytes, chunks, device.write_batch(&writes));
+    } else {
+        let results: Vec<(u64, usize, Result<(), CopyError>)> =
+            crate::pool::install_for(via_device.len(), || {
+                via_device
+                    .par_iter()
+                    .map(|p| {
+                        let (offset, len) = layout.piece_span(p);
+                        let base = layout.regions[p.region].base;
+                        (
+                            len,
+                            p.count,
+                            device.write(base + offset, &src[layout.store_range(p)]),
+                        )
+                    })
+                    .collect()
             });
-            let (bytes, chunks) = total(&direct);
-            outcome.record(bytes, chunks, Ok(()));
+        for (bytes, chunks, result) in results {
+            outcome.record(bytes, chunks, result);
         }
-        if via_device.is_empty() {
-            return outcome;
-        }
-        if caps.batched_writes {
-            let writes: Vec<ChunkWrite<'_>> = via_device
-                .iter()
-                .map(|p| ChunkWrite {
-                    addr: layout.regions[p.region].base + layout.piece_span(p).0,
-                    data: &src[layout.store_range(p)],
-                })
-                .collect();
-            let (bytes, chunks) = total(&via_device);
-            outcome.record(bytes, chunks, device.write_batch(&writes));
-        } else {
-            let results: Vec<(u64, usize, Result<(), CopyError>)> = via_device
-                .par_iter()
-                .map(|p| {
-                    let (offset, len) = layout.piece_span(p);
-                    let base = layout.regions[p.region].base;
-                    (
-                        len,
-                        p.count,
-                        device.write(base + offset, &src[layout.store_range(p)]),
-                    )
-                })
-                .collect();
-            for (bytes, chunks, result) in results {
-                outcome.record(bytes, chunks, result);
-            }
-        }
-        outcome
-    })
+    }
+    outcome
 }
 
 #[cfg(test)]

@@ -8,6 +8,13 @@ use std::sync::OnceLock;
 
 static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
 
+/// Runs `work`, which iterates over `items` in parallel, inside kreplay's pool: the parallel
+/// iterators it starts use that pool's workers. One item or none runs on the calling thread
+/// (a parallel iterator over one item does not leave it), without the hand-off to a worker.
+pub fn install_for<R: Send>(items: usize, work: impl FnOnce() -> R + Send) -> R {
+    if items <= 1 { work() } else { install(work) }
+}
+
 /// Runs `work` inside kreplay's pool: the parallel iterators it starts use that pool's workers.
 pub fn install<R: Send>(work: impl FnOnce() -> R + Send) -> R {
     let pool = POOL.get_or_init(|| {
