@@ -515,7 +515,7 @@ impl DeviceMemory for HsaMemory {
         let b = backend();
         // The runtime's copy is thread safe: issue the list from kreplay's pool so copies
         // overlap (on the software runtime each one is a memcpy on the calling thread).
-        kreplay_snapshot::pool::install(|| {
+        kreplay_snapshot::pool::install_for(copies.len(), || {
             copies.par_iter().try_for_each(|c| {
                 let status = b.original.memory_copy(
                     c.dst as *mut c_void,

@@ -1602,10 +1602,9 @@ impl Drop for Snapshot {
         // with the store (see `Followed`); an earlier footprint kept is stopped.
         let keep = self.keep_following
             && !self.needs_verify
-            && self.layout.regions.iter().all(|r| r.generation != 0)
-            && track::may_stay_followed(self.tracking.as_ref());
+            && self.layout.regions.iter().all(|r| r.generation != 0);
         match self.tracking.take() {
-            Some(tracking) if keep => {
+            Some(tracking) if keep && track::may_stay_followed(Some(&tracking)) => {
                 let followed = Followed {
                     regions: self.layout.regions.clone(),
                     chunk_size: self.layout.chunk_size,

@@ -451,6 +451,11 @@ impl TrackPrices {
     }
 }
 
+/// The pieces `kreplay-wtrack` works on `bytes` in, in parallel from two on.
+fn scan_pieces(bytes: usize) -> usize {
+    bytes.div_ceil(kreplay_wtrack::SCAN_PIECE)
+}
+
 /// The most ranges a footprint kept followed between replays may have: each range followed
 /// may split a mapping of the process in two or three, and the mappings a process may have are
 /// few (`vm.max_map_count`, 65,530 by default), so many small allocations are not kept.
@@ -478,7 +483,8 @@ impl Tracking {
         let fault = Duration::from_nanos(prices?.page.fault_ns.round() as u64);
         let start = Instant::now();
         let ranges = ranges?;
-        let tracker = crate::pool::install(|| WriteTracker::new(&ranges)).ok()?;
+        let pieces = scan_pieces(ranges.iter().map(|r| r.len()).sum());
+        let tracker = crate::pool::install_for(pieces, || WriteTracker::new(&ranges)).ok()?;
         Some(Tracking {
             armed: start.elapsed(),
             tracker,
@@ -510,7 +516,8 @@ impl Tracking {
         self.written.clear();
         let start = Instant::now();
         let (tracker, written) = (&self.tracker, &mut self.written);
-        let pages = crate::pool::install(|| tracker.written(written)).ok()?;
+        let pieces = scan_pieces(tracker.bytes());
+        let pages = crate::pool::install_for(pieces, || tracker.written(written)).ok()?;
         self.last_scan = Some(start.elapsed());
         self.last_pages = Some(pages as u64);
         // Pages left open are reported written whatever the pass did: only the others cost it
@@ -602,7 +609,8 @@ impl Tracking {
         let protect = subtract(&ranges, &open);
         let start = Instant::now();
         let tracker = &self.tracker;
-        let ok = crate::pool::install(|| tracker.protect(&protect)).is_ok();
+        let pieces = scan_pieces(protect.iter().map(|r| r.len()).sum());
+        let ok = crate::pool::install_for(pieces, || tracker.protect(&protect)).is_ok();
         self.last_rearm = Some((start.elapsed(), self.pages_of(&protect) as u64));
         let revisit = keep_open && self.open_streak >= self.revisit_every;
         let was_open = std::mem::replace(&mut self.open, open);
