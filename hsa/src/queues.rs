@@ -373,16 +373,8 @@ impl QueueState {
         claimed
     }
 
-    /// The packets the application published in its ring from `first` on, in order, up to
-    /// the first slot not published yet (at most one ring's worth): what waits behind the
-    /// handler call in progress.
-    pub(crate) fn queued_from(&self, b: &Backend, first: u64) -> Vec<Packet> {
-        self.published_from(b, first)
-            .into_iter()
-            .map(|(_, packet)| packet)
-            .collect()
-    }
-
+    /// The published packets of the ring from index `first` on, with their indices (see
+    /// [`published_after`](Self::published_after)).
     fn published_from(&self, b: &Backend, first: u64) -> Vec<(u64, Packet)> {
         // SAFETY: `queue` is live while its state is registered.
         let size = u64::from(unsafe { (*self.queue).size });
@@ -411,7 +403,13 @@ impl QueueState {
     /// replay holds the queue's agent none of them can reach the hardware queue (forwarding
     /// waits for the agent's lock), but for re-entrant work, which is left out.
     pub(crate) fn unforwarded(&self, b: &Backend) -> Vec<Packet> {
-        let from = self.forwarded_to.load(Ordering::Acquire);
+        self.published_after(b, self.forwarded_to.load(Ordering::Acquire))
+    }
+
+    /// The application's packets published in this queue's ring from index `from` on, up to
+    /// the first slot not published yet (at most one ring's worth), but for re-entrant work
+    /// (which runs on the side queue whenever it is published).
+    pub(crate) fn published_after(&self, b: &Backend, from: u64) -> Vec<Packet> {
         let reentrant = self.reentrant.lock();
         self.published_from(b, from)
             .into_iter()

@@ -293,7 +293,7 @@ impl HsaReplay<'_> {
     fn held(&self, queues: &[Arc<QueueState>]) -> Held {
         let mut packets: Vec<Packet> = self.queued.behind.to_vec();
         if let Some(next) = self.queued.next_index {
-            packets.extend(self.state.queued_from(self.b, next));
+            packets.extend(self.state.published_after(self.b, next));
         }
         for queue in queues {
             if !std::ptr::eq(Arc::as_ptr(queue), self.state) {
