@@ -54,9 +54,11 @@
  *    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
  *  - Only during PASS ENTER, and only through the payload's pointers: replay_start_context and
  *    replay_stop_context (elsewhere KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing changes).
- *  - No function of this version returns KREPLAY_STATUS_ERROR_NOT_INITIALIZED: contexts can be
- *    created and queried before kreplay has initialized its tools. The value is reserved for
- *    functions that need initialized tools.
+ *  - KREPLAY_STATUS_ERROR_NOT_INITIALIZED is returned only by the counter functions
+ *    (kreplay_iterate_agent_counters, kreplay_create_counter_config, kreplay_plan_counter_passes)
+ *    before kreplay is loaded into a runtime, whose agents they need: in a tool's initialize
+ *    under ROCm-style loading that is the case; call them later (from CONFIG ENTER, say).
+ *    Contexts can be created and queried before kreplay has initialized its tools.
  *  - A callback may submit GPU work. On the agent being replayed, such a dispatch runs exactly
  *    once, unreplayed (decline reason "reentrant_dispatch"); it never deadlocks.
  *
@@ -70,7 +72,9 @@
  *    HSA: the thread that rang the queue's doorbell), in the order docs/abi.md gives, never
  *    overlapping one another.
  *  - KERNEL_DISPATCH COMPLETE records of dispatches that were not replayed arrive on a thread of
- *    the runtime (for HSA: its asynchronous signal handler thread).
+ *    kreplay's own (for HSA; the runtime's asynchronous signal handler thread where the runtime
+ *    lacks hsa_amd_signal_wait_any). Such a callback may wait for work it submits: the
+ *    completions of that work are delivered on another thread.
  *  - Callbacks for different dispatches may run at the same time on different threads (replays on
  *    different agents run in parallel; ordinary dispatches are traced while another agent
  *    replays). A callback must be thread-safe and should return promptly: while a replay
@@ -830,7 +834,7 @@ kreplay_status_t kreplay_iterate_agent_counters(kreplay_agent_id_t agent_id,
  * Creates a configuration counting `counters` (at least one, of `agent_id`) together in one
  * pass. KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when they do not fit one pass (the block and its
  * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters or an
- * unknown counter.
+ * unknown counter; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
                                                const kreplay_counter_id_t* counters,
@@ -843,7 +847,8 @@ kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
  * `*pass_count` (0 for no counters); when `pass_of_counter` is not NULL, writes the 0-based pass
  * of each counter there (`counters_count` entries; a counter listed twice is counted once).
  * KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when one counter alone cannot be counted in a pass;
- * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers or an unknown counter.
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers or an unknown counter;
+ * KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_plan_counter_passes(kreplay_agent_id_t agent_id,
                                              const kreplay_counter_id_t* counters,
@@ -943,8 +948,10 @@ struct HsaApiTable;
  * runtime calls it from hsa_init when HSA_TOOLS_LIB names libkreplay.so: kreplay reads its
  * KREPLAY_* configuration, finds and initializes the tools (kreplay_configure, initialize) and
  * installs itself into `table`. Returns false, with a line on stderr, when kreplay cannot be
- * loaded (a malformed KREPLAY_* value, a table without the entries kreplay needs); both are
- * checked before any tool is initialized. The runtime then continues without kreplay.
+ * loaded (a malformed KREPLAY_* value, a table without the entries kreplay needs; both are
+ * checked before any tool is initialized), and when it was loaded once already in this process
+ * and finalized by hsa_shut_down: tools are initialized once per process, so a runtime
+ * initialized again is not profiled. The runtime then continues without kreplay.
  * `table` must stay valid and writable for every later call through it.
  */
 bool OnLoad(struct HsaApiTable* table, uint64_t runtime_version, uint64_t failed_tool_count,

@@ -422,7 +422,8 @@ pub unsafe extern "C" fn kreplay_iterate_agent_counters(
             // SAFETY: the tool's callback; the infos are alive for the call.
             unsafe { callback(agent_id, infos.as_ptr(), infos.len(), user_data) }
         }) {
-            Ok(_) => Status::SUCCESS,
+            // What the callback returned, as kreplay.h says.
+            Ok(returned) => returned,
             Err(e) => e.status,
         }
     })

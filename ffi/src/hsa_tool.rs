@@ -506,6 +506,17 @@ impl CReplayTool {
         unsafe { owner.deliver_if_started(&event, &mut self.user_data) }
     }
 
+    /// Whether the owner's context is still started: a tool that finalized itself (its
+    /// contexts stopped) from a callback is called no more, its pass count and continue
+    /// callbacks included.
+    fn owner_started(&self) -> bool {
+        self.owner.is_some_and(|owner| {
+            ContextRegistry::global()
+                .is_started(owner.context)
+                .unwrap_or(false)
+        })
+    }
+
     fn deliver_replay(
         &mut self,
         operation: KernelReplayOperation,
@@ -534,7 +545,13 @@ impl CReplayTool {
             0
         };
         data.tier = tier(report.tier);
-        data.strategy = strategy(report.strategy);
+        // Before the snapshot nothing is chosen yet (under auto, not before each restore):
+        // the strategy does not apply there.
+        data.strategy = if operation == KernelReplayOperation::SNAPSHOT && phase == Phase::Enter {
+            RestoreStrategy::NONE
+        } else {
+            strategy(report.strategy)
+        };
         if operation == KernelReplayOperation::SNAPSHOT {
             let s = &report.sources;
             data.agent_regions = s.agent.regions;
@@ -598,7 +615,11 @@ impl ReplayTool for CReplayTool {
         ) {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         }
-        let Some(pass_count) = self.payload.replay_pass_count else {
+        let Some(pass_count) = self
+            .payload
+            .replay_pass_count
+            .filter(|_| self.owner_started())
+        else {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         };
         // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented arguments.
@@ -641,6 +662,10 @@ impl ReplayTool for CReplayTool {
         current_pass: u64,
         total_passes: u64,
     ) -> bool {
+        if !self.owner_started() {
+            // Finalized (or its context stopped) since: no more passes for it.
+            return false;
+        }
         match self.payload.replay_continue {
             // SAFETY: the tool's own `kreplay_continue_cb_t`, called with the documented arguments.
             Some(f) => unsafe {

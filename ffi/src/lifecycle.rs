@@ -593,11 +593,23 @@ fn initialize_tool(index: usize) {
         );
     } else if let Some(job) = early_finalize {
         crate::kreplay_info!("tool {description} finalized itself during initialize");
+        // Its services are given back, as a failed tool's are: configuration is still open, so
+        // a tool initialized after it may take the replay service.
+        stop_contexts(&contexts);
         job.run();
+    } else if contexts.is_empty() {
+        crate::kreplay_warn!(
+            "tool {description} initialized without creating a context: nothing will reach it \
+             (a tool linked with a copy of kreplay of its own, statically, configures that copy \
+             instead: link it with -lkreplay)"
+        );
     } else {
         crate::kreplay_info!("tool {description} initialized");
     }
 }
+
+/// How long a finalize waits for the tool's callbacks running on other threads.
+const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct FinalizeJob {
     contexts: Vec<ContextId>,
@@ -619,6 +631,14 @@ impl FinalizeJob {
         let registry = ContextRegistry::global();
         for &context in &self.contexts {
             let _ = registry.stop(context);
+        }
+        // Callbacks of the tool already running on other threads end first: its finalize
+        // comes after its last callback (a callback that never returns is waited for a while).
+        if !crate::services::wait_for_callbacks(&self.contexts, FINALIZE_WAIT) {
+            crate::kreplay_warn!(
+                "a callback of a tool being finalized still ran after {} s; finalizing it anyway",
+                FINALIZE_WAIT.as_secs()
+            );
         }
         if let Some(finalize) = self.finalize {
             // SAFETY: the tool's finalize, called once with its own data as kreplay.h documents.

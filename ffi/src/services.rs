@@ -154,6 +154,9 @@ impl CallbackService {
     /// operation (or be null where none is documented), valid for reads and for the writes the
     /// header allows the tool, for the duration of the call.
     pub unsafe fn deliver(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
+        // Counted before the check: a finalize that stopped the context after it waits for
+        // this callback (see `wait_for_callbacks`).
+        let _running = Running::enter(self.context);
         if !self.wants(event.operation) || !ContextRegistry::global().is_active(self.context) {
             return false;
         }
@@ -169,6 +172,7 @@ impl CallbackService {
     /// # Safety
     /// As for [`deliver`](Self::deliver).
     pub unsafe fn deliver_if_started(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
+        let _running = Running::enter(self.context);
         let started = ContextRegistry::global()
             .is_started(self.context)
             .unwrap_or(false);
@@ -188,6 +192,73 @@ impl CallbackService {
         // registered for exactly this use; the record is by value, `user_data` is valid for the
         // call, and the payload is the caller's responsibility.
         unsafe { (self.callback)(record, user_data, self.callback_data) };
+    }
+}
+
+/// Callbacks of each context running now, on any thread.
+static RUNNING: Mutex<Vec<(ContextId, usize)>> = Mutex::new(Vec::new());
+static RUNNING_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
+
+thread_local! {
+    /// Contexts whose callback runs on this thread now (outermost first).
+    static RUNNING_HERE: std::cell::RefCell<Vec<ContextId>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One callback of a context in progress, from before its started check to its return.
+struct Running(ContextId);
+
+impl Running {
+    fn enter(context: ContextId) -> Running {
+        let mut running = RUNNING.lock();
+        match running.iter_mut().find(|(c, _)| *c == context) {
+            Some((_, n)) => *n += 1,
+            None => running.push((context, 1)),
+        }
+        drop(running);
+        let _ = RUNNING_HERE.try_with(|h| h.borrow_mut().push(context));
+        Running(context)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = RUNNING_HERE.try_with(|h| {
+            let mut here = h.borrow_mut();
+            if let Some(i) = here.iter().rposition(|&c| c == self.0) {
+                here.remove(i);
+            }
+        });
+        let mut running = RUNNING.lock();
+        if let Some(i) = running.iter().position(|(c, _)| *c == self.0) {
+            running[i].1 -= 1;
+            if running[i].1 == 0 {
+                running.swap_remove(i);
+            }
+        }
+        RUNNING_ENDED.notify_all();
+    }
+}
+
+/// Waits until no callback of `contexts` runs on another thread (ones running on this thread,
+/// which is inside them, are not waited for), at most `limit`; false when some still ran then.
+/// Called once the contexts are stopped: no new callback of theirs starts.
+pub(crate) fn wait_for_callbacks(contexts: &[ContextId], limit: std::time::Duration) -> bool {
+    let here: Vec<ContextId> = RUNNING_HERE
+        .try_with(|h| h.borrow().clone())
+        .unwrap_or_default();
+    let deadline = std::time::Instant::now() + limit;
+    let mut running = RUNNING.lock();
+    loop {
+        let busy = running
+            .iter()
+            .any(|(c, n)| contexts.contains(c) && *n > here.iter().filter(|&&h| h == *c).count());
+        if !busy {
+            return true;
+        }
+        if RUNNING_ENDED.wait_until(&mut running, deadline).timed_out() {
+            return false;
+        }
     }
 }
 

@@ -6,13 +6,16 @@
 //! thread, one at a time: an application handler that waits for such a completion (a stream
 //! callback waiting for the copy it follows) would block the very thread that must deliver it.
 //! So kreplay waits for its own signals on a thread of its own (`hsa_amd_signal_wait_any` over
-//! every pending signal and a wake-up signal of its own), and falls back to the runtime's
-//! handlers only where that thread cannot be had.
+//! every pending signal and a wake-up signal of its own) and runs what each completion does on
+//! threads of its own, one more whenever a completion waits and none is free (a tool's COMPLETE
+//! callback may wait for a dispatch it submitted, whose completion comes through here too). It
+//! falls back to the runtime's handlers only where the waiting thread cannot be had.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use hsa_sys::*;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{Backend, backend};
 
@@ -28,6 +31,79 @@ const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 pub(crate) struct Watcher {
     inner: Mutex<Inner>,
     started: AtomicBool,
+    /// The threads that run the jobs of the signals that reached 0.
+    runners: Runners,
+}
+
+/// Threads that run completion jobs: one more is started whenever a job waits and none is
+/// idle, so a job that blocks (a tool's COMPLETE callback waiting for a dispatch it submitted,
+/// whose own completion is another job) never holds up the others; a thread idle for a while
+/// beyond the first ends.
+#[derive(Default)]
+struct Runners {
+    state: Mutex<RunnersState>,
+    work: Condvar,
+}
+
+#[derive(Default)]
+struct RunnersState {
+    jobs: VecDeque<Job>,
+    idle: usize,
+    threads: usize,
+}
+
+/// How long a runner beyond the first waits for a job before it ends.
+const RUNNER_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Runners {
+    /// Runs `job` on a runner thread (on this thread if none can be started).
+    fn run(&'static self, job: Job) {
+        let mut state = self.state.lock();
+        state.jobs.push_back(job);
+        if state.jobs.len() <= state.idle {
+            self.work.notify_one();
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("kreplay-completion".into())
+            .spawn(move || self.serve());
+        match spawned {
+            Ok(_) => state.threads += 1,
+            Err(_) => {
+                let job = state.jobs.pop_back();
+                drop(state);
+                if let Some(job) = job {
+                    run_job(job);
+                }
+            }
+        }
+    }
+
+    fn serve(&self) {
+        let mut state = self.state.lock();
+        loop {
+            if let Some(job) = state.jobs.pop_front() {
+                drop(state);
+                run_job(job);
+                state = self.state.lock();
+                continue;
+            }
+            state.idle += 1;
+            let timed_out = self.work.wait_for(&mut state, RUNNER_IDLE).timed_out();
+            state.idle -= 1;
+            if timed_out && state.jobs.is_empty() && state.threads > 1 {
+                state.threads -= 1;
+                return;
+            }
+        }
+    }
+}
+
+/// Runs one completion job; a panic in it is reported, not spread.
+fn run_job(job: Job) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+        log::error!("internal error while forwarding a completion");
+    }
 }
 
 #[derive(Default)]
@@ -98,10 +174,7 @@ fn run(wake: hsa_signal_t) {
     let mut values: Vec<hsa_signal_value_t> = Vec::new();
     loop {
         for job in watcher.take_done(b) {
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-            if ran.is_err() {
-                log::error!("internal error while forwarding a completion");
-            }
+            watcher.runners.run(job);
         }
         let seen = b.original.signal_load(wake);
         signals.clear();
