@@ -878,7 +878,10 @@ typedef struct kreplay_client_id_t {
 } kreplay_client_id_t;
 
 /** Given to the tool's initialize: calling it with the tool's client id finalizes the tool early
- *  (its contexts are stopped, then its finalize runs once). */
+ *  (its contexts are stopped, then its finalize runs once). From a callback, nothing of the
+ *  tool is called after it (its pass-count and continue callbacks neither: a replay in progress
+ *  goes on without it); from another thread, its finalize waits (at most 10 s) for its callbacks
+ *  running on other threads. From initialize, its services are given back for later tools. */
 typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);
 
 /** The tool's initialize: create, configure and start contexts here. Return 0 on success; any
