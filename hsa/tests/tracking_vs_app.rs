@@ -537,7 +537,7 @@ scenarios! {
     /// After a replay the application registers its own buffer with a userfaultfd of its own:
     /// it succeeds without kreplay (and under hash restores); a footprint kept followed between
     /// dispatches must not make it fail.
-    #[ignore = "known limit: a footprint kept followed between replays stays registered with kreplay's userfaultfd, and the kernel allows one per range (EBUSY); docs/rocm.md"]
+    #[ignore = "known limit: a footprint kept followed between replays stays registered with kreplay's userfaultfd, and the kernel allows one per range (EBUSY); docs/RELIABILITY.md"]
     fn the_applications_userfaultfd_registration_between_dispatches_succeeds() {
         if !tracking_available() { return; }
         let env = setup(kreplay_snapshot::RestoreStrategy::Tracked);
@@ -555,7 +555,7 @@ scenarios! {
     /// After a replay the application asks for a huge page on a 2 MiB-aligned block of its
     /// buffer with madvise(MADV_COLLAPSE): it succeeds on such a block of another buffer before
     /// the replay, so it must after it.
-    #[ignore = "known limit: the kernel does not collapse memory registered with a userfaultfd, as a footprint kept followed between replays is (EINVAL); docs/rocm.md"]
+    #[ignore = "known limit: the kernel does not collapse memory registered with a userfaultfd, as a footprint kept followed between replays is (EINVAL); docs/RELIABILITY.md"]
     fn madv_collapse_of_a_buffer_between_dispatches_succeeds_as_before() {
         if !tracking_available() { return; }
         let env = setup(kreplay_snapshot::RestoreStrategy::Tracked);
