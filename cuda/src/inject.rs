@@ -1617,26 +1617,26 @@ impl Backend {
         let params = data.function_params;
         if let Some(write) = fence::device_write(id) {
             // No fenced call is one of the calls handled below.
+            let graph = (write == fence::DeviceWrite::Graph).then(|| {
+                // SAFETY: cuGraphLaunch(_ptsz)_params starts with the executable graph.
+                unsafe { (*(params as *const GraphLaunchParams)).exec as usize }
+            });
             if enter {
                 self.note_unreplayed(write, data.context);
-                if write == fence::DeviceWrite::Graph {
-                    // SAFETY: cuGraphLaunch(_ptsz)_params starts with the executable graph.
-                    let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
-                    if self.graphs.allocates(exec as usize) {
-                        // Its allocations take memory now: as before any allocation, kreplay's
-                        // kept shadow makes room.
-                        self.before_app_alloc(data.context);
-                    }
+                if graph.is_some_and(|exec| self.graphs.allocates(exec)) {
+                    // Its allocations take memory now: as before any allocation, kreplay's
+                    // kept shadow makes room.
+                    self.before_app_alloc(data.context);
                 }
                 let devices = self.fenced_devices(id, data);
                 fence::enter(&self.locks, &devices);
             } else if exit {
-                if write == fence::DeviceWrite::Graph && result() == CUDA_SUCCESS {
+                if let Some(exec) = graph
+                    && result() == CUDA_SUCCESS
+                {
                     // Before the reader side is given back: no replay window on the device
                     // snapshots while the graph's allocations become tracked memory.
-                    // SAFETY: cuGraphLaunch(_ptsz)_params starts with the executable graph.
-                    let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
-                    self.on_graph_launched(exec as usize, data.context);
+                    self.on_graph_launched(exec, data.context);
                 }
                 fence::exit();
             }

@@ -270,11 +270,11 @@ fn handle(
         }
         let queued = Queued {
             behind: &packets[i + 1..],
-            next_index: Some(first_index.wrapping_add(i as u64 + 1)),
+            next_index: Some(end(i + 1)),
         };
         replay_dispatch(b, state, dispatch, Sink::Handler(writer), queued, progress);
-        state.will_forward(end(i + 1));
-        state.forwarded();
+        // Its last pass (or its one run) is in the hardware queue now.
+        state.note_forwarded(end(i + 1));
         handled.set(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
@@ -338,8 +338,7 @@ fn handle_with_reentrant(
             crate::replay::run_reentrant(b, state, packets[i]);
         }
         // Not the application's queue's to forward: past it, as if forwarded (`crate::waits`).
-        state.will_forward(first_index.wrapping_add(i as u64 + 1));
-        state.forwarded();
+        state.note_forwarded(first_index.wrapping_add(i as u64 + 1));
         i += 1;
         start = i;
     }
@@ -419,26 +418,24 @@ pub(crate) fn forward(
     let packets = &packets[..];
     let tracing = (b.hooks.dispatch_tracing_configured() || b.hooks.counting_configured())
         && !b.is_finalized();
-    if tracing {
+    let (patched, traced) = if tracing {
         let (patched, traced) = trace_completions(b, state, packets, infos);
-        let patched = match bracket(b, state, sink, track, &patched) {
-            std::borrow::Cow::Borrowed(_) => patched,
-            std::borrow::Cow::Owned(bracketed) => bracketed,
-        };
-        b.hooks.dispatch_enqueue(&traced, None, &mut || {
-            sink.write(b, &patched);
-            if let Sink::Handler(_) = sink {
-                state.forwarded();
-            }
-            progress.set(Progress::Done);
-        });
-        return;
+        (std::borrow::Cow::Owned(patched), Some(traced))
+    } else {
+        (std::borrow::Cow::Borrowed(packets), None)
+    };
+    let out = bracket(b, state, sink, track, &patched);
+    let mut write = || {
+        sink.write(b, &out);
+        if let Sink::Handler(_) = sink {
+            state.forwarded();
+        }
+        progress.set(Progress::Done);
+    };
+    match traced {
+        Some(traced) => b.hooks.dispatch_enqueue(&traced, None, &mut write),
+        None => write(),
     }
-    sink.write(b, &bracket(b, state, sink, track, packets));
-    if let Sink::Handler(_) = sink {
-        state.forwarded();
-    }
-    progress.set(Progress::Done);
 }
 
 /// `packets` with every barrier that waits bracketed by markers, where a replay's drain looks

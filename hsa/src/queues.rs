@@ -395,7 +395,12 @@ impl QueueState {
     /// queue: called while the agent's reader side is held, so that a replay, which holds the
     /// writer side, sees them either not forwarded and not counted, or both.
     pub(crate) fn forwarded(&self) {
-        let next = self.forwarding_to.load(Ordering::Acquire);
+        self.note_forwarded(self.forwarding_to.load(Ordering::Acquire));
+    }
+
+    /// Notes that the packets before ring index `next` are past: forwarded, or never the
+    /// application's queue's to forward.
+    pub(crate) fn note_forwarded(&self, next: u64) {
         self.forwarded_to.fetch_max(next, Ordering::AcqRel);
     }
 

@@ -12,7 +12,6 @@
 //! falls back to the runtime's handlers only where the waiting thread cannot be had.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use hsa_sys::*;
 use parking_lot::{Condvar, Mutex};
@@ -30,7 +29,6 @@ const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 #[derive(Default)]
 pub(crate) struct Watcher {
     inner: Mutex<Inner>,
-    started: AtomicBool,
     /// The threads that run the jobs of the signals that reached 0.
     runners: Runners,
 }
@@ -110,7 +108,7 @@ fn run_job(job: Job) {
 struct Inner {
     /// Signals the thread waits for, each with what runs when it reaches 0.
     pending: Vec<(hsa_signal_t, Job)>,
-    /// Rung (incremented) whenever `pending` grows; `None` until the thread runs.
+    /// Rung (incremented) whenever `pending` grows; `None` until the thread is started (once).
     wake: Option<hsa_signal_t>,
     /// The thread could not be started (no signal, no thread, no `wait_any`): never again.
     unavailable: bool,
@@ -124,26 +122,26 @@ impl Watcher {
         if inner.unavailable || b.original.amd().hsa_amd_signal_wait_any_fn.is_none() {
             return Err(job);
         }
-        if !self.started.load(Ordering::Acquire) {
-            let Ok(wake) = b.original.signal_create(0) else {
-                inner.unavailable = true;
-                return Err(job);
-            };
-            let spawned = std::thread::Builder::new()
-                .name("kreplay-completions".into())
-                .spawn(move || run(wake));
-            if spawned.is_err() {
-                b.original.signal_destroy(wake);
-                inner.unavailable = true;
-                return Err(job);
+        let wake = match inner.wake {
+            Some(wake) => wake,
+            None => {
+                let Ok(wake) = b.original.signal_create(0) else {
+                    inner.unavailable = true;
+                    return Err(job);
+                };
+                let spawned = std::thread::Builder::new()
+                    .name("kreplay-completions".into())
+                    .spawn(move || run(wake));
+                if spawned.is_err() {
+                    b.original.signal_destroy(wake);
+                    inner.unavailable = true;
+                    return Err(job);
+                }
+                *inner.wake.insert(wake)
             }
-            inner.wake = Some(wake);
-            self.started.store(true, Ordering::Release);
-        }
+        };
         inner.pending.push((signal, job));
-        if let Some(wake) = inner.wake {
-            b.original.signal_add(wake, 1);
-        }
+        b.original.signal_add(wake, 1);
         Ok(())
     }
 
