@@ -10,11 +10,14 @@
 //! `cuGraphAddMemAllocNode` at its API EXIT, `cuGraphInstantiate*` with the graph's memory
 //! nodes, `cuGraphLaunch` at its API EXIT, `cuMemFreeAsync` at its API ENTER.
 
+#[allow(dead_code)] // each test file uses part of it
+mod graph_device;
+
 use std::cell::RefCell;
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use graph_device::GraphDevice;
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::graphmem::{
     CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH, GraphAlloc, GraphApi, GraphMemory, GraphNodes,
@@ -28,12 +31,10 @@ use kreplay_passloop::{
     ReplayRecord, ReplayTool, RestoreRequest, ToolAnswer,
 };
 use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
-    Snapshotter, StoreTier,
+    Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter, StoreTier,
 };
 
 const AGENT: u64 = 0;
-const WORDS: usize = 4096;
 /// An ordinary tracked allocation (`cudaMalloc`): its first 8 bytes hold a pointer.
 const X: u64 = 0;
 const X_SIZE: u64 = 4096;
@@ -41,113 +42,11 @@ const X_SIZE: u64 = 4096;
 const G: u64 = 8192;
 const G_SIZE: u64 = 4096;
 
-/// The device: counting words; the graph allocations in `graph` have memory behind them only
-/// while in `mapped`. Any copy touching an unmapped one is an illegal address.
-struct GraphDevice {
-    words: Mutex<Vec<u32>>,
-    graph: Vec<(u64, u64)>,
-    mapped: Mutex<BTreeSet<u64>>,
-    illegal: AtomicUsize,
-}
-
-impl GraphDevice {
-    fn new(graph: &[(u64, u64)]) -> GraphDevice {
-        GraphDevice {
-            words: Mutex::new((0..WORDS as u32).collect()),
-            graph: graph.to_vec(),
-            mapped: Mutex::new(BTreeSet::new()),
-            illegal: AtomicUsize::new(0),
-        }
-    }
-
-    fn check(&self, addr: u64, len: u64) -> Result<(), CopyError> {
-        let mapped = self.mapped.lock().unwrap();
-        let end = addr + len;
-        for &(b, s) in &self.graph {
-            if addr < b + s && end > b && !mapped.contains(&b) {
-                self.illegal.fetch_add(1, Ordering::SeqCst);
-                return Err(CopyError::Failed {
-                    addr,
-                    len,
-                    detail: format!(
-                        "CUDA_ERROR_ILLEGAL_ADDRESS: graph allocation at {b:#x} has no memory"
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The graph's allocation node ran: memory behind `base`, holding `fill` in every word.
-    fn map(&self, base: u64, fill: u32) {
-        self.mapped.lock().unwrap().insert(base);
-        let size = self.graph.iter().find(|g| g.0 == base).unwrap().1;
-        let mut w = self.words.lock().unwrap();
-        for i in base / 4..(base + size) / 4 {
-            w[i as usize] = fill;
-        }
-    }
-
-    fn unmap(&self, base: u64) {
-        self.mapped.lock().unwrap().remove(&base);
-    }
-
-    fn word(&self, addr: u64) -> u32 {
-        self.words.lock().unwrap()[addr as usize / 4]
-    }
-
-    fn set_pointer(&self, at: u64, value: u64) {
-        let mut w = self.words.lock().unwrap();
-        w[at as usize / 4] = value as u32;
-        w[at as usize / 4 + 1] = (value >> 32) as u32;
-    }
-
-    /// `x += 1` on `words` words at `addr`, as a kernel would (an unmapped graph allocation is
-    /// an illegal address).
-    fn add_one(&self, addr: u64, words: u64) {
-        if self.check(addr, words * 4).is_err() {
-            return;
-        }
-        let mut w = self.words.lock().unwrap();
-        for i in addr / 4..addr / 4 + words {
-            w[i as usize] += 1;
-        }
-    }
-
-    /// The kernel outside the graph: `x += 1` on every word of the buffer whose address the
-    /// first 8 bytes of `X` hold (a pointer kept in device memory), and on `X`'s last word.
-    fn bump_through_pointer(&self) {
-        let target = {
-            let w = self.words.lock().unwrap();
-            u64::from(w[0]) | (u64::from(w[1]) << 32)
-        };
-        self.add_one(target, G_SIZE / 4);
-        self.add_one(X + X_SIZE - 4, 1);
-    }
-}
-
-impl DeviceMemory for GraphDevice {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        self.check(addr, dst.len() as u64)?;
-        let w = self.words.lock().unwrap();
-        let bytes = w.iter().flat_map(|x| x.to_le_bytes()).skip(addr as usize);
-        for (b, from) in dst.iter_mut().zip(bytes) {
-            *b = from;
-        }
-        Ok(())
-    }
-
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        self.check(addr, src.len() as u64)?;
-        let mut w = self.words.lock().unwrap();
-        for (i, b) in src.iter().enumerate() {
-            let at = addr as usize + i;
-            let mut word = w[at / 4].to_le_bytes();
-            word[at % 4] = *b;
-            w[at / 4] = u32::from_le_bytes(word);
-        }
-        Ok(())
-    }
+/// The kernel outside the graph: `x += 1` on every word of the buffer whose address the first
+/// 8 bytes of `X` hold (a pointer kept in device memory), and on `X`'s last word.
+fn bump_through_pointer(device: &GraphDevice) {
+    device.bump_through_pointer(G_SIZE / 4);
+    device.add_one(X + X_SIZE - 4, 1);
 }
 
 /// A device with `X` tracked, graph allocation `G` known to the fake driver, and the graph
@@ -399,7 +298,7 @@ fn after_its_graph_runs_a_captured_allocation_is_snapshotted_and_restored_until_
     r.graph_launch(0xe1, &[G], &[], 1000);
     assert!(r.graphs.is_backed(G));
     r.device.set_pointer(X, G);
-    let record = run(&r, &[X], || r.device.bump_through_pointer());
+    let record = run(&r, &[X], || bump_through_pointer(&r.device));
     assert!(replayed(&record), "{:?}", record.outcome);
     assert_eq!(r.illegal(), 0);
     for at in (G..G + G_SIZE).step_by(4) {
@@ -430,7 +329,7 @@ fn a_node_by_node_allocation_becomes_tracked_when_its_graph_is_launched() {
     assert_eq!((a.base, a.size, a.owner_agent), (G, G_SIZE, AGENT));
     r.device.set_pointer(X, G);
     for launches in 1..=3u32 {
-        let record = run(&r, &[X], || r.device.bump_through_pointer());
+        let record = run(&r, &[X], || bump_through_pointer(&r.device));
         assert!(replayed(&record), "{:?}", record.outcome);
         assert_eq!(
             r.device.word(G),

@@ -9,11 +9,14 @@
 //! Every test here states the behaviour CUDA's documented rules require; each failed before
 //! the fix its comment describes (what kreplay did then).
 
-use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+#[allow(dead_code)] // each test file uses part of it
+mod graph_device;
 
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use graph_device::GraphDevice;
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::contexts::Contexts;
 use kreplay_cuda::graphmem::{GraphAlloc, GraphMemory, GraphNodes, Place};
@@ -25,11 +28,9 @@ use kreplay_passloop::{
     RestoreRequest, ToolAnswer,
 };
 use kreplay_snapshot::{
-    CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
-    Snapshotter, StoreTier,
+    Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter, StoreTier,
 };
 
-const WORDS: usize = 4096;
 /// An ordinary tracked allocation (`cudaMalloc`) of device 0: its first 8 bytes hold a pointer.
 const X: u64 = 0;
 const X_SIZE: u64 = 4096;
@@ -40,143 +41,10 @@ const G_SIZE: u64 = 4096;
 const Y: u64 = 12288;
 const Y_SIZE: u64 = 1024;
 
-/// Work queued on a device's stream, run when the device is drained.
-type StreamWork = Box<dyn FnOnce(&FakeGpu) + Send>;
-
-/// The device(s): counting words; graph addresses have memory behind them only while mapped.
-/// Work submitted to a device's stream (a graph launch) waits in `pending` until that device
-/// is drained (`cuCtxSynchronize` of its contexts).
-struct FakeGpu {
-    words: Mutex<Vec<u32>>,
-    graph: Vec<(u64, u64)>,
-    mapped: Mutex<BTreeSet<u64>>,
-    illegal: AtomicUsize,
-    pending: Mutex<HashMap<u64, Vec<StreamWork>>>,
-}
-
-impl FakeGpu {
-    fn new(graph: &[(u64, u64)]) -> FakeGpu {
-        FakeGpu {
-            words: Mutex::new((0..WORDS as u32).collect()),
-            graph: graph.to_vec(),
-            mapped: Mutex::new(BTreeSet::new()),
-            illegal: AtomicUsize::new(0),
-            pending: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn check(&self, addr: u64, len: u64) -> Result<(), CopyError> {
-        let mapped = self.mapped.lock().unwrap();
-        let end = addr + len;
-        for &(b, s) in &self.graph {
-            if addr < b + s && end > b && !mapped.contains(&b) {
-                self.illegal.fetch_add(1, Ordering::SeqCst);
-                return Err(CopyError::Failed {
-                    addr,
-                    len,
-                    detail: format!(
-                        "CUDA_ERROR_ILLEGAL_ADDRESS: graph allocation at {b:#x} has no memory"
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn map(&self, base: u64, fill: u32) {
-        self.mapped.lock().unwrap().insert(base);
-        let size = self.graph.iter().find(|g| g.0 == base).unwrap().1;
-        let mut w = self.words.lock().unwrap();
-        for i in base / 4..(base + size) / 4 {
-            w[i as usize] = fill;
-        }
-    }
-
-    fn unmap(&self, base: u64) {
-        self.mapped.lock().unwrap().remove(&base);
-    }
-
-    fn word(&self, addr: u64) -> u32 {
-        self.words.lock().unwrap()[addr as usize / 4]
-    }
-
-    fn set_pointer(&self, at: u64, value: u64) {
-        let mut w = self.words.lock().unwrap();
-        w[at as usize / 4] = value as u32;
-        w[at as usize / 4 + 1] = (value >> 32) as u32;
-    }
-
-    fn add_one(&self, addr: u64, words: u64) {
-        if self.check(addr, words * 4).is_err() {
-            return;
-        }
-        let mut w = self.words.lock().unwrap();
-        for i in addr / 4..addr / 4 + words {
-            w[i as usize] += 1;
-        }
-    }
-
-    /// `x += 1` on every word of the buffer whose address the first 8 bytes of `X` hold.
-    fn bump_through_pointer(&self) {
-        let target = {
-            let w = self.words.lock().unwrap();
-            u64::from(w[0]) | (u64::from(w[1]) << 32)
-        };
-        self.add_one(target, G_SIZE / 4);
-    }
-
-    /// Work submitted to `device`'s stream, run when that device is drained.
-    fn submit(&self, device: u64, work: impl FnOnce(&FakeGpu) + Send + 'static) {
-        self.pending
-            .lock()
-            .unwrap()
-            .entry(device)
-            .or_default()
-            .push(Box::new(work));
-    }
-
-    /// `cuCtxSynchronize` of `device`'s contexts: its submitted work runs.
-    fn drain(&self, device: u64) {
-        let work = self
-            .pending
-            .lock()
-            .unwrap()
-            .remove(&device)
-            .unwrap_or_default();
-        for w in work {
-            w(self);
-        }
-    }
-}
-
-impl DeviceMemory for FakeGpu {
-    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        self.check(addr, dst.len() as u64)?;
-        let w = self.words.lock().unwrap();
-        let bytes = w.iter().flat_map(|x| x.to_le_bytes()).skip(addr as usize);
-        for (b, from) in dst.iter_mut().zip(bytes) {
-            *b = from;
-        }
-        Ok(())
-    }
-
-    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        self.check(addr, src.len() as u64)?;
-        let mut w = self.words.lock().unwrap();
-        for (i, b) in src.iter().enumerate() {
-            let at = addr as usize + i;
-            let mut word = w[at / 4].to_le_bytes();
-            word[at % 4] = *b;
-            w[at / 4] = u32::from_le_bytes(word);
-        }
-        Ok(())
-    }
-}
-
 /// The process: `X` tracked on device 0 (and `Y` on device 1), the graph bookkeeping and the
 /// contexts, as the injected library keeps them.
 struct Rig {
-    gpu: Arc<FakeGpu>,
+    gpu: Arc<GraphDevice>,
     inventory: Arc<Inventory>,
     graphs: GraphMemory,
     contexts: Contexts,
@@ -189,7 +57,7 @@ struct Rig {
 const CTX0: usize = 0xc0;
 
 fn rig() -> Rig {
-    let gpu = Arc::new(FakeGpu::new(&[(G, G_SIZE)]));
+    let gpu = Arc::new(GraphDevice::new(&[(G, G_SIZE)]));
     let inventory = Arc::new(Inventory::new());
     for (base, size, agent) in [(X, X_SIZE, 0), (Y, Y_SIZE, 1)] {
         inventory.on_alloc(NewAllocation {
@@ -395,7 +263,7 @@ fn an_allocation_reusing_a_freed_address_in_its_graph_is_restored_between_passes
     let r = rig();
     launch_graph_reusing_an_address(&r);
     r.gpu.set_pointer(X, G);
-    let record = run(&r, &[X], || r.gpu.bump_through_pointer());
+    let record = run(&r, &[X], || r.gpu.bump_through_pointer(G_SIZE / 4));
     assert!(replayed(&record), "{:?}", record.outcome);
     assert_eq!(r.illegal(), 0);
     assert_eq!(
@@ -508,7 +376,7 @@ fn a_new_allocation_node_at_a_live_graph_allocation_s_address_leaves_it_tracked(
     // The free node added to G makes no callback kreplay follows; the new allocation node does.
     r.graphs.on_alloc_node(&r.inventory, g_dev0());
     r.gpu.set_pointer(X, G);
-    let record = run(&r, &[X], || r.gpu.bump_through_pointer());
+    let record = run(&r, &[X], || r.gpu.bump_through_pointer(G_SIZE / 4));
     assert!(replayed(&record), "{:?}", record.outcome);
     assert_eq!(
         r.gpu.word(G),
