@@ -12,21 +12,17 @@
 #[allow(dead_code)] // each test file uses part of it
 mod graph_device;
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use graph_device::GraphDevice;
+use graph_device::{GraphDevice, Passes};
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::contexts::Contexts;
 use kreplay_cuda::graphmem::{GraphAlloc, GraphMemory, GraphNodes, Place};
 use kreplay_cuda::scope::launch_filter;
 use kreplay_cuda::{LaunchOps, Window, WindowContext};
 use kreplay_locks::AgentLocks;
-use kreplay_passloop::{
-    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayRecord, ReplayTool,
-    RestoreRequest, ToolAnswer,
-};
+use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord};
 use kreplay_snapshot::{
     Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter, StoreTier,
 };
@@ -175,26 +171,6 @@ impl<K: Fn()> LaunchOps for Launch<'_, K> {
     }
 }
 
-struct Passes(RefCell<Option<ReplayOutcome>>);
-
-impl ReplayTool for Passes {
-    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
-        ToolAnswer::passes(4)
-    }
-    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
-    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
-        ContinueChange::Keep
-    }
-    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
-        true
-    }
-    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
-    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
-    fn config_exit(&mut self, _: &DispatchInfo, outcome: &ReplayOutcome) {
-        *self.0.borrow_mut() = Some(outcome.clone());
-    }
-}
-
 /// ENTER, the application's launch (`kernel`), EXIT, with 4 passes asked, on `device`.
 fn run_on(rig: &Rig, device: u64, values: &[u64], kernel: impl Fn()) -> ReplayRecord {
     let ops = Launch {
@@ -211,7 +187,7 @@ fn run_on(rig: &Rig, device: u64, values: &[u64], kernel: impl Fn()) -> ReplayRe
         registry: &rig.registry,
         group: &[],
     };
-    let mut tool = Passes(RefCell::new(None));
+    let mut tool = Passes::default();
     let info = DispatchInfo {
         agent_id: device,
         ..DispatchInfo::default()

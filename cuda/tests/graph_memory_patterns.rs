@@ -4,10 +4,13 @@
 //! which graph addresses have memory behind them, so a copy of any word of a graph address range
 //! that no live allocation maps is an illegal address.
 
-use std::cell::RefCell;
+#[allow(dead_code)] // each test file uses part of it
+mod graph_device;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use graph_device::Passes;
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::contexts::Contexts;
 use kreplay_cuda::graphmem::{
@@ -16,10 +19,7 @@ use kreplay_cuda::graphmem::{
 use kreplay_cuda::scope::launch_filter;
 use kreplay_cuda::{LaunchOps, Window, WindowContext};
 use kreplay_locks::AgentLocks;
-use kreplay_passloop::{
-    ContinueChange, DeclineReason, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome,
-    ReplayRecord, ReplayTool, RestoreRequest, ToolAnswer,
-};
+use kreplay_passloop::{DeclineReason, DispatchInfo, ReplayOutcome, ReplayRecord};
 use kreplay_snapshot::{
     CopyError, DeviceMemory, Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig,
     Snapshotter, StoreTier,
@@ -265,26 +265,6 @@ impl<K: Fn()> LaunchOps for Launch<'_, K> {
     }
 }
 
-struct Passes(RefCell<Option<ReplayOutcome>>);
-
-impl ReplayTool for Passes {
-    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
-        ToolAnswer::passes(4)
-    }
-    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
-    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
-        ContinueChange::Keep
-    }
-    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
-        true
-    }
-    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
-    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
-    fn config_exit(&mut self, _: &DispatchInfo, outcome: &ReplayOutcome) {
-        *self.0.borrow_mut() = Some(outcome.clone());
-    }
-}
-
 fn run(rig: &Rig, values: &[u64], kernel: impl Fn()) -> ReplayRecord {
     let ops = Launch {
         rig,
@@ -299,7 +279,7 @@ fn run(rig: &Rig, values: &[u64], kernel: impl Fn()) -> ReplayRecord {
         registry: &rig.registry,
         group: &[],
     };
-    let mut tool = Passes(RefCell::new(None));
+    let mut tool = Passes::default();
     let window = Window::enter(cx, &mut tool, DispatchInfo::default(), &ops);
     (ops.kernel)();
     window.exit(&mut tool, &rig.registry, &ops, Ok(()))

@@ -1,12 +1,17 @@
 //! The fake device of the graph-memory tests: counting words, the graph allocations among
 //! them having memory behind them only while mapped (a copy or kernel touching an unmapped one
 //! is an illegal address, counted and failing the copy), and work submitted to a device's
-//! stream running when that device is drained.
+//! stream running when that device is drained; and the tool the tests replay with.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use kreplay_passloop::{
+    ContinueChange, DispatchInfo, MemoryOpReport, Phase, ReplayOutcome, ReplayTool, RestoreRequest,
+    ToolAnswer,
+};
 use kreplay_snapshot::{CopyError, DeviceMemory};
 
 /// Words of the device.
@@ -147,5 +152,27 @@ impl DeviceMemory for GraphDevice {
             w[at / 4] = u32::from_le_bytes(word);
         }
         Ok(())
+    }
+}
+
+/// A tool that asks 4 passes of every launch and keeps how the latest ended.
+#[derive(Default)]
+pub struct Passes(pub RefCell<Option<ReplayOutcome>>);
+
+impl ReplayTool for Passes {
+    fn config_enter(&mut self, _: &DispatchInfo) -> ToolAnswer {
+        ToolAnswer::passes(4)
+    }
+    fn pass_enter(&mut self, _: &DispatchInfo, _: u64, _: u64) {}
+    fn pass_exit(&mut self, _: &DispatchInfo, _: u64, _: u64) -> ContinueChange {
+        ContinueChange::Keep
+    }
+    fn should_continue(&mut self, _: &DispatchInfo, _: u64, _: u64) -> bool {
+        true
+    }
+    fn snapshot(&mut self, _: &DispatchInfo, _: Phase, _: &MemoryOpReport) {}
+    fn restore(&mut self, _: &DispatchInfo, _: Phase, _: &RestoreRequest, _: &MemoryOpReport) {}
+    fn config_exit(&mut self, _: &DispatchInfo, outcome: &ReplayOutcome) {
+        *self.0.borrow_mut() = Some(outcome.clone());
     }
 }
