@@ -79,8 +79,9 @@ pub fn untracked_at(
     untracked_kind(kind, start.is_some(), tracked, pageable)
 }
 
-/// Values below this are never addresses (the first page is never mapped).
-pub const MIN_ADDRESS: u64 = 4096;
+/// Values below this are never addresses, and the 8-byte values at every 4-byte aligned
+/// position of a parameter (the snapshot crate's, shared with the HSA backend's scan).
+pub use kreplay_snapshot::{MIN_ADDRESS, aligned_values};
 /// `CU_LAUNCH_PARAM_END`.
 pub const CU_LAUNCH_PARAM_END: usize = 0x00;
 /// `CU_LAUNCH_PARAM_BUFFER_POINTER`.
@@ -92,21 +93,6 @@ const MAX_EXTRA_PAIRS: usize = 64;
 
 /// One parameter of a function: its offset in the parameter buffer and its size.
 pub type Param = (usize, usize);
-
-/// The 8-byte values at every 4-byte aligned position of a parameter of `bytes` placed at
-/// `offset` in the parameter buffer, at least [`MIN_ADDRESS`]: a pointer is 8-byte aligned,
-/// except inside a packed struct passed by value, where it may sit at 4 (it was never read).
-/// A value naming nothing is a number.
-pub fn aligned_values(bytes: &[u8], offset: usize, out: &mut Vec<u64>) {
-    let skip = (4 - offset % 4) % 4;
-    let words = bytes.get(skip..).unwrap_or(&[]);
-    for at in (0..words.len().saturating_sub(7)).step_by(4) {
-        let v = u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes"));
-        if v >= MIN_ADDRESS {
-            out.push(v);
-        }
-    }
-}
 
 /// Why a launch's arguments could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -42,8 +42,6 @@ use crate::memory::HsaMemory;
 
 /// The most kernarg bytes scanned when the kernel's segment size is unknown.
 pub(crate) const MAX_KERNARG_SCAN: u64 = 4096;
-/// Values below this are never addresses (the first page is never mapped).
-const MIN_ADDRESS: u64 = 4096;
 
 type SymbolCallback = unsafe extern "C" fn(
     hsa_executable_t,
@@ -407,7 +405,7 @@ pub(crate) fn argument_owners(
 
 /// The 8-byte values at 4-byte aligned positions of the dispatch's kernel arguments that may be
 /// addresses (at least
-/// [`MIN_ADDRESS`]); none when it has no arguments.
+/// [`kreplay_snapshot::MIN_ADDRESS`]); none when it has no arguments.
 fn argument_values(
     b: &Backend,
     dispatch: &hsa_kernel_dispatch_packet_t,
@@ -456,13 +454,9 @@ fn argument_values(
     // Every 8-byte window at a 4-byte boundary of the device address: the ABI aligns pointers
     // to 8, but a packed struct passed by value puts one at 4 (it was never read, and the
     // memory it names was replayed unrestored). A window resolving to nothing is a number.
-    let skip = (4 - (kernarg % 4) as usize) % 4;
-    let words = bytes.get(skip..).unwrap_or(&[]);
-    Ok((0..words.len().saturating_sub(7))
-        .step_by(4)
-        .map(|at| u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes")))
-        .filter(|&value| value >= MIN_ADDRESS)
-        .collect())
+    let mut values = Vec::new();
+    kreplay_snapshot::aligned_values(&bytes, kernarg as usize, &mut values);
+    Ok(values)
 }
 
 /// Whether `addr` lies in a page mapped in this process (`mincore(2)` on its page).

@@ -710,3 +710,22 @@ impl Pinned<'_> {
         self.inventory.is_live(region)
     }
 }
+
+/// Values below this are never addresses (the first page is never mapped).
+pub const MIN_ADDRESS: u64 = 4096;
+
+/// The 8-byte values at every 4-byte aligned position of kernel arguments `bytes` placed at
+/// address or offset `offset` (only its alignment matters), at least [`MIN_ADDRESS`], appended
+/// to `out`: what a backend resolves against the [`Inventory`] as possible pointers. A pointer
+/// is 8-byte aligned, except inside a packed struct passed by value, where it may sit at 4. A
+/// value naming nothing is a number.
+pub fn aligned_values(bytes: &[u8], offset: usize, out: &mut Vec<u64>) {
+    let skip = (4 - offset % 4) % 4;
+    let words = bytes.get(skip..).unwrap_or(&[]);
+    for at in (0..words.len().saturating_sub(7)).step_by(4) {
+        let v = u64::from_ne_bytes(words[at..at + 8].try_into().expect("8 bytes"));
+        if v >= MIN_ADDRESS {
+            out.push(v);
+        }
+    }
+}

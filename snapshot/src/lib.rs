@@ -152,7 +152,10 @@ pub use device::{
 };
 pub use fold::{Capture, Delta, Footprint};
 pub use hash::{HashImpl, chunk_hash, chunk_hashes, hash_impl};
-pub use inventory::{Allocation, Filter, Inventory, KindSet, MemoryKind, NewAllocation, Region};
+pub use inventory::{
+    Allocation, Filter, Inventory, KindSet, MIN_ADDRESS, MemoryKind, NewAllocation, Region,
+    aligned_values,
+};
 pub use report::{RestoreError, RestoreReport, SnapshotError, SnapshotReport};
 pub use snapshot::{
     AUTO_FULL_BELOW_BYTES, RestorePlan, RestoreRequest, Snapshot, SnapshotPlan, Snapshotter,
