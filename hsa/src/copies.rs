@@ -73,13 +73,6 @@ struct PendingCopy {
     _operations: Vec<hsa_amd_memory_copy_op_t>,
 }
 
-/// A leaked [`PendingCopy`] handed to the thread that waits for its copy.
-struct SendPending(*mut PendingCopy);
-
-// SAFETY: the copy's signals are handles any thread may use, its counters are thread-safe, and
-// the operations are plain data kept alive, never read; only the one waiting thread takes it.
-unsafe impl Send for SendPending {}
-
 unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
     // SAFETY: `arg` is the `Box<PendingCopy>` leaked when the handler was registered; the runtime
     // calls this handler once (it returns false), so the box is reclaimed exactly once.
@@ -285,19 +278,10 @@ impl<'a> Fence<'a> {
         }));
         // From inside a replay window the replay waits for this copy before it goes on, and
         // the runtime's one async-handler thread may be blocked by the replay (an application's
-        // handler inside a fenced call on this agent): the copy's end is then waited for on a
-        // thread of kreplay's own instead of by the runtime's handler.
+        // handler inside a fenced call on this agent): the copy's end is then never left to
+        // the runtime's handler.
         let watched = if self.holds.is_some() {
-            let sendable = SendPending(pending);
-            std::thread::Builder::new()
-                .name("kreplay-copy".into())
-                .spawn(move || {
-                    let pending = sendable;
-                    backend().original.signal_wait_eq(proxy, 0, u64::MAX);
-                    // SAFETY: the box leaked above, run once here (no handler was registered).
-                    unsafe { copy_landed(0, pending.0.cast()) };
-                })
-                .is_ok()
+            crate::watcher::when_zero_off_runtime(b, proxy, copy_landed, pending.cast())
         } else {
             crate::watcher::when_zero(b, proxy, copy_landed, pending.cast()) == HSA_STATUS_SUCCESS
         };

@@ -198,21 +198,29 @@ struct HandlerArg(*mut std::ffi::c_void);
 // thread runs it (as the runtime's handler thread would).
 unsafe impl Send for HandlerArg {}
 
-/// Runs `handler(0, arg)` once `signal` reaches 0: on kreplay's watcher thread, or else as the
-/// runtime's async handler. `handler` must return false (it runs once) and take `arg` back.
-pub(crate) fn when_zero(
-    b: &Backend,
-    signal: hsa_signal_t,
-    handler: unsafe extern "C" fn(hsa_signal_value_t, *mut std::ffi::c_void) -> bool,
-    arg: *mut std::ffi::c_void,
-) -> hsa_status_t {
+/// A completion handler as the runtime takes one: `handler(0, arg)` must return false (it runs
+/// once) and take `arg` back.
+type Handler = unsafe extern "C" fn(hsa_signal_value_t, *mut std::ffi::c_void) -> bool;
+
+/// `handler(0, arg)` as a job for the watcher.
+fn job_of(handler: Handler, arg: *mut std::ffi::c_void) -> Job {
     let sent = HandlerArg(arg);
-    let job: Job = Box::new(move || {
+    Box::new(move || {
         let arg = sent;
         // SAFETY: the handler's own contract: its leaked argument, run once, here.
         unsafe { handler(0, arg.0) };
-    });
-    match b.watcher.on_zero(b, signal, job) {
+    })
+}
+
+/// Runs `handler(0, arg)` once `signal` reaches 0: on kreplay's watcher thread, or else as the
+/// runtime's async handler.
+pub(crate) fn when_zero(
+    b: &Backend,
+    signal: hsa_signal_t,
+    handler: Handler,
+    arg: *mut std::ffi::c_void,
+) -> hsa_status_t {
+    match b.watcher.on_zero(b, signal, job_of(handler, arg)) {
         Ok(()) => HSA_STATUS_SUCCESS,
         // The job was not kept and never runs: the runtime's handler takes `arg` instead.
         Err(_) => {
@@ -220,4 +228,26 @@ pub(crate) fn when_zero(
                 .signal_async_handler(signal, HSA_SIGNAL_CONDITION_EQ, 0, Some(handler), arg)
         }
     }
+}
+
+/// Runs `handler(0, arg)` once `signal` reaches 0, never on the runtime's async-handler thread
+/// (which a replay may be blocking): on kreplay's watcher thread, or else on a thread of its
+/// own that waits for that signal. False when neither could be had (`arg` is the caller's
+/// still).
+pub(crate) fn when_zero_off_runtime(
+    b: &Backend,
+    signal: hsa_signal_t,
+    handler: Handler,
+    arg: *mut std::ffi::c_void,
+) -> bool {
+    let Err(job) = b.watcher.on_zero(b, signal, job_of(handler, arg)) else {
+        return true;
+    };
+    std::thread::Builder::new()
+        .name("kreplay-completion".into())
+        .spawn(move || {
+            backend().original.signal_wait_eq(signal, 0, u64::MAX);
+            job();
+        })
+        .is_ok()
 }
