@@ -33,7 +33,7 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use kreplay_ctxmask::{ContextId, ContextRegistry};
 use parking_lot::{Mutex, RwLock};
@@ -195,8 +195,16 @@ impl CallbackService {
     }
 }
 
-/// Callbacks of each context running now, on any thread.
-static RUNNING: Mutex<Vec<(ContextId, usize)>> = Mutex::new(Vec::new());
+/// Slots of [`RUNNING`]: contexts share one when their ids are equal modulo this (a finalize
+/// then also waits for the other's callbacks, never the reverse).
+const RUNNING_SLOTS: usize = 64;
+
+/// Callbacks running now, on any thread, per context slot: counted without a lock, since every
+/// callback of every service passes here.
+static RUNNING: [AtomicUsize; RUNNING_SLOTS] = [const { AtomicUsize::new(0) }; RUNNING_SLOTS];
+/// Finalizes waiting for callbacks to end (a callback ending notifies only when there is one).
+static RUNNING_WAITERS: AtomicUsize = AtomicUsize::new(0);
+static RUNNING_LOCK: Mutex<()> = Mutex::new(());
 static RUNNING_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
 
 thread_local! {
@@ -205,17 +213,16 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+fn running_slot(context: ContextId) -> &'static AtomicUsize {
+    &RUNNING[(context.0 % RUNNING_SLOTS as u64) as usize]
+}
+
 /// One callback of a context in progress, from before its started check to its return.
 struct Running(ContextId);
 
 impl Running {
     fn enter(context: ContextId) -> Running {
-        let mut running = RUNNING.lock();
-        match running.iter_mut().find(|(c, _)| *c == context) {
-            Some((_, n)) => *n += 1,
-            None => running.push((context, 1)),
-        }
-        drop(running);
+        running_slot(context).fetch_add(1, Ordering::SeqCst);
         let _ = RUNNING_HERE.try_with(|h| h.borrow_mut().push(context));
         Running(context)
     }
@@ -229,14 +236,12 @@ impl Drop for Running {
                 here.remove(i);
             }
         });
-        let mut running = RUNNING.lock();
-        if let Some(i) = running.iter().position(|(c, _)| *c == self.0) {
-            running[i].1 -= 1;
-            if running[i].1 == 0 {
-                running.swap_remove(i);
-            }
+        running_slot(self.0).fetch_sub(1, Ordering::SeqCst);
+        if RUNNING_WAITERS.load(Ordering::SeqCst) > 0 {
+            // Under the lock: a waiter checks and waits under it, so this cannot fall between.
+            let _lock = RUNNING_LOCK.lock();
+            RUNNING_ENDED.notify_all();
         }
-        RUNNING_ENDED.notify_all();
     }
 }
 
@@ -247,19 +252,31 @@ pub(crate) fn wait_for_callbacks(contexts: &[ContextId], limit: std::time::Durat
     let here: Vec<ContextId> = RUNNING_HERE
         .try_with(|h| h.borrow().clone())
         .unwrap_or_default();
+    let here_in = |slot: &AtomicUsize| {
+        here.iter()
+            .filter(|&&c| std::ptr::eq(running_slot(c), slot))
+            .count()
+    };
+    let busy = || {
+        contexts.iter().any(|&c| {
+            let slot = running_slot(c);
+            slot.load(Ordering::SeqCst) > here_in(slot)
+        })
+    };
     let deadline = std::time::Instant::now() + limit;
-    let mut running = RUNNING.lock();
-    loop {
-        let busy = running
-            .iter()
-            .any(|(c, n)| contexts.contains(c) && *n > here.iter().filter(|&&h| h == *c).count());
-        if !busy {
-            return true;
+    RUNNING_WAITERS.fetch_add(1, Ordering::SeqCst);
+    let mut lock = RUNNING_LOCK.lock();
+    let ended = loop {
+        if !busy() {
+            break true;
         }
-        if RUNNING_ENDED.wait_until(&mut running, deadline).timed_out() {
-            return false;
+        if RUNNING_ENDED.wait_until(&mut lock, deadline).timed_out() {
+            break !busy();
         }
-    }
+    };
+    drop(lock);
+    RUNNING_WAITERS.fetch_sub(1, Ordering::SeqCst);
+    ended
 }
 
 /// Every configured service, grouped by kind. Immutable: configuring publishes a new table.
