@@ -820,8 +820,9 @@ struct BenchArgs {
     #[arg(long = "replay-long-repeats", value_name = "N", value_parser = count(1, 100))]
     replay_long_repeats: Option<u64>,
     /// softhsa (default: host memory as the device) or cuda (device 0 of a CUDA GPU: tiers
-    /// device, host and squeezed, strategies full, hash, writeset and writeset-unverified; default
-    /// footprints 1G,8G, dirty 0.1,1,10,100)
+    /// device, host and squeezed, strategies full, hash, writeset and writeset-unverified, then
+    /// whole replays of --passes passes with auto too, at every footprint, tier and dirty
+    /// fraction; default footprints 1G,8G, dirty 0.1,1,10,100)
     #[arg(long, value_name = "BACKEND")]
     backend: Option<DeviceBackend>,
 }
@@ -858,7 +859,6 @@ impl BenchArgs {
         let softhsa_only = [
             ("--svg", self.svg.is_some()),
             ("--discrete", self.discrete),
-            ("--passes", self.passes.is_some()),
             ("--replay-dirty", self.replay_dirty.is_some()),
             ("--replay-tiers", self.replay_tiers.is_some()),
             ("--replay-footprints", self.replay_footprints.is_some()),
@@ -896,6 +896,7 @@ impl BenchArgs {
             strategies: self.strategies.map_or(defaults.strategies, |l| l.0),
             tiers,
             reps: self.repeats.map_or(defaults.reps, |r| r as usize),
+            passes: self.passes.map_or(defaults.passes, |l| l.0),
         };
         config.validate()?;
         Ok(Command::BenchCuda(config, self.csv))

@@ -187,11 +187,20 @@ fn the_cuda_bench_reads_its_matrix_and_defaults() {
             strategies: vec![RestoreStrategy::Hash, RestoreStrategy::WritesetUnverified],
             tiers: vec![BenchTier::Host, BenchTier::Device],
             reps: 2,
+            passes: vec![2, 4, 8, 38],
         }
     );
     assert_eq!(csv, Some("out.csv".into()));
     // Without --backend, the softhsa matrix as before.
     assert!(matches!(parse(["bench"]).unwrap(), Parsed::Bench(_)));
+}
+
+#[test]
+fn the_cuda_bench_measures_whole_replays_of_the_passes_asked_or_none() {
+    let (config, _) = bench(&["--passes", "3,38"]).unwrap();
+    assert_eq!(config.passes, vec![3, 38]);
+    let (config, _) = bench(&["--passes", "none"]).unwrap();
+    assert!(config.passes.is_empty());
 }
 
 #[test]
@@ -241,7 +250,9 @@ fn bad_cuda_bench_command_lines_name_what_is_wrong() {
         (&["--tiers", "file"], "--tiers"),
         (&["--svg", "x.svg"], "--svg"),
         (&["--discrete"], "--discrete"),
-        (&["--passes", "4"], "--passes"),
+        (&["--passes", "1"], "--passes"),
+        (&["--passes", "4,1001"], "--passes"),
+        (&["--replay-dirty", "1"], "--replay-dirty"),
     ] {
         let e = bench(args).unwrap_err();
         assert!(e.contains(expect), "{args:?}: {e}");

@@ -31,6 +31,12 @@ use std::time::{Duration, Instant};
 
 use std::io::Write;
 
+mod replays;
+
+pub use replays::{
+    DISPATCHES, ReplayMeasured, RestoreCounts, auto_against_best, render as render_replays,
+};
+
 use crate::demo::Runs;
 use crate::driver::{CuContext, CuDevicePtr, CuStream, Driver};
 use crate::kernels::hash_entries;
@@ -90,7 +96,13 @@ pub struct BenchConfig {
     pub tiers: Vec<BenchTier>,
     /// Timed repetitions per figure (the best is kept).
     pub reps: usize,
+    /// Passes of the whole replays measured after the restore rows, each 2 to
+    /// [`MAX_REPLAY_PASSES`] (empty: none; see [`replays`]).
+    pub passes: Vec<u64>,
 }
+
+/// Most passes of a whole replay the bench measures.
+pub const MAX_REPLAY_PASSES: u64 = 1000;
 
 impl Default for BenchConfig {
     fn default() -> Self {
@@ -105,6 +117,7 @@ impl Default for BenchConfig {
             ],
             tiers: vec![BenchTier::Device],
             reps: 5,
+            passes: vec![2, 4, 8, 38],
         }
     }
 }
@@ -132,6 +145,15 @@ impl BenchConfig {
         }
         if self.reps == 0 {
             return Err("at least 1 repetition is needed".into());
+        }
+        if let Some(n) = self
+            .passes
+            .iter()
+            .find(|&&n| !(2..=MAX_REPLAY_PASSES).contains(&n))
+        {
+            return Err(format!(
+                "whole replays of {n} passes: 2 to {MAX_REPLAY_PASSES} passes are measured"
+            ));
         }
         Ok(())
     }
@@ -178,6 +200,8 @@ pub struct Figures {
     /// Per footprint and host tier: the footprint's time at the pinned `cuMemcpyHtoDAsync`
     /// rate, ms.
     pub htod_ceilings: Vec<(u64, BenchTier, f64)>,
+    /// Every whole-replay cell.
+    pub replays: Vec<ReplayMeasured>,
 }
 
 /// How a restore's time divides between [`CudaMemory`]'s timed calls (copies on the device,
@@ -715,7 +739,30 @@ fn bench_footprint(
         bytes,
         "kernel + hashes copied to the host",
     )?;
-    let reference = host_hashes.clone();
+    // What every restore of the restore rows must leave: the footprint's hashes before them
+    // (taken again after a tier's whole replays, whose last passes each leave an increment).
+    let reference = std::cell::RefCell::new(host_hashes.clone());
+    // The whole replays' checks hash through memory of their own: `auto` turns the tier's
+    // device kernels off for the dispatches it restores with full copies.
+    // SAFETY: the primary context retained in run(), alive for the process.
+    let checker = unsafe {
+        CudaMemory::new(
+            d,
+            inventory.clone(),
+            ctx,
+            ShadowBudget::default(),
+            StoreTier::Host,
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    let hashes_now = || -> Result<Vec<u64>, String> {
+        let mut now = vec![0u64; chunks as usize];
+        checker
+            .hash_chunks(buf, bytes, CHUNK, &mut now)
+            .map_err(|e| e.to_string())?;
+        Ok(now)
+    };
+    let mut kernel = 0u64;
     let touch = |fraction: f64| -> Result<(), String> {
         let r = Runs::select(bytes, fraction)?;
         // SAFETY: the runs lie inside buf (Runs::select keeps them in the footprint).
@@ -727,7 +774,11 @@ fn bench_footprint(
         let mut now = vec![0u64; chunks as usize];
         mem.hash_chunks(buf, bytes, CHUNK, &mut now)
             .map_err(|e| e.to_string())?;
-        let wrong = now.iter().zip(&reference).filter(|(a, b)| a != b).count();
+        let wrong = now
+            .iter()
+            .zip(reference.borrow().iter())
+            .filter(|(a, b)| a != b)
+            .count();
         if wrong == 0 {
             Ok(())
         } else {
@@ -870,6 +921,57 @@ fn bench_footprint(
                 drop(snap);
             }
         }
+        // Whole replays of this tier (see `replays`): N full restores are the best full
+        // restore just measured times N, else N times the tier's copy ceiling.
+        let full_ms = figures
+            .restores
+            .iter()
+            .filter(|m| m.footprint == bytes && m.tier == bench_tier)
+            .filter(|m| m.strategy == RestoreStrategy::Full)
+            .map(|m| m.ms)
+            .min_by(f64::total_cmp)
+            .or_else(|| match htod_ceiling.get() {
+                Some(at_rate) => Some(ms(at_rate)),
+                None => ceilings.get().0.map(ms),
+            })
+            .unwrap_or(f64::NAN);
+        if !config.passes.is_empty() {
+            let snapshotter = replays::snapshotter(&inventory, &mem, store, bytes)?;
+            let rig = replays::Rig {
+                mem: &mem,
+                snapshotter: &snapshotter,
+                tier: bench_tier,
+                bytes,
+                touch: &touch,
+                hashes: &hashes_now,
+            };
+            let measured = replays::measure(&rig, config, full_ms, &mut kernel, &mut |m| {
+                let label = fraction_label(m.fraction);
+                let (strategy, passes) = (m.strategy, m.passes);
+                for (when, t) in [("first", m.first_ms()), ("later", m.later_ms())] {
+                    row(
+                        &label,
+                        &format!("{tier}:replay_{strategy}_n{passes}_{when}"),
+                        Duration::from_secs_f64(t / 1e3),
+                        0,
+                        0,
+                        &format!(
+                            "{when} dispatch{} of {DISPATCHES}: {:.3} of {passes} full restores \
+                             ({:.3} ms); restores full/hash/set/unverified {} over all \
+                             dispatches, {} of {DISPATCHES} detecting on the device",
+                            if when == "later" { "es (median)" } else { "" },
+                            t / m.n_full_ms,
+                            m.n_full_ms,
+                            m.restores,
+                            m.on_device,
+                        ),
+                    )?;
+                }
+                Ok(())
+            })?;
+            figures.replays.extend(measured);
+            *reference.borrow_mut() = hashes_now()?;
+        }
         if let Some((p, _)) = filler {
             // SAFETY: our allocation, no longer used.
             unsafe { (d.mem_free)(p) };
@@ -910,6 +1012,7 @@ mod tests {
             ),
             (Box::new(|c| c.tiers.clear()), "empty"),
             (Box::new(|c| c.reps = 0), "repetition"),
+            (Box::new(|c| c.passes = vec![38, 1]), "2 to 1000 passes"),
         ] {
             let mut c = BenchConfig::default();
             change(&mut c);
@@ -974,6 +1077,7 @@ mod tests {
             ],
             copy_ceilings: vec![(f, 16.079)],
             htod_ceilings: vec![(f, Squeezed, 665.6)],
+            replays: Vec::new(),
         };
         (config, figures)
     }

@@ -49,7 +49,13 @@ pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Res
     tee.flush()
         .map_err(|e| format!("cannot write the output: {e}"))?;
     let checks = kreplay_cuda::bench::judge(config, &figures);
-    write!(tee.out, "\n{}", render_targets(&checks))
+    let replays = kreplay_cuda::bench::render_replays(&figures.replays);
+    let replays = if replays.is_empty() {
+        replays
+    } else {
+        format!("\n{replays}")
+    };
+    write!(tee.out, "\n{}{replays}", render_targets(&checks))
         .and_then(|()| tee.out.flush())
         .map_err(|e| format!("cannot write the output: {e}"))
 }
