@@ -97,7 +97,7 @@ pub struct BenchConfig {
     /// Timed repetitions per figure (the best is kept).
     pub reps: usize,
     /// Passes of the whole replays measured after the restore rows, each 2 to
-    /// [`MAX_REPLAY_PASSES`] (empty: none; see [`replays`]).
+    /// [`MAX_REPLAY_PASSES`] (empty: none; see [`render_replays`] and [`ReplayMeasured`]).
     pub passes: Vec<u64>,
 }
 
