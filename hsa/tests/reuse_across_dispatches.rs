@@ -459,3 +459,44 @@ scenarios! {
         env.run(kernel, args, &mut want, 4, "again");
     }
 }
+
+#[path = "support/uring.rs"]
+mod uring;
+
+scenarios! {
+    /// After a tracked replay kept its footprint followed, the application registers its buffer
+    /// with io_uring, reads a file into it (the kernel writes through its own mapping of the
+    /// pinned pages, unseen by any page protection), and unregisters it again, all before the
+    /// next dispatch: pinning the pages for writing marked them written, so the next snapshot
+    /// copies them and every pass starts from the bytes read.
+    fn a_buffer_pinned_read_into_and_unpinned_between_dispatches_is_seen_by_the_next_replay() {
+        if kreplay_wtrack::available().is_err() { return; }
+        let env = setup(config(RestoreStrategy::Tracked, StoreTier::Host), 4);
+        let kernel = kreplay_softhsa::register_kernel("reuse_mix", mix);
+        let page = kreplay_wtrack::page_size();
+        let words = 64 * page / 4;
+        let init: Vec<u32> = (0..words as u32).collect();
+        let buf = env.app.buffer(env.pools.coarse, &init);
+        let mut want = init.clone();
+        // The kernel writes the first page only.
+        let args = MixArgs { buf: buf.0, words: words as u32, first: 0, count: 64, stride: 1, ..Default::default() };
+        env.run(kernel, args, &mut want, 4, "before");
+        assert_eq!(kreplay_wtrack::pinned_bytes(), 0);
+        let Some(ring) = uring::Ring::new() else {
+            eprintln!("skipped: no io_uring");
+            return;
+        };
+        // Pages 16 to 32 of the buffer (with the page before, where the buffer is not aligned).
+        let registered = (buf.0 as usize + 16 * page) & !(page - 1);
+        ring.register_buffer(registered, 16 * page).expect("registering the buffer");
+        let data: Vec<u32> = (0..8 * page as u32 / 4).map(|i| 900_000 + i).collect();
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let file = uring::memfd_with(&bytes);
+        let at = 20 * page;
+        assert_eq!(ring.read_fixed(file, buf.0 as usize + at, bytes.len(), 0).expect("READ_FIXED"), bytes.len());
+        ring.unregister_buffers().expect("unregistering the buffer");
+        assert_eq!(kreplay_wtrack::pinned_bytes(), 0, "unpinned before the next dispatch");
+        want[at / 4..at / 4 + data.len()].copy_from_slice(&data);
+        env.run(kernel, args, &mut want, 4, "after the read");
+    }
+}

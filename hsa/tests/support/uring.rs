@@ -12,6 +12,7 @@ const IORING_OFF_SQ_RING: i64 = 0;
 const IORING_OFF_CQ_RING: i64 = 0x8000000;
 const IORING_OFF_SQES: i64 = 0x10000000;
 const IORING_REGISTER_BUFFERS: u32 = 0;
+const IORING_UNREGISTER_BUFFERS: u32 = 1;
 const IORING_OP_READ_FIXED: u8 = 4;
 const IORING_ENTER_GETEVENTS: u32 = 1;
 
@@ -146,6 +147,25 @@ impl Ring {
                 IORING_REGISTER_BUFFERS,
                 &iov as *const libc::iovec,
                 1u32,
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Unregisters every registered buffer (the kernel unpins their pages before returning).
+    pub fn unregister_buffers(&self) -> io::Result<()> {
+        // SAFETY: IORING_UNREGISTER_BUFFERS takes no argument.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_IO_URING_REGISTER,
+                self.fd,
+                IORING_UNREGISTER_BUFFERS,
+                std::ptr::null::<u8>(),
+                0u32,
             )
         };
         if rc < 0 {
