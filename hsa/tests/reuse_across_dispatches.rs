@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::{LoopEnd, ReplayOutcome};
+use kreplay_passloop::{LoopEnd, Phase, ReplayOutcome, RestoreStrategy as Strategy};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
 use kreplay_softhsa::WorkGroup;
 use parking_lot::Mutex;
 use support::app::{self, App, Aql, Pools, Ptr, Queue, WAIT};
-use support::tool::{Script, TestHooks};
+use support::tool::{Event, Script, TestHooks};
 
 /// (tag, checksum of the buffer) at the start of every run of `mix`.
 static INPUTS: Mutex<Vec<(u32, u64)>> = Mutex::new(Vec::new());
@@ -129,8 +129,31 @@ fn host<'a>(p: Ptr, words: usize) -> &'a mut [u32] {
 impl Env {
     /// Runs `kernel` (a registered `mix`) with `args` (its tag set here), checks every pass
     /// started from `want`'s bytes and that memory after it is `want` after one run.
-    fn run(&self, kernel: u64, args: MixArgs, want: &mut [u32], passes: u64, what: &str) {
-        self.run2(kernel, args, want, &mut [], passes, what);
+    /// Returns the dispatch's id.
+    fn run(&self, kernel: u64, args: MixArgs, want: &mut [u32], passes: u64, what: &str) -> u64 {
+        self.run2(kernel, args, want, &mut [], passes, what)
+    }
+
+    /// The strategy SNAPSHOT EXIT reported for dispatch `id`, and each RESTORE EXIT's.
+    fn strategies(&self, id: u64) -> (Strategy, Vec<Strategy>) {
+        let mut snapshot = None;
+        let mut restores = Vec::new();
+        for e in self.hooks.events_of(id) {
+            match e {
+                Event::Snapshot {
+                    phase: Phase::Exit,
+                    report,
+                    ..
+                } => snapshot = Some(report.strategy),
+                Event::Restore {
+                    phase: Phase::Exit,
+                    report,
+                    ..
+                } => restores.push(report.strategy),
+                _ => {}
+            }
+        }
+        (snapshot.expect("a SNAPSHOT EXIT"), restores)
     }
 
     /// [`run`](Env::run) with a second buffer (`args.buf2`, expected to hold `want2`).
@@ -142,7 +165,7 @@ impl Env {
         want2: &mut [u32],
         passes: u64,
         what: &str,
-    ) {
+    ) -> u64 {
         let tag = self.tag.get() + 1;
         self.tag.set(tag);
         args.tag = tag;
@@ -199,6 +222,7 @@ impl Env {
                 "{what}"
             );
         }
+        id
     }
 }
 
@@ -430,6 +454,8 @@ scenarios! {
     /// anonymous memory over it (`mmap(MAP_FIXED)`, a fast way to clear large ranges): the pages
     /// are no longer the ones kreplay followed, so the next snapshot cannot continue from what
     /// it followed; it must copy the buffer as it is now, and every pass start from the zeros.
+    /// Under `tracked` the replay still follows writes (with a tracker of its own), and its
+    /// snapshot reports the strategy its restores use.
     fn memory_mapped_over_a_followed_buffer_between_dispatches_is_snapshotted_as_it_is() {
         if kreplay_wtrack::available().is_err() { return; }
         let env = setup(config(RestoreStrategy::Tracked, StoreTier::Host), 4);
@@ -453,7 +479,15 @@ scenarios! {
         assert_eq!(p as usize, at);
         let first = (at - buf.0 as usize) / 4;
         want[first..first + 64 * page / 4].iter_mut().for_each(|x| *x = 0);
-        env.run(kernel, args, &mut want, 4, "after the mmap");
+        let id = env.run(kernel, args, &mut want, 4, "after the mmap");
+        // What the snapshot says is what the restores do: still following writes (a tracker
+        // of its own, the one kept could not say what was written), or restoring without.
+        let (snapshot, restores) = env.strategies(id);
+        assert!(
+            restores.iter().all(|r| *r == snapshot),
+            "the snapshot reported {snapshot:?}, its restores were {restores:?}"
+        );
+        assert_eq!(snapshot, Strategy::Tracked, "writes are followed again");
         host(buf, words)[first + 5] = 77;
         want[first + 5] = 77;
         env.run(kernel, args, &mut want, 4, "again");
