@@ -517,6 +517,31 @@ impl Snapshotter {
         if let Some(t) = tracking.as_ref().filter(|_| !continued) {
             self.memory.lock().track.record(t);
         }
+        // Continuing to follow: only the pages written since the last snapshot differ from the
+        // store. They are protected again before they are copied, so a write racing the copy
+        // is seen by the next restore. A tracker that cannot say, or refuses, is ended, and
+        // everything is copied; under `tracked` the pages are followed by a tracker of their
+        // own from before that copy (else restored as `hash`, below), as if none had been kept.
+        let mut tracking = tracking;
+        let incremental = continued
+            .then_some(tracking.as_mut())
+            .flatten()
+            .and_then(|t| {
+                let changed = t.changed(&layout, &all_live, &wins)?;
+                let pieces = layout.runs_of(&all_live, changed);
+                t.rearm(&layout, &wins, &pieces, false).then_some(pieces)
+            })
+            .filter(|_| store.device_addr().is_none());
+        if continued && incremental.is_none() {
+            end_tracking(&mut tracking, &self.memory);
+            if mode == Mode::Tracked {
+                let prices = self.memory.lock().track.resolve();
+                tracking = Tracking::arm(&wins, prices);
+                if let Some(t) = &tracking {
+                    self.memory.lock().track.record(t);
+                }
+            }
+        }
         // Asked to track where writes cannot be followed: hash restores instead.
         let mode = if mode == Mode::Tracked && tracking.is_none() {
             Mode::Hash
@@ -571,23 +596,6 @@ impl Snapshotter {
             }
         })?;
         let copy_start = Instant::now();
-        // Continuing to follow: only the pages written since the last snapshot differ from the
-        // store. They are protected again before they are copied, so a write racing the copy
-        // is seen by the next restore. A tracker that cannot say, or refuses, is ended, and
-        // everything is copied.
-        let mut tracking = tracking;
-        let incremental = continued
-            .then_some(tracking.as_mut())
-            .flatten()
-            .and_then(|t| {
-                let changed = t.changed(&layout, &all_live, &wins)?;
-                let pieces = layout.runs_of(&all_live, changed);
-                t.rearm(&layout, &wins, &pieces, false).then_some(pieces)
-            })
-            .filter(|_| store.device_addr().is_none());
-        if continued && incremental.is_none() {
-            end_tracking(&mut tracking, &self.memory);
-        }
         // Kept followed after the replay where its store is kept; under auto not when over half
         // its pages were written since the last snapshot: faults on those cost the application
         // more than the copy following saves.
