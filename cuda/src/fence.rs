@@ -474,6 +474,33 @@ mod tests {
     }
 
     #[test]
+    fn launches_kreplay_does_not_replay_are_fenced_against_every_device() {
+        // Ids from CUDA 13.0's cupti_driver_cbid.h. The legacy launches and the multi-device
+        // cooperative launch are not replayed; unfenced, one made on another thread while a
+        // replay window is open runs between the snapshot and a restore, and the restore undoes
+        // what its kernel wrote.
+        let calls: [(&str, CallbackId); 4] = [
+            ("cuLaunch", 115),
+            ("cuLaunchGrid", 116),
+            ("cuLaunchGridAsync", 117),
+            ("cuLaunchCooperativeKernelMultiDevice", 480),
+        ];
+        let enabled = cbid::all();
+        for (name, id) in calls {
+            assert!(device_write(id).is_some(), "{name} ({id}) is not fenced");
+            assert!(enabled.contains(&id), "{name} ({id}) is never seen");
+            // Its kernels may write any device's memory: every device with windows waits.
+            assert_eq!(destination(id), Destination::Unknown, "{name}");
+            // SAFETY: a null parameter struct, which `writes` accepts for any call.
+            assert_eq!(
+                unsafe { writes(id, std::ptr::null()) },
+                Writes::Unknown,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn every_fenced_call_has_its_callback_enabled() {
         let enabled = cbid::all();
         for id in 0..1000 {
