@@ -251,6 +251,16 @@ pub mod cbid {
         667, 668, // cuStreamBatchMemOp_v2{,_ptsz}
     ];
 
+    /// Kernel launches kreplay does not replay, fenced against every device's replay windows
+    /// like a graph launch: the legacy `cuLaunch`, `cuLaunchGrid` and `cuLaunchGridAsync`, and
+    /// `cuLaunchCooperativeKernelMultiDevice` (deprecated), whose kernels run once.
+    pub const UNREPLAYED_LAUNCHES: [CallbackId; 4] = [
+        115, // cuLaunch
+        116, // cuLaunchGrid
+        117, // cuLaunchGridAsync
+        480, // cuLaunchCooperativeKernelMultiDevice
+    ];
+
     /// Memsets fenced against replay windows: `cuMemsetD{8,16,32}` and `cuMemsetD2D{8,16,32}`,
     /// synchronous (`_v2`, `_ptds`) and `Async` (plain and `_ptsz`).
     pub const MEMSET: [CallbackId; 24] = [
@@ -261,8 +271,8 @@ pub mod cbid {
     ];
 
     /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SHARED`], [`PEER_ACCESS`],
-    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`BEGIN_CAPTURE`],
-    /// [`END_CAPTURE`] and [`GRAPH_MEMORY`].
+    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`UNREPLAYED_LAUNCHES`],
+    /// [`BEGIN_CAPTURE`], [`END_CAPTURE`] and [`GRAPH_MEMORY`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
@@ -273,6 +283,7 @@ pub mod cbid {
             &MEMCPY,
             &MEMSET,
             &STREAM_WRITES,
+            &UNREPLAYED_LAUNCHES,
             &BEGIN_CAPTURE,
             &END_CAPTURE,
             &GRAPH_MEMORY,

@@ -34,6 +34,8 @@ pub enum DeviceWrite {
     StreamWrite,
     /// A graph launch: its kernels, copies and memsets run once, not replayed.
     Graph,
+    /// A kernel launch kreplay does not replay (`cbid::UNREPLAYED_LAUNCHES`): it runs once.
+    Launch,
 }
 
 /// Where a copy or memset writes, as far as its first parameter tells.
@@ -175,6 +177,8 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
         Some(DeviceWrite::StreamWrite)
     } else if matches!(id, cbid::CU_GRAPH_LAUNCH | cbid::CU_GRAPH_LAUNCH_PTSZ) {
         Some(DeviceWrite::Graph)
+    } else if cbid::UNREPLAYED_LAUNCHES.contains(&id) {
+        Some(DeviceWrite::Launch)
     } else {
         None
     }

@@ -363,6 +363,8 @@ struct Backend {
     next_dispatch: AtomicU64,
     stats: Stats,
     warned_graph: AtomicBool,
+    /// Whether a launch kreplay does not replay was warned about.
+    warned_launch: AtomicBool,
     warned_managed: AtomicBool,
     warned_surfaces: AtomicBool,
     /// The cubins of loaded modules: the writable module-scope variables of launched kernels.
@@ -930,29 +932,45 @@ impl Backend {
     }
 
     /// Counts (and warns once about) the work a fenced call runs once that kreplay never
-    /// replays: graph launches. kreplay does not see which kernels a graph runs, so where a
-    /// loaded module has a kernel that can use the device heap, the graph may have run it: the
-    /// launch's context counts as having used the heap (see [`crate::devruntime`]).
+    /// replays: graph launches, and the launches of [`cbid::UNREPLAYED_LAUNCHES`]. kreplay does
+    /// not see which kernels they run, so where a loaded module has a kernel that can use the
+    /// device heap, they may have run it: the launch's context counts as having used the heap
+    /// (see [`crate::devruntime`]).
     fn note_unreplayed(&self, write: fence::DeviceWrite, ctx: CuContext) {
-        if write != fence::DeviceWrite::Graph {
-            return;
+        match write {
+            fence::DeviceWrite::Graph => {
+                self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
+                if !self.warned_graph.swap(true, Ordering::Relaxed) {
+                    log(LogLevel::Warn, "graph launches run once, not replayed");
+                }
+            }
+            fence::DeviceWrite::Launch => {
+                if !self.warned_launch.swap(true, Ordering::Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        "launches through cuLaunch, cuLaunchGrid(Async) or \
+                         cuLaunchCooperativeKernelMultiDevice run once, not replayed",
+                    );
+                }
+            }
+            _ => return,
         }
-        self.stats.graph_launches.fetch_add(1, Ordering::Relaxed);
-        if !self.warned_graph.swap(true, Ordering::Relaxed) {
-            log(LogLevel::Warn, "graph launches run once, not replayed");
-        }
+        let what = if write == fence::DeviceWrite::Graph {
+            "a graph launch"
+        } else {
+            "a launch kreplay does not replay"
+        };
         if let Some((kernel, calls)) = self.modules.heap_user() {
             // Finding the context's state may make driver calls of kreplay's own: in relaxed
             // capture mode, as every other callback's (fenced calls otherwise make none).
             let _relaxed = self.driver.relaxed_capture();
             match self.device(ctx) {
-                Ok(device) => device.runtime.note(
-                    &format!("{kernel} (loaded; a graph launch may run it)"),
-                    &calls,
-                ),
+                Ok(device) => device
+                    .runtime
+                    .note(&format!("{kernel} (loaded; {what} may run it)"), &calls),
                 Err(e) => log(
                     LogLevel::Warn,
-                    format!("a graph launch that may use the device heap: {e}"),
+                    format!("{what} that may use the device heap: {e}"),
                 ),
             }
         }
@@ -2281,6 +2299,7 @@ fn initialize(
         next_dispatch: AtomicU64::new(1),
         stats: Stats::default(),
         warned_graph: AtomicBool::new(false),
+        warned_launch: AtomicBool::new(false),
         warned_managed: AtomicBool::new(false),
         warned_surfaces: AtomicBool::new(false),
         modules: ModuleRegistry::new(),
