@@ -328,6 +328,27 @@ mod tests {
     }
 
     #[test]
+    fn a_ptx_file_that_cannot_be_read_is_refused_at_start() {
+        // Unreadable, the kernels would fail to load at the first launch that needs them, and
+        // every hash would be taken on the host instead, with nothing said.
+        let missing = std::env::temp_dir().join("kreplay-no-such-dir/kernels.ptx");
+        for value in [missing.to_str().unwrap(), ""] {
+            let err = with(&[("KREPLAY_CUDA_PTX", value)]).unwrap_err();
+            assert!(err.contains("KREPLAY_CUDA_PTX"), "{err}");
+        }
+        let dir = std::env::temp_dir().join(format!("kreplay-ptx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let binary = dir.join("binary.ptx");
+        std::fs::write(&binary, b"\x7fELF\0\0").unwrap();
+        let err = with(&[("KREPLAY_CUDA_PTX", binary.to_str().unwrap())]).unwrap_err();
+        assert!(err.contains("KREPLAY_CUDA_PTX"), "{err}");
+        let text = dir.join("kernels.ptx");
+        std::fs::write(&text, ".version 8.0\n").unwrap();
+        assert!(with(&[("KREPLAY_CUDA_PTX", text.to_str().unwrap())]).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn bad_values_name_the_variable_and_what_was_expected() {
         for (var, value, expect) in [
             ("KREPLAY_CUDA_PASSES", "four", "whole number"),
