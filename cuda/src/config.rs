@@ -127,6 +127,21 @@ pub fn drain_timeout(
     }
 }
 
+/// `KREPLAY_CUDA_PTX` names a file the kernels can be read from: text with no NUL byte. Read
+/// only when the kernels are first needed, a file that is not would leave every hash to the
+/// host without a word; whether the driver compiles it is known only then.
+fn check_ptx_file(path: &str) -> Result<(), String> {
+    let var = crate::kernels::PTX_ENV;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{var}={path:?}: {e}; expected a readable PTX text file"))?;
+    if text.contains('\0') {
+        return Err(format!(
+            "{var}={path:?}: holds a NUL byte; expected a PTX text file"
+        ));
+    }
+    Ok(())
+}
+
 impl Config {
     /// Read the configuration through `lookup` (the environment in production).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
@@ -196,6 +211,9 @@ impl Config {
                 .map_err(|e| format!("KREPLAY_CUDA_DEVICE_HEAP={e}"))?,
             None => HeapPolicy::Decline,
         };
+        if let Some(path) = lookup(crate::kernels::PTX_ENV) {
+            check_ptx_file(&path)?;
+        }
         let drain_timeout = drain_timeout(&lookup)
             .map_err(|e| e.to_string())?
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT);
