@@ -379,6 +379,22 @@ mod tests {
     }
 
     #[test]
+    fn a_mapping_enters_the_snapshot_only_once_its_device_may_write_it() {
+        // cuMemMap does not make a range accessible (cuMemSetAccess does): a snapshot taken
+        // between the two would copy memory its device may not touch yet, and no kernel can
+        // have written it.
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let mapped = w.record_map(&inventory, 0x10_0000, 0x20_0000, HandleLocation::Device(0));
+        assert_eq!(mapped, Ok(0));
+        assert!(
+            bases_on(&inventory, 0).is_empty(),
+            "snapshotted before any device may access it"
+        );
+        assert_eq!(w.untracked_reason(CTX), None, "nothing to decline for");
+    }
+
+    #[test]
     fn a_mapping_of_host_memory_or_of_a_handle_that_cannot_be_read_is_untracked() {
         let w = MemoryWatch::new();
         let inventory = Inventory::new();
