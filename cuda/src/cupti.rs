@@ -460,6 +460,15 @@ pub fn devices_granted(descs: &[MemAccessDesc]) -> Vec<u64> {
         .collect()
 }
 
+/// Each device an access list names, with its `CUmemAccess_flags`, in the list's order.
+pub fn device_access(descs: &[MemAccessDesc]) -> Vec<(u64, i32)> {
+    descs
+        .iter()
+        .filter(|d| d.location_type == crate::tracking::CU_MEM_LOCATION_TYPE_DEVICE)
+        .filter_map(|d| Some((u64::try_from(d.location_id).ok()?, d.flags)))
+        .collect()
+}
+
 /// `cuMemUnmap_params`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

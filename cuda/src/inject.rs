@@ -1811,14 +1811,37 @@ impl Backend {
             }
             cbid::CU_MEM_SET_ACCESS if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemSetAccess_params, its access list `count` entries long.
-                let (ptr, mut devices) = unsafe {
+                let (ptr, size, mut devices, access) = unsafe {
                     let p = *(params as *const MemSetAccessParams);
-                    (p.ptr, granted(p.desc, p.count))
+                    let access = if p.desc.is_null() {
+                        Vec::new()
+                    } else {
+                        cupti::device_access(std::slice::from_raw_parts(p.desc, p.count))
+                    };
+                    (p.ptr, p.size as u64, granted(p.desc, p.count), access)
                 };
+                // The mappings whose own device may now write them are snapshotted from here
+                // on (and the ones it no longer may, not).
+                let (entered, left) = self
+                    .watch
+                    .record_access(&self.inventory, ptr, size, &access);
+                for base in entered.iter().chain(&left) {
+                    log(
+                        LogLevel::Debug,
+                        format!(
+                            "cuMemSetAccess: mapping at {base:#x} {}",
+                            if entered.contains(base) {
+                                "is snapshotted"
+                            } else {
+                                "is no longer writable by its device, not snapshotted"
+                            }
+                        ),
+                    );
+                }
                 // The mapping's own device (its handle's, as tracked), or where it is not
                 // tracked the calling context's: one of them holds the memory.
-                match self.inventory.lookup(ptr) {
-                    Some(a) => devices.push(a.owner_agent),
+                match self.watch.mapping_device(ptr) {
+                    Some(d) => devices.push(d as u64),
                     None => devices.extend(self.ordinal(data.context).map(|o| o as u64)),
                 }
                 self.link_devices(&devices, "cuMemSetAccess");

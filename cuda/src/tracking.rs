@@ -9,8 +9,11 @@
 //!   each mapped range is device memory of the device its physical memory was created on (the
 //!   location of its allocation handle, `cuMemGetAllocationPropertiesFromHandle`, not the device
 //!   of the context current at the call: a range may be mapped from another device's context),
-//!   and is snapshotted like a `cuMemAlloc` allocation of that device; `cuMemUnmap` removes the
-//!   mappings it covers. A mapping whose handle is not on a device (host memory) or cannot be
+//!   and is snapshotted like a `cuMemAlloc` allocation of that device while that device may read
+//!   and write it: `cuMemMap` does not make a range accessible, `cuMemSetAccess` does (and may
+//!   take the access away again, or give read access only), and a copy of memory its device may
+//!   not access is not kreplay's to make (no kernel of that device can have written it either);
+//!   `cuMemUnmap` removes the mappings it covers. A mapping whose handle is not on a device (host memory) or cannot be
 //!   read, or an unmap that cuts a mapping in part, leaves memory kreplay cannot describe:
 //!   launches are declined from then on while such memory is mapped.
 //! * **Surfaces.** A kernel writes a CUDA array through a surface object
@@ -39,6 +42,9 @@ use parking_lot::Mutex;
 
 /// `CU_MEM_LOCATION_TYPE_DEVICE` (cuda.h's `CUmemLocationType`).
 pub const CU_MEM_LOCATION_TYPE_DEVICE: i32 = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE` (cuda.h's `CUmemAccess_flags`; `PROT_NONE` is 0,
+/// `PROT_READ` 1).
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: i32 = 3;
 
 /// Where the physical memory behind a VMM allocation handle lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +87,9 @@ struct State {
     managed: BTreeMap<u64, u64>,
     /// Tracked VMM mappings: base → size.
     mapped: BTreeMap<u64, u64>,
+    /// The device of each tracked VMM mapping, and whether that device may read and write it
+    /// now (then, and only then, it is in the inventory): base → (device, writable).
+    mapping_access: BTreeMap<u64, (i32, bool)>,
     /// Mapped ranges kreplay could not attribute: base → size.
     untracked: BTreeMap<u64, u64>,
     /// Live surface objects: handle → the context it was made in.
@@ -227,9 +236,10 @@ impl MemoryWatch {
     }
 
     /// `cuMemMap` of `size` bytes at `base` succeeded, with the physical memory of a handle at
-    /// `location`: a mapping on a device is tracked and added to `inventory` as device memory
-    /// of that device (its ordinal is returned); anything else is counted as untracked memory
-    /// (the error says why), so launches decline while it is mapped.
+    /// `location`: a mapping on a device is tracked (its ordinal is returned), and added to
+    /// `inventory` as device memory of that device once `cuMemSetAccess` lets that device read
+    /// and write it ([`MemoryWatch::record_access`]); anything else is counted as untracked
+    /// memory (the error says why), so launches decline while it is mapped.
     pub fn record_map(
         &self,
         inventory: &Inventory,
@@ -249,12 +259,19 @@ impl MemoryWatch {
         if self.on_map(base, size, device)
             && let Some(d) = device
         {
-            inventory.on_alloc(NewAllocation {
-                base,
-                size,
-                owner_agent: d as u64,
-                kind: MemoryKind::CoarseDevice,
-            });
+            // Not accessible yet: out of the inventory until its device may write it. A stale
+            // entry there (memory freed unseen) ends now that the range is mapped anew.
+            self.state.lock().mapping_access.insert(base, (d, false));
+            let end = base.saturating_add(size);
+            let stale: Vec<u64> = inventory
+                .select(&kreplay_snapshot::Filter::any())
+                .iter()
+                .filter(|r| r.base < end && r.base.saturating_add(r.size) > base)
+                .map(|r| r.base)
+                .collect();
+            for b in stale {
+                inventory.on_free(b);
+            }
             return Ok(d);
         }
         Err(if why.is_empty() {
@@ -262,6 +279,68 @@ impl MemoryWatch {
         } else {
             why
         })
+    }
+
+    /// The device of the tracked VMM mapping holding `addr`, if any (accessible or not).
+    pub fn mapping_device(&self, addr: u64) -> Option<i32> {
+        let s = self.state.lock();
+        let (&base, &size) = s.mapped.range(..=addr).next_back()?;
+        if addr >= base.saturating_add(size) {
+            return None;
+        }
+        s.mapping_access.get(&base).map(|&(d, _)| d)
+    }
+
+    /// `cuMemSetAccess` over `size` bytes at `base` succeeded with `access` (device ordinal and
+    /// `CUmemAccess_flags`, in the call's order; a later entry for a device overrides an
+    /// earlier one): each tracked mapping in the range whose own device the call names enters
+    /// `inventory` when that device may now read and write it, and leaves it when it may not
+    /// (read-only or no access: no kernel of that device writes it, and a restore there would
+    /// fault). Returns the bases that entered and the bases that left.
+    pub fn record_access(
+        &self,
+        inventory: &Inventory,
+        base: u64,
+        size: u64,
+        access: &[(u64, i32)],
+    ) -> (Vec<u64>, Vec<u64>) {
+        let end = base.saturating_add(size);
+        let mut s = self.state.lock();
+        let in_range: Vec<(u64, u64)> = s
+            .mapped
+            .iter()
+            .filter(|&(&b, &sz)| b < end && b.saturating_add(sz) > base)
+            .map(|(&b, &sz)| (b, sz))
+            .collect();
+        let (mut entered, mut left) = (Vec::new(), Vec::new());
+        for (b, sz) in in_range {
+            let Some((device, writable)) = s.mapping_access.get(&b).copied() else {
+                continue;
+            };
+            let Some(flags) = access
+                .iter()
+                .rev()
+                .find(|(d, _)| *d == device as u64)
+                .map(|&(_, f)| f)
+            else {
+                continue; // its own device's access is unchanged
+            };
+            let now = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+            if now && !writable {
+                inventory.on_alloc(NewAllocation {
+                    base: b,
+                    size: sz,
+                    owner_agent: device as u64,
+                    kind: MemoryKind::CoarseDevice,
+                });
+                entered.push(b);
+            } else if !now && writable {
+                inventory.on_free(b);
+                left.push(b);
+            }
+            s.mapping_access.insert(b, (device, now));
+        }
+        (entered, left)
     }
 
     /// `cuMemUnmap` of `size` bytes at `base`: every mapping inside the range is removed; a
@@ -278,6 +357,7 @@ impl MemoryWatch {
         };
         for (b, sz) in overlapping(&s.mapped) {
             s.mapped.remove(&b);
+            s.mapping_access.remove(&b);
             out.removed.push(b);
             let e = b.saturating_add(sz);
             if b < base {
@@ -367,6 +447,9 @@ mod tests {
         let inventory = Inventory::new();
         let mapped = w.record_map(&inventory, 0x10_0000, 0x20_0000, HandleLocation::Device(1));
         assert_eq!(mapped, Ok(1));
+        // Device 0 is given access too (a peer mapping): it is still device 1's memory.
+        let access = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), (1, 3)];
+        w.record_access(&inventory, 0x10_0000, 0x20_0000, &access);
         assert_eq!(
             bases_on(&inventory, 1),
             vec![0x10_0000],
@@ -392,6 +475,33 @@ mod tests {
             "snapshotted before any device may access it"
         );
         assert_eq!(w.untracked_reason(CTX), None, "nothing to decline for");
+        assert_eq!(w.mapping_device(0x10_0000 + 0x1f_ffff), Some(0));
+        assert_eq!(w.mapping_device(0x30_0000), None);
+        // Access for another device only, then read-only access for its own: still out.
+        let peer = w.record_access(&inventory, 0x10_0000, 0x20_0000, &[(1, 3)]);
+        assert_eq!(peer, (vec![], vec![]));
+        w.record_access(&inventory, 0x10_0000, 0x20_0000, &[(0, 1)]);
+        assert!(
+            bases_on(&inventory, 0).is_empty(),
+            "read-only: no kernel writes it"
+        );
+        // Read and write access for its device (over a wider range, as PyTorch sets it over a
+        // whole segment): snapshotted from now on.
+        let rw = w.record_access(&inventory, 0, 0x100_0000, &[(1, 1), (0, 3)]);
+        assert_eq!(rw, (vec![0x10_0000], vec![]));
+        assert_eq!(bases_on(&inventory, 0), vec![0x10_0000]);
+        // Access taken away again: out, still mapped, nothing declined.
+        let none = w.record_access(&inventory, 0x10_0000, 0x20_0000, &[(0, 0)]);
+        assert_eq!(none, (vec![], vec![0x10_0000]));
+        assert!(bases_on(&inventory, 0).is_empty());
+        assert_eq!(w.untracked_reason(CTX), None);
+        // Unmapped and mapped again: inaccessible again until access is set.
+        w.record_access(&inventory, 0x10_0000, 0x20_0000, &[(0, 3)]);
+        assert_eq!(w.on_unmap(0x10_0000, 0x20_0000).removed, vec![0x10_0000]);
+        inventory.on_free(0x10_0000);
+        w.record_map(&inventory, 0x10_0000, 0x20_0000, HandleLocation::Device(0))
+            .unwrap();
+        assert!(bases_on(&inventory, 0).is_empty());
     }
 
     #[test]
