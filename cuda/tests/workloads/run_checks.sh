@@ -213,6 +213,17 @@ if command -v nvcc >/dev/null; then
     # device memory: snapshotted as the opening process's device memory.
     nvcc -O2 -o "$OUT/ipc" cuda/tests/workloads/ipc.cu
     step ipc "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/ipc.csv" -- "$OUT/ipc"
+    # While one thread's launches are replayed, another launches kernels through the entry
+    # points kreplay does not replay (cuLaunchGridAsync, cuLaunchCooperativeKernelMultiDevice):
+    # each waits for the open replay window, so no restore undoes what it wrote.
+    nvcc -O2 -o "$OUT/unreplayed_launches" cuda/tests/workloads/unreplayed_launches.cu -lcuda -ldl
+    step unreplayed_launches "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/unreplayed_launches.csv" -- "$OUT/unreplayed_launches"
+    # A VMM range mapped and left inaccessible while launches are replayed, made accessible
+    # afterwards: no snapshot copies it before cuMemSetAccess.
+    nvcc -O2 -o "$OUT/vmm_access" cuda/tests/workloads/vmm_access.cu -lcuda
+    step vmm_access "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/vmm_access.csv" -- "$OUT/vmm_access"
     # A kernel whose device-launched child prints: declined (run once), so each line is
     # printed once.
     nvcc -O2 -rdc=true -o "$OUT/device_launch_print" cuda/tests/workloads/device_launch_print.cu \
