@@ -597,6 +597,12 @@ impl ModuleRegistry {
             .unwrap_or_default()
     }
 
+    /// The key under which what the launches of `function` taught is kept for its next launch
+    /// (the write sets its restores learned, `auto`'s measured costs).
+    pub fn kernel_key(&self, function: usize) -> u64 {
+        function as u64
+    }
+
     /// A kernel of a loaded module that can call the device heap's functions (see
     /// [`is_heap_call`]), and its calls, if any: what a graph launch may run without kreplay
     /// seeing which kernels it runs. The first by name, so the answer does not depend on the
@@ -972,6 +978,30 @@ mod tests {
         );
         r.on_unloading(1);
         assert!(r.variables_of(0, 9, Some("bump"), &lookup).is_err());
+    }
+
+    #[test]
+    fn a_function_handle_handed_out_again_after_an_unload_is_another_kernel() {
+        // The driver may give a function of a module loaded after an unload the handle a
+        // function of the unloaded one had: what that function's launches taught (a write set
+        // its restores trust) must not be applied to the new one.
+        let r = ModuleRegistry::new();
+        r.on_loaded(1, &cubin("bump", &[])).unwrap();
+        let before = r.kernel_key(0x7000);
+        assert_eq!(
+            r.kernel_key(0x7000),
+            before,
+            "stable while its module is loaded"
+        );
+        assert_ne!(r.kernel_key(0x7100), before, "another function");
+        r.on_unloading(1);
+        r.on_loaded(2, &cubin("other", &[])).unwrap();
+        let after = r.kernel_key(0x7000);
+        assert_ne!(
+            after, before,
+            "the handle may name another module's function now"
+        );
+        assert_eq!(r.kernel_key(0x7000), after);
     }
 
     #[test]
