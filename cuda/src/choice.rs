@@ -5,7 +5,8 @@
 //! A fixed cost model cannot know the program: what a verified restore saves depends on how much
 //! of the footprint its kernel writes, and its fixed costs on the GPU and the driver. So each
 //! launch's cost per restore (its snapshot and all its restores, over the number of restores) is
-//! recorded under the mode it ran in, keyed by the launched function and the footprint's size
+//! recorded under the mode it ran in, keyed by the launched function (its kernel key,
+//! `ModuleRegistry::kernel_key`: its handle, renewed at a module unload) and the footprint's size
 //! class (a power of two). A key is decided once it ran once with full copies and once on the
 //! device (hash restores learn nothing, so one launch says what the next costs), by the latest
 //! cost of each mode; until

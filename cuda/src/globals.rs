@@ -507,6 +507,8 @@ struct Inner {
     unreadable: HashMap<u32, String>,
     /// Located variables per (context, function), valid until a module is unloaded.
     located: HashMap<(usize, usize), Arc<[Range]>>,
+    /// Module unloads so far: a function handle seen after one may name another function.
+    unloads: u64,
 }
 
 /// The cubins of the process's loaded modules, and the variables located per launched function.
@@ -574,6 +576,7 @@ impl ModuleRegistry {
     /// another context has it loaded).
     pub fn on_unloading(&self, id: u32) {
         let mut i = self.inner.lock();
+        i.unloads += 1;
         let left = i.loads.get(&id).map_or(0, |n| n.saturating_sub(1));
         if left > 0 {
             i.loads.insert(id, left);
@@ -598,9 +601,22 @@ impl ModuleRegistry {
     }
 
     /// The key under which what the launches of `function` taught is kept for its next launch
-    /// (the write sets its restores learned, `auto`'s measured costs).
+    /// (the write sets its restores learned, `auto`'s measured costs): its handle while no
+    /// module has been unloaded, else the handle and the number of unloads so far, hashed. The
+    /// driver may hand a function of a module loaded after an unload the handle of a function
+    /// of the unloaded one; keyed by the handle alone, the new function would be restored by
+    /// the write set the old one's restores learned. (Every function gets a new key at each
+    /// unload: what they learned is learned again once.)
     pub fn kernel_key(&self, function: usize) -> u64 {
-        function as u64
+        match self.inner.lock().unloads {
+            0 => function as u64,
+            unloads => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (function, unloads).hash(&mut h);
+                h.finish()
+            }
+        }
     }
 
     /// A kernel of a loaded module that can call the device heap's functions (see

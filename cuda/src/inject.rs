@@ -427,6 +427,12 @@ impl LaunchOps for InjectedLaunch<'_> {
             None => Ok(base.clone()),
         }
     }
+    fn kernel_key(&self, kernel_id: u64) -> u64 {
+        match &self.scope {
+            Some(s) => s.backend.modules.kernel_key(kernel_id as usize),
+            None => kernel_id,
+        }
+    }
     fn snapshot_strategy(&self) -> Option<RestoreStrategy> {
         CHOSEN
             .with(std::cell::Cell::get)
@@ -1257,7 +1263,8 @@ impl Backend {
             } else {
                 self.inventory.select(base).iter().map(|r| r.size).sum()
             };
-            self.choose_detection(device, launch.function as usize, footprint);
+            let key = self.modules.kernel_key(launch.function as usize);
+            self.choose_detection(device, key as usize, footprint);
         }
         Ok(scoped.filter)
     }
@@ -1275,10 +1282,11 @@ impl Backend {
         unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }
     }
 
-    /// `auto`: offer the device kernels to the snapshot of a launch of `function` over
-    /// `footprint` bytes or not, as the device's measured choice says, and remember the choice
-    /// for [`Self::learn_choice`]. The kernels are loaded here when chosen, so that their
-    /// loading is not counted in the first snapshot that uses them.
+    /// `auto`: offer the device kernels to the snapshot of a launch of `function` (its kernel
+    /// key, [`ModuleRegistry::kernel_key`]) over `footprint` bytes or not, as the device's
+    /// measured choice says, and remember the choice for [`Self::learn_choice`]. The kernels are
+    /// loaded here when chosen, so that their loading is not counted in the first snapshot that
+    /// uses them.
     fn choose_detection(&self, device: &DeviceState, function: usize, footprint: u64) {
         let key = ChoiceKey::new(function, footprint);
         let on = detection_for(

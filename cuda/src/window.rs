@@ -67,6 +67,12 @@ pub trait LaunchOps {
     fn snapshot_strategy(&self) -> Option<kreplay_snapshot::RestoreStrategy> {
         None
     }
+    /// The key under which what this launch's restores learn is kept for the next launch of
+    /// the same kernel (see [`Snapshotter::take_for_kernel`]), from its dispatch's `kernel_id`.
+    /// The default: `kernel_id` itself.
+    fn kernel_key(&self, kernel_id: u64) -> u64 {
+        kernel_id
+    }
     /// Whether the launch's device may be drained now; `Err` names why not (a stream of the
     /// device is being captured into a graph: draining would invalidate the capture), and the
     /// launch is declined with `batch_or_graph`. Asked while the device's writer lock is held,
@@ -385,7 +391,7 @@ impl Window {
         let taken = cx.snapshotter.take_for_kernel(
             plan.with_planned_restores(restores)
                 .with_strategy(ops.snapshot_strategy()),
-            info.kernel_id,
+            ops.kernel_key(info.kernel_id),
         );
         cost.snapshot = snapping.elapsed();
         match taken {

@@ -256,6 +256,83 @@ fn launches_of_one_function_keep_what_their_restores_learned_for_the_next() {
     assert_eq!(r.device.snapshotter.kernels_learned(), 2);
 }
 
+/// Launch operations whose kernel adds 1 to the words `range` and records what their sum was
+/// before (what each pass saw), and whose kernel key is `key` ([`LaunchOps::kernel_key`]).
+struct KeyedLaunch {
+    inner: FakeLaunch,
+    range: std::ops::Range<usize>,
+    key: u64,
+    seen: Mutex<Vec<u64>>,
+}
+
+impl KeyedLaunch {
+    fn kernel(&self) {
+        let mut mem = self.inner.memory.0.lock().unwrap();
+        let words = &mut mem[self.range.clone()];
+        let sum = words.iter().map(|&w| u64::from(w)).sum();
+        self.seen.lock().unwrap().push(sum);
+        words.iter_mut().for_each(|w| *w += 1);
+    }
+}
+
+impl LaunchOps for KeyedLaunch {
+    fn replayable(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn kernel_key(&self, _kernel_id: u64) -> u64 {
+        self.key
+    }
+    fn drain(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn wait(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.kernel();
+        Ok(())
+    }
+}
+
+/// Two functions launched under one function handle (the driver handed the handle out again
+/// after a module unload), told apart by their kernel keys: what the first one's restores
+/// learned is kept under its key, and the second one learns its own.
+#[test]
+fn what_restores_learn_is_kept_under_the_kernel_key_the_launch_names() {
+    let r = rig(SnapshotConfig::default()
+        .with_strategy(RestoreStrategy::Writeset)
+        .with_chunk_size(1024));
+    let run = |range: std::ops::Range<usize>, key: u64| {
+        let ops = KeyedLaunch {
+            inner: fake(&r),
+            range,
+            key,
+            seen: Mutex::new(Vec::new()),
+        };
+        let info = DispatchInfo {
+            kernel_id: 0x7000,
+            ..Default::default()
+        };
+        let outcome = launch_info(&r, &ops, 4, info, || {
+            ops.kernel();
+            Ok(())
+        });
+        assert!(matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }));
+        let seen = ops.seen.into_inner().unwrap();
+        assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+    };
+    run(0..1024, 1);
+    assert_eq!(r.device.snapshotter.kernels_learned(), 1);
+    run(2048..3072, 2);
+    assert_eq!(
+        r.device.snapshotter.kernels_learned(),
+        2,
+        "the second function's launch took the first one's learned state"
+    );
+    run(2048..3072, 2);
+    assert_eq!(r.device.snapshotter.kernels_learned(), 2);
+}
+
 #[test]
 fn an_unverified_write_set_restore_is_named_as_such_in_every_record() {
     let r = rig(SnapshotConfig::default()
