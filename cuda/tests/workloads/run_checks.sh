@@ -219,6 +219,11 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/unreplayed_launches" cuda/tests/workloads/unreplayed_launches.cu -lcuda -ldl
     step unreplayed_launches "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/unreplayed_launches.csv" -- "$OUT/unreplayed_launches"
+    # cudaDeviceReset with stream-ordered allocations live: the launches after it are
+    # replayed, and no snapshot names memory the reset took (see the run's table).
+    nvcc -O2 -o "$OUT/reset_async" cuda/tests/workloads/reset_async.cu
+    step reset_async "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/reset_async.csv" -- "$OUT/reset_async"
     # A VMM range mapped and left inaccessible while launches are replayed, made accessible
     # afterwards: no snapshot copies it before cuMemSetAccess.
     nvcc -O2 -o "$OUT/vmm_access" cuda/tests/workloads/vmm_access.cu -lcuda
