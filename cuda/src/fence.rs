@@ -496,11 +496,8 @@ mod tests {
             // Its kernels may write any device's memory: every device with windows waits.
             assert_eq!(destination(id), Destination::Unknown, "{name}");
             // SAFETY: a null parameter struct, which `writes` accepts for any call.
-            assert_eq!(
-                unsafe { writes(id, std::ptr::null()) },
-                Writes::Unknown,
-                "{name}"
-            );
+            let w = unsafe { writes(id, std::ptr::null()) };
+            assert_eq!(w, Writes::Unknown, "{name}");
         }
     }
 
