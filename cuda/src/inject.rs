@@ -814,8 +814,9 @@ impl Backend {
         Ok(state)
     }
 
-    fn on_alloc(&self, ctx: CuContext, base: u64, size: u64, what: &str) {
-        let Some(ordinal) = self.ordinal(ctx) else {
+    fn on_alloc(&self, id: CallbackId, ctx: CuContext, base: u64, size: u64, what: &str) {
+        let device = allocation_device(id, self.ordinal(ctx), || self.driver.device_ordinal(base));
+        let Some(ordinal) = device else {
             log(
                 LogLevel::Warn,
                 format!("{what} at {base:#x}: unknown device, not tracked"),
@@ -1699,7 +1700,7 @@ impl Backend {
                         {
                             self.on_captured_alloc(data.context, base, size);
                         }
-                        _ => self.on_alloc(data.context, base, size, "cuMemAlloc"),
+                        _ => self.on_alloc(id, data.context, base, size, "cuMemAlloc"),
                     }
                 }
             }
@@ -1713,7 +1714,7 @@ impl Backend {
                         (*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64))
                     };
                     self.contexts.note_allocation(data.context as usize, base);
-                    self.on_alloc(data.context, base, size, "cuMemAllocPitch");
+                    self.on_alloc(id, data.context, base, size, "cuMemAllocPitch");
                 }
             }
             cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
@@ -2101,6 +2102,17 @@ unsafe fn async_stream(id: CallbackId, params: *const c_void) -> Option<(CuStrea
     }
 }
 
+/// The device whose memory allocation call `id` returned, made in a context of
+/// `context_device`: that device.
+fn allocation_device(
+    id: CallbackId,
+    context_device: Option<i32>,
+    pointer_device: impl FnOnce() -> Option<i32>,
+) -> Option<i32> {
+    let _ = (id, pointer_device);
+    context_device
+}
+
 /// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
 /// kind, a copy, a memset or a stream write.
 fn writes_device(id: CallbackId) -> bool {
@@ -2486,6 +2498,34 @@ impl ToolWorkIo for DeviceWork {
 mod tests {
     use super::*;
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn an_allocation_from_another_devices_pool_belongs_to_that_device() {
+        // cuMemAllocFromPoolAsync may take a pool of another device than the stream's: its
+        // memory is that device's, snapshotted (and drained) with that device's launches.
+        for id in [
+            cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC,
+            cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        ] {
+            assert_eq!(allocation_device(id, Some(0), || Some(1)), Some(1), "{id}");
+            // Where the driver does not say, the context's device.
+            assert_eq!(allocation_device(id, Some(0), || None), Some(0), "{id}");
+        }
+        // Every other allocation is its context's device's, without asking the driver.
+        for id in [
+            cbid::CU_MEM_ALLOC_V2,
+            cbid::CU_MEM_ALLOC_PITCH_V2,
+            cbid::CU_MEM_ALLOC_ASYNC,
+            cbid::CU_MEM_ALLOC_ASYNC_PTSZ,
+        ] {
+            let asked = std::cell::Cell::new(false);
+            let device = allocation_device(id, Some(0), || {
+                asked.set(true);
+                Some(1)
+            });
+            assert_eq!((device, asked.get()), (Some(0), false), "{id}");
+        }
+    }
 
     #[test]
     fn small_footprints_are_never_sent_to_the_device_to_be_measured() {
