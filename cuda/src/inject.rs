@@ -2103,14 +2103,22 @@ unsafe fn async_stream(id: CallbackId, params: *const c_void) -> Option<(CuStrea
 }
 
 /// The device whose memory allocation call `id` returned, made in a context of
-/// `context_device`: that device.
+/// `context_device`: that device, but for `cuMemAllocFromPoolAsync`, whose pool may be another
+/// device's than the stream's: the device the driver says holds the new pointer
+/// (`pointer_device`, asked only then), else the context's. Attributed to the context's device,
+/// such memory was left out of the snapshots of its own device's launches (a kernel there
+/// writing it through a pointer kept in memory had its writes repeated by every pass).
 fn allocation_device(
     id: CallbackId,
     context_device: Option<i32>,
     pointer_device: impl FnOnce() -> Option<i32>,
 ) -> Option<i32> {
-    let _ = (id, pointer_device);
-    context_device
+    match id {
+        cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+            pointer_device().or(context_device)
+        }
+        _ => context_device,
+    }
 }
 
 /// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
