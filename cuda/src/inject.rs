@@ -1016,6 +1016,8 @@ impl Backend {
             .record_shared(&self.inventory, base, size, device)
         {
             Ok(device) => {
+                let linked = shared_link(self.ordinal(ctx), device);
+                self.link_devices(&linked, what);
                 self.contexts.note_allocation(ctx as usize, base);
                 self.stats.allocations.fetch_add(1, Ordering::Relaxed);
                 log(
@@ -2102,6 +2104,13 @@ unsafe fn async_stream(id: CallbackId, params: *const c_void) -> Option<(CuStrea
     }
 }
 
+/// The devices that memory shared with this process and held by device `holder`, opened in a
+/// context of `context_device`, links into one replay group.
+fn shared_link(context_device: Option<i32>, holder: i32) -> Vec<u64> {
+    let _ = context_device;
+    vec![holder as u64]
+}
+
 /// The device whose memory allocation call `id` returned, made in a context of
 /// `context_device`: that device, but for `cuMemAllocFromPoolAsync`, whose pool may be another
 /// device's than the stream's: the device the driver says holds the new pointer
@@ -2506,6 +2515,19 @@ impl ToolWorkIo for DeviceWork {
 mod tests {
     use super::*;
     use crate::driver::{CuFunction, CuLaunchConfig, CuStream};
+
+    #[test]
+    fn shared_memory_another_device_holds_links_it_with_the_opening_contexts_device() {
+        // cuIpcOpenMemHandle (with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in a context of device 0
+        // of memory device 1 holds: device 0's kernels write device 1's memory, so a replay on
+        // either must lock and drain both, as after cuCtxEnablePeerAccess.
+        let mut linked = shared_link(Some(0), 1);
+        linked.sort_unstable();
+        assert_eq!(linked, vec![0, 1]);
+        // Held by the context's own device, or the context's device unknown: nothing to link.
+        assert!(shared_link(Some(1), 1).len() < 2);
+        assert!(shared_link(None, 1).len() < 2);
+    }
 
     #[test]
     fn an_allocation_from_another_devices_pool_belongs_to_that_device() {
