@@ -2105,10 +2105,18 @@ unsafe fn async_stream(id: CallbackId, params: *const c_void) -> Option<(CuStrea
 }
 
 /// The devices that memory shared with this process and held by device `holder`, opened in a
-/// context of `context_device`, links into one replay group.
+/// context of `context_device`, links into one replay group: both, where they differ. The
+/// context's kernels write the holder's memory (peer access, which `cuIpcOpenMemHandle` may
+/// enable itself, `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, with no `cuCtxEnablePeerAccess` to
+/// link them), so a replay on either device locks and drains the other too.
 fn shared_link(context_device: Option<i32>, holder: i32) -> Vec<u64> {
-    let _ = context_device;
-    vec![holder as u64]
+    let mut devices = vec![holder as u64];
+    devices.extend(
+        context_device
+            .filter(|&d| d >= 0 && d != holder)
+            .map(|d| d as u64),
+    );
+    devices
 }
 
 /// The device whose memory allocation call `id` returned, made in a context of
