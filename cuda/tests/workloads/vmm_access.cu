@@ -103,7 +103,8 @@ int main() {
                k.got == k.want ? "" : " MISMATCH");
         bad += k.got != k.want;
     }
-    DRV(cuMemUnmap(va, 2 * half));
+    DRV(cuMemUnmap(va, half));
+    DRV(cuMemUnmap(va + half, half));
     DRV(cuMemRelease(h1));
     DRV(cuMemRelease(h2));
     DRV(cuMemAddressFree(va, 2 * half));
