@@ -815,7 +815,9 @@ typedef void (*kreplay_dispatch_counting_cb_t)(kreplay_kernel_dispatch_info_t di
                                                void* callback_data);
 
 /** Receives what a dispatch (one pass of it) counted, one record per counter of its
- *  configuration, in the configuration's order (valid during the call). */
+ *  configuration, in the configuration's order (valid during the call). Only while the counting
+ *  context is started: a dispatch whose configuration was picked before the context was stopped
+ *  (or its tool finalized) and that completes afterwards delivers nothing. */
 typedef void (*kreplay_counter_record_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
                                             const kreplay_counter_record_t* records,
                                             size_t records_count, void* callback_data);

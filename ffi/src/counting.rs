@@ -315,20 +315,19 @@ pub(crate) fn remove_context(context: ContextId) {
 /// active now on this thread and its callback picks a configuration of this agent.
 pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
     let service = (*SERVICE.read())?;
-    if !ContextRegistry::global().is_active(service.context) {
-        return None;
-    }
     let mut config = CounterConfigId::default();
-    // SAFETY: the tool's callback of type `kreplay_dispatch_counting_cb_t`, registered for this
-    // use; `config` is valid for the call.
-    unsafe {
-        (service.dispatch)(
-            crate::hsa_tool::c_dispatch_info(info),
-            pass.unwrap_or(REPLAY_PASS_NONE),
-            &mut config,
-            service.data,
-        )
-    };
+    crate::services::call_if_active(service.context, true, || {
+        // SAFETY: the tool's callback of type `kreplay_dispatch_counting_cb_t`, registered for
+        // this use; `config` is valid for the call.
+        unsafe {
+            (service.dispatch)(
+                crate::hsa_tool::c_dispatch_info(info),
+                pass.unwrap_or(REPLAY_PASS_NONE),
+                &mut config,
+                service.data,
+            )
+        }
+    })?;
     if config.handle == 0 {
         return None;
     }
@@ -370,16 +369,20 @@ pub(crate) fn deliver(info: &DispatchInfo, pass: Option<u64>, ids: &[u32], value
             value,
         })
         .collect();
-    // SAFETY: the tool's callback of type `kreplay_counter_record_cb_t`; the records are alive
-    // for the call.
-    unsafe {
-        (service.record)(
-            crate::hsa_tool::c_dispatch_info(info),
-            records.as_ptr(),
-            records.len(),
-            service.data,
-        )
-    };
+    // Only while the context is started: one stopped (or whose tool was finalized) after the
+    // dispatch picked its configuration receives nothing more. The mask was consulted at `pick`.
+    crate::services::call_if_active(service.context, false, || {
+        // SAFETY: the tool's callback of type `kreplay_counter_record_cb_t`; the records are
+        // alive for the call.
+        unsafe {
+            (service.record)(
+                crate::hsa_tool::c_dispatch_info(info),
+                records.as_ptr(),
+                records.len(),
+                service.data,
+            )
+        }
+    });
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -245,6 +245,27 @@ impl Drop for Running {
     }
 }
 
+/// Calls `call`, a callback of a context's service that is not callback tracing (dispatch
+/// counting), as [`CallbackService::deliver`] calls one: counted as running for a finalize of
+/// the context's tool, and only if the context is active on this thread now (`masked`: started
+/// and not masked off by this thread's replay loop) or, without `masked`, started. `None` when
+/// the callback did not run.
+pub(crate) fn call_if_active<R>(
+    context: ContextId,
+    masked: bool,
+    call: impl FnOnce() -> R,
+) -> Option<R> {
+    // Counted before the check, as in `deliver`.
+    let _running = Running::enter(context);
+    let registry = ContextRegistry::global();
+    let active = if masked {
+        registry.is_active(context)
+    } else {
+        registry.is_started(context).unwrap_or(false)
+    };
+    active.then(call)
+}
+
 /// Waits until no callback of `contexts` runs on another thread (ones running on this thread,
 /// which is inside them, are not waited for), at most `limit`; false when some still ran then.
 /// Called once the contexts are stopped: no new callback of theirs starts.
