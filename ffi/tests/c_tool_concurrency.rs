@@ -44,3 +44,77 @@ fn no_counter_record_reaches_a_tool_that_finalized_itself_while_its_dispatch_was
     }
     scenario(name, &["counting_stop.c"], &[("PROBE_MODE", "finalize_here")]);
 }
+
+/// kreplay loaded; one application thread per GPU agent (two) runs `rounds` rounds over
+/// `buffers` buffers of its agent at the same time as the other; results checked; OnUnload; the
+/// tools' reports.
+fn two_agents_child(buffers: usize, rounds: u32) {
+    let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let mut problems = Vec::new();
+    if !loaded.loaded {
+        problems.push("OnLoad returned false".to_string());
+    }
+    {
+        // SAFETY: the table stays alive and valid while `hsa` is used.
+        let hsa = unsafe { kreplay_softhsa::testing::Hsa::from_table(table.table()) };
+        let session = hsa.init().expect("hsa_init");
+        let hsa = &hsa;
+        let per_agent: Vec<Vec<String>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|agent| {
+                    s.spawn(move || {
+                        let mut app = App::new(hsa, agent, buffers);
+                        let mut problems = Vec::new();
+                        for _ in 0..rounds {
+                            problems.extend(app.round());
+                        }
+                        problems.extend(app.check());
+                        problems
+                            .into_iter()
+                            .map(|p| format!("agent {agent}: {p}"))
+                            .collect()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        problems.extend(per_agent.into_iter().flatten());
+        drop(session);
+    }
+    // SAFETY: the runtime's shutdown call.
+    unsafe { (loaded.on_unload)() };
+    for tool in std::env::var("KREPLAY_TOOL_LIBRARIES")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|p| !p.is_empty())
+    {
+        let r = tool_report(std::path::Path::new(tool));
+        if !r.is_empty() {
+            problems.push(format!("tool: {r}"));
+        }
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
+
+#[test]
+fn replays_overlapping_on_two_agents_keep_their_own_passes_user_data_and_masks() {
+    let name = "replays_overlapping_on_two_agents_keep_their_own_passes_user_data_and_masks";
+    if in_child(name) {
+        return two_agents_child(2, 3);
+    }
+    scenario(name, &["overlap.c"], &[("PROBE_MODE", "mask")]);
+}
+
+#[test]
+fn contexts_stopped_and_restarted_from_pass_callbacks_of_overlapping_replays_break_nothing() {
+    let name =
+        "contexts_stopped_and_restarted_from_pass_callbacks_of_overlapping_replays_break_nothing";
+    if in_child(name) {
+        return two_agents_child(2, 3);
+    }
+    scenario(name, &["overlap.c"], &[("PROBE_MODE", "stop_other")]);
+}
