@@ -118,3 +118,22 @@ fn contexts_stopped_and_restarted_from_pass_callbacks_of_overlapping_replays_bre
     }
     scenario(name, &["overlap.c"], &[("PROBE_MODE", "stop_other")]);
 }
+
+#[test]
+fn a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_pass_count_callback() {
+    let name =
+        "a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_pass_count_callback";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(name, &["finalize_race.c"], &[("PROBE_MODE", "pass_count")]);
+}
+
+#[test]
+fn a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_callback() {
+    let name = "a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_callback";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(name, &["finalize_race.c"], &[("PROBE_MODE", "continue")]);
+}
