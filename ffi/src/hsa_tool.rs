@@ -506,15 +506,13 @@ impl CReplayTool {
         unsafe { owner.deliver_if_started(&event, &mut self.user_data) }
     }
 
-    /// Whether the owner's context is still started: a tool that finalized itself (its
-    /// contexts stopped) from a callback is called no more, its pass count and continue
-    /// callbacks included.
-    fn owner_started(&self) -> bool {
-        self.owner.is_some_and(|owner| {
-            ContextRegistry::global()
-                .is_started(owner.context)
-                .unwrap_or(false)
-        })
+    /// Calls one of the owner's function callbacks (pass count, continue) while its context is
+    /// still started, counted as a running callback: a tool that finalized itself (its contexts
+    /// stopped) is called no more, and a finalize on another thread waits for the call to end.
+    /// `None` when the owner is gone.
+    fn call_owner<R>(&self, call: impl FnOnce() -> R) -> Option<R> {
+        let owner = self.owner?;
+        services::call_if_active(owner.context, false, call)
     }
 
     fn deliver_replay(
@@ -615,15 +613,14 @@ impl ReplayTool for CReplayTool {
         ) {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         }
-        let Some(pass_count) = self
-            .payload
-            .replay_pass_count
-            .filter(|_| self.owner_started())
-        else {
+        let Some(pass_count) = self.payload.replay_pass_count else {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         };
+        let (info, user_data) = (self.payload.dispatch_info, self.user_data);
         // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented arguments.
-        let n = unsafe { pass_count(self.payload.dispatch_info, self.user_data) };
+        let Some(n) = self.call_owner(|| unsafe { pass_count(info, user_data) }) else {
+            return kreplay_passloop::ToolAnswer::OPT_OUT;
+        };
         kreplay_passloop::ToolAnswer::new(Some(n), self.payload.replay_continue.is_some())
     }
 
@@ -662,22 +659,16 @@ impl ReplayTool for CReplayTool {
         current_pass: u64,
         total_passes: u64,
     ) -> bool {
-        if !self.owner_started() {
-            // Finalized (or its context stopped) since: no more passes for it.
-            return false;
-        }
-        match self.payload.replay_continue {
+        let (info, user_data) = (self.payload.dispatch_info, self.user_data);
+        let next = match self.payload.replay_continue {
             // SAFETY: the tool's own `kreplay_continue_cb_t`, called with the documented arguments.
-            Some(f) => unsafe {
-                f(
-                    self.payload.dispatch_info,
-                    current_pass,
-                    total_passes,
-                    self.user_data,
-                ) != 0
-            },
-            None => true,
-        }
+            Some(f) => {
+                self.call_owner(|| unsafe { f(info, current_pass, total_passes, user_data) != 0 })
+            }
+            None => self.call_owner(|| true),
+        };
+        // None: finalized (or its context stopped) since: no more passes for it.
+        next.unwrap_or(false)
     }
 
     fn snapshot(&mut self, _info: &DispatchInfo, phase: Phase, report: &MemoryOpReport) {

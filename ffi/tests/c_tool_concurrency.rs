@@ -42,7 +42,11 @@ fn no_counter_record_reaches_a_tool_that_finalized_itself_while_its_dispatch_was
     if in_child(name) {
         return standard_child(1, 3);
     }
-    scenario(name, &["counting_stop.c"], &[("PROBE_MODE", "finalize_here")]);
+    scenario(
+        name,
+        &["counting_stop.c"],
+        &[("PROBE_MODE", "finalize_here")],
+    );
 }
 
 /// kreplay loaded; one application thread per GPU agent (two) runs `rounds` rounds over
@@ -131,7 +135,8 @@ fn a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_pass_count_
 
 #[test]
 fn a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_callback() {
-    let name = "a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_callback";
+    let name =
+        "a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_callback";
     if in_child(name) {
         return standard_child(1, 3);
     }
