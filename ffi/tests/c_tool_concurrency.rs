@@ -142,3 +142,29 @@ fn a_tool_finalized_by_its_own_thread_is_finalized_after_its_running_continue_ca
     }
     scenario(name, &["finalize_race.c"], &[("PROBE_MODE", "continue")]);
 }
+
+#[test]
+fn a_second_finalize_call_returns_only_once_the_tool_is_finalized() {
+    let name = "a_second_finalize_call_returns_only_once_the_tool_is_finalized";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(
+        name,
+        &["finalize_twice.c"],
+        &[("PROBE_MODE", "two_threads"), ("PROBE_TRIGGER_AT", "1")],
+    );
+}
+
+#[test]
+fn on_unload_ends_only_after_a_finalize_the_tool_started_on_its_own_thread() {
+    let name = "on_unload_ends_only_after_a_finalize_the_tool_started_on_its_own_thread";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(
+        name,
+        &["finalize_twice.c"],
+        &[("PROBE_MODE", "unload"), ("PROBE_TRIGGER_AT", "3")],
+    );
+}
