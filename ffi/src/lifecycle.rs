@@ -406,6 +406,9 @@ pub fn finalize_tools() -> usize {
     for job in jobs {
         job.run();
     }
+    // A tool that began finalizing itself on another thread before is done only when its
+    // finalize has returned: kreplay is finalized after that.
+    wait_for_finalizes(None);
     PHASE.store(FINALIZED, Ordering::Release);
     finalized
 }
@@ -611,15 +614,54 @@ fn initialize_tool(index: usize) {
 /// How long a finalize waits for the tool's callbacks running on other threads.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Finalizes in progress: the tool's client handle and the thread running its finalize.
+static FINALIZE_JOBS: Mutex<Vec<(u32, std::thread::ThreadId)>> = Mutex::new(Vec::new());
+static FINALIZE_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
+
+/// Waits until no finalize of `client` (any tool when `None`) runs on another thread (one this
+/// thread runs, which it is inside of, is not waited for), at most [`FINALIZE_WAIT`].
+fn wait_for_finalizes(client: Option<u32>) {
+    let me = std::thread::current().id();
+    let deadline = std::time::Instant::now() + FINALIZE_WAIT;
+    let mut running = FINALIZE_JOBS.lock();
+    let busy = |running: &Vec<(u32, std::thread::ThreadId)>| {
+        running
+            .iter()
+            .any(|&(c, t)| t != me && client.is_none_or(|client| client == c))
+    };
+    while busy(&running) {
+        if FINALIZE_ENDED
+            .wait_until(&mut running, deadline)
+            .timed_out()
+        {
+            if busy(&running) {
+                crate::kreplay_warn!(
+                    "a tool's finalize running on another thread still ran after {} s; not \
+                     waiting for it any longer",
+                    FINALIZE_WAIT.as_secs()
+                );
+            }
+            return;
+        }
+    }
+}
+
 struct FinalizeJob {
+    client: u32,
     contexts: Vec<ContextId>,
     finalize: ToolFinalizeFn,
     tool_data: *mut c_void,
 }
 
 impl FinalizeJob {
+    /// The job of `tool`, which the caller has just marked finalized (under the state lock):
+    /// registered as in progress on this thread, which runs it, until [`run`](Self::run) ends.
     fn of(tool: &Tool) -> FinalizeJob {
+        FINALIZE_JOBS
+            .lock()
+            .push((tool.summary.client, std::thread::current().id()));
         FinalizeJob {
+            client: tool.summary.client,
             contexts: tool.summary.contexts.clone(),
             finalize: tool.finalize,
             tool_data: tool.tool_data,
@@ -647,6 +689,21 @@ impl FinalizeJob {
     }
 }
 
+impl Drop for FinalizeJob {
+    /// The finalize ended (also if it unwound): those waiting for it go on.
+    fn drop(&mut self) {
+        let me = std::thread::current().id();
+        let mut running = FINALIZE_JOBS.lock();
+        if let Some(i) = running
+            .iter()
+            .position(|&(c, t)| c == self.client && t == me)
+        {
+            running.remove(i);
+        }
+        FINALIZE_ENDED.notify_all();
+    }
+}
+
 /// `kreplay_client_finalize_t` handed to every tool's initialize.
 unsafe extern "C" fn client_finalize(client: ClientId) {
     let _ = std::panic::catch_unwind(|| finalize_client(client.handle));
@@ -669,11 +726,14 @@ fn finalize_client(handle: u32) {
                 None
             }
             Some(tool) => {
-                crate::kreplay_warn!(
-                    "tool {} asked to be finalized while {:?}; ignored",
-                    describe(&tool.summary),
-                    tool.summary.state
-                );
+                let finalizing = FINALIZE_JOBS.lock().iter().any(|&(c, _)| c == handle);
+                if !finalizing {
+                    crate::kreplay_warn!(
+                        "tool {} asked to be finalized while {:?}; ignored",
+                        describe(&tool.summary),
+                        tool.summary.state
+                    );
+                }
                 None
             }
             None => {
@@ -682,8 +742,10 @@ fn finalize_client(handle: u32) {
             }
         }
     };
-    if let Some(job) = job {
-        job.run();
+    match job {
+        Some(job) => job.run(),
+        // Finalized already, or being finalized by another thread: return once that is done.
+        None => wait_for_finalizes(Some(handle)),
     }
 }
 
