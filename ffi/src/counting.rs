@@ -111,16 +111,24 @@ fn catalogue(agent: u64) -> Result<Arc<Catalogue>, CountingFailure> {
         });
         strings.extend([name, description, block]);
     }
-    let catalogue = Arc::new(Catalogue {
-        counters,
-        infos,
-        _strings: strings,
-    });
+    Ok(publish(
+        agent,
+        Catalogue {
+            counters,
+            infos,
+            _strings: strings,
+        },
+    ))
+}
+
+/// Makes `catalogue` the one of `agent` and returns the agent's catalogue.
+fn publish(agent: u64, catalogue: Catalogue) -> Arc<Catalogue> {
+    let catalogue = Arc::new(catalogue);
     CATALOGUES
         .lock()
         .get_or_insert_with(HashMap::new)
         .insert(agent, Arc::clone(&catalogue));
-    Ok(catalogue)
+    catalogue
 }
 
 /// The counters of `agent` (for HSA: an `hsa_agent_t` handle).
@@ -533,4 +541,48 @@ pub unsafe extern "C" fn kreplay_configure_dispatch_counting_service(
             Err(status) => status,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_counter(name: &str) -> Catalogue {
+        let name = CString::new(name).unwrap();
+        let info = CounterInfo {
+            size: size_of::<CounterInfo>() as u64,
+            id: CounterId { handle: 1 },
+            name: name.as_ptr(),
+            description: name.as_ptr(),
+            block: name.as_ptr(),
+            block_limit: 1,
+            is_derived: 0,
+        };
+        Catalogue {
+            counters: Vec::new(),
+            infos: vec![info],
+            _strings: vec![name],
+        }
+    }
+
+    /// Two threads building an agent's catalogue at the same time (both found none) must end up
+    /// with the same one: the strings handed out from the first stay alive (kreplay.h: "Strings
+    /// have static storage"), which they would not if the second replaced it.
+    #[test]
+    fn a_catalogue_built_twice_for_one_agent_keeps_the_first_one_published() {
+        let agent = 0xcafe_0001;
+        let first = publish(agent, one_counter("FIRST"));
+        let name = first.infos[0].name;
+        drop(first);
+        let second = publish(agent, one_counter("SECOND"));
+        assert_eq!(
+            second.infos[0].name, name,
+            "the agent's catalogue was replaced: the strings handed out from the first are freed"
+        );
+        // SAFETY: `name` points into the catalogue kept in CATALOGUES, alive for the process.
+        assert_eq!(
+            unsafe { std::ffi::CStr::from_ptr(name) }.to_str(),
+            Ok("FIRST")
+        );
+    }
 }
