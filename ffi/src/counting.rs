@@ -121,14 +121,16 @@ fn catalogue(agent: u64) -> Result<Arc<Catalogue>, CountingFailure> {
     ))
 }
 
-/// Makes `catalogue` the one of `agent` and returns the agent's catalogue.
+/// Makes `catalogue` the one of `agent` unless another thread published one first, and returns
+/// the agent's catalogue. The first one stays for the process: its strings were handed out.
 fn publish(agent: u64, catalogue: Catalogue) -> Arc<Catalogue> {
-    let catalogue = Arc::new(catalogue);
-    CATALOGUES
-        .lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(agent, Arc::clone(&catalogue));
-    catalogue
+    Arc::clone(
+        CATALOGUES
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .entry(agent)
+            .or_insert_with(|| Arc::new(catalogue)),
+    )
 }
 
 /// The counters of `agent` (for HSA: an `hsa_agent_t` handle).
