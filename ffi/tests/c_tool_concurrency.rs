@@ -168,3 +168,12 @@ fn on_unload_ends_only_after_a_finalize_the_tool_started_on_its_own_thread() {
         &[("PROBE_MODE", "unload"), ("PROBE_TRIGGER_AT", "3")],
     );
 }
+
+#[test]
+fn a_replay_whose_owner_another_thread_stops_mid_loop_ends_after_that_pass_silently() {
+    let name = "a_replay_whose_owner_another_thread_stops_mid_loop_ends_after_that_pass_silently";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(name, &["owner_stop.c"], &[]);
+}
