@@ -177,3 +177,13 @@ fn a_replay_whose_owner_another_thread_stops_mid_loop_ends_after_that_pass_silen
     }
     scenario(name, &["owner_stop.c"], &[]);
 }
+
+#[test]
+fn counting_masked_to_one_pass_of_overlapping_replays_counts_that_pass_of_each_dispatch() {
+    let name =
+        "counting_masked_to_one_pass_of_overlapping_replays_counts_that_pass_of_each_dispatch";
+    if in_child(name) {
+        return two_agents_child(2, 3);
+    }
+    scenario(name, &["overlap.c"], &[("PROBE_MODE", "count")]);
+}

@@ -9,6 +9,8 @@
  *   - every replayed dispatch ran its own N passes and its user_data came back in every callback,
  *   - the tracing context got exactly one ENQUEUE ENTER, one ENQUEUE EXIT (same user_data) and
  *     one COMPLETE per replayed dispatch, all in pass k of that dispatch, nothing from other passes.
+ * PROBE_MODE=count: a dispatch counting context is masked like the tracing context; its callbacks
+ * and records must come in pass k of each dispatch only, with that dispatch's id and agent.
  * PROBE_MODE=stop_other: PASS ENTER of every replayed pass additionally stops and restarts (through
  * kreplay_stop_context / kreplay_start_context) a second, never-masked tracing context whose records
  * are only counted: the other agent's replay may or may not see it, but nothing may break.
@@ -27,7 +29,13 @@
 #define MAGIC 0x5eed000000000000ull
 
 static const char* mode;
-static kreplay_context_id_t replay_ctx, trace_ctx, other_ctx;
+static kreplay_context_id_t replay_ctx, trace_ctx, other_ctx, count_ctx;
+/* PROBE_MODE=count: a dispatch counting context masked like the tracing context */
+static struct {
+    uint64_t agent;
+    kreplay_counter_config_id_t config;
+} configs[2];
+static atomic_int count_records[MAX_DISPATCH], count_wrong[MAX_DISPATCH];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 static uint64_t waiting_agent; /* the agent whose first PASS ENTER waits for the other's */
@@ -131,9 +139,10 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
     {
         uint64_t k = traced_pass(id), cur = p->current_pass;
         kreplay_status_t s = KREPLAY_STATUS_SUCCESS;
-        if (cur == 0 && k != 0) s = p->replay_stop_context(trace_ctx);
-        if (cur == k && k != 0) s = p->replay_start_context(trace_ctx);
-        if (cur == k + 1) s = p->replay_stop_context(trace_ctx);
+        int counting = strcmp(mode, "count") == 0;
+        if (cur == 0 && k != 0) s = p->replay_stop_context(trace_ctx) | (counting ? p->replay_stop_context(count_ctx) : 0);
+        if (cur == k && k != 0) s = p->replay_start_context(trace_ctx) | (counting ? p->replay_start_context(count_ctx) : 0);
+        if (cur == k + 1) s = p->replay_stop_context(trace_ctx) | (counting ? p->replay_stop_context(count_ctx) : 0);
         if (s != KREPLAY_STATUS_SUCCESS) atomic_fetch_add(&toggles_failed, 1);
     }
     if (strcmp(mode, "stop_other") == 0) {
@@ -174,6 +183,52 @@ static void on_other(kreplay_callback_tracing_record_t record, kreplay_user_data
     atomic_fetch_add(&other_records, 1);
 }
 
+static kreplay_status_t first_counter(kreplay_agent_id_t agent, const kreplay_counter_info_t* c, size_t n,
+                                      void* ud) {
+    kreplay_counter_config_id_t* out = ud;
+    if (n > 0) kreplay_create_counter_config(agent, &c[0].id, 1, out);
+    return KREPLAY_STATUS_SUCCESS;
+}
+
+/* The configuration of `agent`, created the first time (under the lock). */
+static kreplay_counter_config_id_t config_of(uint64_t agent) {
+    kreplay_counter_config_id_t none = {0};
+    int i;
+    pthread_mutex_lock(&lock);
+    for (i = 0; i < 2; i++) {
+        if (configs[i].agent == agent) break;
+        if (configs[i].agent == 0) {
+            kreplay_agent_id_t a = {agent};
+            configs[i].agent = agent;
+            kreplay_iterate_agent_counters(a, first_counter, &configs[i].config);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return i < 2 ? configs[i].config : none;
+}
+
+static void pick(kreplay_kernel_dispatch_info_t info, uint64_t pass, kreplay_counter_config_id_t* out, void* data) {
+    (void)data;
+    if (info.dispatch_id < MAX_DISPATCH && pass != traced_pass(info.dispatch_id))
+        atomic_fetch_add(&count_wrong[info.dispatch_id], 1);
+    *out = config_of(info.agent_id.handle);
+}
+
+static void records_cb(kreplay_kernel_dispatch_info_t info, const kreplay_counter_record_t* r, size_t n, void* data) {
+    size_t i;
+    (void)data;
+    for (i = 0; i < n; i++) {
+        uint64_t id = r[i].dispatch_id;
+        if (id >= MAX_DISPATCH) continue;
+        if (id != info.dispatch_id || r[i].replay_pass != traced_pass(id) ||
+            r[i].agent_id.handle != info.agent_id.handle)
+            atomic_fetch_add(&count_wrong[id], 1);
+        else
+            atomic_fetch_add(&count_records[id], 1);
+    }
+}
+
 static int tool_init(kreplay_client_finalize_t fin, void* tool_data) {
     const uint32_t ops[] = {KREPLAY_KERNEL_DISPATCH_ENQUEUE, KREPLAY_KERNEL_DISPATCH_COMPLETE};
     (void)fin;
@@ -187,6 +242,11 @@ static int tool_init(kreplay_client_finalize_t fin, void* tool_data) {
                                                    on_trace, NULL) ||
         kreplay_configure_callback_tracing_service(other_ctx, KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, NULL, 0,
                                                    on_other, NULL))
+        return 1;
+    if (strcmp(mode, "count") == 0 &&
+        (kreplay_create_context(&count_ctx) ||
+         kreplay_configure_dispatch_counting_service(count_ctx, pick, records_cb, NULL) ||
+         kreplay_start_context(count_ctx)))
         return 1;
     return kreplay_start_context(replay_ctx) || kreplay_start_context(trace_ctx) || kreplay_start_context(other_ctx);
 }
@@ -216,6 +276,9 @@ const char* probe_report(void) {
         if (atomic_load(&wrong_pass[id]))
             problem("dispatch %lld: %lld tracing record(s) of a pass its context was masked off in", id,
                     atomic_load(&wrong_pass[id]));
+        if (strcmp(mode, "count") == 0 && (atomic_load(&count_wrong[id]) || atomic_load(&count_records[id]) != 1))
+            problem("dispatch %lld: counting callbacks or records outside its counted pass %lld (or not exactly one record in it)", id,
+                    atomic_load(&count_wrong[id]));
         if (atomic_load(&enter_n[id]) != 1 || atomic_load(&exit_n[id]) != 1 || atomic_load(&complete_n[id]) != 1)
             problem("dispatch %lld: tracing records in its traced pass: ENTER/EXIT/COMPLETE = %lld (x100/x10/x1), want 111", id,
                     atomic_load(&enter_n[id]) * 100 + atomic_load(&exit_n[id]) * 10 + atomic_load(&complete_n[id]));
