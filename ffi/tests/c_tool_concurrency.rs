@@ -187,3 +187,12 @@ fn counting_masked_to_one_pass_of_overlapping_replays_counts_that_pass_of_each_d
     }
     scenario(name, &["overlap.c"], &[("PROBE_MODE", "count")]);
 }
+
+#[test]
+fn a_context_another_thread_starts_between_enter_and_exit_gets_no_unpaired_exit() {
+    let name = "a_context_another_thread_starts_between_enter_and_exit_gets_no_unpaired_exit";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(name, &["start_between.c"], &[]);
+}

@@ -89,7 +89,7 @@ static void meet(uint64_t agent) {
         if (!met) {
             pthread_mutex_unlock(&lock);
             problem("the replay on agent %lld waited 30 s in PASS ENTER for a replay on another agent to "
-                    "start its passes: replays on different agents did not run at the same time%lld",
+                    "start its passes: replays on different agents did not run at the same time%.0lld",
                     (long long)agent, 0);
             return;
         }
@@ -264,11 +264,11 @@ kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char*
 
 const char* probe_report(void) {
     int id;
-    if (!met) problem("the replays on two agents never overlapped (%lld agents replayed)%lld", agents_seen, 0);
-    if (atomic_load(&replays) == 0) problem("nothing was replayed%lld%lld", 0, 0);
-    if (atomic_load(&bad_user_data)) problem("%lld callback(s) saw another dispatch's user_data%lld", atomic_load(&bad_user_data), 0);
-    if (atomic_load(&unpaired)) problem("%lld ENQUEUE EXIT(s) without their ENTER's user_data%lld", atomic_load(&unpaired), 0);
-    if (atomic_load(&toggles_failed)) problem("%lld context toggle(s) failed%lld", atomic_load(&toggles_failed), 0);
+    if (!met) problem("the replays on two agents never overlapped (%lld agents replayed)%.0lld", agents_seen, 0);
+    if (atomic_load(&replays) == 0) problem("nothing was replayed%.0lld%.0lld", 0, 0);
+    if (atomic_load(&bad_user_data)) problem("%lld callback(s) saw another dispatch's user_data%.0lld", atomic_load(&bad_user_data), 0);
+    if (atomic_load(&unpaired)) problem("%lld ENQUEUE EXIT(s) without their ENTER's user_data%.0lld", atomic_load(&unpaired), 0);
+    if (atomic_load(&toggles_failed)) problem("%lld context toggle(s) failed%.0lld", atomic_load(&toggles_failed), 0);
     for (id = 0; id < MAX_DISPATCH; id++) {
         if (!atomic_load(&replayed[id])) continue;
         if (atomic_load(&passes_run[id]) != (int)passes_of(id) || atomic_load(&passes_seen[id]) != (int)passes_of(id))

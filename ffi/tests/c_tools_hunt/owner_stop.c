@@ -138,7 +138,7 @@ const char* probe_report(void) {
     if (!atomic_load(&did_stop) || !atomic_load(&did_restart))
         problem("stop %lld, restart %lld: the scenario did not run", atomic_load(&did_stop), atomic_load(&did_restart));
     if (atomic_load(&owner_after))
-        problem("%lld owner callback(s) after kreplay_stop_context returned on another thread%lld",
+        problem("%lld owner callback(s) after kreplay_stop_context returned on another thread%.0lld",
                 atomic_load(&owner_after), 0);
     if (atomic_load(&traced_pass_mask[1]) != 0x3)
         problem("dispatch 1: its tracing context saw passes (bit mask) %lld, want passes 0 and 1 (%lld)",
