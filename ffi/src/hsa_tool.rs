@@ -346,16 +346,19 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
 }
 
 /// KERNEL_DISPATCH ENQUEUE of one submission (ordinary dispatches, `pass == None`, or one pass
-/// of a replay): [`enter`](Self::enter) delivers ENTER before it, [`exit`](Self::exit) EXIT after
-/// it, to every dispatch tracing service whose context is active on the calling thread at each
-/// call. ENTER and EXIT of one dispatch share a correlation id, the payload (what the tool wrote
-/// at ENTER stays) and, per service, the `user_data`. Both backends deliver through here.
+/// of a replay): [`enter`](Self::enter) delivers ENTER before it to every dispatch tracing
+/// service whose context is active on the calling thread, [`exit`](Self::exit) EXIT after it to
+/// those of them still active then (a context started in between gets no EXIT without its
+/// ENTER). ENTER and EXIT of one dispatch share a correlation id, the payload (what the tool
+/// wrote at ENTER stays) and, per service, the `user_data`. Both backends deliver through here.
 pub(crate) struct EnqueueRecords {
     tracers: Arc<[CallbackService]>,
     payloads: Vec<KernelDispatchData>,
     correlation: Vec<u64>,
     /// One per (service, dispatch), service-major.
     user_data: Vec<UserData>,
+    /// Whether the service received the dispatch's ENTER; indexed like `user_data`.
+    entered: Vec<bool>,
 }
 
 impl EnqueueRecords {
@@ -377,11 +380,13 @@ impl EnqueueRecords {
             .map(|_| services::next_correlation_id())
             .collect();
         let user_data = vec![UserData::ZERO; tracers.len() * infos.len()];
+        let entered = vec![false; tracers.len() * infos.len()];
         let mut records = EnqueueRecords {
             tracers,
             payloads,
             correlation,
             user_data,
+            entered,
         };
         records.deliver(CallbackPhase::ENTER);
         records
@@ -403,8 +408,15 @@ impl EnqueueRecords {
                     decline_reason: DeclineReason::NONE,
                     payload: (payload as *mut KernelDispatchData).cast::<c_void>(),
                 };
+                let at = s * dispatches + d;
+                if phase == CallbackPhase::EXIT && !self.entered[at] {
+                    continue;
+                }
                 // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
-                unsafe { service.deliver(&event, &mut self.user_data[s * dispatches + d]) };
+                let delivered = unsafe { service.deliver(&event, &mut self.user_data[at]) };
+                if phase == CallbackPhase::ENTER {
+                    self.entered[at] = delivered;
+                }
             }
         }
     }
