@@ -196,3 +196,13 @@ fn a_context_another_thread_starts_between_enter_and_exit_gets_no_unpaired_exit(
     }
     scenario(name, &["start_between.c"], &[]);
 }
+
+#[test]
+fn a_replay_owner_stopped_and_restarted_inside_a_replay_gets_no_exit_without_its_enter() {
+    let name =
+        "a_replay_owner_stopped_and_restarted_inside_a_replay_gets_no_exit_without_its_enter";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    scenario(name, &["owner_pairs.c"], &[]);
+}
