@@ -482,6 +482,9 @@ pub(crate) struct CReplayTool {
     payload: KernelReplayData,
     user_data: UserData,
     correlation_id: u64,
+    /// Per KERNEL_REPLAY operation: whether the owner received the ENTER now open, so that it
+    /// gets the EXIT only then (a context started again in between gets no EXIT alone).
+    entered: [bool; KernelReplayOperation::LAST.0 as usize],
 }
 
 impl CReplayTool {
@@ -491,6 +494,7 @@ impl CReplayTool {
             payload: KernelReplayData::new(KernelDispatchInfo::default()),
             user_data: UserData::ZERO,
             correlation_id: 0,
+            entered: [false; KernelReplayOperation::LAST.0 as usize],
         }
     }
 
@@ -506,6 +510,10 @@ impl CReplayTool {
         let Some(owner) = self.owner else {
             return false;
         };
+        let entered = self.entered.get_mut(operation.0 as usize);
+        if phase == CallbackPhase::EXIT && !entered.is_some_and(|entered| *entered) {
+            return false;
+        }
         let event = TraceEvent {
             operation: operation.0,
             phase,
@@ -515,7 +523,15 @@ impl CReplayTool {
         };
         // SAFETY: `payload` points to the KERNEL_REPLAY payload type the header documents for
         // `operation`, alive and exclusively ours for the call.
-        unsafe { owner.deliver_if_started(&event, &mut self.user_data) }
+        let delivered = unsafe { owner.deliver_if_started(&event, &mut self.user_data) };
+        if let Some(entered) = self.entered.get_mut(operation.0 as usize) {
+            match phase {
+                CallbackPhase::ENTER => *entered = delivered,
+                CallbackPhase::EXIT => *entered = false,
+                _ => {}
+            }
+        }
+        delivered
     }
 
     /// Calls one of the owner's function callbacks (pass count, continue) while its context is
@@ -819,6 +835,7 @@ mod tests {
         let mut t = tool();
         assert_eq!(t.config_enter(&info).pass_count, Some(3));
 
+        t.snapshot(&info, Phase::Enter, &MemoryOpReport::default());
         t.snapshot(
             &info,
             Phase::Exit,
@@ -843,6 +860,7 @@ mod tests {
             next_pass: 2,
             next_may_be_final: true,
         };
+        t.restore(&info, Phase::Enter, &request, &MemoryOpReport::default());
         t.restore(
             &info,
             Phase::Exit,
@@ -860,6 +878,7 @@ mod tests {
             (Status::ERROR_RESTORE_FAILED, 900, 1)
         );
 
+        t.restore(&info, Phase::Enter, &request, &MemoryOpReport::default());
         t.restore(
             &info,
             Phase::Exit,
@@ -928,6 +947,8 @@ mod tests {
             ),
         ];
         for (outcome, expected) in endings {
+            // An EXIT reaches the owner only after its ENTER.
+            t.config_enter(&info);
             t.config_exit(&info, &outcome);
             let (operation, phase, record_reason, replay, _) = last();
             assert_eq!(
