@@ -206,3 +206,63 @@ fn a_replay_owner_stopped_and_restarted_inside_a_replay_gets_no_exit_without_its
     }
     scenario(name, &["owner_pairs.c"], &[]);
 }
+
+/// kreplay loaded; an application thread runs `rounds` rounds over `buffers` buffers of GPU
+/// agent 0 while the main thread calls OnUnload as soon as the tool's `probe_unload_go` says so;
+/// results checked; the tool's report.
+fn unload_while_dispatching_child(buffers: usize, rounds: u32) {
+    let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let tool = std::env::var("KREPLAY_TOOL_LIBRARIES").unwrap();
+    let mut problems = Vec::new();
+    {
+        // SAFETY: the table stays alive and valid while `hsa` is used.
+        let hsa = unsafe { kreplay_softhsa::testing::Hsa::from_table(table.table()) };
+        let session = hsa.init().expect("hsa_init");
+        // SAFETY: the tool is loaded by kreplay; `probe_unload_go` has this signature.
+        let lib = unsafe { libloading::Library::new(&tool) }.expect("tool library");
+        // SAFETY: as above.
+        let go = unsafe {
+            *lib.get::<extern "C" fn() -> i32>(b"probe_unload_go\0")
+                .unwrap()
+        };
+        let hsa = &hsa;
+        std::thread::scope(|s| {
+            let app = s.spawn(move || {
+                let mut app = App::new(hsa, 0, buffers);
+                let mut problems = Vec::new();
+                for _ in 0..rounds {
+                    problems.extend(app.round());
+                }
+                problems.extend(app.check());
+                problems
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while go() == 0 && std::time::Instant::now() < deadline && !app.is_finished() {
+                std::thread::yield_now();
+            }
+            // SAFETY: the runtime's shutdown call (here while the application still runs).
+            unsafe { (loaded.on_unload)() };
+            problems.extend(app.join().unwrap());
+        });
+        drop(session);
+    }
+    let r = tool_report(std::path::Path::new(&tool));
+    if !r.is_empty() {
+        problems.push(format!("tool: {r}"));
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
+
+#[test]
+fn on_unload_in_the_middle_of_a_replay_leaves_the_application_data_as_single_runs_would() {
+    let name =
+        "on_unload_in_the_middle_of_a_replay_leaves_the_application_data_as_single_runs_would";
+    if in_child(name) {
+        return unload_while_dispatching_child(2, 4);
+    }
+    scenario(name, &["unload_mid_replay.c"], &[]);
+}
