@@ -53,6 +53,13 @@ fn no_counter_record_reaches_a_tool_that_finalized_itself_while_its_dispatch_was
 /// `buffers` buffers of its agent at the same time as the other; results checked; OnUnload; the
 /// tools' reports.
 fn two_agents_child(buffers: usize, rounds: u32) {
+    two_threads_child(buffers, rounds, [0, 1]);
+}
+
+/// kreplay loaded; two application threads, on GPU agents `agents`, each run `rounds` rounds
+/// over `buffers` buffers of their own at the same time; results checked; OnUnload; the tools'
+/// reports.
+fn two_threads_child(buffers: usize, rounds: u32, agents: [usize; 2]) {
     let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
     let loaded = load_kreplay(&mut table);
     let mut problems = Vec::new();
@@ -64,11 +71,16 @@ fn two_agents_child(buffers: usize, rounds: u32) {
         let hsa = unsafe { kreplay_softhsa::testing::Hsa::from_table(table.table()) };
         let session = hsa.init().expect("hsa_init");
         let hsa = &hsa;
+        // Both applications set up their buffers (plain CPU stores, which a replay of the other
+        // could not fence on a shared agent) before either dispatches.
+        let ready = &std::sync::Barrier::new(2);
         let per_agent: Vec<Vec<String>> = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..2)
+            let threads: Vec<_> = agents
+                .into_iter()
                 .map(|agent| {
                     s.spawn(move || {
                         let mut app = App::new(hsa, agent, buffers);
+                        ready.wait();
                         let mut problems = Vec::new();
                         for _ in 0..rounds {
                             problems.extend(app.round());
@@ -265,4 +277,13 @@ fn on_unload_in_the_middle_of_a_replay_leaves_the_application_data_as_single_run
         return unload_while_dispatching_child(2, 4);
     }
     scenario(name, &["unload_mid_replay.c"], &[]);
+}
+
+#[test]
+fn replays_of_two_threads_on_one_agent_keep_their_own_passes_user_data_and_masks() {
+    let name = "replays_of_two_threads_on_one_agent_keep_their_own_passes_user_data_and_masks";
+    if in_child(name) {
+        return two_threads_child(2, 4, [0, 0]);
+    }
+    scenario(name, &["overlap.c"], &[("PROBE_MODE", "same_agent")]);
 }
