@@ -582,9 +582,7 @@ mod tests {
             "the agent's catalogue was replaced: the strings handed out from the first are freed"
         );
         // SAFETY: `name` points into the catalogue kept in CATALOGUES, alive for the process.
-        assert_eq!(
-            unsafe { std::ffi::CStr::from_ptr(name) }.to_str(),
-            Ok("FIRST")
-        );
+        let kept = unsafe { std::ffi::CStr::from_ptr(name) };
+        assert_eq!(kept.to_str(), Ok("FIRST"));
     }
 }

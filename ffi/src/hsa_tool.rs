@@ -645,8 +645,11 @@ impl ReplayTool for CReplayTool {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         };
         let (info, user_data) = (self.payload.dispatch_info, self.user_data);
-        // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented arguments.
-        let Some(n) = self.call_owner(|| unsafe { pass_count(info, user_data) }) else {
+        let Some(n) = self.call_owner(|| {
+            // SAFETY: the tool's own `kreplay_pass_count_cb_t`, called with the documented
+            // arguments.
+            unsafe { pass_count(info, user_data) }
+        }) else {
             return kreplay_passloop::ToolAnswer::OPT_OUT;
         };
         kreplay_passloop::ToolAnswer::new(Some(n), self.payload.replay_continue.is_some())
@@ -689,10 +692,11 @@ impl ReplayTool for CReplayTool {
     ) -> bool {
         let (info, user_data) = (self.payload.dispatch_info, self.user_data);
         let next = match self.payload.replay_continue {
-            // SAFETY: the tool's own `kreplay_continue_cb_t`, called with the documented arguments.
-            Some(f) => {
-                self.call_owner(|| unsafe { f(info, current_pass, total_passes, user_data) != 0 })
-            }
+            Some(f) => self.call_owner(|| {
+                // SAFETY: the tool's own `kreplay_continue_cb_t`, called with the documented
+                // arguments.
+                unsafe { f(info, current_pass, total_passes, user_data) != 0 }
+            }),
             None => self.call_owner(|| true),
         };
         // None: finalized (or its context stopped) since: no more passes for it.
