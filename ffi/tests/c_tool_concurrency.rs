@@ -287,3 +287,17 @@ fn replays_of_two_threads_on_one_agent_keep_their_own_passes_user_data_and_masks
     }
     scenario(name, &["overlap.c"], &[("PROBE_MODE", "same_agent")]);
 }
+
+#[test]
+fn a_tool_finalizing_itself_in_a_callback_that_on_unload_waits_for_is_finalized_after_it() {
+    let name =
+        "a_tool_finalizing_itself_in_a_callback_that_on_unload_waits_for_is_finalized_after_it";
+    if in_child(name) {
+        return unload_while_dispatching_child(2, 4);
+    }
+    scenario(
+        name,
+        &["unload_mid_replay.c"],
+        &[("PROBE_MODE", "finalize_in_callback")],
+    );
+}
