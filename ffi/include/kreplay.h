@@ -884,8 +884,8 @@ typedef struct kreplay_client_id_t {
  *  tool is called after it (its pass-count and continue callbacks neither: a replay in progress
  *  goes on without it); from another thread, its finalize waits (at most 10 s) for its callbacks
  *  running on other threads. From initialize, its services are given back for later tools.
- *  A call while another thread finalizes the tool (this function, or OnUnload) returns once
- *  that finalize has run (at most 10 s), and OnUnload returns only after it. */
+ *  A call from outside callbacks while another thread finalizes the tool (this function, or
+ *  OnUnload) returns once that finalize has run (at most 10 s); OnUnload returns only after it. */
 typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);
 
 /** The tool's initialize: create, configure and start contexts here. Return 0 on success; any

@@ -619,8 +619,12 @@ static FINALIZE_JOBS: Mutex<Vec<(u32, std::thread::ThreadId)>> = Mutex::new(Vec:
 static FINALIZE_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
 
 /// Waits until no finalize of `client` (any tool when `None`) runs on another thread (one this
-/// thread runs, which it is inside of, is not waited for), at most [`FINALIZE_WAIT`].
+/// thread runs, which it is inside of, is not waited for), at most [`FINALIZE_WAIT`]. Not from
+/// inside a callback: a finalize in progress waits for the callbacks of its tool, perhaps this one.
 fn wait_for_finalizes(client: Option<u32>) {
+    if crate::services::in_callback() {
+        return;
+    }
     let me = std::thread::current().id();
     let deadline = std::time::Instant::now() + FINALIZE_WAIT;
     let mut running = FINALIZE_JOBS.lock();

@@ -266,6 +266,13 @@ pub(crate) fn call_if_active<R>(
     active.then(call)
 }
 
+/// Whether a tool callback runs on this thread now (this thread is inside it).
+pub(crate) fn in_callback() -> bool {
+    RUNNING_HERE
+        .try_with(|h| !h.borrow().is_empty())
+        .unwrap_or(false)
+}
+
 /// Waits until no callback of `contexts` runs on another thread (ones running on this thread,
 /// which is inside them, are not waited for), at most `limit`; false when some still ran then.
 /// Called once the contexts are stopped: no new callback of theirs starts.
