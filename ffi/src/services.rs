@@ -223,6 +223,10 @@ struct Running(ContextId);
 impl Running {
     fn enter(context: ContextId) -> Running {
         running_slot(context).fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `wait_for_callbacks`: either this callback's started check
+        // (after the fence) sees the stop, or the finalize's count (after its fence) sees this
+        // callback. The stop and the check are not SeqCst themselves, so the fences order them.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let _ = RUNNING_HERE.try_with(|h| h.borrow_mut().push(context));
         Running(context)
     }
@@ -291,6 +295,11 @@ pub(crate) fn wait_for_callbacks(contexts: &[ContextId], limit: std::time::Durat
             slot.load(Ordering::SeqCst) > here_in(slot)
         })
     };
+    // The contexts were stopped before this call (a Release store): the fence orders that
+    // store before the counts read below, as `Running::enter` orders its count before its
+    // started check. Without both, a callback could pass its check while this reads its slot
+    // as idle (a store waiting in this CPU's buffer while the count is read).
+    std::sync::atomic::fence(Ordering::SeqCst);
     let deadline = std::time::Instant::now() + limit;
     RUNNING_WAITERS.fetch_add(1, Ordering::SeqCst);
     let mut lock = RUNNING_LOCK.lock();
