@@ -623,7 +623,12 @@ impl App {
 
     /// Waits until `signal` is 0, at most [`WAIT`]; returns the value it ended at.
     pub fn wait_zero(&self, signal: hsa_signal_t) -> i64 {
-        let deadline = Instant::now() + WAIT;
+        self.wait_zero_within(signal, WAIT)
+    }
+
+    /// Waits until `signal` is 0, at most `limit`; returns the value it ended at.
+    pub fn wait_zero_within(&self, signal: hsa_signal_t, limit: Duration) -> i64 {
+        let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let ticks =
