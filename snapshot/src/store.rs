@@ -264,8 +264,18 @@ static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
 /// disk is an error now, not a fault while copying), map it, and unlink it at once so it
 /// disappears with the mapping even if the process dies.
+///
+/// A file larger than the process may write (`RLIMIT_FSIZE`) is refused before it is made:
+/// growing a file past that limit raises SIGXFSZ, which ends a process that left the signal at
+/// its default action.
 fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
     let size = usize::try_from(len).map_err(|_| "size exceeds the address space")?;
+    if let Some(limit) = file_size_limit().filter(|limit| len > *limit) {
+        return Err(format!(
+            "a spill file of {len} bytes exceeds the process's file size limit \
+             (RLIMIT_FSIZE) of {limit} bytes"
+        ));
+    }
     let name = format!(
         "kreplay-spill-{}-{}",
         std::process::id(),
@@ -304,4 +314,38 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
         _file: file,
         path,
     })
+}
+
+/// The process's file size limit (the soft `RLIMIT_FSIZE`) in bytes, from `/proc/self/limits`;
+/// `None` when unlimited or where it cannot be read.
+fn file_size_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    file_size_limit_in(&limits)
+}
+
+/// The soft "Max file size" of a `/proc/<pid>/limits` text (`None`: unlimited or absent).
+fn file_size_limit_in(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max file size"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_file_size_limit_is_read_from_proc_limits() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max cpu time              unlimited            unlimited            seconds   \n\
+                    Max file size             262144               unlimited            bytes     \n";
+        assert_eq!(file_size_limit_in(text), Some(262144));
+        let unlimited = text.replace("262144   ", "unlimited");
+        assert_eq!(file_size_limit_in(&unlimited), None);
+        assert_eq!(file_size_limit_in("Max cpu time 1 1 seconds\n"), None);
+    }
 }
