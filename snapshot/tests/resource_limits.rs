@@ -111,6 +111,22 @@ fn set_limit(resource: libc::__rlimit_resource_t, bytes: u64) {
     assert_eq!(rc, 0, "setrlimit: {}", std::io::Error::last_os_error());
 }
 
+/// Sets the soft limit of `resource` to `bytes`, returning the soft limit it had.
+fn set_soft_limit(resource: libc::__rlimit_resource_t, bytes: u64) -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid out-parameter.
+    assert_eq!(unsafe { libc::getrlimit(resource, &mut limit) }, 0);
+    let was = limit.rlim_cur;
+    limit.rlim_cur = bytes.min(limit.rlim_max);
+    // SAFETY: `limit` is a valid rlimit; a soft limit of this (child) process only.
+    let rc = unsafe { libc::setrlimit(resource, &limit) };
+    assert_eq!(rc, 0, "setrlimit: {}", std::io::Error::last_os_error());
+    was
+}
+
 fn file_tier(dir: &std::path::Path) -> SnapshotConfig {
     SnapshotConfig::default()
         .with_store(StoreTier::File)
@@ -152,5 +168,56 @@ scenarios! {
         drop(s);
         drop(snap);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// The process's virtual memory size now, from `/proc/self/status`.
+fn vm_size() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("VmSize in /proc/self/status");
+    kib * 1024
+}
+
+scenarios! {
+    /// An address-space limit (`RLIMIT_AS`) that leaves room for a small host store but not for
+    /// the stack of any thread of the copy pool, met at the first snapshot of the process: the
+    /// snapshot is declined (`snapshot_failed`) with memory untouched, nothing panics, and once
+    /// the limit is raised again the pool starts and replays snapshot and restore as before.
+    fn a_copy_pool_that_cannot_start_a_thread_declines_the_snapshot_without_a_panic() {
+        let dev = TestDevice::new(Caps {
+            host_visible: true,
+            ..Default::default()
+        });
+        let inv = Arc::new(Inventory::new());
+        let bufs: Vec<u64> = (0..4)
+            .map(|i| dev.alloc(&inv, 64 << 10, 1, MemoryKind::CoarseDevice, i))
+            .collect();
+        let config = SnapshotConfig::default()
+            .with_store(StoreTier::Host)
+            .with_strategy(RestoreStrategy::Hash)
+            .with_chunk_size(4096);
+        let snap = snapshotter(&dev, &inv, config);
+        let unlimited = set_soft_limit(libc::RLIMIT_AS, vm_size() + (1 << 20));
+
+        let err = snap.snapshot(&Filter::for_replay(1)).err().expect("declined");
+        assert_eq!(err.reason(), "snapshot_failed", "{err}");
+        for (i, &b) in bufs.iter().enumerate() {
+            assert_eq!(dev.peek(b, 64 << 10), vec![i as u8; 64 << 10], "untouched");
+        }
+
+        set_soft_limit(libc::RLIMIT_AS, unlimited);
+        let mut s = snap.snapshot(&Filter::for_replay(1)).expect("a snapshot");
+        for &b in &bufs {
+            dev.poke(b, &[0xee; 100]);
+        }
+        s.restore(&FINAL).expect("a restore");
+        for (i, &b) in bufs.iter().enumerate() {
+            assert_eq!(dev.peek(b, 64 << 10), vec![i as u8; 64 << 10]);
+        }
     }
 }
