@@ -1,12 +1,46 @@
 //! The thread pool of kreplay's data-parallel copies, hashes and page scans: a pool of its own,
 //! not rayon's global one, which the application may be using (a replay waiting for the
 //! global pool's workers while the application keeps them waiting for that very replay's
-//! kernel would never end). Built on first use with rayon's default size; where it cannot be
-//! built, the work runs on the calling thread's pool as before.
+//! kernel would never end). Built on first use with rayon's default size, else with one
+//! thread; where no thread can be started (an address-space or thread limit), it is tried
+//! again at the next use, and [`ready`] says so: a snapshot checks it before it copies, so such
+//! a process has its replays declined rather than its copies sent to rayon's global pool (whose
+//! creation would fail too, and panic).
 
 use std::sync::OnceLock;
 
-static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+use parking_lot::Mutex;
+
+static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+/// Held while the pool is built, so two threads never start two pools.
+static BUILDING: Mutex<()> = Mutex::new(());
+
+/// kreplay's pool, started now if it was not; `None` while its threads cannot be started.
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    if let Some(pool) = POOL.get() {
+        return Some(pool);
+    }
+    let _building = BUILDING.lock();
+    if let Some(pool) = POOL.get() {
+        return Some(pool);
+    }
+    let build = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kreplay-pool-{i}"))
+            .build()
+    };
+    let pool = build(0).or_else(|_| build(1)).ok()?;
+    Some(POOL.get_or_init(|| pool))
+}
+
+/// Whether kreplay's pool runs (it is started now if it was not): once it does, it runs for
+/// the rest of the process, so every later [`install`] has it.
+pub fn ready() -> Result<(), String> {
+    pool().map(|_| ()).ok_or_else(|| {
+        "kreplay's copy pool cannot start a thread (address-space or thread limit)".into()
+    })
+}
 
 /// Runs `work`, which iterates over `items` in parallel, inside kreplay's pool: the parallel
 /// iterators it starts use that pool's workers. One item or none runs on the calling thread
@@ -16,14 +50,9 @@ pub fn install_for<R: Send>(items: usize, work: impl FnOnce() -> R + Send) -> R 
 }
 
 /// Runs `work` inside kreplay's pool: the parallel iterators it starts use that pool's workers.
+/// Where the pool cannot be started (which [`ready`] reports first), on the calling thread's.
 pub fn install<R: Send>(work: impl FnOnce() -> R + Send) -> R {
-    let pool = POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("kreplay-pool-{i}"))
-            .build()
-            .ok()
-    });
-    match pool {
+    match pool() {
         Some(pool) => pool.install(work),
         None => work(),
     }

@@ -360,6 +360,13 @@ impl Snapshotter {
     ) -> Result<Snapshot, SnapshotError> {
         let start = Instant::now();
         self.check_budget(plan.layout.bytes)?;
+        // Every copy, hash and restore of the snapshot runs on kreplay's pool: a process where
+        // it cannot start (no thread to be had) declines here, before anything is allocated.
+        crate::pool::ready().map_err(|detail| SnapshotError::StoreUnavailable {
+            tier: self.config.store,
+            bytes: plan.layout.store_len,
+            detail,
+        })?;
         let device: &dyn DeviceMemory = &*self.source.device;
         let caps = device.capabilities();
         // A footprint still followed after an earlier replay: continued from when this snapshot
