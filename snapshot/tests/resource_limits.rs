@@ -29,10 +29,17 @@ fn isolated(name: &str, scenario: fn()) {
         println!("{DONE_MARK}{name}");
         return;
     }
+    run_child(name, &[]);
+}
+
+/// Runs the test `name` in a child process with `env` added to its environment, and asserts
+/// it exited normally after finishing its scenario.
+fn run_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, name)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -219,5 +226,102 @@ scenarios! {
         for (i, &b) in bufs.iter().enumerate() {
             assert_eq!(dev.peek(b, 64 << 10), vec![i as u8; 64 << 10]);
         }
+    }
+}
+
+/// Set in the child of the cgroup scenario to the memory cgroup it moves itself into.
+const CGROUP_ENV: &str = "KREPLAY_SNAPSHOT_LIMITS_CGROUP";
+/// Set in the child of the cgroup scenario to its spill folder (the parent removes it).
+const SPILL_ENV: &str = "KREPLAY_SNAPSHOT_LIMITS_SPILL";
+
+/// A memory cgroup of its own limited to `limit` bytes (v1's memory controller, or v2), or
+/// `None` where this process may not make one (not root, no writable cgroup file system).
+fn memory_cgroup(limit: u64) -> Option<PathBuf> {
+    let name = format!("kreplay-limits-{}", std::process::id());
+    let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+    let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
+        (v1.join(name), "memory.limit_in_bytes")
+    } else {
+        (PathBuf::from("/sys/fs/cgroup").join(name), "memory.max")
+    };
+    std::fs::create_dir(&dir).ok()?;
+    let limited = std::fs::write(dir.join(file), limit.to_string()).is_ok()
+        && dir.join("cgroup.procs").exists();
+    if !limited {
+        let _ = std::fs::remove_dir(&dir);
+        return None;
+    }
+    Some(dir)
+}
+
+/// In the child: a 64 MiB footprint, then the process moves into a cgroup of 32 MiB and
+/// snapshots it under the budget derived at start-up (from the whole machine's memory).
+fn snapshot_in_a_small_cgroup() {
+    let dev = TestDevice::new(Caps {
+        host_visible: true,
+        ..Default::default()
+    });
+    let inv = Arc::new(Inventory::new());
+    let len = 64u64 << 20;
+    let a = dev.alloc(&inv, len, 1, MemoryKind::CoarseDevice, 7);
+    let dir = PathBuf::from(std::env::var(SPILL_ENV).expect("the spill folder"));
+    let config = SnapshotConfig::default()
+        .with_store(StoreTier::Auto)
+        .with_strategy(RestoreStrategy::Full)
+        .with_spill_dir(Some(dir.clone()))
+        .with_max_bytes(SnapshotConfig::budget_from_setting(0));
+    let snap = snapshotter(&dev, &inv, config);
+    let cgroup = PathBuf::from(std::env::var(CGROUP_ENV).expect("the cgroup"));
+    std::fs::write(cgroup.join("cgroup.procs"), std::process::id().to_string())
+        .expect("moved into the cgroup");
+
+    match snap.snapshot(&Filter::for_replay(1)) {
+        Ok(mut s) => {
+            assert_eq!(s.tier(), StoreTier::File, "not a host store over the limit");
+            dev.poke(a, &[0; 4096]);
+            s.restore(&FINAL).expect("a restore");
+        }
+        Err(err) => assert_eq!(err.reason(), "snapshot_failed", "{err}"),
+    }
+    // Read back a MiB at a time: a copy of the whole footprint would not fit the cgroup.
+    for at in (0..len).step_by(1 << 20) {
+        assert!(
+            dev.peek(a + at, 1 << 20).iter().all(|b| *b == 7),
+            "memory as it was"
+        );
+    }
+}
+
+/// A process whose memory cgroup has less room than the machine (a container) snapshots a
+/// footprint larger than that room: the host store, which the kernel would grant and then
+/// kill the process for touching, is not made; the snapshot spills to a file (or is declined)
+/// and the process lives on. Needs permission to make a memory cgroup; elsewhere it says so
+/// and checks nothing.
+#[test]
+fn a_host_store_larger_than_the_cgroups_memory_is_not_made() {
+    const NAME: &str = "a_host_store_larger_than_the_cgroups_memory_is_not_made";
+    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
+        snapshot_in_a_small_cgroup();
+        println!("{DONE_MARK}{NAME}");
+        return;
+    }
+    let Some(cgroup) = memory_cgroup(32 << 20) else {
+        eprintln!("no memory cgroup can be made here: scenario not run");
+        return;
+    };
+    let spill = scratch("cgroup");
+    let result = std::panic::catch_unwind(|| {
+        run_child(
+            NAME,
+            &[
+                (CGROUP_ENV, cgroup.as_os_str()),
+                (SPILL_ENV, spill.as_os_str()),
+            ],
+        )
+    });
+    let _ = std::fs::remove_dir(&cgroup);
+    let _ = std::fs::remove_dir_all(&spill);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
     }
 }
