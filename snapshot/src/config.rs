@@ -377,13 +377,13 @@ impl SnapshotConfig {
         }
     }
 
-    /// A budget derived from the host's available memory: `MemAvailable` from `/proc/meminfo`
-    /// minus a safety margin of a quarter of it or 512 MiB, whichever is larger (so a snapshot
-    /// never takes the last memory the application and the kernel need). `None` when
-    /// `/proc/meminfo` cannot be read (no budget; allocation failures are still caught).
+    /// A budget derived from the host's available memory ([`available_memory`]: `MemAvailable`
+    /// from `/proc/meminfo`, or less where the process's memory cgroup leaves less) minus a
+    /// safety margin of a quarter of it or 512 MiB, whichever is larger (so a snapshot never
+    /// takes the last memory the application and the kernel need). `None` when neither can be
+    /// read (no budget; allocation failures are still caught).
     pub fn derived_budget() -> Option<u64> {
-        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-        budget_from_meminfo(&text)
+        available_memory().map(budget_from_available)
     }
 
     /// Check the values that have limits, and that a spill folder, when one is set, is a folder
@@ -450,7 +450,20 @@ fn check_spill_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
 }
 
 /// The derivation rule of [`SnapshotConfig::derived_budget`] on a `/proc/meminfo` text.
+#[cfg(test)]
 pub(crate) fn budget_from_meminfo(meminfo: &str) -> Option<u64> {
+    mem_available(meminfo).map(budget_from_available)
+}
+
+/// What may be taken of `available` bytes: all but a quarter of it or 512 MiB, whichever is
+/// larger.
+pub(crate) fn budget_from_available(available: u64) -> u64 {
+    let margin = (available / 4).max(512 << 20);
+    available.saturating_sub(margin)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
     let kib: u64 = meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))?
@@ -459,9 +472,82 @@ pub(crate) fn budget_from_meminfo(meminfo: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()?;
-    let available = kib.checked_mul(1024)?;
-    let margin = (available / 4).max(512 << 20);
-    Some(available.saturating_sub(margin))
+    kib.checked_mul(1024)
+}
+
+/// Memory this process may still take before the kernel's OOM killer ends it: the machine's
+/// `MemAvailable`, or less where the memory cgroup it runs in (or one above it; v1's memory
+/// controller or v2) has less room left under its limit (its usage counting the inactive file
+/// cache, which the kernel reclaims before it kills). Read anew at each call. `None` when
+/// neither can be read.
+pub fn available_memory() -> Option<u64> {
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| mem_available(&t));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            cgroup_room(&t, std::path::Path::new("/sys/fs/cgroup"), |p| {
+                std::fs::read_to_string(p).ok()
+            })
+        });
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+}
+
+/// The least room left under a memory limit among the cgroups of a `/proc/self/cgroup` text
+/// and their ancestors, with the cgroup file systems mounted at `root` and files read by
+/// `read`; `None` where no limit is set.
+fn cgroup_room(
+    self_cgroup: &str,
+    root: &std::path::Path,
+    read: impl Fn(&std::path::Path) -> Option<String>,
+) -> Option<u64> {
+    // (limit, usage, inactive file cache in memory.stat)
+    const V1: [&str; 3] = [
+        "memory.limit_in_bytes",
+        "memory.usage_in_bytes",
+        "total_inactive_file",
+    ];
+    const V2: [&str; 3] = ["memory.max", "memory.current", "inactive_file"];
+    let mut least: Option<u64> = None;
+    for line in self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (top, files) = if controllers.is_empty() {
+            (root.to_path_buf(), V2)
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), V1)
+        } else {
+            continue;
+        };
+        let mut dir = top.join(path.trim_start_matches('/'));
+        loop {
+            let number = |file: &str| read(&dir.join(file))?.trim().parse::<u64>().ok();
+            // v1 writes "no limit" as a number near 2^63; v2 as "max" (which does not parse).
+            if let Some(limit) = number(files[0]).filter(|l| *l < 1 << 62) {
+                let usage = number(files[1]).unwrap_or(0);
+                let cache = read(&dir.join("memory.stat"))
+                    .and_then(|stat| {
+                        stat.lines()
+                            .find_map(|l| l.strip_prefix(files[2])?.strip_prefix(' '))
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    })
+                    .unwrap_or(0);
+                let room = limit.saturating_sub(usage.saturating_sub(cache));
+                least = Some(least.map_or(room, |l| l.min(room)));
+            }
+            if dir == top || !dir.pop() || !dir.starts_with(&top) {
+                break;
+            }
+        }
+    }
+    least
 }
 
 #[cfg(test)]
@@ -505,6 +591,70 @@ mod tests {
         assert_eq!(budget_from_meminfo(&small), Some(gib - (512 << 20)));
         assert_eq!(budget_from_meminfo("MemAvailable: 1000 kB\n"), Some(0));
         assert_eq!(budget_from_meminfo("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn the_room_left_is_the_least_of_every_limited_cgroup_and_its_ancestors() {
+        use std::collections::HashMap;
+        use std::path::{Path, PathBuf};
+        let mib = 1u64 << 20;
+        let files: HashMap<PathBuf, String> = [
+            // v1: the container's cgroup and the one above it, both limited.
+            (
+                "/cg/memory/pod/memory.limit_in_bytes",
+                format!("{}", 1024 * mib),
+            ),
+            (
+                "/cg/memory/pod/memory.usage_in_bytes",
+                format!("{}", 900 * mib),
+            ),
+            (
+                "/cg/memory/pod/memory.stat",
+                format!(
+                    "cache 1\ninactive_file 7\ntotal_inactive_file {}\n",
+                    100 * mib
+                ),
+            ),
+            (
+                "/cg/memory/pod/app/memory.limit_in_bytes",
+                "9223372036854771712".into(),
+            ),
+            (
+                "/cg/memory/pod/app/memory.usage_in_bytes",
+                format!("{}", 10 * mib),
+            ),
+            (
+                "/cg/memory/memory.limit_in_bytes",
+                format!("{}", 4096 * mib),
+            ),
+            (
+                "/cg/memory/memory.usage_in_bytes",
+                format!("{}", 1000 * mib),
+            ),
+            // v2: a limit of "max" is none.
+            ("/cg/user/memory.max", "max\n".into()),
+            ("/cg/user/memory.current", "5\n".into()),
+        ]
+        .into_iter()
+        .map(|(p, t)| (PathBuf::from(p), t))
+        .collect();
+        let read = |p: &Path| files.get(p).cloned();
+        let v1 = "9:pids:/pod\n4:cpu,memory:/pod/app\n0::/user\n";
+        // 1024 MiB less (900 - 100) MiB in use; the top's 3096 MiB is more; app is unlimited.
+        assert_eq!(cgroup_room(v1, Path::new("/cg"), read), Some(224 * mib));
+        assert_eq!(cgroup_room("0::/user\n", Path::new("/cg"), read), None);
+        assert_eq!(cgroup_room("", Path::new("/cg"), read), None);
+        // v2 under a limit, usage above it: no room.
+        let v2: HashMap<PathBuf, String> = [
+            ("/cg/a/memory.max", format!("{}", 64 * mib)),
+            ("/cg/a/memory.current", format!("{}", 80 * mib)),
+            ("/cg/a/b/memory.max", "max".into()),
+        ]
+        .into_iter()
+        .map(|(p, t)| (PathBuf::from(p), t))
+        .collect();
+        let read = |p: &Path| v2.get(p).cloned();
+        assert_eq!(cgroup_room("0::/a/b\n", Path::new("/cg"), read), Some(0));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use memmap2::{MmapMut, MmapOptions};
 use parking_lot::Mutex;
 
-use crate::config::{SnapshotConfig, StoreTier};
+use crate::config::{SnapshotConfig, StoreTier, budget_from_available};
 use crate::device::DeviceMemory;
 use crate::track::Followed;
 
@@ -240,6 +240,17 @@ impl StoreSource {
             }
             StoreTier::Host => {
                 let size = usize::try_from(len).map_err(|_| "size exceeds the address space")?;
+                // The kernel grants anonymous memory it does not have (overcommit), and ends
+                // the process when the copy touches it: a store larger than what may still be
+                // taken (the machine's or the cgroup's room, less a margin) is not made.
+                if let Some(available) = crate::config::available_memory()
+                    && len > budget_from_available(available)
+                {
+                    return Err(format!(
+                        "{len} bytes would leave too little memory: {available} bytes are \
+                         available (MemAvailable or the memory cgroup's room)"
+                    ));
+                }
                 let map = MmapOptions::new()
                     .len(size)
                     .map_anon()
