@@ -236,8 +236,8 @@ const SPILL_ENV: &str = "KREPLAY_SNAPSHOT_LIMITS_SPILL";
 
 /// A memory cgroup of its own limited to `limit` bytes (v1's memory controller, or v2), or
 /// `None` where this process may not make one (not root, no writable cgroup file system).
-fn memory_cgroup(limit: u64) -> Option<PathBuf> {
-    let name = format!("kreplay-limits-{}", std::process::id());
+fn memory_cgroup(name: &str, limit: u64) -> Option<PathBuf> {
+    let name = format!("kreplay-limits-{}-{name}", std::process::id());
     let v1 = PathBuf::from("/sys/fs/cgroup/memory");
     let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
         (v1.join(name), "memory.limit_in_bytes")
@@ -255,8 +255,9 @@ fn memory_cgroup(limit: u64) -> Option<PathBuf> {
 }
 
 /// In the child: a 64 MiB footprint, then the process moves into a cgroup of 32 MiB and
-/// snapshots it under the budget derived at start-up (from the whole machine's memory).
-fn snapshot_in_a_small_cgroup() {
+/// snapshots it under the budget derived at start-up (from the whole machine's memory);
+/// `declined`: the snapshot must be declined (no tier can hold it).
+fn snapshot_in_a_small_cgroup(declined: bool) {
     let dev = TestDevice::new(Caps {
         host_visible: true,
         ..Default::default()
@@ -277,6 +278,7 @@ fn snapshot_in_a_small_cgroup() {
 
     match snap.snapshot(&Filter::for_replay(1)) {
         Ok(mut s) => {
+            assert!(!declined, "a store of {:?} was made", s.tier());
             assert_eq!(s.tier(), StoreTier::File, "not a host store over the limit");
             dev.poke(a, &[0; 4096]);
             s.restore(&FINAL).expect("a restore");
@@ -292,27 +294,18 @@ fn snapshot_in_a_small_cgroup() {
     }
 }
 
-/// A process whose memory cgroup has less room than the machine (a container) snapshots a
-/// footprint larger than that room: the host store, which the kernel would grant and then
-/// kill the process for touching, is not made; the snapshot spills to a file (or is declined)
-/// and the process lives on. Needs permission to make a memory cgroup; elsewhere it says so
+/// Runs the test `name` in a child process that snapshots in a memory cgroup of 32 MiB,
+/// spilling into `spill` (removed afterwards); where no memory cgroup can be made, says so
 /// and checks nothing.
-#[test]
-fn a_host_store_larger_than_the_cgroups_memory_is_not_made() {
-    const NAME: &str = "a_host_store_larger_than_the_cgroups_memory_is_not_made";
-    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
-        snapshot_in_a_small_cgroup();
-        println!("{DONE_MARK}{NAME}");
-        return;
-    }
-    let Some(cgroup) = memory_cgroup(32 << 20) else {
+fn in_small_cgroup(name: &str, spill: PathBuf) {
+    let Some(cgroup) = memory_cgroup(name, 32 << 20) else {
         eprintln!("no memory cgroup can be made here: scenario not run");
+        let _ = std::fs::remove_dir_all(&spill);
         return;
     };
-    let spill = scratch("cgroup");
     let result = std::panic::catch_unwind(|| {
         run_child(
-            NAME,
+            name,
             &[
                 (CGROUP_ENV, cgroup.as_os_str()),
                 (SPILL_ENV, spill.as_os_str()),
@@ -324,4 +317,39 @@ fn a_host_store_larger_than_the_cgroups_memory_is_not_made() {
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+}
+
+/// A process whose memory cgroup has less room than the machine (a container) snapshots a
+/// footprint larger than that room: the host store, which the kernel would grant and then
+/// kill the process for touching, is not made; the snapshot spills to a file (or is declined)
+/// and the process lives on. Needs permission to make a memory cgroup; elsewhere it says so
+/// and checks nothing.
+#[test]
+fn a_host_store_larger_than_the_cgroups_memory_is_not_made() {
+    const NAME: &str = "a_host_store_larger_than_the_cgroups_memory_is_not_made";
+    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
+        snapshot_in_a_small_cgroup(false);
+        println!("{DONE_MARK}{NAME}");
+        return;
+    }
+    in_small_cgroup(NAME, scratch("cgroup"));
+}
+
+/// The same with the spill folder on a tmpfs (`/dev/shm`; `/tmp` is one on many systems),
+/// whose files are memory too: the spill file is not made either, the snapshot is declined
+/// and the process lives on. Needs a memory cgroup and a tmpfs at `/dev/shm`.
+#[test]
+fn a_spill_file_on_tmpfs_larger_than_the_cgroups_memory_is_not_made() {
+    const NAME: &str = "a_spill_file_on_tmpfs_larger_than_the_cgroups_memory_is_not_made";
+    if std::env::var(CHILD_ENV).as_deref() == Ok(NAME) {
+        snapshot_in_a_small_cgroup(true);
+        println!("{DONE_MARK}{NAME}");
+        return;
+    }
+    let spill = PathBuf::from(format!("/dev/shm/kreplay-limits-{}", std::process::id()));
+    if std::fs::create_dir(&spill).is_err() {
+        eprintln!("no folder can be made in /dev/shm: scenario not run");
+        return;
+    }
+    in_small_cgroup(NAME, spill);
 }
