@@ -287,6 +287,18 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
              (RLIMIT_FSIZE) of {limit} bytes"
         ));
     }
+    // A tmpfs keeps its files in memory: there a spill file is a host store the kernel
+    // would kill the process for (see the host tier).
+    if memory_backed(dir)
+        && let Some(available) = crate::config::available_memory()
+        && len > budget_from_available(available)
+    {
+        return Err(format!(
+            "{} keeps its files in memory (tmpfs): a spill file of {len} bytes would leave \
+             too little memory, {available} bytes are available",
+            dir.display()
+        ));
+    }
     let name = format!(
         "kreplay-spill-{}-{}",
         std::process::id(),
@@ -327,6 +339,65 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
     })
 }
 
+/// Whether `dir` lies on a file system that keeps its files in memory (tmpfs, ramfs): the type
+/// of the deepest mount point above it in `/proc/self/mountinfo` (false where unknown).
+fn memory_backed(dir: &Path) -> bool {
+    let (Ok(dir), Ok(mounts)) = (
+        dir.canonicalize(),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    fs_type_of(&dir, &mounts).is_some_and(|t| matches!(t, "tmpfs" | "ramfs"))
+}
+
+/// The file system type of the deepest mount point above `dir` in a mountinfo text (the last
+/// one listed where several are mounted on the same point).
+fn fs_type_of<'a>(dir: &Path, mountinfo: &'a str) -> Option<&'a str> {
+    let mut best: Option<(usize, &str)> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(point), Some(dash)) = (fields.get(4), fields.iter().position(|f| *f == "-"))
+        else {
+            continue;
+        };
+        let Some(fstype) = fields.get(dash + 1) else {
+            continue;
+        };
+        let point = PathBuf::from(unescape_mount_point(point));
+        if dir.starts_with(&point) {
+            let depth = point.components().count();
+            if best.is_none_or(|(d, _)| depth >= d) {
+                best = Some((depth, fstype));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// A mountinfo mount point with its octal escapes (`\040` for a space) undone.
+fn unescape_mount_point(point: &str) -> String {
+    let bytes = point.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The process's file size limit (the soft `RLIMIT_FSIZE`) in bytes, from `/proc/self/limits`;
 /// `None` when unlimited or where it cannot be read.
 fn file_size_limit() -> Option<u64> {
@@ -358,5 +429,21 @@ mod tests {
         let unlimited = text.replace("262144   ", "unlimited");
         assert_eq!(file_size_limit_in(&unlimited), None);
         assert_eq!(file_size_limit_in("Max cpu time 1 1 seconds\n"), None);
+    }
+
+    #[test]
+    fn a_folders_file_system_is_its_deepest_mount_points() {
+        let info = "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n\
+                    23 22 0:22 / /dev/shm rw,nosuid - tmpfs tmpfs rw,size=100k\n\
+                    24 22 0:23 / /tmp rw - tmpfs tmpfs rw\n\
+                    25 24 0:24 / /tmp rw shared:1 - ext4 /dev/vdb rw\n\
+                    26 22 0:25 / /mnt/odd\\040dir rw - ramfs none rw\n";
+        let of = |p: &str| fs_type_of(Path::new(p), info);
+        assert_eq!(of("/dev/shm/kreplay"), Some("tmpfs"));
+        assert_eq!(of("/dev/shmx"), Some("ext4"), "whole components only");
+        assert_eq!(of("/tmp/x"), Some("ext4"), "the last mount on a point wins");
+        assert_eq!(of("/mnt/odd dir/spill"), Some("ramfs"));
+        assert_eq!(of("/var/tmp"), Some("ext4"));
+        assert_eq!(fs_type_of(Path::new("/x"), ""), None);
     }
 }
