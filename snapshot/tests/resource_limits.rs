@@ -353,3 +353,42 @@ fn a_spill_file_on_tmpfs_larger_than_the_cgroups_memory_is_not_made() {
     }
     in_small_cgroup(NAME, spill);
 }
+
+scenarios! {
+    /// An address-space limit met after the copy pool runs: neither a host store nor a spill
+    /// file's mapping (nor the buffer that fills the file) fits, so every tier says no and the
+    /// snapshot is declined, nothing is left in the spill folder and the process lives on; a
+    /// snapshot that fits is taken and restored as before.
+    fn an_address_space_limit_declines_every_tier_without_an_abort() {
+        let dir = scratch("as");
+        let dev = TestDevice::new(Caps {
+            host_visible: true,
+            ..Default::default()
+        });
+        let inv = Arc::new(Inventory::new());
+        let small = dev.alloc(&inv, 64 << 10, 1, MemoryKind::CoarseDevice, 5);
+        let config = SnapshotConfig::default()
+            .with_store(StoreTier::Auto)
+            .with_strategy(RestoreStrategy::Full)
+            .with_chunk_size(4096)
+            .with_keep_store(false)
+            .with_spill_dir(Some(dir.clone()));
+        let snap = snapshotter(&dev, &inv, config);
+        drop(snap.snapshot(&Filter::for_replay(1)).expect("the pool starts"));
+        let big = dev.alloc(&inv, 64 << 20, 1, MemoryKind::CoarseDevice, 6);
+        let unlimited = set_soft_limit(libc::RLIMIT_AS, vm_size());
+
+        let err = snap.snapshot(&Filter::for_replay(1)).err().expect("declined");
+        assert_eq!(err.reason(), "snapshot_failed", "{err}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no spill file left");
+
+        set_soft_limit(libc::RLIMIT_AS, unlimited);
+        dev.free(&inv, big);
+        let mut s = snap.snapshot(&Filter::for_replay(1)).expect("a snapshot that fits");
+        dev.poke(small, &[0; 100]);
+        s.restore(&FINAL).unwrap();
+        assert_eq!(dev.peek(small, 64 << 10), vec![5; 64 << 10]);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
