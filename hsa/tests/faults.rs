@@ -234,6 +234,42 @@ scenarios! {
         env.still_replays(buf, 4096, 2);
     }
 
+    /// The file tier in a process whose file size limit (`RLIMIT_FSIZE`) is below the snapshot
+    /// and which left SIGXFSZ at its default action (ending the process): the replay is
+    /// declined as `snapshot_failed`, the dispatch runs once, nothing is left in the spill
+    /// folder, and once the limit is raised the next dispatch is replayed from a spill file.
+    fn a_spill_file_over_the_file_size_limit_declines_the_replay_and_runs_the_dispatch_once() {
+        let spill = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("faults-fsize-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&spill);
+        std::fs::create_dir_all(&spill).unwrap();
+        let mut options = runtime_copy_options(RestoreStrategy::Full);
+        options.snapshot = options.snapshot.with_store(StoreTier::File).with_spill_dir(Some(spill.clone()));
+        let env = setup(options);
+        env.hooks.set_script(Script::passes(3));
+        let init = values(4, 4096);
+        let buf = env.app.buffer(env.pools.coarse, &init);
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: `limit` is a valid out-parameter.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit) }, 0);
+        let unlimited = limit.rlim_cur;
+        limit.rlim_cur = 8 << 10;
+        // SAFETY: a valid rlimit; this scenario's process only.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+
+        let (_, outcome) = env.dispatch_with(FaultPlan::new(0), buf, 4096, 1);
+
+        assert_eq!(declined(&outcome), Some(DeclineReason::SnapshotFailed), "{outcome:?}");
+        assert_eq!(runs(1), 1, "the declined dispatch ran once");
+        assert_eq!(env.app.read(buf, 4096), plus(&init, 1), "memory as after one run");
+        assert_eq!(std::fs::read_dir(&spill).unwrap().count(), 0, "no spill file left");
+        limit.rlim_cur = unlimited;
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+        env.still_replays(buf, 4096, 2);
+        let _ = std::fs::remove_dir_all(&spill);
+    }
+
     /// No signal can be created: everything a replay needs is acquired before the snapshot, so
     /// the replay is declined, the dispatch runs once and memory is as after one run.
     fn a_signal_that_cannot_be_created_declines_the_replay_before_the_snapshot() {
