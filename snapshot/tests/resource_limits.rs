@@ -164,14 +164,14 @@ scenarios! {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no spill file left behind");
         assert_eq!(dev.peek(big, 1 << 20), vec![3; 1 << 20], "device memory untouched");
 
-        // Under the limit the file tier works as before.
+        // Exactly at the limit the file tier works as before.
         dev.free(&inv, big);
-        let small = dev.alloc(&inv, 64 << 10, 1, MemoryKind::CoarseDevice, 4);
-        let mut s = snap.snapshot(&Filter::for_replay(1)).expect("a small snapshot spills");
+        let small = dev.alloc(&inv, 256 << 10, 1, MemoryKind::CoarseDevice, 4);
+        let mut s = snap.snapshot(&Filter::for_replay(1)).expect("a snapshot at the limit spills");
         assert_eq!(s.tier(), StoreTier::File);
         dev.poke(small, &[0; 64 << 10]);
         s.restore(&FINAL).unwrap();
-        assert_eq!(dev.peek(small, 64 << 10), vec![4; 64 << 10]);
+        assert_eq!(dev.peek(small, 256 << 10), vec![4; 256 << 10]);
         drop(s);
         drop(snap);
         std::fs::remove_dir_all(&dir).unwrap();
