@@ -81,9 +81,10 @@
 //!
 //! The budget (`KREPLAY_MAX_SNAPSHOT_BYTES`, 0 = derived): see
 //! [`SnapshotConfig::derived_budget`] — available memory (the machine's, or the memory cgroup's
-//! room where less) minus a quarter of it or 512 MiB, whichever is larger. A host store is
-//! made only within the same rule applied to the memory available when it is made (the kernel
-//! would grant more and kill the process for touching it); beyond, `auto` spills to a file.
+//! room where less) minus a quarter of it or 512 MiB, whichever is larger. A host store of 16
+//! MiB or more is made only within the same rule applied to the memory available when it is
+//! made (the kernel would grant more and kill the process for touching it); beyond, `auto`
+//! spills to a file.
 //!
 //! # Example
 //!

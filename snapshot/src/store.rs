@@ -243,7 +243,8 @@ impl StoreSource {
                 // The kernel grants anonymous memory it does not have (overcommit), and ends
                 // the process when the copy touches it: a store larger than what may still be
                 // taken (the machine's or the cgroup's room, less a margin) is not made.
-                if let Some(available) = crate::config::available_memory()
+                if len >= MEMORY_CHECK_MIN_BYTES
+                    && let Some(available) = crate::config::available_memory()
                     && len > budget_from_available(available)
                 {
                     return Err(format!(
@@ -270,6 +271,12 @@ impl StoreSource {
     }
 }
 
+/// Stores from this size on are made only where the memory for them is available: reading
+/// what is available (`/proc/meminfo`, the memory cgroups) costs tens of microseconds, several
+/// times what a small store costs, and next to the memory's own margin a smaller store is not
+/// what ends a process.
+const MEMORY_CHECK_MIN_BYTES: u64 = 16 << 20;
+
 static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
@@ -289,7 +296,8 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
     }
     // A tmpfs keeps its files in memory: there a spill file is a host store the kernel
     // would kill the process for (see the host tier).
-    if memory_backed(dir)
+    if len >= MEMORY_CHECK_MIN_BYTES
+        && memory_backed(dir)
         && let Some(available) = crate::config::available_memory()
         && len > budget_from_available(available)
     {
