@@ -377,7 +377,7 @@ impl SnapshotConfig {
         }
     }
 
-    /// A budget derived from the host's available memory ([`available_memory`]: `MemAvailable`
+    /// A budget derived from the host's available memory (`MemAvailable`
     /// from `/proc/meminfo`, or less where the process's memory cgroup leaves less) minus a
     /// safety margin of a quarter of it or 512 MiB, whichever is larger (so a snapshot never
     /// takes the last memory the application and the kernel need). `None` when neither can be
