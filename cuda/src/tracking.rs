@@ -262,16 +262,7 @@ impl MemoryWatch {
             // Not accessible yet: out of the inventory until its device may write it. A stale
             // entry there (memory freed unseen) ends now that the range is mapped anew.
             self.state.lock().mapping_access.insert(base, (d, false));
-            let end = base.saturating_add(size);
-            let stale: Vec<u64> = inventory
-                .select(&kreplay_snapshot::Filter::any())
-                .iter()
-                .filter(|r| r.base < end && r.base.saturating_add(r.size) > base)
-                .map(|r| r.base)
-                .collect();
-            for b in stale {
-                inventory.on_free(b);
-            }
+            inventory.forget_overlapping(base, size);
             return Ok(d);
         }
         Err(if why.is_empty() {

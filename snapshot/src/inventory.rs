@@ -350,6 +350,15 @@ impl Table {
         below.into_iter().chain(inside)
     }
 
+    /// Drops the entries overlapping [base, end); returns how many.
+    fn remove_overlapping(&mut self, base: u64, end: u64) -> usize {
+        let stale: SmallVec<[u64; 2]> = self.overlapping(base, end).map(|a| a.base).collect();
+        for b in &stale {
+            self.by_base.remove(b);
+        }
+        stale.len()
+    }
+
     fn select(&self, filter: &Filter) -> Vec<Region> {
         self.by_base
             .values()
@@ -558,22 +567,11 @@ impl Inventory {
             kind,
         } = allocation;
         let end = base.saturating_add(size);
-        // Stale entries overlapping [base, end) are dropped; a copy may be writing into them, so
-        // wait for their agents' copies first (never while holding the map lock).
-        let mut stale_agents: SmallVec<[u64; 2]> = self
-            .table
-            .read()
-            .overlapping(base, end)
-            .map(|a| a.owner_agent)
-            .collect();
-        let _exclusion = (!stale_agents.is_empty()).then(|| self.exclude_copies(&mut stale_agents));
+        let _exclusion = self.exclude_copies_overlapping(base, end);
         let mut table = self.table.write();
         let generation = table.next_generation;
         table.next_generation += 1;
-        let stale: SmallVec<[u64; 2]> = table.overlapping(base, end).map(|a| a.base).collect();
-        for b in stale {
-            table.by_base.remove(&b);
-        }
+        table.remove_overlapping(base, end);
         table.by_base.insert(
             base,
             Allocation {
@@ -585,6 +583,29 @@ impl Inventory {
             },
         );
         generation
+    }
+
+    /// Forget every tracked allocation overlapping the `size` bytes at `base`: memory freed
+    /// without the free being seen, now that the range is known to hold something else (what
+    /// [`on_alloc`](Self::on_alloc) does for a new allocation there, for memory that is not to
+    /// be tracked yet). Waits while a copy of their agents is in progress. Returns how many.
+    pub fn forget_overlapping(&self, base: u64, size: u64) -> usize {
+        let end = base.saturating_add(size);
+        let _exclusion = self.exclude_copies_overlapping(base, end);
+        self.table.write().remove_overlapping(base, end)
+    }
+
+    /// Stale entries overlapping `[base, end)` are about to be dropped, and a copy may be
+    /// writing into them: waits for their agents' copies and holds them off (never while
+    /// holding the map lock). `None` when nothing overlaps.
+    fn exclude_copies_overlapping(&self, base: u64, end: u64) -> Option<CopyExclusion<'_>> {
+        let mut stale_agents: SmallVec<[u64; 2]> = self
+            .table
+            .read()
+            .overlapping(base, end)
+            .map(|a| a.owner_agent)
+            .collect();
+        (!stale_agents.is_empty()).then(|| self.exclude_copies(&mut stale_agents))
     }
 
     /// Forget the allocation that starts at `base`. Returns it, or `None` when no tracked
