@@ -510,8 +510,8 @@ impl CReplayTool {
         let Some(owner) = self.owner else {
             return false;
         };
-        let entered = self.entered.get_mut(operation.0 as usize);
-        if phase == CallbackPhase::EXIT && !entered.is_some_and(|entered| *entered) {
+        let entered = self.entered.get(operation.0 as usize).copied();
+        if phase == CallbackPhase::EXIT && entered != Some(true) {
             return false;
         }
         let event = TraceEvent {

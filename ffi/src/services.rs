@@ -154,15 +154,13 @@ impl CallbackService {
     /// operation (or be null where none is documented), valid for reads and for the writes the
     /// header allows the tool, for the duration of the call.
     pub unsafe fn deliver(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
-        // Counted before the check: a finalize that stopped the context after it waits for
-        // this callback (see `wait_for_callbacks`).
-        let _running = Running::enter(self.context);
-        if !self.wants(event.operation) || !ContextRegistry::global().is_active(self.context) {
-            return false;
-        }
-        // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive reference.
-        unsafe { self.invoke(event, user_data) };
-        true
+        self.wants(event.operation)
+            && call_if_active(self.context, true, || {
+                // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
+                // reference.
+                unsafe { self.invoke(event, user_data) }
+            })
+            .is_some()
     }
 
     /// Like [`deliver`](Self::deliver), but consults only the context's global started state,
@@ -172,16 +170,13 @@ impl CallbackService {
     /// # Safety
     /// As for [`deliver`](Self::deliver).
     pub unsafe fn deliver_if_started(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
-        let _running = Running::enter(self.context);
-        let started = ContextRegistry::global()
-            .is_started(self.context)
-            .unwrap_or(false);
-        if !self.wants(event.operation) || !started {
-            return false;
-        }
-        // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive reference.
-        unsafe { self.invoke(event, user_data) };
-        true
+        self.wants(event.operation)
+            && call_if_active(self.context, false, || {
+                // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
+                // reference.
+                unsafe { self.invoke(event, user_data) }
+            })
+            .is_some()
     }
 
     /// # Safety
@@ -249,17 +244,17 @@ impl Drop for Running {
     }
 }
 
-/// Calls `call`, a callback of a context's service that is not callback tracing (dispatch
-/// counting), as [`CallbackService::deliver`] calls one: counted as running for a finalize of
-/// the context's tool, and only if the context is active on this thread now (`masked`: started
-/// and not masked off by this thread's replay loop) or, without `masked`, started. `None` when
-/// the callback did not run.
+/// Calls `call`, a tool callback of `context` (callback tracing, dispatch counting, the replay
+/// owner's function callbacks), only if the context is active on this thread now (`masked`:
+/// started and not masked off by this thread's replay loop) or, without `masked`, started.
+/// Counted as running from before that check to its return, so a finalize that stopped the
+/// context after the check waits for the call (see [`wait_for_callbacks`]). `None` when the
+/// callback did not run.
 pub(crate) fn call_if_active<R>(
     context: ContextId,
     masked: bool,
     call: impl FnOnce() -> R,
 ) -> Option<R> {
-    // Counted before the check, as in `deliver`.
     let _running = Running::enter(context);
     let registry = ContextRegistry::global();
     let active = if masked {
