@@ -243,10 +243,7 @@ impl StoreSource {
                 // The kernel grants anonymous memory it does not have (overcommit), and ends
                 // the process when the copy touches it: a store larger than what may still be
                 // taken (the machine's or the cgroup's room, less a margin) is not made.
-                if len >= MEMORY_CHECK_MIN_BYTES
-                    && let Some(available) = crate::config::available_memory()
-                    && len > budget_from_available(available)
-                {
+                if let Some(available) = too_much_memory(len) {
                     return Err(format!(
                         "{len} bytes would leave too little memory: {available} bytes are \
                          available (MemAvailable or the memory cgroup's room)"
@@ -277,6 +274,17 @@ impl StoreSource {
 /// what ends a process.
 const MEMORY_CHECK_MIN_BYTES: u64 = 16 << 20;
 
+/// The memory available now (the machine's or the memory cgroup's room), where `len` bytes of
+/// memory from it would leave too little: more than may be taken of it (see
+/// [`budget_from_available`]). `None` for a store below [`MEMORY_CHECK_MIN_BYTES`], one that
+/// fits, or where what is available cannot be read.
+fn too_much_memory(len: u64) -> Option<u64> {
+    if len < MEMORY_CHECK_MIN_BYTES {
+        return None;
+    }
+    crate::config::available_memory().filter(|&available| len > budget_from_available(available))
+}
+
 static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
@@ -296,11 +304,7 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
     }
     // A tmpfs keeps its files in memory: there a spill file is a host store the kernel
     // would kill the process for (see the host tier).
-    if len >= MEMORY_CHECK_MIN_BYTES
-        && memory_backed(dir)
-        && let Some(available) = crate::config::available_memory()
-        && len > budget_from_available(available)
-    {
+    if let Some(available) = too_much_memory(len).filter(|_| memory_backed(dir)) {
         return Err(format!(
             "{} keeps its files in memory (tmpfs): a spill file of {len} bytes would leave \
              too little memory, {available} bytes are available",
