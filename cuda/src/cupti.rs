@@ -453,10 +453,15 @@ pub struct MemPoolSetAccessParams {
 /// The devices an access list gives any access (`CU_MEM_LOCATION_TYPE_DEVICE` locations whose
 /// flags are not `CU_MEM_ACCESS_FLAGS_PROT_NONE`).
 pub fn devices_granted(descs: &[MemAccessDesc]) -> Vec<u64> {
-    descs
+    granted_devices(&device_access(descs))
+}
+
+/// The devices of an access list as [`device_access`] gives it that are given any access.
+pub fn granted_devices(access: &[(u64, i32)]) -> Vec<u64> {
+    access
         .iter()
-        .filter(|d| d.location_type == crate::tracking::CU_MEM_LOCATION_TYPE_DEVICE && d.flags != 0)
-        .filter_map(|d| u64::try_from(d.location_id).ok())
+        .filter(|&&(_, flags)| flags != 0)
+        .map(|&(device, _)| device)
         .collect()
 }
 

@@ -1822,32 +1822,27 @@ impl Backend {
             }
             cbid::CU_MEM_SET_ACCESS if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemSetAccess_params, its access list `count` entries long.
-                let (ptr, size, mut devices, access) = unsafe {
+                let (ptr, size, access) = unsafe {
                     let p = *(params as *const MemSetAccessParams);
-                    let access = if p.desc.is_null() {
-                        Vec::new()
-                    } else {
-                        cupti::device_access(std::slice::from_raw_parts(p.desc, p.count))
-                    };
-                    (p.ptr, p.size as u64, granted(p.desc, p.count), access)
+                    (p.ptr, p.size as u64, access_list(p.desc, p.count))
                 };
+                let mut devices = cupti::granted_devices(&access);
                 // The mappings whose own device may now write them are snapshotted from here
                 // on (and the ones it no longer may, not).
                 let (entered, left) = self
                     .watch
                     .record_access(&self.inventory, ptr, size, &access);
-                for base in entered.iter().chain(&left) {
-                    log(
-                        LogLevel::Debug,
-                        format!(
-                            "cuMemSetAccess: mapping at {base:#x} {}",
-                            if entered.contains(base) {
-                                "is snapshotted"
-                            } else {
-                                "is no longer writable by its device, not snapshotted"
-                            }
-                        ),
-                    );
+                let said = [
+                    (entered, "is snapshotted"),
+                    (left, "is no longer writable by its device, not snapshotted"),
+                ];
+                for (bases, what) in said {
+                    for base in bases {
+                        log(
+                            LogLevel::Debug,
+                            format!("cuMemSetAccess: mapping at {base:#x} {what}"),
+                        );
+                    }
                 }
                 // The mapping's own device (its handle's, as tracked), or where it is not
                 // tracked the calling context's: one of them holds the memory.
@@ -2456,11 +2451,21 @@ pub fn initialize_injection(
 /// # Safety
 /// `desc` is null or points to `count` `CUmemAccessDesc` entries.
 unsafe fn granted(desc: *const cupti::MemAccessDesc, count: usize) -> Vec<u64> {
+    // SAFETY: per the caller.
+    cupti::granted_devices(&unsafe { access_list(desc, count) })
+}
+
+/// Each device an access list of `count` entries at `desc` names, with its flags
+/// ([`cupti::device_access`]; empty for a null list).
+///
+/// # Safety
+/// `desc` is null or points to `count` `CUmemAccessDesc` entries.
+unsafe fn access_list(desc: *const cupti::MemAccessDesc, count: usize) -> Vec<(u64, i32)> {
     if desc.is_null() || count == 0 {
         return Vec::new();
     }
     // SAFETY: per the caller, `count` entries at `desc`.
-    cupti::devices_granted(unsafe { std::slice::from_raw_parts(desc, count) })
+    cupti::device_access(unsafe { std::slice::from_raw_parts(desc, count) })
 }
 
 /// CUPTI's name of a driver call (`function_name`), or a placeholder.
