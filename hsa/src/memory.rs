@@ -5,8 +5,6 @@ use std::ffi::c_void;
 use hsa_sys::*;
 use std::time::Instant;
 
-use rayon::prelude::*;
-
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
     NewAllocation,
@@ -515,19 +513,19 @@ impl DeviceMemory for HsaMemory {
         let b = backend();
         // The runtime's copy is thread safe: issue the list from kreplay's pool so copies
         // overlap (on the software runtime each one is a memcpy on the calling thread).
-        kreplay_snapshot::pool::install_for(copies.len(), || {
-            copies.par_iter().try_for_each(|c| {
-                let status = b.original.memory_copy(
-                    c.dst as *mut c_void,
-                    c.src as *const c_void,
-                    c.len as usize,
-                );
-                if status == HSA_STATUS_SUCCESS {
-                    Ok(())
-                } else {
-                    Err(copy_failed(c.dst, c.len as usize, status))
-                }
-            })
+        kreplay_snapshot::pool::map(copies.iter().collect(), |c| {
+            let status = b.original.memory_copy(
+                c.dst as *mut c_void,
+                c.src as *const c_void,
+                c.len as usize,
+            );
+            if status == HSA_STATUS_SUCCESS {
+                Ok(())
+            } else {
+                Err(copy_failed(c.dst, c.len as usize, status))
+            }
         })
+        .into_iter()
+        .collect()
     }
 }

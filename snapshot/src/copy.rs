@@ -2,7 +2,6 @@
 //! for the duration of every function here, so every live region stays allocated.
 
 use crate::hash::{GROUP, chunk_hashes};
-use rayon::prelude::*;
 
 use crate::device::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HashRange, HostWindow,
@@ -14,15 +13,6 @@ use crate::store::Store;
 /// Chunks hashed per rayon job when hashing through host windows: whole groups of
 /// [`GROUP`], which [`chunk_hashes`] hashes in one loop.
 const MIN_CHUNKS_PER_JOB: usize = 2 * GROUP;
-
-/// The parallel jobs a pass over `pieces` split in jobs of [`MIN_CHUNKS_PER_JOB`] chunks makes
-/// (one or none: nothing leaves the calling thread).
-fn jobs(pieces: &[Piece], layout: &Layout) -> usize {
-    pieces
-        .iter()
-        .map(|p| layout.global(p).len().div_ceil(MIN_CHUNKS_PER_JOB).max(1))
-        .sum()
-}
 
 /// The host window of every live region that the device exposes in full.
 pub(crate) fn windows(
@@ -217,46 +207,39 @@ pub(crate) fn copy_to_host(
     };
     let cs = layout.chunk_size;
     let streaming = layout.bytes >= STREAMING_MIN_BYTES;
-    crate::pool::install_for(pieces.len(), || {
-        pieces
-            .par_iter()
-            .zip(dsts)
-            .zip(outs)
-            .try_for_each(|((p, dst), out)| {
-                let (offset, len) = layout.piece_span(p);
-                match (&windows[p.region], out) {
-                    (Some(w), Some(out)) => {
-                        // Hash then copy a few chunks at a time, so each chunk is read from memory
-                        // once (the copy finds it in cache, and streaming stores leave the store
-                        // out).
-                        let group = copy_group(cs);
-                        let span = cs as usize * group;
-                        for (i, (d, h)) in
-                            dst.chunks_mut(span).zip(out.chunks_mut(group)).enumerate()
-                        {
-                            // SAFETY: the piece lies inside its region and the window covers the
-                            // region; the caller holds the inventory's read side.
-                            let s = unsafe {
-                                window_bytes(w, offset + (i * span) as u64, d.len() as u64)
-                            };
-                            chunk_hashes(s, cs as usize, h);
-                            copy_bytes(d, s, streaming);
-                        }
-                    }
-                    (Some(w), None) => {
-                        // SAFETY: as above.
-                        copy_bytes(dst, unsafe { window_bytes(w, offset, len) }, streaming);
-                    }
-                    (None, out) => {
-                        device.read(layout.regions[p.region].base + offset, dst)?;
-                        if let Some(out) = out {
-                            chunk_hashes(dst, cs as usize, out);
-                        }
-                    }
+    let items: Vec<_> = pieces.iter().zip(dsts).zip(outs).collect();
+    crate::pool::map(items, |((p, dst), out)| {
+        let (offset, len) = layout.piece_span(p);
+        match (&windows[p.region], out) {
+            (Some(w), Some(out)) => {
+                // Hash then copy a few chunks at a time, so each chunk is read from memory
+                // once (the copy finds it in cache, and streaming stores leave the store
+                // out).
+                let group = copy_group(cs);
+                let span = cs as usize * group;
+                for (i, (d, h)) in dst.chunks_mut(span).zip(out.chunks_mut(group)).enumerate() {
+                    // SAFETY: the piece lies inside its region and the window covers the
+                    // region; the caller holds the inventory's read side.
+                    let s = unsafe { window_bytes(w, offset + (i * span) as u64, d.len() as u64) };
+                    chunk_hashes(s, cs as usize, h);
+                    copy_bytes(d, s, streaming);
                 }
-                Ok(())
-            })
-    })?;
+            }
+            (Some(w), None) => {
+                // SAFETY: as above.
+                copy_bytes(dst, unsafe { window_bytes(w, offset, len) }, streaming);
+            }
+            (None, out) => {
+                device.read(layout.regions[p.region].base + offset, dst)?;
+                if let Some(out) = out {
+                    chunk_hashes(dst, cs as usize, out);
+                }
+            }
+        }
+        Ok(())
+    })
+    .into_iter()
+    .collect::<Result<(), CopyError>>()?;
     Ok(layout.bytes)
 }
 
@@ -271,22 +254,19 @@ pub(crate) fn copy_pieces_to_host(
     pieces: &[Piece],
 ) -> u64 {
     let dsts = split_ranges(store, pieces.iter().map(|p| layout.store_range(p)));
-    crate::pool::install_for(pieces.len(), || {
-        pieces
-            .par_iter()
-            .zip(dsts)
-            .map(|(p, dst)| {
-                let Some(w) = &windows[p.region] else {
-                    return 0;
-                };
-                let (offset, len) = layout.piece_span(p);
-                // SAFETY: the piece lies inside its region, which the window covers; the caller
-                // holds the inventory's read side.
-                dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
-                len
-            })
-            .sum()
+    let items: Vec<_> = pieces.iter().zip(dsts).collect();
+    crate::pool::map(items, |(p, dst)| {
+        let Some(w) = &windows[p.region] else {
+            return 0;
+        };
+        let (offset, len) = layout.piece_span(p);
+        // SAFETY: the piece lies inside its region, which the window covers; the caller
+        // holds the inventory's read side.
+        dst.copy_from_slice(unsafe { window_bytes(w, offset, len) });
+        len
     })
+    .into_iter()
+    .sum()
 }
 
 /// Hash every chunk of every region of `layout` as a host store holds it (`store`, laid out by
@@ -297,10 +277,8 @@ pub(crate) fn hash_store(layout: &Layout, store: &[u8], out: &mut [u64]) -> u64 
     let pieces = layout.full_pieces(&all);
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
     let cs = layout.chunk_size;
-    crate::pool::install_for(pieces.len(), || {
-        pieces.par_iter().zip(outs).for_each(|(p, out)| {
-            chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
-        })
+    crate::pool::map(pieces.iter().zip(outs).collect(), |(p, out)| {
+        chunk_hashes(&store[layout.store_range(p)], cs as usize, out);
     });
     layout.bytes
 }
@@ -381,39 +359,41 @@ pub(crate) fn hash_live(
         .map(|p| layout.piece_span(p).1)
         .max()
         .unwrap_or(0) as usize;
-    crate::pool::install_for(jobs(&pieces, layout), || {
-        pieces.par_iter().zip(outs).try_for_each_init(
-            Vec::new,
-            |scratch: &mut Vec<u8>, (p, out)| {
-                let (offset, len) = layout.piece_span(p);
-                match &windows[p.region] {
-                    Some(w) => {
-                        // Chunks of one piece in parallel too: hashing is CPU-bound per chunk.
-                        out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
-                            .enumerate()
-                            .for_each(|(i, h)| {
-                                let start = (i * MIN_CHUNKS_PER_JOB) as u64 * cs;
-                                let n = (cs * h.len() as u64).min(len - start);
-                                // SAFETY: the chunks lie inside the piece, inside the region the
-                                // window covers; the caller holds the inventory's read side.
-                                chunk_hashes(
-                                    unsafe { window_bytes(w, offset + start, n) },
-                                    cs as usize,
-                                    h,
-                                );
-                            });
-                    }
-                    None => {
-                        scratch.resize(scratch_len, 0);
-                        let buf = &mut scratch[..len as usize];
-                        device.read(layout.regions[p.region].base + offset, buf)?;
-                        chunk_hashes(buf, cs as usize, out);
-                    }
+    crate::pool::map_init(
+        pieces.iter().zip(outs).collect(),
+        Vec::new,
+        |scratch: &mut Vec<u8>, (p, out)| {
+            let (offset, len) = layout.piece_span(p);
+            match &windows[p.region] {
+                Some(w) => {
+                    // Chunks of one piece in parallel too: hashing is CPU-bound per chunk.
+                    crate::pool::map(
+                        out.chunks_mut(MIN_CHUNKS_PER_JOB).enumerate().collect(),
+                        |(i, h)| {
+                            let start = (i * MIN_CHUNKS_PER_JOB) as u64 * cs;
+                            let n = (cs * h.len() as u64).min(len - start);
+                            // SAFETY: the chunks lie inside the piece, inside the region the
+                            // window covers; the caller holds the inventory's read side.
+                            chunk_hashes(
+                                unsafe { window_bytes(w, offset + start, n) },
+                                cs as usize,
+                                h,
+                            );
+                        },
+                    );
                 }
-                Ok(())
-            },
-        )
-    })?;
+                None => {
+                    scratch.resize(scratch_len, 0);
+                    let buf = &mut scratch[..len as usize];
+                    device.read(layout.regions[p.region].base + offset, buf)?;
+                    chunk_hashes(buf, cs as usize, out);
+                }
+            }
+            Ok(())
+        },
+    )
+    .into_iter()
+    .collect::<Result<(), CopyError>>()?;
     Ok(bytes)
 }
 
@@ -436,57 +416,50 @@ pub(crate) fn hash_and_restore(
     let pieces = layout.full_pieces(live);
     let hashed = pieces.iter().map(|p| layout.piece_span(p).1).sum();
     let outs = split_ranges(out, pieces.iter().map(|p| layout.global(p)));
-    let written = crate::pool::install_for(jobs(&pieces, layout), || {
-        pieces
-            .par_iter()
-            .zip(outs)
-            .map(|(p, out)| {
-                let Some(w) = &windows[p.region] else {
-                    return 0;
-                };
-                let (offset, len) = layout.piece_span(p);
-                let first = layout.global(p).start;
-                let store_start = layout.store_range(p).start as u64;
-                out.par_chunks_mut(MIN_CHUNKS_PER_JOB)
-                    .enumerate()
-                    .map(|(i, h)| {
-                        let job = i * MIN_CHUNKS_PER_JOB;
-                        let start = job as u64 * cs;
-                        let n = (cs * h.len() as u64).min(len - start);
-                        // SAFETY: the chunks lie inside the piece, inside the region the window
-                        // covers; the caller holds the inventory's read side. The slice is gone
-                        // before anything below writes to the same bytes.
-                        chunk_hashes(
-                            unsafe { window_bytes(w, offset + start, n) },
-                            cs as usize,
-                            h,
-                        );
-                        let mut written = 0;
-                        for (k, hash) in h.iter().enumerate() {
-                            if *hash == snapshot[first + job + k] {
-                                continue;
-                            }
-                            let at = start + k as u64 * cs;
-                            let bytes = cs.min(len - at);
-                            let src = (store_start + at) as usize;
-                            // SAFETY: the chunk lies inside the window, as above; no slice of it
-                            // lives any more, and the store never overlaps device memory.
-                            unsafe {
-                                window_write(
-                                    w,
-                                    offset + at,
-                                    &store[src..src + bytes as usize],
-                                    false,
-                                )
-                            };
-                            written += bytes;
-                        }
-                        written
-                    })
-                    .sum::<u64>()
-            })
-            .sum()
-    });
+    let written = crate::pool::map(pieces.iter().zip(outs).collect(), |(p, out)| {
+        let Some(w) = &windows[p.region] else {
+            return 0;
+        };
+        let (offset, len) = layout.piece_span(p);
+        let first = layout.global(p).start;
+        let store_start = layout.store_range(p).start as u64;
+        crate::pool::map(
+            out.chunks_mut(MIN_CHUNKS_PER_JOB).enumerate().collect(),
+            |(i, h)| {
+                let job = i * MIN_CHUNKS_PER_JOB;
+                let start = job as u64 * cs;
+                let n = (cs * h.len() as u64).min(len - start);
+                // SAFETY: the chunks lie inside the piece, inside the region the window
+                // covers; the caller holds the inventory's read side. The slice is gone
+                // before anything below writes to the same bytes.
+                chunk_hashes(
+                    unsafe { window_bytes(w, offset + start, n) },
+                    cs as usize,
+                    h,
+                );
+                let mut written = 0;
+                for (k, hash) in h.iter().enumerate() {
+                    if *hash == snapshot[first + job + k] {
+                        continue;
+                    }
+                    let at = start + k as u64 * cs;
+                    let bytes = cs.min(len - at);
+                    let src = (store_start + at) as usize;
+                    // SAFETY: the chunk lies inside the window, as above; no slice of it
+                    // lives any more, and the store never overlaps device memory.
+                    unsafe {
+                        window_write(w, offset + at, &store[src..src + bytes as usize], false)
+                    };
+                    written += bytes;
+                }
+                written
+            },
+        )
+        .into_iter()
+        .sum::<u64>()
+    })
+    .into_iter()
+    .sum();
     (hashed, written)
 }
 
@@ -667,15 +640,13 @@ pub(crate) fn write_back(
         pieces.iter().partition(|p| windows[p.region].is_some());
     if !direct.is_empty() {
         let streaming = total(&direct).0 >= STREAMING_MIN_BYTES;
-        crate::pool::install_for(direct.len(), || {
-            direct.par_iter().for_each(|p| {
-                let (offset, _) = layout.piece_span(p);
-                if let Some(w) = &windows[p.region] {
-                    // SAFETY: the piece lies inside its region, which the window covers; the caller
-                    // holds the inventory's read side.
-                    unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
-                }
-            })
+        crate::pool::map(direct.clone(), |p| {
+            let (offset, _) = layout.piece_span(p);
+            if let Some(w) = &windows[p.region] {
+                // SAFETY: the piece lies inside its region, which the window covers; the caller
+                // holds the inventory's read side.
+                unsafe { window_write(w, offset, &src[layout.store_range(p)], streaming) };
+            }
         });
         let (bytes, chunks) = total(&direct);
         outcome.record(bytes, chunks, Ok(()));
@@ -694,21 +665,15 @@ pub(crate) fn write_back(
         let (bytes, chunks) = total(&via_device);
         outcome.record(bytes, chunks, device.write_batch(&writes));
     } else {
-        let results: Vec<(u64, usize, Result<(), CopyError>)> =
-            crate::pool::install_for(via_device.len(), || {
-                via_device
-                    .par_iter()
-                    .map(|p| {
-                        let (offset, len) = layout.piece_span(p);
-                        let base = layout.regions[p.region].base;
-                        (
-                            len,
-                            p.count,
-                            device.write(base + offset, &src[layout.store_range(p)]),
-                        )
-                    })
-                    .collect()
-            });
+        let results = crate::pool::map(via_device, |p| {
+            let (offset, len) = layout.piece_span(p);
+            let base = layout.regions[p.region].base;
+            (
+                len,
+                p.count,
+                device.write(base + offset, &src[layout.store_range(p)]),
+            )
+        });
         for (bytes, chunks, result) in results {
             outcome.record(bytes, chunks, result);
         }

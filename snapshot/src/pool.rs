@@ -10,6 +10,7 @@
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
+use rayon::prelude::*;
 
 static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
 /// Held while the pool is built, so two threads never start two pools.
@@ -43,10 +44,35 @@ pub fn ready() -> Result<(), String> {
 }
 
 /// Runs `work`, which iterates over `items` in parallel, inside kreplay's pool: the parallel
-/// iterators it starts use that pool's workers. One item or none runs on the calling thread
-/// (a parallel iterator over one item does not leave it), without the hand-off to a worker.
+/// iterators it starts use that pool's workers. One item or none runs on the calling thread,
+/// without the hand-off to a worker, so `work` must then start no parallel iterator: outside
+/// a pool, rayon's would run on (and create) rayon's global pool, which is the application's
+/// to build. Work split into a list uses [`map`], which keeps to that.
 pub fn install_for<R: Send>(items: usize, work: impl FnOnce() -> R + Send) -> R {
     if items <= 1 { work() } else { install(work) }
+}
+
+/// `f` over each of `items`, the answers in order: one item or none on the calling thread
+/// without touching any pool (a parallel iterator would create rayon's global pool there),
+/// more on kreplay's pool, in parallel. Called on one of the pool's workers, it stays there.
+pub fn map<I: Send, R: Send>(items: Vec<I>, f: impl Fn(I) -> R + Sync + Send) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    install(|| items.into_par_iter().map(f).collect())
+}
+
+/// [`map`] with a scratch value made by `init` and reused by the items one thread runs.
+pub fn map_init<I: Send, R: Send, S>(
+    items: Vec<I>,
+    init: impl Fn() -> S + Sync + Send,
+    f: impl Fn(&mut S, I) -> R + Sync + Send,
+) -> Vec<R> {
+    if items.len() <= 1 {
+        let mut scratch = init();
+        return items.into_iter().map(|i| f(&mut scratch, i)).collect();
+    }
+    install(|| items.into_par_iter().map_init(init, f).collect())
 }
 
 /// Runs `work` inside kreplay's pool: the parallel iterators it starts use that pool's workers.

@@ -163,7 +163,8 @@ impl WriteTracker {
     ///
     /// The kernel walks the page tables of every followed page, about a nanosecond or two
     /// each; a footprint of more than [`SCAN_PIECE`] bytes is scanned in pieces of that size
-    /// on the rayon pool's threads at once, and the pieces' answers joined in order.
+    /// on the threads of the rayon pool the caller runs in (rayon's global pool outside any;
+    /// call it inside a pool of your own to keep that one free), the answers joined in order.
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
         let before = out.len();
         let found = self.in_pieces(&self.ranges, |r| {
