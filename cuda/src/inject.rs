@@ -442,6 +442,9 @@ impl LaunchOps for InjectedLaunch<'_> {
         self.captures
             .check_drainable(self.inner.launch.device as u64)
     }
+    fn drain_timeout(&self) -> Option<Duration> {
+        self.inner.drainer.map(Drainer::timeout)
+    }
     fn drain(&self) -> Result<(), String> {
         self.inner.drain()?;
         let Some(drainer) = self.inner.drainer else {

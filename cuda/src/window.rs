@@ -80,6 +80,13 @@ pub trait LaunchOps {
     fn drainable(&self) -> Result<(), String> {
         Ok(())
     }
+    /// How long the launch waits for the device's work to end before it is declined
+    /// (`KREPLAY_DRAIN_TIMEOUT_MS`): the drain's bound, and the bound on waiting for the calls
+    /// of other threads that hold the device (see [`Window::enter`]). `None` (the default):
+    /// waited for as long as it takes.
+    fn drain_timeout(&self) -> Option<Duration> {
+        None
+    }
     /// Wait until every stream of the launch's device is idle, and of every other device of
     /// its group ([`WindowContext::group`]).
     fn drain(&self) -> Result<(), String>;
@@ -174,6 +181,52 @@ fn locked_devices(group: &[u64], agent: u64) -> Vec<u64> {
     devices.sort_unstable();
     devices.dedup();
     devices
+}
+
+/// The writer sides of `devices` (ascending) for a replay window. Another thread's window
+/// is waited for as long as it lasts (its passes run to their end); but a device held only by
+/// readers, the calls of other threads in progress (a copy, a memset, a launch being
+/// submitted), for longer than `timeout` is declined (`agent_drain_stuck`), as a drain that does
+/// not end is: such a call waits for work on the device (a synchronous copy waits for its
+/// stream), which may wait for something the launching thread does only after this launch (a
+/// kernel spinning on a flag it sets), and waited for without bound the program would hang.
+/// `None`: waited for as long as it takes.
+fn lock_devices(
+    locks: &AgentLocks,
+    devices: &[u64],
+    timeout: Option<Duration>,
+) -> Result<Vec<WriteGuard>, Decline> {
+    let mut readers_since: Option<Instant> = None;
+    let keep_waiting = || {
+        let Some(timeout) = timeout else {
+            return true;
+        };
+        // Nothing of ours is held between slices: a writer side taken is another window's.
+        if devices
+            .iter()
+            .any(|&d| locks.agent_lock(d).is_write_locked())
+        {
+            readers_since = None;
+            return true;
+        }
+        readers_since.get_or_insert_with(Instant::now).elapsed() < timeout
+    };
+    match locks.write_all_until(devices, Duration::from_millis(50), keep_waiting) {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => Err(Decline::new(
+            DeclineReason::AgentDrainStuck,
+            format!(
+                "calls of other threads (copies, memsets, launches) held device(s) {devices:?} \
+                 for longer than {:?} (KREPLAY_DRAIN_TIMEOUT_MS): they wait for work on the \
+                 device that waits for something after this launch",
+                timeout.unwrap_or_default()
+            ),
+        )),
+        Err(e) => Err(Decline::new(
+            DeclineReason::ReentrantDispatch,
+            e.to_string(),
+        )),
+    }
 }
 
 /// What ENTER did before the launch, and how long it took.
@@ -351,17 +404,9 @@ impl Window {
         // whose fenced call on one device nests one on another, never wait for each other
         // crosswise.
         let devices = locked_devices(cx.group, info.agent_id);
-        let lock = match cx
-            .locks
-            .write_all_serving(&devices, Duration::from_millis(50), || {})
-        {
+        let lock = match lock_devices(cx.locks, &devices, ops.drain_timeout()) {
             Ok(lock) => lock,
-            Err(e) => {
-                return State::Declined(
-                    Decline::new(DeclineReason::ReentrantDispatch, e.to_string()),
-                    None,
-                );
-            }
+            Err(decline) => return State::Declined(decline, None),
         };
         cost.lock_wait = waited.elapsed();
         if let Err(why) = ops.drainable() {

@@ -806,6 +806,151 @@ fn a_replay_window_waits_for_a_memset_in_progress_and_snapshots_its_result() {
     );
 }
 
+/// The fake's operations with a drain timeout (`KREPLAY_DRAIN_TIMEOUT_MS`).
+struct Bounded {
+    inner: FakeLaunch,
+    timeout: std::time::Duration,
+}
+
+impl LaunchOps for Bounded {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.timeout)
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+/// Another thread is inside a synchronous copy (its fenced call holds the device's reader
+/// side) that returns only once the work before it on its stream ends, and that work is a
+/// kernel spinning on a flag the launching thread sets after its launch (the pattern of
+/// `drain_stuck.cu`, with the wait in a copy instead of a drain). Waiting for the writer side
+/// without bound, the launch never returned and the program hung; it must be declined within
+/// the drain timeout and run once, as the drain itself is.
+#[test]
+fn a_launch_is_declined_not_hung_when_a_call_holding_the_device_waits_for_the_launching_thread() {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let (flag_tx, flag_rx) = mpsc::channel::<()>();
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let copier = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            kreplay_cuda::fence::enter(&r.device.locks, &[AGENT]);
+            inside_tx.send(()).unwrap();
+            // The copy returns once the spinning kernel saw the flag.
+            let _ = flag_rx.recv_timeout(Duration::from_secs(30));
+            kreplay_cuda::fence::exit();
+        })
+    };
+    inside_rx.recv().unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let launcher = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = Bounded {
+                inner: fake(&r),
+                timeout: Duration::from_millis(300),
+            };
+            let start = Instant::now();
+            let outcome = launch_with(&r, &ops, 4, || {
+                ops.inner.app_launch();
+                Ok(())
+            });
+            done_tx.send((outcome, start.elapsed())).unwrap();
+        })
+    };
+    let done = done_rx.recv_timeout(Duration::from_secs(5));
+    // The launching thread went on (or the test gives up): the flag is set, the copy returns.
+    flag_tx.send(()).unwrap();
+    copier.join().unwrap();
+    let (outcome, took) =
+        done.expect("the launch waited without bound for a call that waits for its thread");
+    launcher.join().unwrap();
+    let decline = outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::AgentDrainStuck, "{decline}");
+    assert!(
+        decline.detail.contains("KREPLAY_DRAIN_TIMEOUT_MS"),
+        "{decline}"
+    );
+    assert!(took < Duration::from_secs(3), "declined after {took:?}");
+    expect_one_run(&r);
+}
+
+/// The drain timeout bounds waiting for calls that hold the device, not for another thread's
+/// replay window: its passes run to their end, however long, and the launch waiting for it is
+/// then replayed.
+#[test]
+fn a_launch_waits_for_another_threads_replay_window_beyond_the_drain_timeout() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let ops = fake(&r);
+    let mut tool = LogTool {
+        passes: 4,
+        events: r.events.clone(),
+        outcome: RefCell::new(None),
+    };
+    let window = Window::enter(
+        r.device.context(&r.registry),
+        &mut tool,
+        DispatchInfo::default(),
+        &ops,
+    );
+    assert!(window.is_ready());
+    let (done_tx, done_rx) = mpsc::channel();
+    let other = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = Bounded {
+                inner: fake(&r),
+                timeout: Duration::from_millis(100),
+            };
+            let outcome = launch_with(&r, &ops, 3, || {
+                ops.inner.app_launch();
+                Ok(())
+            });
+            done_tx.send(outcome).unwrap();
+        })
+    };
+    assert!(
+        done_rx.recv_timeout(Duration::from_millis(600)).is_err(),
+        "the other launch got past a replay window held six drain timeouts"
+    );
+    ops.app_launch();
+    let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+    assert!(matches!(
+        record.outcome,
+        ReplayOutcome::Replayed { passes: 4, .. }
+    ));
+    let outcome = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the other launch goes on once the window closes");
+    other.join().unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::Replayed { passes: 3, .. }),
+        "{outcome:?}"
+    );
+    assert!(
+        words(&r)
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == i as u32 + 2)
+    );
+}
+
 /// A launch whose snapshot filter is made as the injected library makes it ([`LaunchOps::scope`]
 /// is `scope`), running `kernel` as its application launch and its re-launches.
 struct ScopedLaunch<S, K> {

@@ -563,12 +563,36 @@ impl AgentLocks {
         slice: Duration,
         mut between: impl FnMut(),
     ) -> Result<WriteGuard, Reentrant> {
+        loop {
+            // Never gives up: `None` does not come back.
+            let taken = self.write_until(agent, slice, || {
+                between();
+                true
+            })?;
+            if let Some(guard) = taken {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// Like [`write_serving`](Self::write_serving), but `keep_waiting`, called after each slice
+    /// that did not get the lock, may give up: `Ok(None)` when it returned `false`.
+    pub fn write_until(
+        &self,
+        agent: u64,
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Option<WriteGuard>, Reentrant> {
         let lock = Arc::clone(self.lookup(agent));
         loop {
             match lock.try_acquire_exclusive_for(slice) {
-                Ok(()) => return Ok(WriteGuard { lock }),
+                Ok(()) => return Ok(Some(WriteGuard { lock })),
                 Err(TryWriteError::Reentrant(r)) => return Err(r),
-                Err(TryWriteError::TimedOut { .. }) => between(),
+                Err(TryWriteError::TimedOut { .. }) => {
+                    if !keep_waiting() {
+                        return Ok(None);
+                    }
+                }
             }
         }
     }
@@ -588,6 +612,27 @@ impl AgentLocks {
         slice: Duration,
         mut between: impl FnMut(),
     ) -> Result<Vec<WriteGuard>, Reentrant> {
+        loop {
+            // Never gives up: `None` does not come back.
+            let taken = self.write_all_until(agents, slice, || {
+                between();
+                true
+            })?;
+            if let Some(guards) = taken {
+                return Ok(guards);
+            }
+        }
+    }
+
+    /// Like [`write_all_serving`](Self::write_all_serving), but `keep_waiting`, called after
+    /// each slice that did not get a lock (while none is held), may give up: `Ok(None)` when it
+    /// returned `false`, every side taken given back.
+    pub fn write_all_until(
+        &self,
+        agents: &[u64],
+        slice: Duration,
+        mut keep_waiting: impl FnMut() -> bool,
+    ) -> Result<Option<Vec<WriteGuard>>, Reentrant> {
         let mut waited: Option<WriteGuard> = None;
         loop {
             let mut guards: Vec<WriteGuard> = Vec::with_capacity(agents.len());
@@ -608,13 +653,16 @@ impl AgentLocks {
                 }
             }
             let Some(agent) = busy else {
-                return Ok(guards);
+                return Ok(Some(guards));
             };
             // Nothing held while waiting (the one waited for before, if any, is given back
             // with the rest).
             drop(guards);
             drop(waited.take());
-            waited = Some(self.write_serving(agent, slice, &mut between)?);
+            match self.write_until(agent, slice, &mut keep_waiting)? {
+                Some(guard) => waited = Some(guard),
+                None => return Ok(None),
+            }
         }
     }
 

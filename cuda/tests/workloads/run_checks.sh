@@ -159,6 +159,11 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/drain_stuck" cuda/tests/workloads/drain_stuck.cu
     step drain_stuck env KREPLAY_DRAIN_TIMEOUT_MS=2000 timeout 120 "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/drain_stuck.csv" -- "$OUT/drain_stuck"
+    # Another thread is inside a synchronous copy that waits for such a kernel: the launches
+    # waiting for the copy's call give up after KREPLAY_DRAIN_TIMEOUT_MS and run once.
+    nvcc -O2 -o "$OUT/copy_stuck" cuda/tests/workloads/copy_stuck.cu
+    step copy_stuck env KREPLAY_DRAIN_TIMEOUT_MS=2000 timeout 120 "$BIN/kreplay" run \
+        --passes "$PASSES" --check -o "$OUT/copy_stuck.csv" -- "$OUT/copy_stuck"
     # One thread captures a graph in global mode while another launches x += 1: the capture
     # must succeed and every buffer hold its exact count of increments, as without kreplay.
     nvcc -O2 -o "$OUT/capture_overlap" cuda/tests/workloads/capture_overlap.cu
