@@ -241,7 +241,7 @@ pub mod cbid {
     /// fenced like copies: `cuStreamWriteValue32`, `cuStreamWriteValue64` and
     /// `cuStreamBatchMemOp` (which may hold writes), the first forms and the `_v2` ones CUDA
     /// 12+ headers map those names to, each with its `_ptsz` variant. (`cuStreamWaitValue*`
-    /// only waits: the drain's timeout bounds a wait that never ends.)
+    /// only waits: see [`STREAM_WAITS`].)
     pub const STREAM_WRITES: [CallbackId; 12] = [
         460, 461, // cuStreamWriteValue32{,_ptsz}
         462, 463, // cuStreamBatchMemOp{,_ptsz}
@@ -249,6 +249,24 @@ pub mod cbid {
         663, 664, // cuStreamWriteValue32_v2{,_ptsz}
         665, 666, // cuStreamWriteValue64_v2{,_ptsz}
         667, 668, // cuStreamBatchMemOp_v2{,_ptsz}
+    ];
+
+    /// Work queued on a stream that waits, fenced like copies though it writes nothing: queued
+    /// on a replayed launch's stream inside its window it would stand before the re-launches,
+    /// and what it waits for may be a fenced call waiting for the window. `cuStreamWaitValue32`
+    /// and `cuStreamWaitValue64` (first and `_v2` forms), `cuStreamWaitEvent` (the event may
+    /// be recorded behind such a wait on another stream), `cuLaunchHostFunc` and
+    /// `cuStreamAddCallback` (a host function that waits for the host), each with its `_ptsz`
+    /// variant (ids from CUDA 13.0's `cupti_driver_cbid.h`). A wait queued before a window
+    /// opens is the drain's: its timeout bounds it.
+    pub const STREAM_WAITS: [CallbackId; 14] = [
+        458, 459, // cuStreamWaitValue32{,_ptsz}
+        473, 474, // cuStreamWaitValue64{,_ptsz}
+        659, 660, // cuStreamWaitValue32_v2{,_ptsz}
+        661, 662, // cuStreamWaitValue64_v2{,_ptsz}
+        295, 436, // cuStreamWaitEvent{,_ptsz}
+        527, 528, // cuLaunchHostFunc{,_ptsz}
+        346, 437, // cuStreamAddCallback{,_ptsz}
     ];
 
     /// Kernel launches kreplay does not replay, fenced against every device's replay windows
@@ -271,7 +289,8 @@ pub mod cbid {
     ];
 
     /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SHARED`], [`PEER_ACCESS`],
-    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`UNREPLAYED_LAUNCHES`],
+    /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`STREAM_WAITS`],
+    /// [`UNREPLAYED_LAUNCHES`],
     /// [`BEGIN_CAPTURE`], [`END_CAPTURE`] and [`GRAPH_MEMORY`].
     pub fn all() -> Vec<CallbackId> {
         [
@@ -283,6 +302,7 @@ pub mod cbid {
             &MEMCPY,
             &MEMSET,
             &STREAM_WRITES,
+            &STREAM_WAITS,
             &UNREPLAYED_LAUNCHES,
             &BEGIN_CAPTURE,
             &END_CAPTURE,

@@ -36,6 +36,12 @@ pub enum DeviceWrite {
     Graph,
     /// A kernel launch kreplay does not replay (`cbid::UNREPLAYED_LAUNCHES`): it runs once.
     Launch,
+    /// Work queued on a stream that waits (`cbid::STREAM_WAITS`: `cuStreamWaitValue*`,
+    /// `cuStreamWaitEvent`, a host function or stream callback): it writes nothing, but queued
+    /// on a replayed launch's stream inside its window it stands between the application's
+    /// launch and the re-launches, and what it waits for may be a fenced call that waits for
+    /// the window (a `cuStreamWriteValue32` on another thread): the passes would never end.
+    Wait,
 }
 
 /// Where a copy or memset writes, as far as its first parameter tells.
@@ -179,6 +185,8 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
         Some(DeviceWrite::Graph)
     } else if cbid::UNREPLAYED_LAUNCHES.contains(&id) {
         Some(DeviceWrite::Launch)
+    } else if cbid::STREAM_WAITS.contains(&id) {
+        Some(DeviceWrite::Wait)
     } else {
         None
     }
@@ -311,9 +319,10 @@ mod tests {
         for (name, id) in calls {
             assert!(device_write(id).is_some(), "{name} ({id}) is not fenced");
         }
-        // Waits write nothing; the launches kreplay replays take their lock in the window.
+        // Waits write nothing, but are fenced as waits (see `DeviceWrite::Wait`); the launches
+        // kreplay replays take their lock in the window.
         for id in [458, 459, 473, 474, 659, 660, 661, 662] {
-            assert_eq!(device_write(id), None, "{id}");
+            assert_eq!(device_write(id), Some(DeviceWrite::Wait), "{id}");
         }
         for id in cbid::LAUNCHES {
             assert_eq!(device_write(id), None, "{id}");

@@ -2139,7 +2139,8 @@ fn allocation_device(
 /// Whether driver-API call `id` puts work on a device that may write its memory: a launch of any
 /// kind, a copy, a memset or a stream write.
 fn writes_device(id: CallbackId) -> bool {
-    fence::device_write(id).is_some() || cbid::LAUNCHES.contains(&id)
+    fence::device_write(id).is_some_and(|w| w != fence::DeviceWrite::Wait)
+        || cbid::LAUNCHES.contains(&id)
 }
 
 /// The drain before a launch's snapshot, on a thread of kreplay's own (see

@@ -951,6 +951,161 @@ fn a_launch_waits_for_another_threads_replay_window_beyond_the_drain_timeout() {
     );
 }
 
+/// One stream of the fake: work another thread queued on it that waits (a
+/// `cuStreamWaitValue32`, a `cuStreamWaitEvent` on an event recorded behind such a wait, a
+/// host function that waits for the host), and the flag that ends the wait.
+#[derive(Default)]
+struct WaitingStream {
+    /// (a wait is queued, the flag is set, the test gave up)
+    state: Mutex<(bool, bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl WaitingStream {
+    /// Whether the stream reaches its end: no wait queued, or its flag set.
+    fn synchronize(&self) -> Result<(), String> {
+        let mut s = self.state.lock().unwrap();
+        while s.0 && !s.1 && !s.2 {
+            s = self.changed.wait(s).unwrap();
+        }
+        if s.2 && s.0 && !s.1 {
+            return Err("the stream never reached its end".into());
+        }
+        Ok(())
+    }
+    fn update(&self, f: impl FnOnce(&mut (bool, bool, bool))) {
+        f(&mut self.state.lock().unwrap());
+        self.changed.notify_all();
+    }
+}
+
+/// The fake launch on a [`WaitingStream`]: waiting for a pass is synchronizing the stream.
+struct OnStream {
+    inner: FakeLaunch,
+    stream: Arc<WaitingStream>,
+}
+
+impl LaunchOps for OnStream {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.stream.synchronize()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+/// An application's driver call `id` on another thread, as the injected library handles it:
+/// fenced against the device's replay windows when kreplay fences that call.
+fn app_call(r: &Rig, id: u32, call: impl FnOnce()) {
+    let fenced = kreplay_cuda::fence::device_write(id).is_some();
+    if fenced {
+        kreplay_cuda::fence::enter(&r.device.locks, &[AGENT]);
+    }
+    call();
+    if fenced {
+        kreplay_cuda::fence::exit();
+    }
+}
+
+/// While a launch's replay window is open, another thread queues on the launch's stream work
+/// that waits (ids from CUDA 13.0's `cupti_driver_cbid.h`) for a flag a third thread sets with
+/// `cuStreamWriteValue32`, which is fenced and so waits for the window to close. Queued inside
+/// the window, the wait stood between the application's launch and the re-launches, and the
+/// passes waited for it, the write waited for the passes: the program hung. Such a call waits
+/// for the window, as the write does, and its wait comes after the last pass.
+#[test]
+fn work_another_thread_queues_on_the_replayed_stream_that_waits_does_not_hang_the_window() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const WRITE_VALUE_32: u32 = 460;
+    for (name, id) in [
+        ("cuStreamWaitValue32", 458),
+        ("cuStreamWaitValue32_ptsz", 459),
+        ("cuStreamWaitValue64", 473),
+        ("cuStreamWaitValue32_v2", 659),
+        ("cuStreamWaitValue64_v2_ptsz", 662),
+        ("cuStreamWaitEvent", 295),
+        ("cuStreamWaitEvent_ptsz", 436),
+        ("cuLaunchHostFunc", 527),
+        ("cuLaunchHostFunc_ptsz", 528),
+        ("cuStreamAddCallback", 346),
+        ("cuStreamAddCallback_ptsz", 437),
+    ] {
+        let r = Arc::new(rig(SnapshotConfig::default()));
+        let stream = Arc::new(WaitingStream::default());
+        let (exit_tx, exit_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let launcher = {
+            let r = r.clone();
+            let stream = stream.clone();
+            let (entered_tx, entered_rx) = mpsc::channel();
+            let t = std::thread::spawn(move || {
+                let ops = OnStream {
+                    inner: fake(&r),
+                    stream,
+                };
+                let mut tool = LogTool {
+                    passes: 4,
+                    events: r.events.clone(),
+                    outcome: RefCell::new(None),
+                };
+                let window = Window::enter(
+                    r.device.context(&r.registry),
+                    &mut tool,
+                    DispatchInfo::default(),
+                    &ops,
+                );
+                ops.inner.app_launch();
+                entered_tx.send(()).unwrap();
+                // API EXIT once the other threads made their calls (or waited in them).
+                exit_rx.recv().unwrap();
+                let outcome = window.exit(&mut tool, &r.registry, &ops, Ok(())).outcome;
+                done_tx.send(()).unwrap();
+                outcome
+            });
+            entered_rx.recv().unwrap();
+            t
+        };
+        let (queued_tx, queued_rx) = mpsc::channel();
+        let waiter = {
+            let r = r.clone();
+            let stream = stream.clone();
+            std::thread::spawn(move || {
+                app_call(&r, id, || stream.update(|s| s.0 = true));
+                queued_tx.send(()).unwrap();
+            })
+        };
+        let _ = queued_rx.recv_timeout(Duration::from_millis(200));
+        let writer = {
+            let r = r.clone();
+            let stream = stream.clone();
+            std::thread::spawn(move || {
+                app_call(&r, WRITE_VALUE_32, || stream.update(|s| s.1 = true));
+            })
+        };
+        exit_tx.send(()).unwrap();
+        // The launch returns, or the test gives up on it (and unblocks the stream).
+        let finished = done_rx.recv_timeout(Duration::from_secs(5)).is_ok();
+        stream.update(|s| s.2 = true);
+        let outcome = launcher.join().unwrap();
+        waiter.join().unwrap();
+        writer.join().unwrap();
+        assert!(finished, "{name}: the replay window hung");
+        assert!(
+            matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+            "{name}: {outcome:?}"
+        );
+        expect_one_run(&r);
+    }
+}
+
 /// A launch whose snapshot filter is made as the injected library makes it ([`LaunchOps::scope`]
 /// is `scope`), running `kernel` as its application launch and its re-launches.
 struct ScopedLaunch<S, K> {
