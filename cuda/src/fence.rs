@@ -192,6 +192,28 @@ pub fn device_write(id: CallbackId) -> Option<DeviceWrite> {
     }
 }
 
+/// Whether driver-API callback `id` may link devices into one replay group
+/// (`kreplay_locks::AgentGroups`): peer access (`cbid::PEER_ACCESS`), memory another device
+/// holds opened here (`cbid::SHARED`'s opening calls), an allocation node whose access list
+/// names other devices. Such a call is fenced from its API ENTER until the link is recorded at
+/// its API EXIT, on every device that may have windows: a link made inside a window that holds
+/// only one of the devices would let the other's ordinary launches, which may now write the
+/// replayed device's memory, run between its snapshot and its restores.
+pub fn links_devices(id: CallbackId) -> bool {
+    cbid::PEER_ACCESS.contains(&id)
+        || matches!(
+            id,
+            cbid::CU_IPC_OPEN_MEM_HANDLE
+                | cbid::CU_IPC_OPEN_MEM_HANDLE_V2
+                | cbid::CU_MEM_POOL_IMPORT_POINTER
+                | cbid::CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER
+                | cbid::CU_GRAPHICS_RESOURCE_GET_MAPPED_POINTER_V2
+                | cbid::CU_GRAPH_ADD_MEM_ALLOC_NODE
+                | cbid::CU_GRAPH_ADD_NODE
+                | cbid::CU_GRAPH_ADD_NODE_V2
+        )
+}
+
 /// The devices whose replay windows a fenced call must wait for, sorted, each once: the device
 /// of its context (`current`), the devices owning the tracked memory its first two parameters
 /// point into (`owners`: the destination and source of a 1D copy, which may be another device's
@@ -240,6 +262,16 @@ pub fn enter(locks: &AgentLocks, devices: &[u64]) {
 pub fn exit() {
     let access = HELD.with(|h| h.borrow_mut().pop());
     drop(access);
+}
+
+/// Calls [`exit`] when dropped: the API EXIT of a fenced call whose handling may return early.
+#[derive(Debug)]
+pub struct ExitOnDrop;
+
+impl Drop for ExitOnDrop {
+    fn drop(&mut self) {
+        exit();
+    }
 }
 
 /// How many fenced calls the calling thread is inside (0 outside any).
@@ -326,6 +358,33 @@ mod tests {
         }
         for id in cbid::LAUNCHES {
             assert_eq!(device_write(id), None, "{id}");
+        }
+    }
+
+    #[test]
+    fn every_call_that_may_link_devices_is_fenced_as_a_link() {
+        // Ids from CUDA 13.0's cupti_driver_cbid.h: peer access, memory another device holds
+        // opened here, allocation nodes with an access list.
+        let calls: [(&str, CallbackId); 11] = [
+            ("cuCtxEnablePeerAccess", 313),
+            ("cuMemSetAccess", 553),
+            ("cuMemPoolSetAccess", 605),
+            ("cuIpcOpenMemHandle", 329),
+            ("cuIpcOpenMemHandle_v2", 567),
+            ("cuMemPoolImportPointer", 616),
+            ("cuExternalMemoryGetMappedBuffer", 486),
+            ("cuGraphicsResourceGetMappedPointer_v2", 258),
+            ("cuGraphAddMemAllocNode", 638),
+            ("cuGraphAddNode", 712),
+            ("cuGraphAddNode_v2", 723),
+        ];
+        for (name, id) in calls {
+            assert!(links_devices(id), "{name} ({id})");
+            assert!(cbid::all().contains(&id), "{name} ({id}) is not enabled");
+            assert_eq!(device_write(id), None, "{name} ({id})");
+        }
+        for id in [cbid::CU_LAUNCH_KERNEL, cbid::CU_MEM_ALLOC_V2, 305, 458] {
+            assert!(!links_devices(id), "{id}");
         }
     }
 

@@ -405,8 +405,6 @@ struct InjectedLaunch<'a> {
     traced: Option<(&'a PassTimer, &'a dyn Tools)>,
     /// At API ENTER: the launch's device, for the tool's work inside its window.
     device: Option<&'a Arc<DeviceState>>,
-    /// A context of each other device of the launch's group, drained with it.
-    peer_contexts: Vec<usize>,
 }
 
 impl LaunchOps for InjectedLaunch<'_> {
@@ -445,13 +443,19 @@ impl LaunchOps for InjectedLaunch<'_> {
     fn drain_timeout(&self) -> Option<Duration> {
         self.inner.drainer.map(Drainer::timeout)
     }
+    fn linked_devices(&self) -> Option<Vec<u64>> {
+        let s = self.scope.as_ref()?;
+        Some(s.backend.peers.group(s.device.ordinal as u64))
+    }
     fn drain(&self) -> Result<(), String> {
         self.inner.drain()?;
-        let Some(drainer) = self.inner.drainer else {
+        let (Some(drainer), Some(s)) = (self.inner.drainer, &self.scope) else {
             return Ok(());
         };
-        // The drain thread synchronises every context seen on the device of the one named.
-        self.peer_contexts
+        // The group as it is now, its writer sides held (see `linked_devices`). The drain
+        // thread synchronises every context seen on the device of the one named.
+        s.backend
+            .peer_contexts(s.device.ordinal)
             .iter()
             .try_for_each(|&ctx| drainer.drain(ctx))
     }
@@ -690,6 +694,29 @@ impl Backend {
             let _ = unsafe { self.driver.make_current(previous) };
             device
         })
+    }
+
+    /// The devices a call that may link devices waits for (see [`fence::links_devices`]):
+    /// every device kreplay has state for and the calling context's, ascending.
+    fn linking_devices(&self, ctx: CuContext) -> Vec<u64> {
+        if !self.locks.is_enabled() {
+            return Vec::new();
+        }
+        let mut devices = self.known_devices();
+        devices.extend(self.ordinal(ctx).map(|o| o as u64));
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+    }
+
+    /// A context of each other device of `ordinal`'s peer group (drained with it).
+    fn peer_contexts(&self, ordinal: i32) -> Vec<usize> {
+        self.peers
+            .group(ordinal as u64)
+            .iter()
+            .filter(|&&d| d != ordinal as u64)
+            .filter_map(|&d| self.contexts.on_device(d as i32).first().copied())
+            .collect()
     }
 
     /// `call` let the kernels of `devices` reach each other's memory: from now on a replay on
@@ -1443,15 +1470,10 @@ impl Backend {
             None
         };
         // The devices whose kernels may write this device's memory, or whose memory its kernels
-        // may write (peer access): a replay locks and drains them all.
+        // may write (peer access): a replay locks and drains them all (the window asks again
+        // once it holds them, see `linked_devices`).
         let group = self.peers.group(device.ordinal as u64);
-        let peer_contexts = group
-            .iter()
-            .filter(|&&d| d != device.ordinal as u64)
-            .filter_map(|&d| self.contexts.on_device(d as i32).first().copied())
-            .collect();
         let ops = InjectedLaunch {
-            peer_contexts,
             inner: cuda_launch,
             watch: &self.watch,
             graphs: &self.graphs,
@@ -1521,7 +1543,6 @@ impl Backend {
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
             device: None,
-            peer_contexts: Vec::new(),
         };
         let launched = self
             .driver
@@ -1679,6 +1700,14 @@ impl Backend {
             }
             return;
         }
+        // A call that may link devices into one replay group waits for the open windows of
+        // every device that may have one, and holds new ones off until the link is recorded at
+        // its API EXIT (below), so that a window never holds only part of a group.
+        let linking = fence::links_devices(id);
+        if linking && enter {
+            fence::enter(&self.locks, &self.linking_devices(data.context));
+        }
+        let _linked = (linking && exit).then_some(fence::ExitOnDrop);
         match id {
             cbid::CU_MEM_ALLOC_V2
             | cbid::CU_MEM_ALLOC_ASYNC

@@ -87,6 +87,12 @@ pub trait LaunchOps {
     fn drain_timeout(&self) -> Option<Duration> {
         None
     }
+    /// The devices linked with the launch's device now (its peer group, itself included),
+    /// asked again once the writer sides of [`WindowContext::group`] are held: a link made
+    /// since the group was read is locked too. `None` (the default): the group as given.
+    fn linked_devices(&self) -> Option<Vec<u64>> {
+        None
+    }
     /// Wait until every stream of the launch's device is idle, and of every other device of
     /// its group ([`WindowContext::group`]).
     fn drain(&self) -> Result<(), String>;
@@ -403,10 +409,27 @@ impl Window {
         // `AgentLocks::write_all_serving`): two replays of one group, or a replay and a thread
         // whose fenced call on one device nests one on another, never wait for each other
         // crosswise.
-        let devices = locked_devices(cx.group, info.agent_id);
-        let lock = match lock_devices(cx.locks, &devices, ops.drain_timeout()) {
-            Ok(lock) => lock,
-            Err(decline) => return State::Declined(decline, None),
+        let mut devices = locked_devices(cx.group, info.agent_id);
+        let lock = loop {
+            let lock = match lock_devices(cx.locks, &devices, ops.drain_timeout()) {
+                Ok(lock) => lock,
+                Err(decline) => return State::Declined(decline, None),
+            };
+            // Peer access enabled on another thread since the group was read: the new peers'
+            // work may write this device's memory, so they are locked (and drained) too. The
+            // calls that link devices wait for open windows (`fence::links_devices`), so the
+            // group holds while these sides are.
+            let now = ops
+                .linked_devices()
+                .map(|g| locked_devices(&g, info.agent_id))
+                .unwrap_or_default();
+            if now.iter().all(|d| devices.contains(d)) {
+                break lock;
+            }
+            drop(lock);
+            devices.extend(now);
+            devices.sort_unstable();
+            devices.dedup();
         };
         cost.lock_wait = waited.elapsed();
         if let Err(why) = ops.drainable() {

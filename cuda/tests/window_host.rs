@@ -1106,6 +1106,149 @@ fn work_another_thread_queues_on_the_replayed_stream_that_waits_does_not_hang_th
     }
 }
 
+/// The fake's operations on a device whose peer group is read from `groups` (as the injected
+/// library reads its `AgentGroups`).
+struct Linked {
+    inner: FakeLaunch,
+    groups: Arc<kreplay_locks::AgentGroups>,
+    agent: u64,
+}
+
+impl LaunchOps for Linked {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn linked_devices(&self) -> Option<Vec<u64>> {
+        Some(self.groups.group(self.agent))
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+/// Opens a replay window of 4 passes on device 0 on another thread, its group read from
+/// `groups` before it waits for the lock (`held`, another window on device 0, is dropped once
+/// `between` ran), and checks that device 1's ordinary launch, made on a third thread after
+/// `before_launch` there, waits for that window (`what` names the case).
+fn device_1_waits_for_device_0s_window(
+    what: &str,
+    between: impl FnOnce(&kreplay_locks::AgentGroups),
+    before_launch: impl FnOnce(&Rig, &kreplay_locks::AgentGroups) + Send + 'static,
+) {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let groups = Arc::new(kreplay_locks::AgentGroups::new());
+    let held = r.device.locks.write(0).unwrap();
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (exit_tx, exit_rx) = mpsc::channel::<()>();
+    let launcher = {
+        let (r, groups) = (r.clone(), groups.clone());
+        std::thread::spawn(move || {
+            let ops = Linked {
+                inner: fake(&r),
+                groups: groups.clone(),
+                agent: 0,
+            };
+            let group = groups.group(0);
+            let cx = kreplay_cuda::WindowContext {
+                group: &group,
+                ..r.device.context(&r.registry)
+            };
+            let mut tool = LogTool {
+                passes: 4,
+                events: r.events.clone(),
+                outcome: RefCell::new(None),
+            };
+            let info = DispatchInfo {
+                agent_id: 0,
+                ..DispatchInfo::default()
+            };
+            let w = Window::enter(cx, &mut tool, info, &ops);
+            entered_tx.send(w.is_ready()).unwrap();
+            ops.inner.app_launch();
+            let _ = exit_rx.recv();
+            w.exit(&mut tool, &ContextRegistry::new(), &ops, Ok(()))
+                .outcome
+        })
+    };
+    assert!(
+        entered_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "{what}: the window opened while another held device 0"
+    );
+    between(&groups);
+    drop(held);
+    assert!(
+        entered_rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        "{what}: replayed"
+    );
+    let (other_tx, other_rx) = mpsc::channel();
+    let other = {
+        let (r, groups) = (r.clone(), groups.clone());
+        std::thread::spawn(move || {
+            before_launch(&r, &groups);
+            let ops = fake(&r);
+            launch_telling_enter(&r, 1, 1, &ops, &ops, other_tx);
+        })
+    };
+    let inside = other_rx.recv_timeout(Duration::from_millis(200)).is_ok();
+    exit_tx.send(()).unwrap();
+    let outcome = launcher.join().unwrap();
+    other.join().unwrap();
+    assert!(
+        !inside,
+        "{what}: device 1's launch, which may write device 0's memory, ran inside device 0's window"
+    );
+    assert!(
+        matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{what}: {outcome:?}"
+    );
+}
+
+/// Peer access enabled (on another thread) after a launch read its device's group, while it
+/// waited for its writer side: the group it locks is the one that holds once it got it, or a
+/// launch on the new peer, which may write the replayed device's memory, ran between the
+/// snapshot and the restores, and the restores undid what it wrote.
+#[test]
+fn a_peer_link_made_while_a_launch_waits_for_its_device_is_locked_with_it() {
+    device_1_waits_for_device_0s_window(
+        "linked before the lock",
+        |groups| groups.link(&[0, 1]),
+        |_, _| {},
+    );
+}
+
+/// A call that links devices (`cuCtxEnablePeerAccess`, id 313), made on another thread while a
+/// replay window is open on one of them, waits for the window to close: linked inside it, a
+/// launch on the new peer ran inside the window, which held only its own device.
+#[test]
+fn a_call_that_links_devices_waits_for_an_open_replay_window() {
+    const CU_CTX_ENABLE_PEER_ACCESS: u32 = 313;
+    device_1_waits_for_device_0s_window(
+        "linked inside the window",
+        |_| {},
+        |r, groups| {
+            // cuCtxEnablePeerAccess, as the injected library handles it (the link is made at
+            // its API EXIT); the thread then launches on the new peer.
+            let fenced = kreplay_cuda::fence::links_devices(CU_CTX_ENABLE_PEER_ACCESS);
+            if fenced {
+                kreplay_cuda::fence::enter(&r.device.locks, &[0, 1]);
+            }
+            groups.link(&[0, 1]);
+            if fenced {
+                kreplay_cuda::fence::exit();
+            }
+        },
+    );
+}
+
 /// A launch whose snapshot filter is made as the injected library makes it ([`LaunchOps::scope`]
 /// is `scope`), running `kernel` as its application launch and its re-launches.
 struct ScopedLaunch<S, K> {

@@ -195,6 +195,12 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/two_gpus" cuda/tests/workloads/two_gpus.cu
     step two_gpus "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/two_gpus.csv" -- "$OUT/two_gpus"
+    # Peer access enabled on one thread while another's launches on GPU 0 are replayed, then
+    # launches on GPU 1 that run once write GPU 0's memory: none lands inside a window on GPU 0.
+    # With one GPU it prints that it needs two.
+    nvcc -O2 -o "$OUT/peer_link" cuda/tests/workloads/peer_link.cu
+    step peer_link "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/peer_link.csv" -- "$OUT/peer_link"
     # cudaDeviceReset and cuCtxDestroy between launches: kreplay lets go of what it held in
     # the context that ends, and of the allocations that end with it.
     nvcc -O2 -o "$OUT/device_reset" cuda/tests/workloads/device_reset.cu -lcuda
