@@ -888,6 +888,70 @@ fn a_launch_is_declined_not_hung_when_a_call_holding_the_device_waits_for_the_la
     expect_one_run(&r);
 }
 
+/// As above while another thread waits for the same device's writer side too (another launch
+/// about to open a window): its wait marks the device while it waits for the readers to leave,
+/// which is not a replay window; mistaken for one, it kept the launch waiting without bound.
+#[test]
+fn a_launch_is_declined_when_another_thread_also_waits_for_a_device_a_stuck_call_holds() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    let (flag_tx, flag_rx) = mpsc::channel::<()>();
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let copier = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            kreplay_cuda::fence::enter(&r.device.locks, &[AGENT]);
+            inside_tx.send(()).unwrap();
+            let _ = flag_rx.recv_timeout(Duration::from_secs(30));
+            kreplay_cuda::fence::exit();
+        })
+    };
+    inside_rx.recv().unwrap();
+    // Another thread waiting for the writer side, in slices, as a window about to open does.
+    let stop = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (r, stop) = (r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let got = r
+                .device
+                .locks
+                .write_until(AGENT, Duration::from_millis(7), || {
+                    !stop.load(Ordering::SeqCst)
+                })
+                .unwrap();
+            drop(got);
+        })
+    };
+    let (done_tx, done_rx) = mpsc::channel();
+    let launcher = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = Bounded {
+                inner: fake(&r),
+                timeout: Duration::from_millis(300),
+            };
+            let outcome = launch_with(&r, &ops, 4, || {
+                ops.inner.app_launch();
+                Ok(())
+            });
+            done_tx.send(outcome).unwrap();
+        })
+    };
+    let outcome = done_rx.recv_timeout(Duration::from_secs(5));
+    stop.store(true, Ordering::SeqCst);
+    flag_tx.send(()).unwrap();
+    copier.join().unwrap();
+    waiter.join().unwrap();
+    let outcome = outcome.expect("the launch waited without bound");
+    launcher.join().unwrap();
+    let decline = outcome.decline().expect("declined");
+    assert_eq!(decline.reason, DeclineReason::AgentDrainStuck, "{decline}");
+    expect_one_run(&r);
+}
+
 /// The drain timeout bounds waiting for calls that hold the device, not for another thread's
 /// replay window: its passes run to their end, however long, and the launch waiting for it is
 /// then replayed.

@@ -267,9 +267,11 @@ impl AgentLock {
         self.agent
     }
 
-    /// Whether some thread currently holds the writer side (a replay window is open).
+    /// Whether some thread currently holds the writer side (a replay window is open). A writer
+    /// still waiting for readers to leave (it marks the raw lock to keep new readers out) does
+    /// not hold it yet, and does not count.
     pub fn is_write_locked(&self) -> bool {
-        self.raw.is_locked_exclusive()
+        self.writer.load(Ordering::Acquire) != NO_WRITER && self.raw.is_locked_exclusive()
     }
 
     /// Whether the lock is held at all (reader or writer side).
@@ -334,7 +336,7 @@ impl AgentLock {
         let me = current_thread_token();
         self.check_write_reentrancy(me)?;
         self.raw.lock_exclusive();
-        self.writer.store(me, Ordering::Relaxed);
+        self.writer.store(me, Ordering::Release);
         Ok(())
     }
 
@@ -348,7 +350,7 @@ impl AgentLock {
                 waited: start.elapsed(),
             });
         }
-        self.writer.store(me, Ordering::Relaxed);
+        self.writer.store(me, Ordering::Release);
         Ok(())
     }
 

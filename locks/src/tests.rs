@@ -572,3 +572,48 @@ fn waiting_readers_and_writers_serve_others_until_the_window_closes() {
         },
     );
 }
+
+#[test]
+fn a_writer_still_waiting_for_readers_is_not_reported_as_holding_the_writer_side() {
+    bounded(
+        "a_writer_still_waiting_for_readers_is_not_reported_as_holding_the_writer_side",
+        || {
+            let locks = Arc::new(enabled());
+            let (held_tx, held_rx) = mpsc::channel();
+            let (release_tx, release_rx) = mpsc::channel::<()>();
+            let reader = {
+                let locks = locks.clone();
+                thread::spawn(move || {
+                    let read = locks.read(40).unwrap();
+                    held_tx.send(()).unwrap();
+                    let _ = release_rx.recv_timeout(LONG);
+                    drop(read);
+                })
+            };
+            held_rx.recv().unwrap();
+            // A replay about to open a window: it waits for the reader to leave.
+            let writer = {
+                let locks = locks.clone();
+                thread::spawn(move || {
+                    let window = locks.try_write_for(40, LONG).unwrap();
+                    drop(window);
+                })
+            };
+            // While it waits (it has marked the lock to keep new readers out), no window is
+            // open: a backend telling a window held from calls in progress must not see one.
+            let deadline = std::time::Instant::now() + SHORT * 5;
+            let mut seen = false;
+            while std::time::Instant::now() < deadline && !seen {
+                seen = locks.agent_lock(40).is_write_locked();
+                thread::yield_now();
+            }
+            release_tx.send(()).unwrap();
+            reader.join().unwrap();
+            writer.join().unwrap();
+            assert!(
+                !seen,
+                "a waiting writer was reported as holding the writer side"
+            );
+        },
+    );
+}
