@@ -179,7 +179,7 @@ if command -v nvcc >/dev/null; then
     # a fenced stream write: each wait waits for the open window, so no pass waits for it. (A
     # wait queued just before a window may make its drain give up: the launch then runs once.)
     nvcc -O2 -o "$OUT/stream_wait" cuda/tests/workloads/stream_wait.cu -lcuda
-    step stream_wait env KREPLAY_DRAIN_TIMEOUT_MS=2000 timeout 300 "$BIN/kreplay" run \
+    step stream_wait env KREPLAY_DRAIN_TIMEOUT_MS=500 timeout 300 "$BIN/kreplay" run \
         --passes "$PASSES" --check -o "$OUT/stream_wait.csv" -- "$OUT/stream_wait"
     # Cooperative launches (grid-wide synchronisation) are replayed like any other launch.
     nvcc -O2 -o "$OUT/cooperative" cuda/tests/workloads/cooperative.cu -lcuda

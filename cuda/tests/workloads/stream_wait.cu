@@ -36,7 +36,7 @@ static std::string driver_error(const char *what, CUresult r) {
 
 int main() {
     const size_t n = 1u << 22;
-    const int launches = 200, rounds = 50;
+    const int launches = 200, rounds = 20;
     uint32_t *x, *flag;
     cudaStream_t sa, sb;
     if (cudaMalloc(&x, n * 4) || cudaMalloc(&flag, 4) || cudaMemset(x, 0, n * 4) ||
