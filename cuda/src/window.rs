@@ -569,6 +569,11 @@ impl Window {
             // Pass 0 was never run by the loop: its announcement still ends.
             enqueued.exit();
         }
+        // The reader side of a launch run once (or what is left of a window) is given back
+        // now: it covers the submission, done before API EXIT, not the kernel's run. Held
+        // while its completion is waited for below, it kept every replay window on the device
+        // waiting for that kernel, and for ever when the kernel waits for such a window.
+        drop(device);
         if launch_ok && matches!(record.outcome, ReplayOutcome::RanOnce { .. }) {
             // Not replayed (opted out, one pass, declined): the application's launch was its
             // one run.

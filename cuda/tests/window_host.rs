@@ -952,6 +952,103 @@ fn a_launch_is_declined_when_another_thread_also_waits_for_a_device_a_stuck_call
     expect_one_run(&r);
 }
 
+/// The fake's operations whose record of a launch run once (`completed(None)`, dispatch
+/// tracing: it waits for the kernel to end) waits for `gate`.
+struct WaitsForCompletion {
+    inner: FakeLaunch,
+    gate: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl LaunchOps for WaitsForCompletion {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn wait(&self) -> Result<(), String> {
+        self.inner.wait()
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+    fn completed(&self, _info: &DispatchInfo, pass: Option<u64>) {
+        if pass.is_none() {
+            let _ = self
+                .gate
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
+/// A launch run once holds its device's reader side while it is submitted, not until its
+/// kernel ends: the wait for its completion record (dispatch tracing) comes after the reader
+/// side is given back. Held, it kept every other thread's replay window on the device waiting
+/// for that kernel, and for ever when the kernel waits for work such a window holds back.
+#[test]
+fn a_launch_run_once_lets_go_of_its_device_before_waiting_for_its_kernel() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    for passes in [1, 4] {
+        let r = Arc::new(rig(SnapshotConfig::default()));
+        let (gate_tx, gate_rx) = mpsc::channel();
+        let (exiting_tx, exiting_rx) = mpsc::channel();
+        let once = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let mut ops = WaitsForCompletion {
+                    inner: fake(&r),
+                    gate: Mutex::new(gate_rx),
+                };
+                if passes > 1 {
+                    // Declined before its snapshot: it too runs once.
+                    ops.inner.replayable = Err("captured into a graph".into());
+                }
+                let mut tool = LogTool {
+                    passes,
+                    events: r.events.clone(),
+                    outcome: RefCell::new(None),
+                };
+                let w = Window::enter(
+                    r.device.context(&r.registry),
+                    &mut tool,
+                    DispatchInfo::default(),
+                    &ops,
+                );
+                ops.inner.app_launch();
+                exiting_tx.send(()).unwrap();
+                w.exit(&mut tool, &r.registry, &ops, Ok(())).outcome
+            })
+        };
+        exiting_rx.recv().unwrap();
+        let (opened_tx, opened_rx) = mpsc::channel();
+        let replay = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let ops = fake(&r);
+                launch_telling_enter(&r, AGENT, 4, &ops, &ops, opened_tx)
+            })
+        };
+        let opened = opened_rx.recv_timeout(Duration::from_secs(2)).is_ok();
+        // The kernel run once ends (or the test gives up on it).
+        gate_tx.send(()).unwrap();
+        let outcome = once.join().unwrap();
+        let replayed = replay.join().unwrap();
+        assert!(
+            opened,
+            "{passes} pass(es): the window waited for the kernel of a launch run once"
+        );
+        assert!(outcome.decline().is_some() || passes == 1, "{outcome:?}");
+        assert!(
+            matches!(replayed, ReplayOutcome::Replayed { passes: 4, .. }),
+            "{replayed:?}"
+        );
+    }
+}
+
 /// The drain timeout bounds waiting for calls that hold the device, not for another thread's
 /// replay window: its passes run to their end, however long, and the launch waiting for it is
 /// then replayed.
