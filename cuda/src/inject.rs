@@ -59,6 +59,7 @@ use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untr
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
 use crate::tracking::MemoryWatch;
+use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
 /// What the backend asks of the tool side.
@@ -373,6 +374,8 @@ struct Backend {
     layouts: Mutex<std::collections::HashMap<usize, Option<Arc<[Param]>>>>,
     warned_layout: AtomicBool,
     warned_cubin: AtomicBool,
+    /// Warns about a pass that does not end, every drain timeout (see [`crate::watchdog`]).
+    watchdog: Watchdog,
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
@@ -442,6 +445,9 @@ impl LaunchOps for InjectedLaunch<'_> {
     }
     fn drain_timeout(&self) -> Option<Duration> {
         self.inner.drainer.map(Drainer::timeout)
+    }
+    fn watchdog(&self) -> Option<&Watchdog> {
+        BACKEND.get().map(|b| &b.watchdog)
     }
     fn linked_devices(&self) -> Option<Vec<u64>> {
         let s = self.scope.as_ref()?;
@@ -2380,6 +2386,7 @@ fn initialize(
     let locks = AgentLocks::new();
     locks.set_enabled(tools.replay_wanted());
     let passes = config.passes;
+    let drain_timeout = config.drain_timeout;
     let backend = Backend {
         driver,
         config,
@@ -2402,6 +2409,17 @@ fn initialize(
         layouts: Mutex::new(Default::default()),
         warned_layout: AtomicBool::new(false),
         warned_cubin: AtomicBool::new(false),
+        watchdog: Watchdog::new(drain_timeout, |what, waited| {
+            log(
+                LogLevel::Warn,
+                format!(
+                    "{what} still running after {:.1} s; waiting for it (a running pass is never \
+                     abandoned; a kernel that waits for a launch of another thread, or of this \
+                     thread after this launch, never ends while the replay holds the device)",
+                    waited.as_secs_f64()
+                ),
+            )
+        }),
     };
     if BACKEND.set(backend).is_err() {
         return Err("already initialized".into());

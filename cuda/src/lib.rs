@@ -53,6 +53,7 @@ pub mod scope;
 pub mod timing;
 pub mod toolwork;
 pub mod tracking;
+pub mod watchdog;
 pub mod window;
 
 pub use config::{Config, LogLevel};

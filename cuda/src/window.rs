@@ -98,6 +98,11 @@ pub trait LaunchOps {
     fn drain(&self) -> Result<(), String>;
     /// Wait until the launch's stream has finished everything submitted to it.
     fn wait(&self) -> Result<(), String>;
+    /// What warns, every interval, about a pass whose [`wait`](Self::wait) lasts (a running
+    /// pass is never abandoned). `None` (the default): nothing is said.
+    fn watchdog(&self) -> Option<&crate::watchdog::Watchdog> {
+        None
+    }
     /// Submit the launch again with the same parameters on the same stream.
     fn relaunch(&self) -> Result<(), String>;
     /// The launch of a pass is about to be submitted (`Before`) or was just submitted
@@ -765,7 +770,17 @@ impl<O: LaunchOps + ?Sized> ReplayDevice for ExitDevice<'_, O> {
                 )
             })?;
         }
-        self.ops.wait().map_err(|why| {
+        // Waited for however long it runs, with a warning every interval while it lasts.
+        let watched = self.ops.watchdog().map(|w| {
+            w.watch(crate::watchdog::PassWait {
+                device: info.agent_id,
+                dispatch: info.dispatch_id,
+                pass,
+            })
+        });
+        let waited = self.ops.wait();
+        drop(watched);
+        waited.map_err(|why| {
             let memory = if pass == 0 {
                 String::new()
             } else {

@@ -1049,6 +1049,83 @@ fn a_launch_run_once_lets_go_of_its_device_before_waiting_for_its_kernel() {
     }
 }
 
+/// The fake's operations whose pass 1 does not end until `watchdog` warned about it twice.
+struct LongPass {
+    inner: FakeLaunch,
+    watchdog: kreplay_cuda::watchdog::Watchdog,
+    warnings: Arc<Mutex<Vec<String>>>,
+    waits: std::sync::atomic::AtomicU32,
+}
+
+impl LaunchOps for LongPass {
+    fn replayable(&self) -> Result<(), String> {
+        self.inner.replayable()
+    }
+    fn drain(&self) -> Result<(), String> {
+        self.inner.drain()
+    }
+    fn watchdog(&self) -> Option<&kreplay_cuda::watchdog::Watchdog> {
+        Some(&self.watchdog)
+    }
+    fn wait(&self) -> Result<(), String> {
+        if self.waits.fetch_add(1, Ordering::SeqCst) == 1 {
+            // Pass 1 runs until it has been warned about twice (or the test gives up on it).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while self.warnings.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+    fn relaunch(&self) -> Result<(), String> {
+        self.inner.relaunch()
+    }
+}
+
+/// A pass that does not end is waited for (a running pass is never abandoned), with a warning
+/// every interval naming it: on CUDA the wait was one blocking `cuStreamSynchronize`, and a
+/// pass whose kernel waits for a launch the window holds back hung the program in silence.
+#[test]
+fn a_pass_that_does_not_end_is_warned_about_while_it_is_waited_for() {
+    let r = rig(SnapshotConfig::default());
+    let warnings: Arc<Mutex<Vec<String>>> = Arc::default();
+    let said = warnings.clone();
+    let ops = LongPass {
+        inner: fake(&r),
+        watchdog: kreplay_cuda::watchdog::Watchdog::new(
+            std::time::Duration::from_millis(20),
+            move |what, waited| {
+                said.lock()
+                    .unwrap()
+                    .push(format!("{what} after {waited:?}"))
+            },
+        ),
+        warnings: warnings.clone(),
+        waits: Default::default(),
+    };
+    let info = DispatchInfo {
+        dispatch_id: 9,
+        ..DispatchInfo::default()
+    };
+    let outcome = launch_info(&r, &ops, 4, info, || {
+        ops.inner.app_launch();
+        Ok(())
+    });
+    assert!(
+        matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{outcome:?}"
+    );
+    expect_one_run(&r);
+    let warnings = warnings.lock().unwrap();
+    assert!(warnings.len() >= 2, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.starts_with("pass 1 of dispatch 9 on device 0")),
+        "{warnings:?}"
+    );
+}
+
 /// The drain timeout bounds waiting for calls that hold the device, not for another thread's
 /// replay window: its passes run to their end, however long, and the launch waiting for it is
 /// then replayed.
