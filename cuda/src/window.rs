@@ -195,12 +195,13 @@ fn locked_devices(group: &[u64], agent: u64) -> Vec<u64> {
 }
 
 /// The writer sides of `devices` (ascending) for a replay window. Another thread's window
-/// is waited for as long as it lasts (its passes run to their end); but a device held only by
-/// readers, the calls of other threads in progress (a copy, a memset, a launch being
-/// submitted), for longer than `timeout` is declined (`agent_drain_stuck`), as a drain that does
-/// not end is: such a call waits for work on the device (a synchronous copy waits for its
-/// stream), which may wait for something the launching thread does only after this launch (a
-/// kernel spinning on a flag it sets), and waited for without bound the program would hang.
+/// (on any device) is waited for as long as it lasts (its passes run to their end); but a
+/// device held only by readers, the calls of other threads in progress (a copy, a memset, a
+/// launch being submitted), while no window is open anywhere, for longer than `timeout` is
+/// declined (`agent_drain_stuck`), as a drain that does not end is: such a call waits for
+/// work on the device (a synchronous copy waits for its stream), which may wait for something
+/// the launching thread does only after this launch (a kernel spinning on a flag it sets), and
+/// waited for without bound the program would hang.
 /// `None`: waited for as long as it takes.
 fn lock_devices(
     locks: &AgentLocks,
@@ -213,10 +214,9 @@ fn lock_devices(
             return true;
         };
         // Nothing of ours is held between slices: a writer side taken is another window's.
-        if devices
-            .iter()
-            .any(|&d| locks.agent_lock(d).is_write_locked())
-        {
+        // A window on any device counts: a call holding this one may span devices (a peer
+        // copy) and wait for that window, which ends.
+        if locks.any_write_locked() {
             readers_since = None;
             return true;
         }

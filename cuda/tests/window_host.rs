@@ -1126,6 +1126,60 @@ fn a_pass_that_does_not_end_is_warned_about_while_it_is_waited_for() {
     );
 }
 
+/// A call of another thread spanning two devices (a peer copy) holds device 0 while it waits
+/// for a replay window on device 1 to close: a launch on device 0 waiting behind it waits for
+/// that window like the call does, however long it lasts, and is then replayed; it is not
+/// declined as if the call were stuck.
+#[test]
+fn a_launch_behind_a_call_waiting_for_another_devices_window_is_not_declined() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let r = Arc::new(rig(SnapshotConfig::default()));
+    // A replay window on device 1.
+    let window_1 = r.device.locks.write(1).unwrap();
+    let (held_tx, held_rx) = mpsc::channel();
+    let copier = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            // Device 0's reader side at once, device 1's once its window closed.
+            let first = r.device.locks.read_owned(0).unwrap();
+            held_tx.send(()).unwrap();
+            kreplay_cuda::fence::enter(&r.device.locks, &[1]);
+            drop(first);
+            kreplay_cuda::fence::exit();
+        })
+    };
+    held_rx.recv().unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let launcher = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ops = Bounded {
+                inner: fake(&r),
+                timeout: Duration::from_millis(100),
+            };
+            let outcome = launch_with(&r, &ops, 4, || {
+                ops.inner.app_launch();
+                Ok(())
+            });
+            done_tx.send(outcome).unwrap();
+        })
+    };
+    let early = done_rx.recv_timeout(Duration::from_millis(600)).ok();
+    drop(window_1);
+    let outcome = match early {
+        Some(o) => o,
+        None => done_rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+    };
+    copier.join().unwrap();
+    launcher.join().unwrap();
+    assert!(
+        matches!(outcome, ReplayOutcome::Replayed { passes: 4, .. }),
+        "{outcome:?}"
+    );
+}
+
 /// The drain timeout bounds waiting for calls that hold the device, not for another thread's
 /// replay window: its passes run to their end, however long, and the launch waiting for it is
 /// then replayed.

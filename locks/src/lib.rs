@@ -445,6 +445,22 @@ impl AgentLocks {
         count
     }
 
+    /// Whether some thread holds the writer side of any agent (a replay window is open
+    /// somewhere; see [`AgentLock::is_write_locked`]). Looks at every agent's lock once.
+    pub fn any_write_locked(&self) -> bool {
+        let mut table = Some(&self.root);
+        while let Some(t) = table {
+            if t.slots
+                .iter()
+                .any(|s| s.get().is_some_and(|l| l.is_write_locked()))
+            {
+                return true;
+            }
+            table = t.next.get().map(|b| &**b);
+        }
+        false
+    }
+
     /// Whether no agent lock has been created yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
