@@ -119,6 +119,9 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
+        // While a replay service is configured a handler call may last (a replay, or a wait
+        // for the agent's lock): the queue's destroy waits for it.
+        let _call = b.replay_active().then(|| state.handler_call());
         deliver_mail(b, state, Sink::Handler(writer));
         if state.has_reentrant() || packets.iter().any(is_wake_up) {
             handle_with_reentrant(

@@ -261,6 +261,13 @@ pub fn is_installed() -> bool {
     backend::installed().is_some()
 }
 
+/// How many `hsa_queue_destroy` calls are waiting now for a handler call of their queue still
+/// in progress (a replay of one of its dispatches): for tests that hold a replay.
+#[doc(hidden)]
+pub fn queue_destroys_waiting() -> usize {
+    queues::destroys_waiting()
+}
+
 /// Number of allocations the inventory tracks now (0 before installation).
 pub fn tracked_allocations() -> usize {
     backend::installed().map_or(0, |b| b.inventory.len())

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use hsa_sys::*;
 use kreplay_drain::QueueView;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{Backend, backend, guarded, installed};
 use crate::dispatch::Packet;
@@ -71,6 +71,12 @@ pub(crate) struct QueueState {
     forwarded_to: AtomicU64,
     /// Where `forwarded_to` goes once the packets being forwarded are written.
     forwarding_to: AtomicU64,
+    /// Handler calls of this queue made while a replay service is configured and not returned
+    /// yet: such a call may last a whole replay (its own, or one it waits for), writing into
+    /// the queue through the runtime's writer. `hsa_queue_destroy` waits for them.
+    handlers: Mutex<usize>,
+    /// Notified when `handlers` drops to 0.
+    handlers_done: Condvar,
 }
 
 /// A queue's error callback as the application gave it, and the first error the runtime
@@ -209,6 +215,27 @@ impl QueueState {
             waits: WaitLog::default(),
             forwarded_to: AtomicU64::new(0),
             forwarding_to: AtomicU64::new(0),
+            handlers: Mutex::new(0),
+            handlers_done: Condvar::new(),
+        }
+    }
+
+    /// Counts a handler call of this queue that may last (see `handlers`) until the returned
+    /// guard is dropped, on this thread.
+    pub(crate) fn handler_call(&self) -> HandlerCall<'_> {
+        *self.handlers.lock() += 1;
+        let _ = HANDLING.try_with(|h| h.borrow_mut().push(self.queue as usize));
+        HandlerCall {
+            state: self,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+
+    /// Waits until no handler call of this queue is in progress.
+    fn wait_for_handlers(&self) {
+        let mut handlers = self.handlers.lock();
+        while *handlers > 0 {
+            self.handlers_done.wait(&mut handlers);
         }
     }
 
@@ -706,7 +733,9 @@ pub(crate) unsafe extern "C" fn queue_create(
     })
 }
 
-/// Wrapper of `hsa_queue_destroy`: forgets the queue, then destroys it and its signal.
+/// Wrapper of `hsa_queue_destroy`: forgets the queue, waits for handler calls of the queue
+/// still in progress (a replay of its dispatch, or a wait for its agent's lock), then destroys
+/// it and its signal.
 pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_status_t {
     guarded(|| {
         let b = backend();
@@ -717,6 +746,17 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
             *state.alive.lock() = false;
             for _ in state.take_mail() {
                 b.original.signal_subtract(state.in_flight, 1);
+            }
+            // A handler call in progress still submits through the queue (the passes of the
+            // dispatch it replays) and reads its state: the queue must outlive it. Without
+            // kreplay the doorbell store would have returned long ago and the destroy found the
+            // dispatch in flight, its results undefined; here the dispatch completes first.
+            // Not from a handler of this queue or a tool callback (a replay this very thread
+            // runs, which could not end while it waits).
+            if !handling(queue) && !in_tool_callbacks() {
+                DESTROYS_WAITING.fetch_add(1, Ordering::SeqCst);
+                state.wait_for_handlers();
+                DESTROYS_WAITING.fetch_sub(1, Ordering::SeqCst);
             }
         }
         let status = b.original.queue_destroy(queue);
@@ -733,6 +773,14 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         }
         status
     })
+}
+
+/// `hsa_queue_destroy` calls waiting for handler calls of their queue now.
+static DESTROYS_WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many `hsa_queue_destroy` calls wait for a handler call of their queue now (tests).
+pub(crate) fn destroys_waiting() -> usize {
+    DESTROYS_WAITING.load(Ordering::SeqCst)
 }
 
 /// Slots of a side queue (kreplay's own queue per agent for re-entrant work).
@@ -794,7 +842,39 @@ pub(crate) fn is_wake_up(packet: &Packet) -> bool {
     barrier.reserved2 == WAKE_UP_MARK && barrier.completion_signal.handle == 0
 }
 
+/// A handler call in progress (see [`QueueState::handler_call`]).
+pub(crate) struct HandlerCall<'a> {
+    state: &'a QueueState,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for HandlerCall<'_> {
+    fn drop(&mut self) {
+        let queue = self.state.queue as usize;
+        let _ = HANDLING.try_with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(at) = h.iter().rposition(|&q| q == queue) {
+                h.remove(at);
+            }
+        });
+        let mut handlers = self.state.handlers.lock();
+        *handlers -= 1;
+        if *handlers == 0 {
+            self.state.handlers_done.notify_all();
+        }
+    }
+}
+
+/// Whether this thread is inside a handler call of `queue` ([`QueueState::handler_call`]).
+fn handling(queue: *mut hsa_queue_t) -> bool {
+    HANDLING
+        .try_with(|h| h.borrow().contains(&(queue as usize)))
+        .unwrap_or(false)
+}
+
 thread_local! {
+    /// The queues whose handler this thread is in (counted ones, see `handler_call`).
+    static HANDLING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Replay windows (agent writer locks) this thread holds.
     static WINDOWS: Cell<u32> = const { Cell::new(0) };
     /// Pass loops of dispatches this thread handles (CONFIG ENTER to CONFIG EXIT).

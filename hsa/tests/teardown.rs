@@ -1,0 +1,309 @@
+//! The application tearing things down on another thread while one of its dispatches is being
+//! replayed: memory, queues, signals. The tool holds the replay at PASS ENTER of pass 1 until
+//! the other thread has done its part, so the window is deterministic. Whatever the other
+//! thread does, the replayed buffer ends as one run leaves it, the application's completion
+//! fires once, nothing hangs and the process keeps running.
+
+#[allow(dead_code)]
+#[macro_use]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use hsa_sys::hsa_signal_t;
+use kreplay_hsa::InstallOptions;
+use kreplay_passloop::{LoopEnd, ReplayOutcome};
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig};
+use kreplay_softhsa::WorkGroup;
+use parking_lot::Mutex;
+use support::app::{self, App, Aql, Pools, Ptr, Queue};
+use support::tool::{Script, TestHooks};
+
+/// Runs of `add_one`.
+static RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AddArgs {
+    buf: u64,
+    len: u32,
+    pad: u32,
+}
+
+/// `buf[i] += 1`; work-group 0 counts the run.
+fn add_one(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
+    let args: AddArgs = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+    }
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
+/// Set when the replay reached PASS ENTER of pass 1.
+static HELD: AtomicBool = AtomicBool::new(false);
+/// Set by the scenario once the other thread did its part.
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+const PASSES: u64 = 3;
+const LEN: u32 = 1024;
+
+struct Env {
+    app: App,
+    hooks: Arc<TestHooks>,
+    pools: Pools,
+}
+
+fn setup(strategy: RestoreStrategy) -> Env {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            snapshot: SnapshotConfig::default().with_strategy(strategy),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    // Every dispatch is replayed in PASSES passes; the first one is held at pass 1.
+    hooks.set_script(Script::passes(PASSES).on_pass_enter(|_, _, pass, _| {
+        if pass == 1 && !HELD.swap(true, Ordering::SeqCst) {
+            assert!(
+                support::wait_flag(&RELEASE),
+                "the scenario never released the replay"
+            );
+        }
+    }));
+    let pools = app.pools(app.gpus[0]);
+    Env { app, hooks, pools }
+}
+
+fn values(len: u32) -> Vec<u32> {
+    (0..len).map(|i| i * 3 + 1).collect()
+}
+
+fn plus_one(v: &[u32]) -> Vec<u32> {
+    v.iter().map(|x| x + 1).collect()
+}
+
+impl Env {
+    fn add(&self, buf: Ptr, done: hsa_signal_t) -> Aql {
+        let kernarg = self.app.kernargs(
+            &self.pools,
+            AddArgs {
+                buf: buf.0,
+                len: LEN,
+                pad: 0,
+            },
+        );
+        let kernel = kreplay_softhsa::register_kernel("teardown_add_one", add_one);
+        Aql::dispatch(kernel, LEN, 64, kernarg, done)
+    }
+
+    /// Dispatches `add_one` over a fresh buffer on `queue` from a thread of its own, waits
+    /// until its replay is held at pass 1, runs `during` on this thread, releases the replay
+    /// and checks the buffer, the completion and the outcome. Returns the outcome.
+    fn held_replay(
+        &self,
+        queue: Queue,
+        done: hsa_signal_t,
+        during: impl FnOnce(),
+    ) -> ReplayOutcome {
+        let init = values(LEN);
+        let buf = self.app.buffer(self.pools.coarse, &init);
+        let packet = self.add(buf, done);
+        let app = self.app;
+        let submitter = std::thread::spawn(move || app.dispatch(queue, packet));
+        assert!(support::wait_flag(&HELD), "the replay never reached pass 1");
+        during();
+        RELEASE.store(true, Ordering::SeqCst);
+        support::bounded(
+            Duration::from_secs(10),
+            vec![Box::new(move || submitter.join().is_ok())],
+        )
+        .into_iter()
+        .for_each(|joined| assert!(joined, "the submitting thread panicked"));
+        let id = self
+            .hooks
+            .configured_dispatches()
+            .first()
+            .expect("the dispatch reached CONFIG ENTER")
+            .dispatch_id;
+        let outcome = self.hooks.finished_record(id).outcome;
+        assert_eq!(
+            self.app.read(buf, LEN as usize),
+            plus_one(&init),
+            "{outcome:?}"
+        );
+        outcome
+    }
+
+    /// The application keeps running: another dispatch is replayed and adds exactly one.
+    fn still_replays(&self) {
+        let init = values(LEN);
+        let buf = self.app.buffer(self.pools.coarse, &init);
+        let queue = self.app.queue(self.app.gpus[0]);
+        let done = self.app.signal(1);
+        self.app.dispatch(queue, self.add(buf, done));
+        assert_eq!(self.app.wait_zero(done), 0);
+        assert_eq!(self.app.read(buf, LEN as usize), plus_one(&init));
+    }
+}
+
+/// Runs `work` on a thread of its own and fails (instead of hanging) when it does not finish
+/// within a few seconds while the replay is held: what the application does on another thread
+/// must not wait for a replay that waits for the tool.
+fn promptly<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(work());
+    });
+    rx.recv_timeout(Duration::from_secs(3))
+        .unwrap_or_else(|_| panic!("{what} waited for the held replay"))
+}
+
+fn replayed(outcome: &ReplayOutcome) -> bool {
+    matches!(
+        outcome,
+        ReplayOutcome::Replayed {
+            passes: PASSES,
+            end: LoopEnd::LastPass,
+            ..
+        }
+    )
+}
+
+fn free_in_footprint_and_reuse(strategy: RestoreStrategy) {
+    let env = setup(strategy);
+    let other = values(LEN);
+    let victim = env.app.buffer(env.pools.coarse, &other);
+    let queue = env.app.queue(env.app.gpus[0]);
+    let done = env.app.signal(1);
+    let fresh: Arc<Mutex<Option<Ptr>>> = Arc::default();
+    let (app, pools, f) = (env.app, env.pools, fresh.clone());
+    let outcome = env.held_replay(queue, done, move || {
+        promptly("a free of snapshotted memory", move || {
+            app.free(victim);
+            let p = app.alloc(pools.coarse, LEN as usize * 4);
+            // A CPU store into memory allocated after the free: no restore may write there.
+            // SAFETY: softhsa's coarse memory is host memory; `p` holds LEN u32s.
+            unsafe {
+                std::slice::from_raw_parts_mut(p.0 as *mut u32, LEN as usize).fill(0x5a5a_5a5a)
+            };
+            *f.lock() = Some(p);
+        });
+    });
+    assert!(replayed(&outcome), "{outcome:?}");
+    assert_eq!(env.app.wait_zero(done), 0);
+    let fresh = fresh.lock().expect("allocated");
+    assert_eq!(
+        env.app.read(fresh, LEN as usize),
+        vec![0x5a5a_5a5a; LEN as usize]
+    );
+    env.still_replays();
+}
+
+scenarios! {
+    /// Another thread frees a buffer the held replay snapshotted and allocates one of the same
+    /// size (which may get its address): the free does not wait for the replay, and no restore
+    /// writes into the new allocation.
+    fn a_snapshotted_buffer_freed_and_reused_by_another_thread_mid_replay_full() {
+        free_in_footprint_and_reuse(RestoreStrategy::Full);
+    }
+
+    fn a_snapshotted_buffer_freed_and_reused_by_another_thread_mid_replay_hash() {
+        free_in_footprint_and_reuse(RestoreStrategy::Hash);
+    }
+
+    fn a_snapshotted_buffer_freed_and_reused_by_another_thread_mid_replay_auto() {
+        free_in_footprint_and_reuse(RestoreStrategy::Auto);
+    }
+
+    /// Memory of the other GPU freed while a replay holds GPU 0: the free does not wait.
+    fn memory_outside_the_footprint_freed_mid_replay_does_not_wait() {
+        let env = setup(RestoreStrategy::Auto);
+        let pools1 = env.app.pools(env.app.gpus[1]);
+        let elsewhere = env.app.buffer(pools1.coarse, &[1; 64]);
+        let host = env.app.alloc(env.app.host_pool(), 4096);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let app = env.app;
+        let outcome = env.held_replay(queue, done, move || {
+            promptly("a free of memory outside the footprint", move || {
+                app.free(elsewhere);
+                app.free(host);
+            });
+        });
+        assert!(replayed(&outcome), "{outcome:?}");
+        assert_eq!(env.app.wait_zero(done), 0);
+        env.still_replays();
+    }
+
+    /// An idle queue of the replayed agent destroyed mid-replay: no wait, the replay goes on.
+    fn a_sibling_queue_destroyed_mid_replay() {
+        let env = setup(RestoreStrategy::Auto);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let sibling = env.app.queue(env.app.gpus[0]);
+        let other_agent = env.app.queue(env.app.gpus[1]);
+        let done = env.app.signal(1);
+        let app = env.app;
+        let outcome = env.held_replay(queue, done, move || {
+            promptly("a queue destroy", move || {
+                app.destroy_queue(sibling);
+                app.destroy_queue(other_agent);
+            });
+        });
+        assert!(replayed(&outcome), "{outcome:?}");
+        assert_eq!(env.app.wait_zero(done), 0);
+        env.still_replays();
+    }
+
+    /// The application destroys the completion signal of the dispatch being replayed (it
+    /// gave up waiting): the replay ends, the process keeps running.
+    fn the_completion_signal_destroyed_mid_replay() {
+        let env = setup(RestoreStrategy::Auto);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let app = env.app;
+        env.held_replay(queue, done, move || {
+            promptly("a signal destroy", move || {
+                let destroy = app.core().hsa_signal_destroy_fn.expect("hsa_signal_destroy");
+                // SAFETY: `done` is a live signal the application created.
+                unsafe { destroy(done) };
+            });
+        });
+        env.still_replays();
+    }
+
+    /// The application destroys the queue whose dispatch is being replayed, from another
+    /// thread (it gave up waiting; per HSA the dispatch's results are then undefined): the
+    /// destroy waits for the replay, which ends as one run would have, instead of the replay
+    /// writing its next pass into the destroyed queue (before: a hang, then SIGSEGV).
+    fn the_replayed_queue_destroyed_mid_replay_waits_for_the_replay() {
+        let env = setup(RestoreStrategy::Auto);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let app = env.app;
+        let destroyer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::default();
+        let d = destroyer.clone();
+        let outcome = env.held_replay(queue, done, move || {
+            *d.lock() = Some(std::thread::spawn(move || app.destroy_queue(queue)));
+            let deadline = std::time::Instant::now() + app::WAIT;
+            while kreplay_hsa::queue_destroys_waiting() == 0 {
+                assert!(std::time::Instant::now() < deadline, "the destroy never waited for the replay");
+                std::thread::yield_now();
+            }
+        });
+        assert!(replayed(&outcome), "{outcome:?}");
+        assert_eq!(env.app.wait_zero(done), 0);
+        let destroyer = destroyer.lock().take().expect("a destroying thread");
+        assert!(promptly("the destroy after the replay", move || destroyer.join().is_ok()));
+        env.still_replays();
+    }
+}
