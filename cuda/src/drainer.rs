@@ -94,10 +94,13 @@ impl Drainer {
         let mut s = shared.state.lock();
         if !s.started {
             let worker = shared.clone();
-            std::thread::Builder::new()
-                .name("kreplay-drain".into())
-                .spawn(move || worker.run())
-                .map_err(|e| format!("cannot start the drain thread: {e}"))?;
+            // Started with the application's asynchronous signals blocked, whatever the mask
+            // of the launching thread (`kreplay_wtrack::threads`).
+            kreplay_wtrack::threads::spawn(
+                std::thread::Builder::new().name("kreplay-drain".into()),
+                move || worker.run(),
+            )
+            .map_err(|e| format!("cannot start the drain thread: {e}"))?;
             s.started = true;
         }
         while s.busy || s.pending.is_some() {

@@ -613,16 +613,20 @@ impl QueueRegistry {
         let in_flight = b.original.signal_create(0).ok()?;
         let errors = QueueErrors::new(None, std::ptr::null_mut());
         let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
-        let status = b.original.queue_create(
-            agent,
-            SIDE_QUEUE_SIZE,
-            HSA_QUEUE_TYPE_MULTI,
-            Some(on_queue_error),
-            errors.as_data(),
-            0,
-            0,
-            &raw mut queue,
-        );
+        // Threads the runtime starts for kreplay's queue start as kreplay's own do, with the
+        // application's asynchronous signals blocked (`kreplay_wtrack::threads`).
+        let status = kreplay_wtrack::threads::with_async_signals_blocked(|| {
+            b.original.queue_create(
+                agent,
+                SIDE_QUEUE_SIZE,
+                HSA_QUEUE_TYPE_MULTI,
+                Some(on_queue_error),
+                errors.as_data(),
+                0,
+                0,
+                &raw mut queue,
+            )
+        });
         if status != HSA_STATUS_SUCCESS || queue.is_null() {
             b.original.signal_destroy(in_flight);
             return None;

@@ -62,9 +62,10 @@ impl Runners {
             self.work.notify_one();
             return;
         }
-        let spawned = std::thread::Builder::new()
-            .name("kreplay-completion".into())
-            .spawn(move || self.serve());
+        let spawned = kreplay_wtrack::threads::spawn(
+            std::thread::Builder::new().name("kreplay-completion".into()),
+            move || self.serve(),
+        );
         match spawned {
             Ok(_) => state.threads += 1,
             Err(_) => {
@@ -129,9 +130,10 @@ impl Watcher {
                     inner.unavailable = true;
                     return Err(job);
                 };
-                let spawned = std::thread::Builder::new()
-                    .name("kreplay-completions".into())
-                    .spawn(move || run(wake));
+                let spawned = kreplay_wtrack::threads::spawn(
+                    std::thread::Builder::new().name("kreplay-completions".into()),
+                    move || run(wake),
+                );
                 if spawned.is_err() {
                     b.original.signal_destroy(wake);
                     inner.unavailable = true;
@@ -243,11 +245,12 @@ pub(crate) fn when_zero_off_runtime(
     let Err(job) = b.watcher.on_zero(b, signal, job_of(handler, arg)) else {
         return true;
     };
-    std::thread::Builder::new()
-        .name("kreplay-completion".into())
-        .spawn(move || {
+    kreplay_wtrack::threads::spawn(
+        std::thread::Builder::new().name("kreplay-completion".into()),
+        move || {
             backend().original.signal_wait_eq(signal, 0, u64::MAX);
             job();
-        })
-        .is_ok()
+        },
+    )
+    .is_ok()
 }

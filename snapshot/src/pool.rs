@@ -31,7 +31,11 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
             .thread_name(|i| format!("kreplay-pool-{i}"))
             .build()
     };
-    let pool = build(0).or_else(|_| build(1)).ok()?;
+    // Its workers start with the application's asynchronous signals blocked, whatever the
+    // mask of the thread that first needs them (`kreplay_wtrack::threads`).
+    let pool = kreplay_wtrack::threads::with_async_signals_blocked(|| {
+        build(0).or_else(|_| build(1)).ok()
+    })?;
     Some(POOL.get_or_init(|| pool))
 }
 

@@ -66,6 +66,8 @@ mod sys;
 
 pub use maps::{Mapping, private_anonymous_cover};
 
+pub mod threads;
+
 /// Why writes could not be tracked.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -1,0 +1,135 @@
+//! The signal mask kreplay's own threads start with.
+//!
+//! A thread inherits the signal mask of the thread that creates it. kreplay starts its threads
+//! (copy pool, completion watchers, drains) lazily, from whichever thread first needs them: an
+//! application thread, a runtime thread. Where that thread does not block the application's
+//! asynchronous signals, a thread of kreplay's would not either, and the kernel may deliver a
+//! process-directed SIGINT, SIGTERM, SIGCHLD or SIGUSR1 to it: an application that blocks them
+//! in all its threads and takes them with `sigwait` in one (a common server pattern) would see
+//! the process end, or the signal vanish, and one that handles them would run its handler on a
+//! thread it does not know. So kreplay starts its threads with every signal blocked but those
+//! the kernel raises on the faulting thread itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+//! SIGSYS), which must stay deliverable: blocked, a fault ends the process whatever handler the
+//! application installed. The mask is set on the creating thread around the creation and put
+//! back right after, so the new thread never runs a moment with another.
+
+use std::io;
+use std::thread::{Builder, JoinHandle};
+
+/// Runs `start`, which starts threads, with the calling thread's signals blocked as kreplay's
+/// threads must start (see the module's documentation), and then restores the caller's mask:
+/// every thread `start` creates inherits that mask.
+pub fn with_async_signals_blocked<R>(start: impl FnOnce() -> R) -> R {
+    let _restore = sys::Blocked::now();
+    start()
+}
+
+/// [`Builder::spawn`], the new thread starting with the asynchronous signals blocked.
+pub fn spawn<F, T>(builder: Builder, f: F) -> io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    with_async_signals_blocked(|| builder.spawn(f))
+}
+
+#[cfg(unix)]
+mod sys {
+    /// Signals raised on the thread that causes them, left unblocked.
+    const SYNCHRONOUS: [libc::c_int; 6] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGILL,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ];
+
+    /// The calling thread's previous mask, put back when dropped.
+    pub(super) struct Blocked {
+        old: Option<libc::sigset_t>,
+    }
+
+    impl Blocked {
+        pub(super) fn now() -> Blocked {
+            // SAFETY: both sets are plain data initialized by sigfillset/sigdelset and by
+            // pthread_sigmask (which writes `old` only when it succeeds, checked below).
+            unsafe {
+                let mut block: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut block);
+                for s in SYNCHRONOUS {
+                    libc::sigdelset(&mut block, s);
+                }
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                let ok = libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old) == 0;
+                Blocked {
+                    old: ok.then_some(old),
+                }
+            }
+        }
+    }
+
+    impl Drop for Blocked {
+        fn drop(&mut self) {
+            if let Some(old) = &self.old {
+                // SAFETY: `old` is the mask pthread_sigmask returned for this thread.
+                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+            }
+        }
+    }
+}
+
+#[cfg(not(unix))]
+mod sys {
+    pub(super) struct Blocked;
+
+    impl Blocked {
+        pub(super) fn now() -> Blocked {
+            Blocked
+        }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    fn mask() -> libc::sigset_t {
+        // SAFETY: reads the calling thread's mask into a set we own.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            assert_eq!(
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set),
+                0
+            );
+            set
+        }
+    }
+
+    fn has(set: &libc::sigset_t, s: libc::c_int) -> bool {
+        // SAFETY: `set` is initialized.
+        unsafe { libc::sigismember(set, s) == 1 }
+    }
+
+    #[test]
+    fn a_spawned_thread_blocks_async_signals_and_the_caller_keeps_its_mask() {
+        let before = mask();
+        let child = spawn(Builder::new(), mask).unwrap().join().unwrap();
+        for s in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGCHLD,
+            libc::SIGUSR1,
+            libc::SIGHUP,
+        ] {
+            assert!(has(&child, s), "signal {s} is not blocked");
+        }
+        for s in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL] {
+            assert!(!has(&child, s), "synchronous signal {s} is blocked");
+        }
+        let after = mask();
+        for s in 1..32 {
+            assert_eq!(has(&before, s), has(&after, s), "the caller's signal {s}");
+        }
+    }
+}
