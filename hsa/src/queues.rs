@@ -695,46 +695,118 @@ pub(crate) unsafe extern "C" fn queue_create(
                 queue,
             );
         }
-        if queue.is_null() {
-            return HSA_STATUS_ERROR_INVALID_ARGUMENT;
-        }
-        let in_flight = match b.original.signal_create(0) {
-            Ok(s) => s,
-            Err(status) => return status,
-        };
-        let errors = QueueErrors::new(callback, data);
-        let status = b.original.intercept_create(
+        create_intercepted(
+            b,
             agent,
             size,
             type_,
-            Some(on_queue_error),
-            errors.as_data(),
+            callback,
+            data,
             private_segment_size,
             group_segment_size,
             queue,
-        );
-        if status != HSA_STATUS_SUCCESS {
-            b.original.signal_destroy(in_flight);
-            return status;
-        }
-        // SAFETY: the runtime wrote a valid queue pointer through the caller's out pointer.
-        let q = unsafe { *queue };
-        let state = Arc::new(QueueState::new(q, agent, in_flight, errors));
-        // Per-pass timestamps for dispatch records; harmless for the application.
-        b.original.set_profiler_enabled(q, true);
-        let status = b.original.intercept_register(
-            q,
-            Some(crate::dispatch::intercept_handler),
-            Arc::as_ptr(&state).cast_mut().cast(),
-        );
-        if status != HSA_STATUS_SUCCESS {
-            b.original.queue_destroy(q);
-            // `state` owns `in_flight`: dropping it destroys the signal.
-            return status;
-        }
-        b.queues.add(state);
-        HSA_STATUS_SUCCESS
+        )
     })
+}
+
+/// Wrapper of `hsa_amd_queue_intercept_create`: the application (or a tools library loaded
+/// after kreplay, which makes the application's queues this way) gets an intercept queue
+/// kreplay knows, exactly as from `hsa_queue_create`. Handlers it registers on the queue are
+/// registered after kreplay's, and ROCm calls the last one registered first, so kreplay's
+/// handler sees what they pass on (softhsa calls them in registration order instead). Without
+/// this, the queue's kernels were unknown to every replay of their agent: not drained before
+/// its snapshot, not held off during it, and their writes undone by its restores.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe extern "C" fn intercept_create(
+    agent: hsa_agent_t,
+    size: u32,
+    type_: hsa_queue_type32_t,
+    callback: QueueErrorCallback,
+    data: *mut c_void,
+    private_segment_size: u32,
+    group_segment_size: u32,
+    queue: *mut *mut hsa_queue_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        if b.is_finalized() {
+            return b.original.intercept_create(
+                agent,
+                size,
+                type_,
+                callback,
+                data,
+                private_segment_size,
+                group_segment_size,
+                queue,
+            );
+        }
+        create_intercepted(
+            b,
+            agent,
+            size,
+            type_,
+            callback,
+            data,
+            private_segment_size,
+            group_segment_size,
+            queue,
+        )
+    })
+}
+
+/// An intercept queue with kreplay's handler and error callback, known to the registry.
+#[allow(clippy::too_many_arguments)]
+fn create_intercepted(
+    b: &Backend,
+    agent: hsa_agent_t,
+    size: u32,
+    type_: hsa_queue_type32_t,
+    callback: QueueErrorCallback,
+    data: *mut c_void,
+    private_segment_size: u32,
+    group_segment_size: u32,
+    queue: *mut *mut hsa_queue_t,
+) -> hsa_status_t {
+    if queue.is_null() {
+        return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+    }
+    let in_flight = match b.original.signal_create(0) {
+        Ok(s) => s,
+        Err(status) => return status,
+    };
+    let errors = QueueErrors::new(callback, data);
+    let status = b.original.intercept_create(
+        agent,
+        size,
+        type_,
+        Some(on_queue_error),
+        errors.as_data(),
+        private_segment_size,
+        group_segment_size,
+        queue,
+    );
+    if status != HSA_STATUS_SUCCESS {
+        b.original.signal_destroy(in_flight);
+        return status;
+    }
+    // SAFETY: the runtime wrote a valid queue pointer through the caller's out pointer.
+    let q = unsafe { *queue };
+    let state = Arc::new(QueueState::new(q, agent, in_flight, errors));
+    // Per-pass timestamps for dispatch records; harmless for the application.
+    b.original.set_profiler_enabled(q, true);
+    let status = b.original.intercept_register(
+        q,
+        Some(crate::dispatch::intercept_handler),
+        Arc::as_ptr(&state).cast_mut().cast(),
+    );
+    if status != HSA_STATUS_SUCCESS {
+        b.original.queue_destroy(q);
+        // `state` owns `in_flight`: dropping it destroys the signal.
+        return status;
+    }
+    b.queues.add(state);
+    HSA_STATUS_SUCCESS
 }
 
 /// Wrapper of `hsa_queue_destroy`: forgets the queue, waits for handler calls of the queue
