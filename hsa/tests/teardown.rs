@@ -209,6 +209,28 @@ fn free_in_footprint_and_reuse(strategy: RestoreStrategy) {
     env.still_replays();
 }
 
+/// The application, for its queue error callback.
+static APP: std::sync::OnceLock<App> = std::sync::OnceLock::new();
+/// Set once the application's queue error callback destroyed its queue.
+static DESTROYED_IN_CALLBACK: AtomicBool = AtomicBool::new(false);
+
+/// A queue error callback that destroys the queue that failed, as an application giving up on
+/// it would.
+unsafe extern "C" fn destroy_on_error(
+    _: hsa_sys::hsa_status_t,
+    queue: *mut hsa_sys::hsa_queue_t,
+    _: *mut std::ffi::c_void,
+) {
+    let app = APP.get().expect("the application");
+    app.destroy_queue(Queue(queue));
+    DESTROYED_IN_CALLBACK.store(true, Ordering::SeqCst);
+}
+
+/// A kernel that faults (softhsa puts its queue into the error state).
+fn faulting(_: &WorkGroup) {
+    panic!("simulated GPU memory fault");
+}
+
 scenarios! {
     /// Another thread frees a buffer the held replay snapshotted and allocates one of the same
     /// size (which may get its address): the free does not wait for the replay, and no restore
@@ -304,6 +326,44 @@ scenarios! {
         assert_eq!(env.app.wait_zero(done), 0);
         let destroyer = destroyer.lock().take().expect("a destroying thread");
         assert!(promptly("the destroy after the replay", move || destroyer.join().is_ok()));
+        env.still_replays();
+    }
+
+    /// A pass faults and the application's queue error callback destroys the queue whose
+    /// dispatch is being replayed: the replay learns that the pass failed, its handler call
+    /// returns, then the destroy completes; nothing hangs and the agent keeps working.
+    fn a_queue_destroyed_by_its_error_callback_during_a_replay_does_not_hang() {
+        let env = setup(RestoreStrategy::Auto);
+        let _ = APP.set(env.app);
+        let mut queue: *mut hsa_sys::hsa_queue_t = std::ptr::null_mut();
+        let create = env.app.core().hsa_queue_create_fn.expect("hsa_queue_create");
+        // SAFETY: valid agent, out pointer and callback.
+        let status = unsafe {
+            create(
+                env.app.gpus[0],
+                64,
+                hsa_sys::HSA_QUEUE_TYPE_MULTI,
+                Some(destroy_on_error),
+                std::ptr::null_mut(),
+                0,
+                0,
+                &raw mut queue,
+            )
+        };
+        assert_eq!(status, hsa_sys::HSA_STATUS_SUCCESS);
+        let queue = Queue(queue);
+        RELEASE.store(true, Ordering::SeqCst);
+        let kernel = kreplay_softhsa::register_kernel("teardown_faulting", faulting);
+        let kernarg = env.app.kernargs(&env.pools, AddArgs { buf: 0, len: 0, pad: 0 });
+        let done = env.app.signal(1);
+        let app = env.app;
+        promptly("a dispatch whose queue its error callback destroys", move || {
+            app.dispatch(queue, Aql::dispatch(kernel, 64, 64, kernarg, done));
+        });
+        assert!(support::wait_flag(&DESTROYED_IN_CALLBACK), "the error callback destroyed the queue");
+        let id = env.hooks.configured_dispatches()[0].dispatch_id;
+        let outcome = env.hooks.finished_record(id).outcome;
+        assert!(matches!(outcome, ReplayOutcome::PassFailed { pass: 0, .. }), "{outcome:?}");
         env.still_replays();
     }
 }
