@@ -188,8 +188,16 @@ fn run(wake: hsa_signal_t) {
             conds.push(HSA_SIGNAL_CONDITION_EQ);
             values.push(0);
         }
-        b.original
-            .signal_wait_any(&mut signals, &mut conds, &mut values, b.ticks(IDLE_WAIT));
+        let asked = std::time::Instant::now();
+        let answer =
+            b.original
+                .signal_wait_any(&mut signals, &mut conds, &mut values, b.ticks(IDLE_WAIT));
+        // No signal that holds, long before the timeout: the runtime refused the wait (the
+        // application shut it down, or a signal is gone). Asking again at once would spin for
+        // the rest of the process; wait out the interval first.
+        if answer.is_none_or(|i| i as usize >= signals.len()) && asked.elapsed() < IDLE_WAIT / 2 {
+            std::thread::sleep(IDLE_WAIT);
+        }
     }
 }
 

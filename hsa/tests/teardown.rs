@@ -231,6 +231,29 @@ fn faulting(_: &WorkGroup) {
     panic!("simulated GPU memory fault");
 }
 
+/// CPU time (clock ticks) the threads whose name starts with `prefix` used so far.
+fn cpu_ticks(prefix: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let path = task.expect("a task").path();
+        let (Ok(name), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue;
+        };
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        // Fields after the parenthesized name: state is the 3rd field, utime the 14th.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
+            .split(' ')
+            .collect();
+        total += fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    }
+    total
+}
+
 scenarios! {
     /// Another thread frees a buffer the held replay snapshotted and allocates one of the same
     /// size (which may get its address): the free does not wait for the replay, and no restore
@@ -365,5 +388,28 @@ scenarios! {
         let outcome = env.hooks.finished_record(id).outcome;
         assert!(matches!(outcome, ReplayOutcome::PassFailed { pass: 0, .. }), "{outcome:?}");
         env.still_replays();
+    }
+
+    /// The application shuts the runtime down after kreplay's completion threads started (an
+    /// async copy under a replay service): those threads go quiet instead of spinning on a
+    /// runtime that answers every wait at once.
+    fn kreplays_threads_do_not_spin_after_hsa_shut_down() {
+        let env = setup(RestoreStrategy::Auto);
+        let gpu = env.app.gpus[0];
+        let (src, dst) = (env.app.buffer(env.pools.coarse, &[3; 1024]), env.app.alloc(env.pools.coarse, 4096));
+        let copied = env.app.signal(1);
+        env.app.async_copy(dst, gpu, src, gpu, 4096, copied);
+        assert_eq!(env.app.wait_zero(copied), 0);
+        let shut_down = env.app.core().hsa_shut_down_fn.expect("hsa_shut_down");
+        // SAFETY: no argument; nothing of the application's is in flight.
+        assert_eq!(unsafe { shut_down() }, hsa_sys::HSA_STATUS_SUCCESS);
+        let before = cpu_ticks("kreplay-");
+        let measured = std::time::Instant::now();
+        while measured.elapsed() < Duration::from_millis(500) {
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+        let used = cpu_ticks("kreplay-") - before;
+        // 500 ms is 50 ticks of one core; an idle thread uses none.
+        assert!(used < 10, "kreplay's threads used {used} ticks of CPU in 500 ms after hsa_shut_down");
     }
 }
