@@ -120,8 +120,11 @@ pub(crate) unsafe extern "C" fn intercept_handler(
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
         // While a replay service is configured a handler call may last (a replay, or a wait
-        // for the agent's lock): the queue's destroy waits for it.
-        let _call = b.replay_active().then(|| state.handler_call());
+        // for the agent's lock): the queue's destroy waits for it, and a cancellation of this
+        // thread waits for its end (`crate::cancel`).
+        let replaying = b.replay_active();
+        let _call = replaying.then(|| state.handler_call());
+        let _no_cancel = replaying.then(crate::cancel::NoCancel::now);
         deliver_mail(b, state, Sink::Handler(writer));
         if state.has_reentrant() || packets.iter().any(is_wake_up) {
             handle_with_reentrant(
@@ -436,7 +439,11 @@ pub(crate) fn forward(
         progress.set(Progress::Done);
     };
     match traced {
-        Some(traced) => b.hooks.dispatch_enqueue(&traced, None, &mut write),
+        Some(traced) => {
+            // The tool's ENQUEUE callbacks run on the application's thread (`crate::cancel`).
+            let _no_cancel = crate::cancel::NoCancel::now();
+            b.hooks.dispatch_enqueue(&traced, None, &mut write)
+        }
         None => write(),
     }
 }

@@ -80,6 +80,7 @@
 //! ```
 
 mod backend;
+mod cancel;
 mod copies;
 mod counting;
 mod dispatch;

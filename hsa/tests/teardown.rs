@@ -254,6 +254,36 @@ fn cpu_ticks(prefix: &str) -> u64 {
     total
 }
 
+/// Set by the cancelled thread once its doorbell store returned.
+static RETURNED: AtomicBool = AtomicBool::new(false);
+
+/// What the application's raw thread dispatches.
+struct Submission {
+    app: App,
+    queue: Queue,
+    packet: Aql,
+}
+
+/// The application's thread (a plain pthread, as a C application's): dispatches, then turns
+/// cancellation off so that the request made meanwhile does not act in this test's own code.
+extern "C" fn cancellable(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    // SAFETY: `arg` is the leaked `Submission` made for this thread.
+    let submission = unsafe { &*arg.cast::<Submission>() };
+    submission.app.dispatch(submission.queue, submission.packet);
+    // SAFETY: plain calls on this thread's own cancellation state.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, std::ptr::null_mut()) };
+    RETURNED.store(true, Ordering::SeqCst);
+    std::ptr::null_mut()
+}
+
+/// glibc's and musl's value.
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
+unsafe extern "C" {
+    fn pthread_cancel(thread: libc::pthread_t) -> libc::c_int;
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
 scenarios! {
     /// Another thread frees a buffer the held replay snapshotted and allocates one of the same
     /// size (which may get its address): the free does not wait for the replay, and no restore
@@ -411,5 +441,57 @@ scenarios! {
         let used = cpu_ticks("kreplay-") - before;
         // 500 ms is 50 ticks of one core; an idle thread uses none.
         assert!(used < 10, "kreplay's threads used {used} ticks of CPU in 500 ms after hsa_shut_down");
+    }
+
+    /// The application cancels its thread while that thread's dispatch is being replayed, and
+    /// the tool then reaches a cancellation point (a `write`, a `printf`, a sleep) in PASS
+    /// ENTER. The replay finishes, the doorbell store returns and the cancellation is left
+    /// for the application's own code, as without kreplay, where the store has no
+    /// cancellation point (before: the cancellation unwound through kreplay's `extern "C"`
+    /// frames and aborted the process).
+    fn a_thread_cancelled_during_its_replay_finishes_the_replay_first() {
+        let env = setup(RestoreStrategy::Auto);
+        env.hooks.set_script(Script::passes(PASSES).on_pass_enter(|_, _, pass, _| {
+            if pass == 1 && !HELD.swap(true, Ordering::SeqCst) {
+                assert!(support::wait_flag(&RELEASE), "the scenario never released the replay");
+                // A cancellation point, as a tool's printf is.
+                // SAFETY: no preconditions.
+                unsafe { libc::usleep(1) };
+            }
+        }));
+        let init = values(LEN);
+        let buf = env.app.buffer(env.pools.coarse, &init);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let submission = Box::leak(Box::new(Submission {
+            app: env.app,
+            queue,
+            packet: env.add(buf, done),
+        }));
+        // SAFETY: zeroed storage for the new thread's id.
+        let mut thread: libc::pthread_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a start routine and its argument, alive for the rest of the process.
+        let created = unsafe {
+            libc::pthread_create(
+                &mut thread,
+                std::ptr::null(),
+                cancellable,
+                std::ptr::from_mut(submission).cast(),
+            )
+        };
+        assert_eq!(created, 0);
+        assert!(support::wait_flag(&HELD), "the replay never reached pass 1");
+        // SAFETY: `thread` is alive: it is held inside its doorbell store.
+        assert_eq!(unsafe { pthread_cancel(thread) }, 0);
+        RELEASE.store(true, Ordering::SeqCst);
+        assert!(support::wait_flag(&RETURNED), "the cancelled thread's doorbell store never returned");
+        // SAFETY: the thread returned from its routine (or is about to).
+        assert_eq!(unsafe { libc::pthread_join(thread, std::ptr::null_mut()) }, 0);
+        assert_eq!(env.app.wait_zero(done), 0);
+        assert_eq!(env.app.read(buf, LEN as usize), plus_one(&init));
+        let id = env.hooks.configured_dispatches()[0].dispatch_id;
+        let outcome = env.hooks.finished_record(id).outcome;
+        assert!(replayed(&outcome), "{outcome:?}");
+        env.still_replays();
     }
 }
