@@ -495,3 +495,55 @@ scenarios! {
         env.still_replays();
     }
 }
+
+/// Runs the exit scenario in a process of its own: the child exits with status 3 from the main
+/// thread while another thread's dispatch is held in its replay.
+#[test]
+fn the_process_exits_promptly_while_a_replay_is_held() {
+    const NAME: &str = "the_process_exits_promptly_while_a_replay_is_held";
+    const CHILD: &str = "KREPLAY_HSA_TEARDOWN_EXIT_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let env = setup(RestoreStrategy::Auto);
+        let init = values(LEN);
+        let buf = env.app.buffer(env.pools.coarse, &init);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let packet = env.add(buf, done);
+        let app = env.app;
+        std::thread::spawn(move || app.dispatch(queue, packet));
+        assert!(support::wait_flag(&HELD), "the replay never reached pass 1");
+        println!("exiting while the replay is held");
+        // SAFETY: ends the process; nothing of this thread's is left to drop that matters.
+        unsafe { libc::exit(3) };
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the scenario's process starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::park_timeout(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(text.contains("exiting while the replay is held"), "{text}");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(3),
+        "the process did not exit with 3: {text}"
+    );
+}
