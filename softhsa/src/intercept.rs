@@ -9,7 +9,7 @@
 use crate::queue::{Packet, Queue, QueueKind, packet_type};
 use hsa_sys::{AQL_PACKET_SIZE, HSA_PACKET_TYPE_INVALID, hsa_amd_queue_intercept_handler};
 use parking_lot::{Mutex, RwLock};
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -76,28 +76,55 @@ struct Frame {
     user_pkt_index: u64,
 }
 
+/// A frame on the stack of the thread running it, linked to the one below.
+struct Node {
+    frame: Frame,
+    below: *const Node,
+}
+
 thread_local! {
-    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    /// The innermost frame this thread runs, null outside every handler. A plain pointer to
+    /// the stack, with no destructor, so it can be used while the thread's other thread-locals
+    /// are destroyed (a store from a thread-local destructor, as at thread exit), as ROCm's
+    /// per-thread cursor can.
+    static TOP: Cell<*const Node> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Pops the frame it pushed when dropped.
-struct FrameGuard;
-
-impl FrameGuard {
-    fn push(frame: Frame) -> Self {
-        FRAMES.with(|f| f.borrow_mut().push(frame));
-        FrameGuard
+/// Runs `f` with `frame` on top of this thread's frames, taken off again afterwards (also when
+/// `f` unwinds).
+fn with_frame<R>(frame: Frame, f: impl FnOnce() -> R) -> R {
+    struct Pop(*const Node);
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            TOP.set(self.0);
+        }
     }
+    let node = Node {
+        frame,
+        below: TOP.get(),
+    };
+    let _pop = Pop(node.below);
+    TOP.set(&raw const node);
+    f()
 }
 
-impl Drop for FrameGuard {
-    fn drop(&mut self) {
-        FRAMES.with(|f| f.borrow_mut().pop());
+/// This thread's frames, innermost first.
+fn frames(mut visit: impl FnMut(&Frame) -> bool) -> bool {
+    let mut at = TOP.get();
+    while !at.is_null() {
+        // SAFETY: every non-null pointer on the list is a `Node` on this thread's stack, in a
+        // `with_frame` call that has not returned (it unlinks its node before it does).
+        let node = unsafe { &*at };
+        if visit(&node.frame) {
+            return true;
+        }
+        at = node.below;
     }
+    false
 }
 
 fn processing_on_this_thread(queue: usize) -> bool {
-    FRAMES.with(|f| f.borrow().iter().any(|frame| frame.queue == queue))
+    frames(|frame| frame.queue == queue)
 }
 
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
@@ -142,7 +169,7 @@ fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) -> bool {
 }
 
 fn inside_any_handler() -> bool {
-    FRAMES.with(|f| !f.borrow().is_empty())
+    !TOP.get().is_null()
 }
 
 /// Serves the queue from a doorbell thread of its own (at most one per queue at a time; one
@@ -214,14 +241,14 @@ fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
 fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
     match frame.handlers.get(level) {
         Some(handler) => {
-            let _guard = FrameGuard::push(Frame {
+            let inner = Frame {
                 level,
                 ..frame.clone()
-            });
+            };
             // SAFETY: the tool registered this handler for this queue; the arguments follow the
             // hsa_amd_queue_intercept_handler contract (count packets at `packets`, valid for the
             // duration of the call).
-            unsafe {
+            with_frame(inner, || unsafe {
                 (handler.f)(
                     packets,
                     count,
@@ -229,7 +256,7 @@ fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
                     handler.data as *mut c_void,
                     Some(writer),
                 )
-            };
+            });
         }
         None => write_to_hardware(&frame.hw, packets, count),
     }
@@ -239,7 +266,9 @@ fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
 /// running. Outside a handler it has nowhere to write and does nothing.
 unsafe extern "C" fn writer(packets: *const c_void, count: u64) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        let top = FRAMES.with(|f| f.borrow().last().cloned());
+        let top = TOP.get();
+        // SAFETY: see `frames`: a non-null top is a live `Node` of this thread.
+        let top = (!top.is_null()).then(|| unsafe { (*top).frame.clone() });
         if let Some(top) = top
             && !packets.is_null()
             && count > 0

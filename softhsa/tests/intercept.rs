@@ -427,3 +427,98 @@ fn errors_of_the_hardware_queue_are_reported_against_the_intercept_queue() {
     // SAFETY: created above.
     unsafe { hsa.queue_destroy(queue) }.unwrap();
 }
+
+/// The thread a recording handler ran on.
+static HANDLER_THREAD: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+
+unsafe extern "C" fn note_thread_and_forward(
+    pkts: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    _data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    *HANDLER_THREAD.lock().unwrap() = Some(std::thread::current().id());
+    // SAFETY: the writer the runtime gave us, called with the packets we were given.
+    unsafe { writer.unwrap()(pkts, count) };
+}
+
+/// A dispatch an application object makes from its thread-local destructor.
+struct DispatchAtExit {
+    queue: usize,
+    args: usize,
+    done: hsa_signal_t,
+}
+
+impl Drop for DispatchAtExit {
+    fn drop(&mut self) {
+        let hsa = Hsa::softhsa();
+        // SAFETY: a live queue; the leaked arguments outlive the dispatch.
+        unsafe {
+            hsa.dispatch(
+                self.queue as *mut hsa_queue_t,
+                &Dispatch::linear(
+                    add_one_kernel(),
+                    64,
+                    16,
+                    self.args as *mut c_void,
+                    self.done,
+                ),
+            )
+        };
+    }
+}
+
+thread_local! {
+    static AT_EXIT: std::cell::RefCell<Option<DispatchAtExit>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A doorbell store from a thread-local destructor, made after the runtime's own thread-local
+/// state of that thread was destroyed (first used after the destructor was registered), still
+/// runs the queue's handlers, on the storing thread, as ROCm's per-thread cursor allows.
+#[test]
+fn a_doorbell_store_from_a_thread_local_destructor_runs_the_handlers_on_its_thread() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
+    assert_eq!(
+        register(&hsa, queue, Some(note_thread_and_forward), &Seen::default()),
+        HSA_STATUS_SUCCESS
+    );
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 64 * 4)
+        .unwrap()
+        .cast::<u32>();
+    let args: &'static mut AddOneArgs = Box::leak(Box::new(AddOneArgs { data }));
+    let args = std::ptr::from_mut(args) as usize;
+    let (first, last) = (hsa.signal_create(1).unwrap(), hsa.signal_create(1).unwrap());
+    let queue_addr = queue as usize;
+    let thread = std::thread::spawn(move || {
+        AT_EXIT.with(|a| {
+            *a.borrow_mut() = Some(DispatchAtExit {
+                queue: queue_addr,
+                args,
+                done: last,
+            })
+        });
+        let hsa = Hsa::softhsa();
+        // SAFETY: a live queue; the leaked arguments outlive the dispatch.
+        unsafe {
+            hsa.dispatch(
+                queue_addr as *mut hsa_queue_t,
+                &Dispatch::linear(add_one_kernel(), 64, 16, args as *mut c_void, first),
+            )
+        };
+        std::thread::current().id()
+    });
+    let storing = thread.join().unwrap();
+    assert!(hsa.wait_zero(first, PROMPT));
+    assert!(
+        hsa.wait_zero(last, PROMPT),
+        "the store from the destructor was never processed"
+    );
+    assert_eq!(*HANDLER_THREAD.lock().unwrap(), Some(storing));
+    // SAFETY: completed; 64 u32s.
+    assert!(unsafe { read_u32s(data, 64) }.iter().all(|&v| v == 2));
+}
