@@ -39,10 +39,10 @@
 //! in the process is one relaxed atomic load beside the started check (itself a few loads, no
 //! lock).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// A context id. Handles start at 1; 0 is never a valid context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -253,7 +253,7 @@ impl ContextRegistry {
             armed: 0,
         };
         let serial = frame.serial;
-        REPLAY_STACK.with(|stack| stack.borrow_mut().push(frame));
+        with_stack(|stack| stack.push(frame));
         self.replay_loops.fetch_add(1, Ordering::Relaxed);
         ReplayMask {
             registry: self,
@@ -333,27 +333,58 @@ impl Frame {
 thread_local! {
     /// This thread's replay loops, innermost last.
     static REPLAY_STACK: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    /// This thread's key in [`LATE_STACKS`], 0 until it needs one. It has no destructor, so it
+    /// stays readable while the thread's other locals are being destroyed.
+    static LATE_KEY: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Runs `f` on the innermost frame of registry `registry` on this thread (None if there is none
-/// or the thread's locals are already gone).
-fn with_innermost_frame_of<R>(registry: u64, f: impl FnOnce(Option<&Frame>) -> R) -> R {
+/// The next key of [`LATE_KEY`].
+static NEXT_LATE_KEY: AtomicU64 = AtomicU64::new(1);
+
+/// The replay loops of threads whose [`REPLAY_STACK`] is already destroyed, by [`LATE_KEY`]: a
+/// dispatch replayed from a thread-local destructor of the application's, at thread exit, after
+/// kreplay's own locals went. An entry lives while it holds a frame.
+static LATE_STACKS: Mutex<Vec<(u64, Vec<Frame>)>> = Mutex::new(Vec::new());
+
+/// Runs `f` on this thread's replay loops: its thread-local stack, or its entry in
+/// [`LATE_STACKS`] once that stack is destroyed. `f` never calls out.
+fn with_stack<R>(f: impl FnOnce(&mut Vec<Frame>) -> R) -> R {
     let mut f = Some(f);
-    let result = REPLAY_STACK.try_with(|stack| {
-        let stack = stack.borrow();
-        let frame = stack.iter().rev().find(|frame| frame.registry == registry);
-        (f.take().expect("called once"))(frame)
-    });
-    match result {
-        Ok(value) => value,
-        Err(_) => (f.take().expect("not called yet"))(None),
+    if let Ok(value) =
+        REPLAY_STACK.try_with(|stack| (f.take().expect("called once"))(&mut stack.borrow_mut()))
+    {
+        return value;
     }
+    let key = LATE_KEY.with(|key| {
+        if key.get() == 0 {
+            key.set(NEXT_LATE_KEY.fetch_add(1, Ordering::Relaxed));
+        }
+        key.get()
+    });
+    let mut late = LATE_STACKS.lock().unwrap_or_else(PoisonError::into_inner);
+    let at = match late.iter().position(|(k, _)| *k == key) {
+        Some(at) => at,
+        None => {
+            late.push((key, Vec::new()));
+            late.len() - 1
+        }
+    };
+    let value = (f.take().expect("not called yet"))(&mut late[at].1);
+    if late[at].1.is_empty() {
+        late.swap_remove(at);
+    }
+    value
+}
+
+/// Runs `f` on the innermost frame of registry `registry` on this thread (None if there is
+/// none).
+fn with_innermost_frame_of<R>(registry: u64, f: impl FnOnce(Option<&Frame>) -> R) -> R {
+    with_stack(|stack| f(stack.iter().rev().find(|frame| frame.registry == registry)))
 }
 
 /// Runs `f` on the frame with serial `serial` on this thread.
 fn with_frame<R>(serial: u64, f: impl FnOnce(&mut Frame) -> R) -> R {
-    REPLAY_STACK.with(|stack| {
-        let mut stack = stack.borrow_mut();
+    with_stack(|stack| {
         let frame = stack
             .iter_mut()
             .rev()
@@ -423,10 +454,7 @@ impl ReplayMask<'_> {
 
 impl Drop for ReplayMask<'_> {
     fn drop(&mut self) {
-        // The thread's locals may already be torn down when a mask is dropped during thread
-        // exit; then there is nothing left to remove.
-        let _ = REPLAY_STACK.try_with(|stack| {
-            let mut stack = stack.borrow_mut();
+        with_stack(|stack| {
             if let Some(at) = stack.iter().rposition(|frame| frame.serial == self.serial) {
                 stack.remove(at);
             }
@@ -449,13 +477,8 @@ impl std::fmt::Debug for Armed<'_> {
 impl Drop for Armed<'_> {
     fn drop(&mut self) {
         let serial = self.mask.serial;
-        let _ = REPLAY_STACK.try_with(|stack| {
-            if let Some(frame) = stack
-                .borrow_mut()
-                .iter_mut()
-                .rev()
-                .find(|frame| frame.serial == serial)
-            {
+        with_stack(|stack| {
+            if let Some(frame) = stack.iter_mut().rev().find(|frame| frame.serial == serial) {
                 frame.armed -= 1;
             }
         });
@@ -464,12 +487,10 @@ impl Drop for Armed<'_> {
 
 /// Routes a toggle to the innermost replay loop of the calling thread.
 fn toggle(id: ContextId, enable: bool) -> Result<(), ToggleError> {
-    REPLAY_STACK
-        .try_with(|stack| match stack.borrow_mut().last_mut() {
-            None => Err(ToggleError::NotArmed),
-            Some(frame) => frame.toggle(id, enable),
-        })
-        .unwrap_or(Err(ToggleError::NotArmed))
+    with_stack(|stack| match stack.last_mut() {
+        None => Err(ToggleError::NotArmed),
+        Some(frame) => frame.toggle(id, enable),
+    })
 }
 
 /// Unmasks `id` for the passes of the innermost replay loop of the calling thread (what the C

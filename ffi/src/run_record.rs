@@ -153,7 +153,11 @@ fn join(into: &mut String, add: &[&str]) {
 
 /// Adds one dispatch of `kernel`.
 pub fn add(record: &ReplayRecord, kernel: &str) {
-    let (tiers, strategies) = SEEN.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    // `try_with`: a dispatch from a thread-local destructor may come after `SEEN` went (its
+    // tiers and strategies are then not recorded).
+    let (tiers, strategies) = SEEN
+        .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
+        .unwrap_or_default();
     let mut guard = RECORD.lock();
     let Some(run) = guard.as_mut() else {
         return;
@@ -331,7 +335,7 @@ fn note(report: &MemoryOpReport) {
     }
     let tier = report.tier.as_str();
     let strategy = report.strategy.as_str();
-    SEEN.with(|s| {
+    let _ = SEEN.try_with(|s| {
         let mut s = s.borrow_mut();
         if tier != "none" && !s.0.contains(&tier) {
             s.0.push(tier);
@@ -347,7 +351,7 @@ impl<T: ReplayTool> ReplayTool for Recording<T> {
         self.0.limits()
     }
     fn config_enter(&mut self, info: &DispatchInfo) -> ToolAnswer {
-        SEEN.with(|s| *s.borrow_mut() = Default::default());
+        let _ = SEEN.try_with(|s| *s.borrow_mut() = Default::default());
         self.0.config_enter(info)
     }
     fn pass_enter(&mut self, info: &DispatchInfo, pass: u64, total: u64) {

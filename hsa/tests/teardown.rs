@@ -284,6 +284,32 @@ unsafe extern "C" {
     fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
 }
 
+/// What an application object kept per thread dispatches when the thread ends.
+struct AtThreadExit {
+    app: App,
+    queue: Queue,
+    buf: Ptr,
+    done: hsa_signal_t,
+    kernarg: Ptr,
+}
+
+thread_local! {
+    /// Filled before the thread's first dispatch, so that its destructor is registered before
+    /// any of kreplay's thread-locals and runs after they were destroyed.
+    static FLUSH_AT_EXIT: std::cell::RefCell<Option<AtThreadExit>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Drop for AtThreadExit {
+    fn drop(&mut self) {
+        let kernel = kreplay_softhsa::register_kernel("teardown_add_one", add_one);
+        self.app.dispatch(
+            self.queue,
+            Aql::dispatch(kernel, LEN, 64, self.kernarg, self.done),
+        );
+        let _ = self.buf;
+    }
+}
+
 scenarios! {
     /// Another thread frees a buffer the held replay snapshotted and allocates one of the same
     /// size (which may get its address): the free does not wait for the replay, and no restore
@@ -493,6 +519,38 @@ scenarios! {
         let outcome = env.hooks.finished_record(id).outcome;
         assert!(replayed(&outcome), "{outcome:?}");
         env.still_replays();
+    }
+
+    /// An application object kept per thread dispatches a kernel from its destructor when the
+    /// thread ends, after kreplay's own per-thread state was destroyed (it was first used after
+    /// the object was made): the dispatch is replayed and the tool learns how it ended, as for
+    /// any other.
+    fn a_dispatch_from_a_thread_local_destructor_is_replayed_and_reported() {
+        let env = setup(RestoreStrategy::Auto);
+        RELEASE.store(true, Ordering::SeqCst);
+        let init = values(LEN);
+        let (first, last) = (env.app.buffer(env.pools.coarse, &init), env.app.buffer(env.pools.coarse, &init));
+        let queue = env.app.queue(env.app.gpus[0]);
+        let (done, exit_done) = (env.app.signal(1), env.app.signal(1));
+        let packet = env.add(first, done);
+        let exit_kernarg = env.app.kernargs(&env.pools, AddArgs { buf: last.0, len: LEN, pad: 0 });
+        let app = env.app;
+        let thread = std::thread::spawn(move || {
+            FLUSH_AT_EXIT.with(|f| {
+                *f.borrow_mut() = Some(AtThreadExit { app, queue, buf: last, done: exit_done, kernarg: exit_kernarg })
+            });
+            app.dispatch(queue, packet);
+        });
+        assert!(thread.join().is_ok(), "the application's thread ended normally");
+        assert_eq!((env.app.wait_zero(done), env.app.wait_zero(exit_done)), (0, 0));
+        assert_eq!(env.app.read(first, LEN as usize), plus_one(&init));
+        assert_eq!(env.app.read(last, LEN as usize), plus_one(&init));
+        let dispatches = env.hooks.configured_dispatches();
+        assert_eq!(dispatches.len(), 2);
+        for info in dispatches {
+            let outcome = env.hooks.finished_record(info.dispatch_id).outcome;
+            assert!(replayed(&outcome), "dispatch {}: {outcome:?}", info.dispatch_id);
+        }
     }
 }
 
