@@ -552,6 +552,43 @@ scenarios! {
             assert!(replayed(&outcome), "dispatch {}: {outcome:?}", info.dispatch_id);
         }
     }
+
+    /// Another thread's dispatch on a second queue of the agent waits in its handler for the
+    /// agent, held by the replay; the application destroys that second queue meanwhile: the
+    /// destroy waits until the waiting dispatch was handled, instead of leaving it to write
+    /// into the destroyed queue once the agent is free.
+    fn a_queue_destroyed_while_its_dispatch_waits_for_the_agent_waits_for_it() {
+        let env = setup(RestoreStrategy::Auto);
+        let queue = env.app.queue(env.app.gpus[0]);
+        let waiting_queue = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let init = values(LEN);
+        let waiting_buf = env.app.buffer(env.pools.coarse, &init);
+        let waiting_done = env.app.signal(1);
+        let waiting_packet = env.add(waiting_buf, waiting_done);
+        let (app, hooks) = (env.app, env.hooks.clone());
+        let destroyer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::default();
+        let d = destroyer.clone();
+        let outcome = env.held_replay(queue, done, move || {
+            std::thread::spawn(move || app.dispatch(waiting_queue, waiting_packet));
+            let deadline = std::time::Instant::now() + app::WAIT;
+            while hooks.configured_dispatches().len() < 2 {
+                assert!(std::time::Instant::now() < deadline, "the second dispatch never reached its handler");
+                std::thread::yield_now();
+            }
+            *d.lock() = Some(std::thread::spawn(move || app.destroy_queue(waiting_queue)));
+            while kreplay_hsa::queue_destroys_waiting() == 0 {
+                assert!(std::time::Instant::now() < deadline, "the destroy did not wait for the handler");
+                std::thread::yield_now();
+            }
+        });
+        assert!(replayed(&outcome), "{outcome:?}");
+        assert_eq!((env.app.wait_zero(done), env.app.wait_zero(waiting_done)), (0, 0));
+        let destroyer = destroyer.lock().take().expect("a destroying thread");
+        assert!(promptly("the destroy", move || destroyer.join().is_ok()));
+        assert_eq!(env.app.read(waiting_buf, LEN as usize), plus_one(&init));
+        env.still_replays();
+    }
 }
 
 /// Runs the exit scenario in a process of its own: the child exits with status 3 from the main
