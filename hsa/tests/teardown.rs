@@ -284,6 +284,53 @@ unsafe extern "C" {
     fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
 }
 
+fn freed_between_plan_and_copy(strategy: RestoreStrategy) {
+    let env = setup(strategy);
+    let snapshot_held = Arc::new(AtomicBool::new(false));
+    let held = snapshot_held.clone();
+    env.hooks
+        .set_script(Script::passes(PASSES).on_snapshot(move |_, _, phase| {
+            if phase == kreplay_passloop::Phase::Enter && !held.swap(true, Ordering::SeqCst) {
+                assert!(
+                    support::wait_flag(&RELEASE),
+                    "the scenario never released the replay"
+                );
+            }
+        }));
+    let victim = env.app.buffer(env.pools.coarse, &values(LEN));
+    let init = values(LEN);
+    let buf = env.app.buffer(env.pools.coarse, &init);
+    let queue = env.app.queue(env.app.gpus[0]);
+    let done = env.app.signal(1);
+    let packet = env.add(buf, done);
+    let app = env.app;
+    let submitter = std::thread::spawn(move || app.dispatch(queue, packet));
+    assert!(
+        support::wait_flag(&snapshot_held),
+        "the replay never reached SNAPSHOT ENTER"
+    );
+    let pools = env.pools;
+    let fresh = promptly("a free of planned memory", move || {
+        app.free(victim);
+        let p = app.alloc(pools.coarse, LEN as usize * 4);
+        // SAFETY: softhsa's coarse memory is host memory; `p` holds LEN u32s.
+        unsafe { std::slice::from_raw_parts_mut(p.0 as *mut u32, LEN as usize).fill(0x5a5a_5a5a) };
+        p
+    });
+    RELEASE.store(true, Ordering::SeqCst);
+    assert!(promptly("the replay", move || submitter.join().is_ok()));
+    assert_eq!(env.app.wait_zero(done), 0);
+    assert_eq!(env.app.read(buf, LEN as usize), plus_one(&init));
+    assert_eq!(
+        env.app.read(fresh, LEN as usize),
+        vec![0x5a5a_5a5a; LEN as usize]
+    );
+    let id = env.hooks.configured_dispatches()[0].dispatch_id;
+    let outcome = env.hooks.finished_record(id).outcome;
+    assert!(replayed(&outcome), "{outcome:?}");
+    env.still_replays();
+}
+
 /// What an application object kept per thread dispatches when the thread ends.
 struct AtThreadExit {
     app: App,
@@ -588,6 +635,17 @@ scenarios! {
         assert!(promptly("the destroy", move || destroyer.join().is_ok()));
         assert_eq!(env.app.read(waiting_buf, LEN as usize), plus_one(&init));
         env.still_replays();
+    }
+
+    /// Another thread frees a buffer after the snapshot was planned (the tool holds SNAPSHOT
+    /// ENTER) and allocates one of the same size, writing it from the CPU: the snapshot skips
+    /// the freed buffer, no restore writes into the new one, and the replay ends as planned.
+    fn a_buffer_freed_between_the_snapshots_plan_and_its_copy_is_skipped_full() {
+        freed_between_plan_and_copy(RestoreStrategy::Full);
+    }
+
+    fn a_buffer_freed_between_the_snapshots_plan_and_its_copy_is_skipped_auto() {
+        freed_between_plan_and_copy(RestoreStrategy::Auto);
     }
 }
 
