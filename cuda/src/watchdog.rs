@@ -112,9 +112,12 @@ impl Watchdog {
         if !s.started {
             s.started = true;
             let worker = shared.clone();
-            let _ = std::thread::Builder::new()
-                .name("kreplay-watch".into())
-                .spawn(move || worker.run());
+            // Started with the application's asynchronous signals blocked, as kreplay's other
+            // threads (`kreplay_wtrack::threads`).
+            let _ = kreplay_wtrack::threads::spawn(
+                std::thread::Builder::new().name("kreplay-watch".into()),
+                move || worker.run(),
+            );
         }
         let id = s.next_id;
         s.next_id += 1;
