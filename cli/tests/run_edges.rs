@@ -803,3 +803,34 @@ fn cuda_backend_without_gpu_fails_cleanly() {
     assert_eq!(ran.code, Some(1), "{ran:?}");
     assert!(ran.stderr.contains("recorded nothing"), "{ran:?}");
 }
+
+// ---- limits ----
+
+#[test]
+fn a_file_size_limit_below_the_record_does_not_kill_the_program_at_exit() {
+    // A program run under `ulimit -f` (a test harness, a batch system): writing the record at
+    // exit must not raise SIGXFSZ in it, so that it dies of a signal only under kreplay; the
+    // missing record is explained instead.
+    let dir = scratch("fsize-record");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "limited.sh",
+        &format!("ulimit -f 0\nexec '{}'\n", app.display()),
+    );
+    let (ran, _) = run_launcher(&dir, &launcher, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert!(
+        ran.stdout.contains("checksum buffer 2"),
+        "the program ran: {ran:?}"
+    );
+    assert!(
+        !ran.stderr.contains("SIGXFSZ") && !ran.stderr.contains("signal"),
+        "the program was killed at exit by kreplay's record: {ran:?}"
+    );
+    assert!(
+        ran.stderr.contains("RLIMIT_FSIZE"),
+        "why the record is missing is not said: {ran:?}"
+    );
+    assert_eq!(ran.code, Some(1), "no record, no table: {ran:?}");
+}

@@ -229,6 +229,18 @@ pub fn write_to(path: &Path) -> Result<(), String> {
         return Ok(());
     };
     let text = serde_json::to_string_pretty(&record).map_err(|e| e.to_string())?;
+    // The record is written at exit, into the host program: a file past the program's file
+    // size limit would end it with SIGXFSZ instead of its own exit status.
+    if let Some(limit) =
+        kreplay_snapshot::file_size_limit().filter(|&limit| text.len() as u64 > limit)
+    {
+        return Err(format!(
+            "cannot write the record file {}: its {} bytes exceed the process's file size \
+             limit (RLIMIT_FSIZE) of {limit} bytes",
+            path.display(),
+            text.len()
+        ));
+    }
     let mut temp = path.as_os_str().to_owned();
     temp.push(format!(".{}.tmp", std::process::id()));
     let temp = PathBuf::from(temp);

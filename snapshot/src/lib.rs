@@ -169,3 +169,4 @@ pub use snapshot::{
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 pub use source::{RegionSource, SourceBreakdown, SourceTally};
+pub use store::file_size_limit;

@@ -411,8 +411,10 @@ fn unescape_mount_point(point: &str) -> String {
 }
 
 /// The process's file size limit (the soft `RLIMIT_FSIZE`) in bytes, from `/proc/self/limits`;
-/// `None` when unlimited or where it cannot be read.
-fn file_size_limit() -> Option<u64> {
+/// `None` when unlimited or where it cannot be read. Writing a file past it raises SIGXFSZ,
+/// which ends a process that left the signal at its default action: a library writing files
+/// into its host process asks first.
+pub fn file_size_limit() -> Option<u64> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     file_size_limit_in(&limits)
 }
