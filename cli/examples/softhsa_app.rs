@@ -1,7 +1,9 @@
 //! An HSA application on the software HSA runtime whose "runtime" honours `HSA_TOOLS_LIB` the
-//! way ROCm's does: when the variable names a library, it is loaded (symbols global, as a tool
-//! library's `kreplay_*` calls need) and its `OnLoad` is called with the runtime's API table
-//! before the application runs; `OnUnload` at shutdown. It stands in for a real ROCm program
+//! way ROCm's does: the variable is a list of libraries separated by spaces (a space, `"` or
+//! `\` is taken literally after a `\`, and spaces inside `"..."` do not separate), each is
+//! loaded (symbols global, as a tool library's `kreplay_*` calls need) and its `OnLoad` is
+//! called with the runtime's API table before the application runs, `OnUnload` at shutdown; a
+//! library that does not load is reported and skipped. It stands in for a real ROCm program
 //! under `kreplay run --backend hsa` (the tests run it so; see cli/tests/run.rs).
 //!
 //! The application: three buffers, each updated in place (`x += 1`) by two dispatches, then one
@@ -12,7 +14,9 @@
 //! HSA_TOOLS_LIB=target/debug/libkreplay.so KREPLAY_PASSES=3 target/debug/examples/softhsa_app
 //! ```
 
-use std::ffi::c_char;
+use std::ffi::{OsStr, OsString, c_char};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
 use std::time::Duration;
 
 use hsa_sys::HsaApiTable;
@@ -53,32 +57,42 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let mut table = OwnedApiTable::softhsa();
-    let tools = match std::env::var_os("HSA_TOOLS_LIB") {
-        Some(path) => {
-            // SAFETY: loading a tools library runs its initializers, as ROCm's runtime does.
-            let lib = unsafe {
-                libloading::os::unix::Library::open(
-                    Some(&path),
-                    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-                )
+    let mut tools = Vec::new();
+    let names = std::env::var_os("HSA_TOOLS_LIB")
+        .map(|v| tool_names(&v))
+        .unwrap_or_default();
+    for name in names {
+        // SAFETY: loading a tools library runs its initializers, as ROCm's runtime does.
+        let lib = match unsafe {
+            libloading::os::unix::Library::open(
+                Some(&name),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+        } {
+            Ok(lib) => lib,
+            Err(e) => {
+                // ROCm's runtime goes on without a tool library it cannot load.
+                eprintln!(
+                    "softhsa_app: tool lib {:?} failed to load: {e}",
+                    Path::new(&name)
+                );
+                continue;
             }
-            .map_err(|e| format!("cannot load HSA_TOOLS_LIB: {e}"))?;
-            // SAFETY: the tools-library entry points have these signatures.
-            let (on_load, on_unload) = unsafe {
-                (
-                    *lib.get::<OnLoad>(b"OnLoad\0").map_err(|e| e.to_string())?,
-                    *lib.get::<OnUnload>(b"OnUnload\0")
-                        .map_err(|e| e.to_string())?,
-                )
-            };
-            // SAFETY: `table` is a valid table owned for the rest of the program.
-            if !unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) } {
-                eprintln!("softhsa_app: the tools library declined to load");
-            }
-            Some((lib, on_unload))
+        };
+        // SAFETY: the tools-library entry points have these signatures.
+        let (on_load, on_unload) = unsafe {
+            (
+                *lib.get::<OnLoad>(b"OnLoad\0").map_err(|e| e.to_string())?,
+                *lib.get::<OnUnload>(b"OnUnload\0")
+                    .map_err(|e| e.to_string())?,
+            )
+        };
+        // SAFETY: `table` is a valid table owned for the rest of the program.
+        if !unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) } {
+            eprintln!("softhsa_app: the tools library declined to load");
         }
-        None => None,
-    };
+        tools.push((lib, on_unload));
+    }
 
     // SAFETY: the table stays alive and valid while `hsa` is used.
     let hsa = unsafe { Hsa::from_table(table.table()) };
@@ -136,9 +150,36 @@ fn run() -> Result<(), String> {
         println!("checksum buffer {b} sum {sum}");
     }
     drop(session);
-    if let Some((_lib, on_unload)) = tools {
+    for (_lib, on_unload) in tools.iter().rev() {
         // SAFETY: the runtime's shutdown call of the tools library.
         unsafe { on_unload() };
     }
     Ok(())
+}
+
+/// The libraries an `HSA_TOOLS_LIB` value names, split as ROCm's runtime splits it: at spaces
+/// outside double quotes; a backslash takes the next byte literally. Paths are bytes.
+fn tool_names(value: &OsStr) -> Vec<OsString> {
+    let mut names = Vec::new();
+    let mut name = Vec::new();
+    let mut quoted = false;
+    let mut bytes = value.as_bytes().iter().copied();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => name.extend(bytes.next()),
+            b'"' if quoted => {
+                quoted = false;
+                names.push(std::mem::take(&mut name));
+            }
+            b'"' => quoted = true,
+            b' ' if !quoted => names.push(std::mem::take(&mut name)),
+            b => name.push(b),
+        }
+    }
+    names.push(name);
+    names
+        .into_iter()
+        .filter(|n| !n.is_empty())
+        .map(OsString::from_vec)
+        .collect()
 }

@@ -710,6 +710,34 @@ fn a_negative_pass_count_gets_the_range_error_not_a_misleading_tip() {
     assert!(ran.stderr.contains("--passes"), "{ran:?}");
 }
 
+#[test]
+fn a_library_in_a_folder_whose_name_has_spaces_or_quotes_is_loaded_on_rocm() {
+    // ROCm's runtime splits HSA_TOOLS_LIB at spaces (a list of tool libraries), with `"` and
+    // `\` as quoting: kreplay's library installed under "My Tools" must still be one library.
+    let dir = scratch("lib-spaces");
+    let folder = dir.join("My Tools \"v2\"");
+    std::fs::create_dir_all(&folder).unwrap();
+    let lib = folder.join("libkreplay.so");
+    std::fs::copy(libkreplay(), &lib).unwrap();
+    let app = softhsa_app();
+    let ran = kreplay(
+        &[
+            "run",
+            "--backend",
+            "hsa",
+            "--library",
+            lib.to_str().unwrap(),
+            "--",
+            app.to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains("6 launch(es) on hsa"), "{ran:?}");
+}
+
 // ---- controls ----
 
 #[test]

@@ -226,7 +226,10 @@ fn injected_variables(
     record: &Path,
 ) -> Vec<(&'static str, OsString)> {
     let mut vars = vec![
-        (backend.injection_variable(), library.as_os_str().to_owned()),
+        (
+            backend.injection_variable(),
+            injection_value(backend, library),
+        ),
         (ENV_RECORD_DIR, record.as_os_str().to_owned()),
     ];
     vars.push(match &options.tool {
@@ -237,6 +240,27 @@ fn injected_variables(
         vars.push(("KREPLAY_SNAPSHOT_SCOPE", scope.name().into()));
     }
     vars
+}
+
+/// The value of the injection variable that names `library`. ROCm's runtime reads
+/// `HSA_TOOLS_LIB` as a list of libraries separated by spaces, with `"` quoting and `\`
+/// escaping, so there a space, `"` or `\` of the path is escaped; CUDA takes one path as it
+/// is.
+fn injection_value(backend: Backend, library: &Path) -> OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    match backend {
+        Backend::Cuda => library.as_os_str().to_owned(),
+        Backend::Hsa => {
+            let mut escaped = Vec::new();
+            for &b in library.as_os_str().as_bytes() {
+                if matches!(b, b' ' | b'"' | b'\\') {
+                    escaped.push(b'\\');
+                }
+                escaped.push(b);
+            }
+            OsString::from_vec(escaped)
+        }
+    }
 }
 
 /// Runs `options.program` once; `inject` adds kreplay's variables. `input` is given to its
@@ -658,6 +682,18 @@ mod tests {
                 .iter()
                 .all(|(k, _)| *k != "KREPLAY_SNAPSHOT_SCOPE")
         );
+    }
+
+    #[test]
+    fn the_library_is_one_entry_of_rocms_space_separated_tools_list() {
+        let lib = Path::new("/opt/My Tools/\"v2\"\\libkreplay.so");
+        assert_eq!(
+            injection_value(Backend::Hsa, lib),
+            OsString::from("/opt/My\\ Tools/\\\"v2\\\"\\\\libkreplay.so")
+        );
+        assert_eq!(injection_value(Backend::Cuda, lib), lib.as_os_str());
+        let plain = Path::new("/usr/lib/libkreplay.so");
+        assert_eq!(injection_value(Backend::Hsa, plain), plain.as_os_str());
     }
 
     #[test]
