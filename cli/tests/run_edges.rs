@@ -327,6 +327,79 @@ fn launches_a_tool_declined_to_replay_are_still_counted() {
     );
 }
 
+#[test]
+fn a_tool_named_relative_to_the_current_folder_is_the_one_loaded() {
+    // `--tool libmine.so` or `--tool ./libmine.so` names a file in kreplay's current folder
+    // (it is checked there); the program must load that file even when it changes folder
+    // first, and a bare name must not send the dynamic loader to its search path.
+    let dir = scratch("tool-relative");
+    let Some(_tool) = build_c(
+        &dir,
+        "inactive",
+        "#include <kreplay.h>\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* r, uint32_t p,\n\
+             kreplay_client_id_t* id) { (void)v; (void)r; (void)p; (void)id; return NULL; }\n",
+    ) else {
+        return;
+    };
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "elsewhere.sh",
+        &format!("cd /\nexec '{}'\n", app.display()),
+    );
+    let lib = libkreplay();
+    for (tool, program) in [
+        ("libinactive.so", app.as_path()),
+        ("./libinactive.so", launcher.as_path()),
+    ] {
+        let args: Vec<&OsStr> = vec![
+            OsStr::new("run"),
+            OsStr::new("--backend"),
+            OsStr::new("hsa"),
+            OsStr::new("--library"),
+            lib.as_os_str(),
+            OsStr::new("--tool"),
+            OsStr::new(tool),
+            OsStr::new("--"),
+            program.as_os_str(),
+        ];
+        let mut c = command(&args, &[]);
+        c.current_dir(&dir);
+        let ran = run(c, None, Duration::from_secs(60));
+        assert!(!ran.timed_out, "{ran:?}");
+        assert_eq!(
+            ran.code,
+            Some(0),
+            "--tool {tool} exists but the program could not load it: {ran:?}"
+        );
+    }
+    // A path with a colon cannot be one entry of KREPLAY_TOOL_LIBRARIES: said so, not split.
+    let odd = dir.join("a:b");
+    std::fs::create_dir_all(&odd).unwrap();
+    std::fs::copy(dir.join("libinactive.so"), odd.join("libinactive.so")).unwrap();
+    let ran = kreplay(
+        &[
+            "run",
+            "--backend",
+            "hsa",
+            "--library",
+            lib.to_str().unwrap(),
+            "--tool",
+            odd.join("libinactive.so").to_str().unwrap(),
+            "--",
+            app.to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    assert!(
+        ran.stderr.contains("--tool") && ran.stderr.contains("':'"),
+        "{ran:?}"
+    );
+}
+
 // ---- check ----
 
 fn check_run(dir: &Path, body: &str, extra: &[&str], stdin: Option<&[u8]>, deadline_s: u64) -> Ran {

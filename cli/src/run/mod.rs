@@ -181,12 +181,29 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
         })
 }
 
+/// `path`, an existing file, as an absolute path.
 fn existing_file(path: &Path, from: &str) -> Result<PathBuf, String> {
     if path.is_file() {
-        Ok(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()))
+        Ok(path
+            .canonicalize()
+            .or_else(|_| std::path::absolute(path))
+            .unwrap_or_else(|_| path.to_path_buf()))
     } else {
         Err(format!("{from}: no such file: {}", path.display()))
     }
+}
+
+/// The tool's path as it can be given in `KREPLAY_TOOL_LIBRARIES`, a colon-separated list.
+fn tool_path(path: PathBuf) -> Result<PathBuf, String> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().contains(&b':') {
+        return Err(format!(
+            "--tool: {} has a ':' in its path, which KREPLAY_TOOL_LIBRARIES (a colon-separated \
+             list) cannot hold; link or copy the tool to a path without one",
+            path.display()
+        ));
+    }
+    Ok(path)
 }
 
 /// A fresh, empty record folder in the temporary folder.
@@ -545,9 +562,14 @@ pub fn run_with(
     out: &mut dyn Write,
 ) -> Result<RunOutcome, String> {
     let library = find_library(options.library.as_deref())?;
+    // The tool goes to the program as an absolute path: the program may change folder before
+    // it loads it, and the dynamic loader reads a bare name as one to look up on its search
+    // path, not in the current folder.
+    let mut options = options.clone();
     if let Some(tool) = &options.tool {
-        existing_file(tool, "--tool")?;
+        options.tool = Some(tool_path(existing_file(tool, "--tool")?)?);
     }
+    let options = &options;
     let program = program_name(options);
     process::prepare();
     let input = input_for_check(options.check)?;
