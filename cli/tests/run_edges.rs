@@ -400,6 +400,36 @@ fn a_tool_named_relative_to_the_current_folder_is_the_one_loaded() {
     );
 }
 
+#[test]
+fn with_a_tool_the_older_pass_count_variable_from_the_environment_replays_nothing() {
+    // `KREPLAY_CUDA_PASSES` is the older name of `KREPLAY_PASSES` (docs/cuda.md), perhaps still
+    // exported in the user's shell. With `--tool` the tool decides: a tool that replays
+    // nothing must not get every launch replayed by the built-in tool behind its back.
+    let dir = scratch("tool-old-passes");
+    let Some(tool) = build_c(
+        &dir,
+        "inactive",
+        "#include <kreplay.h>\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* r, uint32_t p,\n\
+             kreplay_client_id_t* id) { (void)v; (void)r; (void)p; (void)id; return NULL; }\n",
+    ) else {
+        return;
+    };
+    let json = dir.join("k.json");
+    let ran = run_with_tool(&tool, &json, &[("KREPLAY_CUDA_PASSES", "3")]);
+    assert!(!ran.timed_out, "{ran:?}");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap_or_default())
+            .unwrap_or_default();
+    let kernel = &record["kernels"][0];
+    assert_eq!(
+        (kernel["launches"].as_u64(), kernel["passes"].as_u64()),
+        (Some(6), Some(6)),
+        "the tool replays nothing, yet launches ran several passes: {ran:?}"
+    );
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+}
+
 // ---- check ----
 
 fn check_run(dir: &Path, body: &str, extra: &[&str], stdin: Option<&[u8]>, deadline_s: u64) -> Ran {

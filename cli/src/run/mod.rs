@@ -217,11 +217,14 @@ fn record_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// The variables kreplay sets for the profiled run (and removes for the plain one).
-const OUR_VARIABLES: [&str; 5] = [
+/// The variables kreplay sets for the profiled run (and removes for the plain one), and
+/// `KREPLAY_CUDA_PASSES`, the older name of `KREPLAY_PASSES`, which the library reads when that
+/// is unset: left in the environment it would turn the built-in tool on under `--tool`.
+const OUR_VARIABLES: [&str; 6] = [
     "CUDA_INJECTION64_PATH",
     "HSA_TOOLS_LIB",
-    "KREPLAY_PASSES",
+    kreplay::config::ENV_PASSES,
+    kreplay::config::ENV_CUDA_PASSES,
     "KREPLAY_TOOL_LIBRARIES",
     ENV_RECORD_DIR,
 ];
