@@ -313,6 +313,40 @@ fn check_passes_when_both_runs_print_the_same_and_writes_csv_and_json() {
 }
 
 #[test]
+fn a_csv_of_a_program_that_launched_no_kernel_still_has_its_header() {
+    // A program that loaded kreplay and launched nothing (a smoke test, a run on the wrong
+    // device): the CSV must still be a CSV with its columns, which readers of it expect.
+    let dir = scratch("csv-empty");
+    let app = dir.join("app.sh");
+    std::fs::write(
+        &app,
+        "#!/bin/sh\n\
+         cat > \"$KREPLAY_RECORD_DIR/kreplay-record-$$.json\" <<'EOF'\n\
+         {\"backend\": \"cuda\", \"tool\": \"built-in\", \"passes_requested\": 4, \"kernels\": [],\n\
+          \"graph_launches\": 0, \"managed_allocations\": 0}\n\
+         EOF\n",
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&app).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&app, perms).unwrap();
+    let lib = fake_library(&dir);
+    let csv = dir.join("kernels.csv");
+    let out = run(
+        &["--backend", "cuda", "-o", csv.to_str().unwrap()],
+        &lib,
+        &[app.to_str().unwrap()],
+    );
+    let stdout = succeeded(&out);
+    assert!(stdout.contains("0 kernel(s), 0 launch(es)"), "{stdout}");
+    assert_eq!(
+        std::fs::read_to_string(&csv).unwrap(),
+        "kernel,launches,replayed,passes,snapshot_bytes,tier,strategy,restores,restore_ms,\
+         failed,declines\n"
+    );
+}
+
+#[test]
 fn check_fails_with_a_diff_summary_when_the_outputs_differ() {
     let dir = scratch("check-differ");
     let app = fake_program(&dir, true, true, 0);

@@ -452,6 +452,22 @@ fn declines(k: &KernelRecord) -> String {
         .join(",")
 }
 
+/// The CSV's columns: [`CsvRow`]'s fields, in order (written first, also when there is no
+/// row).
+const CSV_COLUMNS: [&str; 11] = [
+    "kernel",
+    "launches",
+    "replayed",
+    "passes",
+    "snapshot_bytes",
+    "tier",
+    "strategy",
+    "restores",
+    "restore_ms",
+    "failed",
+    "declines",
+];
+
 /// One CSV row.
 #[derive(Serialize)]
 struct CsvRow<'a> {
@@ -478,7 +494,13 @@ pub fn write_output(path: &Path, record: &RunRecord) -> Result<(), String> {
         let text = serde_json::to_string_pretty(record).map_err(|e| cannot(&e))?;
         std::fs::write(path, text + "\n").map_err(|e| cannot(&e))
     } else {
-        let mut writer = csv::Writer::from_path(path).map_err(|e| cannot(&e))?;
+        // The header is written by hand: the serializer writes it with the first row only, so
+        // a record without kernels would give an empty file.
+        let mut writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_path(path)
+            .map_err(|e| cannot(&e))?;
+        writer.write_record(CSV_COLUMNS).map_err(|e| cannot(&e))?;
         for k in &record.kernels {
             writer
                 .serialize(CsvRow {
@@ -719,6 +741,28 @@ mod tests {
         assert_eq!(injection_value(Backend::Cuda, lib), lib.as_os_str());
         let plain = Path::new("/usr/lib/libkreplay.so");
         assert_eq!(injection_value(Backend::Hsa, plain), plain.as_os_str());
+    }
+
+    #[test]
+    fn the_csv_columns_are_the_rows_fields() {
+        let mut writer = csv::Writer::from_writer(Vec::new());
+        writer
+            .serialize(CsvRow {
+                kernel: "k",
+                launches: 1,
+                replayed: 1,
+                passes: 2,
+                snapshot_bytes: 64,
+                tier: "host",
+                strategy: "full",
+                restores: 1,
+                restore_ms: 0.5,
+                failed: 0,
+                declines: "-".into(),
+            })
+            .unwrap();
+        let text = String::from_utf8(writer.into_inner().unwrap()).unwrap();
+        assert_eq!(text.lines().next(), Some(CSV_COLUMNS.join(",").as_str()));
     }
 
     #[test]
