@@ -935,6 +935,42 @@ fn cuda_backend_without_gpu_fails_cleanly() {
     assert!(ran.stderr.contains("recorded nothing"), "{ran:?}");
 }
 
+#[test]
+fn a_record_folder_that_is_empty_or_missing_is_refused_at_load_not_lost_at_exit() {
+    // KREPLAY_RECORD_DIR set by hand (or from a script's unset variable): an empty value must
+    // not write records into whatever folder the program runs in, and a missing folder must
+    // be said when kreplay loads, not after the whole run, when the record is lost.
+    let dir = scratch("record-dir");
+    let app = softhsa_app();
+    for value in ["", "/nonexistent-kreplay-record-folder"] {
+        let mut c = std::process::Command::new(&app);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("KREPLAY_") {
+                c.env_remove(name);
+            }
+        }
+        c.env("HSA_TOOLS_LIB", libkreplay())
+            .env("KREPLAY_PASSES", "2")
+            .env("KREPLAY_RECORD_DIR", value)
+            .current_dir(&dir);
+        let ran = run(c, None, Duration::from_secs(60));
+        assert!(!ran.timed_out, "{ran:?}");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "KREPLAY_RECORD_DIR={value:?} wrote into the current folder: {left:?}"
+        );
+        assert!(
+            ran.stderr.contains("not loaded") && ran.stderr.contains("KREPLAY_RECORD_DIR"),
+            "KREPLAY_RECORD_DIR={value:?} is not refused at load: {ran:?}"
+        );
+    }
+}
+
 // ---- limits ----
 
 #[test]

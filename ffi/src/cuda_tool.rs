@@ -83,9 +83,10 @@ pub fn make_tools() -> Result<Box<dyn Tools>, String> {
     logging::install_stderr_logger();
     logging::set_level(config.log);
     hsa_tool::check_snapshot_config(&config)?;
+    let record_dir = crate::run_record::dir_from_env()?;
     hsa_tool::apply_limits(&config);
     let report = crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
-    hsa_tool::start_recording("cuda", &report);
+    hsa_tool::start_recording(record_dir, "cuda", &report);
     Ok(Box::new(CudaTools))
 }
 

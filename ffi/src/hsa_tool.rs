@@ -82,9 +82,10 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
     // SAFETY: forwarded from the caller (null is checked, not read).
     unsafe { kreplay_hsa::check_table(table) }.map_err(|e| e.to_string())?;
     check_snapshot_config(&config)?;
+    let record_dir = crate::run_record::dir_from_env()?;
     apply_limits(&config);
     let report = crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
-    start_recording("hsa", &report);
+    start_recording(record_dir, "hsa", &report);
     let options = InstallOptions {
         snapshot: config.snapshot_config(),
         drain: kreplay_drain::DrainConfig::new(config.drain_timeout),
@@ -147,18 +148,22 @@ pub(crate) fn tool_for_dispatch() -> Option<Box<dyn ReplayTool>> {
     }
 }
 
-/// Starts the run record when `KREPLAY_RECORD_DIR` is set; it is written at unload and at
-/// exit.
-pub(crate) fn start_recording(backend: &str, tools: &crate::lifecycle::InitReport) {
-    if std::env::var_os(crate::run_record::ENV_RECORD_DIR).is_none() {
+/// Starts the run record when `KREPLAY_RECORD_DIR` named a folder (`dir`, from
+/// [`crate::run_record::dir_from_env`]); it is written there at unload and at exit.
+pub(crate) fn start_recording(
+    dir: Option<std::path::PathBuf>,
+    backend: &str,
+    tools: &crate::lifecycle::InitReport,
+) {
+    let Some(dir) = dir else {
         return;
-    }
+    };
     let (tool, passes) = if services::replay_configured() {
         ("tools", 0)
     } else {
         ("built-in", builtin_passes())
     };
-    crate::run_record::start(backend, tool, passes, tools.problems());
+    crate::run_record::start(dir, backend, tool, passes, tools.problems());
     // SAFETY: registers a plain extern "C" function that never unwinds.
     unsafe { atexit(write_record_at_exit) };
 }

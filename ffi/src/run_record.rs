@@ -109,6 +109,9 @@ fn one() -> u64 {
 }
 
 static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
+/// The record folder, absolute, as `KREPLAY_RECORD_DIR` named it at load (the program may
+/// change folder or its environment before it exits).
+static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
 /// Whether `RECORD` holds a record (set once by `start`, never cleared): every dispatch asks,
 /// and a flag costs it no lock.
 static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -121,9 +124,37 @@ thread_local! {
         const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Starts recording for `backend` (called at load when `KREPLAY_RECORD_DIR` is set).
-pub fn start(backend: &str, tool: &str, passes_requested: u64, tool_problems: Vec<String>) {
+/// The record folder `KREPLAY_RECORD_DIR` names, as an absolute path (`None`: unset, no
+/// record). An empty value, or one that is not an existing folder, is an error naming the
+/// variable: checked at load, not found out at exit, when the record would be lost (or, for
+/// an empty value, written into whatever folder the program is in).
+pub fn dir_from_env() -> Result<Option<PathBuf>, String> {
+    let Some(value) = std::env::var_os(ENV_RECORD_DIR) else {
+        return Ok(None);
+    };
+    let path = Path::new(&value);
+    if value.is_empty() || !path.is_dir() {
+        return Err(format!(
+            "invalid {ENV_RECORD_DIR}={:?}: expected an existing folder",
+            path.display().to_string()
+        ));
+    }
+    Ok(Some(
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    ))
+}
+
+/// Starts recording for `backend` into the folder `dir` (called at load when
+/// `KREPLAY_RECORD_DIR` is set, see [`dir_from_env`]).
+pub fn start(
+    dir: PathBuf,
+    backend: &str,
+    tool: &str,
+    passes_requested: u64,
+    tool_problems: Vec<String>,
+) {
     OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+    *DIR.lock() = Some(dir);
     *RECORD.lock() = Some(RunRecord {
         backend: backend.into(),
         tool: tool.into(),
@@ -252,14 +283,14 @@ pub fn write_to(path: &Path) -> Result<(), String> {
 /// Writes this process's record into `KREPLAY_RECORD_DIR` when recording (problems are
 /// logged).
 pub fn write() {
-    let Some(dir) = std::env::var_os(ENV_RECORD_DIR) else {
+    let Some(dir) = DIR.lock().clone() else {
         return;
     };
     let pid = std::process::id();
     if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
         return;
     }
-    if let Err(e) = write_to(&Path::new(&dir).join(file_name(pid))) {
+    if let Err(e) = write_to(&dir.join(file_name(pid))) {
         crate::logging::log(crate::logging::Severity::Warn, format_args!("{e}"));
     }
 }
@@ -420,7 +451,7 @@ mod tests {
 
     #[test]
     fn dispatches_add_up_per_kernel_with_tiers_declines_and_an_atomic_file() {
-        start("hsa", "built-in", 3, Vec::new());
+        start(std::env::temp_dir(), "hsa", "built-in", 3, Vec::new());
         let mut tool = Recording(built_in_passes(3));
         let info = DispatchInfo::default();
         tool.config_enter(&info);
