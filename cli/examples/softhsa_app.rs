@@ -6,6 +6,9 @@
 //! library that does not load is reported and skipped. It stands in for a real ROCm program
 //! under `kreplay run --backend hsa` (the tests run it so; see cli/tests/run.rs).
 //!
+//! With `SOFTHSA_APP_CRASH` set it aborts after printing (a worker that crashes: no runtime
+//! shutdown, no exit handlers).
+//!
 //! The application: three buffers, each updated in place (`x += 1`) by two dispatches, then one
 //! `checksum` line per buffer (the sum of its words). A replay that forgot a restore would add
 //! one per extra pass and change the checksums.
@@ -148,6 +151,12 @@ fn run() -> Result<(), String> {
         let words = unsafe { std::slice::from_raw_parts(*ptr, ELEMENTS) };
         let sum: u64 = words.iter().map(|&w| u64::from(w)).sum();
         println!("checksum buffer {b} sum {sum}");
+    }
+    if std::env::var_os("SOFTHSA_APP_CRASH").is_some() {
+        // A worker that crashes after its work: no runtime shutdown, no exit handlers.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::process::abort();
     }
     drop(session);
     for (_lib, on_unload) in tools.iter().rev() {

@@ -719,6 +719,37 @@ fn a_worker_process_that_outlives_the_launcher_fails_the_run() {
     );
 }
 
+#[test]
+fn a_worker_that_crashed_after_loading_kreplay_fails_the_run_though_the_launcher_succeeded() {
+    // A launcher that ignores how its workers end: one worker crashes after its kernels ran,
+    // before it could write its record. The table lacks its kernels; that must not pass as a
+    // complete result.
+    let dir = scratch("crashed-worker");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "launch.sh",
+        &format!(
+            "'{a}'\nSOFTHSA_APP_CRASH=1 '{a}'\nexit 0\n",
+            a = app.display()
+        ),
+    );
+    let (ran, record) = run_launcher(&dir, &launcher, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(
+        ran.code,
+        Some(1),
+        "a process that loaded kreplay left no record, yet the run passed: {ran:?}"
+    );
+    assert!(ran.stderr.contains("without writing its record"), "{ran:?}");
+    assert_eq!(
+        record["processes"], 2,
+        "both processes are counted: {record}"
+    );
+    assert_eq!(record["incomplete"], 1, "{record}");
+    assert_eq!(record["kernels"][0]["launches"], 6, "{record}");
+}
+
 // ---- controls ----
 
 #[test]

@@ -102,6 +102,11 @@ pub struct RunRecord {
     /// be used, a tool rejected or failed at initialize): `kreplay run --tool` fails on any.
     #[serde(default)]
     pub tool_problems: Vec<String>,
+    /// Processes that loaded kreplay and ended without writing their record at exit (a
+    /// crash, a signal, an exit that skipped the exit handlers, an `exec`): the record each
+    /// wrote when it loaded kreplay says so, and their kernels are missing.
+    #[serde(default)]
+    pub incomplete: u64,
 }
 
 fn one() -> u64 {
@@ -164,6 +169,8 @@ pub fn start(
         ..Default::default()
     });
     ACTIVE.store(true, std::sync::atomic::Ordering::Release);
+    // A process that never gets to its exit handlers still leaves a record saying so.
+    write_file(false);
 }
 
 /// Whether recording is on.
@@ -283,12 +290,21 @@ pub fn write_to(path: &Path) -> Result<(), String> {
 /// Writes this process's record into `KREPLAY_RECORD_DIR` when recording (problems are
 /// logged).
 pub fn write() {
+    write_file(true);
+}
+
+/// Writes the record file; `finished`: at unload or exit, else at load (the record then says
+/// it is incomplete, which stays true if the process never gets to write it again).
+fn write_file(finished: bool) {
     let Some(dir) = DIR.lock().clone() else {
         return;
     };
     let pid = std::process::id();
     if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
         return;
+    }
+    if let Some(run) = RECORD.lock().as_mut() {
+        run.incomplete = u64::from(!finished);
     }
     if let Err(e) = write_to(&dir.join(file_name(pid))) {
         crate::logging::log(crate::logging::Severity::Warn, format_args!("{e}"));
@@ -327,6 +343,7 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
     let mut run = records.next()?;
     for other in records {
         run.processes += other.processes;
+        run.incomplete += other.incomplete;
         run.graph_launches += other.graph_launches;
         run.managed_allocations += other.managed_allocations;
         run.tool_work += other.tool_work;
@@ -451,7 +468,16 @@ mod tests {
 
     #[test]
     fn dispatches_add_up_per_kernel_with_tiers_declines_and_an_atomic_file() {
-        start(std::env::temp_dir(), "hsa", "built-in", 3, Vec::new());
+        let started =
+            std::env::temp_dir().join(format!("kreplay-record-start-{}", std::process::id()));
+        std::fs::create_dir_all(&started).unwrap();
+        start(started.clone(), "hsa", "built-in", 3, Vec::new());
+        // Written at once, saying the process has not finished; the final write says it has.
+        let at_load: RunRecord = serde_json::from_str(
+            &std::fs::read_to_string(started.join(file_name(std::process::id()))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!((at_load.incomplete, at_load.processes), (1, 1));
         let mut tool = Recording(built_in_passes(3));
         let info = DispatchInfo::default();
         tool.config_enter(&info);
@@ -474,7 +500,15 @@ mod tests {
             why: RanOnceReason::Declined(Decline::new(DeclineReason::UntrackedMemory, "managed")),
         };
         add(&record(declined, 0, 0), "k2");
+        write();
+        let at_exit: RunRecord = serde_json::from_str(
+            &std::fs::read_to_string(started.join(file_name(std::process::id()))).unwrap(),
+        )
+        .unwrap();
+        std::fs::remove_dir_all(&started).unwrap();
+        assert_eq!(at_exit.incomplete, 0);
         let run = snapshot().unwrap();
+        assert_eq!(at_exit, run);
         assert_eq!(run.kernels.len(), 2);
         let k1 = &run.kernels[0];
         assert_eq!(
@@ -510,6 +544,7 @@ mod tests {
 
         // A second process's record beside it: read back and added up by kernel name.
         let mut other = run.clone();
+        other.incomplete = 1;
         other.kernels[0].tier = "device".into();
         other.kernels.push(KernelRecord {
             kernel: "k3".into(),
@@ -524,7 +559,7 @@ mod tests {
         std::fs::rename(&path, dir.join(file_name(2))).unwrap();
         std::fs::write(dir.join("kreplay-record-3.json.9.tmp"), "half").unwrap();
         let merged = merge(read_dir(&dir).unwrap()).unwrap();
-        assert_eq!(merged.processes, 2);
+        assert_eq!((merged.processes, merged.incomplete), (2, 1));
         assert_eq!(merged.kernels.len(), 3);
         let k1 = &merged.kernels[0];
         assert_eq!((k1.launches, k1.passes, k1.restores), (4, 12, 8));

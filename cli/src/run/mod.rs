@@ -113,12 +113,14 @@ pub struct RunOutcome {
 }
 
 impl RunOutcome {
-    /// Whether the command succeeded: the program did and left no process running, the tool
-    /// given with `--tool` loaded and initialized (`record.tool_problems`), and `--check` found
-    /// no difference.
+    /// Whether the command succeeded: the program did and left no process running, every
+    /// process that loaded kreplay wrote its record (`record.incomplete`), the tool given with
+    /// `--tool` loaded and initialized (`record.tool_problems`), and `--check` found no
+    /// difference.
     pub fn passed(&self) -> bool {
         self.status.success()
             && self.record.tool_problems.is_empty()
+            && self.record.incomplete == 0
             && !self.left_running
             && self.check.as_ref().is_none_or(Result::is_ok)
     }
@@ -633,6 +635,19 @@ pub fn run_with(
     let record = record?;
     for problem in &record.tool_problems {
         eprintln!("kreplay: {problem}");
+    }
+    match record.incomplete {
+        0 => {}
+        1 => eprintln!(
+            "kreplay: a process of {program} loaded kreplay and ended without writing its record \
+             (a crash, a signal, or an exit that skipped the exit handlers): its kernels are \
+             missing from the table"
+        ),
+        n => eprintln!(
+            "kreplay: {n} processes of {program} loaded kreplay and ended without writing their \
+             records (a crash, a signal, or an exit that skipped the exit handlers): their \
+             kernels are missing from the table"
+        ),
     }
     out.write_all(table(&record).as_bytes())
         .map_err(write_err)?;
