@@ -1002,6 +1002,37 @@ fn a_record_folder_that_is_empty_or_missing_is_refused_at_load_not_lost_at_exit(
     }
 }
 
+#[test]
+fn a_relative_temporary_folder_still_gives_the_program_a_record_folder_it_can_reach() {
+    // TMPDIR relative to where kreplay starts, and a program that changes folder before it
+    // loads kreplay: the record folder kreplay made must still be the one the program writes
+    // into.
+    let dir = scratch("relative-tmpdir");
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "elsewhere.sh",
+        &format!("cd /\nexec '{}'\n", app.display()),
+    );
+    let lib = libkreplay();
+    let args: Vec<&OsStr> = vec![
+        OsStr::new("run"),
+        OsStr::new("--backend"),
+        OsStr::new("hsa"),
+        OsStr::new("--library"),
+        lib.as_os_str(),
+        OsStr::new("--"),
+        launcher.as_os_str(),
+    ];
+    let mut c = command(&args, &[("TMPDIR", OsStr::new("tmp"))]);
+    c.current_dir(&dir);
+    let ran = run(c, None, Duration::from_secs(60));
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(ran.stdout.contains("6 launch(es) on hsa"), "{ran:?}");
+}
+
 // ---- limits ----
 
 #[test]

@@ -208,12 +208,15 @@ fn tool_path(path: PathBuf) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// A fresh, empty record folder in the temporary folder.
+/// A fresh, empty record folder in the temporary folder, as an absolute path (`TMPDIR` may be
+/// relative, and the program may change folder before it loads kreplay).
 fn record_dir() -> Result<PathBuf, String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let dir = std::env::temp_dir().join(format!("kreplay-run-{}-{nanos}", std::process::id()));
+    let temp = std::env::temp_dir();
+    let temp = std::path::absolute(&temp).unwrap_or(temp);
+    let dir = temp.join(format!("kreplay-run-{}-{nanos}", std::process::id()));
     std::fs::create_dir(&dir)
         .map_err(|e| format!("cannot create the record folder {}: {e}", dir.display()))?;
     Ok(dir)
