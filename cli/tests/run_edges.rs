@@ -702,13 +702,18 @@ fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json
 #[test]
 fn a_worker_process_that_outlives_the_launcher_fails_the_run() {
     // A launcher that runs one worker in the foreground and one in the background, then exits:
-    // the background worker's kernels cannot be in the table (they were silently missing).
+    // the background worker's kernels cannot be in the table (they were silently missing). It
+    // starts well after the moment kreplay gives processes left behind to end (2 s), and ends
+    // on its own.
     let dir = scratch("outlive");
     let app = softhsa_app();
     let launcher = script(
         &dir,
         "launch.sh",
-        &format!("'{a}'\n( sleep 1; '{a}' ) &\nexit 0\n", a = app.display()),
+        &format!(
+            "'{a}'\n( sleep 6; '{a}' ) >/dev/null 2>&1 &\nexit 0\n",
+            a = app.display()
+        ),
     );
     let (ran, record) = run_launcher(&dir, &launcher, &[]);
     assert_eq!(ran.code, Some(1), "{ran:?}");
@@ -748,6 +753,37 @@ fn a_worker_that_crashed_after_loading_kreplay_fails_the_run_though_the_launcher
     );
     assert_eq!(record["incomplete"], 1, "{record}");
     assert_eq!(record["kernels"][0]["launches"], 6, "{record}");
+}
+
+#[test]
+fn a_helper_that_ends_shortly_after_the_program_does_not_fail_the_run() {
+    // Python's multiprocessing (forkserver or spawn: the resource tracker, the fork server)
+    // leaves helpers that end once the program's end closes their pipe, after cleaning up.
+    // They are not workers left running, and the run must not fail because of them.
+    let dir = scratch("helper-ends");
+    let fifo = dir.join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !made {
+        return;
+    }
+    let body = format!(
+        "{WRITE_RECORD}( cat '{f}' > /dev/null; sleep 0.3 ) &\nexec 3> '{f}'\necho done\n",
+        f = fifo.display()
+    );
+    for extra in [&[][..], &["--check"][..]] {
+        let ran = check_run(&dir, &body, extra, None, 30);
+        assert!(!ran.timed_out, "{ran:?}");
+        assert_eq!(
+            ran.code,
+            Some(0),
+            "{extra:?}: a helper ending 0.3 s after the program failed the run: {ran:?}"
+        );
+        assert!(!ran.stderr.contains("still running"), "{ran:?}");
+    }
 }
 
 // ---- controls ----

@@ -7,17 +7,21 @@ use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The program's process while it runs (0: none): where an interruption is passed on.
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The signal that interrupted `kreplay run` (0: none).
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
-/// How long, after the program exited, the rest of its standard output may take to arrive: what
-/// it wrote is in the pipe already, so only a process it left running and holding the pipe can
-/// make it take longer.
-const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// How long, after the program exited, the rest of its standard output may take to arrive and
+/// the processes it leaves behind may take to end: what it wrote is in the pipe already, so
+/// only a process it left running and holding the pipe can make the output take longer, and
+/// helpers that end when the program does (Python's multiprocessing resource tracker and fork
+/// server end once its end closes their pipe, after cleaning up) need a moment too.
+const AFTER_EXIT: Duration = Duration::from_secs(2);
+/// How often the processes left behind are looked at while they are waited for.
+const REAP_EVERY: Duration = Duration::from_millis(10);
 
 extern "C" fn pass_on(signal: libc::c_int) {
     INTERRUPTED.store(signal, Ordering::SeqCst);
@@ -57,17 +61,23 @@ pub fn interrupted() -> Option<i32> {
     }
 }
 
-/// Whether processes the program started are still running after it exited (they were
-/// adopted by this process, see [`prepare`]); the ones that already ended are reaped.
-fn descendants_running() -> bool {
+/// Whether processes the program started are still running at `deadline` (they were adopted
+/// by this process, see [`prepare`]): the ones that end before it are reaped as they end, and
+/// the answer comes as soon as none is left.
+fn descendants_running(deadline: Instant) -> bool {
     loop {
         let mut status = 0;
         // SAFETY: waits for any child without blocking; the program itself was reaped already.
         match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
-            0 => return true,
             pid if pid > 0 => continue,
+            0 => {}
             _ => return false,
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::sleep(REAP_EVERY.min(deadline - now));
     }
 }
 
@@ -103,6 +113,7 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
     let waited = child.wait();
     CHILD.store(0, Ordering::SeqCst);
     let status = waited?;
+    let deadline = Instant::now() + AFTER_EXIT;
     if let Some(feeder) = feeder {
         // The program may not read all of its input: a write it never takes fails, harmlessly.
         let _ = feeder.join();
@@ -110,7 +121,9 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
     let (stdout, output_held) = match reader {
         None => (Vec::new(), false),
         Some((read, done)) => {
-            let held = done.recv_timeout(OUTPUT_AFTER_EXIT).is_err();
+            let held = done
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .is_err();
             let bytes = std::mem::take(&mut *read.lock().unwrap_or_else(|e| e.into_inner()));
             (bytes, held)
         }
@@ -119,7 +132,7 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
         status,
         stdout,
         output_held,
-        left_running: descendants_running(),
+        left_running: descendants_running(deadline),
     })
 }
 
