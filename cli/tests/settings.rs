@@ -1,5 +1,6 @@
-//! `KREPLAY_*` settings are checked before any command measures or runs anything: a bad value,
-//! or a spill folder where no spill file can be created, is an error naming it, at once.
+//! `KREPLAY_*` settings are checked before any command measures or runs anything (`kreplay run`:
+//! before the program starts): a bad value, or a spill folder where no spill file can be
+//! created, is an error naming it, at once.
 
 mod support;
 
@@ -112,4 +113,79 @@ fn bench_spills_its_file_tier_in_the_spill_folder() {
         "spill files are unlinked"
     );
     std::fs::remove_dir(dir).unwrap();
+}
+
+/// `kreplay run --backend BACKEND [extra] --library FAKE -- PROGRAM`, where PROGRAM only notes
+/// that it ran; returns whether it ran.
+fn run_command(
+    name: &str,
+    backend: &str,
+    extra: &[&str],
+    settings: &[(&str, &str)],
+) -> (Output, bool) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("settings-{}-run-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded").unwrap();
+    let ran = dir.join("ran");
+    let program = dir.join("app.sh");
+    std::fs::write(&program, format!("#!/bin/sh\ntouch '{}'\n", ran.display())).unwrap();
+    let mut perms = std::fs::metadata(&program).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&program, perms).unwrap();
+    let mut args = vec!["run", "--backend", backend];
+    args.extend_from_slice(extra);
+    args.extend(["--library", lib.to_str().unwrap(), "--"]);
+    args.push(program.to_str().unwrap());
+    let output = kreplay(&args, settings);
+    (output, ran.exists())
+}
+
+#[test]
+fn run_refuses_a_bad_setting_before_the_program_runs() {
+    // The injected library would refuse to load, after which the whole program (hours of
+    // training) runs unprofiled and the run ends with "recorded nothing"; with KREPLAY_LOG=off
+    // not even the program's standard error says why.
+    let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "settings-{}-run-no-such-folder",
+        std::process::id()
+    ));
+    let missing = missing.to_str().unwrap();
+    for (backend, setting, named) in [
+        ("hsa", ("KREPLAY_RESTORE", "bogus"), "KREPLAY_RESTORE"),
+        ("cuda", ("KREPLAY_MAX_PASSES", "0"), "KREPLAY_MAX_PASSES"),
+        ("hsa", ("KREPLAY_SPILL_DIR", missing), missing),
+        (
+            "cuda",
+            ("KREPLAY_CUDA_DEVICE_HEAP", "bogus"),
+            "KREPLAY_CUDA_DEVICE_HEAP",
+        ),
+    ] {
+        let (output, ran) = run_command("bad", backend, &[], &[setting, ("KREPLAY_LOG", "off")]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!ran, "{setting:?}: the program ran first: {stderr}");
+        assert_eq!(output.status.code(), Some(1), "{setting:?}: {stderr}");
+        assert!(
+            stderr.contains(named),
+            "{setting:?} names {named}: {stderr}"
+        );
+    }
+    // What kreplay run sets itself is not the environment's to spoil.
+    for (extra, setting) in [
+        (
+            &["--scope", "agent"][..],
+            ("KREPLAY_SNAPSHOT_SCOPE", "bogus"),
+        ),
+        (&["--passes", "3"][..], ("KREPLAY_PASSES", "bogus")),
+        (&[][..], ("KREPLAY_CUDA_PASSES", "bogus")),
+    ] {
+        let (output, ran) = run_command("overridden", "hsa", extra, &[setting]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            ran && !stderr.contains(setting.0),
+            "{extra:?} {setting:?}: {stderr}"
+        );
+    }
 }

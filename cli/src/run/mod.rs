@@ -288,6 +288,35 @@ fn injection_value(backend: Backend, library: &Path) -> OsString {
     }
 }
 
+/// Checks the `KREPLAY_*` settings the profiled run will see (the environment's, with kreplay
+/// run's own in place of it) as the injected library will read them, so that a bad one stops
+/// the command before the program runs: the library would refuse to load, and the whole
+/// program would run without kreplay for a record that never comes.
+fn check_settings(options: &RunOptions, backend: Backend, library: &Path) -> Result<(), String> {
+    // The record folder is not a setting the configuration reads.
+    let injected = injected_variables(options, backend, library, Path::new(""));
+    let lookup = |name: &str| -> Option<String> {
+        if let Some((_, value)) = injected.iter().find(|(n, _)| *n == name) {
+            return Some(value.to_string_lossy().into_owned());
+        }
+        if OUR_VARIABLES.contains(&name) {
+            return None;
+        }
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    };
+    let not_loaded = |why: String| format!("{why} (kreplay would not load into the program)");
+    let config =
+        kreplay::config::Config::from_lookup(lookup).map_err(|e| not_loaded(e.to_string()))?;
+    config
+        .snapshot_config()
+        .validate()
+        .map_err(|e| not_loaded(format!("invalid snapshot configuration: {e}")))?;
+    if backend == Backend::Cuda {
+        kreplay_cuda::config::Config::from_lookup(lookup).map_err(not_loaded)?;
+    }
+    Ok(())
+}
+
 /// Runs `options.program` once; `inject` adds kreplay's variables. `input` is given to its
 /// standard input (else it inherits kreplay's); its standard output is captured when
 /// `capture`, else inherited.
@@ -600,6 +629,7 @@ pub fn run_with(
         options.tool = Some(tool_path(existing_file(tool, "--tool")?)?);
     }
     let options = &options;
+    check_settings(options, backend, &library)?;
     let program = program_name(options);
     process::prepare();
     let input = input_for_check(options.check)?;
