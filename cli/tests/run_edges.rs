@@ -452,6 +452,62 @@ fn check_run(dir: &Path, body: &str, extra: &[&str], stdin: Option<&[u8]>, deadl
 }
 
 #[test]
+fn check_does_not_wait_for_an_input_that_never_ends_when_the_program_reads_none() {
+    // `ssh gpu-box kreplay run --check -- ./app`, `docker exec -i`, a parent process that
+    // keeps a pipe to its child: the standard input is a pipe that stays open. A program that
+    // reads none of it must run, under --check too, not wait for an end that never comes.
+    let dir = scratch("check-open-stdin");
+    let app = script(&dir, "app.sh", &format!("{WRITE_RECORD}echo checksum 42\n"));
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--check",
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    // Held open, never written, until the end of the test.
+    let _input = child.stdin.take();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            // SAFETY: kills the process group this test created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    use std::io::Read;
+    let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    assert!(
+        status.is_some(),
+        "kreplay run --check waited for the end of a standard input the program never reads"
+    );
+    assert_eq!(status.unwrap().code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("check: the standard output is the same"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn check_of_a_program_that_reads_its_input_compares_like_with_like() {
     // The same program, the same input: both runs must see it. The profiled run inherits and
     // consumes stdin, the plain run then reads an empty stream.

@@ -317,13 +317,12 @@ fn check_settings(options: &RunOptions, backend: Backend, library: &Path) -> Res
     Ok(())
 }
 
-/// Runs `options.program` once; `inject` adds kreplay's variables. `input` is given to its
-/// standard input (else it inherits kreplay's); its standard output is captured when
-/// `capture`, else inherited.
+/// Runs `options.program` once; `inject` adds kreplay's variables. `input` is its standard
+/// input; its standard output is captured when `capture`, else inherited.
 fn run_program(
     options: &RunOptions,
     inject: Option<(Backend, &Path, &Path)>,
-    input: Option<&[u8]>,
+    input: process::Input<'_>,
     capture: bool,
 ) -> Result<process::Ran, String> {
     let (program, args) = options
@@ -360,20 +359,13 @@ fn run_program(
     Ok(ran)
 }
 
-/// `--check` with a standard input that is not a terminal: all of it, read once, so that both
-/// runs get the same bytes (the first run would otherwise take them from the second).
-fn input_for_check(check: bool) -> Result<Option<Vec<u8>>, String> {
-    use std::io::{IsTerminal, Read};
-    let stdin = std::io::stdin();
-    if !check || stdin.is_terminal() {
-        return Ok(None);
-    }
-    let mut input = Vec::new();
-    stdin
-        .lock()
-        .read_to_end(&mut input)
-        .map_err(|e| format!("cannot read the standard input to give to both runs: {e}"))?;
-    Ok(Some(input))
+/// `--check` with a standard input that is not a terminal: the first run's input is passed on
+/// and kept, so that the second run gets the same bytes (it would otherwise find them taken).
+/// It is read only as the program reads it: an input that never ends does not stop a program
+/// that reads none of it from running.
+fn tee_input_for_check(check: bool) -> bool {
+    use std::io::IsTerminal;
+    check && !std::io::stdin().is_terminal()
 }
 
 /// Reads and adds up the records the processes of the program wrote into `dir`.
@@ -632,7 +624,7 @@ pub fn run_with(
     check_settings(options, backend, &library)?;
     let program = program_name(options);
     process::prepare();
-    let input = input_for_check(options.check)?;
+    let tee = tee_input_for_check(options.check);
     if let Some(signal) = process::interrupted() {
         return Err(format!(
             "interrupted (signal {signal}) before {program} started"
@@ -642,7 +634,11 @@ pub fn run_with(
     let profiled = run_program(
         options,
         Some((backend, &library, &record_dir)),
-        input.as_deref(),
+        if tee {
+            process::Input::Tee
+        } else {
+            process::Input::Inherit
+        },
         options.check,
     );
     let record = profiled
@@ -689,7 +685,12 @@ pub fn run_with(
         writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
     }
     let check = if options.check {
-        let plain = run_program(options, None, input.as_deref(), true)?;
+        let input = if tee {
+            process::Input::Bytes(&profiled.input)
+        } else {
+            process::Input::Inherit
+        };
+        let plain = run_program(options, None, input, true)?;
         if let Some(signal) = process::interrupted() {
             return Err(format!(
                 "interrupted (signal {signal}) during the run without kreplay"

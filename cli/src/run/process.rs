@@ -81,9 +81,25 @@ fn descendants_running(deadline: Instant) -> bool {
     }
 }
 
+/// The program's standard input.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// kreplay's own, inherited.
+    Inherit,
+    /// kreplay's own, passed on through a pipe as the program reads it, and kept
+    /// ([`Ran::input`]): read only as far as the program reads, so an input that stays open (a
+    /// pipe from `ssh` or a parent process) does not hold up a program that reads none of it.
+    Tee,
+    /// These bytes, then the end of the input.
+    Bytes(&'a [u8]),
+}
+
 /// What a run of the program gave.
 pub struct Ran {
     pub status: ExitStatus,
+    /// With [`Input::Tee`]: what was read from kreplay's standard input while the program ran
+    /// (all the program read, and perhaps a little more that it did not take).
+    pub input: Vec<u8>,
     /// Its standard output, when captured.
     pub stdout: Vec<u8>,
     /// The standard output was still held open by a process the program left running: `stdout`
@@ -93,13 +109,12 @@ pub struct Ran {
     pub left_running: bool,
 }
 
-/// Runs `command` to its end: `input` is written to its standard input (else it inherits
-/// kreplay's), and its standard output is captured when `capture` (else inherited).
-pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::io::Result<Ran> {
-    command.stdin(if input.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::inherit()
+/// Runs `command` to its end with `input` as its standard input; its standard output is
+/// captured when `capture` (else inherited).
+pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::Result<Ran> {
+    command.stdin(match input {
+        Input::Inherit => Stdio::inherit(),
+        Input::Tee | Input::Bytes(_) => Stdio::piped(),
     });
     command.stdout(if capture {
         Stdio::piped()
@@ -108,7 +123,11 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
     });
     let mut child = command.spawn()?;
     CHILD.store(child.id() as i32, Ordering::SeqCst);
-    let feeder = feed(&mut child, input);
+    let (feeder, teed) = match input {
+        Input::Inherit => (None, None),
+        Input::Bytes(bytes) => (feed(&mut child, bytes), None),
+        Input::Tee => (None, tee(&mut child)),
+    };
     let reader = child.stdout.take().map(read_all);
     let waited = child.wait();
     CHILD.store(0, Ordering::SeqCst);
@@ -118,6 +137,11 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
         // The program may not read all of its input: a write it never takes fails, harmlessly.
         let _ = feeder.join();
     }
+    // The tee's thread may wait for more of kreplay's input for good: it is left to it. Every
+    // byte the program read was kept before it was passed on.
+    let input = teed.map_or_else(Vec::new, |kept| {
+        kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    });
     let (stdout, output_held) = match reader {
         None => (Vec::new(), false),
         Some((read, done)) => {
@@ -130,6 +154,7 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
     };
     Ok(Ran {
         status,
+        input,
         stdout,
         output_held,
         left_running: descendants_running(deadline),
@@ -137,11 +162,40 @@ pub fn run(command: &mut Command, input: Option<&[u8]>, capture: bool) -> std::i
 }
 
 /// Writes `input` to the child's standard input on a thread of its own, then closes it.
-fn feed(child: &mut Child, input: Option<&[u8]>) -> Option<std::thread::JoinHandle<()>> {
-    let (mut pipe, input) = (child.stdin.take()?, input?.to_vec());
+fn feed(child: &mut Child, input: &[u8]) -> Option<std::thread::JoinHandle<()>> {
+    let (mut pipe, input) = (child.stdin.take()?, input.to_vec());
     Some(std::thread::spawn(move || {
         let _ = pipe.write_all(&input);
     }))
+}
+
+/// Passes kreplay's standard input on to the child's on a thread of its own, keeping every
+/// byte before it is passed on; the child's input ends where kreplay's does, or when the child
+/// stops taking it.
+fn tee(child: &mut Child) -> Option<Arc<Mutex<Vec<u8>>>> {
+    let mut pipe = child.stdin.take()?;
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let into = kept.clone();
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin();
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    into.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend_from_slice(&buf[..n]);
+                    if pipe.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Some(kept)
 }
 
 /// Reads `pipe` to its end on a thread of its own, into the buffer returned; the receiver
