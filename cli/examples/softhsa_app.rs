@@ -6,7 +6,9 @@
 //! library that does not load is reported and skipped. It stands in for a real ROCm program
 //! under `kreplay run --backend hsa` (the tests run it so; see cli/tests/run.rs).
 //!
-//! With `SOFTHSA_APP_CRASH` set it aborts after printing (a worker that crashes: no runtime
+//! With `SOFTHSA_APP_SESSIONS=N` it runs N times in one process, the runtime (and the tools
+//! libraries) shut down and started again in between, as a program that initializes ROCm's
+//! runtime again does. With `SOFTHSA_APP_CRASH` set it aborts after printing (a worker that crashes: no runtime
 //! shutdown, no exit handlers).
 //!
 //! The application: three buffers, each updated in place (`x += 1`) by two dispatches, then one
@@ -52,9 +54,18 @@ type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_c
 type OnUnload = unsafe extern "C" fn();
 
 fn main() {
-    if let Err(e) = run() {
-        eprintln!("softhsa_app: {e}");
-        std::process::exit(1);
+    // A program may shut the runtime down and initialize it again (ROCm then loads and
+    // unloads its tool libraries each time): SOFTHSA_APP_SESSIONS=N runs the application N
+    // times so, in one process.
+    let sessions: u32 = std::env::var("SOFTHSA_APP_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for _ in 0..sessions {
+        if let Err(e) = run() {
+            eprintln!("softhsa_app: {e}");
+            std::process::exit(1);
+        }
     }
 }
 

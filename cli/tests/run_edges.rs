@@ -842,6 +842,34 @@ fn a_helper_that_ends_shortly_after_the_program_does_not_fail_the_run() {
     }
 }
 
+#[test]
+fn a_runtime_started_again_where_kreplay_cannot_load_again_fails_the_run() {
+    // A program that shuts the runtime down and starts it again: kreplay is loaded once per
+    // process (a known limit), so the second session's kernels are not seen. The table then
+    // lacks them, and must not pass for a complete one.
+    let dir = scratch("two-sessions");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "again.sh",
+        &format!("SOFTHSA_APP_SESSIONS=2 exec '{}'\n", app.display()),
+    );
+    let (ran, record) = run_launcher(&dir, &launcher, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(
+        ran.stdout.matches("checksum buffer 2").count(),
+        2,
+        "both sessions ran: {ran:?}"
+    );
+    assert_eq!(
+        ran.code,
+        Some(1),
+        "the second session's kernels are missing, yet the run passed: {ran:?}"
+    );
+    assert!(ran.stderr.contains("runtime again"), "{ran:?}");
+    assert_eq!(record["sessions_unprofiled"], 1, "{record}");
+}
+
 // ---- controls ----
 
 #[test]

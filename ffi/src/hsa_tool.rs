@@ -213,6 +213,11 @@ pub unsafe extern "C" fn OnLoad(
         Ok(Ok(())) => true,
         Ok(Err(why)) => {
             logging::report_failure(format_args!("not loaded: {why}"));
+            // Loaded before in this process and recording (`kreplay run`): the runtime was
+            // started again, and the record says that session's kernels are missing.
+            if crate::run_record::active() {
+                let _ = std::panic::catch_unwind(crate::run_record::note_unprofiled_session);
+            }
             false
         }
         Err(_) => {

@@ -107,6 +107,11 @@ pub struct RunRecord {
     /// wrote when it loaded kreplay says so, and their kernels are missing.
     #[serde(default)]
     pub incomplete: u64,
+    /// Times a process started its runtime again after kreplay had been unloaded from it
+    /// (ROCm: `hsa_shut_down`, then `hsa_init`): kreplay's tools are initialized once per
+    /// process, so kreplay did not load again and the kernels of those sessions are missing.
+    #[serde(default)]
+    pub sessions_unprofiled: u64,
 }
 
 fn one() -> u64 {
@@ -261,6 +266,19 @@ pub fn snapshot() -> Option<RunRecord> {
     RECORD.lock().clone()
 }
 
+/// Notes that kreplay refused to load again into this recording process (the runtime was
+/// started again after it unloaded, see [`RunRecord::sessions_unprofiled`]), and writes the
+/// record so.
+pub fn note_unprofiled_session() {
+    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    if let Some(run) = RECORD.lock().as_mut() {
+        run.sessions_unprofiled += 1;
+    }
+    write();
+}
+
 /// Writes the record so far to `path`, atomically.
 pub fn write_to(path: &Path) -> Result<(), String> {
     let Some(record) = snapshot() else {
@@ -344,6 +362,7 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
     for other in records {
         run.processes += other.processes;
         run.incomplete += other.incomplete;
+        run.sessions_unprofiled += other.sessions_unprofiled;
         run.graph_launches += other.graph_launches;
         run.managed_allocations += other.managed_allocations;
         run.tool_work += other.tool_work;

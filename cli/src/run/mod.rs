@@ -114,13 +114,15 @@ pub struct RunOutcome {
 
 impl RunOutcome {
     /// Whether the command succeeded: the program did and left no process running, every
-    /// process that loaded kreplay wrote its record (`record.incomplete`), the tool given with
+    /// process that loaded kreplay wrote its record (`record.incomplete`) and had it loaded
+    /// for every start of its runtime (`record.sessions_unprofiled`), the tool given with
     /// `--tool` loaded and initialized (`record.tool_problems`), and `--check` found no
     /// difference.
     pub fn passed(&self) -> bool {
         self.status.success()
             && self.record.tool_problems.is_empty()
             && self.record.incomplete == 0
+            && self.record.sessions_unprofiled == 0
             && !self.left_running
             && self.check.as_ref().is_none_or(Result::is_ok)
     }
@@ -664,6 +666,14 @@ pub fn run_with(
     let record = record?;
     for problem in &record.tool_problems {
         eprintln!("kreplay: {problem}");
+    }
+    if record.sessions_unprofiled > 0 {
+        eprintln!(
+            "kreplay: {program} started its runtime again after shutting it down ({} time(s)); \
+             kreplay loads once per process, so the kernels of the sessions after the first are \
+             missing from the table",
+            record.sessions_unprofiled
+        );
     }
     match record.incomplete {
         0 => {}
