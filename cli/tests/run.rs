@@ -66,10 +66,7 @@ fn fake_program_of(dir: &Path, records: u32, differ_under_kreplay: bool, exit: i
          {record}{checksum}exit {exit}\n",
         env = dir.join("env.txt").display()
     );
-    std::fs::write(&script, text).unwrap();
-    let mut perms = std::fs::metadata(&script).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&script, perms).unwrap();
+    support::write_executable(&script, &text);
     script
 }
 
@@ -318,18 +315,14 @@ fn a_csv_of_a_program_that_launched_no_kernel_still_has_its_header() {
     // device): the CSV must still be a CSV with its columns, which readers of it expect.
     let dir = scratch("csv-empty");
     let app = dir.join("app.sh");
-    std::fs::write(
+    support::write_executable(
         &app,
         "#!/bin/sh\n\
          cat > \"$KREPLAY_RECORD_DIR/kreplay-record-$$.json\" <<'EOF'\n\
          {\"backend\": \"cuda\", \"tool\": \"built-in\", \"passes_requested\": 4, \"kernels\": [],\n\
           \"graph_launches\": 0, \"managed_allocations\": 0}\n\
          EOF\n",
-    )
-    .unwrap();
-    let mut perms = std::fs::metadata(&app).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&app, perms).unwrap();
+    );
     let lib = fake_library(&dir);
     let csv = dir.join("kernels.csv");
     let out = run(

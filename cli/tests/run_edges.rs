@@ -167,13 +167,25 @@ mod bounded {
         app
     }
 
-    /// Writes an executable shell script.
+    /// Writes an executable shell script, through a child process: this test process, whose
+    /// other threads fork all the time, must never hold it open for writing (a child forked at
+    /// that moment keeps the descriptor until its exec, and executing the script then fails
+    /// with ETXTBSY, "Text file busy").
     pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
-        let mut perms = std::fs::metadata(&p).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-        std::fs::set_permissions(&p, perms).unwrap();
+        let mut child = Command::new("sh")
+            .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
+            .arg(&p)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("#!/bin/sh\n{body}").as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "{} written", p.display());
         p
     }
 

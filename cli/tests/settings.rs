@@ -131,10 +131,7 @@ fn run_command(
     std::fs::write(&lib, b"not loaded").unwrap();
     let ran = dir.join("ran");
     let program = dir.join("app.sh");
-    std::fs::write(&program, format!("#!/bin/sh\ntouch '{}'\n", ran.display())).unwrap();
-    let mut perms = std::fs::metadata(&program).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
-    std::fs::set_permissions(&program, perms).unwrap();
+    support::write_executable(&program, &format!("#!/bin/sh\ntouch '{}'\n", ran.display()));
     let mut args = vec!["run", "--backend", backend];
     args.extend_from_slice(extra);
     args.extend(["--library", lib.to_str().unwrap(), "--"]);

@@ -1,7 +1,9 @@
 //! What the CLI's test files share: running the built `kreplay` binary with none of the caller's
 //! `KREPLAY_*` settings or injection variables leaking in.
 
-use std::process::{Command, Output};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 /// Runs the built `kreplay` with `args`, every inherited `KREPLAY_*` variable and injection
 /// variable (`CUDA_INJECTION64_PATH`, `HSA_TOOLS_LIB`) removed and `env` set instead.
@@ -16,4 +18,29 @@ pub fn kreplay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     }
     command.envs(env.iter().copied());
     command.output().expect("the kreplay binary runs")
+}
+
+/// Writes an executable script at `path` through a child process, so that this test process,
+/// whose other threads fork all the time, never holds it open for writing: a child forked at
+/// that moment keeps the descriptor until its exec, and executing the script then fails with
+/// ETXTBSY ("Text file busy").
+#[allow(dead_code)]
+pub fn write_executable(path: &Path, text: &str) {
+    let mut child = Command::new("sh")
+        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
+        .arg(path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "{} written",
+        path.display()
+    );
 }
