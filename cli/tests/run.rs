@@ -340,6 +340,63 @@ fn a_csv_of_a_program_that_launched_no_kernel_still_has_its_header() {
 }
 
 #[test]
+fn an_output_past_the_file_size_limit_is_an_error_and_leaves_no_half_file() {
+    // Under a file size limit (`ulimit -f`, set by some batch systems) the program's small
+    // record fits but the JSON kreplay writes with -o does not: kreplay must say so and exit
+    // 1, not die of SIGXFSZ and leave a truncated JSON behind.
+    use std::os::unix::process::CommandExt;
+    let dir = scratch("output-fsize");
+    let app = dir.join("app.sh");
+    support::write_executable(
+        &app,
+        "#!/bin/sh\n\
+         printf '%s' '{\"backend\":\"cuda\",\"tool\":\"built-in\",\"passes_requested\":4,\"kernels\":[{\"kernel\":\"k\",\"launches\":1,\"replayed\":1,\"passes\":4,\"snapshot_bytes\":64,\"tier\":\"host\",\"strategy\":\"full\",\"restores\":3,\"restore_ms\":0.1,\"failed\":0,\"declines\":{}}],\"graph_launches\":0,\"managed_allocations\":0}' \
+           > \"$KREPLAY_RECORD_DIR/kreplay-record-$$.json\"\n",
+    );
+    let lib = fake_library(&dir);
+    let json = dir.join("kernels.json");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args([
+        "run",
+        "--backend",
+        "cuda",
+        "--library",
+        lib.to_str().unwrap(),
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 400,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    let out = command.output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains(json.to_str().unwrap()) && stderr.contains("RLIMIT_FSIZE"),
+        "{stderr}"
+    );
+    assert!(!json.exists(), "a truncated {} is left", json.display());
+}
+
+#[test]
 fn check_fails_with_a_diff_summary_when_the_outputs_differ() {
     let dir = scratch("check-differ");
     let app = fake_program(&dir, true, true, 0);

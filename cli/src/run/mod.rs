@@ -513,41 +513,60 @@ struct CsvRow<'a> {
 }
 
 /// Writes the record as CSV (one row per kernel) or JSON (the whole record), by extension.
+/// The text is made first and written whole: one larger than the process's file size limit
+/// (`RLIMIT_FSIZE`) is refused before the file is touched (past the limit the write would end
+/// kreplay with SIGXFSZ, leaving half a file), and a file a failed write left half written is
+/// removed, so that no truncated output is taken for a result.
 pub fn write_output(path: &Path, record: &RunRecord) -> Result<(), String> {
     let cannot = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
+    let text = output_text(path, record).map_err(|e| cannot(&e))?;
+    if let Some(limit) = kreplay_snapshot::file_size_limit().filter(|&l| text.len() as u64 > l) {
+        return Err(cannot(&format!(
+            "its {} bytes exceed the file size limit (RLIMIT_FSIZE) of {limit} bytes",
+            text.len()
+        )));
+    }
+    std::fs::write(path, &text).map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        cannot(&e)
+    })
+}
+
+/// The text of [`write_output`]'s file.
+fn output_text(path: &Path, record: &RunRecord) -> Result<Vec<u8>, String> {
     let json = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     if json {
-        let text = serde_json::to_string_pretty(record).map_err(|e| cannot(&e))?;
-        std::fs::write(path, text + "\n").map_err(|e| cannot(&e))
-    } else {
-        // The header is written by hand: the serializer writes it with the first row only, so
-        // a record without kernels would give an empty file.
-        let mut writer = csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_path(path)
-            .map_err(|e| cannot(&e))?;
-        writer.write_record(CSV_COLUMNS).map_err(|e| cannot(&e))?;
-        for k in &record.kernels {
-            writer
-                .serialize(CsvRow {
-                    kernel: &k.kernel,
-                    launches: k.launches,
-                    replayed: k.replayed,
-                    passes: k.passes,
-                    snapshot_bytes: k.snapshot_bytes,
-                    tier: &k.tier,
-                    strategy: &k.strategy,
-                    restores: k.restores,
-                    restore_ms: k.restore_ms,
-                    failed: k.failed,
-                    declines: declines(k),
-                })
-                .map_err(|e| cannot(&e))?;
-        }
-        writer.flush().map_err(|e| cannot(&e))
+        let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
+        return Ok((text + "\n").into_bytes());
     }
+    // The header is written by hand: the serializer writes it with the first row only, so a
+    // record without kernels would give an empty file.
+    let mut writer = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    writer
+        .write_record(CSV_COLUMNS)
+        .map_err(|e| e.to_string())?;
+    for k in &record.kernels {
+        writer
+            .serialize(CsvRow {
+                kernel: &k.kernel,
+                launches: k.launches,
+                replayed: k.replayed,
+                passes: k.passes,
+                snapshot_bytes: k.snapshot_bytes,
+                tier: &k.tier,
+                strategy: &k.strategy,
+                restores: k.restores,
+                restore_ms: k.restore_ms,
+                failed: k.failed,
+                declines: declines(k),
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    writer.into_inner().map_err(|e| e.to_string())
 }
 
 /// Compares two standard outputs: `Err` with a summary (line counts, the first differing
