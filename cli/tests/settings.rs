@@ -186,3 +186,29 @@ fn run_refuses_a_bad_setting_before_the_program_runs() {
         );
     }
 }
+
+#[test]
+fn run_refuses_more_passes_than_the_cap_on_passes_allows() {
+    // Every launch would be declined (invalid_pass_count) and run once: the whole program
+    // would run for a table of declines and a warning per launch.
+    let (output, ran) = run_command(
+        "over-cap",
+        "hsa",
+        &["--passes", "8"],
+        &[("KREPLAY_MAX_PASSES", "4")],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!ran, "the program ran first: {stderr}");
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--passes 8") && stderr.contains("KREPLAY_MAX_PASSES"),
+        "{stderr}"
+    );
+    let (_, ran) = run_command(
+        "at-cap",
+        "hsa",
+        &["--passes", "4"],
+        &[("KREPLAY_MAX_PASSES", "4")],
+    );
+    assert!(ran, "4 passes are within a cap of 4");
+}

@@ -316,6 +316,15 @@ fn check_settings(options: &RunOptions, backend: Backend, library: &Path) -> Res
     if backend == Backend::Cuda {
         kreplay_cuda::config::Config::from_lookup(lookup).map_err(not_loaded)?;
     }
+    // The built-in tool's pass count above the cap: every launch would be declined
+    // (invalid_pass_count) and run once, with a warning each.
+    if options.tool.is_none() && options.passes > config.max_passes {
+        return Err(format!(
+            "--passes {} is above the cap on passes per launch, KREPLAY_MAX_PASSES={}: every \
+             launch would run once; lower --passes or raise the cap",
+            options.passes, config.max_passes
+        ));
+    }
     Ok(())
 }
 
