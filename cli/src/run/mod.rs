@@ -383,9 +383,9 @@ fn tee_input_for_check(check: bool) -> bool {
 pub fn read_record(dir: &Path, program: &str, backend: Backend) -> Result<RunRecord, String> {
     kreplay::run_record::merge(kreplay::run_record::read_dir(dir)?).ok_or_else(|| {
         format!(
-            "kreplay recorded nothing: its library was not loaded into {program}, or {program} \
-             exited without running its exit handlers (with {}: the program must initialize the \
-             runtime; see the program's standard error for a 'not installed' reason)",
+            "kreplay recorded nothing: its library was not loaded into {program} (with {}: the \
+             program must initialize the runtime; see the program's standard error for a 'not \
+             installed' reason), or it could not write its record (a warning there says why)",
             backend.injection_variable()
         )
     })
