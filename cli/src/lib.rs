@@ -54,6 +54,21 @@ where
             return EXIT_FAILURE;
         }
     }
+    // The commands on the embedded software runtime: its table layout is a setting like the
+    // others, refused at once when malformed (the runtime itself would fall back to the
+    // default layout with a line on stderr).
+    if matches!(
+        command,
+        Command::Demo(_)
+            | Command::Bench(_)
+            | Command::BenchDispatch(_)
+            | Command::Stress(_)
+            | Command::Profile(_)
+    ) && let Err(error) = kreplay_softhsa::TableLayout::from_env()
+    {
+        eprintln!("kreplay: error: {error}");
+        return EXIT_FAILURE;
+    }
     match command {
         Command::Print(text) => match out.write_all(text.as_bytes()) {
             Ok(()) => EXIT_OK,

@@ -64,6 +64,19 @@ fn a_bad_setting_is_an_error_for_every_command_before_it_runs() {
 }
 
 #[test]
+fn an_unknown_software_runtime_table_layout_is_an_error_for_every_command_before_it_runs() {
+    // KREPLAY_SOFTHSA_TABLE=7.0 meant the ROCm 7 layout; it ran on the 5.2 one instead, with a
+    // line on stderr and exit 0.
+    for args in COMMANDS {
+        assert_refused_at_start(
+            args,
+            &[("KREPLAY_SOFTHSA_TABLE", "7.0")],
+            "KREPLAY_SOFTHSA_TABLE",
+        );
+    }
+}
+
+#[test]
 fn a_spill_folder_that_cannot_hold_files_is_an_error_for_every_command_before_it_runs() {
     let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("settings-{}-no-such-folder", std::process::id()));
