@@ -709,6 +709,61 @@ fn start_sleeper(name: &str) -> (std::process::Child, i32, std::path::PathBuf) {
 }
 
 #[test]
+fn interrupting_kreplay_run_still_reports_what_the_program_recorded() {
+    // Profiling a long run and stopping it with Ctrl-C: the program ends cleanly (its record
+    // is written), and what it recorded until then must be shown and written, not thrown away.
+    let dir = scratch("interrupt-report");
+    let pidfile = dir.join("pid");
+    let app = script(
+        &dir,
+        "app.sh",
+        &format!(
+            "{WRITE_RECORD}trap 'kill $sleeper; exit 130' INT\n\
+             sleep 30 &\nsleeper=$!\necho $$ > '{pid}'\nwait $sleeper\n",
+            pid = pidfile.display()
+        ),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let json = dir.join("k.json");
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    wait_for_file(&pidfile);
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let (status, stdout, stderr) = {
+        use std::io::Read;
+        let mut out = String::new();
+        let mut err = String::new();
+        let _ = child.stdout.take().unwrap().read_to_string(&mut out);
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        (child.wait().unwrap(), out, err)
+    };
+    assert_eq!(status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        stdout.contains("1 kernel(s), 1 launch(es) on hsa"),
+        "the table of what was recorded is missing: {stdout}\n{stderr}"
+    );
+    let written = std::fs::read_to_string(&json).unwrap_or_default();
+    assert!(written.contains("\"kernel\": \"k\""), "-o: {written:?}");
+}
+
+#[test]
 fn interrupting_kreplay_run_leaves_no_record_folder_behind() {
     // Ctrl-C in a terminal: SIGINT to the whole foreground process group.
     let (mut child, pid, tmp) = start_sleeper("sigint");

@@ -627,6 +627,46 @@ pub fn compare_outputs(with: &[u8], without: &[u8]) -> Result<(), String> {
     Err(text)
 }
 
+/// What the record says beyond the table (on stderr), the table (to `out`) and `-o`'s file.
+fn report(
+    record: &RunRecord,
+    options: &RunOptions,
+    program: &str,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
+    for problem in &record.tool_problems {
+        eprintln!("kreplay: {problem}");
+    }
+    if record.sessions_unprofiled > 0 {
+        eprintln!(
+            "kreplay: {program} started its runtime again after shutting it down ({} time(s)); \
+             kreplay loads once per process, so the kernels of the sessions after the first are \
+             missing from the table",
+            record.sessions_unprofiled
+        );
+    }
+    match record.incomplete {
+        0 => {}
+        1 => eprintln!(
+            "kreplay: a process of {program} loaded kreplay and ended without writing its record \
+             (a crash, a signal, or an exit that skipped the exit handlers): its kernels are \
+             missing from the table"
+        ),
+        n => eprintln!(
+            "kreplay: {n} processes of {program} loaded kreplay and ended without writing their \
+             records (a crash, a signal, or an exit that skipped the exit handlers): their \
+             kernels are missing from the table"
+        ),
+    }
+    out.write_all(table(record).as_bytes()).map_err(write_err)?;
+    if let Some(path) = &options.output {
+        write_output(path, record)?;
+        writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
+    }
+    Ok(())
+}
+
 /// Runs `kreplay run`: the table goes to `out`; errors that stop it are returned.
 pub fn run(options: &RunOptions, out: &mut dyn Write) -> Result<RunOutcome, String> {
     let backend = match options.backend {
@@ -677,51 +717,25 @@ pub fn run_with(
         .and_then(|_| read_record(&record_dir, &program, backend));
     let _ = std::fs::remove_dir_all(&record_dir);
     let profiled = profiled?;
-    if let Some(signal) = process::interrupted() {
-        return Err(format!(
-            "interrupted (signal {signal}, passed on to {program}, which exited with {})",
-            profiled.status
-        ));
-    }
     let status = profiled.status;
     let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
     if options.check {
         out.write_all(&profiled.stdout).map_err(write_err)?;
     }
+    if let Some(signal) = process::interrupted() {
+        // What the program recorded until it ended is still shown and written.
+        if let Ok(record) = &record {
+            report(record, options, &program, out)?;
+        }
+        return Err(format!(
+            "interrupted (signal {signal}, passed on to {program}, which exited with {status})"
+        ));
+    }
     if !status.success() {
         eprintln!("kreplay: {program} exited with {status} under kreplay");
     }
     let record = record?;
-    for problem in &record.tool_problems {
-        eprintln!("kreplay: {problem}");
-    }
-    if record.sessions_unprofiled > 0 {
-        eprintln!(
-            "kreplay: {program} started its runtime again after shutting it down ({} time(s)); \
-             kreplay loads once per process, so the kernels of the sessions after the first are \
-             missing from the table",
-            record.sessions_unprofiled
-        );
-    }
-    match record.incomplete {
-        0 => {}
-        1 => eprintln!(
-            "kreplay: a process of {program} loaded kreplay and ended without writing its record \
-             (a crash, a signal, or an exit that skipped the exit handlers): its kernels are \
-             missing from the table"
-        ),
-        n => eprintln!(
-            "kreplay: {n} processes of {program} loaded kreplay and ended without writing their \
-             records (a crash, a signal, or an exit that skipped the exit handlers): their \
-             kernels are missing from the table"
-        ),
-    }
-    out.write_all(table(&record).as_bytes())
-        .map_err(write_err)?;
-    if let Some(path) = &options.output {
-        write_output(path, &record)?;
-        writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
-    }
+    report(&record, options, &program, out)?;
     let check = if options.check {
         let input = if tee {
             process::Input::Bytes(&profiled.input)
