@@ -650,13 +650,13 @@ fn report(
         0 => {}
         1 => eprintln!(
             "kreplay: a process of {program} loaded kreplay and ended without writing its record \
-             (a crash, a signal, or an exit that skipped the exit handlers): its kernels are \
-             missing from the table"
+             (a crash, a signal, an exit that skipped the exit handlers), or is still running: \
+             its kernels are missing from the table"
         ),
         n => eprintln!(
             "kreplay: {n} processes of {program} loaded kreplay and ended without writing their \
-             records (a crash, a signal, or an exit that skipped the exit handlers): their \
-             kernels are missing from the table"
+             records (a crash, a signal, an exit that skipped the exit handlers), or are still \
+             running: their kernels are missing from the table"
         ),
     }
     out.write_all(table(record).as_bytes()).map_err(write_err)?;
