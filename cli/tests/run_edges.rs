@@ -520,6 +520,21 @@ fn check_does_not_wait_for_an_input_that_never_ends_when_the_program_reads_none(
 }
 
 #[test]
+fn check_does_not_hang_on_a_background_child_that_holds_the_input_it_was_given() {
+    // A launcher that starts a helper on its standard input and exits without reading it: the
+    // input given to the run without kreplay can never all be written, which must not hold up
+    // the command until the helper ends.
+    let dir = scratch("check-bg-stdin");
+    let body = format!("{WRITE_RECORD}exec 3<&0\nsleep 60 <&3 >/dev/null 2>&1 &\necho launched\n");
+    let input = vec![b'x'; 1 << 20];
+    let ran = check_run(&dir, &body, &["--check"], Some(&input), 30);
+    assert!(
+        !ran.timed_out && ran.elapsed < Duration::from_secs(20),
+        "kreplay run --check waited for a helper holding its input: {ran:?}"
+    );
+}
+
+#[test]
 fn check_of_a_program_that_reads_its_input_compares_like_with_like() {
     // The same program, the same input: both runs must see it. The profiled run inherits and
     // consumes stdin, the plain run then reads an empty stream.

@@ -133,12 +133,12 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     CHILD.store(0, Ordering::SeqCst);
     let status = waited?;
     let deadline = Instant::now() + AFTER_EXIT;
-    if let Some(feeder) = feeder {
-        // The program may not read all of its input: a write it never takes fails, harmlessly.
-        let _ = feeder.join();
-    }
-    // The tee's thread may wait for more of kreplay's input for good: it is left to it. Every
-    // byte the program read was kept before it was passed on.
+    // The feeder is not waited for: the program may not read all of its input, and a write it
+    // never takes fails once it has ended, unless a process it left behind holds its input
+    // open, which would block that write for as long as that process lives. The tee's thread
+    // may wait for more of kreplay's input for good: it is left to it too. Every byte the
+    // program read was kept before it was passed on.
+    drop(feeder);
     let input = teed.map_or_else(Vec::new, |kept| {
         kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
     });
