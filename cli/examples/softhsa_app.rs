@@ -8,7 +8,9 @@
 //!
 //! With `SOFTHSA_APP_SESSIONS=N` it runs N times in one process, the runtime (and the tools
 //! libraries) shut down and started again in between, as a program that initializes ROCm's
-//! runtime again does. With `SOFTHSA_APP_CRASH` set it aborts after printing (a worker that crashes: no runtime
+//! runtime again does. With `SOFTHSA_APP_EXEC_AGAIN` set it replaces itself with a fresh run of
+//! itself after printing (exec: the same process id). With `SOFTHSA_APP_CRASH` set it aborts
+//! after printing (a worker that crashes: no runtime
 //! shutdown, no exit handlers).
 //!
 //! The application: three buffers, each updated in place (`x += 1`) by two dispatches, then one
@@ -162,6 +164,18 @@ fn run() -> Result<(), String> {
         let words = unsafe { std::slice::from_raw_parts(*ptr, ELEMENTS) };
         let sum: u64 = words.iter().map(|&w| u64::from(w)).sum();
         println!("checksum buffer {b} sum {sum}");
+    }
+    if std::env::var_os("SOFTHSA_APP_EXEC_AGAIN").is_some() {
+        // A program that replaces itself (exec, same process id) after its work: no runtime
+        // shutdown, no exit handlers; the new image runs the application once more.
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let _ = std::io::stdout().flush();
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let err = std::process::Command::new(exe)
+            .env_remove("SOFTHSA_APP_EXEC_AGAIN")
+            .exec();
+        return Err(format!("exec: {err}"));
     }
     if std::env::var_os("SOFTHSA_APP_CRASH").is_some() {
         // A worker that crashes after its work: no runtime shutdown, no exit handlers.

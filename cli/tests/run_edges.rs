@@ -952,6 +952,37 @@ fn a_runtime_started_again_where_kreplay_cannot_load_again_fails_the_run() {
     assert_eq!(record["sessions_unprofiled"], 1, "{record}");
 }
 
+#[test]
+fn a_program_that_replaces_itself_after_loading_kreplay_is_not_reported_as_one_clean_run() {
+    // exec keeps the process id: the new image's record must not overwrite, in silence, the
+    // one the first image wrote when it loaded kreplay (whose kernels are lost: it never got to
+    // its exit handlers).
+    let dir = scratch("exec-again");
+    let app = softhsa_app();
+    let launcher = script(
+        &dir,
+        "again.sh",
+        &format!("SOFTHSA_APP_EXEC_AGAIN=1 exec '{}'\n", app.display()),
+    );
+    let (ran, record) = run_launcher(&dir, &launcher, &[]);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(
+        ran.stdout.matches("checksum buffer 2").count(),
+        2,
+        "both images ran: {ran:?}"
+    );
+    assert_eq!(
+        ran.code,
+        Some(1),
+        "the first image's kernels are missing, yet the run passed: {ran:?}"
+    );
+    assert_eq!(
+        (record["processes"].as_u64(), record["incomplete"].as_u64()),
+        (Some(2), Some(1)),
+        "{record}"
+    );
+}
+
 // ---- controls ----
 
 #[test]

@@ -1,6 +1,6 @@
 //! The per-kernel record `kreplay run` reads back: what the injected library saw, written at
 //! exit into the folder `KREPLAY_RECORD_DIR` names, one JSON file ([`RunRecord`]) per process,
-//! `kreplay-record-<pid>.json` ([`file_name`]).
+//! `kreplay-record-<pid>-<load>.json` ([`file_name`]).
 //!
 //! Every dispatch that goes through the replay loop is added ([`add`]) under its kernel's name;
 //! the memory tier and restore strategy come from the dispatch's SNAPSHOT and RESTORE reports,
@@ -37,9 +37,11 @@ use serde::{Deserialize, Serialize};
 /// The environment variable naming the record folder.
 pub const ENV_RECORD_DIR: &str = "KREPLAY_RECORD_DIR";
 
-/// The record file of process `pid` in the record folder.
-pub fn file_name(pid: u32) -> String {
-    format!("kreplay-record-{pid}.json")
+/// The record file of process `pid` in the record folder, for the load of kreplay numbered
+/// `load` (its start time): a process that replaces itself (`exec` keeps the process id) or a
+/// process id used again by a later process of the program never overwrites an earlier record.
+pub fn file_name(pid: u32, load: u128) -> String {
+    format!("kreplay-record-{pid}-{load}.json")
 }
 
 /// One kernel's dispatches, added up.
@@ -119,9 +121,10 @@ fn one() -> u64 {
 }
 
 static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
-/// The record folder, absolute, as `KREPLAY_RECORD_DIR` named it at load (the program may
-/// change folder or its environment before it exits).
-static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// This process's record file: in the record folder, absolute, as `KREPLAY_RECORD_DIR` named
+/// it at load (the program may change folder or its environment before it exits), under the
+/// name [`file_name`] gave it then.
+static FILE: Mutex<Option<PathBuf>> = Mutex::new(None);
 /// Whether `RECORD` holds a record (set once by `start`, never cleared): every dispatch asks,
 /// and a flag costs it no lock.
 static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -163,8 +166,12 @@ pub fn start(
     passes_requested: u64,
     tool_problems: Vec<String>,
 ) {
-    OWNER.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
-    *DIR.lock() = Some(dir);
+    let pid = std::process::id();
+    OWNER.store(pid, std::sync::atomic::Ordering::Relaxed);
+    let load = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    *FILE.lock() = Some(dir.join(file_name(pid, load)));
     *RECORD.lock() = Some(RunRecord {
         backend: backend.into(),
         tool: tool.into(),
@@ -279,6 +286,11 @@ pub fn note_unprofiled_session() {
     write();
 }
 
+/// This process's record file, once recording started.
+pub fn file() -> Option<PathBuf> {
+    FILE.lock().clone()
+}
+
 /// Writes the record so far to `path`, atomically.
 pub fn write_to(path: &Path) -> Result<(), String> {
     let Some(record) = snapshot() else {
@@ -314,17 +326,16 @@ pub fn write() {
 /// Writes the record file; `finished`: at unload or exit, else at load (the record then says
 /// it is incomplete, which stays true if the process never gets to write it again).
 fn write_file(finished: bool) {
-    let Some(dir) = DIR.lock().clone() else {
+    let Some(file) = FILE.lock().clone() else {
         return;
     };
-    let pid = std::process::id();
-    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != pid {
+    if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
         return;
     }
     if let Some(run) = RECORD.lock().as_mut() {
         run.incomplete = u64::from(!finished);
     }
-    if let Err(e) = write_to(&dir.join(file_name(pid))) {
+    if let Err(e) = write_to(&file) {
         crate::logging::log(crate::logging::Severity::Warn, format_args!("{e}"));
     }
 }
@@ -492,10 +503,8 @@ mod tests {
         std::fs::create_dir_all(&started).unwrap();
         start(started.clone(), "hsa", "built-in", 3, Vec::new());
         // Written at once, saying the process has not finished; the final write says it has.
-        let at_load: RunRecord = serde_json::from_str(
-            &std::fs::read_to_string(started.join(file_name(std::process::id()))).unwrap(),
-        )
-        .unwrap();
+        let at_load: RunRecord =
+            serde_json::from_str(&std::fs::read_to_string(file().unwrap()).unwrap()).unwrap();
         assert_eq!((at_load.incomplete, at_load.processes), (1, 1));
         let mut tool = Recording(built_in_passes(3));
         let info = DispatchInfo::default();
@@ -520,10 +529,8 @@ mod tests {
         };
         add(&record(declined, 0, 0), "k2");
         write();
-        let at_exit: RunRecord = serde_json::from_str(
-            &std::fs::read_to_string(started.join(file_name(std::process::id()))).unwrap(),
-        )
-        .unwrap();
+        let at_exit: RunRecord =
+            serde_json::from_str(&std::fs::read_to_string(file().unwrap()).unwrap()).unwrap();
         std::fs::remove_dir_all(&started).unwrap();
         assert_eq!(at_exit.incomplete, 0);
         let run = snapshot().unwrap();
@@ -571,11 +578,11 @@ mod tests {
             ..Default::default()
         });
         std::fs::write(
-            dir.join(file_name(1)),
+            dir.join(file_name(1, 1)),
             serde_json::to_string(&other).unwrap(),
         )
         .unwrap();
-        std::fs::rename(&path, dir.join(file_name(2))).unwrap();
+        std::fs::rename(&path, dir.join(file_name(2, 1))).unwrap();
         std::fs::write(dir.join("kreplay-record-3.json.9.tmp"), "half").unwrap();
         let merged = merge(read_dir(&dir).unwrap()).unwrap();
         assert_eq!((merged.processes, merged.incomplete), (2, 1));
@@ -585,7 +592,7 @@ mod tests {
         assert_eq!(k1.tier, "device+host");
         assert_eq!(merged.kernels[1].declines.get("untracked_memory"), Some(&2));
         assert_eq!(merge(Vec::new()), None);
-        std::fs::write(dir.join(file_name(4)), "{").unwrap();
+        std::fs::write(dir.join(file_name(4, 1)), "{").unwrap();
         assert!(read_dir(&dir).unwrap_err().contains("is not valid"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
