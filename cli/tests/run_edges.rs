@@ -817,6 +817,50 @@ fn terminating_kreplay_run_does_not_leave_the_program_running() {
     );
 }
 
+#[test]
+fn terminating_kreplay_run_ends_what_a_launcher_left_running_too() {
+    // `kreplay run -- ./train.sh`, the script running its worker without exec: SIGTERM passed
+    // on to the script ends the script, not its worker, which kreplay adopted. Stopping the
+    // command must not leave the worker running on the GPU.
+    let dir = scratch("sigterm-launcher");
+    let workerfile = dir.join("worker");
+    let app = script(
+        &dir,
+        "launch.sh",
+        &format!("sleep 30 &\necho $! > '{}'\nwait\n", workerfile.display()),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"x").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let worker: i32 = wait_for_file(&workerfile).trim().parse().unwrap();
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let left = alive(worker);
+    // SAFETY: the process group of the kreplay this test started, and its worker.
+    unsafe {
+        libc::kill(-(child.id() as i32), libc::SIGKILL);
+        libc::kill(worker, libc::SIGKILL);
+    }
+    assert!(
+        !left,
+        "after SIGTERM to kreplay, the launcher's worker is still running"
+    );
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

@@ -63,8 +63,11 @@ pub fn interrupted() -> Option<i32> {
 
 /// Whether processes the program started are still running at `deadline` (they were adopted
 /// by this process, see [`prepare`]): the ones that end before it are reaped as they end, and
-/// the answer comes as soon as none is left.
+/// the answer comes as soon as none is left. When `kreplay run` was interrupted, the signal is
+/// passed on to each of them as well (a launcher that ran its worker without `exec` ends on
+/// it, leaving the worker), once each.
 fn descendants_running(deadline: Instant) -> bool {
+    let mut signalled = Vec::new();
     loop {
         let mut status = 0;
         // SAFETY: waits for any child without blocking; the program itself was reaped already.
@@ -73,12 +76,52 @@ fn descendants_running(deadline: Instant) -> bool {
             0 => {}
             _ => return false,
         }
+        if let Some(signal) = interrupted() {
+            for pid in adopted() {
+                if !signalled.contains(&pid) {
+                    // SAFETY: `pid` is a child of this process that has not been reaped, so
+                    // the id cannot name another process.
+                    unsafe { libc::kill(pid, signal) };
+                    signalled.push(pid);
+                }
+            }
+        }
         let now = Instant::now();
         if now >= deadline {
             return true;
         }
         std::thread::sleep(REAP_EVERY.min(deadline - now));
     }
+}
+
+/// This process's children (processes the program left, adopted): the processes whose parent,
+/// in `/proc/<pid>/stat`, is this one.
+fn adopted() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parent_in_stat(&stat))
+                == Some(me)
+        })
+        .collect()
+}
+
+/// The parent process id in a `/proc/<pid>/stat` line (the fourth field; the second, the
+/// command name in parentheses, may hold spaces and parentheses itself).
+fn parent_in_stat(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The program's standard input.
@@ -218,4 +261,16 @@ fn read_all(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<Vec<u8>>>, mpsc:
         let _ = tx.send(());
     });
     (read, rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_is_read_after_the_command_name_whatever_it_holds() {
+        assert_eq!(parent_in_stat("42 (sleep) S 7 42 42 0 -1"), Some(7));
+        assert_eq!(parent_in_stat("42 (a) b) (c) R 9 1 1"), Some(9));
+        assert_eq!(parent_in_stat("garbage"), None);
+    }
 }
