@@ -1,6 +1,8 @@
 //! The per-kernel record `kreplay run` reads back: what the injected library saw, written at
-//! exit into the folder `KREPLAY_RECORD_DIR` names, one JSON file ([`RunRecord`]) per process,
-//! `kreplay-record-<pid>-<load>.json` ([`file_name`]).
+//! exit into the folder `KREPLAY_RECORD_DIR` names, one JSON file ([`RunRecord`]) per process
+//! (per load of kreplay), `kreplay-record-<pid>-<load>.json` ([`file_name`]). It is first
+//! written when recording starts, marked incomplete ([`RunRecord::incomplete`]), so that a
+//! process that never reaches its exit handlers is counted, and said to be missing.
 //!
 //! Every dispatch that goes through the replay loop is added ([`add`]) under its kernel's name;
 //! the memory tier and restore strategy come from the dispatch's SNAPSHOT and RESTORE reports,
@@ -297,8 +299,8 @@ pub fn write_to(path: &Path) -> Result<(), String> {
         return Ok(());
     };
     let text = serde_json::to_string_pretty(&record).map_err(|e| e.to_string())?;
-    // The record is written at exit, into the host program: a file past the program's file
-    // size limit would end it with SIGXFSZ instead of its own exit status.
+    // The record is written inside the host program (at load and at exit): a file past its
+    // file size limit would end it with SIGXFSZ instead of its own exit status.
     if let Some(limit) =
         kreplay_snapshot::file_size_limit().filter(|&limit| text.len() as u64 > limit)
     {
