@@ -58,6 +58,7 @@ pub mod faults;
 mod grid;
 mod handlers;
 mod handles;
+mod image;
 mod intercept;
 mod kernel;
 mod memory;
@@ -71,6 +72,7 @@ mod topology;
 mod wake;
 
 pub use executable::CodeObject;
+pub use image::Image;
 pub use kernel::{KernelFn, WorkGroup, kernel_name, register_kernel};
 pub use owned::{OwnedApiTable, TABLE_LAYOUT_ENV, TableLayout};
 

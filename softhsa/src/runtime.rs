@@ -33,6 +33,8 @@ pub(crate) struct Runtime {
     pub(crate) handlers: AsyncHandlers,
     /// Code object readers and executables (`hsa_executable_*`).
     pub(crate) executables: crate::executable::Executables,
+    /// Images (`hsa_ext_image_*`).
+    pub(crate) images: crate::image::Images,
     /// `hsa_amd_profiling_async_copy_enable`.
     pub(crate) async_copy_profiling: AtomicBool,
     signals: RwLock<HashMap<u64, Arc<Signal>>>,
@@ -52,6 +54,7 @@ impl Runtime {
             copies: CopyEngines::default(),
             handlers: AsyncHandlers::default(),
             executables: Default::default(),
+            images: Default::default(),
             async_copy_profiling: AtomicBool::new(false),
             signals: RwLock::new(HashMap::new()),
             signal_groups: RwLock::new(HashMap::new()),
@@ -69,6 +72,7 @@ impl Runtime {
         self.copies.shutdown();
         self.handlers.shutdown();
         self.workers.shutdown();
+        self.images.clear();
         self.memory.free_all(&self.topology);
         self.signals.write().clear();
         self.signal_groups.write().clear();

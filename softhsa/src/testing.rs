@@ -34,6 +34,7 @@ fn check(status: hsa_status_t) -> HsaResult<()> {
 pub struct Hsa {
     core: CoreApiTable,
     amd: AmdExtTable,
+    image: ImageExtTable,
     batch_copy: Option<BatchCopy>,
 }
 
@@ -204,15 +205,21 @@ impl Hsa {
     /// Wrappers around any table.
     ///
     /// # Safety
-    /// `table.core_` and `table.amd_ext_` must point to valid tables whose entries have the HSA
-    /// signatures and stay callable while the returned value is used.
+    /// `table.core_` and `table.amd_ext_` must point to valid tables, and `table.image_ext_` be
+    /// null or point to one, whose entries have the HSA signatures and stay callable while the
+    /// returned value is used.
     pub unsafe fn from_table(table: &HsaApiTable) -> Self {
-        // SAFETY: the caller guarantees both pointers are valid tables; the AMD extension
+        // SAFETY: the caller guarantees the pointers are valid tables; the AMD extension
         // table is read by entry name in whichever order its version says it has.
         unsafe {
             Self {
                 core: *table.core_,
                 amd: hsa_sys::layouts::read_amd_ext_as_v1(table.amd_ext_),
+                image: if table.image_ext_.is_null() {
+                    ImageExtTable::default()
+                } else {
+                    *table.image_ext_
+                },
                 batch_copy: batch_copy_of(table.amd_ext_),
             }
         }
@@ -231,6 +238,11 @@ impl Hsa {
     /// The copied AMD extension table.
     pub fn amd(&self) -> &AmdExtTable {
         &self.amd
+    }
+
+    /// The copied image extension table (all entries null when the table has none).
+    pub fn image(&self) -> &ImageExtTable {
+        &self.image
     }
 
     /// `hsa_init`; the returned session calls `hsa_shut_down` when dropped.

@@ -6,6 +6,7 @@
 
 pub(crate) mod amd;
 pub(crate) mod core;
+mod image;
 mod info;
 mod table;
 

@@ -1,7 +1,7 @@
-//! Building the [`HsaApiTable`]: every core and AMD-extension entry is filled; the finalizer
-//! and image tables are present with null entries (softhsa has neither extension).
+//! Building the [`HsaApiTable`]: every core, AMD-extension and image-extension entry is filled;
+//! the finalizer table is present with null entries (softhsa has no finalizer).
 
-use super::{amd, core};
+use super::{amd, core, image};
 use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 use std::mem::size_of;
@@ -257,7 +257,23 @@ fn build() -> Tables {
             size_of::<ImageExtTable>(),
             HSA_IMAGE_API_TABLE_STEP_VERSION,
         ),
-        ..ImageExtTable::default()
+        hsa_ext_image_get_capability_fn: Some(image::hsa_ext_image_get_capability),
+        hsa_ext_image_data_get_info_fn: Some(image::hsa_ext_image_data_get_info),
+        hsa_ext_image_create_fn: Some(image::hsa_ext_image_create),
+        hsa_ext_image_import_fn: Some(image::hsa_ext_image_import),
+        hsa_ext_image_export_fn: Some(image::hsa_ext_image_export),
+        hsa_ext_image_copy_fn: Some(image::hsa_ext_image_copy),
+        hsa_ext_image_clear_fn: Some(image::hsa_ext_image_clear),
+        hsa_ext_image_destroy_fn: Some(image::hsa_ext_image_destroy),
+        hsa_ext_sampler_create_fn: Some(image::hsa_ext_sampler_create),
+        hsa_ext_sampler_destroy_fn: Some(image::hsa_ext_sampler_destroy),
+        hsa_ext_image_get_capability_with_layout_fn: Some(
+            image::hsa_ext_image_get_capability_with_layout,
+        ),
+        hsa_ext_image_data_get_info_with_layout_fn: Some(
+            image::hsa_ext_image_data_get_info_with_layout,
+        ),
+        hsa_ext_image_create_with_layout_fn: Some(image::hsa_ext_image_create_with_layout),
     }));
     Tables {
         api: HsaApiTable {
@@ -348,6 +364,10 @@ mod tests {
         assert!(entries(amd).iter().all(|&e| e != 0));
         assert_eq!(core.version.minor_id as usize, size_of::<CoreApiTable>());
         assert!(!api.finalizer_ext_.is_null() && !api.image_ext_.is_null());
+        // SAFETY: as above.
+        let image = unsafe { &*api.image_ext_ };
+        assert_eq!(entries(image).len(), 13);
+        assert!(entries(image).iter().all(|&e| e != 0));
     }
 
     #[test]
