@@ -760,6 +760,17 @@ assert_offsets!(HsaApiTableV3 {
     tools_: 48,
     pc_sampling_ext_: 56,
 });
+// The image extension table: one layout from ROCm 5.2 to 7.x (major 1, then 2; the runtime's
+// own additions, such as `hsa_amd_image_get_info_max_dim`, live past the public table).
+assert_offsets!(ImageExtTable {
+    hsa_ext_image_create_fn: 32,
+    hsa_ext_image_import_fn: 40,
+    hsa_ext_image_export_fn: 48,
+    hsa_ext_image_copy_fn: 56,
+    hsa_ext_image_clear_fn: 64,
+    hsa_ext_image_destroy_fn: 72,
+    hsa_ext_image_create_with_layout_fn: 112,
+});
 assert_offsets!(CoreApiTable {
     hsa_system_get_info_fn: 32,
     hsa_iterate_agents_fn: 56,

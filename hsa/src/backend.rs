@@ -29,6 +29,8 @@ pub(crate) struct Backend {
     pub(crate) windows: crate::fold::Windows,
     /// Ring buffers of soft queues.
     pub(crate) soft_queues: crate::soft_queues::SoftQueues,
+    /// The runtime's image entries and the images created (`crate::images`).
+    pub(crate) images: crate::images::Images,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
     pub(crate) vmem: crate::vmem::VmemTracker,
     /// Agents linked by peer-access grants, replayed as one group (`crate::peers`).
@@ -181,6 +183,8 @@ pub(crate) unsafe fn install(
     }
     // SAFETY: the caller guarantees `table` is a valid, initialized HSA API table.
     let original = unsafe { Original::capture(table) }.map_err(InstallError::Table)?;
+    // SAFETY: as for `Original::capture`; the image table is read only where the root holds it.
+    let images = unsafe { crate::images::Images::capture(table) };
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
     let svm_by_default = original.svm_accessible_by_default();
     let inventory = Arc::new(Inventory::new());
@@ -204,6 +208,7 @@ pub(crate) unsafe fn install(
         windows: crate::fold::Windows::default(),
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
+        images,
         peers: crate::peers::Peers::default(),
         hooks,
         drain: options.drain,
@@ -227,6 +232,8 @@ pub(crate) unsafe fn install(
     // non-null; the caller lets us modify the table (the hsa_api_trace contract of a tools
     // library's OnLoad). The backend is set, so the wrappers find it from their first call on.
     unsafe { install_wrappers(table, &b.original) };
+    // SAFETY: the same table, writable; the image table was captured from it.
+    unsafe { crate::images::install_wrappers(table, &b.images) };
     Ok(())
 }
 

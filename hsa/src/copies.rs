@@ -115,7 +115,7 @@ pub(crate) fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent
 /// its memory and the agents it names) and, when `dst` lies in tracked memory the CPU owns, every
 /// GPU, since a replay on any of them may hold that memory in its snapshot
 /// (`crate::peers::replay_agents`).
-fn write_agents(
+pub(crate) fn write_agents(
     b: &Backend,
     touched: impl IntoIterator<Item = hsa_agent_t>,
     dst: *const c_void,
@@ -134,7 +134,7 @@ fn write_agents(
 }
 
 /// The agent owning the allocation at `ptr`, if the runtime knows one.
-fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
+pub(crate) fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
     if ptr.is_null() {
         return None;
     }
@@ -144,7 +144,7 @@ fn owner(b: &Backend, ptr: *const c_void) -> Option<hsa_agent_t> {
 /// A runtime write fenced against replays: the reader side of each agent it touches, and its
 /// count of in-flight work, for as long as this lives (or, for an asynchronous write, until its
 /// completion is seen: see [`Fence::submit_async`]).
-struct Fence<'a> {
+pub(crate) struct Fence<'a> {
     _guards: Vec<kreplay_locks::ReadAccess<'a>>,
     /// The agents it counts on, and `counters` their counts.
     agents: Vec<u64>,
@@ -181,7 +181,7 @@ pub(crate) fn readers<'a>(b: &'a Backend, agents: &[u64]) -> Vec<kreplay_locks::
 
 impl<'a> Fence<'a> {
     /// Waits while a replay holds any of `agents`, then counts one write on each.
-    fn enter(b: &'a Backend, agents: &[u64]) -> Self {
+    pub(crate) fn enter(b: &'a Backend, agents: &[u64]) -> Self {
         let window = crate::queues::in_replay_window();
         let guards = readers(b, agents);
         // Holds before counts: a replay settling waits for holds first, then for counts.

@@ -17,8 +17,9 @@
 //!   completion fired once); a multi-packet batch is forwarded unchanged in one piece, each of
 //!   its dispatches declined as `batch_or_graph`; anything else is forwarded unchanged;
 //! - every runtime write path (`hsa_amd_memory_async_copy`, `_on_engine`, `_rect`,
-//!   `hsa_memory_copy`, `hsa_amd_memory_fill`) is serialized against replays on the agents it
-//!   touches, the asynchronous ones counted until their completion signal fires (docs/abi.md §3 rule 9).
+//!   `hsa_memory_copy`, `hsa_amd_memory_fill`, and the image extension's `hsa_ext_image_import`,
+//!   `_copy`, `_clear` and `_export`) is serialized against replays on the agents it touches, the
+//!   asynchronous ones counted until their completion signal fires (docs/abi.md §3 rule 9).
 //!
 //! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
 //! through [`ToolHooks`], implemented by the C ABI crate. The replay service may be configured
@@ -85,6 +86,7 @@ mod copies;
 mod counting;
 mod dispatch;
 mod fold;
+mod images;
 mod layout;
 mod memory;
 mod original;

@@ -1,0 +1,372 @@
+//! Images (the HSA image extension, what HIP arrays, textures and surfaces are on ROCm) and
+//! replays.
+//!
+//! * **Writes.** `hsa_ext_image_import`, `_copy` and `_clear` write an image's data, memory the
+//!   application allocated from an agent's pool and that a replay of that agent snapshots. Made
+//!   by another thread while a replay's window is open, such a write lands between a pass and a
+//!   restore, which undoes it. The first pass's PASS ENTER waits (bounded) for the write to
+//!   return: unfenced it returns while the replay runs, every time; fenced it cannot return
+//!   before the replay ended, so the callback waits out its bound, which the test checks.
+
+#[macro_use]
+#[allow(dead_code, unused_macros)]
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hsa_sys::*;
+use kreplay_drain::DrainConfig;
+use kreplay_hsa::InstallOptions;
+use kreplay_passloop::{LoopEnd, ReplayOutcome};
+use kreplay_snapshot::{RestoreStrategy, SnapshotConfig};
+use kreplay_softhsa::{Image, WorkGroup};
+use support::app::{self, App, Aql, Ptr, WAIT};
+use support::tool::{Script, TestHooks};
+
+/// The images' width and height (R, 32-bit unsigned texels).
+const W: u32 = 16;
+const H: u32 = 8;
+/// Rows the replayed kernel increments; the racing write covers the others.
+const KERNEL_ROWS: u32 = 4;
+/// How long the first pass's PASS ENTER waits for the racing write to return.
+const WRITE_WINDOW: Duration = Duration::from_millis(300);
+/// What the racing write puts in every texel it covers.
+const WRITTEN: u32 = 0x5eed;
+
+/// Set at the first PASS ENTER (the replay window is open).
+static PASS_RUNNING: AtomicBool = AtomicBool::new(false);
+/// Set by the writing thread once its write returned.
+static WRITE_DONE: AtomicBool = AtomicBool::new(false);
+/// Set if a PASS ENTER saw the write done while the replay was still running.
+static WRITE_SEEN_MID_REPLAY: AtomicBool = AtomicBool::new(false);
+
+/// Arguments of [`add_one_texel`]: an image handle and how many rows to touch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TexelArgs {
+    image: u64,
+    rows: u32,
+    pad: u32,
+}
+
+/// `texel += 1` for work-item `i` at (`i % W`, `i / W`) of the image the arguments name, in its
+/// first `rows` rows.
+fn add_one_texel(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `TexelArgs` block.
+    let args: TexelArgs = unsafe { group.kernargs() };
+    let image = Image::from_handle(args.image).expect("a live image");
+    for [i, _, _] in group.work_items() {
+        let (x, y) = (i % W, i / W);
+        if y < args.rows {
+            let mut texel = image.load([x, y, 0]).expect("inside the image");
+            texel[0] += 1;
+            assert!(image.store([x, y, 0], texel), "a writable texel");
+        }
+    }
+}
+
+fn ok(status: hsa_status_t, what: &str) {
+    assert_eq!(status, HSA_STATUS_SUCCESS, "{what} failed with {status:#x}");
+}
+
+/// Calls one entry of the (wrapped) image table.
+macro_rules! image {
+    ($app:expr, $entry:ident ( $($arg:expr),* $(,)? )) => {{
+        let hsa = $app.hsa();
+        let f = hsa.image().$entry.expect(stringify!($entry));
+        // SAFETY: the image table's entry (kreplay's wrapper of softhsa's); every call site
+        // passes live images and pointers valid for the call.
+        unsafe { f($($arg),*) }
+    }};
+}
+
+fn descriptor() -> hsa_ext_image_descriptor_t {
+    hsa_ext_image_descriptor_t {
+        geometry: HSA_EXT_IMAGE_GEOMETRY_2D,
+        width: W as usize,
+        height: H as usize,
+        depth: 0,
+        array_size: 0,
+        format: hsa_ext_image_format_t {
+            channel_type: HSA_EXT_IMAGE_CHANNEL_TYPE_UNSIGNED_INT32,
+            channel_order: HSA_EXT_IMAGE_CHANNEL_ORDER_R,
+        },
+    }
+}
+
+fn rows(first: u32, count: u32) -> hsa_ext_image_region_t {
+    hsa_ext_image_region_t {
+        offset: hsa_dim3_t {
+            x: 0,
+            y: first,
+            z: 0,
+        },
+        range: hsa_dim3_t {
+            x: W,
+            y: count,
+            z: 1,
+        },
+    }
+}
+
+/// A `W` x `H` image of `agent` over fresh memory of `pool`, holding `init` (row-major).
+fn image_in(
+    app: &App,
+    agent: hsa_agent_t,
+    pool: hsa_amd_memory_pool_t,
+    init: &[u32],
+) -> (hsa_ext_image_t, Ptr) {
+    let mut need = hsa_ext_image_data_info_t::default();
+    ok(
+        image!(
+            app,
+            hsa_ext_image_data_get_info_fn(
+                agent,
+                &descriptor(),
+                HSA_ACCESS_PERMISSION_RW,
+                &mut need
+            )
+        ),
+        "image data info",
+    );
+    let data = app.alloc(pool, need.size);
+    let mut image = hsa_ext_image_t { handle: 0 };
+    ok(
+        image!(
+            app,
+            hsa_ext_image_create_fn(
+                agent,
+                &descriptor(),
+                data.raw().cast_const(),
+                HSA_ACCESS_PERMISSION_RW,
+                &mut image
+            )
+        ),
+        "image create",
+    );
+    import(app, agent, image, init, &rows(0, H));
+    (image, data)
+}
+
+fn import(
+    app: &App,
+    agent: hsa_agent_t,
+    image: hsa_ext_image_t,
+    words: &[u32],
+    region: &hsa_ext_image_region_t,
+) {
+    ok(
+        image!(
+            app,
+            hsa_ext_image_import_fn(agent, words.as_ptr().cast(), 0, 0, image, region)
+        ),
+        "image import",
+    );
+}
+
+/// Every texel of `image`, row-major.
+fn export(app: &App, agent: hsa_agent_t, image: hsa_ext_image_t) -> Vec<u32> {
+    let mut out = vec![0u32; (W * H) as usize];
+    ok(
+        image!(
+            app,
+            hsa_ext_image_export_fn(agent, image, out.as_mut_ptr().cast(), 0, 0, &rows(0, H))
+        ),
+        "image export",
+    );
+    out
+}
+
+/// One image write of another thread: puts [`WRITTEN`] in rows `KERNEL_ROWS..H` of `dst`;
+/// `src` is an image of the same agent whose first rows hold [`WRITTEN`].
+type Write = fn(app: &App, agent: hsa_agent_t, dst: hsa_ext_image_t, src: hsa_ext_image_t);
+
+fn with_import(app: &App, agent: hsa_agent_t, dst: hsa_ext_image_t, _src: hsa_ext_image_t) {
+    let words = vec![WRITTEN; (W * (H - KERNEL_ROWS)) as usize];
+    import(app, agent, dst, &words, &rows(KERNEL_ROWS, H - KERNEL_ROWS));
+}
+
+fn with_copy(app: &App, agent: hsa_agent_t, dst: hsa_ext_image_t, src: hsa_ext_image_t) {
+    let from = hsa_dim3_t { x: 0, y: 0, z: 0 };
+    let region = rows(KERNEL_ROWS, H - KERNEL_ROWS);
+    ok(
+        image!(
+            app,
+            hsa_ext_image_copy_fn(agent, src, &from, dst, &region.offset, &region.range)
+        ),
+        "image copy",
+    );
+}
+
+fn with_clear(app: &App, agent: hsa_agent_t, dst: hsa_ext_image_t, _src: hsa_ext_image_t) {
+    let value = [WRITTEN];
+    ok(
+        image!(
+            app,
+            hsa_ext_image_clear_fn(
+                agent,
+                dst,
+                value.as_ptr().cast(),
+                &rows(KERNEL_ROWS, H - KERNEL_ROWS)
+            )
+        ),
+        "image clear",
+    );
+}
+
+fn initial() -> Vec<u32> {
+    (0..W * H).map(|i| 7 * i).collect()
+}
+
+/// Replays, three passes, a dispatch on GPU 0 incrementing the first [`KERNEL_ROWS`] rows of an
+/// image in GPU 0's coarse memory while another thread writes its other rows with `write`;
+/// checks that the write is all there and the kernel's rows hold one run's result.
+fn race(strategy: RestoreStrategy, write: Write) {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            drain: DrainConfig::new(WAIT),
+            snapshot: SnapshotConfig::default().with_strategy(strategy),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    hooks.set_script(Script::passes(3).on_pass_enter(|_, _, pass, _| {
+        if pass == 0 {
+            PASS_RUNNING.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + WRITE_WINDOW;
+            while !WRITE_DONE.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }
+        if WRITE_DONE.load(Ordering::SeqCst) {
+            WRITE_SEEN_MID_REPLAY.store(true, Ordering::SeqCst);
+        }
+    }));
+    let gpu = app.gpus[0];
+    let pools = app.pools(gpu);
+    let init = initial();
+    let (dst, _) = image_in(&app, gpu, pools.coarse, &init);
+    let (src, _) = image_in(&app, gpu, pools.coarse, &[WRITTEN; (W * H) as usize]);
+    let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
+    let kernarg = app.kernargs(
+        &pools,
+        TexelArgs {
+            image: dst.handle,
+            rows: KERNEL_ROWS,
+            pad: 0,
+        },
+    );
+    let writer = std::thread::spawn(move || {
+        assert!(support::wait_flag(&PASS_RUNNING), "the first pass began");
+        write(&app, gpu, dst, src);
+        WRITE_DONE.store(true, Ordering::SeqCst);
+    });
+    let q = app.queue(gpu);
+    let done = app.signal(1);
+    app.dispatch(q, Aql::dispatch(kernel, W * KERNEL_ROWS, 16, kernarg, done));
+    assert_eq!(
+        app.wait_zero(done),
+        0,
+        "the application's dispatch completed"
+    );
+    writer.join().expect("the writing thread ends");
+
+    let dispatch = hooks.configured_dispatches()[0].dispatch_id;
+    assert_eq!(
+        hooks.finished_record(dispatch).outcome,
+        ReplayOutcome::Replayed {
+            passes: 3,
+            end: LoopEnd::LastPass
+        }
+    );
+    let texels = export(&app, gpu, dst);
+    let split = (W * KERNEL_ROWS) as usize;
+    let lost = texels[split..].iter().filter(|&&t| t != WRITTEN).count();
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} written texels were lost",
+        texels.len() - split
+    );
+    let expected: Vec<u32> = init[..split].iter().map(|v| v + 1).collect();
+    assert_eq!(&texels[..split], &expected[..], "one run's result");
+    assert!(
+        !WRITE_SEEN_MID_REPLAY.load(Ordering::SeqCst),
+        "the write returned while the replay was running"
+    );
+}
+
+/// kreplay installed, a three-pass replay service configured.
+fn installed() -> (App, std::sync::Arc<TestHooks>) {
+    let hooks = TestHooks::new(0);
+    let app = app::install(
+        hooks.clone(),
+        InstallOptions {
+            drain: DrainConfig::new(WAIT),
+            ..Default::default()
+        },
+    );
+    hooks.configure_replay(true);
+    hooks.set_script(Script::passes(3));
+    (app, hooks)
+}
+
+scenarios! {
+    /// `hsa_ext_image_import` into rows of an image the replayed kernel does not touch.
+    fn an_image_import_during_a_replay_is_not_undone_by_a_restore() {
+        race(RestoreStrategy::Full, with_import);
+    }
+
+    /// `hsa_ext_image_copy` from another image of the agent, write-set restores.
+    fn an_image_copy_during_a_replay_is_not_undone_by_a_restore() {
+        race(RestoreStrategy::Writeset, with_copy);
+    }
+
+    /// `hsa_ext_image_clear`, hashing restores.
+    fn an_image_clear_during_a_replay_is_not_undone_by_a_restore() {
+        race(RestoreStrategy::Hash, with_clear);
+    }
+
+    /// A tool imports into the image the replayed kernel writes, from PASS ENTER of the second
+    /// pass (inside the replay window, after the first restore): its texels survive the
+    /// restore that follows, as every write of a replay callback does.
+    fn a_tools_image_import_from_a_replay_callback_survives_the_restores() {
+        let (app, hooks) = installed();
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let init = initial();
+        let (dst, _) = image_in(&app, gpu, pools.coarse, &init);
+        hooks.set_script(Script::passes(3).on_pass_enter(move |_, _, pass, _| {
+            if pass == 1 {
+                with_import(&app, gpu, dst, dst);
+            }
+        }));
+        let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
+        let kernarg = app.kernargs(
+            &pools,
+            TexelArgs {
+                image: dst.handle,
+                rows: KERNEL_ROWS,
+                pad: 0,
+            },
+        );
+        let q = app.queue(gpu);
+        let done = app.signal(1);
+        app.dispatch(q, Aql::dispatch(kernel, W * KERNEL_ROWS, 16, kernarg, done));
+        assert_eq!(app.wait_zero(done), 0, "the application's dispatch completed");
+        let dispatch = hooks.configured_dispatches()[0].dispatch_id;
+        assert!(matches!(
+            hooks.finished_record(dispatch).outcome,
+            ReplayOutcome::Replayed { passes: 3, .. }
+        ));
+        let texels = export(&app, gpu, dst);
+        let split = (W * KERNEL_ROWS) as usize;
+        let lost = texels[split..].iter().filter(|&&t| t != WRITTEN).count();
+        assert_eq!(lost, 0, "{lost} texels the tool imported were lost");
+        let expected: Vec<u32> = init[..split].iter().map(|v| v + 1).collect();
+        assert_eq!(&texels[..split], &expected[..], "one run's result");
+    }
+}
