@@ -16,6 +16,9 @@
 //!   agents reach the process's host memory directly (`HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT`,
 //!   XNACK on): there a value that is an address mapped in the process declines the replay
 //!   (`untracked_memory`), since the kernel may write that memory and no snapshot holds it.
+//!   A value equal to the handle of an image kreplay saw created (`crate::images`) resolves to
+//!   the image's data instead: a kernel reaches an image through its handle, which points to
+//!   none of the data's bytes.
 //! * **Module-scope variables.** The writable variables of every frozen executable loaded on the agent
 //!   (`hsa_executable_iterate_agent_symbols`, `VARIABLE_SEGMENT` global and not
 //!   `VARIABLE_IS_CONST`) are vouched for by address and size: they live inside a loader
@@ -393,6 +396,8 @@ pub(crate) fn argument_owners(
     let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
     values
         .into_iter()
+        // An image handle: the image's data is what the kernel reaches.
+        .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
         .filter_map(|value| match b.inventory.lookup(value) {
             Some(a) => a.kind.is_reachable().then_some(a.owner_agent),
             None => b
@@ -490,6 +495,12 @@ fn resolve(
             _ => None,
         })
     };
+    // An image handle (the address of the image's descriptor on ROCm, not of its data): the
+    // kernel reaches the image's data, wherever it lies, and the handle itself is no address
+    // of memory the kernel writes.
+    if let Some(image) = b.images.data_of(value) {
+        return resolve(b, filter, image.data, agent_symbols);
+    }
     if let Some(a) = b.inventory.lookup(value) {
         return Ok(if a.kind.is_reachable() {
             filter.reach(value, RegionSource::Referenced)

@@ -7,12 +7,16 @@
 //!   restore, which undoes it. The first pass's PASS ENTER waits (bounded) for the write to
 //!   return: unfenced it returns while the replay runs, every time; fenced it cannot return
 //!   before the replay ended, so the callback waits out its bound, which the test checks.
+//! * **Reach.** A kernel gets an image as a handle among its arguments, and the handle is not an
+//!   address inside the image's data, so the argument scan finds nothing there: the data must be
+//!   reached from the handle, or a replayed kernel writing an image outside the agent's own
+//!   coarse memory writes it once per pass.
 
 #[macro_use]
 #[allow(dead_code, unused_macros)]
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use hsa_sys::*;
@@ -40,6 +44,8 @@ static PASS_RUNNING: AtomicBool = AtomicBool::new(false);
 static WRITE_DONE: AtomicBool = AtomicBool::new(false);
 /// Set if a PASS ENTER saw the write done while the replay was still running.
 static WRITE_SEEN_MID_REPLAY: AtomicBool = AtomicBool::new(false);
+/// Runs of the kernel's work-group 0.
+static RUNS: AtomicU32 = AtomicU32::new(0);
 
 /// Arguments of [`add_one_texel`]: an image handle and how many rows to touch.
 #[repr(C)]
@@ -55,6 +61,9 @@ struct TexelArgs {
 fn add_one_texel(group: &WorkGroup) {
     // SAFETY: every dispatch of this kernel carries a `TexelArgs` block.
     let args: TexelArgs = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+    }
     let image = Image::from_handle(args.image).expect("a live image");
     for [i, _, _] in group.work_items() {
         let (x, y) = (i % W, i / W);
@@ -220,9 +229,14 @@ fn initial() -> Vec<u32> {
 }
 
 /// Replays, three passes, a dispatch on GPU 0 incrementing the first [`KERNEL_ROWS`] rows of an
-/// image in GPU 0's coarse memory while another thread writes its other rows with `write`;
+/// image in GPU 0's coarse memory (reached through its handle) while another thread writes its other rows with `write`;
 /// checks that the write is all there and the kernel's rows hold one run's result.
 fn race(strategy: RestoreStrategy, write: Write) {
+    race_in(strategy, write, |app| app.pools(app.gpus[0]).coarse);
+}
+
+/// [`race`] with the written image's data in the memory of the pool `pool` gives.
+fn race_in(strategy: RestoreStrategy, write: Write, pool: fn(&App) -> hsa_amd_memory_pool_t) {
     let hooks = TestHooks::new(0);
     let app = app::install(
         hooks.clone(),
@@ -248,7 +262,7 @@ fn race(strategy: RestoreStrategy, write: Write) {
     let gpu = app.gpus[0];
     let pools = app.pools(gpu);
     let init = initial();
-    let (dst, _) = image_in(&app, gpu, pools.coarse, &init);
+    let (dst, _) = image_in(&app, gpu, pool(&app), &init);
     let (src, _) = image_in(&app, gpu, pools.coarse, &[WRITTEN; (W * H) as usize]);
     let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
     let kernarg = app.kernargs(
@@ -299,6 +313,43 @@ fn race(strategy: RestoreStrategy, write: Write) {
     );
 }
 
+/// Replays, three passes, a dispatch on GPU 0 incrementing every texel of an image over memory
+/// of `pool` (of agent `owner`), the image reached only through its handle; checks one run's
+/// result.
+fn increment_image(app: &App, hooks: &TestHooks, owner: hsa_agent_t, pool: hsa_amd_memory_pool_t) {
+    let gpu = app.gpus[0];
+    let init = initial();
+    let (image, _) = image_in(app, owner, pool, &init);
+    let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
+    let kernarg = app.kernargs(
+        &app.pools(gpu),
+        TexelArgs {
+            image: image.handle,
+            rows: H,
+            pad: 0,
+        },
+    );
+    let q = app.queue(gpu);
+    let done = app.signal(1);
+    app.dispatch(q, Aql::dispatch(kernel, W * H, 16, kernarg, done));
+    assert_eq!(
+        app.wait_zero(done),
+        0,
+        "the application's dispatch completed"
+    );
+    let dispatch = hooks.configured_dispatches()[0].dispatch_id;
+    assert_eq!(
+        hooks.finished_record(dispatch).outcome,
+        ReplayOutcome::Replayed {
+            passes: 3,
+            end: LoopEnd::LastPass
+        }
+    );
+    assert_eq!(RUNS.load(Ordering::SeqCst), 3, "three passes ran");
+    let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
+    assert_eq!(export(app, owner, image), expected, "one run's result");
+}
+
 /// kreplay installed, a three-pass replay service configured.
 fn installed() -> (App, std::sync::Arc<TestHooks>) {
     let hooks = TestHooks::new(0);
@@ -328,6 +379,13 @@ scenarios! {
     /// `hsa_ext_image_clear`, hashing restores.
     fn an_image_clear_during_a_replay_is_not_undone_by_a_restore() {
         race(RestoreStrategy::Hash, with_clear);
+    }
+
+    /// The image's data is system memory, which the CPU owns: in the replay's snapshot because
+    /// the dispatch reaches it through the handle, and any GPU may write it, so the import waits
+    /// for a replay on any GPU.
+    fn an_image_import_into_host_memory_a_replay_reaches_is_not_undone() {
+        race_in(RestoreStrategy::Full, with_import, |app| app.host_pool());
     }
 
     /// A tool imports into the image the replayed kernel writes, from PASS ENTER of the second
@@ -368,5 +426,43 @@ scenarios! {
         assert_eq!(lost, 0, "{lost} texels the tool imported were lost");
         let expected: Vec<u32> = init[..split].iter().map(|v| v + 1).collect();
         assert_eq!(&texels[..split], &expected[..], "one run's result");
+    }
+
+    /// The baseline: the image's data is coarse memory of the dispatch's agent, in its snapshot
+    /// whatever the arguments say.
+    fn a_replayed_kernel_writing_an_image_in_the_agents_coarse_memory_applies_once() {
+        let (app, hooks) = installed();
+        let gpu = app.gpus[0];
+        increment_image(&app, &hooks, gpu, app.pools(gpu).coarse);
+    }
+
+    /// The image's data is fine-grained memory of the agent: in the snapshot only when the
+    /// dispatch reaches it, here through the image handle alone.
+    fn a_replayed_kernel_writing_an_image_in_fine_grained_memory_applies_once() {
+        let (app, hooks) = installed();
+        let gpu = app.gpus[0];
+        increment_image(&app, &hooks, gpu, app.pools(gpu).fine);
+    }
+
+    /// The image's data is coarse memory of the other GPU.
+    fn a_replayed_kernel_writing_an_image_in_another_gpus_memory_applies_once() {
+        let (app, hooks) = installed();
+        let other = app.gpus[1];
+        increment_image(&app, &hooks, other, app.pools(other).coarse);
+    }
+
+    /// Where agents reach any host memory of the process (XNACK), an argument that is an
+    /// address mapped in the process but in no memory the runtime knows declines the replay;
+    /// an image handle is such an address (the runtime's descriptor), and names the image's
+    /// data, which is snapshotted: the dispatch is replayed.
+    fn an_image_handle_is_not_untracked_memory_where_agents_reach_host_memory() {
+        kreplay_softhsa::configure(kreplay_softhsa::SoftHsaConfig {
+            svm_accessible_by_default: true,
+            ..Default::default()
+        })
+        .expect("softhsa configured");
+        let (app, hooks) = installed();
+        let gpu = app.gpus[0];
+        increment_image(&app, &hooks, gpu, app.pools(gpu).fine);
     }
 }
