@@ -385,6 +385,33 @@ fn regions_outside_the_image_and_missing_arguments_are_refused() {
         hsa_ext_image_copy_fn(gpu, image, null(), image, null(), null())
     );
     assert_eq!(status, invalid);
+    // Pitches that describe memory past the end of the address space.
+    let status = image!(
+        hsa,
+        hsa_ext_image_import_fn(gpu, words.as_ptr().cast(), usize::MAX / 2, 0, image, &whole)
+    );
+    assert_eq!(status, invalid);
+    let mut out = [0u32; 16];
+    let status = image!(
+        hsa,
+        hsa_ext_image_export_fn(gpu, image, out.as_mut_ptr().cast(), 0, usize::MAX, &whole)
+    );
+    assert_eq!(
+        status, HSA_STATUS_SUCCESS,
+        "one slice: its pitch is not used"
+    );
+    let status = image!(
+        hsa,
+        hsa_ext_image_export_fn(
+            gpu,
+            image,
+            out.as_mut_ptr().cast(),
+            usize::MAX / 2,
+            0,
+            &whole
+        )
+    );
+    assert_eq!(status, invalid);
     let stale = hsa_ext_image_t {
         handle: 0x1234_5678,
     };

@@ -191,7 +191,8 @@ unsafe fn create(
         .memory
         .find(data as usize)
         .ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
-    if data as usize - allocation.base + layout.size > allocation.size {
+    let end = (data as usize - allocation.base).checked_add(layout.size);
+    if end.is_none_or(|end| end > allocation.size) {
         return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
     }
     let handle = rt.images.create(ImageDesc {
@@ -263,17 +264,26 @@ pub(crate) unsafe extern "C" fn hsa_ext_image_destroy(
     })
 }
 
-/// The pitches of linear host memory holding `range` (a row at least as long as the region's,
-/// a slice at least as long as its rows).
+/// The pitches of linear host memory at `base` holding `range` (a row at least as long as the
+/// region's, a slice at least as long as its rows); `INVALID_ARGUMENT` when the memory they
+/// describe would not fit in the address space.
 fn host_pitches(
     desc: &ImageDesc,
+    base: usize,
     range: [usize; 3],
     row_pitch: usize,
     slice_pitch: usize,
-) -> (usize, usize) {
-    let row = row_pitch.max(range[0] * desc.format.texel_bytes());
-    let slice = slice_pitch.max(row * range[1]);
-    (row, slice)
+) -> Result<(usize, usize), hsa_status_t> {
+    let overflow = HSA_STATUS_ERROR_INVALID_ARGUMENT;
+    let len = range[0] * desc.format.texel_bytes();
+    let row = row_pitch.max(len);
+    let slice = slice_pitch.max(row.checked_mul(range[1]).ok_or(overflow)?);
+    let last = |n: usize, pitch: usize| n.saturating_sub(1).checked_mul(pitch);
+    last(range[2], slice)
+        .zip(last(range[1], row))
+        .and_then(|(z, y)| z.checked_add(y)?.checked_add(len)?.checked_add(base))
+        .ok_or(overflow)?;
+    Ok((row, slice))
 }
 
 pub(crate) unsafe extern "C" fn hsa_ext_image_import(
@@ -292,7 +302,7 @@ pub(crate) unsafe extern "C" fn hsa_ext_image_import(
         }
         let desc = image_of(rt, agent, image)?;
         let (offset, range) = desc.region(&region.offset, &region.range)?;
-        let (row, slice) = host_pitches(&desc, range, row_pitch, slice_pitch);
+        let (row, slice) = host_pitches(&desc, src as usize, range, row_pitch, slice_pitch)?;
         let len = range[0] * desc.format.texel_bytes();
         desc.rows(offset, range, |texel, y, z| {
             let from = src as usize + z * slice + y * row;
@@ -322,7 +332,7 @@ pub(crate) unsafe extern "C" fn hsa_ext_image_export(
         }
         let desc = image_of(rt, agent, image)?;
         let (offset, range) = desc.region(&region.offset, &region.range)?;
-        let (row, slice) = host_pitches(&desc, range, row_pitch, slice_pitch);
+        let (row, slice) = host_pitches(&desc, dst as usize, range, row_pitch, slice_pitch)?;
         let len = range[0] * desc.format.texel_bytes();
         desc.rows(offset, range, |texel, y, z| {
             let to = dst as usize + z * slice + y * row;
