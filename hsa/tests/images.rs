@@ -232,11 +232,18 @@ fn initial() -> Vec<u32> {
 /// image in GPU 0's coarse memory (reached through its handle) while another thread writes its other rows with `write`;
 /// checks that the write is all there and the kernel's rows hold one run's result.
 fn race(strategy: RestoreStrategy, write: Write) {
-    race_in(strategy, write, |app| app.pools(app.gpus[0]).coarse);
+    race_in(strategy, write, |app| {
+        (app.gpus[0], app.pools(app.gpus[0]).coarse)
+    });
 }
 
-/// [`race`] with the written image's data in the memory of the pool `pool` gives.
-fn race_in(strategy: RestoreStrategy, write: Write, pool: fn(&App) -> hsa_amd_memory_pool_t) {
+/// [`race`] with the written images created for the agent `place` gives, the data of the one
+/// the kernel writes in the memory of the pool it gives.
+fn race_in(
+    strategy: RestoreStrategy,
+    write: Write,
+    place: fn(&App) -> (hsa_agent_t, hsa_amd_memory_pool_t),
+) {
     let hooks = TestHooks::new(0);
     let app = app::install(
         hooks.clone(),
@@ -262,8 +269,14 @@ fn race_in(strategy: RestoreStrategy, write: Write, pool: fn(&App) -> hsa_amd_me
     let gpu = app.gpus[0];
     let pools = app.pools(gpu);
     let init = initial();
-    let (dst, _) = image_in(&app, gpu, pool(&app), &init);
-    let (src, _) = image_in(&app, gpu, pools.coarse, &[WRITTEN; (W * H) as usize]);
+    let (agent, pool) = place(&app);
+    let (dst, _) = image_in(&app, agent, pool, &init);
+    let (src, _) = image_in(
+        &app,
+        agent,
+        app.pools(agent).coarse,
+        &[WRITTEN; (W * H) as usize],
+    );
     let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
     let kernarg = app.kernargs(
         &pools,
@@ -275,7 +288,7 @@ fn race_in(strategy: RestoreStrategy, write: Write, pool: fn(&App) -> hsa_amd_me
     );
     let writer = std::thread::spawn(move || {
         assert!(support::wait_flag(&PASS_RUNNING), "the first pass began");
-        write(&app, gpu, dst, src);
+        write(&app, agent, dst, src);
         WRITE_DONE.store(true, Ordering::SeqCst);
     });
     let q = app.queue(gpu);
@@ -296,7 +309,7 @@ fn race_in(strategy: RestoreStrategy, write: Write, pool: fn(&App) -> hsa_amd_me
             end: LoopEnd::LastPass
         }
     );
-    let texels = export(&app, gpu, dst);
+    let texels = export(&app, agent, dst);
     let split = (W * KERNEL_ROWS) as usize;
     let lost = texels[split..].iter().filter(|&&t| t != WRITTEN).count();
     assert_eq!(
@@ -385,7 +398,16 @@ scenarios! {
     /// the dispatch reaches it through the handle, and any GPU may write it, so the import waits
     /// for a replay on any GPU.
     fn an_image_import_into_host_memory_a_replay_reaches_is_not_undone() {
-        race_in(RestoreStrategy::Full, with_import, |app| app.host_pool());
+        race_in(RestoreStrategy::Full, with_import, |app| (app.gpus[0], app.host_pool()));
+    }
+
+    /// The image belongs to the other GPU and lies in its memory; GPU 0's replayed dispatch
+    /// reaches it through the handle, so the replay holds GPU 1 too, and a copy into it naming
+    /// GPU 1 waits for that replay.
+    fn an_image_copy_into_another_gpus_image_a_replay_reaches_is_not_undone() {
+        race_in(RestoreStrategy::Writeset, with_copy, |app| {
+            (app.gpus[1], app.pools(app.gpus[1]).coarse)
+        });
     }
 
     /// A tool imports into the image the replayed kernel writes, from PASS ENTER of the second
