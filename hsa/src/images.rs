@@ -18,7 +18,10 @@
 //!   of the image's resource descriptor, not an address inside its data. A kernel argument equal
 //!   to a known image handle reaches the image's data (`crate::reach`), so the snapshot holds it
 //!   whatever its kind or owner, and the agents a replay holds include its owner; the handle
-//!   itself is not taken for an address of untracked memory.
+//!   itself is not taken for an address of untracked memory. A kernel may also find a handle in
+//!   memory (a HIP texture or surface object is a pointer to a descriptor in device memory),
+//!   which no argument scan sees; an image can be used only by kernels of the agent it was
+//!   created for, so a replay on an agent reaches the data of every image created for it.
 //!
 //! Only where the runtime's table has an image extension table (`image_ext_` non-null, major 1
 //! or 2, as ROCm 5.x and 6.x/7.x lay it out) and only over the entries inside the size it
@@ -38,6 +41,8 @@ use crate::copies::{Fence, owner, write_agents};
 pub(crate) struct ImageData {
     /// The address the image was created over.
     pub(crate) data: u64,
+    /// The agent it was created for, the only one whose kernels can use it.
+    pub(crate) agent: u64,
 }
 
 /// The runtime's own image entries and the images created since installation.
@@ -115,15 +120,34 @@ impl Images {
         map.get(&handle).copied()
     }
 
-    fn created(&self, status: hsa_status_t, image: *mut hsa_ext_image_t, data: *const c_void) {
+    /// The data of every image created for `agent`.
+    pub(crate) fn data_of_agent(&self, agent: u64) -> Vec<u64> {
+        let map = self.by_handle.lock();
+        map.values()
+            .filter(|i| i.agent == agent)
+            .map(|i| i.data)
+            .collect()
+    }
+
+    fn created(
+        &self,
+        status: hsa_status_t,
+        agent: hsa_agent_t,
+        image: *mut hsa_ext_image_t,
+        data: *const c_void,
+    ) {
         if status != HSA_STATUS_SUCCESS || image.is_null() {
             return;
         }
         // SAFETY: the runtime wrote the handle through the application's non-null pointer.
         let handle = unsafe { image.read_unaligned() }.handle;
-        self.by_handle
-            .lock()
-            .insert(handle, ImageData { data: data as u64 });
+        self.by_handle.lock().insert(
+            handle,
+            ImageData {
+                data: data as u64,
+                agent: agent.handle,
+            },
+        );
     }
 }
 
@@ -210,7 +234,7 @@ pub(crate) unsafe extern "C" fn image_create(
             b,
             hsa_ext_image_create_fn(agent, desc, data, permission, image)
         );
-        b.images.created(status, image, data);
+        b.images.created(status, agent, image, data);
         status
     })
 }
@@ -241,7 +265,7 @@ pub(crate) unsafe extern "C" fn image_create_with_layout(
                 image
             )
         );
-        b.images.created(status, image, data);
+        b.images.created(status, agent, image, data);
         status
     })
 }

@@ -19,6 +19,9 @@
 //!   A value equal to the handle of an image kreplay saw created (`crate::images`) resolves to
 //!   the image's data instead: a kernel reaches an image through its handle, which points to
 //!   none of the data's bytes.
+//! * **Images.** The data of every image created for the agent (`crate::images`), whose handle
+//!   a kernel may find in memory (a HIP texture or surface object), as if an argument pointed
+//!   into it.
 //! * **Module-scope variables.** The writable variables of every frozen executable loaded on the agent
 //!   (`hsa_executable_iterate_agent_symbols`, `VARIABLE_SEGMENT` global and not
 //!   `VARIABLE_IS_CONST`) are vouched for by address and size: they live inside a loader
@@ -380,6 +383,10 @@ pub(crate) fn filter(
     for value in argument_values(b, dispatch, &symbols)? {
         filter = resolve(b, filter, value, &symbols)?;
     }
+    // The agent's images: their handles may be found in memory, where no scan looks.
+    for data in b.images.data_of_agent(agent.handle) {
+        filter = resolve(b, filter, data, &symbols)?;
+    }
     Ok(filter)
 }
 
@@ -396,6 +403,7 @@ pub(crate) fn argument_owners(
     let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
     values
         .into_iter()
+        .chain(b.images.data_of_agent(agent.handle))
         // An image handle: the image's data is what the kernel reaches.
         .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
         .filter_map(|value| match b.inventory.lookup(value) {

@@ -75,6 +75,29 @@ fn add_one_texel(group: &WorkGroup) {
     }
 }
 
+/// Arguments of [`add_one_texel_indirect`]: where the image handle is stored (as HIP passes a
+/// texture or surface object: a pointer to a descriptor in device memory).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IndirectArgs {
+    handle_at: u64,
+}
+
+/// [`add_one_texel`] over every row of the image whose handle is stored at `handle_at`.
+fn add_one_texel_indirect(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `IndirectArgs` block.
+    let args: IndirectArgs = unsafe { group.kernargs() };
+    // SAFETY: the argument points at a live u64 holding an image handle.
+    let handle = unsafe { (args.handle_at as *const u64).read() };
+    let image = Image::from_handle(handle).expect("a live image");
+    for [i, _, _] in group.work_items() {
+        let (x, y) = (i % W, i / W);
+        let mut texel = image.load([x, y, 0]).expect("inside the image");
+        texel[0] += 1;
+        assert!(image.store([x, y, 0], texel), "a writable texel");
+    }
+}
+
 fn ok(status: hsa_status_t, what: &str) {
     assert_eq!(status, HSA_STATUS_SUCCESS, "{what} failed with {status:#x}");
 }
@@ -471,6 +494,45 @@ scenarios! {
         let (app, hooks) = installed();
         let other = app.gpus[1];
         increment_image(&app, &hooks, other, app.pools(other).coarse);
+    }
+
+    /// The kernel finds the image's handle in memory, not among its arguments (a HIP texture
+    /// or surface object is a pointer to a descriptor in device memory), and the snapshot
+    /// holds only what the arguments reach (`KREPLAY_SNAPSHOT_SCOPE=referenced`): an image
+    /// can be used only by kernels of the agent it was created for, so a replay on that agent
+    /// reaches every image of it.
+    fn an_image_reached_through_memory_is_in_a_referenced_snapshot() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(
+            hooks.clone(),
+            InstallOptions {
+                drain: DrainConfig::new(WAIT),
+                snapshot: SnapshotConfig::default()
+                    .with_scope(kreplay_snapshot::SnapshotScope::Referenced),
+                ..Default::default()
+            },
+        );
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let init = initial();
+        let (image, _) = image_in(&app, gpu, pools.coarse, &init);
+        let (lo, hi) = (image.handle as u32, (image.handle >> 32) as u32);
+        let stored = app.buffer(pools.coarse, &[lo, hi]);
+        let kernel = kreplay_softhsa::register_kernel("add_one_texel_indirect", add_one_texel_indirect);
+        let kernarg = app.kernargs(&pools, IndirectArgs { handle_at: stored.0 });
+        let q = app.queue(gpu);
+        let done = app.signal(1);
+        app.dispatch(q, Aql::dispatch(kernel, W * H, 16, kernarg, done));
+        assert_eq!(app.wait_zero(done), 0, "the application's dispatch completed");
+        let dispatch = hooks.configured_dispatches()[0].dispatch_id;
+        assert!(matches!(
+            hooks.finished_record(dispatch).outcome,
+            ReplayOutcome::Replayed { passes: 3, .. }
+        ));
+        let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
+        assert_eq!(export(&app, gpu, image), expected, "one run's result");
     }
 
     /// Where agents reach any host memory of the process (XNACK), an argument that is an
