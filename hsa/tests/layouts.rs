@@ -340,3 +340,68 @@ scenarios! {
         );
     }
 }
+
+/// Installs into a table of the layout the scenario runs on, after `prepare` changed its image
+/// extension table (a leaked copy the root points at, of `bytes` bytes declared), and returns
+/// the byte offsets of the image entries that changed.
+fn wrapped_image_offsets(prepare: fn(&mut hsa_sys::ImageExtTable)) -> Vec<usize> {
+    let layout = TableLayout::from_env().expect("a known table layout");
+    let table: &'static mut OwnedApiTable =
+        Box::leak(Box::new(OwnedApiTable::softhsa_with(layout)));
+    let root = table.as_mut_ptr();
+    // SAFETY: the root and its image table are owned by `table` and alive.
+    let image: &'static mut hsa_sys::ImageExtTable =
+        Box::leak(Box::new(unsafe { *(*root).image_ext_ }));
+    prepare(image);
+    let words = |t: &hsa_sys::ImageExtTable| -> Vec<u64> {
+        let first = std::ptr::from_ref(t).cast::<u64>();
+        // SAFETY: the table is a whole number of 8-byte words, all initialized.
+        (0..std::mem::size_of::<hsa_sys::ImageExtTable>() / 8)
+            .map(|i| unsafe { first.add(i).read() })
+            .collect()
+    };
+    let before = words(image);
+    // SAFETY: the root is owned by `table`; the image table copy lives for the process; then
+    // softhsa's init through the copy and a valid table, ours, alive for the process.
+    unsafe {
+        (*root).image_ext_ = &raw mut *image;
+        assert_eq!((*table.table().core_).hsa_init_fn.expect("hsa_init")(), 0);
+        kreplay_hsa::install(root, TestHooks::new(0), Default::default())
+            .expect("kreplay installs");
+    }
+    let after = words(image);
+    (0..before.len())
+        .filter(|&i| before[i] != after[i])
+        .map(|i| i * 8)
+        .collect()
+}
+
+scenarios! {
+    /// The image extension table has one layout in every release: its writes (import, export,
+    /// copy, clear) and the entries that make and end images (create, destroy, create with
+    /// layout) are wrapped.
+    fn the_image_table_gets_its_wrappers_in_every_layout() {
+        assert_eq!(
+            wrapped_image_offsets(|_| {}),
+            vec![32, 40, 48, 56, 64, 72, 112]
+        );
+    }
+
+    /// A runtime whose image extension is not loaded (major 0, as ROCm leaves the table when
+    /// images are disabled) keeps its image table untouched.
+    fn an_image_table_of_major_0_is_left_alone() {
+        assert_eq!(
+            wrapped_image_offsets(|t| t.version.major_id = 0),
+            Vec::<usize>::new()
+        );
+    }
+
+    /// An image table declaring fewer bytes (no `_with_layout` entries) is wrapped only inside
+    /// them.
+    fn a_shorter_image_table_is_wrapped_only_inside_its_declared_size() {
+        assert_eq!(
+            wrapped_image_offsets(|t| t.version.minor_id = 96),
+            vec![32, 40, 48, 56, 64, 72]
+        );
+    }
+}
