@@ -3,7 +3,8 @@
 //!
 //! An image's data is memory the application allocated from an agent's pool and created the
 //! image over (`hsa_ext_image_create`, `_create_with_layout`); kreplay remembers each image's
-//! handle with its data's address and agent from a successful create to a successful destroy.
+//! handle with its data's address and agent from a successful create to a successful destroy,
+//! or to the free of the allocation holding its data (an image over freed memory is dead).
 //!
 //! * **Writes.** `hsa_ext_image_import` (host to image), `_copy` (image to image) and `_clear`
 //!   write an image's data, and `_export` reads it into memory that may be tracked; each is
@@ -118,6 +119,15 @@ impl Images {
             return None;
         }
         map.get(&handle).copied()
+    }
+
+    /// Forgets the images whose data lies in `[base, end)`, memory being freed: an image
+    /// over freed memory is dead, and its data address may soon be another allocation's.
+    pub(crate) fn forget_within(&self, base: u64, end: u64) {
+        let mut map = self.by_handle.lock();
+        if !map.is_empty() {
+            map.retain(|_, image| !(base..end).contains(&image.data));
+        }
     }
 
     /// The data of every image created for `agent`.

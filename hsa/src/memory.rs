@@ -61,6 +61,9 @@ fn track(ptr: *mut c_void, executable: bool) {
 fn untrack(ptr: *mut c_void) {
     let b = backend();
     if !b.is_finalized() && !ptr.is_null() {
+        if let Some(a) = b.inventory.lookup(ptr as u64) {
+            b.images.forget_within(a.base, a.end());
+        }
         b.inventory.on_free(ptr as u64);
     }
 }
@@ -79,6 +82,9 @@ fn untrack_containing(ptr: *const c_void) {
         .filter(|&base| base != 0)
         .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base));
     if let Some(base) = base {
+        if let Some(a) = b.inventory.lookup(base) {
+            b.images.forget_within(a.base, a.end());
+        }
         b.inventory.on_free(base);
     }
 }

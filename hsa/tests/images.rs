@@ -535,6 +535,49 @@ scenarios! {
         assert_eq!(export(&app, gpu, image), expected, "one run's result");
     }
 
+    /// An image whose memory the application freed without destroying the image first is
+    /// dead: a later replay on its agent neither reaches nor declines over the freed memory
+    /// (with XNACK, an address of the process's heap that no allocation holds any more would
+    /// decline every replay on the agent as `untracked_memory`).
+    fn an_image_over_freed_memory_does_not_decline_later_replays() {
+        kreplay_softhsa::configure(kreplay_softhsa::SoftHsaConfig {
+            svm_accessible_by_default: true,
+            ..Default::default()
+        })
+        .expect("softhsa configured");
+        let (app, hooks) = installed();
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let (_dead, data) = image_in(&app, gpu, pools.fine, &initial());
+        // Allocated after the image's memory, so freeing that memory leaves it mapped.
+        let init = initial();
+        let (live, _) = image_in(&app, gpu, pools.coarse, &init);
+        app.free(data);
+        let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
+        let kernarg = app.kernargs(
+            &pools,
+            TexelArgs {
+                image: live.handle,
+                rows: H,
+                pad: 0,
+            },
+        );
+        let q = app.queue(gpu);
+        let done = app.signal(1);
+        app.dispatch(q, Aql::dispatch(kernel, W * H, 16, kernarg, done));
+        assert_eq!(app.wait_zero(done), 0, "the application's dispatch completed");
+        let dispatch = hooks.configured_dispatches()[0].dispatch_id;
+        assert_eq!(
+            hooks.finished_record(dispatch).outcome,
+            ReplayOutcome::Replayed {
+                passes: 3,
+                end: LoopEnd::LastPass
+            }
+        );
+        let expected: Vec<u32> = init.iter().map(|v| v + 1).collect();
+        assert_eq!(export(&app, gpu, live), expected, "one run's result");
+    }
+
     /// Where agents reach any host memory of the process (XNACK), an argument that is an
     /// address mapped in the process but in no memory the runtime knows declines the replay;
     /// an image handle is such an address (the runtime's descriptor), and names the image's
