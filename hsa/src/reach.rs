@@ -385,7 +385,16 @@ pub(crate) fn filter(
     }
     // The agent's images: their handles may be found in memory, where no scan looks.
     for data in b.images.data_of_agent(agent.handle) {
-        filter = resolve(b, filter, data, &symbols)?;
+        filter = resolve(b, filter, data, &symbols).map_err(|d| {
+            Decline::new(
+                d.reason,
+                format!(
+                    "the data of an image created for the agent, at {data:#x}, which its kernels \
+                     may reach: {}",
+                    d.detail
+                ),
+            )
+        })?;
     }
     Ok(filter)
 }
