@@ -9,7 +9,9 @@
 //! softhsa supports the 1D, 2D and 3D geometries, the channel orders R, RG and RGBA and the
 //! channel types `UNSIGNED_INT8`, `SIGNED_INT8`, `UNORM_INT8`, `UNSIGNED_INT32`, `SIGNED_INT32`
 //! and `FLOAT`; the opaque layout is linear, each row padded to 64 bytes. Kernels (host
-//! functions) reach an image's texels through [`Image::from_handle`].
+//! functions) reach an image's texels through [`Image::from_handle`]. The extension is reached
+//! through the API table's image extension table only: `hsa_system_extension_supported` does not
+//! report it and `hsa_system_get_major_extension_table` does not hand it out.
 
 use hsa_sys::*;
 use parking_lot::Mutex;
