@@ -17,27 +17,8 @@ use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{Phase, ToolAnswer};
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, App, Aql, Queue, WAIT};
+use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    pad: u32,
-}
-
-/// `buf[i] += 1`.
-fn add_one(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
-}
 
 /// Opened once the application's kernel may run.
 static GATE: AtomicBool = AtomicBool::new(false);
@@ -121,12 +102,12 @@ scenarios! {
         let q = app.queue(gpu);
 
         let gated_done = app.signal(1);
-        let kernarg = app.kernargs(&pools, AddArgs { buf: theirs.0, len: 256, pad: 0 });
+        let kernarg = app.kernargs(&pools, AddOneArgs { buf: theirs.0, len: 256, pad: 0 });
         app.dispatch(iq, Aql::dispatch(gated, 256, 256, kernarg, gated_done));
         assert!(support::wait_flag(&GATED_STARTED), "the application's kernel started");
 
         let done = app.signal(1);
-        let kernarg = app.kernargs(&pools, AddArgs { buf: ours.0, len: 256, pad: 0 });
+        let kernarg = app.kernargs(&pools, AddOneArgs { buf: ours.0, len: 256, pad: 0 });
         app.dispatch(q, Aql::dispatch(add, 256, 64, kernarg, done));
         GATE.store(true, Ordering::SeqCst);
         assert_eq!((app.wait_zero(done), app.wait_zero(gated_done)), (0, 0));

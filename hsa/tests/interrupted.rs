@@ -15,29 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::ReplayOutcome;
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, StoreTier};
-use kreplay_softhsa::WorkGroup;
 use support::app::{self, Aql};
+use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    pad: u32,
-}
-
-/// `buf[i] += 1`.
-fn add_one(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
-}
 
 static CAUGHT: AtomicU64 = AtomicU64::new(0);
 
@@ -110,7 +90,7 @@ fn interrupted_replays(store: StoreTier, strategy: RestoreStrategy) {
         let done = app.signal(1);
         let kernarg = app.kernargs(
             &pools,
-            AddArgs {
+            AddOneArgs {
                 buf: buf.0,
                 len: LEN,
                 pad: 0,

@@ -17,29 +17,9 @@
 mod support;
 
 use kreplay_hsa::InstallOptions;
-use kreplay_softhsa::WorkGroup;
 use support::app::{self, Aql};
+use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    pad: u32,
-}
-
-/// `buf[i] += 1`.
-fn add_one(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
-}
 
 /// The signals a `sigwait` server takes, in the order they are sent (SIGCHLD first: its
 /// default action is to be discarded, so a thread taking it loses it without a trace).
@@ -120,7 +100,7 @@ fn kreplays_threads_leave_the_applications_signals_to_its_sigwait_thread() {
     let other = app.buffer(pools.coarse, &[2; 4096]);
     let kernarg = app.kernargs(
         &pools,
-        AddArgs {
+        AddOneArgs {
             buf: buf.0,
             len: 4096,
             pad: 0,
@@ -144,7 +124,7 @@ fn kreplays_threads_leave_the_applications_signals_to_its_sigwait_thread() {
         let done = app.signal(1);
         let kernarg = app.kernargs(
             &pools,
-            AddArgs {
+            AddOneArgs {
                 buf: other.0,
                 len: 4096,
                 pad: 0,

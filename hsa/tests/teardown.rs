@@ -9,7 +9,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hsa_sys::hsa_signal_t;
@@ -19,33 +19,8 @@ use kreplay_snapshot::{RestoreStrategy, SnapshotConfig};
 use kreplay_softhsa::WorkGroup;
 use parking_lot::Mutex;
 use support::app::{self, App, Aql, Pools, Ptr, Queue};
+use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
-
-/// Runs of `add_one`.
-static RUNS: AtomicU32 = AtomicU32::new(0);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct AddArgs {
-    buf: u64,
-    len: u32,
-    pad: u32,
-}
-
-/// `buf[i] += 1`; work-group 0 counts the run.
-fn add_one(group: &WorkGroup) {
-    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
-    let args: AddArgs = unsafe { group.kernargs() };
-    if group.group_id() == [0, 0, 0] {
-        RUNS.fetch_add(1, Ordering::SeqCst);
-    }
-    for [i, _, _] in group.work_items() {
-        if i < args.len {
-            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
-            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
-        }
-    }
-}
 
 /// Set when the replay reached PASS ENTER of pass 1.
 static HELD: AtomicBool = AtomicBool::new(false);
@@ -96,7 +71,7 @@ impl Env {
     fn add(&self, buf: Ptr, done: hsa_signal_t) -> Aql {
         let kernarg = self.app.kernargs(
             &self.pools,
-            AddArgs {
+            AddOneArgs {
                 buf: buf.0,
                 len: LEN,
                 pad: 0,
@@ -480,7 +455,7 @@ scenarios! {
         let queue = Queue(queue);
         RELEASE.store(true, Ordering::SeqCst);
         let kernel = kreplay_softhsa::register_kernel("teardown_faulting", faulting);
-        let kernarg = env.app.kernargs(&env.pools, AddArgs { buf: 0, len: 0, pad: 0 });
+        let kernarg = env.app.kernargs(&env.pools, AddOneArgs { buf: 0, len: 0, pad: 0 });
         let done = env.app.signal(1);
         let app = env.app;
         promptly("a dispatch whose queue its error callback destroys", move || {
@@ -580,7 +555,7 @@ scenarios! {
         let queue = env.app.queue(env.app.gpus[0]);
         let (done, exit_done) = (env.app.signal(1), env.app.signal(1));
         let packet = env.add(first, done);
-        let exit_kernarg = env.app.kernargs(&env.pools, AddArgs { buf: last.0, len: LEN, pad: 0 });
+        let exit_kernarg = env.app.kernargs(&env.pools, AddOneArgs { buf: last.0, len: LEN, pad: 0 });
         let app = env.app;
         let thread = std::thread::spawn(move || {
             FLUSH_AT_EXIT.with(|f| {

@@ -40,6 +40,27 @@ pub fn add(group: &WorkGroup) {
     }
 }
 
+/// The kernel arguments of [`add_one`].
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct AddOneArgs {
+    pub buf: u64,
+    pub len: u32,
+    pub pad: u32,
+}
+
+/// `buf[i] += 1` for every work-item below `len`.
+pub fn add_one(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `AddOneArgs` block.
+    let args: AddOneArgs = unsafe { group.kernargs() };
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
 /// Counts a run under `tag`.
 pub fn count_run(tag: u32) {
     RUNS[tag as usize].fetch_add(1, Ordering::SeqCst);
