@@ -212,6 +212,60 @@ pub mod cbid {
         CU_GRAPH_ADD_NODE_V2,
     ];
 
+    /// The application's calls that take device memory: before each, kreplay gives back the
+    /// device shadow it keeps between replays (see `CudaMemory::release_kept_shadow`), so that
+    /// the application never runs out of memory because of kreplay.
+    pub const TAKE_DEVICE_MEMORY: [CallbackId; 17] = [
+        CU_MEM_ALLOC_V2,
+        CU_MEM_ALLOC_PITCH_V2,
+        CU_MEM_ALLOC_ASYNC,
+        CU_MEM_ALLOC_ASYNC_PTSZ,
+        CU_MEM_ALLOC_FROM_POOL_ASYNC,
+        CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        CU_MEM_CREATE,
+        CU_MEM_ALLOC_MANAGED,
+        CU_ARRAY_CREATE_V2,
+        CU_ARRAY_3D_CREATE_V2,
+        CU_MIPMAPPED_ARRAY_CREATE,
+        CU_MODULE_LOAD,
+        CU_MODULE_LOAD_DATA,
+        CU_MODULE_LOAD_DATA_EX,
+        CU_MODULE_LOAD_FAT_BINARY,
+        CU_LIBRARY_LOAD_DATA,
+        CU_LIBRARY_LOAD_FROM_FILE,
+    ];
+
+    pub const CU_MODULE_LOAD: CallbackId = 18;
+    pub const CU_MODULE_LOAD_DATA: CallbackId = 19;
+    pub const CU_MODULE_LOAD_DATA_EX: CallbackId = 20;
+    pub const CU_MODULE_LOAD_FAT_BINARY: CallbackId = 21;
+    pub const CU_ARRAY_CREATE_V2: CallbackId = 272;
+    pub const CU_ARRAY_3D_CREATE_V2: CallbackId = 274;
+    pub const CU_MIPMAPPED_ARRAY_CREATE: CallbackId = 347;
+    pub const CU_LIBRARY_LOAD_DATA: CallbackId = 678;
+    pub const CU_LIBRARY_LOAD_FROM_FILE: CallbackId = 679;
+
+    /// The calls of [`TAKE_DEVICE_MEMORY`] enabled for that alone (the others are enabled for
+    /// their tracking too): CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
+    /// `cuMipmappedArrayCreate`) and the module and library loads, whose globals take device
+    /// memory (ids from CUDA 13.0's `cupti_driver_cbid.h`).
+    pub const TAKE_DEVICE_MEMORY_ONLY: [CallbackId; 9] = [
+        CU_ARRAY_CREATE_V2,
+        CU_ARRAY_3D_CREATE_V2,
+        CU_MIPMAPPED_ARRAY_CREATE,
+        CU_MODULE_LOAD,
+        CU_MODULE_LOAD_DATA,
+        CU_MODULE_LOAD_DATA_EX,
+        CU_MODULE_LOAD_FAT_BINARY,
+        CU_LIBRARY_LOAD_DATA,
+        CU_LIBRARY_LOAD_FROM_FILE,
+    ];
+
+    /// Whether the application's call `id` takes device memory ([`TAKE_DEVICE_MEMORY`]).
+    pub fn takes_device_memory(id: CallbackId) -> bool {
+        TAKE_DEVICE_MEMORY.contains(&id)
+    }
+
     /// Virtual memory management calls kreplay tracks.
     pub const VMM: [CallbackId; 3] = [CU_MEM_CREATE, CU_MEM_MAP, CU_MEM_UNMAP];
 
@@ -291,7 +345,7 @@ pub mod cbid {
     /// Every callback kreplay enables: [`SUBSCRIBED`], [`VMM`], [`SHARED`], [`PEER_ACCESS`],
     /// [`SURFACES`], [`MEMCPY`], [`MEMSET`], [`STREAM_WRITES`], [`STREAM_WAITS`],
     /// [`UNREPLAYED_LAUNCHES`],
-    /// [`BEGIN_CAPTURE`], [`END_CAPTURE`] and [`GRAPH_MEMORY`].
+    /// [`BEGIN_CAPTURE`], [`END_CAPTURE`], [`GRAPH_MEMORY`] and [`TAKE_DEVICE_MEMORY_ONLY`].
     pub fn all() -> Vec<CallbackId> {
         [
             &SUBSCRIBED[..],
@@ -307,6 +361,7 @@ pub mod cbid {
             &BEGIN_CAPTURE,
             &END_CAPTURE,
             &GRAPH_MEMORY,
+            &TAKE_DEVICE_MEMORY_ONLY,
         ]
         .concat()
     }
@@ -1060,6 +1115,44 @@ mod tests {
                 None,
                 "{id} is no fenced call"
             );
+        }
+    }
+
+    /// Every entry point that takes device memory (an allocation of any kind, a CUDA array, a
+    /// module or library whose globals live on the device) is enabled and gives back kreplay's
+    /// kept device shadow first.
+    #[test]
+    fn every_call_that_takes_device_memory_gives_back_the_kept_shadow_first() {
+        let calls = [
+            ("cuMemAlloc_v2", 243),
+            ("cuMemAllocPitch_v2", 244),
+            ("cuMemAllocAsync", 598),
+            ("cuMemAllocAsync_ptsz", 599),
+            ("cuMemAllocFromPoolAsync", 611),
+            ("cuMemAllocFromPoolAsync_ptsz", 612),
+            ("cuMemCreate", 549),
+            ("cuMemAllocManaged", 371),
+            ("cuArrayCreate_v2", 272),
+            ("cuArray3DCreate_v2", 274),
+            ("cuMipmappedArrayCreate", 347),
+            ("cuModuleLoad", 18),
+            ("cuModuleLoadData", 19),
+            ("cuModuleLoadDataEx", 20),
+            ("cuModuleLoadFatBinary", 21),
+            ("cuLibraryLoadData", 678),
+            ("cuLibraryLoadFromFile", 679),
+        ];
+        let enabled = cbid::all();
+        for (name, id) in calls {
+            assert!(cbid::takes_device_memory(id), "{name} ({id})");
+            assert!(enabled.contains(&id), "{name} ({id}) is not enabled");
+        }
+        for id in [
+            cbid::CU_MEM_FREE_V2,
+            cbid::CU_LAUNCH_KERNEL,
+            cbid::CU_MEM_MAP,
+        ] {
+            assert!(!cbid::takes_device_memory(id), "{id}");
         }
     }
 

@@ -1714,48 +1714,45 @@ impl Backend {
             fence::enter(&self.locks, &self.linking_devices(data.context));
         }
         let _linked = (linking && exit).then_some(fence::ExitOnDrop);
+        if enter && cbid::takes_device_memory(id) {
+            self.before_app_alloc(data.context);
+        }
         match id {
             cbid::CU_MEM_ALLOC_V2
             | cbid::CU_MEM_ALLOC_ASYNC
             | cbid::CU_MEM_ALLOC_ASYNC_PTSZ
             | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC
-            | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
-                if enter {
-                    self.before_app_alloc(data.context);
-                } else if exit && result() == CUDA_SUCCESS {
-                    // SAFETY: these calls' parameter structs start with (CUdeviceptr*, size_t),
-                    // and on success *dptr holds the new allocation.
-                    let (base, size) = unsafe {
-                        let p = &*(params as *const MemAllocParams);
-                        (*p.dptr, p.bytesize as u64)
-                    };
-                    if id == cbid::CU_MEM_ALLOC_V2 {
-                        self.contexts.note_allocation(data.context as usize, base);
+            | cbid::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ
+                if exit && result() == CUDA_SUCCESS =>
+            {
+                // SAFETY: these calls' parameter structs start with (CUdeviceptr*, size_t), and
+                // on success *dptr holds the new allocation.
+                let (base, size) = unsafe {
+                    let p = &*(params as *const MemAllocParams);
+                    (*p.dptr, p.bytesize as u64)
+                };
+                if id == cbid::CU_MEM_ALLOC_V2 {
+                    self.contexts.note_allocation(data.context as usize, base);
+                }
+                // SAFETY: `params` is this call's parameter struct.
+                let stream = unsafe { async_stream(id, params) };
+                match stream {
+                    Some((stream, per_thread))
+                        if self.captured(stream, per_thread, data.context) =>
+                    {
+                        self.on_captured_alloc(data.context, base, size);
                     }
-                    // SAFETY: `params` is this call's parameter struct.
-                    let stream = unsafe { async_stream(id, params) };
-                    match stream {
-                        Some((stream, per_thread))
-                            if self.captured(stream, per_thread, data.context) =>
-                        {
-                            self.on_captured_alloc(data.context, base, size);
-                        }
-                        _ => self.on_alloc(id, data.context, base, size, "cuMemAlloc"),
-                    }
+                    _ => self.on_alloc(id, data.context, base, size, "cuMemAlloc"),
                 }
             }
-            cbid::CU_MEM_ALLOC_PITCH_V2 => {
-                if enter {
-                    self.before_app_alloc(data.context);
-                } else if exit && result() == CUDA_SUCCESS {
-                    // SAFETY: cuMemAllocPitch_v2_params; on success both out-pointers are set.
-                    let (base, size) = unsafe {
-                        let p = &*(params as *const MemAllocPitchParams);
-                        (*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64))
-                    };
-                    self.contexts.note_allocation(data.context as usize, base);
-                    self.on_alloc(id, data.context, base, size, "cuMemAllocPitch");
-                }
+            cbid::CU_MEM_ALLOC_PITCH_V2 if exit && result() == CUDA_SUCCESS => {
+                // SAFETY: cuMemAllocPitch_v2_params; on success both out-pointers are set.
+                let (base, size) = unsafe {
+                    let p = &*(params as *const MemAllocPitchParams);
+                    (*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64))
+                };
+                self.contexts.note_allocation(data.context as usize, base);
+                self.on_alloc(id, data.context, base, size, "cuMemAllocPitch");
             }
             cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
                 if enter =>
@@ -2006,7 +2003,6 @@ impl Backend {
                     }
                 }
             }
-            cbid::CU_MEM_CREATE if enter => self.before_app_alloc(data.context),
             cbid::CU_MEM_MAP if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemMap_params.
                 let p = unsafe { *(params as *const MemMapParams) };
