@@ -57,9 +57,9 @@ impl Contexts {
         self.owners.lock().insert(base, ctx);
     }
 
-    /// Notes that `base` was freed.
-    pub fn note_free(&self, base: u64) {
-        self.owners.lock().remove(&base);
+    /// Notes that `base` was freed; returns the context it was noted in.
+    pub fn note_free(&self, base: u64) -> Option<usize> {
+        self.owners.lock().remove(&base)
     }
 
     /// Forgets context `ctx` (it is being destroyed) and returns the bases of the allocations

@@ -58,7 +58,7 @@ use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_at};
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
-use crate::tracking::MemoryWatch;
+use crate::tracking::{Forgotten, MemoryWatch};
 use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
@@ -350,6 +350,9 @@ struct Backend {
     config: Config,
     tools: Box<dyn Tools>,
     watch: MemoryWatch,
+    /// What the API ENTER of each free in progress forgot, and the context its allocation was
+    /// noted in: put back at the API EXIT of a free that failed.
+    frees: Mutex<Vec<(Forgotten, Option<usize>)>>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
     inventory: Arc<Inventory>,
@@ -1021,17 +1024,46 @@ impl Backend {
 
     /// The application's allocation at `base` ended (freed, or with its context): a managed
     /// allocation leaves the watch, any other the inventory.
-    fn on_app_free(&self, base: u64) {
+    /// What the API ENTER of a free forgot (nothing for graph memory, which is not put back).
+    fn on_app_free(&self, base: u64) -> Option<Forgotten> {
         if self.graphs.on_free(&self.inventory, base) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             log(
                 LogLevel::Debug,
                 format!("graph allocation at {base:#x} freed"),
             );
+            return None;
+        }
+        let forgotten = self.watch.free_enter(Some(&self.inventory), base);
+        if forgotten.allocation.is_some() {
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            log(LogLevel::Debug, format!("free at {base:#x}"));
+        }
+        Some(forgotten)
+    }
+
+    /// The API EXIT of a free whose ENTER forgot the memory at `base`: a free that failed left
+    /// the memory live, and it is tracked again as it was.
+    fn free_exit(&self, base: u64, result: CuResult) {
+        let entry = {
+            let mut frees = self.frees.lock();
+            let at = frees.iter().rposition(|(f, _)| f.base == base);
+            at.map(|at| frees.swap_remove(at))
+        };
+        let Some((forgotten, owner)) = entry else {
+            return;
+        };
+        if result == CUDA_SUCCESS {
             return;
         }
-        if !self.watch.on_free(base) {
-            self.on_free(base);
+        if self.watch.free_failed(&self.inventory, forgotten) {
+            if let Some(ctx) = owner {
+                self.contexts.note_allocation(ctx, base);
+            }
+            log(
+                LogLevel::Debug,
+                format!("free at {base:#x} failed ({result}): its memory is tracked again"),
+            );
         }
     }
 
@@ -1773,8 +1805,17 @@ impl Backend {
                         return;
                     }
                 }
-                self.contexts.note_free(base);
-                self.on_app_free(base);
+                let owner = self.contexts.note_free(base);
+                if let Some(forgotten) = self.on_app_free(base) {
+                    self.frees.lock().push((forgotten, owner));
+                }
+            }
+            cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
+                if exit =>
+            {
+                // SAFETY: as at ENTER, the CUdeviceptr being freed.
+                let base = unsafe { (*(params as *const MemFreeParams)).dptr };
+                self.free_exit(base, result());
             }
             cbid::CU_GRAPH_ADD_MEM_ALLOC_NODE if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuGraphAddMemAllocNode_params; on success the driver wrote the
@@ -2388,6 +2429,7 @@ fn initialize(
         config,
         tools,
         watch: MemoryWatch::new(),
+        frees: Mutex::new(Vec::new()),
         graphs: GraphMemory::new(),
         inventory: Arc::new(Inventory::new()),
         locks,

@@ -106,6 +106,23 @@ struct State {
     graphics: BTreeMap<usize, u64>,
 }
 
+/// What the API ENTER of a free forgot ([`MemoryWatch::free_enter`]), kept until its API EXIT:
+/// a free that fails leaves the memory live, and it is tracked again
+/// ([`MemoryWatch::free_failed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// The freed address.
+    pub base: u64,
+    /// The tracked allocation that started there.
+    pub allocation: Option<kreplay_snapshot::Allocation>,
+    /// The managed allocation's size.
+    pub managed: Option<u64>,
+    /// The shared memory's size.
+    pub shared: Option<u64>,
+    /// The unattributed shared memory's size (0: unknown).
+    pub unattributed: Option<u64>,
+}
+
 /// Managed allocations and VMM mappings of the process.
 #[derive(Default)]
 pub struct MemoryWatch {
@@ -137,10 +154,59 @@ impl MemoryWatch {
     /// `cuMemFree` of `base`: true when it was a managed allocation (now gone). Shared memory
     /// freed this way (an imported pool pointer, an external memory buffer) ends here too.
     pub fn on_free(&self, base: u64) -> bool {
+        self.free_enter(None, base).managed.is_some()
+    }
+
+    /// The API ENTER of a `cuMemFree` / `cuMemFreeAsync` of `base`: the managed or shared
+    /// memory there is forgotten and, unless it was managed, so is the tracked allocation of
+    /// `inventory` (given) that starts there. What was forgotten is returned, for
+    /// [`free_failed`](Self::free_failed).
+    pub fn free_enter(&self, inventory: Option<&Inventory>, base: u64) -> Forgotten {
+        let mut forgotten = {
+            let mut s = self.state.lock();
+            Forgotten {
+                base,
+                shared: s.shared.remove(&base),
+                unattributed: s.unattributed.remove(&base),
+                managed: s.managed.remove(&base),
+                allocation: None,
+            }
+        };
+        if forgotten.managed.is_none() {
+            forgotten.allocation = inventory.and_then(|i| i.on_free(base));
+        }
+        forgotten
+    }
+
+    /// The free whose API ENTER forgot `forgotten` failed: the memory is still the
+    /// application's, so it is tracked again as before (the same allocation, same generation:
+    /// a snapshot taken before the free still restores it). Returns whether anything was put
+    /// back.
+    pub fn free_failed(&self, inventory: &Inventory, forgotten: Forgotten) -> bool {
+        let Forgotten {
+            base,
+            allocation,
+            managed,
+            shared,
+            unattributed,
+        } = forgotten;
+        // The inventory first: shared memory is tracked there too, and is put back only with
+        // its allocation (it may have been replaced since).
+        let tracked = allocation.is_some_and(|a| inventory.reinstate(a));
         let mut s = self.state.lock();
-        s.shared.remove(&base);
-        s.unattributed.remove(&base);
-        s.managed.remove(&base).is_some()
+        let mut back = tracked;
+        if let Some(size) = managed {
+            s.managed.insert(base, size);
+            back = true;
+        }
+        if let Some(size) = shared.filter(|_| tracked) {
+            s.shared.insert(base, size);
+        }
+        if let Some(size) = unattributed {
+            s.unattributed.insert(base, size);
+            back = true;
+        }
+        back
     }
 
     /// Device memory another process or API shares with this one appeared at `base` (see
@@ -628,6 +694,83 @@ mod tests {
         assert_eq!(w.on_graphics_unmapped(0xdef), None);
         assert_eq!(w.on_graphics_unmapped(0xabc), Some(0x6000_0000));
         assert_eq!(w.on_graphics_unmapped(0xabc), None);
+    }
+
+    /// A `cuMemFree` forgets the memory at its API ENTER; when the driver then refuses the free
+    /// (during another thread's capture, for instance), the memory is still live: it is
+    /// tracked again as the same allocation, so a snapshot taken before still restores it and
+    /// later snapshots copy it (before: it stayed forgotten, and a kernel writing it lost its
+    /// writes to no restore). Managed and shared memory come back the same way.
+    #[test]
+    fn a_free_that_fails_leaves_the_memory_tracked_as_the_same_allocation() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let generation = inventory.on_alloc(NewAllocation {
+            base: 0x10_0000,
+            size: 0x1000,
+            owner_agent: 0,
+            kind: MemoryKind::CoarseDevice,
+        });
+        let before = inventory.select(&Filter::for_replay(0));
+        let forgotten = w.free_enter(Some(&inventory), 0x10_0000);
+        assert_eq!(
+            bases_on(&inventory, 0),
+            Vec::<u64>::new(),
+            "forgotten during the call"
+        );
+        assert!(w.free_failed(&inventory, forgotten));
+        assert_eq!(bases_on(&inventory, 0), vec![0x10_0000]);
+        assert_eq!(inventory.get(0x10_0000).unwrap().generation, generation);
+        assert!(
+            inventory.is_live(&before[0]),
+            "the earlier snapshot's region is live again"
+        );
+
+        // Managed memory: launches decline again while it is live.
+        w.on_managed_alloc(0x20_0000, 4096);
+        let forgotten = w.free_enter(Some(&inventory), 0x20_0000);
+        assert_eq!(w.untracked_reason(CTX), None);
+        assert!(w.free_failed(&inventory, forgotten));
+        assert!(w.untracked_reason(CTX).is_some());
+
+        // Shared memory the driver could describe: tracked, and ended by a free, again.
+        assert_eq!(
+            w.record_shared(&inventory, 0x30_0000, Some(0x2000), Some(1)),
+            Ok(1)
+        );
+        let forgotten = w.free_enter(Some(&inventory), 0x30_0000);
+        assert!(w.free_failed(&inventory, forgotten));
+        assert_eq!(bases_on(&inventory, 1), vec![0x30_0000]);
+        assert_eq!(
+            w.free_enter(Some(&inventory), 0x30_0000).shared,
+            Some(0x2000)
+        );
+    }
+
+    /// A free that failed puts nothing back over memory the application allocated meanwhile
+    /// at the same place (what the driver handed out is live, the old entry is not).
+    #[test]
+    fn a_failed_free_never_overwrites_an_allocation_made_since() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        inventory.on_alloc(NewAllocation {
+            base: 0x10_0000,
+            size: 0x1000,
+            owner_agent: 0,
+            kind: MemoryKind::CoarseDevice,
+        });
+        let forgotten = w.free_enter(Some(&inventory), 0x10_0000);
+        let newer = inventory.on_alloc(NewAllocation {
+            base: 0x10_0800,
+            size: 0x1000,
+            owner_agent: 0,
+            kind: MemoryKind::CoarseDevice,
+        });
+        assert!(!w.free_failed(&inventory, forgotten));
+        assert_eq!(bases_on(&inventory, 0), vec![0x10_0800]);
+        assert_eq!(inventory.get(0x10_0800).unwrap().generation, newer);
+        // Nothing was forgotten: nothing to put back.
+        assert!(!w.free_failed(&inventory, w.free_enter(Some(&inventory), 0x50_0000)));
     }
 
     #[test]

@@ -623,6 +623,25 @@ impl Inventory {
         self.table.write().by_base.remove(&base)
     }
 
+    /// Tracks `allocation` again, as it was: its free (after [`on_free`](Self::on_free)) did
+    /// not happen, so the memory is still that allocation, generation included (a snapshot
+    /// taken before restores it). Nothing is put back where a tracked allocation overlaps it
+    /// now (memory handed out since is what lives there); returns whether it was put back.
+    pub fn reinstate(&self, allocation: Allocation) -> bool {
+        let mut table = self.table.write();
+        if allocation.generation == 0
+            || allocation.generation >= table.next_generation
+            || table
+                .overlapping(allocation.base, allocation.end())
+                .next()
+                .is_some()
+        {
+            return false;
+        }
+        table.by_base.insert(allocation.base, allocation);
+        true
+    }
+
     /// The live allocation containing `addr`, if any.
     pub fn lookup(&self, addr: u64) -> Option<Allocation> {
         self.table.read().containing(addr).copied()
