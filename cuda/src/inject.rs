@@ -8,6 +8,7 @@
 //! callbacks for allocations, frees, virtual-memory mappings, copies, memsets and launches, and
 //! at exit prints a summary on standard error and hands the totals to the tools.
 
+use kreplay_wtrack::threads::NoCancel;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
@@ -2328,6 +2329,10 @@ unsafe extern "C" fn on_callback(
         return;
     };
     let start = Instant::now();
+    // kreplay's work runs on the application's thread inside its driver call (replays, the
+    // tool's callbacks, file reads): a cancellation of the thread waits for its end, as
+    // without kreplay (see `kreplay_wtrack::threads::NoCancel`).
+    let _no_cancel = NoCancel::now();
     if domain == CB_DOMAIN_RESOURCE {
         // Bookkeeping only, and also while kreplay itself is in the driver: a module the
         // application launches may be loaded lazily from inside kreplay's own calls at a launch.

@@ -28,6 +28,7 @@
 //! snapshot's footprint and [`LaunchOps::tool_work`], and folds what the tool's calls changed
 //! into the snapshot before each restore.
 
+use kreplay_wtrack::threads::NoCancel;
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
@@ -353,6 +354,10 @@ impl Window {
         info: DispatchInfo,
         ops: &O,
     ) -> Window {
+        // The tool is called and the memory snapshotted on the application's thread, inside
+        // its launch, which has no cancellation point: a cancellation of the thread waits for
+        // the call's end (see `kreplay_wtrack::threads::NoCancel`).
+        let _no_cancel = NoCancel::now();
         // A window left open by a callback that unwound is over.
         toolwork::close();
         let answer = tool.config_enter(&info);
@@ -535,6 +540,8 @@ impl Window {
         ops: &O,
         launched: Result<(), String>,
     ) -> ReplayRecord {
+        // The passes run on the application's thread, inside its launch (see `enter`).
+        let _no_cancel = NoCancel::now();
         let Window {
             info,
             answer,

@@ -33,6 +33,79 @@ where
     with_async_signals_blocked(|| builder.spawn(f))
 }
 
+/// Cancellation of the calling thread turned off until dropped (on the same thread), then put
+/// back as it was.
+///
+/// kreplay works on the application's threads, inside calls that have no cancellation point
+/// of their own (a doorbell store on HSA, a kernel launch on CUDA), and calls the tool there.
+/// If the application cancels such a thread (`pthread_cancel`, deferred) meanwhile, the first
+/// cancellation point reached inside (a tool's `printf`, kreplay's own file reads, a wait)
+/// unwinds the thread through kreplay's frames: the unwind is caught at an `extern "C"`
+/// boundary and the process aborts ("exception not rethrown"), or a replay is cut in the
+/// middle with memory unrestored and locks held. With cancellation off for the call, a pending
+/// request acts at the application's next cancellation point instead, once the call returned
+/// as it would without kreplay. Setting the state is not a cancellation point, and nests.
+#[derive(Debug)]
+#[must_use = "cancellation is off only while the guard lives"]
+pub struct NoCancel {
+    old: Option<std::ffi::c_int>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl NoCancel {
+    /// Turns cancellation of the calling thread off.
+    pub fn now() -> NoCancel {
+        NoCancel {
+            old: cancel_sys::disable_cancel(),
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for NoCancel {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            cancel_sys::restore_cancel(old);
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod cancel_sys {
+    use std::ffi::c_int;
+
+    /// `PTHREAD_CANCEL_DISABLE` (the same value in glibc and musl).
+    const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
+    unsafe extern "C" {
+        fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
+    }
+
+    /// Turns the calling thread's cancellation off; returns the state it had.
+    pub(super) fn disable_cancel() -> Option<c_int> {
+        let mut old: c_int = 0;
+        // SAFETY: sets this thread's own cancellation state; `old` is a valid out pointer.
+        // pthread_setcancelstate is not a cancellation point.
+        let ok = unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut old) } == 0;
+        ok.then_some(old)
+    }
+
+    /// Puts back the state [`disable_cancel`] returned, on the same thread.
+    pub(super) fn restore_cancel(old: c_int) {
+        // SAFETY: sets this thread's own cancellation state back; not a cancellation point.
+        unsafe { pthread_setcancelstate(old, std::ptr::null_mut()) };
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod cancel_sys {
+    pub(super) fn disable_cancel() -> Option<std::ffi::c_int> {
+        None
+    }
+
+    pub(super) fn restore_cancel(_old: std::ffi::c_int) {}
+}
+
 #[cfg(unix)]
 mod sys {
     /// Signals raised on the thread that causes them, left unblocked.
