@@ -16,6 +16,7 @@
 //! The readers a thread holds are kept on a thread-local stack (ENTER and EXIT of one call
 //! come on the same thread, and kreplay's own calls never get here: the re-entry guard).
 
+use crate::late::Late;
 use std::cell::RefCell;
 
 use kreplay_locks::{AgentLocks, OwnedReadAccess};
@@ -242,6 +243,14 @@ pub fn devices_to_fence(
 
 thread_local! {
     static HELD: RefCell<Vec<Vec<OwnedReadAccess>>> = const { RefCell::new(Vec::new()) };
+    /// [`HELD`] once it is destroyed: calls made from a thread-local destructor at thread exit
+    /// (see `crate::late`).
+    static HELD_LATE: Late<Vec<Vec<OwnedReadAccess>>> = const { Late::new() };
+}
+
+/// Runs `f` on the reader sides this thread's fenced calls hold (see `crate::late`).
+fn with_held<R>(f: impl FnOnce(&RefCell<Vec<Vec<OwnedReadAccess>>>) -> R) -> R {
+    crate::late::with(&HELD, &HELD_LATE, f)
 }
 
 /// API ENTER of a fenced call that may touch the memory of `devices` (see
@@ -255,12 +264,12 @@ pub fn enter(locks: &AgentLocks, devices: &[u64]) {
         .iter()
         .filter_map(|&d| locks.read_owned(d).ok())
         .collect();
-    HELD.with(|h| h.borrow_mut().push(held));
+    with_held(|h| h.borrow_mut().push(held));
 }
 
 /// API EXIT of the call [`enter`] fenced: its reader side is given back.
 pub fn exit() {
-    let access = HELD.with(|h| h.borrow_mut().pop());
+    let access = with_held(|h| h.borrow_mut().pop());
     drop(access);
 }
 
@@ -276,7 +285,7 @@ impl Drop for ExitOnDrop {
 
 /// How many fenced calls the calling thread is inside (0 outside any).
 pub fn depth() -> usize {
-    HELD.with(|h| h.borrow().len())
+    with_held(|h| h.borrow().len())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! callbacks for allocations, frees, virtual-memory mappings, copies, memsets and launches, and
 //! at exit prints a summary on standard error and hands the totals to the tools.
 
+use crate::late::{self, Late};
 use kreplay_wtrack::threads::NoCancel;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -550,6 +551,10 @@ thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
     /// The reader side a launch without a window holds from its API ENTER to its EXIT.
     static UNWINDOWED: RefCell<Option<kreplay_locks::OwnedReadAccess>> = const { RefCell::new(None) };
+    /// [`PENDING`] and [`UNWINDOWED`] once they are destroyed: a launch from a thread-local
+    /// destructor at thread exit (see `crate::late`).
+    static PENDING_LATE: Late<Option<Pending>> = const { Late::new() };
+    static UNWINDOWED_LATE: Late<Option<kreplay_locks::OwnedReadAccess>> = const { Late::new() };
     /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
     /// runs on the device, made when the window asks for the launch's scope (see `launch_scope`).
     static CHOSEN: std::cell::Cell<Option<(ChoiceKey, bool)>> = const { std::cell::Cell::new(None) };
@@ -1536,7 +1541,7 @@ impl Backend {
         };
         let window = Window::enter(cx, &mut *tool, info, &ops);
         debug_assert_eq!(info.agent_id, device.ordinal as u64);
-        PENDING.with(|p| {
+        late::with(&PENDING, &PENDING_LATE, |p| {
             *p.borrow_mut() = Some(Pending {
                 window,
                 launch,
@@ -1553,11 +1558,11 @@ impl Backend {
     /// thread holds there (whose restores would undo what it writes).
     fn ordinary_without_window(&self, launch: &Launch) {
         let read = self.locks.read_owned(launch.device as u64).ok();
-        UNWINDOWED.with(|u| *u.borrow_mut() = read);
+        late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| *u.borrow_mut() = read);
     }
 
     fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
-        UNWINDOWED.with(|u| u.borrow_mut().take());
+        late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| u.borrow_mut().take());
         let Some(Pending {
             window,
             launch,
@@ -1565,7 +1570,7 @@ impl Backend {
             mut tool,
             timer,
             trace_only,
-        }) = PENDING.with(|p| p.borrow_mut().take())
+        }) = late::with(&PENDING, &PENDING_LATE, |p| p.borrow_mut().take())
         else {
             return;
         };

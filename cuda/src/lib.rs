@@ -47,6 +47,7 @@ pub mod graphmem;
 pub mod guard;
 pub mod inject;
 pub mod kernels;
+mod late;
 pub mod launch;
 pub mod memory;
 pub mod scope;

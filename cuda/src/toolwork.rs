@@ -27,6 +27,7 @@
 //! Failures (no host memory for a capture, a device that does not go idle) are reported through
 //! [`ToolWorkIo::lost`]: the work then still ran, but a later restore may undo it.
 
+use crate::late::{self, Late};
 use std::cell::RefCell;
 
 use kreplay_snapshot::{Capture, Delta, Footprint, Snapshot};
@@ -103,12 +104,20 @@ struct Open {
 
 thread_local! {
     static OPEN: RefCell<Option<Open>> = const { RefCell::new(None) };
+    /// [`OPEN`] once it is destroyed: a window opened from a thread-local destructor at thread
+    /// exit (see `crate::late`).
+    static OPEN_LATE: Late<Option<Open>> = const { Late::new() };
+}
+
+/// Runs `f` on this thread's open window state (see `crate::late`).
+fn with_open<R>(f: impl FnOnce(&RefCell<Option<Open>>) -> R) -> R {
+    late::with(&OPEN, &OPEN_LATE, f)
 }
 
 /// A window's snapshot of `footprint` was taken on this thread: from now until [`close`], the
 /// tool's work is captured and kept through `io` (`None`: the window cannot keep it).
 pub(crate) fn open(footprint: Footprint, io: Option<Box<dyn ToolWorkIo>>) {
-    OPEN.with(|o| {
+    with_open(|o| {
         *o.borrow_mut() = io.map(|io| Open {
             footprint,
             io,
@@ -120,7 +129,7 @@ pub(crate) fn open(footprint: Footprint, io: Option<Box<dyn ToolWorkIo>>) {
 
 /// The window on this thread ended: what is still pending stays in memory (no restore follows).
 pub(crate) fn close() {
-    OPEN.with(|o| o.borrow_mut().take());
+    with_open(|o| o.borrow_mut().take());
 }
 
 /// API ENTER of the tool's call `call` that may write `target`: captures the part of the
@@ -129,7 +138,7 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
     if !crate::window::in_replay_callback() {
         return Before::Outside;
     }
-    OPEN.with(|o| {
+    with_open(|o| {
         // Busy: this is kreplay's own copy or synchronization inside a capture, not the tool's.
         let Ok(mut o) = o.try_borrow_mut() else {
             return Before::Untouched;
@@ -178,7 +187,7 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
 /// (`succeeded` false) wrote nothing into a named range: reading the range then would take what
 /// the pass left there for the tool's work, so it is dropped (a comparison is still made).
 pub fn after(succeeded: bool) -> u64 {
-    OPEN.with(|o| {
+    with_open(|o| {
         let Ok(mut o) = o.try_borrow_mut() else {
             return 0;
         };
@@ -216,7 +225,7 @@ pub fn after(succeeded: bool) -> u64 {
 /// Folds what the tool's work changed since the last call into `snapshot` (before a restore).
 /// Returns the bytes folded in.
 pub(crate) fn fold_into(snapshot: &mut Snapshot) -> u64 {
-    OPEN.with(|o| {
+    with_open(|o| {
         let Ok(mut o) = o.try_borrow_mut() else {
             return 0;
         };

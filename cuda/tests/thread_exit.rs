@@ -200,3 +200,69 @@ fn a_thread_cancelled_during_its_replay_finishes_the_replay_first() {
         "the device lock was given back"
     );
 }
+
+/// The rig the thread-local destructor launches on, and what came of it.
+static LATE_RIG: Mutex<Option<&'static Rig>> = Mutex::new(None);
+/// Set by the destructor: whether its launch panicked.
+static LATE_PANICKED: Mutex<Option<bool>> = Mutex::new(None);
+
+/// A destructor of thread-specific data (as a C++ `thread_local`'s or a `pthread_key_create`
+/// destructor of the application's), run at thread exit after Rust's thread-locals, kreplay's
+/// included, were destroyed: it launches.
+extern "C" fn launch_at_thread_exit(_value: *mut libc::c_void) {
+    // Nothing unwinds out of the destructor: a panic is what the test reports.
+    let panicked = std::panic::catch_unwind(|| {
+        let rig = LATE_RIG.lock().unwrap().expect("a rig");
+        rig.launch(|| {});
+    })
+    .is_err();
+    if let Ok(mut seen) = LATE_PANICKED.lock() {
+        *seen = Some(panicked);
+    }
+}
+
+/// The application's thread: a first launch (kreplay's thread-locals come to life), then a
+/// value whose destructor launches again at thread exit.
+extern "C" fn launches_then_exits(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `arg` is the rig the test leaked for this thread.
+    let rig = unsafe { &*arg.cast::<Rig>() };
+    rig.launch(|| {});
+    // SAFETY: zeroed storage for the key.
+    let mut key: libc::pthread_key_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer and a destructor that never unwinds.
+    let created = unsafe { libc::pthread_key_create(&mut key, Some(launch_at_thread_exit)) };
+    assert_eq!(created, 0);
+    // SAFETY: a key just created; any non-null value makes the destructor run.
+    assert_eq!(unsafe { libc::pthread_setspecific(key, arg) }, 0);
+    std::ptr::null_mut()
+}
+
+/// A launch the application makes from a thread-local destructor at thread exit, after
+/// kreplay's own thread-locals were destroyed, is replayed like any other: the tool gets its
+/// CONFIG EXIT and memory is as one run leaves it. Before, the window touched a destroyed
+/// thread-local right after the snapshot: a panic (an internal error in the CUPTI callback),
+/// the launch run with no replay and the tool never told how it ended.
+#[test]
+fn a_launch_from_a_thread_local_destructor_is_replayed_and_reported() {
+    let first: &'static Rig = Box::leak(Box::new(Rig::new()));
+    let late: &'static Rig = Box::leak(Box::new(Rig::new()));
+    *LATE_RIG.lock().unwrap() = Some(late);
+    let thread = raw_thread(
+        launches_then_exits,
+        std::ptr::from_ref(first).cast_mut().cast(),
+    );
+    // SAFETY: a thread of this test, joined once; its destructors ran when this returns.
+    let joined = unsafe { libc::pthread_join(thread, std::ptr::null_mut()) };
+    assert_eq!(joined, 0);
+    first.expect_replayed_once();
+    assert_eq!(
+        *LATE_PANICKED.lock().unwrap(),
+        Some(false),
+        "the destructor's launch panicked (None: it never ran)"
+    );
+    late.expect_replayed_once();
+    assert!(
+        late.device.locks.write(AGENT).is_ok(),
+        "the device lock was given back"
+    );
+}
