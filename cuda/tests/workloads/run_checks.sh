@@ -238,6 +238,11 @@ if command -v nvcc >/dev/null; then
         -o "$OUT/unreplayed_launches.csv" -- "$OUT/unreplayed_launches"
     # cudaDeviceReset with stream-ordered allocations live: the launches after it are
     # replayed, and no snapshot names memory the reset took (see the run's table).
+    # A launch from a thread-local destructor at thread exit, and launches over memory whose
+    # cuMemFree was refused during a capture (written through a pointer kept in memory).
+    nvcc -O2 -o "$OUT/thread_exit" cuda/tests/workloads/thread_exit.cu
+    step thread_exit "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/thread_exit.csv" -- "$OUT/thread_exit"
     nvcc -O2 -o "$OUT/reset_async" cuda/tests/workloads/reset_async.cu
     step reset_async "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/reset_async.csv" -- "$OUT/reset_async"
