@@ -23,8 +23,8 @@ use kreplay_ctxmask::ContextRegistry;
 use kreplay_locks::{AgentGroups, AgentLocks};
 use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
 use kreplay_snapshot::{
-    Capture, Delta, Filter, Footprint, Inventory, MemoryKind, NewAllocation, RestoreStrategy,
-    SnapshotScope, Snapshotter,
+    Allocation, Capture, Delta, Filter, Footprint, Inventory, MemoryKind, NewAllocation,
+    RestoreStrategy, SnapshotScope, Snapshotter,
 };
 use parking_lot::Mutex;
 
@@ -60,7 +60,7 @@ use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_at};
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
-use crate::tracking::{Forgotten, MemoryWatch};
+use crate::tracking::{Forgotten, MemoryWatch, UnmapUndo};
 use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
@@ -355,6 +355,9 @@ struct Backend {
     /// What the API ENTER of each free in progress forgot, and the context its allocation was
     /// noted in: put back at the API EXIT of a free that failed.
     frees: Mutex<Vec<(Forgotten, Option<usize>)>>,
+    /// What the API ENTER of each `cuMemUnmap` in progress changed (by its address): put back
+    /// at the API EXIT of one that failed.
+    unmaps: Mutex<Vec<(u64, UnmapUndo)>>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
     inventory: Arc<Inventory>,
@@ -1228,11 +1231,14 @@ impl Backend {
         }
     }
 
-    fn on_free(&self, base: u64) {
-        if self.inventory.on_free(base).is_some() {
+    /// Forgets the tracked allocation at `base`; returns it.
+    fn on_free(&self, base: u64) -> Option<Allocation> {
+        let freed = self.inventory.on_free(base);
+        if freed.is_some() {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             log(LogLevel::Debug, format!("free at {base:#x}"));
         }
+        freed
     }
 
     /// The application is about to allocate: give back kreplay's kept shadow on its device,
@@ -2084,16 +2090,39 @@ impl Backend {
             cbid::CU_MEM_UNMAP if enter => {
                 // SAFETY: cuMemUnmap_params.
                 let p = unsafe { *(params as *const MemUnmapParams) };
-                let out = self.watch.on_unmap(p.ptr, p.size as u64);
+                let (out, mut undo) = self.watch.unmap_enter(p.ptr, p.size as u64);
                 for base in out.removed {
-                    self.on_free(base);
+                    undo.allocations.extend(self.on_free(base));
                 }
+                self.unmaps.lock().push((p.ptr, undo));
                 if out.partial {
                     log(
                         LogLevel::Warn,
                         format!(
                             "cuMemUnmap at {:#x} cut a mapping in part: launches run once while \
                              its rest is mapped",
+                            p.ptr
+                        ),
+                    );
+                }
+            }
+            cbid::CU_MEM_UNMAP if exit => {
+                // SAFETY: cuMemUnmap_params.
+                let p = unsafe { *(params as *const MemUnmapParams) };
+                let undo = {
+                    let mut unmaps = self.unmaps.lock();
+                    let at = unmaps.iter().rposition(|(b, _)| *b == p.ptr);
+                    at.map(|at| unmaps.swap_remove(at).1)
+                };
+                if let Some(undo) = undo
+                    && result() != CUDA_SUCCESS
+                {
+                    // Still mapped: tracked again as before.
+                    self.watch.unmap_failed(&self.inventory, undo);
+                    log(
+                        LogLevel::Debug,
+                        format!(
+                            "cuMemUnmap at {:#x} failed: its mappings are tracked again",
                             p.ptr
                         ),
                     );
@@ -2440,6 +2469,7 @@ fn initialize(
         tools,
         watch: MemoryWatch::new(),
         frees: Mutex::new(Vec::new()),
+        unmaps: Mutex::new(Vec::new()),
         graphs: GraphMemory::new(),
         inventory: Arc::new(Inventory::new()),
         locks,

@@ -81,6 +81,22 @@ pub struct Unmapped {
     pub partial: bool,
 }
 
+/// What the API ENTER of a `cuMemUnmap` changed ([`MemoryWatch::unmap_enter`]), to put back
+/// when the unmap fails ([`MemoryWatch::unmap_failed`]).
+#[derive(Debug, Default)]
+pub struct UnmapUndo {
+    /// The range whose untracked entries the unmap may have changed.
+    span: (u64, u64),
+    /// The tracked mappings it removed (base, size).
+    mapped: Vec<(u64, u64)>,
+    /// Their devices and access.
+    access: Vec<(u64, (i32, bool))>,
+    /// The untracked ranges it overlapped, as they were.
+    untracked: Vec<(u64, u64)>,
+    /// The inventory's allocations of the removed mappings (the caller adds them).
+    pub allocations: Vec<kreplay_snapshot::Allocation>,
+}
+
 #[derive(Default)]
 struct State {
     /// Live managed allocations: base → size.
@@ -398,6 +414,71 @@ impl MemoryWatch {
             s.mapping_access.insert(b, (device, now));
         }
         (entered, left)
+    }
+
+    /// The API ENTER of a `cuMemUnmap` of `size` bytes at `base`: [`on_unmap`](Self::on_unmap),
+    /// and what it changed, for [`unmap_failed`](Self::unmap_failed). The caller frees the
+    /// removed mappings in the inventory and adds what that forgot to the undo.
+    pub fn unmap_enter(&self, base: u64, size: u64) -> (Unmapped, UnmapUndo) {
+        let end = base.saturating_add(size);
+        let undo = {
+            let s = self.state.lock();
+            let overlapping = |m: &BTreeMap<u64, u64>| -> Vec<(u64, u64)> {
+                m.iter()
+                    .filter(|&(&b, &sz)| b < end && b.saturating_add(sz) > base)
+                    .map(|(&b, &sz)| (b, sz))
+                    .collect()
+            };
+            let mapped = overlapping(&s.mapped);
+            let untracked = overlapping(&s.untracked);
+            let access = mapped
+                .iter()
+                .filter_map(|&(b, _)| s.mapping_access.get(&b).map(|&a| (b, a)))
+                .collect();
+            let span = mapped
+                .iter()
+                .chain(&untracked)
+                .fold((base, end), |(lo, hi), &(b, sz)| {
+                    (lo.min(b), hi.max(b.saturating_add(sz)))
+                });
+            UnmapUndo {
+                span,
+                mapped,
+                access,
+                untracked,
+                allocations: Vec::new(),
+            }
+        };
+        (self.on_unmap(base, size), undo)
+    }
+
+    /// The `cuMemUnmap` whose API ENTER made `undo` failed: its mappings are still mapped, and
+    /// tracked again as before (their allocations with their generations, unless memory
+    /// mapped since overlaps them).
+    pub fn unmap_failed(&self, inventory: &Inventory, undo: UnmapUndo) {
+        let UnmapUndo {
+            span: (lo, hi),
+            mapped,
+            access,
+            untracked,
+            allocations,
+        } = undo;
+        for allocation in allocations {
+            inventory.reinstate(allocation);
+        }
+        let mut s = self.state.lock();
+        let cut: Vec<u64> = s
+            .untracked
+            .iter()
+            .filter(|&(&b, &sz)| b < hi && b.saturating_add(sz) > lo)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in cut {
+            s.untracked.remove(&b);
+        }
+        s.untracked.extend(untracked);
+        s.mapped.extend(mapped);
+        s.mapping_access.extend(access);
     }
 
     /// `cuMemUnmap` of `size` bytes at `base`: every mapping inside the range is removed; a
@@ -745,6 +826,45 @@ mod tests {
             w.free_enter(Some(&inventory), 0x30_0000).shared,
             Some(0x2000)
         );
+    }
+
+    /// A `cuMemUnmap` the driver refuses after its API ENTER removed the mappings it covers
+    /// (one whole, one cut in part) leaves them mapped: they are tracked again as before, the
+    /// writable one in the inventory with its generation, and the cut's remainder is no longer
+    /// counted as untracked memory (before: they stayed forgotten, and launches declined for
+    /// ever or wrote them with no restore).
+    #[test]
+    fn an_unmap_that_fails_leaves_its_mappings_tracked_as_before() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let access = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
+        for base in [0x10_0000, 0x30_0000] {
+            assert_eq!(
+                w.record_map(&inventory, base, 0x20_0000, HandleLocation::Device(0)),
+                Ok(0)
+            );
+            w.record_access(&inventory, base, 0x20_0000, &access);
+        }
+        let generation = inventory.get(0x10_0000).unwrap().generation;
+        // The whole first mapping and half of the second.
+        let (out, mut undo) = w.unmap_enter(0x10_0000, 0x30_0000);
+        assert!(out.partial);
+        for base in out.removed {
+            undo.allocations.extend(inventory.on_free(base));
+        }
+        assert!(
+            w.untracked_reason(CTX).is_some(),
+            "the cut's rest is untracked"
+        );
+        w.unmap_failed(&inventory, undo);
+        assert_eq!(w.untracked_reason(CTX), None);
+        assert_eq!(bases_on(&inventory, 0), vec![0x10_0000, 0x30_0000]);
+        assert_eq!(inventory.get(0x10_0000).unwrap().generation, generation);
+        assert_eq!(w.mapping_device(0x30_0000), Some(0));
+        // A later unmap removes them as usual.
+        let out = w.on_unmap(0x10_0000, 0x40_0000);
+        assert_eq!(out.removed, vec![0x10_0000, 0x30_0000]);
+        assert!(!out.partial);
     }
 
     /// A free that failed puts nothing back over memory the application allocated meanwhile
