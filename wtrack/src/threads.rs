@@ -184,6 +184,41 @@ mod tests {
         unsafe { libc::sigismember(set, s) == 1 }
     }
 
+    /// The calling thread's cancellation state (0: enabled, 1: disabled).
+    #[cfg(target_os = "linux")]
+    fn cancel_state() -> libc::c_int {
+        unsafe extern "C" {
+            fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+        }
+        let mut state = 0;
+        // SAFETY: sets this thread's state to disabled and back to what it was; `state` is a
+        // valid out pointer.
+        unsafe {
+            assert_eq!(pthread_setcancelstate(1, &mut state), 0);
+            assert_eq!(pthread_setcancelstate(state, std::ptr::null_mut()), 0);
+        }
+        state
+    }
+
+    /// Cancellation is off while a guard lives, nested guards leave it off until the
+    /// outermost one ends, and the thread's own state comes back after.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cancellation_is_off_while_a_guard_lives_and_comes_back_as_it_was() {
+        std::thread::spawn(|| {
+            assert_eq!(cancel_state(), 0);
+            {
+                let _outer = NoCancel::now();
+                assert_eq!(cancel_state(), 1);
+                drop(NoCancel::now());
+                assert_eq!(cancel_state(), 1, "still off after an inner guard");
+            }
+            assert_eq!(cancel_state(), 0);
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn a_spawned_thread_blocks_async_signals_and_the_caller_keeps_its_mask() {
         let before = mask();
