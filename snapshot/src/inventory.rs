@@ -627,6 +627,28 @@ impl Inventory {
     /// not happen, so the memory is still that allocation, generation included (a snapshot
     /// taken before restores it). Nothing is put back where a tracked allocation overlaps it
     /// now (memory handed out since is what lives there); returns whether it was put back.
+    ///
+    /// ```
+    /// use kreplay_snapshot::{Inventory, MemoryKind, NewAllocation};
+    ///
+    /// let inventory = Inventory::new();
+    /// let buffer = NewAllocation {
+    ///     base: 0x1000,
+    ///     size: 0x100,
+    ///     owner_agent: 0,
+    ///     kind: MemoryKind::CoarseDevice,
+    /// };
+    /// let generation = inventory.on_alloc(buffer);
+    /// let freed = inventory.on_free(0x1000).unwrap();
+    /// // The free failed: the same allocation, same generation.
+    /// assert!(inventory.reinstate(freed));
+    /// assert_eq!(inventory.get(0x1000).unwrap().generation, generation);
+    /// // Memory allocated at the address since wins.
+    /// let freed = inventory.on_free(0x1000).unwrap();
+    /// let newer = inventory.on_alloc(NewAllocation { base: 0x1080, ..buffer });
+    /// assert!(!inventory.reinstate(freed));
+    /// assert_eq!(inventory.lookup(0x1080).unwrap().generation, newer);
+    /// ```
     pub fn reinstate(&self, allocation: Allocation) -> bool {
         let mut table = self.table.write();
         if allocation.generation == 0
