@@ -26,7 +26,7 @@
 //! ```
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use kreplay_passloop::{
@@ -122,7 +122,72 @@ fn one() -> u64 {
     1
 }
 
-static RECORD: Mutex<Option<RunRecord>> = Mutex::new(None);
+/// A record being added to: its kernels' rows, and where each kernel's row is by name, so that
+/// a dispatch finds its row in constant time however many kernels the program has (a program
+/// that autotunes may launch tens of thousands of distinct kernels, and every dispatch adds to
+/// the record under the lock).
+#[derive(Debug, Default)]
+struct Live {
+    run: RunRecord,
+    rows: HashMap<String, usize>,
+}
+
+impl Live {
+    fn new(run: RunRecord) -> Self {
+        let rows = run
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(at, k)| (k.kernel.clone(), at))
+            .collect();
+        Live { run, rows }
+    }
+
+    /// The row of `kernel`, added at the end the first time it is seen.
+    fn row(&mut self, kernel: &str) -> &mut KernelRecord {
+        let at = match self.rows.get(kernel) {
+            Some(&at) => at,
+            None => {
+                let at = self.run.kernels.len();
+                self.run.kernels.push(KernelRecord {
+                    kernel: kernel.into(),
+                    ..Default::default()
+                });
+                self.rows.insert(kernel.to_owned(), at);
+                at
+            }
+        };
+        &mut self.run.kernels[at]
+    }
+
+    /// Adds one dispatch of `kernel`, which used the snapshot `tiers` and restore `strategies`.
+    fn add(&mut self, record: &ReplayRecord, kernel: &str, tiers: &[&str], strategies: &[&str]) {
+        let k = self.row(kernel);
+        let c = &record.cost;
+        k.launches += 1;
+        k.passes += c.passes_run.max(1);
+        k.snapshot_bytes += c.bytes_snapshotted;
+        k.restores += c.restore_times.len() as u64;
+        k.restore_ms += c
+            .restore_times
+            .iter()
+            .map(|t| t.as_secs_f64() * 1e3)
+            .sum::<f64>();
+        join(&mut k.tier, tiers);
+        join(&mut k.strategy, strategies);
+        match &record.outcome {
+            ReplayOutcome::Replayed { .. } => k.replayed += 1,
+            ReplayOutcome::RanOnce { .. } => {
+                if let Some(d) = record.outcome.decline() {
+                    *k.declines.entry(d.reason.as_str().to_owned()).or_default() += 1;
+                }
+            }
+            ReplayOutcome::PassFailed { .. } | ReplayOutcome::RestoreFailed { .. } => k.failed += 1,
+        }
+    }
+}
+
+static RECORD: Mutex<Option<Live>> = Mutex::new(None);
 /// This process's record file: in the record folder, absolute, as `KREPLAY_RECORD_DIR` named
 /// it at load (the program may change folder or its environment before it exits), under the
 /// name [`file_name`] gave it then.
@@ -174,14 +239,14 @@ pub fn start(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     *FILE.lock() = Some(dir.join(file_name(pid, load)));
-    *RECORD.lock() = Some(RunRecord {
+    *RECORD.lock() = Some(Live::new(RunRecord {
         backend: backend.into(),
         tool: tool.into(),
         passes_requested,
         processes: 1,
         tool_problems,
         ..Default::default()
-    });
+    }));
     ACTIVE.store(true, std::sync::atomic::Ordering::Release);
     // A process that never gets to its exit handlers still leaves a record saying so.
     write_file(false);
@@ -210,41 +275,8 @@ pub fn add(record: &ReplayRecord, kernel: &str) {
     let (tiers, strategies) = SEEN
         .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
         .unwrap_or_default();
-    let mut guard = RECORD.lock();
-    let Some(run) = guard.as_mut() else {
-        return;
-    };
-    let at = match run.kernels.iter().position(|k| k.kernel == kernel) {
-        Some(at) => at,
-        None => {
-            run.kernels.push(KernelRecord {
-                kernel: kernel.into(),
-                ..Default::default()
-            });
-            run.kernels.len() - 1
-        }
-    };
-    let k = &mut run.kernels[at];
-    let c = &record.cost;
-    k.launches += 1;
-    k.passes += c.passes_run.max(1);
-    k.snapshot_bytes += c.bytes_snapshotted;
-    k.restores += c.restore_times.len() as u64;
-    k.restore_ms += c
-        .restore_times
-        .iter()
-        .map(|t| t.as_secs_f64() * 1e3)
-        .sum::<f64>();
-    join(&mut k.tier, &tiers);
-    join(&mut k.strategy, &strategies);
-    match &record.outcome {
-        ReplayOutcome::Replayed { .. } => k.replayed += 1,
-        ReplayOutcome::RanOnce { .. } => {
-            if let Some(d) = record.outcome.decline() {
-                *k.declines.entry(d.reason.as_str().to_owned()).or_default() += 1;
-            }
-        }
-        ReplayOutcome::PassFailed { .. } | ReplayOutcome::RestoreFailed { .. } => k.failed += 1,
+    if let Some(live) = RECORD.lock().as_mut() {
+        live.add(record, kernel, &tiers, &strategies);
     }
 }
 
@@ -261,7 +293,7 @@ pub struct Totals {
 
 /// Sets the backend's whole-run counters.
 pub fn set_totals(t: Totals) {
-    if let Some(run) = RECORD.lock().as_mut() {
+    if let Some(Live { run, .. }) = RECORD.lock().as_mut() {
         run.graph_launches = t.graph_launches;
         run.managed_allocations = t.managed_allocations;
         run.tool_work = t.tool_work;
@@ -272,7 +304,7 @@ pub fn set_totals(t: Totals) {
 
 /// A copy of the record so far.
 pub fn snapshot() -> Option<RunRecord> {
-    RECORD.lock().clone()
+    RECORD.lock().as_ref().map(|live| live.run.clone())
 }
 
 /// Notes that kreplay refused to load again into this recording process (the runtime was
@@ -282,7 +314,7 @@ pub fn note_unprofiled_session() {
     if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
         return;
     }
-    if let Some(run) = RECORD.lock().as_mut() {
+    if let Some(Live { run, .. }) = RECORD.lock().as_mut() {
         run.sessions_unprofiled += 1;
     }
     write();
@@ -334,7 +366,7 @@ fn write_file(finished: bool) {
     if OWNER.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
         return;
     }
-    if let Some(run) = RECORD.lock().as_mut() {
+    if let Some(Live { run, .. }) = RECORD.lock().as_mut() {
         run.incomplete = u64::from(!finished);
     }
     if let Err(e) = write_to(&file) {
@@ -371,8 +403,9 @@ pub fn read_dir(dir: &Path) -> Result<Vec<RunRecord>, String> {
 /// times summed, tiers and strategies joined, declines summed), in the order first seen.
 pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
     let mut records = records.into_iter();
-    let mut run = records.next()?;
+    let mut live = Live::new(records.next()?);
     for other in records {
+        let run = &mut live.run;
         run.processes += other.processes;
         run.incomplete += other.incomplete;
         run.sessions_unprofiled += other.sessions_unprofiled;
@@ -391,9 +424,13 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
         }
         run.passes_requested = run.passes_requested.max(other.passes_requested);
         for k in other.kernels {
-            match run.kernels.iter_mut().find(|r| r.kernel == k.kernel) {
-                None => run.kernels.push(k),
-                Some(r) => {
+            match live.rows.get(&k.kernel) {
+                None => {
+                    live.rows.insert(k.kernel.clone(), live.run.kernels.len());
+                    live.run.kernels.push(k);
+                }
+                Some(&at) => {
+                    let r = &mut live.run.kernels[at];
                     r.launches += k.launches;
                     r.replayed += k.replayed;
                     r.passes += k.passes;
@@ -413,7 +450,7 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
             }
         }
     }
-    Some(run)
+    Some(live.run)
 }
 
 /// A tool whose SNAPSHOT and RESTORE reports are noted for the record (everything else is the
@@ -496,6 +533,60 @@ mod tests {
         cost.bytes_snapshotted = if passes > 1 { 4096 } else { 0 };
         cost.restore_times = vec![Duration::from_micros(500); restores as usize];
         ReplayRecord::new(DispatchInfo::default(), outcome, passes, cost)
+    }
+
+    #[test]
+    fn tens_of_thousands_of_kernels_keep_their_rows_exact_and_in_first_seen_order() {
+        // An autotuning program: many distinct kernels, each launched a few times, interleaved.
+        const KERNELS: usize = 30_000;
+        let mut live = Live::new(RunRecord::default());
+        let replayed = record(
+            ReplayOutcome::Replayed {
+                passes: 2,
+                end: LoopEnd::LastPass,
+            },
+            2,
+            1,
+        );
+        for round in 0..3 {
+            for i in 0..KERNELS {
+                // Kernel i is launched once in round 0, again in round 1 when even, and in
+                // round 2 when divisible by three.
+                if round == 0 || (round == 1 && i % 2 == 0) || (round == 2 && i % 3 == 0) {
+                    live.add(&replayed, &format!("tune_{i}"), &["host"], &["full"]);
+                }
+            }
+        }
+        let run = live.run;
+        assert_eq!(run.kernels.len(), KERNELS);
+        for (i, k) in run.kernels.iter().enumerate() {
+            let launches = 1 + u64::from(i % 2 == 0) + u64::from(i % 3 == 0);
+            assert_eq!(k.kernel, format!("tune_{i}"));
+            assert_eq!(
+                (k.launches, k.replayed, k.passes, k.restores),
+                (launches, launches, 2 * launches, launches),
+                "{}",
+                k.kernel
+            );
+            assert_eq!((k.tier.as_str(), k.strategy.as_str()), ("host", "full"));
+        }
+        // Two processes' records of them add up row by row; the second one's new kernels come
+        // after, in its order.
+        let mut other = run.clone();
+        other.kernels.reverse();
+        other.kernels.push(KernelRecord {
+            kernel: "late".into(),
+            launches: 5,
+            ..Default::default()
+        });
+        let merged = merge(vec![run.clone(), other]).unwrap();
+        assert_eq!(merged.kernels.len(), KERNELS + 1);
+        for (a, m) in run.kernels.iter().zip(&merged.kernels) {
+            assert_eq!(m.kernel, a.kernel);
+            assert_eq!(m.launches, 2 * a.launches, "{}", m.kernel);
+        }
+        assert_eq!(merged.kernels[KERNELS].kernel, "late");
+        assert_eq!(merged.kernels[KERNELS].launches, 5);
     }
 
     #[test]
