@@ -100,3 +100,110 @@ fn bench_says_what_it_wrote() {
         &[&csv, &svg],
     );
 }
+
+/// Runs `args` under a file size limit (`ulimit -f`, which some batch systems set) of `limit`
+/// bytes, which `file`, the output they write, exceeds: kreplay must say so and exit 1, not die
+/// of SIGXFSZ leaving a truncated file that looks like a result.
+fn assert_refuses_an_output_past_the_file_size_limit(args: &[&str], file: &str, limit: u64) {
+    let stderr = assert_fails_under_a_file_size_limit_leaving_no_file(args, file, limit);
+    assert!(
+        stderr.contains(file) && stderr.contains("RLIMIT_FSIZE"),
+        "{args:?}: {stderr}"
+    );
+}
+
+/// Runs `args` under a file size limit of `limit` bytes: they must fail with exit status 1
+/// (not a signal) and leave no `file`. Returns their standard error.
+fn assert_fails_under_a_file_size_limit_leaving_no_file(
+    args: &[&str],
+    file: &str,
+    limit: u64,
+) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kreplay"));
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    };
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{args:?}: {:?}: {stderr}",
+        out.status
+    );
+    assert!(
+        std::fs::metadata(file).is_err(),
+        "{args:?} left a truncated {file}"
+    );
+    stderr.into_owned()
+}
+
+#[test]
+fn profile_refuses_an_output_past_the_file_size_limit() {
+    for file in [scratch("fsize-profile.csv"), scratch("fsize-profile.json")] {
+        assert_refuses_an_output_past_the_file_size_limit(
+            &["profile", "--pmc", "SQ_WAVES", "-o", &file, "--", "saxpy"],
+            &file,
+            40,
+        );
+    }
+}
+
+#[test]
+fn demo_refuses_an_output_past_the_file_size_limit() {
+    let (csv, json) = (scratch("fsize-demo.csv"), scratch("fsize-demo.json"));
+    assert_refuses_an_output_past_the_file_size_limit(
+        &["demo", "--elements", "1k", "--json", &json],
+        &json,
+        40,
+    );
+    assert_refuses_an_output_past_the_file_size_limit(
+        &["demo", "--elements", "1k", "--csv", &csv],
+        &csv,
+        40,
+    );
+}
+
+#[test]
+fn a_bench_that_fails_leaves_no_empty_file() {
+    // Under a file size limit of 40 bytes the bench's spill store cannot be made: the bench
+    // fails before it measured anything, and must not leave an empty CSV or SVG behind.
+    for (option, name) in [("--csv", "fails-bench.csv"), ("--svg", "fails-bench.svg")] {
+        let file = scratch(name);
+        assert_fails_under_a_file_size_limit_leaving_no_file(
+            &[
+                "bench",
+                "--footprints",
+                "64K",
+                "--dirty",
+                "0,10",
+                "--passes",
+                "none",
+                "--repeats",
+                "1",
+                option,
+                &file,
+            ],
+            &file,
+            40,
+        );
+    }
+}

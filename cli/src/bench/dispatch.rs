@@ -1581,7 +1581,7 @@ fn write_csv(figures: &Figures, path: &Path) -> Result<(), String> {
             .map_err(|e| format!("cannot write the figures as CSV: {e}"))?;
     }
     let text = writer.into_inner().map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    crate::output::write_whole(path, &text)
 }
 
 /// What [`run`] measured.

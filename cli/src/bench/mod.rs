@@ -11,9 +11,7 @@ pub mod cuda;
 pub mod dispatch;
 pub mod tool;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::io::Write;
 
 use kreplay_benches::{
     AUTO_MAX_OVER_BEST, AutoCheck, BenchRow, FootprintCeilings, MatrixConfig, Progress,
@@ -78,12 +76,6 @@ fn available_memory() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-fn create(path: &Path) -> Result<BufWriter<File>, String> {
-    File::create(path)
-        .map(BufWriter::new)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// "1 CPU", "2 CPUs": the CPUs this process may run on.
@@ -430,8 +422,6 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
             ));
         }
     }
-    let mut csv = options.csv.as_deref().map(create).transpose()?;
-    let mut svg = options.svg.as_deref().map(create).transpose()?;
 
     let cpus = cpus();
     let device = if options.discrete {
@@ -611,16 +601,18 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     }
     write(out, &text)?;
 
-    if let (Some(path), Some(file)) = (&options.csv, csv.as_mut()) {
-        write_csv(&rows, &mut *file)
-            .and_then(|()| file.flush())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        write(out, &format!("wrote {}\n", path.display()))?;
-    }
-    if let (Some(path), Some(file)) = (&options.svg, svg.as_mut()) {
-        write_svg(&rows, &mut *file)
-            .and_then(|()| file.flush())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    // Each file is made whole, then written at once: a bench that fails halfway, or a file
+    // past the file size limit, leaves no file that looks like a result.
+    type Render = fn(&[BenchRow], &mut Vec<u8>) -> std::io::Result<()>;
+    let files: [(&Option<std::path::PathBuf>, Render); 2] = [
+        (&options.csv, |rows, w| write_csv(rows, w)),
+        (&options.svg, |rows, w| write_svg(rows, w)),
+    ];
+    for (path, render) in files {
+        let Some(path) = path else { continue };
+        let mut text = Vec::new();
+        render(&rows, &mut text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::output::write_whole(path, &text)?;
         write(out, &format!("wrote {}\n", path.display()))?;
     }
     Ok(BenchOutcome {

@@ -153,13 +153,13 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
             .map_err(|e| DemoError::Output(format!("cannot write the report: {e}")))
     };
     if let Some(path) = &options.json {
-        std::fs::write(path, output::json(&summary, &rows))
-            .map_err(|e| DemoError::Output(format!("cannot write {}: {e}", path.display())))?;
+        crate::output::write_whole(path, output::json(&summary, &rows).as_bytes())
+            .map_err(DemoError::Output)?;
         wrote(out, path)?;
     }
     if let Some(path) = &options.csv {
-        std::fs::write(path, output::csv(&rows))
-            .map_err(|e| DemoError::Output(format!("cannot write {}: {e}", path.display())))?;
+        crate::output::write_whole(path, output::csv(&rows).as_bytes())
+            .map_err(DemoError::Output)?;
         wrote(out, path)?;
     }
     Ok(DemoOutcome {

@@ -575,7 +575,7 @@ fn write_report(
             Format::Csv => csv(&records)?,
             Format::Json => json(options.mode, records)?,
         };
-        std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::output::write_whole(path, &body)?;
         writeln!(out, "wrote {} ({count} value(s))", path.display())
             .map_err(|e| format!("cannot write the report: {e}"))?;
     }

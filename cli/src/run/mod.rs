@@ -521,24 +521,12 @@ struct CsvRow<'a> {
     declines: String,
 }
 
-/// Writes the record as CSV (one row per kernel) or JSON (the whole record), by extension.
-/// The text is made first and written whole: one larger than the process's file size limit
-/// (`RLIMIT_FSIZE`) is refused before the file is touched (past the limit the write would end
-/// kreplay with SIGXFSZ, leaving half a file), and a file a failed write left half written is
-/// removed, so that no truncated output is taken for a result.
+/// Writes the record as CSV (one row per kernel) or JSON (the whole record), by extension,
+/// whole or not at all ([`crate::output::write_whole`]).
 pub fn write_output(path: &Path, record: &RunRecord) -> Result<(), String> {
-    let cannot = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", path.display());
-    let text = output_text(path, record).map_err(|e| cannot(&e))?;
-    if let Some(limit) = kreplay_snapshot::file_size_limit().filter(|&l| text.len() as u64 > l) {
-        return Err(cannot(&format!(
-            "its {} bytes exceed the file size limit (RLIMIT_FSIZE) of {limit} bytes",
-            text.len()
-        )));
-    }
-    std::fs::write(path, &text).map_err(|e| {
-        let _ = std::fs::remove_file(path);
-        cannot(&e)
-    })
+    let text =
+        output_text(path, record).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    crate::output::write_whole(path, &text)
 }
 
 /// The text of [`write_output`]'s file.
