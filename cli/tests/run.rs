@@ -650,3 +650,117 @@ fn run_with_a_c_tool_on_the_software_runtime_lets_the_tool_decide_and_check_pass
     let said = std::fs::read_to_string(&summary).unwrap();
     assert!(said.contains("6 dispatches, 6 replayed"), "{said}");
 }
+
+#[test]
+fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
+    // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
+    // after kreplay's library, and the command says so.
+    let dir = scratch("hsa-tools-lib-kept");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let theirs = "\"/opt/other tool/libtrace.so\" /opt/libcount.so";
+    let out = run_with(
+        &["--backend=hsa"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("HSA_TOOLS_LIB", theirs)],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let env = env_seen(&dir);
+    assert!(
+        env.contains(&format!("HSA_TOOLS_LIB={} {theirs}\n", lib.display())),
+        "{env}"
+    );
+    assert!(
+        stderr.contains("HSA_TOOLS_LIB") && stderr.contains(theirs),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_hsa_tools_lib_that_names_libkreplay_already_is_not_loaded_twice() {
+    let dir = scratch("hsa-tools-lib-twice");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let theirs = format!("{} /opt/libcount.so", lib.display());
+    let out = run_with(
+        &["--backend=hsa"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("HSA_TOOLS_LIB", &theirs)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = env_seen(&dir);
+    assert!(
+        env.contains(&format!(
+            "HSA_TOOLS_LIB={} /opt/libcount.so\n",
+            lib.display()
+        )),
+        "{env}"
+    );
+}
+
+#[test]
+fn a_users_cuda_injection_library_is_refused_before_the_program_runs() {
+    // CUDA loads one injection library: kreplay's would silently replace theirs.
+    let dir = scratch("cuda-injection-theirs");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let out = run_with(
+        &["--backend=cuda"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("CUDA_INJECTION64_PATH", "/opt/libcupti_tool.so")],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("CUDA_INJECTION64_PATH") && stderr.contains("/opt/libcupti_tool.so"),
+        "{stderr}"
+    );
+    assert!(!dir.join("env.txt").exists(), "the program ran");
+    // Naming kreplay's own library there is no conflict.
+    let out = run_with(
+        &["--backend=cuda"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("CUDA_INJECTION64_PATH", lib.to_str().unwrap())],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn the_users_own_tool_libraries_are_kept_beside_the_built_in_tool_and_a_tool() {
+    let dir = scratch("tool-libraries-kept");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let tool = dir.join("libmytool.so");
+    std::fs::write(&tool, b"a tool").unwrap();
+    let theirs = [("KREPLAY_TOOL_LIBRARIES", "/opt/libobserver.so")];
+    let out = run_with(&["--backend=cuda"], &lib, &[app.to_str().unwrap()], &theirs);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let env = env_seen(&dir);
+    assert!(
+        env.contains("KREPLAY_TOOL_LIBRARIES=/opt/libobserver.so\n")
+            && env.contains("KREPLAY_PASSES=4\n"),
+        "{env}"
+    );
+    assert!(stderr.contains("/opt/libobserver.so"), "{stderr}");
+    let out = run_with(
+        &["--backend=cuda", "--tool", tool.to_str().unwrap()],
+        &lib,
+        &[app.to_str().unwrap()],
+        &theirs,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = env_seen(&dir);
+    assert!(
+        env.contains(&format!(
+            "KREPLAY_TOOL_LIBRARIES=/opt/libobserver.so:{}\n",
+            tool.display()
+        )),
+        "{env}"
+    );
+}

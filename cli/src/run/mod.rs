@@ -224,7 +224,8 @@ fn record_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// The variables kreplay sets for the profiled run (and removes for the plain one), and
+/// The variables kreplay sets for the profiled run (and removes for the plain one; what the
+/// user had in the environment is composed into them, see [`Inherited`]), and
 /// `KREPLAY_CUDA_PASSES`, the older name of `KREPLAY_PASSES`, which the library reads when that
 /// is unset: left in the environment it would turn the built-in tool on under `--tool`.
 const OUR_VARIABLES: [&str; 6] = [
@@ -251,22 +252,161 @@ fn injected_variables(
     backend: Backend,
     library: &Path,
     record: &Path,
+    inherited: &Inherited,
 ) -> Vec<(&'static str, OsString)> {
+    let mut injection = injection_value(backend, library);
+    if let (Backend::Hsa, Some(theirs)) = (backend, &inherited.hsa_tools_lib) {
+        injection.push(" ");
+        injection.push(theirs);
+    }
     let mut vars = vec![
-        (
-            backend.injection_variable(),
-            injection_value(backend, library),
-        ),
+        (backend.injection_variable(), injection),
         (ENV_RECORD_DIR, record.as_os_str().to_owned()),
     ];
-    vars.push(match &options.tool {
-        Some(tool) => ("KREPLAY_TOOL_LIBRARIES", tool.as_os_str().to_owned()),
-        None => ("KREPLAY_PASSES", options.passes.to_string().into()),
-    });
+    let mut tools = inherited.tool_libraries.clone();
+    if let Some(tool) = &options.tool {
+        let listed = tools
+            .as_ref()
+            .is_some_and(|t| std::env::split_paths(t).any(|p| p == *tool));
+        if !listed {
+            let mut joined = tools.map_or_else(OsString::new, |mut t| {
+                t.push(":");
+                t
+            });
+            joined.push(tool);
+            tools = Some(joined);
+        }
+    } else {
+        vars.push(("KREPLAY_PASSES", options.passes.to_string().into()));
+    }
+    if let Some(tools) = tools {
+        vars.push(("KREPLAY_TOOL_LIBRARIES", tools));
+    }
     if let Some(scope) = options.scope {
         vars.push(("KREPLAY_SNAPSHOT_SCOPE", scope.name().into()));
     }
     vars
+}
+
+/// What the user's environment already asks the runtime and kreplay to load, kept for the
+/// profiled run: a profiler user running another tool alongside expects it to still be there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inherited {
+    /// The environment's `HSA_TOOLS_LIB` (ROCm loads every library of the list), less any entry
+    /// that is kreplay's library: loaded after kreplay's, and by the run without kreplay.
+    pub hsa_tools_lib: Option<OsString>,
+    /// The environment's `KREPLAY_TOOL_LIBRARIES`: kept beside the built-in tool, and before
+    /// `--tool`'s library.
+    pub tool_libraries: Option<OsString>,
+}
+
+impl Inherited {
+    /// Reads the user's settings with `lookup` (the environment) for a run on `backend` with
+    /// kreplay's `library`. A `CUDA_INJECTION64_PATH` naming another library is an error on
+    /// CUDA: the driver loads exactly one injection library, and kreplay's would replace it.
+    pub fn read(
+        backend: Backend,
+        library: &Path,
+        lookup: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Inherited, String> {
+        let set = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let is_kreplay = |entry: &Path| {
+            entry == library
+                || entry
+                    .canonicalize()
+                    .is_ok_and(|e| library.canonicalize().is_ok_and(|l| l == e))
+        };
+        if backend == Backend::Cuda
+            && let Some(theirs) = set("CUDA_INJECTION64_PATH")
+            && !is_kreplay(Path::new(&theirs))
+        {
+            return Err(format!(
+                "CUDA_INJECTION64_PATH={} is set, and CUDA loads exactly one injection library: \
+                 kreplay run needs it for {}. Unset it to profile with kreplay; a tool written \
+                 for kreplay's C API is loaded with --tool or KREPLAY_TOOL_LIBRARIES instead",
+                theirs.to_string_lossy(),
+                library.display()
+            ));
+        }
+        let hsa_tools_lib = set("HSA_TOOLS_LIB").and_then(|theirs| {
+            use std::os::unix::ffi::{OsStrExt, OsStringExt};
+            let entries = hsa_tools_entries(theirs.as_bytes());
+            if !entries
+                .iter()
+                .any(|e| is_kreplay(Path::new(std::ffi::OsStr::from_bytes(e))))
+            {
+                return Some(theirs);
+            }
+            let rest: Vec<OsString> = entries
+                .into_iter()
+                .map(OsString::from_vec)
+                .filter(|e| !is_kreplay(Path::new(e)))
+                .map(|e| injection_value(Backend::Hsa, Path::new(&e)))
+                .collect();
+            (!rest.is_empty()).then(|| rest.join(std::ffi::OsStr::new(" ")))
+        });
+        Ok(Inherited {
+            hsa_tools_lib,
+            tool_libraries: set("KREPLAY_TOOL_LIBRARIES"),
+        })
+    }
+
+    /// What the user is told about the settings kept.
+    fn notes(&self, options: &RunOptions, backend: Backend) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let (Backend::Hsa, Some(theirs)) = (backend, &self.hsa_tools_lib) {
+            notes.push(format!(
+                "HSA_TOOLS_LIB from the environment is kept: {} is loaded after kreplay's \
+                 library",
+                theirs.to_string_lossy()
+            ));
+        }
+        if let Some(theirs) = &self.tool_libraries {
+            notes.push(format!(
+                "KREPLAY_TOOL_LIBRARIES from the environment is kept: {} {}",
+                theirs.to_string_lossy(),
+                if options.tool.is_some() {
+                    "is loaded, then --tool's library"
+                } else {
+                    "is loaded beside the built-in tool (a tool there that takes the replay \
+                     service decides the passes instead)"
+                }
+            ));
+        }
+        notes
+    }
+}
+
+/// The libraries of an `HSA_TOOLS_LIB` value as ROCm's runtime splits it: at spaces, with `"`
+/// quoting and `\` escaping the next byte.
+fn hsa_tools_entries(value: &[u8]) -> Vec<Vec<u8>> {
+    let mut entries = Vec::new();
+    let mut entry = Vec::new();
+    let (mut quoted, mut escaped, mut started) = (false, false, false);
+    for &b in value {
+        if escaped {
+            entry.push(b);
+            escaped = false;
+        } else if b == b'\\' {
+            escaped = true;
+            started = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+            started = true;
+        } else if b == b' ' && !quoted {
+            if started {
+                entries.push(std::mem::take(&mut entry));
+            }
+            started = false;
+        } else {
+            entry.push(b);
+            started = true;
+        }
+    }
+    if started {
+        entries.push(entry);
+    }
+    entries
 }
 
 /// The value of the injection variable that names `library`. ROCm's runtime reads
@@ -294,9 +434,14 @@ fn injection_value(backend: Backend, library: &Path) -> OsString {
 /// run's own in place of it) as the injected library will read them, so that a bad one stops
 /// the command before the program runs: the library would refuse to load, and the whole
 /// program would run without kreplay for a record that never comes.
-fn check_settings(options: &RunOptions, backend: Backend, library: &Path) -> Result<(), String> {
+fn check_settings(
+    options: &RunOptions,
+    backend: Backend,
+    library: &Path,
+    inherited: &Inherited,
+) -> Result<(), String> {
     // The record folder is not a setting the configuration reads.
-    let injected = injected_variables(options, backend, library, Path::new(""));
+    let injected = injected_variables(options, backend, library, Path::new(""), inherited);
     let lookup = |name: &str| -> Option<String> {
         if let Some((_, value)) = injected.iter().find(|(n, _)| *n == name) {
             return Some(value.to_string_lossy().into_owned());
@@ -332,6 +477,7 @@ fn check_settings(options: &RunOptions, backend: Backend, library: &Path) -> Res
 /// input; its standard output is captured when `capture`, else inherited.
 fn run_program(
     options: &RunOptions,
+    inherited: &Inherited,
     inject: Option<(Backend, &Path, &Path)>,
     input: process::Input<'_>,
     capture: bool,
@@ -345,8 +491,18 @@ fn run_program(
     for var in OUR_VARIABLES {
         command.env_remove(var);
     }
-    if let Some((backend, library, record)) = inject {
-        command.envs(injected_variables(options, backend, library, record));
+    match inject {
+        Some((backend, library, record)) => {
+            command.envs(injected_variables(
+                options, backend, library, record, inherited,
+            ));
+        }
+        // The user's other ROCm tools load without kreplay too.
+        None => {
+            if let Some(theirs) = &inherited.hsa_tools_lib {
+                command.env("HSA_TOOLS_LIB", theirs);
+            }
+        }
     }
     let name = program_name(options);
     let ran = process::run(&mut command, input, capture).map_err(|e| match e.kind() {
@@ -679,7 +835,11 @@ pub fn run_with(
         options.tool = Some(tool_path(existing_file(tool, "--tool")?)?);
     }
     let options = &options;
-    check_settings(options, backend, &library)?;
+    let inherited = Inherited::read(backend, &library, |name| std::env::var_os(name))?;
+    check_settings(options, backend, &library, &inherited)?;
+    for note in inherited.notes(options, backend) {
+        eprintln!("kreplay: {note}");
+    }
     let program = program_name(options);
     process::prepare();
     let tee = tee_input_for_check(options.check);
@@ -691,6 +851,7 @@ pub fn run_with(
     let record_dir = record_dir()?;
     let profiled = run_program(
         options,
+        &inherited,
         Some((backend, &library, &record_dir)),
         if tee {
             process::Input::Tee
@@ -730,7 +891,7 @@ pub fn run_with(
         } else {
             process::Input::Inherit
         };
-        let plain = run_program(options, None, input, true)?;
+        let plain = run_program(options, &inherited, None, input, true)?;
         if let Some(signal) = process::interrupted() {
             return Err(format!(
                 "interrupted (signal {signal}) during the run without kreplay"
@@ -803,7 +964,13 @@ mod tests {
             program: vec!["app".into()],
         };
         let vars = |o: &RunOptions| {
-            injected_variables(o, Backend::Cuda, Path::new("/l.so"), Path::new("/rec"))
+            injected_variables(
+                o,
+                Backend::Cuda,
+                Path::new("/l.so"),
+                Path::new("/rec"),
+                &Inherited::default(),
+            )
         };
         let given = vars(&options);
         assert!(given.contains(&("KREPLAY_SNAPSHOT_SCOPE", "referenced".into())));
@@ -852,6 +1019,22 @@ mod tests {
             .unwrap();
         let text = String::from_utf8(writer.into_inner().unwrap()).unwrap();
         assert_eq!(text.lines().next(), Some(CSV_COLUMNS.join(",").as_str()));
+    }
+
+    #[test]
+    fn rocms_tools_list_is_split_at_unquoted_unescaped_spaces() {
+        let entries = hsa_tools_entries(br#" /a/one.so  "/b/t w o.so" /c/th\ ree.so "" "#);
+        let entries: Vec<String> = entries
+            .into_iter()
+            .map(|e| String::from_utf8(e).unwrap())
+            .collect();
+        assert_eq!(entries, ["/a/one.so", "/b/t w o.so", "/c/th ree.so", ""]);
+        // An entry naming kreplay's library is dropped; the rest is written back escaped.
+        let lookup = |name: &str| {
+            (name == "HSA_TOOLS_LIB").then(|| OsString::from(r#""/opt/k r/libk.so" "/x/l y.so""#))
+        };
+        let kept = Inherited::read(Backend::Hsa, Path::new("/opt/k r/libk.so"), lookup).unwrap();
+        assert_eq!(kept.hsa_tools_lib, Some(OsString::from(r"/x/l\ y.so")));
     }
 
     #[test]
