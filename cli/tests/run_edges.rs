@@ -1340,3 +1340,150 @@ fn a_file_size_limit_below_the_record_does_not_kill_the_program_at_exit() {
     );
     assert_eq!(ran.code, Some(1), "no record, no table: {ran:?}");
 }
+
+/// A pseudo-terminal: (master, slave) descriptors, both left open for the test's life.
+fn pseudo_terminal() -> (i32, i32) {
+    // SAFETY: plain calls on descriptors this function opens; the name buffer is large enough
+    // and NUL-terminated by ptsname_r.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(
+            master >= 0,
+            "posix_openpt: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(master, name.as_mut_ptr(), name.len()), 0);
+        let slave = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
+        assert!(
+            slave >= 0,
+            "open the slave: {}",
+            std::io::Error::last_os_error()
+        );
+        (master, slave)
+    }
+}
+
+/// A program that counts the SIGINTs it gets, in its handler (a shell's traps would run once
+/// for two SIGINTs that came close together): it writes `ready` once its handlers are in
+/// place, `interrupted` at the first SIGINT, and `total N` when a SIGTERM ends it.
+const COUNT_SIGINTS: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+static volatile sig_atomic_t ints = 0, term = 0;
+static void on_int(int s) { (void)s; ints++; }
+static void on_term(int s) { (void)s; term = 1; }
+static void say(const char *path, const char *mode, const char *what, int n) {
+    FILE *f = fopen(path, mode);
+    if (f) { fprintf(f, what, n); fclose(f); }
+}
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    struct sigaction a = {0};
+    sigset_t both, none;
+    sigemptyset(&none);
+    sigemptyset(&both);
+    sigaddset(&both, SIGINT);
+    sigaddset(&both, SIGTERM);
+    sigprocmask(SIG_BLOCK, &both, 0);
+    a.sa_handler = on_int;
+    sigaction(SIGINT, &a, 0);
+    a.sa_handler = on_term;
+    sigaction(SIGTERM, &a, 0);
+    say(argv[1], "w", "ready\n", 0);
+    int told = 0;
+    while (!term) {
+        sigsuspend(&none);
+        if (ints && !told) { say(argv[2], "w", "interrupted\n", 0); told = 1; }
+    }
+    say(argv[2], "a", "total %d\n", ints);
+    return 0;
+}
+"#;
+
+#[test]
+fn ctrl_c_in_the_terminal_reaches_the_program_once() {
+    // Ctrl-C in a terminal: the terminal sends SIGINT to its whole foreground process group,
+    // the program included. kreplay run must not pass on a second one: a program that
+    // force-quits on a second SIGINT (Python's and PyTorch's launchers, many servers) would
+    // skip its cleanup. A SIGTERM to kreplay, passed on after any SIGINT it passes on (its
+    // handlers do not nest), makes the program report the SIGINTs it got and exit.
+    let dir = scratch("ctrl-c-once");
+    let (ints, ready) = (dir.join("ints"), dir.join("ready"));
+    let src = dir.join("count_sigints.c");
+    std::fs::write(&src, COUNT_SIGINTS).unwrap();
+    let counter = dir.join("count_sigints");
+    let built = std::process::Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&counter)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("skipped: no C compiler (cc) to build the program");
+        return;
+    }
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let (master, slave) = pseudo_terminal();
+    let mut c = std::process::Command::new(kreplay_exe());
+    c.args(["run", "--backend", "hsa", "--library"])
+        .arg(&lib)
+        .arg("--")
+        .args([&counter, &ready, &ints])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        if n.starts_with("KREPLAY_") || n == "HSA_TOOLS_LIB" || n == "CUDA_INJECTION64_PATH" {
+            c.env_remove(name);
+        }
+    }
+    // SAFETY: setsid and ioctl are async-signal-safe; the closure touches nothing else. kreplay
+    // becomes the leader of a session whose controlling terminal is the pseudo-terminal, its
+    // process group the terminal's foreground group, as in a shell.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(move || {
+            if libc::setsid() < 0 || libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    let kill_all = |child: &std::process::Child| {
+        // SAFETY: the session (one process group) of the kreplay this test started.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    };
+    wait_for_file(&ready);
+    // The terminal's interrupt character.
+    // SAFETY: writes one byte from a live buffer to the master this test opened.
+    let wrote = unsafe { libc::write(master, b"\x03".as_ptr().cast(), 1) };
+    assert_eq!(wrote, 1);
+    wait_for_file(&ints);
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let report = loop {
+        let text = std::fs::read_to_string(&ints).unwrap_or_default();
+        if text.contains("total") || t.elapsed() > Duration::from_secs(10) {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.wait();
+    kill_all(&child);
+    // SAFETY: the descriptors pseudo_terminal opened.
+    unsafe {
+        libc::close(master);
+        libc::close(slave);
+    }
+    assert!(
+        report.ends_with("total 1\n"),
+        "SIGINTs the program got from one Ctrl-C: {report:?}"
+    );
+}

@@ -877,7 +877,7 @@ pub fn run_with(
             report(record, options, &program, out)?;
         }
         return Err(format!(
-            "interrupted (signal {signal}, passed on to {program}, which exited with {status})"
+            "interrupted (signal {signal}; {program} got it too and exited with {status})"
         ));
     }
     if !status.success() {

@@ -1,11 +1,14 @@
 //! Running the program of `kreplay run` as a child process: its standard input given to both
 //! runs of `--check` alike, its standard output captured without waiting for processes it left
 //! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
-//! cleans up after itself instead of dying first.
+//! cleans up after itself instead of dying first. One the terminal sent (Ctrl-C, a hangup) went
+//! to the whole foreground process group, the program included: it is not passed on again to
+//! a process still in kreplay's group, so the program gets one SIGINT per Ctrl-C, as it would
+//! without kreplay (a program that force-quits on a second one would skip its cleanup).
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -13,6 +16,8 @@ use std::time::{Duration, Instant};
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The signal that interrupted `kreplay run` (0: none).
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+/// Whether the terminal sent the interruption, to kreplay's whole process group.
+static FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
 
 /// How long, after the program exited, the rest of its standard output may take to arrive and
 /// the processes it leaves behind may take to end: what it wrote is in the pipe already, so
@@ -23,14 +28,30 @@ const AFTER_EXIT: Duration = Duration::from_secs(2);
 /// How often the processes left behind are looked at while they are waited for.
 const REAP_EVERY: Duration = Duration::from_millis(10);
 
-extern "C" fn pass_on(signal: libc::c_int) {
+extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // A signal the terminal's driver sent (Ctrl-C, a hangup) comes from the kernel; one a
+    // process sent with kill comes from that process (SI_USER), whether to kreplay alone or
+    // to its group, which cannot be told apart: it is passed on.
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (checked for null anyway).
+    let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
     INTERRUPTED.store(signal, Ordering::SeqCst);
+    if from_terminal {
+        FROM_TERMINAL.store(true, Ordering::SeqCst);
+    }
     let child = CHILD.load(Ordering::SeqCst);
-    if child > 0 {
+    if child > 0 && !(from_terminal && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
         // (cleared as soon as it was waited for).
         unsafe { libc::kill(child, signal) };
     }
+}
+
+/// Whether `pid` is in kreplay's process group, where a signal from the terminal reached it
+/// too (a program that moved to a group of its own did not get it).
+fn in_our_group(pid: i32) -> bool {
+    // SAFETY: getpgrp and getpgid are plain system calls with no memory arguments, safe in a
+    // signal handler (getpgrp is async-signal-safe; getpgid is the same system call on Linux).
+    unsafe { libc::getpgid(pid) == libc::getpgrp() }
 }
 
 /// From now on SIGINT, SIGTERM and SIGHUP are passed on to the program instead of ending
@@ -38,13 +59,20 @@ extern "C" fn pass_on(signal: libc::c_int) {
 /// children (so that ones still running can be told apart from ones that ended).
 pub fn prepare() {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only stores to atomics and calls kill, both
-        // async-signal-safe; the sigaction struct is fully initialized.
+        // SAFETY: installs a handler that only stores to atomics and makes async-signal-safe
+        // system calls; the sigaction struct is fully initialized. The three signals are
+        // blocked while it runs, so that the handlers do not nest: signals are passed on in
+        // the order they are handled.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = pass_on as extern "C" fn(libc::c_int) as usize;
+            action.sa_sigaction = pass_on
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as usize;
             libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
+            for blocked in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut action.sa_mask, blocked);
+            }
+            action.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
     }
@@ -65,7 +93,8 @@ pub fn interrupted() -> Option<i32> {
 /// by this process, see [`prepare`]): the ones that end before it are reaped as they end, and
 /// the answer comes as soon as none is left. When `kreplay run` was interrupted, the signal is
 /// passed on to each of them as well (a launcher that ran its worker without `exec` ends on
-/// it, leaving the worker), once each.
+/// it, leaving the worker), once each, except to those in kreplay's process group when the
+/// terminal sent it (they got it from the terminal).
 fn descendants_running(deadline: Instant) -> bool {
     let mut signalled = Vec::new();
     loop {
@@ -77,8 +106,10 @@ fn descendants_running(deadline: Instant) -> bool {
             _ => return false,
         }
         if let Some(signal) = interrupted() {
+            // Those in kreplay's group got a signal from the terminal already.
+            let got_it = |pid| FROM_TERMINAL.load(Ordering::SeqCst) && in_our_group(pid);
             for pid in adopted() {
-                if !signalled.contains(&pid) {
+                if !signalled.contains(&pid) && !got_it(pid) {
                     // SAFETY: `pid` is a child of this process that has not been reaped, so
                     // the id cannot name another process.
                     unsafe { libc::kill(pid, signal) };
