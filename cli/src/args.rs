@@ -1257,6 +1257,13 @@ impl ProfileArgs {
     fn into_options(self, given: &[String]) -> Result<crate::profile::ProfileOptions, String> {
         use crate::profile::{CounterRequest, ProfileOptions, ReplayMode};
         use kreplay_workloads::profile::Workload;
+        if let [_, extra, ..] = self.workload.as_slice() {
+            return Err(format!(
+                "one workload after --, got {} ('{extra}' too): name one of {} (all runs every one)",
+                self.workload.len(),
+                Workload::NAMES
+            ));
+        }
         let name = self
             .workload
             .first()
@@ -2051,5 +2058,16 @@ mod tests {
         assert_eq!(o.counters, CounterRequest::Flat(group(&["A", "B"])));
         assert_eq!(o.mode, ReplayMode::Kernel);
         assert!(parse(["profile", "--pmc", "A", "--counters", "B", "--", "all"]).is_err());
+    }
+
+    #[test]
+    fn profile_refuses_more_than_one_workload_instead_of_running_the_first() {
+        // `-- saxpy histogram` ran saxpy alone and said nothing of histogram.
+        let error = parse(["profile", "--pmc", "A", "--", "saxpy", "histogram"]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("one workload") && message.contains("histogram"),
+            "{message}"
+        );
     }
 }
