@@ -49,7 +49,18 @@ where
             return EXIT_USAGE;
         }
     };
-    for path in command.output_paths() {
+    let outputs = command.output_paths();
+    for (i, path) in outputs.iter().enumerate() {
+        if outputs[..i].iter().any(|o| same_file(o, path)) {
+            eprintln!(
+                "kreplay: error: two outputs name the same file, {}: the second would overwrite \
+                 the first; name a file for each",
+                path.display()
+            );
+            return EXIT_USAGE;
+        }
+    }
+    for path in outputs {
         if let Err(error) = check_writable(path) {
             eprintln!("kreplay: error: {error}");
             return EXIT_FAILURE;
@@ -122,6 +133,25 @@ where
             }
         },
     }
+}
+
+/// Whether `a` and `b` name the same file: compared with their folders resolved (`..`,
+/// symbolic links), and as files when both exist.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let resolved = |p: &std::path::Path| -> std::path::PathBuf {
+        if let Ok(p) = p.canonicalize() {
+            return p;
+        }
+        let folder = match p.parent() {
+            Some(f) if !f.as_os_str().is_empty() => f,
+            _ => std::path::Path::new("."),
+        };
+        match (folder.canonicalize(), p.file_name()) {
+            (Ok(folder), Some(name)) => folder.join(name),
+            _ => std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()),
+        }
+    };
+    a == b || resolved(a) == resolved(b)
 }
 
 /// Checks, before any work starts, that `path` can be written: its folder exists and a file

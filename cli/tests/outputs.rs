@@ -207,3 +207,44 @@ fn a_bench_that_fails_leaves_no_empty_file() {
         );
     }
 }
+
+#[test]
+fn two_outputs_of_one_command_naming_the_same_file_are_refused() {
+    // demo --csv F --json F wrote the JSON, then the CSV over it, and said it wrote both.
+    let file = scratch("same.out");
+    // The same file through its folder's parent.
+    let path = PathBuf::from(&file);
+    let folder = path.parent().unwrap();
+    let relative = folder
+        .join("..")
+        .join(folder.file_name().unwrap())
+        .join(path.file_name().unwrap());
+    let relative = relative.to_str().unwrap();
+    for args in [
+        vec!["demo", "--elements", "1k", "--csv", &file, "--json", &file],
+        vec![
+            "demo",
+            "--elements",
+            "1k",
+            "--csv",
+            &file,
+            "--json",
+            relative,
+        ],
+        vec![
+            "bench",
+            "--footprints",
+            "64K",
+            "--csv",
+            &file,
+            "--svg",
+            &file,
+        ],
+    ] {
+        let out = kreplay(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("same file"), "{args:?}: {stderr}");
+        assert!(std::fs::metadata(&file).is_err(), "{args:?} wrote {file}");
+    }
+}
