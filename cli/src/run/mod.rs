@@ -115,9 +115,9 @@ pub struct RunOutcome {
 impl RunOutcome {
     /// Whether the command succeeded: the program did and left no process running, every
     /// process that loaded kreplay wrote its record (`record.incomplete`) and had it loaded
-    /// for every start of its runtime (`record.sessions_unprofiled`), the tool given with
-    /// `--tool` loaded and initialized (`record.tool_problems`), and `--check` found no
-    /// difference.
+    /// for every start of its runtime (`record.sessions_unprofiled`), the tools (`--tool`'s and
+    /// those of the environment's `KREPLAY_TOOL_LIBRARIES`) loaded and initialized
+    /// (`record.tool_problems`), and `--check` found no difference.
     pub fn passed(&self) -> bool {
         self.status.success()
             && self.record.tool_problems.is_empty()
