@@ -764,3 +764,33 @@ fn the_users_own_tool_libraries_are_kept_beside_the_built_in_tool_and_a_tool() {
         "{env}"
     );
 }
+
+#[test]
+fn the_other_runtimes_injection_variable_reaches_the_program_unchanged() {
+    // A CUDA run leaves the user's ROCm tools alone, and a ROCm run the user's CUDA injection
+    // library: kreplay injects through one runtime's variable only.
+    let dir = scratch("other-runtime-kept");
+    let app = fake_program(&dir, true, false, 0);
+    let lib = fake_library(&dir);
+    let out = run_with(
+        &["--backend=cuda"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("HSA_TOOLS_LIB", "/opt/libtrace.so")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = env_seen(&dir);
+    assert!(env.contains("HSA_TOOLS_LIB=/opt/libtrace.so\n"), "{env}");
+    let out = run_with(
+        &["--backend=hsa"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("CUDA_INJECTION64_PATH", "/opt/libcupti_tool.so")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let env = env_seen(&dir);
+    assert!(
+        env.contains("CUDA_INJECTION64_PATH=/opt/libcupti_tool.so\n"),
+        "{env}"
+    );
+}

@@ -263,6 +263,21 @@ fn injected_variables(
         (backend.injection_variable(), injection),
         (ENV_RECORD_DIR, record.as_os_str().to_owned()),
     ];
+    // The other runtime's variable, as the user set it.
+    match backend {
+        Backend::Cuda => vars.extend(
+            inherited
+                .hsa_tools_lib
+                .clone()
+                .map(|theirs| ("HSA_TOOLS_LIB", theirs)),
+        ),
+        Backend::Hsa => vars.extend(
+            inherited
+                .cuda_injection
+                .clone()
+                .map(|theirs| ("CUDA_INJECTION64_PATH", theirs)),
+        ),
+    }
     let mut tools = inherited.tool_libraries.clone();
     if let Some(tool) = &options.tool {
         let listed = tools
@@ -298,6 +313,9 @@ pub struct Inherited {
     /// The environment's `KREPLAY_TOOL_LIBRARIES`: kept beside the built-in tool, and before
     /// `--tool`'s library.
     pub tool_libraries: Option<OsString>,
+    /// The environment's `CUDA_INJECTION64_PATH` on ROCm, unless it is kreplay's library: the
+    /// other runtime's, passed on unchanged.
+    pub cuda_injection: Option<OsString>,
 }
 
 impl Inherited {
@@ -345,9 +363,12 @@ impl Inherited {
                 .collect();
             (!rest.is_empty()).then(|| rest.join(std::ffi::OsStr::new(" ")))
         });
+        let cuda_injection = set("CUDA_INJECTION64_PATH")
+            .filter(|theirs| backend == Backend::Hsa && !is_kreplay(Path::new(theirs)));
         Ok(Inherited {
             hsa_tools_lib,
             tool_libraries: set("KREPLAY_TOOL_LIBRARIES"),
+            cuda_injection,
         })
     }
 
@@ -497,10 +518,13 @@ fn run_program(
                 options, backend, library, record, inherited,
             ));
         }
-        // The user's other ROCm tools load without kreplay too.
+        // The user's other tools load without kreplay too.
         None => {
             if let Some(theirs) = &inherited.hsa_tools_lib {
                 command.env("HSA_TOOLS_LIB", theirs);
+            }
+            if let Some(theirs) = &inherited.cuda_injection {
+                command.env("CUDA_INJECTION64_PATH", theirs);
             }
         }
     }
