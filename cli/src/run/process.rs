@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The signal that interrupted `kreplay run` (0: none).
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
-/// Whether the terminal sent the interruption, to kreplay's whole process group.
+/// Whether the terminal sent the latest interruption, to kreplay's whole process group.
 static FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
 
 /// How long, after the program exited, the rest of its standard output may take to arrive and
@@ -34,10 +34,10 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
     // to its group, which cannot be told apart: it is passed on.
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (checked for null anyway).
     let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
+    // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C is
+    // still passed on to the processes the program left behind).
+    FROM_TERMINAL.store(from_terminal, Ordering::SeqCst);
     INTERRUPTED.store(signal, Ordering::SeqCst);
-    if from_terminal {
-        FROM_TERMINAL.store(true, Ordering::SeqCst);
-    }
     let child = CHILD.load(Ordering::SeqCst);
     if child > 0 && !(from_terminal && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
