@@ -1,7 +1,10 @@
 //! Queue interception as tools see it in ROCm: the application writes packets into an intercept
 //! queue; a store to its doorbell hands the new packets to a chain of handlers, synchronously in
-//! the storing thread; each handler passes packets on through a writer, and the last writer
-//! copies them into the hardware queue and rings its doorbell.
+//! the storing thread. As in ROCm's `InterceptQueue`, the handler registered last is called
+//! first; its writer passes packets to the handler registered before it, and the writer of the
+//! first-registered handler copies them into the hardware queue and rings its doorbell. A tool
+//! that creates the queue and registers at once is thus the one nearest the hardware: what it
+//! writes is seen by no handler registered after it.
 //!
 //! The writer callback has no context argument, so the current chain position lives in a
 //! thread-local stack of frames.
@@ -23,6 +26,10 @@ type HandlerFn = unsafe extern "C" fn(
     hsa_sys::hsa_amd_queue_intercept_packet_writer,
 );
 
+/// Wraps every write of a handler chain into its hardware queue (tests): called with the
+/// batch and the write, which it calls to let the packets through.
+pub(crate) type Observer = dyn Fn(&[[u8; AQL_PACKET_SIZE]], &mut dyn FnMut()) + Send + Sync;
+
 #[derive(Clone, Copy)]
 struct Handler {
     f: HandlerFn,
@@ -41,6 +48,8 @@ pub(crate) struct InterceptState {
     pending: AtomicBool,
     /// Set while a doorbell thread serves stores made from inside other queues' handlers.
     deferred: AtomicBool,
+    /// Wraps what the chain writes into the hardware queue.
+    observer: RwLock<Option<Arc<Observer>>>,
 }
 
 impl InterceptState {
@@ -51,10 +60,17 @@ impl InterceptState {
             lock: Mutex::new(()),
             pending: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
+            observer: RwLock::new(None),
         }
     }
 
-    /// Appends a handler to the chain (`hsa_amd_queue_intercept_register`).
+    /// Replaces the wrapper of what the chain writes into the hardware queue.
+    pub(crate) fn observe(&self, observer: Arc<Observer>) {
+        *self.observer.write() = Some(observer);
+    }
+
+    /// Appends a handler to the chain (`hsa_amd_queue_intercept_register`): it will be the
+    /// first one called.
     pub(crate) fn register(&self, handler: hsa_amd_queue_intercept_handler, data: usize) -> bool {
         let Some(f) = handler else { return false };
         let mut handlers = self.handlers.write();
@@ -72,7 +88,10 @@ struct Frame {
     queue: usize,
     hw: Arc<Queue>,
     handlers: Arc<[Handler]>,
+    /// The position in `handlers` of the handler running at this level: its writer passes
+    /// packets to the one before it.
     level: usize,
+    observer: Option<Arc<Observer>>,
     user_pkt_index: u64,
 }
 
@@ -225,20 +244,37 @@ fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
         if batch.is_empty() {
             return;
         }
+        let handlers = state.handlers.read().clone();
+        let below = handlers.len();
         let frame = Frame {
             queue: id,
             hw: state.hw.clone(),
-            handlers: state.handlers.read().clone(),
-            level: 0,
+            handlers,
+            level: below,
+            observer: state.observer.read().clone(),
             user_pkt_index: read,
         };
-        forward(&frame, 0, batch.as_ptr().cast(), batch.len() as u64);
+        forward(&frame, below, batch.as_ptr().cast(), batch.len() as u64);
         queue.consume(read, batch.len() as u64);
     }
 }
 
-/// Passes packets to handler `level` of the chain, or into the hardware queue past the last one.
-fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
+/// Passes packets to the nearest of the `below` handlers registered first (the one at
+/// `below - 1`), or into the hardware queue when there is none.
+fn forward(frame: &Frame, below: usize, packets: *const c_void, count: u64) {
+    let Some(level) = below.checked_sub(1) else {
+        if let Some(observer) = &frame.observer {
+            // SAFETY: the caller (a handler, through the writer contract) passes `count`
+            // packets of 64 initialized bytes at `packets`; byte arrays need no alignment.
+            let batch = unsafe {
+                std::slice::from_raw_parts(packets.cast::<[u8; AQL_PACKET_SIZE]>(), count as usize)
+            };
+            observer(batch, &mut || write_to_hardware(&frame.hw, packets, count));
+        } else {
+            write_to_hardware(&frame.hw, packets, count);
+        }
+        return;
+    };
     match frame.handlers.get(level) {
         Some(handler) => {
             let inner = Frame {
@@ -262,8 +298,9 @@ fn forward(frame: &Frame, level: usize, packets: *const c_void, count: u64) {
     }
 }
 
-/// The writer given to handlers: passes packets to the next level of the chain this thread is
-/// running. Outside a handler it has nowhere to write and does nothing.
+/// The writer given to handlers: passes packets to the handler registered before the one this
+/// thread is running (the hardware queue after the first-registered one). Outside a handler it
+/// has nowhere to write and does nothing.
 unsafe extern "C" fn writer(packets: *const c_void, count: u64) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let top = TOP.get();
@@ -273,7 +310,7 @@ unsafe extern "C" fn writer(packets: *const c_void, count: u64) {
             && !packets.is_null()
             && count > 0
         {
-            forward(&top, top.level + 1, packets, count);
+            forward(&top, top.level, packets, count);
         }
     }));
 }

@@ -1,6 +1,8 @@
 //! Small wrappers that call an [`HsaApiTable`] (softhsa's own, or a copy in which a tool replaced
 //! some entries), so tests and demos read like the HSA program they are. Everything here goes
-//! through the table's function pointers; nothing reaches into softhsa directly.
+//! through the table's function pointers; nothing reaches into softhsa directly, but for
+//! [`wrap_hardware_writes`], which shows what no HSA call can: the packets an intercept
+//! queue's handlers write into its hardware queue.
 //!
 //! ```
 //! use kreplay_softhsa::testing::Hsa;
@@ -631,4 +633,26 @@ unsafe fn batch_copy_of(table: *const AmdExtTable) -> Option<BatchCopy> {
             .cast::<Option<BatchCopy>>()
             .read()
     }
+}
+
+/// From now on calls `wrapper` with every batch of packets the handler chain of the intercept
+/// queue `queue` (made by `hsa_amd_queue_intercept_create`) writes into the queue's hardware
+/// queue, one call per call of the first-registered handler's writer, and with the write
+/// itself, which the wrapper calls once to let the batch through (not calling it drops the
+/// batch); replaces any earlier wrapper. What reaches the hardware queue cannot be seen
+/// through HSA: the first-registered handler is the last one called (the one nearest the
+/// hardware), so no handler registered later sees what it writes.
+///
+/// `HSA_STATUS_ERROR_NOT_INITIALIZED` without a runtime, `HSA_STATUS_ERROR_INVALID_QUEUE` for
+/// anything but a live intercept queue of softhsa's.
+pub fn wrap_hardware_writes(
+    queue: *const hsa_queue_t,
+    wrapper: impl Fn(&[[u8; AQL_PACKET_SIZE]], &mut dyn FnMut()) + Send + Sync + 'static,
+) -> HsaResult<()> {
+    let queue = crate::runtime::current()?.queue(queue)?;
+    let crate::queue::QueueKind::Intercept(state) = &queue.kind else {
+        return Err(HSA_STATUS_ERROR_INVALID_QUEUE);
+    };
+    state.observe(std::sync::Arc::new(wrapper));
+    Ok(())
 }

@@ -54,20 +54,6 @@ unsafe extern "C" fn count_and_forward(
     unsafe { writer.unwrap()(pkts, count) };
 }
 
-unsafe extern "C" fn second_in_chain(
-    pkts: *const c_void,
-    count: u64,
-    _user_pkt_index: u64,
-    data: *mut c_void,
-    writer: hsa_amd_queue_intercept_packet_writer,
-) {
-    let s = seen(data);
-    s.packets.fetch_add(count as u32, Ordering::AcqRel);
-    s.log.lock().unwrap().push("second");
-    // SAFETY: the writer the runtime gave us, called with the packets we were given.
-    unsafe { writer.unwrap()(pkts, count) };
-}
-
 fn register(
     hsa: &Hsa,
     queue: *mut hsa_queue_t,
@@ -206,51 +192,184 @@ fn a_handler_that_forwards_a_packet_twice_runs_the_kernel_twice() {
     unsafe { hsa.queue_destroy(queue) }.unwrap();
 }
 
+/// What each handler of a three-handler chain saw, and the packet the last-registered one adds.
+struct Chain {
+    /// (handler, user_pkt_index, kernarg addresses of the packets it was given), in call order.
+    log: Mutex<Vec<(&'static str, u64, Vec<u64>)>>,
+    /// A dispatch the handler registered last adds behind every packet it is given.
+    extra: hsa_kernel_dispatch_packet_t,
+}
+
+fn chain(data: *mut c_void) -> &'static Chain {
+    // SAFETY: the chain handlers below are registered with a pointer to a Chain that outlives
+    // the queue.
+    unsafe { &*data.cast::<Chain>() }
+}
+
+/// The kernarg addresses of a batch of dispatch packets (which packet is which).
+fn kernargs(pkts: *const c_void, count: u64) -> Vec<u64> {
+    let packets = pkts.cast::<hsa_kernel_dispatch_packet_t>();
+    (0..count as usize)
+        // SAFETY: the runtime (or a writer's caller) hands `count` packets at `pkts`.
+        .map(|i| unsafe { (*packets.add(i)).kernarg_address } as u64)
+        .collect()
+}
+
+/// Registered first: passes on every packet but the added one.
+unsafe extern "C" fn registered_first(
+    pkts: *const c_void,
+    count: u64,
+    user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let c = chain(data);
+    let seen = kernargs(pkts, count);
+    c.log
+        .lock()
+        .unwrap()
+        .push(("first", user_pkt_index, seen.clone()));
+    let packets = pkts.cast::<hsa_kernel_dispatch_packet_t>();
+    for (i, kernarg) in seen.into_iter().enumerate() {
+        if kernarg != c.extra.kernarg_address as u64 {
+            // SAFETY: the runtime's writer, given one of the packets we were given.
+            unsafe { writer.unwrap()(packets.add(i).cast(), 1) };
+        }
+    }
+}
+
+/// Registered second: passes everything on unchanged.
+unsafe extern "C" fn registered_second(
+    pkts: *const c_void,
+    count: u64,
+    user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let c = chain(data);
+    c.log
+        .lock()
+        .unwrap()
+        .push(("second", user_pkt_index, kernargs(pkts, count)));
+    // SAFETY: the runtime's writer, called with the packets we were given.
+    unsafe { writer.unwrap()(pkts, count) };
+}
+
+/// Registered last: passes on what it is given with one more dispatch behind.
+unsafe extern "C" fn registered_last(
+    pkts: *const c_void,
+    count: u64,
+    user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let c = chain(data);
+    c.log
+        .lock()
+        .unwrap()
+        .push(("last", user_pkt_index, kernargs(pkts, count)));
+    let packets = pkts.cast::<hsa_kernel_dispatch_packet_t>();
+    // SAFETY: the runtime hands `count` packets at `pkts`; they are copied.
+    let mut out: Vec<hsa_kernel_dispatch_packet_t> = (0..count as usize)
+        .map(|i| unsafe { *packets.add(i) })
+        .collect();
+    out.push(c.extra);
+    // SAFETY: the runtime's writer, given `out.len()` packets.
+    unsafe { writer.unwrap()(out.as_ptr().cast(), out.len() as u64) };
+}
+
+/// ROCm keeps a queue's handlers in registration order and calls the one registered last with
+/// the application's packets; its writer calls the one registered before it, and the writer of
+/// the first-registered handler writes into the hardware queue (ROCR-Runtime's
+/// `InterceptQueue`). A tool that creates the queue and registers first is therefore the one
+/// nearest the hardware: what it writes is seen by no other handler.
 #[test]
-fn handlers_form_a_chain_in_registration_order() {
+fn the_handler_registered_last_is_called_first_and_the_first_writes_to_the_hardware_queue() {
     let (hsa, _session) = open();
     let gpu = hsa.gpu_agents().unwrap()[0];
     let queue = hsa.intercept_queue_create(gpu, 16).unwrap();
-    let first = Seen::default();
-    let second = Seen::default();
-    assert_eq!(
-        register(&hsa, queue, Some(count_and_forward), &first),
-        HSA_STATUS_SUCCESS
-    );
-    assert_eq!(
-        register(&hsa, queue, Some(second_in_chain), &second),
-        HSA_STATUS_SUCCESS
-    );
-    let data = hsa
-        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
-        .unwrap()
-        .cast::<u32>();
-    let mut args = AddOneArgs { data };
+    let pool = hsa.coarse_pool(gpu).unwrap();
+    let x = hsa.allocate(pool, 4).unwrap().cast::<u32>();
+    let y = hsa.allocate(pool, 4).unwrap().cast::<u32>();
+    let mut x_args = AddOneArgs { data: x };
+    let mut y_args = AddOneArgs { data: y };
+    let y_done = hsa.signal_create(1).unwrap();
+    let c = Chain {
+        log: Mutex::new(Vec::new()),
+        extra: kreplay_softhsa::testing::dispatch_packet(&Dispatch::linear(
+            add_one_kernel(),
+            1,
+            1,
+            (&raw mut y_args).cast(),
+            y_done,
+        )),
+    };
+    let f = hsa.amd().hsa_amd_queue_intercept_register_fn.unwrap();
+    for handler in [registered_first, registered_second, registered_last] {
+        // SAFETY: table entry; `c` outlives the queue.
+        let status = unsafe {
+            f(
+                queue,
+                Some(handler),
+                std::ptr::from_ref(&c).cast_mut().cast(),
+            )
+        };
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+    }
+    let written = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let sink = written.clone();
+    kreplay_softhsa::testing::wrap_hardware_writes(queue, move |batch, write| {
+        sink.lock()
+            .unwrap()
+            .push(kernargs(batch.as_ptr().cast(), batch.len() as u64));
+        write();
+    })
+    .unwrap();
     let done = hsa.signal_create(1).unwrap();
     // SAFETY: live queue; args outlive the dispatch.
     unsafe {
         hsa.dispatch(
             queue,
-            &Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut args).cast(), done),
+            &Dispatch::linear(add_one_kernel(), 1, 1, (&raw mut x_args).cast(), done),
         )
     };
     assert!(hsa.wait_zero(done, PROMPT));
-    assert_eq!(first.packets.load(Ordering::Acquire), 1);
+    let (xa, ya) = ((&raw mut x_args) as u64, (&raw mut y_args) as u64);
     assert_eq!(
-        second.packets.load(Ordering::Acquire),
-        1,
-        "the first handler's writer fed the second"
+        *c.log.lock().unwrap(),
+        vec![
+            ("last", 0, vec![xa]),
+            ("second", 0, vec![xa, ya]),
+            ("first", 0, vec![xa, ya]),
+        ],
+        "called last-registered first, each writer feeding the handler registered before"
     );
-    assert_eq!(*first.log.lock().unwrap(), vec!["first"]);
-    assert_eq!(*second.log.lock().unwrap(), vec!["second"]);
-    // SAFETY: completed.
-    let value = unsafe { *data };
+    // SAFETY: `x`'s dispatch completed; `y`'s was never written to the hardware queue (the
+    // first-registered handler dropped it), so nothing writes either.
+    let (xv, yv) = unsafe { (*x, *y) };
+    assert_eq!(xv, 1, "the application's dispatch ran once");
+    assert_eq!(yv, 0, "what the first-registered handler dropped never ran");
+    assert_eq!(hsa.signal_load(y_done), 1);
     assert_eq!(
-        value, 1,
-        "the last writer reached the hardware queue exactly once"
+        *written.lock().unwrap(),
+        vec![vec![xa]],
+        "one write reached the hardware queue: the first-registered handler's"
     );
     // SAFETY: created above.
     unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+#[test]
+fn hardware_writes_are_observable_on_intercept_queues_only() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let plain = hsa.queue_create(gpu, 16).unwrap();
+    assert_eq!(
+        kreplay_softhsa::testing::wrap_hardware_writes(plain, |_, write| write()),
+        Err(HSA_STATUS_ERROR_INVALID_QUEUE)
+    );
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(plain) }.unwrap();
 }
 
 /// The state of the re-entrancy test: the handler submits one extra packet into the very queue
