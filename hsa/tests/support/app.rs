@@ -746,45 +746,23 @@ impl App {
     }
 }
 
-/// The packets kreplay forwarded to the next handler of a queue's intercept chain, one entry per
-/// writer call (what the hardware queue would receive).
+/// The packets kreplay's handler wrote into a queue's hardware queue, one entry per writer call.
 pub type Forwarded = Mutex<Vec<Vec<Aql>>>;
 
-unsafe extern "C" fn observe_and_forward(
-    packets: *const c_void,
-    count: u64,
-    _user_pkt_index: u64,
-    data: *mut c_void,
-    writer: hsa_amd_queue_intercept_packet_writer,
-) {
-    // SAFETY: the runtime hands `count` 64-byte packets at `packets`, valid for this call; they
-    // are copied byte-wise (a writer's caller need not align them to 64 bytes).
-    let bytes = unsafe { std::slice::from_raw_parts(packets.cast::<[u8; 64]>(), count as usize) };
-    let copied: Vec<Aql> = bytes.iter().map(|b| Aql(*b)).collect();
-    // SAFETY: `data` is the leaked `Forwarded` registered with this handler.
-    unsafe { &*data.cast::<Forwarded>() }.lock().push(copied);
-    if let Some(writer) = writer {
-        // SAFETY: the writer is valid during this handler call; the packets are the ones given.
-        unsafe { writer(packets, count) };
-    }
-}
-
 impl App {
-    /// Registers a handler after kreplay's in `queue`'s intercept chain that records what
-    /// kreplay forwards and passes it on unchanged.
+    /// Records what kreplay's handler writes into `queue`'s hardware queue from now on. kreplay
+    /// registers its handler when the queue is created, so it is the first-registered one,
+    /// which ROCm calls last: its writer reaches the hardware queue and no handler sees what it
+    /// writes. softhsa shows it through a testing hook.
     pub fn observe_forwarded(&self, queue: Queue) -> &'static Forwarded {
         let forwarded: &'static Forwarded = Box::leak(Box::new(Mutex::new(Vec::new())));
-        ok(
-            hsa!(
-                self,
-                amd.hsa_amd_queue_intercept_register_fn(
-                    queue.0,
-                    Some(observe_and_forward),
-                    (forwarded as *const Forwarded).cast_mut().cast()
-                )
-            ),
-            "intercept register",
-        );
+        kreplay_softhsa::testing::wrap_hardware_writes(queue.0, move |batch, write| {
+            forwarded
+                .lock()
+                .push(batch.iter().map(|b| Aql(*b)).collect());
+            write();
+        })
+        .expect("an intercept queue of softhsa's");
         forwarded
     }
 }
