@@ -312,6 +312,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_memory_pool_allocate_fn = memory::pool_allocate,
         hsa_amd_memory_pool_free_fn = memory::pool_free,
         hsa_amd_queue_intercept_create_fn = queues::intercept_create,
+        hsa_amd_queue_intercept_register_fn = queues::intercept_register,
         hsa_amd_memory_async_copy_fn = copies::async_copy,
         hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
         hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,

@@ -403,11 +403,11 @@ pub(crate) fn forward(
     // writes is folded into their snapshots, not erased by their restores (`crate::fold`).
     let _holds = matches!(sink, Sink::Side(_)).then(|| crate::fold::hold_open(b));
     deliver_mail(b, state, sink);
-    // A single-producer queue cannot be rung for a drain marker later: it gets one now, in the
-    // same write, after the packets.
+    // A queue kreplay does not ring for a drain marker (single-producer, or with handlers of
+    // others above kreplay's) gets one now, in the same write, after the packets.
     let mut packets = std::borrow::Cow::Borrowed(packets);
     match sink {
-        Sink::Handler(_) if track && state.single_producer => {
+        Sink::Handler(_) if track && state.markers_ride_batches() => {
             // A few markers in flight at most: they take slots of the hardware queue that the
             // application does not know of (a queue whose work waits for the host would fill
             // up and block its submitting thread). Batches past them are covered by a marker

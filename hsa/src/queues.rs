@@ -27,7 +27,8 @@ use crate::waits::{Held, WaitLog};
 /// replaying queue and on side queues the replay writes the marker itself; on any other queue
 /// it leaves the marker in the queue's mailbox, which whichever thread handles that queue
 /// writes first (also while it waits for the agent's lock), and rings the queue with a wake-up
-/// packet in case no thread is handling it.
+/// packet in case no thread is handling it (but for a queue it may not ring, see
+/// [`QueueState::markers_ride_batches`], whose forwarded batches carry their markers).
 pub(crate) struct QueueState {
     /// The queue the application sees (its `hsa_queue_t`).
     pub(crate) queue: *mut hsa_queue_t,
@@ -42,6 +43,13 @@ pub(crate) struct QueueState {
     /// its marker in the same write as every batch forwarded while a replay service is
     /// configured (its kernels then do not overlap each other).
     pub(crate) single_producer: bool,
+    /// Set once a handler of someone else's (the application's, or a tools library's loaded
+    /// after kreplay) was registered on the queue. ROCm calls the handler registered last
+    /// first, so such handlers see every packet of the ring before kreplay's handler does: a
+    /// wake-up packet would show them a packet the application never wrote, and one that holds
+    /// packets back would hold the drain marker with it. Such a queue is never rung by kreplay:
+    /// it gets its markers as a single-producer queue does.
+    handled_above: AtomicBool,
     /// Packet slots reserved from inside a replay window on this thread or another, by index:
     /// these packets are re-entrant work and run on the agent's side queue (see
     /// [`Reentrant`]).
@@ -204,6 +212,7 @@ impl QueueState {
             in_flight,
             doorbell,
             single_producer: type_ == HSA_QUEUE_TYPE_SINGLE,
+            handled_above: AtomicBool::new(false),
             reentrant: Mutex::new(BTreeMap::new()),
             reentrant_len: AtomicUsize::new(0),
             mailbox: Mutex::new(Vec::new()),
@@ -259,6 +268,13 @@ impl QueueState {
         }
     }
 
+    /// Whether kreplay must not ring this queue for a drain marker (a single-producer queue, or
+    /// one with handlers registered after kreplay's): forwarded batches then carry their
+    /// markers, and a drain leaves the rest in the mailbox.
+    pub(crate) fn markers_ride_batches(&self) -> bool {
+        self.single_producer || self.handled_above.load(Ordering::Acquire)
+    }
+
     /// Whether a drain must ask this queue for a marker: it forwarded something since the last
     /// one, or that one has not completed. Clears the mark (the marker asked for next covers
     /// what was forwarded). Called under the agent's writer side, so no forward runs meanwhile.
@@ -272,10 +288,10 @@ impl QueueState {
         b.original.signal_load(self.in_flight)
     }
 
-    /// For a single-producer queue: whether batches were forwarded without a marker since a
-    /// drain last asked (clears the mark); if so, leaves a marker in the mailbox, which the
-    /// queue's own thread writes when it next handles the queue or waits for the agent's lock
-    /// (a single-producer queue is never rung by kreplay).
+    /// For a queue kreplay does not ring ([`markers_ride_batches`](Self::markers_ride_batches)):
+    /// whether batches were forwarded without a marker since a drain last asked (clears the
+    /// mark); if so, leaves a marker in the mailbox, which the queue's own thread writes when it
+    /// next handles the queue or waits for the agent's lock.
     pub(crate) fn mail_marker_if_unmarked(&self, b: &Backend) -> bool {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return false;
@@ -712,8 +728,9 @@ pub(crate) unsafe extern "C" fn queue_create(
 /// Wrapper of `hsa_amd_queue_intercept_create`: the application (or a tools library loaded
 /// after kreplay, which makes the application's queues this way) gets an intercept queue
 /// kreplay knows, exactly as from `hsa_queue_create`. Handlers it registers on the queue are
-/// registered after kreplay's, and ROCm calls the last one registered first, so kreplay's
-/// handler sees what they pass on (softhsa calls them in registration order instead). Without
+/// registered after kreplay's, and ROCm (and softhsa) calls the last one registered first, so
+/// kreplay's handler sees what they pass on and they never see its passes
+/// ([`intercept_register`]). Without
 /// this, the queue's kernels were unknown to every replay of their agent: not drained before
 /// its snapshot, not held off during it, and their writes undone by its restores.
 #[allow(clippy::too_many_arguments)]
@@ -752,6 +769,28 @@ pub(crate) unsafe extern "C" fn intercept_create(
             group_segment_size,
             queue,
         )
+    })
+}
+
+/// Wrapper of `hsa_amd_queue_intercept_register`: a handler registered on one of kreplay's
+/// queues is called, as ROCm orders handlers, before kreplay's, with every packet of the
+/// application's ring. kreplay stops ringing that queue for drain markers (a wake-up packet
+/// would reach the handler, which may count, rewrite or hold it back): its forwarded batches
+/// carry their markers instead, as a single-producer queue's do.
+pub(crate) unsafe extern "C" fn intercept_register(
+    queue: *mut hsa_queue_t,
+    handler: hsa_amd_queue_intercept_handler,
+    data: *mut c_void,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = b.original.intercept_register(queue, handler, data);
+        if status == HSA_STATUS_SUCCESS
+            && let Some(state) = b.queues.by_queue(queue)
+        {
+            state.handled_above.store(true, Ordering::Release);
+        }
+        status
     })
 }
 

@@ -429,7 +429,7 @@ impl ReplayDevice for HsaReplay<'_> {
         let deadline = Instant::now() + self.b.drain.timeout;
         for queue in &queues {
             let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
-            if queue.single_producer && !own {
+            if queue.markers_ride_batches() && !own {
                 // Its forwarded batches carry their markers, but for those forwarded while
                 // several were in flight: for them a marker waits in its mailbox.
                 queue.mail_marker_if_unmarked(self.b);
