@@ -14,8 +14,9 @@
 //!
 //! The opted-out and no-service costs are also measured paired: one dispatch on a queue of
 //! kreplay's table and one on an intercept queue with the pass-through handler per round, each
-//! queue with a probe handler below the measured one that times the writes to softhsa's hardware
-//! queue; the submit minus that time is the handler's own work, and the targets are judged by
+//! queue with a probe below the measured handler that times the writes to softhsa's hardware
+//! queue (softhsa's `testing::wrap_hardware_writes`: a handler registered after the measured
+//! one would be called before it, as ROCm orders handlers); the submit minus that time is the handler's own work, and the targets are judged by
 //! the median of the rounds' differences (the lanes' difference of medians holds the hardware
 //! queue's wake-ups, which do not resolve a microsecond).
 //!
@@ -214,9 +215,9 @@ impl Lane {
 }
 
 impl Lane {
-    /// One dispatch on a lane whose queue has the [`probe`] below its handler: (the submit
-    /// minus the time spent below the handler, the submit), in nanoseconds. The first is the
-    /// handler's own work plus softhsa's interception machinery.
+    /// One dispatch on a lane whose queue has the probe ([`Rig::add_probe`]) below its
+    /// handler: (the submit minus the time spent below the handler, the submit), in
+    /// nanoseconds. The first is the handler's own work plus softhsa's interception machinery.
     fn time_probed(&self) -> Result<(f64, f64), String> {
         PROBE_BELOW.store(0, Ordering::Relaxed);
         PROBE_CALLS.store(0, Ordering::Relaxed);
@@ -336,22 +337,12 @@ static PROBE_BELOW: AtomicU64 = AtomicU64::new(0);
 static PROBE_CALLS: AtomicU64 = AtomicU64::new(0);
 static PROBE_LAST_OUT: AtomicU64 = AtomicU64::new(0);
 
-/// The probe: an intercept handler registered after the measured one (kreplay's, or the
-/// pass-through handler), so that whatever the measured handler writes reaches it. It times its
-/// own writer call, the part of a submit that is softhsa's hardware queue and not the handler
-/// above, and that a wake-up across vCPUs makes noisy.
-unsafe extern "C" fn probe(
-    packets: *const c_void,
-    count: u64,
-    _user_packet_index: u64,
-    _data: *mut c_void,
-    writer: hsa_amd_queue_intercept_packet_writer,
-) {
-    let Some(writer) = writer else { return };
+/// The probe: times one write of the measured handler's chain into softhsa's hardware queue,
+/// the part of a submit that is not the handler above, and that a wake-up across vCPUs makes
+/// noisy.
+fn probe(write: &mut dyn FnMut()) {
     let entered = probe_now();
-    // SAFETY: the runtime hands `count` packets at `packets`, valid for this call, and a writer
-    // valid for this call.
-    unsafe { writer(packets, count) };
+    write();
     let left = probe_now();
     PROBE_BELOW.fetch_add(left - entered, Ordering::Relaxed);
     PROBE_CALLS.fetch_add(1, Ordering::Relaxed);
@@ -633,26 +624,17 @@ impl Rig {
         })
     }
 
-    /// Registers the [`probe`] as the next handler of `queue` (an intercept queue: softhsa's
-    /// own, or one kreplay created), through softhsa's own table.
+    /// Puts the [`probe`] around the writes of `queue`'s handlers into its hardware queue (an
+    /// intercept queue: softhsa's own, or one kreplay created). A handler registered after
+    /// the measured one would not do: the runtime calls the handler registered last first.
     fn add_probe(&self, queue: *mut hsa_queue_t) -> Result<(), String> {
-        let register = self
-            .plain
-            .amd()
-            .hsa_amd_queue_intercept_register_fn
-            .ok_or("the table has no hsa_amd_queue_intercept_register")?;
-        // SAFETY: a live intercept queue of this runtime and a handler with the HSA signature
-        // that needs no data.
-        let status = unsafe { register(queue, Some(probe), std::ptr::null_mut()) };
-        if status != HSA_STATUS_SUCCESS {
-            return Err(hsa_error("hsa_amd_queue_intercept_register")(status));
-        }
-        Ok(())
+        kreplay_softhsa::testing::wrap_hardware_writes(queue, |_, write| probe(write))
+            .map_err(hsa_error("wrapping the hardware queue's writes"))
     }
 
     /// kreplay's own work on the ordinary path, paired dispatch by dispatch against softhsa's
     /// pass-through handler: two fresh queues, an intercept queue with the pass-through handler
-    /// and a queue of kreplay's table, each with the [`probe`] registered below its handler.
+    /// and a queue of kreplay's table, each with the [`probe`] below its handler.
     /// Per dispatch the submit minus the time below the handler (softhsa's hardware queue, its
     /// doorbell and wake-up, the same for both) is the handler's own work; each round times one
     /// dispatch on each queue, in alternating order, and the figure is the median of the
@@ -2081,8 +2063,8 @@ fn render(
 /// Why (b) and (c) are judged by the paired figure of the handler's own work.
 const OWN_WORK_WHY: &str = "judged by the median of paired differences of the handler's own \
     work (submit minus the time spent below the handler in softhsa's hardware queue, measured \
-    by a probe handler registered below it), one kreplay and one pass-through dispatch per \
-    round, in alternating order: the difference of the lanes' submit medians also holds the \
+    by a probe around softhsa's writes into the hardware queue), one kreplay and one \
+    pass-through dispatch per round, in alternating order: the difference of the lanes' submit medians also holds the \
     hardware queue's doorbell and the wake-up of its packet processor, which both lanes pay \
     alike but which vary by microseconds from one dispatch to the next, so it does not \
     resolve a microsecond";
