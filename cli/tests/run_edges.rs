@@ -1342,16 +1342,19 @@ fn a_file_size_limit_below_the_record_does_not_kill_the_program_at_exit() {
 }
 
 /// A pseudo-terminal: (master, slave) descriptors, both left open for the test's life.
-fn pseudo_terminal() -> (i32, i32) {
+/// `None` where the machine has no pseudo-terminals (a container without `/dev/pts`).
+fn pseudo_terminal() -> Option<(i32, i32)> {
     // SAFETY: plain calls on descriptors this function opens; the name buffer is large enough
     // and NUL-terminated by ptsname_r.
     unsafe {
         let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
-        assert!(
-            master >= 0,
-            "posix_openpt: {}",
-            std::io::Error::last_os_error()
-        );
+        if master < 0 {
+            eprintln!(
+                "skipped: no pseudo-terminal (posix_openpt: {})",
+                std::io::Error::last_os_error()
+            );
+            return None;
+        }
         assert_eq!(libc::grantpt(master), 0);
         assert_eq!(libc::unlockpt(master), 0);
         let mut name = [0 as libc::c_char; 128];
@@ -1362,7 +1365,7 @@ fn pseudo_terminal() -> (i32, i32) {
             "open the slave: {}",
             std::io::Error::last_os_error()
         );
-        (master, slave)
+        Some((master, slave))
     }
 }
 
@@ -1427,7 +1430,9 @@ fn ctrl_c_in_the_terminal_reaches_the_program_once() {
     }
     let lib = dir.join("libkreplay.so");
     std::fs::write(&lib, b"not loaded by the script").unwrap();
-    let (master, slave) = pseudo_terminal();
+    let Some((master, slave)) = pseudo_terminal() else {
+        return;
+    };
     let mut c = std::process::Command::new(kreplay_exe());
     c.args(["run", "--backend", "hsa", "--library"])
         .arg(&lib)
