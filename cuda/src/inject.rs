@@ -2095,16 +2095,6 @@ impl Backend {
                     undo.allocations.extend(self.on_free(base));
                 }
                 self.unmaps.lock().push((p.ptr, undo));
-                if out.partial {
-                    log(
-                        LogLevel::Warn,
-                        format!(
-                            "cuMemUnmap at {:#x} cut a mapping in part: launches run once while \
-                             its rest is mapped",
-                            p.ptr
-                        ),
-                    );
-                }
             }
             cbid::CU_MEM_UNMAP if exit => {
                 // SAFETY: cuMemUnmap_params.
@@ -2114,6 +2104,21 @@ impl Backend {
                     let at = unmaps.iter().rposition(|(b, _)| *b == p.ptr);
                     at.map(|at| unmaps.swap_remove(at).1)
                 };
+                if let Some(undo) = &undo
+                    && undo.partial
+                    && result() == CUDA_SUCCESS
+                {
+                    // Said only once the driver has cut it: a refused unmap (the driver's
+                    // answer to a part of a mapping) leaves the mapping whole and tracked.
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "cuMemUnmap at {:#x} cut a mapping in part: launches run once while \
+                             its rest is mapped",
+                            p.ptr
+                        ),
+                    );
+                }
                 if let Some(undo) = undo
                     && result() != CUDA_SUCCESS
                 {

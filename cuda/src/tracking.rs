@@ -95,6 +95,10 @@ pub struct UnmapUndo {
     untracked: Vec<(u64, u64)>,
     /// The inventory's allocations of the removed mappings (the caller adds them).
     pub allocations: Vec<kreplay_snapshot::Allocation>,
+    /// Whether the unmap cuts a mapping in part ([`Unmapped::partial`]): worth a warning once
+    /// the unmap succeeded, and nothing if the driver refused it (the mapping stays whole and
+    /// tracked).
+    pub partial: bool,
 }
 
 #[derive(Default)]
@@ -447,9 +451,17 @@ impl MemoryWatch {
                 access,
                 untracked,
                 allocations: Vec::new(),
+                partial: false,
             }
         };
-        (self.on_unmap(base, size), undo)
+        let out = self.on_unmap(base, size);
+        (
+            out.clone(),
+            UnmapUndo {
+                partial: out.partial,
+                ..undo
+            },
+        )
     }
 
     /// The `cuMemUnmap` whose API ENTER made `undo` failed: its mappings are still mapped, and
@@ -462,6 +474,7 @@ impl MemoryWatch {
             access,
             untracked,
             allocations,
+            partial: _,
         } = undo;
         for allocation in allocations {
             inventory.reinstate(allocation);
@@ -849,6 +862,10 @@ mod tests {
         // The whole first mapping and half of the second.
         let (out, mut undo) = w.unmap_enter(0x10_0000, 0x30_0000);
         assert!(out.partial);
+        assert!(
+            undo.partial,
+            "the cut is told at the unmap's EXIT, once it succeeded"
+        );
         for base in out.removed {
             undo.allocations.extend(inventory.on_free(base));
         }
