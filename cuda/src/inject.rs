@@ -442,10 +442,16 @@ impl LaunchOps for InjectedLaunch<'_> {
             None => kernel_id,
         }
     }
+    /// `auto`'s choice for this launch ([`Backend::choose_detection`]), applied to the
+    /// device's shared detection setting here, where the window holds the device's writer
+    /// side: a launch of another thread choosing for the same device meanwhile cannot change
+    /// it between this snapshot and this launch's last restore.
     fn snapshot_strategy(&self) -> Option<RestoreStrategy> {
-        CHOSEN
-            .with(std::cell::Cell::get)
-            .and_then(|(_, on)| chosen_strategy(on))
+        let (_, on) = CHOSEN.with(std::cell::Cell::get)?;
+        if let Some(s) = &self.scope {
+            s.device.memory.set_hash_on_device(on);
+        }
+        chosen_strategy(on)
     }
     fn drainable(&self) -> Result<(), String> {
         self.captures
@@ -1367,7 +1373,8 @@ impl Backend {
 
     /// `auto`: offer the device kernels to the snapshot of a launch of `function` (its kernel
     /// key, [`ModuleRegistry::kernel_key`]) over `footprint` bytes or not, as the device's
-    /// measured choice says, and remember the choice for [`Self::learn_choice`]. The kernels are
+    /// measured choice says, and remember the choice for the snapshot (which applies it to the
+    /// device, see `InjectedLaunch::snapshot_strategy`) and for [`Self::learn_choice`]. The kernels are
     /// loaded here when chosen, so that their loading is not counted in the first snapshot that
     /// uses them.
     fn choose_detection(&self, device: &DeviceState, function: usize, footprint: u64) {
@@ -1381,7 +1388,7 @@ impl Backend {
         if on {
             device.memory.load_kernels();
         }
-        device.memory.set_hash_on_device(on);
+        // Applied to the device under its writer lock (`snapshot_strategy`), not here.
         CHOSEN.with(|c| c.set(Some((key, on))));
     }
 
