@@ -251,6 +251,12 @@ if command -v nvcc >/dev/null; then
     nvcc -O2 -o "$OUT/vmm_access" cuda/tests/workloads/vmm_access.cu -lcuda
     step vmm_access "$BIN/kreplay" run --passes "$PASSES" --check \
         -o "$OUT/vmm_access.csv" -- "$OUT/vmm_access"
+    # An application allocating, in five ways, memory it has only while kreplay's kept shadow
+    # is given back (a quarter of the device's memory replayed between the allocations), and
+    # launches over a mapping whose cuMemUnmap was refused.
+    nvcc -O2 -o "$OUT/shadow_room" cuda/tests/workloads/shadow_room.cu -lcuda
+    step shadow_room "$BIN/kreplay" run --passes "$PASSES" --check \
+        -o "$OUT/shadow_room.csv" -- "$OUT/shadow_room"
     # A kernel whose device-launched child prints: declined (run once), so each line is
     # printed once.
     nvcc -O2 -rdc=true -o "$OUT/device_launch_print" cuda/tests/workloads/device_launch_print.cu \
