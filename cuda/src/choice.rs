@@ -12,15 +12,16 @@
 //! cost of each mode; until
 //! then it runs in the mode still missing a measurement. A key never seen takes what its size
 //! class measured over all functions (the mean of each mode), and the fitted model
-//! ([`crate::inject::hash_on_device_for`]) where that class has not measured both modes. The
+//! ([`hash_on_device_for`]) where that class has not measured both modes. The
 //! choice is a function of the recorded costs alone, so it is deterministic.
 //!
 //! The two modes are two ways of restoring: a launch on the device is snapshotted for hash
 //! restores (its snapshot hashed on the device, every restore hashing every chunk there and
-//! writing back the changed ones, [`crate::inject::chosen_strategy`]); offering the kernels alone
+//! writing back the changed ones, [`chosen_strategy`]); offering the kernels alone
 //! left the snapshot crate's `auto` free to skip the hashes by its own rates, and its restores
 //! were then full copies in both modes.
 
+use kreplay_snapshot::RestoreStrategy;
 use std::collections::HashMap;
 
 /// What a choice is about: the launched function and the footprint's size class.
@@ -69,7 +70,7 @@ impl Measured {
 type Pair = [Measured; 2];
 
 /// Launches on the device a key needs before it is decided. One: a launch on the device is
-/// restored by hash restores ([`crate::inject::chosen_strategy`]), which learn nothing, so its
+/// restored by hash restores ([`chosen_strategy`]), which learn nothing, so its
 /// second launch costs what its first did. (Two while the device mode was the verified write
 /// set, whose first launch learned the set: a kernel launched four times then spent two of them
 /// measuring the device, and in `kreplay bench --backend cuda`'s whole replays of two passes
@@ -139,6 +140,90 @@ impl DeviceChoice {
 /// restores took `restore_ns` in all; `None` without restores (nothing to learn from).
 pub fn per_restore_ns(snapshot_ns: u64, restore_ns: u64, restores: usize) -> Option<f64> {
     (restores > 0).then(|| (snapshot_ns + restore_ns) as f64 / restores as f64)
+}
+
+/// What one restore of a device shadow costs: a fixed part per restore plus the footprint at a
+/// rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RestoreCost {
+    /// Microseconds every restore costs (launches, copies of lists, the wait).
+    pub fixed_us: f64,
+    /// Bytes of footprint per microsecond (1e6 = 1 TB/s).
+    pub bytes_per_us: f64,
+}
+
+impl RestoreCost {
+    /// Microseconds of one restore of `footprint` bytes.
+    pub fn at(&self, footprint: u64) -> f64 {
+        self.fixed_us + footprint as f64 / self.bytes_per_us
+    }
+}
+
+/// A full restore of a device shadow (copy engine), fitted to `kreplay bench --backend cuda` on
+/// the H200 (one allocation; 64 MiB 0.043 ms, 256 MiB 0.142, 1 GiB 0.531, 32 GiB 16.38):
+/// 20 us + footprint at 2.10 TB/s.
+pub const FULL_RESTORE_COST: RestoreCost = RestoreCost {
+    fixed_us: 20.0,
+    bytes_per_us: 2.10e6,
+};
+
+/// A verified restore on the device (`kreplay_restore_verified` and `kreplay_gather_found`,
+/// one wait) with little written, fitted to the same bench (0.1% written; 64 MiB 0.075 ms,
+/// 256 MiB 0.103, 1 GiB 0.285, 32 GiB 7.85): 41 us + footprint at 4.40 TB/s.
+pub const VERIFIED_RESTORE_COST: RestoreCost = RestoreCost {
+    fixed_us: 41.0,
+    bytes_per_us: 4.40e6,
+};
+
+/// Whether the device kernels are offered to the snapshot for a launch whose tracked footprint
+/// on its device is `footprint` bytes. `hash`, `writeset` and `writeset-unverified` always
+/// detect on the device. `auto` does where a verified restore on the device costs less than a
+/// full copy by the measured costs above (from about 84 MB; smaller footprints are restored in
+/// full); the snapshot crate's `auto` then chooses per restore between a full restore, a hash
+/// restore and the learned write set from what the kernel's restores changed.
+pub fn hash_on_device_for(strategy: RestoreStrategy, footprint: u64) -> bool {
+    strategy != RestoreStrategy::Auto
+        || VERIFIED_RESTORE_COST.at(footprint) < FULL_RESTORE_COST.at(footprint)
+}
+
+/// Whether a verified restore on the device can ever beat a full copy of `footprint` bytes: not
+/// where the full copy costs less than a verified restore's fixed part alone (its launches, the
+/// bitmap's round trip), whatever the launch writes (below about 44 MB by the costs above).
+pub fn device_can_win(footprint: u64) -> bool {
+    FULL_RESTORE_COST.at(footprint) > VERIFIED_RESTORE_COST.fixed_us
+}
+
+/// `auto`'s choice for a launch with key `key` over `footprint` bytes: never the device where it
+/// cannot win ([`device_can_win`]: such launches are not spent measuring it), else what this
+/// process measured (`measured`, see [`crate::choice`]) or the fitted model alone.
+pub fn detection_for(
+    choice: &DeviceChoice,
+    key: ChoiceKey,
+    footprint: u64,
+    measured: bool,
+) -> bool {
+    let prior = hash_on_device_for(RestoreStrategy::Auto, footprint);
+    if !device_can_win(footprint) {
+        false
+    } else if measured {
+        choice.choose(key, prior)
+    } else {
+        prior
+    }
+}
+
+/// The snapshot strategy of a launch `auto` chose to restore with detection on the device (`on`)
+/// or not: hash restores (the snapshot hashed on the device, each restore hashing every chunk
+/// there and writing back the changed ones in the same launches), so that the choice's two modes
+/// are two different ways of restoring and what it measures of each is that way's cost; full
+/// copies stay with `auto` (which copies a device shadow in full when the device offers no
+/// hash). Not the verified write set: it writes the learned set and verifies only the rest,
+/// which saves reading the set, but its lists cost host time per chunk of the set, and in
+/// `kreplay bench --backend cuda`'s whole replays on the H200 it cost more than hash restores
+/// wherever either beat full copies (38 passes, 10% written: 0.835 of N full restores against
+/// 0.662 at 32 GiB, 15.6 against 13.9 ms at 1 GiB; 1.04-1.13 times at 0.1% and 1%).
+pub fn chosen_strategy(on: bool) -> Option<RestoreStrategy> {
+    on.then_some(RestoreStrategy::Hash)
 }
 
 #[cfg(test)]
@@ -230,5 +315,59 @@ mod tests {
         assert!(!c.choose(k, true));
         assert_eq!(per_restore_ns(1_000, 9_000, 0), None);
         assert_eq!(per_restore_ns(1_000, 9_000, 10), Some(1_000.0));
+    }
+    #[test]
+    fn small_footprints_are_never_sent_to_the_device_to_be_measured() {
+        let mut c = DeviceChoice::default();
+        for mib in [2u64, 20, 40] {
+            let key = ChoiceKey::new(7, mib << 20);
+            // Measured with full copies: a key then measures the device, unless it cannot win.
+            c.record(key, false, 40_000.0);
+            assert!(!device_can_win(mib << 20), "{mib} MiB");
+            assert!(!detection_for(&c, key, mib << 20, true), "{mib} MiB");
+            assert!(!detection_for(&c, key, mib << 20, false), "{mib} MiB");
+        }
+        // From about 44 MB the device may win: measured there.
+        let key = ChoiceKey::new(7, 60 << 20);
+        assert!(device_can_win(60 << 20));
+        c.record(key, false, 40_000.0);
+        assert!(detection_for(&c, key, 60 << 20, true));
+        assert!(!detection_for(&c, key, 60 << 20, false));
+        assert!(detection_for(
+            &c,
+            ChoiceKey::new(8, 1 << 30),
+            1 << 30,
+            false
+        ));
+    }
+
+    #[test]
+    fn a_launch_auto_sends_to_the_device_is_snapshotted_for_hash_restores() {
+        // On the device: hashed at the snapshot, every restore verified; full copies are left
+        // to auto, which copies a shadow in full where the device offers no hash.
+        assert_eq!(chosen_strategy(true), Some(RestoreStrategy::Hash));
+        assert_eq!(chosen_strategy(false), None);
+    }
+
+    #[test]
+    fn auto_detects_on_the_device_where_the_measured_costs_beat_a_full_copy() {
+        assert!(!hash_on_device_for(RestoreStrategy::Auto, 0));
+        // Measured on the H200: 64 MiB full 0.043 ms against 0.075 verified; 256 MiB 0.142
+        // against 0.103.
+        assert!(!hash_on_device_for(RestoreStrategy::Auto, 64 << 20));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 256 << 20));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 1 << 30));
+        assert!(hash_on_device_for(RestoreStrategy::Auto, 32 << 30));
+        let even = (VERIFIED_RESTORE_COST.fixed_us - FULL_RESTORE_COST.fixed_us)
+            / (1.0 / FULL_RESTORE_COST.bytes_per_us - 1.0 / VERIFIED_RESTORE_COST.bytes_per_us);
+        assert!((80e6..90e6).contains(&even), "break-even at {even} bytes");
+        for s in [
+            RestoreStrategy::Full,
+            RestoreStrategy::Hash,
+            RestoreStrategy::Writeset,
+            RestoreStrategy::WritesetUnverified,
+        ] {
+            assert!(hash_on_device_for(s, 0), "{s}");
+        }
     }
 }

@@ -24,9 +24,9 @@ use kreplay_passloop::{
 };
 use kreplay_snapshot::{Filter, Inventory, MemoryKind, NewAllocation, SnapshotConfig, Snapshotter};
 
+use crate::choice::hash_on_device_for;
 use crate::config::Config;
 use crate::driver::{CuContext, CuDevice, CuDevicePtr, CuStream, Driver};
-use crate::inject::hash_on_device_for;
 use crate::kernels::add_one_runs_grid;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, ShadowBudget};

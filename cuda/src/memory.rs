@@ -731,7 +731,7 @@ impl DeviceMemory for CudaMemory {
 
     fn capabilities(&self) -> Capabilities {
         // Offered only where the configuration asks for it (`set_hash_on_device`): `auto` keeps
-        // full copies of device shadows (see `inject::hash_on_device_for`).
+        // full copies of device shadows (see `choice::hash_on_device_for`).
         let on = self.hash_on_device.load(Ordering::Relaxed);
         let (device_hash, verified_restore) = match on.then(|| self.enter()) {
             Some(Ok(_guard)) => self

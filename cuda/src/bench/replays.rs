@@ -11,7 +11,7 @@
 //! learned about its kernel, the later ones reuse what the earlier ones learned (the snapshot
 //! crate keys it by kernel). `auto` is the injected backend's: per dispatch the device's
 //! measured choice between full device copies and verified restores on the device
-//! ([`crate::inject::detection_for`], fed each dispatch's cost per restore as the backend feeds
+//! ([`crate::choice::detection_for`], fed each dispatch's cost per restore as the backend feeds
 //! it), then the snapshot crate's `auto`. Before each dispatch's last pass memory is hashed on
 //! the device and compared with the hashes taken before its first (untimed): a replay whose
 //! restores left one chunk unlike the snapshot stops the bench with an error.
@@ -26,7 +26,7 @@ use kreplay_snapshot::{
 
 use super::{BenchTier, CHUNK, fraction_label, snapshot_as_asked};
 use crate::choice::{ChoiceKey, DeviceChoice, per_restore_ns};
-use crate::inject::{chosen_strategy, detection_for, hash_on_device_for};
+use crate::choice::{chosen_strategy, detection_for, hash_on_device_for};
 use crate::memory::CudaMemory;
 
 /// Dispatches of the kernel per cell: the first, then three reusing what it learned (the
