@@ -8,18 +8,7 @@ use kreplay_snapshot::{RestoreStrategy, SnapshotConfig, SnapshotScope, StoreTier
 use crate::devruntime::HeapPolicy;
 use crate::memory::ShadowBudget;
 
-/// How loudly the injected library speaks on standard error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    /// Nothing, not even the summary.
-    Off,
-    /// Warnings and the exit summary (default).
-    Warn,
-    /// Also one line per replayed launch.
-    Info,
-    /// Also every tracked allocation and free.
-    Debug,
-}
+pub use kreplay_passloop::settings::LogLevel;
 
 /// Everything the injected library reads at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,20 +170,12 @@ impl Config {
                 .checked_mul(1 << 20)
                 .ok_or_else(|| format!("KREPLAY_CUDA_SHADOW_HEADROOM_MIB={v:?}: too large"))?;
         }
-        // As libkreplay's own reader takes it (both read the same variable in one process):
-        // any ASCII case, spaces around ignored.
+        // One parser for both readers of the variable in a process (libkreplay's logging too).
         let log = match lookup("KREPLAY_LOG") {
             None => LogLevel::Warn,
-            Some(v) => [
-                ("off", LogLevel::Off),
-                ("warn", LogLevel::Warn),
-                ("info", LogLevel::Info),
-                ("debug", LogLevel::Debug),
-            ]
-            .into_iter()
-            .find(|(name, _)| v.trim().eq_ignore_ascii_case(name))
-            .map(|(_, level)| level)
-            .ok_or_else(|| format!("KREPLAY_LOG={v:?}: expected one of off, warn, info, debug"))?,
+            Some(v) => v
+                .parse::<LogLevel>()
+                .map_err(|e| format!("KREPLAY_LOG: {e}"))?,
         };
         let auto_measured = match lookup("KREPLAY_CUDA_AUTO_DEVICE").as_deref().map(str::trim) {
             None | Some("measured") => true,

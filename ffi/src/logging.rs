@@ -22,89 +22,19 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
-/// How much kreplay prints (`KREPLAY_LOG`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum LogLevel {
-    /// Nothing at all.
-    Off,
-    /// Errors and warnings (the default).
-    #[default]
-    Warn,
-    /// Also one-line notes about what kreplay does (tools found, replays declined, ...).
-    Info,
-    /// Also per-dispatch detail.
-    Debug,
-}
+pub use kreplay_passloop::settings::{LogLevel, ParseLogLevelError};
 
-impl LogLevel {
-    /// The value as written in `KREPLAY_LOG`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Off => "off",
-            LogLevel::Warn => "warn",
-            LogLevel::Info => "info",
-            LogLevel::Debug => "debug",
-        }
-    }
-
-    fn from_u8(value: u8) -> LogLevel {
-        match value {
-            0 => LogLevel::Off,
-            1 => LogLevel::Warn,
-            2 => LogLevel::Info,
-            _ => LogLevel::Debug,
-        }
-    }
-}
-
-/// `KREPLAY_LOG` held a value that is not `off`, `warn`, `info` or `debug`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParseLogLevelError {
-    /// The rejected text.
-    pub value: String,
-}
-
-impl fmt::Display for ParseLogLevelError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:?} is not a log level (expected one of off, warn, info, debug)",
-            self.value
-        )
-    }
-}
-
-impl std::error::Error for ParseLogLevelError {}
-
-impl FromStr for LogLevel {
-    type Err = ParseLogLevelError;
-
-    /// Parses `off`, `warn`, `info` or `debug` (ASCII case-insensitive, surrounding spaces
-    /// ignored).
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let trimmed = text.trim();
-        [
-            LogLevel::Off,
-            LogLevel::Warn,
-            LogLevel::Info,
-            LogLevel::Debug,
-        ]
-        .into_iter()
-        .find(|level| trimmed.eq_ignore_ascii_case(level.as_str()))
-        .ok_or_else(|| ParseLogLevelError {
-            value: text.to_owned(),
-        })
-    }
-}
-
-impl fmt::Display for LogLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The level stored in [`LEVEL`] as a byte.
+fn level_from_u8(value: u8) -> LogLevel {
+    match value {
+        0 => LogLevel::Off,
+        1 => LogLevel::Warn,
+        2 => LogLevel::Info,
+        _ => LogLevel::Debug,
     }
 }
 
@@ -167,7 +97,7 @@ static ONCE_KEYS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 pub fn level() -> LogLevel {
     let raw = LEVEL.load(Ordering::Relaxed);
     if raw != LEVEL_UNSET {
-        return LogLevel::from_u8(raw);
+        return level_from_u8(raw);
     }
     let from_env = std::env::var("KREPLAY_LOG").ok();
     let (chosen, bad) = match from_env.as_deref().map(str::parse::<LogLevel>) {
@@ -193,7 +123,7 @@ pub fn level() -> LogLevel {
         }
         chosen
     } else {
-        LogLevel::from_u8(LEVEL.load(Ordering::Relaxed))
+        level_from_u8(LEVEL.load(Ordering::Relaxed))
     }
 }
 

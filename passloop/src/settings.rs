@@ -68,6 +68,78 @@ pub fn read_env<T, E>(
     }
 }
 
+/// How much kreplay prints (`KREPLAY_LOG`), read the same way by every backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum LogLevel {
+    /// Nothing at all.
+    Off,
+    /// Errors and warnings, and the CUDA backend's exit summary (the default).
+    #[default]
+    Warn,
+    /// Also one-line notes about what kreplay does (tools found, replays declined, ...).
+    Info,
+    /// Also per-dispatch detail (on CUDA, every tracked allocation and free).
+    Debug,
+}
+
+impl LogLevel {
+    /// The value as written in `KREPLAY_LOG`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Off => "off",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+        }
+    }
+}
+
+/// `KREPLAY_LOG` held a value that is not `off`, `warn`, `info` or `debug`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseLogLevelError {
+    /// The rejected text.
+    pub value: String,
+}
+
+impl std::fmt::Display for ParseLogLevelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} is not a log level (expected one of off, warn, info, debug)",
+            self.value
+        )
+    }
+}
+
+impl std::error::Error for ParseLogLevelError {}
+
+impl std::str::FromStr for LogLevel {
+    type Err = ParseLogLevelError;
+
+    /// Parses `off`, `warn`, `info` or `debug` (ASCII case-insensitive, surrounding spaces
+    /// ignored).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        [
+            LogLevel::Off,
+            LogLevel::Warn,
+            LogLevel::Info,
+            LogLevel::Debug,
+        ]
+        .into_iter()
+        .find(|level| trimmed.eq_ignore_ascii_case(level.as_str()))
+        .ok_or_else(|| ParseLogLevelError {
+            value: text.to_owned(),
+        })
+    }
+}
+
+impl std::fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +180,25 @@ mod tests {
         ] {
             assert_eq!(parse_byte_count(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn log_levels_parse_in_any_case_with_spaces_and_nothing_else_is_taken() {
+        for (text, level) in [
+            ("off", LogLevel::Off),
+            (" WARN ", LogLevel::Warn),
+            ("Info", LogLevel::Info),
+            ("debug\n", LogLevel::Debug),
+        ] {
+            assert_eq!(text.parse::<LogLevel>(), Ok(level), "{text:?}");
+        }
+        for bad in ["", "trace", "error", "warning", "de bug", "1"] {
+            let err = bad.parse::<LogLevel>().unwrap_err();
+            assert!(
+                err.to_string().contains("off, warn, info, debug"),
+                "{bad:?}: {err}"
+            );
+        }
+        assert_eq!(LogLevel::default(), LogLevel::Warn);
     }
 }
