@@ -115,6 +115,24 @@ pub struct GraphNodes {
     pub frees: Vec<u64>,
 }
 
+/// A backed graph allocation a free's API ENTER ended ([`GraphMemory::free_enter`]), to put
+/// back if the driver refuses the free ([`GraphMemory::free_failed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphFreed {
+    alloc: GraphAlloc,
+    /// Its allocation in the inventory (device memory).
+    tracked: Option<kreplay_snapshot::Allocation>,
+    /// Whether it became unbacked (an executable graph still holds its node).
+    unbacked_again: bool,
+}
+
+impl GraphFreed {
+    /// The freed address.
+    pub fn base(&self) -> u64 {
+        self.alloc.base
+    }
+}
+
 /// What one launch changed, for the caller's accounting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Launched {
@@ -399,7 +417,55 @@ impl GraphMemory {
     /// `cuMemFree` / `cuMemFreeAsync` (not captured) of `base`, or its context's end: true when
     /// it was a backed graph allocation (now out of `inventory`).
     pub fn on_free(&self, inventory: &Inventory, base: u64) -> bool {
-        self.state.lock().end(inventory, base)
+        self.free_enter(inventory, base).is_some()
+    }
+
+    /// The API ENTER of a `cuMemFree`/`cuMemFreeAsync` of `base`: a backed graph allocation
+    /// there ends as at [`on_free`](Self::on_free); what it was is returned, for
+    /// [`free_failed`](Self::free_failed) should the driver refuse the free. `None`: no backed
+    /// graph allocation starts there.
+    pub fn free_enter(&self, inventory: &Inventory, base: u64) -> Option<GraphFreed> {
+        let mut s = self.state.lock();
+        let alloc = s.backed.remove(&base)?;
+        let tracked = match alloc.place {
+            Place::Device(_) => inventory.on_free(base),
+            Place::Other(_) => None,
+        };
+        let unbacked_again = s.held(base);
+        if unbacked_again {
+            s.unbacked.insert(base, alloc.clone());
+        }
+        Some(GraphFreed {
+            alloc,
+            tracked,
+            unbacked_again,
+        })
+    }
+
+    /// The free whose API ENTER returned `freed` failed: the memory is live, backed and
+    /// tracked again as the same allocation (generation included, so a snapshot taken before
+    /// still restores it), unless memory allocated at its address since took its place. True
+    /// when it was put back.
+    pub fn free_failed(&self, inventory: &Inventory, freed: GraphFreed) -> bool {
+        let GraphFreed {
+            alloc,
+            tracked,
+            unbacked_again,
+        } = freed;
+        let mut s = self.state.lock();
+        if s.backed.contains_key(&alloc.base) {
+            return false;
+        }
+        if let Some(allocation) = tracked
+            && !inventory.reinstate(allocation)
+        {
+            return false;
+        }
+        if unbacked_again && s.unbacked.get(&alloc.base) == Some(&alloc) {
+            s.unbacked.remove(&alloc.base);
+        }
+        s.backed.insert(alloc.base, alloc);
+        true
     }
 
     /// What `addr`, a kernel argument kreplay does not track, is when it points into a graph

@@ -1,6 +1,6 @@
 //! Sequences of graph operations against kreplay's graph-memory bookkeeping
 //! (`kreplay_cuda::graphmem`), driven the way the injected library drives it
-//! (`cuda/src/inject.rs`: a captured `cuMemAllocAsync` or an allocation node at its API EXIT,
+//! (`cuda/src/inject/`: a captured `cuMemAllocAsync` or an allocation node at its API EXIT,
 //! `cuGraphInstantiate*` with the walked memory nodes, `cuGraphLaunch` at its API EXIT,
 //! `cuMemFree*` at ENTER, a context's end through `Contexts::forget`), over the fake device of
 //! `graph_memory.rs`: a graph allocation has memory behind it only while its allocation node's
@@ -104,7 +104,7 @@ impl Rig {
         self.graphs.on_instantiated(exec, Ok(nodes), flags);
     }
 
-    /// `inject.rs`'s `on_graph_launched` at the API EXIT of a successful `cuGraphLaunch` in
+    /// `inject`'s `on_graph_launched` at the API EXIT of a successful `cuGraphLaunch` in
     /// context `ctx`.
     fn launched(&self, exec: usize, ctx: usize) {
         let launched = self.graphs.on_launched(&self.inventory, exec, Some(0));
@@ -116,7 +116,7 @@ impl Rig {
         }
     }
 
-    /// `CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING` (`inject.rs`'s
+    /// `CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING` (`inject`'s
     /// `before_context_destroyed`): what the context's allocations were end with it.
     fn context_destroyed(&self, ctx: usize) {
         for base in self.contexts.forget(ctx) {
@@ -362,4 +362,69 @@ fn a_new_allocation_node_at_a_live_graph_allocation_s_address_leaves_it_tracked(
         r.inventory.get(G).is_some()
     );
     assert_eq!(r.illegal(), 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// A free the driver refuses.
+// ------------------------------------------------------------------------------------------
+
+/// A `cuMemFree` of backed graph memory that the driver refuses (a free made during another
+/// thread's capture in global mode, for instance) leaves the memory live: at the free's API
+/// EXIT it is tracked again as the same allocation, and launches reaching it are replayed with
+/// it restored. Before, the free's API ENTER forgot it for good: a launch given it was replayed
+/// while the memory was outside every snapshot (here: the replays added 4, not 1).
+#[test]
+fn a_refused_free_of_backed_graph_memory_leaves_it_tracked_as_before() {
+    let r = rig();
+    r.graphs.on_alloc_node(&r.inventory, g_dev0());
+    r.instantiate(0xf, &[g_dev0()], &[], 0);
+    r.gpu.map(G, 1000);
+    r.launched(0xf, CTX0);
+    let generation = r
+        .inventory
+        .get(G)
+        .expect("backed after the launch")
+        .generation;
+    // cuMemFree(G): API ENTER forgets it; the driver refuses; API EXIT puts it back.
+    let freed = r
+        .graphs
+        .free_enter(&r.inventory, G)
+        .expect("backed graph memory");
+    assert!(
+        r.inventory.get(G).is_none(),
+        "out of every snapshot while it is freed"
+    );
+    assert!(r.graphs.is_unbacked(G), "its graph still holds the node");
+    assert!(r.graphs.free_failed(&r.inventory, freed));
+    assert!(r.graphs.is_backed(G) && !r.graphs.is_unbacked(G));
+    assert_eq!(r.inventory.get(G).map(|a| a.generation), Some(generation));
+    r.gpu.set_pointer(X, G);
+    let record = run(&r, &[X], || r.gpu.bump_through_pointer(G_SIZE / 4));
+    assert!(replayed(&record), "{:?}", record.outcome);
+    assert_eq!(r.gpu.word(G), 1001, "one run's increment");
+    assert_eq!(r.illegal(), 0);
+    // A free that succeeds ends it as before.
+    assert!(r.graphs.free_enter(&r.inventory, G).is_some());
+    assert!(!r.graphs.is_backed(G) && r.inventory.get(G).is_none());
+}
+
+/// A refused free puts nothing back over memory allocated at the address since (the driver's
+/// answer came after another allocation took it): what is live wins.
+#[test]
+fn a_refused_free_of_graph_memory_never_overwrites_memory_allocated_since() {
+    let r = rig();
+    r.graphs.on_alloc_node(&r.inventory, g_dev0());
+    r.instantiate(0xf, &[g_dev0()], &[], 0);
+    r.gpu.map(G, 0);
+    r.launched(0xf, CTX0);
+    let freed = r.graphs.free_enter(&r.inventory, G).unwrap();
+    let newer = r.inventory.on_alloc(NewAllocation {
+        base: G,
+        size: 64,
+        owner_agent: 0,
+        kind: MemoryKind::CoarseDevice,
+    });
+    assert!(!r.graphs.free_failed(&r.inventory, freed));
+    assert_eq!(r.inventory.get(G).map(|a| a.generation), Some(newer));
+    assert!(!r.graphs.is_backed(G));
 }

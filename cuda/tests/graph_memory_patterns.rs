@@ -1,6 +1,6 @@
 //! Sequences of graph operations that kreplay's graph-memory bookkeeping handles
 //! correctly (the companion of `graph_memory_edges.rs`). The driver is
-//! modelled as `inject.rs` drives `kreplay_cuda::graphmem`; the fake device tracks, word by word,
+//! modelled as `inject` drives `kreplay_cuda::graphmem`; the fake device tracks, word by word,
 //! which graph addresses have memory behind them, so a copy of any word of a graph address range
 //! that no live allocation maps is an illegal address.
 
@@ -189,7 +189,7 @@ impl Rig {
         };
         self.graphs.on_instantiated(exec, Ok(nodes), flags);
     }
-    /// API EXIT of a successful cuGraphLaunch (as inject.rs's on_graph_launched).
+    /// API EXIT of a successful cuGraphLaunch (as inject's on_graph_launched).
     fn launched(&self, exec: usize) {
         let l = self.graphs.on_launched(&self.inventory, exec, Some(0));
         for &(base, _) in &l.backed {
@@ -207,7 +207,7 @@ impl Rig {
         }
         self.gpu.unmap(a.base, a.size);
     }
-    /// An ordinary tracked allocation (cuMemAlloc) returned `base` (inject.rs's on_alloc).
+    /// An ordinary tracked allocation (cuMemAlloc) returned `base` (inject's on_alloc).
     fn ordinary_alloc(&self, base: u64, size: u64) {
         self.graphs.on_other_alloc(base, size);
         self.inventory.on_alloc(NewAllocation {
@@ -320,7 +320,7 @@ fn a_refused_relaunch_changes_nothing() {
     r.instantiate(0xe, std::slice::from_ref(&g), &[], 0);
     r.gpu.map(G, G_SIZE, 100);
     r.launched(0xe);
-    // The relaunch fails: inject.rs calls on_graph_launched only for CUDA_SUCCESS.
+    // The relaunch fails: inject calls on_graph_launched only for CUDA_SUCCESS.
     expect_restored_through_pointer(&r, G, G_SIZE / 4);
     assert_eq!(r.inventory.len(), 2);
 }
@@ -410,7 +410,7 @@ fn a_captured_free_that_never_runs_leaves_the_allocation_tracked() {
     r.instantiate(0xa, std::slice::from_ref(&g), &[], 0);
     r.gpu.map(G, G_SIZE, 9);
     r.launched(0xa);
-    // cuMemFreeAsync(G, capturing stream): inject.rs returns before any bookkeeping; then
+    // cuMemFreeAsync(G, capturing stream): inject returns before any bookkeeping; then
     // cuStreamEndCapture fails (no graph).
     expect_restored_through_pointer(&r, G, G_SIZE / 4);
 }

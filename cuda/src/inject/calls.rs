@@ -108,9 +108,8 @@ impl Backend {
                     }
                 }
                 let owner = self.contexts.note_free(base);
-                if let Some(forgotten) = self.on_app_free(base) {
-                    self.frees.lock().push((forgotten, owner));
-                }
+                let freed = self.on_app_free(base);
+                self.frees.lock().push((freed, owner));
             }
             cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
                 if exit =>

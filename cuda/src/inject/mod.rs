@@ -62,7 +62,7 @@ use crate::driver::{
 };
 use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
-use crate::graphmem::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, GraphAlloc, GraphMemory, Place};
+use crate::graphmem::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, GraphAlloc, GraphFreed, GraphMemory, Place};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
@@ -165,7 +165,7 @@ struct Backend {
     watch: MemoryWatch,
     /// What the API ENTER of each free in progress forgot, and the context its allocation was
     /// noted in: put back at the API EXIT of a free that failed.
-    frees: Mutex<Vec<(Forgotten, Option<usize>)>>,
+    frees: Mutex<Vec<(Freed, Option<usize>)>>,
     /// What the API ENTER of each `cuMemUnmap` in progress changed (by its address): put back
     /// at the API EXIT of one that failed.
     unmaps: Mutex<Vec<(u64, UnmapUndo)>>,
@@ -195,6 +195,24 @@ struct Backend {
     warned_cubin: AtomicBool,
     /// Warns about a pass that does not end, every drain timeout (see [`crate::watchdog`]).
     watchdog: Watchdog,
+}
+
+/// What the API ENTER of a free forgot ([`Backend::on_app_free`]), to put back at its API
+/// EXIT should the driver refuse the free.
+enum Freed {
+    /// Memory of the watch or the inventory.
+    Tracked(Forgotten),
+    /// A backed graph allocation.
+    Graph(GraphFreed),
+}
+
+impl Freed {
+    fn base(&self) -> u64 {
+        match self {
+            Freed::Tracked(f) => f.base,
+            Freed::Graph(g) => g.base(),
+        }
+    }
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
@@ -584,24 +602,24 @@ impl Backend {
         }
     }
 
-    /// The application's allocation at `base` ended (freed, or with its context): a managed
-    /// allocation leaves the watch, any other the inventory.
-    /// What the API ENTER of a free forgot (nothing for graph memory, which is not put back).
-    fn on_app_free(&self, base: u64) -> Option<Forgotten> {
-        if self.graphs.on_free(&self.inventory, base) {
+    /// The application's allocation at `base` ended (freed, or with its context): a backed
+    /// graph allocation leaves the graph bookkeeping, a managed allocation the watch, any other
+    /// the inventory. Returns what the API ENTER of a free forgot, to put back if it fails.
+    fn on_app_free(&self, base: u64) -> Freed {
+        if let Some(freed) = self.graphs.free_enter(&self.inventory, base) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             log(
                 LogLevel::Debug,
                 format!("graph allocation at {base:#x} freed"),
             );
-            return None;
+            return Freed::Graph(freed);
         }
         let forgotten = self.watch.free_enter(Some(&self.inventory), base);
         if forgotten.allocation.is_some() {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             log(LogLevel::Debug, format!("free at {base:#x}"));
         }
-        Some(forgotten)
+        Freed::Tracked(forgotten)
     }
 
     /// The API EXIT of a free whose ENTER forgot the memory at `base`: a free that failed left
@@ -609,7 +627,7 @@ impl Backend {
     fn free_exit(&self, base: u64, result: CuResult) {
         let entry = {
             let mut frees = self.frees.lock();
-            let at = frees.iter().rposition(|(f, _)| f.base == base);
+            let at = frees.iter().rposition(|(f, _)| f.base() == base);
             at.map(|at| frees.swap_remove(at))
         };
         let Some((forgotten, owner)) = entry else {
@@ -618,7 +636,11 @@ impl Backend {
         if result == CUDA_SUCCESS {
             return;
         }
-        if self.watch.free_failed(&self.inventory, forgotten) {
+        let back = match forgotten {
+            Freed::Tracked(forgotten) => self.watch.free_failed(&self.inventory, forgotten),
+            Freed::Graph(freed) => self.graphs.free_failed(&self.inventory, freed),
+        };
+        if back {
             if let Some(ctx) = owner {
                 self.contexts.note_allocation(ctx, base);
             }
