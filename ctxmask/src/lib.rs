@@ -39,10 +39,12 @@
 //! in the process is one relaxed atomic load beside the started check (itself a few loads, no
 //! lock).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+
+use kreplay_late::Late;
 
 /// A context id. Handles start at 1; 0 is never a valid context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -333,47 +335,18 @@ impl Frame {
 thread_local! {
     /// This thread's replay loops, innermost last.
     static REPLAY_STACK: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
-    /// This thread's key in [`LATE_STACKS`], 0 until it needs one. It has no destructor, so it
-    /// stays readable while the thread's other locals are being destroyed.
-    static LATE_KEY: Cell<u64> = const { Cell::new(0) };
+    /// The replay loops of this thread once [`REPLAY_STACK`] is destroyed: a dispatch replayed
+    /// from a thread-local destructor of the application's, at thread exit, after kreplay's own
+    /// locals went.
+    static REPLAY_STACK_LATE: Late<Vec<Frame>> = const { Late::new() };
 }
 
-/// The next key of [`LATE_KEY`].
-static NEXT_LATE_KEY: AtomicU64 = AtomicU64::new(1);
-
-/// The replay loops of threads whose [`REPLAY_STACK`] is already destroyed, by [`LATE_KEY`]: a
-/// dispatch replayed from a thread-local destructor of the application's, at thread exit, after
-/// kreplay's own locals went. An entry lives while it holds a frame.
-static LATE_STACKS: Mutex<Vec<(u64, Vec<Frame>)>> = Mutex::new(Vec::new());
-
-/// Runs `f` on this thread's replay loops: its thread-local stack, or its entry in
-/// [`LATE_STACKS`] once that stack is destroyed. `f` never calls out.
+/// Runs `f` on this thread's replay loops: its thread-local stack, or, once that is destroyed,
+/// the stack's late copy (`kreplay_late`). `f` never calls out.
 fn with_stack<R>(f: impl FnOnce(&mut Vec<Frame>) -> R) -> R {
-    let mut f = Some(f);
-    if let Ok(value) =
-        REPLAY_STACK.try_with(|stack| (f.take().expect("called once"))(&mut stack.borrow_mut()))
-    {
-        return value;
-    }
-    let key = LATE_KEY.with(|key| {
-        if key.get() == 0 {
-            key.set(NEXT_LATE_KEY.fetch_add(1, Ordering::Relaxed));
-        }
-        key.get()
-    });
-    let mut late = LATE_STACKS.lock().unwrap_or_else(PoisonError::into_inner);
-    let at = match late.iter().position(|(k, _)| *k == key) {
-        Some(at) => at,
-        None => {
-            late.push((key, Vec::new()));
-            late.len() - 1
-        }
-    };
-    let value = (f.take().expect("not called yet"))(&mut late[at].1);
-    if late[at].1.is_empty() {
-        late.swap_remove(at);
-    }
-    value
+    kreplay_late::with(&REPLAY_STACK, &REPLAY_STACK_LATE, |stack| {
+        f(&mut stack.borrow_mut())
+    })
 }
 
 /// Runs `f` on the innermost frame of registry `registry` on this thread (None if there is

@@ -460,3 +460,78 @@ fn a_mask_leaving_scope_during_unwinding_still_resets() {
     assert!(registry.is_active(ids[0]));
     assert_eq!(replay_stop_context(ids[0]), Err(ToggleError::NotArmed));
 }
+
+/// A replay loop run from a thread-local destructor at thread exit, after the crate's own
+/// thread-locals were destroyed: what it saw, or where it panicked.
+fn replay_loop_from_a_thread_local_destructor() -> Result<Vec<String>, String> {
+    use std::cell::Cell;
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Option<Result<Vec<String>, String>>> = Mutex::new(None);
+
+    fn replay_loop() -> Vec<String> {
+        let (registry, ids) = registry_with_started(2);
+        let mut seen = Vec::new();
+        {
+            let mask = registry.begin_replay();
+            {
+                let _pass0 = mask.arm();
+                replay_stop_context(ids[0]).unwrap();
+            }
+            seen.push(format!(
+                "pass 1: {} {}",
+                registry.is_active(ids[0]),
+                registry.is_active(ids[1])
+            ));
+            {
+                let inner = registry.begin_replay();
+                seen.push(format!("inner: {}", inner.is_enabled(ids[0])));
+            }
+            seen.push(format!("masked off: {:?}", mask.masked_off()));
+        }
+        seen.push(format!("after: {}", registry.is_active(ids[0])));
+        seen
+    }
+
+    struct AtExit(Cell<bool>);
+    impl Drop for AtExit {
+        fn drop(&mut self) {
+            if self.0.get() {
+                let seen = std::panic::catch_unwind(replay_loop).map_err(|panic| {
+                    panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default()
+                });
+                *SEEN.lock().unwrap() = Some(seen);
+            }
+        }
+    }
+    thread_local! {
+        static AT_EXIT: AtExit = const { AtExit(Cell::new(false)) };
+    }
+
+    thread::spawn(|| {
+        // Made first, so destroyed after the crate's thread-locals, which the loop below makes.
+        AT_EXIT.with(|at_exit| at_exit.0.set(true));
+        let (registry, _) = registry_with_started(1);
+        drop(registry.begin_replay());
+    })
+    .join()
+    .unwrap();
+    SEEN.lock().unwrap().take().expect("the destructor ran")
+}
+
+#[test]
+fn a_replay_loop_from_a_thread_local_destructor_at_thread_exit_masks_as_usual() {
+    assert_eq!(
+        replay_loop_from_a_thread_local_destructor(),
+        Ok(vec![
+            "pass 1: false true".to_string(),
+            "inner: true".to_string(),
+            format!("masked off: {:?}", [ContextId(1)]),
+            "after: true".to_string(),
+        ])
+    );
+}

@@ -16,7 +16,7 @@
 //! The readers a thread holds are kept on a thread-local stack (ENTER and EXIT of one call
 //! come on the same thread, and kreplay's own calls never get here: the re-entry guard).
 
-use crate::late::Late;
+use kreplay_late::Late;
 use std::cell::RefCell;
 
 use kreplay_locks::{AgentLocks, OwnedReadAccess};
@@ -244,13 +244,13 @@ pub fn devices_to_fence(
 thread_local! {
     static HELD: RefCell<Vec<Vec<OwnedReadAccess>>> = const { RefCell::new(Vec::new()) };
     /// [`HELD`] once it is destroyed: calls made from a thread-local destructor at thread exit
-    /// (see `crate::late`).
+    /// (see `kreplay_late`).
     static HELD_LATE: Late<Vec<Vec<OwnedReadAccess>>> = const { Late::new() };
 }
 
-/// Runs `f` on the reader sides this thread's fenced calls hold (see `crate::late`).
+/// Runs `f` on the reader sides this thread's fenced calls hold (see `kreplay_late`).
 fn with_held<R>(f: impl FnOnce(&RefCell<Vec<Vec<OwnedReadAccess>>>) -> R) -> R {
-    crate::late::with(&HELD, &HELD_LATE, f)
+    kreplay_late::with(&HELD, &HELD_LATE, f)
 }
 
 /// API ENTER of a fenced call that may touch the memory of `devices` (see

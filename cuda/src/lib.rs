@@ -47,7 +47,6 @@ pub mod graphmem;
 pub mod guard;
 pub mod inject;
 pub mod kernels;
-mod late;
 pub mod launch;
 pub mod memory;
 pub mod scope;

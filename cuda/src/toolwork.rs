@@ -27,7 +27,7 @@
 //! Failures (no host memory for a capture, a device that does not go idle) are reported through
 //! [`ToolWorkIo::lost`]: the work then still ran, but a later restore may undo it.
 
-use crate::late::{self, Late};
+use kreplay_late::Late;
 use std::cell::RefCell;
 
 use kreplay_snapshot::{Capture, Delta, Footprint, Snapshot};
@@ -105,13 +105,13 @@ struct Open {
 thread_local! {
     static OPEN: RefCell<Option<Open>> = const { RefCell::new(None) };
     /// [`OPEN`] once it is destroyed: a window opened from a thread-local destructor at thread
-    /// exit (see `crate::late`).
+    /// exit (see `kreplay_late`).
     static OPEN_LATE: Late<Option<Open>> = const { Late::new() };
 }
 
-/// Runs `f` on this thread's open window state (see `crate::late`).
+/// Runs `f` on this thread's open window state (see `kreplay_late`).
 fn with_open<R>(f: impl FnOnce(&RefCell<Option<Open>>) -> R) -> R {
-    late::with(&OPEN, &OPEN_LATE, f)
+    kreplay_late::with(&OPEN, &OPEN_LATE, f)
 }
 
 /// A window's snapshot of `footprint` was taken on this thread: from now until [`close`], the

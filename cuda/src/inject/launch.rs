@@ -175,7 +175,7 @@ thread_local! {
     /// The reader side a launch without a window holds from its API ENTER to its EXIT.
     static UNWINDOWED: RefCell<Option<kreplay_locks::OwnedReadAccess>> = const { RefCell::new(None) };
     /// [`PENDING`] and [`UNWINDOWED`] once they are destroyed: a launch from a thread-local
-    /// destructor at thread exit (see `crate::late`).
+    /// destructor at thread exit (see `kreplay_late`).
     static PENDING_LATE: Late<Option<Pending>> = const { Late::new() };
     static UNWINDOWED_LATE: Late<Option<kreplay_locks::OwnedReadAccess>> = const { Late::new() };
     /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
@@ -405,7 +405,7 @@ impl Backend {
         };
         let window = Window::enter(cx, &mut *tool, info, &ops);
         debug_assert_eq!(info.agent_id, device.ordinal as u64);
-        late::with(&PENDING, &PENDING_LATE, |p| {
+        kreplay_late::with(&PENDING, &PENDING_LATE, |p| {
             *p.borrow_mut() = Some(Pending {
                 window,
                 launch,
@@ -422,11 +422,11 @@ impl Backend {
     /// thread holds there (whose restores would undo what it writes).
     fn ordinary_without_window(&self, launch: &Launch) {
         let read = self.locks.read_owned(launch.device as u64).ok();
-        late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| *u.borrow_mut() = read);
+        kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| *u.borrow_mut() = read);
     }
 
     pub(super) fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
-        late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| u.borrow_mut().take());
+        kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| u.borrow_mut().take());
         let Some(Pending {
             window,
             launch,
@@ -434,7 +434,7 @@ impl Backend {
             mut tool,
             timer,
             trace_only,
-        }) = late::with(&PENDING, &PENDING_LATE, |p| p.borrow_mut().take())
+        }) = kreplay_late::with(&PENDING, &PENDING_LATE, |p| p.borrow_mut().take())
         else {
             return;
         };

@@ -15,7 +15,7 @@ mod summary;
 use summary::Stats;
 pub use summary::Summary;
 
-use crate::late::{self, Late};
+use kreplay_late::Late;
 use kreplay_wtrack::threads::NoCancel;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
