@@ -684,6 +684,73 @@ impl QueueRegistry {
 
 type QueueErrorCallback = Option<unsafe extern "C" fn(hsa_status_t, *mut hsa_queue_t, *mut c_void)>;
 
+/// The arguments `hsa_queue_create` and `hsa_amd_queue_intercept_create` both take.
+#[derive(Clone, Copy)]
+struct QueueRequest {
+    agent: hsa_agent_t,
+    size: u32,
+    type_: hsa_queue_type32_t,
+    callback: QueueErrorCallback,
+    data: *mut c_void,
+    private_segment_size: u32,
+    group_segment_size: u32,
+    /// Where the runtime writes the new queue.
+    queue: *mut *mut hsa_queue_t,
+}
+
+/// Which of the runtime's two queue-creating entries a call is for.
+#[derive(Clone, Copy)]
+enum Creator {
+    /// `hsa_queue_create`: a plain queue.
+    Queue,
+    /// `hsa_amd_queue_intercept_create`: an intercept queue.
+    InterceptQueue,
+}
+
+impl Creator {
+    /// Calls the runtime's own entry with `request` as it is.
+    fn call_original(self, b: &Backend, request: QueueRequest) -> hsa_status_t {
+        let QueueRequest {
+            agent,
+            size,
+            type_,
+            callback,
+            data,
+            private_segment_size,
+            group_segment_size,
+            queue,
+        } = request;
+        let create = match self {
+            Creator::Queue => crate::original::Original::queue_create,
+            Creator::InterceptQueue => crate::original::Original::intercept_create,
+        };
+        create(
+            &b.original,
+            agent,
+            size,
+            type_,
+            callback,
+            data,
+            private_segment_size,
+            group_segment_size,
+            queue,
+        )
+    }
+}
+
+/// What both queue-creating wrappers do: once kreplay is finalized, the runtime's own entry
+/// (`creator`); before, an intercept queue kreplay knows ([`create_intercepted`]), whichever
+/// entry the application called.
+fn create_queue(creator: Creator, request: QueueRequest) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        if b.is_finalized() {
+            return creator.call_original(b, request);
+        }
+        create_intercepted(b, request)
+    })
+}
+
 /// Wrapper of `hsa_queue_create`: the application gets an intercept queue whose packets reach
 /// kreplay's handler before the hardware queue.
 #[allow(clippy::too_many_arguments)]
@@ -697,32 +764,17 @@ pub(crate) unsafe extern "C" fn queue_create(
     group_segment_size: u32,
     queue: *mut *mut hsa_queue_t,
 ) -> hsa_status_t {
-    guarded(|| {
-        let b = backend();
-        if b.is_finalized() {
-            return b.original.queue_create(
-                agent,
-                size,
-                type_,
-                callback,
-                data,
-                private_segment_size,
-                group_segment_size,
-                queue,
-            );
-        }
-        create_intercepted(
-            b,
-            agent,
-            size,
-            type_,
-            callback,
-            data,
-            private_segment_size,
-            group_segment_size,
-            queue,
-        )
-    })
+    let request = QueueRequest {
+        agent,
+        size,
+        type_,
+        callback,
+        data,
+        private_segment_size,
+        group_segment_size,
+        queue,
+    };
+    create_queue(Creator::Queue, request)
 }
 
 /// Wrapper of `hsa_amd_queue_intercept_create`: the application (or a tools library loaded
@@ -744,32 +796,17 @@ pub(crate) unsafe extern "C" fn intercept_create(
     group_segment_size: u32,
     queue: *mut *mut hsa_queue_t,
 ) -> hsa_status_t {
-    guarded(|| {
-        let b = backend();
-        if b.is_finalized() {
-            return b.original.intercept_create(
-                agent,
-                size,
-                type_,
-                callback,
-                data,
-                private_segment_size,
-                group_segment_size,
-                queue,
-            );
-        }
-        create_intercepted(
-            b,
-            agent,
-            size,
-            type_,
-            callback,
-            data,
-            private_segment_size,
-            group_segment_size,
-            queue,
-        )
-    })
+    let request = QueueRequest {
+        agent,
+        size,
+        type_,
+        callback,
+        data,
+        private_segment_size,
+        group_segment_size,
+        queue,
+    };
+    create_queue(Creator::InterceptQueue, request)
 }
 
 /// Wrapper of `hsa_amd_queue_intercept_register`: a handler registered on one of kreplay's
@@ -794,44 +831,30 @@ pub(crate) unsafe extern "C" fn intercept_register(
     })
 }
 
-/// An intercept queue with kreplay's handler and error callback, known to the registry.
-#[allow(clippy::too_many_arguments)]
-fn create_intercepted(
-    b: &Backend,
-    agent: hsa_agent_t,
-    size: u32,
-    type_: hsa_queue_type32_t,
-    callback: QueueErrorCallback,
-    data: *mut c_void,
-    private_segment_size: u32,
-    group_segment_size: u32,
-    queue: *mut *mut hsa_queue_t,
-) -> hsa_status_t {
-    if queue.is_null() {
+/// An intercept queue with kreplay's handler and error callback, known to the registry, made
+/// for `request` (whose error callback kreplay's calls).
+fn create_intercepted(b: &Backend, request: QueueRequest) -> hsa_status_t {
+    if request.queue.is_null() {
         return HSA_STATUS_ERROR_INVALID_ARGUMENT;
     }
     let in_flight = match b.original.signal_create(0) {
         Ok(s) => s,
         Err(status) => return status,
     };
-    let errors = QueueErrors::new(callback, data);
-    let status = b.original.intercept_create(
-        agent,
-        size,
-        type_,
-        Some(on_queue_error),
-        errors.as_data(),
-        private_segment_size,
-        group_segment_size,
-        queue,
-    );
+    let errors = QueueErrors::new(request.callback, request.data);
+    let ours = QueueRequest {
+        callback: Some(on_queue_error),
+        data: errors.as_data(),
+        ..request
+    };
+    let status = Creator::InterceptQueue.call_original(b, ours);
     if status != HSA_STATUS_SUCCESS {
         b.original.signal_destroy(in_flight);
         return status;
     }
     // SAFETY: the runtime wrote a valid queue pointer through the caller's out pointer.
-    let q = unsafe { *queue };
-    let state = Arc::new(QueueState::new(q, agent, in_flight, errors));
+    let q = unsafe { *request.queue };
+    let state = Arc::new(QueueState::new(q, request.agent, in_flight, errors));
     // Per-pass timestamps for dispatch records; harmless for the application.
     b.original.set_profiler_enabled(q, true);
     let status = b.original.intercept_register(
