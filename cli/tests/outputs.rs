@@ -248,3 +248,73 @@ fn two_outputs_of_one_command_naming_the_same_file_are_refused() {
         assert!(std::fs::metadata(&file).is_err(), "{args:?} wrote {file}");
     }
 }
+
+/// What `kreplay demo --elements 1k --json FILE` did where FILE, holding `previous`, lies on a
+/// file system with no room left for another page (a tmpfs of one page, mounted in a mount
+/// namespace of its own): its exit status, standard error, the folder's entries and FILE's
+/// text afterwards. `None` where this process may not make such a namespace (not root, no
+/// `unshare`).
+fn demo_json_onto_a_full_disk(previous: &str) -> Option<(i32, String, Vec<String>, String)> {
+    let dir = PathBuf::from(scratch("full-disk"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = r#"
+        mount -t tmpfs -o size=4k kreplay-full "$1" || exit 77
+        printf '%s' "$2" > "$1/out.json" || exit 77
+        "$0" demo --elements 1k --json "$1/out.json" > /dev/null 2> "$1.stderr"
+        echo "status $?" > "$1.result"
+        ls -A "$1" >> "$1.result"
+        echo "---" >> "$1.result"
+        cat "$1/out.json" >> "$1.result" 2>&1
+        exit 0
+    "#;
+    let mut command = std::process::Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(env!("CARGO_BIN_EXE_kreplay"))
+        .arg(&dir)
+        .arg(previous);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            command.env_remove(name);
+        }
+    }
+    let ran = command.output().ok()?;
+    if ran.status.code() != Some(0) {
+        eprintln!(
+            "skipped: no tmpfs in a mount namespace here ({:?}: {})",
+            ran.status,
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        return None;
+    }
+    let result = std::fs::read_to_string(dir.with_extension("result")).unwrap();
+    let stderr = std::fs::read_to_string(dir.with_extension("stderr")).unwrap();
+    let _ = std::fs::remove_file(dir.with_extension("result"));
+    let _ = std::fs::remove_file(dir.with_extension("stderr"));
+    let _ = std::fs::remove_dir(&dir);
+    let (head, file) = result.split_once("---\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().strip_prefix("status ").unwrap();
+    let entries = lines.map(str::to_owned).collect();
+    Some((status.parse().unwrap(), stderr, entries, file.to_owned()))
+}
+
+#[test]
+fn an_output_that_fills_the_disk_keeps_the_previous_file_and_leaves_no_temporary_file() {
+    let previous = "{\"an\": \"earlier result\"}\n";
+    let Some((status, stderr, entries, file)) = demo_json_onto_a_full_disk(previous) else {
+        return;
+    };
+    assert_eq!(status, 1, "{stderr}");
+    assert!(
+        stderr.contains("out.json") && stderr.contains("No space left on device"),
+        "the error names the file and what failed: {stderr}"
+    );
+    assert_eq!(
+        entries,
+        ["out.json"],
+        "only the previous file is left: {stderr}"
+    );
+    assert_eq!(file, previous, "the previous file is kept as it was");
+}
