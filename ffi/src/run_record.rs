@@ -346,9 +346,18 @@ pub fn write_to(path: &Path) -> Result<(), String> {
     let mut temp = path.as_os_str().to_owned();
     temp.push(format!(".{}.tmp", std::process::id()));
     let temp = PathBuf::from(temp);
+    // A failed write or rename (a full disk, a folder made read-only meanwhile) removes the
+    // temporary file; the record file, if any, stays as it was.
     std::fs::write(&temp, text)
-        .and_then(|()| std::fs::rename(&temp, path))
-        .map_err(|e| format!("cannot write the record file {}: {e}", path.display()))
+        .map_err(|e| format!("writing {}: {e}", temp.display()))
+        .and_then(|()| {
+            std::fs::rename(&temp, path)
+                .map_err(|e| format!("renaming {} over it: {e}", temp.display()))
+        })
+        .map_err(|why| {
+            let _ = std::fs::remove_file(&temp);
+            format!("cannot write the record file {}: {why}", path.display())
+        })
 }
 
 /// Writes this process's record into `KREPLAY_RECORD_DIR` when recording (problems are
@@ -660,6 +669,22 @@ mod tests {
         );
         let err = write_to(&dir.join("missing").join("r.json")).unwrap_err();
         assert!(err.contains("cannot write the record file"), "{err}");
+        // A rename that fails (the record's name taken by a folder) removes its temporary
+        // file and says so.
+        let taken = dir.join("taken.json");
+        std::fs::create_dir_all(taken.join("inside")).unwrap();
+        let err = write_to(&taken).unwrap_err();
+        assert!(
+            err.contains("renaming") && err.contains("taken.json"),
+            "{err}"
+        );
+        assert!(taken.join("inside").exists());
+        std::fs::remove_dir_all(&taken).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left after a failed rename"
+        );
 
         // A second process's record beside it: read back and added up by kernel name.
         let mut other = run.clone();
