@@ -311,6 +311,17 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
             dir.display()
         ));
     }
+    // Filling a file past what its file system has free would write until the disk is full
+    // (ENOSPC after minutes for a large store, with every other writer on that disk failing
+    // meanwhile): a spill file is made only within the room the file system leaves, under the
+    // same margin as memory.
+    if let Some(free) = free_space(dir).filter(|&free| len > budget_from_available(free)) {
+        return Err(format!(
+            "{} has {free} bytes free: a spill file of {len} bytes would leave too little room \
+             (all but a quarter of the free space or 512 MiB, whichever is larger, may be taken)",
+            dir.display()
+        ));
+    }
     let name = format!(
         "kreplay-spill-{}-{}",
         std::process::id(),
@@ -349,6 +360,23 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
         _file: file,
         path,
     })
+}
+
+/// The bytes free to an unprivileged process on the file system holding `dir` (`statvfs`'s
+/// available blocks); `None` where that cannot be asked.
+fn free_space(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `stat` points to
+    // writable memory of the size of a `statvfs`, which the call fills when it returns 0.
+    if unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled the whole struct.
+    let stat = unsafe { stat.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // c_ulong and fsblkcnt_t are not u64 everywhere
+    (stat.f_bavail as u64).checked_mul(stat.f_frsize as u64)
 }
 
 /// Whether `dir` lies on a file system that keeps its files in memory (tmpfs, ramfs): the type

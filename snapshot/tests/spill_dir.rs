@@ -71,3 +71,38 @@ fn a_usable_spill_folder_is_accepted_and_left_empty() {
     // No folder set: the system temporary folder, not checked.
     snapshotter(None).expect("the default folder");
 }
+
+/// A spill file larger than what its folder's disk has free used to be written with zeros until
+/// the disk was full (a minute and more for a large store, every other writer on that disk
+/// failing meanwhile) before it was declined.
+#[test]
+fn a_spill_file_larger_than_the_room_on_its_disk_is_declined_at_once_without_writing_it() {
+    let dir = scratch("no-room");
+    std::fs::create_dir_all(&dir).unwrap();
+    let inventory = Arc::new(Inventory::new());
+    // A petabyte: more than any disk this runs on has free.
+    inventory.on_alloc(NewAllocation {
+        base: 0x1000,
+        size: 1 << 50,
+        owner_agent: 1,
+        kind: MemoryKind::CoarseDevice,
+    });
+    let config = SnapshotConfig::default()
+        .with_store(StoreTier::File)
+        .with_spill_dir(Some(dir.clone()));
+    let snapshotter = Snapshotter::new(inventory, Arc::new(NoDevice), config).unwrap();
+    let started = std::time::Instant::now();
+    let error = snapshotter
+        .snapshot(&Filter::for_replay(1))
+        .err()
+        .expect("declined");
+    assert_eq!(error.reason(), "snapshot_failed", "{error}");
+    assert!(error.to_string().contains("free"), "{error}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "declined only after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file left");
+    std::fs::remove_dir(dir).unwrap();
+}
