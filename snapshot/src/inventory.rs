@@ -331,14 +331,15 @@ impl Table {
     }
 
     /// Entries overlapping [base, end): the one starting at or below `base` (if it reaches past
-    /// it, or starts exactly there) and every one starting inside the range.
+    /// it, or starts exactly there) and every one starting inside the range. An empty range
+    /// overlaps nothing.
     fn overlapping(&self, base: u64, end: u64) -> impl Iterator<Item = &Allocation> {
         let below = self
             .by_base
             .range(..=base)
             .next_back()
             .map(|(_, a)| a)
-            .filter(move |a| a.base == base || a.end() > base);
+            .filter(move |a| end > base && (a.base == base || a.end() > base));
         let inside = (end > base)
             .then(|| {
                 self.by_base
@@ -559,6 +560,10 @@ impl Inventory {
     /// A runtime never hands out overlapping live allocations, so any tracked allocation that
     /// overlaps the new one must have been freed without the free being seen: it is dropped and
     /// will never be snapshotted or restored into.
+    ///
+    /// A size running past the end of the address space is cut to end there. A zero-byte
+    /// allocation holds no memory: it overlaps nothing, drops nothing, and is not tracked (its
+    /// generation is still handed out; [`on_free`](Self::on_free) of it returns `None`).
     pub fn on_alloc(&self, allocation: NewAllocation) -> u64 {
         let NewAllocation {
             base,
@@ -566,11 +571,15 @@ impl Inventory {
             owner_agent,
             kind,
         } = allocation;
-        let end = base.saturating_add(size);
+        let size = size.min(u64::MAX - base);
+        let end = base + size;
         let _exclusion = self.exclude_copies_overlapping(base, end);
         let mut table = self.table.write();
         let generation = table.next_generation;
         table.next_generation += 1;
+        if size == 0 {
+            return generation;
+        }
         table.remove_overlapping(base, end);
         table.by_base.insert(
             base,

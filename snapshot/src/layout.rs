@@ -40,12 +40,17 @@ impl Layout {
         let mut store_offset = Vec::with_capacity(regions.len());
         let mut first_chunk = Vec::with_capacity(regions.len() + 1);
         let (mut offset, mut chunks, mut bytes) = (0u64, 0usize, 0u64);
+        // Saturating: regions that add up past the address space (an allocation reported
+        // with a corrupt size) make a plan of `u64::MAX` bytes, which no budget or store
+        // accepts, instead of an overflow.
         for r in &regions {
-            offset = offset.next_multiple_of(STORE_ALIGN);
+            offset = offset
+                .checked_next_multiple_of(STORE_ALIGN)
+                .unwrap_or(u64::MAX);
             store_offset.push(offset);
             first_chunk.push(chunks);
-            offset += r.size;
-            bytes += r.size;
+            offset = offset.saturating_add(r.size);
+            bytes = bytes.saturating_add(r.size);
             chunks += chunk_count(r.size, chunk_size);
         }
         first_chunk.push(chunks);
