@@ -79,7 +79,9 @@
 //! [`Reentrant`], since upgrading would deadlock. Each thread keeps a small thread-local list of
 //! the reader guards it holds: a thread that already holds a reader guard takes further reader
 //! guards *recursively*, so a nested ordinary dispatch never queues behind a waiting writer while
-//! its own outer reader blocks that writer.
+//! its own outer reader blocks that writer. (Once a thread's thread-locals are destroyed, a lock
+//! taken from a later thread-local destructor is listed in a process-wide table under the
+//! thread's token instead, so the same rules hold at thread exit.)
 //!
 //! **Fairness.** The locks are `parking_lot`'s raw reader/writer locks, which are task-fair: once
 //! a writer is waiting, new (non-recursive) readers queue behind it, so a replay is never starved
@@ -131,9 +133,15 @@ fn current_thread_token() -> u64 {
             cell.set(token);
             token
         })
-        // During thread teardown: a fresh token nobody else holds, so nothing matches it.
+        // Never taken (a `Cell<u64>` has no destructor, so it outlives thread teardown); were
+        // it gone, a fresh token nobody else holds, so nothing matches it.
         .unwrap_or_else(|_| NEXT_THREAD_TOKEN.fetch_add(1, Ordering::Relaxed))
 }
+
+/// The reader guards of threads whose `HELD_READS` is already destroyed (locks taken from a
+/// thread-local destructor at thread exit), as (thread token, lock address), one entry per
+/// guard. The thread token outlives every thread-local: it needs no destructor.
+static LATE_READS: parking_lot::Mutex<Vec<(u64, usize)>> = parking_lot::Mutex::new(Vec::new());
 
 /// How many reader guards the calling thread holds, and how many of them are on `addr`.
 fn held_reads(addr: usize) -> (usize, usize) {
@@ -142,22 +150,40 @@ fn held_reads(addr: usize) -> (usize, usize) {
             let held = held.borrow();
             (held.len(), held.iter().filter(|&&a| a == addr).count())
         })
-        .unwrap_or((0, 0))
+        .unwrap_or_else(|_| {
+            let me = current_thread_token();
+            let late = LATE_READS.lock();
+            let mine = late.iter().filter(|&&(t, _)| t == me);
+            (
+                mine.clone().count(),
+                mine.filter(|&&(_, a)| a == addr).count(),
+            )
+        })
 }
 
 fn record_read(addr: usize) {
-    // If the thread-local is already gone (thread teardown), nothing is recorded and
-    // `forget_read` finds nothing either.
-    let _ = HELD_READS.try_with(|held| held.borrow_mut().push(addr));
+    if HELD_READS
+        .try_with(|held| held.borrow_mut().push(addr))
+        .is_err()
+    {
+        LATE_READS.lock().push((current_thread_token(), addr));
+    }
 }
 
 fn forget_read(addr: usize) {
-    let _ = HELD_READS.try_with(|held| {
+    let forgot = HELD_READS.try_with(|held| {
         let mut held = held.borrow_mut();
         if let Some(pos) = held.iter().rposition(|&a| a == addr) {
             held.swap_remove(pos);
         }
     });
+    if forgot.is_err() {
+        let me = current_thread_token();
+        let mut late = LATE_READS.lock();
+        if let Some(pos) = late.iter().rposition(|&entry| entry == (me, addr)) {
+            late.swap_remove(pos);
+        }
+    }
 }
 
 fn hash_key(key: u64) -> usize {
