@@ -643,7 +643,8 @@ impl AgentLocks {
 
     /// Writer sides of every agent of `agents` (a replay's group, ascending), waiting in slices
     /// of `slice` and calling `between` after each slice that did not get a lock (see
-    /// [`write_serving`](Self::write_serving)).
+    /// [`write_serving`](Self::write_serving)). An agent listed more than once is locked once
+    /// (one guard, at its first place).
     ///
     /// Never waits while it holds one: it takes each agent's side without waiting, and where
     /// one is busy gives back the sides it took, waits for that one alone, then tries the rest
@@ -682,6 +683,10 @@ impl AgentLocks {
             let mut guards: Vec<WriteGuard> = Vec::with_capacity(agents.len());
             let mut busy = None;
             for &agent in agents {
+                if guards.iter().any(|g| g.lock.agent == agent) {
+                    // Listed again: its side is already taken, by this call.
+                    continue;
+                }
                 if let Some(held) = waited.take_if(|g| g.lock.agent == agent) {
                     guards.push(held);
                     continue;

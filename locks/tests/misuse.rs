@@ -51,6 +51,25 @@ fn a_replay_asked_for_under_a_reader_guard_in_a_thread_local_destructor_is_reent
     assert!(!LOCKS.agent_lock(7).is_locked());
 }
 
+/// The same agent listed twice in a group (a list built from a dispatch's devices without
+/// removing repeats) is one writer side, not a re-entrant request.
+#[test]
+fn an_agent_listed_twice_in_a_group_is_locked_once() {
+    let locks = AgentLocks::new();
+    let guards = locks
+        .write_all_until(&[3, 5, 3, 5], Duration::from_millis(1), || false)
+        .expect("not re-entrant")
+        .expect("nothing busy");
+    assert_eq!(guards.iter().map(|g| g.agent()).collect::<Vec<_>>(), [3, 5]);
+    assert!(locks.agent_lock(3).is_write_locked() && locks.agent_lock(5).is_write_locked());
+    drop(guards);
+    assert!(!locks.agent_lock(3).is_locked() && !locks.agent_lock(5).is_locked());
+    let guards = locks
+        .write_all_serving(&[9, 9], Duration::from_millis(1), || {})
+        .expect("not re-entrant");
+    assert_eq!(guards.len(), 1);
+}
+
 /// A replay window dropped on another thread than the one that opened it is released, and the
 /// opening thread may take it again.
 #[test]
