@@ -196,8 +196,9 @@ pub trait PassCompletion {
     }
 
     /// Why the pass can never complete, once that is known (the queue it runs on failed, so
-    /// its completion will not come): [`wait_pass_patiently`] then stops waiting. `None` (the
-    /// default): it may still complete.
+    /// its completion will not come): [`wait_pass_patiently`] then stops waiting, unless
+    /// [`is_complete`](Self::is_complete) says the pass completed after all. Asked only while
+    /// the pass has not completed. `None` (the default): it may still complete.
     fn failed(&self) -> Option<String> {
         None
     }
@@ -625,7 +626,9 @@ pub fn wait_pass(
 /// application was told it was done). Each time `config.pass_timeout` passes without the pass
 /// finishing, `on_slow` is called with the time waited so far (a backend warns there) and the
 /// wait goes on. The one exception is a pass whose completion can never come
-/// ([`PassCompletion::failed`], asked every few milliseconds): the wait ends with why.
+/// ([`PassCompletion::failed`], asked every few milliseconds while the pass has not completed):
+/// the wait ends with why. A pass found complete is complete whatever `failed` says, and the
+/// handlers of a completed pass are waited for however its queue fares since.
 pub fn wait_pass_patiently(
     pass: &dyn PassCompletion,
     config: &DrainConfig,
@@ -634,30 +637,38 @@ pub fn wait_pass_patiently(
     let start = Instant::now();
     let interval = config.pass_timeout.max(Duration::from_millis(1));
     let mut next_warning = later(start, interval);
-    let mut patiently = |done: &dyn Fn(Instant) -> bool| -> Result<(), PassNeverCompletes> {
-        loop {
-            if let Some(why) = pass.failed() {
-                return Err(PassNeverCompletes {
-                    why,
-                    waited: start.elapsed(),
-                });
+    // `completing`: waiting for the pass's completion, which a failure ends. Its handlers,
+    // once it completed, are waited for whatever its queue does since.
+    let mut patiently =
+        |done: &dyn Fn(Instant) -> bool, completing: bool| -> Result<(), PassNeverCompletes> {
+            loop {
+                if completing && let Some(why) = pass.failed() {
+                    // A pass that completed meanwhile did: its queue failing after it (a later
+                    // packet) says nothing about it.
+                    if pass.is_complete() {
+                        return Ok(());
+                    }
+                    return Err(PassNeverCompletes {
+                        why,
+                        waited: start.elapsed(),
+                    });
+                }
+                if done(later(Instant::now(), FAILURE_CHECK).min(next_warning)) {
+                    return Ok(());
+                }
+                if Instant::now() >= next_warning {
+                    on_slow(start.elapsed());
+                    next_warning = later(next_warning, interval);
+                }
             }
-            if done(later(Instant::now(), FAILURE_CHECK).min(next_warning)) {
-                return Ok(());
-            }
-            if Instant::now() >= next_warning {
-                on_slow(start.elapsed());
-                next_warning = later(next_warning, interval);
-            }
-        }
-    };
+        };
     let waited_for_completion = !pass.is_complete();
     if waited_for_completion {
-        patiently(&|deadline| pass.wait_complete(deadline))?;
+        patiently(&|deadline| pass.wait_complete(deadline), true)?;
     }
     let handlers_waited_on = pass.pending_handlers();
     if handlers_waited_on > 0 {
-        patiently(&|deadline| pass.wait_handlers(deadline))?;
+        patiently(&|deadline| pass.wait_handlers(deadline), false)?;
     }
     Ok(PassReport {
         waited_for_completion,
