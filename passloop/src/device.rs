@@ -174,7 +174,9 @@ impl SnapshotRequest {
 /// **The application's completion fires exactly once per dispatch**: either through
 /// [`run_once`](Self::run_once) (the dispatch ran unchanged, with its own completion), or through
 /// [`fire_completion`](Self::fire_completion) after replayed passes (which run with the
-/// application's completion withheld). The loop calls exactly one of the two, exactly once.
+/// application's completion withheld). The loop calls exactly one of the two, exactly once,
+/// unless a tool or device callback unwinds: then it calls neither (see
+/// [`run_dispatch`](crate::run_dispatch)).
 pub trait ReplayDevice {
     /// A snapshot taken by [`take_snapshot`](Self::take_snapshot).
     type Snapshot;
@@ -247,7 +249,8 @@ pub trait ReplayDevice {
     ) -> Result<MemoryOpReport, RestoreFailure>;
 
     /// Frees the snapshot once the passes are over (on every path after a successful
-    /// [`take_snapshot`](Self::take_snapshot)).
+    /// [`take_snapshot`](Self::take_snapshot), except a callback unwinding: the snapshot is
+    /// then dropped without this call).
     fn discard_snapshot(&mut self, info: &DispatchInfo, snapshot: Self::Snapshot);
 
     /// Runs the dispatch once, unchanged, **its own completion included**: the ordinary path

@@ -29,6 +29,13 @@ use crate::{
 /// outcome (see [`ReplayRecord::diagnostic`]). The agent lock is released on every path, also
 /// when a tool or device callback unwinds. The toggles of `registry`'s replay mask are armed
 /// during PASS ENTER only.
+///
+/// When a callback unwinds, releasing the lock (and resetting the replay mask) is all the loop
+/// does on the way out: it calls neither `run_once` nor `fire_completion`, nor
+/// `discard_snapshot` (the snapshot value is dropped), and delivers no CONFIG EXIT. Device
+/// memory is as the last step before the panic left it (after a pass, that pass's writes,
+/// unrestored). A backend that catches the unwind must complete the dispatch itself, or the
+/// application waits for it for ever.
 pub fn run_dispatch<T, D>(
     tool: &mut T,
     device: &mut D,
