@@ -109,6 +109,10 @@ use parking_lot::lock_api::{
 /// Number of slots in the first table of a registry made by [`AgentLocks::new`].
 pub const DEFAULT_SLOTS: usize = 64;
 
+/// The most slots [`AgentLocks::with_slots`] gives the first table (a larger count would only
+/// allocate memory up front; the agents beyond go to overflow tables).
+pub const MAX_SLOTS: usize = 1 << 16;
+
 /// Token meaning "no thread holds the writer side". Thread tokens start at 1.
 const NO_WRITER: u64 = 0;
 
@@ -437,11 +441,12 @@ impl AgentLocks {
     }
 
     /// A disabled registry whose first table has `slots` slots (rounded up to a power of two,
-    /// at least 1). Agents beyond that go to overflow tables, which are just as lock-free.
+    /// at least 1, at most [`MAX_SLOTS`]). Agents beyond that go to overflow tables, which are
+    /// just as lock-free.
     pub fn with_slots(slots: usize) -> Self {
         AgentLocks {
             enabled: AtomicBool::new(false),
-            root: Table::new(slots.max(1).next_power_of_two()),
+            root: Table::new(slots.clamp(1, MAX_SLOTS).next_power_of_two()),
         }
     }
 

@@ -154,3 +154,18 @@ fn zero_and_unbounded_timeouts_neither_wait_nor_overflow() {
     drop(w);
     assert_eq!(rx.recv_timeout(BOUND).unwrap().1, Ok(true));
 }
+
+/// A slot count past what a power of two can round up to used to overflow (a panic, and in a
+/// release build an empty first table whose lookups never ended); a huge one tried to allocate
+/// every slot up front. Both are capped.
+#[test]
+fn a_huge_slot_count_is_capped_instead_of_overflowing_or_allocating_it() {
+    for slots in [usize::MAX, usize::MAX / 2 + 2, 1 << 40] {
+        let locks = AgentLocks::with_slots(slots);
+        locks.set_enabled(true);
+        for agent in 0..100 {
+            assert!(locks.read(agent).unwrap().is_locked());
+        }
+        assert_eq!(locks.len(), 100);
+    }
+}
