@@ -235,3 +235,45 @@ fn two_live_tracked_snapshots_of_the_same_memory_each_restore_their_own_bytes() 
         "pages differing from b's snapshot: {differ:?}"
     );
 }
+
+/// The mapping under a followed footprint replaced while nothing is snapshotted (a software
+/// runtime recycling the pages of a live allocation with a fresh mapping at the same address):
+/// the next snapshot of the allocation must hold the new mapping's bytes, not the old store's.
+#[test]
+fn a_followed_footprint_whose_mapping_was_replaced_is_copied_again() {
+    let (dev, _inv, snap) = setup(RestoreStrategy::Tracked);
+    let mut first = snap.snapshot(&Filter::for_replay(1)).unwrap();
+    pass_writes(&dev, 0);
+    restore(&mut first, 0);
+    drop(first);
+    assert!(snap.following().is_some());
+    // SAFETY: replaces the test's own private anonymous mapping with a fresh one of the same
+    // size at the same address (MAP_FIXED); `dev.map` still covers exactly that range.
+    let remapped = unsafe {
+        libc::mmap(
+            dev.ptr(dev.base()).cast(),
+            PAGES * PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(remapped as u64, dev.base());
+    dev.store(2 * PAGE + 3, 0x99);
+    let expected = dev.bytes();
+    let mut second = snap.snapshot(&Filter::for_replay(1)).unwrap();
+    for p in 0..PAGES {
+        dev.store(p * PAGE + 8, 0xFF);
+    }
+    restore(&mut second, 0);
+    let now = dev.bytes();
+    let differ: Vec<usize> = (0..PAGES)
+        .filter(|&p| now[p * PAGE..(p + 1) * PAGE] != expected[p * PAGE..(p + 1) * PAGE])
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "pages differing from the second snapshot: {differ:?} ({:?})",
+        second.report()
+    );
+}
