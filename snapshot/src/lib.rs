@@ -84,7 +84,8 @@
 //! room where less) minus a quarter of it or 512 MiB, whichever is larger. A host store of 16
 //! MiB or more is made only within the same rule applied to the memory available when it is
 //! made (the kernel would grant more and kill the process for touching it); beyond, `auto`
-//! spills to a file.
+//! spills to a file, made only within the same rule applied to the room its file system has
+//! free (a larger file would fill the disk before its write failed).
 //!
 //! # Example
 //!
