@@ -80,8 +80,8 @@
 //! the reader guards it holds: a thread that already holds a reader guard takes further reader
 //! guards *recursively*, so a nested ordinary dispatch never queues behind a waiting writer while
 //! its own outer reader blocks that writer. (Once a thread's thread-locals are destroyed, a lock
-//! taken from a later thread-local destructor is listed in a process-wide table under the
-//! thread's token instead, so the same rules hold at thread exit.)
+//! taken from a later thread-local destructor is listed in the thread's late copy of that list,
+//! `kreplay_late`, so the same rules hold at thread exit.)
 //!
 //! **Fairness.** The locks are `parking_lot`'s raw reader/writer locks, which are task-fair: once
 //! a writer is waiting, new (non-recursive) readers queue behind it, so a replay is never starved
@@ -101,6 +101,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use kreplay_late::Late;
 use parking_lot::RawRwLock;
 use parking_lot::lock_api::{
     RawRwLock as _, RawRwLockRecursive as _, RawRwLockRecursiveTimed as _, RawRwLockTimed as _,
@@ -123,6 +124,9 @@ thread_local! {
     static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
     /// Addresses of the agent locks this thread holds reader guards on (one entry per guard).
     static HELD_READS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// [`HELD_READS`] once it is destroyed: locks taken from a thread-local destructor at
+    /// thread exit (see `kreplay_late`).
+    static HELD_READS_LATE: Late<Vec<usize>> = const { Late::new() };
 }
 
 /// A unique, never reused token for the calling thread.
@@ -142,52 +146,27 @@ fn current_thread_token() -> u64 {
         .unwrap_or_else(|_| NEXT_THREAD_TOKEN.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The reader guards of threads whose `HELD_READS` is already destroyed (locks taken from a
-/// thread-local destructor at thread exit), as (thread token, lock address), one entry per
-/// guard. The thread token outlives every thread-local: it needs no destructor.
-static LATE_READS: parking_lot::Mutex<Vec<(u64, usize)>> = parking_lot::Mutex::new(Vec::new());
-
 /// How many reader guards the calling thread holds, and how many of them are on `addr`.
 fn held_reads(addr: usize) -> (usize, usize) {
-    HELD_READS
-        .try_with(|held| {
-            let held = held.borrow();
-            (held.len(), held.iter().filter(|&&a| a == addr).count())
-        })
-        .unwrap_or_else(|_| {
-            let me = current_thread_token();
-            let late = LATE_READS.lock();
-            let mine = late.iter().filter(|&&(t, _)| t == me);
-            (
-                mine.clone().count(),
-                mine.filter(|&&(_, a)| a == addr).count(),
-            )
-        })
+    kreplay_late::with(&HELD_READS, &HELD_READS_LATE, |held| {
+        let held = held.borrow();
+        (held.len(), held.iter().filter(|&&a| a == addr).count())
+    })
 }
 
 fn record_read(addr: usize) {
-    if HELD_READS
-        .try_with(|held| held.borrow_mut().push(addr))
-        .is_err()
-    {
-        LATE_READS.lock().push((current_thread_token(), addr));
-    }
+    kreplay_late::with(&HELD_READS, &HELD_READS_LATE, |held| {
+        held.borrow_mut().push(addr)
+    });
 }
 
 fn forget_read(addr: usize) {
-    let forgot = HELD_READS.try_with(|held| {
+    kreplay_late::with(&HELD_READS, &HELD_READS_LATE, |held| {
         let mut held = held.borrow_mut();
         if let Some(pos) = held.iter().rposition(|&a| a == addr) {
             held.swap_remove(pos);
         }
     });
-    if forgot.is_err() {
-        let me = current_thread_token();
-        let mut late = LATE_READS.lock();
-        if let Some(pos) = late.iter().rposition(|&entry| entry == (me, addr)) {
-            late.swap_remove(pos);
-        }
-    }
 }
 
 fn hash_key(key: u64) -> usize {
