@@ -165,8 +165,11 @@ enum kreplay_status_values {
     /** The counters cannot be counted together in one pass: a block of the agent counts fewer
      *  counters per pass (the block and its limit are logged; see kreplay_plan_counter_passes). */
     KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT = 12,
+    /** The context belongs to a tool that has been finalized (at shutdown, or early through its
+     *  kreplay_client_finalize_t): its contexts stay stopped and nothing of it is called again. */
+    KREPLAY_STATUS_ERROR_FINALIZED = 13,
     /** One past the last status value (grows as values are appended). */
-    KREPLAY_STATUS_LAST = 13
+    KREPLAY_STATUS_LAST = 14
 };
 
 /**
@@ -698,7 +701,9 @@ kreplay_status_t kreplay_create_context(kreplay_context_id_t* context_id);
 
 /**
  * Starts a context: its services receive callbacks from now on.
- * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context.
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context;
+ * KREPLAY_STATUS_ERROR_FINALIZED for a context of a tool that has been finalized (also from the
+ * tool's own finalize): finalizing a tool stops its contexts for good.
  */
 kreplay_status_t kreplay_start_context(kreplay_context_id_t context_id);
 

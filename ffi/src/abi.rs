@@ -79,7 +79,7 @@ abi_enum! {
     /// `kreplay_status_t`: the result of every C function.
     pub struct Status(i32);
     prefix = "KREPLAY_STATUS_";
-    last = 13;
+    last = 14;
     /// The call succeeded.
     SUCCESS = 0 => c"KREPLAY_STATUS_SUCCESS",
     /// An unspecified internal error (including a fault caught at the C boundary).
@@ -106,6 +106,8 @@ abi_enum! {
     ERROR_OUT_OF_RESOURCES = 11 => c"KREPLAY_STATUS_ERROR_OUT_OF_RESOURCES",
     /// The counters cannot be counted in one pass (an agent's per-pass limit).
     ERROR_EXCEEDS_PASS_LIMIT = 12 => c"KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT",
+    /// The context's tool has been finalized: its contexts stay stopped.
+    ERROR_FINALIZED = 13 => c"KREPLAY_STATUS_ERROR_FINALIZED",
 }
 
 impl Status {
@@ -144,6 +146,9 @@ impl Status {
             Status::ERROR_OUT_OF_RESOURCES => c"out of memory or another resource",
             Status::ERROR_EXCEEDS_PASS_LIMIT => {
                 c"the counters cannot be counted in one pass: a block's per-pass limit is exceeded"
+            }
+            Status::ERROR_FINALIZED => {
+                c"the context's tool has been finalized: its contexts cannot be started again"
             }
             _ => c"unknown kreplay status",
         }

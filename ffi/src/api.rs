@@ -144,10 +144,11 @@ pub unsafe extern "C" fn kreplay_create_context(context_id: *mut ContextHandle) 
     })
 }
 
-/// `kreplay_start_context`: starts a context.
+/// `kreplay_start_context`: starts a context, unless its tool has been finalized
+/// ([`Status::ERROR_FINALIZED`]).
 #[unsafe(no_mangle)]
 pub extern "C" fn kreplay_start_context(context_id: ContextHandle) -> Status {
-    guard(|| context_status(ContextRegistry::global().start(context_id.into())))
+    guard(|| lifecycle::start_context(context_id.into()))
 }
 
 /// `kreplay_stop_context`: stops a context.

@@ -421,6 +421,7 @@ pub(crate) fn reset() {
     state.forced.clear();
     state.tools.clear();
     *CREATED_DURING_SETUP.lock() = None;
+    RETIRED.lock().clear();
     services::reset();
     crate::counting::reset();
     PHASE.store(UNINITIALIZED, Ordering::Release);
@@ -611,6 +612,27 @@ fn initialize_tool(index: usize) {
     }
 }
 
+/// Contexts of finalized tools: they stay stopped for good. Held while such a context is
+/// checked and started ([`start_context`]) and while a finalize adds and stops its tool's
+/// contexts, so a start racing a finalize either comes first (and is undone by the stop) or
+/// is refused.
+static RETIRED: Mutex<Vec<ContextId>> = Mutex::new(Vec::new());
+
+/// Starts `context` unless its tool has been finalized ([`Status::ERROR_FINALIZED`]): a tool's
+/// finalize is the last of it kreplay calls, so a context of it started afterwards (from its
+/// finalize, or from a thread of its own) must not bring its callbacks back.
+pub(crate) fn start_context(context: ContextId) -> Status {
+    let retired = RETIRED.lock();
+    if retired.contains(&context) {
+        return Status::ERROR_FINALIZED;
+    }
+    match ContextRegistry::global().start(context) {
+        Ok(()) => Status::SUCCESS,
+        Err(kreplay_ctxmask::ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
+        Err(_) => Status::ERROR,
+    }
+}
+
 /// How long a finalize waits for the tool's callbacks running on other threads.
 const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -675,8 +697,14 @@ impl FinalizeJob {
     /// Stops the tool's contexts (no callback reaches it once finalize runs), then finalizes it.
     fn run(self) {
         let registry = ContextRegistry::global();
-        for &context in &self.contexts {
-            let _ = registry.stop(context);
+        {
+            let mut retired = RETIRED.lock();
+            for &context in &self.contexts {
+                if !retired.contains(&context) {
+                    retired.push(context);
+                }
+                let _ = registry.stop(context);
+            }
         }
         // Callbacks of the tool already running on other threads end first: its finalize
         // comes after its last callback (a callback that never returns is waited for a while).

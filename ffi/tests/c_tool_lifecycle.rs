@@ -50,6 +50,43 @@ fn a_tool_that_finalizes_itself_in_pass_enter_is_never_called_again() {
 }
 
 #[test]
+fn a_tool_that_starts_its_contexts_again_in_its_finalize_is_refused_and_never_called_again() {
+    let name =
+        "a_tool_that_starts_its_contexts_again_in_its_finalize_is_refused_and_never_called_again";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["finalize_in_callback.c"],
+        &[
+            ("PROBE_FINALIZE_AT", "config_enter"),
+            ("PROBE_RESTART_IN_FINALIZE", "1"),
+        ],
+        DEADLINE,
+    );
+    assert_clean(&problems, &run);
+}
+
+#[test]
+fn a_tool_that_starts_its_contexts_again_in_its_finalize_at_unload_is_refused() {
+    let name = "a_tool_that_starts_its_contexts_again_in_its_finalize_at_unload_is_refused";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["finalize_in_callback.c"],
+        &[
+            ("PROBE_FINALIZE_AT", "never"),
+            ("PROBE_RESTART_IN_FINALIZE", "1"),
+        ],
+        DEADLINE,
+    );
+    assert_clean(&problems, &run);
+}
+
+#[test]
 fn a_tool_initialized_after_a_tool_that_failed_its_initialize_can_own_kernel_replay() {
     let name = "a_tool_initialized_after_a_tool_that_failed_its_initialize_can_own_kernel_replay";
     if in_child(name) {

@@ -218,5 +218,6 @@ KREPLAY_CHECK_FIELD(kreplay_counter_record_t, replay_pass, 24, 8);
 KREPLAY_CHECK_FIELD(kreplay_counter_record_t, agent_id, 32, 8);
 KREPLAY_CHECK_FIELD(kreplay_counter_record_t, context_id, 40, 8);
 KREPLAY_CHECK_FIELD(kreplay_counter_record_t, value, 48, 8);
-_Static_assert(KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT == 12 && KREPLAY_STATUS_LAST == 13,
+_Static_assert(KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT == 12 && KREPLAY_STATUS_ERROR_FINALIZED == 13 &&
+                   KREPLAY_STATUS_LAST == 14,
                "status values are appended");

@@ -5,6 +5,8 @@
  * from inside one of its replay callbacks (PROBE_FINALIZE_AT: config_enter or pass_enter).
  * After its finalize has run, nothing of the tool may be called any more: it records every
  * call of its callbacks, pass-count and continue functions that arrives after finalize.
+ * PROBE_RESTART_IN_FINALIZE=1: its finalize also starts its contexts again (an author's slip);
+ * that must be refused and must not bring its callbacks back.
  */
 #include "kreplay.h"
 
@@ -20,6 +22,7 @@ static atomic_int finalized;
 static atomic_int finalize_calls;
 static atomic_int did_finalize_request;
 static atomic_int after[8]; /* 0 replay records, 1 pass_count, 2 continue, 3 dispatch records */
+static kreplay_status_t restart_status[2] = {-1, -1};
 static char report[1024];
 static const char* where;
 
@@ -88,6 +91,10 @@ static void tool_fini(void* tool_data) {
     (void)tool_data;
     atomic_fetch_add(&finalize_calls, 1);
     atomic_store(&finalized, 1);
+    if (getenv("PROBE_RESTART_IN_FINALIZE")) {
+        restart_status[0] = kreplay_start_context(replay_ctx);
+        restart_status[1] = kreplay_start_context(trace_ctx);
+    }
 }
 
 kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char* rt, uint32_t priority,
@@ -111,8 +118,16 @@ const char* probe_report(void) {
     if (atomic_load(&after[0]) || atomic_load(&after[1]) || atomic_load(&after[2]) || atomic_load(&after[3]))
         snprintf(report + strlen(report), sizeof report - strlen(report),
                  "after the tool's finalize ran (requested at %s), kreplay still called it: %d replay "
-                 "record(s), %d replay_pass_count call(s), %d replay_continue call(s), %d dispatch record(s)",
+                 "record(s), %d replay_pass_count call(s), %d replay_continue call(s), %d dispatch record(s); ",
                  where, atomic_load(&after[0]), atomic_load(&after[1]), atomic_load(&after[2]),
                  atomic_load(&after[3]));
+    if (getenv("PROBE_RESTART_IN_FINALIZE") &&
+        (restart_status[0] != KREPLAY_STATUS_ERROR_FINALIZED ||
+         restart_status[1] != KREPLAY_STATUS_ERROR_FINALIZED))
+        snprintf(report + strlen(report), sizeof report - strlen(report),
+                 "kreplay_start_context from the tool's finalize returned %s and %s, not "
+                 "KREPLAY_STATUS_ERROR_FINALIZED; ",
+                 kreplay_get_status_name(restart_status[0]),
+                 kreplay_get_status_name(restart_status[1]));
     return report;
 }
