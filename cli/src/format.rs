@@ -142,6 +142,25 @@ pub fn format_rate(bytes: u64, duration: Duration) -> String {
     }
 }
 
+/// Why `path` cannot be loaded as a library file, when it is not a regular file (following
+/// links): `None` for a file. "no such file" only when nothing is there.
+///
+/// ```
+/// use kreplay_cli::format::not_a_library_file;
+///
+/// assert_eq!(not_a_library_file("/".as_ref()).as_deref(), Some("is a folder, not a library file"));
+/// assert_eq!(not_a_library_file("/no/such/lib.so".as_ref()).as_deref(), Some("no such file"));
+/// ```
+pub fn not_a_library_file(path: &std::path::Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => None,
+        Ok(meta) if meta.is_dir() => Some("is a folder, not a library file".into()),
+        Ok(_) => Some("is not a regular file (a device, pipe or socket)".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("no such file".into()),
+        Err(e) => Some(format!("cannot be read: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

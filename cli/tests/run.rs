@@ -509,6 +509,45 @@ fn bad_command_lines_get_clear_errors() {
 }
 
 #[test]
+fn run_says_a_tool_or_library_path_that_names_a_folder_is_a_folder() {
+    let dir = scratch("folder-paths");
+    let app = fake_program(&dir, true, false, 0);
+    let app = app.to_str().unwrap();
+    let lib = fake_library(&dir);
+    let lib = lib.to_str().unwrap();
+    let folder = dir.join("libtool.so");
+    std::fs::create_dir_all(&folder).unwrap();
+    let folder = folder.to_str().unwrap();
+    for (args, expect) in [
+        (
+            vec![
+                "run",
+                "--backend",
+                "hsa",
+                "--library",
+                lib,
+                "--tool",
+                folder,
+                "--",
+                app,
+            ],
+            format!("--tool: {folder} is a folder, not a library file"),
+        ),
+        (
+            vec!["run", "--backend", "hsa", "--library", folder, "--", app],
+            format!("--library: {folder} is a folder, not a library file"),
+        ),
+    ] {
+        let out = kreplay(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&expect), "{args:?}: {stderr}");
+        assert!(!stderr.contains("no such file"), "{args:?}: {stderr}");
+    }
+    assert!(!dir.join("env.txt").exists(), "no program was started");
+}
+
+#[test]
 fn help_documents_the_run_command() {
     let out = kreplay(&["run", "--help"]);
     let stdout = text(&out.stdout);

@@ -246,3 +246,26 @@ fn a_bad_entry_in_the_tool_libraries_variable_fails_the_demo() {
     );
     assert_refused(&output, &missing, "no such file");
 }
+
+#[test]
+fn demo_says_a_tool_path_that_names_a_folder_is_a_folder_not_a_missing_file() {
+    let dir = scratch("folder");
+    let folder = dir.join("libtool.so");
+    std::fs::create_dir_all(&folder).expect("a folder where the tool should be");
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "1k".as_ref(),
+            "--tool".as_ref(),
+            folder.as_os_str(),
+        ],
+        &[],
+    );
+    assert_refused(&output, &folder, "is a folder, not a library file");
+    assert!(
+        !text(&output.stderr).contains("no such file"),
+        "the folder exists: {}",
+        text(&output.stderr)
+    );
+}

@@ -150,8 +150,8 @@ fn check_host_exports() -> Result<(), String> {
 
 fn open(path: &Path) -> Result<(Library, ConfigureFn), String> {
     let cannot = |why: String| format!("cannot use tool {}: {why}", path.display());
-    if !path.is_file() {
-        return Err(cannot("no such file".into()));
+    if let Some(why) = crate::format::not_a_library_file(path) {
+        return Err(cannot(why));
     }
     // SAFETY: loading a library runs its initializers; the user asked for exactly this library.
     let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }

@@ -185,15 +185,17 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
         })
 }
 
-/// `path`, an existing file, as an absolute path.
+/// `path`, an existing file, as an absolute path; else what it is instead (nothing, a folder).
 fn existing_file(path: &Path, from: &str) -> Result<PathBuf, String> {
-    if path.is_file() {
-        Ok(path
+    match crate::format::not_a_library_file(path) {
+        None => Ok(path
             .canonicalize()
             .or_else(|_| std::path::absolute(path))
-            .unwrap_or_else(|_| path.to_path_buf()))
-    } else {
-        Err(format!("{from}: no such file: {}", path.display()))
+            .unwrap_or_else(|_| path.to_path_buf())),
+        Some(why) if why == "no such file" => {
+            Err(format!("{from}: no such file: {}", path.display()))
+        }
+        Some(why) => Err(format!("{from}: {} {why}", path.display())),
     }
 }
 
