@@ -595,8 +595,8 @@ const DEMO_AFTER: &str = "The table, one row per dispatch:\n\
     \x20 snap time          planning and taking the snapshot\n\
     \x20 passes total       all passes together\n\
     \x20 restores total     all restores together\n\
-    A '-' means the dispatch ran once, so there was nothing to measure; '<- not as planned' marks \
-    a row whose problems are listed under the table. The last row, 'total', adds up every \
+    A '-' means the dispatch ran once, so there was nothing to measure; a '?' (tier, strategy) \
+    that a --tool drove the replay and only that tool saw it; '<- not as planned' marks a row whose problems are listed under the table. The last row, 'total', adds up every \
     dispatch. Sizes are binary (KiB = 1024 B).\n\n\
     Exit status: 0 when verification passes, 1 when it fails (or a dispatch was not replayed as \
     planned, or a requested tool cannot be used, or an output file cannot be written), 2 for a \

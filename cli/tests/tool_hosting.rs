@@ -269,3 +269,50 @@ fn demo_says_a_tool_path_that_names_a_folder_is_a_folder_not_a_missing_file() {
         text(&output.stderr)
     );
 }
+
+#[test]
+fn demo_with_another_tool_driving_replay_claims_no_tier_strategy_or_sources_it_did_not_see() {
+    let dir = scratch("unseen");
+    let tool = example_tool(&dir);
+    let summary = dir.join("summary.txt");
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "4k".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("EXAMPLE_TOOL_OUTPUT", summary.as_os_str())],
+    );
+    assert_replayed_by_example(&output, &summary, 3);
+    let stdout = text(&output.stdout);
+    // The tool's SNAPSHOT records went to the tool, not to the demo: zeros would be a claim.
+    assert!(
+        !stdout.contains("agent memory 0 region(s)"),
+        "the demo never saw a snapshot's sources, so it must not report zero of each:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("snapshot sources: not seen by the demo"),
+        "it says why it has none:\n{stdout}"
+    );
+    // '-' means "ran once" in the legend; replayed rows must not show it for tier and strategy.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 12, "one row per dispatch:\n{stdout}");
+    for row in rows {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // id kernel passes contexts snapshot(2 words) restored(2 words) tier strategy ...
+        assert_eq!(
+            (cells[8], cells[9]),
+            ("?", "?"),
+            "a replayed row's tier and strategy are unknown to the demo, not '-': {row}"
+        );
+    }
+    assert!(
+        stdout.contains("'?': chosen in a replay another tool drove"),
+        "the legend explains '?':\n{stdout}"
+    );
+}

@@ -292,10 +292,15 @@ fn render(
         format_bytes(profiled.device_bytes),
     ));
     text.push_str(&report::render_table(rows));
-    text.push_str(
-        "(per dispatch; 'total' adds up every dispatch; '-': ran once, nothing to measure; \
+    text.push_str(&format!(
+        "(per dispatch; 'total' adds up every dispatch; '-': ran once, nothing to measure; {}\
          'kreplay demo --help' explains every column)\n\n",
-    );
+        if replay_driven_by.is_some() {
+            "'?': chosen in a replay another tool drove, whose records the demo does not see; "
+        } else {
+            ""
+        }
+    ));
 
     let replayed = rows.iter().filter(|r| r.pass_contexts.len() > 1).count();
     let as_planned = rows.iter().filter(|r| r.problems.is_empty()).count();
@@ -316,14 +321,21 @@ fn render(
         });
         format!("{regions} region(s), {}", format_bytes(bytes))
     };
-    text.push_str(&format!(
-        "snapshot sources (total, all dispatches): agent memory {}; referenced {}; module variables {}; \
-         adopted {}\n",
-        source(0),
-        source(1),
-        source(2),
-        source(3)
-    ));
+    match replay_driven_by {
+        Some(tools) => text.push_str(&format!(
+            "snapshot sources: not seen by the demo (tool {} drove replay; its SNAPSHOT records \
+             carry them)\n",
+            tools.join(", ")
+        )),
+        None => text.push_str(&format!(
+            "snapshot sources (total, all dispatches): agent memory {}; referenced {}; module \
+             variables {}; adopted {}\n",
+            source(0),
+            source(1),
+            source(2),
+            source(3)
+        )),
+    }
     if replayed > 0 {
         text.push_str(&format!(
             "replay time (total, all dispatches): lock wait {}, drain {}, snapshot {}, passes {}, \

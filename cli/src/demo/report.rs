@@ -204,6 +204,12 @@ fn row_of(
         problems: seen.problems.clone(),
         ..DispatchRow::default()
     };
+    if replay_by_other && !seen.passes.is_empty() && seen.snapshot.is_none() {
+        // Another tool's replay: its SNAPSHOT and RESTORE records went to that tool. '-' would
+        // say "ran once".
+        row.tier = "?".to_string();
+        row.strategy = "?".to_string();
+    }
     row.outcome = if seen.passes.is_empty() {
         "ran once".to_string()
     } else {
