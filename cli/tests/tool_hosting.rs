@@ -316,3 +316,29 @@ fn demo_with_another_tool_driving_replay_claims_no_tier_strategy_or_sources_it_d
         "the legend explains '?':\n{stdout}"
     );
 }
+
+#[test]
+fn demo_names_the_tool_library_in_kreplays_own_messages_about_a_tool() {
+    let dir = scratch("origin");
+    let tool = example_tool(&dir);
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "1k".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("EXAMPLE_TOOL_PASSES", "0".as_ref())],
+    );
+    assert_refused(&output, &tool, "its initialize returned non-zero");
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "tool \"pass_counter\" (client 1, from {}) failed to initialize",
+            tool.display()
+        )),
+        "kreplay's warning names the library the author passed, not an internal call:\n{stderr}"
+    );
+    assert!(!stderr.contains("kreplay_force_configure"), "{stderr}");
+}

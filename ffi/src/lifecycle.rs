@@ -61,7 +61,8 @@ pub enum ToolOrigin {
     Forced,
     /// The `kreplay_configure` symbol of the process's global scope.
     Process,
-    /// A library of `KREPLAY_TOOL_LIBRARIES`.
+    /// A tool library: one of `KREPLAY_TOOL_LIBRARIES`, or one a host loaded itself and
+    /// registered with [`force_configure_library`] (`kreplay demo --tool`).
     Library(PathBuf),
 }
 
@@ -239,7 +240,7 @@ struct Tool {
 unsafe impl Send for Tool {}
 
 struct LifecycleState {
-    forced: Vec<ConfigureFn>,
+    forced: Vec<(ConfigureFn, ToolOrigin)>,
     tools: Vec<Tool>,
     /// Tool libraries stay loaded for the life of the process.
     libraries: Vec<Library>,
@@ -293,7 +294,21 @@ pub fn force_configure(configure: ConfigureFn) -> Result<(), Status> {
     if PHASE.load(Ordering::Acquire) != UNINITIALIZED {
         return Err(Status::ERROR_CONFIGURATION_LOCKED);
     }
-    state.forced.push(configure);
+    state.forced.push((configure, ToolOrigin::Forced));
+    Ok(())
+}
+
+/// [`force_configure`] for the `kreplay_configure` of a tool library the host loaded itself
+/// (`kreplay demo --tool PATH`): kreplay's messages about the tool name `library`, the file
+/// its author gave, rather than the registration call.
+pub fn force_configure_library(configure: ConfigureFn, library: &Path) -> Result<(), Status> {
+    let mut state = STATE.lock();
+    if PHASE.load(Ordering::Acquire) != UNINITIALIZED {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    state
+        .forced
+        .push((configure, ToolOrigin::Library(library.to_path_buf())));
     Ok(())
 }
 
@@ -429,7 +444,7 @@ pub(crate) fn reset() {
 
 fn discover(
     search: &ToolSearch,
-    forced: Vec<ConfigureFn>,
+    forced: Vec<(ConfigureFn, ToolOrigin)>,
     load_errors: &mut Vec<ToolLoadError>,
 ) -> Vec<(ConfigureFn, ToolOrigin)> {
     let mut found: Vec<(ConfigureFn, ToolOrigin)> = Vec::new();
@@ -439,8 +454,8 @@ fn discover(
             found.push((configure, origin));
         }
     };
-    for configure in forced {
-        add(configure, ToolOrigin::Forced);
+    for (configure, origin) in forced {
+        add(configure, origin);
     }
     if search.search_process {
         let this = Library::this();

@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kreplay::abi::{ConfigureFn, Status};
+use kreplay::abi::ConfigureFn;
 use kreplay::lifecycle::{ENV_TOOL_LIBRARIES, ToolState};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
@@ -45,9 +45,9 @@ struct ExternalTool {
 
 impl ExternalTools {
     /// Loads every library of `paths` and registers its `kreplay_configure` with
-    /// `kreplay_force_configure`. Call before anything else is registered, so these tools are
-    /// configured and initialized first (client handles 1, 2, ...). A library listed twice is
-    /// used once.
+    /// [`kreplay::lifecycle::force_configure_library`] (`kreplay_force_configure` that also
+    /// names the file). Call before anything else is registered, so these tools are configured
+    /// and initialized first (client handles 1, 2, ...). A library listed twice is used once.
     pub fn load(paths: &[PathBuf]) -> Result<ExternalTools, String> {
         let mut loaded = ExternalTools::default();
         if paths.is_empty() {
@@ -60,10 +60,10 @@ impl ExternalTools {
             if registered.contains(&(configure as usize)) {
                 continue;
             }
-            let status = kreplay::api::kreplay_force_configure(Some(configure));
-            if status != Status::SUCCESS {
+            // Registered with its path, so kreplay's own messages about it name the file.
+            if let Err(status) = kreplay::lifecycle::force_configure_library(configure, path) {
                 return Err(format!(
-                    "cannot use tool {}: kreplay_force_configure: {status}",
+                    "cannot use tool {}: registering it: {status}",
                     path.display()
                 ));
             }
