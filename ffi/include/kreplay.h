@@ -301,7 +301,9 @@ enum kreplay_kernel_replay_operation_values {
     KREPLAY_KERNEL_REPLAY_CONFIG = 1,
     /** Around each pass. Payload: kreplay_callback_tracing_kernel_replay_data_t. */
     KREPLAY_KERNEL_REPLAY_PASS = 2,
-    /** Around taking the snapshot. Payload: kreplay_callback_tracing_kernel_replay_memory_data_t. */
+    /** Around taking the snapshot. Payload: kreplay_callback_tracing_kernel_replay_memory_data_t.
+     *  A replay declined before the snapshot starts (budget, untracked memory, a stuck drain, an
+     *  invalid pass count, ...) gets no SNAPSHOT record: CONFIG EXIT says why. */
     KREPLAY_KERNEL_REPLAY_SNAPSHOT = 3,
     /** Around each restore between passes. Payload:
      *  kreplay_callback_tracing_kernel_replay_memory_data_t. */

@@ -481,6 +481,21 @@ const PLAN: &[&str] = &[
 ];
 
 #[test]
+fn a_decline_decided_before_the_snapshot_reaches_the_tool_at_config_exit_alone() {
+    let name = "a_decline_decided_before_the_snapshot_reaches_the_tool_at_config_exit_alone";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["decline_records.c"],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1")],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+#[test]
 fn the_pass_count_table_and_callback_flow_hold_for_every_answer() {
     let name = "the_pass_count_table_and_callback_flow_hold_for_every_answer";
     if in_child(name) {
