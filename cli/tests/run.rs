@@ -691,6 +691,47 @@ fn run_with_a_c_tool_on_the_software_runtime_lets_the_tool_decide_and_check_pass
 }
 
 #[test]
+fn run_says_when_the_tool_stayed_inactive_because_its_configure_returned_null() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("declining-tool");
+    // As the guide's kreplay_configure does when built against another major version.
+    let source = dir.join("declines.c");
+    std::fs::write(
+        &source,
+        "#include \"kreplay.h\"\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char* rt,\n\
+             uint32_t priority, kreplay_client_id_t* client_id) {\n\
+             (void)version; (void)rt; (void)priority;\n\
+             client_id->name = \"declines\";\n\
+             return NULL;\n\
+         }\n",
+    )
+    .unwrap();
+    let tool = dir.join("libdeclines.so");
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "kreplay: tool \"declines\" (client 1, from {}) stayed inactive: its \
+             kreplay_configure returned NULL",
+            tool.display()
+        )),
+        "a tool that replays nothing because it declined must be named, not left to guess \
+         from the table:\n{stderr}"
+    );
+    // Declining is the tool's choice (abi.md), not a failure of the run.
+    let stdout = succeeded(&out);
+    assert!(stdout.contains("no tool replays"), "{stdout}");
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

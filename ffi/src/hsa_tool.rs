@@ -163,7 +163,7 @@ pub(crate) fn start_recording(
     } else {
         ("built-in", builtin_passes())
     };
-    crate::run_record::start(dir, backend, tool, passes, tools.problems());
+    crate::run_record::start(dir, backend, tool, passes, tools.problems(), tools.notes());
     // SAFETY: registers a plain extern "C" function that never unwinds.
     unsafe { atexit(write_record_at_exit) };
 }

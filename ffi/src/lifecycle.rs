@@ -157,6 +157,21 @@ impl InitReport {
         out
     }
 
+    /// Tools that chose to stay inactive (their configure returned NULL), one line each: not a
+    /// problem, but the reason such a tool replays nothing.
+    pub fn notes(&self) -> Vec<String> {
+        self.tools
+            .iter()
+            .filter(|tool| tool.state == ToolState::Declined)
+            .map(|tool| {
+                format!(
+                    "tool {} stayed inactive: its kreplay_configure returned NULL",
+                    describe(tool)
+                )
+            })
+            .collect()
+    }
+
     /// How many tools ended initialization active.
     pub fn active_tools(&self) -> usize {
         self.tools

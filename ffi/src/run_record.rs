@@ -106,6 +106,10 @@ pub struct RunRecord {
     /// be used, a tool rejected or failed at initialize): `kreplay run --tool` fails on any.
     #[serde(default)]
     pub tool_problems: Vec<String>,
+    /// Tools that chose to stay inactive (their configure returned NULL), one line each: not a
+    /// failure, but why such a tool replayed nothing.
+    #[serde(default)]
+    pub tool_notes: Vec<String>,
     /// Processes that loaded kreplay and ended without writing their record at exit (a
     /// crash, a signal, an exit that skipped the exit handlers, an `exec`): the record each
     /// wrote when it loaded kreplay says so, and their kernels are missing.
@@ -232,6 +236,7 @@ pub fn start(
     tool: &str,
     passes_requested: u64,
     tool_problems: Vec<String>,
+    tool_notes: Vec<String>,
 ) {
     let pid = std::process::id();
     OWNER.store(pid, std::sync::atomic::Ordering::Relaxed);
@@ -245,6 +250,7 @@ pub fn start(
         passes_requested,
         processes: 1,
         tool_problems,
+        tool_notes,
         ..Default::default()
     }));
     ACTIVE.store(true, std::sync::atomic::Ordering::Release);
@@ -428,6 +434,11 @@ pub fn merge(records: Vec<RunRecord>) -> Option<RunRecord> {
                 run.tool_problems.push(problem);
             }
         }
+        for note in other.tool_notes {
+            if !run.tool_notes.contains(&note) {
+                run.tool_notes.push(note);
+            }
+        }
         if run.tool != other.tool {
             run.tool = "mixed".into();
         }
@@ -603,7 +614,14 @@ mod tests {
         let started =
             std::env::temp_dir().join(format!("kreplay-record-start-{}", std::process::id()));
         std::fs::create_dir_all(&started).unwrap();
-        start(started.clone(), "hsa", "built-in", 3, Vec::new());
+        start(
+            started.clone(),
+            "hsa",
+            "built-in",
+            3,
+            Vec::new(),
+            Vec::new(),
+        );
         // Written at once, saying the process has not finished; the final write says it has.
         let at_load: RunRecord =
             serde_json::from_str(&std::fs::read_to_string(file().unwrap()).unwrap()).unwrap();

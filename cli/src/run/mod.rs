@@ -808,6 +808,9 @@ fn report(
     for problem in &record.tool_problems {
         eprintln!("kreplay: {problem}");
     }
+    for note in &record.tool_notes {
+        eprintln!("kreplay: {note}");
+    }
     if record.sessions_unprofiled > 0 {
         eprintln!(
             "kreplay: {program} started its runtime again after shutting it down ({} time(s)); \
