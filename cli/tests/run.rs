@@ -732,6 +732,44 @@ fn run_says_when_the_tool_stayed_inactive_because_its_configure_returned_null() 
 }
 
 #[test]
+fn run_check_with_the_example_tool_as_documented_passes_and_the_summary_goes_to_stderr() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("example-tool-check");
+    let tool = dir.join("libpass_counter.so");
+    common::build_c_library_from(
+        &common::example_source("c-tool/pass_counter.c"),
+        &tool,
+        "c11",
+        &[],
+    );
+    // No EXAMPLE_TOOL_OUTPUT: the summary goes where the example puts it by default. The
+    // application's standard output must be the same with and without kreplay.
+    let out = run(
+        &[
+            "--backend",
+            "hsa",
+            "--check",
+            "--tool",
+            tool.to_str().unwrap(),
+        ],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stdout = succeeded(&out);
+    assert!(
+        stdout.contains("check: the standard output is the same with and without kreplay"),
+        "{stdout}"
+    );
+    assert!(
+        text(&out.stderr).contains("pass_counter: 6 dispatches, 6 replayed"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

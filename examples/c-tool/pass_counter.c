@@ -4,7 +4,8 @@
  * It replays every kernel dispatch in EXAMPLE_TOOL_PASSES passes (default 3), counts what it
  * sees (passes, bytes snapshotted and restored, dispatch submissions and completions per pass,
  * declined dispatches) and writes one summary line when kreplay finalizes it: to the file named by
- * EXAMPLE_TOOL_OUTPUT, or to stdout. docs/c-tools.md walks through it.
+ * EXAMPLE_TOOL_OUTPUT, or to stderr (the application's standard output stays its own: kreplay run
+ * --check compares it with a run without kreplay). docs/c-tools.md walks through it.
  *
  * Build (C11, for <stdatomic.h>):
  *   cc -std=c11 -fPIC -shared -I ffi/include examples/c-tool/pass_counter.c \
@@ -201,7 +202,7 @@ static int initialize(kreplay_client_finalize_t finalize, void* tool_data) {
 
 static void finalize(void* tool_data) {
     const char* path = getenv("EXAMPLE_TOOL_OUTPUT");
-    FILE* out = path != NULL ? fopen(path, "w") : stdout;
+    FILE* out = path != NULL ? fopen(path, "w") : stderr;
     (void)tool_data;
     if (out == NULL) {
         perror("pass_counter: cannot open EXAMPLE_TOOL_OUTPUT");
@@ -218,7 +219,7 @@ static void finalize(void* tool_data) {
            read_count(&counts.restore_failures), read_count(&counts.completions_in_passes),
            read_count(&counts.completions_once), read_count(&counts.enqueues_in_passes),
            read_count(&counts.enqueues_once), read_count(&counts.user_data_errors));
-    if (out == stdout) {
+    if (out == stderr) {
         fflush(out);
     } else {
         fclose(out);
