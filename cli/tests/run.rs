@@ -770,6 +770,38 @@ fn run_check_with_the_example_tool_as_documented_passes_and_the_summary_goes_to_
 }
 
 #[test]
+fn run_reports_a_tool_whose_kreplay_configure_is_a_variable_and_the_program_still_runs() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("variable-tool");
+    let source = dir.join("variable.c");
+    std::fs::write(
+        &source,
+        "void *kreplay_configure = 0; /* a slip: the pointer, not the function */\n",
+    )
+    .unwrap();
+    let tool = dir.join("libvariable.so");
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(
+        stdout.contains("checksum buffer 2 sum"),
+        "the program runs to its end, without the tool:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("kreplay_configure is not a function"),
+        "the tool is named and why it cannot be used:\n{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

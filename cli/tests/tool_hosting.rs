@@ -342,3 +342,34 @@ fn demo_names_the_tool_library_in_kreplays_own_messages_about_a_tool() {
     );
     assert!(!stderr.contains("kreplay_force_configure"), "{stderr}");
 }
+
+/// A tool library whose `kreplay_configure` is a variable (a function pointer named like the
+/// entry point), not a function: calling it would jump into data.
+fn variable_tool(dir: &Path) -> PathBuf {
+    let source = dir.join("variable.c");
+    std::fs::write(
+        &source,
+        "void *kreplay_configure = 0; /* a slip: the pointer, not the function */\n",
+    )
+    .expect("write");
+    let library = dir.join("libvariable.so");
+    common::build_c_library_from(&source, &library, "c99", &[]);
+    library
+}
+
+#[test]
+fn demo_refuses_a_tool_whose_kreplay_configure_is_a_variable_instead_of_crashing() {
+    let dir = scratch("variable");
+    let library = variable_tool(&dir);
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "1k".as_ref(),
+            "--tool".as_ref(),
+            library.as_os_str(),
+        ],
+        &[],
+    );
+    assert_refused(&output, &library, "kreplay_configure is not a function");
+}

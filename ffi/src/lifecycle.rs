@@ -477,7 +477,15 @@ fn discover(
         // SAFETY: a `kreplay_configure` symbol, wherever a tool defines it, has the type declared
         // in kreplay.h, which `ConfigureFn` mirrors.
         if let Ok(symbol) = unsafe { this.get::<ConfigureFn>(b"kreplay_configure\0") } {
-            add(*symbol, ToolOrigin::Process);
+            match not_a_function(*symbol as *const c_void) {
+                None => add(*symbol, ToolOrigin::Process),
+                Some(what) => {
+                    crate::kreplay_error!(
+                        "the process's kreplay_configure is not a function: {what}; no tool \
+                         from it"
+                    );
+                }
+            }
         }
     }
     for path in &search.libraries {
@@ -508,7 +516,13 @@ fn load_tool_library(path: &Path) -> Result<(Library, ConfigureFn), String> {
     // used only while the library stays loaded, which is for the life of the process.
     let configure = unsafe { library.get::<ConfigureFn>(b"kreplay_configure\0") }
         .map(|symbol| *symbol)
-        .map_err(|err| format!("the library does not define kreplay_configure ({err})"));
+        .map_err(|err| format!("the library does not define kreplay_configure ({err})"))
+        .and_then(
+            |configure| match not_a_function(configure as *const c_void) {
+                Some(what) => Err(format!("kreplay_configure is not a function: {what}")),
+                None => Ok(configure),
+            },
+        );
     match configure {
         Ok(configure) => Ok((library, configure)),
         Err(message) => {
@@ -517,6 +531,69 @@ fn load_tool_library(path: &Path) -> Result<(Library, ConfigureFn), String> {
             Err(message)
         }
     }
+}
+
+/// Why the symbol at `address` (a `kreplay_configure` found by name) cannot be called: `None`
+/// for a function, or where the symbol's type cannot be read; else what it is (a variable, a
+/// function pointer named like the entry point, ...). Calling data would crash the process.
+pub fn not_a_function(address: *const c_void) -> Option<&'static str> {
+    symbol_type(address).and_then(|kind| match kind {
+        // STT_NOTYPE (hand-written assembly, some linkers' aliases), STT_FUNC, STT_GNU_IFUNC.
+        0 | 2 | 10 => None,
+        1 => Some("it is a variable (define the function itself, not a pointer to it)"),
+        _ => Some("its symbol is not code"),
+    })
+}
+
+/// The ELF symbol type (`STT_*`) of the dynamic symbol at `address`, where glibc can tell.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn symbol_type(address: *const c_void) -> Option<u8> {
+    #[repr(C)]
+    struct DlInfo {
+        fname: *const std::ffi::c_char,
+        fbase: *mut c_void,
+        sname: *const std::ffi::c_char,
+        saddr: *mut c_void,
+    }
+    #[repr(C)]
+    struct Elf64Sym {
+        name: u32,
+        info: u8,
+        other: u8,
+        shndx: u16,
+        value: u64,
+        size: u64,
+    }
+    const RTLD_DL_SYMENT: std::ffi::c_int = 1;
+    unsafe extern "C" {
+        fn dladdr1(
+            address: *const c_void,
+            info: *mut DlInfo,
+            extra: *mut *mut c_void,
+            flags: std::ffi::c_int,
+        ) -> std::ffi::c_int;
+    }
+    let mut info = DlInfo {
+        fname: std::ptr::null(),
+        fbase: std::ptr::null_mut(),
+        sname: std::ptr::null(),
+        saddr: std::ptr::null_mut(),
+    };
+    let mut symbol: *mut c_void = std::ptr::null_mut();
+    // SAFETY: glibc's dladdr1 only reads the loader's tables for `address` and writes `info`
+    // and `symbol`, both valid for writing.
+    let found = unsafe { dladdr1(address, &mut info, &mut symbol, RTLD_DL_SYMENT) };
+    if found == 0 || symbol.is_null() || info.saddr.cast_const() != address {
+        return None;
+    }
+    // SAFETY: with RTLD_DL_SYMENT, a non-null `symbol` points at the matching Elf64_Sym of a
+    // loaded object's dynamic symbol table, which lives as long as the object (kept loaded).
+    Some(unsafe { symbol.cast::<Elf64Sym>().read_unaligned() }.info & 0xf)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn symbol_type(_: *const c_void) -> Option<u8> {
+    None
 }
 
 fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, priority: u32) -> Tool {

@@ -162,7 +162,12 @@ fn open(path: &Path) -> Result<(Library, ConfigureFn), String> {
         .map(|symbol| *symbol)
         .map_err(|e| cannot(format!("it does not define kreplay_configure ({e})")))?;
     match configure {
-        Some(configure) => Ok((library, configure)),
+        Some(configure) => match kreplay::lifecycle::not_a_function(configure as *const _) {
+            None => Ok((library, configure)),
+            Some(what) => Err(cannot(format!(
+                "kreplay_configure is not a function: {what}"
+            ))),
+        },
         None => Err(cannot("its kreplay_configure symbol is NULL".into())),
     }
 }
