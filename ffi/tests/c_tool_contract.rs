@@ -496,6 +496,16 @@ fn a_decline_decided_before_the_snapshot_reaches_the_tool_at_config_exit_alone()
 }
 
 #[test]
+fn a_dispatch_that_runs_once_gets_its_dispatch_records_after_its_config_exit() {
+    let name = "a_dispatch_that_runs_once_gets_its_dispatch_records_after_its_config_exit";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(name, &["once_order.c"], &[], DEADLINE);
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+#[test]
 fn the_pass_count_table_and_callback_flow_hold_for_every_answer() {
     let name = "the_pass_count_table_and_callback_flow_hold_for_every_answer";
     if in_child(name) {
