@@ -1078,7 +1078,8 @@ const RUN_ABOUT: &str = "kreplay run — replay every kernel of any program, on 
     kreplay's library is --library, else $KREPLAY_LIBRARY, else libkreplay.so beside the kreplay \
     executable or in ../lib from it.\n\n\
     Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
-    [--scope agent|referenced] [--check] [-o FILE.csv|FILE.json] -- PROGRAM [ARGS...]";
+    [--scope agent|referenced] [--check] [-o FILE.csv|FILE.json] [--library PATH] -- PROGRAM \
+    [ARGS...]";
 
 /// Which runtime `kreplay run` injects into.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -552,6 +552,10 @@ fn help_documents_the_run_command() {
     let out = kreplay(&["run", "--help"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
+    assert!(
+        stdout.contains("[-o FILE.csv|FILE.json] [--library PATH] -- PROGRAM"),
+        "the usage line lists every option README's does: {stdout}"
+    );
     for word in [
         "CUDA_INJECTION64_PATH",
         "HSA_TOOLS_LIB",
