@@ -806,6 +806,49 @@ fn run_reports_a_tool_whose_kreplay_configure_is_a_variable_and_the_program_stil
 }
 
 #[test]
+fn a_tool_that_configures_kernel_replay_but_never_starts_its_context_is_told_why_nothing_replays() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("unstarted-replay");
+    let source = dir.join("unstarted.c");
+    std::fs::write(
+        &source,
+        "#include \"kreplay.h\"\n\
+         static void on_replay(kreplay_callback_tracing_record_t r, kreplay_user_data_t* u,\n\
+                               void* d) { (void)r; (void)u; (void)d; }\n\
+         static int init(kreplay_client_finalize_t f, void* t) {\n\
+             kreplay_context_id_t c; (void)f; (void)t;\n\
+             if (kreplay_create_context(&c)) return 1;\n\
+             /* the slip: configured, never started */\n\
+             return kreplay_configure_callback_tracing_service(c,\n\
+                 KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY, NULL, 0, on_replay, NULL);\n\
+         }\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
+             uint32_t p, kreplay_client_id_t* c) {\n\
+             static kreplay_tool_configure_result_t result =\n\
+                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
+             (void)v; (void)rt; (void)p; c->name = \"unstarted\"; return &result;\n\
+         }\n",
+    )
+    .unwrap();
+    let tool = dir.join("libunstarted.so");
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("configured kernel replay on a context it has not started"),
+        "the author learns why no dispatch is replayed:\n{stderr}"
+    );
+    let stdout = succeeded(&out);
+    assert!(stdout.contains("0 replayed"), "{stdout}");
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

@@ -716,6 +716,18 @@ fn initialize_tool(index: usize) {
         );
     } else {
         crate::kreplay_info!("tool {description} initialized");
+        // Configured and never started is the likely slip behind "nothing is replayed"; a tool
+        // may also mean to start it later, so this is a warning, once.
+        if let Some(owner) = services::replay_owner()
+            && contexts.contains(&owner.context)
+            && ContextRegistry::global().is_started(owner.context) == Ok(false)
+        {
+            crate::kreplay_warn!(
+                "tool {description} configured kernel replay on a context it has not started \
+                 (context {}): no dispatch is replayed until it calls kreplay_start_context",
+                owner.context.0
+            );
+        }
     }
 }
 
