@@ -543,8 +543,9 @@ enum Sub {
         long_about = RUN_ABOUT,
         after_long_help = "Exit status: 0 when the program ran and succeeded (and, with --check, \
                            printed the same standard output without kreplay), 1 when it could not \
-                           start, failed, recorded nothing or --check found a difference, 2 for a \
-                           bad command line."
+                           start, failed, recorded nothing, a tool could not be used, a replay \
+                           failed (a pass that could not run, a restore that lost data) or \
+                           --check found a difference, 2 for a bad command line."
     )]
     Run(RunArgs),
     /// print a shell completion script for kreplay (bash, zsh, fish, elvish, powershell)

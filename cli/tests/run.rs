@@ -849,6 +849,38 @@ fn a_tool_that_configures_kernel_replay_but_never_starts_its_context_is_told_why
 }
 
 #[test]
+fn a_replay_that_failed_fails_the_run_even_when_the_program_succeeds() {
+    let dir = scratch("failed-replay");
+    let lib = fake_library(&dir);
+    let record = RECORD.replace("PASSES", "3").replace(
+        "\"restore_ms\": 1.5, \"failed\": 0",
+        "\"restore_ms\": 1.5, \"failed\": 1",
+    );
+    assert!(record.contains("\"failed\": 1"));
+    let app = dir.join("app.sh");
+    support::write_executable(
+        &app,
+        &format!(
+            "#!/bin/sh\n\
+             if [ -n \"$KREPLAY_RECORD_DIR\" ]; then cat > \"$KREPLAY_RECORD_DIR/kreplay-record-$$-0.json\" <<'EOF'\n{record}\nEOF\nfi\n\
+             echo \"checksum 42\"\nexit 0\n"
+        ),
+    );
+    let out = run(&["--backend", "cuda"], &lib, &[app.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed restore may have lost application data: the run must not pass\n{}\n{stderr}",
+        text(&out.stdout)
+    );
+    assert!(
+        stderr.contains("1 replay(s) failed"),
+        "stderr says what failed:\n{stderr}"
+    );
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

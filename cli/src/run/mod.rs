@@ -117,10 +117,12 @@ impl RunOutcome {
     /// process that loaded kreplay wrote its record (`record.incomplete`) and had it loaded
     /// for every start of its runtime (`record.sessions_unprofiled`), the tools (`--tool`'s and
     /// those of the environment's `KREPLAY_TOOL_LIBRARIES`) loaded and initialized
-    /// (`record.tool_problems`), and `--check` found no difference.
+    /// (`record.tool_problems`), no replay failed (a pass that could not run, a restore that
+    /// lost application data: `failed`), and `--check` found no difference.
     pub fn passed(&self) -> bool {
         self.status.success()
             && self.record.tool_problems.is_empty()
+            && self.record.kernels.iter().all(|k| k.failed == 0)
             && self.record.incomplete == 0
             && self.record.sessions_unprofiled == 0
             && !self.left_running
@@ -810,6 +812,14 @@ fn report(
     }
     for note in &record.tool_notes {
         eprintln!("kreplay: {note}");
+    }
+    let failed: u64 = record.kernels.iter().map(|k| k.failed).sum();
+    if failed > 0 {
+        eprintln!(
+            "kreplay: {failed} replay(s) failed (a pass that could not run, or a restore that \
+             could not put memory back: the program's standard error says which): {program}'s \
+             results may not be those of a run without kreplay"
+        );
     }
     if record.sessions_unprofiled > 0 {
         eprintln!(
