@@ -373,3 +373,53 @@ fn demo_refuses_a_tool_whose_kreplay_configure_is_a_variable_instead_of_crashing
     );
     assert_refused(&output, &library, "kreplay_configure is not a function");
 }
+
+/// The 52-byte ELF header of a 32-bit x86 shared object, padded: enough for the dynamic loader
+/// to tell its class.
+fn elf32_header() -> Vec<u8> {
+    let mut h = vec![0x7f, b'E', b'L', b'F', 1, 1, 1, 0];
+    h.extend_from_slice(&[0; 8]);
+    for half in [3u16, 3] {
+        h.extend_from_slice(&half.to_le_bytes()); // e_type ET_DYN, e_machine EM_386
+    }
+    h.extend_from_slice(&1u32.to_le_bytes()); // e_version
+    h.extend_from_slice(&[0; 4]); // e_entry
+    h.extend_from_slice(&52u32.to_le_bytes()); // e_phoff
+    h.extend_from_slice(&[0; 8]); // e_shoff, e_flags
+    for half in [52u16, 32, 0, 40, 0, 0] {
+        h.extend_from_slice(&half.to_le_bytes());
+    }
+    h.resize(h.len() + 64, 0);
+    h
+}
+
+#[test]
+fn demo_explains_a_tool_file_that_is_32_bit_or_not_a_library() {
+    let dir = scratch("not_a_library");
+    let demo = |tool: &Path| {
+        kreplay(
+            &[
+                "demo".as_ref(),
+                "--elements".as_ref(),
+                "1k".as_ref(),
+                "--tool".as_ref(),
+                tool.as_os_str(),
+            ],
+            &[],
+        )
+    };
+    let elf32 = dir.join("lib32.so");
+    std::fs::write(&elf32, elf32_header()).expect("write");
+    assert_refused(
+        &demo(&elf32),
+        &elf32,
+        "a 32-bit library: kreplay loads 64-bit tools only",
+    );
+    let source = dir.join("tool.c");
+    std::fs::write(&source, "int x;\n").expect("write");
+    assert_refused(
+        &demo(&source),
+        &source,
+        "not a shared library: build the tool with -shared -fPIC",
+    );
+}

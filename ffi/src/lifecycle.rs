@@ -511,7 +511,7 @@ fn load_tool_library(path: &Path) -> Result<(Library, ConfigureFn), String> {
     // SAFETY: loading a library runs its initializers; the user asked for exactly this library
     // to be loaded into the process by listing it in KREPLAY_TOOL_LIBRARIES.
     let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
-        .map_err(|err| err.to_string())?;
+        .map_err(|err| explain_load_error(err.to_string()))?;
     // SAFETY: as in `discover`: the symbol has the type declared in kreplay.h. The pointer is
     // used only while the library stays loaded, which is for the life of the process.
     let configure = unsafe { library.get::<ConfigureFn>(b"kreplay_configure\0") }
@@ -531,6 +531,31 @@ fn load_tool_library(path: &Path) -> Result<(Library, ConfigureFn), String> {
             Err(message)
         }
     }
+}
+
+/// The dynamic loader's message for a tool library it could not load, with what it means for a
+/// tool author where the loader's words are cryptic (a 32-bit build, a file that is not a shared
+/// library at all).
+///
+/// ```
+/// use kreplay::lifecycle::explain_load_error;
+///
+/// let said = explain_load_error("./t.so: wrong ELF class: ELFCLASS32".into());
+/// assert!(said.ends_with("(a 32-bit library: kreplay loads 64-bit tools only; build the tool for the program's 64-bit target)"));
+/// assert_eq!(explain_load_error("x: undefined symbol: y".into()), "x: undefined symbol: y");
+/// ```
+pub fn explain_load_error(message: String) -> String {
+    let hint = if message.contains("wrong ELF class: ELFCLASS32") {
+        "a 32-bit library: kreplay loads 64-bit tools only; build the tool for the program's \
+         64-bit target"
+    } else if message.contains("invalid ELF header") || message.contains("file too short") {
+        "not a shared library: build the tool with -shared -fPIC"
+    } else if message.contains("cannot dynamically load") && message.contains("executable") {
+        "an executable, not a shared library: build the tool with -shared -fPIC"
+    } else {
+        return message;
+    };
+    format!("{message} ({hint})")
 }
 
 /// Why the symbol at `address` (a `kreplay_configure` found by name) cannot be called: `None`

@@ -155,7 +155,7 @@ fn open(path: &Path) -> Result<(Library, ConfigureFn), String> {
     }
     // SAFETY: loading a library runs its initializers; the user asked for exactly this library.
     let library = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
-        .map_err(|e| cannot(e.to_string()))?;
+        .map_err(|e| cannot(kreplay::lifecycle::explain_load_error(e.to_string())))?;
     // SAFETY: a tool's `kreplay_configure` has the type kreplay.h declares, which `ConfigureFn`
     // mirrors; the pointer is used only while the library stays loaded (for the process).
     let configure = unsafe { library.get::<Option<ConfigureFn>>(b"kreplay_configure\0") }
