@@ -153,8 +153,10 @@ enum kreplay_status_values {
     KREPLAY_STATUS_ERROR_INVALID_ARGUMENT = 6,
     /** Configuration is closed: tool initialization has ended (or, for force_configure, begun). */
     KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED = 7,
-    /** kreplay has not initialized its tools yet. Reserved: no function of this version returns
-     *  it (see "When each function may be called" above). */
+    /** kreplay is not loaded into a runtime yet, whose agents the call needs: returned by the
+     *  counter functions (kreplay_iterate_agent_counters, kreplay_create_counter_config,
+     *  kreplay_plan_counter_passes) until then, e.g. from a tool's initialize under ROCm-style
+     *  loading (see "When each function may be called" above). */
     KREPLAY_STATUS_ERROR_NOT_INITIALIZED = 8,
     /** Replay of a dispatch was declined (see kreplay_replay_decline_reason_t); it ran once. */
     KREPLAY_STATUS_ERROR_REPLAY_DECLINED = 9,

@@ -96,7 +96,7 @@ abi_enum! {
     ERROR_INVALID_ARGUMENT = 6 => c"KREPLAY_STATUS_ERROR_INVALID_ARGUMENT",
     /// Configuration is closed.
     ERROR_CONFIGURATION_LOCKED = 7 => c"KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED",
-    /// Tools are not initialized yet.
+    /// kreplay is not loaded into a runtime yet (the counter functions need its agents).
     ERROR_NOT_INITIALIZED = 8 => c"KREPLAY_STATUS_ERROR_NOT_INITIALIZED",
     /// Replay of a dispatch was declined; it ran once.
     ERROR_REPLAY_DECLINED = 9 => c"KREPLAY_STATUS_ERROR_REPLAY_DECLINED",
@@ -138,7 +138,10 @@ impl Status {
             Status::ERROR_CONFIGURATION_LOCKED => {
                 c"configuration is locked: tool initialization has ended"
             }
-            Status::ERROR_NOT_INITIALIZED => c"kreplay has not initialized its tools yet",
+            Status::ERROR_NOT_INITIALIZED => {
+                c"kreplay is not loaded into a runtime yet: its agents are not known (call the \
+                  counter functions from a callback, not from initialize)"
+            }
             Status::ERROR_REPLAY_DECLINED => c"kernel replay declined; the dispatch ran once",
             Status::ERROR_RESTORE_FAILED => {
                 c"restoring memory between passes failed; application data was lost"

@@ -506,6 +506,16 @@ fn a_dispatch_that_runs_once_gets_its_dispatch_records_after_its_config_exit() {
 }
 
 #[test]
+fn counter_functions_in_initialize_say_that_no_runtime_is_loaded_yet() {
+    let name = "counter_functions_in_initialize_say_that_no_runtime_is_loaded_yet";
+    if in_child(name) {
+        return standard_child(1, 1);
+    }
+    let (problems, run) = run_scenario(name, &["counters_in_initialize.c"], &[], DEADLINE);
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+#[test]
 fn the_pass_count_table_and_callback_flow_hold_for_every_answer() {
     let name = "the_pass_count_table_and_callback_flow_hold_for_every_answer";
     if in_child(name) {
