@@ -881,6 +881,25 @@ fn a_replay_that_failed_fails_the_run_even_when_the_program_succeeds() {
 }
 
 #[test]
+fn run_names_the_tool_option_when_the_tool_it_was_given_cannot_be_loaded() {
+    let dir = scratch("tool-not-a-library");
+    let tool = dir.join("libnot_a_library.so");
+    std::fs::write(&tool, "not an ELF file\n").unwrap();
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // The user passed --tool; KREPLAY_TOOL_LIBRARIES is how it reaches the program.
+    assert!(
+        stderr.contains(&format!("kreplay: --tool: cannot use {}: ", tool.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

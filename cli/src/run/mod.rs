@@ -807,8 +807,25 @@ fn report(
     out: &mut dyn Write,
 ) -> Result<(), String> {
     let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
+    // --tool reaches the program through KREPLAY_TOOL_LIBRARIES, which the library's lines
+    // name: name the option the user gave instead.
+    let from_variable = options.tool.as_ref().map(|tool| {
+        format!(
+            "{}: cannot use {}:",
+            kreplay::lifecycle::ENV_TOOL_LIBRARIES,
+            tool.display()
+        )
+    });
     for problem in &record.tool_problems {
-        eprintln!("kreplay: {problem}");
+        match &from_variable {
+            Some(prefix) if problem.starts_with(prefix.as_str()) => {
+                eprintln!(
+                    "kreplay: --tool:{}",
+                    &problem[kreplay::lifecycle::ENV_TOOL_LIBRARIES.len() + 1..]
+                );
+            }
+            _ => eprintln!("kreplay: {problem}"),
+        }
     }
     for note in &record.tool_notes {
         eprintln!("kreplay: {note}");
