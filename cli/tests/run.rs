@@ -900,6 +900,50 @@ fn run_names_the_tool_option_when_the_tool_it_was_given_cannot_be_loaded() {
 }
 
 #[test]
+fn a_refused_service_configuration_whose_status_the_tool_ignores_is_still_reported() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("ignored-status");
+    let source = dir.join("ignores.c");
+    // The slip: the callback is left NULL and the returned status is never looked at.
+    std::fs::write(
+        &source,
+        "#include \"kreplay.h\"\n\
+         static int init(kreplay_client_finalize_t f, void* t) {\n\
+             kreplay_context_id_t c; (void)f; (void)t;\n\
+             kreplay_create_context(&c);\n\
+             kreplay_configure_callback_tracing_service(c,\n\
+                 KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY, NULL, 0, NULL, NULL);\n\
+             kreplay_start_context(c);\n\
+             return 0;\n\
+         }\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
+             uint32_t p, kreplay_client_id_t* c) {\n\
+             static kreplay_tool_configure_result_t result =\n\
+                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
+             (void)v; (void)rt; (void)p; c->name = \"ignores\"; return &result;\n\
+         }\n",
+    )
+    .unwrap();
+    let tool = dir.join("libignores.so");
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "kreplay_configure_callback_tracing_service(KERNEL_REPLAY) refused \
+             (KREPLAY_STATUS_ERROR_INVALID_ARGUMENT): the callback is NULL"
+        ),
+        "kreplay says which call was refused and why, for the tool that did not look:\n{stderr}"
+    );
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

@@ -201,15 +201,36 @@ pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
     callback_data: *mut std::ffi::c_void,
 ) -> Status {
     guard(|| {
+        let refused = |status: Status, why: &str| {
+            // A tool that ignores the status would otherwise never learn why nothing reaches
+            // it. Another tool owning kernel replay is an answer tools expect, not a slip.
+            let kind_name = kind
+                .label()
+                .map_or_else(|| kind.0.to_string(), |l| l.to_string_lossy().into_owned());
+            crate::kreplay_warn!(
+                "kreplay_configure_callback_tracing_service({kind_name}) refused ({}): {why}",
+                status.name().to_string_lossy()
+            );
+            status
+        };
         if services::configuration_locked() {
-            return Status::ERROR_CONFIGURATION_LOCKED;
+            return refused(
+                Status::ERROR_CONFIGURATION_LOCKED,
+                "tool initialization has ended; configure services in kreplay_configure or \
+                 initialize",
+            );
         }
         let Some(callback) = callback else {
-            return Status::ERROR_INVALID_ARGUMENT;
+            return refused(Status::ERROR_INVALID_ARGUMENT, "the callback is NULL");
         };
         let operations = match (operations.is_null(), operations_count) {
             (_, 0) => None,
-            (true, _) => return Status::ERROR_INVALID_ARGUMENT,
+            (true, _) => {
+                return refused(
+                    Status::ERROR_INVALID_ARGUMENT,
+                    "operations is NULL with a non-zero count",
+                );
+            }
             (false, count) => {
                 // SAFETY: non-null and, per the contract, `count` readable u32s.
                 Some(unsafe { std::slice::from_raw_parts(operations, count) })
@@ -223,7 +244,16 @@ pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
             callback_data,
         ) {
             Ok(()) => Status::SUCCESS,
-            Err(status) => status,
+            Err(status) if status == Status::ERROR_SERVICE_ALREADY_CONFIGURED => status,
+            Err(status) if status == Status::ERROR_INVALID_ARGUMENT => refused(
+                status,
+                "an unknown kind, or an operation that is not one of the kind's",
+            ),
+            Err(status) if status == Status::ERROR_CONTEXT_NOT_FOUND => refused(
+                status,
+                "the context was never returned by kreplay_create_context",
+            ),
+            Err(status) => refused(status, &status.description().to_string_lossy()),
         }
     })
 }
