@@ -944,6 +944,48 @@ fn a_refused_service_configuration_whose_status_the_tool_ignores_is_still_report
 }
 
 #[test]
+fn a_refused_counting_service_whose_status_the_tool_ignores_is_still_reported() {
+    if !common::have_compiler("cc") {
+        return;
+    }
+    let dir = scratch("ignored-counting-status");
+    let source = dir.join("ignores_counting.c");
+    std::fs::write(
+        &source,
+        "#include \"kreplay.h\"\n\
+         static int init(kreplay_client_finalize_t f, void* t) {\n\
+             kreplay_context_id_t c; (void)f; (void)t;\n\
+             kreplay_create_context(&c);\n\
+             kreplay_configure_dispatch_counting_service(c, NULL, NULL, NULL);\n\
+             kreplay_start_context(c);\n\
+             return 0;\n\
+         }\n\
+         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
+             uint32_t p, kreplay_client_id_t* c) {\n\
+             static kreplay_tool_configure_result_t result =\n\
+                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
+             (void)v; (void)rt; (void)p; c->name = \"ignores_counting\"; return &result;\n\
+         }\n",
+    )
+    .unwrap();
+    let tool = dir.join("libignores_counting.so");
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    let out = run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "kreplay_configure_dispatch_counting_service refused \
+             (KREPLAY_STATUS_ERROR_INVALID_ARGUMENT): a callback is NULL"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_users_own_hsa_tools_lib_is_kept_after_libkreplay() {
     // Another ROCm tool the user runs alongside (HSA_TOOLS_LIB is a list): it still loads,
     // after kreplay's library, and the command says so.

@@ -532,15 +532,27 @@ pub unsafe extern "C" fn kreplay_configure_dispatch_counting_service(
     callback_data: *mut c_void,
 ) -> Status {
     crate::api::guard(|| {
+        // Also on stderr: a tool that ignores the status would never learn why it counts nothing.
+        let refused = |status: Status, why: &str| {
+            crate::kreplay_warn!(
+                "kreplay_configure_dispatch_counting_service refused ({}): {why}",
+                status.name().to_string_lossy()
+            );
+            status
+        };
         if services::configuration_locked() {
-            return Status::ERROR_CONFIGURATION_LOCKED;
+            return refused(
+                Status::ERROR_CONFIGURATION_LOCKED,
+                "tool initialization has ended; configure services in kreplay_configure or \
+                 initialize",
+            );
         }
         let (Some(dispatch), Some(record)) = (dispatch_callback, record_callback) else {
-            return Status::ERROR_INVALID_ARGUMENT;
+            return refused(Status::ERROR_INVALID_ARGUMENT, "a callback is NULL");
         };
         match configure_dispatch_counting(context_id.into(), dispatch, record, callback_data) {
             Ok(()) => Status::SUCCESS,
-            Err(status) => status,
+            Err(status) => refused(status, &status.description().to_string_lossy()),
         }
     })
 }
