@@ -383,3 +383,29 @@ fn a_counter_listed_twice_in_a_group_is_counted_once() {
         );
     }
 }
+
+/// `--check` with only the duration asked for has no value to compare, but kernel and
+/// application replay still agree on which rows exist and on the workload's results: the check
+/// passes and says the duration was not compared (it reported the two modes as differing).
+#[test]
+fn check_with_only_the_duration_compares_rows_and_results_and_passes() {
+    let out = kreplay(&[
+        "profile",
+        "--pmc",
+        "GRBM_DURATION_NS",
+        "--pmc",
+        "GRBM_DURATION_NS",
+        "--elements",
+        "1000",
+        "--check",
+        "--",
+        "saxpy",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(!stdout.contains("DIFFER"), "{stdout}");
+    assert!(
+        stdout.contains("check: kernel replay and application replay give the same rows"),
+        "{stdout}"
+    );
+}
