@@ -300,6 +300,11 @@ pub fn configure_dispatch_counting(
     })
 }
 
+/// The context of the dispatch counting service, if one is configured.
+pub(crate) fn service_context() -> Option<ContextId> {
+    SERVICE.read().map(|s| s.context)
+}
+
 /// Is a dispatch counting service configured? One relaxed load.
 #[inline]
 pub fn configured() -> bool {

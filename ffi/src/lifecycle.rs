@@ -753,6 +753,18 @@ fn initialize_tool(index: usize) {
                 owner.context.0
             );
         }
+        // The same slip for counting: no configuration is ever asked for, no record comes.
+        if let Some(context) = crate::counting::service_context()
+            && contexts.contains(&context)
+            && ContextRegistry::global().is_started(context) == Ok(false)
+        {
+            crate::kreplay_warn!(
+                "tool {description} configured dispatch counting on a context it has not \
+                 started (context {}): no dispatch is counted until it calls \
+                 kreplay_start_context",
+                context.0
+            );
+        }
     }
 }
 

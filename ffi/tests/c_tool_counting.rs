@@ -52,3 +52,31 @@ fn a_tool_planning_counters_lazily_in_config_enter_gets_every_counter_once_per_d
     }
     scenario(name, "lazy_plan");
 }
+
+/// A counting service configured on a context the tool never starts counts nothing; kreplay
+/// says so at initialization, as it does for kernel replay (it said nothing, and the tool
+/// received no counter record without learning why).
+#[test]
+fn a_counting_service_on_a_context_never_started_is_warned_about() {
+    let name = "a_counting_service_on_a_context_never_started_is_warned_about";
+    if in_child(name) {
+        return standard_child(1, 1);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["counting_lazy.c"],
+        &[("PROBE_MODE", "unstarted")],
+        DEADLINE,
+    );
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+    assert!(
+        run.stderr
+            .contains("configured dispatch counting on a context it has not started"),
+        "{}",
+        run.report()
+    );
+}
