@@ -817,7 +817,10 @@ typedef kreplay_status_t (*kreplay_agent_counters_cb_t)(kreplay_agent_id_t agent
 
 /** Asked at dispatch time: write the configuration this dispatch (this pass of it) counts to
  *  `*config_id`, or leave it at handle 0 to count nothing. `replay_pass` is the 0-based pass or
- *  KREPLAY_REPLAY_PASS_NONE. A configuration of another agent counts nothing. */
+ *  KREPLAY_REPLAY_PASS_NONE for a dispatch that runs once unreplayed: a plan of one pass (a pass
+ *  count of 1 is not a replay), a replay declined (it runs once, after CONFIG EXIT), or no
+ *  replay service. A tool whose plan has one pass counts its configuration there. A
+ *  configuration of another agent counts nothing. */
 typedef void (*kreplay_dispatch_counting_cb_t)(kreplay_kernel_dispatch_info_t dispatch_info,
                                                uint64_t replay_pass,
                                                kreplay_counter_config_id_t* config_id,
