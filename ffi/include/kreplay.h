@@ -838,7 +838,8 @@ typedef void (*kreplay_counter_record_cb_t)(kreplay_kernel_dispatch_info_t dispa
  * Calls `callback` once with every counter of `agent_id` (none for an agent without counters).
  * KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime;
  * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown agent or a runtime
- * without counters. Call it after the runtime is initialized.
+ * without counters (CUDA: counter collection is HSA-only, and the three counter functions return
+ * it from the tool's initialize on). Call it after the runtime is initialized.
  */
 kreplay_status_t kreplay_iterate_agent_counters(kreplay_agent_id_t agent_id,
                                                 kreplay_agent_counters_cb_t callback,

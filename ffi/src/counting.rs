@@ -92,7 +92,14 @@ fn catalogue(agent: u64) -> Result<Arc<Catalogue>, CountingFailure> {
     if let Some(c) = CATALOGUES.lock().as_ref().and_then(|m| m.get(&agent)) {
         return Ok(Arc::clone(c));
     }
-    let counters = kreplay_hsa::agent_counters(agent)?;
+    let counters = kreplay_hsa::agent_counters(agent).map_err(|e| match e {
+        // Not "not loaded yet": kreplay runs under CUDA, and calling again later changes nothing.
+        CountingError::NotInstalled if crate::cuda_tool::cuda_backend() => failure(
+            Status::ERROR_INVALID_ARGUMENT,
+            "counter collection is HSA-only: launches on the CUDA backend have no counters",
+        ),
+        e => e.into(),
+    })?;
     let mut strings = Vec::new();
     let mut infos = Vec::new();
     for c in &counters {

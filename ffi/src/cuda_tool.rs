@@ -18,6 +18,7 @@
 //! called (or refuses with a printed reason), and nothing here needs CUDA to build.
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use kreplay_ctxmask::ContextRegistry;
 use kreplay_cuda::Enqueued;
@@ -76,6 +77,13 @@ impl Tools for CudaTools {
     }
 }
 
+static CUDA_BACKEND: AtomicBool = AtomicBool::new(false);
+
+/// Whether kreplay's tool side was set up for the CUDA backend (whose launches have no counters).
+pub(crate) fn cuda_backend() -> bool {
+    CUDA_BACKEND.load(Ordering::Relaxed)
+}
+
 /// The tool side for an injection: configuration, logging, limits, tool initialization and the
 /// run record, in that order (anything that can refuse comes before tool code runs).
 pub fn make_tools() -> Result<Box<dyn Tools>, String> {
@@ -85,6 +93,8 @@ pub fn make_tools() -> Result<Box<dyn Tools>, String> {
     hsa_tool::check_snapshot_config(&config)?;
     let record_dir = crate::run_record::dir_from_env()?;
     hsa_tool::apply_limits(&config);
+    // From the tools' initialize on, the counter functions say there are no counters here.
+    CUDA_BACKEND.store(true, Ordering::Relaxed);
     let report = crate::lifecycle::initialize_tools().map_err(|e| e.to_string())?;
     hsa_tool::start_recording(record_dir, "cuda", &report);
     Ok(Box::new(CudaTools))
