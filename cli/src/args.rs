@@ -532,8 +532,9 @@ enum Sub {
         long_about = PROFILE_ABOUT,
         after_long_help = "Exit status: 0 when the profile ran (and, with --check, both modes \
                            agreed), 1 when it could not run (a group over a pass limit, an \
-                           unknown counter) or --check found a difference, 2 for a bad command \
-                           line."
+                           unknown counter), a dispatch did not count every group (its replay \
+                           declined or ended early: INCOMPLETE) or --check found a difference, \
+                           2 for a bad command line."
     )]
     Profile(ProfileArgs),
     /// run any program with kreplay injected (CUDA or ROCm): every kernel replayed N times by
@@ -1210,8 +1211,8 @@ struct ProfileArgs {
     /// kernel (default) or application
     #[arg(long, value_name = "MODE")]
     replay_mode: Option<ReplayModeArg>,
-    /// also write every row (dispatch_id, replay_pass, kernel, agent, counter, value) to FILE,
-    /// .csv or .json
+    /// also write every row (dispatch_id, replay_pass, run, group, kernel, agent, counter, value)
+    /// to FILE, .csv or .json
     #[arg(short = 'o', long = "output", value_name = "FILE", value_parser = profile_output())]
     output: Option<PathBuf>,
     /// run both modes and say whether their values (GRBM_DURATION_NS excluded) and the

@@ -409,3 +409,17 @@ fn check_with_only_the_duration_compares_rows_and_results_and_passes() {
         "{stdout}"
     );
 }
+
+/// `--help` names every column `-o` writes (it left out `run` and `group`).
+#[test]
+fn help_names_every_column_of_the_output_file() {
+    let out = kreplay(&["profile", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("(dispatch_id, replay_pass, run, group, kernel, agent, counter, value)"),
+        "{help}"
+    );
+}
