@@ -528,7 +528,8 @@ typedef struct kreplay_callback_tracing_kernel_replay_data_t {
     kreplay_status_t status;                           /* 192 */
     /** CONFIG EXIT of a declined replay or failed pass: why (kreplay_replay_decline_reason_t). */
     kreplay_replay_decline_reason_t decline_reason;    /* 196 */
-    /** CONFIG EXIT: the passes that ran (1 when the dispatch ran once). */
+    /** CONFIG EXIT: the passes that ran (1 when the dispatch ran once). After a failed pass it
+     *  includes that pass, which never completed: no counter record came for it. */
     uint64_t passes_run;                               /* 200 */
     /** CONFIG EXIT after a failed restore: bytes that could not be restored. */
     uint64_t bytes_lost;                               /* 208 */

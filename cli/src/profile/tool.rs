@@ -249,7 +249,14 @@ unsafe extern "C" fn on_replay(
 fn note_end(data: &KernelReplayData) {
     let mut s = state();
     let groups = s.configs.len() as u64;
-    if s.mode != Mode::Kernel || groups <= 1 || data.passes_run >= groups {
+    // The groups counted: a declined replay counted none in a pass, and a failed pass (which
+    // `passes_run` includes) never completed, so its values were never read.
+    let counted = match data.outcome {
+        ReplayOutcomeKind::DECLINED => 0,
+        ReplayOutcomeKind::PASS_FAILED => data.passes_run.saturating_sub(1),
+        _ => data.passes_run,
+    };
+    if s.mode != Mode::Kernel || groups <= 1 || counted >= groups {
         return;
     }
     let why = if data.outcome == ReplayOutcomeKind::DECLINED {
@@ -263,11 +270,6 @@ fn note_end(data: &KernelReplayData) {
             label(data.outcome.label()),
             label(data.end_reason.label())
         )
-    };
-    let counted = if data.outcome == ReplayOutcomeKind::DECLINED {
-        0
-    } else {
-        data.passes_run
     };
     let line = format!(
         "dispatch {} (kernel {:#x}): {counted} of {groups} counter group(s) counted, {why}",
@@ -353,5 +355,30 @@ fn progress(counted: u64) {
 pub fn end_progress() {
     if std::io::stderr().is_terminal() && state().dispatches > 0 {
         eprintln!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replay whose last pass failed reports `passes_run` with the failed pass included, but
+    /// that pass counted nothing: the dispatch is incomplete (it was taken as whole, its last
+    /// group's values silently missing).
+    #[test]
+    fn a_failed_last_pass_leaves_its_dispatch_incomplete() {
+        start_run(Mode::Kernel, 0);
+        set_configs(vec![HashMap::new(); 3]);
+        let mut data = KernelReplayData::new(KernelDispatchInfo::default());
+        data.outcome = ReplayOutcomeKind::PASS_FAILED;
+        data.passes_run = 3;
+        note_end(&data);
+        let taken = take();
+        assert_eq!(taken.incomplete.len(), 1, "{:?}", taken.incomplete);
+        assert!(
+            taken.incomplete[0].contains("2 of 3 counter group(s) counted"),
+            "{:?}",
+            taken.incomplete
+        );
     }
 }
