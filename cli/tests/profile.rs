@@ -423,3 +423,54 @@ fn help_names_every_column_of_the_output_file() {
         "{help}"
     );
 }
+
+/// A dispatch whose counters could not be collected at all (here: kreplay could not create the
+/// completion signal it counts on, and forwarded the dispatch uncounted) leaves the profile
+/// incomplete in both replay modes: it exited 0 with that dispatch's rows quietly missing.
+#[test]
+fn a_dispatch_that_counted_nothing_makes_the_profile_incomplete_in_both_modes() {
+    let mut hit = 0;
+    for mode in ["application", "kernel"] {
+        for seed in 1..=6 {
+            let csv = scratch(&format!("uncounted-{mode}-{seed}.csv"));
+            let _ = std::fs::remove_file(&csv);
+            let faults = format!("signal_create:0.3,seed:{seed}");
+            let out = kreplay_with(
+                &[
+                    "profile",
+                    "--pmc",
+                    "SQ_WAVES",
+                    "--pmc",
+                    "TCC_ATOMIC",
+                    "--replay-mode",
+                    mode,
+                    "--elements",
+                    "1000",
+                    "-o",
+                    csv.to_str().unwrap(),
+                    "--",
+                    "all",
+                ],
+                &[("KREPLAY_SOFTHSA_FAULTS", &faults)],
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if !stderr.contains("forwarded without KERNEL_DISPATCH records or counters") {
+                continue;
+            }
+            hit += 1;
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{mode}, seed {seed}: a dispatch counted nothing\n{stdout}\n{stderr}"
+            );
+            if csv.exists() {
+                assert!(
+                    stdout.contains("INCOMPLETE"),
+                    "{mode}, seed {seed}: {stdout}"
+                );
+            }
+        }
+    }
+    assert!(hit > 0, "no seed made kreplay forward a dispatch uncounted");
+}

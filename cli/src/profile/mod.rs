@@ -76,8 +76,9 @@ pub struct ProfileOutcome {
     pub check: Option<Result<(), Vec<String>>>,
     /// Each agent's counters (a row's `counter` indexes its agent's list).
     pub catalogues: HashMap<u64, Vec<CounterDesc>>,
-    /// Kernel replay: dispatches whose passes did not count every group (replay declined or
-    /// ended early), one line each; the profile is incomplete and the command fails.
+    /// Dispatches that did not count every group they should have (kernel replay declined or
+    /// ended early, or counters kreplay could not collect in either mode), one line each; the
+    /// profile is incomplete and the command fails.
     pub incomplete: Vec<String>,
 }
 
@@ -243,7 +244,9 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
             tool::start_run(tool::Mode::Application(g), g);
             // SAFETY: as above.
             let run = unsafe { workload::run(table.table(), options.workload, options.elements) }?;
-            rows.extend(finish_run()?.0);
+            let (run_rows, missing) = finish_run()?;
+            rows.extend(run_rows);
+            incomplete.borrow_mut().extend(missing);
             sums.push(run.checksum);
         }
         Ok((rows, sums))

@@ -60,8 +60,11 @@ struct State {
     rows: Vec<Row>,
     dispatches: u64,
     problems: Vec<String>,
-    /// Kernel replay: dispatches whose passes did not count every group, and why.
+    /// Dispatches whose counters are incomplete, and why.
     incomplete: Vec<String>,
+    /// Dispatches seen to their CONFIG EXIT and not already incomplete: (dispatch, kernel, the
+    /// groups it must have rows of), checked against the rows when the run is taken.
+    ended: Vec<(u64, u64, Vec<usize>)>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -72,6 +75,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     dispatches: 0,
     problems: Vec::new(),
     incomplete: Vec::new(),
+    ended: Vec::new(),
 });
 static REGISTERED: OnceLock<()> = OnceLock::new();
 
@@ -108,15 +112,38 @@ pub struct Taken {
     pub rows: Vec<Row>,
     /// Problems the tool met (a failure of the tool itself).
     pub problems: Vec<String>,
-    /// Kernel replay: dispatches whose passes did not count every group (declined, or ended
-    /// before the last group), one line each.
+    /// Dispatches that did not count every group they should have (kernel replay declined or
+    /// ended before the last group; or counters kreplay could not collect, in either mode),
+    /// one line each.
     pub incomplete: Vec<String>,
 }
 
-/// Takes everything collected so far.
+/// Takes everything collected so far. A dispatch seen to its CONFIG EXIT without a row of every
+/// group it should have counted is incomplete: kreplay could not count it (it says why on
+/// stderr: a completion signal it could not create, counters it could not program or read).
 pub fn take() -> Taken {
     let mut s = state();
     s.mode = Mode::Idle;
+    let ended = std::mem::take(&mut s.ended);
+    for (dispatch, kernel, groups) in ended {
+        let missing: Vec<String> = groups
+            .iter()
+            .filter(|&&g| {
+                !s.rows
+                    .iter()
+                    .any(|r| r.dispatch_id == dispatch && r.group == g)
+            })
+            .map(|g| (g + 1).to_string())
+            .collect();
+        if !missing.is_empty() {
+            let line = format!(
+                "dispatch {dispatch} (kernel {kernel:#x}): no values of counter group(s) {}, \
+                 which kreplay could not count (its warnings say why)",
+                missing.join(", ")
+            );
+            s.incomplete.push(line);
+        }
+    }
     Taken {
         rows: std::mem::take(&mut s.rows),
         problems: std::mem::take(&mut s.problems),
@@ -245,10 +272,12 @@ unsafe extern "C" fn on_replay(
 
 /// Kernel replay: a dispatch whose passes did not count every group (a replay declined, or
 /// ended by kreplay's limits before the last group) is noted, so the report says its values
-/// are incomplete instead of leaving them out quietly.
+/// are incomplete instead of leaving them out quietly. Any other dispatch is kept with the
+/// groups it must have rows of, for [`take`] to check.
 fn note_end(data: &KernelReplayData) {
     let mut s = state();
     let groups = s.configs.len() as u64;
+    let (dispatch, kernel) = (data.dispatch_info.dispatch_id, data.dispatch_info.kernel_id);
     // The groups counted: a declined replay counted none in a pass, and a failed pass (which
     // `passes_run` includes) never completed, so its values were never read.
     let counted = match data.outcome {
@@ -256,8 +285,16 @@ fn note_end(data: &KernelReplayData) {
         ReplayOutcomeKind::PASS_FAILED => data.passes_run.saturating_sub(1),
         _ => data.passes_run,
     };
-    if s.mode != Mode::Kernel || groups <= 1 || counted >= groups {
-        return;
+    match s.mode {
+        Mode::Idle => return,
+        Mode::Application(g) => return s.ended.push((dispatch, kernel, vec![g])),
+        Mode::Kernel if groups <= 1 => return s.ended.push((dispatch, kernel, vec![0])),
+        Mode::Kernel if counted >= groups => {
+            return s
+                .ended
+                .push((dispatch, kernel, (0..groups as usize).collect()));
+        }
+        Mode::Kernel => {}
     }
     let why = if data.outcome == ReplayOutcomeKind::DECLINED {
         format!("replay declined: {}", data.decline_reason)
@@ -272,8 +309,8 @@ fn note_end(data: &KernelReplayData) {
         )
     };
     let line = format!(
-        "dispatch {} (kernel {:#x}): {counted} of {groups} counter group(s) counted, {why}",
-        data.dispatch_info.dispatch_id, data.dispatch_info.kernel_id
+        "dispatch {dispatch} (kernel {kernel:#x}): {counted} of {groups} counter group(s) \
+         counted, {why}"
     );
     s.incomplete.push(line);
 }
