@@ -474,3 +474,27 @@ fn a_dispatch_that_counted_nothing_makes_the_profile_incomplete_in_both_modes() 
     }
     assert!(hit > 0, "no seed made kreplay forward a dispatch uncounted");
 }
+
+/// The report's group line lists a counter given twice in a group (in any case) once, as it is
+/// counted (it listed it as often as it was given).
+#[test]
+fn a_group_line_lists_a_counter_given_twice_once() {
+    let report = run_ok(&[
+        "profile".into(),
+        "--pmc".into(),
+        "SQ_WAVES".into(),
+        "sq_waves".into(),
+        "--pmc".into(),
+        "TCC_ATOMIC".into(),
+        "--elements".into(),
+        "300".into(),
+        "--".into(),
+        "saxpy".into(),
+    ]);
+    assert!(
+        report
+            .lines()
+            .any(|l| l.trim_end() == "  group 1 (pass 0): SQ_WAVES"),
+        "{report}"
+    );
+}

@@ -116,10 +116,14 @@ pub fn resolve_groups(
             .iter()
             .enumerate()
             .map(|(g, names)| {
-                let ids = names
-                    .iter()
-                    .map(|n| id_of(n))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let mut ids: Vec<u32> = Vec::with_capacity(names.len());
+                for name in names {
+                    // A group is a set: a counter given twice is counted (and listed) once.
+                    let id = id_of(name)?;
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
                 kreplay_hsa::check_counters(agent, &ids).map_err(|e| {
                     format!(
                         "--pmc group {} ({}) does not fit one pass: {e}; split it into more \
