@@ -64,6 +64,33 @@ fn a_bad_setting_is_an_error_for_every_command_before_it_runs() {
 }
 
 #[test]
+fn bench_on_cuda_refuses_a_bad_setting_before_it_looks_for_a_driver() {
+    // It read no setting at all: KREPLAY_RESTORE=bogus measured on a GPU machine without a
+    // word, and here the missing driver was reported instead of the bad value.
+    let args = [
+        "bench",
+        "--backend",
+        "cuda",
+        "--footprints",
+        "64K",
+        "--passes",
+        "none",
+        "--repeats",
+        "1",
+    ];
+    for (setting, named) in [
+        (("KREPLAY_RESTORE", "bogus"), "KREPLAY_RESTORE"),
+        (("KREPLAY_MAX_PASSES", "0"), "KREPLAY_MAX_PASSES"),
+        (
+            ("KREPLAY_CUDA_DEVICE_HEAP", "bogus"),
+            "KREPLAY_CUDA_DEVICE_HEAP",
+        ),
+    ] {
+        assert_refused_at_start(&args, &[setting], named);
+    }
+}
+
+#[test]
 fn an_unknown_software_runtime_table_layout_is_an_error_for_every_command_before_it_runs() {
     // KREPLAY_SOFTHSA_TABLE=7.0 meant the ROCm 7 layout; it ran on the 5.2 one instead, with a
     // line on stderr and exit 0.

@@ -39,7 +39,12 @@ impl Write for Tee<'_> {
 /// targets to `out` after them.
 pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Result<(), String> {
     config.validate()?;
-    // The driver first: no file is created where nothing can be measured.
+    // The settings first, as for every command that installs kreplay: the bench reads none of
+    // them (its tiers and strategies come from the command line), but a bad one is still a
+    // mistake to report rather than measure past.
+    super::checked_settings()?;
+    kreplay_cuda::config::Config::from_lookup(|name| std::env::var(name).ok())?;
+    // Then the driver: no file is created where nothing can be measured.
     kreplay_cuda::demo::driver()?;
     let file = csv
         .map(|p| File::create(p).map_err(|e| format!("cannot write {}: {e}", p.display())))
