@@ -110,6 +110,8 @@ fn a_spill_folder_that_cannot_hold_files_is_an_error_for_every_command_before_it
     let missing = missing.to_str().unwrap();
     for args in COMMANDS {
         assert_refused_at_start(args, &[("KREPLAY_SPILL_DIR", missing)], missing);
+        // The variable too, not the snapshot configuration's field (`spill_dir`).
+        assert_refused_at_start(args, &[("KREPLAY_SPILL_DIR", missing)], "KREPLAY_SPILL_DIR");
     }
 }
 
@@ -194,6 +196,7 @@ fn run_refuses_a_bad_setting_before_the_program_runs() {
         ("hsa", ("KREPLAY_RESTORE", "bogus"), "KREPLAY_RESTORE"),
         ("cuda", ("KREPLAY_MAX_PASSES", "0"), "KREPLAY_MAX_PASSES"),
         ("hsa", ("KREPLAY_SPILL_DIR", missing), missing),
+        ("hsa", ("KREPLAY_SPILL_DIR", missing), "KREPLAY_SPILL_DIR"),
         (
             "cuda",
             ("KREPLAY_CUDA_DEVICE_HEAP", "bogus"),

@@ -271,6 +271,18 @@ impl Config {
             .with_scope(self.snapshot_scope)
     }
 
+    /// The snapshot configuration's own checks (a spill folder no file can be created in), the
+    /// error naming the variable that set the value at fault (`KREPLAY_SPILL_DIR`, not the
+    /// field `spill_dir`).
+    pub fn check_snapshot_config(&self) -> Result<(), String> {
+        self.snapshot_config()
+            .validate()
+            .map_err(|e| match e.variable {
+                "spill_dir" => format!("invalid {ENV_SPILL_DIR}: {}", e.message),
+                _ => format!("invalid snapshot configuration: {e}"),
+            })
+    }
+
     /// The spill folder to use: `spill_dir`, else the system temporary directory.
     pub fn spill_dir_or_temp(&self) -> PathBuf {
         self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)

@@ -101,10 +101,7 @@ pub unsafe fn on_load(table: *mut hsa_sys::HsaApiTable) -> Result<(), String> {
 /// after the tools had run, and a tool initialized into a kreplay that fails to load is never
 /// finalized.
 pub(crate) fn check_snapshot_config(config: &Config) -> Result<(), String> {
-    config
-        .snapshot_config()
-        .validate()
-        .map_err(|e| format!("invalid snapshot configuration: {e}"))
+    config.check_snapshot_config()
 }
 
 /// Takes the loop limits and the built-in tool's passes from `config` (at load, on either

@@ -118,6 +118,11 @@ fn a_spill_dir_that_does_not_exist_is_refused_before_any_tool_is_configured() {
                 "KREPLAY_SPILL_DIR=/nonexistent/...: on_load returned {loaded:?} and the tool's \
                  configure ran {configured} time(s); expected a refusal before any tool"
             );
+            let why = loaded.unwrap_err();
+            assert!(
+                why.contains("KREPLAY_SPILL_DIR"),
+                "the refusal names the variable: {why}"
+            );
         },
     );
 }

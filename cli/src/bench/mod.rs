@@ -47,13 +47,7 @@ pub struct BenchOutcome {
 /// is a `KREPLAY_SPILL_DIR` where no spill file can be created.
 pub(crate) fn checked_settings() -> Result<kreplay::config::Config, String> {
     let settings = kreplay::config::Config::from_env().map_err(|e| e.to_string())?;
-    kreplay_snapshot::SnapshotConfig::default()
-        .with_spill_dir(settings.spill_dir.clone())
-        .validate()
-        .map_err(|e| match e.variable {
-            "spill_dir" => format!("invalid {}: {}", kreplay::config::ENV_SPILL_DIR, e.message),
-            _ => e.to_string(),
-        })?;
+    settings.check_snapshot_config()?;
     Ok(settings)
 }
 

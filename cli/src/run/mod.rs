@@ -479,10 +479,7 @@ fn check_settings(
     let not_loaded = |why: String| format!("{why} (kreplay would not load into the program)");
     let config =
         kreplay::config::Config::from_lookup(lookup).map_err(|e| not_loaded(e.to_string()))?;
-    config
-        .snapshot_config()
-        .validate()
-        .map_err(|e| not_loaded(format!("invalid snapshot configuration: {e}")))?;
+    config.check_snapshot_config().map_err(not_loaded)?;
     if backend == Backend::Cuda {
         kreplay_cuda::config::Config::from_lookup(lookup).map_err(not_loaded)?;
     }
