@@ -245,6 +245,13 @@ fn a_bad_entry_in_the_tool_libraries_variable_fails_the_demo() {
         &[("KREPLAY_TOOL_LIBRARIES", missing.as_os_str())],
     );
     assert_refused(&output, &missing, "no such file");
+    // Where the path came from, as for every other malformed setting: it was not on the
+    // command line.
+    assert!(
+        text(&output.stderr).contains("KREPLAY_TOOL_LIBRARIES"),
+        "names the variable: {}",
+        text(&output.stderr)
+    );
 }
 
 #[test]

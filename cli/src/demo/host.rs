@@ -20,12 +20,46 @@ use kreplay::abi::ConfigureFn;
 use kreplay::lifecycle::{ENV_TOOL_LIBRARIES, ToolState};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
+/// A tool library asked for, and whether `KREPLAY_TOOL_LIBRARIES` named it (else `--tool`).
+#[derive(Clone, Debug)]
+pub struct Requested {
+    /// The library's path.
+    pub path: PathBuf,
+    /// Listed in `KREPLAY_TOOL_LIBRARIES`.
+    pub from_variable: bool,
+}
+
+impl Requested {
+    /// `why` it cannot be used, saying where the path came from when it was the variable: a
+    /// malformed setting is named, as every other one is.
+    fn noted(&self, why: String) -> String {
+        if self.from_variable {
+            format!("{why} (listed in {ENV_TOOL_LIBRARIES})")
+        } else {
+            why
+        }
+    }
+}
+
 /// The tool libraries asked for: `--tool` paths first, then those of `KREPLAY_TOOL_LIBRARIES`
 /// (colon-separated, empty entries skipped).
-pub fn requested(from_options: &[PathBuf]) -> Vec<PathBuf> {
-    let mut paths = from_options.to_vec();
+pub fn requested(from_options: &[PathBuf]) -> Vec<Requested> {
+    let mut paths: Vec<Requested> = from_options
+        .iter()
+        .map(|path| Requested {
+            path: path.clone(),
+            from_variable: false,
+        })
+        .collect();
     if let Some(value) = std::env::var_os(ENV_TOOL_LIBRARIES) {
-        paths.extend(std::env::split_paths(&value).filter(|p| !p.as_os_str().is_empty()));
+        paths.extend(
+            std::env::split_paths(&value)
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|path| Requested {
+                    path,
+                    from_variable: true,
+                }),
+        );
     }
     paths
 }
@@ -37,7 +71,7 @@ pub struct ExternalTools {
 }
 
 struct ExternalTool {
-    path: PathBuf,
+    requested: Requested,
     /// Keeps the library loaded for the rest of the process (kreplay calls into it until the
     /// process ends; unloading tool libraries is never safe).
     _library: Library,
@@ -48,28 +82,29 @@ impl ExternalTools {
     /// [`kreplay::lifecycle::force_configure_library`] (`kreplay_force_configure` that also
     /// names the file). Call before anything else is registered, so these tools are configured
     /// and initialized first (client handles 1, 2, ...). A library listed twice is used once.
-    pub fn load(paths: &[PathBuf]) -> Result<ExternalTools, String> {
+    pub fn load(paths: &[Requested]) -> Result<ExternalTools, String> {
         let mut loaded = ExternalTools::default();
         if paths.is_empty() {
             return Ok(loaded);
         }
         check_host_exports()?;
         let mut registered: Vec<usize> = Vec::new();
-        for path in paths {
-            let (library, configure) = open(path)?;
+        for requested in paths {
+            let path = &requested.path;
+            let (library, configure) = open(path).map_err(|why| requested.noted(why))?;
             if registered.contains(&(configure as usize)) {
                 continue;
             }
             // Registered with its path, so kreplay's own messages about it name the file.
             if let Err(status) = kreplay::lifecycle::force_configure_library(configure, path) {
-                return Err(format!(
+                return Err(requested.noted(format!(
                     "cannot use tool {}: registering it: {status}",
                     path.display()
-                ));
+                )));
             }
             registered.push(configure as usize);
             loaded.tools.push(ExternalTool {
-                path: path.clone(),
+                requested: requested.clone(),
                 _library: library,
             });
         }
@@ -91,12 +126,17 @@ impl ExternalTools {
             // Forced configure functions come first, in registration order: client 1, 2, ...
             let client = index as u32 + 1;
             let Some(summary) = summaries.iter().find(|s| s.client == client) else {
-                return Err(format!(
+                return Err(tool.requested.noted(format!(
                     "tool {} was never configured by kreplay",
-                    tool.path.display()
-                ));
+                    tool.requested.path.display()
+                )));
             };
-            let cannot = |why: &str| Err(format!("cannot use tool {}: {why}", tool.path.display()));
+            let cannot = |why: &str| {
+                Err(tool.requested.noted(format!(
+                    "cannot use tool {}: {why}",
+                    tool.requested.path.display()
+                )))
+            };
             match summary.state {
                 ToolState::Active | ToolState::Finalized => {}
                 ToolState::Declined => {
@@ -122,7 +162,7 @@ impl ExternalTools {
                 summary
                     .name
                     .clone()
-                    .unwrap_or_else(|| tool.path.display().to_string()),
+                    .unwrap_or_else(|| tool.requested.path.display().to_string()),
             );
         }
         Ok(names)
