@@ -591,7 +591,9 @@ const DEMO_AFTER: &str = "The table, one row per dispatch:\n\
     \x20 snapshot           bytes copied into the snapshot before pass 0\n\
     \x20 restored           bytes written back, all restores together\n\
     \x20 tier               where the snapshot was kept (device, host or file)\n\
-    \x20 strategy           how memory was restored (full, hash, writeset, ...)\n\
+    \x20 strategy           how memory was restored (full, hash, writeset, writeset-unverified); \
+    a tracked restore (KREPLAY_RESTORE=tracked, or auto following writes) shows as writeset, \
+    the name the C ABI gives it (kreplay run names it tracked)\n\
     \x20 lock wait          waiting for the agent's writer lock\n\
     \x20 drain              waiting for the agent's earlier work to finish\n\
     \x20 snap time          planning and taking the snapshot\n\

@@ -255,3 +255,30 @@ fn run_refuses_more_passes_than_the_cap_on_passes_allows() {
     );
     assert!(ran, "4 passes are within a cap of 4");
 }
+
+#[test]
+fn the_demo_help_says_how_a_tracked_restore_shows_in_the_strategy_column() {
+    // KREPLAY_RESTORE=tracked showed `writeset` in every row, and the help listed no
+    // `tracked`: the setting looked ignored.
+    let output = kreplay(
+        &["demo", "--elements", "64k"],
+        &[("KREPLAY_RESTORE", "tracked")],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert!(
+        !rows.is_empty() && rows.iter().all(|l| l.contains(" writeset ")),
+        "{stdout}"
+    );
+    let help = kreplay(&["demo", "--help"], &[]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("a tracked restore (KREPLAY_RESTORE=tracked"),
+        "{help}"
+    );
+}
