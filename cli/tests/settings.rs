@@ -282,3 +282,21 @@ fn the_demo_help_says_how_a_tracked_restore_shows_in_the_strategy_column() {
         "{help}"
     );
 }
+
+#[test]
+fn the_cuda_choices_take_any_case_as_every_other_choice_does() {
+    // KREPLAY_RESTORE=Tracked, KREPLAY_LOG=Info and the like are read in any case, with
+    // spaces around; KREPLAY_CUDA_DEVICE_HEAP=Trust and KREPLAY_CUDA_AUTO_DEVICE=MODEL were
+    // refused (spaces were taken).
+    for setting in [
+        ("KREPLAY_RESTORE", " Tracked "),
+        ("KREPLAY_CUDA_DEVICE_HEAP", "Trust"),
+        ("KREPLAY_CUDA_DEVICE_HEAP", " DECLINE "),
+        ("KREPLAY_CUDA_AUTO_DEVICE", "MODEL"),
+        ("KREPLAY_CUDA_AUTO_DEVICE", " Measured"),
+    ] {
+        let (output, ran) = run_command("cuda-case", "cuda", &[], &[setting]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(ran && !stderr.contains(setting.0), "{setting:?}: {stderr}");
+    }
+}

@@ -177,12 +177,19 @@ impl Config {
                 .parse::<LogLevel>()
                 .map_err(|e| format!("KREPLAY_LOG: {e}"))?,
         };
-        let auto_measured = match lookup("KREPLAY_CUDA_AUTO_DEVICE").as_deref().map(str::trim) {
+        // Any ASCII case, spaces around ignored, as every other choice is read.
+        let auto_device = lookup("KREPLAY_CUDA_AUTO_DEVICE");
+        let auto_measured = match auto_device
+            .as_deref()
+            .map(|v| v.trim().to_ascii_lowercase())
+            .as_deref()
+        {
             None | Some("measured") => true,
             Some("model") => false,
-            Some(other) => {
+            Some(_) => {
                 return Err(format!(
-                    "KREPLAY_CUDA_AUTO_DEVICE={other:?}: expected measured or model"
+                    "KREPLAY_CUDA_AUTO_DEVICE={:?}: expected measured or model",
+                    auto_device.unwrap_or_default()
                 ));
             }
         };

@@ -36,11 +36,13 @@ pub enum HeapPolicy {
 
 impl std::str::FromStr for HeapPolicy {
     type Err = String;
+    /// `decline` or `trust`, in any ASCII case, spaces around ignored (as every other choice
+    /// among kreplay's settings is read).
     fn from_str(s: &str) -> Result<HeapPolicy, String> {
-        match s.trim() {
+        match s.trim().to_ascii_lowercase().as_str() {
             "decline" => Ok(HeapPolicy::Decline),
             "trust" => Ok(HeapPolicy::Trust),
-            other => Err(format!("{other:?}: expected decline or trust")),
+            _ => Err(format!("{s:?}: expected decline or trust")),
         }
     }
 }
