@@ -300,3 +300,13 @@ fn the_cuda_choices_take_any_case_as_every_other_choice_does() {
         assert!(ran && !stderr.contains(setting.0), "{setting:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_drain_timeout_or_built_in_pass_count_of_zero_is_an_error_for_every_command() {
+    // README: both are at least 1; 0 is not "no timeout" or "off".
+    for args in COMMANDS {
+        for setting in [("KREPLAY_DRAIN_TIMEOUT_MS", "0"), ("KREPLAY_PASSES", "0")] {
+            assert_refused_at_start(args, &[setting], setting.0);
+        }
+    }
+}
