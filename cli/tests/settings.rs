@@ -310,3 +310,29 @@ fn a_drain_timeout_or_built_in_pass_count_of_zero_is_an_error_for_every_command(
         }
     }
 }
+
+#[test]
+fn the_store_setting_forces_its_tier_and_auto_keeps_host_memory_on_the_software_runtime() {
+    for (store, tier) in [
+        ("device", "device"),
+        ("host", "host"),
+        ("file", "file"),
+        (" FILE ", "file"),
+        ("auto", "host"),
+    ] {
+        let output = kreplay(
+            &["demo", "--elements", "1k"],
+            &[("KREPLAY_SNAPSHOT_STORE", store)],
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{store}: {stdout}");
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert!(
+            !rows.is_empty() && rows.iter().all(|l| l.contains(&format!(" {tier} "))),
+            "{store}: every row in the {tier} tier: {stdout}"
+        );
+    }
+}
