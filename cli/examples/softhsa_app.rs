@@ -72,7 +72,10 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let mut table = OwnedApiTable::softhsa();
+    // A layout it does not know is an error, as for kreplay's commands: a run meant for one
+    // table that went on with another would say nothing of the one asked for.
+    let layout = kreplay_softhsa::TableLayout::from_env()?;
+    let mut table = OwnedApiTable::softhsa_with(layout);
     let mut tools = Vec::new();
     let names = std::env::var_os("HSA_TOOLS_LIB")
         .map(|v| tool_names(&v))

@@ -646,6 +646,27 @@ fn run_on_the_software_runtime_replays_every_dispatch_with_the_real_library_and_
 }
 
 #[test]
+fn a_software_runtime_program_refuses_an_unknown_table_layout() {
+    // It ran on the 5.2 layout with a line on stderr and exit 0: a run meant for the ROCm 7
+    // table (KREPLAY_SOFTHSA_TABLE=7.0) tried another one and said it passed.
+    let lib = libkreplay();
+    let app = softhsa_app();
+    let out = run_with(
+        &["--backend", "hsa", "--passes", "2"],
+        &lib,
+        &[app.to_str().unwrap()],
+        &[("KREPLAY_SOFTHSA_TABLE", "7.0")],
+    );
+    let stderr = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("KREPLAY_SOFTHSA_TABLE") && !stderr.contains("using the ROCm"),
+        "{stderr}"
+    );
+    assert!(!text(&out.stdout).contains("checksum"), "it did not run");
+}
+
+#[test]
 fn run_with_a_c_tool_on_the_software_runtime_lets_the_tool_decide_and_check_passes() {
     if !common::have_compiler("cc") {
         return;
