@@ -336,3 +336,32 @@ fn the_store_setting_forces_its_tier_and_auto_keeps_host_memory_on_the_software_
         );
     }
 }
+
+#[test]
+fn a_snapshot_budget_below_the_footprint_declines_every_replay_whatever_the_tier() {
+    for store in ["device", "host", "file", "auto"] {
+        let output = kreplay(
+            &["demo", "--elements", "1k"],
+            &[
+                ("KREPLAY_MAX_SNAPSHOT_BYTES", "4 KiB"),
+                ("KREPLAY_SNAPSHOT_STORE", store),
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // Not replayed as planned: the demo says so with exit status 1.
+        assert_eq!(output.status.code(), Some(1), "{store}: {stdout}");
+        assert!(
+            stdout.contains("dispatches: 12, 0 replayed"),
+            "{store}: {stdout}"
+        );
+        assert_eq!(
+            stderr
+                .lines()
+                .filter(|l| l.contains("footprint_budget") && l.contains("4096 bytes"))
+                .count(),
+            12,
+            "{store}: {stderr}"
+        );
+    }
+}
