@@ -162,7 +162,10 @@ impl Config {
                 .map_err(|e| format!("KREPLAY_SNAPSHOT_SCOPE: {e}"))?;
         }
         if let Some(v) = lookup("KREPLAY_SPILL_DIR") {
-            snapshot.spill_dir = Some(v.into());
+            // Absolute from here on, as libkreplay's configuration reads it: the same folder at
+            // every spill, whatever folder the program moves to.
+            let path = std::path::PathBuf::from(v);
+            snapshot.spill_dir = Some(std::path::absolute(&path).unwrap_or(path));
         }
         let mut shadow = ShadowBudget::default();
         if let Some(v) = lookup("KREPLAY_CUDA_SHADOW_HEADROOM_MIB") {
@@ -205,9 +208,10 @@ impl Config {
         let drain_timeout = drain_timeout(&lookup)
             .map_err(|e| e.to_string())?
             .unwrap_or(DEFAULT_DRAIN_TIMEOUT);
-        snapshot
-            .validate()
-            .map_err(|e| format!("snapshot configuration: {e}"))?;
+        snapshot.validate().map_err(|e| match e.variable {
+            "spill_dir" => format!("invalid KREPLAY_SPILL_DIR: {}", e.message),
+            _ => format!("snapshot configuration: {e}"),
+        })?;
         Ok(Config {
             passes,
             snapshot,
@@ -259,6 +263,16 @@ mod tests {
             e.contains("KREPLAY_CUDA_AUTO_DEVICE") && e.contains("fitted"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_relative_spill_folder_is_taken_from_the_folder_kreplay_loads_in() {
+        // The crate's folder, where the tests run, has `src`.
+        let c = with(&[("KREPLAY_SPILL_DIR", "src")]).unwrap();
+        let expected = std::env::current_dir().unwrap().join("src");
+        assert_eq!(c.snapshot.spill_dir, Some(expected));
+        let e = with(&[("KREPLAY_SPILL_DIR", "no-such-folder")]).unwrap_err();
+        assert!(e.starts_with("invalid KREPLAY_SPILL_DIR: "), "{e}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! | `KREPLAY_RESTORE` | `auto`, `full`, `hash`, `writeset`, `writeset-unverified`, `tracked` | `auto` |
 //! | `KREPLAY_MAX_PASSES` | a whole number of passes, at least 1 | `1024` |
 //! | `KREPLAY_REPLAY_BUDGET_MS` | milliseconds per dispatch, at least 1 | no budget |
-//! | `KREPLAY_SPILL_DIR` | a non-empty path | the system temporary directory |
+//! | `KREPLAY_SPILL_DIR` | a non-empty path (a relative one is taken from the folder kreplay loads in) | the system temporary directory |
 //! | `KREPLAY_LOG` | `off`, `warn`, `info`, `debug` | `warn` |
 //! | `KREPLAY_SNAPSHOT_SCOPE` | `agent`, `referenced` | `agent` |
 //! | `KREPLAY_PASSES` | passes of the built-in tool (every dispatch replayed), at least 1; `KREPLAY_CUDA_PASSES` is read when it is unset | `1` (off) |
@@ -224,7 +224,10 @@ impl Config {
                     expected: "a directory path".to_owned(),
                 });
             }
-            config.spill_dir = Some(PathBuf::from(value));
+            // Absolute from here on (as the record folder is): checked at load, it must name
+            // the same folder at every spill, whatever folder the program moves to.
+            let path = PathBuf::from(value);
+            config.spill_dir = Some(std::path::absolute(&path).unwrap_or(path));
         }
         if let Some(value) = lookup(ENV_MAX_PASSES) {
             config.max_passes = parse_positive(&value).ok_or_else(|| ConfigError {
@@ -385,6 +388,16 @@ mod tests {
             let err = config_from(&[("KREPLAY_PASSES", bad)]).unwrap_err();
             assert_eq!(err.variable, "KREPLAY_PASSES", "{bad}");
         }
+    }
+
+    #[test]
+    fn a_relative_spill_folder_is_taken_from_the_folder_kreplay_loads_in() {
+        // Kept relative, it was checked at load against the folder the program was in then and
+        // used at every spill against the folder it is in at that moment: a program that
+        // changed folder had every replay that spills declined, or spilled somewhere else.
+        let config = config_from(&[("KREPLAY_SPILL_DIR", "spill")]).unwrap();
+        let expected = std::env::current_dir().unwrap().join("spill");
+        assert_eq!(config.spill_dir, Some(expected));
     }
 
     #[test]
