@@ -646,6 +646,36 @@ fn run_on_the_software_runtime_replays_every_dispatch_with_the_real_library_and_
 }
 
 #[test]
+fn the_older_cuda_name_of_the_built_in_pass_count_is_read_on_hsa_too() {
+    // The docs called KREPLAY_CUDA_PASSES a CUDA-only name; libkreplay reads it on either
+    // backend when KREPLAY_PASSES is not set.
+    let dir = scratch("cuda-passes-on-hsa");
+    let out = std::process::Command::new(softhsa_app())
+        .env("HSA_TOOLS_LIB", libkreplay())
+        .env_remove("KREPLAY_PASSES")
+        .env("KREPLAY_CUDA_PASSES", "3")
+        .env("KREPLAY_RECORD_DIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let record: kreplay::run_record::RunRecord =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    assert_eq!(record.passes_requested, 3);
+    let readme = include_str!("../../README.md");
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with("| `KREPLAY_PASSES`"))
+        .unwrap();
+    assert!(row.contains("read on either backend"), "{row}");
+}
+
+#[test]
 fn a_software_runtime_program_refuses_an_unknown_table_layout() {
     // It ran on the 5.2 layout with a line on stderr and exit 0: a run meant for the ROCm 7
     // table (KREPLAY_SOFTHSA_TABLE=7.0) tried another one and said it passed.
