@@ -365,3 +365,18 @@ fn a_snapshot_budget_below_the_footprint_declines_every_replay_whatever_the_tier
         );
     }
 }
+
+#[test]
+fn a_record_folder_that_does_not_exist_is_an_error_for_every_command_before_it_runs() {
+    // bench measured past it with exit 0, and bench-dispatch found out in its first child.
+    let missing = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("settings-{}-no-record-folder", std::process::id()));
+    let missing = missing.to_str().unwrap();
+    for args in COMMANDS {
+        assert_refused_at_start(
+            args,
+            &[("KREPLAY_RECORD_DIR", missing)],
+            "KREPLAY_RECORD_DIR",
+        );
+    }
+}

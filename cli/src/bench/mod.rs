@@ -44,10 +44,13 @@ pub struct BenchOutcome {
 
 /// kreplay's settings from the environment, checked before a benchmark measures anything: a bad
 /// `KREPLAY_*` value is an error here as it is for every command that installs kreplay, and so
-/// is a `KREPLAY_SPILL_DIR` where no spill file can be created.
+/// is a `KREPLAY_SPILL_DIR` where no spill file can be created or a `KREPLAY_RECORD_DIR` that is
+/// not an existing folder.
 pub(crate) fn checked_settings() -> Result<kreplay::config::Config, String> {
     let settings = kreplay::config::Config::from_env().map_err(|e| e.to_string())?;
     settings.check_snapshot_config()?;
+    // Not a setting the configuration reads, but one libkreplay refuses at load.
+    kreplay::run_record::dir_from_env()?;
     Ok(settings)
 }
 
