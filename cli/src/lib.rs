@@ -66,9 +66,10 @@ where
             return EXIT_FAILURE;
         }
     }
-    // The commands on the embedded software runtime: its table layout is a setting like the
-    // others, refused at once when malformed (the runtime itself would fall back to the
-    // default layout with a line on stderr).
+    // The commands on the embedded software runtime: its table layout, poll time and faults
+    // are settings like the others, refused at once when malformed (the runtime itself would
+    // fall back to the default layout with a line on stderr, and read the others only when it
+    // starts).
     if matches!(
         command,
         Command::Demo(_)
@@ -76,7 +77,7 @@ where
             | Command::BenchDispatch(_)
             | Command::Stress(_)
             | Command::Profile(_)
-    ) && let Err(error) = kreplay_softhsa::TableLayout::from_env()
+    ) && let Err(error) = kreplay_softhsa::check_env()
     {
         eprintln!("kreplay: error: {error}");
         return EXIT_FAILURE;

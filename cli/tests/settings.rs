@@ -380,3 +380,18 @@ fn a_record_folder_that_does_not_exist_is_an_error_for_every_command_before_it_r
         );
     }
 }
+
+#[test]
+fn a_bad_software_runtime_poll_or_fault_setting_is_one_error_for_every_command_before_it_runs() {
+    // They were read only by the hsa_init that starts the runtime: two lines (the runtime's,
+    // then a failed hsa_init) for most commands, and bench, which starts none, ran past them,
+    // unlike KREPLAY_SOFTHSA_TABLE.
+    for args in COMMANDS {
+        for setting in [
+            ("KREPLAY_SOFTHSA_POLL_US", "2000000"),
+            ("KREPLAY_SOFTHSA_FAULTS", "copy:2"),
+        ] {
+            assert_refused_at_start(args, &[setting], setting.0);
+        }
+    }
+}

@@ -125,6 +125,17 @@ pub const POLL_ENV: &str = "KREPLAY_SOFTHSA_POLL_US";
 /// Most microseconds [`POLL_ENV`] accepts.
 const MAX_POLL_US: u64 = 1_000_000;
 
+/// Checks the runtime's own settings in the environment, [`TABLE_LAYOUT_ENV`], [`POLL_ENV`] and
+/// [`faults::ENV_VAR`], as the runtime will read them: an error names the first bad one. For a
+/// program to refuse them before it starts anything (the runtime reads the poll time and the
+/// faults only at the `hsa_init` that starts it, and falls back to the default table layout).
+pub fn check_env() -> Result<(), String> {
+    TableLayout::from_env()?;
+    SoftHsaConfig::default().effective_poll()?;
+    faults::FaultPlan::from_env()?;
+    Ok(())
+}
+
 impl Default for SoftHsaConfig {
     fn default() -> Self {
         Self {
