@@ -856,17 +856,44 @@ fn run_reports_a_tool_whose_kreplay_configure_is_a_variable_and_the_program_stil
     assert_eq!(out.status.code(), Some(1), "{stderr}");
 }
 
-#[test]
-fn a_tool_that_configures_kernel_replay_but_never_starts_its_context_is_told_why_nothing_replays() {
+/// A C tool whose `kreplay_configure` hands over `init` (C source defining
+/// `static int init(kreplay_client_finalize_t, void*)` and what it uses), built as
+/// `lib<name>.so`, run by `kreplay run --tool` over the software runtime's program; `None`
+/// where there is no C compiler.
+fn run_c_tool_with_init(name: &str, init: &str) -> Option<Output> {
     if !common::have_compiler("cc") {
-        return;
+        return None;
     }
-    let dir = scratch("unstarted-replay");
-    let source = dir.join("unstarted.c");
+    let dir = scratch(name);
+    let source = dir.join(format!("{name}.c"));
     std::fs::write(
         &source,
-        "#include \"kreplay.h\"\n\
-         static void on_replay(kreplay_callback_tracing_record_t r, kreplay_user_data_t* u,\n\
+        format!(
+            "#include \"kreplay.h\"\n\
+             {init}\n\
+             kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
+                 uint32_t p, kreplay_client_id_t* c) {{\n\
+                 static kreplay_tool_configure_result_t result =\n\
+                     {{sizeof(kreplay_tool_configure_result_t), init, NULL, NULL}};\n\
+                 (void)v; (void)rt; (void)p; c->name = \"{name}\"; return &result;\n\
+             }}\n"
+        ),
+    )
+    .unwrap();
+    let tool = dir.join(format!("lib{name}.so"));
+    common::build_c_library_from(&source, &tool, "c99", &[]);
+    Some(run(
+        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
+        &libkreplay(),
+        &[softhsa_app().to_str().unwrap()],
+    ))
+}
+
+#[test]
+fn a_tool_that_configures_kernel_replay_but_never_starts_its_context_is_told_why_nothing_replays() {
+    let Some(out) = run_c_tool_with_init(
+        "unstarted",
+        "static void on_replay(kreplay_callback_tracing_record_t r, kreplay_user_data_t* u,\n\
                                void* d) { (void)r; (void)u; (void)d; }\n\
          static int init(kreplay_client_finalize_t f, void* t) {\n\
              kreplay_context_id_t c; (void)f; (void)t;\n\
@@ -874,22 +901,10 @@ fn a_tool_that_configures_kernel_replay_but_never_starts_its_context_is_told_why
              /* the slip: configured, never started */\n\
              return kreplay_configure_callback_tracing_service(c,\n\
                  KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY, NULL, 0, on_replay, NULL);\n\
-         }\n\
-         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
-             uint32_t p, kreplay_client_id_t* c) {\n\
-             static kreplay_tool_configure_result_t result =\n\
-                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
-             (void)v; (void)rt; (void)p; c->name = \"unstarted\"; return &result;\n\
-         }\n",
-    )
-    .unwrap();
-    let tool = dir.join("libunstarted.so");
-    common::build_c_library_from(&source, &tool, "c99", &[]);
-    let out = run(
-        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
-        &libkreplay(),
-        &[softhsa_app().to_str().unwrap()],
-    );
+         }",
+    ) else {
+        return;
+    };
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("configured kernel replay on a context it has not started"),
@@ -952,38 +967,20 @@ fn run_names_the_tool_option_when_the_tool_it_was_given_cannot_be_loaded() {
 
 #[test]
 fn a_refused_service_configuration_whose_status_the_tool_ignores_is_still_reported() {
-    if !common::have_compiler("cc") {
-        return;
-    }
-    let dir = scratch("ignored-status");
-    let source = dir.join("ignores.c");
     // The slip: the callback is left NULL and the returned status is never looked at.
-    std::fs::write(
-        &source,
-        "#include \"kreplay.h\"\n\
-         static int init(kreplay_client_finalize_t f, void* t) {\n\
+    let Some(out) = run_c_tool_with_init(
+        "ignores",
+        "static int init(kreplay_client_finalize_t f, void* t) {\n\
              kreplay_context_id_t c; (void)f; (void)t;\n\
              kreplay_create_context(&c);\n\
              kreplay_configure_callback_tracing_service(c,\n\
                  KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY, NULL, 0, NULL, NULL);\n\
              kreplay_start_context(c);\n\
              return 0;\n\
-         }\n\
-         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
-             uint32_t p, kreplay_client_id_t* c) {\n\
-             static kreplay_tool_configure_result_t result =\n\
-                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
-             (void)v; (void)rt; (void)p; c->name = \"ignores\"; return &result;\n\
-         }\n",
-    )
-    .unwrap();
-    let tool = dir.join("libignores.so");
-    common::build_c_library_from(&source, &tool, "c99", &[]);
-    let out = run(
-        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
-        &libkreplay(),
-        &[softhsa_app().to_str().unwrap()],
-    );
+         }",
+    ) else {
+        return;
+    };
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains(
@@ -996,36 +993,18 @@ fn a_refused_service_configuration_whose_status_the_tool_ignores_is_still_report
 
 #[test]
 fn a_refused_counting_service_whose_status_the_tool_ignores_is_still_reported() {
-    if !common::have_compiler("cc") {
-        return;
-    }
-    let dir = scratch("ignored-counting-status");
-    let source = dir.join("ignores_counting.c");
-    std::fs::write(
-        &source,
-        "#include \"kreplay.h\"\n\
-         static int init(kreplay_client_finalize_t f, void* t) {\n\
+    let Some(out) = run_c_tool_with_init(
+        "ignores_counting",
+        "static int init(kreplay_client_finalize_t f, void* t) {\n\
              kreplay_context_id_t c; (void)f; (void)t;\n\
              kreplay_create_context(&c);\n\
              kreplay_configure_dispatch_counting_service(c, NULL, NULL, NULL);\n\
              kreplay_start_context(c);\n\
              return 0;\n\
-         }\n\
-         kreplay_tool_configure_result_t* kreplay_configure(uint32_t v, const char* rt,\n\
-             uint32_t p, kreplay_client_id_t* c) {\n\
-             static kreplay_tool_configure_result_t result =\n\
-                 {sizeof(kreplay_tool_configure_result_t), init, NULL, NULL};\n\
-             (void)v; (void)rt; (void)p; c->name = \"ignores_counting\"; return &result;\n\
-         }\n",
-    )
-    .unwrap();
-    let tool = dir.join("libignores_counting.so");
-    common::build_c_library_from(&source, &tool, "c99", &[]);
-    let out = run(
-        &["--backend", "hsa", "--tool", tool.to_str().unwrap()],
-        &libkreplay(),
-        &[softhsa_app().to_str().unwrap()],
-    );
+         }",
+    ) else {
+        return;
+    };
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains(
