@@ -212,10 +212,11 @@ pub mod cbid {
         CU_GRAPH_ADD_NODE_V2,
     ];
 
-    /// The application's calls that take device memory: before each, kreplay gives back the
-    /// device shadow it keeps between replays (see `CudaMemory::release_kept_shadow`), so that
-    /// the application never runs out of memory because of kreplay.
-    pub const TAKE_DEVICE_MEMORY: [CallbackId; 17] = [
+    /// The application's calls that take device memory and that kreplay tracks anyway: before
+    /// each of these, and of [`TAKE_DEVICE_MEMORY_ONLY`], kreplay gives back the device shadow it
+    /// keeps between replays (see `CudaMemory::release_kept_shadow`), so that the application
+    /// never runs out of memory because of kreplay ([`takes_device_memory`]).
+    pub const TRACKED_TAKING_DEVICE_MEMORY: [CallbackId; 8] = [
         CU_MEM_ALLOC_V2,
         CU_MEM_ALLOC_PITCH_V2,
         CU_MEM_ALLOC_ASYNC,
@@ -224,15 +225,6 @@ pub mod cbid {
         CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
         CU_MEM_CREATE,
         CU_MEM_ALLOC_MANAGED,
-        CU_ARRAY_CREATE_V2,
-        CU_ARRAY_3D_CREATE_V2,
-        CU_MIPMAPPED_ARRAY_CREATE,
-        CU_MODULE_LOAD,
-        CU_MODULE_LOAD_DATA,
-        CU_MODULE_LOAD_DATA_EX,
-        CU_MODULE_LOAD_FAT_BINARY,
-        CU_LIBRARY_LOAD_DATA,
-        CU_LIBRARY_LOAD_FROM_FILE,
     ];
 
     pub const CU_MODULE_LOAD: CallbackId = 18;
@@ -245,8 +237,8 @@ pub mod cbid {
     pub const CU_LIBRARY_LOAD_DATA: CallbackId = 678;
     pub const CU_LIBRARY_LOAD_FROM_FILE: CallbackId = 679;
 
-    /// The calls of [`TAKE_DEVICE_MEMORY`] enabled for that alone (the others are enabled for
-    /// their tracking too): CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
+    /// The calls that take device memory enabled for that alone (those of
+    /// [`TRACKED_TAKING_DEVICE_MEMORY`] are enabled for their tracking): CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
     /// `cuMipmappedArrayCreate`) and the module and library loads, whose globals take device
     /// memory (ids from CUDA 13.0's `cupti_driver_cbid.h`).
     pub const TAKE_DEVICE_MEMORY_ONLY: [CallbackId; 9] = [
@@ -261,9 +253,9 @@ pub mod cbid {
         CU_LIBRARY_LOAD_FROM_FILE,
     ];
 
-    /// Whether the application's call `id` takes device memory ([`TAKE_DEVICE_MEMORY`]).
+    /// Whether the application's call `id` takes device memory.
     pub fn takes_device_memory(id: CallbackId) -> bool {
-        TAKE_DEVICE_MEMORY.contains(&id)
+        TRACKED_TAKING_DEVICE_MEMORY.contains(&id) || TAKE_DEVICE_MEMORY_ONLY.contains(&id)
     }
 
     /// Virtual memory management calls kreplay tracks.
