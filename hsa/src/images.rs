@@ -231,6 +231,21 @@ fn data(b: &Backend, image: hsa_ext_image_t) -> Option<*const c_void> {
         .map(|d| d.data as *const c_void)
 }
 
+/// An image write (`forward`) fenced for the length of the call on the agents `agents` names,
+/// while any replay may be in progress; compared only from inside a window (a region's pitches
+/// are unknown, so it is never taken as written whole).
+fn fenced(
+    b: &Backend,
+    agents: impl FnOnce() -> Vec<u64>,
+    forward: impl FnOnce() -> hsa_status_t,
+) -> hsa_status_t {
+    if !b.replay_active() {
+        return forward();
+    }
+    let _fence = Fence::enter(b, &agents());
+    forward()
+}
+
 pub(crate) unsafe extern "C" fn image_create(
     agent: hsa_agent_t,
     desc: *const hsa_ext_image_descriptor_t,
@@ -310,13 +325,14 @@ pub(crate) unsafe extern "C" fn image_import(
                 hsa_ext_image_import_fn(agent, src, row_pitch, slice_pitch, dst, region)
             )
         };
-        if !b.replay_active() {
-            return forward();
-        }
-        let to = data(b, dst);
-        let agents = agents_of(b, agent, &[to, Some(src)], to.unwrap_or(std::ptr::null()));
-        let _fence = Fence::enter(b, &agents);
-        forward()
+        fenced(
+            b,
+            || {
+                let to = data(b, dst);
+                agents_of(b, agent, &[to, Some(src)], to.unwrap_or(std::ptr::null()))
+            },
+            forward,
+        )
     })
 }
 
@@ -336,13 +352,11 @@ pub(crate) unsafe extern "C" fn image_export(
                 hsa_ext_image_export_fn(agent, src, dst, row_pitch, slice_pitch, region)
             )
         };
-        if !b.replay_active() {
-            return forward();
-        }
-        let from = data(b, src);
-        let agents = agents_of(b, agent, &[from, Some(dst.cast_const())], dst);
-        let _fence = Fence::enter(b, &agents);
-        forward()
+        fenced(
+            b,
+            || agents_of(b, agent, &[data(b, src), Some(dst.cast_const())], dst),
+            forward,
+        )
     })
 }
 
@@ -362,13 +376,14 @@ pub(crate) unsafe extern "C" fn image_copy(
                 hsa_ext_image_copy_fn(agent, src, src_offset, dst, dst_offset, range)
             )
         };
-        if !b.replay_active() {
-            return forward();
-        }
-        let (from, to) = (data(b, src), data(b, dst));
-        let agents = agents_of(b, agent, &[from, to], to.unwrap_or(std::ptr::null()));
-        let _fence = Fence::enter(b, &agents);
-        forward()
+        fenced(
+            b,
+            || {
+                let (from, to) = (data(b, src), data(b, dst));
+                agents_of(b, agent, &[from, to], to.unwrap_or(std::ptr::null()))
+            },
+            forward,
+        )
     })
 }
 
@@ -381,12 +396,13 @@ pub(crate) unsafe extern "C" fn image_clear(
     guarded(|| {
         let b = backend();
         let forward = || forward_image!(b, hsa_ext_image_clear_fn(agent, image, value, region));
-        if !b.replay_active() {
-            return forward();
-        }
-        let to = data(b, image);
-        let agents = agents_of(b, agent, &[to], to.unwrap_or(std::ptr::null()));
-        let _fence = Fence::enter(b, &agents);
-        forward()
+        fenced(
+            b,
+            || {
+                let to = data(b, image);
+                agents_of(b, agent, &[to], to.unwrap_or(std::ptr::null()))
+            },
+            forward,
+        )
     })
 }
