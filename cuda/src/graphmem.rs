@@ -226,18 +226,23 @@ impl State {
     }
 
     /// A backed allocation at `base` ended: out of the inventory, and unbacked again while an
-    /// executable graph still holds its node. True when it was backed.
-    fn end(&mut self, inventory: &Inventory, base: u64) -> bool {
-        let Some(alloc) = self.backed.remove(&base) else {
-            return false;
+    /// executable graph still holds its node. What it was, when it was backed (for
+    /// [`GraphMemory::free_failed`]).
+    fn end(&mut self, inventory: &Inventory, base: u64) -> Option<GraphFreed> {
+        let alloc = self.backed.remove(&base)?;
+        let tracked = match alloc.place {
+            Place::Device(_) => inventory.on_free(base),
+            Place::Other(_) => None,
         };
-        if matches!(alloc.place, Place::Device(_)) {
-            inventory.on_free(base);
+        let unbacked_again = self.held(base);
+        if unbacked_again {
+            self.unbacked.insert(base, alloc.clone());
         }
-        if self.held(base) {
-            self.unbacked.insert(base, alloc);
-        }
-        true
+        Some(GraphFreed {
+            alloc,
+            tracked,
+            unbacked_again,
+        })
     }
 
     /// Known graph allocations overlapping `[base, base + size)` other than at `base` itself:
@@ -356,7 +361,7 @@ impl GraphMemory {
             if !live_after {
                 // Ending it leaves it unbacked while a graph still holds its node; a free of
                 // nothing live changes nothing.
-                if s.end(inventory, base) {
+                if s.end(inventory, base).is_some() {
                     out.freed.push(base);
                 }
                 if made > 0 {
@@ -425,21 +430,7 @@ impl GraphMemory {
     /// [`free_failed`](Self::free_failed) should the driver refuse the free. `None`: no backed
     /// graph allocation starts there.
     pub fn free_enter(&self, inventory: &Inventory, base: u64) -> Option<GraphFreed> {
-        let mut s = self.state.lock();
-        let alloc = s.backed.remove(&base)?;
-        let tracked = match alloc.place {
-            Place::Device(_) => inventory.on_free(base),
-            Place::Other(_) => None,
-        };
-        let unbacked_again = s.held(base);
-        if unbacked_again {
-            s.unbacked.insert(base, alloc.clone());
-        }
-        Some(GraphFreed {
-            alloc,
-            tracked,
-            unbacked_again,
-        })
+        self.state.lock().end(inventory, base)
     }
 
     /// The free whose API ENTER returned `freed` failed: the memory is live, backed and
