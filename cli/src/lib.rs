@@ -25,6 +25,7 @@ pub mod args;
 pub mod bench;
 pub mod demo;
 pub mod format;
+mod hosted;
 pub mod output;
 pub mod profile;
 pub mod run;

@@ -395,3 +395,31 @@ fn a_bad_software_runtime_poll_or_fault_setting_is_one_error_for_every_command_b
         }
     }
 }
+
+#[test]
+fn a_tool_library_that_cannot_be_used_is_an_error_for_every_command_that_hosts_tools() {
+    // Each of these runs a tool of its own, and a KREPLAY_TOOL_LIBRARIES tool beside it: one
+    // that does not load must end the command with an error, not leave it to run without the
+    // tool and exit 0.
+    let missing = "/nonexistent/kreplay-tool-that-is-not-there.so";
+    for args in COMMANDS.iter().filter(|args| args[0] != "bench") {
+        let output = kreplay(args, &[("KREPLAY_TOOL_LIBRARIES", missing)]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains(missing),
+            "{args:?} names the tool: {stderr}"
+        );
+        assert!(
+            !stdout.contains("PASSED")
+                && !stdout.contains("µs")
+                && !stdout.contains("pass counter"),
+            "{args:?}: nothing measured or reported as passing: {stdout}"
+        );
+    }
+}

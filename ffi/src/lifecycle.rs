@@ -259,12 +259,15 @@ struct LifecycleState {
     tools: Vec<Tool>,
     /// Tool libraries stay loaded for the life of the process.
     libraries: Vec<Library>,
+    /// The libraries of the last initialization that could not be used.
+    load_errors: Vec<ToolLoadError>,
 }
 
 static STATE: Mutex<LifecycleState> = Mutex::new(LifecycleState {
     forced: Vec::new(),
     tools: Vec::new(),
     libraries: Vec::new(),
+    load_errors: Vec::new(),
 });
 
 /// Contexts created while a tool's configure or initialize runs, on any thread (tools are
@@ -356,6 +359,26 @@ pub fn tools() -> Vec<ToolSummary> {
         .collect()
 }
 
+/// What went wrong with the tools of this process's initialization, as
+/// [`InitReport::problems`] said at its end (libraries that could not be used, tools rejected
+/// or failed at initialize); empty before tools are initialized. A host that runs a tool of its
+/// own beside `KREPLAY_TOOL_LIBRARIES` (the `kreplay` commands) asks it after loading kreplay, so
+/// that a tool it was asked to use and could not is an error, not a line in passing.
+pub fn problems() -> Vec<String> {
+    let report = {
+        let state = STATE.lock();
+        InitReport {
+            tools: state
+                .tools
+                .iter()
+                .map(|tool| tool.summary.clone())
+                .collect(),
+            load_errors: state.load_errors.clone(),
+        }
+    };
+    report.problems()
+}
+
 /// Discovers and initializes tools as [`ToolSearch::from_env`] describes, then locks
 /// configuration. Runs once per process; a second call is
 /// [`LifecycleError::AlreadyInitialized`].
@@ -401,6 +424,7 @@ pub fn initialize_tools_with(search: &ToolSearch) -> Result<InitReport, Lifecycl
     services::lock_configuration();
     PHASE.store(INITIALIZED, Ordering::Release);
     report.tools = tools();
+    STATE.lock().load_errors = report.load_errors.clone();
     crate::kreplay_info!(
         "{} tool(s) found, {} active",
         report.tools.len(),
@@ -450,6 +474,7 @@ pub(crate) fn reset() {
     let mut state = STATE.lock();
     state.forced.clear();
     state.tools.clear();
+    state.load_errors.clear();
     *CREATED_DURING_SETUP.lock() = None;
     RETIRED.lock().clear();
     services::reset();

@@ -1135,8 +1135,7 @@ fn measure(options: &DispatchBenchOptions) -> Result<(Figures, (usize, usize, us
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a complete, writable copy of softhsa's table that outlives every call
     // made through it (it is dropped after on_unload).
-    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
-        .map_err(|e| format!("cannot install kreplay: {e}"))?;
+    unsafe { crate::hosted::load_kreplay(table.as_mut_ptr()) }?;
     let result = (|| {
         if let Some(why) = tool::setup_error() {
             return Err(format!("the benchmark tool could not set up: {why}"));
@@ -1212,8 +1211,7 @@ fn measure_overlap() -> Result<Figures, String> {
     let hold = plain.init().map_err(hsa_error("hsa_init"))?;
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: as in `measure`.
-    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
-        .map_err(|e| format!("cannot install kreplay: {e}"))?;
+    unsafe { crate::hosted::load_kreplay(table.as_mut_ptr()) }?;
     let result = (|| {
         if let Some(why) = tool::setup_error() {
             return Err(format!("the benchmark tool could not set up: {why}"));

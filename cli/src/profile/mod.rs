@@ -166,8 +166,7 @@ pub fn run(options: &ProfileOptions, out: &mut dyn Write) -> Result<ProfileOutco
         .map_err(|s| format!("hsa_init returned {s:#x}"))?;
     // SAFETY: `table` is a complete, writable copy of softhsa's table that outlives every call
     // made through it (dropped at the end of this function, after on_unload).
-    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
-        .map_err(|e| format!("cannot set up kreplay: {e}"))?;
+    unsafe { crate::hosted::load_kreplay(table.as_mut_ptr()) }?;
     let result = profile(options, &table);
     tool::end_progress();
     kreplay::hsa_tool::on_unload();

@@ -114,8 +114,7 @@ pub fn run(options: &StressOptions, out: &mut dyn Write) -> Result<StressOutcome
         .map_err(|s| format!("hsa_init returned {s:#x}"))?;
     // SAFETY: `table` is a complete, writable copy of softhsa's table that outlives every call
     // made through it (it is dropped at the end of this function, after on_unload).
-    unsafe { kreplay::hsa_tool::on_load(table.as_mut_ptr()) }
-        .map_err(|e| format!("cannot set up kreplay: {e}"))?;
+    unsafe { crate::hosted::load_kreplay(table.as_mut_ptr()) }?;
     let dispatcher = if options.reentrant {
         // SAFETY: the table kreplay is installed in, alive until after on_unload.
         Some(unsafe {
