@@ -179,10 +179,12 @@ impl SoftHsaConfig {
         match std::env::var(POLL_ENV) {
             Err(std::env::VarError::NotPresent) => Ok(DEFAULT_POLL),
             Err(std::env::VarError::NotUnicode(_)) => Err(format!("{POLL_ENV} is not valid UTF-8")),
-            Ok(text) => match text.trim().parse::<u64>() {
-                Ok(us) if us <= MAX_POLL_US => Ok(std::time::Duration::from_micros(us)),
+            Ok(text) => match text.parse::<u64>() {
+                Ok(us) if us <= MAX_POLL_US && text.bytes().all(|b| b.is_ascii_digit()) => {
+                    Ok(std::time::Duration::from_micros(us))
+                }
                 _ => Err(format!(
-                    "{POLL_ENV}={text:?}: expected microseconds, 0 to {MAX_POLL_US}"
+                    "{POLL_ENV}={text:?}: expected microseconds, 0 to {MAX_POLL_US} (digits only)"
                 )),
             },
         }
