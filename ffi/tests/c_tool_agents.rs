@@ -2,7 +2,7 @@
 //! (docs/abi.md §3 rule 1, kreplay.h "Threads").
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! deadline.
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! "every field that does not apply set to zero") held against what a C tool really receives.
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::path::Path;

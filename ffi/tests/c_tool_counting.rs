@@ -2,7 +2,7 @@
 //! inside its CONFIG ENTER callback. Each scenario runs in a child process.
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::time::Duration;

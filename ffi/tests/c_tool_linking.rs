@@ -5,7 +5,7 @@
 //! kreplay_* calls reached another copy of kreplay"); the HSA path must not hide it either.
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::path::PathBuf;
@@ -32,7 +32,7 @@ fn static_tool(test: &str) -> PathBuf {
         "cargo builds libkreplay.a beside libkreplay.so"
     );
     let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c_tools_hunt/replay_owner.c");
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c_probe_tools/replay_owner.c");
     let include = common::include_dir();
     let args: Vec<&std::ffi::OsStr> = vec![
         "-std=c11".as_ref(),

@@ -2,7 +2,7 @@
 //! submit GPU work ... it never deadlocks"). Each scenario runs in a child process.
 
 mod common;
-#[path = "c_tools_hunt/harness.rs"]
+#[path = "c_probe_tools/harness.rs"]
 mod harness;
 
 use std::time::Duration;

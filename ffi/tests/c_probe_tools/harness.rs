@@ -1,5 +1,5 @@
 //! Shared harness of the C-tool tests (ffi/tests/c_tool_*.rs): builds a C tool of
-//! tests/c_tools_hunt, runs a scenario in a child process of its own (kreplay's state is process-wide),
+//! tests/c_probe_tools, runs a scenario in a child process of its own (kreplay's state is process-wide),
 //! loads this build's libkreplay.so as ROCm does with HSA_TOOLS_LIB, calls its OnLoad with a
 //! copy of softhsa's table, runs an ordinary HSA application through it (in-place `x += 1`
 //! dispatches, checked against single-run results) and then asks the tool what it saw.
@@ -18,14 +18,14 @@ use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
 pub const CHILD_ENV: &str = "KREPLAY_PROBE_C_CHILD";
 pub const ELEMENTS: usize = 1024;
 
-/// Builds tests/c_tools_hunt/`source` into a shared library (C11, warnings as errors).
+/// Builds tests/c_probe_tools/`source` into a shared library (C11, warnings as errors).
 pub fn build_tool(source: &str, test: &str) -> PathBuf {
     assert!(super::common::have_compiler("cc"), "these tests need `cc`");
     let dir = super::common::scratch_dir(test);
     let out = dir.join(format!("lib{}.so", source.trim_end_matches(".c")));
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
-        .join("c_tools_hunt")
+        .join("c_probe_tools")
         .join(source);
     let mut args: Vec<std::ffi::OsString> = vec![
         "-std=c11".into(),
