@@ -1,10 +1,10 @@
 //! `kreplay bench --backend cuda`: the measurements of [`kreplay_cuda::bench`] (restore cost per
 //! tier, strategy and written fraction on a GPU, beside the copy and read ceilings of the same
-//! run), written as CSV to standard output and, with `--csv`, to a file as well; then, on
+//! run), written as CSV to standard output as they are measured and, with `--csv`, to a file
+//! as well, whole once every row is measured (see [`crate::output`]); then, on
 //! standard output only, the restore targets judged from those rows
 //! ([`kreplay_cuda::bench::judge`]).
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
@@ -12,31 +12,26 @@ use kreplay_cuda::bench::{BenchConfig, TargetCheck};
 
 use super::{Verdict, render_verdicts};
 
-/// Writes everything to both.
+/// Writes everything to `out` and keeps a copy for the CSV file.
 struct Tee<'a> {
     out: &'a mut dyn Write,
-    file: Option<File>,
+    kept: Vec<u8>,
 }
 
 impl Write for Tee<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.out.write_all(buf)?;
-        if let Some(f) = &mut self.file {
-            f.write_all(buf)?;
-        }
+        self.kept.extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()?;
-        if let Some(f) = &mut self.file {
-            f.flush()?;
-        }
-        Ok(())
+        self.out.flush()
     }
 }
 
-/// Runs the measurements; rows go to `out` (and `csv`) as they are measured, the judged
-/// targets to `out` after them.
+/// Runs the measurements; rows go to `out` as they are measured and to `csv` once all were
+/// (a run that fails part way leaves the file as it was), the judged targets to `out` after
+/// them.
 pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Result<(), String> {
     config.validate()?;
     // The settings first, as for every command that installs kreplay: the bench reads none of
@@ -46,13 +41,16 @@ pub fn run(config: &BenchConfig, csv: Option<&Path>, out: &mut dyn Write) -> Res
     kreplay_cuda::config::Config::from_lookup(|name| std::env::var(name).ok())?;
     // Then the driver: no file is created where nothing can be measured.
     kreplay_cuda::demo::driver()?;
-    let file = csv
-        .map(|p| File::create(p).map_err(|e| format!("cannot write {}: {e}", p.display())))
-        .transpose()?;
-    let mut tee = Tee { out, file };
+    let mut tee = Tee {
+        out,
+        kept: Vec::new(),
+    };
     let figures = kreplay_cuda::bench::run(config, &mut tee)?;
     tee.flush()
         .map_err(|e| format!("cannot write the output: {e}"))?;
+    if let Some(path) = csv {
+        crate::output::write_whole(path, &tee.kept)?;
+    }
     let checks = kreplay_cuda::bench::judge(config, &figures);
     let replays = kreplay_cuda::bench::render_replays(&figures.replays);
     let replays = if replays.is_empty() {
