@@ -327,6 +327,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_ipc_memory_detach_fn = memory::ipc_memory_detach,
         hsa_amd_interop_map_buffer_fn = memory::interop_map_buffer,
         hsa_amd_interop_unmap_buffer_fn = memory::interop_unmap_buffer,
+        hsa_amd_image_create_fn = crate::images::amd_image_create,
         hsa_amd_vmem_handle_create_fn = vmem::handle_create,
         hsa_amd_vmem_handle_release_fn = vmem::handle_release,
         hsa_amd_vmem_import_shareable_handle_fn = vmem::import_shareable_handle,

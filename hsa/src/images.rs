@@ -2,7 +2,8 @@
 //! its writes fenced against replays, and image handles resolved to the memory they name.
 //!
 //! An image's data is memory the application allocated from an agent's pool and created the
-//! image over (`hsa_ext_image_create`, `_create_with_layout`); kreplay remembers each image's
+//! image over (`hsa_ext_image_create`, `_create_with_layout`, and `hsa_amd_image_create` of the
+//! AMD extension, which takes a device-specific layout); kreplay remembers each image's
 //! handle with its data's address and agent from a successful create to a successful destroy,
 //! or to the free of the allocation holding its data (an image over freed memory is dead).
 //!
@@ -12,7 +13,7 @@
 //!   reader side of the agent it names, of the GPU owning the image's data (and, for a copy or
 //!   an export, the other end's), and of every GPU when the memory written is tracked memory the
 //!   CPU owns. The write of an image kreplay never saw created (made before kreplay was
-//!   installed, or with `hsa_amd_image_create`) waits for a replay on any GPU. From inside a
+//!   installed) waits for a replay on any GPU. From inside a
 //!   replay window, what such a write changed is found by comparison (`crate::fold`): kreplay
 //!   does not know an image's pitches, so it never takes a region as written whole.
 //! * **Reach.** A kernel receives an image as its handle, and on ROCm the handle is the address
@@ -36,6 +37,7 @@ use parking_lot::Mutex;
 
 use crate::backend::{Backend, backend, guarded};
 use crate::copies::{Fence, owner, write_agents};
+use crate::original::forward;
 
 /// Where one image's data lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +291,28 @@ pub(crate) unsafe extern "C" fn image_create_with_layout(
                 slice_pitch,
                 image
             )
+        );
+        b.images.created(status, agent, image, data);
+        status
+    })
+}
+
+/// Wrapper of `hsa_amd_image_create` (an image over `data` with a device-specific layout, in
+/// the AMD extension table): remembered like the extension's own creates, so a kernel given its
+/// handle reaches its data and writes into it are fenced for the agents they concern.
+pub(crate) unsafe extern "C" fn amd_image_create(
+    agent: hsa_agent_t,
+    desc: *const hsa_ext_image_descriptor_t,
+    layout: *const hsa_amd_image_descriptor_t,
+    data: *const c_void,
+    permission: hsa_access_permission_t,
+    image: *mut hsa_ext_image_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_image_create_fn(agent, desc, layout, data, permission, image)
         );
         b.images.created(status, agent, image, data);
         status

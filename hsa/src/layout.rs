@@ -297,6 +297,7 @@ assert_mapped!(
     hsa_amd_memory_fill_fn,
     hsa_amd_interop_map_buffer_fn,
     hsa_amd_interop_unmap_buffer_fn,
+    hsa_amd_image_create_fn,
     hsa_amd_pointer_info_fn,
     hsa_amd_ipc_memory_attach_fn,
     hsa_amd_ipc_memory_detach_fn,

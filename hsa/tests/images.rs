@@ -19,12 +19,13 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{LoopEnd, ReplayOutcome};
 use kreplay_snapshot::{RestoreStrategy, SnapshotConfig};
-use kreplay_softhsa::{Image, WorkGroup};
+use kreplay_softhsa::{Image, OwnedApiTable, TableLayout, WorkGroup};
 use support::app::{self, App, Aql, Ptr, WAIT};
 use support::tool::{Script, TestHooks};
 
@@ -142,9 +143,29 @@ fn rows(first: u32, count: u32) -> hsa_ext_image_region_t {
     }
 }
 
+/// The entry an image is created with.
+#[derive(Clone, Copy)]
+enum Create {
+    /// `hsa_ext_image_create` of the image extension.
+    Extension,
+    /// `hsa_amd_image_create` of the AMD extension (a device-specific layout).
+    Amd,
+}
+
 /// A `W` x `H` image of `agent` over fresh memory of `pool`, holding `init` (row-major).
 fn image_in(
     app: &App,
+    agent: hsa_agent_t,
+    pool: hsa_amd_memory_pool_t,
+    init: &[u32],
+) -> (hsa_ext_image_t, Ptr) {
+    image_made(app, Create::Extension, agent, pool, init)
+}
+
+/// [`image_in`], the image created with `create`.
+fn image_made(
+    app: &App,
+    create: Create,
     agent: hsa_agent_t,
     pool: hsa_amd_memory_pool_t,
     init: &[u32],
@@ -164,8 +185,8 @@ fn image_in(
     );
     let data = app.alloc(pool, need.size);
     let mut image = hsa_ext_image_t { handle: 0 };
-    ok(
-        image!(
+    let status = match create {
+        Create::Extension => image!(
             app,
             hsa_ext_image_create_fn(
                 agent,
@@ -175,8 +196,27 @@ fn image_in(
                 &mut image
             )
         ),
-        "image create",
-    );
+        Create::Amd => {
+            let f = app
+                .amd()
+                .hsa_amd_image_create_fn
+                .expect("hsa_amd_image_create");
+            let layout = hsa_amd_image_descriptor_t::default();
+            // SAFETY: the AMD extension's entry (kreplay's wrapper of the runtime's), with a
+            // descriptor, a layout, memory and a handle valid for the call.
+            unsafe {
+                f(
+                    agent,
+                    &descriptor(),
+                    &layout,
+                    data.raw().cast_const(),
+                    HSA_ACCESS_PERMISSION_RW,
+                    &mut image,
+                )
+            }
+        }
+    };
+    ok(status, "image create");
     import(app, agent, image, init, &rows(0, H));
     (image, data)
 }
@@ -353,9 +393,20 @@ fn race_in(
 /// of `pool` (of agent `owner`), the image reached only through its handle; checks one run's
 /// result.
 fn increment_image(app: &App, hooks: &TestHooks, owner: hsa_agent_t, pool: hsa_amd_memory_pool_t) {
+    increment_image_made(app, hooks, Create::Extension, owner, pool);
+}
+
+/// [`increment_image`], the image created with `create`.
+fn increment_image_made(
+    app: &App,
+    hooks: &TestHooks,
+    create: Create,
+    owner: hsa_agent_t,
+    pool: hsa_amd_memory_pool_t,
+) {
     let gpu = app.gpus[0];
     let init = initial();
-    let (image, _) = image_in(app, owner, pool, &init);
+    let (image, _) = image_made(app, create, owner, pool, &init);
     let kernel = kreplay_softhsa::register_kernel("add_one_texel", add_one_texel);
     let kernarg = app.kernargs(
         &app.pools(gpu),
@@ -386,10 +437,56 @@ fn increment_image(app: &App, hooks: &TestHooks, owner: hsa_agent_t, pool: hsa_a
     assert_eq!(export(app, owner, image), expected, "one run's result");
 }
 
+/// softhsa's `hsa_ext_image_create` standing in for a runtime's `hsa_amd_image_create`, which
+/// softhsa does not provide: the image the descriptor describes over `data`, its
+/// device-specific layout not read.
+unsafe extern "C" fn amd_image_create_stand_in(
+    agent: hsa_agent_t,
+    desc: *const hsa_ext_image_descriptor_t,
+    _layout: *const hsa_amd_image_descriptor_t,
+    data: *const std::ffi::c_void,
+    permission: hsa_access_permission_t,
+    image: *mut hsa_ext_image_t,
+) -> hsa_status_t {
+    // SAFETY: softhsa's own table and its image table are valid for the process; the caller's
+    // arguments are forwarded unchanged.
+    unsafe {
+        let create = (*kreplay_softhsa::api_table().image_ext_)
+            .hsa_ext_image_create_fn
+            .expect("softhsa's image create");
+        create(agent, desc, data, permission, image)
+    }
+}
+
 /// kreplay installed, a three-pass replay service configured.
 fn installed() -> (App, std::sync::Arc<TestHooks>) {
+    installed_into(Box::leak(Box::new(OwnedApiTable::softhsa_with(
+        TableLayout::from_env().expect("a known table layout"),
+    ))))
+}
+
+/// [`installed`] into a table whose runtime has an `hsa_amd_image_create`.
+fn installed_with_amd_image_create() -> (App, std::sync::Arc<TestHooks>) {
+    let layout = TableLayout::from_env().expect("a known table layout");
+    let table: &'static mut OwnedApiTable =
+        Box::leak(Box::new(OwnedApiTable::softhsa_with(layout)));
+    let stand_in = Some(amd_image_create_stand_in as _);
+    // SAFETY: the copy's AMD extension table is valid, laid out in `layout`'s order, and only
+    // this scenario uses it so far.
+    unsafe {
+        let amd = (*table.as_mut_ptr()).amd_ext_;
+        match layout {
+            TableLayout::Rocm52 => (*amd.cast::<AmdExtTable>()).hsa_amd_image_create_fn = stand_in,
+            _ => (*amd.cast::<AmdExtTableV2>()).hsa_amd_image_create_fn = stand_in,
+        }
+    }
+    installed_into(table)
+}
+
+fn installed_into(table: &'static mut OwnedApiTable) -> (App, std::sync::Arc<TestHooks>) {
     let hooks = TestHooks::new(0);
-    let app = app::install(
+    let app = app::install_into(
+        table,
         hooks.clone(),
         InstallOptions {
             drain: DrainConfig::new(WAIT),
@@ -591,5 +688,14 @@ scenarios! {
         let (app, hooks) = installed();
         let gpu = app.gpus[0];
         increment_image(&app, &hooks, gpu, app.pools(gpu).fine);
+    }
+
+    /// An image made with the AMD extension's `hsa_amd_image_create` over fine-grained memory
+    /// of the agent: its data is reached through its handle as that of an image made with the
+    /// image extension, so the replayed kernel's increment applies once.
+    fn a_replayed_kernel_writing_an_image_made_with_the_amd_extension_applies_once() {
+        let (app, hooks) = installed_with_amd_image_create();
+        let gpu = app.gpus[0];
+        increment_image_made(&app, &hooks, Create::Amd, gpu, app.pools(gpu).fine);
     }
 }
