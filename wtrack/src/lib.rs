@@ -24,6 +24,9 @@
 //! huge pages (`MADV_COLLAPSE`); each range followed may split a mapping in two or three.
 //! Pages the kernel pinned for I/O before they were protected (io_uring fixed buffers, RDMA)
 //! are written through the kernel's own mapping, which no tracker sees ([`pinned_bytes`]).
+//! A child forked while a tracker lives inherits a copy of it whose descriptors still reach
+//! the parent's memory: there every call fails ([`TrackError::Forked`]) rather than read or
+//! protect the parent's pages, and dropping the copy leaves the parent's tracking alone.
 //!
 //! Pages are the unit: ranges are widened to whole pages, so a write to a neighbour sharing a
 //! page is reported too (a superset, never a subset, of the pages written).
@@ -83,6 +86,14 @@ pub enum TrackError {
         /// Why.
         reason: String,
     },
+    /// Called in a child forked from the process that made the tracker: the tracker's
+    /// descriptors reach that process's memory, not the child's, so the child can neither read
+    /// nor protect anything through it (dropping the child's copy leaves the owner's tracking
+    /// alone).
+    Forked {
+        /// The process that made the tracker and whose memory it follows.
+        owner: u32,
+    },
     /// A system call failed.
     Failed {
         /// Which.
@@ -102,6 +113,11 @@ impl fmt::Display for TrackError {
                     "cannot track writes to {len} bytes at {addr:#x}: {reason}"
                 )
             }
+            TrackError::Forked { owner } => write!(
+                f,
+                "this tracker follows the memory of process {owner}, which forked this one: \
+                 a forked child cannot read or protect pages through it"
+            ),
             TrackError::Failed { what, error } => write!(f, "{what} failed: {error}"),
         }
     }
@@ -161,13 +177,15 @@ impl WriteTracker {
     /// Append to `out` the page ranges written since tracking began or since they were last
     /// [`protect`](Self::protect)ed (sorted, whole pages, adjacent pages merged); returns the
     /// pages appended. Reading does not protect them again. An error means the set is unknown
-    /// (treat everything as written).
+    /// (treat everything as written); in a child forked from the process that made the
+    /// tracker it is [`TrackError::Forked`].
     ///
     /// The kernel walks the page tables of every followed page, about a nanosecond or two
     /// each; a footprint of more than [`SCAN_PIECE`] bytes is scanned in pieces of that size
     /// on the threads of the rayon pool the caller runs in (rayon's global pool outside any;
     /// call it inside a pool of your own to keep that one free), the answers joined in order.
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
+        self.in_owner()?;
         let before = out.len();
         let found = self.in_pieces(&self.ranges, |r| {
             let mut part = Vec::new();
@@ -188,14 +206,27 @@ impl WriteTracker {
 
     /// Follow the writes to `ranges` again from now on (widened to pages, clipped to the
     /// followed ranges): call it after writing them back. An error means some of them may not
-    /// be followed (stop trusting [`written`](Self::written)).
+    /// be followed (stop trusting [`written`](Self::written)); in a child forked from the
+    /// process that made the tracker it is [`TrackError::Forked`] and protects nothing.
     pub fn protect(&self, ranges: &[Range<usize>]) -> Result<(), TrackError> {
+        self.in_owner()?;
         let parts: Vec<Range<usize>> = widen_and_merge(ranges, self.page)
             .into_iter()
             .flat_map(|r| clip(&self.ranges, r))
             .collect();
         self.in_pieces(&parts, |r| self.inner.protect(r))?;
         Ok(())
+    }
+
+    /// Refuses in any process but the one that made the tracker (a child forked from it):
+    /// there the descriptors would read, and protect, the parent's pages.
+    fn in_owner(&self) -> Result<(), TrackError> {
+        let owner = self.inner.owner();
+        if std::process::id() == owner {
+            Ok(())
+        } else {
+            Err(TrackError::Forked { owner })
+        }
     }
 
     /// `f` over `parts` (page-aligned, sorted, disjoint), its answers in order: on this thread

@@ -123,6 +123,9 @@ pub(crate) struct Tracker {
     pagemap: File,
     /// The ranges registered with `uffd`, unregistered on drop.
     registered: Vec<Range<usize>>,
+    /// The process that registered them. A child forked from it inherits both descriptors,
+    /// which still reach this process's memory, not the child's.
+    owner: u32,
 }
 
 impl Drop for Tracker {
@@ -130,7 +133,13 @@ impl Drop for Tracker {
     /// Closing alone unregisters nothing while another process holds the descriptor too (a
     /// child forked while the ranges were followed keeps it until it exits or execs): the
     /// ranges would stay registered and protected, and could never be followed again.
+    ///
+    /// In a forked child nothing is unregistered: through the inherited descriptor that would
+    /// stop the parent's tracking.
     fn drop(&mut self) {
+        if std::process::id() != self.owner {
+            return;
+        }
         for r in &self.registered {
             let mut range = span(r);
             // SAFETY: UFFDIO_UNREGISTER reads one `uffdio_range`, which `range` is; a range
@@ -201,6 +210,7 @@ impl Tracker {
             uffd,
             pagemap,
             registered: Vec::with_capacity(ranges.len()),
+            owner: std::process::id(),
         };
         for r in ranges {
             let mut reg = UffdioRegister {
@@ -230,6 +240,11 @@ impl Tracker {
             tracker.registered.push(r.clone());
         }
         Ok(tracker)
+    }
+
+    /// The process whose memory the descriptors reach (the one that made the tracker).
+    pub(crate) fn owner(&self) -> u32 {
+        self.owner
     }
 
     /// Protect the pages of `r` (page-aligned, inside a registered range) again.
