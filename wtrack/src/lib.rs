@@ -305,17 +305,12 @@ pub fn fault_cost() -> Option<Duration> {
 }
 
 /// Whether writes can be tracked here at all (the kernel offers asynchronous write protection
-/// and `PAGEMAP_SCAN`): tried once on a scratch mapping, the answer kept.
+/// and `PAGEMAP_SCAN`): tried once on a scratch mapping of its own (so whatever the caller's
+/// trackers follow does not change the answer), the answer kept.
 pub fn available() -> Result<(), String> {
     static AVAILABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     AVAILABLE
-        .get_or_init(|| {
-            let scratch = vec![0u8; 4 * page_size()];
-            let start = scratch.as_ptr() as usize;
-            WriteTracker::new(std::slice::from_ref(&(start..start + scratch.len())))
-                .and_then(|t| t.written(&mut Vec::new()).map(|_| ()))
-                .map_err(|e| e.to_string())
-        })
+        .get_or_init(|| sys::probe().map_err(|e| e.to_string()))
         .clone()
 }
 

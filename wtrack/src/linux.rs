@@ -323,56 +323,82 @@ fn span(r: &Range<usize>) -> UffdioRange {
     }
 }
 
+/// A private anonymous mapping of this crate's own, unmapped when dropped: probing on memory no
+/// caller can be following (a block of the malloc heap could share a page with a range a
+/// caller's tracker follows, and registering it would fail as already registered).
+struct Scratch {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(len: usize) -> Option<Scratch> {
+        // SAFETY: a new private anonymous mapping; nothing is replaced.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (ptr != libc::MAP_FAILED).then_some(Scratch { ptr, len })
+    }
+
+    fn range(&self) -> Range<usize> {
+        self.ptr as usize..self.ptr as usize + self.len
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping `new` made, which nothing uses any more.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// Whether a tracker works here: one made, and scanned, on a scratch mapping of a few pages.
+pub(crate) fn probe() -> Result<(), TrackError> {
+    let scratch = Scratch::new(4 * crate::page_size()).ok_or_else(|| failed("mmap"))?;
+    let tracker = Tracker::new(std::slice::from_ref(&scratch.range()))?;
+    tracker.scan(scratch.range(), &mut Vec::new())
+}
+
 /// What following a page costs, measured on a scratch mapping of `pages` pages: one store to
 /// each protected page (the fault), a scan that finds every page written, and protecting them
 /// all again; each the best of `rounds`, per page.
 pub(crate) fn measure_page_costs(pages: usize, rounds: usize) -> Option<crate::PageCosts> {
     let page = crate::page_size();
     let len = pages * page;
-    // SAFETY: a new private anonymous mapping; nothing is replaced.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return None;
-    }
-    let base = ptr as usize;
-    let best = (|| {
-        // SAFETY: the mapping is `len` bytes, ours alone.
-        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
-        let tracker = Tracker::new(std::slice::from_ref(&(base..base + len))).ok()?;
-        let mut best = [Duration::MAX; 3];
-        let mut out = Vec::new();
-        for round in 0..rounds {
-            let start = Instant::now();
-            for p in 0..pages {
-                // SAFETY: inside the mapping; a volatile store so the write is not elided.
-                unsafe { std::ptr::write_volatile(ptr.cast::<u8>().add(p * page), round as u8) };
-            }
-            best[0] = best[0].min(start.elapsed());
-            out.clear();
-            let start = Instant::now();
-            tracker.scan(base..base + len, &mut out).ok()?;
-            best[1] = best[1].min(start.elapsed());
-            let start = Instant::now();
-            tracker.protect(base..base + len).ok()?;
-            best[2] = best[2].min(start.elapsed());
+    let scratch = Scratch::new(len)?;
+    let ptr = scratch.ptr;
+    let base = scratch.range().start;
+    // SAFETY: the mapping is `len` bytes, ours alone.
+    unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 1, len) };
+    let tracker = Tracker::new(std::slice::from_ref(&(base..base + len))).ok()?;
+    let mut best = [Duration::MAX; 3];
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        let start = Instant::now();
+        for p in 0..pages {
+            // SAFETY: inside the mapping; a volatile store so the write is not elided.
+            unsafe { std::ptr::write_volatile(ptr.cast::<u8>().add(p * page), round as u8) };
         }
-        let per_page = |d: Duration| d.as_nanos() as f64 / pages as f64;
-        Some(crate::PageCosts {
-            fault_ns: per_page(best[0]),
-            scan_ns: per_page(best[1]),
-            protect_ns: per_page(best[2]),
-        })
-    })();
-    // SAFETY: unmapping the scratch mapping made above, no longer used.
-    unsafe { libc::munmap(ptr, len) };
-    best
+        best[0] = best[0].min(start.elapsed());
+        out.clear();
+        let start = Instant::now();
+        tracker.scan(base..base + len, &mut out).ok()?;
+        best[1] = best[1].min(start.elapsed());
+        let start = Instant::now();
+        tracker.protect(base..base + len).ok()?;
+        best[2] = best[2].min(start.elapsed());
+    }
+    let per_page = |d: Duration| d.as_nanos() as f64 / pages as f64;
+    Some(crate::PageCosts {
+        fault_ns: per_page(best[0]),
+        scan_ns: per_page(best[1]),
+        protect_ns: per_page(best[2]),
+    })
 }

@@ -38,6 +38,10 @@ impl Tracker {
     }
 }
 
+pub(crate) fn probe() -> Result<(), TrackError> {
+    Err(unsupported())
+}
+
 pub(crate) fn measure_page_costs(_pages: usize, _rounds: usize) -> Option<crate::PageCosts> {
     None
 }
