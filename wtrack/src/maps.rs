@@ -54,13 +54,18 @@ pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Res
             } else {
                 &m.name
             };
+            let kind = if !m.private_writable {
+                "a shared or read-only mapping"
+            } else if m.name.starts_with('[') {
+                // Private, writable, no file: the main thread's stack and the like, which the
+                // kernel grows and manages itself.
+                "a special mapping of the kernel's"
+            } else {
+                "a file-backed mapping"
+            };
             return Err(format!(
-                "{at:#x} lies in a {} mapping ({name}); only private anonymous writable memory can be followed",
-                if m.private_writable {
-                    "file-backed"
-                } else {
-                    "shared or read-only"
-                }
+                "{at:#x} lies in {kind} ({name}); only private anonymous writable memory \
+                 (the heap, anonymous mmap) can be followed"
             ));
         }
         at = m.range.end;
