@@ -86,6 +86,18 @@ pub enum TrackError {
         /// Why.
         reason: String,
     },
+    /// Part of a followed range is not the memory the tracker began following any more: it
+    /// was unmapped and mapped again, mapped over (`mmap` with `MAP_FIXED`) or moved there
+    /// (`mremap`) since. What was written there is unknown (treat it as written); a new
+    /// tracker can follow the new memory if it is memory a tracker can follow.
+    Replaced {
+        /// First byte no longer followed.
+        addr: usize,
+        /// Bytes from there that are not.
+        len: usize,
+        /// What is mapped there now.
+        now: String,
+    },
     /// Called in a child forked from the process that made the tracker: the tracker's
     /// descriptors reach that process's memory, not the child's, so the child can neither read
     /// nor protect anything through it (dropping the child's copy leaves the owner's tracking
@@ -113,6 +125,11 @@ impl fmt::Display for TrackError {
                     "cannot track writes to {len} bytes at {addr:#x}: {reason}"
                 )
             }
+            TrackError::Replaced { addr, len, now } => write!(
+                f,
+                "{len} bytes at {addr:#x} are no longer followed: {now} was mapped there \
+                 since tracking began"
+            ),
             TrackError::Forked { owner } => write!(
                 f,
                 "this tracker follows the memory of process {owner}, which forked this one: \
@@ -177,7 +194,8 @@ impl WriteTracker {
     /// Append to `out` the page ranges written since tracking began or since they were last
     /// [`protect`](Self::protect)ed (sorted, whole pages, adjacent pages merged); returns the
     /// pages appended. Reading does not protect them again. An error means the set is unknown
-    /// (treat everything as written); in a child forked from the process that made the
+    /// (treat everything as written): [`TrackError::Replaced`] where memory was mapped anew
+    /// over a followed range, naming where; in a child forked from the process that made the
     /// tracker it is [`TrackError::Forked`].
     ///
     /// The kernel walks the page tables of every followed page, about a nanosecond or two

@@ -256,7 +256,13 @@ impl Tracker {
         // SAFETY: UFFDIO_WRITEPROTECT reads and writes one `uffdio_writeprotect`; the range is
         // registered with this descriptor.
         if unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) } != 0 {
-            return Err(failed("UFFDIO_WRITEPROTECT"));
+            let error = failed("UFFDIO_WRITEPROTECT");
+            // ENOENT: a mapping of `r` is not registered for write protection any more.
+            return Err(if errno_of(&error) == Some(libc::ENOENT) {
+                no_longer_followed(&r, error)
+            } else {
+                error
+            });
         }
         Ok(())
     }
@@ -287,7 +293,13 @@ impl Tracker {
             // `buf`, and `walk_end` into `arg`.
             let n = unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
             if n < 0 {
-                return Err(failed("PAGEMAP_SCAN"));
+                let error = failed("PAGEMAP_SCAN");
+                // PM_SCAN_CHECK_WPASYNC: a page of `r` is not under this protection any more.
+                return Err(if errno_of(&error) == Some(libc::EPERM) {
+                    no_longer_followed(&r, error)
+                } else {
+                    error
+                });
             }
             for region in &buf[..n as usize] {
                 let (s, e) = (region.start as usize, region.end as usize);
@@ -306,6 +318,39 @@ impl Tracker {
         }
         Ok(())
     }
+}
+
+fn errno_of(error: &TrackError) -> Option<i32> {
+    match error {
+        TrackError::Failed { error, .. } => error.raw_os_error(),
+        _ => None,
+    }
+}
+
+/// Where the kernel said part of `r` is no longer registered: the first mapping of `r` that
+/// `/proc/self/smaps` lists without the write-protect registration (`uw` among its
+/// `VmFlags`), as [`TrackError::Replaced`]; `fallback` where none is found.
+fn no_longer_followed(r: &Range<usize>, fallback: TrackError) -> TrackError {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return fallback;
+    };
+    let mut current: Option<crate::Mapping> = None;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            let Some(m) = current.take() else { continue };
+            let overlap = m.range.start.max(r.start)..m.range.end.min(r.end);
+            if overlap.start < overlap.end && !flags.split_whitespace().any(|f| f == "uw") {
+                return TrackError::Replaced {
+                    addr: overlap.start,
+                    len: overlap.end - overlap.start,
+                    now: m.describe(),
+                };
+            }
+        } else if let Some(m) = crate::Mapping::parse(line) {
+            current = Some(m);
+        }
+    }
+    fallback
 }
 
 fn read_self_maps() -> Result<Vec<crate::Mapping>, TrackError> {

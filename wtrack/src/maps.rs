@@ -36,6 +36,29 @@ impl Mapping {
     }
 }
 
+impl Mapping {
+    /// What kind of memory it is, and its name, in words.
+    pub(crate) fn describe(&self) -> String {
+        let name = if self.name.is_empty() {
+            "anonymous"
+        } else {
+            &self.name
+        };
+        let kind = if !self.private_writable {
+            "a shared or read-only mapping"
+        } else if self.anonymous {
+            "a private anonymous mapping"
+        } else if self.name.starts_with('[') {
+            // Private, writable, no file: the main thread's stack and the like, which the
+            // kernel grows and manages itself.
+            "a special mapping of the kernel's"
+        } else {
+            "a file-backed mapping"
+        };
+        format!("{kind} ({name})")
+    }
+}
+
 /// Checks that private, writable, anonymous mappings cover every byte of `range` without a gap.
 /// `mappings` sorted by address, as `/proc/self/maps` lists them. The error says what is not.
 pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Result<(), String> {
@@ -49,23 +72,10 @@ pub fn private_anonymous_cover(mappings: &[Mapping], range: Range<usize>) -> Res
             return Err(format!("{at:#x} is not mapped"));
         }
         if !m.private_writable || !m.anonymous {
-            let name = if m.name.is_empty() {
-                "anonymous"
-            } else {
-                &m.name
-            };
-            let kind = if !m.private_writable {
-                "a shared or read-only mapping"
-            } else if m.name.starts_with('[') {
-                // Private, writable, no file: the main thread's stack and the like, which the
-                // kernel grows and manages itself.
-                "a special mapping of the kernel's"
-            } else {
-                "a file-backed mapping"
-            };
             return Err(format!(
-                "{at:#x} lies in {kind} ({name}); only private anonymous writable memory \
-                 (the heap, anonymous mmap) can be followed"
+                "{at:#x} lies in {}; only private anonymous writable memory (the heap, \
+                 anonymous mmap) can be followed",
+                m.describe()
             ));
         }
         at = m.range.end;

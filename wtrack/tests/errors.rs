@@ -1,6 +1,101 @@
 //! What an error says: the address it is about and why, in words a caller can act on.
 
-use kreplay_wtrack::{Mapping, private_anonymous_cover};
+#![allow(clippy::single_range_in_vec_init)] // one range of addresses per list is what is meant
+
+use std::ops::Range;
+
+use kreplay_wtrack::{Mapping, WriteTracker, available, page_size, private_anonymous_cover};
+
+/// A private anonymous mapping of `pages` pages without huge pages, each written once (leaked:
+/// the tests map other memory over parts of it).
+fn populated(pages: usize) -> usize {
+    let len = pages * page_size();
+    // SAFETY: a new anonymous mapping, replacing nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: advice on our own mapping.
+    unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
+    // SAFETY: inside the mapping just made.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 1, len) };
+    p as usize
+}
+
+/// Maps new anonymous memory (`sharing`: private or shared) over `range`, as a free and a new
+/// allocation at the same address would.
+fn map_over(range: Range<usize>, sharing: libc::c_int) {
+    // SAFETY: MAP_FIXED over pages of a mapping of the test's own.
+    let p = unsafe {
+        libc::mmap(
+            range.start as *mut libc::c_void,
+            range.end - range.start,
+            libc::PROT_READ | libc::PROT_WRITE,
+            sharing | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(
+        p as usize,
+        range.start,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Memory mapped again over part of a followed range is no longer followed: both reading the
+/// written pages and protecting them must fail, saying where, and what lies there now.
+#[test]
+fn memory_mapped_over_a_followed_range_is_named_in_the_error() {
+    if let Err(why) = available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let page = page_size();
+    let base = populated(16);
+    let tracker = WriteTracker::new(&[base..base + 16 * page]).unwrap();
+    let replaced = base + 4 * page;
+    map_over(replaced..replaced + 4 * page, libc::MAP_SHARED);
+    let read = tracker.written(&mut Vec::new()).unwrap_err().to_string();
+    let protect = tracker
+        .protect(&[base..base + 16 * page])
+        .unwrap_err()
+        .to_string();
+    for text in [read, protect] {
+        assert!(
+            text.contains(&format!("{replaced:#x}")) && text.contains("shared"),
+            "{text}"
+        );
+    }
+}
+
+/// The same for private anonymous memory mapped again: the kind of memory it could follow,
+/// but not the memory it began following.
+#[test]
+fn private_memory_mapped_again_over_a_followed_range_is_named_in_the_error() {
+    if let Err(why) = available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let page = page_size();
+    let base = populated(16);
+    let tracker = WriteTracker::new(&[base..base + 16 * page]).unwrap();
+    let replaced = base + 9 * page;
+    map_over(replaced..replaced + page, libc::MAP_PRIVATE);
+    let text = tracker.written(&mut Vec::new()).unwrap_err().to_string();
+    assert!(
+        text.contains(&format!("{replaced:#x}")) && text.contains("no longer followed"),
+        "{text}"
+    );
+}
 
 /// The main thread's stack is private, writable and has no file: refused, but not as
 /// file-backed memory, which it is not.
