@@ -21,7 +21,9 @@
 //! memory is written by this process's CPU may use it. A range the process already registered
 //! with a `userfaultfd` of its own is refused by the kernel (`EBUSY`), and while a tracker
 //! follows a range the process cannot register it with one of its own, nor collapse it into
-//! huge pages (`MADV_COLLAPSE`); each range followed may split a mapping in two or three.
+//! huge pages (`MADV_COLLAPSE`); each range followed may split a mapping in two or three, and
+//! ranges that would split the process's mappings past its limit (`vm.max_map_count`) are
+//! refused before anything is registered.
 //! Pages the kernel pinned for I/O before they were protected (io_uring fixed buffers, RDMA)
 //! are written through the kernel's own mapping, which no tracker sees ([`pinned_bytes`]).
 //! A child forked while a tracker lives inherits a copy of it whose descriptors still reach

@@ -173,6 +173,7 @@ impl Tracker {
                 });
             }
         }
+        check_map_count(&mappings, ranges)?;
         // SAFETY: the userfaultfd system call takes only flags; the returned descriptor is
         // checked before use and owned below.
         let fd = unsafe {
@@ -229,6 +230,12 @@ impl Tracker {
                         addr: r.start,
                         len: r.end - r.start,
                         reason: "already registered with another userfaultfd".into(),
+                    }
+                } else if error.raw_os_error() == Some(libc::ENOMEM) {
+                    TrackError::Failed {
+                        what: "UFFDIO_REGISTER (each followed range may split a mapping in \
+                               two or three; the process may have reached vm.max_map_count)",
+                        error,
                     }
                 } else {
                     TrackError::Failed {
@@ -318,6 +325,47 @@ impl Tracker {
         }
         Ok(())
     }
+}
+
+/// Refuses `ranges` (sorted, disjoint, page-aligned, all inside `mappings`) where registering
+/// them would split the process's mappings past its limit (`vm.max_map_count`): the kernel
+/// would fail part-way with `ENOMEM`, after filling the table of mappings, which fails the
+/// application's own `mmap` calls (and allocations) meanwhile. Each range splits the mapping
+/// it starts inside, and the one it ends inside, unless it starts or ends on its boundary.
+fn check_map_count(mappings: &[crate::Mapping], ranges: &[Range<usize>]) -> Result<(), TrackError> {
+    let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
+        return Ok(());
+    };
+    let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+    else {
+        return Ok(());
+    };
+    let inside = |at: usize| {
+        let i = mappings.partition_point(|m| m.range.end <= at);
+        mappings
+            .get(i)
+            .is_some_and(|m| m.range.start < at && at < m.range.end)
+    };
+    let splits = ranges
+        .iter()
+        .map(|r| usize::from(inside(r.start)) + usize::from(inside(r.end)))
+        .sum::<usize>();
+    if mappings.len() + splits <= limit {
+        return Ok(());
+    }
+    Err(TrackError::Refused {
+        addr: first.start,
+        len: last.end - first.start,
+        reason: format!(
+            "following these {} ranges would split mappings into {splits} more, past the \
+             process's limit of {limit} (vm.max_map_count; {} in use): follow fewer, larger \
+             ranges",
+            ranges.len(),
+            mappings.len()
+        ),
+    })
 }
 
 fn errno_of(error: &TrackError) -> Option<i32> {

@@ -114,3 +114,46 @@ fn the_stack_is_refused_as_the_stack_not_as_a_file() {
         "{why}"
     );
 }
+
+/// Each followed range may split a mapping in two or three: a request for more ranges than the
+/// process has mappings left is refused up front, saying so, instead of failing with an
+/// out-of-memory error after filling the process's table of mappings (which fails the
+/// application's own allocations meanwhile).
+#[test]
+fn more_ranges_than_the_process_may_have_mappings_are_refused_saying_why() {
+    if let Err(why) = available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&limit| limit <= 1 << 20)
+    else {
+        eprintln!("skipped: no usable vm.max_map_count");
+        return;
+    };
+    let page = page_size();
+    // Every other page of one mapping: each range splits it twice.
+    let count = limit / 2 + 64;
+    // SAFETY: a new anonymous mapping, never touched (no memory is used).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            2 * count * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    let base = p as usize;
+    let ranges: Vec<Range<usize>> = (0..count)
+        .map(|i| base + 2 * i * page..base + (2 * i + 1) * page)
+        .collect();
+    let text = WriteTracker::new(&ranges).unwrap_err().to_string();
+    // SAFETY: our own mapping, no longer used.
+    unsafe { libc::munmap(p, 2 * count * page) };
+    assert!(text.contains("max_map_count"), "{text}");
+}
