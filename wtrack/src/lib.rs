@@ -11,7 +11,9 @@
 //! page after each [`protect`](WriteTracker::protect) costs a minor fault ([`page_costs`]).
 //! Starting to follow a range and stopping (dropping the tracker) each walk its page tables,
 //! at about what protecting its pages again costs per page: on a large footprint a tracker
-//! costs that twice before it saves anything.
+//! costs that twice before it saves anything. Memory never touched gets its page tables made
+//! when protected (about a 512th of its size, kept until it is unmapped: 32 MiB for a 16 GiB
+//! reservation), so follow what is in use, not a whole reservation.
 //!
 //! What it can follow: private anonymous writable mappings (heap, `mmap(MAP_PRIVATE |
 //! MAP_ANONYMOUS)`), checked against `/proc/self/maps` before anything is registered. Shared or
@@ -25,7 +27,10 @@
 //! ranges that would split the process's mappings past its limit (`vm.max_map_count`) are
 //! refused before anything is registered.
 //! Pages the kernel pinned for I/O before they were protected (io_uring fixed buffers, RDMA)
-//! are written through the kernel's own mapping, which no tracker sees ([`pinned_bytes`]).
+//! are written through the kernel's own mapping, which no tracker sees ([`pinned_bytes`]);
+//! so are, while they last, transfers pinned only for their duration (an `O_DIRECT` read in
+//! flight through `libaio` or `io_uring`, a `process_vm_writev` running on another thread)
+//! when the pages are protected meanwhile, which no counter shows.
 //! A child forked while a tracker lives inherits a copy of it whose descriptors still reach
 //! the parent's memory: there every call fails ([`TrackError::Forked`]) rather than read or
 //! protect the parent's pages, and dropping the copy leaves the parent's tracking alone.
@@ -339,6 +344,9 @@ pub fn available() -> Result<(), String> {
 /// the kernel does not say. The kernel writes such pages through a mapping of its own, not
 /// through the process's page tables: a write there is never reported by a tracker, so while
 /// any are pinned a caller should not rely on what a tracker saw between its own operations.
+/// Only long-lived pins are counted: a transfer that pins pages for its own duration (an
+/// `O_DIRECT` read in flight) is not, and is seen by no tracker either if the pages are
+/// protected while it runs.
 pub fn pinned_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
