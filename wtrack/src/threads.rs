@@ -10,8 +10,9 @@
 //! thread it does not know. So kreplay starts its threads with every signal blocked but those
 //! the kernel raises on the faulting thread itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
 //! SIGSYS), which must stay deliverable: blocked, a fault ends the process whatever handler the
-//! application installed. The mask is set on the creating thread around the creation and put
-//! back right after, so the new thread never runs a moment with another.
+//! application installed; they are unblocked even where the creating thread blocked them. The
+//! mask is set on the creating thread around the creation and put back right after, so the new
+//! thread never runs a moment with another.
 
 use std::io;
 use std::thread::{Builder, JoinHandle};
@@ -134,7 +135,9 @@ mod sys {
                     libc::sigdelset(&mut block, s);
                 }
                 let mut old: libc::sigset_t = std::mem::zeroed();
-                let ok = libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old) == 0;
+                // SIG_SETMASK, not SIG_BLOCK: the synchronous signals must be deliverable in
+                // the new thread even where the creating thread blocked them.
+                let ok = libc::pthread_sigmask(libc::SIG_SETMASK, &block, &mut old) == 0;
                 Blocked {
                     old: ok.then_some(old),
                 }
