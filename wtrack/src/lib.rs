@@ -207,8 +207,11 @@ impl WriteTracker {
     ///
     /// The kernel walks the page tables of every followed page, about a nanosecond or two
     /// each; a footprint of more than [`SCAN_PIECE`] bytes is scanned in pieces of that size
-    /// on the threads of the rayon pool the caller runs in (rayon's global pool outside any;
-    /// call it inside a pool of your own to keep that one free), the answers joined in order.
+    /// on the threads of the rayon pool the caller runs in, the answers joined in order.
+    /// Outside any pool it is scanned on the calling thread alone: rayon's global pool is the
+    /// application's, whose workers may all be busy (waiting for this very call, even), and
+    /// whose threads would start with the mask of whichever thread first needed them.
+    /// [`new`](Self::new) and [`protect`](Self::protect) do the same.
     pub fn written(&self, out: &mut Vec<Range<usize>>) -> Result<usize, TrackError> {
         self.in_owner()?;
         let before = out.len();
@@ -255,16 +258,18 @@ impl WriteTracker {
     }
 
     /// `f` over `parts` (page-aligned, sorted, disjoint), its answers in order: on this thread
-    /// where they add up to at most [`SCAN_PIECE`] bytes (or the pool has one thread), else
-    /// cut into pieces of that size and run on the rayon pool's threads at once. Scanning and
-    /// protecting both walk the page tables, a nanosecond or two per page.
+    /// where they add up to at most [`SCAN_PIECE`] bytes, where the caller runs in no rayon
+    /// pool (the global one is the application's: never touched) or where its pool has one
+    /// thread, else cut into pieces of that size and run on the caller's pool's threads at
+    /// once. Scanning and protecting both walk the page tables, a nanosecond or two per page.
     fn in_pieces<T: Send>(
         &self,
         parts: &[Range<usize>],
         f: impl Fn(Range<usize>) -> Result<T, TrackError> + Sync + Send,
     ) -> Result<Vec<T>, TrackError> {
         let total: usize = parts.iter().map(|r| r.end - r.start).sum();
-        if total <= SCAN_PIECE || rayon::current_num_threads() < 2 {
+        let in_a_pool = rayon::current_thread_index().is_some();
+        if total <= SCAN_PIECE || !in_a_pool || rayon::current_num_threads() < 2 {
             return parts.iter().cloned().map(f).collect();
         }
         split(parts, SCAN_PIECE).into_par_iter().map(f).collect()
@@ -272,7 +277,7 @@ impl WriteTracker {
 }
 
 /// Above this many bytes, [`WriteTracker::written`] scans, and protecting protects, in pieces
-/// of this size on several threads. On the 2-core development machine a scan of 1 GiB of 4 KiB pages took
+/// of this size on several threads (those of the rayon pool the caller runs in, if any). On the 2-core development machine a scan of 1 GiB of 4 KiB pages took
 /// 260-540 us on one thread; a piece of 64 MiB takes a few dozen, well above what handing it
 /// to another thread costs.
 pub const SCAN_PIECE: usize = 64 << 20;

@@ -170,7 +170,14 @@ fn a_footprint_followed_in_pieces_on_several_threads_reports_exactly_its_written
     // reported), the second not (unpopulated pages count as protected too).
     let first = Scratch::populated(piece * 7 / 2);
     let second = Scratch::new(piece + 3);
-    let tracker = WriteTracker::new(&[first.range(), second.range()]).unwrap();
+    // Split across the threads of a pool of the caller's (outside any, on the calling thread).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let tracker = pool
+        .install(|| WriteTracker::new(&[first.range(), second.range()]))
+        .unwrap();
     // Runs that straddle the pieces' boundaries, one that ends at a boundary, one that starts
     // at one, single pages, and the last page of each range.
     let mut runs: Vec<Range<usize>> = vec![
@@ -192,7 +199,10 @@ fn a_footprint_followed_in_pieces_on_several_threads_reports_exactly_its_written
         second.write(p * page, 7);
     }
     let mut written = Vec::new();
-    let n = tracker.written(&mut written).unwrap();
+    let n = pool.install(|| tracker.written(&mut written)).unwrap();
+    let mut alone = Vec::new();
+    tracker.written(&mut alone).unwrap();
+    assert_eq!(alone, written, "the same scanned outside any pool");
     // Reported in address order, each run of adjacent pages as one range, nothing else.
     let (a, b) = (first.range().start, second.range().start);
     let mut expected: Vec<Range<usize>> = runs
