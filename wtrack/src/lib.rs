@@ -34,6 +34,10 @@
 //! A child forked while a tracker lives inherits a copy of it whose descriptors still reach
 //! the parent's memory: there every call fails ([`TrackError::Forked`]) rather than read or
 //! protect the parent's pages, and dropping the copy leaves the parent's tracking alone.
+//! Memory mapped anew over a followed range (unmapped and mapped again, `mmap` with
+//! `MAP_FIXED`, `mremap`) is not followed any more: calls fail with [`TrackError::Replaced`],
+//! naming where, and do so too once another tracker of this process follows the new memory
+//! (they would otherwise read, and protect again, that tracker's pages).
 //!
 //! Pages are the unit: ranges are widened to whole pages, so a write to a neighbour sharing a
 //! page is reported too (a superset, never a subset, of the pages written).
@@ -60,6 +64,7 @@ use std::time::Duration;
 use rayon::prelude::*;
 
 // The system calls, or where they do not exist a stand-in of the same shape that refuses.
+mod live;
 mod maps;
 #[cfg(all(
     target_os = "linux",
@@ -156,6 +161,15 @@ pub struct WriteTracker {
     /// The followed ranges, widened to pages, sorted and disjoint.
     ranges: Vec<Range<usize>>,
     page: usize,
+    /// Set once another tracker of this process registered some of these addresses (see
+    /// `live`): the memory there was replaced.
+    lost: live::Lost,
+}
+
+impl Drop for WriteTracker {
+    fn drop(&mut self) {
+        live::leave(&self.lost);
+    }
 }
 
 impl fmt::Debug for WriteTracker {
@@ -174,8 +188,10 @@ impl WriteTracker {
     pub fn new(ranges: &[Range<usize>]) -> Result<Self, TrackError> {
         let page = page_size();
         let ranges = widen_and_merge(ranges, page);
+        let inner = sys::Tracker::register(&ranges)?;
         let tracker = WriteTracker {
-            inner: sys::Tracker::register(&ranges)?,
+            lost: live::enter(&ranges),
+            inner,
             ranges,
             page,
         };
@@ -247,14 +263,22 @@ impl WriteTracker {
     }
 
     /// Refuses in any process but the one that made the tracker (a child forked from it):
-    /// there the descriptors would read, and protect, the parent's pages.
+    /// there the descriptors would read, and protect, the parent's pages; and once another
+    /// tracker follows some of its addresses (its memory there was replaced): the requests
+    /// would read, and protect, the other tracker's pages.
     fn in_owner(&self) -> Result<(), TrackError> {
         let owner = self.inner.owner();
-        if std::process::id() == owner {
-            Ok(())
-        } else {
-            Err(TrackError::Forked { owner })
+        if std::process::id() != owner {
+            return Err(TrackError::Forked { owner });
         }
+        if let Some(lost) = self.lost.get() {
+            return Err(TrackError::Replaced {
+                addr: lost.start,
+                len: lost.end - lost.start,
+                now: "new memory (which another tracker follows)".into(),
+            });
+        }
+        Ok(())
     }
 
     /// `f` over `parts` (page-aligned, sorted, disjoint), its answers in order: on this thread
