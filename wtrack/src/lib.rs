@@ -37,7 +37,8 @@
 //! Memory mapped anew over a followed range (unmapped and mapped again, `mmap` with
 //! `MAP_FIXED`, `mremap`) is not followed any more: calls fail with [`TrackError::Replaced`],
 //! naming where, and do so too once another tracker of this process follows the new memory
-//! (they would otherwise read, and protect again, that tracker's pages).
+//! (they would otherwise read, and protect again, that tracker's pages). Memory unmapped and
+//! left so is reported as not written: nothing lies there to write back.
 //!
 //! Pages are the unit: ranges are widened to whole pages, so a write to a neighbour sharing a
 //! page is reported too (a superset, never a subset, of the pages written).
