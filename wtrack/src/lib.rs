@@ -169,7 +169,11 @@ pub struct WriteTracker {
 
 impl Drop for WriteTracker {
     fn drop(&mut self) {
-        live::leave(&self.lost);
+        // A forked child's copy was never entered in the child's list (and takes no lock
+        // there that another thread of the parent may have held when it forked).
+        if std::process::id() == self.inner.owner() {
+            live::leave(&self.lost);
+        }
     }
 }
 

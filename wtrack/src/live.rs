@@ -48,9 +48,7 @@ pub(crate) fn enter(ranges: &[Range<usize>]) -> Lost {
 /// The tracker holding `lost` stops following (it is dropped in the process that made it).
 pub(crate) fn leave(lost: &Lost) {
     let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-    if live.0 == std::process::id() {
-        live.1.retain(|holder| !Arc::ptr_eq(&holder.lost, lost));
-    }
+    live.1.retain(|holder| !Arc::ptr_eq(&holder.lost, lost));
 }
 
 /// The first range both `a` and `b` (each sorted and disjoint) hold.
