@@ -16,6 +16,11 @@
 //! after its last destructor); state with a scoped owner (a guard that empties it when dropped)
 //! is vacant again by then.
 //!
+//! A thread whose first call comes from a `pthread_key_create` destructor, which glibc runs
+//! after every thread-local destructor, finds the thread-local never made: using it makes it
+//! then, and its destructor, registered too late, never runs. What it holds when the thread
+//! ends stays allocated, vacant or not (a `Vec` keeps its capacity); only such threads pay it.
+//!
 //! The copy belongs to its thread: it is made, reached and freed by that thread only, and takes
 //! no lock.
 //!
