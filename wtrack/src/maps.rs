@@ -9,7 +9,9 @@ pub struct Mapping {
     pub range: Range<usize>,
     /// Writable (`w`) and private (`p`, copy-on-write rather than shared).
     pub private_writable: bool,
-    /// No file behind it (inode 0): anonymous memory, the heap, a named anonymous mapping.
+    /// No file behind it (inode 0) and memory the process mapped itself: anonymous memory, the
+    /// heap, a named anonymous mapping (not the stack or the kernel's other bracketed
+    /// mappings).
     pub anonymous: bool,
     /// The path column (empty for plain anonymous memory).
     pub name: String,
