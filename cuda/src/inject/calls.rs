@@ -463,7 +463,13 @@ impl Backend {
                         return;
                     };
                     // SAFETY: params is the call's parameter struct for this callback id.
-                    let launch = unsafe { decode_launch(id, params, data.context, ordinal) };
+                    let Some(launch) =
+                        (unsafe { decode_launch(id, params, data.context, ordinal) })
+                    else {
+                        // cuLaunchKernelEx without a configuration: the driver refuses it, and
+                        // nothing runs.
+                        return;
+                    };
                     let symbol = (!data.symbol_name.is_null())
                         // SAFETY: CUPTI's NUL-terminated kernel name, valid during the callback.
                         .then(|| unsafe { CStr::from_ptr(data.symbol_name) })

@@ -553,7 +553,7 @@ impl Backend {
         }
         // SAFETY: one of the launch ids, with CUPTI's parameter struct; the context and
         // device are not used for reading the arguments.
-        let launch = unsafe { decode_launch(id, data.function_params, std::ptr::null_mut(), 0) };
+        let launch = unsafe { decode_launch(id, data.function_params, std::ptr::null_mut(), 0) }?;
         self.launch_argument_values(&launch).ok()
     }
 
@@ -994,7 +994,8 @@ fn context_drainer(driver: &'static Driver, timeout: Duration, contexts: Arc<Con
     })
 }
 
-/// The launch a launch callback describes.
+/// The launch a launch callback describes; `None` for a `cuLaunchKernelEx` given no
+/// configuration (the driver refuses it; nothing is submitted).
 ///
 /// # Safety
 /// `params` is the parameter struct of driver-API callback `id` (one of [`cbid::LAUNCHES`]).
@@ -1003,14 +1004,14 @@ unsafe fn decode_launch(
     params: *const c_void,
     ctx: CuContext,
     device: i32,
-) -> Launch {
+) -> Option<Launch> {
     let per_thread = matches!(
         id,
         cbid::CU_LAUNCH_KERNEL_PTSZ
             | cbid::CU_LAUNCH_KERNEL_EX_PTSZ
             | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ
     );
-    match id {
+    Some(match id {
         cbid::CU_LAUNCH_COOPERATIVE_KERNEL | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ => {
             // SAFETY: cuLaunchCooperativeKernel_params.
             let p = unsafe { *(params as *const LaunchCooperativeKernelParams) };
@@ -1029,10 +1030,11 @@ unsafe fn decode_launch(
             }
         }
         cbid::CU_LAUNCH_KERNEL_EX | cbid::CU_LAUNCH_KERNEL_EX_PTSZ => {
-            // SAFETY: cuLaunchKernelEx_params, whose config points to the caller's CUlaunchConfig.
+            // SAFETY: cuLaunchKernelEx_params, whose config is null or points to the caller's
+            // CUlaunchConfig, alive during the call.
             let (p, c) = unsafe {
                 let p = *(params as *const LaunchKernelExParams);
-                (p, *p.config)
+                (p, *p.config.as_ref()?)
             };
             Launch {
                 ctx,
@@ -1065,7 +1067,7 @@ unsafe fn decode_launch(
                 extra: p.extra,
             }
         }
-    }
+    })
 }
 
 /// CUPTI's callback: ignores kreplay's own calls (the re-entry guard), never unwinds.
@@ -1436,7 +1438,7 @@ mod tests {
             (cbid::CU_LAUNCH_KERNEL_PTSZ, true),
         ] {
             // SAFETY: a cuLaunchKernel_params for a launch callback id.
-            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 2) };
+            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 2) }.expect("decoded");
             assert_eq!(l.api, LaunchApi::Kernel);
             assert_eq!(l.per_thread, per_thread);
             assert_eq!(
@@ -1468,7 +1470,7 @@ mod tests {
             (cbid::CU_LAUNCH_KERNEL_EX_PTSZ, true),
         ] {
             // SAFETY: a cuLaunchKernelEx_params whose config points to a live CUlaunchConfig.
-            let l = unsafe { decode_launch(id, (&raw const ex).cast(), ctx, 0) };
+            let l = unsafe { decode_launch(id, (&raw const ex).cast(), ctx, 0) }.expect("decoded");
             assert_eq!(
                 l.api,
                 LaunchApi::KernelEx {
@@ -1481,6 +1483,28 @@ mod tests {
                 ([7, 1, 1], [32, 2, 1], 128)
             );
             assert_eq!((l.function, l.stream), (ex.f, config.stream));
+        }
+    }
+
+    /// `cuLaunchKernelEx(NULL, f, ...)` is refused by the driver (an error code the application
+    /// sees); reading the missing configuration at API ENTER would crash the application in
+    /// kreplay's callback instead.
+    #[test]
+    fn a_launch_ex_without_a_configuration_is_left_to_the_driver_to_refuse() {
+        let mut args: [*mut c_void; 1] = [std::ptr::null_mut()];
+        let ex = LaunchKernelExParams {
+            config: std::ptr::null(),
+            f: 0x50 as CuFunction,
+            kernel_params: args.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+        };
+        for id in [cbid::CU_LAUNCH_KERNEL_EX, cbid::CU_LAUNCH_KERNEL_EX_PTSZ] {
+            // SAFETY: a cuLaunchKernelEx_params whose config is null, as an application may pass.
+            let l = unsafe { decode_launch(id, (&raw const ex).cast(), std::ptr::null_mut(), 0) };
+            assert!(
+                l.is_none(),
+                "{id}: decoded a launch without a configuration"
+            );
         }
     }
 
@@ -1508,7 +1532,7 @@ mod tests {
                 "{id} is fenced, not replayed"
             );
             // SAFETY: a cuLaunchCooperativeKernel_params for a cooperative launch id.
-            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 1) };
+            let l = unsafe { decode_launch(id, (&raw const p).cast(), ctx, 1) }.expect("decoded");
             assert_eq!(l.api, LaunchApi::Cooperative);
             assert_eq!(l.per_thread, per_thread);
             assert_eq!(
