@@ -358,6 +358,51 @@ impl MemoryWatch {
         })
     }
 
+    /// For kernel argument `values`: the bases of the mappings a kernel given them may write
+    /// besides the one each value lies in. A range mapped page by page (PyTorch's expandable
+    /// segments: one `cuMemCreate` handle and one `cuMemMap` per page of a reserved range)
+    /// holds buffers larger than a page, or across a page's end, so a pointer into one mapping
+    /// reaches the mappings that continue it, before and after: for a value inside a tracked
+    /// mapping, every writable mapping (in the inventory) of the run of address-contiguous
+    /// tracked mappings holding it (or ending at it: an end pointer). Empty when no value lies
+    /// in a mapping.
+    pub fn mapped_runs(&self, values: &[u64]) -> Vec<u64> {
+        let s = self.state.lock();
+        if s.mapped.is_empty() {
+            return Vec::new();
+        }
+        let holding = |addr: u64| {
+            let (&base, &size) = s.mapped.range(..=addr).next_back()?;
+            (addr < base.saturating_add(size)).then_some(base)
+        };
+        let mut out: Vec<u64> = Vec::new();
+        let mut done: Vec<u64> = Vec::new();
+        for &v in values {
+            // One past a mapping's end is an end pointer: a kernel may walk back from it.
+            let Some(first) = holding(v).or_else(|| holding(v.checked_sub(1)?)) else {
+                continue;
+            };
+            if done.contains(&first) {
+                continue;
+            }
+            // Back to the run's first mapping, then forward to its last.
+            let mut start = first;
+            while let Some(before) = start.checked_sub(1).and_then(holding) {
+                start = before;
+            }
+            let mut at = Some(start);
+            while let Some(base) = at {
+                done.push(base);
+                if s.mapping_access.get(&base).is_some_and(|&(_, w)| w) {
+                    out.push(base);
+                }
+                let end = base.saturating_add(s.mapped[&base]);
+                at = s.mapped.get(&end).map(|_| end);
+            }
+        }
+        out
+    }
+
     /// The device of the tracked VMM mapping holding `addr`, if any (accessible or not).
     pub fn mapping_device(&self, addr: u64) -> Option<i32> {
         let s = self.state.lock();
@@ -653,6 +698,65 @@ mod tests {
         w.record_map(&inventory, 0x10_0000, 0x20_0000, HandleLocation::Device(0))
             .unwrap();
         assert!(bases_on(&inventory, 0).is_empty());
+    }
+
+    /// PyTorch's expandable segments map one reserved range page by page (a `cuMemCreate` handle
+    /// and a `cuMemMap` per page, one `cuMemSetAccess` over the whole): a tensor larger than a
+    /// page spans several mappings, and a kernel given its start writes the pages after it.
+    /// Under `KREPLAY_SNAPSHOT_SCOPE=referenced` the argument reached only the page holding it,
+    /// so the passes wrote the following pages again and again, unrestored.
+    #[test]
+    fn an_argument_into_a_run_of_contiguous_mappings_reaches_every_writable_one_of_them() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let page = 0x20_0000u64;
+        let rw = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
+        // Four pages back to back from 0x100_0000, the third not accessible yet; a separate
+        // mapping after a gap.
+        for k in 0..4 {
+            let base = 0x100_0000 + k * page;
+            w.record_map(&inventory, base, page, HandleLocation::Device(0))
+                .unwrap();
+            if k != 2 {
+                w.record_access(&inventory, base, page, &rw);
+            }
+        }
+        let apart = 0x200_0000;
+        w.record_map(&inventory, apart, page, HandleLocation::Device(0))
+            .unwrap();
+        w.record_access(&inventory, apart, page, &rw);
+
+        // A tensor starting in the second page.
+        let values = vec![0x100_0000 + page + 0x100];
+        let mut reached = values.clone();
+        reached.extend(w.mapped_runs(&values));
+        let scoped = crate::scope::launch_filter(
+            Filter::referenced_only(0),
+            &inventory,
+            &[],
+            &reached,
+            |_, _| None,
+        )
+        .expect("nothing to decline");
+        let mut bases: Vec<u64> = scoped
+            .filter
+            .reached()
+            .filter_map(|a| inventory.lookup(a).map(|x| x.base))
+            .collect();
+        bases.sort_unstable();
+        bases.dedup();
+        assert_eq!(scoped.referenced_bytes, 3 * page);
+        assert_eq!(
+            bases,
+            vec![0x100_0000, 0x100_0000 + page, 0x100_0000 + 3 * page],
+            "every writable page of the run, not the inaccessible one nor the one apart"
+        );
+        // An end pointer of the run reaches it too (a kernel walking back from it).
+        let mut end = w.mapped_runs(&[0x100_0000 + 4 * page]);
+        end.sort_unstable();
+        assert_eq!(end, bases, "{end:x?}");
+        // A value in no mapping adds nothing.
+        assert!(w.mapped_runs(&[0x5000_0000, 7]).is_empty());
     }
 
     #[test]

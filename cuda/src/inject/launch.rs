@@ -262,7 +262,8 @@ impl Backend {
     }
 
     /// The argument values of `launch`, read with the driver's description of the launched
-    /// function's parameters (asked once per function).
+    /// function's parameters (asked once per function), and the bases of the mappings that
+    /// continue a mapping one of them points into ([`MemoryWatch::mapped_runs`]).
     pub(super) fn launch_argument_values(
         &self,
         launch: &Launch,
@@ -274,7 +275,12 @@ impl Backend {
         };
         // SAFETY: the launch call's own parameters, read during its API ENTER callback; the
         // layout is the driver's description of the launched function.
-        unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }
+        let mut values =
+            unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }?;
+        // A pointer into a range mapped page by page reaches the pages that continue it.
+        let continued = self.watch.mapped_runs(&values);
+        values.extend(continued);
+        Ok(values)
     }
 
     /// `auto`: offer the device kernels to the snapshot of a launch of `function` (its kernel
