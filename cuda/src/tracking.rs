@@ -122,8 +122,30 @@ struct State {
     /// Shared memory kreplay could not attribute (size or device unknown): base → size (0:
     /// unknown).
     unattributed: BTreeMap<u64, u64>,
+    /// The references to each base of `shared` and `unattributed`: the calls that returned it
+    /// and were not ended yet (`cuIpcOpenMemHandle` of a handle the context has open already
+    /// returns the same pointer and counts one more reference, which `cuIpcCloseMemHandle`
+    /// gives back; the memory stays mapped until the last one is).
+    references: BTreeMap<u64, u32>,
     /// Mapped graphics resources: resource → the base of its mapped pointer.
     graphics: BTreeMap<usize, u64>,
+}
+
+impl State {
+    /// Gives back one reference to the shared memory at `base`: true when others are left (the
+    /// memory stays), false when that was the last one or none was counted (it ends).
+    fn drop_reference(&mut self, base: u64) -> bool {
+        match self.references.get_mut(&base) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            _ => {
+                self.references.remove(&base);
+                false
+            }
+        }
+    }
 }
 
 /// What the API ENTER of a free forgot ([`MemoryWatch::free_enter`]), kept until its API EXIT:
@@ -141,6 +163,9 @@ pub struct Forgotten {
     pub shared: Option<u64>,
     /// The unattributed shared memory's size (0: unknown).
     pub unattributed: Option<u64>,
+    /// The free gave back one of several references to shared memory there: the memory stays
+    /// mapped and tracked (nothing else was forgotten).
+    pub reference: bool,
 }
 
 /// Managed allocations and VMM mappings of the process.
@@ -184,12 +209,20 @@ impl MemoryWatch {
     pub fn free_enter(&self, inventory: Option<&Inventory>, base: u64) -> Forgotten {
         let mut forgotten = {
             let mut s = self.state.lock();
+            if s.drop_reference(base) {
+                return Forgotten {
+                    base,
+                    reference: true,
+                    ..Forgotten::default()
+                };
+            }
             Forgotten {
                 base,
                 shared: s.shared.remove(&base),
                 unattributed: s.unattributed.remove(&base),
                 managed: s.managed.remove(&base),
                 allocation: None,
+                reference: false,
             }
         };
         if forgotten.managed.is_none() {
@@ -209,7 +242,19 @@ impl MemoryWatch {
             managed,
             shared,
             unattributed,
+            reference,
         } = forgotten;
+        if reference {
+            // The reference the free gave back, unless the memory ended meanwhile.
+            let mut s = self.state.lock();
+            return match s.references.get_mut(&base) {
+                Some(n) => {
+                    *n += 1;
+                    true
+                }
+                None => false,
+            };
+        }
         // The inventory first: shared memory is tracked there too, and is put back only with
         // its allocation (it may have been replaced since).
         let tracked = allocation.is_some_and(|a| inventory.reinstate(a));
@@ -221,9 +266,11 @@ impl MemoryWatch {
         }
         if let Some(size) = shared.filter(|_| tracked) {
             s.shared.insert(base, size);
+            *s.references.entry(base).or_default() += 1;
         }
         if let Some(size) = unattributed {
             s.unattributed.insert(base, size);
+            *s.references.entry(base).or_default() += 1;
             back = true;
         }
         back
@@ -234,7 +281,8 @@ impl MemoryWatch {
     /// snapshotted like the application's own allocations: added to `inventory` as device
     /// memory of that device (its ordinal is returned). Where its size or device is not known,
     /// it is counted as untracked memory (the error says why), so launches decline until it
-    /// ends ([`MemoryWatch::on_shared_end`]).
+    /// ends ([`MemoryWatch::on_shared_end`]). Returned again (a handle opened again in the same
+    /// context), it counts one more reference, and stays until each one ended.
     pub fn record_shared(
         &self,
         inventory: &Inventory,
@@ -243,8 +291,16 @@ impl MemoryWatch {
         device: Option<i32>,
     ) -> Result<i32, String> {
         let mut s = self.state.lock();
+        *s.references.entry(base).or_default() += 1;
         match (size.filter(|&n| n > 0), device.filter(|&d| d >= 0)) {
             (Some(size), Some(device)) => {
+                let same = inventory.get(base).is_some_and(|a| {
+                    a.size == size && a.owner_agent == device as u64 && s.shared.contains_key(&base)
+                });
+                if same {
+                    // The same memory again: the same allocation, generation included.
+                    return Ok(device);
+                }
                 s.shared.insert(base, size);
                 inventory.on_alloc(NewAllocation {
                     base,
@@ -264,12 +320,23 @@ impl MemoryWatch {
         }
     }
 
-    /// Shared memory at `base` ended (closed, unmapped): true when it was tracked (the caller
-    /// removes it from the inventory).
+    /// A reference to shared memory at `base` ended (closed, unmapped): true when that was its
+    /// last and it was tracked (the caller removes it from the inventory). While references are
+    /// left, nothing changes.
     pub fn on_shared_end(&self, base: u64) -> bool {
         let mut s = self.state.lock();
+        if s.drop_reference(base) {
+            return false;
+        }
         s.unattributed.remove(&base);
         s.shared.remove(&base).is_some()
+    }
+
+    /// The context holding the shared memory at `base` ends: every reference to it ends with
+    /// it, so the next end ([`on_shared_end`](Self::on_shared_end),
+    /// [`free_enter`](Self::free_enter)) is its last.
+    pub fn end_references(&self, base: u64) {
+        self.state.lock().references.remove(&base);
     }
 
     /// Graphics resource `resource` is mapped at `base`.
@@ -859,6 +926,54 @@ mod tests {
             .unwrap();
         assert!(!w.on_free(0x9000_0000), "not managed memory");
         assert!(!w.on_shared_end(0x9000_0000), "already ended by the free");
+    }
+
+    /// `cuIpcOpenMemHandle` of a handle the context has open already returns the same pointer
+    /// and counts one more reference; the memory stays mapped until `cuIpcCloseMemHandle` was
+    /// called as often. The first close ended it here: a kernel writing it through a pointer
+    /// kept in memory had its writes repeated by every pass, and memory that could not be
+    /// described stopped declining launches while still mapped.
+    #[test]
+    fn shared_memory_opened_twice_stays_tracked_until_closed_as_often() {
+        let w = MemoryWatch::new();
+        let inv = Inventory::new();
+        let base = 0x7000_0000;
+        assert_eq!(w.record_shared(&inv, base, Some(2 << 20), Some(0)), Ok(0));
+        let generation = inv.get(base).unwrap().generation;
+        assert_eq!(w.record_shared(&inv, base, Some(2 << 20), Some(0)), Ok(0));
+        assert!(!w.on_shared_end(base), "one reference is left");
+        assert_eq!(
+            inv.get(base).map(|a| a.generation),
+            Some(generation),
+            "the same allocation, still tracked"
+        );
+        assert!(w.on_shared_end(base), "the last reference ends it");
+        assert!(!w.on_shared_end(base), "ended once");
+
+        // Opened twice, freed once (an imported pointer): still tracked, and a refused free
+        // of it puts the reference back.
+        w.record_shared(&inv, base, Some(4096), Some(0)).unwrap();
+        w.record_shared(&inv, base, Some(4096), Some(0)).unwrap();
+        let forgotten = w.free_enter(Some(&inv), base);
+        assert!(inv.get(base).is_some(), "one reference is left");
+        assert!(w.free_failed(&inv, forgotten));
+        assert!(!w.on_shared_end(base));
+        assert!(w.on_shared_end(base), "the last reference ends it");
+
+        // Its context's end ends every reference.
+        w.record_shared(&inv, base, Some(4096), Some(0)).unwrap();
+        w.record_shared(&inv, base, Some(4096), Some(0)).unwrap();
+        w.end_references(base);
+        assert_eq!(w.free_enter(Some(&inv), base).shared, Some(4096));
+
+        // Memory that cannot be described declines launches until its last close.
+        let other = 0x8000_0000;
+        let _ = w.record_shared(&inv, other, None, Some(0));
+        let _ = w.record_shared(&inv, other, None, Some(0));
+        w.on_shared_end(other);
+        assert!(w.untracked_reason(CTX).is_some(), "still mapped once");
+        w.on_shared_end(other);
+        assert_eq!(w.untracked_reason(CTX), None);
     }
 
     #[test]

@@ -109,6 +109,12 @@ impl Backend {
                 }
                 let owner = self.contexts.note_free(base);
                 let freed = self.on_app_free(base);
+                if let (Freed::Tracked(f), Some(ctx)) = (&freed, owner)
+                    && f.reference
+                {
+                    // Shared memory with references left: it still ends with its context.
+                    self.contexts.note_allocation(ctx, base);
+                }
                 self.frees.lock().push((freed, owner));
             }
             cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
@@ -282,7 +288,6 @@ impl Backend {
             cbid::CU_IPC_CLOSE_MEM_HANDLE if enter => {
                 // SAFETY: cuIpcCloseMemHandle_params is the CUdeviceptr being closed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
-                self.contexts.note_free(base);
                 self.on_shared_end(base);
             }
             cbid::CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER if exit && result() == CUDA_SUCCESS => {
@@ -340,7 +345,6 @@ impl Backend {
                 };
                 for resource in resources {
                     if let Some(base) = self.watch.on_graphics_unmapped(resource) {
-                        self.contexts.note_free(base);
                         self.on_shared_end(base);
                     }
                 }

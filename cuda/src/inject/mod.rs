@@ -366,7 +366,9 @@ impl Backend {
             ),
         );
         for base in dying {
-            // Managed memory ends with its context too, and with it the declines it caused.
+            // Managed memory ends with its context too, and with it the declines it caused;
+            // shared memory opened there, with every reference to it.
+            self.watch.end_references(base);
             self.on_app_free(base);
         }
         let state = {
@@ -690,9 +692,11 @@ impl Backend {
         }
     }
 
-    /// Shared memory at `base` ended (closed or unmapped).
+    /// A reference to shared memory at `base` ended (closed or unmapped): the memory ends with
+    /// its last one.
     fn on_shared_end(&self, base: u64) {
         if self.watch.on_shared_end(base) {
+            self.contexts.note_free(base);
             self.on_free(base);
         }
     }
