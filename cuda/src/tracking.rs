@@ -168,6 +168,40 @@ pub struct Forgotten {
     pub reference: bool,
 }
 
+/// What the API ENTER of each call in progress (a free, an unmap) changed, by the address it
+/// names, until the call's API EXIT takes it back (to undo it when the driver refused the call).
+#[derive(Debug)]
+pub struct InFlight<T> {
+    calls: Mutex<Vec<(u64, T)>>,
+}
+
+impl<T> Default for InFlight<T> {
+    fn default() -> Self {
+        InFlight {
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<T> InFlight<T> {
+    /// Nothing in progress.
+    pub fn new() -> InFlight<T> {
+        InFlight::default()
+    }
+
+    /// The API ENTER of a call naming `address` did `what`.
+    pub fn enter(&self, address: u64, what: T) {
+        self.calls.lock().push((address, what));
+    }
+
+    /// The API EXIT of a call naming `address`: what its ENTER did, if anything was kept.
+    pub fn exit(&self, address: u64) -> Option<T> {
+        let mut calls = self.calls.lock();
+        let at = calls.iter().rposition(|(a, _)| *a == address)?;
+        Some(calls.swap_remove(at).1)
+    }
+}
+
 /// Managed allocations and VMM mappings of the process.
 #[derive(Default)]
 pub struct MemoryWatch {

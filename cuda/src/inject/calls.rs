@@ -115,7 +115,7 @@ impl Backend {
                     // Shared memory with references left: it still ends with its context.
                     self.contexts.note_allocation(ctx, base);
                 }
-                self.frees.lock().push((freed, owner));
+                self.frees.enter(base, (freed, owner));
             }
             cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
                 if exit =>
@@ -387,16 +387,12 @@ impl Backend {
                 for base in out.removed {
                     undo.allocations.extend(self.on_free(base));
                 }
-                self.unmaps.lock().push((p.ptr, undo));
+                self.unmaps.enter(p.ptr, undo);
             }
             cbid::CU_MEM_UNMAP if exit => {
                 // SAFETY: cuMemUnmap_params.
                 let p = unsafe { *(params as *const MemUnmapParams) };
-                let undo = {
-                    let mut unmaps = self.unmaps.lock();
-                    let at = unmaps.iter().rposition(|(b, _)| *b == p.ptr);
-                    at.map(|at| unmaps.swap_remove(at).1)
-                };
+                let undo = self.unmaps.exit(p.ptr);
                 if let Some(undo) = &undo
                     && undo.partial
                     && result() == CUDA_SUCCESS

@@ -69,7 +69,7 @@ use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_at};
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
-use crate::tracking::{Forgotten, MemoryWatch, UnmapUndo};
+use crate::tracking::{Forgotten, InFlight, MemoryWatch, UnmapUndo};
 use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
@@ -165,10 +165,10 @@ struct Backend {
     watch: MemoryWatch,
     /// What the API ENTER of each free in progress forgot, and the context its allocation was
     /// noted in: put back at the API EXIT of a free that failed.
-    frees: Mutex<Vec<(Freed, Option<usize>)>>,
+    frees: InFlight<(Freed, Option<usize>)>,
     /// What the API ENTER of each `cuMemUnmap` in progress changed (by its address): put back
     /// at the API EXIT of one that failed.
-    unmaps: Mutex<Vec<(u64, UnmapUndo)>>,
+    unmaps: InFlight<UnmapUndo>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
     inventory: Arc<Inventory>,
@@ -204,15 +204,6 @@ enum Freed {
     Tracked(Forgotten),
     /// A backed graph allocation.
     Graph(GraphFreed),
-}
-
-impl Freed {
-    fn base(&self) -> u64 {
-        match self {
-            Freed::Tracked(f) => f.base,
-            Freed::Graph(g) => g.base(),
-        }
-    }
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
@@ -627,12 +618,7 @@ impl Backend {
     /// The API EXIT of a free whose ENTER forgot the memory at `base`: a free that failed left
     /// the memory live, and it is tracked again as it was.
     fn free_exit(&self, base: u64, result: CuResult) {
-        let entry = {
-            let mut frees = self.frees.lock();
-            let at = frees.iter().rposition(|(f, _)| f.base() == base);
-            at.map(|at| frees.swap_remove(at))
-        };
-        let Some((forgotten, owner)) = entry else {
+        let Some((forgotten, owner)) = self.frees.exit(base) else {
             return;
         };
         if result == CUDA_SUCCESS {
@@ -1193,8 +1179,8 @@ fn initialize(
         config,
         tools,
         watch: MemoryWatch::new(),
-        frees: Mutex::new(Vec::new()),
-        unmaps: Mutex::new(Vec::new()),
+        frees: InFlight::new(),
+        unmaps: InFlight::new(),
         graphs: GraphMemory::new(),
         inventory: Arc::new(Inventory::new()),
         locks,
