@@ -169,10 +169,23 @@ pub struct Forgotten {
 }
 
 /// What the API ENTER of each call in progress (a free, an unmap) changed, by the address it
-/// names, until the call's API EXIT takes it back (to undo it when the driver refused the call).
+/// names and the thread making it (a call's ENTER and EXIT come on one thread), until the
+/// call's API EXIT takes it back (to undo it when the driver refused the call). Two threads
+/// naming one address at once (a double free racing the free) each get their own back.
 #[derive(Debug)]
 pub struct InFlight<T> {
-    calls: Mutex<Vec<(u64, T)>>,
+    calls: Mutex<Vec<(usize, u64, T)>>,
+}
+
+thread_local! {
+    /// Its address names the thread. No destructor: readable to the thread's very end, from
+    /// calls made by thread-local destructors too.
+    static THREAD_KEY: u8 = const { 0 };
+}
+
+/// The calling thread, as a number no other live thread has.
+fn thread_key() -> usize {
+    THREAD_KEY.with(|k| std::ptr::from_ref(k) as usize)
 }
 
 impl<T> Default for InFlight<T> {
@@ -191,14 +204,18 @@ impl<T> InFlight<T> {
 
     /// The API ENTER of a call naming `address` did `what`.
     pub fn enter(&self, address: u64, what: T) {
-        self.calls.lock().push((address, what));
+        self.calls.lock().push((thread_key(), address, what));
     }
 
-    /// The API EXIT of a call naming `address`: what its ENTER did, if anything was kept.
+    /// The API EXIT of a call naming `address`, on the thread of its ENTER: what that ENTER
+    /// did, if anything was kept.
     pub fn exit(&self, address: u64) -> Option<T> {
+        let thread = thread_key();
         let mut calls = self.calls.lock();
-        let at = calls.iter().rposition(|(a, _)| *a == address)?;
-        Some(calls.swap_remove(at).1)
+        let at = calls
+            .iter()
+            .rposition(|(t, a, _)| *t == thread && *a == address)?;
+        Some(calls.swap_remove(at).2)
     }
 }
 
@@ -1135,6 +1152,27 @@ mod tests {
         let out = w.on_unmap(0x10_0000, 0x40_0000);
         assert_eq!(out.removed, vec![0x10_0000, 0x30_0000]);
         assert!(!out.partial);
+    }
+
+    /// Two threads free the same address at once (one of them a double free the driver
+    /// refuses). A call's API EXIT took whatever ENTER last named the address, whichever thread
+    /// made it: the refused free could take what the successful one forgot, and track the
+    /// freed memory again, for snapshots and restores to copy.
+    #[test]
+    fn a_calls_exit_takes_what_its_own_enter_kept_not_another_threads() {
+        let calls = std::sync::Arc::new(InFlight::new());
+        calls.enter(0x10_0000, "this thread's free");
+        let other = calls.clone();
+        std::thread::spawn(move || other.enter(0x10_0000, "the other thread's free"))
+            .join()
+            .unwrap();
+        assert_eq!(calls.exit(0x10_0000), Some("this thread's free"));
+        assert_eq!(calls.exit(0x10_0000), None, "nothing else of this thread's");
+        let other = calls.clone();
+        let theirs = std::thread::spawn(move || other.exit(0x10_0000))
+            .join()
+            .unwrap();
+        assert_eq!(theirs, Some("the other thread's free"));
     }
 
     /// A free that failed puts nothing back over memory the application allocated meanwhile
