@@ -58,7 +58,8 @@ pub enum Target<'a> {
         /// Bytes written.
         len: u64,
     },
-    /// The regions these addresses point into: a 2D memset's destination (it writes inside
+    /// The regions these addresses point into or end at (an end pointer, which a kernel may
+    /// walk back from): a 2D memset's destination (it writes inside
     /// that allocation), or a launch's argument values where they are trusted to name
     /// everything the kernel reaches (`KREPLAY_SNAPSHOT_SCOPE=referenced`).
     Reached(&'a [u64]),
@@ -159,9 +160,13 @@ pub fn before(call: &str, target: Target<'_>) -> Before {
                 open.call = Some((Watch::Ranges(pieces), call));
                 return Before::Watching(bytes);
             }
-            Target::Reached(values) => open
-                .footprint
-                .only(|r| values.iter().any(|&v| within(v, r))),
+            // A value one past a region's end is an end pointer, which a kernel may walk back
+            // from (the application's launches are scanned so too).
+            Target::Reached(values) => open.footprint.only(|r| {
+                values
+                    .iter()
+                    .any(|&v| within(v, r) || v.checked_sub(1).is_some_and(|l| within(l, r)))
+            }),
             Target::Anything => open.footprint.clone(),
         };
         if part.is_empty() {

@@ -135,6 +135,9 @@ enum Aim {
     Anything,
     /// Through argument values: one into the set words, one into untracked memory.
     Reached,
+    /// Through one argument value: the tracked allocation's end (a kernel walking back from
+    /// its end pointer).
+    EndPointer,
 }
 
 /// Sets [`SET`] to [`VALUE`] (or `extra`: the untracked words) from the callback `at`.
@@ -161,6 +164,7 @@ impl WorkTool<'_> {
             (SET, (SET.start * 4) as u64)
         };
         let values = [addr + 8, (WORDS * 4 + 16) as u64];
+        let end = [(WORDS * 4) as u64];
         let target = match self.aim {
             Aim::Address => Target::Range {
                 addr,
@@ -168,6 +172,7 @@ impl WorkTool<'_> {
             },
             Aim::Anything => Target::Anything,
             Aim::Reached => Target::Reached(&values),
+            Aim::EndPointer => Target::Reached(&end),
         };
         self.before.push(toolwork::before("cuMemsetD32_v2", target));
         if self.fails {
@@ -393,6 +398,21 @@ fn trusted_argument_values_capture_only_the_regions_they_point_into() {
     .run();
     assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
     assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
+}
+
+/// A launch given only the end of a tracked allocation (one past its last byte) may walk back
+/// from it and write the allocation, as the application's launches are taken to (their scan
+/// reaches the allocation an end pointer ends): its region is captured, and what it wrote is
+/// kept. Before, nothing was captured and the next restore undid the tool's work unreported.
+#[test]
+fn a_launch_given_an_end_pointer_has_the_allocation_it_ends_captured_and_kept() {
+    let r = Case {
+        aim: Aim::EndPointer,
+        ..Case::at(At::PassEnter(1))
+    }
+    .run();
+    assert_eq!(r.before, vec![Before::Watching((WORDS * 4) as u64)]);
+    assert_eq!(wrong_words(&r.words, VALUE + 1), Vec::<usize>::new());
 }
 
 /// Work into memory the snapshot does not hold (a buffer the tool allocated inside its
