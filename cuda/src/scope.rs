@@ -8,8 +8,8 @@
 //!   in the parameter buffer, where the kernel sees them): with `kernelParams`, parameter `i`
 //!   is `cuFuncGetParamInfo`'s offset and size of parameter `i` (CUDA 12.4 and later); with
 //!   `extra` (`CU_LAUNCH_PARAM_BUFFER_POINTER`), the whole buffer. A value inside a tracked
-//!   allocation selects that allocation, whatever its device (inside a VMM mapping, every
-//!   writable mapping contiguous with it too: `MemoryWatch::mapped_runs`); a value inside one of the
+//!   allocation selects that allocation, whatever its device (inside a VMM mapping, under
+//!   `referenced`, every writable mapping contiguous with it too: `MemoryWatch::mapped_runs`); a value inside one of the
 //!   module's variables is covered already; a value the driver knows as memory kreplay does not
 //!   track (`cuPointerGetAttribute`; pageable host memory only on a device that writes it
 //!   directly, see [`untracked_kind`]) declines the launch (`untracked_memory`); any other

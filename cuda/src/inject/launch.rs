@@ -262,8 +262,11 @@ impl Backend {
     }
 
     /// The argument values of `launch`, read with the driver's description of the launched
-    /// function's parameters (asked once per function), and the bases of the mappings that
-    /// continue a mapping one of them points into ([`MemoryWatch::mapped_runs`]).
+    /// function's parameters (asked once per function), and, under
+    /// `KREPLAY_SNAPSHOT_SCOPE=referenced`, the bases of the mappings that continue a mapping
+    /// one of them points into ([`MemoryWatch::mapped_runs`]; the agent scope holds every
+    /// mapping of the device already, and walking a long run at every launch would cost for
+    /// nothing).
     pub(super) fn launch_argument_values(
         &self,
         launch: &Launch,
@@ -277,9 +280,11 @@ impl Backend {
         // layout is the driver's description of the launched function.
         let mut values =
             unsafe { argument_values(launch.params, launch.extra, layout.as_deref()) }?;
-        // A pointer into a range mapped page by page reaches the pages that continue it.
-        let continued = self.watch.mapped_runs(&values);
-        values.extend(continued);
+        if self.config.snapshot.scope == SnapshotScope::Referenced {
+            // A pointer into a range mapped page by page reaches the pages that continue it.
+            let continued = self.watch.mapped_runs(&values);
+            values.extend(continued);
+        }
         Ok(values)
     }
 
