@@ -135,6 +135,17 @@ pub mod cbid {
         CU_GRAPHICS_UNMAP_RESOURCES_PTSZ,
     ];
 
+    /// The calls that end memory kreplay tracks, each naming it by its first parameter (a
+    /// `CUdeviceptr`): frees, and the close of memory opened from another process. The memory
+    /// is forgotten at API ENTER and tracked again as it was at API EXIT when the driver
+    /// refused the call.
+    pub const FREES: [CallbackId; 4] = [
+        CU_MEM_FREE_V2,
+        CU_MEM_FREE_ASYNC,
+        CU_MEM_FREE_ASYNC_PTSZ,
+        CU_IPC_CLOSE_MEM_HANDLE,
+    ];
+
     /// The calls that let kernels write CUDA arrays (surfaces), which kreplay does not snapshot.
     pub const SURFACES: [CallbackId; 3] = [
         CU_SURF_REF_SET_ARRAY,
@@ -1145,6 +1156,25 @@ mod tests {
             cbid::CU_MEM_MAP,
         ] {
             assert!(!cbid::takes_device_memory(id), "{id}");
+        }
+    }
+
+    /// The calls that end memory forget it at their API ENTER (no snapshot or restore may copy
+    /// it while the driver lets it go) and put it back at their API EXIT when the driver
+    /// refused them. `cuIpcCloseMemHandle` forgot memory opened from another process with no
+    /// way back: refused (during another thread's capture in global mode, or given a pointer
+    /// it does not take), the memory stayed mapped, and a kernel writing it through a pointer
+    /// kept in memory had its writes repeated by every pass.
+    #[test]
+    fn every_call_that_ends_memory_is_undone_when_the_driver_refuses_it() {
+        for (name, id) in [
+            ("cuMemFree_v2", 245),
+            ("cuMemFreeAsync", 600),
+            ("cuMemFreeAsync_ptsz", 601),
+            ("cuIpcCloseMemHandle", 330),
+        ] {
+            assert!(cbid::FREES.contains(&id), "{name} ({id})");
+            assert!(cbid::all().contains(&id), "{name} ({id}) is not enabled");
         }
     }
 

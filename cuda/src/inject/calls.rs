@@ -88,12 +88,11 @@ impl Backend {
                 self.contexts.note_allocation(data.context as usize, base);
                 self.on_alloc(id, data.context, base, size, "cuMemAllocPitch");
             }
-            cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
-                if enter =>
-            {
-                // SAFETY: these parameter structs start with the CUdeviceptr being freed.
+            id if cbid::FREES.contains(&id) && enter => {
+                // SAFETY: these parameter structs start with the CUdeviceptr being freed (or
+                // closed).
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
-                if id != cbid::CU_MEM_FREE_V2 {
+                if matches!(id, cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ) {
                     // SAFETY: cuMemFreeAsync(_ptsz)_params.
                     let stream = unsafe { (*(params as *const MemFreeAsyncParams)).stream };
                     let per_thread = id == cbid::CU_MEM_FREE_ASYNC_PTSZ;
@@ -117,9 +116,7 @@ impl Backend {
                 }
                 self.frees.enter(base, (freed, owner));
             }
-            cbid::CU_MEM_FREE_V2 | cbid::CU_MEM_FREE_ASYNC | cbid::CU_MEM_FREE_ASYNC_PTSZ
-                if exit =>
-            {
+            id if cbid::FREES.contains(&id) && exit => {
                 // SAFETY: as at ENTER, the CUdeviceptr being freed.
                 let base = unsafe { (*(params as *const MemFreeParams)).dptr };
                 self.free_exit(base, result());
@@ -284,11 +281,6 @@ impl Backend {
                     "cuIpcOpenMemHandle"
                 };
                 self.on_shared(data.context, base, None, what);
-            }
-            cbid::CU_IPC_CLOSE_MEM_HANDLE if enter => {
-                // SAFETY: cuIpcCloseMemHandle_params is the CUdeviceptr being closed.
-                let base = unsafe { (*(params as *const MemFreeParams)).dptr };
-                self.on_shared_end(base);
             }
             cbid::CU_EXTERNAL_MEMORY_GET_MAPPED_BUFFER if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuExternalMemoryGetMappedBuffer_params; on success *devPtr is set, and
