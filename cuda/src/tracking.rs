@@ -494,14 +494,14 @@ impl MemoryWatch {
             (addr < base.saturating_add(size)).then_some(base)
         };
         let mut out: Vec<u64> = Vec::new();
-        let mut done: Vec<u64> = Vec::new();
+        let mut done: BTreeSet<u64> = BTreeSet::new();
         for &v in values {
             // One past a mapping's end is an end pointer: a kernel may walk back from it.
             let Some(first) = holding(v).or_else(|| holding(v.checked_sub(1)?)) else {
                 continue;
             };
             if done.contains(&first) {
-                continue;
+                continue; // its run is listed already
             }
             // Back to the run's first mapping, then forward to its last.
             let mut start = first;
@@ -510,7 +510,7 @@ impl MemoryWatch {
             }
             let mut at = Some(start);
             while let Some(base) = at {
-                done.push(base);
+                done.insert(base);
                 if s.mapping_access.get(&base).is_some_and(|&(_, w)| w) {
                     out.push(base);
                 }
