@@ -515,7 +515,12 @@ impl MemoryWatch {
                     out.push(base);
                 }
                 let end = base.saturating_add(s.mapped[&base]);
-                at = s.mapped.get(&end).map(|_| end);
+                // (A mapping ending at the top of the address space continues nothing.)
+                at = s
+                    .mapped
+                    .get(&end)
+                    .filter(|_| end > base && !done.contains(&end))
+                    .map(|_| end);
             }
         }
         out
@@ -875,6 +880,33 @@ mod tests {
         assert_eq!(end, bases, "{end:x?}");
         // A value in no mapping adds nothing.
         assert!(w.mapped_runs(&[0x5000_0000, 7]).is_empty());
+    }
+
+    /// A mapping reported at the very top of the address space (its end saturates to its own
+    /// base): the walk along a run of mappings ends instead of following it to itself forever.
+    #[test]
+    fn a_mapping_at_the_top_of_the_address_space_ends_its_run() {
+        let w = std::sync::Arc::new(MemoryWatch::new());
+        let inventory = Inventory::new();
+        let rw = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
+        for (base, size) in [(u64::MAX - 0x1000, 0x1000), (u64::MAX, 1)] {
+            w.record_map(&inventory, base, size, HandleLocation::Device(0))
+                .unwrap();
+            w.record_access(&inventory, base, size, &rw);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let walker = w.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(walker.mapped_runs(&[u64::MAX]));
+        });
+        let run = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the walk ends");
+        assert_eq!(
+            run,
+            vec![u64::MAX - 0x1000],
+            "the writable mapping of the run"
+        );
     }
 
     #[test]
