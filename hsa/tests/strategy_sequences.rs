@@ -923,3 +923,58 @@ scenarios! {
         discarded_pages_the_passes_kept_writing(RestoreStrategy::Auto);
     }
 }
+
+/// Two buffers of sizes that are not a multiple of the store's alignment, snapshotted together
+/// (the agent's memory) into a device shadow the CPU can read (the software runtime's), the
+/// kernel writing the last bytes of each in turn: the restores that hash must write back the
+/// snapshot's bytes of whichever region lies last in the shadow, past the first one's padding.
+fn odd_sized_regions_in_a_device_shadow(strategy: RestoreStrategy) {
+    let env = setup(strategy, StoreTier::Device, SnapshotScope::Agent);
+    // A kernel per buffer: no write set learned on one buffer steers the other's restores.
+    let kernels = [
+        kreplay_softhsa::register_kernel("seq_prog_a", prog),
+        kreplay_softhsa::register_kernel("seq_prog_b", prog),
+    ];
+    let sizes = [3 * CHUNK + 5, 2 * CHUNK + 33];
+    let bufs: Vec<Ptr> = sizes
+        .iter()
+        .map(|&len| env.app.alloc(env.pools.coarse, len))
+        .collect();
+    let mut wants: Vec<Vec<u8>> = sizes
+        .iter()
+        .zip(&bufs)
+        .map(|(&len, &buf)| {
+            let init: Vec<u8> = (0..len).map(|i| (i * 17 % 249) as u8).collect();
+            host(buf, len).copy_from_slice(&init);
+            init
+        })
+        .collect();
+    for round in 0..3 {
+        for (k, (&len, &buf)) in sizes.iter().zip(&bufs).enumerate() {
+            let p = Prog {
+                buf: buf.0,
+                len: len as u64,
+                op: INC,
+                off: len as u64 - 40,
+                n: 40,
+                ..Default::default()
+            };
+            env.run(
+                kernels[k],
+                p,
+                &mut wants[k],
+                3,
+                &format!("round {round}, buffer {k}"),
+            );
+        }
+    }
+}
+
+scenarios! {
+    fn hash_restores_from_a_device_shadow_of_odd_sized_regions_write_back_exactly() {
+        odd_sized_regions_in_a_device_shadow(RestoreStrategy::Hash);
+    }
+    fn writeset_restores_from_a_device_shadow_of_odd_sized_regions_write_back_exactly() {
+        odd_sized_regions_in_a_device_shadow(RestoreStrategy::Writeset);
+    }
+}

@@ -1168,7 +1168,7 @@ impl Snapshot {
                     let all_windows =
                         (0..layout.regions.len()).all(|r| !live[r] || wins[r].is_some());
                     let store = (skip.is_none() && !self.caps.device_hash && all_windows)
-                        .then(|| store_host_bytes(device, &self.store, layout.bytes))
+                        .then(|| store_host_bytes(device, &self.store, layout.store_len))
                         .flatten();
                     match store {
                         Some(store) => {
@@ -1430,7 +1430,9 @@ impl Snapshot {
 
 /// The snapshot's bytes as the CPU can read them: a host or file store's own memory, or a device
 /// shadow's host window where the device offers one for all of it. `None` when the CPU cannot
-/// read the snapshot directly.
+/// read the snapshot directly. `bytes` is the store's length as laid out
+/// ([`Layout::store_len`]: the regions with the padding between them), which store ranges
+/// index into, not the regions' bytes alone.
 fn store_host_bytes<'a>(
     device: &dyn DeviceMemory,
     store: &'a Store,
