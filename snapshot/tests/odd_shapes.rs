@@ -107,49 +107,76 @@ fn odd_and_adjacent_regions_restore_exactly_under_every_strategy_store_and_chunk
     }
 }
 
-/// The same regions in a device shadow the CPU can read through a host window (as the
-/// software runtime's is), with no hashing on the device: restores that hash through host
-/// windows read the store through the shadow's window, which must cover the padding the store
-/// puts between regions of odd sizes, not only the regions' bytes.
+/// The same regions in a device shadow, with and without a host window on it (the software
+/// runtime's shadows have one), hashing on the device, batched writes and pinning: restores
+/// that hash through host windows read the store through the shadow's window, which must cover
+/// the padding the store puts between regions of odd sizes, not only the regions' bytes.
 #[test]
-fn odd_and_adjacent_regions_restore_exactly_from_a_device_shadow_with_a_host_window() {
-    let caps = Caps {
-        host_visible: true,
+fn odd_and_adjacent_regions_restore_exactly_from_a_device_shadow_whatever_it_offers() {
+    let shadow = Caps {
         shadow: true,
         ..Default::default()
     };
-    for chunk in [512u64, 1000, 4096] {
-        for strategy in [
-            RestoreStrategy::Hash,
-            RestoreStrategy::Writeset,
-            RestoreStrategy::WritesetUnverified,
-            RestoreStrategy::Auto,
-        ] {
-            let what = format!("chunk {chunk}, {strategy:?}");
-            let dev = TestDevice::new(caps);
-            let inv = Arc::new(Inventory::new());
-            let (base, total) = carve(&dev, &inv, 1);
-            let original = dev.peek(base, total);
-            let config = SnapshotConfig::default()
-                .with_strategy(strategy)
-                .with_store(StoreTier::Device)
-                .with_chunk_size(chunk);
-            let snap = snapshotter(&dev, &inv, config);
-            let mut s = snap
-                .take_for_kernel(snap.plan(&Filter::for_replay(1)).unwrap(), 5)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(s.tier(), StoreTier::Device, "{what}");
-            for pass in 0..8 {
-                mutate(&dev, base, total, pass);
-                s.restore(&RestoreRequest {
-                    next_pass: pass + 1,
-                    may_be_final: true,
-                })
-                .unwrap_or_else(|e| panic!("{what}, pass {pass}: {e}"));
-                assert!(
-                    dev.peek(base, total) == original,
-                    "{what}: bytes differ after the restore following pass {pass}"
-                );
+    for caps in [
+        Caps {
+            host_visible: true,
+            ..shadow
+        },
+        shadow,
+        Caps {
+            batched: true,
+            ..shadow
+        },
+        Caps {
+            device_hash: true,
+            ..shadow
+        },
+        Caps {
+            host_visible: true,
+            device_hash: true,
+            ..shadow
+        },
+        Caps {
+            host_visible: true,
+            batched: true,
+            pin: true,
+            ..shadow
+        },
+        Caps::all(),
+    ] {
+        for chunk in [512u64, 1000, 4096] {
+            for strategy in [
+                RestoreStrategy::Hash,
+                RestoreStrategy::Writeset,
+                RestoreStrategy::WritesetUnverified,
+                RestoreStrategy::Auto,
+            ] {
+                let what = format!("{caps:?}, chunk {chunk}, {strategy:?}");
+                let dev = TestDevice::new(caps);
+                let inv = Arc::new(Inventory::new());
+                let (base, total) = carve(&dev, &inv, 1);
+                let original = dev.peek(base, total);
+                let config = SnapshotConfig::default()
+                    .with_strategy(strategy)
+                    .with_store(StoreTier::Device)
+                    .with_chunk_size(chunk);
+                let snap = snapshotter(&dev, &inv, config);
+                let mut s = snap
+                    .take_for_kernel(snap.plan(&Filter::for_replay(1)).unwrap(), 5)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(s.tier(), StoreTier::Device, "{what}");
+                for pass in 0..8 {
+                    mutate(&dev, base, total, pass);
+                    s.restore(&RestoreRequest {
+                        next_pass: pass + 1,
+                        may_be_final: true,
+                    })
+                    .unwrap_or_else(|e| panic!("{what}, pass {pass}: {e}"));
+                    assert!(
+                        dev.peek(base, total) == original,
+                        "{what}: bytes differ after the restore following pass {pass}"
+                    );
+                }
             }
         }
     }
