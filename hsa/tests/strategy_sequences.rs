@@ -85,12 +85,23 @@ fn model(mem: &mut [u8], p: &Prog) {
     }
 }
 
+/// Set to make the next run of `prog` fault halfway.
+static FAULT_NEXT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One work-item does the whole dispatch, after noting a checksum of what it starts from.
 fn prog(group: &WorkGroup) {
     // SAFETY: every dispatch of this kernel carries a `Prog` block.
     let p: Prog = unsafe { group.kernargs() };
     if group.group_id() != [0, 0, 0] {
         return;
+    }
+    if FAULT_NEXT.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        // Half the work, then a fault (softhsa puts the queue into its error state).
+        // SAFETY: as below.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p.buf as *mut u8, p.len as usize) };
+        let half = Prog { n: p.n / 2, ..p };
+        model(mem, &half);
+        panic!("simulated memory fault");
     }
     // SAFETY: the scenario allocated `len` bytes at `buf`.
     let mem = unsafe { std::slice::from_raw_parts_mut(p.buf as *mut u8, p.len as usize) };
@@ -976,5 +987,192 @@ scenarios! {
     }
     fn writeset_restores_from_a_device_shadow_of_odd_sized_regions_write_back_exactly() {
         odd_sized_regions_in_a_device_shadow(RestoreStrategy::Writeset);
+    }
+}
+
+/// Under `strategy` and `store`, the tool frees a buffer of the footprint at the first PASS
+/// EXIT and allocates another (of another size, where the runtime may give the same address),
+/// into which it stores a pattern: the restores that follow skip the freed buffer and never
+/// write the new one, the kernel's own buffer ends as one run leaves it, and the next dispatches
+/// (the new buffer now in their footprint) are exact too.
+fn freed_and_reallocated_mid_replay(strategy: RestoreStrategy, store: StoreTier) {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let env = setup(strategy, store, SnapshotScope::Agent);
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let len = 4 * CHUNK + 9;
+    let a = env.app.alloc(env.pools.coarse, len);
+    let init: Vec<u8> = (0..len).map(|i| (i * 5 % 247) as u8).collect();
+    host(a, len).copy_from_slice(&init);
+    let mut want = init;
+    let b_len = 3 * CHUNK + 1;
+    let b = env.app.alloc(env.pools.coarse, b_len);
+    host(b, b_len).fill(0x11);
+    let c_len = 5 * CHUNK + 3;
+    static C: AtomicU64 = AtomicU64::new(0);
+    let (app, pools) = (env.app, env.pools);
+    env.hooks
+        .set_script(Script::passes(4).on_pass_exit(move |_, _, pass, _| {
+            if pass == 0 {
+                app.free(b);
+                let c = app.alloc(pools.coarse, c_len);
+                host(c, c_len).fill(0x77);
+                C.store(c.0, SeqCst);
+            }
+            kreplay_passloop::ContinueChange::Keep
+        }));
+    let p = Prog {
+        buf: a.0,
+        len: len as u64,
+        op: INC,
+        off: 0,
+        n: len as u64,
+        ..Default::default()
+    };
+    env.run_on(
+        env.q,
+        kernel,
+        p,
+        &mut want,
+        Some(4),
+        "the buffer freed mid-replay",
+    );
+    let c = Ptr(C.load(SeqCst));
+    assert!(
+        host(c, c_len).iter().all(|&x| x == 0x77),
+        "{strategy:?}/{store:?}: the allocation made during the replay ({c:?}, freed {b:?}) was written"
+    );
+    let mut want_c = vec![0x77u8; c_len];
+    for (i, passes) in [3u64, 5, 2].into_iter().enumerate() {
+        env.run(
+            kernel,
+            p,
+            &mut want,
+            passes,
+            &format!("after, dispatch {i} on the kernel's buffer"),
+        );
+        let pc = Prog {
+            buf: c.0,
+            len: c_len as u64,
+            op: PREFIX,
+            off: 1,
+            n: c_len as u64 - 1,
+            ..p
+        };
+        env.run(
+            kernel,
+            pc,
+            &mut want_c,
+            passes,
+            &format!("after, dispatch {i} on the new buffer"),
+        );
+    }
+}
+
+scenarios! {
+    fn a_buffer_freed_and_reallocated_mid_replay_under_hash_on_a_device_shadow() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::Hash, StoreTier::Device);
+    }
+    fn a_buffer_freed_and_reallocated_mid_replay_under_writeset() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::Writeset, StoreTier::Host);
+    }
+    fn a_buffer_freed_and_reallocated_mid_replay_under_unverified_write_sets() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::WritesetUnverified, StoreTier::File);
+    }
+    fn a_buffer_freed_and_reallocated_mid_replay_under_tracked() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn a_buffer_freed_and_reallocated_mid_replay_under_auto() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::Auto, StoreTier::Host);
+    }
+    fn a_buffer_freed_and_reallocated_mid_replay_under_full() {
+        freed_and_reallocated_mid_replay(RestoreStrategy::Full, StoreTier::Device);
+    }
+}
+
+/// A sequence of dispatches of one kernel in which one replay's second pass faults (its queue
+/// fails): the tool learns that the pass failed; the application goes on with a new queue, and
+/// every later dispatch of the kernel starts from what memory holds then and is exact.
+fn a_failing_pass_in_a_sequence(strategy: RestoreStrategy, store: StoreTier) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = setup(strategy, store, SnapshotScope::Agent);
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let len = 12 * CHUNK + 7;
+    let buf = env.app.alloc(env.pools.coarse, len);
+    let init: Vec<u8> = (0..len).map(|i| (i * 3 % 241) as u8).collect();
+    host(buf, len).copy_from_slice(&init);
+    let mut want = init;
+    let p = Prog {
+        buf: buf.0,
+        len: len as u64,
+        op: INC,
+        off: 5,
+        n: 6 * CHUNK as u64,
+        ..Default::default()
+    };
+    env.run(kernel, p, &mut want, 4, "before");
+    env.run(kernel, p, &mut want, 3, "again");
+    // The second pass of the next dispatch faults.
+    env.hooks
+        .set_script(Script::passes(4).on_pass_enter(|_, _, pass, _| {
+            if pass == 1 {
+                FAULT_NEXT.store(true, SeqCst);
+            }
+        }));
+    let doomed = env.app.queue(env.app.gpus[0]);
+    let kernarg = env.app.kernargs(&env.pools, Prog { tag: u32::MAX, ..p });
+    let done = env.app.signal(1);
+    env.app
+        .dispatch(doomed, Aql::dispatch(kernel, 1, 1, kernarg, done));
+    let id = env
+        .hooks
+        .configured_dispatches()
+        .into_iter()
+        .rev()
+        .find(|d| d.queue_id == env.queue_id(doomed))
+        .expect("the dispatch was configured")
+        .dispatch_id;
+    let record = env.hooks.finished_record(id);
+    assert!(
+        matches!(record.outcome, ReplayOutcome::PassFailed { pass: 1, .. }),
+        "{strategy:?}/{store:?}: the tool learns the second pass failed: {:?}",
+        record.outcome
+    );
+    // The application goes on from what memory holds, on a new queue.
+    want.copy_from_slice(host(buf, len));
+    let q = env.app.queue(env.app.gpus[0]);
+    for (i, passes) in [4u64, 2, 5, 3].into_iter().enumerate() {
+        env.hooks.set_script(Script::passes(passes));
+        let pi = Prog {
+            op: [INC, PREFIX][i % 2],
+            off: (i * 1000) as u64,
+            n: (7 * CHUNK) as u64,
+            ..p
+        };
+        env.run_on(
+            q,
+            kernel,
+            pi,
+            &mut want,
+            Some(passes),
+            &format!("after the failure, dispatch {i}"),
+        );
+    }
+}
+
+scenarios! {
+    fn after_a_failing_pass_later_dispatches_are_exact_under_tracked() {
+        a_failing_pass_in_a_sequence(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn after_a_failing_pass_later_dispatches_are_exact_under_writeset() {
+        a_failing_pass_in_a_sequence(RestoreStrategy::Writeset, StoreTier::Host);
+    }
+    fn after_a_failing_pass_later_dispatches_are_exact_under_auto() {
+        a_failing_pass_in_a_sequence(RestoreStrategy::Auto, StoreTier::File);
+    }
+    fn after_a_failing_pass_later_dispatches_are_exact_under_hash_on_a_device_shadow() {
+        a_failing_pass_in_a_sequence(RestoreStrategy::Hash, StoreTier::Device);
+    }
+    fn after_a_failing_pass_later_dispatches_are_exact_under_unverified_write_sets() {
+        a_failing_pass_in_a_sequence(RestoreStrategy::WritesetUnverified, StoreTier::Host);
     }
 }
