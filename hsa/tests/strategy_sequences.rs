@@ -1176,3 +1176,87 @@ scenarios! {
         a_failing_pass_in_a_sequence(RestoreStrategy::WritesetUnverified, StoreTier::Host);
     }
 }
+
+/// Two threads, one per GPU agent, each dispatching the same kernel over a buffer of its own
+/// agent: their replays run at the same time and hand each other the one footprint kept
+/// followed (each snapshot of the other's memory stops following it); every dispatch exact.
+fn two_agents_at_once(strategy: RestoreStrategy, store: StoreTier) {
+    let env = Arc::new(setup(strategy, store, SnapshotScope::Agent));
+    env.hooks.set_script(varied());
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let jobs: Vec<Box<dyn FnOnce() + Send>> = (0..2usize)
+        .map(|t| {
+            let env = env.clone();
+            Box::new(move || {
+                let agent = env.app.gpus[t];
+                let pools = env.app.pools(agent);
+                let q = env.app.queue(agent);
+                let len = (9 + 3 * t) * CHUNK + 13;
+                let buf = env.app.alloc(pools.coarse, len);
+                let init: Vec<u8> = (0..len).map(|i| (i * 11 + t) as u8).collect();
+                host(buf, len).copy_from_slice(&init);
+                let mut want = init;
+                for round in 0..12usize {
+                    let p = Prog {
+                        buf: buf.0,
+                        len: len as u64,
+                        op: [INC, COUNTER, PREFIX][round % 3],
+                        off: [(round * 2000) % (len - 3000), 0, 100][round % 3] as u64,
+                        n: [3000, 64, 5000][round % 3],
+                        stride: CHUNK as u32 + 9,
+                        ..Default::default()
+                    };
+                    let what = format!("agent {t} round {round}");
+                    let tag = TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    let p = Prog { tag, ..p };
+                    let before = checksum(&want);
+                    let kernarg = env.app.kernargs(&pools, p);
+                    let done = env.app.signal(1);
+                    env.app
+                        .dispatch(q, Aql::dispatch(kernel, 1, 1, kernarg, done));
+                    assert_eq!(env.app.wait_zero(done), 0, "{what}");
+                    model(&mut want, &p);
+                    let inputs: Vec<u64> = INPUTS
+                        .lock()
+                        .iter()
+                        .filter(|(g, _)| *g == tag)
+                        .map(|(_, c)| *c)
+                        .collect();
+                    assert!(
+                        inputs.len() >= 2 && inputs.iter().all(|&c| c == before),
+                        "{what}: passes started from other bytes ({} passes)",
+                        inputs.len()
+                    );
+                    assert!(
+                        host(buf, len) == &want[..],
+                        "{what}: memory is not one run's"
+                    );
+                    // The application between dispatches, through the runtime.
+                    env.app.fill(
+                        Ptr(buf.0 + (round * 4 * 1000 % (len - 400)) as u64 / 4 * 4),
+                        0x0101_0101 * round as u32,
+                        100,
+                    );
+                    let at = (round * 4 * 1000 % (len - 400)) / 4 * 4;
+                    want[at..at + 400].iter_mut().for_each(|b| *b = round as u8);
+                }
+            }) as Box<dyn FnOnce() + Send>
+        })
+        .collect();
+    support::bounded(std::time::Duration::from_secs(60), jobs);
+}
+
+scenarios! {
+    fn two_agents_at_once_under_tracked_leave_every_dispatch_exact() {
+        two_agents_at_once(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn two_agents_at_once_under_auto_leave_every_dispatch_exact() {
+        two_agents_at_once(RestoreStrategy::Auto, StoreTier::Auto);
+    }
+    fn two_agents_at_once_under_writeset_on_device_shadows_leave_every_dispatch_exact() {
+        two_agents_at_once(RestoreStrategy::Writeset, StoreTier::Device);
+    }
+    fn two_agents_at_once_under_unverified_write_sets_leave_every_dispatch_exact() {
+        two_agents_at_once(RestoreStrategy::WritesetUnverified, StoreTier::File);
+    }
+}
