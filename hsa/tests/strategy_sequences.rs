@@ -1260,3 +1260,118 @@ scenarios! {
         two_agents_at_once(RestoreStrategy::WritesetUnverified, StoreTier::File);
     }
 }
+
+/// A seeded mix: up to five buffers of odd sizes (the agent's memory, all in every snapshot),
+/// some freed and allocated again between dispatches, the kernel on one of them at a time with
+/// an operation, offset and pass count drawn at random, and the application storing into them
+/// between dispatches.
+fn seeded_mix(strategy: RestoreStrategy, store: StoreTier) {
+    let env = setup(strategy, store, SnapshotScope::Agent);
+    for seed in 1..4 {
+        seeded_mix_with(&env, seed);
+    }
+}
+
+fn seeded_mix_with(env: &Env, seed: u64) {
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let mut bufs: Vec<(Ptr, Vec<u8>)> = Vec::new();
+    let fresh = |next: &mut dyn FnMut(usize) -> usize| {
+        let len = (1 + next(9)) * CHUNK + next(CHUNK) + 1;
+        let buf = env.app.alloc(env.pools.coarse, len);
+        let init: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+        host(buf, len).copy_from_slice(&init);
+        (buf, init)
+    };
+    for _ in 0..3 {
+        bufs.push(fresh(&mut next));
+    }
+    for step in 0..40 {
+        match next(6) {
+            0 if bufs.len() > 1 => {
+                let (buf, _) = bufs.swap_remove(next(bufs.len()));
+                env.app.free(buf);
+            }
+            1 if bufs.len() < 5 => bufs.push(fresh(&mut next)),
+            _ => {}
+        }
+        let k = next(bufs.len());
+        let (buf, want) = &mut bufs[k];
+        let len = want.len();
+        let off = next(len - 8);
+        let p = Prog {
+            buf: buf.0,
+            len: len as u64,
+            op: [INC, SET, COUNTER, PREFIX, NOTHING][next(5)],
+            off: off as u64,
+            n: (1 + next(len - off - 4)) as u64,
+            val: next(3) as u32,
+            stride: (1 + next(3 * CHUNK)) as u32,
+            ..Default::default()
+        };
+        let passes = [2u64, 3, 4, 9][next(4)];
+        env.run(
+            kernel,
+            p,
+            want,
+            passes,
+            &format!("seed {seed}, step {step}, buffer {k}"),
+        );
+        let at = next(len);
+        let m = host(*buf, len);
+        m[at] = m[at].wrapping_add(1);
+        want[at] = m[at];
+    }
+    for (buf, _) in bufs {
+        env.app.free(buf);
+    }
+}
+
+scenarios! {
+    fn a_seeded_mix_under_hash_on_device_shadows() {
+        seeded_mix(RestoreStrategy::Hash, StoreTier::Device);
+    }
+    fn a_seeded_mix_under_writeset() {
+        seeded_mix(RestoreStrategy::Writeset, StoreTier::Host);
+    }
+    fn a_seeded_mix_under_unverified_write_sets_on_device_shadows() {
+        seeded_mix(RestoreStrategy::WritesetUnverified, StoreTier::Device);
+    }
+    fn a_seeded_mix_under_tracked() {
+        seeded_mix(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn a_seeded_mix_under_auto() {
+        seeded_mix(RestoreStrategy::Auto, StoreTier::Auto);
+    }
+    fn a_seeded_mix_under_auto_in_spill_files() {
+        seeded_mix(RestoreStrategy::Auto, StoreTier::File);
+    }
+    fn a_seeded_mix_under_full_on_device_shadows() {
+        seeded_mix(RestoreStrategy::Full, StoreTier::Device);
+    }
+}
+
+scenarios! {
+    fn a_seeded_mix_through_runtime_copies_under_writeset() {
+        through_runtime_copies();
+        seeded_mix(RestoreStrategy::Writeset, StoreTier::Host);
+    }
+    fn a_seeded_mix_through_runtime_copies_under_auto_on_device_shadows() {
+        through_runtime_copies();
+        seeded_mix(RestoreStrategy::Auto, StoreTier::Device);
+    }
+    fn a_seeded_mix_in_odd_chunks_under_tracked() {
+        chunks_of(1000);
+        seeded_mix(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn a_seeded_mix_in_odd_chunks_under_hash_on_device_shadows() {
+        chunks_of(6000);
+        seeded_mix(RestoreStrategy::Hash, StoreTier::Device);
+    }
+}
