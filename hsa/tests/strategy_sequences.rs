@@ -1375,3 +1375,75 @@ scenarios! {
         seeded_mix(RestoreStrategy::Hash, StoreTier::Device);
     }
 }
+
+/// Four threads share one queue, each dispatching the same kernel over a buffer of its own (so
+/// one handler call may carry several of their packets, replayed one by one in queue order).
+fn threads_sharing_a_queue(strategy: RestoreStrategy, store: StoreTier) {
+    let env = Arc::new(setup(strategy, store, SnapshotScope::Agent));
+    env.hooks.set_script(Script::passes(3));
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let jobs: Vec<Box<dyn FnOnce() + Send>> = (0..4usize)
+        .map(|t| {
+            let env = env.clone();
+            Box::new(move || {
+                let len = (3 + t) * CHUNK + 5 * t + 1;
+                let buf = env.app.alloc(env.pools.coarse, len);
+                let init: Vec<u8> = (0..len).map(|i| (i * 13 + t) as u8).collect();
+                host(buf, len).copy_from_slice(&init);
+                let mut want = init;
+                for round in 0..10usize {
+                    let tag = TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    let p = Prog {
+                        buf: buf.0,
+                        len: len as u64,
+                        tag,
+                        op: [INC, PREFIX, COUNTER][round % 3],
+                        off: [round * 300, 10, 0][round % 3] as u64,
+                        n: [2000, len - 20, 32][round % 3] as u64,
+                        stride: 2 * CHUNK as u32 + 1,
+                        ..Default::default()
+                    };
+                    let what = format!("thread {t} round {round}");
+                    let before = checksum(&want);
+                    let kernarg = env.app.kernargs(&env.pools, p);
+                    let done = env.app.signal(1);
+                    env.app
+                        .dispatch(env.q, Aql::dispatch(kernel, 1, 1, kernarg, done));
+                    assert_eq!(env.app.wait_zero(done), 0, "{what}");
+                    model(&mut want, &p);
+                    let inputs: Vec<u64> = INPUTS
+                        .lock()
+                        .iter()
+                        .filter(|(g, _)| *g == tag)
+                        .map(|(_, c)| *c)
+                        .collect();
+                    assert!(
+                        inputs.len() == 3 && inputs.iter().all(|&c| c == before),
+                        "{what}: {} passes, not all from the first pass's bytes",
+                        inputs.len()
+                    );
+                    assert!(
+                        host(buf, len) == &want[..],
+                        "{what}: memory is not one run's"
+                    );
+                }
+            }) as Box<dyn FnOnce() + Send>
+        })
+        .collect();
+    support::bounded(std::time::Duration::from_secs(60), jobs);
+}
+
+scenarios! {
+    fn threads_sharing_a_queue_under_writeset() {
+        threads_sharing_a_queue(RestoreStrategy::Writeset, StoreTier::Host);
+    }
+    fn threads_sharing_a_queue_under_tracked() {
+        threads_sharing_a_queue(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn threads_sharing_a_queue_under_hash_on_device_shadows() {
+        threads_sharing_a_queue(RestoreStrategy::Hash, StoreTier::Device);
+    }
+    fn threads_sharing_a_queue_under_auto() {
+        threads_sharing_a_queue(RestoreStrategy::Auto, StoreTier::Auto);
+    }
+}
