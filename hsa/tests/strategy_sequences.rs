@@ -1447,3 +1447,152 @@ scenarios! {
         threads_sharing_a_queue(RestoreStrategy::Auto, StoreTier::Auto);
     }
 }
+
+/// Runs of `moving` so far: each run writes somewhere else, as a kernel whose writes depend on
+/// something no snapshot holds (a clock, a host counter) does.
+static MOVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `x += 1` on 16 bytes at a chunk chosen by how many runs came before, after noting the
+/// buffer's checksum (tagged as `prog`'s).
+fn moving(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `Prog` block.
+    let p: Prog = unsafe { group.kernargs() };
+    if group.group_id() != [0, 0, 0] {
+        return;
+    }
+    // SAFETY: the scenario allocated `len` bytes at `buf`.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p.buf as *mut u8, p.len as usize) };
+    INPUTS.lock().push((p.tag, checksum(mem)));
+    let run = MOVES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let at = (run as usize * CHUNK) % (p.len as usize - 16);
+    model(
+        mem,
+        &Prog {
+            op: INC,
+            off: at as u64,
+            n: 16,
+            ..p
+        },
+    );
+}
+
+/// A kernel whose passes each write a chunk never written before, under `strategy`: no more than
+/// 7 restores in a row go unverified (none but under `writeset-unverified`), the restore before
+/// the last pass is verified (so the last pass starts from the first pass's bytes), every pass
+/// after a verified restore does too, and memory ends as one run from the dispatch's bytes
+/// leaves it.
+fn writes_moving_every_pass(strategy: RestoreStrategy, store: StoreTier) {
+    let env = setup(strategy, store, SnapshotScope::Referenced);
+    let kernel = kreplay_softhsa::register_kernel("seq_moving", moving);
+    let len = 64 * CHUNK;
+    let buf = env.app.alloc(env.pools.coarse, len);
+    let init: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    host(buf, len).copy_from_slice(&init);
+    for (round, passes) in [20u64, 9, 2, 17].into_iter().enumerate() {
+        env.hooks.set_script(Script::passes(passes));
+        let tag = TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let before_bytes = host(buf, len).to_vec();
+        let before = checksum(&before_bytes);
+        let p = Prog {
+            buf: buf.0,
+            len: len as u64,
+            tag,
+            ..Default::default()
+        };
+        let kernarg = env.app.kernargs(&env.pools, p);
+        let done = env.app.signal(1);
+        env.app
+            .dispatch(env.q, Aql::dispatch(kernel, 1, 1, kernarg, done));
+        assert_eq!(env.app.wait_zero(done), 0);
+        let last_run = MOVES.load(std::sync::atomic::Ordering::SeqCst) - 1;
+        let id = env
+            .hooks
+            .configured_dispatches()
+            .last()
+            .expect("a dispatch")
+            .dispatch_id;
+        let record = env.hooks.finished_record(id);
+        assert_eq!(
+            record.outcome,
+            ReplayOutcome::Replayed {
+                passes,
+                end: LoopEnd::LastPass
+            },
+            "round {round}"
+        );
+        let mut unverified = vec![false; passes as usize];
+        for e in env.hooks.events_of(id) {
+            if let Event::Restore {
+                phase: Phase::Exit,
+                request,
+                report,
+                ..
+            } = e
+            {
+                assert!(!report.failed, "round {round}: {report:?}");
+                unverified[request.next_pass as usize] = report.unverified;
+            }
+        }
+        let longest = unverified
+            .split(|u| !u)
+            .map(<[bool]>::len)
+            .max()
+            .unwrap_or(0);
+        let most = if strategy == RestoreStrategy::WritesetUnverified {
+            7
+        } else {
+            0
+        };
+        assert!(
+            longest <= most,
+            "{strategy:?} round {round}: {longest} unverified restores in a row: {unverified:?}"
+        );
+        assert!(
+            !unverified[passes as usize - 1],
+            "round {round}: the last pass followed an unverified restore"
+        );
+        let inputs: Vec<u64> = INPUTS
+            .lock()
+            .iter()
+            .filter(|(t, _)| *t == tag)
+            .map(|(_, c)| *c)
+            .collect();
+        assert_eq!(inputs.len() as u64, passes, "round {round}");
+        for (pass, c) in inputs.iter().enumerate() {
+            assert!(
+                unverified[pass] || *c == before,
+                "round {round}: pass {pass} started from other bytes after a verified restore"
+            );
+        }
+        let mut want = before_bytes;
+        let at = (last_run as usize * CHUNK) % (len - 16);
+        model(
+            &mut want,
+            &Prog {
+                op: INC,
+                off: at as u64,
+                n: 16,
+                ..p
+            },
+        );
+        assert!(
+            host(buf, len) == &want[..],
+            "round {round}: memory is not one run's (the last pass's) from the dispatch's bytes"
+        );
+    }
+}
+
+scenarios! {
+    fn unverified_write_sets_verify_every_eighth_restore_and_before_the_last_pass() {
+        writes_moving_every_pass(RestoreStrategy::WritesetUnverified, StoreTier::Host);
+    }
+    fn write_sets_catch_writes_that_move_every_pass() {
+        writes_moving_every_pass(RestoreStrategy::Writeset, StoreTier::Device);
+    }
+    fn tracked_restores_catch_writes_that_move_every_pass() {
+        writes_moving_every_pass(RestoreStrategy::Tracked, StoreTier::Host);
+    }
+    fn auto_catches_writes_that_move_every_pass() {
+        writes_moving_every_pass(RestoreStrategy::Auto, StoreTier::File);
+    }
+}
