@@ -1596,3 +1596,57 @@ scenarios! {
         writes_moving_every_pass(RestoreStrategy::Auto, StoreTier::File);
     }
 }
+
+/// Between two dispatches under `strategy`, the application forks (as Python's multiprocessing
+/// does); the child writes the buffer (its own copy) and exits, the parent then stores into the
+/// buffer itself: the next dispatch starts from the parent's bytes.
+fn forked_between_dispatches(strategy: RestoreStrategy) {
+    let env = setup(strategy, StoreTier::Host, SnapshotScope::Referenced);
+    let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
+    let len = 32 * CHUNK;
+    let buf = env.app.alloc(env.pools.coarse, len);
+    let init: Vec<u8> = (0..len).map(|i| (i % 239) as u8).collect();
+    host(buf, len).copy_from_slice(&init);
+    let mut want = init;
+    let p = Prog {
+        buf: buf.0,
+        len: len as u64,
+        op: INC,
+        off: 0,
+        n: 8 * CHUNK as u64,
+        ..Default::default()
+    };
+    env.run(kernel, p, &mut want, 4, "before");
+    env.run(kernel, p, &mut want, 4, "again");
+    // SAFETY: the child only stores into its copy of the buffer and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        host(buf, len).fill(0xEE);
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0, "fork");
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    let m = host(buf, len);
+    for at in [5, 3 * CHUNK + 1, 9 * CHUNK, 20 * CHUNK + 7] {
+        m[at] = m[at].wrapping_add(50);
+        want[at] = m[at];
+    }
+    let wide = Prog {
+        n: 24 * CHUNK as u64,
+        ..p
+    };
+    env.run(kernel, wide, &mut want, 4, "after the fork");
+    env.run(kernel, wide, &mut want, 3, "after that");
+}
+
+scenarios! {
+    fn a_fork_between_tracked_dispatches_changes_nothing_the_next_replay_sees_wrong() {
+        forked_between_dispatches(RestoreStrategy::Tracked);
+    }
+    fn a_fork_between_auto_dispatches_changes_nothing_the_next_replay_sees_wrong() {
+        forked_between_dispatches(RestoreStrategy::Auto);
+    }
+}
