@@ -224,6 +224,13 @@ impl Snapshot {
     /// of the chunks it touches are refreshed. The parts of changes outside the snapshot's
     /// regions, or in regions freed since, are ignored (a change that runs past a region keeps
     /// its part inside). Returns the bytes folded in.
+    ///
+    /// Where a device shadow refuses a change (its device copy fails), the snapshot keeps the
+    /// bytes in host memory and every later restore writes them after the store's bytes, so
+    /// they survive as if the shadow held them; a restore that cannot write them fails, as a
+    /// restore does, with the bytes it lost. (Before, the fold failed, and the next restore
+    /// undid what the work wrote: under softhsa's injected copy faults, the stress mix's
+    /// re-entrant tool work was lost with a warning on stderr.)
     pub fn fold(&mut self, delta: &Delta) -> Result<u64, CopyError> {
         let pinned = self.inventory.pin(self.fence.as_deref());
         let layout = &self.layout;
@@ -253,7 +260,19 @@ impl Snapshot {
                 let at = layout.store_offset[r] + offset;
                 match &mut self.store.backing {
                     Backing::Device { addr: shadow } => {
-                        self.source.device.write(*shadow + at, piece)?
+                        // A shadow that refuses the bytes (a failed device copy, tried again
+                        // up to FOLD_ATTEMPTS times in all) leaves them to be written by every
+                        // restore after the store's.
+                        let device = &self.source.device;
+                        let taken =
+                            (0..FOLD_ATTEMPTS).any(|_| device.write(*shadow + at, piece).is_ok());
+                        if !taken {
+                            self.overlay.push(Overlay {
+                                region: r,
+                                offset,
+                                bytes: piece.to_vec(),
+                            });
+                        }
                     }
                     Backing::Empty(_) => continue,
                     Backing::Host { .. } | Backing::File { .. } => {
@@ -279,8 +298,12 @@ impl Snapshot {
                 self.hashes[c] = match &self.store.backing {
                     Backing::Device { addr: shadow } => {
                         scratch.resize(len as usize, 0);
-                        self.source.device.read(*shadow + at as u64, &mut scratch)?;
-                        chunk_hash(&scratch)
+                        match self.source.device.read(*shadow + at as u64, &mut scratch) {
+                            Ok(()) => chunk_hash(&scratch),
+                            // Unknown: a hash no chunk is likely to have, so that the chunk
+                            // is written back (and the overlay on top of it) whenever hashed.
+                            Err(_) => !self.hashes[c],
+                        }
                     }
                     _ => chunk_hash(&self.store.bytes()[at..at + len as usize]),
                 };
@@ -293,5 +316,41 @@ impl Snapshot {
             self.rename();
         }
         Ok(folded)
+    }
+}
+
+/// Times a change is offered to a device shadow before it is kept beside it: a device copy may
+/// fail once and succeed when asked again (softhsa's injected copy faults do), and every change
+/// kept beside the shadow is written by every restore after, each a device copy of its own that
+/// may fail in turn and stop the replay.
+const FOLD_ATTEMPTS: usize = 3;
+
+/// Bytes folded into a snapshot that its device shadow refused: `bytes` at `offset` of region
+/// `region` of its layout.
+#[derive(Clone, Debug)]
+pub(crate) struct Overlay {
+    pub(crate) region: usize,
+    pub(crate) offset: u64,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// Writes `overlay` into device memory after a restore wrote the store's bytes (`outcome`,
+/// which takes in what was written or lost), in the regions still `live`.
+pub(crate) fn apply_overlay(
+    device: &dyn DeviceMemory,
+    layout: &crate::layout::Layout,
+    live: &[bool],
+    overlay: &[Overlay],
+    outcome: &mut crate::copy::WriteOutcome,
+) {
+    for piece in overlay.iter().filter(|p| live[p.region]) {
+        let addr = layout.regions[piece.region].base + piece.offset;
+        match device.write(addr, &piece.bytes) {
+            Ok(()) => outcome.bytes += piece.bytes.len() as u64,
+            Err(e) => {
+                outcome.lost_bytes += piece.bytes.len() as u64;
+                outcome.error.get_or_insert(e);
+            }
+        }
     }
 }

@@ -244,6 +244,9 @@ pub struct Snapshot {
     repeat: f64,
     /// The passes between restores, timed while writes are followed (what a fault costs them).
     passes: PassClock,
+    /// Folded changes a device shadow refused to take (see [`Snapshot::fold`]): every restore
+    /// writes them after the store's bytes.
+    pub(crate) overlay: Vec<crate::fold::Overlay>,
 }
 
 pub(crate) fn try_vec<T: Clone>(len: usize, value: T) -> Result<Vec<T>, TryReserveError> {
@@ -724,6 +727,7 @@ impl Snapshotter {
             repeats: Repeats::default(),
             repeat,
             passes,
+            overlay: Vec::new(),
         })
     }
 
@@ -1350,13 +1354,15 @@ impl Snapshot {
         }
 
         let write_start = Instant::now();
-        let outcome = if let Some((bytes, chunks)) = written_totals.filter(|_| written) {
+        let mut outcome = if let Some((bytes, chunks)) = written_totals.filter(|_| written) {
             WriteOutcome::totals(bytes, chunks)
         } else if written {
             WriteOutcome::written(layout, &pieces)
         } else {
             write_back(device, self.caps, layout, &wins, &self.store, &pieces)
         };
+        // Folded changes the store could not take go on top of what it brought back.
+        crate::fold::apply_overlay(device, layout, &live, &self.overlay, &mut outcome);
         // The write-back alone: a tracked restore protects the pages again below, which is no
         // part of what a write-back of these bytes costs (counted in, it raised every rate
         // the measurements share, copies' and hash passes' too, by up to half).

@@ -22,6 +22,17 @@ const STRATEGIES: [RestoreStrategy; 5] = [
 /// with exactly that work's bytes on top. The second fold comes after restores that verified
 /// on the device: a device keeping its own copy of the hashes must get the folded ones.
 fn folded_work_survives(strategy: RestoreStrategy, store: StoreTier, caps: Caps) {
+    folded_work_survives_refused(strategy, store, caps, false);
+}
+
+/// [`folded_work_survives`]; where `refused`, every device write fails while the work is folded
+/// in (a device shadow refuses it).
+fn folded_work_survives_refused(
+    strategy: RestoreStrategy,
+    store: StoreTier,
+    caps: Caps,
+    refused: bool,
+) {
     let dev = TestDevice::new(caps);
     let inv = std::sync::Arc::new(Inventory::new());
     let size = 64 * 1024;
@@ -73,11 +84,16 @@ fn folded_work_survives(strategy: RestoreStrategy, store: StoreTier, caps: Caps)
                 work_bytes,
                 "{strategy} {store}: only the work's bytes"
             );
-            assert_eq!(s.fold(&delta).unwrap(), work_bytes);
+            dev.fail_writes
+                .store(refused, std::sync::atomic::Ordering::Relaxed);
+            let folded = s.fold(&delta);
+            dev.fail_writes
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(folded.unwrap(), work_bytes, "{strategy} {store} {caps:?}");
         }
         let request = if p == 5 { FINAL } else { not_final(p + 1) };
         let report = s.restore(&request).unwrap();
-        if strategy == RestoreStrategy::Hash {
+        if strategy == RestoreStrategy::Hash && !refused {
             // The folded chunks' hashes were refreshed: only the pass's two chunks differ.
             assert_eq!(report.chunks_restored, 2, "{store} {caps:?}: {report:?}");
         }
@@ -109,6 +125,50 @@ fn folded_changes_survive_every_restore_under_every_strategy_and_tier() {
             folded_work_survives(strategy, store, Caps::all());
         }
     }
+}
+
+/// The device shadow refuses the folded bytes (its device copies fail while the work is folded
+/// in): they are kept beside it and every restore writes them, under every strategy.
+#[test]
+fn folded_changes_a_device_shadow_refuses_still_survive_every_restore() {
+    for strategy in STRATEGIES {
+        for host_visible in [false, true] {
+            let caps = Caps {
+                host_visible,
+                shadow: true,
+                ..Default::default()
+            };
+            folded_work_survives_refused(strategy, StoreTier::Device, caps, true);
+        }
+        folded_work_survives_refused(strategy, StoreTier::Device, Caps::all(), true);
+    }
+}
+
+/// A restore that cannot write the bytes a shadow refused fails, saying how many it lost.
+#[test]
+fn a_restore_that_cannot_write_refused_folded_bytes_fails_with_them_lost() {
+    let dev = TestDevice::new(Caps {
+        shadow: true,
+        ..Default::default()
+    });
+    let inv = std::sync::Arc::new(Inventory::new());
+    let buf = dev.alloc(&inv, 8192, 1, MemoryKind::CoarseDevice, 0);
+    let config = SnapshotConfig::default()
+        .with_store(StoreTier::Device)
+        .with_strategy(RestoreStrategy::Full)
+        .with_chunk_size(4096);
+    let snap = snapshotter(&dev, &inv, config);
+    let mut s = snap.snapshot(&Filter::for_replay(1)).unwrap();
+    let capture = snap.capture(&s.footprint()).unwrap();
+    dev.poke(buf + 10, &[7; 16]);
+    let delta = snap.changes(&capture).unwrap();
+    dev.fail_writes
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(s.fold(&delta).unwrap(), 16);
+    let err = s.restore(&FINAL).unwrap_err();
+    dev.fail_writes
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(err.bytes_lost >= 16, "{err:?}");
 }
 
 #[test]
