@@ -861,6 +861,47 @@ fn terminating_kreplay_run_ends_what_a_launcher_left_running_too() {
     );
 }
 
+#[test]
+fn a_signal_ignored_when_kreplay_run_starts_stays_ignored_for_the_program() {
+    // `nohup kreplay run -- ./train.sh &` ignores SIGHUP, and a shell script's background job
+    // ignores SIGINT: the program inherits that, as it would without kreplay, and survives the
+    // hangup (here, the signals it sends itself) instead of dying of it.
+    let dir = scratch("ignored-signals");
+    let app = script(
+        &dir,
+        "app.sh",
+        &format!("kill -HUP $$\nkill -INT $$\nkill -TERM $$\necho survived\n{WRITE_RECORD}"),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    // SAFETY: signal is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(|| {
+            for signal in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+            Ok(())
+        });
+    }
+    let ran = run(c, None, Duration::from_secs(30));
+    assert!(
+        ran.code == Some(0) && ran.stdout.contains("survived"),
+        "the program died of a signal it was started ignoring: {ran:?}"
+    );
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

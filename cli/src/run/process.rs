@@ -56,9 +56,21 @@ fn in_our_group(pid: i32) -> bool {
 
 /// From now on SIGINT, SIGTERM and SIGHUP are passed on to the program instead of ending
 /// `kreplay run` at once, and the program's orphaned descendants become this process's
-/// children (so that ones still running can be told apart from ones that ended).
+/// children (so that ones still running can be told apart from ones that ended). A signal
+/// ignored when `kreplay run` started (`nohup` ignores SIGHUP, a shell script's background job
+/// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
+/// handler would be reset to the default action, ending the program, when it starts.
 pub fn prepare() {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: reads the current action into a zeroed struct; changes nothing.
+        let ignored = unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+                && current.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            continue;
+        }
         // SAFETY: installs a handler that only stores to atomics and makes async-signal-safe
         // system calls; the sigaction struct is fully initialized. The three signals are
         // blocked while it runs, so that the handlers do not nest: signals are passed on in
