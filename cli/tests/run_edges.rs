@@ -1533,3 +1533,120 @@ fn ctrl_c_in_the_terminal_reaches_the_program_once() {
         "SIGINTs the program got from one Ctrl-C: {report:?}"
     );
 }
+
+/// A program that counts the SIGINTs it gets, in its handler: it writes `ready` once its
+/// handlers are in place, `ints N` each time the count grows, and `total N` when a SIGTERM
+/// ends it (SIGINT, the lower number, is always delivered before a SIGTERM pending with it).
+const COUNT_EACH_SIGINT: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+static volatile sig_atomic_t ints = 0, term = 0;
+static void on_int(int s) { (void)s; ints++; }
+static void on_term(int s) { (void)s; term = 1; }
+static void say(const char *path, const char *what, int n) {
+    FILE *f = fopen(path, "w");
+    if (f) { fprintf(f, what, n); fclose(f); }
+}
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    struct sigaction a = {0};
+    sigset_t both, none;
+    sigemptyset(&none);
+    sigemptyset(&both);
+    sigaddset(&both, SIGINT);
+    sigaddset(&both, SIGTERM);
+    sigprocmask(SIG_BLOCK, &both, 0);
+    a.sa_handler = on_int;
+    sigaction(SIGINT, &a, 0);
+    a.sa_handler = on_term;
+    sigaction(SIGTERM, &a, 0);
+    say(argv[1], "ready\n", 0);
+    int told = 0;
+    while (!term) {
+        sigsuspend(&none);
+        if (ints != told) { told = ints; say(argv[2], "ints %d\n", told); }
+    }
+    say(argv[2], "total %d\n", ints);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_signal_sent_to_kreplays_process_group_reaches_the_program_once() {
+    // `kill -INT -PGID`, supervisord's stopasgroup, a job runner stopping a process group: the
+    // signal reaches every process of kreplay's group, the program included, as it would
+    // without kreplay. kreplay run must not pass on a second one (a program that force-quits
+    // on a second SIGINT would skip its cleanup). Several rounds, as a second one, where it
+    // comes, comes only when the program handled the first before kreplay passed it on.
+    const ROUNDS: usize = 8;
+    let dir = scratch("group-signal-once");
+    let (ints, ready) = (dir.join("ints"), dir.join("ready"));
+    let src = dir.join("count_each_sigint.c");
+    std::fs::write(&src, COUNT_EACH_SIGINT).unwrap();
+    let counter = dir.join("count_each_sigint");
+    let built = std::process::Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&counter)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("skipped: no C compiler (cc) to build the program");
+        return;
+    }
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the program").unwrap();
+    let args: Vec<&OsStr> = ["run", "--backend", "hsa", "--library"]
+        .iter()
+        .map(OsStr::new)
+        .chain([lib.as_os_str(), OsStr::new("--")])
+        .chain([counter.as_os_str(), ready.as_os_str(), ints.as_os_str()])
+        .collect();
+    // In a process group of its own, which it leads, as a shell starts a job.
+    let mut c = command(&args, &[]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let group = child.id() as i32;
+    let kill_all = || {
+        // SAFETY: the process group of the kreplay this test started.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    };
+    let read_until = |done: &dyn Fn(&str) -> bool| -> String {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&ints).unwrap_or_default();
+            if (text.ends_with('\n') && done(&text)) || t.elapsed() > Duration::from_secs(10) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_for_file(&ready);
+    for round in 1..=ROUNDS {
+        // SAFETY: the process group of the kreplay this test started.
+        unsafe { libc::kill(-group, libc::SIGINT) };
+        let seen = read_until(&|text| {
+            text.trim()
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| n >= round)
+        });
+        if !seen.starts_with("ints ") {
+            kill_all();
+            let _ = child.wait();
+            panic!("round {round}: the program did not count the SIGINT: {seen:?}");
+        }
+    }
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(group, libc::SIGTERM) };
+    let report = read_until(&|text| text.starts_with("total"));
+    let _ = child.wait();
+    kill_all();
+    assert_eq!(
+        report,
+        format!("total {ROUNDS}\n"),
+        "SIGINTs the program got from {ROUNDS} sent to kreplay's process group"
+    );
+}

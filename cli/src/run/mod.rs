@@ -894,7 +894,8 @@ pub fn run_with(
         eprintln!("kreplay: {note}");
     }
     let program = program_name(options);
-    process::prepare();
+    // Undone when this function returns.
+    let _prepared = process::prepare();
     let tee = tee_input_for_check(options.check);
     if let Some(signal) = process::interrupted() {
         return Err(format!(

@@ -1,14 +1,17 @@
 //! Running the program of `kreplay run` as a child process: its standard input given to both
 //! runs of `--check` alike, its standard output captured without waiting for processes it left
 //! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
-//! cleans up after itself instead of dying first. One the terminal sent (Ctrl-C, a hangup) went
-//! to the whole foreground process group, the program included: it is not passed on again to
-//! a process still in kreplay's group, so the program gets one SIGINT per Ctrl-C, as it would
-//! without kreplay (a program that force-quits on a second one would skip its cleanup).
+//! cleans up after itself instead of dying first. One sent to kreplay's whole process group
+//! (Ctrl-C or a hangup from the terminal, `kill -INT -PGID`, a job runner stopping the group)
+//! reached the program too when it is in that group: it is not passed on again, so the program
+//! gets each such signal once, as it would without kreplay (a program that force-quits on a
+//! second SIGINT would skip its cleanup). A signal sent to kreplay's process alone cannot be
+//! told from one sent to its group by kreplay itself, so a second process of the group, the
+//! witness, which holds the signals pending, is asked whether it got the signal too.
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -16,8 +19,21 @@ use std::time::{Duration, Instant};
 static CHILD: AtomicI32 = AtomicI32::new(0);
 /// The signal that interrupted `kreplay run` (0: none).
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
-/// Whether the terminal sent the latest interruption, to kreplay's whole process group.
-static FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
+/// Whether the latest interruption was sent to kreplay's whole process group.
+static TO_GROUP: AtomicBool = AtomicBool::new(false);
+/// kreplay's end of the socket to the witness (-1: none), see [`start_witness`].
+static WITNESS: AtomicI32 = AtomicI32::new(-1);
+/// The witness's process id (0: none).
+static WITNESS_PID: AtomicI32 = AtomicI32::new(0);
+/// A handler is asking the witness (handlers on two threads take turns).
+static ASKING: AtomicBool = AtomicBool::new(false);
+/// The number of the latest question to the witness, which its answer repeats.
+static QUESTION: AtomicU8 = AtomicU8::new(0);
+
+/// The signals `kreplay run` passes on.
+const PASSED_ON: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// How long a handler waits for the witness's answer before it passes the signal on anyway.
+const WITNESS_ANSWER_MS: libc::c_int = 1000;
 
 /// How long, after the program exited, the rest of its standard output may take to arrive and
 /// the processes it leaves behind may take to end: what it wrote is in the pipe already, so
@@ -29,24 +45,238 @@ const AFTER_EXIT: Duration = Duration::from_secs(2);
 const REAP_EVERY: Duration = Duration::from_millis(10);
 
 extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // A signal the terminal's driver sent (Ctrl-C, a hangup) comes from the kernel; one a
-    // process sent with kill comes from that process (SI_USER), whether to kreplay alone or
-    // to its group, which cannot be told apart: it is passed on.
+    // SAFETY: errno is this thread's; the code the signal interrupted finds it as it was.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    // A signal the terminal's driver sent (Ctrl-C, a hangup) comes from the kernel, to the
+    // foreground process group; one a process sent with kill comes from that process
+    // (SI_USER), to kreplay alone or to its group: the witness says which. It is asked every
+    // time, so that it holds no signal from an earlier one.
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (checked for null anyway).
     let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
+    let to_group = witness_got(signal) || from_terminal;
     // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C is
     // still passed on to the processes the program left behind).
-    FROM_TERMINAL.store(from_terminal, Ordering::SeqCst);
+    TO_GROUP.store(to_group, Ordering::SeqCst);
     INTERRUPTED.store(signal, Ordering::SeqCst);
     let child = CHILD.load(Ordering::SeqCst);
-    if child > 0 && !(from_terminal && in_our_group(child)) {
+    if child > 0 && !(to_group && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
         // (cleared as soon as it was waited for).
         unsafe { libc::kill(child, signal) };
     }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved_errno };
 }
 
-/// Whether `pid` is in kreplay's process group, where a signal from the terminal reached it
+/// Whether the witness got `signal` too (and takes it): it was sent to kreplay's process
+/// group. Without a witness, or one that does not answer in time, `false`. Only
+/// async-signal-safe calls: it runs in the signal handler.
+fn witness_got(signal: libc::c_int) -> bool {
+    let Some(bit) = PASSED_ON.iter().position(|&s| s == signal) else {
+        return false;
+    };
+    while ASKING
+        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        // SAFETY: sched_yield has no arguments.
+        unsafe { libc::sched_yield() };
+    }
+    // Read with the turn held: [`end_witness`] closes it only with the turn.
+    let socket = WITNESS.load(Ordering::SeqCst);
+    let got = if socket >= 0 { ask_witness(socket) } else { 0 };
+    ASKING.store(false, Ordering::SeqCst);
+    got & (1 << bit) != 0
+}
+
+/// Asks the witness on `socket` which signals it holds: a bit per signal of [`PASSED_ON`]
+/// (none when it does not answer in time).
+fn ask_witness(socket: libc::c_int) -> u8 {
+    let question = QUESTION.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+    // SAFETY: one byte from a live local; MSG_NOSIGNAL: a witness that ended gives EPIPE, not
+    // SIGPIPE.
+    if unsafe { libc::send(socket, (&raw const question).cast(), 1, libc::MSG_NOSIGNAL) } != 1 {
+        return 0;
+    }
+    loop {
+        let mut ready = libc::pollfd {
+            fd: socket,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, live for the call.
+        if unsafe { libc::poll(&mut ready, 1, WITNESS_ANSWER_MS) } != 1 {
+            return 0;
+        }
+        let mut answer = [0u8; 2];
+        // SAFETY: reads at most two bytes into a live local buffer of two.
+        if unsafe { libc::recv(socket, answer.as_mut_ptr().cast(), 2, 0) } != 2 {
+            return 0;
+        }
+        // An answer to an earlier question that timed out is skipped.
+        if answer[0] == question {
+            return answer[1];
+        }
+    }
+}
+
+/// Starts the witness: a child process in kreplay's process group that keeps the signals
+/// kreplay passes on blocked, so that one sent to the group stays pending there, and answers,
+/// for each question on its socket, which of them it holds (taking them). It is never taken
+/// for a process the program left ([`adopted`]) and ends when its socket closes: at
+/// [`Prepared`]'s drop, where it is reaped, or when kreplay ends. Without it (no process could
+/// be started), a signal a process sent to kreplay's group is passed on, as one sent to
+/// kreplay.
+fn start_witness() {
+    if WITNESS.load(Ordering::SeqCst) >= 0 {
+        return;
+    }
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into the live array.
+    let paired = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } == 0;
+    if !paired {
+        return;
+    }
+    let [ours, theirs] = fds;
+    // Blocked across the fork, so that the witness holds them from its first instruction.
+    let previous = block_passed_on();
+    // SAFETY: in the forked child only async-signal-safe system calls are made (`witness`),
+    // as this process may have other threads.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: a freshly forked process, `theirs` its end of the pair.
+        unsafe { witness(theirs) };
+    }
+    // SAFETY: closes the witness's end here and restores the signal mask saved above.
+    unsafe {
+        libc::close(theirs);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+    }
+    if pid < 0 {
+        // SAFETY: this process's own end, used by no one.
+        unsafe { libc::close(ours) };
+        return;
+    }
+    WITNESS_PID.store(pid, Ordering::SeqCst);
+    WITNESS.store(ours, Ordering::SeqCst);
+}
+
+/// Blocks the signals of [`PASSED_ON`] on this thread; returns the mask it had.
+fn block_passed_on() -> libc::sigset_t {
+    // SAFETY: the sets are zeroed, then initialized by sigemptyset before use.
+    unsafe {
+        let mut blocked: libc::sigset_t = std::mem::zeroed();
+        let mut previous: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blocked);
+        for signal in PASSED_ON {
+            libc::sigaddset(&mut blocked, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, &mut previous);
+        previous
+    }
+}
+
+/// Ends the witness, if any: its socket is closed (no handler is asking it then) and it is
+/// reaped.
+fn end_witness() {
+    // The signals are blocked while the turn is held: a handler on this thread would wait for
+    // it for good.
+    let previous = block_passed_on();
+    while ASKING
+        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    let socket = WITNESS.swap(-1, Ordering::SeqCst);
+    ASKING.store(false, Ordering::SeqCst);
+    // SAFETY: restores the mask block_passed_on saved.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
+    let pid = WITNESS_PID.swap(0, Ordering::SeqCst);
+    if socket >= 0 {
+        // SAFETY: this process's end of the pair, no longer reachable through WITNESS.
+        unsafe { libc::close(socket) };
+    }
+    if pid > 0 {
+        let mut status = 0;
+        // SAFETY: the witness is this process's child; it exits once its socket closed.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+    }
+}
+
+/// What [`prepare`] set up that must be undone once the program's runs are over: dropping it
+/// ends the witness.
+pub struct Prepared(());
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        end_witness();
+    }
+}
+
+/// The witness's life (see [`start_witness`]): only async-signal-safe system calls.
+///
+/// # Safety
+/// Called in a freshly forked process only, with `socket` its end of the socket pair.
+unsafe fn witness(socket: libc::c_int) -> ! {
+    // SAFETY: plain system calls on this process's own descriptors, signal mask and local
+    // buffers.
+    unsafe {
+        // Every other descriptor is closed: the witness must hold no pipe open (kreplay's
+        // standard output, a program's input).
+        let (below, above) = ((socket - 1) as libc::c_uint, (socket + 1) as libc::c_uint);
+        let none: libc::c_uint = 0;
+        if libc::syscall(libc::SYS_close_range, none, below, none) != 0
+            || libc::syscall(libc::SYS_close_range, above, libc::c_uint::MAX, none) != 0
+        {
+            for fd in 0..4096 {
+                if fd != socket {
+                    libc::close(fd);
+                }
+            }
+        }
+        loop {
+            let mut question = 0u8;
+            let n = libc::recv(socket, (&raw mut question).cast(), 1, 0);
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            if n != 1 {
+                libc::_exit(0);
+            }
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut pending);
+            libc::sigpending(&mut pending);
+            let mut got = 0u8;
+            for (bit, &signal) in PASSED_ON.iter().enumerate() {
+                if libc::sigismember(&pending, signal) == 1 {
+                    let mut one: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut one);
+                    libc::sigaddset(&mut one, signal);
+                    let now = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    libc::sigtimedwait(&one, std::ptr::null_mut(), &now);
+                    got |= 1 << bit;
+                }
+            }
+            let answer = [question, got];
+            libc::send(socket, answer.as_ptr().cast(), 2, libc::MSG_NOSIGNAL);
+        }
+    }
+}
+
+/// Whether `pid` is in kreplay's process group, where a signal sent to the group reached it
 /// too (a program that moved to a group of its own did not get it).
 fn in_our_group(pid: i32) -> bool {
     // SAFETY: getpgrp and getpgid are plain system calls with no memory arguments, safe in a
@@ -60,8 +290,9 @@ fn in_our_group(pid: i32) -> bool {
 /// ignored when `kreplay run` started (`nohup` ignores SIGHUP, a shell script's background job
 /// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
 /// handler would be reset to the default action, ending the program, when it starts.
-pub fn prepare() {
-    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+pub fn prepare() -> Prepared {
+    start_witness();
+    for signal in PASSED_ON {
         // SAFETY: reads the current action into a zeroed struct; changes nothing.
         let ignored = unsafe {
             let mut current: libc::sigaction = std::mem::zeroed();
@@ -81,7 +312,7 @@ pub fn prepare() {
                 as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
                 as usize;
             libc::sigemptyset(&mut action.sa_mask);
-            for blocked in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            for blocked in PASSED_ON {
                 libc::sigaddset(&mut action.sa_mask, blocked);
             }
             action.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
@@ -91,6 +322,7 @@ pub fn prepare() {
     // SAFETY: PR_SET_CHILD_SUBREAPER with 1 only changes who adopts this process's orphaned
     // descendants.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    Prepared(())
 }
 
 /// The signal that interrupted `kreplay run`, if any.
@@ -105,8 +337,8 @@ pub fn interrupted() -> Option<i32> {
 /// by this process, see [`prepare`]): the ones that end before it are reaped as they end, and
 /// the answer comes as soon as none is left. When `kreplay run` was interrupted, the signal is
 /// passed on to each of them as well (a launcher that ran its worker without `exec` ends on
-/// it, leaving the worker), once each, except to those in kreplay's process group when the
-/// terminal sent it (they got it from the terminal).
+/// it, leaving the worker), once each, except to those in kreplay's process group when it was
+/// sent to the group (they got it already).
 fn descendants_running(deadline: Instant) -> bool {
     let mut signalled = Vec::new();
     loop {
@@ -117,10 +349,15 @@ fn descendants_running(deadline: Instant) -> bool {
             0 => {}
             _ => return false,
         }
+        let left = adopted();
+        if left.is_empty() {
+            // The witness only.
+            return false;
+        }
         if let Some(signal) = interrupted() {
-            // Those in kreplay's group got a signal from the terminal already.
-            let got_it = |pid| FROM_TERMINAL.load(Ordering::SeqCst) && in_our_group(pid);
-            for pid in adopted() {
+            // Those in kreplay's group got a signal sent to the group already.
+            let got_it = |pid| TO_GROUP.load(Ordering::SeqCst) && in_our_group(pid);
+            for pid in left {
                 if !signalled.contains(&pid) && !got_it(pid) {
                     // SAFETY: `pid` is a child of this process that has not been reaped, so
                     // the id cannot name another process.
@@ -138,15 +375,17 @@ fn descendants_running(deadline: Instant) -> bool {
 }
 
 /// This process's children (processes the program left, adopted): the processes whose parent,
-/// in `/proc/<pid>/stat`, is this one.
+/// in `/proc/<pid>/stat`, is this one, but the witness.
 fn adopted() -> Vec<i32> {
     let me = std::process::id() as i32;
+    let witness = WITNESS_PID.load(Ordering::SeqCst);
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != witness)
         .filter(|&pid| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
