@@ -644,6 +644,63 @@ fn huge_identical_output_and_child_output_pass() {
 }
 
 #[test]
+fn check_of_a_large_output_that_differs_everywhere_fits_in_the_memory_of_the_two_outputs() {
+    // A program that prints a long log with a timing on every line: both outputs are held
+    // (60 MiB each here), but comparing them must not cost many times that again (a string per
+    // line of each, an index per differing line), which ran kreplay out of memory after both
+    // runs, without a verdict. 768 MiB of data is room for the two outputs and their buffers'
+    // growth several times over.
+    let dir = scratch("check-large-diff");
+    let body = format!(
+        "{WRITE_RECORD}if [ -n \"$KREPLAY_RECORD_DIR\" ]; then seq 1 8000000; \
+         else seq 2 8000001; fi\n"
+    );
+    let app = script(&dir, "app.sh", &body);
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--check",
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 768 << 20,
+                rlim_max: 768 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let ran = run(c, None, Duration::from_secs(240));
+    assert!(!ran.timed_out, "{:?} {}", ran.code, ran.stderr);
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains(
+            "standard output differs: 8000000 line(s) with kreplay, 8000000 without, \
+             8000000 line(s) differ"
+        ) && ran
+            .stderr
+            .contains("line 5:\n    with kreplay:    5\n    without kreplay: 6")
+            && ran.stderr.contains("... and 7999995 more"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
 fn program_that_closes_stdout_early_passes() {
     let dir = scratch("check-close");
     let body = format!("{WRITE_RECORD}echo first\nexec 1>&-\necho lost 2>/dev/null\nexit 0\n");

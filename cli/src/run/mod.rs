@@ -748,50 +748,64 @@ fn output_text(path: &Path, record: &RunRecord) -> Result<Vec<u8>, String> {
 }
 
 /// Compares two standard outputs: `Err` with a summary (line counts, the first differing
-/// lines) when they differ.
+/// lines) when they differ. Line by line, without copying the outputs: what it holds beyond
+/// them is the few lines it shows.
 pub fn compare_outputs(with: &[u8], without: &[u8]) -> Result<(), String> {
     if with == without {
         return Ok(());
     }
     // Line by line, whatever the bytes (a line that is not UTF-8 is shown with replacement
-    // characters); a last line without its newline is a line too.
-    let lines = |bytes: &[u8]| -> Vec<String> {
+    // characters); a last line without its newline is a line too, and a `\r` before a newline
+    // is not part of the line.
+    fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
         let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
-        if bytes.is_empty() {
-            return Vec::new();
-        }
         body.split(|&b| b == b'\n')
-            .map(|line| {
-                String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line)).into_owned()
-            })
-            .collect()
-    };
-    let (a, b) = (lines(with), lines(without));
-    let differing: Vec<usize> = (0..a.len().max(b.len()))
-        .filter(|&i| a.get(i) != b.get(i))
-        .collect();
+            .take(if bytes.is_empty() { 0 } else { usize::MAX })
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+    }
+    const SHOWN: usize = 5;
+    let (mut a, mut b) = (lines(with), lines(without));
+    let (mut counted_a, mut counted_b, mut differ) = (0usize, 0usize, 0usize);
+    let mut shown = String::new();
+    loop {
+        let (x, y) = (a.next(), b.next());
+        if x.is_none() && y.is_none() {
+            break;
+        }
+        counted_a += usize::from(x.is_some());
+        counted_b += usize::from(y.is_some());
+        if x == y {
+            continue;
+        }
+        differ += 1;
+        if differ <= SHOWN {
+            let show = |line: Option<&[u8]>| {
+                line.map_or_else(
+                    || "(none)".to_string(),
+                    |l| String::from_utf8_lossy(l).into_owned(),
+                )
+            };
+            shown.push_str(&format!(
+                "\n  line {}:\n    with kreplay:    {}\n    without kreplay: {}",
+                counted_a.max(counted_b),
+                show(x),
+                show(y)
+            ));
+        }
+    }
     let mut text = format!(
-        "standard output differs: {} line(s) with kreplay, {} without, {} line(s) differ",
-        a.len(),
-        b.len(),
-        differing.len()
+        "standard output differs: {counted_a} line(s) with kreplay, {counted_b} without, \
+         {differ} line(s) differ"
     );
-    if differing.is_empty() {
+    if differ == 0 {
         text.push_str(
             " (the bytes differ: line endings, a missing last newline or bytes that are not \
              UTF-8)",
         );
     }
-    for &i in differing.iter().take(5) {
-        text.push_str(&format!(
-            "\n  line {}:\n    with kreplay:    {}\n    without kreplay: {}",
-            i + 1,
-            a.get(i).map_or("(none)", String::as_str),
-            b.get(i).map_or("(none)", String::as_str)
-        ));
-    }
-    if differing.len() > 5 {
-        text.push_str(&format!("\n  ... and {} more", differing.len() - 5));
+    text.push_str(&shown);
+    if differ > SHOWN {
+        text.push_str(&format!("\n  ... and {} more", differ - SHOWN));
     }
     Err(text)
 }
