@@ -959,6 +959,28 @@ fn a_signal_ignored_when_kreplay_run_starts_stays_ignored_for_the_program() {
     );
 }
 
+#[test]
+fn processes_the_program_orphans_are_reaped_while_it_runs() {
+    // A long run whose program starts helpers through a shell that exits at once
+    // (`os.system("cmd &")`): kreplay adopts them, and each one that ended stayed a zombie,
+    // holding its process id, until the program ended; in a container with a process limit the
+    // program's own forks fail once enough have piled up. The program waits (up to 10 s) for
+    // its parent's zombies to be gone, and reports how many are left.
+    let dir = scratch("orphans-reaped");
+    let body = format!(
+        "i=0\nwhile [ $i -lt 40 ]; do sh -c 'true & exit 0'; i=$((i+1)); done\n\
+         zombies() {{ cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID '$4 == p && $3 == \"Z\"' | wc -l; }}\n\
+         n=0\nwhile [ $n -lt 200 ] && [ \"$(zombies)\" -gt 0 ]; do sleep 0.05; n=$((n+1)); done\n\
+         echo zombies $(zombies)\n{WRITE_RECORD}"
+    );
+    let ran = check_run(&dir, &body, &[], None, 60);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert!(
+        ran.code == Some(0) && ran.stdout.contains("zombies 0\n"),
+        "orphans that ended are left unreaped while the program runs: {ran:?}"
+    );
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

@@ -454,8 +454,12 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
         Input::Tee => (None, tee(&mut child)),
     };
     let reader = child.stdout.take().map(read_all);
+    let reaper = reap_orphans(child.id() as i32);
     let waited = child.wait();
     CHILD.store(0, Ordering::SeqCst);
+    // Stopped before the processes left behind are looked at (and signalled): from then on
+    // only that loop reaps, so no process id it signals can have been reaped and reused.
+    reaper.stop();
     let status = waited?;
     let deadline = Instant::now() + AFTER_EXIT;
     // The feeder is not waited for: the program may not read all of its input, and a write it
@@ -484,6 +488,59 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
         output_held,
         left_running: descendants_running(deadline),
     })
+}
+
+/// How often, while the program runs, processes it orphaned (adopted by this process) that
+/// ended are reaped.
+const REAP_ORPHANS_EVERY: Duration = Duration::from_millis(100);
+
+/// The thread of [`reap_orphans`].
+struct Reaper {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reaper {
+    /// Stops the thread and waits for it.
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// Reaps, while the program `program` runs, the processes it orphaned that ended (this process
+/// adopts them, see [`prepare`]): each would stay a zombie until the program's end, holding its
+/// process id, which a long run starting helpers through a shell that exits at once piles up
+/// until its own forks fail. The program itself and the witness are left to their waits.
+fn reap_orphans(program: i32) -> Reaper {
+    let (stop, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(REAP_ORPHANS_EVERY) {
+            loop {
+                // SAFETY: a zeroed siginfo_t is valid; waitid fills it. WNOWAIT only looks: a
+                // process is reaped below, by its id, when it is neither the program nor the
+                // witness (the first one found stops the round: the program's own wait comes).
+                let ended = unsafe {
+                    let mut info: libc::siginfo_t = std::mem::zeroed();
+                    let found = libc::waitid(
+                        libc::P_ALL,
+                        0,
+                        &mut info,
+                        libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                    );
+                    if found == 0 { info.si_pid() } else { 0 }
+                };
+                if ended <= 0 || ended == program || ended == WITNESS_PID.load(Ordering::SeqCst) {
+                    break;
+                }
+                let mut status = 0;
+                // SAFETY: `ended` is a child of this process that ended and that nothing else
+                // reaps while the program runs.
+                unsafe { libc::waitpid(ended, &mut status, libc::WNOHANG) };
+            }
+        }
+    });
+    Reaper { stop, thread }
 }
 
 /// Writes `input` to the child's standard input on a thread of its own, then closes it.
