@@ -981,6 +981,65 @@ fn processes_the_program_orphans_are_reaped_while_it_runs() {
     );
 }
 
+#[test]
+fn a_program_started_with_sigchld_ignored_is_waited_for_and_inherits_the_ignore() {
+    // A parent that ignores SIGCHLD (some services and job runners do) passes that on: the
+    // kernel then reaps kreplay's children itself, and kreplay lost the program ("No child
+    // processes"), its record and the table, as soon as it ended. The program must still run
+    // as it would without kreplay, SIGCHLD ignored.
+    let dir = scratch("sigchld-ignored");
+    let record = WRITE_RECORD
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap()
+        .replace('"', "\\\"");
+    let program = dir.join("prog.awk");
+    std::fs::write(
+        &program,
+        format!(
+            "BEGIN {{\n\
+             while ((getline line < \"/proc/self/status\") > 0) if (line ~ /^SigIgn/) print line\n\
+             dir = ENVIRON[\"KREPLAY_RECORD_DIR\"]\n\
+             if (dir != \"\") {{ f = dir \"/kreplay-record-1.json\"; print \"{record}\" > f; close(f) }}\n\
+             }}\n"
+        ),
+    )
+    .unwrap();
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the program").unwrap();
+    let args: Vec<&OsStr> = ["run", "--backend", "hsa", "--library"]
+        .iter()
+        .map(OsStr::new)
+        .chain([lib.as_os_str()])
+        .chain(["--", "awk", "-f"].map(OsStr::new))
+        .chain([program.as_os_str()])
+        .collect();
+    let mut c = command(&args, &[]);
+    // SAFETY: signal is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(|| {
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let ran = run(c, None, Duration::from_secs(30));
+    assert!(
+        ran.code == Some(0) && ran.stdout.contains("1 kernel(s), 1 launch(es) on hsa"),
+        "{ran:?}"
+    );
+    let ignored = ran
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .expect("the program printed its ignored signals");
+    assert!(
+        ignored & (1 << (libc::SIGCHLD - 1)) != 0,
+        "the program no longer ignores SIGCHLD: {ran:?}"
+    );
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

@@ -30,6 +30,9 @@ static ASKING: AtomicBool = AtomicBool::new(false);
 /// The number of the latest question to the witness, which its answer repeats.
 static QUESTION: AtomicU8 = AtomicU8::new(0);
 
+/// SIGCHLD was ignored when `kreplay run` started (see [`prepare`]).
+static SIGCHLD_IGNORED: AtomicBool = AtomicBool::new(false);
+
 /// The signals `kreplay run` passes on.
 const PASSED_ON: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 /// How long a handler waits for the witness's answer before it passes the signal on anyway.
@@ -291,6 +294,20 @@ fn in_our_group(pid: i32) -> bool {
 /// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
 /// handler would be reset to the default action, ending the program, when it starts.
 pub fn prepare() -> Prepared {
+    // A SIGCHLD ignored (inherited from a parent that ignores it) has the kernel reap this
+    // process's children itself: the program's exit status would be lost. It is waited for
+    // here; the program still starts with it ignored ([`run`]).
+    // SAFETY: reads the current action into a zeroed struct, and sets the default action
+    // only in place of an ignored one.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+        {
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+            SIGCHLD_IGNORED.store(true, Ordering::SeqCst);
+        }
+    }
     start_witness();
     for signal in PASSED_ON {
         // SAFETY: reads the current action into a zeroed struct; changes nothing.
@@ -446,6 +463,16 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     } else {
         Stdio::inherit()
     });
+    if SIGCHLD_IGNORED.load(Ordering::SeqCst) {
+        // SAFETY: signal is async-signal-safe, and the closure touches nothing else.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+    }
     let mut child = command.spawn()?;
     CHILD.store(child.id() as i32, Ordering::SeqCst);
     let (feeder, teed) = match input {
