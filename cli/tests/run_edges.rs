@@ -964,19 +964,23 @@ fn processes_the_program_orphans_are_reaped_while_it_runs() {
     // A long run whose program starts helpers through a shell that exits at once
     // (`os.system("cmd &")`): kreplay adopts them, and each one that ended stayed a zombie,
     // holding its process id, until the program ended; in a container with a process limit the
-    // program's own forks fail once enough have piled up. The program waits (up to 10 s) for
-    // its parent's zombies to be gone, and reports how many are left.
+    // program's own forks fail once enough have piled up. Once its shells returned, every
+    // helper is kreplay's child, running or ended; the program waits (up to 10 s) until kreplay
+    // has no child left but itself and kreplay's own (named kreplay), and reports how many
+    // are left.
     let dir = scratch("orphans-reaped");
     let body = format!(
-        "i=0\nwhile [ $i -lt 40 ]; do sh -c 'true & exit 0'; i=$((i+1)); done\n\
-         zombies() {{ cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID '$4 == p && $3 == \"Z\"' | wc -l; }}\n\
-         n=0\nwhile [ $n -lt 200 ] && [ \"$(zombies)\" -gt 0 ]; do sleep 0.05; n=$((n+1)); done\n\
-         echo zombies $(zombies)\n{WRITE_RECORD}"
+        "i=0\nwhile [ $i -lt 40 ]; do sh -c 'sleep 0 & exit 0'; i=$((i+1)); done\n\
+         left() {{ cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID -v me=$$ \
+         '$4 == p && $1 != me && $2 != \"(kreplay)\"' | wc -l; }}\n\
+         n=0\nwhile [ $n -lt 200 ]; do z=$(left); [ \"$z\" -eq 0 ] && break; sleep 0.05; \
+         n=$((n+1)); done\n\
+         echo orphans left $z\n{WRITE_RECORD}"
     );
     let ran = check_run(&dir, &body, &[], None, 60);
     assert!(!ran.timed_out, "{ran:?}");
     assert!(
-        ran.code == Some(0) && ran.stdout.contains("zombies 0\n"),
+        ran.code == Some(0) && ran.stdout.contains("orphans left 0\n"),
         "orphans that ended are left unreaped while the program runs: {ran:?}"
     );
 }
