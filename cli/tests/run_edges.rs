@@ -701,6 +701,77 @@ fn check_of_a_large_output_that_differs_everywhere_fits_in_the_memory_of_the_two
 }
 
 #[test]
+fn check_with_a_large_file_as_input_gives_it_to_both_runs_without_holding_it_in_memory() {
+    // `kreplay run --check -- ./infer < dataset.bin`: a file as standard input can be read
+    // again by the second run from where the first started; keeping every byte the first read
+    // (to hand it to the second) ran kreplay out of memory for an input larger than it has.
+    // 256 MiB of data for kreplay, a 320 MiB input (a sparse file: no disk used).
+    let dir = scratch("check-file-input");
+    let input = dir.join("input.bin");
+    std::fs::File::create(&input)
+        .unwrap()
+        .set_len(320 << 20)
+        .unwrap();
+    let body = format!("{WRITE_RECORD}wc -c\n");
+    let app = script(&dir, "app.sh", &body);
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--check",
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    let file = std::fs::File::open(&input).unwrap();
+    c.stdin(file);
+    // SAFETY: setrlimit is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        c.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256 << 20,
+                rlim_max: 256 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let group = child.id() as i32;
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(out) = finished.recv_timeout(Duration::from_secs(120)) else {
+        // SAFETY: the process group of the kreplay this test started.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        panic!("kreplay run --check with a file as input did not end");
+    };
+    let out = out.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with(&format!("{}\n", 320u64 << 20))
+            && stdout.contains("check: the standard output is the same"),
+        "{stdout}\n{stderr}"
+    );
+    let _ = std::fs::remove_file(&input);
+}
+
+#[test]
 fn program_that_closes_stdout_early_passes() {
     let dir = scratch("check-close");
     let body = format!("{WRITE_RECORD}echo first\nexec 1>&-\necho lost 2>/dev/null\nexit 0\n");

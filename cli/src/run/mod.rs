@@ -551,13 +551,41 @@ fn run_program(
     Ok(ran)
 }
 
-/// `--check` with a standard input that is not a terminal: the first run's input is passed on
-/// and kept, so that the second run gets the same bytes (it would otherwise find them taken).
-/// It is read only as the program reads it: an input that never ends does not stop a program
-/// that reads none of it from running.
-fn tee_input_for_check(check: bool) -> bool {
+/// How `--check` gives both runs the same standard input.
+enum CheckInput {
+    /// No `--check`, or a terminal: inherited by both runs.
+    Inherit,
+    /// A pipe or the like: the first run's input is passed on and kept, so that the second run
+    /// gets the same bytes (it would otherwise find them taken). It is read only as the program
+    /// reads it: an input that never ends does not stop a program that reads none of it from
+    /// running.
+    Tee,
+    /// A file: inherited by the first run, and read again by the second from where the first
+    /// started, through a description of its own (the file opened again), so that an input
+    /// of any size costs no memory.
+    File(std::fs::File, u64),
+}
+
+/// How `--check` (when `check`) gives both runs kreplay's standard input.
+fn check_input(check: bool) -> CheckInput {
     use std::io::IsTerminal;
-    check && !std::io::stdin().is_terminal()
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    if !check || stdin.is_terminal() {
+        return CheckInput::Inherit;
+    }
+    let is_file = stdin
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|meta| meta.is_file());
+    // SAFETY: lseek on standard input with no memory arguments; SEEK_CUR with 0 moves nothing.
+    let offset = unsafe { libc::lseek(0, 0, libc::SEEK_CUR) };
+    match std::fs::File::open("/proc/self/fd/0") {
+        Ok(again) if is_file && offset >= 0 => CheckInput::File(again, offset as u64),
+        _ => CheckInput::Tee,
+    }
 }
 
 /// Reads and adds up the records the processes of the program wrote into `dir`.
@@ -910,7 +938,7 @@ pub fn run_with(
     let program = program_name(options);
     // Undone when this function returns.
     let _prepared = process::prepare();
-    let tee = tee_input_for_check(options.check);
+    let input = check_input(options.check);
     if let Some(signal) = process::interrupted() {
         return Err(format!(
             "interrupted (signal {signal}) before {program} started"
@@ -921,10 +949,9 @@ pub fn run_with(
         options,
         &inherited,
         Some((backend, &library, &record_dir)),
-        if tee {
-            process::Input::Tee
-        } else {
-            process::Input::Inherit
+        match input {
+            CheckInput::Tee => process::Input::Tee,
+            CheckInput::Inherit | CheckInput::File(..) => process::Input::Inherit,
         },
         options.check,
     );
@@ -954,10 +981,17 @@ pub fn run_with(
     let record = record?;
     report(&record, options, &program, out)?;
     let check = if options.check {
-        let input = if tee {
-            process::Input::Bytes(&profiled.input)
-        } else {
-            process::Input::Inherit
+        let input = match &input {
+            CheckInput::Tee => process::Input::Bytes(&profiled.input),
+            CheckInput::Inherit => process::Input::Inherit,
+            CheckInput::File(file, offset) => {
+                use std::io::Seek;
+                let mut file = file;
+                file.seek(std::io::SeekFrom::Start(*offset)).map_err(|e| {
+                    format!("cannot read the standard input again for the run without kreplay: {e}")
+                })?;
+                process::Input::File(file)
+            }
         };
         let plain = run_program(options, &inherited, None, input, true)?;
         if let Some(signal) = process::interrupted() {

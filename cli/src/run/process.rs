@@ -434,6 +434,8 @@ pub enum Input<'a> {
     Tee,
     /// These bytes, then the end of the input.
     Bytes(&'a [u8]),
+    /// This file, from its offset on.
+    File(&'a std::fs::File),
 }
 
 /// What a run of the program gave.
@@ -457,6 +459,7 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     command.stdin(match input {
         Input::Inherit => Stdio::inherit(),
         Input::Tee | Input::Bytes(_) => Stdio::piped(),
+        Input::File(file) => Stdio::from(file.try_clone()?),
     });
     command.stdout(if capture {
         Stdio::piped()
@@ -476,7 +479,7 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     let mut child = command.spawn()?;
     CHILD.store(child.id() as i32, Ordering::SeqCst);
     let (feeder, teed) = match input {
-        Input::Inherit => (None, None),
+        Input::Inherit | Input::File(_) => (None, None),
         Input::Bytes(bytes) => (feed(&mut child, bytes), None),
         Input::Tee => (None, tee(&mut child)),
     };
