@@ -1115,6 +1115,60 @@ fn a_program_started_with_sigchld_ignored_is_waited_for_and_inherits_the_ignore(
     );
 }
 
+#[test]
+fn the_output_file_is_written_even_when_standard_output_is_gone() {
+    // `kreplay run -o k.json -- ./train.sh` in an ssh session that dropped (the terminal is
+    // gone) or piped into a reader that ended: the table cannot be shown, but the file asked
+    // for must still be written, not lost with it.
+    let dir = scratch("output-without-stdout");
+    let app = script(&dir, "app.sh", WRITE_RECORD);
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    for check in [None, Some("--check")] {
+        let json = dir.join("k.json");
+        let _ = std::fs::remove_file(&json);
+        let args: Vec<&str> = [
+            "run",
+            "--backend",
+            "hsa",
+            "--library",
+            lib.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+        ]
+        .into_iter()
+        .chain(check)
+        .chain(["--", app.to_str().unwrap()])
+        .collect();
+        let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        let mut c = command(&a, &[]);
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        c.stdout(writer).stderr(std::process::Stdio::piped());
+        let child = c.spawn().unwrap();
+        drop(c);
+        let group = child.id() as i32;
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(child.wait_with_output());
+        });
+        let Ok(out) = finished.recv_timeout(Duration::from_secs(30)) else {
+            // SAFETY: the process group of the kreplay this test started.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            panic!("kreplay run did not end");
+        };
+        let out = out.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("cannot write the output"), "{stderr}");
+        let written = std::fs::read_to_string(&json).unwrap_or_default();
+        assert!(
+            written.contains("\"kernel\": \"k\""),
+            "-o was not written ({check:?}): {written:?}\n{stderr}"
+        );
+    }
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

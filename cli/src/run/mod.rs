@@ -898,12 +898,16 @@ fn report(
              running: their kernels are missing from the table"
         ),
     }
-    out.write_all(table(record).as_bytes()).map_err(write_err)?;
+    // The file is written whether or not the table could be shown (standard output may be a
+    // terminal that hung up, or a pipe whose reader ended).
+    let shown = out.write_all(table(record).as_bytes()).map_err(write_err);
     if let Some(path) = &options.output {
         write_output(path, record)?;
-        writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
+        if shown.is_ok() {
+            writeln!(out, "wrote {}", path.display()).map_err(write_err)?;
+        }
     }
-    Ok(())
+    shown
 }
 
 /// Runs `kreplay run`: the table goes to `out`; errors that stop it are returned.
@@ -963,9 +967,12 @@ pub fn run_with(
     let profiled = profiled?;
     let status = profiled.status;
     let write_err = |e: std::io::Error| format!("cannot write the output: {e}");
-    if options.check {
-        out.write_all(&profiled.stdout).map_err(write_err)?;
-    }
+    // Reported after the record was (and written with -o, which does not need it).
+    let echoed = if options.check {
+        out.write_all(&profiled.stdout).map_err(write_err)
+    } else {
+        Ok(())
+    };
     if let Some(signal) = process::interrupted() {
         // What the program recorded until it ended is still shown and written.
         if let Ok(record) = &record {
@@ -980,6 +987,7 @@ pub fn run_with(
     }
     let record = record?;
     report(&record, options, &program, out)?;
+    echoed?;
     let check = if options.check {
         let input = match &input {
             CheckInput::Tee => process::Input::Bytes(&profiled.input),
