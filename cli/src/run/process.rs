@@ -57,6 +57,23 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
     // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo_t (checked for null anyway).
     let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
     let to_group = witness_got(signal) || from_terminal;
+    // SAFETY: as above; si_pid is the sender's for a signal a process sent (SI_USER).
+    let sender = unsafe {
+        if !info.is_null() && (*info).si_code == libc::SI_USER {
+            (*info).si_pid()
+        } else {
+            0
+        }
+    };
+    if to_group && sender > 0 && from_the_program(sender) {
+        // The program (or a process it started) signalled its own process group, which is
+        // kreplay's: without kreplay the signal stays in the program's group (a launcher
+        // ending its helpers with `kill 0`). It interrupts nothing, and the program's group
+        // got it already.
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved_errno };
+        return;
+    }
     // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C is
     // still passed on to the processes the program left behind).
     TO_GROUP.store(to_group, Ordering::SeqCst);
@@ -69,6 +86,92 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = saved_errno };
+}
+
+/// Whether process `pid` is the program or one of its descendants (orphans this process
+/// adopted included): its parents, read from `/proc/<pid>/stat`, lead to the program or to
+/// this process. A descendant that already ended and was reaped cannot be told from any
+/// other process: `false`. Only async-signal-safe calls: it runs in the signal handler.
+fn from_the_program(mut pid: libc::pid_t) -> bool {
+    // SAFETY: getpid has no arguments.
+    let me = unsafe { libc::getpid() };
+    let program = CHILD.load(Ordering::SeqCst);
+    // A chain longer than this is taken for one that does not lead here.
+    for _ in 0..64 {
+        if pid == program && program > 0 {
+            return true;
+        }
+        if pid == me {
+            return true;
+        }
+        if pid <= 1 {
+            return false;
+        }
+        match parent_of(pid) {
+            Some(parent) => pid = parent,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// The parent of process `pid`, from `/proc/<pid>/stat`, without allocating (it runs in the
+/// signal handler).
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    // "/proc/" + up to 10 digits + "/stat" + NUL.
+    let mut path = [0u8; 32];
+    let mut at = 0;
+    for &b in b"/proc/" {
+        path[at] = b;
+        at += 1;
+    }
+    let mut digits = [0u8; 10];
+    let (mut n, mut count) = (pid as u32, 0);
+    loop {
+        digits[count] = b'0' + (n % 10) as u8;
+        count += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in (0..count).rev() {
+        path[at] = digits[i];
+        at += 1;
+    }
+    for &b in b"/stat" {
+        path[at] = b;
+        at += 1;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: the path is NUL-terminated (the array was zeroed and is longer than what was
+    // written); read fills at most the buffer's length; the descriptor is closed.
+    let read = unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let read = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        read
+    };
+    let text = buf.get(..usize::try_from(read).ok()?)?;
+    // The fourth field, after the command name in parentheses (which may hold any byte).
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let mut fields = text[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty());
+    let parent = fields.nth(1)?;
+    let mut value: libc::pid_t = 0;
+    for &b in parent {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        value = value
+            .checked_mul(10)?
+            .checked_add(libc::pid_t::from(b - b'0'))?;
+    }
+    Some(value)
 }
 
 /// Whether the witness got `signal` too (and takes it): it was sent to kreplay's process
@@ -87,19 +190,21 @@ fn witness_got(signal: libc::c_int) -> bool {
     }
     // Read with the turn held: [`end_witness`] closes it only with the turn.
     let socket = WITNESS.load(Ordering::SeqCst);
-    let got = if socket >= 0 { ask_witness(socket) } else { 0 };
+    let got = socket >= 0 && ask_witness(socket, bit as u8);
     ASKING.store(false, Ordering::SeqCst);
-    got & (1 << bit) != 0
+    got
 }
 
-/// Asks the witness on `socket` which signals it holds: a bit per signal of [`PASSED_ON`]
-/// (none when it does not answer in time).
-fn ask_witness(socket: libc::c_int) -> u8 {
-    let question = QUESTION.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
-    // SAFETY: one byte from a live local; MSG_NOSIGNAL: a witness that ended gives EPIPE, not
-    // SIGPIPE.
-    if unsafe { libc::send(socket, (&raw const question).cast(), 1, libc::MSG_NOSIGNAL) } != 1 {
-        return 0;
+/// Asks the witness on `socket` whether it holds the signal `PASSED_ON[index]` (taking it);
+/// `false` when it does not answer in time. Only that signal is taken: another one it holds
+/// is another handler's to ask about.
+fn ask_witness(socket: libc::c_int, index: u8) -> bool {
+    let number = QUESTION.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+    let question = [number, index];
+    // SAFETY: two bytes from a live local; MSG_NOSIGNAL: a witness that ended gives EPIPE,
+    // not SIGPIPE.
+    if unsafe { libc::send(socket, question.as_ptr().cast(), 2, libc::MSG_NOSIGNAL) } != 2 {
+        return false;
     }
     loop {
         let mut ready = libc::pollfd {
@@ -109,23 +214,24 @@ fn ask_witness(socket: libc::c_int) -> u8 {
         };
         // SAFETY: one pollfd, live for the call.
         if unsafe { libc::poll(&mut ready, 1, WITNESS_ANSWER_MS) } != 1 {
-            return 0;
+            return false;
         }
         let mut answer = [0u8; 2];
         // SAFETY: reads at most two bytes into a live local buffer of two.
         if unsafe { libc::recv(socket, answer.as_mut_ptr().cast(), 2, 0) } != 2 {
-            return 0;
+            return false;
         }
         // An answer to an earlier question that timed out is skipped.
-        if answer[0] == question {
-            return answer[1];
+        if answer[0] == number {
+            return answer[1] == 1;
         }
     }
 }
 
 /// Starts the witness: a child process in kreplay's process group that keeps the signals
 /// kreplay passes on blocked, so that one sent to the group stays pending there, and answers,
-/// for each question on its socket, which of them it holds (taking them). It is never taken
+/// for each question on its socket, whether it holds the signal asked about (taking it). It is
+/// never taken
 /// for a process the program left ([`adopted`]) and ends when its socket closes: at
 /// [`Prepared`]'s drop, where it is reaped, or when kreplay ends. Without it (no process could
 /// be started), a signal a process sent to kreplay's group is passed on, as one sent to
@@ -248,19 +354,20 @@ unsafe fn witness(socket: libc::c_int) -> ! {
             }
         }
         loop {
-            let mut question = 0u8;
-            let n = libc::recv(socket, (&raw mut question).cast(), 1, 0);
+            // [number, index of the signal in PASSED_ON].
+            let mut question = [0u8; 2];
+            let n = libc::recv(socket, question.as_mut_ptr().cast(), 2, 0);
             if n < 0 && *libc::__errno_location() == libc::EINTR {
                 continue;
             }
-            if n != 1 {
+            if n != 2 {
                 libc::_exit(0);
             }
-            let mut pending: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut pending);
-            libc::sigpending(&mut pending);
             let mut got = 0u8;
-            for (bit, &signal) in PASSED_ON.iter().enumerate() {
+            if let Some(&signal) = PASSED_ON.get(usize::from(question[1])) {
+                let mut pending: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut pending);
+                libc::sigpending(&mut pending);
                 if libc::sigismember(&pending, signal) == 1 {
                     let mut one: libc::sigset_t = std::mem::zeroed();
                     libc::sigemptyset(&mut one);
@@ -270,10 +377,10 @@ unsafe fn witness(socket: libc::c_int) -> ! {
                         tv_nsec: 0,
                     };
                     libc::sigtimedwait(&one, std::ptr::null_mut(), &now);
-                    got |= 1 << bit;
+                    got = 1;
                 }
             }
-            let answer = [question, got];
+            let answer = [question[0], got];
             libc::send(socket, answer.as_ptr().cast(), 2, libc::MSG_NOSIGNAL);
         }
     }
@@ -635,6 +742,15 @@ fn read_all(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<Vec<u8>>>, mpsc:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parent_read_without_allocating_is_the_systems() {
+        // SAFETY: getpid and getppid have no arguments.
+        let (me, parent) = unsafe { (libc::getpid(), libc::getppid()) };
+        assert_eq!(parent_of(me), Some(parent));
+        assert_eq!(parent_of(i32::MAX), None);
+        assert!(from_the_program(me) && !from_the_program(parent));
+    }
 
     #[test]
     fn the_parent_is_read_after_the_command_name_whatever_it_holds() {
