@@ -1040,15 +1040,38 @@ fn processes_the_program_orphans_are_reaped_while_it_runs() {
     // has no child left but itself and kreplay's own (named kreplay), and reports how many
     // are left.
     let dir = scratch("orphans-reaped");
-    let body = format!(
-        "i=0\nwhile [ $i -lt 40 ]; do sh -c 'sleep 0 & exit 0'; i=$((i+1)); done\n\
+    let ran = check_run(&dir, &orphans_body(""), &[], None, 60);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert!(
+        ran.code == Some(0) && ran.stdout.contains("orphans left 0\n"),
+        "orphans that ended are left unreaped while the program runs: {ran:?}"
+    );
+}
+
+/// A program that runs `first`, starts 40 helpers through shells that exit at once, waits (up
+/// to 10 s) until kreplay has no child left but the program and kreplay's own (named
+/// kreplay), and prints `orphans left N`.
+fn orphans_body(first: &str) -> String {
+    format!(
+        "{first}\ni=0\nwhile [ $i -lt 40 ]; do sh -c 'sleep 0 & exit 0'; i=$((i+1)); done\n\
          left() {{ cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID -v me=$$ \
          '$4 == p && $1 != me && $2 != \"(kreplay)\"' | wc -l; }}\n\
          n=0\nwhile [ $n -lt 200 ]; do z=$(left); [ \"$z\" -eq 0 ] && break; sleep 0.05; \
          n=$((n+1)); done\n\
          echo orphans left $z\n{WRITE_RECORD}"
-    );
-    let ran = check_run(&dir, &body, &[], None, 60);
+    )
+}
+
+#[test]
+fn orphans_are_still_reaped_after_kreplays_own_helper_process_ended() {
+    // kreplay run's own child that tells signals sent to its process group apart ends early
+    // (killed by someone): it stays unreaped until the run ends, and must not stop the
+    // program's orphans from being reaped meanwhile.
+    let dir = scratch("orphans-reaped-witness-gone");
+    let kill_it = "w=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID \
+                   '$4 == p && $2 == \"(kreplay)\" {print $1}')\n\
+                   [ -n \"$w\" ] && kill -KILL $w";
+    let ran = check_run(&dir, &orphans_body(kill_it), &[], None, 60);
     assert!(!ran.timed_out, "{ran:?}");
     assert!(
         ran.code == Some(0) && ran.stdout.contains("orphans left 0\n"),

@@ -648,15 +648,15 @@ impl Reaper {
 /// Reaps, while the program `program` runs, the processes it orphaned that ended (this process
 /// adopts them, see [`prepare`]): each would stay a zombie until the program's end, holding its
 /// process id, which a long run starting helpers through a shell that exits at once piles up
-/// until its own forks fail. The program itself and the witness are left to their waits.
+/// until its own forks fail. The program itself is left to its wait.
 fn reap_orphans(program: i32) -> Reaper {
     let (stop, stopped) = mpsc::channel::<()>();
     let thread = std::thread::spawn(move || {
         while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(REAP_ORPHANS_EVERY) {
             loop {
                 // SAFETY: a zeroed siginfo_t is valid; waitid fills it. WNOWAIT only looks: a
-                // process is reaped below, by its id, when it is neither the program nor the
-                // witness (the first one found stops the round: the program's own wait comes).
+                // process is reaped below, by its id, when it is not the program (which, found
+                // first, stops the round: the program's own wait comes).
                 let ended = unsafe {
                     let mut info: libc::siginfo_t = std::mem::zeroed();
                     let found = libc::waitid(
@@ -667,9 +667,12 @@ fn reap_orphans(program: i32) -> Reaper {
                     );
                     if found == 0 { info.si_pid() } else { 0 }
                 };
-                if ended <= 0 || ended == program || ended == WITNESS_PID.load(Ordering::SeqCst) {
+                if ended <= 0 || ended == program {
                     break;
                 }
+                // A witness that ended (killed by someone) is reaped too, and forgotten: it
+                // comes first among the children, and would stop every round.
+                let _ = WITNESS_PID.compare_exchange(ended, 0, Ordering::SeqCst, Ordering::SeqCst);
                 let mut status = 0;
                 // SAFETY: `ended` is a child of this process that ended and that nothing else
                 // reaps while the program runs.
