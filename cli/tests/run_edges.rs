@@ -772,6 +772,44 @@ fn check_with_a_large_file_as_input_gives_it_to_both_runs_without_holding_it_in_
 }
 
 #[test]
+fn check_in_a_loop_reading_a_file_leaves_the_rest_of_the_file_to_the_loop() {
+    // `while read f; do kreplay run --check -- ./app "$f"; done < list.txt`: the loop's file is
+    // kreplay's standard input. A program that reads none of it must leave it where it was, as
+    // without kreplay; reading it ahead (to give the second run the same input) took the
+    // lines the loop had not read yet.
+    let dir = scratch("check-loop-file");
+    let list = dir.join("list.txt");
+    std::fs::write(&list, "a\nb\nc\n").unwrap();
+    let app = script(&dir, "app.sh", &format!("{WRITE_RECORD}echo item \"$1\"\n"));
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let loop_script = script(
+        &dir,
+        "loop.sh",
+        &format!(
+            "while read f; do '{k}' run --backend hsa --library '{lib}' --check -- '{app}' \"$f\" \
+             >/dev/null 2>&1 || echo failed; echo done \"$f\"; done < '{list}'\n",
+            k = kreplay_exe(),
+            lib = lib.display(),
+            app = app.display(),
+            list = list.display()
+        ),
+    );
+    let mut c = std::process::Command::new(&loop_script);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            c.env_remove(name);
+        }
+    }
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    let ran = run(c, None, Duration::from_secs(60));
+    assert_eq!(
+        ran.stdout, "done a\ndone b\ndone c\n",
+        "the loop lost lines to kreplay run --check: {ran:?}"
+    );
+}
+
+#[test]
 fn program_that_closes_stdout_early_passes() {
     let dir = scratch("check-close");
     let body = format!("{WRITE_RECORD}echo first\nexec 1>&-\necho lost 2>/dev/null\nexit 0\n");
