@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 /// The program's process while it runs (0: none): where an interruption is passed on.
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// The latest program's process id, kept after it was waited for (0: none yet): a signal it
+/// sent may be handled after that.
+static PROGRAM: AtomicI32 = AtomicI32::new(0);
 /// The signal that interrupted `kreplay run` (0: none).
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 /// Whether the latest interruption was sent to kreplay's whole process group.
@@ -95,7 +98,7 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
 fn from_the_program(mut pid: libc::pid_t) -> bool {
     // SAFETY: getpid has no arguments.
     let me = unsafe { libc::getpid() };
-    let program = CHILD.load(Ordering::SeqCst);
+    let program = PROGRAM.load(Ordering::SeqCst);
     // A chain longer than this is taken for one that does not lead here.
     for _ in 0..64 {
         if pid == program && program > 0 {
@@ -584,6 +587,7 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
         }
     }
     let mut child = command.spawn()?;
+    PROGRAM.store(child.id() as i32, Ordering::SeqCst);
     CHILD.store(child.id() as i32, Ordering::SeqCst);
     let (feeder, teed) = match input {
         Input::Inherit | Input::File(_) => (None, None),
