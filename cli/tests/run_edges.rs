@@ -809,6 +809,109 @@ fn check_in_a_loop_reading_a_file_leaves_the_rest_of_the_file_to_the_loop() {
     );
 }
 
+/// What the kernel says process `pid` waits in (empty when it cannot be read).
+fn waiting_in(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+/// Waits (up to 10 s) until process `pid` waits for the other end of a FIFO to be opened.
+fn wait_for_fifo_open(pid: i32) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if waiting_in(pid) == "wait_for_partner" {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn check_interrupted_between_its_two_runs_does_not_start_the_second() {
+    // A job runner stopping `kreplay run --check` once the program's first run has ended,
+    // while kreplay writes what it recorded: the run without kreplay must not start (it would
+    // run to its end, ignoring the interruption, and on a long program that is as long as the
+    // first). The -o file is a FIFO here, so that kreplay waits in a known place for the
+    // signal.
+    let dir = scratch("check-interrupted-between");
+    let fifo = dir.join("k.json");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let started = dir.join("plain-started");
+    let app = script(
+        &dir,
+        "app.sh",
+        &format!(
+            "if [ -z \"$KREPLAY_RECORD_DIR\" ]; then echo > '{}'; fi\n{WRITE_RECORD}",
+            started.display()
+        ),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--check",
+        "-o",
+        fifo.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let kill_all = || {
+        // SAFETY: the process group of the kreplay this test started.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    };
+    let drain = |fifo: &Path| std::fs::read_to_string(fifo).unwrap_or_default();
+    // kreplay checks that it can write the file before the program starts: once.
+    if !wait_for_fifo_open(pid) {
+        kill_all();
+        let _ = child.wait();
+        eprintln!(
+            "skipped: where a process waits cannot be read ({:?})",
+            waiting_in(pid)
+        );
+        return;
+    }
+    drain(&fifo);
+    // Then the program ran, and kreplay writes what it recorded.
+    let waits = wait_for_fifo_open(pid);
+    // SAFETY: the kreplay process this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let written = drain(&fifo);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    kill_all();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    assert!(waits && status.is_some(), "{stderr}");
+    assert!(written.contains("\"kernel\": \"k\""), "{written:?}");
+    assert!(
+        !started.exists(),
+        "the run without kreplay started after the interruption: {stderr}"
+    );
+    assert_eq!(status.unwrap().code(), Some(1), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+}
+
 #[test]
 fn program_that_closes_stdout_early_passes() {
     let dir = scratch("check-close");

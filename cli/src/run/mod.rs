@@ -989,6 +989,13 @@ pub fn run_with(
     report(&record, options, &program, out)?;
     echoed?;
     let check = if options.check {
+        if let Some(signal) = process::interrupted() {
+            // While what was recorded was shown and written: the run without kreplay would
+            // run to its end in spite of it.
+            return Err(format!(
+                "interrupted (signal {signal}) before the run without kreplay"
+            ));
+        }
         let input = match &input {
             CheckInput::Tee => process::Input::Bytes(&profiled.input),
             CheckInput::Inherit => process::Input::Inherit,
