@@ -809,6 +809,62 @@ fn check_in_a_loop_reading_a_file_leaves_the_rest_of_the_file_to_the_loop() {
     );
 }
 
+#[test]
+fn check_with_a_named_pipe_as_input_whose_writer_is_gone_runs() {
+    // `kreplay run --check -- ./app < fifo`, the FIFO's writer already done: its input is
+    // passed on and kept as any pipe's; opening the FIFO again (as a file given as input is)
+    // would wait for a writer that never comes.
+    let dir = scratch("check-fifo-input");
+    let fifo = dir.join("in.fifo");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(fifo, b"line\n"))
+    };
+    // Opening the read end waits for the writer, which writes and closes.
+    let input = std::fs::File::open(&fifo).unwrap();
+    writer.join().unwrap().unwrap();
+    let app = script(&dir, "app.sh", &format!("{WRITE_RECORD}cat\n"));
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--check",
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdin(input)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    drop(c);
+    let group = child.id() as i32;
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(out) = finished.recv_timeout(Duration::from_secs(20)) else {
+        // SAFETY: the process group of the kreplay this test started.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        panic!("kreplay run waited for a writer of its input that never comes");
+    };
+    let out = out.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("line\n"), "{stdout}\n{stderr}");
+}
+
 /// What the kernel says process `pid` waits in (empty when it cannot be read).
 fn waiting_in(pid: i32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()

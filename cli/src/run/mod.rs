@@ -580,10 +580,14 @@ fn check_input(check: bool) -> CheckInput {
         .map(std::fs::File::from)
         .and_then(|f| f.metadata())
         .is_ok_and(|meta| meta.is_file());
+    if !is_file {
+        // Opened again, a named pipe would wait for a writer, perhaps one long gone.
+        return CheckInput::Tee;
+    }
     // SAFETY: lseek on standard input with no memory arguments; SEEK_CUR with 0 moves nothing.
     let offset = unsafe { libc::lseek(0, 0, libc::SEEK_CUR) };
     match std::fs::File::open("/proc/self/fd/0") {
-        Ok(again) if is_file && offset >= 0 => CheckInput::File(again, offset as u64),
+        Ok(again) if offset >= 0 => CheckInput::File(again, offset as u64),
         _ => CheckInput::Tee,
     }
 }
