@@ -1407,6 +1407,25 @@ fn a_program_that_signals_its_own_process_group_does_not_interrupt_kreplay_run()
     assert!(!ran.stderr.contains("interrupted"), "{ran:?}");
 }
 
+#[test]
+fn kreplay_run_ends_when_its_own_helper_process_was_stopped() {
+    // kreplay run's own child in its process group stopped by someone (SIGSTOP to the group,
+    // SIGCONT to the program only): the run must still end with the program.
+    let dir = scratch("witness-stopped");
+    let body = format!(
+        "w=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v p=$PPID \
+         '$4 == p && $2 == \"(kreplay)\" {{print $1}}')\n[ -n \"$w\" ] && kill -STOP $w\n\
+         {WRITE_RECORD}"
+    );
+    let ran = check_run(&dir, &body, &[], None, 20);
+    let stopped = ran.timed_out;
+    assert!(
+        !stopped,
+        "kreplay run waited for its stopped helper: {ran:?}"
+    );
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

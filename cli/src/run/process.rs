@@ -318,7 +318,11 @@ fn end_witness() {
     }
     if pid > 0 {
         let mut status = 0;
-        // SAFETY: the witness is this process's child; it exits once its socket closed.
+        // SAFETY: the witness is this process's child, not reaped yet (so the id is its own).
+        // It ends once its socket closed, unless someone stopped it: it has nothing to finish,
+        // and is killed so as never to be waited for in vain.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // SAFETY: as above.
         while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
             && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
         {}
