@@ -1426,6 +1426,70 @@ fn kreplay_run_ends_when_its_own_helper_process_was_stopped() {
     assert_eq!(ran.code, Some(0), "{ran:?}");
 }
 
+#[test]
+fn sigquit_reaches_the_program_once_and_a_program_that_survives_it_is_still_profiled() {
+    // Ctrl-\ (SIGQUIT to the terminal's process group) asks a JVM for a thread dump, a Go
+    // program for its goroutines: a program may print and run on. kreplay run died of it
+    // (with a core dump), leaving the program running unprofiled and its table lost. One sent
+    // to the group reaches the program once; one sent to kreplay alone is passed on.
+    let dir = scratch("sigquit");
+    let (ready, quits) = (dir.join("ready"), dir.join("quits"));
+    let app = script(
+        &dir,
+        "app.sh",
+        &format!(
+            "n=0\ntrap 'n=$((n+1)); echo quits $n > \"{q}\"' QUIT\necho > '{r}'\n\
+             while [ $n -lt 2 ]; do sleep 0.02; done\necho quits $n\n{WRITE_RECORD}",
+            q = quits.display(),
+            r = ready.display()
+        ),
+    );
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the script").unwrap();
+    let args = [
+        "run",
+        "--backend",
+        "hsa",
+        "--library",
+        lib.to_str().unwrap(),
+        "--",
+        app.to_str().unwrap(),
+    ];
+    let a: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let mut c = command(&a, &[]);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    wait_for_file(&ready);
+    // SAFETY: the process group of the kreplay this test started.
+    unsafe { libc::kill(-pid, libc::SIGQUIT) };
+    let first = wait_for_file(&quits);
+    // SAFETY: the kreplay process this test started (not reaped yet: the waiting thread
+    // has not returned, or the assertion below fails first).
+    unsafe { libc::kill(pid, libc::SIGQUIT) };
+    let out = finished.recv_timeout(Duration::from_secs(10));
+    // SAFETY: the process group of the kreplay this test started.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    assert_eq!(first, "quits 1\n");
+    let out = out
+        .expect("the program never got the second SIGQUIT")
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.starts_with("quits 2\n") && stdout.contains("1 kernel(s), 1 launch(es) on hsa"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// `kreplay run --backend hsa --library … [extra] -o k.json -- launcher`, with the JSON record.
 fn run_launcher(dir: &Path, launcher: &Path, extra: &[&str]) -> (Ran, serde_json::Value) {
     let lib = libkreplay();

@@ -1,7 +1,8 @@
 //! Running the program of `kreplay run` as a child process: its standard input given to both
 //! runs of `--check` alike, its standard output captured without waiting for processes it left
 //! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
-//! cleans up after itself instead of dying first. One sent to kreplay's whole process group
+//! cleans up after itself instead of dying first (SIGQUIT too, which interrupts nothing: the
+//! program decides). One sent to kreplay's whole process group
 //! (Ctrl-C or a hangup from the terminal, `kill -INT -PGID`, a job runner stopping the group)
 //! reached the program too when it is in that group: it is not passed on again, so the program
 //! gets each such signal once, as it would without kreplay (a program that force-quits on a
@@ -36,8 +37,9 @@ static QUESTION: AtomicU8 = AtomicU8::new(0);
 /// SIGCHLD was ignored when `kreplay run` started (see [`prepare`]).
 static SIGCHLD_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// The signals `kreplay run` passes on.
-const PASSED_ON: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals `kreplay run` passes on: the ones that interrupt it, and SIGQUIT, which does
+/// not (a program may survive it: a JVM prints its threads and runs on).
+const PASSED_ON: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 /// How long a handler waits for the witness's answer before it passes the signal on anyway.
 const WITNESS_ANSWER_MS: libc::c_int = 1000;
 
@@ -77,10 +79,12 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
         unsafe { *libc::__errno_location() = saved_errno };
         return;
     }
-    // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C is
-    // still passed on to the processes the program left behind).
-    TO_GROUP.store(to_group, Ordering::SeqCst);
-    INTERRUPTED.store(signal, Ordering::SeqCst);
+    if signal != libc::SIGQUIT {
+        // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C
+        // is still passed on to the processes the program left behind).
+        TO_GROUP.store(to_group, Ordering::SeqCst);
+        INTERRUPTED.store(signal, Ordering::SeqCst);
+    }
     let child = CHILD.load(Ordering::SeqCst);
     if child > 0 && !(to_group && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
@@ -401,8 +405,8 @@ fn in_our_group(pid: i32) -> bool {
     unsafe { libc::getpgid(pid) == libc::getpgrp() }
 }
 
-/// From now on SIGINT, SIGTERM and SIGHUP are passed on to the program instead of ending
-/// `kreplay run` at once, and the program's orphaned descendants become this process's
+/// From now on SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the program instead of
+/// ending `kreplay run` at once, and the program's orphaned descendants become this process's
 /// children (so that ones still running can be told apart from ones that ended). A signal
 /// ignored when `kreplay run` started (`nohup` ignores SIGHUP, a shell script's background job
 /// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
@@ -434,7 +438,7 @@ pub fn prepare() -> Prepared {
             continue;
         }
         // SAFETY: installs a handler that only stores to atomics and makes async-signal-safe
-        // system calls; the sigaction struct is fully initialized. The three signals are
+        // system calls; the sigaction struct is fully initialized. The signals passed on are
         // blocked while it runs, so that the handlers do not nest: signals are passed on in
         // the order they are handled.
         unsafe {
