@@ -165,6 +165,19 @@ fn check_writable(path: &std::path::Path) -> Result<(), String> {
         return Err(cannot("it is a folder".into()));
     }
     let existed = path.exists();
+    // A named pipe (or a device) is written in place once the output is ready: opened and
+    // closed now, a pipe's reader would see the end of its input before anything was written
+    // (and with no reader yet, the open would wait for one). Only the permission is asked.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| cannot("the path holds a NUL byte".into()))?;
+        // SAFETY: `c_path` is a NUL-terminated path that lives across the call.
+        if unsafe { libc::access(c_path.as_ptr(), libc::W_OK) } != 0 {
+            return Err(cannot(std::io::Error::last_os_error().to_string()));
+        }
+        return Ok(());
+    }
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)

@@ -318,3 +318,57 @@ fn an_output_that_fills_the_disk_keeps_the_previous_file_and_leaves_no_temporary
     );
     assert_eq!(file, previous, "the previous file is kept as it was");
 }
+
+/// A named pipe given as an output file: its reader gets the whole output once, not the end of
+/// its input from a check that opened and closed the pipe before the command ran (after which
+/// the real write waited for ever for a reader that was gone).
+#[test]
+fn a_named_pipe_as_an_output_file_gets_the_whole_output() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let fifo = scratch("pipe.csv");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: mkfifo is not available");
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let read = std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
+        let _ = tx.send(read.map(|_| text));
+    });
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kreplay"))
+        .args(["demo", "--elements", "1k", "--csv", &fifo])
+        .env_remove("KREPLAY_RESTORE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kreplay runs");
+    let read = rx.recv_timeout(Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = std::fs::remove_file(&fifo);
+    let text = read
+        .expect("the reader finished")
+        .expect("the pipe was read");
+    assert!(
+        text.lines().count() > 1 && text.contains(','),
+        "the reader got the CSV: {text:?}"
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "kreplay ended: {status:?}"
+    );
+}
