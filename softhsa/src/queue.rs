@@ -673,6 +673,9 @@ fn barrier(
     all: bool,
     completion_signal: hsa_signal_t,
 ) -> Result<(), Halt> {
+    // A null handle is a satisfied dependency of a barrier-AND packet and an unsatisfied one
+    // of a barrier-OR packet (hsa.h), so both drop out here; a barrier-OR packet with only null
+    // dependencies then never completes.
     let deps: Vec<Arc<Signal>> = deps
         .iter()
         .filter(|s| s.handle != 0)
@@ -684,10 +687,7 @@ fn barrier(
     block_until(&lists, None, false, || {
         if queue.is_stopped() {
             Some(Err(Halt::Stopped))
-        } else if deps.is_empty()
-            || (all && deps.iter().all(zero))
-            || (!all && deps.iter().any(zero))
-        {
+        } else if (all && deps.iter().all(zero)) || (!all && deps.iter().any(zero)) {
             Some(Ok(()))
         } else {
             None

@@ -271,6 +271,29 @@ fn a_barrier_or_packet_completes_when_any_dependency_reaches_zero() {
     unsafe { hsa.queue_destroy(queue) }.unwrap();
 }
 
+#[test]
+fn a_barrier_or_packet_treats_null_dependencies_as_never_satisfied() {
+    // hsa.h: in a barrier-OR packet "signals with a handle value of 0 ... are interpreted by
+    // the packet processor as dependencies not satisfied" (unlike barrier-AND, where they are
+    // satisfied). One with only null dependencies never completes.
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.queue_create(gpu, 16).unwrap();
+    let done = hsa.signal_create(1).unwrap();
+    let mut packet = barrier_and_packet(&[], done, true);
+    packet.header = packet_header(HSA_PACKET_TYPE_BARRIER_OR, true);
+    // SAFETY: a barrier-OR packet has the barrier-AND layout; live queue.
+    unsafe { hsa.submit(queue, &packet) };
+    assert!(
+        !hsa.wait_zero(done, Duration::from_millis(30)),
+        "a barrier-OR packet whose dependencies are all null completed"
+    );
+    // Destroying the queue ends the wait.
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+    assert_eq!(hsa.signal_load(done), 1);
+}
+
 /// Kernel arguments of the overlap test: `a_saw_b` is set when kernel A observed B running.
 #[repr(C)]
 struct Overlap {
