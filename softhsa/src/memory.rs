@@ -79,7 +79,9 @@ fn layout_for(charged: u64) -> Result<Layout, hsa_status_t> {
 
 impl Memory {
     /// Allocates `size` bytes from pool `pool`: zeroed, aligned to [`ALLOC_GRANULE`], charged to
-    /// the pool's budget rounded up to the granule.
+    /// the pool's budget rounded up to the granule. More than the budget's limit (the pool's
+    /// `ALLOC_MAX_SIZE`) is `HSA_STATUS_ERROR_INVALID_ALLOCATION`; more than what is left of it,
+    /// `HSA_STATUS_ERROR_OUT_OF_RESOURCES`.
     pub(crate) fn allocate(
         &self,
         topology: &Topology,
@@ -89,12 +91,17 @@ impl Memory {
         if size == 0 {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
+        let p = &topology.pools[pool];
+        // More than ALLOC_MAX_SIZE (the budget's limit) can never be allocated: that is an
+        // invalid allocation, not a lack of memory now.
+        if u64::try_from(size).map_or(true, |size| size > p.budget.limit()) {
+            return Err(HSA_STATUS_ERROR_INVALID_ALLOCATION);
+        }
         crate::faults::check(crate::faults::Fault::PoolAllocate)?;
         let charged = size
             .checked_next_multiple_of(ALLOC_GRANULE)
             .and_then(|s| u64::try_from(s).ok())
             .ok_or(HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
-        let p = &topology.pools[pool];
         let layout = layout_for(charged)?;
         p.budget.reserve(charged)?;
         // SAFETY: the layout has a non-zero size (size > 0 was checked above).

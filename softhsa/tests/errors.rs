@@ -274,11 +274,11 @@ fn a_pool_refuses_zero_sized_and_over_limit_allocations() {
     );
     assert_eq!(
         hsa.allocate(pool, (16 << 30) + 1),
-        Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES)
+        Err(HSA_STATUS_ERROR_INVALID_ALLOCATION)
     );
     assert_eq!(
         hsa.allocate(pool, usize::MAX),
-        Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES)
+        Err(HSA_STATUS_ERROR_INVALID_ALLOCATION)
     );
     assert_eq!(
         hsa.allocate(hsa_amd_memory_pool_t { handle: 1 }, 64),

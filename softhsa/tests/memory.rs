@@ -552,6 +552,39 @@ fn the_legacy_region_api_allocates_from_the_same_pools() {
     }
 }
 
+#[test]
+fn an_allocation_larger_than_alloc_max_size_is_an_invalid_allocation() {
+    // hsa.h and hsa_ext_amd.h: a size greater than ALLOC_MAX_SIZE is
+    // HSA_STATUS_ERROR_INVALID_ALLOCATION; OUT_OF_RESOURCES means no memory is available now.
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let pool = hsa.coarse_pool(gpu).unwrap();
+    let max: usize = pool_info(&hsa, pool, HSA_AMD_MEMORY_POOL_INFO_ALLOC_MAX_SIZE);
+    for size in [max + 1, usize::MAX] {
+        assert_eq!(
+            hsa.allocate(pool, size),
+            Err(HSA_STATUS_ERROR_INVALID_ALLOCATION),
+            "pool allocation of {size} bytes"
+        );
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: table entry; a pool handle is also the handle of its region; `p` is a live
+        // out pointer.
+        let status = unsafe {
+            hsa.core().hsa_memory_allocate_fn.unwrap()(
+                hsa_region_t {
+                    handle: pool.handle,
+                },
+                size,
+                &mut p,
+            )
+        };
+        assert_eq!(
+            status, HSA_STATUS_ERROR_INVALID_ALLOCATION,
+            "region allocation of {size} bytes"
+        );
+    }
+}
+
 unsafe extern "C" fn note_free(ptr: *mut c_void, data: *mut c_void) {
     // SAFETY: registered with a pointer to a live usize.
     unsafe { *data.cast::<usize>() = ptr as usize };
