@@ -321,10 +321,21 @@ fn check_params(rt: &Runtime, params: &QueueParams) -> Result<(), hsa_status_t> 
     if !params.size.is_power_of_two() {
         return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
     }
-    if !(QUEUE_MIN_SIZE..=QUEUE_MAX_SIZE).contains(&params.size) {
+    if params.size > QUEUE_MAX_SIZE {
         return Err(HSA_STATUS_ERROR_INVALID_QUEUE_CREATION);
     }
     Ok(())
+}
+
+/// The size of a queue `hsa_queue_create` is asked for `requested` packets: at least the
+/// agent's `HSA_AGENT_INFO_QUEUE_MIN_SIZE`, as hsa.h says. A size that is not a power of two is
+/// left for [`check_params`] to refuse.
+pub(crate) fn hardware_queue_size(requested: u32) -> u32 {
+    if requested.is_power_of_two() {
+        requested.max(QUEUE_MIN_SIZE)
+    } else {
+        requested
+    }
 }
 
 fn build(

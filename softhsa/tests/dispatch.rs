@@ -124,6 +124,40 @@ fn queue_fields_describe_a_real_aql_queue() {
     }
 }
 
+#[test]
+fn a_queue_smaller_than_the_minimum_size_is_created_with_the_minimum_size() {
+    // hsa.h: "The size of the newly created queue is the maximum of size and the value of
+    // HSA_AGENT_INFO_QUEUE_MIN_SIZE in agent."
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let mut min = 0u32;
+    // SAFETY: table entry; QUEUE_MIN_SIZE is a u32.
+    let status = unsafe {
+        hsa.core().hsa_agent_get_info_fn.unwrap()(
+            gpu,
+            HSA_AGENT_INFO_QUEUE_MIN_SIZE,
+            (&raw mut min).cast(),
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    assert!(min > 1, "the agent has a minimum to round up to");
+    let mut size = 1;
+    while size < min {
+        let queue = hsa
+            .queue_create(gpu, size)
+            .unwrap_or_else(|status| panic!("a queue of {size} packets: status {status:#x}"));
+        // SAFETY: a live queue.
+        assert_eq!(unsafe { (*queue).size }, min, "asked for {size} packets");
+        let done = hsa.signal_create(1).unwrap();
+        // SAFETY: a live queue.
+        unsafe { hsa.submit(queue, &barrier_and_packet(&[], done, false)) };
+        assert!(hsa.wait_zero(done, PROMPT));
+        // SAFETY: created above.
+        unsafe { hsa.queue_destroy(queue) }.unwrap();
+        size *= 2;
+    }
+}
+
 static SLOW_GROUPS_DONE: AtomicU32 = AtomicU32::new(0);
 
 /// Each work-group spins briefly, then counts itself done.

@@ -445,7 +445,7 @@ pub(crate) fn create_queue(
         }
         let params = QueueParams {
             agent: rt.agent(agent.handle)?,
-            size,
+            size: crate::queue::hardware_queue_size(size),
             queue_type,
             callback,
             callback_data: data as usize,
