@@ -400,6 +400,58 @@ fn async_copy_waits_for_its_dependency_then_copies_and_decrements_completion() {
 }
 
 #[test]
+fn a_zero_byte_async_copy_succeeds_without_touching_its_completion_signal() {
+    // hsa_ext_amd.h: "If size is 0, no copy is performed and the function returns success";
+    // ROCm then neither waits for the dependencies nor decrements the completion signal.
+    let (hsa, _session) = open();
+    let f = hsa.amd().hsa_amd_memory_async_copy_fn.unwrap();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let cpu = hsa.cpu_agent().unwrap();
+    let buffer = hsa.allocate(hsa.coarse_pool(gpu).unwrap(), 64).unwrap();
+    let host = [7u8; 64];
+    let never = hsa.signal_create(1).unwrap();
+    let empty_done = hsa.signal_create(1).unwrap();
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: table entry; nothing is copied.
+    let status = unsafe {
+        f(
+            buffer.cast(),
+            gpu,
+            host.as_ptr().cast(),
+            cpu,
+            0,
+            1,
+            &never,
+            empty_done,
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    // A real copy between the same agents afterwards is not held up by the empty one's
+    // dependency, which never reaches 0.
+    // SAFETY: table entry; both buffers stay live until `done` reaches 0.
+    let status = unsafe {
+        f(
+            buffer.cast(),
+            gpu,
+            host.as_ptr().cast(),
+            cpu,
+            64,
+            0,
+            std::ptr::null(),
+            done,
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    assert!(hsa.wait_zero(done, PROMPT), "the real copy completed");
+    assert_eq!(
+        hsa.signal_load(empty_done),
+        1,
+        "the empty copy decremented its completion signal"
+    );
+    hsa.free(buffer).unwrap();
+}
+
+#[test]
 fn async_copy_profiling_records_the_copy_time() {
     let (hsa, _session) = open();
     let amd = *hsa.amd();

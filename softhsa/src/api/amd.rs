@@ -706,6 +706,9 @@ pub(crate) unsafe extern "C" fn hsa_amd_deregister_deallocation_callback(
 
 /// Validates the dependencies and completion signal and queues `work` on an agent's engine; the
 /// job reports `completions` completions once it ran (a batch's operations; 1 for one copy).
+/// A copy that moves no bytes (`empty`) is only validated: as on ROCm, it neither waits for its
+/// dependencies nor decrements its completion signal.
+#[allow(clippy::too_many_arguments)]
 fn submit_copy(
     rt: &Runtime,
     engine: usize,
@@ -714,6 +717,7 @@ fn submit_copy(
     completion_signal: hsa_signal_t,
     work: Box<dyn FnOnce() + Send>,
     completions: u32,
+    empty: bool,
 ) -> HsaResult {
     let completion = rt.signal(completion_signal.handle)?;
     // SAFETY: HSA contract: `dep_signals` lists `num_dep_signals` signals.
@@ -721,6 +725,9 @@ fn submit_copy(
         .iter()
         .map(|s| rt.signal(s.handle))
         .collect::<Result<Vec<_>, _>>()?;
+    if empty {
+        return Ok(());
+    }
     rt.copies.submit(
         engine,
         CopyJob {
@@ -772,6 +779,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy(
             completion_signal,
             work,
             1,
+            size == 0,
         )
     })
 }
@@ -904,6 +912,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_batch_copy(
             completion,
             work,
             num_copy_ops,
+            false,
         )
     })
 }
@@ -978,6 +987,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
             completion_signal,
             work,
             1,
+            range.x == 0 || range.y == 0 || range.z == 0,
         )
     })
 }
