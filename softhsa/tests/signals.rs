@@ -242,6 +242,56 @@ fn wait_any_returns_the_index_of_the_satisfied_signal() {
 }
 
 #[test]
+fn wait_any_skips_null_and_destroyed_signals() {
+    // ROCm's hsa_amd_signal_wait_any ignores null and invalid signals (indices still refer to
+    // the caller's array) and returns u32::MAX at once when no valid signal is left.
+    let (hsa, _session) = open();
+    let f = hsa.amd().hsa_amd_signal_wait_any_fn.unwrap();
+    // `live` first, so it cannot reuse the destroyed signal's handle.
+    let live = hsa.signal_create(1).unwrap();
+    let gone = hsa.signal_create(0).unwrap();
+    hsa.signal_destroy(gone).unwrap();
+    let mut signals = [hsa_signal_t { handle: 0 }, gone, live];
+    let mut conds = [HSA_SIGNAL_CONDITION_EQ; 3];
+    let mut values = [0i64; 3];
+    let setter = std::thread::spawn(move || hsa.signal_store(live, 0));
+    let mut satisfying = -1;
+    // SAFETY: table entry; the arrays hold three elements each; bounded by a 5 s timeout.
+    let index = unsafe {
+        f(
+            3,
+            signals.as_mut_ptr(),
+            conds.as_mut_ptr(),
+            values.as_mut_ptr(),
+            PROMPT.as_nanos() as u64,
+            HSA_WAIT_STATE_BLOCKED,
+            &mut satisfying,
+        )
+    };
+    setter.join().unwrap();
+    assert_eq!(index, 2, "the live signal satisfied the wait");
+    assert_eq!(satisfying, 0);
+    let start = Instant::now();
+    // SAFETY: as above, over the first two (null and destroyed) entries only.
+    let index = unsafe {
+        f(
+            2,
+            signals.as_mut_ptr(),
+            conds.as_mut_ptr(),
+            values.as_mut_ptr(),
+            PROMPT.as_nanos() as u64,
+            HSA_WAIT_STATE_BLOCKED,
+            &mut satisfying,
+        )
+    };
+    assert_eq!(index, u32::MAX);
+    assert!(
+        start.elapsed() < PROMPT,
+        "nothing to wait for returns at once"
+    );
+}
+
+#[test]
 fn signal_groups_wait_for_any_member() {
     let (hsa, _session) = open();
     let c = *hsa.core();

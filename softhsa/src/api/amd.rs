@@ -166,17 +166,27 @@ pub(crate) unsafe extern "C" fn hsa_amd_signal_wait_any(
                 read_array(values, count)?,
             )
         };
-        let waits = handles
+        // As on ROCm, null and invalid signals are left out of the wait (the index returned
+        // still counts them); with none left there is nothing to wait for.
+        let (positions, waits): (Vec<usize>, Vec<WaitCondition>) = handles
             .iter()
             .zip(conds.iter().zip(values.iter()))
-            .map(|(s, (&cond, &compare))| {
-                Ok(WaitCondition {
-                    signal: rt.signal(s.handle)?,
-                    cond,
-                    compare,
-                })
+            .enumerate()
+            .filter_map(|(i, (s, (&cond, &compare)))| {
+                let signal = rt.signal(s.handle).ok()?;
+                Some((
+                    i,
+                    WaitCondition {
+                        signal,
+                        cond,
+                        compare,
+                    },
+                ))
             })
-            .collect::<Result<Vec<_>, hsa_status_t>>()?;
+            .unzip();
+        if waits.is_empty() {
+            return Err(HSA_STATUS_ERROR_INVALID_SIGNAL);
+        }
         let (index, value) = wait_any(
             &waits,
             deadline_after(timeout_hint),
@@ -188,7 +198,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_signal_wait_any(
             // SAFETY: HSA contract: a non-null `satisfying_value` points to a signal value.
             unsafe { put(satisfying_value, value)? };
         }
-        Ok(index as u32)
+        Ok(positions[index] as u32)
     };
     guard_or(Err(HSA_STATUS_ERROR), run).unwrap_or(u32::MAX)
 }
