@@ -2,8 +2,8 @@
 //! `hsa_amd_async_function` calls run here, started on first use.
 //!
 //! A handler is called when its condition holds; returning `false` unregisters it. A handler that
-//! returns `true` stays registered and is called again after a later change of its signal that
-//! satisfies the condition (it is not called over and over for one unchanged value).
+//! returns `true` stays registered as if registered anew (hsa_ext_amd.h), so, as on ROCm, it is
+//! called again as long as its condition holds, also for one unchanged value.
 
 use crate::runtime::join_unless_current;
 use crate::signal::{Order, Signal, condition_holds};
@@ -30,8 +30,6 @@ pub(crate) struct SignalHandler {
 struct Active {
     handler: SignalHandler,
     token: u64,
-    /// Signal generation seen at the last call.
-    called_at: Option<u64>,
 }
 
 #[derive(Default)]
@@ -115,11 +113,7 @@ fn handler_loop(shared: &Shared) {
         let fresh = std::mem::take(&mut *shared.pending.lock());
         for handler in fresh {
             let token = handler.signal.wake.register_thread(me.clone());
-            active.push(Active {
-                handler,
-                token,
-                called_at: None,
-            });
+            active.push(Active { handler, token });
         }
         loop {
             let next = shared.functions.lock().pop_front();
@@ -128,16 +122,14 @@ fn handler_loop(shared: &Shared) {
             // hsa_amd_async_function, whose contract is to call f(arg) once.
             unsafe { f(arg as *mut c_void) };
         }
+        // A handler kept with its condition still holding is due again: look again before
+        // parking.
+        let mut kept_due = false;
         let mut i = 0;
         while i < active.len() {
-            let entry = &mut active[i];
-            let h = &entry.handler;
-            let generation = h.signal.generation();
+            let h = &active[i].handler;
             let value = h.signal.load(Order::Acquire);
-            let due = entry.called_at != Some(generation)
-                && condition_holds(h.cond, value, h.value) == Some(true);
-            if due {
-                entry.called_at = Some(generation);
+            if condition_holds(h.cond, value, h.value) == Some(true) {
                 // SAFETY: the application registered this handler and argument with
                 // hsa_amd_signal_async_handler, whose contract is handler(value, arg).
                 let keep = unsafe { (h.handler)(value, h.arg as *mut c_void) };
@@ -146,10 +138,13 @@ fn handler_loop(shared: &Shared) {
                     gone.handler.signal.wake.unregister(gone.token);
                     continue;
                 }
+                kept_due = true;
             }
             i += 1;
         }
-        std::thread::park();
+        if !kept_due {
+            std::thread::park();
+        }
     }
     for entry in active {
         entry.handler.signal.wake.unregister(entry.token);

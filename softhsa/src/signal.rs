@@ -101,8 +101,6 @@ pub(crate) struct Signal {
     handle: u64,
     /// The value and dispatch timestamps, at the address the handle names.
     block: Box<AbiBlock>,
-    /// Bumped by every change, so a handler can tell a new change from an old one.
-    generation: AtomicU64,
     /// Threads blocked on this signal.
     pub(crate) wake: WakeList,
     /// Set when this signal is the doorbell of an intercept queue: every store processes it.
@@ -126,7 +124,6 @@ impl Signal {
         Self {
             handle: std::ptr::from_ref::<AbiBlock>(&block) as u64,
             block,
-            generation: AtomicU64::new(0),
             wake: WakeList::default(),
             doorbell_of: OnceLock::new(),
         }
@@ -145,11 +142,6 @@ impl Signal {
     /// The address of the value, for `hsa_amd_signal_value_pointer`.
     pub(crate) fn value_ptr(&self) -> *mut hsa_signal_value_t {
         self.block.value.as_ptr()
-    }
-
-    /// The change counter (see `generation`).
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
     }
 
     pub(crate) fn load(&self, order: Order) -> hsa_signal_value_t {
@@ -202,7 +194,6 @@ impl Signal {
     }
 
     fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
         self.wake.wake_all();
         if let Some(queue) = self.doorbell_of.get().and_then(Weak::upgrade) {
             crate::intercept::on_doorbell(&queue);

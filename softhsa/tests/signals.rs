@@ -361,11 +361,11 @@ fn an_async_handler_runs_when_its_condition_holds_until_it_returns_false() {
     let notify = hsa.signal_create(-1).unwrap();
     let state = HandlerState {
         calls: AtomicU32::new(0),
-        keep_until: 2,
+        keep_until: 1,
         notify,
     };
     // SAFETY: table entry; `state` outlives the handler, which unregisters itself (returns
-    // false) on its second call, before the test ends.
+    // false) on its first call, before the test ends.
     let status = unsafe {
         register(
             s,
@@ -387,16 +387,8 @@ fn an_async_handler_runs_when_its_condition_holds_until_it_returns_false() {
         0
     );
     assert_eq!(state.calls.load(Ordering::Acquire), 1);
-    // Returned true: called again after the next satisfying change.
-    hsa.signal_store(notify, -1);
-    hsa.signal_store(s, -5);
-    assert_eq!(
-        hsa.signal_wait(notify, HSA_SIGNAL_CONDITION_EQ, -5, PROMPT),
-        -5
-    );
-    assert_eq!(state.calls.load(Ordering::Acquire), 2);
-    // Returned false: unregistered. A second handler on the same signal proves later changes
-    // were seen by the handler thread without calling the first one again.
+    // Returned false: unregistered. A second handler on the same signal proves later
+    // satisfying changes were seen by the handler thread without calling the first one again.
     hsa.signal_store(s, 1);
     let notify2 = hsa.signal_create(-1).unwrap();
     let second = HandlerState {
@@ -422,9 +414,55 @@ fn an_async_handler_runs_when_its_condition_holds_until_it_returns_false() {
     );
     assert_eq!(
         state.calls.load(Ordering::Acquire),
-        2,
+        1,
         "the first handler stayed unregistered"
     );
+}
+
+unsafe extern "C" fn done_on_third_call(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
+    // SAFETY: registered with a pointer to a HandlerState that outlives the test.
+    let state = unsafe { &*arg.cast::<HandlerState>() };
+    let calls = state.calls.fetch_add(1, Ordering::AcqRel) + 1;
+    if calls < 3 {
+        return true;
+    }
+    kreplay_softhsa::testing::Hsa::softhsa().signal_store(state.notify, 0);
+    false
+}
+
+#[test]
+fn an_async_handler_that_returns_true_is_called_again_while_its_condition_holds() {
+    // hsa_ext_amd.h: returning true "resumes monitoring the signal with this handler (as if
+    // calling hsa_amd_signal_async_handler again with identical parameters)"; a registration
+    // whose condition already holds is called, so ROCm calls the handler again at once while
+    // the signal keeps a satisfying value, without any further change.
+    let (hsa, _session) = open();
+    let register = hsa.amd().hsa_amd_signal_async_handler_fn.unwrap();
+    let s = hsa.signal_create(0).unwrap();
+    let notify = hsa.signal_create(1).unwrap();
+    let state = HandlerState {
+        calls: AtomicU32::new(0),
+        keep_until: 0,
+        notify,
+    };
+    // SAFETY: table entry; `state` outlives the handler, which unregisters itself (returns
+    // false) on its third call; the test waits for that call.
+    let status = unsafe {
+        register(
+            s,
+            HSA_SIGNAL_CONDITION_EQ,
+            0,
+            Some(done_on_third_call),
+            std::ptr::from_ref(&state).cast_mut().cast(),
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    assert!(
+        hsa.wait_zero(notify, PROMPT),
+        "called three times for one unchanged value (calls: {})",
+        state.calls.load(Ordering::Acquire)
+    );
+    assert_eq!(state.calls.load(Ordering::Acquire), 3);
 }
 
 unsafe extern "C" fn bump(arg: *mut c_void) {
