@@ -360,6 +360,44 @@ fn tool_facing_queue_settings_are_accepted_on_real_queues() {
 }
 
 #[test]
+fn a_cu_mask_of_zero_bits_enables_every_compute_unit_again() {
+    // hsa_ext_amd.h: "If num_cu_mask_count is 0 then the request is interpreted as a request
+    // to enable all CUs and no cu_mask array need be given."
+    let (hsa, _session) = open();
+    let a = *hsa.amd();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.queue_create(gpu, 16).unwrap();
+    let mut initial = [0u32; 4];
+    let mut after = [0u32; 4];
+    // SAFETY: table entries on a live queue; the mask arrays hold 128 bits.
+    unsafe {
+        assert_eq!(
+            a.hsa_amd_queue_cu_get_mask_fn.unwrap()(queue, 128, initial.as_mut_ptr()),
+            HSA_STATUS_SUCCESS
+        );
+        assert_eq!(
+            a.hsa_amd_queue_cu_set_mask_fn.unwrap()(queue, 32, &0b1),
+            HSA_STATUS_SUCCESS
+        );
+        assert_eq!(
+            a.hsa_amd_queue_cu_set_mask_fn.unwrap()(queue, 0, std::ptr::null()),
+            HSA_STATUS_SUCCESS
+        );
+        assert_eq!(
+            a.hsa_amd_queue_cu_get_mask_fn.unwrap()(queue, 128, after.as_mut_ptr()),
+            HSA_STATUS_SUCCESS
+        );
+        hsa.queue_destroy(queue).unwrap();
+    }
+    assert_ne!(
+        initial,
+        [0b1, 0, 0, 0],
+        "the agent has more than one compute unit"
+    );
+    assert_eq!(after, initial, "every compute unit is enabled again");
+}
+
+#[test]
 fn entries_softhsa_does_not_provide_return_an_error() {
     let (hsa, _session) = open();
     let (c, a) = (*hsa.core(), *hsa.amd());

@@ -282,7 +282,16 @@ pub(crate) unsafe extern "C" fn hsa_amd_queue_cu_set_mask(
 ) -> hsa_status_t {
     with_runtime(|rt| {
         let q = rt.queue(queue)?;
-        if num_cu_mask_count == 0 || !num_cu_mask_count.is_multiple_of(32) || cu_mask.is_null() {
+        if !num_cu_mask_count.is_multiple_of(32) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        if num_cu_mask_count == 0 {
+            // hsa_ext_amd.h: no bits is a request to enable every compute unit (the mask of a
+            // new queue); no array need be given.
+            q.set_cu_mask(Vec::new());
+            return Ok(());
+        }
+        if cu_mask.is_null() {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
         // SAFETY: HSA contract: `cu_mask` holds num_cu_mask_count bits (checked multiple of 32).
