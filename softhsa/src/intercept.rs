@@ -231,7 +231,13 @@ fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
             return;
         }
         let read = queue.read_index.load(Ordering::Acquire);
-        let write = queue.write_index.load(Ordering::Acquire);
+        // Producers may have reserved ids past a full ring; only the ring's slots hold packets
+        // (slot `read + size` is slot `read` again), so look at most one ring ahead. Those
+        // producers ring the doorbell again once they have written their packets.
+        let write = queue
+            .write_index
+            .load(Ordering::Acquire)
+            .min(read.saturating_add(queue.size()));
         let mut batch: Vec<Packet> = Vec::new();
         for index in read..write {
             let header = queue.header(index).load(Ordering::Acquire);

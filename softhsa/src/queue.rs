@@ -197,6 +197,11 @@ impl Queue {
         self.agent
     }
 
+    /// The number of packet slots in the ring.
+    pub(crate) fn size(&self) -> u64 {
+        u64::from(self.hsa.size)
+    }
+
     pub(crate) fn is_stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }

@@ -473,6 +473,64 @@ fn without_handlers_packets_go_straight_to_the_hardware_queue() {
 }
 
 #[test]
+fn a_slot_reserved_past_a_full_ring_is_neither_run_twice_nor_lost() {
+    // Five packet ids reserved at once on a ring of four: the fifth producer waits for room.
+    // The doorbell rung for the first four must hand exactly those four on (ROCm processes at
+    // most a ring's worth past its read index), not the slot of packet 0 again as packet 4.
+    let (hsa, _session) = open();
+    let c = *hsa.core();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 4).unwrap();
+    let done: Vec<hsa_signal_t> = (0..5).map(|_| hsa.signal_create(1).unwrap()).collect();
+    // SAFETY: a live queue; its fields are read-only for producers.
+    let (base, size, doorbell) = unsafe {
+        (
+            (*queue).base_address.cast::<hsa_barrier_and_packet_t>(),
+            u64::from((*queue).size),
+            (*queue).doorbell_signal,
+        )
+    };
+    assert_eq!(size, 4);
+    let publish = |index: u64| {
+        let packet = kreplay_softhsa::testing::barrier_and_packet(&[], done[index as usize], false);
+        // SAFETY: slot `index` is ours (reserved below, and free: the read index is past the
+        // packet that used it before); body first, then the header with a release store.
+        unsafe {
+            let slot = base.add((index % size) as usize);
+            std::ptr::copy_nonoverlapping(
+                std::ptr::from_ref(&packet).cast::<u8>().add(2),
+                slot.cast::<u8>().add(2),
+                62,
+            );
+            (*slot.cast::<std::sync::atomic::AtomicU16>()).store(packet.header, Ordering::Release);
+        }
+    };
+    // SAFETY: table entries on a live queue.
+    unsafe {
+        let first = c.hsa_queue_add_write_index_scacq_screl_fn.unwrap()(queue, 5);
+        assert_eq!(first, 0);
+        for index in 0..4 {
+            publish(index);
+        }
+        c.hsa_signal_store_screlease_fn.unwrap()(doorbell, 3);
+        let deadline = std::time::Instant::now() + PROMPT;
+        while c.hsa_queue_load_read_index_scacquire_fn.unwrap()(queue) < 1 {
+            assert!(std::time::Instant::now() < deadline, "no room came");
+            std::thread::yield_now();
+        }
+        publish(4);
+        c.hsa_signal_store_screlease_fn.unwrap()(doorbell, 4);
+    }
+    for (i, &signal) in done.iter().enumerate() {
+        assert!(hsa.wait_zero(signal, PROMPT), "packet {i} ran");
+    }
+    let values: Vec<i64> = done.iter().map(|&s| hsa.signal_load(s)).collect();
+    assert_eq!(values, vec![0; 5], "every packet ran exactly once");
+    // SAFETY: created above.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}
+
+#[test]
 fn registering_on_a_plain_queue_or_without_a_handler_is_rejected() {
     let (hsa, _session) = open();
     let gpu = hsa.gpu_agents().unwrap()[0];
