@@ -567,9 +567,13 @@ fn overlapping_processor_loop(rt: &Arc<Runtime>, queue: &Arc<Queue>) {
         if running.load(Ordering::Acquire) == 0 && launch > read {
             queue.consume(read, launch - read);
         }
+        // Slots are handed back only once everything launched completed: with a whole ring
+        // launched, the next slot is that of the oldest launched packet, not a new one.
+        let ring_launched = launch - queue.read_index.load(Ordering::Acquire) >= queue.size();
         let header = queue.header(launch).load(Ordering::Acquire);
         let idle = queue.inactive.load(Ordering::Acquire)
             || queue.errored.load(Ordering::Acquire)
+            || ring_launched
             || packet_type(header) == HSA_PACKET_TYPE_INVALID;
         let must_wait =
             packet_type(header) != HSA_PACKET_TYPE_KERNEL_DISPATCH || has_barrier_bit(header);
