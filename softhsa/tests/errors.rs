@@ -188,9 +188,10 @@ fn a_zero_signal_handle_is_an_invalid_signal() {
     let live = hsa.signal_create(1).unwrap();
     // SAFETY: table entries with HSA signatures; the zero handle is what is being tested.
     unsafe {
+        // hsa.h: "HSA_STATUS_ERROR_INVALID_ARGUMENT The handle in signal is 0."
         assert_eq!(
             c.hsa_signal_destroy_fn.unwrap()(NO_SIGNAL),
-            HSA_STATUS_ERROR_INVALID_SIGNAL
+            HSA_STATUS_ERROR_INVALID_ARGUMENT
         );
         assert_eq!(c.hsa_signal_load_scacquire_fn.unwrap()(NO_SIGNAL), 0);
         c.hsa_signal_store_screlease_fn.unwrap()(NO_SIGNAL, 5);

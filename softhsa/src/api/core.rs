@@ -745,7 +745,13 @@ pub(crate) unsafe extern "C" fn hsa_signal_create(
 }
 
 pub(crate) unsafe extern "C" fn hsa_signal_destroy(signal: hsa_signal_t) -> hsa_status_t {
-    with_runtime(|rt| rt.destroy_signal(signal.handle))
+    with_runtime(|rt| {
+        // hsa.h: a zero handle is an invalid argument (any other unknown one an invalid signal).
+        if signal.handle == 0 {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        rt.destroy_signal(signal.handle)
+    })
 }
 
 /// Runs `f` on the signal behind `signal`; an invalid handle (or no runtime) yields `fallback`.
