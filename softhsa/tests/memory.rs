@@ -703,3 +703,34 @@ fn locked_host_memory_is_reported_as_locked() {
         assert_eq!(info.type_, HSA_EXT_POINTER_TYPE_UNKNOWN);
     }
 }
+
+#[test]
+fn locking_with_an_agent_array_of_no_agents_is_an_invalid_argument() {
+    // hsa_ext_amd.h: INVALID_ARGUMENT when "agents not NULL but num_agent is 0" (a null array
+    // with 0 agents is the way to name every agent).
+    let (hsa, _session) = open();
+    let amd = *hsa.amd();
+    let mut agents = hsa.gpu_agents().unwrap();
+    let mut host = vec![0u8; 256];
+    let mut agent_ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: table entry; `host` and `agents` outlive the call; nothing stays locked.
+    let status = unsafe {
+        amd.hsa_amd_memory_lock_fn.unwrap()(
+            host.as_mut_ptr().cast(),
+            256,
+            agents.as_mut_ptr(),
+            0,
+            &mut agent_ptr,
+        )
+    };
+    assert_eq!(status, HSA_STATUS_ERROR_INVALID_ARGUMENT);
+    let (_, info) = pointer_info(
+        &hsa,
+        host.as_ptr().cast(),
+        size_of::<hsa_amd_pointer_info_t>() as u32,
+    );
+    assert_eq!(
+        info.type_, HSA_EXT_POINTER_TYPE_UNKNOWN,
+        "nothing was locked"
+    );
+}

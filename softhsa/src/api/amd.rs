@@ -487,7 +487,13 @@ fn lock(
     num_agent: c_int,
     agent_ptr: *mut *mut c_void,
 ) -> HsaResult {
-    if host_ptr.is_null() || size == 0 || agent_ptr.is_null() || num_agent < 0 {
+    // hsa_ext_amd.h: a null array with no agents names every agent; an array must list some.
+    if host_ptr.is_null()
+        || size == 0
+        || agent_ptr.is_null()
+        || num_agent < 0
+        || (!agents.is_null() && num_agent == 0)
+    {
         return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
     }
     // SAFETY: HSA contract: `agents` lists `num_agent` agents (null with 0 means all).
