@@ -8,7 +8,7 @@ use hsa_sys::{
     HSA_SIGNAL_CONDITION_NE, HSA_WAIT_STATE_ACTIVE, hsa_signal_condition_t, hsa_signal_value_t,
     hsa_wait_state_t,
 };
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
@@ -105,6 +105,10 @@ pub(crate) struct Signal {
     pub(crate) wake: WakeList,
     /// Set when this signal is the doorbell of an intercept queue: every store processes it.
     doorbell_of: OnceLock<Weak<Queue>>,
+    /// Set once an async copy made with copy profiling on was given this completion signal:
+    /// only then does `hsa_amd_profiling_get_async_copy_time` answer for it (as on ROCm, where
+    /// the copy records the agent whose clock the timestamps come from).
+    profiled_copy: AtomicBool,
 }
 
 impl Signal {
@@ -126,6 +130,7 @@ impl Signal {
             block,
             wake: WakeList::default(),
             doorbell_of: OnceLock::new(),
+            profiled_copy: AtomicBool::new(false),
         }
     }
 
@@ -238,8 +243,17 @@ impl Signal {
         self.record_dispatch_time(start, end);
     }
 
-    pub(crate) fn copy_time(&self) -> (u64, u64) {
-        self.dispatch_time()
+    /// The start and end of the last async copy that completed with this signal; `None` if
+    /// no copy made with copy profiling on was given this signal.
+    pub(crate) fn copy_time(&self) -> Option<(u64, u64)> {
+        self.profiled_copy
+            .load(Ordering::Acquire)
+            .then(|| self.dispatch_time())
+    }
+
+    /// Notes that an async copy made with copy profiling on completes with this signal.
+    pub(crate) fn mark_profiled_copy(&self) {
+        self.profiled_copy.store(true, Ordering::Release);
     }
 }
 

@@ -452,6 +452,21 @@ fn a_zero_byte_async_copy_succeeds_without_touching_its_completion_signal() {
 }
 
 #[test]
+fn a_signal_no_profiled_copy_completed_has_no_async_copy_time() {
+    // ROCm answers hsa_amd_profiling_get_async_copy_time with HSA_STATUS_ERROR for a signal
+    // that was never the completion signal of an async copy made with copy profiling on (it
+    // knows no agent whose clock the timestamps would come from).
+    let (hsa, _session) = open();
+    let never_copied = hsa.signal_create(0).unwrap();
+    let mut time = hsa_amd_profiling_async_copy_time_t::default();
+    // SAFETY: table entry; `time` is a live out value.
+    let status = unsafe {
+        hsa.amd().hsa_amd_profiling_get_async_copy_time_fn.unwrap()(never_copied, &mut time)
+    };
+    assert_eq!(status, HSA_STATUS_ERROR);
+}
+
+#[test]
 fn async_copy_profiling_records_the_copy_time() {
     let (hsa, _session) = open();
     let amd = *hsa.amd();

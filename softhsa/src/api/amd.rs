@@ -80,7 +80,10 @@ pub(crate) unsafe extern "C" fn hsa_amd_profiling_get_async_copy_time(
     time: *mut hsa_amd_profiling_async_copy_time_t,
 ) -> hsa_status_t {
     with_runtime(|rt| {
-        let (start, end) = rt.signal(signal.handle)?.copy_time();
+        let (start, end) = rt
+            .signal(signal.handle)?
+            .copy_time()
+            .ok_or(HSA_STATUS_ERROR)?;
         // SAFETY: HSA contract: `time` points to an hsa_amd_profiling_async_copy_time_t.
         unsafe { put(time, hsa_amd_profiling_async_copy_time_t { start, end }) }
     })
@@ -753,12 +756,16 @@ fn submit_copy(
     if empty {
         return Ok(());
     }
+    let profile = rt.async_copy_profiling.load(Ordering::Acquire);
+    if profile {
+        completion.mark_profiled_copy();
+    }
     rt.copies.submit(
         engine,
         CopyJob {
             deps,
             completion,
-            profile: rt.async_copy_profiling.load(Ordering::Acquire),
+            profile,
             work,
             completions,
         },
