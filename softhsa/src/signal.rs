@@ -109,6 +109,10 @@ pub(crate) struct Signal {
     /// only then does `hsa_amd_profiling_get_async_copy_time` answer for it (as on ROCm, where
     /// the copy records the agent whose clock the timestamps come from).
     profiled_copy: AtomicBool,
+    /// Created for device consumers only (a consumer list without a CPU agent, or
+    /// `HSA_AMD_SIGNAL_AMD_GPU_ONLY`): ROCm backs such a signal with no interrupt, so it takes
+    /// no async handler.
+    device_only: AtomicBool,
 }
 
 impl Signal {
@@ -131,6 +135,7 @@ impl Signal {
             wake: WakeList::default(),
             doorbell_of: OnceLock::new(),
             profiled_copy: AtomicBool::new(false),
+            device_only: AtomicBool::new(false),
         }
     }
 
@@ -249,6 +254,15 @@ impl Signal {
         self.profiled_copy
             .load(Ordering::Acquire)
             .then(|| self.dispatch_time())
+    }
+
+    /// Marks a signal created for device consumers only.
+    pub(crate) fn set_device_only(&self) {
+        self.device_only.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_device_only(&self) -> bool {
+        self.device_only.load(Ordering::Acquire)
     }
 
     /// Notes that an async copy made with copy profiling on completes with this signal.

@@ -465,6 +465,63 @@ fn an_async_handler_that_returns_true_is_called_again_while_its_condition_holds(
     assert_eq!(state.calls.load(Ordering::Acquire), 3);
 }
 
+unsafe extern "C" fn never_called(_value: hsa_signal_value_t, _arg: *mut c_void) -> bool {
+    false
+}
+
+#[test]
+fn signals_the_host_does_not_consume_take_no_async_handler() {
+    // ROCm backs a signal with an interrupt only when the host may wait for it (no consumer
+    // list, or one naming a CPU agent, and not HSA_AMD_SIGNAL_AMD_GPU_ONLY); its
+    // hsa_amd_signal_async_handler refuses any other signal with HSA_STATUS_ERROR_INVALID_SIGNAL.
+    let (hsa, _session) = open();
+    let (c, a) = (*hsa.core(), *hsa.amd());
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let cpu = hsa.cpu_agent().unwrap();
+    let create = |consumers: &[hsa_agent_t]| {
+        let mut signal = hsa_signal_t { handle: 0 };
+        // SAFETY: table entry; the consumer list and out value are live.
+        let status = unsafe {
+            c.hsa_signal_create_fn.unwrap()(
+                1,
+                consumers.len() as u32,
+                consumers.as_ptr(),
+                &mut signal,
+            )
+        };
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+        signal
+    };
+    let mut gpu_only = hsa_signal_t { handle: 0 };
+    // SAFETY: table entry; the out value is live.
+    let status = unsafe {
+        a.hsa_amd_signal_create_fn.unwrap()(
+            1,
+            0,
+            std::ptr::null(),
+            u64::from(HSA_AMD_SIGNAL_AMD_GPU_ONLY),
+            &mut gpu_only,
+        )
+    };
+    assert_eq!(status, HSA_STATUS_SUCCESS);
+    let register = |signal: hsa_signal_t| {
+        // SAFETY: table entry; the handler never runs (the value stays 1) and takes no data.
+        unsafe {
+            a.hsa_amd_signal_async_handler_fn.unwrap()(
+                signal,
+                HSA_SIGNAL_CONDITION_EQ,
+                0,
+                Some(never_called),
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    assert_eq!(register(create(&[gpu])), HSA_STATUS_ERROR_INVALID_SIGNAL);
+    assert_eq!(register(gpu_only), HSA_STATUS_ERROR_INVALID_SIGNAL);
+    assert_eq!(register(create(&[gpu, cpu])), HSA_STATUS_SUCCESS);
+    assert_eq!(register(create(&[])), HSA_STATUS_SUCCESS);
+}
+
 unsafe extern "C" fn bump(arg: *mut c_void) {
     // SAFETY: called with a pointer to the test's signal handle.
     let signal = unsafe { *arg.cast::<hsa_signal_t>() };

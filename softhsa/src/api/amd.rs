@@ -109,10 +109,20 @@ pub(crate) unsafe extern "C" fn hsa_amd_signal_create(
     initial_value: hsa_signal_value_t,
     num_consumers: u32,
     consumers: *const hsa_agent_t,
-    _attributes: u64,
+    attributes: u64,
     signal: *mut hsa_signal_t,
 ) -> hsa_status_t {
-    with_runtime(|rt| create_signal(rt, initial_value, num_consumers, consumers, signal))
+    let gpu_only = attributes & u64::from(HSA_AMD_SIGNAL_AMD_GPU_ONLY) != 0;
+    with_runtime(|rt| {
+        create_signal(
+            rt,
+            initial_value,
+            num_consumers,
+            consumers,
+            gpu_only,
+            signal,
+        )
+    })
 }
 
 pub(crate) unsafe extern "C" fn hsa_amd_signal_async_handler(
@@ -125,6 +135,11 @@ pub(crate) unsafe extern "C" fn hsa_amd_signal_async_handler(
     with_runtime(|rt| {
         let signal = rt.signal(signal.handle)?;
         let handler = handler.ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+        // As on ROCm, only a signal the host may wait for (one backed by an interrupt there)
+        // can have a handler.
+        if signal.is_device_only() {
+            return Err(HSA_STATUS_ERROR_INVALID_SIGNAL);
+        }
         condition_holds(cond, 0, 0).ok_or(HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
         rt.handlers.register(SignalHandler {
             signal,

@@ -706,12 +706,14 @@ pub(crate) unsafe extern "C" fn hsa_memory_assign_agent(
 // ---------------------------------------------------------------------------------------------
 // Signals
 
-/// Checks a consumer list and creates a signal (shared with `hsa_amd_signal_create`).
+/// Checks a consumer list and creates a signal (shared with `hsa_amd_signal_create`, whose
+/// `HSA_AMD_SIGNAL_AMD_GPU_ONLY` attribute is `gpu_only`).
 pub(crate) fn create_signal(
     rt: &Runtime,
     initial: hsa_signal_value_t,
     num_consumers: u32,
     consumers: *const hsa_agent_t,
+    gpu_only: bool,
     signal: *mut hsa_signal_t,
 ) -> HsaResult {
     if signal.is_null() {
@@ -720,10 +722,15 @@ pub(crate) fn create_signal(
     crate::faults::check(crate::faults::Fault::SignalCreate)?;
     // SAFETY: HSA contract: `consumers` lists `num_consumers` agents.
     let consumers = unsafe { read_array(consumers, num_consumers as usize) }?;
-    for consumer in consumers {
-        rt.agent(consumer.handle)?;
+    let mut host_consumes = consumers.is_empty();
+    for consumer in &consumers {
+        let index = rt.agent(consumer.handle)?;
+        host_consumes |= rt.topology.agents[index].kind == AgentKind::Cpu;
     }
     let created = rt.create_signal(initial);
+    if gpu_only || !host_consumes {
+        created.set_device_only();
+    }
     // SAFETY: `signal` is the caller's out pointer (checked non-null).
     unsafe {
         put(
@@ -741,7 +748,7 @@ pub(crate) unsafe extern "C" fn hsa_signal_create(
     consumers: *const hsa_agent_t,
     signal: *mut hsa_signal_t,
 ) -> hsa_status_t {
-    with_runtime(|rt| create_signal(rt, initial_value, num_consumers, consumers, signal))
+    with_runtime(|rt| create_signal(rt, initial_value, num_consumers, consumers, false, signal))
 }
 
 pub(crate) unsafe extern "C" fn hsa_signal_destroy(signal: hsa_signal_t) -> hsa_status_t {
