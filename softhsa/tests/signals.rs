@@ -522,6 +522,28 @@ fn signals_the_host_does_not_consume_take_no_async_handler() {
     assert_eq!(register(create(&[])), HSA_STATUS_SUCCESS);
 }
 
+#[test]
+fn a_consumer_list_with_duplicates_is_an_invalid_argument() {
+    // hsa.h, hsa_signal_create: INVALID_ARGUMENT when "consumers contains duplicates" (ROCm's
+    // hsa_amd_signal_create checks the same).
+    let (hsa, _session) = open();
+    let (c, a) = (*hsa.core(), *hsa.amd());
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let twice = [gpu, gpu];
+    let mut signal = hsa_signal_t { handle: 0 };
+    // SAFETY: table entries; the consumer list and out value are live.
+    unsafe {
+        assert_eq!(
+            c.hsa_signal_create_fn.unwrap()(1, 2, twice.as_ptr(), &mut signal),
+            HSA_STATUS_ERROR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            a.hsa_amd_signal_create_fn.unwrap()(1, 2, twice.as_ptr(), 0, &mut signal),
+            HSA_STATUS_ERROR_INVALID_ARGUMENT
+        );
+    }
+}
+
 unsafe extern "C" fn bump(arg: *mut c_void) {
     // SAFETY: called with a pointer to the test's signal handle.
     let signal = unsafe { *arg.cast::<hsa_signal_t>() };

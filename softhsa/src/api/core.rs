@@ -723,7 +723,11 @@ pub(crate) fn create_signal(
     // SAFETY: HSA contract: `consumers` lists `num_consumers` agents.
     let consumers = unsafe { read_array(consumers, num_consumers as usize) }?;
     let mut host_consumes = consumers.is_empty();
-    for consumer in &consumers {
+    for (i, consumer) in consumers.iter().enumerate() {
+        // hsa.h: a consumer named twice is an invalid argument.
+        if consumers[..i].iter().any(|c| c.handle == consumer.handle) {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
         let index = rt.agent(consumer.handle)?;
         host_consumes |= rt.topology.agents[index].kind == AgentKind::Cpu;
     }
