@@ -1,4 +1,5 @@
-//! Copy engines for `hsa_amd_memory_async_copy`: one thread per agent, started on first use.
+//! Copy engines for `hsa_amd_memory_async_copy`: one thread per engine (an agent and a copy
+//! direction, numbered by the caller), started on first use.
 //! Each engine runs its copies in submission order; a copy waits until all its dependency
 //! signals are 0, copies, then decrements its completion signal by one.
 
@@ -38,7 +39,7 @@ struct Engine {
     handle: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// The copy engines of one runtime instance, keyed by agent index.
+/// The copy engines of one runtime instance, keyed by engine number.
 #[derive(Default)]
 pub(crate) struct CopyEngines {
     engines: Mutex<HashMap<usize, Arc<Engine>>>,
@@ -46,19 +47,19 @@ pub(crate) struct CopyEngines {
 }
 
 impl CopyEngines {
-    /// Queues `job` on `agent`'s engine; returns before the copy runs.
-    pub(crate) fn submit(&self, agent: usize, job: CopyJob) -> Result<(), hsa_sys::hsa_status_t> {
+    /// Queues `job` on engine `number`; returns before the copy runs.
+    pub(crate) fn submit(&self, number: usize, job: CopyJob) -> Result<(), hsa_sys::hsa_status_t> {
         crate::faults::check(crate::faults::Fault::AsyncCopy)?;
         let engine = {
             let mut engines = self.engines.lock();
             if self.stopped.load(Ordering::Acquire) {
                 return Err(hsa_sys::HSA_STATUS_ERROR_NOT_INITIALIZED);
             }
-            match engines.get(&agent) {
+            match engines.get(&number) {
                 Some(engine) => engine.clone(),
                 None => {
-                    let engine = Arc::new(start_engine(agent)?);
-                    engines.insert(agent, engine.clone());
+                    let engine = Arc::new(start_engine(number)?);
+                    engines.insert(number, engine.clone());
                     engine
                 }
             }
@@ -89,11 +90,11 @@ impl CopyEngines {
     }
 }
 
-fn start_engine(agent: usize) -> Result<Engine, hsa_sys::hsa_status_t> {
+fn start_engine(number: usize) -> Result<Engine, hsa_sys::hsa_status_t> {
     let shared = Arc::new(EngineShared::default());
     let worker = shared.clone();
     let handle = std::thread::Builder::new()
-        .name(format!("softhsa-copy-{agent}"))
+        .name(format!("softhsa-copy-{number}"))
         .spawn(move || engine_loop(&worker))
         .map_err(|_| hsa_sys::HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
     Ok(Engine {

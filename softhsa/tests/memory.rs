@@ -452,6 +452,53 @@ fn a_zero_byte_async_copy_succeeds_without_touching_its_completion_signal() {
 }
 
 #[test]
+fn a_device_to_host_copy_is_not_held_up_by_a_waiting_host_to_device_copy() {
+    // ROCm gives host-to-device and device-to-host copies of a GPU engines (blits) of their
+    // own: copies in different directions are not ordered with each other, only through
+    // dependency signals.
+    let (hsa, _session) = open();
+    let f = hsa.amd().hsa_amd_memory_async_copy_fn.unwrap();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let cpu = hsa.cpu_agent().unwrap();
+    let device = hsa.allocate(hsa.coarse_pool(gpu).unwrap(), 64).unwrap();
+    let host = hsa
+        .allocate(hsa.pool(cpu, PoolKind::Fine).unwrap(), 64)
+        .unwrap();
+    let gate = hsa.signal_create(1).unwrap();
+    let upload = hsa.signal_create(1).unwrap();
+    let download = hsa.signal_create(1).unwrap();
+    // SAFETY: table entries; both buffers stay live until both copies completed.
+    unsafe {
+        assert_eq!(
+            f(device.cast(), gpu, host.cast(), cpu, 32, 1, &gate, upload),
+            HSA_STATUS_SUCCESS
+        );
+        assert_eq!(
+            f(
+                host.add(32).cast(),
+                cpu,
+                device.add(32).cast(),
+                gpu,
+                32,
+                0,
+                std::ptr::null(),
+                download
+            ),
+            HSA_STATUS_SUCCESS
+        );
+    }
+    assert!(
+        hsa.wait_zero(download, PROMPT),
+        "the download ran while the upload waited for its dependency"
+    );
+    assert_eq!(hsa.signal_load(upload), 1, "the upload still waits");
+    hsa.signal_store(gate, 0);
+    assert!(hsa.wait_zero(upload, PROMPT));
+    hsa.free(device).unwrap();
+    hsa.free(host).unwrap();
+}
+
+#[test]
 fn a_signal_no_profiled_copy_completed_has_no_async_copy_time() {
     // ROCm answers hsa_amd_profiling_get_async_copy_time with HSA_STATUS_ERROR for a signal
     // that was never the completion signal of an async copy made with copy profiling on (it

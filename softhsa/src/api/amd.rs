@@ -787,12 +787,26 @@ fn submit_copy(
     )
 }
 
-/// The agent whose engine runs a copy between `a` and `b`: a GPU when one is involved.
-fn engine_agent(rt: &Runtime, a: usize, b: usize) -> usize {
-    if rt.topology.agents[a].kind == AgentKind::Gpu {
-        a
-    } else {
-        b
+/// The directions a copy engine serves (see [`engine_agent`]).
+const HOST_TO_DEVICE: usize = 0;
+const DEVICE_TO_HOST: usize = 1;
+const DEVICE_TO_DEVICE: usize = 2;
+const DIRECTIONS: usize = 3;
+
+/// The engine of agent `agent` that serves copies in `direction`.
+fn engine(agent: usize, direction: usize) -> usize {
+    agent * DIRECTIONS + direction
+}
+
+/// The engine that runs a copy to agent `dst` from agent `src`: one of the GPU involved (of
+/// `dst` when both are), and, as ROCm gives each direction a blit of its own, one per
+/// direction, so copies in different directions are ordered only by their dependencies.
+fn engine_agent(rt: &Runtime, dst: usize, src: usize) -> usize {
+    let gpu = |agent: usize| rt.topology.agents[agent].kind == AgentKind::Gpu;
+    match (gpu(dst), gpu(src)) {
+        (true, false) => engine(dst, HOST_TO_DEVICE),
+        (false, true) => engine(src, DEVICE_TO_HOST),
+        _ => engine(dst, DEVICE_TO_DEVICE),
     }
 }
 
@@ -972,13 +986,21 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
     src_offset: *const hsa_dim3_t,
     range: *const hsa_dim3_t,
     copy_agent: hsa_agent_t,
-    _dir: hsa_amd_copy_direction_t,
+    dir: hsa_amd_copy_direction_t,
     num_dep_signals: u32,
     dep_signals: *const hsa_signal_t,
     completion_signal: hsa_signal_t,
 ) -> hsa_status_t {
     with_runtime(|rt| {
-        let engine = rt.agent(copy_agent.handle)?;
+        let agent = rt.agent(copy_agent.handle)?;
+        let direction = if dir == hsaHostToDevice {
+            HOST_TO_DEVICE
+        } else if dir == hsaDeviceToHost {
+            DEVICE_TO_HOST
+        } else {
+            DEVICE_TO_DEVICE
+        };
+        let engine = engine(agent, direction);
         if [dst_offset, src_offset, range].iter().any(|p| p.is_null())
             || dst.is_null()
             || src.is_null()
