@@ -49,6 +49,80 @@ pub(crate) struct CopyTracker {
     by_agent: Mutex<HashMap<u64, Arc<InFlightCounter>>>,
     /// Copies in flight that wait for dependencies (see `crate::waits`).
     pub(crate) waiting: WaitingCopies,
+    /// The times of the copies that ran with a signal of kreplay's, by the application's signal.
+    pub(crate) times: CopyTimes,
+}
+
+/// What `hsa_amd_profiling_get_async_copy_time` answers for an application's signal whose copy
+/// ran with a signal of kreplay's. ROCm answers only for the signal a copy was given (it
+/// remembers the copy's agent in the signal, to convert the device's timestamps), so the
+/// timestamps copied into the application's signal are not enough there: the runtime's answer
+/// for kreplay's signal is taken when the copy landed, before the application's signal is
+/// completed, and given back for the application's until its signal goes to a copy again.
+#[derive(Default)]
+pub(crate) struct CopyTimes {
+    by_signal: Mutex<HashMap<u64, hsa_amd_profiling_async_copy_time_t>>,
+}
+
+impl CopyTimes {
+    /// Entries kept at most; past it the oldest answers are dropped all at once (signals the
+    /// application destroyed keep theirs until then).
+    const MOST: usize = 1 << 16;
+
+    /// `application`'s copy ran with `proxy`, which the runtime now holds the times of.
+    fn landed(&self, b: &Backend, proxy: hsa_signal_t, application: hsa_signal_t) {
+        let mut time = hsa_amd_profiling_async_copy_time_t { start: 0, end: 0 };
+        let status = forward!(
+            b,
+            amd.hsa_amd_profiling_get_async_copy_time_fn(proxy, &mut time)
+        );
+        let mut map = self.by_signal.lock();
+        if status == HSA_STATUS_SUCCESS {
+            if map.len() >= Self::MOST {
+                map.clear();
+            }
+            map.insert(application.handle, time);
+        } else {
+            map.remove(&application.handle);
+        }
+    }
+
+    /// `signal` goes to a copy: whatever kreplay kept for it is of an earlier one.
+    pub(crate) fn forget(&self, signal: hsa_signal_t) {
+        if signal.handle != 0 {
+            let mut map = self.by_signal.lock();
+            if !map.is_empty() {
+                map.remove(&signal.handle);
+            }
+        }
+    }
+
+    fn get(&self, signal: hsa_signal_t) -> Option<hsa_amd_profiling_async_copy_time_t> {
+        self.by_signal.lock().get(&signal.handle).copied()
+    }
+}
+
+/// Wrapper of `hsa_amd_profiling_get_async_copy_time`: the time of the copy the application's
+/// signal last completed, also where the copy ran with a signal of kreplay's (see
+/// [`CopyTimes`]).
+pub(crate) unsafe extern "C" fn async_copy_time(
+    signal: hsa_signal_t,
+    time: *mut hsa_amd_profiling_async_copy_time_t,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        if !time.is_null()
+            && let Some(kept) = b.copies.times.get(signal)
+        {
+            // SAFETY: the application's non-null out-pointer, valid for the call.
+            unsafe { time.write(kept) };
+            return HSA_STATUS_SUCCESS;
+        }
+        forward!(
+            b,
+            amd.hsa_amd_profiling_get_async_copy_time_fn(signal, time)
+        )
+    })
 }
 
 impl CopyTracker {
@@ -85,6 +159,7 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
         }
         if pending.application.handle != 0 {
             crate::dispatch::carry_timestamps(pending.proxy, pending.application);
+            b.copies.times.landed(b, pending.proxy, pending.application);
             b.original
                 .signal_subtract(pending.application, pending.count);
         }
@@ -318,6 +393,7 @@ pub(crate) unsafe extern "C" fn async_copy(
 ) -> hsa_status_t {
     guarded(|| {
         let b = backend();
+        b.copies.times.forget(completion);
         if !b.replay_active() {
             return b.original.async_copy(
                 dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
@@ -357,6 +433,7 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
                 )
             )
         };
+        b.copies.times.forget(completion);
         if !b.replay_active() {
             return forward(completion);
         }
@@ -392,6 +469,18 @@ pub(crate) unsafe extern "C" fn async_batch_copy(
                 amd.hsa_amd_memory_async_batch_copy_fn(ops, num_ops, num_deps, deps)
             )
         };
+        // The first operation's version decides whether the others are read as the known layout.
+        let known_layout = !ops.is_null()
+            && num_ops > 0
+            // SAFETY: the caller passes at least one operation at a non-null `ops`, which
+            // starts with its version.
+            && unsafe { ops.cast::<u16>().read_unaligned() } == HSA_AMD_MEMORY_COPY_OP_VERSION;
+        if known_layout {
+            // SAFETY: `num_ops` operations of the known layout at `ops` (the entry's contract).
+            for op in unsafe { std::slice::from_raw_parts(ops, num_ops as usize) } {
+                b.copies.times.forget(op.completion_signal);
+            }
+        }
         if !b.replay_active() || ops.is_null() || num_ops == 0 {
             return forward(ops);
         }
@@ -506,6 +595,7 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
                 )
             )
         };
+        b.copies.times.forget(completion);
         if !b.replay_active() {
             return forward(completion);
         }

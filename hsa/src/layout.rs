@@ -286,6 +286,7 @@ macro_rules! assert_mapped {
 assert_mapped!(
     hsa_amd_profiling_set_profiler_enabled_fn,
     hsa_amd_profiling_get_dispatch_time_fn,
+    hsa_amd_profiling_get_async_copy_time_fn,
     hsa_amd_signal_async_handler_fn,
     hsa_amd_memory_pool_get_info_fn,
     hsa_amd_agent_iterate_memory_pools_fn,
