@@ -18,7 +18,8 @@
 //! completed marker is the first of a bracket is parked at that barrier: nothing before it runs
 //! any more and nothing after it starts until it opens. The drain counts the queue idle when
 //! the barrier cannot open during the replay: a barrier-AND with a dependency the replay holds
-//! and that has not fired, a barrier-OR whose every dependency is such, a barrier-value packet
+//! and that has not fired, a barrier-OR whose every dependency is such (one with only null
+//! dependencies never opens at all), a barrier-value packet
 //! waiting for a held signal to reach 0 (any other value other packets counting the same
 //! signal down may reach on their own).
 //!
@@ -80,12 +81,14 @@ impl Wait {
                     std::mem::transmute::<[u8; 64], hsa_barrier_and_packet_t>(*packet.bytes())
                 };
                 let deps = deps(&p);
-                if deps.is_empty() {
-                    None
-                } else if packet.packet_type() == HSA_PACKET_TYPE_BARRIER_AND {
-                    Some(Wait::All(deps))
-                } else {
+                if packet.packet_type() == HSA_PACKET_TYPE_BARRIER_OR {
+                    // A null dependency is never satisfied for barrier-OR: with only null
+                    // ones the packet never opens (and waits on nothing kreplay holds).
                     Some(Wait::Any(deps))
+                } else if deps.is_empty() {
+                    None
+                } else {
+                    Some(Wait::All(deps))
                 }
             }
             HSA_PACKET_TYPE_VENDOR_SPECIFIC

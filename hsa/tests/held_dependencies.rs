@@ -191,6 +191,25 @@ scenarios! {
         assert_eq!(env.app.read(a, 64), vec![111; 64]);
     }
 
+    /// A barrier-OR whose dependencies are all null never opens (the HSA headers: a null
+    /// signal is never satisfied for barrier-OR): queue 2 is parked at it for good, runs
+    /// nothing during the replay, and is idle to the drain once what came before it completed;
+    /// the replay runs all its passes instead of waiting out the drain timeout and declining.
+    fn a_queue_parked_at_a_barrier_or_without_dependencies_does_not_hold_the_replay_off() {
+        let env = setup(Duration::from_secs(5));
+        let (q1, q2) = env.queues();
+        let a = env.app.buffer(env.pools.coarse, &[10; 64]);
+        let (done, waited) = (env.app.signal(1), env.app.signal(1));
+        env.app.submit(q2, &[Aql::barrier_or(&[], hsa_signal_t { handle: 0 }).with_barrier(), env.add(a, WAITING, 100, waited)]);
+
+        env.app.dispatch(q1, env.add(a, REPLAYED, 1, done));
+
+        assert_eq!(env.app.wait_zero(done), 0);
+        assert_eq!(env.outcome(q1), REPLAYED_3, "the replay ran all its passes");
+        assert_eq!((runs(REPLAYED), runs(WAITING)), (3, 0), "queue 2 stays parked");
+        assert_eq!(env.app.read(a, 64), vec![11; 64], "single-run results");
+    }
+
     /// An async copy whose dependency is the replayed dispatch's completion signal can only
     /// land after the dispatch ran, and copy engines run in order (the replay's own copies
     /// would queue behind it): the replay declines at once, not after the drain timeout (here
