@@ -116,6 +116,11 @@ done
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 step inplace_vmm "$BIN/kreplay" run --passes "$PASSES" --check -o "$OUT/inplace_vmm.json" \
     -- python3 cuda/tests/workloads/inplace.py
+# The same under the referenced scope: a segment is mapped piece by piece, so a tensor spans
+# several mappings and an argument pointing into its first must reach the ones after it.
+step inplace_vmm_referenced env KREPLAY_SNAPSHOT_SCOPE=referenced "$BIN/kreplay" run \
+    --passes "$PASSES" --check -o "$OUT/inplace_vmm_referenced.json" \
+    -- python3 cuda/tests/workloads/inplace.py
 unset PYTORCH_CUDA_ALLOC_CONF
 
 # Half-precision GEMMs with accumulation: on Hopper cuBLAS stores through TMA descriptors, which
