@@ -60,6 +60,8 @@ pub enum DemoError {
     Tool(String),
     /// Writing the output (terminal, `--json`, `--csv`) failed.
     Output(String),
+    /// The options cannot work with kreplay's settings (more passes than its cap allows).
+    Options(String),
 }
 
 impl std::fmt::Display for DemoError {
@@ -71,7 +73,7 @@ impl std::fmt::Display for DemoError {
             DemoError::App(e) => write!(f, "the application failed: {e}"),
             DemoError::Setup(e) => write!(f, "cannot set up kreplay: {e}"),
             DemoError::Tool(e) => f.write_str(e),
-            DemoError::Output(e) => f.write_str(e),
+            DemoError::Output(e) | DemoError::Options(e) => f.write_str(e),
         }
     }
 }
@@ -100,8 +102,17 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
         rounds: ROUNDS,
     };
     // Tool libraries are checked before any work starts.
-    let external =
-        host::ExternalTools::load(&host::requested(&options.tools)).map_err(DemoError::Tool)?;
+    let requested = host::requested(&options.tools);
+    if requested.is_empty() {
+        // With a tool library, the passes may be that tool's to choose.
+        crate::hosted::check_pass_cap(
+            plan.passes,
+            "--passes asks for",
+            "lower --passes or raise the cap",
+        )
+        .map_err(DemoError::Options)?;
+    }
+    let external = host::ExternalTools::load(&requested).map_err(DemoError::Tool)?;
     let kernels = KernelSet::register();
 
     // 1. Unprofiled reference, straight through softhsa's table.
