@@ -119,7 +119,8 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
     let reference = app::run(kreplay_softhsa::api_table(), &kernels, &config)?;
 
     // 2. Profiled run through a copy of the table kreplay is installed in.
-    let (profiled, external_names) = profiled_run(plan, &external, &kernels, &config)?;
+    let (profiled, external_names) =
+        profiled_run(plan, options.passes_given, &external, &kernels, &config)?;
     let records = kreplay::hsa_tool::take_replay_records();
     let tool = tool::report();
 
@@ -185,6 +186,7 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
 /// Returns the run and the names of the external tools (checked active after initialization).
 fn profiled_run(
     plan: Plan,
+    passes_given: bool,
     external: &host::ExternalTools,
     kernels: &KernelSet,
     config: &AppConfig,
@@ -216,6 +218,17 @@ fn profiled_run(
             return Err(DemoError::Tool(why));
         }
     };
+    if passes_given && tool::replay_by_other() {
+        // The demo's tool would only observe: the pass count asked for could not be used.
+        kreplay::hsa_tool::on_unload();
+        runtime.release()?;
+        return Err(DemoError::Options(format!(
+            "--passes {} cannot be used: tool {} drives kernel replay and chooses the passes \
+             itself; leave out --passes, or the tool",
+            plan.passes,
+            names.join(", ")
+        )));
+    }
     let run = app::run(table.table(), kernels, config);
     kreplay::hsa_tool::on_unload();
     runtime.release()?;
