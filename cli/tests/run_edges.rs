@@ -1408,6 +1408,44 @@ fn a_program_that_signals_its_own_process_group_does_not_interrupt_kreplay_run()
 }
 
 #[test]
+fn a_program_that_sends_user_signals_to_its_own_process_group_is_still_profiled() {
+    // A launcher that notifies its workers with SIGUSR1 or SIGUSR2 sent to its process group
+    // (handling the signal itself): under kreplay run the group is kreplay's, whose default
+    // action for both is to end: kreplay died without a word, the run record and the table
+    // lost, the program left running.
+    let dir = scratch("own-group-user-signals");
+    let body = format!(
+        "trap 'echo usr1' USR1\ntrap 'echo usr2' USR2\nkill -USR1 0\nkill -USR2 0\n\
+         {WRITE_RECORD}exit 0\n"
+    );
+    let ran = check_run(&dir, &body, &[], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(
+        ran.stdout.starts_with("usr1\nusr2\n") && ran.stdout.contains("1 kernel(s)"),
+        "each signal reached the program once, and the run was reported: {ran:?}"
+    );
+}
+
+#[test]
+fn a_user_signal_sent_to_kreplay_run_alone_is_passed_on_to_the_program() {
+    // A job runner warning of the end of its time limit with SIGUSR1 to the process it
+    // started, kreplay: the program must get it (to checkpoint), and kreplay must not die.
+    let dir = scratch("user-signal-to-kreplay");
+    let body = format!(
+        "got=0\ntrap 'got=1' USR1\nkill -USR1 $PPID\n\
+         while [ $got = 0 ]; do sleep 0.02; done\necho passed on\n{WRITE_RECORD}exit 0\n"
+    );
+    let ran = check_run(&dir, &body, &[], None, 20);
+    assert!(!ran.timed_out, "the program never got it: {ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(
+        ran.stdout.starts_with("passed on\n") && ran.stdout.contains("1 kernel(s)"),
+        "{ran:?}"
+    );
+}
+
+#[test]
 fn kreplay_run_ends_when_its_own_helper_process_was_stopped() {
     // kreplay run's own child in its process group stopped by someone (SIGSTOP to the group,
     // SIGCONT to the program only): the run must still end with the program.

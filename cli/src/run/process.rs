@@ -1,8 +1,8 @@
 //! Running the program of `kreplay run` as a child process: its standard input given to both
 //! runs of `--check` alike, its standard output captured without waiting for processes it left
 //! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
-//! cleans up after itself instead of dying first (SIGQUIT too, which interrupts nothing: the
-//! program decides). One sent to kreplay's whole process group
+//! cleans up after itself instead of dying first (SIGQUIT, SIGUSR1 and SIGUSR2 too, which
+//! interrupt nothing: the program decides). One sent to kreplay's whole process group
 //! (Ctrl-C or a hangup from the terminal, `kill -INT -PGID`, a job runner stopping the group)
 //! reached the program too when it is in that group: it is not passed on again, so the program
 //! gets each such signal once, as it would without kreplay (a program that force-quits on a
@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -34,12 +34,33 @@ static ASKING: AtomicBool = AtomicBool::new(false);
 /// The number of the latest question to the witness, which its answer repeats.
 static QUESTION: AtomicU8 = AtomicU8::new(0);
 
+/// The program is being started: [`CHILD`] is not set yet.
+static SPAWNING: AtomicBool = AtomicBool::new(false);
+/// Signals that came while the program was being started, to be passed on to it (bit `i`:
+/// `PASSED_ON[i]`).
+static PENDING: AtomicU32 = AtomicU32::new(0);
+
 /// SIGCHLD was ignored when `kreplay run` started (see [`prepare`]).
 static SIGCHLD_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// The signals `kreplay run` passes on: the ones that interrupt it, and SIGQUIT, which does
-/// not (a program may survive it: a JVM prints its threads and runs on).
-const PASSED_ON: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+/// The signals `kreplay run` passes on: the ones that interrupt it, and the ones that do not
+/// ([`interrupts`]), though their default action would end kreplay: SIGQUIT (a program may
+/// survive it: a JVM prints its threads and runs on) and SIGUSR1 and SIGUSR2 (a job runner's
+/// warning that its time is nearly up, a launcher notifying the workers of its process group).
+const PASSED_ON: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Whether `signal`, passed on to the program, interrupts `kreplay run` (the run then fails):
+/// one that asks the program to stop.
+fn interrupts(signal: libc::c_int) -> bool {
+    matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGHUP)
+}
 /// How long a handler waits for the witness's answer before it passes the signal on anyway.
 const WITNESS_ANSWER_MS: libc::c_int = 1000;
 
@@ -79,13 +100,31 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
         unsafe { *libc::__errno_location() = saved_errno };
         return;
     }
-    if signal != libc::SIGQUIT {
+    if interrupts(signal) {
         // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C
         // is still passed on to the processes the program left behind).
         TO_GROUP.store(to_group, Ordering::SeqCst);
         INTERRUPTED.store(signal, Ordering::SeqCst);
     }
     let child = CHILD.load(Ordering::SeqCst);
+    if child == 0 && !to_group && SPAWNING.load(Ordering::SeqCst) {
+        // The program is starting, its process id not known yet: a program quick to signal
+        // kreplay (or a signal that came just then) would lose it. It is passed on once the id
+        // is ([`pass_on_pending`]), by whichever of this handler and the spawning thread
+        // clears its bit.
+        if let Some(index) = PASSED_ON.iter().position(|&s| s == signal) {
+            let bit = 1u32 << index;
+            PENDING.fetch_or(bit, Ordering::SeqCst);
+            let child = CHILD.load(Ordering::SeqCst);
+            if child > 0 && PENDING.fetch_and(!bit, Ordering::SeqCst) & bit != 0 {
+                // SAFETY: kill is async-signal-safe; the pid is the program's (see below).
+                unsafe { libc::kill(child, signal) };
+            }
+        }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved_errno };
+        return;
+    }
     if child > 0 && !(to_group && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
         // (cleared as soon as it was waited for).
@@ -405,8 +444,8 @@ fn in_our_group(pid: i32) -> bool {
     unsafe { libc::getpgid(pid) == libc::getpgrp() }
 }
 
-/// From now on SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the program instead of
-/// ending `kreplay run` at once, and the program's orphaned descendants become this process's
+/// From now on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the
+/// program instead of ending `kreplay run` at once, and the program's orphaned descendants become this process's
 /// children (so that ones still running can be told apart from ones that ended). A signal
 /// ignored when `kreplay run` started (`nohup` ignores SIGHUP, a shell script's background job
 /// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
@@ -594,9 +633,19 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
             });
         }
     }
-    let mut child = command.spawn()?;
+    SPAWNING.store(true, Ordering::SeqCst);
+    let spawned = command.spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            SPAWNING.store(false, Ordering::SeqCst);
+            PENDING.store(0, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
     PROGRAM.store(child.id() as i32, Ordering::SeqCst);
     CHILD.store(child.id() as i32, Ordering::SeqCst);
+    pass_on_pending(child.id() as i32);
     let (feeder, teed) = match input {
         Input::Inherit | Input::File(_) => (None, None),
         Input::Bytes(bytes) => (feed(&mut child, bytes), None),
@@ -637,6 +686,19 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
         output_held,
         left_running: descendants_running(deadline),
     })
+}
+
+/// Passes on to the program, `child`, the signals that came while it was being started (see
+/// [`pass_on`]), each once.
+fn pass_on_pending(child: i32) {
+    let pending = PENDING.swap(0, Ordering::SeqCst);
+    SPAWNING.store(false, Ordering::SeqCst);
+    for (index, &signal) in PASSED_ON.iter().enumerate() {
+        if pending & (1 << index) != 0 {
+            // SAFETY: `child` is the program, just started and not waited for yet.
+            unsafe { libc::kill(child, signal) };
+        }
+    }
 }
 
 /// How often, while the program runs, processes it orphaned (adopted by this process) that
