@@ -653,7 +653,7 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     };
     let reader = child.stdout.take().map(read_all);
     let reaper = reap_orphans(child.id() as i32);
-    let waited = child.wait();
+    let waited = wait_for_program(&mut child);
     CHILD.store(0, Ordering::SeqCst);
     // Stopped before the processes left behind are looked at (and signalled): from then on
     // only that loop reaps, so no process id it signals can have been reaped and reused.
@@ -698,6 +698,146 @@ fn pass_on_pending(child: i32) {
             // SAFETY: `child` is the program, just started and not waited for yet.
             unsafe { libc::kill(child, signal) };
         }
+    }
+}
+
+/// Waits for the program to end. A program that moved to a process group of its own (as one
+/// started by a job-control shell already is, so making itself a group leader changes nothing
+/// there) and then reads from the terminal (or writes to it, with `stty tostop`) is stopped by
+/// the kernel (SIGTTIN, SIGTTOU): only the terminal's foreground process group, kreplay's, may.
+/// It would wait for good, and `kreplay run` with it. kreplay does what the shell would have:
+/// when its own group holds the terminal, it hands the terminal to the program's group and
+/// continues it. A Ctrl-Z there stops the program's group: kreplay takes the terminal back and
+/// stops too, so that the shell takes over, and once continued hands the terminal over again.
+/// The terminal is taken back when the program has ended.
+fn wait_for_program(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let pid = child.id() as libc::pid_t;
+    let mut handed: Option<Terminal> = None;
+    loop {
+        // SAFETY: a zeroed siginfo_t is valid; waitid fills it. WNOWAIT: an exit is only looked
+        // at, and left to `child.wait` below.
+        let (found, code, status) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let found = libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WSTOPPED | libc::WNOWAIT,
+            );
+            (found, info.si_code, info.si_status())
+        };
+        if found != 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if code != libc::CLD_STOPPED {
+            break;
+        }
+        // SAFETY: takes the stop report just looked at (WNOHANG: an exit since is left).
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WSTOPPED | libc::WNOHANG,
+            );
+        }
+        let terminal_stop = matches!(status, libc::SIGTTIN | libc::SIGTTOU);
+        match &handed {
+            None if terminal_stop => handed = Terminal::hand_to(pid),
+            Some(terminal) if terminal_stop || status == libc::SIGTSTP => {
+                // The user stopped the program's job (Ctrl-Z), or it stopped on the terminal
+                // again: kreplay's job stops with it, the terminal back to its group, until
+                // the shell continues it.
+                terminal.take_back();
+                // SAFETY: stops this process, as the terminal's Ctrl-Z stops a job.
+                unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
+                terminal.give();
+            }
+            // Stopped by someone else (SIGSTOP): whoever stopped it continues it.
+            _ => {}
+        }
+    }
+    let status = child.wait();
+    if let Some(terminal) = handed {
+        terminal.take_back();
+    }
+    status
+}
+
+/// kreplay's controlling terminal while the program's process group holds it.
+struct Terminal {
+    fd: libc::c_int,
+    program_group: libc::pid_t,
+}
+
+impl Terminal {
+    /// Hands the controlling terminal to the process group of `program` and continues that
+    /// group, when kreplay's group holds the terminal and the program is in a group of its own;
+    /// otherwise `None` (the program stays stopped, as it would under a shell without job
+    /// control).
+    fn hand_to(program: libc::pid_t) -> Option<Terminal> {
+        // SAFETY: plain system calls; the descriptor is closed on every path that does not keep
+        // it.
+        unsafe {
+            let fd = libc::open(
+                c"/dev/tty".as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return None;
+            }
+            let group = libc::getpgid(program);
+            let ours = libc::getpgrp();
+            if group <= 0 || group == ours || libc::tcgetpgrp(fd) != ours {
+                libc::close(fd);
+                return None;
+            }
+            let terminal = Terminal {
+                fd,
+                program_group: group,
+            };
+            terminal.give();
+            Some(terminal)
+        }
+    }
+
+    /// Makes the program's group the terminal's foreground group and continues it.
+    fn give(&self) {
+        self.set_foreground(self.program_group);
+        // SAFETY: continues the program's process group, which the program made and leads.
+        unsafe { libc::kill(-self.program_group, libc::SIGCONT) };
+    }
+
+    /// Makes kreplay's group the terminal's foreground group again.
+    fn take_back(&self) {
+        // SAFETY: getpgrp has no arguments.
+        self.set_foreground(unsafe { libc::getpgrp() });
+    }
+
+    /// `tcsetpgrp` with SIGTTOU blocked on this thread: kreplay may be in the background when it
+    /// takes the terminal back, where the call would otherwise stop it.
+    fn set_foreground(&self, group: libc::pid_t) {
+        // SAFETY: the sets are zeroed, then initialized by sigemptyset; the mask is restored.
+        unsafe {
+            let mut blocked: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut blocked);
+            libc::sigaddset(&mut blocked, libc::SIGTTOU);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, &mut previous);
+            libc::tcsetpgrp(self.fd, group);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor this value opened, closed once.
+        unsafe { libc::close(self.fd) };
     }
 }
 
