@@ -706,31 +706,47 @@ fn pass_on_pending(child: i32) {
 /// there) and then reads from the terminal (or writes to it, with `stty tostop`) is stopped by
 /// the kernel (SIGTTIN, SIGTTOU): only the terminal's foreground process group, kreplay's, may.
 /// It would wait for good, and `kreplay run` with it. kreplay does what the shell would have:
-/// when its own group holds the terminal, it hands the terminal to the program's group and
-/// continues it. A Ctrl-Z there stops the program's group: kreplay takes the terminal back and
-/// stops too, so that the shell takes over, and once continued hands the terminal over again.
-/// The terminal is taken back when the program has ended.
+/// while its own group holds the terminal, it hands the terminal to the program's group and
+/// continues it (in the background, it does so once it is brought to the foreground). A Ctrl-Z
+/// there stops the program's group: kreplay takes the terminal back and stops too, so that the
+/// shell takes over, and once continued in the foreground hands the terminal over again. The
+/// terminal is taken back when the program has ended.
 fn wait_for_program(child: &mut Child) -> std::io::Result<ExitStatus> {
     let pid = child.id() as libc::pid_t;
-    let mut handed: Option<Terminal> = None;
+    let mut terminal: Option<Terminal> = None;
+    // The program is stopped on the terminal, which kreplay's group does not hold now.
+    let mut waiting = false;
     loop {
+        let flags = libc::WEXITED | libc::WSTOPPED | libc::WNOWAIT;
         // SAFETY: a zeroed siginfo_t is valid; waitid fills it. WNOWAIT: an exit is only looked
         // at, and left to `child.wait` below.
-        let (found, code, status) = unsafe {
+        let (found, changed, code, status) = unsafe {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             let found = libc::waitid(
                 libc::P_PID,
                 pid as libc::id_t,
                 &mut info,
-                libc::WEXITED | libc::WSTOPPED | libc::WNOWAIT,
+                if waiting {
+                    flags | libc::WNOHANG
+                } else {
+                    flags
+                },
             );
-            (found, info.si_code, info.si_status())
+            (found, info.si_pid(), info.si_code, info.si_status())
         };
         if found != 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             break;
+        }
+        if changed == 0 {
+            // Nothing new (WNOHANG): look whether kreplay's group holds the terminal now.
+            waiting = !terminal.as_ref().is_some_and(Terminal::give);
+            if waiting {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            continue;
         }
         if code != libc::CLD_STOPPED {
             break;
@@ -745,71 +761,81 @@ fn wait_for_program(child: &mut Child) -> std::io::Result<ExitStatus> {
                 libc::WSTOPPED | libc::WNOHANG,
             );
         }
-        let terminal_stop = matches!(status, libc::SIGTTIN | libc::SIGTTOU);
-        match &handed {
-            None if terminal_stop => handed = Terminal::hand_to(pid),
-            Some(terminal) if terminal_stop || status == libc::SIGTSTP => {
-                // The user stopped the program's job (Ctrl-Z), or it stopped on the terminal
-                // again: kreplay's job stops with it, the terminal back to its group, until
-                // the shell continues it.
-                terminal.take_back();
-                // SAFETY: stops this process, as the terminal's Ctrl-Z stops a job.
-                unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
-                terminal.give();
+        if matches!(status, libc::SIGTTIN | libc::SIGTTOU) {
+            if terminal.is_none() {
+                terminal = Terminal::open(pid);
             }
-            // Stopped by someone else (SIGSTOP): whoever stopped it continues it.
-            _ => {}
+            // Without a terminal of its own or the program in kreplay's group, it stays
+            // stopped, as under a shell without job control.
+            waiting = terminal.as_ref().is_some_and(|t| !t.give());
+        } else if status == libc::SIGTSTP
+            && let Some(terminal) = &terminal
+            && terminal.given()
+        {
+            // The user stopped the program's job (Ctrl-Z): kreplay's job stops with it, the
+            // terminal back to its group, until the shell continues it.
+            terminal.take_back();
+            // SAFETY: stops this process, as the terminal's Ctrl-Z stops a job.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
+            waiting = !terminal.give();
         }
+        // Stopped by someone else (SIGSTOP): whoever stopped it continues it.
     }
     let status = child.wait();
-    if let Some(terminal) = handed {
+    if let Some(terminal) = terminal
+        && terminal.given()
+    {
         terminal.take_back();
     }
     status
 }
 
-/// kreplay's controlling terminal while the program's process group holds it.
+/// kreplay's controlling terminal, for a program in a process group of its own.
 struct Terminal {
     fd: libc::c_int,
     program_group: libc::pid_t,
 }
 
 impl Terminal {
-    /// Hands the controlling terminal to the process group of `program` and continues that
-    /// group, when kreplay's group holds the terminal and the program is in a group of its own;
-    /// otherwise `None` (the program stays stopped, as it would under a shell without job
-    /// control).
-    fn hand_to(program: libc::pid_t) -> Option<Terminal> {
-        // SAFETY: plain system calls; the descriptor is closed on every path that does not keep
-        // it.
+    /// The controlling terminal, when there is one and `program` leads a process group other
+    /// than kreplay's.
+    fn open(program: libc::pid_t) -> Option<Terminal> {
+        // SAFETY: plain system calls; the descriptor is closed when it is not kept.
         unsafe {
+            let group = libc::getpgid(program);
+            if group <= 0 || group == libc::getpgrp() {
+                return None;
+            }
             let fd = libc::open(
                 c"/dev/tty".as_ptr(),
                 libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
             );
-            if fd < 0 {
-                return None;
-            }
-            let group = libc::getpgid(program);
-            let ours = libc::getpgrp();
-            if group <= 0 || group == ours || libc::tcgetpgrp(fd) != ours {
-                libc::close(fd);
-                return None;
-            }
-            let terminal = Terminal {
+            (fd >= 0).then_some(Terminal {
                 fd,
                 program_group: group,
-            };
-            terminal.give();
-            Some(terminal)
+            })
         }
     }
 
-    /// Makes the program's group the terminal's foreground group and continues it.
-    fn give(&self) {
+    /// Whether the program's group holds the terminal.
+    fn given(&self) -> bool {
+        // SAFETY: tcgetpgrp on the descriptor this value holds.
+        unsafe { libc::tcgetpgrp(self.fd) == self.program_group }
+    }
+
+    /// Makes the program's group the terminal's foreground group and continues it, when
+    /// kreplay's group holds the terminal (or the program's does already); `false` otherwise.
+    fn give(&self) -> bool {
+        // SAFETY: getpgrp has no arguments; tcgetpgrp reads the descriptor this value holds.
+        let holder = unsafe { libc::tcgetpgrp(self.fd) };
+        // SAFETY: as above.
+        if holder != unsafe { libc::getpgrp() } && holder != self.program_group {
+            return false;
+        }
         self.set_foreground(self.program_group);
         // SAFETY: continues the program's process group, which the program made and leads.
         unsafe { libc::kill(-self.program_group, libc::SIGCONT) };
+        true
     }
 
     /// Makes kreplay's group the terminal's foreground group again.
@@ -818,7 +844,7 @@ impl Terminal {
         self.set_foreground(unsafe { libc::getpgrp() });
     }
 
-    /// `tcsetpgrp` with SIGTTOU blocked on this thread: kreplay may be in the background when it
+    /// `tcsetpgrp` with SIGTTOU blocked on this thread: kreplay is not in the foreground when it
     /// takes the terminal back, where the call would otherwise stop it.
     fn set_foreground(&self, group: libc::pid_t) {
         // SAFETY: the sets are zeroed, then initialized by sigemptyset; the mask is restored.
