@@ -147,6 +147,9 @@ pub struct DemoOptions {
     pub csv: Option<PathBuf>,
     /// Tool libraries to load beside the demo's own tool (`--tool`, repeatable).
     pub tools: Vec<PathBuf>,
+    /// Whether `--passes` was given: a tool library that drives kernel replay chooses the
+    /// passes itself, and then a `--passes` given is an error rather than ignored.
+    pub passes_given: bool,
 }
 
 impl Default for DemoOptions {
@@ -158,6 +161,7 @@ impl Default for DemoOptions {
             json: None,
             csv: None,
             tools: Vec::new(),
+            passes_given: false,
         }
     }
 }
@@ -691,7 +695,8 @@ struct DemoArgs {
     csv: Option<PathBuf>,
     /// load a tool library (a C tool defining kreplay_configure, see docs/c-tools.md) against this
     /// process's kreplay; repeatable, and KREPLAY_TOOL_LIBRARIES adds more. If it configures
-    /// kernel replay, it chooses the passes and the demo's tool only observes
+    /// kernel replay, it chooses the passes (--passes is then an error) and the demo's tool
+    /// only observes
     #[arg(long, value_name = "PATH", value_parser = file_path(), action = ArgAction::Append)]
     tool: Vec<PathBuf>,
     /// softhsa (default: the HSA application on the software runtime) or cuda (x += 1 on a GPU)
@@ -765,6 +770,7 @@ impl DemoArgs {
             json: self.json,
             csv: self.csv,
             tools: self.tool,
+            passes_given: self.passes.is_some(),
         }
     }
 }
@@ -1661,6 +1667,7 @@ mod tests {
                 json: Some(PathBuf::from("out.json")),
                 csv: Some(PathBuf::from("out.csv")),
                 tools: vec![PathBuf::from("a.so"), PathBuf::from("b.so")],
+                passes_given: true,
             }
         );
     }

@@ -1,6 +1,7 @@
 //! kreplay loaded into a command's own copy of softhsa's HSA table, the way a runtime loads a
 //! tools library, for the commands that run a tool of their own (`stress`, `profile`,
-//! `bench-dispatch`).
+//! `bench-dispatch`), and the check of the pass count such a tool will ask for against the cap
+//! kreplay will apply.
 
 use hsa_sys::HsaApiTable;
 
@@ -24,5 +25,23 @@ pub(crate) unsafe fn load_kreplay(table: *mut HsaApiTable) -> Result<(), String>
     Err(format!(
         "not running without a tool asked for: {}",
         problems.join("; ")
+    ))
+}
+
+/// Checks, before a command runs anything, that its own tool's pass count `passes` is within
+/// the cap on passes per dispatch kreplay will apply (`KREPLAY_MAX_PASSES`): above it every
+/// dispatch would be declined (`invalid_pass_count`) and run once, and the command would run to
+/// its end for a list of declines. `what` says where the count comes from; `fix` what to do. A malformed setting is left to the load of kreplay, which names it.
+pub(crate) fn check_pass_cap(passes: u64, what: &str, fix: &str) -> Result<(), String> {
+    let Ok(config) = kreplay::config::Config::from_env() else {
+        return Ok(());
+    };
+    if passes <= config.max_passes {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} {passes} passes per dispatch, above the cap on passes per dispatch, \
+         KREPLAY_MAX_PASSES={}: every dispatch would be declined and run once; {fix}",
+        config.max_passes
     ))
 }

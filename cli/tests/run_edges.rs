@@ -1408,6 +1408,148 @@ fn a_program_that_signals_its_own_process_group_does_not_interrupt_kreplay_run()
 }
 
 #[test]
+fn a_program_that_sends_user_signals_to_its_own_process_group_is_still_profiled() {
+    // A launcher that notifies its workers with SIGUSR1 or SIGUSR2 sent to its process group
+    // (handling the signal itself): under kreplay run the group is kreplay's, whose default
+    // action for both is to end: kreplay died without a word, the run record and the table
+    // lost, the program left running.
+    let dir = scratch("own-group-user-signals");
+    let body = format!(
+        "trap 'echo usr1' USR1\ntrap 'echo usr2' USR2\nkill -USR1 0\nkill -USR2 0\n\
+         {WRITE_RECORD}exit 0\n"
+    );
+    let ran = check_run(&dir, &body, &[], None, 30);
+    assert!(!ran.timed_out, "{ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(
+        ran.stdout.starts_with("usr1\nusr2\n") && ran.stdout.contains("1 kernel(s)"),
+        "each signal reached the program once, and the run was reported: {ran:?}"
+    );
+}
+
+#[test]
+fn a_user_signal_sent_to_kreplay_run_alone_is_passed_on_to_the_program() {
+    // A job runner warning of the end of its time limit with SIGUSR1 to the process it
+    // started, kreplay: the program must get it (to checkpoint), and kreplay must not die.
+    let dir = scratch("user-signal-to-kreplay");
+    let body = format!(
+        "got=0\ntrap 'got=1' USR1\nkill -USR1 $PPID\n\
+         while [ $got = 0 ]; do sleep 0.02; done\necho passed on\n{WRITE_RECORD}exit 0\n"
+    );
+    let ran = check_run(&dir, &body, &[], None, 20);
+    assert!(!ran.timed_out, "the program never got it: {ran:?}");
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    assert!(
+        ran.stdout.starts_with("passed on\n") && ran.stdout.contains("1 kernel(s)"),
+        "{ran:?}"
+    );
+}
+
+#[test]
+fn a_program_that_makes_itself_a_group_leader_can_read_the_terminal() {
+    // Started by a job-control shell, a program leads its own process group already, so making
+    // itself a group leader (setpgid(0, 0), as daemons' helpers and some launchers do) changes
+    // nothing, and it reads its terminal. Under kreplay run it left kreplay's group, which holds
+    // the terminal, and the kernel stopped it at its first read (SIGTTIN): kreplay run waited
+    // for good, saying nothing. The terminal is a pseudo-terminal from `script`.
+    let dir = scratch("own-group-terminal");
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no `script` to give kreplay a terminal");
+        return;
+    }
+    let source = dir.join("reader.c");
+    std::fs::write(
+        &source,
+        "#include <stdio.h>\n#include <unistd.h>\nint main(void) {\n  char line[64];\n  \
+         setpgid(0, 0);\n  if (!fgets(line, sizeof line, stdin)) return 3;\n  \
+         printf(\"read: %s\", line);\n  return 0;\n}\n",
+    )
+    .unwrap();
+    let reader = dir.join("reader");
+    let built = std::process::Command::new("cc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&reader)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(built, "this test needs `cc`");
+    let lib = dir.join("libkreplay.so");
+    std::fs::write(&lib, b"not loaded by the program").unwrap();
+    let line = format!(
+        "'{}' run --backend hsa --library '{}' -- '{}'; echo kreplay-exit=$?",
+        kreplay_exe(),
+        lib.display(),
+        reader.display()
+    );
+    let mut c = std::process::Command::new("script");
+    c.args(["-qec", &line, "/dev/null"]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KREPLAY_") {
+            c.env_remove(name);
+        }
+    }
+    {
+        use std::os::unix::process::CommandExt;
+        c.process_group(0);
+    }
+    let mut child = c
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pgid = child.id() as i32;
+    // Kept open until the end: `script` ends the session at the end of its input.
+    let mut input = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut input, b"hello\n").unwrap();
+    let mut output = child.stdout.take().unwrap();
+    let reading = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut output, &mut text);
+        text
+    });
+    let started = Instant::now();
+    let ended = loop {
+        if child.try_wait().unwrap().is_some() {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: the process group this test made for `script`.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    let _ = child.wait();
+    // kreplay and the program are in a session of their own below `script` (a stopped program
+    // outlives its hangup): every process running from this test's folder is ended too.
+    let mine = dir.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&mine) && !ended {
+            // SAFETY: a process started from this test's own scratch folder.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    drop(input);
+    let text = reading.join().unwrap();
+    assert!(
+        ended,
+        "kreplay run waited for the stopped program: {text:?}"
+    );
+    assert!(text.contains("read: hello"), "{text:?}");
+    // The program read its line; kreplay then found no record (the library is not loaded).
+    assert!(text.contains("kreplay-exit=1"), "{text:?}");
+}
+
+#[test]
 fn kreplay_run_ends_when_its_own_helper_process_was_stopped() {
     // kreplay run's own child in its process group stopped by someone (SIGSTOP to the group,
     // SIGCONT to the program only): the run must still end with the program.

@@ -423,3 +423,93 @@ fn a_tool_library_that_cannot_be_used_is_an_error_for_every_command_that_hosts_t
         );
     }
 }
+
+#[test]
+fn a_pass_count_above_the_cap_on_passes_is_an_error_for_every_command_before_it_runs() {
+    // Every dispatch would be declined (invalid_pass_count) and run once: the demo failed with
+    // a list of 60 problems, the profile with every dispatch INCOMPLETE and bench-dispatch
+    // with a child's warnings, each after running everything.
+    let cap = [("KREPLAY_MAX_PASSES", "2")];
+    assert_refused_at_start(
+        &["demo", "--elements", "1k", "--passes", "4"],
+        &cap,
+        "KREPLAY_MAX_PASSES=2",
+    );
+    assert_refused_at_start(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--pmc",
+            "TCC_ATOMIC",
+            "--",
+            "saxpy",
+        ],
+        &cap,
+        "KREPLAY_MAX_PASSES=2",
+    );
+    assert_refused_at_start(
+        &[
+            "bench-dispatch",
+            "--dispatches",
+            "10",
+            "--allocations",
+            "1",
+            "--passes",
+            "4",
+        ],
+        &cap,
+        "KREPLAY_MAX_PASSES=2",
+    );
+    // The hand-off's replays of 10 passes need a cap of 10, whatever --passes says.
+    assert_refused_at_start(
+        &[
+            "bench-dispatch",
+            "--dispatches",
+            "10",
+            "--allocations",
+            "1",
+            "--passes",
+            "2",
+        ],
+        &[("KREPLAY_MAX_PASSES", "8")],
+        "KREPLAY_MAX_PASSES=8",
+    );
+}
+
+#[test]
+fn a_pass_count_within_the_cap_on_passes_runs() {
+    let cap = [("KREPLAY_MAX_PASSES", "2")];
+    let output = kreplay(&["demo", "--elements", "1k", "--passes", "2"], &cap);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Application replay runs the workload once per group: no pass count to cap.
+    let output = kreplay(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--pmc",
+            "TCC_ATOMIC",
+            "--replay-mode",
+            "application",
+            "--",
+            "saxpy",
+        ],
+        &cap,
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -430,3 +430,31 @@ fn demo_explains_a_tool_file_that_is_32_bit_or_not_a_library() {
         "not a shared library: build the tool with -shared -fPIC",
     );
 }
+
+#[test]
+fn demo_refuses_passes_it_was_given_when_another_tool_chooses_the_passes() {
+    // --passes 6 was dropped without a word: the tool's 3 passes ran and the demo passed, the
+    // header saying only who chose.
+    let dir = scratch("passes_given");
+    let tool = example_tool(&dir);
+    let summary = dir.join("summary.txt");
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "4k".as_ref(),
+            "--passes".as_ref(),
+            "6".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("EXAMPLE_TOOL_OUTPUT", summary.as_os_str())],
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--passes 6") && stderr.contains("pass_counter"),
+        "the error names the option and the tool that chooses: {stderr}"
+    );
+    assert!(!stdout.contains("verification"), "nothing ran: {stdout}");
+}

@@ -8,11 +8,22 @@
 //!
 //! The writer callback has no context argument, so the current chain position lives in a
 //! thread-local stack of frames.
+//!
+//! As in ROCm, a doorbell store never waits for room in the hardware queue: what the chain
+//! writes that the hardware ring has no room for is kept aside in order (the overflow) and
+//! written by a thread of its own as room comes, and until then no more of the intercept ring's
+//! packets are handed to the handlers, so the application's producers wait for room in their
+//! own ring, as they would without interception. A handler that adds packets of its own (a
+//! tool's markers) makes the hardware ring fill before the application's does: the application
+//! must still be able to open a barrier that holds the hardware queue, which a doorbell store
+//! waiting for that room would never let it do.
 
 use crate::queue::{Packet, Queue, QueueKind, packet_type};
+use crate::wake::block_until;
 use hsa_sys::{AQL_PACKET_SIZE, HSA_PACKET_TYPE_INVALID, hsa_amd_queue_intercept_handler};
 use parking_lot::{Mutex, RwLock};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -50,6 +61,16 @@ pub(crate) struct InterceptState {
     deferred: AtomicBool,
     /// Wraps what the chain writes into the hardware queue.
     observer: RwLock<Option<Arc<Observer>>>,
+    /// What the chain wrote that the hardware ring had no room for (see the module's comment).
+    overflow: Mutex<Overflow>,
+}
+
+/// Packets kept aside for the hardware ring, in the order they were written.
+#[derive(Default)]
+struct Overflow {
+    packets: VecDeque<Packet>,
+    /// A thread writes `packets` into the hardware ring as room comes ([`flush`]).
+    flushing: bool,
 }
 
 impl InterceptState {
@@ -61,6 +82,7 @@ impl InterceptState {
             pending: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
             observer: RwLock::new(None),
+            overflow: Mutex::new(Overflow::default()),
         }
     }
 
@@ -86,7 +108,8 @@ impl InterceptState {
 struct Frame {
     /// Identity of the intercept queue being processed.
     queue: usize,
-    hw: Arc<Queue>,
+    /// The intercept queue being processed (its hardware queue and overflow).
+    owner: Arc<Queue>,
     handlers: Arc<[Handler]>,
     /// The position in `handlers` of the handler running at this level: its writer passes
     /// packets to the one before it.
@@ -230,6 +253,11 @@ fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
         if queue.is_stopped() {
             return;
         }
+        if !state.overflow.lock().packets.is_empty() {
+            // Packets written before are still waiting for room in the hardware ring: the
+            // thread writing them serves the queue again once they are in.
+            return;
+        }
         let read = queue.read_index.load(Ordering::Acquire);
         // Producers may have reserved ids past a full ring; only the ring's slots hold packets
         // (slot `read + size` is slot `read` again), so look at most one ring ahead. Those
@@ -254,7 +282,7 @@ fn process(queue: &Arc<Queue>, state: &InterceptState, id: usize) {
         let below = handlers.len();
         let frame = Frame {
             queue: id,
-            hw: state.hw.clone(),
+            owner: queue.clone(),
             handlers,
             level: below,
             observer: state.observer.read().clone(),
@@ -275,9 +303,11 @@ fn forward(frame: &Frame, below: usize, packets: *const c_void, count: u64) {
             let batch = unsafe {
                 std::slice::from_raw_parts(packets.cast::<[u8; AQL_PACKET_SIZE]>(), count as usize)
             };
-            observer(batch, &mut || write_to_hardware(&frame.hw, packets, count));
+            observer(batch, &mut || {
+                write_to_hardware(&frame.owner, packets, count)
+            });
         } else {
-            write_to_hardware(&frame.hw, packets, count);
+            write_to_hardware(&frame.owner, packets, count);
         }
         return;
     };
@@ -300,7 +330,7 @@ fn forward(frame: &Frame, below: usize, packets: *const c_void, count: u64) {
                 )
             });
         }
-        None => write_to_hardware(&frame.hw, packets, count),
+        None => write_to_hardware(&frame.owner, packets, count),
     }
 }
 
@@ -321,9 +351,17 @@ unsafe extern "C" fn writer(packets: *const c_void, count: u64) {
     }));
 }
 
-/// Copies packets into a hardware queue: claims a slot, waits while the ring is full, writes
-/// the body, stores the header last with release order and rings the doorbell.
-fn write_to_hardware(hw: &Queue, packets: *const c_void, count: u64) {
+/// Copies packets into the hardware queue of intercept queue `owner`: each claims a slot, its
+/// body is written, its header stored last with release order, and the doorbell rung. A packet
+/// the ring has no room for, and every one after it, is kept aside for [`flush`] instead of
+/// waiting for room (see the module's comment).
+fn write_to_hardware(owner: &Arc<Queue>, packets: *const c_void, count: u64) {
+    let QueueKind::Intercept(state) = &owner.kind else {
+        return;
+    };
+    let hw = &state.hw;
+    let mut overflow = state.overflow.lock();
+    let mut start_flushing = false;
     for i in 0..count as usize {
         // SAFETY: the caller (a handler, through the writer contract) passes `count` packets of
         // 64 initialized bytes at `packets`.
@@ -332,12 +370,75 @@ fn write_to_hardware(hw: &Queue, packets: *const c_void, count: u64) {
             // An INVALID packet would stall the hardware queue for ever; there is nothing to run.
             continue;
         }
-        let index = hw.write_index.fetch_add(1, Ordering::AcqRel);
-        if !hw.wait_for_slot(index) {
+        if hw.is_stopped() {
             return;
         }
-        hw.write_packet(index, &packet);
-        hw.doorbell
-            .store(index as i64, crate::signal::Order::Release);
+        if overflow.packets.is_empty() && has_room(hw) {
+            write_one(hw, &packet);
+        } else {
+            overflow.packets.push_back(packet);
+            start_flushing |= !std::mem::replace(&mut overflow.flushing, true);
+        }
+    }
+    drop(overflow);
+    if start_flushing {
+        let queue = owner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("softhsa-overflow".into())
+            .spawn(move || flush(&queue));
+        if spawned.is_err() {
+            // No thread to wait for room: this one waits, as a producer of a full ring does.
+            flush(owner);
+        }
+    }
+}
+
+/// Whether the hardware ring has a free slot (only [`write_to_hardware`] and [`flush`] write
+/// it, under the overflow's lock).
+fn has_room(hw: &Queue) -> bool {
+    hw.write_index.load(Ordering::Acquire) < hw.read_index.load(Ordering::Acquire) + hw.size()
+}
+
+/// Writes one packet into a slot of the hardware ring that is free.
+fn write_one(hw: &Queue, packet: &Packet) {
+    let index = hw.write_index.fetch_add(1, Ordering::AcqRel);
+    if !hw.wait_for_slot(index) {
+        return;
+    }
+    hw.write_packet(index, packet);
+    hw.doorbell
+        .store(index as i64, crate::signal::Order::Release);
+}
+
+/// Writes the overflow of intercept queue `queue` into its hardware ring as room comes, then
+/// serves the queue (its ring's packets were held back meanwhile). Packets still kept when the
+/// queue stops are dropped, as the ring's own are.
+fn flush(queue: &Arc<Queue>) {
+    let QueueKind::Intercept(state) = &queue.kind else {
+        return;
+    };
+    let hw = &state.hw;
+    loop {
+        let mut overflow = state.overflow.lock();
+        while !overflow.packets.is_empty() && !hw.is_stopped() && has_room(hw) {
+            if let Some(packet) = overflow.packets.pop_front() {
+                write_one(hw, &packet);
+            }
+        }
+        if hw.is_stopped() {
+            overflow.packets.clear();
+        }
+        if overflow.packets.is_empty() {
+            overflow.flushing = false;
+            drop(overflow);
+            state.pending.store(true, Ordering::SeqCst);
+            // Another thread processing the queue sees `pending` before it lets go.
+            serve(queue, state, Arc::as_ptr(queue) as usize);
+            return;
+        }
+        drop(overflow);
+        block_until(&[&hw.space], None, false, || {
+            (hw.is_stopped() || has_room(hw)).then_some(())
+        });
     }
 }

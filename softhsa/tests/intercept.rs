@@ -699,3 +699,81 @@ fn a_doorbell_store_from_a_thread_local_destructor_runs_the_handlers_on_its_thre
     // SAFETY: completed; 64 u32s.
     assert!(unsafe { read_u32s(data, 64) }.iter().all(|&v| v == 2));
 }
+
+/// Forwards every batch behind a no-op barrier of its own, as a tool adding a marker packet
+/// does: the hardware queue then takes more slots than the application's ring.
+unsafe extern "C" fn forward_behind_a_marker(
+    pkts: *const c_void,
+    count: u64,
+    _user_pkt_index: u64,
+    data: *mut c_void,
+    writer: hsa_amd_queue_intercept_packet_writer,
+) {
+    let s = seen(data);
+    let writer = writer.unwrap();
+    let marker =
+        kreplay_softhsa::testing::barrier_and_packet(&[], hsa_signal_t { handle: 0 }, false);
+    // SAFETY: the runtime's writer, given one 64-byte packet, then the packets it handed us.
+    unsafe {
+        writer(std::ptr::from_ref(&marker).cast(), 1);
+        writer(pkts, count);
+    }
+    s.packets.fetch_add(count as u32, Ordering::AcqRel);
+}
+
+#[test]
+fn a_doorbell_store_returns_while_the_hardware_queue_behind_the_handlers_is_full() {
+    // ROCm's intercept queue keeps what does not fit the hardware ring aside and returns from
+    // the doorbell store (the packets follow once the ring has room); softhsa's waited for
+    // room in the storing thread. Here the hardware ring (4 slots) is held by a barrier the
+    // application opens only after its third packet: a legitimate use of a ring of 4, which
+    // a handler adding one packet per batch turned into a doorbell store that never returned.
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let queue = hsa.intercept_queue_create(gpu, 4).unwrap();
+    let s = Seen::default();
+    assert_eq!(
+        register(&hsa, queue, Some(forward_behind_a_marker), &s),
+        HSA_STATUS_SUCCESS
+    );
+    let gate = hsa.signal_create(1).unwrap();
+    let opened = hsa.signal_create(1).unwrap();
+    let done = hsa.signal_create(2).unwrap();
+    let data = hsa
+        .allocate(hsa.coarse_pool(gpu).unwrap(), 4)
+        .unwrap()
+        .cast::<u32>();
+    let args = AddOneArgs { data };
+    let (queue_addr, args_addr) = (queue as usize, std::ptr::from_ref(&args) as usize);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let submitter = std::thread::spawn(move || {
+        let hsa = Hsa::softhsa();
+        let queue = queue_addr as *mut hsa_queue_t;
+        let barrier = kreplay_softhsa::testing::barrier_and_packet(&[gate], opened, true);
+        // SAFETY: a live queue; the kernel arguments outlive the dispatches (waited for below).
+        unsafe {
+            hsa.submit(queue, &barrier);
+            for _ in 0..2 {
+                hsa.dispatch(
+                    queue,
+                    &Dispatch::linear(add_one_kernel(), 1, 1, args_addr as *mut c_void, done),
+                );
+            }
+        }
+        let _ = tx.send(());
+    });
+    let returned = rx.recv_timeout(PROMPT).is_ok();
+    // Opened either way, so that a store that did not return ends and the test does too.
+    hsa.signal_store(gate, 0);
+    submitter.join().unwrap();
+    assert!(
+        returned,
+        "the doorbell store waited for the full hardware ring"
+    );
+    assert!(hsa.wait_zero(opened, PROMPT) && hsa.wait_zero(done, PROMPT));
+    // SAFETY: both dispatches completed; one u32.
+    assert_eq!(unsafe { read_u32s(data, 1) }, vec![2]);
+    assert_eq!(s.packets.load(Ordering::Acquire), 3);
+    // SAFETY: created above; everything completed.
+    unsafe { hsa.queue_destroy(queue) }.unwrap();
+}

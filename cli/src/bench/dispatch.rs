@@ -1587,6 +1587,22 @@ pub fn run(
         );
     }
     super::checked_settings()?;
+    if matches!(
+        options.service,
+        DispatchService::Replay | DispatchService::Handoff
+    ) {
+        // The hand-off alternates replays of --passes and of HANDOFF_PASSES (or one more than
+        // --passes) passes.
+        let most = HANDOFF_PASSES.max(options.passes + 1);
+        crate::hosted::check_pass_cap(
+            most,
+            &format!(
+                "the replays measured (--passes {}, and the hand-off's {most}) need",
+                options.passes
+            ),
+            &format!("raise the cap to {most} or more"),
+        )?;
+    }
     if options.pin {
         pin_to_one_cpu()?;
     }

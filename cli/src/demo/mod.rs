@@ -60,6 +60,8 @@ pub enum DemoError {
     Tool(String),
     /// Writing the output (terminal, `--json`, `--csv`) failed.
     Output(String),
+    /// The options cannot work with kreplay's settings (more passes than its cap allows).
+    Options(String),
 }
 
 impl std::fmt::Display for DemoError {
@@ -71,7 +73,7 @@ impl std::fmt::Display for DemoError {
             DemoError::App(e) => write!(f, "the application failed: {e}"),
             DemoError::Setup(e) => write!(f, "cannot set up kreplay: {e}"),
             DemoError::Tool(e) => f.write_str(e),
-            DemoError::Output(e) => f.write_str(e),
+            DemoError::Output(e) | DemoError::Options(e) => f.write_str(e),
         }
     }
 }
@@ -100,15 +102,25 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
         rounds: ROUNDS,
     };
     // Tool libraries are checked before any work starts.
-    let external =
-        host::ExternalTools::load(&host::requested(&options.tools)).map_err(DemoError::Tool)?;
+    let requested = host::requested(&options.tools);
+    if requested.is_empty() {
+        // With a tool library, the passes may be that tool's to choose.
+        crate::hosted::check_pass_cap(
+            plan.passes,
+            "--passes asks for",
+            "lower --passes or raise the cap",
+        )
+        .map_err(DemoError::Options)?;
+    }
+    let external = host::ExternalTools::load(&requested).map_err(DemoError::Tool)?;
     let kernels = KernelSet::register();
 
     // 1. Unprofiled reference, straight through softhsa's table.
     let reference = app::run(kreplay_softhsa::api_table(), &kernels, &config)?;
 
     // 2. Profiled run through a copy of the table kreplay is installed in.
-    let (profiled, external_names) = profiled_run(plan, &external, &kernels, &config)?;
+    let (profiled, external_names) =
+        profiled_run(plan, options.passes_given, &external, &kernels, &config)?;
     let records = kreplay::hsa_tool::take_replay_records();
     let tool = tool::report();
 
@@ -174,6 +186,7 @@ pub fn run(options: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, De
 /// Returns the run and the names of the external tools (checked active after initialization).
 fn profiled_run(
     plan: Plan,
+    passes_given: bool,
     external: &host::ExternalTools,
     kernels: &KernelSet,
     config: &AppConfig,
@@ -205,6 +218,17 @@ fn profiled_run(
             return Err(DemoError::Tool(why));
         }
     };
+    if passes_given && tool::replay_by_other() {
+        // The demo's tool would only observe: the pass count asked for could not be used.
+        kreplay::hsa_tool::on_unload();
+        runtime.release()?;
+        return Err(DemoError::Options(format!(
+            "--passes {} cannot be used: tool {} drives kernel replay and chooses the passes \
+             itself; leave out --passes, or the tool",
+            plan.passes,
+            names.join(", ")
+        )));
+    }
     let run = app::run(table.table(), kernels, config);
     kreplay::hsa_tool::on_unload();
     runtime.release()?;

@@ -198,6 +198,13 @@ pub fn register(passes: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether another tool owns the KERNEL_REPLAY service (known once tools are initialized): the
+/// demo's tool then only observes, and the passes are that tool's.
+pub fn replay_by_other() -> bool {
+    TOOL.get()
+        .is_some_and(|tool| lock(&tool.setup).replay_by_other)
+}
+
 /// What the tool has seen so far (dispatches still in flight are reported as problems).
 pub fn report() -> ToolReport {
     let Some(tool) = TOOL.get() else {

@@ -210,6 +210,14 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
         .first()
         .cloned()
         .ok_or("the runtime has no GPU agent")?;
+    if options.mode == ReplayMode::Kernel || options.check {
+        // Kernel replay counts group `p` in pass `p` of every dispatch.
+        crate::hosted::check_pass_cap(
+            groups.len() as u64,
+            &format!("kernel replay of {} counter groups needs", groups.len()),
+            "use fewer counter groups, --replay-mode application, or raise the cap",
+        )?;
+    }
     let mut configs: Vec<HashMap<u64, kreplay::abi::CounterConfigId>> =
         vec![HashMap::new(); groups.len()];
     for (agent, groups) in &groups_by_agent {

@@ -1,8 +1,8 @@
 //! Running the program of `kreplay run` as a child process: its standard input given to both
 //! runs of `--check` alike, its standard output captured without waiting for processes it left
 //! running, and interruptions (SIGINT, SIGTERM, SIGHUP) passed on to it, so that `kreplay run`
-//! cleans up after itself instead of dying first (SIGQUIT too, which interrupts nothing: the
-//! program decides). One sent to kreplay's whole process group
+//! cleans up after itself instead of dying first (SIGQUIT, SIGUSR1 and SIGUSR2 too, which
+//! interrupt nothing: the program decides). One sent to kreplay's whole process group
 //! (Ctrl-C or a hangup from the terminal, `kill -INT -PGID`, a job runner stopping the group)
 //! reached the program too when it is in that group: it is not passed on again, so the program
 //! gets each such signal once, as it would without kreplay (a program that force-quits on a
@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -34,12 +34,33 @@ static ASKING: AtomicBool = AtomicBool::new(false);
 /// The number of the latest question to the witness, which its answer repeats.
 static QUESTION: AtomicU8 = AtomicU8::new(0);
 
+/// The program is being started: [`CHILD`] is not set yet.
+static SPAWNING: AtomicBool = AtomicBool::new(false);
+/// Signals that came while the program was being started, to be passed on to it (bit `i`:
+/// `PASSED_ON[i]`).
+static PENDING: AtomicU32 = AtomicU32::new(0);
+
 /// SIGCHLD was ignored when `kreplay run` started (see [`prepare`]).
 static SIGCHLD_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// The signals `kreplay run` passes on: the ones that interrupt it, and SIGQUIT, which does
-/// not (a program may survive it: a JVM prints its threads and runs on).
-const PASSED_ON: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+/// The signals `kreplay run` passes on: the ones that interrupt it, and the ones that do not
+/// ([`interrupts`]), though their default action would end kreplay: SIGQUIT (a program may
+/// survive it: a JVM prints its threads and runs on) and SIGUSR1 and SIGUSR2 (a job runner's
+/// warning that its time is nearly up, a launcher notifying the workers of its process group).
+const PASSED_ON: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Whether `signal`, passed on to the program, interrupts `kreplay run` (the run then fails):
+/// one that asks the program to stop.
+fn interrupts(signal: libc::c_int) -> bool {
+    matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGHUP)
+}
 /// How long a handler waits for the witness's answer before it passes the signal on anyway.
 const WITNESS_ANSWER_MS: libc::c_int = 1000;
 
@@ -79,13 +100,31 @@ extern "C" fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
         unsafe { *libc::__errno_location() = saved_errno };
         return;
     }
-    if signal != libc::SIGQUIT {
+    if interrupts(signal) {
         // Both describe the latest interruption (a SIGTERM from a job runner after a Ctrl-C
         // is still passed on to the processes the program left behind).
         TO_GROUP.store(to_group, Ordering::SeqCst);
         INTERRUPTED.store(signal, Ordering::SeqCst);
     }
     let child = CHILD.load(Ordering::SeqCst);
+    if child == 0 && !to_group && SPAWNING.load(Ordering::SeqCst) {
+        // The program is starting, its process id not known yet: a program quick to signal
+        // kreplay (or a signal that came just then) would lose it. It is passed on once the id
+        // is ([`pass_on_pending`]), by whichever of this handler and the spawning thread
+        // clears its bit.
+        if let Some(index) = PASSED_ON.iter().position(|&s| s == signal) {
+            let bit = 1u32 << index;
+            PENDING.fetch_or(bit, Ordering::SeqCst);
+            let child = CHILD.load(Ordering::SeqCst);
+            if child > 0 && PENDING.fetch_and(!bit, Ordering::SeqCst) & bit != 0 {
+                // SAFETY: kill is async-signal-safe; the pid is the program's (see below).
+                unsafe { libc::kill(child, signal) };
+            }
+        }
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved_errno };
+        return;
+    }
     if child > 0 && !(to_group && in_our_group(child)) {
         // SAFETY: kill is async-signal-safe; the pid is the program's, set only while it runs
         // (cleared as soon as it was waited for).
@@ -405,8 +444,8 @@ fn in_our_group(pid: i32) -> bool {
     unsafe { libc::getpgid(pid) == libc::getpgrp() }
 }
 
-/// From now on SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the program instead of
-/// ending `kreplay run` at once, and the program's orphaned descendants become this process's
+/// From now on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the
+/// program instead of ending `kreplay run` at once, and the program's orphaned descendants become this process's
 /// children (so that ones still running can be told apart from ones that ended). A signal
 /// ignored when `kreplay run` started (`nohup` ignores SIGHUP, a shell script's background job
 /// SIGINT) stays ignored: the program inherits that, as it would without kreplay, where a
@@ -594,9 +633,19 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
             });
         }
     }
-    let mut child = command.spawn()?;
+    SPAWNING.store(true, Ordering::SeqCst);
+    let spawned = command.spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            SPAWNING.store(false, Ordering::SeqCst);
+            PENDING.store(0, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
     PROGRAM.store(child.id() as i32, Ordering::SeqCst);
     CHILD.store(child.id() as i32, Ordering::SeqCst);
+    pass_on_pending(child.id() as i32);
     let (feeder, teed) = match input {
         Input::Inherit | Input::File(_) => (None, None),
         Input::Bytes(bytes) => (feed(&mut child, bytes), None),
@@ -604,7 +653,7 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
     };
     let reader = child.stdout.take().map(read_all);
     let reaper = reap_orphans(child.id() as i32);
-    let waited = child.wait();
+    let waited = wait_for_program(&mut child);
     CHILD.store(0, Ordering::SeqCst);
     // Stopped before the processes left behind are looked at (and signalled): from then on
     // only that loop reaps, so no process id it signals can have been reaped and reused.
@@ -637,6 +686,185 @@ pub fn run(command: &mut Command, input: Input<'_>, capture: bool) -> std::io::R
         output_held,
         left_running: descendants_running(deadline),
     })
+}
+
+/// Passes on to the program, `child`, the signals that came while it was being started (see
+/// [`pass_on`]), each once.
+fn pass_on_pending(child: i32) {
+    let pending = PENDING.swap(0, Ordering::SeqCst);
+    SPAWNING.store(false, Ordering::SeqCst);
+    for (index, &signal) in PASSED_ON.iter().enumerate() {
+        if pending & (1 << index) != 0 {
+            // SAFETY: `child` is the program, just started and not waited for yet.
+            unsafe { libc::kill(child, signal) };
+        }
+    }
+}
+
+/// Waits for the program to end. A program that moved to a process group of its own (as one
+/// started by a job-control shell already is, so making itself a group leader changes nothing
+/// there) and then reads from the terminal (or writes to it, with `stty tostop`) is stopped by
+/// the kernel (SIGTTIN, SIGTTOU): only the terminal's foreground process group, kreplay's, may.
+/// It would wait for good, and `kreplay run` with it. kreplay does what the shell would have:
+/// while its own group holds the terminal, it hands the terminal to the program's group and
+/// continues it (in the background, it does so once it is brought to the foreground). A Ctrl-Z
+/// there stops the program's group: kreplay takes the terminal back and stops too, so that the
+/// shell takes over, and once continued in the foreground hands the terminal over again. The
+/// terminal is taken back when the program has ended.
+fn wait_for_program(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let pid = child.id() as libc::pid_t;
+    let mut terminal: Option<Terminal> = None;
+    // The program is stopped on the terminal, which kreplay's group does not hold now.
+    let mut waiting = false;
+    loop {
+        let flags = libc::WEXITED | libc::WSTOPPED | libc::WNOWAIT;
+        // SAFETY: a zeroed siginfo_t is valid; waitid fills it. WNOWAIT: an exit is only looked
+        // at, and left to `child.wait` below.
+        let (found, changed, code, status) = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let found = libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                if waiting {
+                    flags | libc::WNOHANG
+                } else {
+                    flags
+                },
+            );
+            (found, info.si_pid(), info.si_code, info.si_status())
+        };
+        if found != 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if changed == 0 {
+            // Nothing new (WNOHANG): look whether kreplay's group holds the terminal now.
+            waiting = !terminal.as_ref().is_some_and(Terminal::give);
+            if waiting {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            continue;
+        }
+        if code != libc::CLD_STOPPED {
+            break;
+        }
+        // SAFETY: takes the stop report just looked at (WNOHANG: an exit since is left).
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WSTOPPED | libc::WNOHANG,
+            );
+        }
+        if matches!(status, libc::SIGTTIN | libc::SIGTTOU) {
+            if terminal.is_none() {
+                terminal = Terminal::open(pid);
+            }
+            // Without a terminal of its own or the program in kreplay's group, it stays
+            // stopped, as under a shell without job control.
+            waiting = terminal.as_ref().is_some_and(|t| !t.give());
+        } else if status == libc::SIGTSTP
+            && let Some(terminal) = &terminal
+            && terminal.given()
+        {
+            // The user stopped the program's job (Ctrl-Z): kreplay's job stops with it, the
+            // terminal back to its group, until the shell continues it.
+            terminal.take_back();
+            // SAFETY: stops this process, as the terminal's Ctrl-Z stops a job.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
+            waiting = !terminal.give();
+        }
+        // Stopped by someone else (SIGSTOP): whoever stopped it continues it.
+    }
+    let status = child.wait();
+    if let Some(terminal) = terminal
+        && terminal.given()
+    {
+        terminal.take_back();
+    }
+    status
+}
+
+/// kreplay's controlling terminal, for a program in a process group of its own.
+struct Terminal {
+    fd: libc::c_int,
+    program_group: libc::pid_t,
+}
+
+impl Terminal {
+    /// The controlling terminal, when there is one and `program` leads a process group other
+    /// than kreplay's.
+    fn open(program: libc::pid_t) -> Option<Terminal> {
+        // SAFETY: plain system calls; the descriptor is closed when it is not kept.
+        unsafe {
+            let group = libc::getpgid(program);
+            if group <= 0 || group == libc::getpgrp() {
+                return None;
+            }
+            let fd = libc::open(
+                c"/dev/tty".as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            (fd >= 0).then_some(Terminal {
+                fd,
+                program_group: group,
+            })
+        }
+    }
+
+    /// Whether the program's group holds the terminal.
+    fn given(&self) -> bool {
+        // SAFETY: tcgetpgrp on the descriptor this value holds.
+        unsafe { libc::tcgetpgrp(self.fd) == self.program_group }
+    }
+
+    /// Makes the program's group the terminal's foreground group and continues it, when
+    /// kreplay's group holds the terminal (or the program's does already); `false` otherwise.
+    fn give(&self) -> bool {
+        // SAFETY: getpgrp has no arguments; tcgetpgrp reads the descriptor this value holds.
+        let holder = unsafe { libc::tcgetpgrp(self.fd) };
+        // SAFETY: as above.
+        if holder != unsafe { libc::getpgrp() } && holder != self.program_group {
+            return false;
+        }
+        self.set_foreground(self.program_group);
+        // SAFETY: continues the program's process group, which the program made and leads.
+        unsafe { libc::kill(-self.program_group, libc::SIGCONT) };
+        true
+    }
+
+    /// Makes kreplay's group the terminal's foreground group again.
+    fn take_back(&self) {
+        // SAFETY: getpgrp has no arguments.
+        self.set_foreground(unsafe { libc::getpgrp() });
+    }
+
+    /// `tcsetpgrp` with SIGTTOU blocked on this thread: kreplay is not in the foreground when it
+    /// takes the terminal back, where the call would otherwise stop it.
+    fn set_foreground(&self, group: libc::pid_t) {
+        // SAFETY: the sets are zeroed, then initialized by sigemptyset; the mask is restored.
+        unsafe {
+            let mut blocked: libc::sigset_t = std::mem::zeroed();
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut blocked);
+            libc::sigaddset(&mut blocked, libc::SIGTTOU);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &blocked, &mut previous);
+            libc::tcsetpgrp(self.fd, group);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor this value opened, closed once.
+        unsafe { libc::close(self.fd) };
+    }
 }
 
 /// How often, while the program runs, processes it orphaned (adopted by this process) that

@@ -441,6 +441,8 @@ pub(crate) unsafe extern "C" fn hsa_amd_agent_memory_pool_get_info(
     })
 }
 
+/// The allocation flags (PCIe, contiguous, executable on ROCm 6 and later) change nothing in
+/// host memory, and flags softhsa does not know are ignored, as ROCm 6 and later ignore them.
 pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_allocate(
     memory_pool: hsa_amd_memory_pool_t,
     size: usize,

@@ -879,6 +879,9 @@ pub(crate) unsafe extern "C" fn hsa_signal_group_create(
     signal_group: *mut hsa_signal_group_t,
 ) -> hsa_status_t {
     with_runtime(|rt| {
+        // hsa.h also calls no consumers (and a null list) an invalid argument; ROCm accepts
+        // them, and so does softhsa, which stands in for ROCm: a program that runs there runs
+        // here.
         if num_signals == 0 || signal_group.is_null() {
             return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
         }
