@@ -23,3 +23,55 @@ fn what_a_tool_scribbles_over_a_payload_never_reaches_another_record_or_callback
     let (problems, run) = run_scenario(name, &["spec_scribble.c"], &[], DEADLINE);
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
 }
+
+/// SPEC §2 "Localized context control", every statement through the C ABI in a real replay
+/// (see tests/c_probe_tools/spec_toggles.c): refused outside PASS ENTER wherever a tool may call
+/// them, CONTEXT_NOT_STARTED for any context not started when the replay began, sticky across
+/// passes, reset at the end of the dispatch, never changing global state, and the owner keeps its
+/// records when it masks itself.
+#[test]
+fn context_toggles_behave_as_spec_says_in_every_callback_of_a_real_replay() {
+    let name = "context_toggles_behave_as_spec_says_in_every_callback_of_a_real_replay";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(name, &["spec_toggles.c"], &[], DEADLINE);
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+/// SPEC §2 pass-count table: "returns 0 | NULL: invalid: a clear diagnostic" and "N >
+/// KREPLAY_MAX_PASSES: invalid (`invalid_pass_count`), the diagnostic names the cap". The
+/// diagnostics reach stderr (at the default log level) besides CONFIG EXIT.
+#[test]
+fn invalid_pass_counts_get_a_diagnostic_naming_the_cap_or_the_missing_continue() {
+    let name = "invalid_pass_counts_get_a_diagnostic_naming_the_cap_or_the_missing_continue";
+    if in_child(name) {
+        return standard_child(1, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["contract.c"],
+        &[
+            ("PROBE_PLAN", "z,big"),
+            ("PROBE_MAX", "7"),
+            ("KREPLAY_MAX_PASSES", "7"),
+        ],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("returned 0") && l.contains("replay_continue")),
+        "no diagnostic for 0 passes without a continue callback:\n{}",
+        run.stderr
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("returned 8") && l.contains("7") && l.contains("KREPLAY_MAX_PASSES")),
+        "no diagnostic naming the cap for 8 passes above KREPLAY_MAX_PASSES=7:\n{}",
+        run.stderr
+    );
+}
