@@ -75,3 +75,53 @@ fn invalid_pass_counts_get_a_diagnostic_naming_the_cap_or_the_missing_continue()
         run.stderr
     );
 }
+
+/// SPEC §5: "A malformed value is a clear startup error naming the variable, never a silent
+/// default": every variable of §5, at and past its bounds, refuses the load itself (OnLoad returns
+/// false, saying which variable and value on stderr) before any tool is configured.
+#[test]
+fn every_malformed_spec_variable_refuses_the_load_naming_itself() {
+    const BASE: &str = "every_malformed_spec_variable_refuses_the_load_naming_itself";
+    if let Ok(which) = std::env::var("SPEC_BAD_VARIABLE")
+        && in_child(BASE)
+    {
+        let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
+        let loaded = load_kreplay(&mut table);
+        println!("SPEC-LOADED={} ({which})", loaded.loaded);
+        println!("PROBE-DONE");
+        return;
+    }
+    let cases = [
+        ("KREPLAY_MAX_SNAPSHOT_BYTES", "18446744073709551616"),
+        ("KREPLAY_MAX_SNAPSHOT_BYTES", "-1"),
+        ("KREPLAY_DRAIN_TIMEOUT_MS", "0"),
+        ("KREPLAY_DRAIN_TIMEOUT_MS", "18446744073709551616"),
+        ("KREPLAY_SNAPSHOT_STORE", "gpu"),
+        ("KREPLAY_RESTORE", "fast"),
+        ("KREPLAY_SPILL_DIR", ""),
+        ("KREPLAY_LOG", "trace"),
+        ("KREPLAY_MAX_PASSES", "0"),
+        ("KREPLAY_MAX_PASSES", "18446744073709551616"),
+        ("KREPLAY_SNAPSHOT_SCOPE", "all"),
+    ];
+    let tool = build_tool("contract.c", BASE);
+    for (variable, value) in cases {
+        let (problems, run) = run_tools(
+            BASE,
+            std::slice::from_ref(&tool),
+            &[(variable, value), ("SPEC_BAD_VARIABLE", variable)],
+            DEADLINE,
+        );
+        assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+        assert!(
+            run.stdout.contains("SPEC-LOADED=false"),
+            "{variable}={value:?} did not refuse the load\n{}",
+            run.report()
+        );
+        assert!(
+            run.stderr.contains(variable) && run.stderr.contains(&format!("{value:?}")),
+            "{variable}={value:?}: stderr does not name the variable and its value\n{}",
+            run.report()
+        );
+    }
+}
