@@ -10,7 +10,9 @@
  *  - a mask holds for the following passes and is reset when the dispatch's replay ends: tracer M
  *    is masked off at PASS ENTER 0 of odd dispatches and gets nothing from any of their passes,
  *    and every pass of even dispatches, which never mask it;
- *  - the owner masking its own context keeps receiving its records.
+ *  - the owner masking its own context keeps receiving its records;
+ *  - a toggle called from another thread of the tool while PASS ENTER runs is refused
+ *    (CONTEXT_ERROR, nothing changes): the toggles belong to the thread PASS ENTER is on.
  * Every dispatch: 3 passes with a continue callback that always says go on.
  */
 #include "kreplay.h"
@@ -83,6 +85,14 @@ static const char* name_of(kreplay_callback_tracing_record_t record) {
     return record.operation < 5 && record.phase < 3 ? names[record.operation][record.phase] : "?";
 }
 
+/* A helper thread of the tool, started and joined inside PASS ENTER: the toggles belong to the
+ * thread PASS ENTER is delivered on. */
+static void* toggle_from_helper(void* arg) {
+    kreplay_status_t* status = arg;
+    *status = saved_stop(tracer[T]);
+    return NULL;
+}
+
 static void pass_enter(kreplay_callback_tracing_kernel_replay_data_t* p) {
     uint64_t id = p->dispatch_info.dispatch_id, pass = p->current_pass;
     kreplay_context_id_t zero = {0}, unknown = {UINT64_MAX >> 1};
@@ -111,6 +121,16 @@ static void pass_enter(kreplay_callback_tracing_kernel_replay_data_t* p) {
     }
     if (kreplay_context_is_active(tracer[N], &active) != KREPLAY_STATUS_SUCCESS || active != 0)
         problem("toggling N changed its global state", id, (uint64_t)active);
+    if (id == 2 && pass == 0) {
+        pthread_t helper;
+        kreplay_status_t helper_status = KREPLAY_STATUS_SUCCESS;
+        if (pthread_create(&helper, NULL, toggle_from_helper, &helper_status) == 0) {
+            pthread_join(helper, NULL);
+            if (helper_status != KREPLAY_STATUS_ERROR_CONTEXT_ERROR)
+                problem("a toggle from another thread during PASS ENTER was not refused with CONTEXT_ERROR", id,
+                        (uint64_t)helper_status);
+        }
+    }
     if (id % 2 == 1 && pass == 0) {
         /* Twice: idempotent. */
         if (saved_stop(tracer[M]) != KREPLAY_STATUS_SUCCESS || saved_stop(tracer[M]) != KREPLAY_STATUS_SUCCESS)
