@@ -125,3 +125,81 @@ fn every_malformed_spec_variable_refuses_the_load_naming_itself() {
         );
     }
 }
+
+/// SPEC §2 callback flow: "CONFIG EXIT; fire the application's completion signal once". The
+/// application's completion is unfired in every record of a replayed dispatch (CONFIG EXIT
+/// included) and of one that runs once, and fires exactly once after.
+#[test]
+fn the_application_completion_fires_once_after_config_exit() {
+    let name = "the_application_completion_fires_once_after_config_exit";
+    if !in_child(name) {
+        let (problems, run) = run_scenario(name, &["spec_order.c"], &[], DEADLINE);
+        assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+        return;
+    }
+    use kreplay_softhsa::testing::{Dispatch, Hsa};
+    type Load = unsafe extern "C" fn(hsa_sys::hsa_signal_t) -> hsa_sys::hsa_signal_value_t;
+    type Watch = unsafe extern "C" fn(hsa_sys::hsa_signal_t, Load);
+    let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let tool = std::env::var("KREPLAY_TOOL_LIBRARIES").unwrap();
+    let mut problems = Vec::new();
+    {
+        // SAFETY: the table stays alive and valid while `hsa` is used.
+        let hsa = unsafe { Hsa::from_table(table.table()) };
+        let session = hsa.init().expect("hsa_init");
+        // SAFETY: the tool is already loaded by kreplay; `spec_watch` has this signature.
+        let lib = unsafe { libloading::Library::new(&tool) }.unwrap();
+        // SAFETY: as above.
+        let watch = unsafe { *lib.get::<Watch>(b"spec_watch\0").unwrap() };
+        // SAFETY: the table's core table is valid while `table` lives.
+        let load: Load = unsafe { (*table.table().core_).hsa_signal_load_scacquire_fn }
+            .expect("hsa_signal_load_scacquire");
+        let app = App::new(&hsa, 0, 1);
+        for round in 0..4u32 {
+            let args = hsa
+                .allocate(app.kernarg_pool, std::mem::size_of::<AddOneArgs>())
+                .expect("kernargs")
+                .cast::<AddOneArgs>();
+            // SAFETY: the kernarg allocation holds one AddOneArgs.
+            unsafe {
+                args.write(AddOneArgs {
+                    data: app.buffers[0].0,
+                    len: ELEMENTS as u32,
+                })
+            };
+            let done = hsa.signal_create(1).expect("signal");
+            // SAFETY: `load` is the runtime's, callable with any signal it created.
+            unsafe { watch(done, load) };
+            // SAFETY: live queue, registered kernel, valid kernargs.
+            unsafe {
+                hsa.dispatch(
+                    app.queue,
+                    &Dispatch::linear(app.kernel, ELEMENTS as u32, 64, args.cast(), done),
+                )
+            };
+            if !hsa.wait_zero(done, Duration::from_secs(20)) {
+                problems.push(format!("round {round}: no completion within 20 s"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            let v = hsa.signal_load(done);
+            if v != 0 {
+                problems.push(format!("round {round}: completion signal is {v}, not 0"));
+            }
+        }
+        let mut app = app;
+        app.rounds_done = 4;
+        problems.extend(app.check());
+        drop(session);
+    }
+    // SAFETY: the runtime's shutdown call.
+    unsafe { (loaded.on_unload)() };
+    let r = tool_report(std::path::Path::new(&tool));
+    if !r.is_empty() {
+        problems.push(r);
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
