@@ -203,3 +203,21 @@ fn the_application_completion_fires_once_after_config_exit() {
     }
     println!("PROBE-DONE");
 }
+
+/// SPEC §2: "no pass-count environment variable: the tool derives N". KREPLAY_PASSES (the built-in
+/// tool's passes, for processes without a tool) must not replay a dispatch the owning tool opted
+/// out of or answered 1 for: every such dispatch runs once, its records carry no pass.
+#[test]
+fn the_built_in_pass_count_never_overrides_a_tool_that_owns_kernel_replay() {
+    let name = "the_built_in_pass_count_never_overrides_a_tool_that_owns_kernel_replay";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["once_order.c"],
+        &[("KREPLAY_PASSES", "3")],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
