@@ -221,3 +221,27 @@ fn the_built_in_pass_count_never_overrides_a_tool_that_owns_kernel_replay() {
     );
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
 }
+
+/// SPEC §5 at the upper bounds: the largest value every numeric variable accepts (the snapshot
+/// budget, the drain timeout, the cap on passes, the replay time budget) is a working setting,
+/// not an overflow: fixed, stopped-early and indefinite replays run as with the defaults.
+#[test]
+fn every_numeric_setting_at_its_largest_value_still_replays() {
+    let name = "every_numeric_setting_at_its_largest_value_still_replays";
+    if in_child(name) {
+        return standard_child(2, 3);
+    }
+    const MAX: &str = "18446744073709551615";
+    let (problems, run) = run_scenario(
+        name,
+        &["spec_scribble.c"],
+        &[
+            ("KREPLAY_MAX_SNAPSHOT_BYTES", MAX),
+            ("KREPLAY_DRAIN_TIMEOUT_MS", MAX),
+            ("KREPLAY_MAX_PASSES", MAX),
+            ("KREPLAY_REPLAY_BUDGET_MS", MAX),
+        ],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
