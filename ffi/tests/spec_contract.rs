@@ -68,9 +68,9 @@ fn invalid_pass_counts_get_a_diagnostic_naming_the_cap_or_the_missing_continue()
         run.stderr
     );
     assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("returned 8") && l.contains("7") && l.contains("KREPLAY_MAX_PASSES")),
+        lines.iter().any(|l| l.contains("returned 8")
+            && l.contains("7")
+            && l.contains("KREPLAY_MAX_PASSES")),
         "no diagnostic naming the cap for 8 passes above KREPLAY_MAX_PASSES=7:\n{}",
         run.stderr
     );
@@ -244,4 +244,32 @@ fn every_numeric_setting_at_its_largest_value_still_replays() {
         DEADLINE,
     );
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+/// SPEC §5 `KREPLAY_LOG=off`: the invalid pass counts that print a diagnostic at the default level
+/// print nothing, while the tool still learns the decline at CONFIG EXIT (the contract tool's
+/// plan runs to its end without a problem).
+#[test]
+fn kreplay_log_off_silences_the_pass_count_diagnostics() {
+    let name = "kreplay_log_off_silences_the_pass_count_diagnostics";
+    if in_child(name) {
+        return standard_child(1, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["contract.c"],
+        &[
+            ("PROBE_PLAN", "z,big"),
+            ("PROBE_MAX", "7"),
+            ("KREPLAY_MAX_PASSES", "7"),
+            ("KREPLAY_LOG", "off"),
+        ],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+    assert!(
+        !run.stderr.contains("kreplay:"),
+        "KREPLAY_LOG=off printed:\n{}",
+        run.stderr
+    );
 }

@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char report[4096];
@@ -28,6 +30,9 @@ static int in_replay;
 static uint64_t current_pass; /* the pass between PASS ENTER and PASS EXIT */
 static int in_pass;
 static uint64_t dispatch_records[2]; /* per tracer, of replayed passes */
+static uint64_t config_thread;       /* the thread CONFIG ENTER came on: the submitting one */
+
+static uint64_t this_thread(void) { return (uint64_t)syscall(SYS_gettid); }
 
 static void problem(const char* what, uint64_t id, uint64_t value) {
     size_t used = strlen(report);
@@ -55,6 +60,7 @@ static uint64_t pass_count(kreplay_kernel_dispatch_info_t info, kreplay_user_dat
     (void)user;
     pthread_mutex_lock(&lock);
     if (!info_ok(&info)) problem("replay_pass_count got another dispatch_info than CONFIG ENTER", info.dispatch_id, info.size);
+    if (this_thread() != config_thread) problem("replay_pass_count not on the submitting thread", ref.dispatch_id, 0);
     pthread_mutex_unlock(&lock);
     return ref.dispatch_id % 2 ? 3 : 0;
 }
@@ -65,6 +71,7 @@ static int keep_going(kreplay_kernel_dispatch_info_t info, uint64_t current, uin
     pthread_mutex_lock(&lock);
     if (!info_ok(&info)) problem("replay_continue got another dispatch_info than CONFIG ENTER", info.dispatch_id, info.size);
     if (total != 0) problem("replay_continue of an indefinite replay got total_passes", ref.dispatch_id, total);
+    if (this_thread() != config_thread) problem("replay_continue not on the submitting thread", ref.dispatch_id, 0);
     pthread_mutex_unlock(&lock);
     return current < 1;
 }
@@ -81,6 +88,7 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
         if (config_enter) {
             ref = p->dispatch_info;
             in_replay = 1;
+            config_thread = this_thread();
             if (ref.size != sizeof ref) problem("CONFIG ENTER dispatch_info.size", ref.dispatch_id, ref.size);
             if (!all_zero(ref.reserved_padding, sizeof ref.reserved_padding))
                 problem("CONFIG ENTER dispatch_info.reserved_padding is not zero", ref.dispatch_id, 0);
@@ -164,6 +172,9 @@ static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_d
             problem(which ? "tracer B: dispatch record carries another dispatch_info than CONFIG ENTER"
                           : "tracer A: dispatch record carries another dispatch_info than CONFIG ENTER",
                     ref.dispatch_id, p->dispatch_info.dispatch_id);
+        if (this_thread() != config_thread)
+            problem("a dispatch record of a replayed pass not on the submitting thread (replay_pass)", ref.dispatch_id,
+                    p->replay_pass);
         if (p->replay_pass != current_pass)
             problem(which ? "tracer B: replay_pass is not the current pass" : "tracer A: replay_pass is not the current pass",
                     ref.dispatch_id, p->replay_pass);
