@@ -211,7 +211,8 @@ typedef struct kreplay_agent_id_t {
     uint64_t handle;
 } kreplay_agent_id_t;
 
-/** A queue of an agent as named by the backend (for HSA: the address of the hsa_queue_t). */
+/** A queue of an agent as named by the backend (for HSA: the `id` field of the application's
+ *  hsa_queue_t, which the runtime assigns; not the queue's address). */
 typedef struct kreplay_queue_id_t {
     uint64_t handle;
 } kreplay_queue_id_t;

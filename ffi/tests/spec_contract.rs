@@ -128,7 +128,8 @@ fn every_malformed_spec_variable_refuses_the_load_naming_itself() {
 
 /// SPEC §2 callback flow: "CONFIG EXIT; fire the application's completion signal once". The
 /// application's completion is unfired in every record of a replayed dispatch (CONFIG EXIT
-/// included) and of one that runs once, and fires exactly once after.
+/// included) and of one that runs once, and fires exactly once after; `dispatch_info` describes
+/// the packet the application submitted (agent, the queue's `id`, kernel object, sizes).
 #[test]
 fn the_application_completion_fires_once_after_config_exit() {
     let name = "the_application_completion_fires_once_after_config_exit";
@@ -156,6 +157,24 @@ fn the_application_completion_fires_once_after_config_exit() {
         let load: Load = unsafe { (*table.table().core_).hsa_signal_load_scacquire_fn }
             .expect("hsa_signal_load_scacquire");
         let app = App::new(&hsa, 0, 1);
+        type Expect = unsafe extern "C" fn(u64, u64, u64, u32, u32, u32, u32);
+        // SAFETY: `spec_expect` has this signature in spec_order.c.
+        let expect = unsafe { *lib.get::<Expect>(b"spec_expect\0").unwrap() };
+        // SAFETY: the queue is live.
+        let queue_id = unsafe { (*app.queue).id };
+        // SAFETY: plain values. The packets below: ELEMENTS work-items in groups of 64, no
+        // private or group segment.
+        unsafe {
+            expect(
+                app.agent.handle,
+                queue_id,
+                app.kernel,
+                ELEMENTS as u32,
+                64,
+                0,
+                0,
+            )
+        };
         for round in 0..4u32 {
             let args = hsa
                 .allocate(app.kernarg_pool, std::mem::size_of::<AddOneArgs>())
