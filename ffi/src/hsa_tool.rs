@@ -362,6 +362,8 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
 /// deliver through here.
 pub(crate) struct EnqueueRecords {
     tracers: Arc<[CallbackService]>,
+    /// The pass these submissions are, or `None` for a dispatch that is no pass of a replay.
+    pass: Option<u64>,
     payloads: Vec<KernelDispatchData>,
     correlation: Vec<u64>,
     /// One per (service, dispatch), service-major.
@@ -392,6 +394,7 @@ impl EnqueueRecords {
         let entered = vec![false; tracers.len() * infos.len()];
         let mut records = EnqueueRecords {
             tracers,
+            pass,
             payloads,
             correlation,
             user_data,
@@ -423,7 +426,9 @@ impl EnqueueRecords {
                     continue;
                 }
                 // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
-                let delivered = unsafe { service.deliver(&event, &mut self.user_data[at]) };
+                let delivered = unsafe {
+                    deliver_dispatch(service, self.pass, &event, &mut self.user_data[at])
+                };
                 if phase == CallbackPhase::ENTER {
                     self.entered[at] = delivered;
                 }
@@ -460,7 +465,31 @@ pub(crate) fn dispatch_completed(
         };
         let mut user_data = UserData::ZERO;
         // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours during the call.
-        unsafe { service.deliver(&event, &mut user_data) };
+        unsafe { deliver_dispatch(service, pass, &event, &mut user_data) };
+    }
+}
+
+/// Delivers a KERNEL_DISPATCH record of `pass` to `service`. Replay masks apply only to the passes
+/// of the replay that set them ("they only mask the current dispatch"): a record of a pass
+/// consults the mask of this thread's innermost replay loop, whose pass it is; a dispatch that
+/// is no pass (`None`: run once, or submitted by a tool from inside a replay callback) only its
+/// context's started state, never the mask of a replay it happens to be submitted during.
+///
+/// # Safety
+/// As for [`CallbackService::deliver`].
+unsafe fn deliver_dispatch(
+    service: &CallbackService,
+    pass: Option<u64>,
+    event: &TraceEvent,
+    user_data: &mut UserData,
+) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if pass.is_some() {
+            service.deliver(event, user_data)
+        } else {
+            service.deliver_if_started(event, user_data)
+        }
     }
 }
 

@@ -292,3 +292,16 @@ fn kreplay_log_off_silences_the_pass_count_diagnostics() {
         run.stderr
     );
 }
+
+/// kreplay.h: the PASS ENTER toggles "only mask the current dispatch". A dispatch the tool submits
+/// from PASS ENTER after masking its tracer off is another dispatch: it reaches the tracer whole
+/// (ENQUEUE ENTER, EXIT and COMPLETE), while the masked replay's passes reach it not at all.
+#[test]
+fn a_mask_set_at_pass_enter_does_not_mask_the_tools_own_dispatch_from_that_callback() {
+    let name = "a_mask_set_at_pass_enter_does_not_mask_the_tools_own_dispatch_from_that_callback";
+    if in_child(name) {
+        return standard_child_with_gpu(1, 2);
+    }
+    let (problems, run) = run_scenario(name, &["spec_reentrant_mask.c"], &[], DEADLINE);
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
