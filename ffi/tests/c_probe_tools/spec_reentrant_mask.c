@@ -3,7 +3,8 @@
  * first application dispatch (2 passes) the tool masks its dispatch tracer T off, then submits a
  * dispatch of its own on the same agent from that callback and waits for it (it runs once,
  * re-entrant). T must get no record of the replayed dispatch's passes (masked, sticky), and the
- * tool's own dispatch, which is another dispatch, must reach T whole: ENQUEUE ENTER, ENQUEUE EXIT
+ * tool's own dispatch (declined as reentrant_dispatch at its CONFIG EXIT: it runs once), which is
+ * another dispatch, must reach T whole: ENQUEUE ENTER, ENQUEUE EXIT
  * and COMPLETE, never a COMPLETE without its ENQUEUE; T's dispatch counting service is asked
  * about it (and about none of the masked passes).
  */
@@ -23,6 +24,7 @@ static int submitted, submit_failed;
 static int own_enter, own_exit, own_complete; /* T's records of the tool's own dispatch */
 static int masked_pass_records;               /* T's records of the masked replay's passes */
 static int other_records;
+static int own_config_enter, own_config_exit_ok, own_passes; /* replay records of the tool's dispatch */
 static int own_counting_asks;                  /* T's counting service asked about the tool's dispatch */
 static int masked_counting_asks;               /* ... about the masked replay's passes */
 
@@ -41,7 +43,25 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
     kreplay_callback_tracing_kernel_replay_data_t* p = record.payload;
     (void)user;
     (void)data;
-    if (record.operation > KREPLAY_KERNEL_REPLAY_PASS || p->dispatch_info.kernel_id == own_kernel) return;
+    if (record.operation > KREPLAY_KERNEL_REPLAY_PASS) return;
+    if (p->dispatch_info.kernel_id == own_kernel) {
+        /* SPEC §3.1: it runs once, unreplayed, and the tool learns why. The tool asks for 2
+         * passes all the same. */
+        pthread_mutex_lock(&lock);
+        if (record.operation == KREPLAY_KERNEL_REPLAY_CONFIG && record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
+            p->replay_pass_count = two;
+            own_config_enter++;
+        } else if (record.operation == KREPLAY_KERNEL_REPLAY_CONFIG) {
+            if (p->outcome == KREPLAY_REPLAY_OUTCOME_DECLINED && p->status == KREPLAY_STATUS_ERROR_REPLAY_DECLINED &&
+                p->decline_reason == KREPLAY_REPLAY_DECLINE_REENTRANT_DISPATCH &&
+                record.decline_reason == KREPLAY_REPLAY_DECLINE_REENTRANT_DISPATCH && p->passes_run == 1)
+                own_config_exit_ok++;
+        } else {
+            own_passes++;
+        }
+        pthread_mutex_unlock(&lock);
+        return;
+    }
     if (record.operation == KREPLAY_KERNEL_REPLAY_CONFIG && record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
         p->replay_pass_count = two;
         pthread_mutex_lock(&lock);
@@ -121,6 +141,11 @@ const char* probe_report(void) {
     if (!submitted || submit_failed)
         snprintf(report, sizeof report, "the tool's own dispatch was not submitted or did not complete (%d, %d)", submitted,
                  submit_failed);
+    else if (own_config_enter != 1 || own_config_exit_ok != 1 || own_passes)
+        snprintf(report, sizeof report,
+                 "the tool's own dispatch got CONFIG ENTER %d, CONFIG EXIT declined as reentrant_dispatch %d, PASS "
+                 "records %d (want 1, 1, 0)",
+                 own_config_enter, own_config_exit_ok, own_passes);
     else if (masked_pass_records)
         snprintf(report, sizeof report, "T, masked off at PASS ENTER 0, got %d record(s) of the replay's passes",
                  masked_pass_records);
