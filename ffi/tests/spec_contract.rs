@@ -305,3 +305,38 @@ fn a_mask_set_at_pass_enter_does_not_mask_the_tools_own_dispatch_from_that_callb
     let (problems, run) = run_scenario(name, &["spec_reentrant_mask.c"], &[], DEADLINE);
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
 }
+
+/// SPEC §2 callback tracing service: the KERNEL_REPLAY owner's operation list filters its
+/// records, not the replay: {CONFIG, PASS} replays as answered without SNAPSHOT or RESTORE
+/// records, the PASS ENTER toggles still working (tests/c_probe_tools/spec_filter.c).
+#[test]
+fn a_replay_owner_listing_config_and_pass_replays_without_memory_records() {
+    let name = "a_replay_owner_listing_config_and_pass_replays_without_memory_records";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["spec_filter.c"],
+        &[("SPEC_FILTER", "config_pass")],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
+
+/// A KERNEL_REPLAY owner that lists PASS alone never sees CONFIG ENTER, so never answers: every
+/// dispatch runs once, with no record to the owner.
+#[test]
+fn a_replay_owner_listing_pass_alone_never_replays() {
+    let name = "a_replay_owner_listing_pass_alone_never_replays";
+    if in_child(name) {
+        return standard_child(2, 2);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["spec_filter.c"],
+        &[("SPEC_FILTER", "pass_only")],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
