@@ -340,3 +340,25 @@ fn a_replay_owner_listing_pass_alone_never_replays() {
     );
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
 }
+
+/// SPEC §5 `KREPLAY_MAX_PASSES` at its lower bound, 1: every answer (an indefinite loop, which
+/// then runs its one pass, more than one pass, one pass, no pass-count callback) leaves the
+/// application's data as single runs would, every completion firing once.
+#[test]
+fn a_cap_of_one_pass_leaves_every_answer_with_single_run_results() {
+    let name = "a_cap_of_one_pass_leaves_every_answer_with_single_run_results";
+    if in_child(name) {
+        return standard_child(1, 6);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["contract.c"],
+        &[
+            ("PROBE_PLAN", "inf,n2,p1,opt,ind0,big"),
+            ("PROBE_MAX", "1"),
+            ("KREPLAY_MAX_PASSES", "1"),
+        ],
+        DEADLINE,
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
