@@ -362,3 +362,56 @@ fn a_cap_of_one_pass_leaves_every_answer_with_single_run_results() {
     );
     assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
 }
+
+/// SPEC §5 `KREPLAY_SNAPSHOT_STORE`, `KREPLAY_RESTORE` and `KREPLAY_SNAPSHOT_SCOPE` as a C tool
+/// sees them (SNAPSHOT and RESTORE EXIT): the scope decides where the snapshot's regions come
+/// from (the agent's memory, or only what the arguments reference), each explicit store is the tier of every snapshot and restore, each explicit
+/// strategy that of every restore (`writeset-unverified` and `tracked` are WRITESET; only the
+/// first says `unverified`, never before the last pass), and the application's data is as single
+/// runs leave it.
+#[test]
+fn each_store_and_restore_setting_is_what_the_memory_records_report() {
+    const BASE: &str = "each_store_and_restore_setting_is_what_the_memory_records_report";
+    if in_child(BASE) {
+        return standard_child(2, 2);
+    }
+    let tool = build_tool("spec_tiers.c", BASE);
+    let mut problems = Vec::new();
+    for (store, tier) in [("device", "1"), ("host", "2"), ("file", "3")] {
+        for (restore, strategy, unverified) in [
+            ("full", "1", "0"),
+            ("hash", "2", "0"),
+            ("writeset", "3", "0"),
+            ("writeset-unverified", "3", "1"),
+            ("tracked", "3", "0"),
+        ] {
+            // The two scopes alternate: every store and strategy meets each.
+            let scope = if restore.len() % 2 == 0 {
+                "agent"
+            } else {
+                "referenced"
+            };
+            let (found, run) = run_tools(
+                BASE,
+                std::slice::from_ref(&tool),
+                &[
+                    ("KREPLAY_SNAPSHOT_STORE", store),
+                    ("KREPLAY_RESTORE", restore),
+                    ("KREPLAY_SNAPSHOT_SCOPE", scope),
+                    ("SPEC_SCOPE", scope),
+                    ("SPEC_TIER", tier),
+                    ("SPEC_STRATEGY", strategy),
+                    ("SPEC_UNVERIFIED", unverified),
+                ],
+                DEADLINE,
+            );
+            if !found.is_empty() {
+                problems.push(format!(
+                    "{store}/{restore}/{scope}: {found:?}\n{}",
+                    run.stderr
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
