@@ -10,7 +10,8 @@
  *  - a mask holds for the following passes and is reset when the dispatch's replay ends: tracer M
  *    is masked off at PASS ENTER 0 of odd dispatches and gets nothing from any of their passes,
  *    and every pass of even dispatches, which never mask it;
- *  - the owner masking its own context keeps receiving its records;
+ *  - the owner masking its own context keeps receiving its replay records, while the dispatch
+ *    tracing service on that same context gets none of the masked passes;
  *  - a toggle called from another thread of the tool while PASS ENTER runs is refused
  *    (CONTEXT_ERROR, nothing changes): the toggles belong to the thread PASS ENTER is on.
  * Every dispatch: 3 passes with a continue callback that always says go on.
@@ -22,7 +23,7 @@
 #include <string.h>
 
 #define MAXD 64
-enum { T, M, N, L, TRACERS };
+enum { T, M, N, L, TRACERS, O = TRACERS }; /* O: the owner's own dispatch tracing service */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char report[4096];
@@ -30,7 +31,7 @@ static size_t problems;
 static kreplay_context_id_t owner, tracer[TRACERS];
 static kreplay_context_toggle_cb_t saved_start, saved_stop;
 static uint64_t current_dispatch;
-static uint64_t records[TRACERS][MAXD][3]; /* per tracer, dispatch, pass: records received */
+static uint64_t records[TRACERS + 1][MAXD][3]; /* per tracer (and O), dispatch, pass: records received */
 static uint64_t owner_records[MAXD];
 static uint64_t misplaced_calls;
 
@@ -172,6 +173,10 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
                            : "M, not masked in this dispatch, did not get its 3 records of a pass (mask not reset?)",
                     id, records[M][id][pass]);
         if (records[N][id][pass] != 0) problem("N (never started) got records", id, records[N][id][pass]);
+        if (records[O][id][pass] != want_m)
+            problem(id % 2 ? "the owner's dispatch service, its context masked off at PASS ENTER 0, got records of this pass"
+                           : "the owner's dispatch service, not masked in this dispatch, did not get its 3 records of a pass",
+                    id, records[O][id][pass]);
         if (records[L][id][pass] != want_l)
             problem("L, started globally at PASS ENTER 0 of dispatch 1 (not maskable), got other than 3 records of a pass", id,
                     records[L][id][pass]);
@@ -208,6 +213,9 @@ static int tool_init(kreplay_client_finalize_t fin, void* tool_data) {
     (void)tool_data;
     if (kreplay_create_context(&owner)) return 1;
     if (kreplay_configure_callback_tracing_service(owner, KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY, NULL, 0, on_replay, NULL))
+        return 1;
+    if (kreplay_configure_callback_tracing_service(owner, KREPLAY_CALLBACK_TRACING_KERNEL_DISPATCH, NULL, 0, on_dispatch,
+                                                   (void*)(uintptr_t)O))
         return 1;
     for (i = 0; i < TRACERS; i++) {
         if (kreplay_create_context(&tracer[i])) return 1;
