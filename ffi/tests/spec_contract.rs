@@ -1,8 +1,13 @@
-//! The payload promises of SPEC §2 held against C tools that do what the header does not ask of
-//! them: kreplay fills in `size`, `dispatch_info` ("always set"; one `dispatch_id` for every
-//! pass), the pass indices and "every field that does not apply set to zero"; a tool sets only
-//! `replay_pass_count` and `replay_continue`. What a tool writes elsewhere in one record must not
-//! reach the next record, another service's record, or the pass-count and continue callbacks.
+//! SPEC §2 (payloads, pass-count table, callback flow, localized context control) and §5
+//! (configuration) held statement by statement against C tools loaded as ROCm loads them, on the
+//! software runtime (the harness of tests/c_probe_tools; the tools are tests/c_probe_tools/spec_*.c
+//! and, for the pass-count answers, contract.c). Each test runs in a child process of its own.
+//!
+//! The payload tests also cover tools that do what the header does not ask of them: kreplay fills
+//! in `size`, `dispatch_info` ("always set"; one `dispatch_id` for every pass), the pass indices
+//! and "every field that does not apply set to zero"; a tool sets only `replay_pass_count` and
+//! `replay_continue`. What a tool writes elsewhere in one record must not reach the next record,
+//! another service's record, or the pass-count and continue callbacks.
 
 mod common;
 #[path = "c_probe_tools/harness.rs"]
