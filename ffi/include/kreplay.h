@@ -27,7 +27,10 @@
  *  - Enumerations are carried in fixed-width integer typedefs (`kreplay_status_t` is int32_t, the
  *    others uint32_t) so their size never depends on the compiler.
  *  - Payload structures begin with `size` (the number of bytes kreplay filled in), are flat (no
- *    unions) and have every field that does not apply set to zero. Structures only grow by
+ *    unions) and have every field that does not apply set to zero. Each record's payload is the
+ *    tool's own copy: kreplay reads back only the fields a tool sets (replay_pass_count and
+ *    replay_continue at CONFIG ENTER, replay_continue at PASS EXIT); whatever a tool writes
+ *    anywhere else is ignored and reaches no other record, service or callback. Structures only grow by
  *    appending fields; an existing field never moves. A tool built against an older header reads
  *    the fields it knows; a tool built against a newer header checks `size` before reading a
  *    field an older library may not have filled in (offsetof(field) + sizeof(field) <= size).
@@ -52,8 +55,9 @@
  *    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
  *  - Before tool initialization begins: kreplay_force_configure (afterwards
  *    KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED).
- *  - Only during PASS ENTER, and only through the payload's pointers: replay_start_context and
- *    replay_stop_context (elsewhere KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing changes).
+ *  - Only during PASS ENTER, on the thread it is delivered on, and only through the payload's
+ *    pointers: replay_start_context and replay_stop_context (elsewhere
+ *    KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing changes).
  *  - KREPLAY_STATUS_ERROR_NOT_INITIALIZED is returned only by the counter functions
  *    (kreplay_iterate_agent_counters, kreplay_create_counter_config, kreplay_plan_counter_passes)
  *    before kreplay is loaded into a runtime, whose agents they need: in a tool's initialize
@@ -207,7 +211,8 @@ typedef struct kreplay_agent_id_t {
     uint64_t handle;
 } kreplay_agent_id_t;
 
-/** A queue of an agent as named by the backend (for HSA: the address of the hsa_queue_t). */
+/** A queue of an agent as named by the backend (for HSA: the `id` field of the application's
+ *  hsa_queue_t, which the runtime assigns; not the queue's address). */
 typedef struct kreplay_queue_id_t {
     uint64_t handle;
 } kreplay_queue_id_t;
@@ -493,8 +498,9 @@ typedef int (*kreplay_continue_cb_t)(kreplay_kernel_dispatch_info_t dispatch_inf
 
 /**
  * Masks a context on (start) or off (stop) for this and the following passes of the current
- * dispatch. Legal only during PASS ENTER (else KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing
- * changes); only for contexts started when the replay began (else
+ * dispatch. Legal only during PASS ENTER and on the thread it is delivered on (else
+ * KREPLAY_STATUS_ERROR_CONTEXT_ERROR, nothing changes: a helper thread of the tool cannot toggle
+ * for the callback it serves); only for contexts started when the replay began (else
  * KREPLAY_STATUS_ERROR_CONTEXT_NOT_STARTED). Never changes the global started state; the mask is
  * reset when the dispatch's replay ends.
  */

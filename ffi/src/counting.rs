@@ -334,11 +334,13 @@ pub(crate) fn remove_context(context: ContextId) {
 }
 
 /// At dispatch time: the counters `info` (pass `pass`) counts, if the service's context is
-/// active now on this thread and its callback picks a configuration of this agent.
+/// active now on this thread and its callback picks a configuration of this agent. A pass
+/// consults the mask of this thread's replay loop; a dispatch that is no pass (`None`: run once,
+/// or submitted by a tool from inside a replay callback) is masked by no replay.
 pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
     let service = (*SERVICE.read())?;
     let mut config = CounterConfigId::default();
-    crate::services::call_if_active(service.context, true, || {
+    crate::services::call_if_active(service.context, pass.is_some(), || {
         // SAFETY: the tool's callback of type `kreplay_dispatch_counting_cb_t`, registered for
         // this use; `config` is valid for the call.
         unsafe {

@@ -356,10 +356,14 @@ fn tier(t: kreplay_passloop::StoreTier) -> SnapshotTier {
 /// of a replay): [`enter`](Self::enter) delivers ENTER before it to every dispatch tracing
 /// service whose context is active on the calling thread, [`exit`](Self::exit) EXIT after it to
 /// those of them still active then (a context started in between gets no EXIT without its
-/// ENTER). ENTER and EXIT of one dispatch share a correlation id, the payload (what the tool
-/// wrote at ENTER stays) and, per service, the `user_data`. Both backends deliver through here.
+/// ENTER). ENTER and EXIT of one dispatch share a correlation id and, per service, the
+/// `user_data`; every service gets its own copy of the payload in every record (the payload has
+/// no field a tool sets: what one service writes there reaches no other record). Both backends
+/// deliver through here.
 pub(crate) struct EnqueueRecords {
     tracers: Arc<[CallbackService]>,
+    /// The pass these submissions are, or `None` for a dispatch that is no pass of a replay.
+    pass: Option<u64>,
     payloads: Vec<KernelDispatchData>,
     correlation: Vec<u64>,
     /// One per (service, dispatch), service-major.
@@ -390,6 +394,7 @@ impl EnqueueRecords {
         let entered = vec![false; tracers.len() * infos.len()];
         let mut records = EnqueueRecords {
             tracers,
+            pass,
             payloads,
             correlation,
             user_data,
@@ -407,20 +412,23 @@ impl EnqueueRecords {
     fn deliver(&mut self, phase: CallbackPhase) {
         let dispatches = self.payloads.len();
         for (s, service) in self.tracers.iter().enumerate() {
-            for (d, payload) in self.payloads.iter_mut().enumerate() {
+            for (d, payload) in self.payloads.iter().enumerate() {
+                let mut copy = *payload;
                 let event = TraceEvent {
                     operation: KernelDispatchOperation::ENQUEUE.0,
                     phase,
                     correlation_id: self.correlation[d],
                     decline_reason: DeclineReason::NONE,
-                    payload: (payload as *mut KernelDispatchData).cast::<c_void>(),
+                    payload: (&mut copy as *mut KernelDispatchData).cast::<c_void>(),
                 };
                 let at = s * dispatches + d;
                 if phase == CallbackPhase::EXIT && !self.entered[at] {
                     continue;
                 }
                 // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours for the call.
-                let delivered = unsafe { service.deliver(&event, &mut self.user_data[at]) };
+                let delivered = unsafe {
+                    deliver_dispatch(service, self.pass, &event, &mut self.user_data[at])
+                };
                 if phase == CallbackPhase::ENTER {
                     self.entered[at] = delivered;
                 }
@@ -444,17 +452,44 @@ pub(crate) fn dispatch_completed(
     if let Some(pass) = pass {
         payload.replay_pass = pass;
     }
-    let event = TraceEvent {
-        operation: KernelDispatchOperation::COMPLETE.0,
-        phase: CallbackPhase::NONE,
-        correlation_id: services::next_correlation_id(),
-        decline_reason: DeclineReason::NONE,
-        payload: (&mut payload as *mut KernelDispatchData).cast::<c_void>(),
-    };
+    let correlation_id = services::next_correlation_id();
     for service in services::dispatch_tracers().iter() {
+        // Each service its own copy: what one writes into it reaches no other.
+        let mut copy = payload;
+        let event = TraceEvent {
+            operation: KernelDispatchOperation::COMPLETE.0,
+            phase: CallbackPhase::NONE,
+            correlation_id,
+            decline_reason: DeclineReason::NONE,
+            payload: (&mut copy as *mut KernelDispatchData).cast::<c_void>(),
+        };
         let mut user_data = UserData::ZERO;
         // SAFETY: a KERNEL_DISPATCH payload, alive and exclusively ours during the call.
-        unsafe { service.deliver(&event, &mut user_data) };
+        unsafe { deliver_dispatch(service, pass, &event, &mut user_data) };
+    }
+}
+
+/// Delivers a KERNEL_DISPATCH record of `pass` to `service`. Replay masks apply only to the passes
+/// of the replay that set them ("they only mask the current dispatch"): a record of a pass
+/// consults the mask of this thread's innermost replay loop, whose pass it is; a dispatch that
+/// is no pass (`None`: run once, or submitted by a tool from inside a replay callback) only its
+/// context's started state, never the mask of a replay it happens to be submitted during.
+///
+/// # Safety
+/// As for [`CallbackService::deliver`].
+unsafe fn deliver_dispatch(
+    service: &CallbackService,
+    pass: Option<u64>,
+    event: &TraceEvent,
+    user_data: &mut UserData,
+) -> bool {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if pass.is_some() {
+            service.deliver(event, user_data)
+        } else {
+            service.deliver_if_started(event, user_data)
+        }
     }
 }
 
@@ -550,14 +585,37 @@ impl CReplayTool {
         services::call_if_active(owner.context, false, call)
     }
 
+    /// Delivers a CONFIG or PASS record. The tool gets a copy of kreplay's payload: only the
+    /// fields the header lets it set are read back (`replay_pass_count` and `replay_continue` at
+    /// CONFIG ENTER, `replay_continue` at PASS EXIT), so what it writes anywhere else (the
+    /// dispatch, the pass indices, the CONFIG EXIT fields) never reaches a later record or the
+    /// pass-count and continue callbacks. PASS ENTER's copy carries the context toggles.
     fn deliver_replay(
         &mut self,
         operation: KernelReplayOperation,
         phase: CallbackPhase,
         decline: DeclineReason,
     ) -> bool {
-        let payload = (&mut self.payload as *mut KernelReplayData).cast::<c_void>();
-        self.deliver(operation, phase, decline, payload)
+        let mut copy = self.payload;
+        let pass_enter = operation == KernelReplayOperation::PASS && phase == CallbackPhase::ENTER;
+        if pass_enter {
+            crate::replay::arm_toggles(&mut copy);
+        }
+        let payload = (&mut copy as *mut KernelReplayData).cast::<c_void>();
+        let delivered = self.deliver(operation, phase, decline, payload);
+        if delivered {
+            match (operation, phase) {
+                (KernelReplayOperation::CONFIG, CallbackPhase::ENTER) => {
+                    self.payload.replay_pass_count = copy.replay_pass_count;
+                    self.payload.replay_continue = copy.replay_continue;
+                }
+                (KernelReplayOperation::PASS, CallbackPhase::EXIT) => {
+                    self.payload.replay_continue = copy.replay_continue;
+                }
+                _ => {}
+            }
+        }
+        delivered
     }
 
     fn deliver_memory(
@@ -665,13 +723,11 @@ impl ReplayTool for CReplayTool {
     fn pass_enter(&mut self, _info: &DispatchInfo, pass: u64, total_passes: u64) {
         self.payload.current_pass = pass;
         self.payload.total_passes = total_passes;
-        crate::replay::arm_toggles(&mut self.payload);
         self.deliver_replay(
             KernelReplayOperation::PASS,
             CallbackPhase::ENTER,
             DeclineReason::NONE,
         );
-        crate::replay::disarm_toggles(&mut self.payload);
     }
 
     fn pass_exit(&mut self, _info: &DispatchInfo, pass: u64, total_passes: u64) -> ContinueChange {
@@ -738,6 +794,8 @@ impl ReplayTool for CReplayTool {
         };
         let (kind, end, reason) = crate::counters::classify(outcome);
         let p = &mut self.payload;
+        // total_passes is a PASS field: it does not apply at CONFIG EXIT (passes_run does).
+        p.total_passes = 0;
         p.current_pass = passes;
         p.passes_run = passes;
         p.outcome = kind;
