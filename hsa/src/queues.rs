@@ -512,6 +512,19 @@ pub(crate) struct QueueIdle<'a> {
     /// The signals the replay that drains holds back, as of now (`crate::waits`: they only
     /// grow while it holds its agents, as the application queues packets it holds back).
     pub(crate) held: &'a dyn Fn() -> Held,
+    /// The queue the replayed dispatch is on: its passes go in behind whatever the queue is
+    /// parked at, so a queue parked at a barrier is not idle to it; parked at one that cannot
+    /// open before the replay ends ([`parked_for_good`](Self::parked_for_good)), it never will
+    /// be.
+    pub(crate) dispatch_queue: bool,
+}
+
+impl QueueIdle<'_> {
+    /// Whether the queue is parked at a barrier that cannot open while the replay holds its
+    /// signals back (`crate::waits`).
+    pub(crate) fn parked_for_good(&self) -> bool {
+        self.state.waits.has_open() && self.state.waits.parked(self.backend, &(self.held)())
+    }
 }
 
 impl QueueView for QueueIdle<'_> {
@@ -520,12 +533,12 @@ impl QueueView for QueueIdle<'_> {
     }
 
     /// A queue that failed runs nothing more: idle, whatever it was given. So is one parked
-    /// at a barrier that cannot open before the replay ends (`crate::waits`).
+    /// at a barrier that cannot open before the replay ends (`crate::waits`), but for the
+    /// dispatch's own queue, whose passes would wait behind that barrier.
     fn is_idle(&self) -> bool {
         self.state.failed().is_some()
             || self.backend.original.signal_load(self.state.in_flight) == 0
-            || (self.state.waits.has_open()
-                && self.state.waits.parked(self.backend, &(self.held)()))
+            || (!self.dispatch_queue && self.parked_for_good())
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
@@ -533,6 +546,11 @@ impl QueueView for QueueIdle<'_> {
         loop {
             if self.is_idle() {
                 return true;
+            }
+            // The dispatch's own queue parked for good: no pass of it could ever start, so
+            // waiting out the deadline gains nothing.
+            if self.dispatch_queue && self.parked_for_good() {
+                return false;
             }
             let now = Instant::now();
             if now >= deadline {

@@ -466,6 +466,7 @@ impl ReplayDevice for HsaReplay<'_> {
                 backend: self.b,
                 state: s,
                 held: &held_now,
+                dispatch_queue: std::ptr::eq(Arc::as_ptr(s), self.state),
             })
             .collect();
         let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
@@ -473,6 +474,7 @@ impl ReplayDevice for HsaReplay<'_> {
             backend: self.b,
             state: self.state,
             held: &held_now,
+            dispatch_queue: true,
         };
         // A copy waiting for what this replay holds back lands only after the dispatch has
         // run, and copy engines run their copies in order, so the snapshot's and the tool's
@@ -498,7 +500,24 @@ impl ReplayDevice for HsaReplay<'_> {
             .collect();
         kreplay_drain::drain_agent(&own, &siblings, &copies, &self.b.drain)
             .map(|_| ())
-            .map_err(|stuck| decline_from(stuck.reason(), stuck.to_string()))
+            .map_err(|stuck| {
+                // The dispatch's queue stopped at a barrier that waits for work this replay
+                // holds back: its passes would queue behind it and never start, while that
+                // work waits for this replay's locks. The dispatch runs once, behind it.
+                if matches!(stuck, kreplay_drain::DrainStuck::Queue(_)) && own.parked_for_good() {
+                    return Decline::new(
+                        DeclineReason::QueueDrainStuck,
+                        format!(
+                            "queue {:#x} is stopped at a barrier packet that waits for work this \
+                             replay holds back (a packet another queue has not forwarded yet, or \
+                             one queued behind this dispatch): no pass could start before the \
+                             replay ends",
+                            self.state.id
+                        ),
+                    );
+                }
+                decline_from(stuck.reason(), stuck.to_string())
+            })
     }
 
     fn prepare(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
