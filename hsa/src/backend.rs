@@ -284,6 +284,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         original,
         hsa_queue_create_fn = queues::queue_create,
         hsa_queue_destroy_fn = soft_queues::queue_destroy,
+        hsa_queue_inactivate_fn = queues::queue_inactivate,
         hsa_queue_add_write_index_scacq_screl_fn = queues::queue_add_write_index_scacq_screl,
         hsa_queue_add_write_index_scacquire_fn = queues::queue_add_write_index_scacquire,
         hsa_queue_add_write_index_relaxed_fn = queues::queue_add_write_index_relaxed,

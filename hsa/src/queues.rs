@@ -15,6 +15,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{Backend, backend, guarded, installed};
 use crate::dispatch::Packet;
+use crate::original::forward;
 use crate::waits::{Held, WaitLog};
 
 /// One application queue as kreplay sees it.
@@ -118,14 +119,27 @@ impl QueueErrors {
         Arc::as_ptr(self).cast_mut().cast()
     }
 
-    /// The status of the first error the runtime reported for the queue, if any.
+    /// The status of the first error the runtime reported for the queue, if any (or
+    /// [`INACTIVATED`] once the application inactivated it).
     pub(crate) fn failed(&self) -> Option<hsa_status_t> {
         match self.status.load(Ordering::Acquire) {
             0 => None,
             status => Some(status),
         }
     }
+
+    /// The application inactivated the queue: it runs nothing more, as after an error (the
+    /// application's callback is not called: no error was reported).
+    fn inactivated(&self) {
+        let _ = self
+            .status
+            .compare_exchange(0, INACTIVATED, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
+
+/// What [`QueueErrors::failed`] says of a queue the application inactivated
+/// (`hsa_queue_inactivate`), which reported no error.
+pub(crate) const INACTIVATED: hsa_status_t = u32::MAX;
 
 /// The error callback kreplay registers for every queue it creates: notes the error, then
 /// calls the application's callback with its own data, as the runtime would have.
@@ -689,6 +703,16 @@ impl QueueRegistry {
             .push(state);
     }
 
+    /// The state of the application's queue `queue`, if kreplay made it.
+    fn get(&self, queue: *mut hsa_queue_t) -> Option<Arc<QueueState>> {
+        self.by_agent
+            .lock()
+            .values()
+            .flat_map(|list| list.iter())
+            .find(|s| s.queue == queue)
+            .cloned()
+    }
+
     fn remove(&self, queue: *mut hsa_queue_t) -> Option<Arc<QueueState>> {
         let mut map = self.by_agent.lock();
         for list in map.values_mut() {
@@ -926,6 +950,22 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
             } else {
                 b.queues.add(state);
             }
+        }
+        status
+    })
+}
+
+/// Wrapper of `hsa_queue_inactivate`: the queue's packet processor stops and what is pending
+/// on it is aborted, so a replay whose pass runs on it (another thread's handler call) must not
+/// wait for that pass: the queue counts as failed from now on, as after an error.
+pub(crate) unsafe extern "C" fn queue_inactivate(queue: *mut hsa_queue_t) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, core.hsa_queue_inactivate_fn(queue));
+        if status == HSA_STATUS_SUCCESS
+            && let Some(state) = b.queues.get(queue)
+        {
+            state.errors.inactivated();
         }
         status
     })

@@ -276,10 +276,19 @@ impl PassCompletion for PassSignal<'_> {
 
     fn failed(&self) -> Option<String> {
         self.queue.failed().map(|status| {
-            format!(
-                "queue {} went into its error state (status {status:#x}, reported to the                  application's queue error callback): the pass will never complete",
-                self.queue.id
-            )
+            if status == crate::queues::INACTIVATED {
+                format!(
+                    "queue {} was inactivated by the application (hsa_queue_inactivate): the \
+                     pass will never complete",
+                    self.queue.id
+                )
+            } else {
+                format!(
+                    "queue {} went into its error state (status {status:#x}, reported to the \
+                     application's queue error callback): the pass will never complete",
+                    self.queue.id
+                )
+            }
         })
     }
 }
