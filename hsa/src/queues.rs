@@ -12,6 +12,7 @@ use std::time::Instant;
 use hsa_sys::*;
 use kreplay_drain::QueueView;
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, backend, guarded, installed};
 use crate::dispatch::Packet;
@@ -245,9 +246,15 @@ impl QueueState {
 
     /// Counts a handler call of this queue that may last (see `handlers`) until the returned
     /// guard is dropped, on this thread.
-    pub(crate) fn handler_call(&self) -> HandlerCall<'_> {
+    pub(crate) fn handler_call(&self, writer: crate::dispatch::Writer) -> HandlerCall<'_> {
         *self.handlers.lock() += 1;
-        let _ = HANDLING.try_with(|h| h.borrow_mut().push(self.queue as usize));
+        let _ = HANDLING.try_with(|h| {
+            h.borrow_mut().push(Handling {
+                queue: self.queue as usize,
+                state: self,
+                writer,
+            })
+        });
         HandlerCall {
             state: self,
             _not_send: std::marker::PhantomData,
@@ -1049,7 +1056,7 @@ impl Drop for HandlerCall<'_> {
         let queue = self.state.queue as usize;
         let _ = HANDLING.try_with(|h| {
             let mut h = h.borrow_mut();
-            if let Some(at) = h.iter().rposition(|&q| q == queue) {
+            if let Some(at) = h.iter().rposition(|c| c.queue == queue) {
                 h.remove(at);
             }
         });
@@ -1064,13 +1071,40 @@ impl Drop for HandlerCall<'_> {
 /// Whether this thread is inside a handler call of `queue` ([`QueueState::handler_call`]).
 fn handling(queue: *mut hsa_queue_t) -> bool {
     HANDLING
-        .try_with(|h| h.borrow().contains(&(queue as usize)))
+        .try_with(|h| h.borrow().iter().any(|c| c.queue == queue as usize))
         .unwrap_or(false)
+}
+
+/// Writes the mail (drain markers of replays on other threads) of every queue whose handler
+/// this thread is in: for a wait inside a handler call that is not the handler's own (a runtime
+/// write a tool makes from a callback, waiting for an agent's lock), which would otherwise hold
+/// those replays' drains off until their timeout, since only a thread handling a queue writes
+/// its mail.
+pub(crate) fn serve_handled_mail(b: &Backend) {
+    let calls: SmallVec<[(*const QueueState, crate::dispatch::Writer); 2]> = HANDLING
+        .try_with(|h| h.borrow().iter().map(|c| (c.state, c.writer)).collect())
+        .unwrap_or_default();
+    for (state, writer) in calls {
+        // SAFETY: a handler call in progress on this thread registered `state` and removes it
+        // (`HandlerCall::drop`) before its `&QueueState` ends; we are inside that call.
+        let state = unsafe { &*state };
+        crate::dispatch::deliver_mail(b, state, crate::dispatch::Sink::Handler(writer));
+    }
+}
+
+/// One handler call in progress on this thread.
+struct Handling {
+    /// The application's queue, as an identity.
+    queue: usize,
+    /// Its state, alive while the call is (see [`serve_handled_mail`]).
+    state: *const QueueState,
+    /// The call's writer, valid while the call is.
+    writer: crate::dispatch::Writer,
 }
 
 thread_local! {
     /// The queues whose handler this thread is in (counted ones, see `handler_call`).
-    static HANDLING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+    static HANDLING: std::cell::RefCell<Vec<Handling>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Replay windows (agent writer locks) this thread holds.
     static WINDOWS: Cell<u32> = const { Cell::new(0) };
     /// Pass loops of dispatches this thread handles (CONFIG ENTER to CONFIG EXIT).
