@@ -50,6 +50,7 @@ pub(crate) fn replay_dispatch(
         locked: Vec::new(),
         plan: None,
         pass_signal: None,
+        pass_lost: false,
     };
     let callbacks = Mark::callbacks();
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
@@ -139,6 +140,8 @@ struct HsaReplay<'a> {
     locked: Vec<u64>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
+    /// A pass was submitted and never completed (its queue failed or was inactivated).
+    pass_lost: bool,
 }
 
 impl Drop for HsaReplay<'_> {
@@ -681,6 +684,7 @@ impl ReplayDevice for HsaReplay<'_> {
             self.b.hooks.warn(&warning);
         }
         if let Err(never) = waited {
+            self.pass_lost = true;
             // Nothing of the pass can be read back (counters, times): it did not complete.
             return Err(Decline::new(
                 DeclineReason::PassDrainStuck,
@@ -820,8 +824,15 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn fire_completion(&mut self, _info: &DispatchInfo) {
         // On a queue that failed the dispatch never completes, with kreplay or without: the
-        // application heard of it through its queue error callback.
-        if self.dispatch.completion_signal.handle != 0 && self.state.failed().is_none() {
+        // application heard of it through its queue error callback. On one the application
+        // inactivated it completes where every pass did (it ran before the inactivation, as
+        // it had without kreplay), and not where one was aborted.
+        let completes = match self.state.failed() {
+            None => true,
+            Some(crate::queues::INACTIVATED) => !self.pass_lost,
+            Some(_) => false,
+        };
+        if self.dispatch.completion_signal.handle != 0 && completes {
             self.b
                 .original
                 .signal_subtract(self.dispatch.completion_signal, 1);

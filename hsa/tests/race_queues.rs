@@ -124,4 +124,50 @@ scenarios! {
         assert!(outcome.is_failure(), "the tool hears that the replay failed: {outcome:?}");
         assert!(format!("{outcome:?}").contains("inactivated"), "and why: {outcome:?}");
     }
+
+    /// Thread B inactivates the queue once the replay's last pass has run (between its PASS
+    /// EXIT and the application's completion): the dispatch ran, as it would have without
+    /// kreplay by then, so its completion fires and memory holds one run's result.
+    fn a_queue_inactivated_after_the_last_pass_still_completes_the_dispatch() {
+        let env = setup();
+        GO.store(true, Ordering::SeqCst);
+        let q = env.app.queue(env.app.gpus[0]);
+        let a = env.app.buffer(env.pools.coarse, &[10; WORDS]);
+        let done = env.app.signal(1);
+        let last_pass_ran = Arc::new(AtomicBool::new(false));
+        let inactivated = Arc::new(AtomicBool::new(false));
+        let (ran, settled) = (last_pass_ran.clone(), inactivated.clone());
+        env.hooks.set_script(Script::passes(3).on_pass_exit(move |_, _, pass, total| {
+            if pass + 1 == total {
+                ran.store(true, Ordering::SeqCst);
+                assert!(support::wait_flag(&settled), "thread B inactivated the queue");
+            }
+            kreplay_passloop::ContinueChange::Keep
+        }));
+        let (app, packet) = (env.app, env.gated(a, done));
+        let inactivate = app.core().hsa_queue_inactivate_fn.expect("hsa_queue_inactivate");
+        let results = support::bounded(WAIT * 3, vec![
+            Box::new(move || {
+                app.dispatch(q, packet);
+                HSA_STATUS_SUCCESS
+            }),
+            Box::new(move || {
+                let q = q; // the whole handle, which is Send
+                assert!(support::wait_flag(&last_pass_ran), "the last pass runs");
+                // SAFETY: a live queue of this application.
+                let status = unsafe { inactivate(q.0) };
+                inactivated.store(true, Ordering::SeqCst);
+                status
+            }),
+        ]);
+        assert_eq!(results[1], HSA_STATUS_SUCCESS, "the queue was inactivated");
+
+        assert_eq!(env.app.wait_zero(done), 0, "the dispatch's completion fired");
+        assert_eq!(env.app.read(a, WORDS), vec![11; WORDS], "one run's result");
+        let infos = env.hooks.configured_dispatches();
+        let outcome = env.hooks.finished_record(infos[0].dispatch_id).outcome;
+        assert!(!outcome.is_failure(), "every pass ran: {outcome:?}");
+        let app = env.app;
+        support::bounded(WAIT * 2, vec![Box::new(move || app.destroy_queue(q))]);
+    }
 }
