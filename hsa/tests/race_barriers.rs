@@ -94,12 +94,10 @@ fn publish(app: &App, queue: Queue, packet: Aql) -> u64 {
         .hsa_queue_load_read_index_scacquire_fn
         .expect("load_read_index");
     // SAFETY: a live queue.
-    assert!(
-        index - unsafe { load_read(queue.0) } < u64::from(q.size),
-        "the ring has room"
-    );
+    let read = unsafe { load_read(queue.0) };
+    assert!(index - read < u64::from(q.size), "the ring has room");
     let slot = (q.base_address as usize + (index % u64::from(q.size)) as usize * 64) as *mut u8;
-    // SAFETY: the 64-byte slot this thread reserved; the body goes in before the header.
+    // SAFETY: a packet is 64 bytes of plain data.
     let bytes: [u8; 64] = unsafe { std::mem::transmute(packet) };
     // SAFETY: as above, bytes 4..64 are the body.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), slot.add(4), 60) };
