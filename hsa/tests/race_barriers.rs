@@ -16,7 +16,7 @@ use std::time::Duration;
 use hsa_sys::hsa_signal_t;
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::{DeclineReason, RanOnceReason, ReplayOutcome};
+use kreplay_passloop::{DeclineReason, RanOnceReason, ReplayOutcome, ToolAnswer};
 use support::app::{self, App, Aql, Pools, Ptr, Queue, WAIT};
 use support::counted::{AddArgs, add, runs, seen};
 use support::tool::{Script, TestHooks};
@@ -152,5 +152,51 @@ scenarios! {
         };
         assert_eq!(decline.reason, DeclineReason::QueueDrainStuck, "{decline:?}");
         assert!(decline.detail.contains("barrier"), "the detail says why: {decline:?}");
+    }
+}
+
+scenarios! {
+    /// Two threads dispatch on two GPUs with one completion signal of value 2 (an event both
+    /// kernels count down), each dispatch replayed at the same time; a third queue, on the
+    /// first GPU, waits for the signal with a barrier-AND and adds 100 to both buffers. The
+    /// signal fires once both dispatches completed, exactly once each: the waiting kernel runs
+    /// once, after both, and every buffer holds one run's result.
+    fn one_completion_signal_shared_by_replays_on_two_gpus_fires_once_both_ran() {
+        let env = setup(Duration::from_secs(5));
+        let (gpu0, gpu1) = (env.app.gpus[0], env.app.gpus[1]);
+        let pools1 = env.app.pools(gpu1);
+        let (q0, q1, qw) = (env.app.queue(gpu0), env.app.queue(gpu1), env.app.queue(gpu0));
+        // The waiting kernel runs once: replaying it would wait out the drain timeout for its own
+        // queue, stopped at a barrier whose signal the other kernels fire later (docs/rocm.md).
+        // SAFETY: a live queue of this scenario.
+        let waiting_queue = unsafe { (*qw.0).id };
+        env.hooks.set_script(Script::new(move |_, info| {
+            ToolAnswer::passes(if info.queue_id == waiting_queue { 1 } else { 3 })
+        }));
+        let a = env.app.buffer(env.pools.coarse, &[10; WORDS]);
+        let b = env.app.buffer(pools1.coarse, &[20; WORDS]);
+        let (shared, waited) = (env.app.signal(2), env.app.signal(1));
+        env.app.submit(qw, &[Aql::barrier_and(&[shared], NO_SIGNAL).with_barrier(), env.add(a, 3, 100, waited)]);
+        let on_a = env.add(a, WAITING, 1, shared);
+        let kernarg = env.app.kernargs(&pools1, AddArgs { buf: b.0, len: WORDS as u32, tag: PUBLISHED, amount: 1 });
+        let kernel = kreplay_softhsa::register_kernel("race_barriers_add", add);
+        let on_b = Aql::dispatch(kernel, WORDS as u32, 64, kernarg, shared);
+        let app = env.app;
+        let started = std::time::Instant::now();
+        support::bounded(WAIT * 2, vec![
+            Box::new(move || app.dispatch(q0, on_a)),
+            Box::new(move || app.dispatch(q1, on_b)),
+        ]);
+        let took = started.elapsed();
+
+        assert_eq!([env.app.wait_zero(shared), env.app.wait_zero(waited)], [0, 0]);
+        assert_eq!(env.app.load(shared), 0, "counted down once per dispatch");
+        let outcomes = env.outcomes();
+        let replayed = outcomes.iter().filter(|o| matches!(o, ReplayOutcome::Replayed { passes: 3, .. })).count();
+        assert_eq!(replayed, 2, "both dispatches were replayed: {outcomes:?} (after {took:?})");
+        assert_eq!((runs(WAITING), runs(PUBLISHED)), (3, 3));
+        assert_eq!(seen(3), vec![11], "the waiting kernel ran once, after both");
+        assert_eq!(env.app.read(a, WORDS), vec![111; WORDS]);
+        assert_eq!(env.app.read(b, WORDS), vec![21; WORDS]);
     }
 }
