@@ -31,6 +31,8 @@ pub(crate) struct Backend {
     pub(crate) soft_queues: crate::soft_queues::SoftQueues,
     /// The runtime's image entries and the images created (`crate::images`).
     pub(crate) images: crate::images::Images,
+    /// The application's live signals (`crate::signals`).
+    pub(crate) signals: crate::signals::Signals,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
     pub(crate) vmem: crate::vmem::VmemTracker,
     /// Agents linked by peer-access grants, replayed as one group (`crate::peers`).
@@ -209,6 +211,7 @@ pub(crate) unsafe fn install(
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
         images,
+        signals: crate::signals::Signals::default(),
         peers: crate::peers::Peers::default(),
         hooks,
         drain: options.drain,
@@ -284,6 +287,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         original,
         hsa_queue_create_fn = queues::queue_create,
         hsa_queue_destroy_fn = soft_queues::queue_destroy,
+        hsa_queue_inactivate_fn = queues::queue_inactivate,
         hsa_queue_add_write_index_scacq_screl_fn = queues::queue_add_write_index_scacq_screl,
         hsa_queue_add_write_index_scacquire_fn = queues::queue_add_write_index_scacquire,
         hsa_queue_add_write_index_relaxed_fn = queues::queue_add_write_index_relaxed,
@@ -294,6 +298,8 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_memory_allocate_fn = memory::memory_allocate,
         hsa_memory_free_fn = memory::memory_free,
         hsa_memory_copy_fn = copies::memory_copy,
+        hsa_signal_create_fn = crate::signals::signal_create,
+        hsa_signal_destroy_fn = crate::signals::signal_destroy,
     );
     // Executables are tracked only where every entry reach needs exists.
     if crate::reach::capture(original.core()) {
@@ -329,6 +335,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_interop_map_buffer_fn = memory::interop_map_buffer,
         hsa_amd_interop_unmap_buffer_fn = memory::interop_unmap_buffer,
         hsa_amd_image_create_fn = crate::images::amd_image_create,
+        hsa_amd_signal_create_fn = crate::signals::amd_signal_create,
         hsa_amd_vmem_handle_create_fn = vmem::handle_create,
         hsa_amd_vmem_handle_release_fn = vmem::handle_release,
         hsa_amd_vmem_import_shareable_handle_fn = vmem::import_shareable_handle,

@@ -248,7 +248,13 @@ pub(crate) fn readers<'a>(b: &'a Backend, agents: &[u64]) -> Vec<kreplay_locks::
                     .ok()
                     .flatten()
             } else {
-                b.locks.read(a).ok()
+                // Inside a handler call (a tool's callback), keep writing the mail of the
+                // queues being handled while waiting, as the handler's own waits do.
+                b.locks
+                    .read_serving(a, crate::dispatch::SERVE_SLICE, || {
+                        crate::queues::serve_handled_mail(b)
+                    })
+                    .ok()
             }
         })
         .collect()

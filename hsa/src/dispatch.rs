@@ -123,7 +123,7 @@ pub(crate) unsafe extern "C" fn intercept_handler(
         // for the agent's lock): the queue's destroy waits for it, and a cancellation of this
         // thread waits for its end (`crate::cancel`).
         let replaying = b.replay_active();
-        let _call = replaying.then(|| state.handler_call());
+        let _call = replaying.then(|| state.handler_call(writer));
         let _no_cancel = replaying.then(crate::cancel::NoCancel::now);
         deliver_mail(b, state, Sink::Handler(writer));
         if state.has_reentrant() || packets.iter().any(is_wake_up) {

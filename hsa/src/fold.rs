@@ -259,7 +259,7 @@ impl Window {
             for (addr, len) in written {
                 let whole = b
                     .snapshotter
-                    .written(addr, len)
+                    .written_within(&self.footprint, addr, len)
                     .map_err(|e| format!("what it wrote could not be read: {e}"))?;
                 delta.append(whole);
             }

@@ -94,6 +94,7 @@ mod peers;
 mod queues;
 mod reach;
 mod replay;
+mod signals;
 mod soft_queues;
 mod vmem;
 mod waits;

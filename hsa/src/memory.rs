@@ -327,6 +327,25 @@ fn track_out(status: hsa_status_t, out: *mut *mut c_void) {
 /// shadows allocated from the agent's coarse-grained pool (never tracked).
 pub(crate) struct HsaMemory;
 
+/// How many times kreplay issues one of its own runtime copies (snapshot, restore, capture)
+/// before it counts as failed: a transient refusal (a copy engine briefly out of resources)
+/// would otherwise fail a whole restore, and leave memory neither as the pass left it nor as
+/// the snapshot holds it where the restore's other copies went through. Copying the same bytes
+/// again is harmless.
+const COPY_ATTEMPTS: usize = 3;
+
+/// `attempt` until it succeeds, at most [`COPY_ATTEMPTS`] times; its last status.
+fn attempted(mut attempt: impl FnMut() -> hsa_status_t) -> hsa_status_t {
+    let mut status = HSA_STATUS_ERROR;
+    for _ in 0..COPY_ATTEMPTS {
+        status = attempt();
+        if status == HSA_STATUS_SUCCESS {
+            break;
+        }
+    }
+    status
+}
+
 fn copy_failed(addr: u64, len: usize, status: hsa_status_t) -> CopyError {
     CopyError::failed(
         addr,
@@ -391,16 +410,18 @@ impl DeviceMemory for HsaMemory {
                 ));
                 break;
             };
-            let status = b.original.async_copy(
-                w.addr as *mut c_void,
-                info.agentOwner,
-                Self::agent_address(b, w.data.as_ptr()),
-                cpu,
-                w.data.len(),
-                0,
-                std::ptr::null(),
-                signal,
-            );
+            let status = attempted(|| {
+                b.original.async_copy(
+                    w.addr as *mut c_void,
+                    info.agentOwner,
+                    Self::agent_address(b, w.data.as_ptr()),
+                    cpu,
+                    w.data.len(),
+                    0,
+                    std::ptr::null(),
+                    signal,
+                )
+            });
             if status != HSA_STATUS_SUCCESS {
                 failure = Some(CopyError::failed(
                     w.addr,
@@ -452,11 +473,13 @@ impl DeviceMemory for HsaMemory {
     }
 
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
-        let status = backend().original.memory_copy(
-            dst.as_mut_ptr().cast(),
-            addr as *const c_void,
-            dst.len(),
-        );
+        let status = attempted(|| {
+            backend().original.memory_copy(
+                dst.as_mut_ptr().cast(),
+                addr as *const c_void,
+                dst.len(),
+            )
+        });
         if status == HSA_STATUS_SUCCESS {
             Ok(())
         } else {
@@ -465,10 +488,11 @@ impl DeviceMemory for HsaMemory {
     }
 
     fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
-        let status =
+        let status = attempted(|| {
             backend()
                 .original
-                .memory_copy(addr as *mut c_void, src.as_ptr().cast(), src.len());
+                .memory_copy(addr as *mut c_void, src.as_ptr().cast(), src.len())
+        });
         if status == HSA_STATUS_SUCCESS {
             Ok(())
         } else {
@@ -520,11 +544,10 @@ impl DeviceMemory for HsaMemory {
         // The runtime's copy is thread safe: issue the list from kreplay's pool so copies
         // overlap (on the software runtime each one is a memcpy on the calling thread).
         kreplay_snapshot::pool::map(copies.iter().collect(), |c| {
-            let status = b.original.memory_copy(
-                c.dst as *mut c_void,
-                c.src as *const c_void,
-                c.len as usize,
-            );
+            let status = attempted(|| {
+                b.original
+                    .memory_copy(c.dst as *mut c_void, c.src as *const c_void, c.len as usize)
+            });
             if status == HSA_STATUS_SUCCESS {
                 Ok(())
             } else {

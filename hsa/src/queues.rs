@@ -12,9 +12,11 @@ use std::time::Instant;
 use hsa_sys::*;
 use kreplay_drain::QueueView;
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, backend, guarded, installed};
 use crate::dispatch::Packet;
+use crate::original::forward;
 use crate::waits::{Held, WaitLog};
 
 /// One application queue as kreplay sees it.
@@ -118,14 +120,27 @@ impl QueueErrors {
         Arc::as_ptr(self).cast_mut().cast()
     }
 
-    /// The status of the first error the runtime reported for the queue, if any.
+    /// The status of the first error the runtime reported for the queue, if any (or
+    /// [`INACTIVATED`] once the application inactivated it).
     pub(crate) fn failed(&self) -> Option<hsa_status_t> {
         match self.status.load(Ordering::Acquire) {
             0 => None,
             status => Some(status),
         }
     }
+
+    /// The application inactivated the queue: it runs nothing more, as after an error (the
+    /// application's callback is not called: no error was reported).
+    fn inactivated(&self) {
+        let _ = self
+            .status
+            .compare_exchange(0, INACTIVATED, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
+
+/// What [`QueueErrors::failed`] says of a queue the application inactivated
+/// (`hsa_queue_inactivate`), which reported no error.
+pub(crate) const INACTIVATED: hsa_status_t = u32::MAX;
 
 /// The error callback kreplay registers for every queue it creates: notes the error, then
 /// calls the application's callback with its own data, as the runtime would have.
@@ -231,9 +246,15 @@ impl QueueState {
 
     /// Counts a handler call of this queue that may last (see `handlers`) until the returned
     /// guard is dropped, on this thread.
-    pub(crate) fn handler_call(&self) -> HandlerCall<'_> {
+    pub(crate) fn handler_call(&self, writer: crate::dispatch::Writer) -> HandlerCall<'_> {
         *self.handlers.lock() += 1;
-        let _ = HANDLING.try_with(|h| h.borrow_mut().push(self.queue as usize));
+        let _ = HANDLING.try_with(|h| {
+            h.borrow_mut().push(Handling {
+                queue: self.queue as usize,
+                state: self,
+                writer,
+            })
+        });
         HandlerCall {
             state: self,
             _not_send: std::marker::PhantomData,
@@ -512,6 +533,19 @@ pub(crate) struct QueueIdle<'a> {
     /// The signals the replay that drains holds back, as of now (`crate::waits`: they only
     /// grow while it holds its agents, as the application queues packets it holds back).
     pub(crate) held: &'a dyn Fn() -> Held,
+    /// The queue the replayed dispatch is on: its passes go in behind whatever the queue is
+    /// parked at, so a queue parked at a barrier is not idle to it; parked at one that cannot
+    /// open before the replay ends ([`parked_for_good`](Self::parked_for_good)), it never will
+    /// be.
+    pub(crate) dispatch_queue: bool,
+}
+
+impl QueueIdle<'_> {
+    /// Whether the queue is parked at a barrier that cannot open while the replay holds its
+    /// signals back (`crate::waits`).
+    pub(crate) fn parked_for_good(&self) -> bool {
+        self.state.waits.has_open() && self.state.waits.parked(self.backend, &(self.held)())
+    }
 }
 
 impl QueueView for QueueIdle<'_> {
@@ -520,12 +554,12 @@ impl QueueView for QueueIdle<'_> {
     }
 
     /// A queue that failed runs nothing more: idle, whatever it was given. So is one parked
-    /// at a barrier that cannot open before the replay ends (`crate::waits`).
+    /// at a barrier that cannot open before the replay ends (`crate::waits`), but for the
+    /// dispatch's own queue, whose passes would wait behind that barrier.
     fn is_idle(&self) -> bool {
         self.state.failed().is_some()
             || self.backend.original.signal_load(self.state.in_flight) == 0
-            || (self.state.waits.has_open()
-                && self.state.waits.parked(self.backend, &(self.held)()))
+            || (!self.dispatch_queue && self.parked_for_good())
     }
 
     fn wait_idle(&self, deadline: Instant) -> bool {
@@ -533,6 +567,11 @@ impl QueueView for QueueIdle<'_> {
         loop {
             if self.is_idle() {
                 return true;
+            }
+            // The dispatch's own queue parked for good: no pass of it could ever start, so
+            // waiting out the deadline gains nothing.
+            if self.dispatch_queue && self.parked_for_good() {
+                return false;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -669,6 +708,16 @@ impl QueueRegistry {
             .entry(state.agent.handle)
             .or_default()
             .push(state);
+    }
+
+    /// The state of the application's queue `queue`, if kreplay made it.
+    fn get(&self, queue: *mut hsa_queue_t) -> Option<Arc<QueueState>> {
+        self.by_agent
+            .lock()
+            .values()
+            .flat_map(|list| list.iter())
+            .find(|s| s.queue == queue)
+            .cloned()
     }
 
     fn remove(&self, queue: *mut hsa_queue_t) -> Option<Arc<QueueState>> {
@@ -913,6 +962,22 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
     })
 }
 
+/// Wrapper of `hsa_queue_inactivate`: the queue's packet processor stops and what is pending
+/// on it is aborted, so a replay whose pass runs on it (another thread's handler call) must not
+/// wait for that pass: the queue counts as failed from now on, as after an error.
+pub(crate) unsafe extern "C" fn queue_inactivate(queue: *mut hsa_queue_t) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, core.hsa_queue_inactivate_fn(queue));
+        if status == HSA_STATUS_SUCCESS
+            && let Some(state) = b.queues.get(queue)
+        {
+            state.errors.inactivated();
+        }
+        status
+    })
+}
+
 /// `hsa_queue_destroy` calls waiting for handler calls of their queue now.
 static DESTROYS_WAITING: AtomicUsize = AtomicUsize::new(0);
 
@@ -991,7 +1056,7 @@ impl Drop for HandlerCall<'_> {
         let queue = self.state.queue as usize;
         let _ = HANDLING.try_with(|h| {
             let mut h = h.borrow_mut();
-            if let Some(at) = h.iter().rposition(|&q| q == queue) {
+            if let Some(at) = h.iter().rposition(|c| c.queue == queue) {
                 h.remove(at);
             }
         });
@@ -1006,13 +1071,40 @@ impl Drop for HandlerCall<'_> {
 /// Whether this thread is inside a handler call of `queue` ([`QueueState::handler_call`]).
 fn handling(queue: *mut hsa_queue_t) -> bool {
     HANDLING
-        .try_with(|h| h.borrow().contains(&(queue as usize)))
+        .try_with(|h| h.borrow().iter().any(|c| c.queue == queue as usize))
         .unwrap_or(false)
+}
+
+/// Writes the mail (drain markers of replays on other threads) of every queue whose handler
+/// this thread is in: for a wait inside a handler call that is not the handler's own (a runtime
+/// write a tool makes from a callback, waiting for an agent's lock), which would otherwise hold
+/// those replays' drains off until their timeout, since only a thread handling a queue writes
+/// its mail.
+pub(crate) fn serve_handled_mail(b: &Backend) {
+    let calls: SmallVec<[(*const QueueState, crate::dispatch::Writer); 2]> = HANDLING
+        .try_with(|h| h.borrow().iter().map(|c| (c.state, c.writer)).collect())
+        .unwrap_or_default();
+    for (state, writer) in calls {
+        // SAFETY: a handler call in progress on this thread registered `state` and removes it
+        // (`HandlerCall::drop`) before its `&QueueState` ends; we are inside that call.
+        let state = unsafe { &*state };
+        crate::dispatch::deliver_mail(b, state, crate::dispatch::Sink::Handler(writer));
+    }
+}
+
+/// One handler call in progress on this thread.
+struct Handling {
+    /// The application's queue, as an identity.
+    queue: usize,
+    /// Its state, alive while the call is (see [`serve_handled_mail`]).
+    state: *const QueueState,
+    /// The call's writer, valid while the call is.
+    writer: crate::dispatch::Writer,
 }
 
 thread_local! {
     /// The queues whose handler this thread is in (counted ones, see `handler_call`).
-    static HANDLING: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+    static HANDLING: std::cell::RefCell<Vec<Handling>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Replay windows (agent writer locks) this thread holds.
     static WINDOWS: Cell<u32> = const { Cell::new(0) };
     /// Pass loops of dispatches this thread handles (CONFIG ENTER to CONFIG EXIT).

@@ -525,6 +525,17 @@ fn resolve(
             filter
         });
     }
+    // An application signal (its handle, or a pointer into it): a kernel that counts it down
+    // signals the host once per pass, which no restore can take back (`crate::signals`).
+    if let Some(signal) = b.signals.holding(value) {
+        return Err(Decline::new(
+            DeclineReason::UntrackedMemory,
+            format!(
+                "an argument ({value:#x}) is the application's signal {signal:#x}: a kernel that \
+                 writes a signal would signal the host once per pass"
+            ),
+        ));
+    }
     // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
     // allocation it ends is reached too (it was taken for a plain number); what begins at the
     // value itself is resolved below as ever.

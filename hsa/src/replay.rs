@@ -50,6 +50,7 @@ pub(crate) fn replay_dispatch(
         locked: Vec::new(),
         plan: None,
         pass_signal: None,
+        pass_lost: false,
     };
     let callbacks = Mark::callbacks();
     let record = kreplay_passloop::run_dispatch(&mut *tool, &mut device, b.hooks.contexts(), &info);
@@ -139,6 +140,8 @@ struct HsaReplay<'a> {
     locked: Vec<u64>,
     plan: Option<SnapshotPlan>,
     pass_signal: Option<hsa_signal_t>,
+    /// A pass was submitted and never completed (its queue failed or was inactivated).
+    pass_lost: bool,
 }
 
 impl Drop for HsaReplay<'_> {
@@ -276,10 +279,19 @@ impl PassCompletion for PassSignal<'_> {
 
     fn failed(&self) -> Option<String> {
         self.queue.failed().map(|status| {
-            format!(
-                "queue {} went into its error state (status {status:#x}, reported to the                  application's queue error callback): the pass will never complete",
-                self.queue.id
-            )
+            if status == crate::queues::INACTIVATED {
+                format!(
+                    "queue {} was inactivated by the application (hsa_queue_inactivate): the \
+                     pass will never complete",
+                    self.queue.id
+                )
+            } else {
+                format!(
+                    "queue {} went into its error state (status {status:#x}, reported to the \
+                     application's queue error callback): the pass will never complete",
+                    self.queue.id
+                )
+            }
         })
     }
 }
@@ -466,6 +478,7 @@ impl ReplayDevice for HsaReplay<'_> {
                 backend: self.b,
                 state: s,
                 held: &held_now,
+                dispatch_queue: std::ptr::eq(Arc::as_ptr(s), self.state),
             })
             .collect();
         let siblings: Vec<&dyn QueueView> = views.iter().map(|v| v as &dyn QueueView).collect();
@@ -473,6 +486,7 @@ impl ReplayDevice for HsaReplay<'_> {
             backend: self.b,
             state: self.state,
             held: &held_now,
+            dispatch_queue: true,
         };
         // A copy waiting for what this replay holds back lands only after the dispatch has
         // run, and copy engines run their copies in order, so the snapshot's and the tool's
@@ -498,7 +512,24 @@ impl ReplayDevice for HsaReplay<'_> {
             .collect();
         kreplay_drain::drain_agent(&own, &siblings, &copies, &self.b.drain)
             .map(|_| ())
-            .map_err(|stuck| decline_from(stuck.reason(), stuck.to_string()))
+            .map_err(|stuck| {
+                // The dispatch's queue stopped at a barrier that waits for work this replay
+                // holds back: its passes would queue behind it and never start, while that
+                // work waits for this replay's locks. The dispatch runs once, behind it.
+                if matches!(stuck, kreplay_drain::DrainStuck::Queue(_)) && own.parked_for_good() {
+                    return Decline::new(
+                        DeclineReason::QueueDrainStuck,
+                        format!(
+                            "queue {:#x} is stopped at a barrier packet that waits for work this \
+                             replay holds back (a packet another queue has not forwarded yet, or \
+                             one queued behind this dispatch): no pass could start before the \
+                             replay ends",
+                            self.state.id
+                        ),
+                    );
+                }
+                decline_from(stuck.reason(), stuck.to_string())
+            })
     }
 
     fn prepare(&mut self, _info: &DispatchInfo) -> Result<(), Decline> {
@@ -653,6 +684,7 @@ impl ReplayDevice for HsaReplay<'_> {
             self.b.hooks.warn(&warning);
         }
         if let Err(never) = waited {
+            self.pass_lost = true;
             // Nothing of the pass can be read back (counters, times): it did not complete.
             return Err(Decline::new(
                 DeclineReason::PassDrainStuck,
@@ -792,8 +824,15 @@ impl ReplayDevice for HsaReplay<'_> {
 
     fn fire_completion(&mut self, _info: &DispatchInfo) {
         // On a queue that failed the dispatch never completes, with kreplay or without: the
-        // application heard of it through its queue error callback.
-        if self.dispatch.completion_signal.handle != 0 && self.state.failed().is_none() {
+        // application heard of it through its queue error callback. On one the application
+        // inactivated it completes where every pass did (it ran before the inactivation, as
+        // it had without kreplay), and not where one was aborted.
+        let completes = match self.state.failed() {
+            None => true,
+            Some(crate::queues::INACTIVATED) => !self.pass_lost,
+            Some(_) => false,
+        };
+        if self.dispatch.completion_signal.handle != 0 && completes {
             self.b
                 .original
                 .signal_subtract(self.dispatch.completion_signal, 1);

@@ -21,7 +21,9 @@
 //! and that has not fired, a barrier-OR whose every dependency is such (one with only null
 //! dependencies never opens at all), a barrier-value packet
 //! waiting for a held signal to reach 0 (any other value other packets counting the same
-//! signal down may reach on their own).
+//! signal down may reach on their own). The replayed dispatch's own queue parked so is not
+//! idle but stuck: the passes would queue behind the barrier and never start, so the replay
+//! declines at once (`queue_drain_stuck`) and the dispatch is forwarded behind the barrier.
 //!
 //! An async copy waiting for a held signal is different: copy engines run their copies in
 //! order, so the snapshot's restores and the tool's own copies could queue behind it and never

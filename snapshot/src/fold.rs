@@ -164,7 +164,8 @@ impl Snapshotter {
     /// The current bytes of `len` bytes at `addr`, as a delta: what work known to have written
     /// every one of them (a copy, a memset) left there, whether or not a byte's value changed.
     /// A capture cannot tell a byte written with the value it held from one not written;
-    /// where the written range is known this is exact.
+    /// where the written range is known this is exact. The caller makes sure the memory is
+    /// still allocated; [`written_within`](Self::written_within) checks it.
     pub fn written(&self, addr: u64, len: u64) -> Result<Delta, CopyError> {
         let bytes = read_to_host(self.device(), addr, len, "the written bytes")?;
         Ok(Delta {
@@ -174,6 +175,35 @@ impl Snapshotter {
                 vec![(addr, bytes)]
             },
         })
+    }
+
+    /// [`written`](Self::written) for the parts of the `len` bytes at `addr` that lie in
+    /// `footprint`'s regions still allocated: regions freed (or reused by a newer allocation)
+    /// since the footprint was planned are left out, as by [`changes`](Self::changes), since
+    /// their memory may be gone (reading it faulted where the allocator had unmapped it); frees
+    /// wait for the read.
+    pub fn written_within(
+        &self,
+        footprint: &Footprint,
+        addr: u64,
+        len: u64,
+    ) -> Result<Delta, CopyError> {
+        let device = self.device();
+        let pinned = self.inventory().pin(footprint.fence.as_deref());
+        let mut changes = Vec::new();
+        for (from, piece) in footprint.pieces(addr, len) {
+            let live = footprint
+                .regions
+                .iter()
+                .find(|r| r.base <= from && from < r.base + r.size)
+                .is_some_and(|r| pinned.is_live(r));
+            if !live {
+                continue;
+            }
+            let bytes = read_to_host(device, from, piece, "the written bytes")?;
+            changes.push((from, bytes));
+        }
+        Ok(Delta { changes })
     }
 
     /// What differs in device memory from `since`, byte for byte. Regions freed since the
