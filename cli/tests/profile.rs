@@ -493,3 +493,33 @@ fn a_group_line_lists_a_counter_given_twice_once() {
         "{report}"
     );
 }
+
+/// The INCOMPLETE list names each dispatch's kernel as the tables do, by its name, so a reader
+/// can find it among them (it gave the kernel object's address, which appears nowhere else).
+#[test]
+fn an_incomplete_dispatch_is_listed_under_its_kernel_name() {
+    let out = kreplay_with(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--elements",
+            "64",
+            "--",
+            "saxpy",
+        ],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("counter group(s) counted"))
+        .unwrap_or_else(|| panic!("no INCOMPLETE line: {stdout}"));
+    assert!(
+        line.contains("(kernel saxpy)") && !line.contains("0x"),
+        "{line}"
+    );
+}
