@@ -789,7 +789,7 @@ struct BenchArgs {
     /// comma list of dirty percentages, 0 to 100 (default 0,1,10,100)
     #[arg(long, value_name = "LIST", value_parser = list(parse_percent), allow_hyphen_values = true)]
     dirty: Option<List<f64>>,
-    /// restore strategies: full, hash, writeset, tracked, auto (default
+    /// restore strategies: full, hash, writeset, writeset-unverified, tracked, auto (default
     /// full,hash,writeset,tracked)
     #[arg(long, value_name = "LIST", value_parser = list(parse_strategy))]
     strategies: Option<List<RestoreStrategy>>,
@@ -1419,8 +1419,9 @@ fn replay_passes(value: &str) -> Result<List<u64>, String> {
 }
 
 fn parse_strategy(item: &str) -> Result<RestoreStrategy, String> {
-    item.parse::<RestoreStrategy>()
-        .map_err(|_| "expected full, hash, writeset, tracked or auto".to_string())
+    item.parse::<RestoreStrategy>().map_err(|_| {
+        "expected full, hash, writeset, writeset-unverified, tracked or auto".to_string()
+    })
 }
 
 fn parse_tier(item: &str) -> Result<StoreTier, String> {

@@ -410,8 +410,10 @@ fn output_format(path: &Path) -> Result<Format, String> {
 
 /// How the report introduces a kernel: `kernel NAME`, or `kernel 0x...` without a name.
 fn kernel_title(kernel_id: u64) -> String {
-    kreplay_softhsa::kernel_name(kernel_id)
-        .map_or_else(|| format!("kernel {kernel_id:#x}"), |n| format!("kernel {n}"))
+    kreplay_softhsa::kernel_name(kernel_id).map_or_else(
+        || format!("kernel {kernel_id:#x}"),
+        |n| format!("kernel {n}"),
+    )
 }
 
 fn kernel_name(kernel_id: u64) -> String {
