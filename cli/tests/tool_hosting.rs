@@ -458,3 +458,30 @@ fn demo_refuses_passes_it_was_given_when_another_tool_chooses_the_passes() {
     );
     assert!(!stdout.contains("verification"), "nothing ran: {stdout}");
 }
+
+/// A dispatch whose replay kreplay declined although the tool asked for passes ran once against
+/// the tool's plan (abi.md §4): with a tool driving replay the demo lists it as not as planned
+/// and exits 1, as it does for its own tool (it counted every such dispatch "as planned" and
+/// exited 0).
+#[test]
+fn demo_with_another_tool_driving_replay_reports_a_declined_replay_and_fails() {
+    let dir = scratch("declined_by_kreplay");
+    let tool = example_tool(&dir);
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "64".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1".as_ref())],
+    );
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("declined: footprint_budget") && stdout.contains("<- not as planned"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 as planned"), "{stdout}");
+}
