@@ -534,6 +534,7 @@ enum Sub {
     #[command(
         disable_help_flag = true,
         long_about = PROFILE_ABOUT,
+        override_usage = PROFILE_USAGE,
         after_long_help = "Exit status: 0 when the profile ran (and, with --check, both modes \
                            agreed), 1 when it could not run (a group over a pass limit, an \
                            unknown counter), a dispatch did not count every group (its replay \
@@ -546,6 +547,7 @@ enum Sub {
     #[command(
         disable_help_flag = true,
         long_about = RUN_ABOUT,
+        override_usage = RUN_USAGE,
         after_long_help = "Exit status: 0 when the program ran and succeeded (and, with --check, \
                            printed the same standard output without kreplay), 1 when it could not \
                            start, failed, recorded nothing, a tool could not be used, a replay \
@@ -1086,8 +1088,9 @@ const RUN_ABOUT: &str = "kreplay run — replay every kernel of any program, on 
     a second time without kreplay and compares the two standard outputs (for programs that print \
     their results' checksums).\n\n\
     kreplay's library is --library, else $KREPLAY_LIBRARY, else libkreplay.so beside the kreplay \
-    executable or in ../lib from it.\n\n\
-    Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
+    executable or in ../lib from it.";
+
+const RUN_USAGE: &str = "kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
     [--scope agent|referenced] [--check] [-o FILE.csv|FILE.json] [--library PATH] -- PROGRAM \
     [ARGS...]";
 
@@ -1194,8 +1197,9 @@ const PROFILE_ABOUT: &str = "kreplay profile — more counters than one pass all
     replays every dispatch once per group; application replay runs the workload once per group. \
     Prints a table per kernel (one row per dispatch, pass and counter: a counter in two groups \
     appears once per pass, never added up) and derived metrics computed from passes of the same \
-    dispatch.\n\n\
-    Usage: kreplay profile --pmc A B [--pmc C D ...] [options] -- WORKLOAD";
+    dispatch.";
+
+const PROFILE_USAGE: &str = "kreplay profile --pmc A B [--pmc C D ...] [options] -- WORKLOAD";
 
 /// How `kreplay profile` obtains its passes.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -714,3 +714,18 @@ fn bench_help_and_errors_list_every_strategy_bench_measures() {
         stdout(&out)
     );
 }
+
+/// `run --help` and `profile --help` give their usage once (each printed a usage line of its own
+/// and then clap's, two different `Usage:` lines one after the other).
+#[test]
+fn run_and_profile_help_give_one_usage_line() {
+    for command in ["run", "profile"] {
+        let help = stdout(&kreplay(&[command, "--help"]));
+        assert_eq!(help.matches("Usage:").count(), 1, "{command}:\n{help}");
+    }
+    let help = stdout(&kreplay(&["run", "--help"]));
+    assert!(
+        help.contains("Usage: kreplay run [--passes N] [--tool PATH]"),
+        "{help}"
+    );
+}
