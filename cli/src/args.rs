@@ -398,6 +398,13 @@ where
                         ),
                     })
                 }
+                ErrorKind::MissingRequiredArgument
+                    if command_word.as_deref() == Some("profile")
+                        && let Some(message) =
+                            profile_workload_without_separator(&args_given[1..]) =>
+                {
+                    Err(UsageError { message })
+                }
                 _ => Err(usage_error(&error, command_word.as_deref())),
             };
         }
@@ -1237,6 +1244,28 @@ struct ProfileArgs {
     /// the workload: saxpy, histogram, stencil, reduction, demo or all (after --)
     #[arg(last = true, value_name = "WORKLOAD", required = true, num_args = 1)]
     workload: Vec<String>,
+}
+
+/// For `kreplay profile` arguments without a lone `--`: a workload named last without it, which
+/// clap took as one more counter of `--pmc` or `--counters`, explained with the fix (`None` when
+/// the last argument is no workload name or the counters were not the option before it).
+fn profile_workload_without_separator(args: &[String]) -> Option<String> {
+    use kreplay_workloads::profile::Workload;
+    if args.iter().any(|a| a == "--") {
+        return None;
+    }
+    let (last, before) = args.split_last()?;
+    Workload::parse(last)?;
+    // The option whose values run up to the last argument.
+    let option = before.iter().rev().find(|a| a.starts_with('-'))?;
+    let option = ["--pmc", "--counters"]
+        .into_iter()
+        .find(|o| option == o || option.starts_with(&format!("{o}=")))?;
+    Some(format!(
+        "no <WORKLOAD> after --: '{last}' was taken as a counter of {option}; put the workload \
+         after --, as in: kreplay profile {option} ... -- {last}\n\nFor more information, try \
+         'kreplay profile --help'."
+    ))
 }
 
 /// The arguments before a lone `--` (what follows it is the workload).

@@ -523,3 +523,30 @@ fn an_incomplete_dispatch_is_listed_under_its_kernel_name() {
         "{line}"
     );
 }
+
+/// A workload named without the `--` before it is taken as one more counter of the group before
+/// it; the error says so and how to write it (it said only that no workload was given, with the
+/// workload right there on the command line).
+#[test]
+fn a_workload_given_without_the_separator_is_explained() {
+    for args in [
+        &["profile", "--pmc", "SQ_WAVES", "saxpy"][..],
+        &["profile", "--counters", "SQ_WAVES", "TCC_ATOMIC", "all"][..],
+    ] {
+        let out = kreplay(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let workload = args.last().unwrap();
+        assert!(
+            stderr.contains(&format!(
+                "'{workload}' was taken as a counter of {}",
+                args[1]
+            )) && stderr.contains(&format!("-- {workload}")),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Without a workload anywhere, the error still names what is missing.
+    let out = kreplay(&["profile", "--pmc", "SQ_WAVES"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("<WORKLOAD>"));
+}
