@@ -550,3 +550,33 @@ fn a_workload_given_without_the_separator_is_explained() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("<WORKLOAD>"));
 }
+
+/// `--check` runs kernel replay whatever `--replay-mode` says: above the cap on passes, the
+/// error's advice is to leave out `--check` (it advised `--replay-mode application`, which
+/// changes nothing with `--check`).
+#[test]
+fn check_above_the_pass_cap_advises_what_helps() {
+    let out = kreplay_with(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--replay-mode",
+            "application",
+            "--check",
+            "--",
+            "saxpy",
+        ],
+        &[("KREPLAY_MAX_PASSES", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("KREPLAY_MAX_PASSES=1")
+            && stderr.contains("without --check")
+            && !stderr.contains("--replay-mode application"),
+        "{stderr}"
+    );
+}
