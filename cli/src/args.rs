@@ -398,6 +398,13 @@ where
                         ),
                     })
                 }
+                ErrorKind::MissingRequiredArgument
+                    if command_word.as_deref() == Some("profile")
+                        && let Some(message) =
+                            profile_workload_without_separator(&args_given[1..]) =>
+                {
+                    Err(UsageError { message })
+                }
                 _ => Err(usage_error(&error, command_word.as_deref())),
             };
         }
@@ -534,6 +541,7 @@ enum Sub {
     #[command(
         disable_help_flag = true,
         long_about = PROFILE_ABOUT,
+        override_usage = PROFILE_USAGE,
         after_long_help = "Exit status: 0 when the profile ran (and, with --check, both modes \
                            agreed), 1 when it could not run (a group over a pass limit, an \
                            unknown counter), a dispatch did not count every group (its replay \
@@ -546,6 +554,7 @@ enum Sub {
     #[command(
         disable_help_flag = true,
         long_about = RUN_ABOUT,
+        override_usage = RUN_USAGE,
         after_long_help = "Exit status: 0 when the program ran and succeeded (and, with --check, \
                            printed the same standard output without kreplay), 1 when it could not \
                            start, failed, recorded nothing, a tool could not be used, a replay \
@@ -789,7 +798,7 @@ struct BenchArgs {
     /// comma list of dirty percentages, 0 to 100 (default 0,1,10,100)
     #[arg(long, value_name = "LIST", value_parser = list(parse_percent), allow_hyphen_values = true)]
     dirty: Option<List<f64>>,
-    /// restore strategies: full, hash, writeset, tracked, auto (default
+    /// restore strategies: full, hash, writeset, writeset-unverified, tracked, auto (default
     /// full,hash,writeset,tracked)
     #[arg(long, value_name = "LIST", value_parser = list(parse_strategy))]
     strategies: Option<List<RestoreStrategy>>,
@@ -1086,8 +1095,9 @@ const RUN_ABOUT: &str = "kreplay run — replay every kernel of any program, on 
     a second time without kreplay and compares the two standard outputs (for programs that print \
     their results' checksums).\n\n\
     kreplay's library is --library, else $KREPLAY_LIBRARY, else libkreplay.so beside the kreplay \
-    executable or in ../lib from it.\n\n\
-    Usage: kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
+    executable or in ../lib from it.";
+
+const RUN_USAGE: &str = "kreplay run [--passes N] [--tool PATH] [--backend auto|cuda|hsa] \
     [--scope agent|referenced] [--check] [-o FILE.csv|FILE.json] [--library PATH] -- PROGRAM \
     [ARGS...]";
 
@@ -1194,8 +1204,9 @@ const PROFILE_ABOUT: &str = "kreplay profile — more counters than one pass all
     replays every dispatch once per group; application replay runs the workload once per group. \
     Prints a table per kernel (one row per dispatch, pass and counter: a counter in two groups \
     appears once per pass, never added up) and derived metrics computed from passes of the same \
-    dispatch.\n\n\
-    Usage: kreplay profile --pmc A B [--pmc C D ...] [options] -- WORKLOAD";
+    dispatch.";
+
+const PROFILE_USAGE: &str = "kreplay profile --pmc A B [--pmc C D ...] [options] -- WORKLOAD";
 
 /// How `kreplay profile` obtains its passes.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -1233,6 +1244,28 @@ struct ProfileArgs {
     /// the workload: saxpy, histogram, stencil, reduction, demo or all (after --)
     #[arg(last = true, value_name = "WORKLOAD", required = true, num_args = 1)]
     workload: Vec<String>,
+}
+
+/// For `kreplay profile` arguments without a lone `--`: a workload named last without it, which
+/// clap took as one more counter of `--pmc` or `--counters`, explained with the fix (`None` when
+/// the last argument is no workload name or the counters were not the option before it).
+fn profile_workload_without_separator(args: &[String]) -> Option<String> {
+    use kreplay_workloads::profile::Workload;
+    if args.iter().any(|a| a == "--") {
+        return None;
+    }
+    let (last, before) = args.split_last()?;
+    Workload::parse(last)?;
+    // The option whose values run up to the last argument.
+    let option = before.iter().rev().find(|a| a.starts_with('-'))?;
+    let option = ["--pmc", "--counters"]
+        .into_iter()
+        .find(|o| option == o || option.starts_with(&format!("{o}=")))?;
+    Some(format!(
+        "no <WORKLOAD> after --: '{last}' was taken as a counter of {option}; put the workload \
+         after --, as in: kreplay profile {option} ... -- {last}\n\nFor more information, try \
+         'kreplay profile --help'."
+    ))
 }
 
 /// The arguments before a lone `--` (what follows it is the workload).
@@ -1419,8 +1452,9 @@ fn replay_passes(value: &str) -> Result<List<u64>, String> {
 }
 
 fn parse_strategy(item: &str) -> Result<RestoreStrategy, String> {
-    item.parse::<RestoreStrategy>()
-        .map_err(|_| "expected full, hash, writeset, tracked or auto".to_string())
+    item.parse::<RestoreStrategy>().map_err(|_| {
+        "expected full, hash, writeset, writeset-unverified, tracked or auto".to_string()
+    })
 }
 
 fn parse_tier(item: &str) -> Result<StoreTier, String> {

@@ -5,7 +5,8 @@
 
 use hsa_sys::HsaApiTable;
 
-/// Runs kreplay's `OnLoad` on `table`. A `KREPLAY_TOOL_LIBRARIES` tool that could not be used
+/// Runs kreplay's `OnLoad` on `table`, naming on stderr each tool that chose to stay inactive.
+/// A `KREPLAY_TOOL_LIBRARIES` tool that could not be used
 /// (a library that does not load, a tool rejected or failed at its initialize) is an error and
 /// kreplay is unloaded again: the command would otherwise run without a tool it was asked to run
 /// beside its own and end as if nothing were wrong.
@@ -17,6 +18,10 @@ pub(crate) unsafe fn load_kreplay(table: *mut HsaApiTable) -> Result<(), String>
     // SAFETY: forwarded from the caller.
     unsafe { kreplay::hsa_tool::on_load(table) }
         .map_err(|e| format!("cannot set up kreplay: {e}"))?;
+    // A tool that chose to stay inactive is not an error, but is named (as `kreplay run` does).
+    for note in kreplay::lifecycle::notes() {
+        eprintln!("kreplay: {note}");
+    }
     let problems = kreplay::lifecycle::problems();
     if problems.is_empty() {
         return Ok(());

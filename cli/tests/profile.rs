@@ -493,3 +493,90 @@ fn a_group_line_lists_a_counter_given_twice_once() {
         "{report}"
     );
 }
+
+/// The INCOMPLETE list names each dispatch's kernel as the tables do, by its name, so a reader
+/// can find it among them (it gave the kernel object's address, which appears nowhere else).
+#[test]
+fn an_incomplete_dispatch_is_listed_under_its_kernel_name() {
+    let out = kreplay_with(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--elements",
+            "64",
+            "--",
+            "saxpy",
+        ],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("counter group(s) counted"))
+        .unwrap_or_else(|| panic!("no INCOMPLETE line: {stdout}"));
+    assert!(
+        line.contains("(kernel saxpy)") && !line.contains("0x"),
+        "{line}"
+    );
+}
+
+/// A workload named without the `--` before it is taken as one more counter of the group before
+/// it; the error says so and how to write it (it said only that no workload was given, with the
+/// workload right there on the command line).
+#[test]
+fn a_workload_given_without_the_separator_is_explained() {
+    for args in [
+        &["profile", "--pmc", "SQ_WAVES", "saxpy"][..],
+        &["profile", "--counters", "SQ_WAVES", "TCC_ATOMIC", "all"][..],
+    ] {
+        let out = kreplay(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let workload = args.last().unwrap();
+        assert!(
+            stderr.contains(&format!(
+                "'{workload}' was taken as a counter of {}",
+                args[1]
+            )) && stderr.contains(&format!("-- {workload}")),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Without a workload anywhere, the error still names what is missing.
+    let out = kreplay(&["profile", "--pmc", "SQ_WAVES"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("<WORKLOAD>"));
+}
+
+/// `--check` runs kernel replay whatever `--replay-mode` says: above the cap on passes, the
+/// error's advice is to leave out `--check` (it advised `--replay-mode application`, which
+/// changes nothing with `--check`).
+#[test]
+fn check_above_the_pass_cap_advises_what_helps() {
+    let out = kreplay_with(
+        &[
+            "profile",
+            "--pmc",
+            "SQ_WAVES",
+            "--pmc",
+            "SQ_WORK_ITEMS",
+            "--replay-mode",
+            "application",
+            "--check",
+            "--",
+            "saxpy",
+        ],
+        &[("KREPLAY_MAX_PASSES", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("KREPLAY_MAX_PASSES=1")
+            && stderr.contains("without --check")
+            && !stderr.contains("--replay-mode application"),
+        "{stderr}"
+    );
+}

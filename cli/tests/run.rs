@@ -1158,3 +1158,28 @@ fn the_other_runtimes_injection_variable_reaches_the_program_unchanged() {
         "{env}"
     );
 }
+
+/// A program path that names a folder, or a file without execute permission, is said to be
+/// that (both were "Permission denied", which sends a user after file modes and ownership).
+#[test]
+fn run_says_a_program_that_is_a_folder_or_not_executable_is_that() {
+    let dir = scratch("program-paths");
+    let lib = fake_library(&dir);
+    let folder = dir.join("app");
+    std::fs::create_dir_all(&folder).unwrap();
+    let plain = dir.join("app.sh");
+    std::fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    for (program, expect) in [
+        (&folder, "it is a folder, not a program"),
+        (&plain, "it is not executable (no execute permission)"),
+    ] {
+        let program = program.to_str().unwrap();
+        let out = run(&["--backend", "hsa"], &lib, &[program]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{program}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cannot start {program}: {expect}")),
+            "{program}: {stderr}"
+        );
+    }
+}

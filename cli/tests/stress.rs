@@ -282,3 +282,32 @@ fn faults_come_from_the_environment_when_no_option_names_them() {
     );
     assert!(out.contains("faults injected:"), "{out}");
 }
+
+/// The command line printed to repeat a failed run carries the `KREPLAY_*` settings the run was
+/// made under (a ROCm 7 table adds batch copies to the mix; the restore strategy and store tier
+/// change what is tested): it gave the options only, so the line ran another test.
+#[test]
+fn the_reproducing_command_line_carries_the_settings_of_the_run() {
+    let output = kreplay(
+        &["stress", "--seconds", "1", "--threads", "1", "--no-restore"],
+        &[
+            ("KREPLAY_SOFTHSA_TABLE", "7"),
+            ("KREPLAY_RESTORE", "hash"),
+            ("KREPLAY_SNAPSHOT_STORE", "file"),
+            ("KREPLAY_SOFTHSA_FAULTS", "copy:0.001"),
+        ],
+    );
+    let out = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{out}");
+    let repro = line(&out, "reproduce with: ");
+    assert!(
+        repro.starts_with(
+            "reproduce with: KREPLAY_RESTORE=hash KREPLAY_SNAPSHOT_STORE=file \
+             KREPLAY_SOFTHSA_TABLE=7 kreplay stress --seconds 1 --seed 1 --threads 1 \
+             --faults copy:0.001,seed:1"
+        ),
+        "{repro}"
+    );
+    // The faults are in --faults, which wins over the variable: not repeated.
+    assert!(!repro.contains("KREPLAY_SOFTHSA_FAULTS"), "{repro}");
+}

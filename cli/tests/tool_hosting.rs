@@ -458,3 +458,67 @@ fn demo_refuses_passes_it_was_given_when_another_tool_chooses_the_passes() {
     );
     assert!(!stdout.contains("verification"), "nothing ran: {stdout}");
 }
+
+/// A dispatch whose replay kreplay declined although the tool asked for passes ran once against
+/// the tool's plan (abi.md §4): with a tool driving replay the demo lists it as not as planned
+/// and exits 1, as it does for its own tool (it counted every such dispatch "as planned" and
+/// exited 0).
+#[test]
+fn demo_with_another_tool_driving_replay_reports_a_declined_replay_and_fails() {
+    let dir = scratch("declined_by_kreplay");
+    let tool = example_tool(&dir);
+    let output = kreplay(
+        &[
+            "demo".as_ref(),
+            "--elements".as_ref(),
+            "64".as_ref(),
+            "--tool".as_ref(),
+            tool.as_os_str(),
+        ],
+        &[("KREPLAY_MAX_SNAPSHOT_BYTES", "1".as_ref())],
+    );
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("declined: footprint_budget") && stdout.contains("<- not as planned"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 as planned"), "{stdout}");
+}
+
+/// A `KREPLAY_TOOL_LIBRARIES` tool whose `kreplay_configure` returns NULL chose to stay
+/// inactive: `profile`, `stress` and `bench-dispatch` name it on stderr and run on, as `kreplay
+/// run` does (they said nothing at all, so a user never learned why the tool did nothing).
+#[test]
+fn commands_hosting_a_tool_name_one_that_stayed_inactive() {
+    let dir = scratch("stayed_inactive");
+    let source = dir.join("inactive.c");
+    std::fs::write(
+        &source,
+        "#include <stddef.h>\n\
+         void *kreplay_configure(unsigned v, const char *r, unsigned p, void *id) {\n\
+         (void)v; (void)r; (void)p; (void)id; return NULL; }\n",
+    )
+    .expect("write");
+    let library = dir.join("libinactive.so");
+    common::build_c_library_from(&source, &library, "c99", &[]);
+    let out = kreplay(
+        &[
+            "profile".as_ref(),
+            "--pmc".as_ref(),
+            "SQ_WAVES".as_ref(),
+            "--elements".as_ref(),
+            "64".as_ref(),
+            "--".as_ref(),
+            "saxpy".as_ref(),
+        ],
+        &[("KREPLAY_TOOL_LIBRARIES", library.as_os_str())],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("stayed inactive: its kreplay_configure returned NULL")
+            && stderr.contains("libinactive.so"),
+        "{stderr}"
+    );
+}

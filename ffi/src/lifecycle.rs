@@ -379,6 +379,24 @@ pub fn problems() -> Vec<String> {
     report.problems()
 }
 
+/// The tools of this process's initialization that chose to stay inactive, as
+/// [`InitReport::notes`] said at its end; empty before tools are initialized. Not problems: a
+/// host names them (a tool it was asked to load that does nothing says why).
+pub fn notes() -> Vec<String> {
+    let report = {
+        let state = STATE.lock();
+        InitReport {
+            tools: state
+                .tools
+                .iter()
+                .map(|tool| tool.summary.clone())
+                .collect(),
+            load_errors: Vec::new(),
+        }
+    };
+    report.notes()
+}
+
 /// Discovers and initializes tools as [`ToolSearch::from_env`] describes, then locks
 /// configuration. Runs once per process; a second call is
 /// [`LifecycleError::AlreadyInitialized`].

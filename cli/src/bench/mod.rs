@@ -67,6 +67,36 @@ fn replay_memory_needed(footprint: u64, strategies: usize) -> u64 {
     footprint.saturating_mul(strategies as u64 + 1)
 }
 
+/// `WHAT FOOTPRINT needs about NEEDED of memory and AVAILABLE is available`, the two amounts in
+/// the largest binary unit each reaches, to a tenth (the room is read in KiB: an exact rendering
+/// of it would be a count of KiB).
+fn memory_shortfall(what: &str, footprint: u64, needed: u64, available: u64) -> String {
+    fn approx(bytes: u64) -> String {
+        const UNITS: [(u64, &str); 4] = [
+            (1 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        match UNITS.iter().find(|&&(unit, _)| bytes >= unit) {
+            Some(&(unit, name)) if bytes.is_multiple_of(unit) => format!("{}{name}", bytes / unit),
+            Some(&(unit, name)) => format!("{:.1}{name}", bytes as f64 / unit as f64),
+            None => format!("{bytes}B"),
+        }
+    }
+    let verb = if what.starts_with("the whole replays") {
+        "need"
+    } else {
+        "needs"
+    };
+    format!(
+        "{what} {} {verb} about {} of memory and {} is available",
+        format_bytes(footprint),
+        approx(needed),
+        approx(available)
+    )
+}
+
 /// `MemAvailable` of /proc/meminfo, in bytes.
 fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -402,20 +432,19 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
     if let Some(available) = available_memory() {
         if memory_needed(largest) > available {
             return Err(format!(
-                "the matrix at {} needs about {} of memory and {} is available; choose smaller \
-                 --footprints",
-                format_bytes(largest),
-                format_bytes(memory_needed(largest)),
-                format_bytes(available)
+                "{}; choose smaller --footprints",
+                memory_shortfall("the matrix at", largest, memory_needed(largest), available)
             ));
         }
         if replay_needed > available {
             return Err(format!(
-                "the whole replays at {} need about {} of memory and {} is available; choose \
-                 smaller --replay-footprints",
-                format_bytes(replay_largest),
-                format_bytes(replay_needed),
-                format_bytes(available)
+                "{}; choose smaller --replay-footprints",
+                memory_shortfall(
+                    "the whole replays at",
+                    replay_largest,
+                    replay_needed,
+                    available
+                )
             ));
         }
     }
@@ -627,6 +656,19 @@ pub fn run(options: &BenchOptions, out: &mut dyn Write) -> Result<BenchOutcome, 
 mod tests {
     use super::*;
     use kreplay_snapshot::{RestoreStrategy, StoreTier};
+
+    /// The memory available is read in KiB, so an exact rendering of it gave `24092088KiB`
+    /// beside a need of `320GiB`: both are now given in the same, readable units.
+    #[test]
+    fn a_memory_shortfall_gives_need_and_room_in_comparable_units() {
+        let text = memory_shortfall("the matrix at", 64 << 30, 320 << 30, 24_092_088 << 10);
+        assert!(
+            text.contains("needs about 320GiB of memory and 23.0GiB is available"),
+            "{text}"
+        );
+        let small = memory_shortfall("the matrix at", 4 << 20, 20 << 20, 15_000 << 10);
+        assert!(small.contains("and 14.6MiB is available"), "{small}");
+    }
 
     fn auto_check(ratio: f64, median_ratio: f64, paired_ratio: f64) -> AutoCheck {
         AutoCheck {

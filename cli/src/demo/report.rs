@@ -254,6 +254,19 @@ fn check_observed(record: Option<&ReplayRecord>, row: &DispatchRow) -> Vec<Strin
             ) {
                 problems.push(format!("replay failed: {}", outcome_text(&record.outcome)));
             }
+            // A decline means the tool asked for passes and the dispatch ran once anyway
+            // (abi.md §4): not the tool's plan, whatever the plan was.
+            if matches!(
+                record.outcome,
+                ReplayOutcome::RanOnce {
+                    why: RanOnceReason::Declined(_)
+                }
+            ) {
+                problems.push(format!(
+                    "the tool asked for passes, kreplay {}",
+                    outcome_text(&record.outcome)
+                ));
+            }
             let ran = if matches!(record.outcome, ReplayOutcome::Replayed { .. }) {
                 record.cost.passes_run
             } else {

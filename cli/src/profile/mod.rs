@@ -212,10 +212,17 @@ fn profile(options: &ProfileOptions, table: &OwnedApiTable) -> Result<ProfileOut
         .ok_or("the runtime has no GPU agent")?;
     if options.mode == ReplayMode::Kernel || options.check {
         // Kernel replay counts group `p` in pass `p` of every dispatch.
+        // `--check` runs kernel replay whatever the mode: only leaving it out avoids that.
+        let fix = if options.check {
+            "use fewer counter groups, run without --check (application replay needs no \
+             replayed passes), or raise the cap"
+        } else {
+            "use fewer counter groups, --replay-mode application, or raise the cap"
+        };
         crate::hosted::check_pass_cap(
             groups.len() as u64,
             &format!("kernel replay of {} counter groups needs", groups.len()),
-            "use fewer counter groups, --replay-mode application, or raise the cap",
+            fix,
         )?;
     }
     let mut configs: Vec<HashMap<u64, kreplay::abi::CounterConfigId>> =
@@ -406,6 +413,14 @@ fn output_format(path: &Path) -> Result<Format, String> {
             path.display()
         )),
     }
+}
+
+/// How the report introduces a kernel: `kernel NAME`, or `kernel 0x...` without a name.
+fn kernel_title(kernel_id: u64) -> String {
+    kreplay_softhsa::kernel_name(kernel_id).map_or_else(
+        || format!("kernel {kernel_id:#x}"),
+        |n| format!("kernel {n}"),
+    )
 }
 
 fn kernel_name(kernel_id: u64) -> String {

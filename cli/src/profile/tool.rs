@@ -308,9 +308,11 @@ fn note_end(data: &KernelReplayData) {
             label(data.end_reason.label())
         )
     };
+    // Named as the tables name it (`kernel saxpy`, or the kernel object where softhsa has no
+    // name for it).
     let line = format!(
-        "dispatch {dispatch} (kernel {kernel:#x}): {counted} of {groups} counter group(s) \
-         counted, {why}"
+        "dispatch {dispatch} ({}): {counted} of {groups} counter group(s) counted, {why}",
+        super::kernel_title(kernel)
     );
     s.incomplete.push(line);
 }

@@ -241,6 +241,23 @@ const OUR_VARIABLES: [&str; 6] = [
     ENV_RECORD_DIR,
 ];
 
+/// Why the program named by a path could not be executed (`EACCES`): a folder, or a file with no
+/// execute permission, said so; anything else (a folder on the way that may not be searched, a
+/// file system mounted noexec) as the system said it.
+fn why_not_executable(options: &RunOptions, error: &std::io::Error) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = options.program.first().map(Path::new);
+    // A bare name is looked up in PATH: which file was refused is not known here.
+    let named = path.filter(|p| p.as_os_str().as_encoded_bytes().contains(&b'/'));
+    match named.and_then(|p| std::fs::metadata(p).ok()) {
+        Some(meta) if meta.is_dir() => "it is a folder, not a program".to_owned(),
+        Some(meta) if meta.permissions().mode() & 0o111 == 0 => {
+            "it is not executable (no execute permission)".to_owned()
+        }
+        _ => error.to_string(),
+    }
+}
+
 fn program_name(options: &RunOptions) -> String {
     options
         .program
@@ -531,9 +548,10 @@ fn run_program(
     }
     let name = program_name(options);
     let ran = process::run(&mut command, input, capture).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-            format!("cannot start {name}: {e}")
+        std::io::ErrorKind::PermissionDenied => {
+            format!("cannot start {name}: {}", why_not_executable(options, &e))
         }
+        std::io::ErrorKind::NotFound => format!("cannot start {name}: {e}"),
         _ => format!("cannot start {name}, or lost it while it ran: {e}"),
     })?;
     if ran.output_held {

@@ -421,7 +421,8 @@ impl Report {
         } else {
             text.push_str(&format!("stress: FAILED: {}\n", failures.join("; ")));
             text.push_str(&format!(
-                "reproduce with: kreplay {}\n",
+                "reproduce with: {}kreplay {}\n",
+                reproduce_settings(),
                 reproduce(options, plan)
             ));
         }
@@ -462,6 +463,36 @@ fn mix_line(options: &StressOptions) -> String {
 }
 
 /// The command line that repeats this run.
+/// The `KREPLAY_*` settings of this process that a repeated run needs, as `NAME=value ` words
+/// in name order (shell-quoted where needed). `KREPLAY_SOFTHSA_FAULTS` is left out: the faults
+/// are given as `--faults`, which wins over it.
+fn reproduce_settings() -> String {
+    let mut settings: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value)))
+        .filter(|(name, _)| name.starts_with("KREPLAY_") && name != "KREPLAY_SOFTHSA_FAULTS")
+        .map(|(name, value)| (name, value.to_string_lossy().into_owned()))
+        .collect();
+    settings.sort();
+    settings
+        .iter()
+        .map(|(name, value)| format!("{name}={} ", shell_word(value)))
+        .collect()
+}
+
+/// `text` as one shell word: as it is when it holds only characters no shell treats specially,
+/// else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.,:/@%+=-".contains(&b));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 fn reproduce(options: &StressOptions, plan: Option<&FaultPlan>) -> String {
     let m = options.mix;
     let mut line = format!(
@@ -489,4 +520,19 @@ fn reproduce(options: &StressOptions, plan: Option<&FaultPlan>) -> String {
         }
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn a_setting_is_quoted_only_where_a_shell_would_split_or_expand_it() {
+        assert_eq!(shell_word("writeset-unverified"), "writeset-unverified");
+        assert_eq!(shell_word("/tmp/a:/tmp/b"), "/tmp/a:/tmp/b");
+        assert_eq!(shell_word(""), "''");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("$HOME"), "'$HOME'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+    }
 }
