@@ -231,6 +231,14 @@ pub(crate) unsafe fn install(
         .set(backend)
         .map_err(|_| InstallError::AlreadyInstalled)?;
     let b = installed().expect("set just above");
+    // SAFETY: registers a plain extern "C" function that only stores atomics (async-signal-safe,
+    // as a handler run in the child of a multithreaded process must be) and never unwinds.
+    if unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+        log::warn!(
+            "cannot register kreplay's fork handler: a child forked during a replay may wait \
+             for the parent's replay"
+        );
+    }
     // SAFETY: `Original::capture` checked the table's shape and that both sub-tables are
     // non-null; the caller lets us modify the table (the hsa_api_trace contract of a tools
     // library's OnLoad). The backend is set, so the wrappers find it from their first call on.
@@ -344,6 +352,21 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_vmem_unmap_fn = vmem::unmap,
         hsa_amd_vmem_set_access_fn = vmem::set_access,
     );
+}
+
+/// Runs in the child of a `fork`: only the forking thread exists there, so a replay window
+/// the parent had open (its agent locks, its drained queues, its snapshot) has nobody left to
+/// close it, and the child's copy of kreplay's state is a picture of the parent's threads
+/// mid-way. The child replays nothing: kreplay is finalized there, as after `OnUnload` (every
+/// wrapper passes through, queues created from now on are the runtime's own), and the agents'
+/// reader side is switched off so that no dispatch of the child waits for a writer that
+/// exists only in the parent. Only atomics are stored: a fork handler in a multithreaded
+/// process must be async-signal-safe.
+extern "C" fn in_forked_child() {
+    if let Some(b) = BACKEND.get() {
+        b.finalized.store(true, Ordering::Release);
+        b.locks.set_enabled(false);
+    }
 }
 
 /// See [`crate::finalize`].
