@@ -117,8 +117,8 @@ impl Backend {
         if !self.locks.is_enabled() {
             self.locks.set_enabled(true);
             if self.is_finalized() {
-                // Lost a race with `finalize`: leave the reader side off as it wants.
-                self.locks.set_enabled(false);
+                // Lost a race with `finalize`: nothing is replayed from now on (the reader side
+                // on is harmless: no writer comes any more).
                 return false;
             }
         }
@@ -373,7 +373,8 @@ extern "C" fn in_forked_child() {
 pub(crate) fn finalize() {
     if let Some(b) = BACKEND.get() {
         b.finalized.store(true, Ordering::Release);
-        b.locks.set_enabled(false);
+        // The reader side stays as it is: a replay that began before finalization may still be
+        // running, and work submitted meanwhile on its agent waits for it (`crate::dispatch`).
         b.snapshotter.release_cached_store();
     }
 }

@@ -232,6 +232,17 @@ pub(crate) struct Fence<'a> {
     holds: Option<crate::fold::Holds<'a>>,
 }
 
+/// After finalization (`OnUnload`) a replay that began before it may still be running on
+/// another thread: a write the application submits now waits for it to end, as it did before
+/// finalization, or the replay's remaining restores would undo it. One check once no replay
+/// window is open (and none at all where no replay service was ever configured, or in a
+/// forked child).
+pub(crate) fn after_finalize_wait(b: &Backend) {
+    if b.is_finalized() && b.locks.is_enabled() && b.locks.any_write_locked() {
+        drop(readers(b, b.gpus()));
+    }
+}
+
 /// The reader side of each of `agents`, waited for while a replay holds it. A call issued from a
 /// replay callback on the same agent (re-entrant) proceeds without it. Lock order: a thread inside
 /// a replay window never waits for another agent's writer side (that replay may be waiting for
@@ -401,6 +412,7 @@ pub(crate) unsafe extern "C" fn async_copy(
         let b = backend();
         b.copies.times.forget(completion);
         if !b.replay_active() {
+            after_finalize_wait(b);
             return b.original.async_copy(
                 dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
             );
@@ -441,6 +453,7 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
         };
         b.copies.times.forget(completion);
         if !b.replay_active() {
+            after_finalize_wait(b);
             return forward(completion);
         }
         let agents = write_agents(b, [src_agent, dst_agent], dst);
@@ -488,6 +501,7 @@ pub(crate) unsafe extern "C" fn async_batch_copy(
             }
         }
         if !b.replay_active() || ops.is_null() || num_ops == 0 {
+            after_finalize_wait(b);
             return forward(ops);
         }
         let fence = Fence::enter(b, b.gpus()).after(num_deps, deps);
@@ -563,6 +577,7 @@ pub(crate) unsafe extern "C" fn ais_file_read(
             )
         };
         if !b.replay_active() {
+            after_finalize_wait(b);
             return forward();
         }
         let agents = write_agents(b, owner(b, device_ptr), device_ptr);
@@ -603,6 +618,7 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
         };
         b.copies.times.forget(completion);
         if !b.replay_active() {
+            after_finalize_wait(b);
             return forward(completion);
         }
         let base = |p: *const hsa_pitched_ptr_t| -> *const c_void {
@@ -632,6 +648,7 @@ pub(crate) unsafe extern "C" fn memory_copy(
     guarded(|| {
         let b = backend();
         if !b.replay_active() {
+            after_finalize_wait(b);
             return b.original.memory_copy(dst, src, size);
         }
         let touched = [owner(b, dst), owner(b, src)];
@@ -651,6 +668,7 @@ pub(crate) unsafe extern "C" fn memory_fill(
         let b = backend();
         let forward = || forward!(b, amd.hsa_amd_memory_fill_fn(ptr, value, count));
         if !b.replay_active() {
+            after_finalize_wait(b);
             return forward();
         }
         let agents = write_agents(b, owner(b, ptr), ptr);

@@ -238,6 +238,21 @@ fn handle(
     // Where each forward ends in the application's ring (`crate::waits`).
     let end = |i: usize| first_index.wrapping_add(i as u64);
     if !b.replay_active() {
+        // After finalization (`OnUnload`) a replay that began before it may still be running
+        // on another thread: what is forwarded now waits for its window to close, as an
+        // ordinary dispatch did before, or the replay's remaining restores would undo it. The
+        // reader side is off where no replay service was ever configured (and in a forked
+        // child), and uncontended once the last window closed.
+        let _read = b
+            .is_finalized()
+            .then(|| {
+                b.locks
+                    .read_serving(state.agent.handle, SERVE_SLICE, || {
+                        deliver_mail(b, state, Sink::Handler(writer))
+                    })
+                    .ok()
+            })
+            .flatten();
         state.will_forward(end(packets.len()));
         forward(
             b,

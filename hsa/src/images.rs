@@ -242,6 +242,7 @@ fn fenced(
     forward: impl FnOnce() -> hsa_status_t,
 ) -> hsa_status_t {
     if !b.replay_active() {
+        crate::copies::after_finalize_wait(b);
         return forward();
     }
     let _fence = Fence::enter(b, &agents());
