@@ -419,6 +419,7 @@ pub fn initialize_tools_with(search: &ToolSearch) -> Result<InitReport, Lifecycl
         state.forced.clone()
     };
 
+    services::watch_forks();
     let mut report = InitReport::default();
     let candidates = discover(search, forced, &mut report.load_errors);
 

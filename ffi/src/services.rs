@@ -208,6 +208,48 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Registers [`in_forked_child`] to run in the child of every `fork` of the process (once).
+pub(crate) fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        unsafe extern "C" {
+            fn pthread_atfork(
+                prepare: Option<extern "C" fn()>,
+                parent: Option<extern "C" fn()>,
+                child: Option<extern "C" fn()>,
+            ) -> std::ffi::c_int;
+        }
+        // SAFETY: registers a plain extern "C" function that never unwinds (see below).
+        if unsafe { pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+            crate::kreplay_warn!(
+                "cannot register a fork handler: the unload of a forked child may wait for \
+                 callbacks of its parent's threads"
+            );
+        }
+    });
+}
+
+/// Runs in the child of a `fork`, where only the forking thread exists: the callbacks the
+/// parent's other threads were running never end there, so they are no longer counted (an
+/// unload or client finalize in the child would wait for them). The forking thread's own
+/// callbacks (a tool that forks from its callback) stay counted: they end, in the child too.
+/// Only atomics and this thread's own list are touched, no lock.
+extern "C" fn in_forked_child() {
+    let mut mine = [0usize; RUNNING_SLOTS];
+    let _ = RUNNING_HERE.try_with(|h| {
+        if let Ok(here) = h.try_borrow() {
+            for &context in here.iter() {
+                mine[(context.0 % RUNNING_SLOTS as u64) as usize] += 1;
+            }
+        }
+    });
+    for (slot, count) in RUNNING.iter().zip(mine) {
+        slot.store(count, Ordering::SeqCst);
+    }
+    // No finalize of the parent's waits here.
+    RUNNING_WAITERS.store(0, Ordering::SeqCst);
+}
+
 fn running_slot(context: ContextId) -> &'static AtomicUsize {
     &RUNNING[(context.0 % RUNNING_SLOTS as u64) as usize]
 }
