@@ -840,6 +840,16 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 static FINALIZE_JOBS: Mutex<Vec<(u32, std::thread::ThreadId)>> = Mutex::new(Vec::new());
 static FINALIZE_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
 
+/// In the child of a `fork` (from `services::in_forked_child`): finalizes the parent's other
+/// threads were running never end there, so nothing waits for them. The list is left as it is
+/// if a thread of the parent held its lock at the fork (it cannot be taken safely then).
+pub(crate) fn forget_finalizes_of_other_threads() {
+    if let Some(mut running) = FINALIZE_JOBS.try_lock() {
+        let me = std::thread::current().id();
+        running.retain(|&(_, thread)| thread == me);
+    }
+}
+
 /// Waits until no finalize of `client` (any tool when `None`) runs on another thread (one this
 /// thread runs, which it is inside of, is not waited for), at most [`FINALIZE_WAIT`]. Not from
 /// inside a callback: a finalize in progress waits for the callbacks of its tool, perhaps this one.

@@ -233,7 +233,8 @@ pub(crate) fn watch_forks() {
 /// parent's other threads were running never end there, so they are no longer counted (an
 /// unload or client finalize in the child would wait for them). The forking thread's own
 /// callbacks (a tool that forks from its callback) stay counted: they end, in the child too.
-/// Only atomics and this thread's own list are touched, no lock.
+/// Finalizes running on the parent's other threads are forgotten the same way. Only atomics
+/// and this thread's own lists are touched, and a lock only if it is free.
 extern "C" fn in_forked_child() {
     let mut mine = [0usize; RUNNING_SLOTS];
     let _ = RUNNING_HERE.try_with(|h| {
@@ -248,6 +249,7 @@ extern "C" fn in_forked_child() {
     }
     // No finalize of the parent's waits here.
     RUNNING_WAITERS.store(0, Ordering::SeqCst);
+    crate::lifecycle::forget_finalizes_of_other_threads();
 }
 
 fn running_slot(context: ContextId) -> &'static AtomicUsize {

@@ -128,3 +128,70 @@ fn a_child_forked_while_a_callback_runs_unloads_without_waiting_for_it() {
     let (problems, run) = run_scenario(name, &["life_hold.c"], &[], Duration::from_secs(90));
     assert!(problems.is_empty(), "problems: {problems:#?}\n{}", run.report());
 }
+
+fn fork_during_finalize_body() {
+    let mut table = OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let mut problems = Vec::new();
+    assert!(loaded.loaded, "OnLoad returned false");
+    let tool_path = std::env::var("KREPLAY_TOOL_LIBRARIES").unwrap();
+    // SAFETY: the tool library kreplay loaded; these functions have these signatures.
+    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
+    // SAFETY: as above.
+    let (start, in_fini, release, join) = unsafe {
+        (
+            *tool.get::<unsafe extern "C" fn() -> c_int>(b"life_finalize_async\0").unwrap(),
+            *tool.get::<unsafe extern "C" fn() -> c_int>(b"life_in_fini\0").unwrap(),
+            *tool.get::<unsafe extern "C" fn()>(b"life_release\0").unwrap(),
+            *tool.get::<unsafe extern "C" fn()>(b"life_join\0").unwrap(),
+        )
+    };
+    // SAFETY: the tool's functions.
+    unsafe {
+        assert_eq!(start(), 0, "the tool's thread starts");
+        let until = Instant::now() + Duration::from_secs(20);
+        while in_fini() == 0 {
+            assert!(Instant::now() < until, "the tool's finalize never ran");
+            std::thread::yield_now();
+        }
+    }
+    // SAFETY: the child only calls OnUnload and leaves with _exit.
+    let pid = unsafe { fork() };
+    if pid == 0 {
+        let begun = Instant::now();
+        // SAFETY: the runtime's shutdown call, in the child.
+        unsafe { (loaded.on_unload)() };
+        let code = if begun.elapsed() < Duration::from_secs(3) { 0 } else { 1 };
+        // SAFETY: leaves the child at once.
+        unsafe { _exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    match wait_child(pid, Duration::from_secs(30)) {
+        Some(0) => {}
+        Some(1) => problems.push(
+            "the forked child's OnUnload waited for a finalize running on the parent's thread"
+                .to_string(),
+        ),
+        other => problems.push(format!("the forked child ended with {other:?}")),
+    }
+    // SAFETY: the tool's functions; the runtime's shutdown call.
+    unsafe {
+        release();
+        join();
+        (loaded.on_unload)();
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
+
+#[test]
+fn a_child_forked_while_a_tool_finalizes_unloads_without_waiting_for_it() {
+    let name = "a_child_forked_while_a_tool_finalizes_unloads_without_waiting_for_it";
+    if in_child(name) {
+        return fork_during_finalize_body();
+    }
+    let (problems, run) = run_scenario(name, &["life_slow_fini.c"], &[], Duration::from_secs(90));
+    assert!(problems.is_empty(), "problems: {problems:#?}\n{}", run.report());
+}
