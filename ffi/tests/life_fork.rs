@@ -63,8 +63,12 @@ fn fork_child_body() {
     // SAFETY: as above.
     let (held, release) = unsafe {
         (
-            *tool.get::<unsafe extern "C" fn() -> c_int>(b"life_held\0").unwrap(),
-            *tool.get::<unsafe extern "C" fn()>(b"life_release\0").unwrap(),
+            *tool
+                .get::<unsafe extern "C" fn() -> c_int>(b"life_held\0")
+                .unwrap(),
+            *tool
+                .get::<unsafe extern "C" fn()>(b"life_release\0")
+                .unwrap(),
         )
     };
     {
@@ -79,7 +83,10 @@ fn fork_child_body() {
             let until = Instant::now() + Duration::from_secs(20);
             // SAFETY: the tool's function.
             while unsafe { held() } == 0 {
-                assert!(Instant::now() < until, "the replay never reached PASS ENTER");
+                assert!(
+                    Instant::now() < until,
+                    "the replay never reached PASS ENTER"
+                );
                 std::thread::yield_now();
             }
             // SAFETY: the child only calls OnUnload and leaves with _exit.
@@ -88,7 +95,11 @@ fn fork_child_body() {
                 let start = Instant::now();
                 // SAFETY: the runtime's shutdown call, in the child.
                 unsafe { (loaded.on_unload)() };
-                let code = if start.elapsed() < Duration::from_secs(3) { 0 } else { 1 };
+                let code = if start.elapsed() < Duration::from_secs(3) {
+                    0
+                } else {
+                    1
+                };
                 // SAFETY: leaves the child at once.
                 unsafe { _exit(code) };
             }
@@ -126,7 +137,11 @@ fn a_child_forked_while_a_callback_runs_unloads_without_waiting_for_it() {
         return fork_child_body();
     }
     let (problems, run) = run_scenario(name, &["life_hold.c"], &[], Duration::from_secs(90));
-    assert!(problems.is_empty(), "problems: {problems:#?}\n{}", run.report());
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
 }
 
 fn fork_during_finalize_body() {
@@ -140,9 +155,15 @@ fn fork_during_finalize_body() {
     // SAFETY: as above.
     let (start, in_fini, release, join) = unsafe {
         (
-            *tool.get::<unsafe extern "C" fn() -> c_int>(b"life_finalize_async\0").unwrap(),
-            *tool.get::<unsafe extern "C" fn() -> c_int>(b"life_in_fini\0").unwrap(),
-            *tool.get::<unsafe extern "C" fn()>(b"life_release\0").unwrap(),
+            *tool
+                .get::<unsafe extern "C" fn() -> c_int>(b"life_finalize_async\0")
+                .unwrap(),
+            *tool
+                .get::<unsafe extern "C" fn() -> c_int>(b"life_in_fini\0")
+                .unwrap(),
+            *tool
+                .get::<unsafe extern "C" fn()>(b"life_release\0")
+                .unwrap(),
             *tool.get::<unsafe extern "C" fn()>(b"life_join\0").unwrap(),
         )
     };
@@ -161,7 +182,11 @@ fn fork_during_finalize_body() {
         let begun = Instant::now();
         // SAFETY: the runtime's shutdown call, in the child.
         unsafe { (loaded.on_unload)() };
-        let code = if begun.elapsed() < Duration::from_secs(3) { 0 } else { 1 };
+        let code = if begun.elapsed() < Duration::from_secs(3) {
+            0
+        } else {
+            1
+        };
         // SAFETY: leaves the child at once.
         unsafe { _exit(code) };
     }
@@ -193,5 +218,9 @@ fn a_child_forked_while_a_tool_finalizes_unloads_without_waiting_for_it() {
         return fork_during_finalize_body();
     }
     let (problems, run) = run_scenario(name, &["life_slow_fini.c"], &[], Duration::from_secs(90));
-    assert!(problems.is_empty(), "problems: {problems:#?}\n{}", run.report());
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
 }

@@ -47,13 +47,23 @@ fn late_write_survives(late: Late) {
     hooks.configure_replay(true);
     hooks.set_script(Script::passes(PASSES).on_pass_enter(|_, _, pass, _| {
         if pass == 1 && !HELD.swap(true, Ordering::SeqCst) {
-            assert!(support::wait_flag(&RELEASE), "the scenario never released the replay");
+            assert!(
+                support::wait_flag(&RELEASE),
+                "the scenario never released the replay"
+            );
         }
     }));
     let pools = app.pools(app.gpus[0]);
     let kernel = kreplay_softhsa::register_kernel("life_unload_add_one", add_one);
     let packet = move |buf: app::Ptr, done| {
-        let kernarg = app.kernargs(&pools, AddOneArgs { buf: buf.0, len: LEN, pad: 0 });
+        let kernarg = app.kernargs(
+            &pools,
+            AddOneArgs {
+                buf: buf.0,
+                len: LEN,
+                pad: 0,
+            },
+        );
         Aql::dispatch(kernel, LEN, 64, kernarg, done)
     };
     let replayed_init = values(LEN, 3);
