@@ -103,6 +103,12 @@ impl Backend {
         self.finalized.load(Ordering::Acquire)
     }
 
+    /// Finalized while a replay that began before is still running (its writer side is held):
+    /// work submitted now waits for it to end.
+    pub(crate) fn finalized_with_open_replays(&self) -> bool {
+        self.is_finalized() && self.locks.is_enabled() && self.locks.any_write_locked()
+    }
+
     /// Whether dispatches and copies go through replay handling now: a replay service is
     /// configured and kreplay is not finalized.
     ///

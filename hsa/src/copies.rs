@@ -238,7 +238,7 @@ pub(crate) struct Fence<'a> {
 /// window is open (and none at all where no replay service was ever configured, or in a
 /// forked child).
 pub(crate) fn after_finalize_wait(b: &Backend) {
-    if b.is_finalized() && b.locks.is_enabled() && b.locks.any_write_locked() {
+    if b.finalized_with_open_replays() {
         drop(readers(b, b.gpus()));
     }
 }

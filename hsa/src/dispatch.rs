@@ -123,8 +123,11 @@ pub(crate) unsafe extern "C" fn intercept_handler(
         // for the agent's lock): the queue's destroy waits for it, and a cancellation of this
         // thread waits for its end (`crate::cancel`).
         let replaying = b.replay_active();
-        let _call = replaying.then(|| state.handler_call(writer));
-        let _no_cancel = replaying.then(crate::cancel::NoCancel::now);
+        // After finalization a handler call may still wait for a replay that began before
+        // (`handle`): the queue's destroy waits for it just the same.
+        let lasting = replaying || b.finalized_with_open_replays();
+        let _call = lasting.then(|| state.handler_call(writer));
+        let _no_cancel = lasting.then(crate::cancel::NoCancel::now);
         deliver_mail(b, state, Sink::Handler(writer));
         if state.has_reentrant() || packets.iter().any(is_wake_up) {
             handle_with_reentrant(
