@@ -249,7 +249,8 @@ extern "C" fn in_forked_child() {
     }
     // No finalize of the parent's waits here.
     RUNNING_WAITERS.store(0, Ordering::SeqCst);
-    crate::lifecycle::forget_finalizes_of_other_threads();
+    // Naming this thread can panic in a thread being torn down: nothing crosses into C.
+    let _ = std::panic::catch_unwind(crate::lifecycle::forget_finalizes_of_other_threads);
 }
 
 fn running_slot(context: ContextId) -> &'static AtomicUsize {
