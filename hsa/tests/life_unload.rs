@@ -170,7 +170,12 @@ fn finalize_during_a_stream(rounds: u32, at: u32) {
     let want: Vec<u32> = init.iter().map(|x| x + rounds).collect();
     let now = app.read(buf, LEN as usize);
     let wrong = now.iter().zip(&want).filter(|(n, w)| n != w).count();
-    assert_eq!(wrong, 0, "{wrong} elements are not initial + {rounds}: {:?}", &now[..4]);
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} elements are not initial + {rounds}: {:?}",
+        &now[..4]
+    );
 }
 
 scenarios! {
