@@ -987,7 +987,10 @@ bool OnLoad(struct HsaApiTable* table, uint64_t runtime_version, uint64_t failed
 /**
  * The HSA tools-library shutdown entry point, defined by libkreplay. The runtime calls it from
  * hsa_shut_down: replay stops, every active tool's contexts are stopped and its finalize runs
- * (in reverse order of initialization).
+ * (in reverse order of initialization). A replay already running on another thread goes on to
+ * its end, and work submitted meanwhile on its agents waits for it. In a child forked from the
+ * process kreplay replays nothing, and its OnUnload does not wait for callbacks or finalizes
+ * of the parent's other threads.
  */
 void OnUnload(void);
 
