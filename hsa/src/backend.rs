@@ -159,6 +159,16 @@ impl Backend {
         }
     }
 
+    /// The deadline `timeout` from now. A timeout past what an `Instant` holds (the drain
+    /// configuration's `Duration::MAX`, "no limit") gives a deadline about a century ahead
+    /// instead of panicking in a runtime callback.
+    pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+        let now = Instant::now();
+        now.checked_add(timeout)
+            .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+            .unwrap_or(now)
+    }
+
     /// Timestamp ticks as nanoseconds.
     pub(crate) fn nanos(&self, ticks: u64) -> u64 {
         let ns = u128::from(ticks) * 1_000_000_000 / u128::from(self.ticks_per_second.max(1));

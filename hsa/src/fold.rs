@@ -180,7 +180,7 @@ pub(crate) fn hold_open(b: &Backend) -> Holds<'_> {
                         // A callback while the owner's own pass runs: wait for that kernel
                         // (never abandoned, so never given up on).
                         drop(state);
-                        while !b.wait_signal_zero(signal, Instant::now() + b.drain.timeout) {}
+                        while !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.timeout)) {}
                         state = window.state.lock();
                         continue;
                     }
@@ -310,7 +310,7 @@ impl InFlight {
     /// before a replay goes on, or a restore would overwrite it), warning once per drain timeout.
     pub(crate) fn wait_patiently(&self, b: &Backend) {
         let start = Instant::now();
-        while !self.wait(b, Instant::now() + b.drain.timeout) {
+        while !self.wait(b, Backend::deadline_after(b.drain.timeout)) {
             b.hooks.warn(&format!(
                 "re-entrant work issued during a replay still running after {:.1} s; the \
                  replay waits for it (so that its restores keep what it writes)",

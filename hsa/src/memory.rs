@@ -3,7 +3,6 @@
 use std::ffi::c_void;
 
 use hsa_sys::*;
-use std::time::Instant;
 
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
@@ -437,7 +436,7 @@ impl DeviceMemory for HsaMemory {
             b.original
                 .signal_subtract(signal, (writes.len() - submitted) as i64);
         }
-        if !b.wait_signal_zero(signal, Instant::now() + b.drain.pass_timeout) {
+        if !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.pass_timeout)) {
             // Copies may still reference the signal: it is left alive.
             return Err(CopyError::failed(
                 first.addr,

@@ -1,0 +1,199 @@
+//! Time on the HSA backend: drain and pass deadlines at their extremes, tools that take their
+//! time in a callback while other threads work, and application threads that wait on signals
+//! with a timeout while a dispatch is replayed. Every wait is bounded; assertions are on
+//! outcomes and values, never on durations.
+
+// Each test file uses part of the shared harness.
+#[allow(dead_code)]
+#[macro_use]
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use hsa_sys::*;
+use kreplay_drain::DrainConfig;
+use kreplay_hsa::InstallOptions;
+use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
+use kreplay_softhsa::WorkGroup;
+use support::app::{self, App, Aql, Pools, Ptr, WAIT};
+use support::tool::{Script, TestHooks};
+
+const WORDS: usize = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AddArgs {
+    buf: u64,
+    len: u32,
+    pad: u32,
+}
+
+/// `buf[i] += 1`.
+fn add_one(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
+    let args: AddArgs = unsafe { group.kernargs() };
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
+fn add_packet(app: &App, pools: &Pools, buf: Ptr, grid: u32, done: hsa_signal_t) -> Aql {
+    let kernarg = app.kernargs(
+        pools,
+        AddArgs {
+            buf: buf.0,
+            len: WORDS as u32,
+            pad: 0,
+        },
+    );
+    let kernel = kreplay_softhsa::register_kernel("time_waits_add_one", add_one);
+    Aql::dispatch(kernel, grid, 64, kernarg, done)
+}
+
+/// Waits until `flag` is set, at most `limit`; whether it was.
+fn wait_flag_within(flag: &AtomicBool, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !flag.load(Ordering::SeqCst) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+/// Set by the dispatching thread's tool once it is inside the replay (see each scenario).
+static INSIDE: AtomicBool = AtomicBool::new(false);
+/// Set by the other thread once it has done what the scenario asks of it.
+static OTHER_DONE: AtomicBool = AtomicBool::new(false);
+/// Whether the tool's bounded wait for [`OTHER_DONE`] ran out.
+static TOOL_GAVE_UP: AtomicBool = AtomicBool::new(false);
+/// A value the other thread saw.
+static SEEN: AtomicI64 = AtomicI64::new(i64::MIN);
+
+scenarios! {
+    /// A drain timeout of `Duration::MAX` (the drain crate's "no limit") on the Rust API: a
+    /// replay neither panics nor gives up; it replays and memory is as after one run.
+    fn an_unlimited_drain_timeout_replays_the_dispatch() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::MAX), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let q = app.queue(gpu);
+        let buf = app.buffer(pools.coarse, &[5; WORDS]);
+        let done = app.signal(1);
+        let packet = add_packet(&app, &pools, buf, WORDS as u32, done);
+        app.dispatch(q, packet);
+        assert_eq!(app.wait_zero(done), 0, "the dispatch completed");
+        let id = hooks.configured_dispatches()[0].dispatch_id;
+        assert_eq!(hooks.finished_record(id).outcome, ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass });
+        assert_eq!(app.read(buf, WORDS), vec![6; WORDS]);
+    }
+
+    /// A tool that takes its time in CONFIG ENTER of one thread's dispatch (it waits there
+    /// until another thread's dispatch, on another queue of the same agent, has been replayed
+    /// and completed): CONFIG ENTER comes before the agent's lock, so the other replay neither
+    /// waits for it nor declines; then the first dispatch is replayed too.
+    fn a_tool_waiting_in_config_enter_does_not_hold_up_another_queues_replay() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_millis(300)), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::new(|_, info| {
+            if info.grid_size[0] == 2 * WORDS as u32 && !INSIDE.swap(true, Ordering::SeqCst) {
+                // The slow tool: waits for the other thread's replay (bounded).
+                if !wait_flag_within(&OTHER_DONE, WAIT * 2) {
+                    TOOL_GAVE_UP.store(true, Ordering::SeqCst);
+                }
+            }
+            ToolAnswer::passes(2)
+        }));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let (q1, q2) = (app.queue(gpu), app.queue(gpu));
+        let (a, b) = (app.buffer(pools.coarse, &[1; WORDS]), app.buffer(pools.coarse, &[7; WORDS]));
+        // Both queues have run work before (replayed), so each has been forwarded to.
+        for (q, buf) in [(q1, a), (q2, b)] {
+            let done = app.signal(1);
+            app.dispatch(q, add_packet(&app, &pools, buf, WORDS as u32, done));
+            assert_eq!(app.wait_zero(done), 0);
+        }
+        let (done_a, done_b) = (app.signal(1), app.signal(1));
+        let slow = add_packet(&app, &pools, a, 2 * WORDS as u32, done_a);
+        let fast = add_packet(&app, &pools, b, WORDS as u32, done_b);
+        let results = support::bounded(WAIT * 4, vec![
+            Box::new(move || {
+                app.dispatch(q1, slow);
+                app.wait_zero(done_a)
+            }),
+            Box::new(move || {
+                assert!(wait_flag_within(&INSIDE, WAIT), "the slow tool's CONFIG ENTER began");
+                app.dispatch(q2, fast);
+                let value = app.wait_zero(done_b);
+                OTHER_DONE.store(true, Ordering::SeqCst);
+                value
+            }),
+        ]);
+        assert_eq!(results, vec![0, 0], "both dispatches completed");
+        assert!(!TOOL_GAVE_UP.load(Ordering::SeqCst), "the other replay did not wait for the slow CONFIG ENTER");
+        let ids: Vec<u64> = hooks.configured_dispatches().iter().map(|i| i.dispatch_id).collect();
+        assert_eq!(ids.len(), 4);
+        for id in &ids[2..] {
+            assert_eq!(hooks.finished_record(*id).outcome, ReplayOutcome::Replayed { passes: 2, end: LoopEnd::LastPass }, "dispatch {id}");
+        }
+        assert_eq!((app.read(a, WORDS), app.read(b, WORDS)), (vec![3; WORDS], vec![9; WORDS]));
+    }
+
+    /// An application thread waits on a dispatch's completion signal with a short timeout hint
+    /// while that dispatch is between its passes (the tool holds PASS ENTER of pass 1 until the
+    /// wait returned): the wait returns the signal's value, still 1, never an early 0; after the
+    /// replay it sees 0 and one run's result.
+    fn a_timed_wait_on_a_replayed_dispatch_sees_no_early_completion() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(WAIT), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3).on_pass_enter(|_, _, pass, _| {
+            if pass == 1 {
+                INSIDE.store(true, Ordering::SeqCst);
+                if !wait_flag_within(&OTHER_DONE, WAIT) {
+                    TOOL_GAVE_UP.store(true, Ordering::SeqCst);
+                }
+            }
+        }));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let q = app.queue(gpu);
+        let buf = app.buffer(pools.coarse, &[0; WORDS]);
+        let done = app.signal(1);
+        let packet = add_packet(&app, &pools, buf, WORDS as u32, done);
+        let waiter = app;
+        let results = support::bounded(WAIT * 3, vec![
+            Box::new(move || {
+                app.dispatch(q, packet);
+                app.wait_zero(done)
+            }),
+            Box::new(move || {
+                assert!(wait_flag_within(&INSIDE, WAIT), "pass 1 began");
+                // 20 ms in softhsa's timestamp ticks (nanoseconds).
+                let ticks = 20_000_000;
+                let core = waiter.core();
+                let (wait_eq, wait_lt) = (core.hsa_signal_wait_scacquire_fn.expect("wait"), core.hsa_signal_wait_relaxed_fn.expect("wait"));
+                // SAFETY: a live signal of this application; plain values.
+                let eq = unsafe { wait_eq(done, HSA_SIGNAL_CONDITION_EQ, 0, ticks, HSA_WAIT_STATE_BLOCKED) };
+                // SAFETY: as above.
+                let lt = unsafe { wait_lt(done, HSA_SIGNAL_CONDITION_LT, 1, ticks, HSA_WAIT_STATE_ACTIVE) };
+                SEEN.store(eq.min(lt), Ordering::SeqCst);
+                OTHER_DONE.store(true, Ordering::SeqCst);
+                eq.max(lt)
+            }),
+        ]);
+        assert_eq!(results[0], 0, "the dispatch completed");
+        assert!(!TOOL_GAVE_UP.load(Ordering::SeqCst));
+        assert_eq!((SEEN.load(Ordering::SeqCst), results[1]), (1, 1), "the timed waits saw the signal still at 1");
+    }
+}
