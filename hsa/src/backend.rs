@@ -331,6 +331,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_queue_intercept_register_fn = queues::intercept_register,
         hsa_amd_memory_async_copy_fn = copies::async_copy,
         hsa_amd_profiling_get_async_copy_time_fn = copies::async_copy_time,
+        hsa_amd_profiling_set_profiler_enabled_fn = queues::set_profiler_enabled,
         hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
         hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,
         hsa_amd_memory_async_batch_copy_fn = copies::async_batch_copy,
