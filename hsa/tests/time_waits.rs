@@ -16,6 +16,7 @@ use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
 use kreplay_passloop::{LoopEnd, ReplayOutcome, ToolAnswer};
 use kreplay_softhsa::WorkGroup;
+use kreplay_softhsa::faults::{self, Fault, FaultPlan};
 use support::app::{self, App, Aql, Pools, Ptr, WAIT};
 use support::tool::{Script, TestHooks};
 
@@ -195,5 +196,82 @@ scenarios! {
         assert_eq!(results[0], 0, "the dispatch completed");
         assert!(!TOOL_GAVE_UP.load(Ordering::SeqCst));
         assert_eq!((SEEN.load(Ordering::SeqCst), results[1]), (1, 1), "the timed waits saw the signal still at 1");
+    }
+
+    /// A tool that takes its time in PASS ENTER of a replay on GPU 0 (it waits there until
+    /// another thread has done its work on GPU 1): that thread's dispatch on GPU 1 is replayed,
+    /// and its copies into and out of GPU 1's memory and its async copy on GPU 1 land, all
+    /// while GPU 0's replay holds its agent; then GPU 0's replay ends normally.
+    fn a_tool_waiting_in_pass_enter_does_not_hold_up_another_gpu() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_millis(300)), ..Default::default() });
+        hooks.configure_replay(true);
+        let gpu0 = app.gpus[0].handle;
+        hooks.set_script(Script::passes(2).on_pass_enter(move |_, info, pass, _| {
+            if info.agent_id == gpu0 && pass == 0 && !INSIDE.swap(true, Ordering::SeqCst)
+                && !wait_flag_within(&OTHER_DONE, WAIT * 2)
+            {
+                TOOL_GAVE_UP.store(true, Ordering::SeqCst);
+            }
+        }));
+        let (g0, g1) = (app.gpus[0], app.gpus[1]);
+        let (p0, p1) = (app.pools(g0), app.pools(g1));
+        let (q0, q1) = (app.queue(g0), app.queue(g1));
+        let a = app.buffer(p0.coarse, &[1; WORDS]);
+        let (b, c, d) = (app.buffer(p1.coarse, &[10; WORDS]), app.buffer(p1.coarse, &[0; WORDS]), app.buffer(p1.coarse, &[0; WORDS]));
+        let (done_a, done_b, copied) = (app.signal(1), app.signal(1), app.signal(1));
+        let on_gpu0 = add_packet(&app, &p0, a, WORDS as u32, done_a);
+        let on_gpu1 = add_packet(&app, &p1, b, WORDS as u32, done_b);
+        let results = support::bounded(WAIT * 4, vec![
+            Box::new(move || {
+                app.dispatch(q0, on_gpu0);
+                vec![app.wait_zero(done_a)]
+            }),
+            Box::new(move || {
+                assert!(wait_flag_within(&INSIDE, WAIT), "GPU 0's replay reached PASS ENTER");
+                app.dispatch(q1, on_gpu1);
+                let dispatched = app.wait_zero(done_b);
+                app.write(c, &[4; WORDS]);
+                let read = app.read(c, WORDS);
+                app.async_copy(d, g1, c, g1, WORDS * 4, copied);
+                let landed = app.wait_zero(copied);
+                OTHER_DONE.store(true, Ordering::SeqCst);
+                vec![dispatched, i64::from(read == vec![4; WORDS]), landed]
+            }),
+        ]);
+        assert_eq!(results, vec![vec![0], vec![0, 1, 0]], "everything completed");
+        assert!(!TOOL_GAVE_UP.load(Ordering::SeqCst), "GPU 1's work did not wait for GPU 0's replay");
+        for info in hooks.configured_dispatches() {
+            assert_eq!(hooks.finished_record(info.dispatch_id).outcome, ReplayOutcome::Replayed { passes: 2, end: LoopEnd::LastPass }, "agent {:#x}", info.agent_id);
+        }
+        assert_eq!((app.read(a, WORDS), app.read(b, WORDS), app.read(d, WORDS)), (vec![2; WORDS], vec![11; WORDS], vec![4; WORDS]));
+    }
+
+    /// Passes after the first run longer than the drain and pass deadlines (the kernel starts
+    /// late): each is waited for, with a warning, never abandoned; the replay ends normally,
+    /// memory is as after one run, and the application's signal reports pass 0's times.
+    fn later_passes_slower_than_the_deadlines_are_waited_for() {
+        let hooks = TestHooks::new(1);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_millis(100)), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let q = app.queue(gpu);
+        let buf = app.buffer(pools.coarse, &[3; WORDS]);
+        let done = app.signal(1);
+        let packet = add_packet(&app, &pools, buf, WORDS as u32, done);
+        faults::install(Some(FaultPlan::new(1).with_delay(Fault::SlowKernel, Duration::from_millis(350)).skip_first(Fault::SlowKernel, 1)));
+        app.dispatch(q, packet);
+        let completed = app.wait_zero(done);
+        faults::install(None);
+        assert_eq!(completed, 0);
+        assert!(faults::fired(Fault::SlowKernel) >= 2, "the later passes started late");
+        let id = hooks.configured_dispatches()[0].dispatch_id;
+        assert_eq!(hooks.finished_record(id).outcome, ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass });
+        assert_eq!(app.read(buf, WORDS), vec![4; WORDS]);
+        assert!(hooks.warnings().iter().any(|w| w.contains("still running")), "{:?}", hooks.warnings());
+        let pass0 = hooks.records().iter().find(|(_, r)| r.pass == Some(0)).map(|(_, r)| (r.start_ns, r.end_ns)).expect("pass 0's record");
+        assert_eq!(app.dispatch_time(gpu, done), pass0, "the application's signal reports pass 0");
     }
 }
