@@ -180,7 +180,9 @@ pub(crate) fn hold_open(b: &Backend) -> Holds<'_> {
                         // A callback while the owner's own pass runs: wait for that kernel
                         // (never abandoned, so never given up on).
                         drop(state);
-                        while !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.timeout)) {}
+                        while !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.timeout))
+                        {
+                        }
                         state = window.state.lock();
                         continue;
                     }

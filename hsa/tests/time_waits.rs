@@ -274,4 +274,44 @@ scenarios! {
         let pass0 = hooks.records().iter().find(|(_, r)| r.pass == Some(0)).map(|(_, r)| (r.start_ns, r.end_ns)).expect("pass 0's record");
         assert_eq!(app.dispatch_time(gpu, done), pass0, "the application's signal reports pass 0");
     }
+
+    /// A drain that ran out of time leaves nothing behind: a sibling queue stalls longer than
+    /// the drain timeout, so a replay on the agent is declined (`agent_drain_stuck`); once the
+    /// stalled work has completed, the next dispatch on each queue is replayed as usual.
+    fn a_drain_that_timed_out_does_not_spoil_later_replays() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_millis(150)), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::new(|_, info| {
+            if info.grid_size[0] == 2 * WORDS as u32 { ToolAnswer::OPT_OUT } else { ToolAnswer::passes(3) }
+        }));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let (q1, q2) = (app.queue(gpu), app.queue(gpu));
+        let (a, b) = (app.buffer(pools.coarse, &[0; WORDS]), app.buffer(pools.coarse, &[0; WORDS]));
+        let stalled_done = app.signal(1);
+        faults::install(Some(FaultPlan::new(1).with_delay(Fault::QueueStall, Duration::from_millis(900)).at_most(Fault::QueueStall, 1)));
+        app.dispatch(q2, add_packet(&app, &pools, b, 2 * WORDS as u32, stalled_done));
+        let deadline = Instant::now() + WAIT;
+        while faults::fired(Fault::QueueStall) == 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(faults::fired(Fault::QueueStall), 1, "the sibling queue stalled");
+        let done = app.signal(1);
+        app.dispatch(q1, add_packet(&app, &pools, a, WORDS as u32, done));
+        assert_eq!((app.wait_zero(done), app.wait_zero(stalled_done)), (0, 0));
+        faults::install(None);
+        let first = hooks.configured_dispatches().last().expect("a dispatch").dispatch_id;
+        let outcome = hooks.finished_record(first).outcome;
+        assert!(format!("{outcome:?}").contains("AgentDrainStuck"), "{outcome:?}");
+        // The stall is over: each queue's next dispatch is replayed.
+        for (q, buf) in [(q1, a), (q2, b), (q1, a)] {
+            let done = app.signal(1);
+            app.dispatch(q, add_packet(&app, &pools, buf, WORDS as u32, done));
+            assert_eq!(app.wait_zero(done), 0);
+            let id = hooks.configured_dispatches().last().expect("a dispatch").dispatch_id;
+            assert_eq!(hooks.finished_record(id).outcome, ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass }, "dispatch {id}");
+        }
+        assert_eq!((app.read(a, WORDS), app.read(b, WORDS)), (vec![3; WORDS], vec![2; WORDS]));
+    }
 }
