@@ -439,9 +439,12 @@ impl DeviceMemory for HsaMemory {
         // Copies in flight are writing the replay's memory from the store: like a running pass
         // they are never abandoned (a restore given up on would have them land later, over what
         // the application wrote after its completion, reading a store that may be freed). A
-        // slow batch is warned about once per pass deadline and waited for.
+        // slow batch is warned about after the pass deadline, then at doubling gaps, and
+        // waited for.
         let start = std::time::Instant::now();
-        while !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.pass_timeout)) {
+        let mut gap = b.drain.pass_timeout;
+        while !b.wait_signal_zero(signal, Backend::deadline_after(gap)) {
+            gap = kreplay_drain::next_warning_gap(gap, b.drain.pass_timeout);
             b.hooks.warn(&format!(
                 "a restore's {} async copies still in flight after {:.1} s; waiting for them \
                  (copies in flight are never abandoned)",

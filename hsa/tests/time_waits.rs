@@ -314,4 +314,33 @@ scenarios! {
         }
         assert_eq!((app.read(a, WORDS), app.read(b, WORDS)), (vec![3; WORDS], vec![2; WORDS]));
     }
+
+    /// A pass that runs far longer than a short drain timeout (1 ms, the least
+    /// `KREPLAY_DRAIN_TIMEOUT_MS` takes): the long pass is warned about, but not once per
+    /// millisecond for as long as it runs (before, a 400 ms pass gave about 400 warnings).
+    fn a_long_pass_under_a_tiny_drain_timeout_is_not_warned_about_every_interval() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions { drain: DrainConfig::new(Duration::from_millis(1)), ..Default::default() });
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(2));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let q = app.queue(gpu);
+        let buf = app.buffer(pools.coarse, &[0; WORDS]);
+        let done = app.signal(1);
+        let packet = add_packet(&app, &pools, buf, WORDS as u32, done);
+        faults::install(Some(FaultPlan::new(1).with_delay(Fault::SlowKernel, Duration::from_millis(400)).skip_first(Fault::SlowKernel, 1)));
+        app.dispatch(q, packet);
+        let completed = app.wait_zero(done);
+        faults::install(None);
+        assert_eq!(completed, 0);
+        let id = hooks.configured_dispatches()[0].dispatch_id;
+        let record = hooks.finished_record(id);
+        assert_eq!(record.outcome, ReplayOutcome::Replayed { passes: 2, end: LoopEnd::LastPass });
+        assert_eq!(app.read(buf, WORDS), vec![1; WORDS]);
+        let warned = hooks.warnings().iter().filter(|w| w.contains("still running")).count();
+        // The second pass took at least the 400 ms its kernel was held back.
+        assert!(record.cost.pass_times[1] >= Duration::from_millis(400));
+        assert!((1..=16).contains(&warned), "{warned} warnings about one long pass");
+    }
 }
