@@ -229,8 +229,9 @@ pub struct DrainConfig {
     /// Budget for one [`drain_agent`] call (own queue, siblings and copies together).
     pub timeout: Duration,
     /// Budget for one [`wait_pass`] call (completion and handlers together). For
-    /// [`wait_pass_patiently`], which never gives up on a running pass, the interval between
-    /// warnings about a long pass.
+    /// [`wait_pass_patiently`], which never gives up on a running pass, the time before the
+    /// first warning about a long pass (later ones come at doubling gaps,
+    /// [`next_warning_gap`]).
     pub pass_timeout: Duration,
 }
 
@@ -311,6 +312,18 @@ fn later(at: Instant, wait: Duration) -> Instant {
 /// What [`later`] waits where the time asked for is past what an `Instant` holds: about a
 /// century.
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The longest gap between two warnings about one long wait, unless the first interval is
+/// longer still.
+pub const MAX_WARNING_GAP: Duration = Duration::from_secs(60);
+
+/// The gap before the next warning about a long wait, after one given `gap` after the last
+/// (the first comes `interval` into the wait): twice as long, up to [`MAX_WARNING_GAP`] (or
+/// `interval` where that is longer). A short interval (a drain timeout of a few milliseconds)
+/// then warns a few times about a long pass, not once per interval for as long as it runs.
+pub fn next_warning_gap(gap: Duration, interval: Duration) -> Duration {
+    gap.saturating_mul(2).min(interval.max(MAX_WARNING_GAP))
+}
 
 /// How often [`wait_pass_patiently`] asks a running pass whether it failed.
 const FAILURE_CHECK: Duration = Duration::from_millis(20);
@@ -623,9 +636,9 @@ pub fn wait_pass(
 
 /// Waits until `pass` has completed and all its completion handlers have finished, however
 /// long that takes: a running pass is never abandoned (its late writes would land after the
-/// application was told it was done). Each time `config.pass_timeout` passes without the pass
+/// application was told it was done). When `config.pass_timeout` passes without the pass
 /// finishing, `on_slow` is called with the time waited so far (a backend warns there) and the
-/// wait goes on. The one exception is a pass whose completion can never come
+/// wait goes on, calling it again after twice that gap each time ([`next_warning_gap`]). The one exception is a pass whose completion can never come
 /// ([`PassCompletion::failed`], asked every few milliseconds while the pass has not completed):
 /// the wait ends with why. A pass found complete is complete whatever `failed` says, and the
 /// handlers of a completed pass are waited for however its queue fares since.
@@ -636,6 +649,7 @@ pub fn wait_pass_patiently(
 ) -> Result<PassReport, PassNeverCompletes> {
     let start = Instant::now();
     let interval = config.pass_timeout.max(Duration::from_millis(1));
+    let mut gap = interval;
     let mut next_warning = later(start, interval);
     // `completing`: waiting for the pass's completion, which a failure ends. Its handlers,
     // once it completed, are waited for whatever its queue does since.
@@ -658,7 +672,8 @@ pub fn wait_pass_patiently(
                 }
                 if Instant::now() >= next_warning {
                     on_slow(start.elapsed());
-                    next_warning = later(next_warning, interval);
+                    gap = next_warning_gap(gap, interval);
+                    next_warning = later(Instant::now(), gap);
                 }
             }
         };

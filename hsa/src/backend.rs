@@ -165,6 +165,16 @@ impl Backend {
         }
     }
 
+    /// The deadline `timeout` from now. A timeout past what an `Instant` holds (the drain
+    /// configuration's `Duration::MAX`, "no limit") gives a deadline about a century ahead
+    /// instead of panicking in a runtime callback.
+    pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+        let now = Instant::now();
+        now.checked_add(timeout)
+            .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+            .unwrap_or(now)
+    }
+
     /// Timestamp ticks as nanoseconds.
     pub(crate) fn nanos(&self, ticks: u64) -> u64 {
         let ns = u128::from(ticks) * 1_000_000_000 / u128::from(self.ticks_per_second.max(1));
@@ -335,6 +345,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_queue_intercept_register_fn = queues::intercept_register,
         hsa_amd_memory_async_copy_fn = copies::async_copy,
         hsa_amd_profiling_get_async_copy_time_fn = copies::async_copy_time,
+        hsa_amd_profiling_set_profiler_enabled_fn = queues::set_profiler_enabled,
         hsa_amd_memory_async_copy_on_engine_fn = copies::async_copy_on_engine,
         hsa_amd_memory_async_copy_rect_fn = copies::async_copy_rect,
         hsa_amd_memory_async_batch_copy_fn = copies::async_batch_copy,

@@ -180,7 +180,9 @@ pub(crate) fn hold_open(b: &Backend) -> Holds<'_> {
                         // A callback while the owner's own pass runs: wait for that kernel
                         // (never abandoned, so never given up on).
                         drop(state);
-                        while !b.wait_signal_zero(signal, Instant::now() + b.drain.timeout) {}
+                        while !b.wait_signal_zero(signal, Backend::deadline_after(b.drain.timeout))
+                        {
+                        }
                         state = window.state.lock();
                         continue;
                     }
@@ -307,10 +309,13 @@ impl InFlight {
     }
 
     /// Waits until all of it landed, however long it takes (what it writes must be seen whole
-    /// before a replay goes on, or a restore would overwrite it), warning once per drain timeout.
+    /// before a replay goes on, or a restore would overwrite it), warning after the drain
+    /// timeout and then at doubling gaps (`kreplay_drain::next_warning_gap`).
     pub(crate) fn wait_patiently(&self, b: &Backend) {
         let start = Instant::now();
-        while !self.wait(b, Instant::now() + b.drain.timeout) {
+        let mut gap = b.drain.timeout;
+        while !self.wait(b, Backend::deadline_after(gap)) {
+            gap = kreplay_drain::next_warning_gap(gap, b.drain.timeout);
             b.hooks.warn(&format!(
                 "re-entrant work issued during a replay still running after {:.1} s; the \
                  replay waits for it (so that its restores keep what it writes)",

@@ -3,7 +3,6 @@
 use std::ffi::c_void;
 
 use hsa_sys::*;
-use std::time::Instant;
 
 use kreplay_snapshot::{
     Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
@@ -437,12 +436,20 @@ impl DeviceMemory for HsaMemory {
             b.original
                 .signal_subtract(signal, (writes.len() - submitted) as i64);
         }
-        if !b.wait_signal_zero(signal, Instant::now() + b.drain.pass_timeout) {
-            // Copies may still reference the signal: it is left alive.
-            return Err(CopyError::failed(
-                first.addr,
-                0,
-                "batched copies did not complete before the pass deadline",
+        // Copies in flight are writing the replay's memory from the store: like a running pass
+        // they are never abandoned (a restore given up on would have them land later, over what
+        // the application wrote after its completion, reading a store that may be freed). A
+        // slow batch is warned about after the pass deadline, then at doubling gaps, and
+        // waited for.
+        let start = std::time::Instant::now();
+        let mut gap = b.drain.pass_timeout;
+        while !b.wait_signal_zero(signal, Backend::deadline_after(gap)) {
+            gap = kreplay_drain::next_warning_gap(gap, b.drain.pass_timeout);
+            b.hooks.warn(&format!(
+                "a restore's {} async copies still in flight after {:.1} s; waiting for them \
+                 (copies in flight are never abandoned)",
+                submitted,
+                start.elapsed().as_secs_f64()
             ));
         }
         b.original.signal_destroy(signal);

@@ -978,6 +978,30 @@ pub(crate) unsafe extern "C" fn queue_inactivate(queue: *mut hsa_queue_t) -> hsa
     })
 }
 
+/// Wrapper of `hsa_amd_profiling_set_profiler_enabled`. kreplay turns dispatch timestamps on
+/// for every queue it intercepts: each pass's record, each traced dispatch's record and the
+/// application's own signal (`crate::dispatch::carry_timestamps`) take their times from them.
+/// An application turning them off on such a queue would leave every one of those at 0, so
+/// there they stay on (the application's signals then carry times where it asked for none,
+/// which it does not read); other queues get the application's answer.
+pub(crate) unsafe extern "C" fn set_profiler_enabled(
+    queue: *mut hsa_queue_t,
+    enable: std::ffi::c_int,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let enable = if enable == 0 && b.queues.get(queue).is_some() {
+            1
+        } else {
+            enable
+        };
+        forward!(
+            b,
+            amd.hsa_amd_profiling_set_profiler_enabled_fn(queue, enable)
+        )
+    })
+}
+
 /// `hsa_queue_destroy` calls waiting for handler calls of their queue now.
 static DESTROYS_WAITING: AtomicUsize = AtomicUsize::new(0);
 

@@ -438,7 +438,7 @@ impl ReplayDevice for HsaReplay<'_> {
         // Ask every queue of the agents for a drain marker: this one and side queues get it
         // from here, the others through their mailbox (their handler may be waiting for this
         // very replay, and writes mail while it waits).
-        let deadline = Instant::now() + self.b.drain.timeout;
+        let deadline = Backend::deadline_after(self.b.drain.timeout);
         for queue in &queues {
             let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
             if queue.markers_ride_batches() && !own {
@@ -587,7 +587,7 @@ impl ReplayDevice for HsaReplay<'_> {
         // callbacks, on any agent's side queue) lands before the copy, which then holds it.
         self.window = Some(window.clone());
         let in_flight = crate::fold::InFlight::mark(self.b, window.footprint());
-        if !in_flight.wait(self.b, Instant::now() + self.b.drain.timeout) {
+        if !in_flight.wait(self.b, Backend::deadline_after(self.b.drain.timeout)) {
             // A snapshot taken now could hold half of that work: decline instead (nothing is
             // restored, so the work lands whole whenever it does).
             self.close_window();

@@ -251,10 +251,10 @@ scenarios! {
     fn the_rocm_5_2_layout_gets_its_wrappers_at_the_bound_offsets() {
         assert_eq!(
             wrapped_amd_offsets(TableLayout::Rocm52),
-            // async copy time, pool allocate/free, async copy, agents allow access, lock,
-            // unlock, fill, interop map/unmap, image create, signal create, IPC attach/detach,
-            // intercept queue create and register, rect copy, lock to pool
-            vec![56, 120, 128, 136, 152, 176, 184, 192, 200, 208, 216, 248, 256, 264, 296, 304, 320, 336]
+            // profiler enable, async copy time, pool allocate/free, async copy, agents allow
+            // access, lock, unlock, fill, interop map/unmap, image create, signal create, IPC
+            // attach/detach, intercept queue create and register, rect copy, lock to pool
+            vec![32, 56, 120, 128, 136, 152, 176, 184, 192, 200, 208, 216, 248, 256, 264, 296, 304, 320, 336]
         );
     }
 
@@ -264,7 +264,7 @@ scenarios! {
         assert_eq!(
             wrapped_amd_offsets(TableLayout::Rocm56),
             vec![
-                56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
+                32, 56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
                 320, 336, 352
             ]
         );
@@ -275,7 +275,7 @@ scenarios! {
         assert_eq!(
             wrapped_amd_offsets(TableLayout::Rocm62),
             vec![
-                56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
+                32, 56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
                 320, 336, 352,
                 // handle create/release, map, unmap, set access, import, retain
                 472, 480, 488, 496, 504, 528, 536,
