@@ -343,6 +343,9 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_vmem_map_fn = vmem::map,
         hsa_amd_vmem_unmap_fn = vmem::unmap,
         hsa_amd_vmem_set_access_fn = vmem::set_access,
+        hsa_amd_vmem_address_reserve_fn = vmem::address_reserve,
+        hsa_amd_vmem_address_reserve_align_fn = vmem::address_reserve_align,
+        hsa_amd_vmem_address_free_fn = vmem::address_free,
     );
 }
 

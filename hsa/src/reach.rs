@@ -19,6 +19,9 @@
 //!   A value equal to the handle of an image kreplay saw created (`crate::images`) resolves to
 //!   the image's data instead: a kernel reaches an image through its handle, which points to
 //!   none of the data's bytes.
+//!   A value inside a reserved virtual address range (`hsa_amd_vmem_address_reserve`), or one
+//!   past its end, reaches every mapping inside that range (`crate::vmem`): a range backed by
+//!   several handles side by side is one buffer to the kernel.
 //! * **Images.** The data of every image created for the agent (`crate::images`), whose handle
 //!   a kernel may find in memory (a HIP texture or surface object), as if an argument pointed
 //!   into it.
@@ -415,6 +418,8 @@ pub(crate) fn argument_owners(
         .chain(b.images.data_of_agent(agent.handle))
         // An image handle: the image's data is what the kernel reaches.
         .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
+        // A reserved virtual address range: every mapping inside it.
+        .flat_map(|value| std::iter::once(value).chain(b.vmem.mappings_reached(value)))
         .filter_map(|value| match b.inventory.lookup(value) {
             Some(a) => a.kind.is_reachable().then_some(a.owner_agent),
             None => b
@@ -518,6 +523,14 @@ fn resolve(
     if let Some(image) = b.images.data_of(value) {
         return resolve(b, filter, image.data, agent_symbols);
     }
+    // A reserved virtual address range (`crate::vmem`): a kernel given a pointer into it, or
+    // to its end, may write every mapping inside it, not only the one the pointer names.
+    let filter = b
+        .vmem
+        .mappings_reached(value)
+        .into_iter()
+        .filter(|&m| b.inventory.lookup(m).is_some_and(|a| a.kind.is_reachable()))
+        .fold(filter, |f, m| f.reach(m, RegionSource::Referenced));
     if let Some(a) = b.inventory.lookup(value) {
         return Ok(if a.kind.is_reachable() {
             filter.reach(value, RegionSource::Referenced)
