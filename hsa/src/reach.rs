@@ -8,7 +8,9 @@
 //!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
 //!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
 //!   regions, never miss one. Every 8-byte value at a 4-byte aligned position is resolved (one
-//!   past a tracked allocation's end reaches that allocation): a writable module
+//!   past a tracked allocation's end reaches that allocation), and a value at any other byte
+//!   position (a pointer in a packed struct) where it names memory kreplay knows without asking
+//!   the runtime (tracked, an image, a signal, a reservation, a module variable): a writable module
 //!   variable is vouched for; read-only variables, the rest of a loaded code segment and
 //!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
 //!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
@@ -383,8 +385,14 @@ pub(crate) fn filter(
             filter = filter.vouch(address, size, RegionSource::ModuleVariable);
         }
     }
-    for value in argument_values(b, dispatch, &symbols)? {
+    let values = argument_values(b, dispatch, &symbols)?;
+    for &value in &values.aligned {
         filter = resolve(b, filter, value, &symbols)?;
+    }
+    for &value in &values.unaligned {
+        if names_known_memory(b, value, &symbols) {
+            filter = resolve(b, filter, value, &symbols)?;
+        }
     }
     // The agent's images: their handles may be found in memory, where no scan looks.
     for data in b.images.data_of_agent(agent.handle) {
@@ -413,8 +421,14 @@ pub(crate) fn argument_owners(
 ) -> Vec<u64> {
     let symbols = loaded_symbols(agent);
     let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
-    values
+    let unaligned = values
+        .unaligned
         .into_iter()
+        .filter(|&value| names_known_memory(b, value, &symbols));
+    values
+        .aligned
+        .into_iter()
+        .chain(unaligned)
         .chain(b.images.data_of_agent(agent.handle))
         // An image handle: the image's data is what the kernel reaches.
         .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
@@ -430,17 +444,46 @@ pub(crate) fn argument_owners(
         .collect()
 }
 
-/// The 8-byte values at 4-byte aligned positions of the dispatch's kernel arguments that may be
-/// addresses (at least
-/// [`kreplay_snapshot::MIN_ADDRESS`]); none when it has no arguments.
+/// The 8-byte values of a dispatch's kernel arguments that may be addresses (at least
+/// [`kreplay_snapshot::MIN_ADDRESS`]).
+#[derive(Default)]
+struct ArgumentValues {
+    /// At 4-byte aligned positions of the device address: every one is resolved.
+    aligned: Vec<u64>,
+    /// At the other positions (a pointer inside a packed struct passed by value, after a
+    /// `char`): resolved only where [`names_known_memory`] says so. Such windows mostly mix the
+    /// bytes of two neighbouring values, so asking the runtime about each, or taking a mapped
+    /// host address for one the kernel may write, would cost a runtime call per byte and
+    /// decline replays over chance values.
+    unaligned: Vec<u64>,
+}
+
+/// Whether `value`, found at an unaligned position of the arguments, names memory kreplay knows
+/// without asking the runtime: a tracked allocation (inside it or one past its end), a reserved
+/// virtual address range, an image's handle, an application signal or a module variable of code
+/// loaded on the agent.
+fn names_known_memory(b: &Backend, value: u64, symbols: &[LoadedSymbol]) -> bool {
+    b.inventory.lookup(value).is_some()
+        || b.inventory.ending_at(value).is_some()
+        || b.images.data_of(value).is_some()
+        || b.signals.holding(value).is_some()
+        || !b.vmem.mappings_reached(value).is_empty()
+        || symbols.iter().any(|s| {
+            matches!(*s, LoadedSymbol::Variable { address, size, .. }
+                if value >= address && value - address < size)
+        })
+}
+
+/// The values of the dispatch's kernel arguments that may be addresses; none when it has no
+/// arguments.
 fn argument_values(
     b: &Backend,
     dispatch: &hsa_kernel_dispatch_packet_t,
     symbols: &[LoadedSymbol],
-) -> Result<Vec<u64>, Decline> {
+) -> Result<ArgumentValues, Decline> {
     let kernarg = dispatch.kernarg_address as u64;
     if kernarg == 0 {
-        return Ok(Vec::new());
+        return Ok(ArgumentValues::default());
     }
     let known_size = symbols.iter().find_map(|s| match *s {
         LoadedSymbol::Kernel {
@@ -481,8 +524,20 @@ fn argument_values(
     // Every 8-byte window at a 4-byte boundary of the device address: the ABI aligns pointers
     // to 8, but a packed struct passed by value puts one at 4 (it was never read, and the
     // memory it names was replayed unrestored). A window resolving to nothing is a number.
-    let mut values = Vec::new();
-    kreplay_snapshot::aligned_values(&bytes, kernarg as usize, &mut values);
+    let mut values = ArgumentValues::default();
+    kreplay_snapshot::aligned_values(&bytes, kernarg as usize, &mut values.aligned);
+    // The other byte positions: a packed struct passed by value may put a pointer at any of
+    // them (after a `char` or a `short`); it was never read, and the memory it names was
+    // replayed unrestored.
+    for at in 0..bytes.len().saturating_sub(7) {
+        if (kernarg as usize).wrapping_add(at) % 4 == 0 {
+            continue;
+        }
+        let v = u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        if v >= kreplay_snapshot::MIN_ADDRESS {
+            values.unaligned.push(v);
+        }
+    }
     Ok(values)
 }
 
