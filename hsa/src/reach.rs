@@ -467,6 +467,7 @@ fn names_known_memory(b: &Backend, value: u64, symbols: &[LoadedSymbol]) -> bool
         || b.inventory.ending_at(value).is_some()
         || b.images.data_of(value).is_some()
         || b.signals.holding(value).is_some()
+        || b.svm.containing(value).is_some()
         || !b.vmem.mappings_reached(value).is_empty()
         || symbols.iter().any(|s| {
             matches!(*s, LoadedSymbol::Variable { address, size, .. }
@@ -601,6 +602,18 @@ fn resolve(
             format!(
                 "an argument ({value:#x}) is the application's signal {signal:#x}: a kernel that \
                  writes a signal would signal the host once per pass"
+            ),
+        ));
+    }
+    // Shared virtual memory (`crate::svm`): host memory an agent was granted, which the runtime
+    // keeps no allocation for and no snapshot holds.
+    if let Some((base, size)) = b.svm.containing(value)
+        && mapped_in_process(value)
+    {
+        return Err(Decline::new(
+            DeclineReason::UntrackedMemory,
+            format!(
+                "a kernel argument ({value:#x}) points into {size} bytes of host memory at                  {base:#x} made accessible to agents with hsa_amd_svm_attributes_set (shared                  virtual memory, managed memory), which the kernel may write and no snapshot                  holds"
             ),
         ));
     }
