@@ -8,7 +8,8 @@
 //!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
 //!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
 //!   regions, never miss one. Every 8-byte value at a 4-byte aligned position is resolved (one
-//!   past a tracked allocation's end reaches that allocation), and a value at any other byte
+//!   past a tracked allocation's end reaches that allocation, even where the next allocation
+//!   begins there), and a value at any other byte
 //!   position (a pointer in a packed struct) where it names memory kreplay knows without asking
 //!   the runtime (tracked, an image, a signal, a reservation, a module variable): a writable module
 //!   variable is vouched for; read-only variables, the rest of a loaded code segment and
@@ -432,8 +433,14 @@ pub(crate) fn argument_owners(
         .chain(b.images.data_of_agent(agent.handle))
         // An image handle: the image's data is what the kernel reaches.
         .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
-        // A reserved virtual address range: every mapping inside it.
-        .flat_map(|value| std::iter::once(value).chain(b.vmem.mappings_reached(value)))
+        // A reserved virtual address range: every mapping inside it; an end pointer: the
+        // allocation it ends.
+        .flat_map(|value| {
+            let ended = b.inventory.ending_at(value).map(|a| a.base);
+            std::iter::once(value)
+                .chain(ended)
+                .chain(b.vmem.mappings_reached(value))
+        })
         .filter_map(|value| match b.inventory.lookup(value) {
             Some(a) => a.kind.is_reachable().then_some(a.owner_agent),
             None => b
@@ -587,6 +594,14 @@ fn resolve(
         .into_iter()
         .filter(|&m| b.inventory.lookup(m).is_some_and(|a| a.kind.is_reachable()))
         .fold(filter, |f, m| f.reach(m, RegionSource::Referenced));
+    // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
+    // allocation it ends is reached too (it was taken for a plain number), also where another
+    // allocation begins at that very address (allocations packed back to back): what begins at
+    // the value itself is resolved below as ever.
+    let filter = match b.inventory.ending_at(value) {
+        Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
+        _ => filter,
+    };
     if let Some(a) = b.inventory.lookup(value) {
         return Ok(if a.kind.is_reachable() {
             filter.reach(value, RegionSource::Referenced)
@@ -617,13 +632,6 @@ fn resolve(
             ),
         ));
     }
-    // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
-    // allocation it ends is reached too (it was taken for a plain number); what begins at the
-    // value itself is resolved below as ever.
-    let filter = match b.inventory.ending_at(value) {
-        Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
-        _ => filter,
-    };
     let Some(info) = b.original.pointer_info(value as *const c_void) else {
         // No memory the runtime knows: a plain number, unless agents reach the process's host
         // memory directly (XNACK) and it is an address mapped here, which the kernel may write
