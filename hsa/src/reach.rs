@@ -475,6 +475,7 @@ fn names_known_memory(b: &Backend, value: u64, symbols: &[LoadedSymbol]) -> bool
         || b.images.data_of(value).is_some()
         || b.signals.holding(value).is_some()
         || b.svm.containing(value).is_some()
+        || b.soft_queues.holding(value).is_some()
         || !b.vmem.mappings_reached(value).is_empty()
         || symbols.iter().any(|s| {
             matches!(*s, LoadedSymbol::Variable { address, size, .. }
@@ -602,6 +603,17 @@ fn resolve(
         Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
         _ => filter,
     };
+    // A soft queue (its `hsa_queue_t`): a kernel given one enqueues packets the host processes,
+    // once per pass, through a write index and a doorbell no snapshot holds.
+    if let Some(queue) = b.soft_queues.holding(value) {
+        return Err(Decline::new(
+            DeclineReason::UntrackedMemory,
+            format!(
+                "an argument ({value:#x}) is the application's soft queue {queue:#x}: a kernel \
+                 that enqueues into it would enqueue once per pass"
+            ),
+        ));
+    }
     if let Some(a) = b.inventory.lookup(value) {
         return Ok(if a.kind.is_reachable() {
             filter.reach(value, RegionSource::Referenced)
