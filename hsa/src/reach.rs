@@ -390,8 +390,9 @@ pub(crate) fn filter(
     for &value in &values.aligned {
         filter = resolve(b, filter, value, &symbols)?;
     }
+    let variables = variable_ranges(&symbols);
     for &value in &values.unaligned {
-        if names_known_memory(b, value, &symbols) {
+        if names_known_memory(b, value, &variables) {
             filter = resolve(b, filter, value, &symbols)?;
         }
     }
@@ -422,10 +423,11 @@ pub(crate) fn argument_owners(
 ) -> Vec<u64> {
     let symbols = loaded_symbols(agent);
     let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
+    let variables = variable_ranges(&symbols);
     let unaligned = values
         .unaligned
         .into_iter()
-        .filter(|&value| names_known_memory(b, value, &symbols));
+        .filter(|&value| names_known_memory(b, value, &variables));
     values
         .aligned
         .into_iter()
@@ -469,7 +471,7 @@ struct ArgumentValues {
 /// without asking the runtime: a tracked allocation (inside it or one past its end), a reserved
 /// virtual address range, an image's handle, an application signal or a module variable of code
 /// loaded on the agent.
-fn names_known_memory(b: &Backend, value: u64, symbols: &[LoadedSymbol]) -> bool {
+fn names_known_memory(b: &Backend, value: u64, variables: &[(u64, u64)]) -> bool {
     b.inventory.lookup(value).is_some()
         || b.inventory.ending_at(value).is_some()
         || b.images.data_of(value).is_some()
@@ -477,10 +479,31 @@ fn names_known_memory(b: &Backend, value: u64, symbols: &[LoadedSymbol]) -> bool
         || b.svm.containing(value).is_some()
         || b.soft_queues.holding(value).is_some()
         || !b.vmem.mappings_reached(value).is_empty()
-        || symbols.iter().any(|s| {
-            matches!(*s, LoadedSymbol::Variable { address, size, .. }
-                if value >= address && value - address < size)
+        || in_variable(variables, value)
+}
+
+/// The (address, size) of every variable among `symbols`, by address: for [`in_variable`],
+/// which a scan asks once per byte position of the arguments.
+fn variable_ranges(symbols: &[LoadedSymbol]) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = symbols
+        .iter()
+        .filter_map(|s| match *s {
+            LoadedSymbol::Variable { address, size, .. } => Some((address, size)),
+            LoadedSymbol::Kernel { .. } => None,
         })
+        .collect();
+    ranges.sort_unstable();
+    ranges
+}
+
+/// Whether `value` lies in one of `ranges` (sorted by address, as [`variable_ranges`] makes
+/// them; variables do not overlap).
+fn in_variable(ranges: &[(u64, u64)], value: u64) -> bool {
+    let after = ranges.partition_point(|&(address, _)| address <= value);
+    after > 0 && {
+        let (address, size) = ranges[after - 1];
+        value - address < size
+    }
 }
 
 /// The values of the dispatch's kernel arguments that may be addresses; none when it has no
@@ -718,6 +741,39 @@ mod tests {
             sizeInBytes: size,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_value_is_in_a_variable_only_within_its_bytes() {
+        let ranges = variable_ranges(&[
+            LoadedSymbol::Variable {
+                address: 0x2000,
+                size: 16,
+                writable: true,
+            },
+            LoadedSymbol::Kernel {
+                object: 0x1800,
+                kernarg_size: 64,
+            },
+            LoadedSymbol::Variable {
+                address: 0x1000,
+                size: 4,
+                writable: false,
+            },
+        ]);
+        assert_eq!(ranges, [(0x1000, 4), (0x2000, 16)]);
+        for (value, inside) in [
+            (0xfff, false),
+            (0x1000, true),
+            (0x1003, true),
+            (0x1004, false),
+            (0x1800, false),
+            (0x200f, true),
+            (0x2010, false),
+        ] {
+            assert_eq!(in_variable(&ranges, value), inside, "{value:#x}");
+        }
+        assert!(!in_variable(&[], 0x1000));
     }
 
     #[test]
