@@ -1,5 +1,5 @@
 //! Shared virtual memory (`hsa_amd_svm_attributes_set`): ranges of the process's host memory
-//! made accessible to agents, as HIP does for managed memory where XNACK is off. The runtime
+//! made accessible to agents (as managed memory may be where XNACK is off). The runtime
 //! keeps no allocation there (`hsa_amd_pointer_info` says unknown), so the argument scan would
 //! take a pointer into such a range for a plain number; the kernel may write the range, and it
 //! may migrate, so no snapshot holds it. Ranges granted to an agent are remembered here, and a

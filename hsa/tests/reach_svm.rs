@@ -1,5 +1,5 @@
 //! Host memory made accessible to agents with `hsa_amd_svm_attributes_set` (shared virtual
-//! memory, HIP's managed memory where XNACK is off): the runtime knows no allocation there
+//! memory, as managed memory may be where XNACK is off): the runtime knows no allocation there
 //! (`hsa_amd_pointer_info` says unknown), yet an agent's kernel given a pointer into it writes
 //! it. No snapshot holds such memory, so a dispatch whose arguments point into it must not be
 //! replayed in silence: it is declined (`untracked_memory`) and runs once, leaving one run's

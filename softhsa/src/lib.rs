@@ -115,7 +115,7 @@ pub struct SoftHsaConfig {
     /// What `HSA_AMD_SYSTEM_INFO_SVM_SUPPORTED` reports even without
     /// [`svm_accessible_by_default`](Self::svm_accessible_by_default): on a ROCm machine with
     /// XNACK off, `hsa_amd_svm_attributes_set` still makes ranges of host memory accessible to
-    /// agents (HIP's managed memory). Only then (or with `svm_accessible_by_default`) does
+    /// agents (as managed memory may be). Only then (or with `svm_accessible_by_default`) does
     /// softhsa's `hsa_amd_svm_attributes_set` succeed; its kernels reach host memory either way.
     pub svm_supported: bool,
 }
