@@ -45,7 +45,7 @@ fn enqueue(group: &WorkGroup) {
     unsafe {
         let slot = add(q, 1);
         let ring = (*q).base_address.cast::<u8>();
-        let at = (slot % u64::from((*q).size)) as usize * AQL_PACKET_SIZE as usize;
+        let at = (slot % u64::from((*q).size)) as usize * AQL_PACKET_SIZE;
         ring.add(at)
             .cast::<u16>()
             .write(HSA_PACKET_TYPE_AGENT_DISPATCH as u16);
