@@ -5,9 +5,11 @@
 //!   object among the kernel symbols of the executables loaded on the agent (the same query on
 //!   ROCm and on softhsa: both describe kernels through `hsa_executable_symbol_get_info`). A
 //!   kernel object no executable describes (softhsa's registered host kernels, code loaded
-//!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
-//!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
-//!   regions, never miss one. Every 8-byte value at a 4-byte aligned position is resolved (one
+//!   before kreplay) is scanned up to the end of the allocation that holds its arguments: its
+//!   first [`MAX_KERNARG_SCAN`] bytes in full, the rest up to [`MAX_KERNARG_READ`] for values
+//!   naming memory kreplay knows (a kernel with a large struct passed by value had a pointer
+//!   past 4 KiB missed, its memory replayed unrestored); more values than the kernel has,
+//!   which can only add regions. Every 8-byte value at a 4-byte aligned position is resolved (one
 //!   past a tracked allocation's end reaches that allocation, even where the next allocation
 //!   begins there), and a value at any other byte
 //!   position (a pointer in a packed struct) where it names memory kreplay knows without asking
@@ -52,8 +54,19 @@ use parking_lot::Mutex;
 use crate::backend::{Backend, backend, guarded};
 use crate::memory::HsaMemory;
 
-/// The most kernarg bytes scanned when the kernel's segment size is unknown.
+/// The kernarg bytes whose values are all resolved when the kernel's segment size is unknown.
 pub(crate) const MAX_KERNARG_SCAN: u64 = 4096;
+
+/// The most kernarg bytes read when the kernel's segment size is unknown: past
+/// [`MAX_KERNARG_SCAN`], values are resolved only where they name memory kreplay knows (as at
+/// unaligned positions), so that a kernel with more arguments than usual (a large struct passed
+/// by value) has its pointers found without a runtime call per value of what may be unrelated
+/// bytes after its arguments.
+pub(crate) const MAX_KERNARG_READ: u64 = 64 << 10;
+
+/// One past the highest address of a process on x86-64 and AArch64 (57 bits with five-level
+/// paging): no candidate pointer at or above it is looked up.
+const MAX_USER_ADDRESS: u64 = 1 << 57;
 
 type SymbolCallback = unsafe extern "C" fn(
     hsa_executable_t,
@@ -459,15 +472,16 @@ pub(crate) fn argument_owners(
 struct ArgumentValues {
     /// At 4-byte aligned positions of the device address: every one is resolved.
     aligned: Vec<u64>,
-    /// At the other positions (a pointer inside a packed struct passed by value, after a
-    /// `char`): resolved only where [`names_known_memory`] says so. Such windows mostly mix the
+    /// Candidates: at the other positions (a pointer inside a packed struct passed by value,
+    /// after a `char`), and past the first [`MAX_KERNARG_SCAN`] bytes of the arguments of a
+    /// kernel no executable describes: resolved only where [`names_known_memory`] says so. Such windows mostly mix the
     /// bytes of two neighbouring values, so asking the runtime about each, or taking a mapped
     /// host address for one the kernel may write, would cost a runtime call per byte and
     /// decline replays over chance values.
     unaligned: Vec<u64>,
 }
 
-/// Whether `value`, found at an unaligned position of the arguments, names memory kreplay knows
+/// Whether `value`, a candidate of the arguments ([`ArgumentValues::unaligned`]), names memory kreplay knows
 /// without asking the runtime: a tracked allocation (inside it or one past its end), a reserved
 /// virtual address range, an image's handle, an application signal or a module variable of code
 /// loaded on the agent.
@@ -541,9 +555,15 @@ fn argument_values(
                     }
                 },
             };
-            end.saturating_sub(kernarg).min(MAX_KERNARG_SCAN)
+            end.saturating_sub(kernarg).min(MAX_KERNARG_READ)
         }
     };
+    // Values in full only within the known size, or the first bytes of an unknown one.
+    let resolved = if known_size.is_some() {
+        len
+    } else {
+        len.min(MAX_KERNARG_SCAN)
+    } as usize;
     let mut bytes = vec![0u8; len as usize];
     if len > 0 {
         HsaMemory.read(kernarg, &mut bytes).map_err(|e| {
@@ -553,20 +573,23 @@ fn argument_values(
             )
         })?;
     }
-    // Every 8-byte window at a 4-byte boundary of the device address: the ABI aligns pointers
-    // to 8, but a packed struct passed by value puts one at 4 (it was never read, and the
-    // memory it names was replayed unrestored). A window resolving to nothing is a number.
+    // Every 8-byte window at a 4-byte boundary of the device address within those bytes: the
+    // ABI aligns pointers to 8, but a packed struct passed by value puts one at 4 (it was
+    // never read, and the memory it names was replayed unrestored). A window resolving to
+    // nothing is a number. The other windows are candidates: at other byte positions (a packed
+    // struct may put a pointer after a `char` or a `short`; such pointers were never read
+    // either) and past the bytes resolved in full.
     let mut values = ArgumentValues::default();
-    kreplay_snapshot::aligned_values(&bytes, kernarg as usize, &mut values.aligned);
-    // The other byte positions: a packed struct passed by value may put a pointer at any of
-    // them (after a `char` or a `short`); it was never read, and the memory it names was
-    // replayed unrestored.
+    kreplay_snapshot::aligned_values(&bytes[..resolved], kernarg as usize, &mut values.aligned);
     for at in 0..bytes.len().saturating_sub(7) {
-        if (kernarg as usize).wrapping_add(at) % 4 == 0 {
+        let aligned = (kernarg as usize).wrapping_add(at) % 4 == 0;
+        if aligned && at + 8 <= resolved {
             continue;
         }
         let v = u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        if v >= kreplay_snapshot::MIN_ADDRESS {
+        // Most such windows mix the bytes of two values; those above every user address
+        // (57 bits, five-level paging) are no pointer and are dropped before any look-up.
+        if (kreplay_snapshot::MIN_ADDRESS..MAX_USER_ADDRESS).contains(&v) {
             values.unaligned.push(v);
         }
     }

@@ -110,7 +110,51 @@ impl Env {
     }
 }
 
+/// A large argument block (a struct passed by value), its pointer 6000 bytes in: more than
+/// kernels usually take, as much as a kernel may.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Large {
+    table: [u64; 750],
+    buf: u64,
+    len: u32,
+    pad: u32,
+}
+
+fn add_one_large(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries a `Large` block.
+    let args: Large = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+    }
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: the buffer holds `len` u32; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
 scenarios! {
+    /// A kernel no executable describes (its argument size unknown) with 6 KiB of arguments:
+    /// the pointer past the first 4 KiB into fine-grained memory is still found.
+    fn a_pointer_deep_in_large_arguments_of_an_undescribed_kernel_is_applied_once() {
+        let env = setup(SnapshotScope::Agent);
+        let init: Vec<u32> = (0..64).map(|i| 7 + 5 * i).collect();
+        let buf: Ptr = env.app.buffer(env.pools.fine, &init);
+        let kernel = kreplay_softhsa::register_kernel("reach_args_large", add_one_large);
+        let q = env.app.queue(env.app.gpus[0]);
+        let done = env.app.signal(1);
+        let args = env.app.kernargs(&env.pools, Large { table: [0; 750], buf: buf.0, len: 64, pad: 0 });
+        env.app.dispatch(q, Aql::dispatch(kernel, 64, 64, args, done));
+        assert_eq!(env.app.wait_zero(done), 0);
+        let id = env.hooks.configured_dispatches().last().expect("a dispatch").dispatch_id;
+        let outcome = env.hooks.finished_record(id).outcome;
+        let expected: Vec<u32> = init.iter().map(|x| x + 1).collect();
+        assert_eq!(env.app.read(buf, 64), expected, "outcome {outcome:?}, runs {}", RUNS.load(Ordering::SeqCst));
+        assert_eq!(outcome, ReplayOutcome::Replayed { passes: 3, end: LoopEnd::LastPass });
+    }
+
     /// Fine-grained memory (outside the agent scope's starting point): only the argument scan
     /// brings it into the snapshot.
     fn a_pointer_at_an_odd_offset_into_fine_memory_is_applied_once() {
