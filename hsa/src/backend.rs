@@ -35,6 +35,8 @@ pub(crate) struct Backend {
     pub(crate) signals: crate::signals::Signals,
     /// Virtual memory handles and mappings (`hsa_amd_vmem_*`).
     pub(crate) vmem: crate::vmem::VmemTracker,
+    /// Host ranges made accessible to agents as shared virtual memory (`crate::svm`).
+    pub(crate) svm: crate::svm::SvmRanges,
     /// Agents linked by peer-access grants, replayed as one group (`crate::peers`).
     pub(crate) peers: crate::peers::Peers,
     pub(crate) hooks: Arc<dyn ToolHooks>,
@@ -226,6 +228,7 @@ pub(crate) unsafe fn install(
         windows: crate::fold::Windows::default(),
         soft_queues: crate::soft_queues::SoftQueues::default(),
         vmem: crate::vmem::VmemTracker::default(),
+        svm: crate::svm::SvmRanges::default(),
         images,
         signals: crate::signals::Signals::default(),
         peers: crate::peers::Peers::default(),
@@ -368,6 +371,10 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
         hsa_amd_vmem_map_fn = vmem::map,
         hsa_amd_vmem_unmap_fn = vmem::unmap,
         hsa_amd_vmem_set_access_fn = vmem::set_access,
+        hsa_amd_vmem_address_reserve_fn = vmem::address_reserve,
+        hsa_amd_vmem_address_reserve_align_fn = vmem::address_reserve_align,
+        hsa_amd_vmem_address_free_fn = vmem::address_free,
+        hsa_amd_svm_attributes_set_fn = crate::svm::attributes_set,
     );
 }
 

@@ -96,6 +96,7 @@ mod reach;
 mod replay;
 mod signals;
 mod soft_queues;
+mod svm;
 mod vmem;
 mod waits;
 mod watcher;

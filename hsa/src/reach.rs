@@ -5,10 +5,15 @@
 //!   object among the kernel symbols of the executables loaded on the agent (the same query on
 //!   ROCm and on softhsa: both describe kernels through `hsa_executable_symbol_get_info`). A
 //!   kernel object no executable describes (softhsa's registered host kernels, code loaded
-//!   before kreplay) is scanned up to the end of the allocation that holds its arguments, at
-//!   most [`MAX_KERNARG_SCAN`] bytes: more values than the kernel has, which can only add
-//!   regions, never miss one. Every 8-byte value at a 4-byte aligned position is resolved (one
-//!   past a tracked allocation's end reaches that allocation): a writable module
+//!   before kreplay) is scanned up to the end of the allocation that holds its arguments: its
+//!   first [`MAX_KERNARG_SCAN`] bytes in full, the rest up to [`MAX_KERNARG_READ`] for values
+//!   naming memory kreplay knows (a kernel with a large struct passed by value had a pointer
+//!   past 4 KiB missed, its memory replayed unrestored); more values than the kernel has,
+//!   which can only add regions. Every 8-byte value at a 4-byte aligned position is resolved (one
+//!   past a tracked allocation's end reaches that allocation, even where the next allocation
+//!   begins there), and a value at any other byte
+//!   position (a pointer in a packed struct) where it names memory kreplay knows without asking
+//!   the runtime (tracked, an image, a signal, a reservation, a module variable): a writable module
 //!   variable is vouched for; read-only variables, the rest of a loaded code segment and
 //!   executable memory are skipped; a tracked allocation is referenced whatever its owner or
 //!   kind; memory the runtime knows and kreplay does not is adopted or declined (see
@@ -19,6 +24,9 @@
 //!   A value equal to the handle of an image kreplay saw created (`crate::images`) resolves to
 //!   the image's data instead: a kernel reaches an image through its handle, which points to
 //!   none of the data's bytes.
+//!   A value inside a reserved virtual address range (`hsa_amd_vmem_address_reserve`), or one
+//!   past its end, reaches every mapping inside that range (`crate::vmem`): a range backed by
+//!   several handles side by side is one buffer to the kernel.
 //! * **Images.** The data of every image created for the agent (`crate::images`), whose handle
 //!   a kernel may find in memory (a HIP texture or surface object), as if an argument pointed
 //!   into it.
@@ -46,8 +54,19 @@ use parking_lot::Mutex;
 use crate::backend::{Backend, backend, guarded};
 use crate::memory::HsaMemory;
 
-/// The most kernarg bytes scanned when the kernel's segment size is unknown.
+/// The kernarg bytes whose values are all resolved when the kernel's segment size is unknown.
 pub(crate) const MAX_KERNARG_SCAN: u64 = 4096;
+
+/// The most kernarg bytes read when the kernel's segment size is unknown: past
+/// [`MAX_KERNARG_SCAN`], values are resolved only where they name memory kreplay knows (as at
+/// unaligned positions), so that a kernel with more arguments than usual (a large struct passed
+/// by value) has its pointers found without a runtime call per value of what may be unrelated
+/// bytes after its arguments.
+pub(crate) const MAX_KERNARG_READ: u64 = 64 << 10;
+
+/// One past the highest address of a process on x86-64 and AArch64 (57 bits with five-level
+/// paging): no candidate pointer at or above it is looked up.
+const MAX_USER_ADDRESS: u64 = 1 << 57;
 
 type SymbolCallback = unsafe extern "C" fn(
     hsa_executable_t,
@@ -380,8 +399,15 @@ pub(crate) fn filter(
             filter = filter.vouch(address, size, RegionSource::ModuleVariable);
         }
     }
-    for value in argument_values(b, dispatch, &symbols)? {
+    let values = argument_values(b, dispatch, &symbols)?;
+    for &value in &values.aligned {
         filter = resolve(b, filter, value, &symbols)?;
+    }
+    let variables = variable_ranges(&symbols);
+    for &value in &values.unaligned {
+        if names_known_memory(b, value, &variables) {
+            filter = resolve(b, filter, value, &symbols)?;
+        }
     }
     // The agent's images: their handles may be found in memory, where no scan looks.
     for data in b.images.data_of_agent(agent.handle) {
@@ -410,11 +436,26 @@ pub(crate) fn argument_owners(
 ) -> Vec<u64> {
     let symbols = loaded_symbols(agent);
     let values = argument_values(b, dispatch, &symbols).unwrap_or_default();
-    values
+    let variables = variable_ranges(&symbols);
+    let unaligned = values
+        .unaligned
         .into_iter()
+        .filter(|&value| names_known_memory(b, value, &variables));
+    values
+        .aligned
+        .into_iter()
+        .chain(unaligned)
         .chain(b.images.data_of_agent(agent.handle))
         // An image handle: the image's data is what the kernel reaches.
         .map(|value| b.images.data_of(value).map_or(value, |image| image.data))
+        // A reserved virtual address range: every mapping inside it; an end pointer: the
+        // allocation it ends.
+        .flat_map(|value| {
+            let ended = b.inventory.ending_at(value).map(|a| a.base);
+            std::iter::once(value)
+                .chain(ended)
+                .chain(b.vmem.mappings_reached(value))
+        })
         .filter_map(|value| match b.inventory.lookup(value) {
             Some(a) => a.kind.is_reachable().then_some(a.owner_agent),
             None => b
@@ -425,17 +466,70 @@ pub(crate) fn argument_owners(
         .collect()
 }
 
-/// The 8-byte values at 4-byte aligned positions of the dispatch's kernel arguments that may be
-/// addresses (at least
-/// [`kreplay_snapshot::MIN_ADDRESS`]); none when it has no arguments.
+/// The 8-byte values of a dispatch's kernel arguments that may be addresses (at least
+/// [`kreplay_snapshot::MIN_ADDRESS`]).
+#[derive(Default)]
+struct ArgumentValues {
+    /// At 4-byte aligned positions of the device address: every one is resolved.
+    aligned: Vec<u64>,
+    /// Candidates: at the other positions (a pointer inside a packed struct passed by value,
+    /// after a `char`), and past the first [`MAX_KERNARG_SCAN`] bytes of the arguments of a
+    /// kernel no executable describes: resolved only where [`names_known_memory`] says so. Such windows mostly mix the
+    /// bytes of two neighbouring values, so asking the runtime about each, or taking a mapped
+    /// host address for one the kernel may write, would cost a runtime call per byte and
+    /// decline replays over chance values.
+    unaligned: Vec<u64>,
+}
+
+/// Whether `value`, a candidate of the arguments ([`ArgumentValues::unaligned`]), names memory kreplay knows
+/// without asking the runtime: a tracked allocation (inside it or one past its end), a reserved
+/// virtual address range, an image's handle, an application signal or a module variable of code
+/// loaded on the agent.
+fn names_known_memory(b: &Backend, value: u64, variables: &[(u64, u64)]) -> bool {
+    b.inventory.lookup(value).is_some()
+        || b.inventory.ending_at(value).is_some()
+        || b.images.data_of(value).is_some()
+        || b.signals.holding(value).is_some()
+        || b.svm.containing(value).is_some()
+        || b.soft_queues.holding(value).is_some()
+        || !b.vmem.mappings_reached(value).is_empty()
+        || in_variable(variables, value)
+}
+
+/// The (address, size) of every variable among `symbols`, by address: for [`in_variable`],
+/// which a scan asks once per byte position of the arguments.
+fn variable_ranges(symbols: &[LoadedSymbol]) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = symbols
+        .iter()
+        .filter_map(|s| match *s {
+            LoadedSymbol::Variable { address, size, .. } => Some((address, size)),
+            LoadedSymbol::Kernel { .. } => None,
+        })
+        .collect();
+    ranges.sort_unstable();
+    ranges
+}
+
+/// Whether `value` lies in one of `ranges` (sorted by address, as [`variable_ranges`] makes
+/// them; variables do not overlap).
+fn in_variable(ranges: &[(u64, u64)], value: u64) -> bool {
+    let after = ranges.partition_point(|&(address, _)| address <= value);
+    after > 0 && {
+        let (address, size) = ranges[after - 1];
+        value - address < size
+    }
+}
+
+/// The values of the dispatch's kernel arguments that may be addresses; none when it has no
+/// arguments.
 fn argument_values(
     b: &Backend,
     dispatch: &hsa_kernel_dispatch_packet_t,
     symbols: &[LoadedSymbol],
-) -> Result<Vec<u64>, Decline> {
+) -> Result<ArgumentValues, Decline> {
     let kernarg = dispatch.kernarg_address as u64;
     if kernarg == 0 {
-        return Ok(Vec::new());
+        return Ok(ArgumentValues::default());
     }
     let known_size = symbols.iter().find_map(|s| match *s {
         LoadedSymbol::Kernel {
@@ -461,9 +555,15 @@ fn argument_values(
                     }
                 },
             };
-            end.saturating_sub(kernarg).min(MAX_KERNARG_SCAN)
+            end.saturating_sub(kernarg).min(MAX_KERNARG_READ)
         }
     };
+    // Values in full only within the known size, or the first bytes of an unknown one.
+    let resolved = if known_size.is_some() {
+        len
+    } else {
+        len.min(MAX_KERNARG_SCAN)
+    } as usize;
     let mut bytes = vec![0u8; len as usize];
     if len > 0 {
         HsaMemory.read(kernarg, &mut bytes).map_err(|e| {
@@ -473,11 +573,26 @@ fn argument_values(
             )
         })?;
     }
-    // Every 8-byte window at a 4-byte boundary of the device address: the ABI aligns pointers
-    // to 8, but a packed struct passed by value puts one at 4 (it was never read, and the
-    // memory it names was replayed unrestored). A window resolving to nothing is a number.
-    let mut values = Vec::new();
-    kreplay_snapshot::aligned_values(&bytes, kernarg as usize, &mut values);
+    // Every 8-byte window at a 4-byte boundary of the device address within those bytes: the
+    // ABI aligns pointers to 8, but a packed struct passed by value puts one at 4 (it was
+    // never read, and the memory it names was replayed unrestored). A window resolving to
+    // nothing is a number. The other windows are candidates: at other byte positions (a packed
+    // struct may put a pointer after a `char` or a `short`; such pointers were never read
+    // either) and past the bytes resolved in full.
+    let mut values = ArgumentValues::default();
+    kreplay_snapshot::aligned_values(&bytes[..resolved], kernarg as usize, &mut values.aligned);
+    for at in 0..bytes.len().saturating_sub(7) {
+        let aligned = (kernarg as usize).wrapping_add(at) % 4 == 0;
+        if aligned && at + 8 <= resolved {
+            continue;
+        }
+        let v = u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        // Most such windows mix the bytes of two values; those above every user address
+        // (57 bits, five-level paging) are no pointer and are dropped before any look-up.
+        if (kreplay_snapshot::MIN_ADDRESS..MAX_USER_ADDRESS).contains(&v) {
+            values.unaligned.push(v);
+        }
+    }
     Ok(values)
 }
 
@@ -518,6 +633,33 @@ fn resolve(
     if let Some(image) = b.images.data_of(value) {
         return resolve(b, filter, image.data, agent_symbols);
     }
+    // A reserved virtual address range (`crate::vmem`): a kernel given a pointer into it, or
+    // to its end, may write every mapping inside it, not only the one the pointer names.
+    let filter = b
+        .vmem
+        .mappings_reached(value)
+        .into_iter()
+        .filter(|&m| b.inventory.lookup(m).is_some_and(|a| a.kind.is_reachable()))
+        .fold(filter, |f, m| f.reach(m, RegionSource::Referenced));
+    // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
+    // allocation it ends is reached too (it was taken for a plain number), also where another
+    // allocation begins at that very address (allocations packed back to back): what begins at
+    // the value itself is resolved below as ever.
+    let filter = match b.inventory.ending_at(value) {
+        Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
+        _ => filter,
+    };
+    // A soft queue (its `hsa_queue_t`): a kernel given one enqueues packets the host processes,
+    // once per pass, through a write index and a doorbell no snapshot holds.
+    if let Some(queue) = b.soft_queues.holding(value) {
+        return Err(Decline::new(
+            DeclineReason::UntrackedMemory,
+            format!(
+                "an argument ({value:#x}) is the application's soft queue {queue:#x}: a kernel \
+                 that enqueues into it would enqueue once per pass"
+            ),
+        ));
+    }
     if let Some(a) = b.inventory.lookup(value) {
         return Ok(if a.kind.is_reachable() {
             filter.reach(value, RegionSource::Referenced)
@@ -536,13 +678,18 @@ fn resolve(
             ),
         ));
     }
-    // One past an allocation's end (an end pointer): a kernel may walk back from it, so the
-    // allocation it ends is reached too (it was taken for a plain number); what begins at the
-    // value itself is resolved below as ever.
-    let filter = match b.inventory.ending_at(value) {
-        Some(a) if a.kind.is_reachable() => filter.reach(a.base, RegionSource::Referenced),
-        _ => filter,
-    };
+    // Shared virtual memory (`crate::svm`): host memory an agent was granted, which the runtime
+    // keeps no allocation for and no snapshot holds.
+    if let Some((base, size)) = b.svm.containing(value)
+        && mapped_in_process(value)
+    {
+        return Err(Decline::new(
+            DeclineReason::UntrackedMemory,
+            format!(
+                "a kernel argument ({value:#x}) points into {size} bytes of host memory at                  {base:#x} made accessible to agents with hsa_amd_svm_attributes_set (shared                  virtual memory, managed memory), which the kernel may write and no snapshot                  holds"
+            ),
+        ));
+    }
     let Some(info) = b.original.pointer_info(value as *const c_void) else {
         // No memory the runtime knows: a plain number, unless agents reach the process's host
         // memory directly (XNACK) and it is an address mapped here, which the kernel may write
@@ -617,6 +764,39 @@ mod tests {
             sizeInBytes: size,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_value_is_in_a_variable_only_within_its_bytes() {
+        let ranges = variable_ranges(&[
+            LoadedSymbol::Variable {
+                address: 0x2000,
+                size: 16,
+                writable: true,
+            },
+            LoadedSymbol::Kernel {
+                object: 0x1800,
+                kernarg_size: 64,
+            },
+            LoadedSymbol::Variable {
+                address: 0x1000,
+                size: 4,
+                writable: false,
+            },
+        ]);
+        assert_eq!(ranges, [(0x1000, 4), (0x2000, 16)]);
+        for (value, inside) in [
+            (0xfff, false),
+            (0x1000, true),
+            (0x1003, true),
+            (0x1004, false),
+            (0x1800, false),
+            (0x200f, true),
+            (0x2010, false),
+        ] {
+            assert_eq!(in_variable(&ranges, value), inside, "{value:#x}");
+        }
+        assert!(!in_variable(&[], 0x1000));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! not by an agent, so they never reach kreplay's intercept handler and need no drain. Their
 //! ring buffer is memory a kernel may write (a kernel enqueueing agent-dispatch packets for the
 //! host), so it is tracked in the inventory from creation to `hsa_queue_destroy`, owned by the
-//! agent of the region it was allocated from.
+//! agent of the region it was allocated from. A dispatch whose arguments hold a soft queue (a
+//! kernel that may enqueue into it, once per pass) is declined (`crate::reach`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -18,6 +19,23 @@ use crate::original::forward;
 #[derive(Default)]
 pub(crate) struct SoftQueues {
     rings: Mutex<HashMap<usize, u64>>,
+}
+
+/// The bytes at a queue's address a kernel given it reaches: ROCm's `amd_queue_t`, which begins
+/// with the `hsa_queue_t` and holds the write and read indices after it (256 bytes).
+const QUEUE_BYTES: u64 = 256;
+
+impl SoftQueues {
+    /// The live soft queue whose `hsa_queue_t` (with the runtime's fields after it: its write
+    /// index) `value` points into, if any. A kernel given it can enqueue packets for the host,
+    /// which sees each one; no snapshot holds the write index or the doorbell.
+    pub(crate) fn holding(&self, value: u64) -> Option<u64> {
+        self.rings
+            .lock()
+            .keys()
+            .map(|&q| q as u64)
+            .find(|&q| value >= q && value - q < QUEUE_BYTES)
+    }
 }
 
 /// The agent owning `region` and the kind of its memory.

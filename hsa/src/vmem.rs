@@ -4,10 +4,15 @@
 //! accessible to are recorded beside it.
 //!
 //! Handles are counted as the runtime counts them (created or imported: 1, each retain: +1,
-//! each release: -1). Reserving and freeing address ranges, and exporting a handle, neither
-//! create nor write memory and pass through unwrapped.
+//! each release: -1). Exporting a handle neither creates nor writes memory and passes through
+//! unwrapped.
+//!
+//! Reserved address ranges (`hsa_amd_vmem_address_reserve`, `_reserve_align`, `_free`) are
+//! remembered: a range backed by several handles mapped side by side is one buffer to a kernel,
+//! which, given a pointer into it, may write any of its mappings. A kernel argument into a
+//! reservation therefore reaches every mapping inside it ([`VmemTracker::mappings_reached`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 
 use hsa_sys::layouts::{
@@ -42,9 +47,44 @@ struct Mapping {
 pub(crate) struct VmemTracker {
     handles: Mutex<HashMap<u64, Handle>>,
     mappings: Mutex<HashMap<u64, Mapping>>,
+    /// Reserved address ranges: base to size.
+    reservations: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl VmemTracker {
+    /// The bases of the mappings inside the reservation `addr` lies in, or ends (one past its
+    /// last byte: an end pointer); none when `addr` is in no reservation.
+    pub(crate) fn mappings_reached(&self, addr: u64) -> Vec<u64> {
+        let reservation = {
+            let reservations = self.reservations.lock();
+            let within = |a: u64| {
+                reservations
+                    .range(..=a)
+                    .next_back()
+                    .map(|(&base, &size)| (base, size))
+                    .filter(|&(base, size)| a - base < size)
+            };
+            within(addr).or_else(|| {
+                addr.checked_sub(1)
+                    .and_then(within)
+                    .filter(|&(base, size)| base.saturating_add(size) == addr)
+            })
+        };
+        let Some((base, size)) = reservation else {
+            return Vec::new();
+        };
+        let end = base.saturating_add(size);
+        let mut inside: Vec<u64> = self
+            .mappings
+            .lock()
+            .keys()
+            .copied()
+            .filter(|&m| m >= base && m < end)
+            .collect();
+        inside.sort_unstable();
+        inside
+    }
+
     /// The access list of the mapping containing `addr`.
     pub(crate) fn access(&self, addr: u64) -> Option<Vec<(u64, u32)>> {
         self.mappings
@@ -114,6 +154,59 @@ fn retain(b: &Backend, handle: hsa_amd_vmem_alloc_handle_t, pool: Option<hsa_amd
             handle.handle
         )),
     }
+}
+
+fn reserved(b: &Backend, status: hsa_status_t, va: *mut *mut c_void, size: usize) -> hsa_status_t {
+    if status == HSA_STATUS_SUCCESS && !va.is_null() && size > 0 && !b.is_finalized() {
+        // SAFETY: the runtime wrote the reserved address through the caller's valid out pointer.
+        let base = unsafe { va.read_unaligned() } as u64;
+        b.vmem.reservations.lock().insert(base, size as u64);
+    }
+    status
+}
+
+pub(crate) unsafe extern "C" fn address_reserve(
+    va: *mut *mut c_void,
+    size: usize,
+    address: u64,
+    flags: u64,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_address_reserve_fn(va, size, address, flags)
+        );
+        reserved(b, status, va, size)
+    })
+}
+
+pub(crate) unsafe extern "C" fn address_reserve_align(
+    va: *mut *mut c_void,
+    size: usize,
+    address: u64,
+    alignment: u64,
+    flags: u64,
+) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(
+            b,
+            amd.hsa_amd_vmem_address_reserve_align_fn(va, size, address, alignment, flags)
+        );
+        reserved(b, status, va, size)
+    })
+}
+
+pub(crate) unsafe extern "C" fn address_free(va: *mut c_void, size: usize) -> hsa_status_t {
+    guarded(|| {
+        let b = backend();
+        let status = forward!(b, amd.hsa_amd_vmem_address_free_fn(va, size));
+        if status == HSA_STATUS_SUCCESS {
+            b.vmem.reservations.lock().remove(&(va as u64));
+        }
+        status
+    })
 }
 
 pub(crate) unsafe extern "C" fn handle_create(

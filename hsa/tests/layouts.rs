@@ -253,8 +253,12 @@ scenarios! {
             wrapped_amd_offsets(TableLayout::Rocm52),
             // profiler enable, async copy time, pool allocate/free, async copy, agents allow
             // access, lock, unlock, fill, interop map/unmap, image create, signal create, IPC
-            // attach/detach, intercept queue create and register, rect copy, lock to pool
-            vec![32, 56, 120, 128, 136, 152, 176, 184, 192, 200, 208, 216, 248, 256, 264, 296, 304, 320, 336]
+            // attach/detach, intercept queue create and register, rect copy, lock to pool, SVM
+            // attributes set
+            vec![
+                32, 56, 120, 128, 136, 152, 176, 184, 192, 200, 208, 216, 248, 256, 264, 296, 304,
+                320, 336, 368,
+            ]
         );
     }
 
@@ -265,7 +269,7 @@ scenarios! {
             wrapped_amd_offsets(TableLayout::Rocm56),
             vec![
                 32, 56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
-                320, 336, 352
+                320, 336, 352, 384
             ]
         );
     }
@@ -276,9 +280,10 @@ scenarios! {
             wrapped_amd_offsets(TableLayout::Rocm62),
             vec![
                 32, 56, 120, 128, 136, 144, 168, 192, 200, 208, 216, 224, 232, 264, 272, 280, 312,
-                320, 336, 352,
-                // handle create/release, map, unmap, set access, import, retain
-                472, 480, 488, 496, 504, 528, 536,
+                320, 336, 352, 384,
+                // address reserve and free, handle create/release, map, unmap, set access,
+                // import, retain, address reserve with alignment
+                456, 464, 472, 480, 488, 496, 504, 528, 536, 568,
             ]
         );
     }

@@ -112,6 +112,12 @@ pub struct SoftHsaConfig {
     /// `malloc`ed memory included. softhsa's kernels are host code and reach it either way; this
     /// only changes what the runtime says (default: false, as without XNACK).
     pub svm_accessible_by_default: bool,
+    /// What `HSA_AMD_SYSTEM_INFO_SVM_SUPPORTED` reports even without
+    /// [`svm_accessible_by_default`](Self::svm_accessible_by_default): on a ROCm machine with
+    /// XNACK off, `hsa_amd_svm_attributes_set` still makes ranges of host memory accessible to
+    /// agents (as managed memory may be). Only then (or with `svm_accessible_by_default`) does
+    /// softhsa's `hsa_amd_svm_attributes_set` succeed; its kernels reach host memory either way.
+    pub svm_supported: bool,
 }
 
 /// How long a thread about to block polls first, unless configured otherwise (see
@@ -146,6 +152,7 @@ impl Default for SoftHsaConfig {
             overlap_dispatches: false,
             poll_before_block: None,
             svm_accessible_by_default: false,
+            svm_supported: false,
         }
     }
 }

@@ -498,6 +498,56 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_pool_can_migrate(
     })
 }
 
+/// `hsa_amd_svm_attributes_set`: where SVM is supported (`SoftHsaConfig::svm_supported` or
+/// `svm_accessible_by_default`), attributes of a page-aligned range of host memory are accepted
+/// and checked (known attributes, known agents for the per-agent ones); softhsa keeps nothing,
+/// since its kernels, host code, reach the range either way. Elsewhere the call fails, as on a
+/// machine without SVM.
+pub(crate) unsafe extern "C" fn hsa_amd_svm_attributes_set(
+    ptr: *mut c_void,
+    size: usize,
+    attributes: *mut hsa_amd_svm_attribute_pair_t,
+    count: usize,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if !(rt.config.svm_supported || rt.config.svm_accessible_by_default) {
+            return Err(HSA_STATUS_ERROR);
+        }
+        const PAGE: usize = 4096;
+        if ptr.is_null()
+            || size == 0
+            || !(ptr as usize).is_multiple_of(PAGE)
+            || !size.is_multiple_of(PAGE)
+            || attributes.is_null()
+            || count == 0
+        {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: HSA contract: `attributes` holds `count` pairs.
+        let pairs = unsafe { read_array(attributes.cast_const(), count) }?;
+        for pair in pairs {
+            let attribute =
+                u32::try_from(pair.attribute).map_err(|_| HSA_STATUS_ERROR_INVALID_ARGUMENT)?;
+            match attribute {
+                HSA_AMD_SVM_ATTRIB_AGENT_ACCESSIBLE
+                | HSA_AMD_SVM_ATTRIB_AGENT_ACCESSIBLE_IN_PLACE
+                | HSA_AMD_SVM_ATTRIB_AGENT_NO_ACCESS
+                | HSA_AMD_SVM_ATTRIB_PREFERRED_LOCATION
+                | HSA_AMD_SVM_ATTRIB_PREFETCH_LOCATION => {
+                    rt.agent(pair.value)?;
+                }
+                HSA_AMD_SVM_ATTRIB_GLOBAL_FLAG
+                | HSA_AMD_SVM_ATTRIB_READ_ONLY
+                | HSA_AMD_SVM_ATTRIB_HIVE_LOCAL
+                | HSA_AMD_SVM_ATTRIB_MIGRATION_GRANULARITY
+                | HSA_AMD_SVM_ATTRIB_READ_MOSTLY => {}
+                _ => return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Shared body of `hsa_amd_memory_lock` and `hsa_amd_memory_lock_to_pool`.
 fn lock(
     rt: &Runtime,
@@ -1064,7 +1114,7 @@ pub(crate) unsafe extern "C" fn hsa_amd_memory_async_copy_rect(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Not provided: interop, images, IPC, SVM, migration.
+// Not provided: interop, images, IPC, SVM queries and prefetch, migration.
 
 type ImageDescriptor = *const hsa_ext_image_descriptor_t;
 
@@ -1077,7 +1127,6 @@ unsupported_entries! {
     hsa_amd_ipc_memory_create(*mut c_void, usize, *mut hsa_amd_ipc_memory_t);
     hsa_amd_ipc_memory_attach(*const hsa_amd_ipc_memory_t, usize, u32, *const hsa_agent_t, *mut *mut c_void);
     hsa_amd_ipc_memory_detach(*mut c_void);
-    hsa_amd_svm_attributes_set(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
     hsa_amd_svm_attributes_get(*mut c_void, usize, *mut hsa_amd_svm_attribute_pair_t, usize);
     hsa_amd_svm_prefetch_async(*mut c_void, usize, hsa_agent_t, u32, *const hsa_signal_t, hsa_signal_t);
 }

@@ -61,7 +61,11 @@ pub(crate) fn system(attribute: hsa_system_info_t) -> Info {
         HSA_SYSTEM_INFO_MACHINE_MODEL => u32v(HSA_MACHINE_MODEL_LARGE),
         HSA_SYSTEM_INFO_EXTENSIONS => Ok(vec![0u8; 128]),
         HSA_AMD_SYSTEM_INFO_BUILD_VERSION => usizev(BUILD_VERSION.as_ptr() as usize),
-        HSA_AMD_SYSTEM_INFO_SVM_SUPPORTED | HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT => {
+        HSA_AMD_SYSTEM_INFO_SVM_SUPPORTED => boolv(
+            crate::runtime::current()
+                .is_ok_and(|r| r.config.svm_supported || r.config.svm_accessible_by_default),
+        ),
+        HSA_AMD_SYSTEM_INFO_SVM_ACCESSIBLE_BY_DEFAULT => {
             boolv(crate::runtime::current().is_ok_and(|r| r.config.svm_accessible_by_default))
         }
         _ => Err(HSA_STATUS_ERROR_INVALID_ARGUMENT),
