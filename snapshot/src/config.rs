@@ -387,7 +387,7 @@ impl SnapshotConfig {
     }
 
     /// Check the values that have limits, and that a spill folder, when one is set, is a folder
-    /// a file can be created in (checked by creating and removing an empty file), so an unusable
+    /// a file can be created in (checked by making an empty spill file), so an unusable
     /// folder is an error at start-up rather than a declined replay at every dispatch that
     /// spills.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -421,7 +421,8 @@ impl SnapshotConfig {
     }
 }
 
-/// Whether a spill file can be created in `dir`: an empty probe file is created and removed.
+/// Whether a spill file can be created in `dir`: an empty probe file is made as spill files are
+/// (see `store::unnamed_file`) and dropped.
 fn check_spill_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
     let unusable = |why: String| ConfigError {
         variable: "spill_dir",
@@ -434,18 +435,12 @@ fn check_spill_dir(dir: &std::path::Path) -> Result<(), ConfigError> {
             "no such folder".into()
         }));
     }
-    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let probe = dir.join(format!(
-        "kreplay-spill-probe-{}-{}",
-        std::process::id(),
-        PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .map_err(|e| unusable(e.to_string()))?;
-    let _ = std::fs::remove_file(&probe);
+    // Made as spill files are, without a name in the folder where it allows that, so a process
+    // ended while it checks leaves nothing there either.
+    let (_probe, named) = crate::store::unnamed_file(dir).map_err(|e| unusable(e.to_string()))?;
+    if let Some(path) = named {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
 }
 

@@ -288,8 +288,9 @@ fn too_much_memory(len: u64) -> Option<u64> {
 static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
-/// disk is an error now, not a fault while copying), map it, and unlink it at once so it
-/// disappears with the mapping even if the process dies.
+/// disk is an error now, not a fault while copying), and map it. The file has no name in `dir`
+/// from before it is filled (see [`unnamed_file`]), so it disappears with the mapping even if
+/// the process dies while filling it.
 ///
 /// A file larger than the process may write (`RLIMIT_FSIZE`) is refused before it is made:
 /// growing a file past that limit raises SIGXFSZ, which ends a process that left the signal at
@@ -322,44 +323,74 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
             dir.display()
         ));
     }
-    let name = format!(
-        "kreplay-spill-{}-{}",
-        std::process::id(),
-        SPILL_COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
-    let path = dir.join(name);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let (mut file, path) = unnamed_file(dir)
+        .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;
     let fail = |what: String| {
-        let _ = std::fs::remove_file(&path);
+        if let Some(p) = &path {
+            let _ = std::fs::remove_file(p);
+        }
         what
     };
     let zeros = vec![0u8; (1 << 20).min(size)];
     let mut left = size;
     while left > 0 {
         let n = left.min(zeros.len());
-        file.write_all(&zeros[..n])
-            .map_err(|e| fail(format!("cannot fill {}: {e}", path.display())))?;
+        file.write_all(&zeros[..n]).map_err(|e| {
+            fail(format!(
+                "cannot fill a spill file in {}: {e}",
+                dir.display()
+            ))
+        })?;
         left -= n;
     }
-    // SAFETY: the file was just created (create_new) by this process under a unique name and
-    // is unlinked right below; no other mapping or writer of it exists, so the mapping's bytes
-    // change only through this MmapMut.
+    // SAFETY: the file was just created by this process, without a name (O_TMPFILE) or under
+    // a unique one (create_new) that was removed at once; no other mapping or writer of it
+    // exists, so the mapping's bytes change only through this MmapMut.
     let map = unsafe { MmapOptions::new().len(size).map_mut(&file) }
-        .map_err(|e| fail(format!("cannot map {}: {e}", path.display())))?;
-    let path = match std::fs::remove_file(&path) {
-        Ok(()) => None,
-        Err(_) => Some(path),
-    };
+        .map_err(|e| fail(format!("cannot map a spill file in {}: {e}", dir.display())))?;
     Ok(Backing::File {
         map,
         _file: file,
         path,
     })
+}
+
+/// A new, empty file in `dir` that has no name there, so that it goes with the process however
+/// the process ends (a kill while a large file is filled included): made without a name
+/// (`O_TMPFILE`) where the file system allows it, else created under a unique name and removed
+/// at once. The path is returned only where that removal failed (the store removes it when
+/// dropped).
+pub(crate) fn unnamed_file(dir: &Path) -> std::io::Result<(File, Option<PathBuf>)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+    {
+        Ok(file) => return Ok((file, None)),
+        // A file system or kernel without unnamed files: name the file, then remove the name.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) => {}
+        Err(e) => return Err(e),
+    }
+    let path = dir.join(format!(
+        "kreplay-spill-{}-{}",
+        std::process::id(),
+        SPILL_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok((file, None)),
+        Err(_) => Ok((file, Some(path))),
+    }
 }
 
 /// The bytes free to an unprivileged process on the file system holding `dir` (`statvfs`'s
