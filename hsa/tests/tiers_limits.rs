@@ -111,8 +111,10 @@ impl Env {
             },
         );
         let kernel = kreplay_softhsa::register_kernel("tiers_add_one", add_one);
-        self.app
-            .dispatch(queue, app::Aql::dispatch(kernel, len, 64, kernarg, done));
+        self.app.dispatch(
+            queue,
+            app::Aql::dispatch(kernel, len.max(64), 64, kernarg, done),
+        );
         assert_eq!(
             self.app.wait_zero(done),
             0,
@@ -173,6 +175,15 @@ scenarios! {
         let (outcome, _) = env.add(buf, LEN, 1);
 
         assert_eq!(declined(&outcome), Some(DeclineReason::FootprintBudget), "{outcome:?}");
+        let ReplayOutcome::RanOnce { why: RanOnceReason::Declined(decline) } = &outcome else {
+            unreachable!()
+        };
+        assert!(
+            decline.detail.contains(&FOOTPRINT.to_string())
+                && decline.detail.contains(&(FOOTPRINT - 1).to_string()),
+            "the reason gives the footprint and the budget: {}",
+            decline.detail
+        );
         assert_eq!(runs(1), 1);
         assert_eq!(env.app.read(buf, LEN as usize), plus_one(&init));
     }
@@ -194,6 +205,14 @@ scenarios! {
         let (outcome, _) = env.add(buf, LEN, 1);
 
         assert_eq!(declined(&outcome), Some(DeclineReason::SnapshotFailed), "{outcome:?}");
+        let ReplayOutcome::RanOnce { why: RanOnceReason::Declined(decline) } = &outcome else {
+            unreachable!()
+        };
+        assert!(
+            decline.detail.contains(&spill.display().to_string()),
+            "the reason names the folder: {}",
+            decline.detail
+        );
         assert_eq!(runs(1), 1);
         assert_eq!(env.app.read(buf, LEN as usize), plus_one(&init));
         assert!(!spill.exists(), "the folder is not made again behind the user's back");
@@ -244,5 +263,35 @@ scenarios! {
         assert_eq!(runs(2), 3);
         assert_eq!(env.app.read(large, 4 * LEN as usize), plus_one(&init));
         println!("same address: {}", large.0 == small.0);
+    }
+
+    /// A dispatch that holds no memory (no buffer of the agent's, none referenced) under the
+    /// file tier, with a budget of zero bytes and no spill folder at all: nothing is to be kept,
+    /// so nothing is made and the replay goes ahead.
+    fn a_dispatch_holding_no_memory_replays_under_a_zero_budget_without_a_spill_folder() {
+        let spill = scratch("none");
+        let env = setup(
+            host_tier()
+                .with_store(StoreTier::File)
+                .with_max_bytes(Some(0))
+                .with_spill_dir(Some(spill.clone())),
+        );
+        std::fs::remove_dir(&spill).unwrap();
+
+        let (outcome, bytes) = env.add(Ptr(0), 0, 1);
+
+        assert_eq!((outcome, bytes), (replayed(3), 0));
+        assert_eq!(runs(1), 3);
+        assert!(!spill.exists());
+    }
+
+    /// The same under the device tier: no shadow is needed.
+    fn a_dispatch_holding_no_memory_replays_under_the_device_tier() {
+        let env = setup(host_tier().with_store(StoreTier::Device));
+
+        let (outcome, bytes) = env.add(Ptr(0), 0, 1);
+
+        assert_eq!((outcome, bytes), (replayed(3), 0));
+        assert_eq!(runs(1), 3);
     }
 }
