@@ -5,8 +5,8 @@ use std::ffi::c_void;
 use hsa_sys::*;
 
 use kreplay_snapshot::{
-    Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow, MemoryKind,
-    NewAllocation,
+    Allocation, Capabilities, ChunkWrite, CopyError, DeviceCopy, DeviceMemory, HostWindow,
+    MemoryKind, NewAllocation,
 };
 
 use crate::backend::{Backend, backend, guarded};
@@ -56,36 +56,50 @@ fn track(ptr: *mut c_void, executable: bool) {
     }
 }
 
-/// Forgets an allocation before the runtime frees it (waits for a restore in progress).
-fn untrack(ptr: *mut c_void) {
+/// Forgets an allocation before the runtime frees it (waits for a restore in progress), and
+/// returns it for [`refused`].
+fn untrack(ptr: *mut c_void) -> Option<Allocation> {
     let b = backend();
-    if !b.is_finalized() && !ptr.is_null() {
-        if let Some(a) = b.inventory.lookup(ptr as u64) {
-            b.images.forget_within(a.base, a.end());
-        }
-        b.inventory.on_free(ptr as u64);
+    if b.is_finalized() || ptr.is_null() {
+        return None;
     }
+    if let Some(a) = b.inventory.lookup(ptr as u64) {
+        b.images.forget_within(a.base, a.end());
+    }
+    b.inventory.on_free(ptr as u64)
 }
 
 /// Forgets the allocation containing `ptr` (by the base its entry was recorded under) before
-/// the runtime releases it: for entries that take an interior or host address.
-fn untrack_containing(ptr: *const c_void) {
+/// the runtime releases it: for entries that take an interior or host address. Returns it for
+/// [`refused`].
+fn untrack_containing(ptr: *const c_void) -> Option<Allocation> {
     let b = backend();
     if b.is_finalized() || ptr.is_null() {
-        return;
+        return None;
     }
     let base = b
         .original
         .pointer_info(ptr)
         .map(|info| info.agentBaseAddress as u64)
         .filter(|&base| base != 0)
-        .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base));
-    if let Some(base) = base {
-        if let Some(a) = b.inventory.lookup(base) {
-            b.images.forget_within(a.base, a.end());
-        }
-        b.inventory.on_free(base);
+        .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base))?;
+    if let Some(a) = b.inventory.lookup(base) {
+        b.images.forget_within(a.base, a.end());
     }
+    b.inventory.on_free(base)
+}
+
+/// Passes on the runtime's `status` for the release of `forgotten`, tracking it again where the
+/// runtime refused the release: the memory is still that allocation, and a kernel that reaches
+/// it (through a pointer kept in memory, which no argument shows) must find it in the next
+/// snapshot rather than have its passes add up in it.
+pub(crate) fn refused(status: hsa_status_t, forgotten: Option<Allocation>) -> hsa_status_t {
+    if status != HSA_STATUS_SUCCESS
+        && let Some(allocation) = forgotten
+    {
+        backend().inventory.reinstate(allocation);
+    }
+    status
 }
 
 /// `HSA_AMD_MEMORY_POOL_EXECUTABLE_FLAG` of newer runtimes (bit 2 of the allocate flags).
@@ -109,8 +123,8 @@ pub(crate) unsafe extern "C" fn pool_allocate(
 
 pub(crate) unsafe extern "C" fn pool_free(ptr: *mut c_void) -> hsa_status_t {
     guarded(|| {
-        untrack(ptr);
-        backend().original.pool_free(ptr)
+        let forgotten = untrack(ptr);
+        refused(backend().original.pool_free(ptr), forgotten)
     })
 }
 
@@ -131,8 +145,8 @@ pub(crate) unsafe extern "C" fn memory_allocate(
 
 pub(crate) unsafe extern "C" fn memory_free(ptr: *mut c_void) -> hsa_status_t {
     guarded(|| {
-        untrack(ptr);
-        backend().original.memory_free(ptr)
+        let forgotten = untrack(ptr);
+        refused(backend().original.memory_free(ptr), forgotten)
     })
 }
 
@@ -240,8 +254,11 @@ pub(crate) unsafe extern "C" fn memory_lock_to_pool(
 /// Wrapper of `hsa_amd_memory_unlock`.
 pub(crate) unsafe extern "C" fn memory_unlock(host_ptr: *mut c_void) -> hsa_status_t {
     guarded(|| {
-        untrack_containing(host_ptr);
-        forward!(backend(), amd.hsa_amd_memory_unlock_fn(host_ptr))
+        let forgotten = untrack_containing(host_ptr);
+        refused(
+            forward!(backend(), amd.hsa_amd_memory_unlock_fn(host_ptr)),
+            forgotten,
+        )
     })
 }
 
@@ -268,8 +285,11 @@ pub(crate) unsafe extern "C" fn ipc_memory_attach(
 /// Wrapper of `hsa_amd_ipc_memory_detach`.
 pub(crate) unsafe extern "C" fn ipc_memory_detach(mapped_ptr: *mut c_void) -> hsa_status_t {
     guarded(|| {
-        untrack_containing(mapped_ptr);
-        forward!(backend(), amd.hsa_amd_ipc_memory_detach_fn(mapped_ptr))
+        let forgotten = untrack_containing(mapped_ptr);
+        refused(
+            forward!(backend(), amd.hsa_amd_ipc_memory_detach_fn(mapped_ptr)),
+            forgotten,
+        )
     })
 }
 
@@ -308,8 +328,11 @@ pub(crate) unsafe extern "C" fn interop_map_buffer(
 /// Wrapper of `hsa_amd_interop_unmap_buffer`.
 pub(crate) unsafe extern "C" fn interop_unmap_buffer(ptr: *mut c_void) -> hsa_status_t {
     guarded(|| {
-        untrack_containing(ptr);
-        forward!(backend(), amd.hsa_amd_interop_unmap_buffer_fn(ptr))
+        let forgotten = untrack_containing(ptr);
+        refused(
+            forward!(backend(), amd.hsa_amd_interop_unmap_buffer_fn(ptr)),
+            forgotten,
+        )
     })
 }
 

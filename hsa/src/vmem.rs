@@ -339,11 +339,24 @@ pub(crate) unsafe extern "C" fn map(
 pub(crate) unsafe extern "C" fn unmap(va: *mut c_void, size: usize) -> hsa_status_t {
     guarded(|| {
         let b = backend();
-        if !b.is_finalized() && b.vmem.mappings.lock().remove(&(va as u64)).is_some() {
-            // Before the runtime unmaps it: waits for a restore in progress.
-            b.inventory.on_free(va as u64);
+        let mapping = if b.is_finalized() {
+            None
+        } else {
+            b.vmem.mappings.lock().remove(&(va as u64))
+        };
+        // Before the runtime unmaps it: waits for a restore in progress.
+        let forgotten = mapping
+            .as_ref()
+            .and_then(|_| b.inventory.on_free(va as u64));
+        let status = forward!(b, amd.hsa_amd_vmem_unmap_fn(va, size));
+        // Refused (a size other than the mapping's): the mapping stays, and so does what is
+        // known of it.
+        if status != HSA_STATUS_SUCCESS
+            && let Some(mapping) = mapping
+        {
+            b.vmem.mappings.lock().entry(va as u64).or_insert(mapping);
         }
-        forward!(b, amd.hsa_amd_vmem_unmap_fn(va, size))
+        crate::memory::refused(status, forgotten)
     })
 }
 

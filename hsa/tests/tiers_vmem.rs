@@ -43,6 +43,21 @@ fn add_one(group: &WorkGroup) {
     }
 }
 
+/// `table[0][i] += 1` for `i < len`: the words are reached through a pointer kept in memory
+/// (`buf` holds the address of the words), not through the kernel's arguments.
+fn add_one_through_a_table(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `Args` block.
+    let args: Args = unsafe { group.kernargs() };
+    // SAFETY: `buf` holds one u64, the address of `len` u32s.
+    let words = unsafe { (args.buf as *const u64).read() } as *mut u32;
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: as above; each work-item owns index `i`.
+            unsafe { *words.add(i as usize) += 1 };
+        }
+    }
+}
+
 fn amd6(app: &App) -> &'static AmdExtTableV2 {
     app.amd_v2().expect("a ROCm 6.x table")
 }
@@ -212,6 +227,97 @@ fn a_refused_unmap() {
         "one run's result, not one per pass ({outcome:?})"
     );
     assert_eq!(outcome, REPLAYED);
+}
+
+/// A refused unmap with the mapping reached only through a pointer kept in a buffer of the
+/// agent's (nothing in the kernel's arguments points into it): the agent scope must still hold
+/// it. It used to be forgotten before the runtime refused, so each pass added one more.
+fn a_refused_unmap_of_memory_reached_through_a_table() {
+    refused_release_of_memory_reached_through_a_table(|app, va| {
+        amd6!(app, hsa_amd_vmem_unmap_fn(va as *mut c_void, GRANULE))
+    });
+}
+
+/// The same with `hsa_amd_memory_pool_free` of the mapping, which the runtime refuses (it is
+/// no pool allocation).
+fn a_refused_pool_free_of_memory_reached_through_a_table() {
+    refused_release_of_memory_reached_through_a_table(|app, va| {
+        let free = app.amd().hsa_amd_memory_pool_free_fn.expect("pool free");
+        // SAFETY: a mapped address of this process; the runtime checks what it is.
+        unsafe { free(va as *mut c_void) }
+    });
+}
+
+/// Maps two granules, has `release` refused by the runtime, then replays `x += 1` over the
+/// mapping reached through a table, and asserts one run's result.
+fn refused_release_of_memory_reached_through_a_table(release: fn(&App, u64) -> hsa_status_t) {
+    let (app, hooks) = setup(RestoreStrategy::Full);
+    let va = reserve(&app, 4);
+    map(&app, va, 2);
+    let status = release(&app, va);
+    assert_ne!(
+        status, HSA_STATUS_SUCCESS,
+        "the runtime refuses the release"
+    );
+    let pools = app.pools(app.gpus[0]);
+    let table = app.alloc(pools.coarse, GRANULE);
+    // SAFETY: the table holds GRANULE writable bytes.
+    unsafe { (table.0 as *mut u64).write(va) };
+    let words = 2 * GRANULE / 4;
+    let init: Vec<u32> = (0..words as u32).map(|i| 9 + 7 * i).collect();
+    for (i, v) in init.iter().enumerate() {
+        // SAFETY: the mapping holds `words` writable u32.
+        unsafe { (va as *mut u32).add(i).write(*v) };
+    }
+    let kernel =
+        kreplay_softhsa::register_kernel("tiers_vmem_add_one_table", add_one_through_a_table);
+    let kernarg = app.kernargs(
+        &pools,
+        Args {
+            buf: table.0,
+            len: words as u32,
+            pad: 0,
+        },
+    );
+    let q = app.queue(app.gpus[0]);
+    let done = app.signal(1);
+    app.dispatch(q, Aql::dispatch(kernel, words as u32, 64, kernarg, done));
+    assert_eq!(app.wait_zero(done), 0);
+    let dispatch = hooks
+        .configured_dispatches()
+        .last()
+        .expect("a dispatch")
+        .dispatch_id;
+    let outcome = hooks.finished_record(dispatch).outcome;
+
+    let after = read_words(va, words);
+    let expected = one_run(&init);
+    let wrong = (0..words)
+        .find(|&i| after[i] != expected[i])
+        .map(|i| (i, after[i], expected[i]));
+    assert_eq!(
+        wrong, None,
+        "first wrong word (index, value, one run's value) after {outcome:?}"
+    );
+    assert_eq!(outcome, REPLAYED);
+}
+
+#[test]
+fn an_unmap_the_runtime_refuses_leaves_memory_reached_through_a_table_snapshotted() {
+    support::isolated_on(
+        "an_unmap_the_runtime_refuses_leaves_memory_reached_through_a_table_snapshotted",
+        &["6.2"],
+        a_refused_unmap_of_memory_reached_through_a_table,
+    );
+}
+
+#[test]
+fn a_pool_free_the_runtime_refuses_leaves_memory_reached_through_a_table_snapshotted() {
+    support::isolated_on(
+        "a_pool_free_the_runtime_refuses_leaves_memory_reached_through_a_table_snapshotted",
+        &["6.2"],
+        a_refused_pool_free_of_memory_reached_through_a_table,
+    );
 }
 
 #[test]
