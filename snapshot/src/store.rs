@@ -373,7 +373,7 @@ pub(crate) fn unnamed_file(dir: &Path) -> std::io::Result<(File, Option<PathBuf>
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL | libc::ENOSYS)
             ) => {}
         Err(e) => return Err(e),
     }
