@@ -361,21 +361,8 @@ fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
 /// at once. The path is returned only where that removal failed (the store removes it when
 /// dropped).
 pub(crate) fn unnamed_file(dir: &Path) -> std::io::Result<(File, Option<PathBuf>)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir)
-    {
-        Ok(file) => return Ok((file, None)),
-        // A file system or kernel without unnamed files: name the file, then remove the name.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL | libc::ENOSYS)
-            ) => {}
-        Err(e) => return Err(e),
+    if let Some(file) = tmpfile(dir)? {
+        return Ok((file, None));
     }
     let path = dir.join(format!(
         "kreplay-spill-{}-{}",
@@ -391,6 +378,37 @@ pub(crate) fn unnamed_file(dir: &Path) -> std::io::Result<(File, Option<PathBuf>
         Ok(()) => Ok((file, None)),
         Err(_) => Ok((file, Some(path))),
     }
+}
+
+/// A file without a name in `dir` (`O_TMPFILE`); `None` where the kernel or the file system
+/// has no such files.
+#[cfg(target_os = "linux")]
+fn tmpfile(dir: &Path) -> std::io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+    {
+        Ok(file) => Ok(Some(file)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL | libc::ENOSYS)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Files without a name are Linux's (`O_TMPFILE`): elsewhere a spill file is named, then its
+/// name removed.
+#[cfg(not(target_os = "linux"))]
+fn tmpfile(_dir: &Path) -> std::io::Result<Option<File>> {
+    Ok(None)
 }
 
 /// The bytes free to an unprivileged process on the file system holding `dir` (`statvfs`'s
