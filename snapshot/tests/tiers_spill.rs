@@ -82,6 +82,16 @@ fn a_process_killed_while_it_spills_leaves_no_file_in_the_spill_folder() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // Where the file system cannot make a file without a name, kreplay names the file for the
+    // moment between its creation and its removal, which a watcher may see: nothing to check.
+    if !unnamed_files_supported(&dir) {
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!(
+            "skipped: {} cannot hold files without a name (O_TMPFILE)",
+            dir.display()
+        );
+        return;
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut child = Command::new(exe)
         .args([
@@ -141,6 +151,18 @@ fn a_process_killed_while_it_spills_leaves_no_file_in_the_spill_folder() {
         seen.is_empty() && left.is_empty(),
         "a spill file showed in the folder ({seen:?}) and was left there after the kill: {left:?}"
     );
+}
+
+/// Whether `dir`'s file system makes files without a name (`O_TMPFILE`), as the spill tier
+/// asks for where it can.
+fn unnamed_files_supported(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+        .is_ok()
 }
 
 /// Set in a child process to the file size limit it runs under.
