@@ -21,6 +21,33 @@ unsafe extern "C" {
     fn _exit(code: c_int) -> !;
 }
 
+/// Forks; the child calls `on_unload` and leaves at once. The problem to report, if any: the
+/// child's unload took 3 s or more (it waited for `waited_for`), or the child ended otherwise.
+fn unload_in_forked_child(on_unload: unsafe extern "C" fn(), waited_for: &str) -> Option<String> {
+    // SAFETY: the child only calls OnUnload and leaves with _exit.
+    let pid = unsafe { fork() };
+    if pid == 0 {
+        let begun = Instant::now();
+        // SAFETY: the runtime's shutdown call, in the child.
+        unsafe { on_unload() };
+        let code = if begun.elapsed() < Duration::from_secs(3) {
+            0
+        } else {
+            1
+        };
+        // SAFETY: leaves the child at once.
+        unsafe { _exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    match wait_child(pid, Duration::from_secs(30)) {
+        Some(0) => None,
+        Some(1) => Some(format!(
+            "the forked child's OnUnload waited for {waited_for}"
+        )),
+        other => Some(format!("the forked child ended with {other:?}")),
+    }
+}
+
 const WNOHANG: c_int = 1;
 const SIGKILL: c_int = 9;
 
@@ -89,29 +116,10 @@ fn fork_child_body() {
                 );
                 std::thread::yield_now();
             }
-            // SAFETY: the child only calls OnUnload and leaves with _exit.
-            let pid = unsafe { fork() };
-            if pid == 0 {
-                let start = Instant::now();
-                // SAFETY: the runtime's shutdown call, in the child.
-                unsafe { (loaded.on_unload)() };
-                let code = if start.elapsed() < Duration::from_secs(3) {
-                    0
-                } else {
-                    1
-                };
-                // SAFETY: leaves the child at once.
-                unsafe { _exit(code) };
-            }
-            assert!(pid > 0, "fork failed");
-            match wait_child(pid, Duration::from_secs(30)) {
-                Some(0) => {}
-                Some(1) => problems.push(
-                    "the forked child's OnUnload waited for a callback of the parent's thread"
-                        .to_string(),
-                ),
-                other => problems.push(format!("the forked child ended with {other:?}")),
-            }
+            problems.extend(unload_in_forked_child(
+                loaded.on_unload,
+                "a callback of the parent's thread",
+            ));
             // SAFETY: the tool's function.
             unsafe { release() };
             if let Err(e) = dispatcher.join().expect("the dispatching thread") {
@@ -176,29 +184,10 @@ fn fork_during_finalize_body() {
             std::thread::yield_now();
         }
     }
-    // SAFETY: the child only calls OnUnload and leaves with _exit.
-    let pid = unsafe { fork() };
-    if pid == 0 {
-        let begun = Instant::now();
-        // SAFETY: the runtime's shutdown call, in the child.
-        unsafe { (loaded.on_unload)() };
-        let code = if begun.elapsed() < Duration::from_secs(3) {
-            0
-        } else {
-            1
-        };
-        // SAFETY: leaves the child at once.
-        unsafe { _exit(code) };
-    }
-    assert!(pid > 0, "fork failed");
-    match wait_child(pid, Duration::from_secs(30)) {
-        Some(0) => {}
-        Some(1) => problems.push(
-            "the forked child's OnUnload waited for a finalize running on the parent's thread"
-                .to_string(),
-        ),
-        other => problems.push(format!("the forked child ended with {other:?}")),
-    }
+    problems.extend(unload_in_forked_child(
+        loaded.on_unload,
+        "a finalize running on the parent's thread",
+    ));
     // SAFETY: the tool's functions; the runtime's shutdown call.
     unsafe {
         release();
