@@ -65,8 +65,8 @@ pub(crate) struct CopyTimes {
 }
 
 impl CopyTimes {
-    /// Entries kept at most; past it the oldest answers are dropped all at once (signals the
-    /// application destroyed keep theirs until then).
+    /// Entries kept at most; past it the answers are dropped all at once (those of signals the
+    /// application destroys are dropped at the destroy, `crate::signals::signal_destroy`).
     const MOST: usize = 1 << 16;
 
     /// `application`'s copy ran with `proxy`, which the runtime now holds the times of.
@@ -87,7 +87,8 @@ impl CopyTimes {
         }
     }
 
-    /// `signal` goes to a copy: whatever kreplay kept for it is of an earlier one.
+    /// `signal` goes to a copy, or is destroyed: whatever kreplay kept for it is of an earlier
+    /// copy.
     pub(crate) fn forget(&self, signal: hsa_signal_t) {
         if signal.handle != 0 {
             let mut map = self.by_signal.lock();

@@ -5,7 +5,8 @@
 //! image over (`hsa_ext_image_create`, `_create_with_layout`, and `hsa_amd_image_create` of the
 //! AMD extension, which takes a device-specific layout); kreplay remembers each image's
 //! handle with its data's address and agent from a successful create to a successful destroy,
-//! or to the free of the allocation holding its data (an image over freed memory is dead).
+//! or to the free of the allocation holding its data (an image over freed memory is dead; a
+//! free the runtime refuses leaves its images known).
 //!
 //! * **Writes.** `hsa_ext_image_import` (host to image), `_copy` (image to image) and `_clear`
 //!   write an image's data, and `_export` reads it into memory that may be tracked; each is
@@ -125,10 +126,33 @@ impl Images {
 
     /// Forgets the images whose data lies in `[base, end)`, memory being freed: an image
     /// over freed memory is dead, and its data address may soon be another allocation's.
-    pub(crate) fn forget_within(&self, base: u64, end: u64) {
+    /// Returns them, by handle, for [`reinstate`](Self::reinstate) should the free be refused.
+    pub(crate) fn forget_within(&self, base: u64, end: u64) -> Vec<(u64, ImageData)> {
         let mut map = self.by_handle.lock();
-        if !map.is_empty() {
-            map.retain(|_, image| !(base..end).contains(&image.data));
+        if map.is_empty() {
+            return Vec::new();
+        }
+        let within: Vec<(u64, ImageData)> = map
+            .iter()
+            .filter(|(_, image)| (base..end).contains(&image.data))
+            .map(|(&handle, &image)| (handle, image))
+            .collect();
+        for (handle, _) in &within {
+            map.remove(handle);
+        }
+        within
+    }
+
+    /// Knows again the images [`forget_within`](Self::forget_within) returned: the free of
+    /// their memory was refused, so they are alive still. A handle known again meanwhile (an
+    /// image created since) keeps what is known of it now.
+    pub(crate) fn reinstate(&self, images: Vec<(u64, ImageData)>) {
+        if images.is_empty() {
+            return;
+        }
+        let mut map = self.by_handle.lock();
+        for (handle, image) in images {
+            map.entry(handle).or_insert(image);
         }
     }
 

@@ -56,48 +56,83 @@ fn track(ptr: *mut c_void, executable: bool) {
     }
 }
 
-/// Forgets an allocation before the runtime frees it (waits for a restore in progress), and
-/// returns it for [`refused`].
-fn untrack(ptr: *mut c_void) -> Option<Allocation> {
+/// What kreplay forgot of memory before the runtime releases it, for [`refused`].
+#[derive(Default)]
+pub(crate) struct Forgotten {
+    /// The inventory's record of the allocation, if it had one.
+    pub(crate) allocation: Option<Allocation>,
+    /// The images whose data lies in it, by handle.
+    images: Vec<(u64, crate::images::ImageData)>,
+}
+
+impl Forgotten {
+    /// Only the inventory's record of `allocation`.
+    pub(crate) fn allocation(allocation: Option<Allocation>) -> Forgotten {
+        Forgotten {
+            allocation,
+            images: Vec::new(),
+        }
+    }
+}
+
+/// Forgets an allocation before the runtime frees it (waits for a restore in progress), with
+/// the images over it, and returns them for [`refused`].
+fn untrack(ptr: *mut c_void) -> Forgotten {
     let b = backend();
     if b.is_finalized() || ptr.is_null() {
-        return None;
+        return Forgotten::default();
     }
-    if let Some(a) = b.inventory.lookup(ptr as u64) {
-        b.images.forget_within(a.base, a.end());
+    let images = b
+        .inventory
+        .lookup(ptr as u64)
+        .map(|a| b.images.forget_within(a.base, a.end()))
+        .unwrap_or_default();
+    Forgotten {
+        allocation: b.inventory.on_free(ptr as u64),
+        images,
     }
-    b.inventory.on_free(ptr as u64)
 }
 
 /// Forgets the allocation containing `ptr` (by the base its entry was recorded under) before
-/// the runtime releases it: for entries that take an interior or host address. Returns it for
-/// [`refused`].
-fn untrack_containing(ptr: *const c_void) -> Option<Allocation> {
+/// the runtime releases it, with the images over it: for entries that take an interior or host
+/// address. Returns them for [`refused`].
+fn untrack_containing(ptr: *const c_void) -> Forgotten {
     let b = backend();
     if b.is_finalized() || ptr.is_null() {
-        return None;
+        return Forgotten::default();
     }
-    let base = b
+    let Some(base) = b
         .original
         .pointer_info(ptr)
         .map(|info| info.agentBaseAddress as u64)
         .filter(|&base| base != 0)
-        .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base))?;
-    if let Some(a) = b.inventory.lookup(base) {
-        b.images.forget_within(a.base, a.end());
+        .or_else(|| b.inventory.lookup(ptr as u64).map(|a| a.base))
+    else {
+        return Forgotten::default();
+    };
+    let images = b
+        .inventory
+        .lookup(base)
+        .map(|a| b.images.forget_within(a.base, a.end()))
+        .unwrap_or_default();
+    Forgotten {
+        allocation: b.inventory.on_free(base),
+        images,
     }
-    b.inventory.on_free(base)
 }
 
-/// Passes on the runtime's `status` for the release of `forgotten`, tracking it again where the
-/// runtime refused the release: the memory is still that allocation, and a kernel that reaches
-/// it (through a pointer kept in memory, which no argument shows) must find it in the next
-/// snapshot rather than have its passes add up in it.
-pub(crate) fn refused(status: hsa_status_t, forgotten: Option<Allocation>) -> hsa_status_t {
-    if status != HSA_STATUS_SUCCESS
-        && let Some(allocation) = forgotten
-    {
-        backend().inventory.reinstate(allocation);
+/// Passes on the runtime's `status` for the release of `forgotten`, tracking it again (and
+/// knowing the images over it again) where the runtime refused the release: the memory is
+/// still that allocation, and a kernel that reaches it (through a pointer kept in memory, which
+/// no argument shows, or through an image handle) must find it in the next snapshot rather
+/// than have its passes add up in it.
+pub(crate) fn refused(status: hsa_status_t, forgotten: Forgotten) -> hsa_status_t {
+    if status != HSA_STATUS_SUCCESS {
+        let b = backend();
+        if let Some(allocation) = forgotten.allocation {
+            b.inventory.reinstate(allocation);
+        }
+        b.images.reinstate(forgotten.images);
     }
     status
 }

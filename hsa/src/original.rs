@@ -192,6 +192,20 @@ impl Original {
         )
     }
 
+    /// Reserves the packet slot at `expected` of `queue` (a queue the runtime created) if its
+    /// write index is still `expected`: the write index seen (`expected` where the slot is
+    /// reserved), or None where the runtime lacks the entry.
+    pub(crate) fn queue_cas_write_index(
+        &self,
+        queue: *const hsa_queue_t,
+        expected: u64,
+    ) -> Option<u64> {
+        let f = self.core.hsa_queue_cas_write_index_scacq_screl_fn?;
+        // SAFETY: the runtime's own entry point; `queue` is a live queue of the runtime's, and
+        // the exchange moves its write index by one slot only if no producer moved it since.
+        Some(unsafe { f(queue, expected, expected.saturating_add(1)) })
+    }
+
     pub(crate) fn queue_load_read_index(&self, queue: *const hsa_queue_t) -> u64 {
         call!(self.core, hsa_queue_load_read_index_scacquire_fn(queue))
     }

@@ -365,27 +365,34 @@ impl QueueState {
         self.post(self.drain_marker(b));
         // SAFETY: `queue` is live while registered; size and base describe its ring.
         let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
-        let full = || {
+        // A slot is reserved only where the ring has room at the write index seen: another
+        // producer taking the last slot in between moves the write index, and the check is made
+        // again, so this never waits for room past `deadline`.
+        let index = loop {
             // Adding 0 reads the write index.
             let write = b.original.queue_add_write_index(self.queue, 0);
-            write.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
-        };
-        while full() {
-            if Instant::now() >= deadline || !self.has_mail() {
-                // Out of time, or a thread handling the queue took the marker already.
+            let full = write.saturating_sub(b.original.queue_load_read_index(self.queue))
+                >= u64::from(size);
+            if !self.has_mail() {
+                // A thread handling the queue took the marker already.
                 return;
             }
-            std::thread::yield_now();
-        }
-        if !self.has_mail() {
-            return;
-        }
-        let index = b.original.queue_add_write_index(self.queue, 1);
-        // Another producer may have taken the last slot in between: wait for it as they do.
-        while index.saturating_sub(b.original.queue_load_read_index(self.queue)) >= u64::from(size)
-        {
-            std::thread::yield_now();
-        }
+            if !full {
+                match b.original.queue_cas_write_index(self.queue, write) {
+                    Some(seen) if seen == write => break write,
+                    // Without the entry the marker waits in the mailbox for the queue's thread.
+                    None => return,
+                    Some(_) => {}
+                }
+            }
+            if Instant::now() >= deadline {
+                // Out of time: the thread that keeps the ring full writes the marker.
+                return;
+            }
+            if full {
+                std::thread::yield_now();
+            }
+        };
         let slot = (base as usize + (index % u64::from(size)) as usize * 64) as *mut u8;
         write_slot(slot, &wake_up_packet());
         b.original

@@ -98,11 +98,13 @@ pub(crate) unsafe extern "C" fn amd_signal_create(
     })
 }
 
-/// Wrapper of `hsa_signal_destroy`: forgets the signal (its memory may hold another later).
+/// Wrapper of `hsa_signal_destroy`: forgets the signal, and the copy times kept for it
+/// (`crate::copies::CopyTimes`): its memory may hold another later, at the same handle.
 pub(crate) unsafe extern "C" fn signal_destroy(signal: hsa_signal_t) -> hsa_status_t {
     guarded(|| {
         let b = backend();
         b.signals.destroyed(signal);
+        b.copies.times.forget(signal);
         forward!(b, core.hsa_signal_destroy_fn(signal))
     })
 }

@@ -356,7 +356,7 @@ pub(crate) unsafe extern "C" fn unmap(va: *mut c_void, size: usize) -> hsa_statu
         {
             b.vmem.mappings.lock().entry(va as u64).or_insert(mapping);
         }
-        crate::memory::refused(status, forgotten)
+        crate::memory::refused(status, crate::memory::Forgotten::allocation(forgotten))
     })
 }
 

@@ -8,6 +8,7 @@ use hsa_sys::{
     HSA_SIGNAL_CONDITION_NE, HSA_WAIT_STATE_ACTIVE, hsa_signal_condition_t, hsa_signal_value_t,
     hsa_wait_state_t,
 };
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
@@ -96,11 +97,22 @@ struct AbiBlock {
 /// `AMD_SIGNAL_KIND_USER`.
 const KIND_USER: i64 = 1;
 
+/// ABI blocks of dropped signals, the most recently dropped last: a new signal takes one back,
+/// so its handle is that of a signal destroyed before, as with ROCm's signal pool, which hands
+/// the memory of destroyed signals to the next ones created.
+// Boxed: a block's address is its signal's handle, so it never moves.
+#[allow(clippy::vec_box)]
+static FREE_BLOCKS: parking_lot::Mutex<Vec<Box<AbiBlock>>> = parking_lot::Mutex::new(Vec::new());
+
+/// Blocks [`FREE_BLOCKS`] keeps at most (the others are freed).
+const FREE_BLOCKS_MOST: usize = 4096;
+
 /// One signal object. Handles map to these through the runtime's registry.
 pub(crate) struct Signal {
     handle: u64,
-    /// The value and dispatch timestamps, at the address the handle names.
-    block: Box<AbiBlock>,
+    /// The value and dispatch timestamps, at the address the handle names (back to
+    /// [`FREE_BLOCKS`] when the signal is dropped).
+    block: ManuallyDrop<Box<AbiBlock>>,
     /// Threads blocked on this signal.
     pub(crate) wake: WakeList,
     /// Set when this signal is the doorbell of an intercept queue: every store processes it.
@@ -115,10 +127,21 @@ pub(crate) struct Signal {
     device_only: AtomicBool,
 }
 
+impl Drop for Signal {
+    fn drop(&mut self) {
+        // SAFETY: `block` is taken once, here, and never used again.
+        let block = unsafe { ManuallyDrop::take(&mut self.block) };
+        let mut free = FREE_BLOCKS.lock();
+        if free.len() < FREE_BLOCKS_MOST {
+            free.push(block);
+        }
+    }
+}
+
 impl Signal {
     /// A signal whose handle is the address of its ABI block.
     pub(crate) fn new(initial: hsa_signal_value_t) -> Self {
-        let block = Box::new(AbiBlock {
+        let fresh = AbiBlock {
             kind: KIND_USER,
             value: AtomicI64::new(initial),
             event_mailbox_ptr: 0,
@@ -128,10 +151,17 @@ impl Signal {
             end_ts: AtomicU64::new(0),
             reserved2: 0,
             reserved3: [0; 2],
-        });
+        };
+        let block = match FREE_BLOCKS.lock().pop() {
+            Some(mut block) => {
+                *block = fresh;
+                block
+            }
+            None => Box::new(fresh),
+        };
         Self {
             handle: std::ptr::from_ref::<AbiBlock>(&block) as u64,
-            block,
+            block: ManuallyDrop::new(block),
             wake: WakeList::default(),
             doorbell_of: OnceLock::new(),
             profiled_copy: AtomicBool::new(false),
