@@ -753,6 +753,18 @@ fn resolve(
     Ok(filter.reach(value, RegionSource::Adopted))
 }
 
+/// The range of `ranges` (base to size) that `addr` lies in, as (base, size).
+pub(crate) fn range_containing(
+    ranges: &std::collections::BTreeMap<u64, u64>,
+    addr: u64,
+) -> Option<(u64, u64)> {
+    ranges
+        .range(..=addr)
+        .next_back()
+        .map(|(&base, &size)| (base, size))
+        .filter(|&(base, size)| addr - base < size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,12 +25,7 @@ pub(crate) struct SvmRanges {
 impl SvmRanges {
     /// The range containing `addr`, as (base, size).
     pub(crate) fn containing(&self, addr: u64) -> Option<(u64, u64)> {
-        self.ranges
-            .lock()
-            .range(..=addr)
-            .next_back()
-            .map(|(&base, &size)| (base, size))
-            .filter(|&(base, size)| addr - base < size)
+        crate::reach::range_containing(&self.ranges.lock(), addr)
     }
 
     fn add(&self, base: u64, size: u64) {

@@ -57,13 +57,7 @@ impl VmemTracker {
     pub(crate) fn mappings_reached(&self, addr: u64) -> Vec<u64> {
         let reservation = {
             let reservations = self.reservations.lock();
-            let within = |a: u64| {
-                reservations
-                    .range(..=a)
-                    .next_back()
-                    .map(|(&base, &size)| (base, size))
-                    .filter(|&(base, size)| a - base < size)
-            };
+            let within = |a: u64| crate::reach::range_containing(&reservations, a);
             within(addr).or_else(|| {
                 addr.checked_sub(1)
                     .and_then(within)
