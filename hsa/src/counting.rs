@@ -201,9 +201,30 @@ pub(crate) fn program(
 
 /// Reads what the completed dispatch counted on `signal` and hands it to the tool layer.
 pub(crate) fn collect(b: &Backend, programmed: Programmed, signal: hsa_signal_t) {
-    let Some(read) = table(b).and_then(|t| t.read) else {
-        return;
-    };
+    if let Some(collected) = read(b, programmed, signal) {
+        collected.deliver(b);
+    }
+}
+
+/// What one dispatch counted, read from its signal and not yet given to the tool layer.
+pub(crate) struct Collected {
+    programmed: Programmed,
+    values: Vec<f64>,
+}
+
+impl Collected {
+    /// Gives the values to the tool layer.
+    pub(crate) fn deliver(self, b: &Backend) {
+        let p = &self.programmed;
+        b.hooks
+            .counters_collected(&p.info, p.pass, &p.ids, &self.values);
+    }
+}
+
+/// Reads what `programmed` counted on `signal` (before the signal goes away), to be delivered
+/// later; `None` when nothing could be read (said so).
+pub(crate) fn read(b: &Backend, programmed: Programmed, signal: hsa_signal_t) -> Option<Collected> {
+    let read = table(b).and_then(|t| t.read)?;
     let mut values = vec![0.0; programmed.ids.len()];
     // SAFETY: the extension's entry; `values` has room for every programmed counter.
     let status = unsafe { read(signal, values.as_mut_ptr(), values.len() as u32) };
@@ -212,8 +233,7 @@ pub(crate) fn collect(b: &Backend, programmed: Programmed, signal: hsa_signal_t)
             "dispatch {}: its counters could not be read (status {status:#x})",
             programmed.info.dispatch_id
         ));
-        return;
+        return None;
     }
-    b.hooks
-        .counters_collected(&programmed.info, programmed.pass, &programmed.ids, &values);
+    Some(Collected { programmed, values })
 }

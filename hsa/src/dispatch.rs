@@ -457,9 +457,12 @@ pub(crate) fn forward(
         progress.set(Progress::Done);
     };
     match traced {
-        Some(traced) => {
+        Some((traced, gate)) => {
             // The tool's ENQUEUE callbacks run on the application's thread (`crate::cancel`).
             let _no_cancel = crate::cancel::NoCancel::now();
+            // Dropped first: the COMPLETE records of kernels that finished meanwhile follow
+            // ENQUEUE EXIT on this thread, however the callbacks ended.
+            let _open = OpenGate(b, gate);
             b.hooks.dispatch_enqueue(&traced, None, &mut write)
         }
         None => write(),
@@ -481,6 +484,52 @@ fn bracket<'p>(
     }
 }
 
+/// What a traced dispatch's completion gives the tool layer: its counters, then its COMPLETE
+/// record.
+type Completion = Box<dyn FnOnce(&Backend) + Send>;
+
+/// Holds the completions of one write's traced dispatches until the write's ENQUEUE EXIT was
+/// delivered: docs/abi.md orders ENQUEUE ENTER, ENQUEUE EXIT, then COMPLETE, and a kernel may
+/// finish while the submitting thread is still in the tool's ENQUEUE EXIT callbacks. Only the
+/// tool's records wait: the application's signal is completed when the kernel finished (a tool
+/// or a later packet of the same write may be waiting for it).
+struct EnqueueGate(parking_lot::Mutex<Option<Vec<Completion>>>);
+
+impl EnqueueGate {
+    fn closed() -> std::sync::Arc<EnqueueGate> {
+        std::sync::Arc::new(EnqueueGate(parking_lot::Mutex::new(Some(Vec::new()))))
+    }
+
+    /// Delivers `completion` now if the gate is open, or keeps it for [`open`](Self::open).
+    fn deliver(&self, b: &Backend, completion: Completion) {
+        let mut parked = self.0.lock();
+        match parked.as_mut() {
+            Some(parked) => parked.push(completion),
+            None => {
+                drop(parked);
+                completion(b);
+            }
+        }
+    }
+
+    /// Opens the gate and delivers what waited for it, on the calling thread.
+    fn open(&self, b: &Backend) {
+        let parked = self.0.lock().take();
+        for completion in parked.into_iter().flatten() {
+            completion(b);
+        }
+    }
+}
+
+/// Opens its gate when dropped.
+struct OpenGate<'b>(&'b Backend, std::sync::Arc<EnqueueGate>);
+
+impl Drop for OpenGate<'_> {
+    fn drop(&mut self) {
+        self.1.open(self.0);
+    }
+}
+
 /// What the completion handler of a traced ordinary dispatch needs.
 struct TracedDispatch {
     proxy: hsa_signal_t,
@@ -488,6 +537,7 @@ struct TracedDispatch {
     agent: hsa_agent_t,
     info: DispatchInfo,
     counted: Option<crate::counting::Programmed>,
+    gate: std::sync::Arc<EnqueueGate>,
 }
 
 unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_void) -> bool {
@@ -495,19 +545,30 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
     let mut traced = unsafe { Box::from_raw(arg.cast::<TracedDispatch>()) };
     let result = catch_unwind(AssertUnwindSafe(|| {
         let b = backend();
-        if let Some(counted) = traced.counted.take() {
-            crate::counting::collect(b, counted, traced.proxy);
-        }
+        // Read from the proxy now (it goes away below), delivered after ENQUEUE EXIT.
+        let counters = traced
+            .counted
+            .take()
+            .and_then(|counted| crate::counting::read(b, counted, traced.proxy));
         let (start, end) = b
             .original
             .dispatch_time(traced.agent, traced.proxy)
             .unwrap_or((0, 0));
-        b.hooks.dispatch_completed(&DispatchRecord {
+        let record = DispatchRecord {
             info: traced.info,
             pass: None,
             start_ns: b.nanos(start),
             end_ns: b.nanos(end),
-        });
+        };
+        traced.gate.deliver(
+            b,
+            Box::new(move |b: &Backend| {
+                if let Some(counters) = counters {
+                    counters.deliver(b);
+                }
+                b.hooks.dispatch_completed(&record);
+            }),
+        );
         if traced.application.handle != 0 {
             carry_timestamps(traced.proxy, traced.application);
             b.original.signal_subtract(traced.application, 1);
@@ -521,15 +582,19 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
 }
 
 /// Gives each dispatch a completion signal of kreplay's own whose handler delivers the
-/// dispatch record and then completes the application's signal. Returns the packets to write
-/// and the dispatches among them.
+/// dispatch record (through the returned gate, once it is open) and then completes the
+/// application's signal. Returns the packets to write and the dispatches among them.
 fn trace_completions(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-) -> (Vec<Packet>, Vec<DispatchInfo>) {
+) -> (
+    Vec<Packet>,
+    (Vec<DispatchInfo>, std::sync::Arc<EnqueueGate>),
+) {
     let mut traced_infos = Vec::new();
+    let gate = EnqueueGate::closed();
     let patched = packets
         .iter()
         .enumerate()
@@ -564,6 +629,7 @@ fn trace_completions(
                 agent: state.agent,
                 info,
                 counted: crate::counting::program(b, &info, None, proxy),
+                gate: gate.clone(),
             }));
             let status = crate::watcher::when_zero(b, proxy, traced_complete, traced.cast());
             if status != HSA_STATUS_SUCCESS {
@@ -578,7 +644,7 @@ fn trace_completions(
             dispatch_bytes(&dispatch)
         })
         .collect();
-    (patched, traced_infos)
+    (patched, (traced_infos, gate))
 }
 
 /// The head of ROCm's `amd_signal_t` (hsa/amd_hsa_signal.h), which a signal handle points to

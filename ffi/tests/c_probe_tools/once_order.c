@@ -2,19 +2,27 @@
  * Where a dispatch that runs once gets its dispatch records: the tool opts out of odd dispatches
  * (no pass-count callback) and answers 1 for even ones. Each such dispatch must be submitted
  * once after its CONFIG EXIT: ENQUEUE ENTER, ENQUEUE EXIT and COMPLETE (replay_pass NONE) all
- * come after it, as docs/abi.md says.
+ * come after it, as docs/abi.md says, in that order: the tool takes its time in ENQUEUE EXIT
+ * (up to half a second, until a COMPLETE arrives), so a kernel that finished while ENQUEUE EXIT
+ * ran must still have its COMPLETE after ENQUEUE EXIT returned.
  */
 #include "kreplay.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_IDS 256
 
 static atomic_int config_exited[MAX_IDS];
 static atomic_int records[MAX_IDS];
 static atomic_int early[MAX_IDS];
+static atomic_int in_exit[MAX_IDS];
+static atomic_int completed[MAX_IDS];
+static atomic_int complete_in_exit[MAX_IDS];
+static atomic_int complete_before_exit[MAX_IDS];
+static atomic_int exited[MAX_IDS];
 static atomic_int with_pass;
 static atomic_int dispatches;
 
@@ -47,6 +55,19 @@ static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_d
     if (p->replay_pass != KREPLAY_REPLAY_PASS_NONE) atomic_fetch_add(&with_pass, 1);
     atomic_fetch_add(&records[id], 1);
     if (!atomic_load(&config_exited[id])) atomic_fetch_add(&early[id], 1);
+    if (record.operation == KREPLAY_KERNEL_DISPATCH_COMPLETE) {
+        if (atomic_load(&in_exit[id])) atomic_fetch_add(&complete_in_exit[id], 1);
+        if (!atomic_load(&exited[id])) atomic_fetch_add(&complete_before_exit[id], 1);
+        atomic_store(&completed[id], 1);
+    } else if (record.operation == KREPLAY_KERNEL_DISPATCH_ENQUEUE && record.phase == KREPLAY_CALLBACK_PHASE_EXIT) {
+        /* A slow ENQUEUE EXIT: the kernel finishes meanwhile. */
+        struct timespec ms = {0, 1000000};
+        int i;
+        atomic_store(&in_exit[id], 1);
+        for (i = 0; i < 500 && !atomic_load(&completed[id]); i++) nanosleep(&ms, NULL);
+        atomic_store(&in_exit[id], 0);
+        atomic_store(&exited[id], 1);
+    }
 }
 
 static int tool_init(kreplay_client_finalize_t fin, void* tool_data) {
@@ -91,6 +112,11 @@ const char* probe_report(void) {
         if (atomic_load(&early[i]))
             snprintf(report + used, sizeof report - used, "dispatch %d: %d record(s) before CONFIG EXIT; ", i,
                      atomic_load(&early[i]));
+        used = strlen(report);
+        if (atomic_load(&complete_in_exit[i]) || atomic_load(&complete_before_exit[i]))
+            snprintf(report + used, sizeof report - used,
+                     "dispatch %d: COMPLETE came while its ENQUEUE EXIT ran (%d) or before it (%d); ", i,
+                     atomic_load(&complete_in_exit[i]), atomic_load(&complete_before_exit[i]));
     }
     return report;
 }
