@@ -244,6 +244,16 @@ pub(crate) fn after_finalize_wait(b: &Backend) {
     }
 }
 
+/// Whether a copy, fill or image call goes straight to the runtime, unfenced: no replay service
+/// is active (any wait [`after_finalize_wait`] asks for done first).
+pub(crate) fn unfenced(b: &Backend) -> bool {
+    let unfenced = !b.replay_active();
+    if unfenced {
+        after_finalize_wait(b);
+    }
+    unfenced
+}
+
 /// The reader side of each of `agents`, waited for while a replay holds it. A call issued from a
 /// replay callback on the same agent (re-entrant) proceeds without it. Lock order: a thread inside
 /// a replay window never waits for another agent's writer side (that replay may be waiting for
@@ -412,8 +422,7 @@ pub(crate) unsafe extern "C" fn async_copy(
     guarded(|| {
         let b = backend();
         b.copies.times.forget(completion);
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return b.original.async_copy(
                 dst, dst_agent, src, src_agent, size, num_deps, deps, completion,
             );
@@ -453,8 +462,7 @@ pub(crate) unsafe extern "C" fn async_copy_on_engine(
             )
         };
         b.copies.times.forget(completion);
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return forward(completion);
         }
         let agents = write_agents(b, [src_agent, dst_agent], dst);
@@ -501,8 +509,7 @@ pub(crate) unsafe extern "C" fn async_batch_copy(
                 b.copies.times.forget(op.completion_signal);
             }
         }
-        if !b.replay_active() || ops.is_null() || num_ops == 0 {
-            after_finalize_wait(b);
+        if unfenced(b) || ops.is_null() || num_ops == 0 {
             return forward(ops);
         }
         let fence = Fence::enter(b, b.gpus()).after(num_deps, deps);
@@ -577,8 +584,7 @@ pub(crate) unsafe extern "C" fn ais_file_read(
                 )
             )
         };
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return forward();
         }
         let agents = write_agents(b, owner(b, device_ptr), device_ptr);
@@ -618,8 +624,7 @@ pub(crate) unsafe extern "C" fn async_copy_rect(
             )
         };
         b.copies.times.forget(completion);
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return forward(completion);
         }
         let base = |p: *const hsa_pitched_ptr_t| -> *const c_void {
@@ -648,8 +653,7 @@ pub(crate) unsafe extern "C" fn memory_copy(
 ) -> hsa_status_t {
     guarded(|| {
         let b = backend();
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return b.original.memory_copy(dst, src, size);
         }
         let touched = [owner(b, dst), owner(b, src)];
@@ -668,8 +672,7 @@ pub(crate) unsafe extern "C" fn memory_fill(
     guarded(|| {
         let b = backend();
         let forward = || forward!(b, amd.hsa_amd_memory_fill_fn(ptr, value, count));
-        if !b.replay_active() {
-            after_finalize_wait(b);
+        if unfenced(b) {
             return forward();
         }
         let agents = write_agents(b, owner(b, ptr), ptr);

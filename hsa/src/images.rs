@@ -265,8 +265,7 @@ fn fenced(
     agents: impl FnOnce() -> Vec<u64>,
     forward: impl FnOnce() -> hsa_status_t,
 ) -> hsa_status_t {
-    if !b.replay_active() {
-        crate::copies::after_finalize_wait(b);
+    if crate::copies::unfenced(b) {
         return forward();
     }
     let _fence = Fence::enter(b, &agents());
