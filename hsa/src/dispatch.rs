@@ -406,6 +406,10 @@ pub(crate) fn forward(
     track: bool,
     progress: &Cell<Progress>,
 ) {
+    // Declared first, so dropped last: the COMPLETE records of traced kernels that finished
+    // before ENQUEUE EXIT follow it on this thread, once the reader side below is released (a
+    // tool's COMPLETE callback may submit work that is replayed on this agent).
+    let mut _open: Option<OpenGate<'_>> = None;
     // A thread inside its own replay window on this agent proceeds without the reader side;
     // re-entrant work on the side queue never waits for a replay (it is issued from one).
     let _read = match sink {
@@ -460,9 +464,7 @@ pub(crate) fn forward(
         Some((traced, gate)) => {
             // The tool's ENQUEUE callbacks run on the application's thread (`crate::cancel`).
             let _no_cancel = crate::cancel::NoCancel::now();
-            // Dropped first: the COMPLETE records of kernels that finished meanwhile follow
-            // ENQUEUE EXIT on this thread, however the callbacks ended.
-            let _open = OpenGate(b, gate);
+            _open = Some(OpenGate(b, gate));
             b.hooks.dispatch_enqueue(&traced, None, &mut write)
         }
         None => write(),
@@ -521,11 +523,13 @@ impl EnqueueGate {
     }
 }
 
-/// Opens its gate when dropped.
+/// Opens its gate when dropped (however the ENQUEUE callbacks ended), with the thread's
+/// cancellation held off while the tool is called (`crate::cancel`).
 struct OpenGate<'b>(&'b Backend, std::sync::Arc<EnqueueGate>);
 
 impl Drop for OpenGate<'_> {
     fn drop(&mut self) {
+        let _no_cancel = crate::cancel::NoCancel::now();
         self.1.open(self.0);
     }
 }
