@@ -1358,10 +1358,10 @@ impl ToolWorkIo for DeviceWork {
             .changes(since)
             .map_err(|e| e.to_string())
     }
-    fn written(&self, addr: u64, len: u64) -> Result<Delta, String> {
+    fn written(&self, footprint: &Footprint, addr: u64, len: u64) -> Result<Delta, String> {
         self.device
             .snapshotter
-            .written(addr, len)
+            .written_within(footprint, addr, len)
             .map_err(|e| e.to_string())
     }
     fn lost(&self, call: &str, why: &str) {
