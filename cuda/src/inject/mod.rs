@@ -180,7 +180,7 @@ struct Backend {
     surface_destroys: InFlight<SurfaceDestroyed>,
     /// The same for each `cuGraphicsUnmapResources` in progress (by its resource array), with
     /// the context each ended pointer was noted in.
-    graphics_unmaps: InFlight<(GraphicsUnmapped, Vec<(u64, Option<usize>)>)>,
+    graphics_unmaps: InFlight<(GraphicsUnmapped, Vec<Owner>)>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
     inventory: Arc<Inventory>,
@@ -208,6 +208,9 @@ struct Backend {
     /// Warns about a pass that does not end, every drain timeout (see [`crate::watchdog`]).
     watchdog: Watchdog,
 }
+
+/// An allocation's base and the context it was noted in ([`Contexts::note_allocation`]).
+type Owner = (u64, Option<usize>);
 
 /// What the API ENTER of a free forgot ([`Backend::on_app_free`]), to put back at its API
 /// EXIT should the driver refuse the free.
