@@ -1286,6 +1286,19 @@ mod tests {
         w.on_graphics_mapped(0xabc, b + 0x1000);
         assert!(w.graphics_unmap_failed(&inventory, unmapped).is_empty());
         assert_eq!(w.on_graphics_unmapped(0xabc), Some(b + 0x1000));
+
+        // Memory opened twice: a refused unmap gives its one reference back, and two ends are
+        // still needed to end it.
+        let c = 0x9000_0000;
+        w.record_shared(&inventory, c, Some(0x1000), Some(0)).unwrap();
+        w.record_shared(&inventory, c, Some(0x1000), Some(0)).unwrap();
+        w.on_graphics_mapped(0x456, c);
+        let unmapped = w.graphics_unmap_enter(&inventory, &[0x456]);
+        assert_eq!(unmapped.ended().collect::<Vec<_>>(), vec![(c, true, false)]);
+        assert!(inventory.get(c).is_some(), "one reference is left");
+        assert!(w.graphics_unmap_failed(&inventory, unmapped).is_empty());
+        assert!(!w.on_shared_end(c), "two references again");
+        assert!(w.on_shared_end(c));
     }
 
     /// A `cuMemFree` forgets the memory at its API ENTER; when the driver then refuses the free
