@@ -1290,8 +1290,10 @@ mod tests {
         // Memory opened twice: a refused unmap gives its one reference back, and two ends are
         // still needed to end it.
         let c = 0x9000_0000;
-        w.record_shared(&inventory, c, Some(0x1000), Some(0)).unwrap();
-        w.record_shared(&inventory, c, Some(0x1000), Some(0)).unwrap();
+        w.record_shared(&inventory, c, Some(0x1000), Some(0))
+            .unwrap();
+        w.record_shared(&inventory, c, Some(0x1000), Some(0))
+            .unwrap();
         w.on_graphics_mapped(0x456, c);
         let unmapped = w.graphics_unmap_enter(&inventory, &[0x456]);
         assert_eq!(unmapped.ended().collect::<Vec<_>>(), vec![(c, true, false)]);
