@@ -1178,6 +1178,21 @@ mod tests {
         }
     }
 
+    /// The calls that end a tracked object other than memory (an executable graph, a surface
+    /// object, a graphics mapping) forget it at API ENTER too, and their API EXIT, which must
+    /// be subscribed, puts it back when the driver refused them.
+    #[test]
+    fn every_call_that_ends_a_tracked_object_is_seen_at_its_exit() {
+        for id in [
+            cbid::CU_GRAPH_EXEC_DESTROY,
+            cbid::CU_SURF_OBJECT_DESTROY,
+            cbid::CU_GRAPHICS_UNMAP_RESOURCES,
+            cbid::CU_GRAPHICS_UNMAP_RESOURCES_PTSZ,
+        ] {
+            assert!(cbid::all().contains(&id), "{id} is not enabled");
+        }
+    }
+
     #[test]
     fn subscribed_ids_are_distinct() {
         let mut ids = cbid::all();

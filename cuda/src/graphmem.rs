@@ -133,6 +133,15 @@ impl GraphFreed {
     }
 }
 
+/// An executable graph the API ENTER of its `cuGraphExecDestroy` forgot
+/// ([`GraphMemory::exec_destroy_enter`]), kept until the call's API EXIT: a destroy the driver
+/// refuses leaves it live ([`GraphMemory::exec_destroy_failed`]).
+#[derive(Debug)]
+pub struct ExecDestroyed {
+    exec: usize,
+    kept: Exec,
+}
+
 /// What one launch changed, for the caller's accounting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Launched {
@@ -416,7 +425,37 @@ impl GraphMemory {
     /// `cuGraphExecDestroy` of `exec`. What its launches allocated and nothing freed stays
     /// allocated (until `cuMemFree`, `cuMemFreeAsync` or another graph's free node).
     pub fn on_exec_destroyed(&self, exec: usize) {
-        self.state.lock().execs.remove(&exec);
+        self.exec_destroy_enter(exec);
+    }
+
+    /// The API ENTER of a `cuGraphExecDestroy` of `exec`: forgotten as at
+    /// [`on_exec_destroyed`](Self::on_exec_destroyed) (the driver may hand its handle to the
+    /// next instantiation as soon as it destroyed it); what it was is returned, for
+    /// [`exec_destroy_failed`](Self::exec_destroy_failed).
+    pub fn exec_destroy_enter(&self, exec: usize) -> Option<ExecDestroyed> {
+        let kept = self.state.lock().execs.remove(&exec)?;
+        Some(ExecDestroyed { exec, kept })
+    }
+
+    /// The `cuGraphExecDestroy` whose API ENTER returned `destroyed` failed: the executable
+    /// graph is still live, and its later launches still allocate and free what its nodes say,
+    /// unless a graph instantiated since took its handle. Returns whether it was put back.
+    pub fn exec_destroy_failed(&self, destroyed: ExecDestroyed) -> bool {
+        let ExecDestroyed { exec, kept } = destroyed;
+        let mut s = self.state.lock();
+        if s.execs.contains_key(&exec) {
+            return false;
+        }
+        if let Ok(n) = &kept.nodes {
+            // Its allocations are known again (unbacked where nothing launched made them).
+            for a in &n.allocs {
+                if !s.backed.contains_key(&a.base) {
+                    s.unbacked.insert(a.base, a.clone());
+                }
+            }
+        }
+        s.execs.insert(exec, kept);
+        true
     }
 
     /// `cuMemFree` / `cuMemFreeAsync` (not captured) of `base`, or its context's end: true when

@@ -16,7 +16,8 @@
 //! * **[`after`]**, at its API EXIT, once the device is idle again, keeps for the window what the
 //!   call wrote (a [`Delta`]): the current bytes of a named range, every one of them (a byte
 //!   written with the value it held is still written), or what differs from the capture, byte
-//!   for byte. A capture cannot tell a byte written with the value it already held from one not
+//!   for byte; memory freed meanwhile (by another thread: frees take no device lock) is not
+//!   read. A capture cannot tell a byte written with the value it already held from one not
 //!   written: a launch from PASS EXIT that writes, into bytes the pass changed, the values the
 //!   pass left there leaves those bytes to be restored.
 //! * **The window's next restore** folds the kept deltas into the snapshot first
@@ -38,9 +39,12 @@ pub trait ToolWorkIo {
     fn quiesce(&self) -> Result<(), String>;
     /// The current bytes of `footprint` (see `kreplay_snapshot::Snapshotter::capture`).
     fn capture(&self, footprint: &Footprint) -> Result<Capture, String>;
-    /// The current bytes of `len` bytes at `addr`, all of them written (see
-    /// `kreplay_snapshot::Snapshotter::written`).
-    fn written(&self, addr: u64, len: u64) -> Result<Delta, String>;
+    /// The current bytes of the parts of the `len` bytes at `addr` that lie in `footprint`'s
+    /// regions still allocated, all of them written (see
+    /// `kreplay_snapshot::Snapshotter::written_within`): memory another thread freed during the
+    /// call (frees take no device lock) may be unmapped already, and is not read; a free waits
+    /// for the read.
+    fn written(&self, footprint: &Footprint, addr: u64, len: u64) -> Result<Delta, String>;
     /// What differs in memory from `since` (see `kreplay_snapshot::Snapshotter::changes`).
     fn changes(&self, since: &Capture) -> Result<Delta, String>;
     /// The tool's work `call` may be undone by a later restore, because of `why`.
@@ -204,10 +208,12 @@ pub fn after(succeeded: bool) -> u64 {
             return 0;
         }
         let io = &open.io;
+        let footprint = &open.footprint;
+        // Both readings leave out what was freed since `before`: the memory may be gone.
         let delta = io.quiesce().and_then(|()| match &watch {
             Watch::Captured(capture) => io.changes(capture),
             Watch::Ranges(pieces) => pieces.iter().try_fold(Delta::default(), |mut d, &(a, n)| {
-                d.append(io.written(a, n)?);
+                d.append(io.written(footprint, a, n)?);
                 Ok(d)
             }),
         });

@@ -129,6 +129,10 @@ struct State {
     references: BTreeMap<u64, u32>,
     /// Mapped graphics resources: resource → the base of its mapped pointer.
     graphics: BTreeMap<usize, u64>,
+    /// How many times a context of each handle ended (a handle may be a new context's after
+    /// one ended): a surface destroy that failed puts its surface back only into the context
+    /// it was made in.
+    context_ends: BTreeMap<usize, u64>,
 }
 
 impl State {
@@ -145,6 +149,37 @@ impl State {
                 false
             }
         }
+    }
+}
+
+/// A surface object the API ENTER of its `cuSurfObjectDestroy` forgot
+/// ([`MemoryWatch::surface_destroy_enter`]), kept until the call's API EXIT: a destroy the
+/// driver refuses leaves the surface live ([`MemoryWatch::surface_destroy_failed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SurfaceDestroyed {
+    handle: u64,
+    /// The context it was made in.
+    ctx: usize,
+    /// How many times that context's handle had ended then.
+    ends: u64,
+}
+
+/// The mapped pointers the API ENTER of a `cuGraphicsUnmapResources` ended
+/// ([`MemoryWatch::graphics_unmap_enter`]), kept until the call's API EXIT: an unmap the driver
+/// refuses leaves them mapped ([`MemoryWatch::graphics_unmap_failed`]).
+#[derive(Debug, Default)]
+pub struct GraphicsUnmapped {
+    /// Each resource whose mapping ended, with what the end of its pointer forgot.
+    ended: Vec<(usize, Forgotten)>,
+}
+
+impl GraphicsUnmapped {
+    /// The mapped pointers that ended, each with whether only one of several references to it
+    /// was given back (the memory stays tracked) and whether its memory left the inventory.
+    pub fn ended(&self) -> impl Iterator<Item = (u64, bool, bool)> + '_ {
+        self.ended
+            .iter()
+            .map(|(_, f)| (f.base, f.reference, f.allocation.is_some()))
     }
 }
 
@@ -401,6 +436,53 @@ impl MemoryWatch {
         self.state.lock().graphics.remove(&resource)
     }
 
+    /// The API ENTER of a `cuGraphicsUnmapResources` of `resources`: the mapped pointer of each
+    /// ends as a free of it would ([`free_enter`](Self::free_enter): one reference given back,
+    /// and with the last the memory leaves `inventory`), since the driver unmaps it during the
+    /// call and no snapshot may copy it from then on. What ended is returned, for
+    /// [`graphics_unmap_failed`](Self::graphics_unmap_failed).
+    pub fn graphics_unmap_enter(
+        &self,
+        inventory: &Inventory,
+        resources: &[usize],
+    ) -> GraphicsUnmapped {
+        let mut ended = Vec::new();
+        for &resource in resources {
+            if let Some(base) = self.on_graphics_unmapped(resource) {
+                ended.push((resource, self.free_enter(Some(inventory), base)));
+            }
+        }
+        GraphicsUnmapped { ended }
+    }
+
+    /// The `cuGraphicsUnmapResources` whose API ENTER returned `unmapped` failed (a resource
+    /// not mapped, its context not current): the driver unmapped nothing, so each mapping is
+    /// tracked again as it was, its memory as the same allocation (a snapshot taken before
+    /// still restores it), unless the resource was mapped anew since. Returns the bases whose
+    /// memory is tracked again (not only a reference given back), for the caller's own
+    /// bookkeeping.
+    pub fn graphics_unmap_failed(
+        &self,
+        inventory: &Inventory,
+        unmapped: GraphicsUnmapped,
+    ) -> Vec<u64> {
+        let mut back = Vec::new();
+        for (resource, forgotten) in unmapped.ended {
+            let base = forgotten.base;
+            if self.state.lock().graphics.contains_key(&resource) {
+                continue; // mapped anew: that mapping is the live one
+            }
+            let reference = forgotten.reference;
+            if self.free_failed(inventory, forgotten) {
+                self.state.lock().graphics.insert(resource, base);
+                if !reference {
+                    back.push(base);
+                }
+            }
+        }
+        back
+    }
+
     /// `cuSurfObjectCreate` made surface object `handle` in context `ctx`.
     pub fn on_surface_created(&self, handle: u64, ctx: usize) {
         self.state.lock().surfaces.insert(handle, ctx);
@@ -408,7 +490,33 @@ impl MemoryWatch {
 
     /// `cuSurfObjectDestroy` of `handle`.
     pub fn on_surface_destroyed(&self, handle: u64) {
-        self.state.lock().surfaces.remove(&handle);
+        self.surface_destroy_enter(handle);
+    }
+
+    /// The API ENTER of a `cuSurfObjectDestroy` of `handle`: the surface is forgotten (kernels
+    /// can no longer write through it once the driver destroyed it); what it was is returned,
+    /// for [`surface_destroy_failed`](Self::surface_destroy_failed).
+    pub fn surface_destroy_enter(&self, handle: u64) -> Option<SurfaceDestroyed> {
+        let mut s = self.state.lock();
+        let ctx = s.surfaces.remove(&handle)?;
+        let ends = s.context_ends.get(&ctx).copied().unwrap_or(0);
+        Some(SurfaceDestroyed { handle, ctx, ends })
+    }
+
+    /// The `cuSurfObjectDestroy` whose API ENTER returned `destroyed` failed (a handle the
+    /// driver does not know, its context not current): the surface is still live, and launches
+    /// in its context decline again, unless its context ended meanwhile or a surface of that
+    /// handle was made since. Returns whether it was put back.
+    pub fn surface_destroy_failed(&self, destroyed: SurfaceDestroyed) -> bool {
+        let SurfaceDestroyed { handle, ctx, ends } = destroyed;
+        let mut s = self.state.lock();
+        if s.surfaces.contains_key(&handle)
+            || s.context_ends.get(&ctx).copied().unwrap_or(0) != ends
+        {
+            return false;
+        }
+        s.surfaces.insert(handle, ctx);
+        true
     }
 
     /// `cuSurfRefSetArray` bound a surface reference of a module of context `ctx` to an array:
@@ -423,6 +531,7 @@ impl MemoryWatch {
         let mut s = self.state.lock();
         s.surfaces.retain(|_, c| *c != ctx);
         s.surface_references.remove(&ctx);
+        *s.context_ends.entry(ctx).or_default() += 1;
     }
 
     /// `cuMemMap` of `size` bytes at `base` succeeded, on `device` when known. Returns true when
@@ -1090,6 +1199,108 @@ mod tests {
         assert_eq!(w.on_graphics_unmapped(0xdef), None);
         assert_eq!(w.on_graphics_unmapped(0xabc), Some(0x6000_0000));
         assert_eq!(w.on_graphics_unmapped(0xabc), None);
+    }
+
+    /// A `cuSurfObjectDestroy` forgot its surface at API ENTER, and when the driver refused the
+    /// destroy (a handle it does not know, its context not current) the surface stayed
+    /// forgotten while still live: kernels writing the array through it were replayed, their
+    /// writes repeated by every pass with nothing restoring the array. Now it is live again at
+    /// the call's EXIT, unless its context ended or a surface of that handle was made meanwhile.
+    #[test]
+    fn a_surface_destroy_the_driver_refuses_leaves_launches_declined() {
+        let w = MemoryWatch::new();
+        w.on_surface_created(5, CTX);
+        let destroyed = w.surface_destroy_enter(5).expect("a live surface");
+        assert_eq!(w.untracked_reason(CTX), None, "forgotten during the call");
+        assert!(w.surface_destroy_failed(destroyed));
+        let why = w.untracked_reason(CTX).expect("declined again");
+        assert!(why.contains("surface"), "{why}");
+        // Destroyed for good: gone; an unknown handle forgets nothing.
+        assert!(w.surface_destroy_enter(5).is_some());
+        assert_eq!(w.untracked_reason(CTX), None);
+        assert!(w.surface_destroy_enter(5).is_none());
+        // Its context ended during the failed call: the surface ended with it.
+        w.on_surface_created(6, CTX);
+        let destroyed = w.surface_destroy_enter(6).unwrap();
+        w.on_context_destroyed(CTX);
+        assert!(!w.surface_destroy_failed(destroyed));
+        assert_eq!(w.untracked_reason(CTX), None);
+        // A surface of that handle made meanwhile (in another context) is the live one.
+        w.on_surface_created(7, CTX);
+        let destroyed = w.surface_destroy_enter(7).unwrap();
+        w.on_surface_created(7, CTX + 0x1000);
+        assert!(!w.surface_destroy_failed(destroyed));
+        assert_eq!(w.untracked_reason(CTX), None);
+        assert!(w.untracked_reason(CTX + 0x1000).is_some());
+    }
+
+    /// A `cuGraphicsUnmapResources` ended each resource's mapped pointer at API ENTER, and
+    /// when the driver refused the unmap the memory stayed forgotten while still mapped:
+    /// kernels writing it had their writes repeated by every pass with no restore, and a later
+    /// `cuGraphicsResourceGetMappedPointer` of the same mapping counted one reference too few.
+    /// Now each mapping is tracked again at the call's EXIT as it was (the same allocation),
+    /// with its reference count; an unmap that succeeded ends them as before.
+    #[test]
+    fn a_graphics_unmap_the_driver_refuses_leaves_its_memory_tracked() {
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let (a, b) = (0x6000_0000, 0x7000_0000);
+        assert_eq!(w.record_shared(&inventory, a, Some(0x1000), Some(0)), Ok(0));
+        w.on_graphics_mapped(0xabc, a);
+        // Memory the driver cannot describe declines launches while mapped.
+        let _ = w.record_shared(&inventory, b, None, Some(0));
+        w.on_graphics_mapped(0xdef, b);
+        let generation = inventory.get(a).unwrap().generation;
+        let unmapped = w.graphics_unmap_enter(&inventory, &[0xabc, 0xdef, 0x123]);
+        assert_eq!(
+            unmapped.ended().collect::<Vec<_>>(),
+            vec![(a, false, true), (b, false, false)]
+        );
+        assert!(
+            inventory.get(a).is_none(),
+            "out of every snapshot during the call"
+        );
+        assert_eq!(w.untracked_reason(CTX), None);
+        // The driver refused it.
+        assert_eq!(w.graphics_unmap_failed(&inventory, unmapped), vec![a, b]);
+        assert_eq!(inventory.get(a).map(|x| x.generation), Some(generation));
+        assert!(w.untracked_reason(CTX).is_some(), "b is mapped again");
+        // A later unmap that succeeds ends both, once.
+        let unmapped = w.graphics_unmap_enter(&inventory, &[0xabc, 0xdef]);
+        assert_eq!(unmapped.ended().count(), 2);
+        assert!(inventory.get(a).is_none());
+        assert_eq!(w.untracked_reason(CTX), None);
+        assert_eq!(
+            w.graphics_unmap_enter(&inventory, &[0xabc, 0xdef])
+                .ended()
+                .count(),
+            0
+        );
+        // A resource mapped anew during a refused unmap keeps its new mapping.
+        w.record_shared(&inventory, a, Some(0x1000), Some(0))
+            .unwrap();
+        w.on_graphics_mapped(0xabc, a);
+        let unmapped = w.graphics_unmap_enter(&inventory, &[0xabc]);
+        w.record_shared(&inventory, b + 0x1000, Some(0x1000), Some(0))
+            .unwrap();
+        w.on_graphics_mapped(0xabc, b + 0x1000);
+        assert!(w.graphics_unmap_failed(&inventory, unmapped).is_empty());
+        assert_eq!(w.on_graphics_unmapped(0xabc), Some(b + 0x1000));
+
+        // Memory opened twice: a refused unmap gives its one reference back, and two ends are
+        // still needed to end it.
+        let c = 0x9000_0000;
+        w.record_shared(&inventory, c, Some(0x1000), Some(0))
+            .unwrap();
+        w.record_shared(&inventory, c, Some(0x1000), Some(0))
+            .unwrap();
+        w.on_graphics_mapped(0x456, c);
+        let unmapped = w.graphics_unmap_enter(&inventory, &[0x456]);
+        assert_eq!(unmapped.ended().collect::<Vec<_>>(), vec![(c, true, false)]);
+        assert!(inventory.get(c).is_some(), "one reference is left");
+        assert!(w.graphics_unmap_failed(&inventory, unmapped).is_empty());
+        assert!(!w.on_shared_end(c), "two references again");
+        assert!(w.on_shared_end(c));
     }
 
     /// A `cuMemFree` forgets the memory at its API ENTER; when the driver then refuses the free

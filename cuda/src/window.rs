@@ -393,6 +393,45 @@ impl Window {
         }
     }
 
+    /// API ENTER of a launch whose device state kreplay could not make (`why`: its memory and
+    /// stream on the device, its snapshotter), so nothing a replay needs is there. The
+    /// tool is asked as for any launch; a replay it asks for is declined before anything is
+    /// touched (`snapshot_failed`: what the passes need could not be acquired), so CONFIG EXIT
+    /// tells it why, and the launch runs once as an ordinary one, holding the reader side of
+    /// its device (`locks`) while it is submitted.
+    pub fn enter_unprepared<T: ReplayTool + ?Sized, O: LaunchOps + ?Sized>(
+        locks: &AgentLocks,
+        tool: &mut T,
+        info: DispatchInfo,
+        ops: &O,
+        why: &str,
+    ) -> Window {
+        // As in `enter`: the tool is called on the application's thread, inside its launch.
+        let _no_cancel = NoCancel::now();
+        toolwork::close();
+        let answer = tool.config_enter(&info);
+        let read = locks.read_owned(info.agent_id).ok();
+        let state = match ReplayPlan::from_answer_within(&answer, &tool.limits()) {
+            ReplayPlan::Once(_) => State::Ordinary(read),
+            ReplayPlan::Replay { .. } => State::Declined(
+                Decline::new(
+                    DeclineReason::SnapshotFailed,
+                    format!("the launch's device state could not be made: {why}"),
+                ),
+                read,
+            ),
+        };
+        let enqueued = ops.enqueue(&info, None);
+        ops.mark(Mark::Before);
+        Window {
+            info,
+            answer,
+            state,
+            cost: EnterCost::default(),
+            enqueued,
+        }
+    }
+
     fn prepare<T: ReplayTool + ?Sized, O: LaunchOps + ?Sized>(
         cx: WindowContext<'_>,
         tool: &mut T,

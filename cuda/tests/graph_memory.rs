@@ -384,6 +384,50 @@ fn free_nodes_and_relaunches_follow_the_allocation() {
     assert_eq!(r.graphs.argument_reason(G), None);
 }
 
+/// A `cuGraphExecDestroy` the driver refuses (a handle it does not know, a destroy racing
+/// another) leaves the executable graph live. Its API ENTER forgot it, and it stayed forgotten:
+/// its next launch was no longer known to allocate its memory, which stayed out of the
+/// inventory, and a kernel writing it through a pointer kept in memory had its writes repeated
+/// by every pass with no restore. Now it is tracked again at the call's API EXIT.
+#[test]
+fn a_graph_destroy_the_driver_refuses_leaves_its_launches_allocating() {
+    let r = rig();
+    r.capture_alloc();
+    r.instantiate(0xe3, &[g_alloc()], &[], 0);
+    r.graph_launch(0xe3, &[G], &[], 10);
+    r.free(G);
+    assert!(r.graphs.is_unbacked(G), "its graph allocates it again");
+    let destroyed = r.graphs.exec_destroy_enter(0xe3);
+    assert!(!r.graphs.allocates(0xe3), "forgotten during the call");
+    // The driver refused the destroy.
+    assert!(
+        r.graphs
+            .exec_destroy_failed(destroyed.expect("it was known"))
+    );
+    assert!(r.graphs.allocates(0xe3));
+    assert!(r.graphs.is_unbacked(G), "no memory behind it until it runs");
+    r.graph_launch(0xe3, &[G], &[], 20);
+    assert!(
+        r.inventory.get(G).is_some(),
+        "backed by the launch, tracked"
+    );
+    r.device.set_pointer(X, G);
+    let record = run(&r, &[X], || bump_through_pointer(&r.device));
+    assert!(replayed(&record), "{:?}", record.outcome);
+    assert_eq!(r.device.word(G), 21, "one run's increment");
+    assert_eq!(r.illegal(), 0);
+    // A destroy that succeeded forgets it for good; nothing comes back of an unknown handle.
+    assert!(r.graphs.exec_destroy_enter(0xe3).is_some());
+    assert!(!r.graphs.allocates(0xe3));
+    assert!(r.graphs.exec_destroy_enter(0xe3).is_none());
+    // A graph instantiated at the handle meanwhile is the live one: never overwritten.
+    r.instantiate(0xe4, &[g_alloc()], &[], 0);
+    let destroyed = r.graphs.exec_destroy_enter(0xe4).unwrap();
+    r.instantiate(0xe4, &[], &[G], 0);
+    assert!(!r.graphs.exec_destroy_failed(destroyed));
+    assert!(!r.graphs.allocates(0xe4));
+}
+
 /// A graph that allocates and frees within itself leaves nothing to snapshot after it ran.
 #[test]
 fn an_allocation_freed_by_its_own_graph_is_never_snapshotted() {

@@ -14,7 +14,8 @@ use kreplay_passloop::{
     ToolAnswer,
 };
 use kreplay_snapshot::{
-    Capture, Delta, Footprint, RestoreStrategy, SnapshotConfig, Snapshotter, StoreTier,
+    Capture, CopyError, Delta, DeviceMemory, Footprint, Inventory, RestoreStrategy, SnapshotConfig,
+    Snapshotter, StoreTier,
 };
 
 mod fake_device;
@@ -54,12 +55,12 @@ impl ToolWorkIo for HostIo {
     fn changes(&self, since: &Capture) -> Result<Delta, String> {
         self.snapshotter.changes(since).map_err(|e| e.to_string())
     }
-    fn written(&self, addr: u64, len: u64) -> Result<Delta, String> {
+    fn written(&self, footprint: &Footprint, addr: u64, len: u64) -> Result<Delta, String> {
         if self.fail {
             return Err("no host memory".into());
         }
         self.snapshotter
-            .written(addr, len)
+            .written_within(footprint, addr, len)
             .map_err(|e| e.to_string())
     }
     fn lost(&self, call: &str, why: &str) {
@@ -91,11 +92,15 @@ impl LaunchOps for Launch<'_> {
     }
     fn tool_work(&self) -> Option<Box<dyn ToolWorkIo>> {
         let d = self.device;
+        let memory = Arc::new(Mapped {
+            memory: d.memory.clone(),
+            inventory: d.inventory.clone(),
+        });
         self.keeps.then(|| {
             Box::new(HostIo {
                 snapshotter: Snapshotter::new(
                     d.inventory.clone(),
-                    d.memory.clone(),
+                    memory,
                     SnapshotConfig::default(),
                 )
                 .unwrap(),
@@ -103,6 +108,34 @@ impl LaunchOps for Launch<'_> {
                 lost: self.lost.clone(),
             }) as Box<dyn ToolWorkIo>
         })
+    }
+}
+
+/// The device's memory as the tool's work reads it: what no tracked allocation holds is not
+/// mapped (memory freed on a GPU is unmapped, and reading it is an error, or worse).
+struct Mapped {
+    memory: Arc<HostMemory>,
+    inventory: Arc<Inventory>,
+}
+
+impl DeviceMemory for Mapped {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), CopyError> {
+        let len = dst.len() as u64;
+        let mapped = self
+            .inventory
+            .lookup(addr)
+            .is_some_and(|a| addr + len <= a.base + a.size);
+        if !mapped {
+            return Err(CopyError::Failed {
+                addr,
+                len,
+                detail: "unmapped memory".into(),
+            });
+        }
+        self.memory.read(addr, dst)
+    }
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), CopyError> {
+        self.memory.write(addr, src)
     }
 }
 
@@ -149,6 +182,8 @@ struct WorkTool<'a> {
     untracked: bool,
     /// The call fails and writes nothing.
     fails: bool,
+    /// Another thread frees the tracked allocation while the call is in progress.
+    freed_meanwhile: Option<&'a Inventory>,
     before: Vec<Before>,
 }
 
@@ -183,6 +218,11 @@ impl WorkTool<'_> {
         self.memory.0.lock().unwrap()[words]
             .iter_mut()
             .for_each(|x| *x = VALUE);
+        if let Some(inventory) = self.freed_meanwhile {
+            // Another thread's cuMemFree: its API ENTER forgets the allocation, then the
+            // driver unmaps it, before this call's API EXIT.
+            inventory.on_free(0);
+        }
         toolwork::after(true);
     }
 }
@@ -237,6 +277,8 @@ struct Case {
     untracked: bool,
     /// The tool's call fails and writes nothing.
     call_fails: bool,
+    /// The tracked allocation is freed during the tool's call.
+    freed_meanwhile: bool,
 }
 
 impl Case {
@@ -249,6 +291,7 @@ impl Case {
             io_fails: false,
             untracked: false,
             call_fails: false,
+            freed_meanwhile: false,
         }
     }
 
@@ -274,6 +317,7 @@ impl Case {
             memory: &device.memory,
             untracked: self.untracked,
             fails: self.call_fails,
+            freed_meanwhile: self.freed_meanwhile.then_some(&*device.inventory),
             before: Vec::new(),
         };
         let window = Window::enter(
@@ -501,5 +545,23 @@ fn a_call_that_failed_keeps_nothing_and_the_pass_is_still_undone() {
             assert!(one_run, "{aim:?} {at:?}: every word holds one increment");
             assert!(r.lost.is_empty(), "{:?}", r.lost);
         }
+    }
+}
+
+/// Another thread frees the memory a tool's memset writes while the memset is in progress
+/// (frees take no device lock). The memset's API EXIT read its whole destination range back
+/// without asking whether it was still allocated: on a GPU that reads unmapped memory, and the
+/// tool's work was reported as possibly undone. Now only what is still allocated is read, under
+/// the inventory's pin (a free waits for the read), and nothing of the freed range is kept.
+#[test]
+fn memory_freed_during_a_tools_call_is_not_read_at_its_exit() {
+    for at in [At::SnapshotExit, At::PassExit(1), At::RestoreExit(2)] {
+        let r = Case {
+            freed_meanwhile: true,
+            ..Case::at(at)
+        }
+        .run();
+        assert_eq!(r.before, vec![Before::Watching((SET.len() * 4) as u64)]);
+        assert!(r.lost.is_empty(), "{at:?}: {:?}", r.lost);
     }
 }

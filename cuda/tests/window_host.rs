@@ -474,6 +474,55 @@ fn a_snapshot_over_budget_declines_and_the_launch_runs_once() {
     assert!(!r.events.lock().unwrap().iter().any(|e| e == "relaunch"));
 }
 
+/// A launch whose device state cannot be made (kreplay's memory, streams, events or kernels on
+/// the device): it ran once with a warning on standard error only, and the tool, which had
+/// asked for passes, got no CONFIG ENTER or EXIT and never learned why. Now it is asked, and a
+/// replay it wants is declined as `snapshot_failed` (what the passes need could not be had),
+/// the cause in the detail; memory is untouched and the launch runs once, as an ordinary one.
+#[test]
+fn a_launch_whose_device_state_cannot_be_made_is_declined_with_a_reason() {
+    for passes in [4, 1] {
+        let r = rig(SnapshotConfig::default());
+        let ops = fake(&r);
+        let mut tool = LogTool {
+            passes,
+            events: r.events.clone(),
+            outcome: RefCell::new(None),
+        };
+        let why = "cuStreamCreate: CUDA_ERROR_OUT_OF_MEMORY";
+        let window = Window::enter_unprepared(
+            &r.device.locks,
+            &mut tool,
+            DispatchInfo::default(),
+            &ops,
+            why,
+        );
+        assert!(!window.is_ready());
+        let lock = r.device.locks.agent_lock(AGENT);
+        assert!(
+            lock.is_locked() && !lock.is_write_locked(),
+            "the launch is submitted holding its device's reader side"
+        );
+        ops.app_launch();
+        let record = window.exit(&mut tool, &r.registry, &ops, Ok(()));
+        assert_eq!(tool.outcome.borrow().as_ref(), Some(&record.outcome));
+        match (passes, record.outcome.decline()) {
+            (1, decline) => assert!(decline.is_none(), "one pass asked: nothing declined"),
+            (_, Some(d)) => {
+                assert_eq!(d.reason, DeclineReason::SnapshotFailed);
+                assert!(d.detail.contains(why), "{d}");
+            }
+            (_, None) => panic!("no reason given: {:?}", record.outcome),
+        }
+        expect_one_run(&r);
+        assert!(!lock.is_locked(), "given back");
+        assert_eq!(
+            *r.events.lock().unwrap(),
+            vec!["config enter", "app launch", "config exit"]
+        );
+    }
+}
+
 #[test]
 fn a_captured_launch_is_declined_as_a_graph_and_runs_once() {
     let r = rig(SnapshotConfig::default());

@@ -169,10 +169,26 @@ impl Backend {
                     self.on_graph_instantiated(exec as usize, graph as usize, flags);
                 }
             }
-            cbid::CU_GRAPH_EXEC_DESTROY if enter => {
+            cbid::CU_GRAPH_EXEC_DESTROY => {
                 // SAFETY: cuGraphExecDestroy_params is the executable graph.
-                let exec = unsafe { (*(params as *const GraphLaunchParams)).exec };
-                self.graphs.on_exec_destroyed(exec as usize);
+                let exec = unsafe { (*(params as *const GraphLaunchParams)).exec } as usize;
+                // Forgotten at ENTER (the driver may hand the handle to another thread's next
+                // instantiation once it destroyed it), tracked again at the EXIT of a destroy
+                // it refused: that graph is still live, and its launches still allocate.
+                if enter {
+                    if let Some(destroyed) = self.graphs.exec_destroy_enter(exec) {
+                        self.exec_destroys.enter(exec as u64, destroyed);
+                    }
+                } else if exit
+                    && let Some(destroyed) = self.exec_destroys.exit(exec as u64)
+                    && result() != CUDA_SUCCESS
+                    && self.graphs.exec_destroy_failed(destroyed)
+                {
+                    log(
+                        LogLevel::Debug,
+                        format!("cuGraphExecDestroy of {exec:#x} failed: it is tracked again"),
+                    );
+                }
             }
             cbid::CU_MEM_ALLOC_MANAGED if exit && result() == CUDA_SUCCESS => {
                 // SAFETY: cuMemAllocManaged_params starts with (CUdeviceptr*, size_t); on
@@ -258,10 +274,27 @@ impl Backend {
                     self.warn_surfaces();
                 }
             }
-            cbid::CU_SURF_OBJECT_DESTROY if enter => {
+            cbid::CU_SURF_OBJECT_DESTROY => {
                 // SAFETY: cuSurfObjectDestroy_params.
                 let handle = unsafe { (*(params as *const SurfObjectDestroyParams)).surface };
-                self.watch.on_surface_destroyed(handle);
+                // As a graph's destroy: forgotten at ENTER, live again if the driver refused.
+                if enter {
+                    if let Some(destroyed) = self.watch.surface_destroy_enter(handle) {
+                        self.surface_destroys.enter(handle, destroyed);
+                    }
+                } else if exit
+                    && let Some(destroyed) = self.surface_destroys.exit(handle)
+                    && result() != CUDA_SUCCESS
+                    && self.watch.surface_destroy_failed(destroyed)
+                {
+                    log(
+                        LogLevel::Debug,
+                        format!(
+                            "cuSurfObjectDestroy of {handle:#x} failed: launches in its context \
+                             run once again while it is live"
+                        ),
+                    );
+                }
             }
             cbid::CU_SURF_REF_SET_ARRAY if exit && result() == CUDA_SUCCESS => {
                 self.watch.on_surface_reference_bound(data.context as usize);
@@ -322,22 +355,55 @@ impl Backend {
                 }
                 self.watch.on_graphics_mapped(resource, base);
             }
-            cbid::CU_GRAPHICS_UNMAP_RESOURCES | cbid::CU_GRAPHICS_UNMAP_RESOURCES_PTSZ if enter => {
+            cbid::CU_GRAPHICS_UNMAP_RESOURCES | cbid::CU_GRAPHICS_UNMAP_RESOURCES_PTSZ => {
                 // SAFETY: cuGraphicsUnmapResources_params, its resource array `count` long.
-                let resources: Vec<usize> = unsafe {
+                let (key, resources): (u64, Vec<usize>) = unsafe {
                     let p = &*(params as *const GraphicsUnmapParams);
-                    if p.resources.is_null() {
+                    let resources = if p.resources.is_null() {
                         Vec::new()
                     } else {
                         std::slice::from_raw_parts(p.resources, p.count as usize)
                             .iter()
                             .map(|&r| r as usize)
                             .collect()
-                    }
+                    };
+                    (p.resources as u64, resources)
                 };
-                for resource in resources {
-                    if let Some(base) = self.watch.on_graphics_unmapped(resource) {
-                        self.on_shared_end(base);
+                // Ended at ENTER, as a free: the driver unmaps the memory during the call, and
+                // no snapshot may copy it from then on. Mapped again at the EXIT of an unmap
+                // the driver refused (a resource not mapped): none of them was unmapped.
+                if enter {
+                    let unmapped = self.watch.graphics_unmap_enter(&self.inventory, &resources);
+                    let owners = unmapped
+                        .ended()
+                        .map(|(base, reference, tracked)| {
+                            let owner = self.contexts.note_free(base);
+                            if let (true, Some(ctx)) = (reference, owner) {
+                                // References left: it still ends with its context.
+                                self.contexts.note_allocation(ctx, base);
+                            }
+                            if tracked {
+                                self.stats.frees.fetch_add(1, Ordering::Relaxed);
+                            }
+                            (base, owner)
+                        })
+                        .collect();
+                    self.graphics_unmaps.enter(key, (unmapped, owners));
+                } else if exit
+                    && let Some((unmapped, owners)) = self.graphics_unmaps.exit(key)
+                    && result() != CUDA_SUCCESS
+                {
+                    for base in self.watch.graphics_unmap_failed(&self.inventory, unmapped) {
+                        if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base) {
+                            self.contexts.note_allocation(ctx, base);
+                        }
+                        log(
+                            LogLevel::Debug,
+                            format!(
+                                "cuGraphicsUnmapResources failed: the memory at {base:#x} is \
+                                 tracked again"
+                            ),
+                        );
                     }
                 }
             }

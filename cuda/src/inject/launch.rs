@@ -7,8 +7,9 @@ use super::*;
 struct Pending {
     window: Window,
     launch: Launch,
-    /// The launch's context's state, found at ENTER.
-    device: Arc<DeviceState>,
+    /// The launch's context's state, found at ENTER (`None`: it could not be made, and the
+    /// launch was declined).
+    device: Option<Arc<DeviceState>>,
     tool: Box<dyn ReplayTool>,
     /// The launch's events while dispatch tracing is configured.
     timer: Option<PassTimer>,
@@ -367,17 +368,22 @@ impl Backend {
             None if traced => (Box::new(FixedPasses::new(1)) as Box<dyn ReplayTool>, true),
             None => return self.ordinary_without_window(&launch),
         };
-        let device = match self.device(launch.ctx) {
-            Ok(d) => d,
+        // Without the device's state nothing a replay needs is there: the tool is still asked,
+        // and a replay it wants is declined with the cause (`Window::enter_unprepared`).
+        let (device, unprepared) = match self.device(launch.ctx) {
+            Ok(d) => (Some(d), None),
             Err(e) => {
-                log(LogLevel::Warn, format!("launch not replayed: {e}"));
-                return self.ordinary_without_window(&launch);
+                log(
+                    LogLevel::Warn,
+                    format!("launch not replayed (declined as snapshot_failed): {e}"),
+                );
+                (None, Some(e))
             }
         };
         let cuda_launch = CudaLaunch {
             driver: self.driver,
             launch,
-            drainer: Some(&device.drainer),
+            drainer: device.as_ref().map(|d| &d.drainer),
         };
         // A launch on a stream being captured into a graph does not run now (it is declined and
         // no record is due); an event recorded there would become a node of the graph.
@@ -391,31 +397,45 @@ impl Backend {
         // The devices whose kernels may write this device's memory, or whose memory its kernels
         // may write (peer access): a replay locks and drains them all (the window asks again
         // once it holds them, see `linked_devices`).
-        let group = self.peers.group(device.ordinal as u64);
+        let group = device
+            .as_ref()
+            .map(|d| self.peers.group(d.ordinal as u64))
+            .unwrap_or_default();
         let ops = InjectedLaunch {
             inner: cuda_launch,
             watch: &self.watch,
             graphs: &self.graphs,
-            scope: Some(LaunchScope {
+            scope: device.as_deref().map(|device| LaunchScope {
                 backend: self,
-                device: &device,
+                device,
                 kernel,
             }),
             captures: &self.captures,
             traced: timer.as_ref().map(|t| (t, &*self.tools)),
-            device: Some(&device),
+            device: device.as_ref(),
         };
         let id = self.next_dispatch.fetch_add(1, Ordering::Relaxed);
         let info = launch.dispatch_info(id, |a| ops.inner.attribute(a));
-        let cx = WindowContext {
-            locks: &self.locks,
-            snapshotter: &device.snapshotter,
-            filter: &device.filter,
-            registry: self.tools.contexts(),
-            group: &group,
+        let window = match (&device, &unprepared) {
+            (Some(device), _) => {
+                debug_assert_eq!(info.agent_id, device.ordinal as u64);
+                let cx = WindowContext {
+                    locks: &self.locks,
+                    snapshotter: &device.snapshotter,
+                    filter: &device.filter,
+                    registry: self.tools.contexts(),
+                    group: &group,
+                };
+                Window::enter(cx, &mut *tool, info, &ops)
+            }
+            (None, why) => Window::enter_unprepared(
+                &self.locks,
+                &mut *tool,
+                info,
+                &ops,
+                why.as_deref().unwrap_or("unknown"),
+            ),
         };
-        let window = Window::enter(cx, &mut *tool, info, &ops);
-        debug_assert_eq!(info.agent_id, device.ordinal as u64);
         kreplay_late::with(&PENDING, &PENDING_LATE, |p| {
             *p.borrow_mut() = Some(Pending {
                 window,
@@ -471,15 +491,19 @@ impl Backend {
         if let (ReplayOutcome::RanOnce { .. }, Some(kernel)) = (&record.outcome, symbol) {
             // A kernel that ran once without its scope being asked for (one pass) may still
             // have used the device heap: later launches on its context must know.
-            let kernel = kernel.to_string_lossy();
-            device
-                .runtime
-                .note(&kernel, &self.modules.runtime_calls(&kernel));
+            if let Some(device) = &device {
+                let kernel = kernel.to_string_lossy();
+                device
+                    .runtime
+                    .note(&kernel, &self.modules.runtime_calls(&kernel));
+            }
         }
         if trace_only {
             return;
         }
-        self.learn_choice(&device, &record);
+        if let Some(device) = &device {
+            self.learn_choice(device, &record);
+        }
         let name = symbol.map_or(std::borrow::Cow::Borrowed("?"), CStr::to_string_lossy);
         self.account(&record, &name);
         self.tools.replay_finished(&record, &name);

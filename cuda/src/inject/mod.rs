@@ -62,14 +62,18 @@ use crate::driver::{
 };
 use crate::fence;
 use crate::globals::{ModuleLookup, ModuleRegistry, Range};
-use crate::graphmem::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, GraphAlloc, GraphFreed, GraphMemory, Place};
+use crate::graphmem::{
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC, ExecDestroyed, GraphAlloc, GraphFreed, GraphMemory, Place,
+};
 use crate::guard::Guard;
 use crate::launch::{CudaLaunch, Launch, LaunchApi};
 use crate::memory::{CudaMemory, MemoryTimes};
 use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untracked_at};
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
-use crate::tracking::{Forgotten, InFlight, MemoryWatch, UnmapUndo};
+use crate::tracking::{
+    Forgotten, GraphicsUnmapped, InFlight, MemoryWatch, SurfaceDestroyed, UnmapUndo,
+};
 use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
 
@@ -169,6 +173,14 @@ struct Backend {
     /// What the API ENTER of each `cuMemUnmap` in progress changed (by its address): put back
     /// at the API EXIT of one that failed.
     unmaps: InFlight<UnmapUndo>,
+    /// What the API ENTER of each `cuGraphExecDestroy` in progress forgot (by its executable
+    /// graph): put back at the API EXIT of one the driver refused.
+    exec_destroys: InFlight<ExecDestroyed>,
+    /// The same for each `cuSurfObjectDestroy` in progress (by its surface object).
+    surface_destroys: InFlight<SurfaceDestroyed>,
+    /// The same for each `cuGraphicsUnmapResources` in progress (by its resource array), with
+    /// the context each ended pointer was noted in.
+    graphics_unmaps: InFlight<(GraphicsUnmapped, Vec<Owner>)>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
     inventory: Arc<Inventory>,
@@ -196,6 +208,9 @@ struct Backend {
     /// Warns about a pass that does not end, every drain timeout (see [`crate::watchdog`]).
     watchdog: Watchdog,
 }
+
+/// An allocation's base and the context it was noted in ([`Contexts::note_allocation`]).
+type Owner = (u64, Option<usize>);
 
 /// What the API ENTER of a free forgot ([`Backend::on_app_free`]), to put back at its API
 /// EXIT should the driver refuse the free.
@@ -1181,6 +1196,9 @@ fn initialize(
         watch: MemoryWatch::new(),
         frees: InFlight::new(),
         unmaps: InFlight::new(),
+        exec_destroys: InFlight::new(),
+        surface_destroys: InFlight::new(),
+        graphics_unmaps: InFlight::new(),
         graphs: GraphMemory::new(),
         inventory: Arc::new(Inventory::new()),
         locks,
@@ -1343,10 +1361,10 @@ impl ToolWorkIo for DeviceWork {
             .changes(since)
             .map_err(|e| e.to_string())
     }
-    fn written(&self, addr: u64, len: u64) -> Result<Delta, String> {
+    fn written(&self, footprint: &Footprint, addr: u64, len: u64) -> Result<Delta, String> {
         self.device
             .snapshotter
-            .written(addr, len)
+            .written_within(footprint, addr, len)
             .map_err(|e| e.to_string())
     }
     fn lost(&self, call: &str, why: &str) {
