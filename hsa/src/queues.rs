@@ -962,6 +962,12 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
                 // The handler's pointer to `state` died with the queue.
                 b.original.signal_store_screlease(state.in_flight, 0);
             } else {
+                // The runtime kept the queue: the application may go on using it, so drains
+                // must go on seeing it, ringing it and mailing it markers. The markers dropped
+                // above were counted as done: the queue counts as having forwarded work since
+                // its last marker, so that the next drain asks it for a new one.
+                *state.alive.lock() = true;
+                state.mark_dirty();
                 b.queues.add(state);
             }
         }
