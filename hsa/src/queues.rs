@@ -1232,6 +1232,74 @@ add_write_index_wrapper!(
     queue_add_write_index_screlease => queue_add_write_index,
 );
 
+macro_rules! cas_write_index_wrapper {
+    ($($name:ident => $entry:ident),* $(,)?) => {$(
+        /// Wrapper of the same-named `hsa_queue_cas_write_index_*`: a producer that reserves
+        /// packet slots by compare-and-swap (`expected` to `value`) is tracked as one that adds
+        /// to the write index ([`note_reservation`]), once the exchange succeeded.
+        pub(crate) unsafe extern "C" fn $name(
+            queue: *const hsa_queue_t,
+            expected: u64,
+            value: u64,
+        ) -> u64 {
+            // The wrappers are installed after the backend: unreachable without it. The write
+            // index seen is then said to differ from `expected`, so nothing counts as reserved.
+            let Some(b) = installed() else { return expected.wrapping_add(1) };
+            let Some(cas) = b.original.core().$entry else { return expected.wrapping_add(1) };
+            // SAFETY: the runtime's own entry (the one this wrapper replaced), called with the
+            // application's arguments unchanged.
+            let seen = unsafe { cas(queue, expected, value) };
+            if seen == expected && value > expected {
+                let _ = std::panic::catch_unwind(|| {
+                    note_reservation(queue, expected, value - expected)
+                });
+            }
+            seen
+        }
+    )*};
+}
+
+cas_write_index_wrapper!(
+    queue_cas_write_index_scacq_screl => hsa_queue_cas_write_index_scacq_screl_fn,
+    queue_cas_write_index_scacquire => hsa_queue_cas_write_index_scacquire_fn,
+    queue_cas_write_index_relaxed => hsa_queue_cas_write_index_relaxed_fn,
+    queue_cas_write_index_screlease => hsa_queue_cas_write_index_screlease_fn,
+);
+
+macro_rules! store_write_index_wrapper {
+    ($($name:ident => $entry:ident),* $(,)?) => {$(
+        /// Wrapper of the same-named `hsa_queue_store_write_index_*`: the sole producer of a
+        /// queue (a single-producer queue needs no atomic reservation) reserves the slots from
+        /// the write index it loaded up to `value` by storing `value`; it is tracked as one that
+        /// adds to the write index ([`note_reservation`]).
+        pub(crate) unsafe extern "C" fn $name(queue: *const hsa_queue_t, value: u64) {
+            let Some(b) = installed() else { return };
+            let Some(store) = b.original.core().$entry else { return };
+            let before = if in_tool_callbacks() {
+                b.original.core().hsa_queue_load_write_index_scacquire_fn.map(|load| {
+                    // SAFETY: the runtime's own entry, on the application's queue.
+                    unsafe { load(queue) }
+                })
+            } else {
+                None
+            };
+            // SAFETY: the runtime's own entry (the one this wrapper replaced), called with the
+            // application's arguments unchanged.
+            unsafe { store(queue, value) };
+            if let Some(before) = before.filter(|&before| value > before) {
+                let _ = std::panic::catch_unwind(|| {
+                    note_reservation(queue, before, value - before)
+                });
+            }
+        }
+    )*};
+}
+
+store_write_index_wrapper!(
+    queue_store_write_index_relaxed => hsa_queue_store_write_index_relaxed_fn,
+    queue_store_write_index_screlease => hsa_queue_store_write_index_screlease_fn,
+);
+
 /// A doorbell store from inside a replay window or a dispatch's tool callbacks: the re-entrant
 /// packets it publishes run now,
 /// on the agent's side queue, before the store reaches the runtime (which may hand the slots to

@@ -7,7 +7,7 @@
 #[macro_use]
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use hsa_sys::*;
@@ -171,5 +171,154 @@ scenarios! {
         assert_eq!(app.read(buf, WORDS), expected, "both kernels' writes are there, once each");
         app.destroy_queue(q);
         app.destroy_queue(r);
+    }
+}
+
+/// A way to reserve one packet slot other than adding to the write index.
+#[derive(Clone, Copy)]
+enum Reserve {
+    /// A compare-and-swap entry of the write index, retried until no producer moved it.
+    Cas(unsafe extern "C" fn(*const hsa_queue_t, u64, u64) -> u64),
+    /// A store entry of the write index (the sole producer's way).
+    Store(unsafe extern "C" fn(*const hsa_queue_t, u64)),
+}
+
+/// Every reservation entry but the adding ones, by name.
+fn reservations(app: &App) -> [(&'static str, Reserve); 6] {
+    let core = app.core();
+    let cas = |f: Option<_>| Reserve::Cas(f.expect("a compare-and-swap entry"));
+    let store = |f: Option<_>| Reserve::Store(f.expect("a store entry"));
+    [
+        ("cas scacq_screl", cas(core.hsa_queue_cas_write_index_scacq_screl_fn)),
+        ("cas scacquire", cas(core.hsa_queue_cas_write_index_scacquire_fn)),
+        ("cas relaxed", cas(core.hsa_queue_cas_write_index_relaxed_fn)),
+        ("cas screlease", cas(core.hsa_queue_cas_write_index_screlease_fn)),
+        ("store relaxed", store(core.hsa_queue_store_write_index_relaxed_fn)),
+        ("store screlease", store(core.hsa_queue_store_write_index_screlease_fn)),
+    ]
+}
+
+/// Writes `packet` into `queue` as [`App::dispatch`] does, but reserving its slot with
+/// `reserve`.
+fn dispatch_reserving(app: &App, queue: Queue, reserve: Reserve, packet: Aql) {
+    // SAFETY: `queue.0` is a live queue this application created.
+    let q = unsafe { &*queue.0 };
+    let load_write = app.core().hsa_queue_load_write_index_scacquire_fn.expect("load write index");
+    let load_read = app.core().hsa_queue_load_read_index_scacquire_fn.expect("load read index");
+    let deadline = Instant::now() + WAIT;
+    let index = loop {
+        assert!(Instant::now() < deadline, "no slot of queue {} could be reserved", q.id);
+        // SAFETY: a live queue of this application.
+        let write = unsafe { load_write(queue.0) };
+        // SAFETY: as above.
+        if write - unsafe { load_read(queue.0) } >= u64::from(q.size) {
+            std::thread::yield_now();
+            continue;
+        }
+        match reserve {
+            // SAFETY: as above; the exchange reserves slot `write` if no producer took it.
+            Reserve::Cas(cas) => if unsafe { cas(queue.0, write, write + 1) } == write {
+                break write;
+            },
+            Reserve::Store(store) => {
+                // SAFETY: as above; this thread is the queue's only producer now (the
+                // application's thread is inside the replay this callback is part of).
+                unsafe { store(queue.0, write + 1) };
+                break write;
+            }
+        }
+    };
+    let slot = (q.base_address as usize + (index % u64::from(q.size)) as usize * 64) as *mut u8;
+    let bytes: [u8; 64] = packet_bytes(packet);
+    // SAFETY: `slot` is the 64-byte ring slot reserved above; bytes 4..64 are the body, written
+    // before the header publishes it.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(4), slot.add(4), 60) };
+    // SAFETY: the slot is 64-byte aligned, so its first 4 bytes are an aligned u32 that the
+    // packet processor reads atomically; release order publishes the body.
+    let header = unsafe { &*slot.cast::<std::sync::atomic::AtomicU32>() };
+    header.store(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]), Ordering::Release);
+    let store = app.core().hsa_signal_store_screlease_fn.expect("signal store");
+    // SAFETY: the queue's own doorbell signal.
+    unsafe { store(q.doorbell_signal, index as i64) };
+}
+
+fn packet_bytes(packet: Aql) -> [u8; 64] {
+    // SAFETY: `Aql` is 64 bytes of plain data.
+    unsafe { std::mem::transmute::<Aql, [u8; 64]>(packet) }
+}
+
+/// Runs of [`counted_add`] per tag.
+static RUNS: [AtomicU32; 16] = [const { AtomicU32::new(0) }; 16];
+
+/// [`add`], counting its runs per tag (in `add`'s place in the arguments).
+fn counted_add(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries an `AddArgs` block.
+    let args: AddArgs = unsafe { group.kernargs() };
+    if group.group_id() == [0, 0, 0] {
+        RUNS[args.add as usize].fetch_add(1, Ordering::SeqCst);
+    }
+    for [i, _, _] in group.work_items() {
+        if i < args.len {
+            // SAFETY: the buffer holds `len` u32s; each work-item owns index `i`.
+            unsafe { *(args.buf as *mut u32).add(i as usize) += 1 };
+        }
+    }
+}
+
+scenarios! {
+    /// A tool reserves a slot of the queue being replayed with each compare-and-swap and each
+    /// store entry of the write index (instead of adding to it) from PASS ENTER, dispatches
+    /// there and waits for it: as with a slot reserved by adding, the dispatch is re-entrant
+    /// work and runs once, inside the callback, instead of waiting behind the replay that
+    /// waits for it (and being replayed after it).
+    fn a_tool_dispatch_reserved_by_compare_and_swap_or_store_runs_inside_the_callback() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(WAIT), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_counted_add", counted_add);
+        let q = app.queue(gpu);
+        let mut failures = Vec::new();
+        for (tag, (name, reserve)) in reservations(&app).into_iter().enumerate() {
+            let tag = tag as u32 * 2;
+            let buf = app.buffer(pools.coarse, &[7; WORDS]);
+            let inner_buf = app.buffer(pools.fine, &[40; WORDS]);
+            let (done, inner_done) = (app.signal(1), app.signal(1));
+            let outer_args = kernel_args(&app, gpu, buf, WORDS as u32, tag);
+            let inner_args = kernel_args(&app, gpu, inner_buf, WORDS as u32, tag + 1);
+            let outer = Aql::dispatch(kernel, WORDS as u32, 64, outer_args, done);
+            let inner = Aql::dispatch(kernel, WORDS as u32, 32, inner_args, inner_done);
+            let inner_wait = std::sync::Arc::new(parking_lot::Mutex::new(None));
+            let w = inner_wait.clone();
+            hooks.set_script(Script::passes(3).on_pass_enter(move |_, info, pass, _| {
+                if info.workgroup_size[0] == 64 && pass == 0 {
+                    dispatch_reserving(&app, q, reserve, inner);
+                    *w.lock() = Some(app.wait_zero_within(inner_done, Duration::from_secs(2)));
+                }
+            }));
+            let finished = bounded(WAIT * 3, vec![Box::new(move || {
+                app.dispatch(q, outer);
+                app.wait_zero(done)
+            })]);
+            assert_eq!(finished, vec![0], "{name}: the replayed dispatch completed");
+            assert_eq!(app.wait_zero(inner_done), 0, "{name}: the tool's dispatch completed");
+            let seen = (
+                *inner_wait.lock(),
+                RUNS[tag as usize].load(Ordering::SeqCst),
+                RUNS[tag as usize + 1].load(Ordering::SeqCst),
+                app.read(inner_buf, WORDS)[0],
+            );
+            if seen != (Some(0), 3, 1, 41) {
+                failures.push(format!(
+                    "{name}: (the wait inside the callback, passes, the tool's runs, its word) \
+                     = {seen:?}"
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
     }
 }
