@@ -429,31 +429,46 @@ impl QueueState {
     /// indices up to `last`, in index order.
     fn claim_published(&self, last: u64) -> Vec<Packet> {
         let mut map = self.reentrant.lock();
-        let mut claimed = Vec::new();
-        for (&index, claim) in map.range_mut(..=last) {
-            if *claim != Claim::Reserved {
-                continue;
+        self.while_alive(|| {
+            let mut claimed = Vec::new();
+            for (&index, claim) in map.range_mut(..=last) {
+                if *claim != Claim::Reserved {
+                    continue;
+                }
+                let Some(packet) = self.published(index) else {
+                    // Not written yet: whoever handles the slot later runs it.
+                    continue;
+                };
+                *claim = Claim::Ran;
+                claimed.push(packet);
             }
-            let Some(packet) = self.published(index) else {
-                // Not written yet: whoever handles the slot later runs it.
-                continue;
-            };
-            *claim = Claim::Ran;
-            claimed.push(packet);
-        }
-        claimed
+            claimed
+        })
+        .unwrap_or_default()
+    }
+
+    /// Runs `f`, which reads the queue's `hsa_queue_t` or ring, unless the application
+    /// destroyed the queue: both went away with it (a drain may still hold the queue's state).
+    /// Holds `alive`, so a destroy waits until `f` is done before the runtime frees them.
+    fn while_alive<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let alive = self.alive.lock();
+        (*alive).then(f)
     }
 
     /// The published packets of the ring from index `first` on, with their indices (see
-    /// [`published_after`](Self::published_after)).
+    /// [`published_after`](Self::published_after)); none once the queue is destroyed.
     fn published_from(&self, b: &Backend, first: u64) -> Vec<(u64, Packet)> {
-        // SAFETY: `queue` is live while its state is registered.
-        let size = u64::from(unsafe { (*self.queue).size });
-        // Adding 0 reads the write index.
-        let write = b.original.queue_add_write_index(self.queue, 0);
-        (first..write.min(first.saturating_add(size)))
-            .map_while(|index| self.published(index).map(|p| (index, p)))
-            .collect()
+        self.while_alive(|| {
+            // SAFETY: `queue` is live: `alive` is held, and a destroy clears it before the
+            // runtime frees the queue.
+            let size = u64::from(unsafe { (*self.queue).size });
+            // Adding 0 reads the write index.
+            let write = b.original.queue_add_write_index(self.queue, 0);
+            (first..write.min(first.saturating_add(size)))
+                .map_while(|index| self.published(index).map(|p| (index, p)))
+                .collect()
+        })
+        .unwrap_or_default()
     }
 
     /// Notes that the packets the handler forwards next end before ring index `next` (only the
@@ -495,8 +510,10 @@ impl QueueState {
     }
 
     /// The packet at `index` of the application's ring, once its header says it is valid.
+    /// Called inside [`while_alive`](Self::while_alive) only.
     fn published(&self, index: u64) -> Option<Packet> {
-        // SAFETY: `queue` is live while its state is registered; base and size describe its ring.
+        // SAFETY: `queue` is live (the caller holds `alive`, set); base and size describe its
+        // ring.
         let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
         if base.is_null() || size == 0 {
             return None;

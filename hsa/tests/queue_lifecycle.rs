@@ -7,7 +7,7 @@
 #[macro_use]
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hsa_sys::*;
@@ -320,5 +320,96 @@ scenarios! {
             }
         }
         assert!(failures.is_empty(), "{failures:#?}");
+    }
+}
+
+/// The queue whose read index the drain loads ([`load_read_index_destroying`]), as an address.
+static MARKED_QUEUE: AtomicU64 = AtomicU64::new(0);
+/// Set while the next load of [`MARKED_QUEUE`]'s read index must wait for a destroy.
+static DESTROY_ARMED: AtomicBool = AtomicBool::new(false);
+/// Asks the destroying thread to destroy its queue.
+static DESTROY_ASKED: AtomicBool = AtomicBool::new(false);
+/// Set by the destroying thread once its destroy returned.
+static DESTROY_DONE: AtomicBool = AtomicBool::new(false);
+
+/// softhsa's `hsa_queue_load_read_index_scacquire`; while armed, for [`MARKED_QUEUE`] (which
+/// only a drain asking it for a marker loads), another thread first destroys its queue: a
+/// queue is destroyed after the drain listed its agent's queues, before it looks at them.
+unsafe extern "C" fn load_read_index_destroying(queue: *const hsa_queue_t) -> u64 {
+    if queue as u64 == MARKED_QUEUE.load(Ordering::SeqCst) && DESTROY_ARMED.swap(false, Ordering::SeqCst) {
+        DESTROY_ASKED.store(true, Ordering::SeqCst);
+        assert!(wait_flag(&DESTROY_DONE), "the other thread destroyed its queue");
+    }
+    let load = softhsa_core().hsa_queue_load_read_index_scacquire_fn.expect("load read index");
+    // SAFETY: the caller's queue, forwarded unchanged.
+    unsafe { load(queue) }
+}
+
+scenarios! {
+    /// A thread destroys its queue V (one slot reserved, not written) while another thread's
+    /// dispatch on the same agent
+    /// is being replayed, in the middle of the replay's drain, which waits for a third queue
+    /// parked at a barrier and, while it waits, looks at the packets of every queue of the
+    /// agent it listed. V's ring went away with V (softhsa revokes it, as a real queue's ring
+    /// is freed): looking at it would fault. The destroy returns, the drain gives up at its
+    /// deadline, the dispatch runs once, and the process lives on.
+    fn a_queue_destroyed_during_another_threads_drain_is_not_read_after_its_destroy() {
+        let table = table_with(|core| {
+            core.hsa_queue_load_read_index_scacquire_fn = Some(load_read_index_destroying);
+        });
+        let hooks = TestHooks::new(0);
+        let app = app::install_into(
+            table,
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(DRAIN), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(2));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let victim = app.queue(gpu);
+        // A queue parked at a barrier waiting for a signal only the host sets, after the replay.
+        let parked = app.queue(gpu);
+        let gate = app.signal(1);
+        let parked_done = app.signal(1);
+        app.submit(parked, &[Aql::barrier_and(&[gate], parked_done)]);
+        MARKED_QUEUE.store(parked.0 as u64, Ordering::SeqCst);
+        // V's thread reserved a slot and destroys V before writing it.
+        let reserve = app.core().hsa_queue_add_write_index_scacq_screl_fn.expect("add write index");
+        // SAFETY: a live queue of this application.
+        assert_eq!(unsafe { reserve(victim.0, 1) }, 0, "slot 0 of V is reserved");
+
+        let destroyer = std::thread::spawn(move || {
+            let victim = victim; // the whole handle, which is Send
+            if !wait_flag(&DESTROY_ASKED) {
+                return None;
+            }
+            let destroy = app.core().hsa_queue_destroy_fn.expect("queue destroy");
+            // SAFETY: a live queue of this application, used by no other thread.
+            let status = unsafe { destroy(victim.0) };
+            DESTROY_DONE.store(true, Ordering::SeqCst);
+            Some(status)
+        });
+
+        let buf = app.buffer(pools.coarse, &[5; WORDS]);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_add", add);
+        let args = kernel_args(&app, gpu, buf, WORDS as u32, 1);
+        let q = app.queue(gpu);
+        let done = app.signal(1);
+        DESTROY_ARMED.store(true, Ordering::SeqCst);
+        let waited = bounded(WAIT * 3, vec![Box::new(move || {
+            app.dispatch(q, Aql::dispatch(kernel, WORDS as u32, 64, args, done));
+            app.wait_zero(done)
+        })]);
+        assert_eq!(waited, vec![0], "the dispatch completed");
+        assert!(!DESTROY_ARMED.load(Ordering::SeqCst), "the drain asked the parked queue for a marker");
+        assert_eq!(
+            destroyer.join().expect("the destroying thread ends"),
+            Some(HSA_STATUS_SUCCESS),
+            "the queue was destroyed during the drain"
+        );
+        assert_eq!(app.read(buf, WORDS), vec![6; WORDS], "the dispatch ran once");
+        app.store(gate, 0);
+        assert_eq!(app.wait_zero(parked_done), 0, "the parked queue went on");
     }
 }

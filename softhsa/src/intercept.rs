@@ -169,6 +169,17 @@ fn processing_on_this_thread(queue: usize) -> bool {
     frames(|frame| frame.queue == queue)
 }
 
+/// Waits until no thread processes the stopped intercept queue `queue` (one that was in
+/// [`process`] leaves at its next look at the stop flag; later ones return before reading the
+/// ring). False, without waiting, where the calling thread is one of them.
+pub(crate) fn quiesce(queue: &Arc<Queue>, state: &InterceptState) -> bool {
+    if processing_on_this_thread(Arc::as_ptr(queue) as usize) {
+        return false;
+    }
+    drop(state.lock.lock());
+    true
+}
+
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
 ///
 /// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
