@@ -413,3 +413,73 @@ scenarios! {
         assert_eq!(app.wait_zero(parked_done), 0, "the parked queue went on");
     }
 }
+
+/// Runs of [`enqueue`].
+static ENQUEUES: AtomicU32 = AtomicU32::new(0);
+
+/// Enqueues one packet (its header only) into the soft queue its argument names and rings the
+/// queue's doorbell, as a kernel enqueueing work for the host does.
+fn enqueue(group: &WorkGroup) {
+    // SAFETY: every dispatch of this kernel carries the soft queue's address.
+    let queue: u64 = unsafe { group.kernargs() };
+    ENQUEUES.fetch_add(1, Ordering::SeqCst);
+    let q = queue as *mut hsa_queue_t;
+    let core = softhsa_core();
+    let add = core.hsa_queue_add_write_index_screlease_fn.expect("add write index");
+    let store = core.hsa_signal_store_screlease_fn.expect("signal store");
+    // SAFETY: the argument is a live soft queue; its ring holds `size` packets.
+    unsafe {
+        let slot = add(q, 1);
+        let at = (slot % u64::from((*q).size)) as usize * AQL_PACKET_SIZE;
+        (*q).base_address.cast::<u8>().add(at).cast::<u16>().write(HSA_PACKET_TYPE_AGENT_DISPATCH as u16);
+        store((*q).doorbell_signal, slot as i64);
+    }
+}
+
+scenarios! {
+    /// The runtime refuses the destroy of a soft queue, which the application goes on using:
+    /// a kernel given it enqueues into it. That kernel must still run once (declined: the
+    /// queue's write index and doorbell are no memory a snapshot holds), not once per pass.
+    fn a_kernel_enqueueing_into_a_soft_queue_whose_destroy_was_refused_runs_once() {
+        let table = table_with(|core| core.hsa_queue_destroy_fn = Some(queue_destroy_refusing));
+        let hooks = TestHooks::new(0);
+        let app = app::install_into(
+            table,
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(WAIT), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3));
+        let create = app.core().hsa_soft_queue_create_fn.expect("soft queue create");
+        let doorbell = app.signal(-1);
+        // softhsa's regions are its pools.
+        let region = hsa_region_t { handle: app.host_pool().handle };
+        let mut soft: *mut hsa_queue_t = std::ptr::null_mut();
+        // SAFETY: a valid region and doorbell signal; `soft` is a valid out pointer.
+        let status = unsafe { create(region, 64, HSA_QUEUE_TYPE_MULTI, 0, doorbell, &mut soft) };
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+        REFUSE_DESTROY.store(true, Ordering::SeqCst);
+        let destroy = app.core().hsa_queue_destroy_fn.expect("queue destroy");
+        // SAFETY: a live queue of this application.
+        assert_ne!(unsafe { destroy(soft) }, HSA_STATUS_SUCCESS, "the runtime refused the destroy");
+
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_enqueue", enqueue);
+        let args = app.kernargs(&pools, soft as u64);
+        let q = app.queue(gpu);
+        let done = app.signal(1);
+        app.dispatch(q, Aql::dispatch(kernel, 1, 1, args, done));
+        assert_eq!(app.wait_zero(done), 0);
+        let load_write = app.core().hsa_queue_load_write_index_scacquire_fn.expect("load write index");
+        // SAFETY: the soft queue is live (its destroy was refused).
+        let write_index = unsafe { load_write(soft) };
+        assert_eq!(
+            (write_index, ENQUEUES.load(Ordering::SeqCst)),
+            (1, 1),
+            "one packet enqueued by one run"
+        );
+        // SAFETY: as above; this destroy goes through.
+        assert_eq!(unsafe { destroy(soft) }, HSA_STATUS_SUCCESS);
+    }
+}
