@@ -441,6 +441,13 @@ impl ReplayDevice for HsaReplay<'_> {
         let deadline = Backend::deadline_after(self.b.drain.timeout);
         for queue in &queues {
             let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
+            if !own && queue.failed().is_some() {
+                // A queue that failed (or was inactivated) runs nothing more: idle to the drain
+                // (`QueueIdle::is_idle`). A marker would never complete, and a wake-up packet
+                // would take a slot of a ring nobody empties any more: once it is full, every
+                // later drain of the agent would wait out its deadline for one.
+                continue;
+            }
             if queue.markers_ride_batches() && !own {
                 // Its forwarded batches carry their markers, but for those forwarded while
                 // several were in flight: for them a marker waits in its mailbox.

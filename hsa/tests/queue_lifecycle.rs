@@ -483,3 +483,83 @@ scenarios! {
         assert_eq!(unsafe { destroy(soft) }, HSA_STATUS_SUCCESS);
     }
 }
+
+/// Queue errors the application's callback heard of.
+static QUEUE_ERRORS: AtomicU32 = AtomicU32::new(0);
+
+unsafe extern "C" fn count_queue_error(_: hsa_status_t, _: *mut hsa_queue_t, _: *mut std::ffi::c_void) {
+    QUEUE_ERRORS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A kernel that faults (softhsa puts its queue into the error state, as a memory fault does).
+fn fault(_: &WorkGroup) {
+    panic!("simulated GPU memory fault");
+}
+
+scenarios! {
+    /// A queue of the agent failed (a kernel's memory fault: it runs nothing more), and the
+    /// application goes on replaying dispatches on another queue of the agent. A failed queue
+    /// is idle to every drain; asking it for a drain marker writes into a ring nobody empties
+    /// any more, and once that is full every replay of the agent waits out the drain's
+    /// deadline for a slot. The failed queue's ring is left as the application left it, and no
+    /// replay waits for it.
+    fn a_failed_queue_is_not_asked_for_drain_markers_by_later_replays_of_its_agent() {
+        let drain = Duration::from_secs(3);
+        let hooks = TestHooks::new(0);
+        let app = app::install(
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(drain), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        hooks.set_script(Script::new(|_, info| {
+            if info.workgroup_size[0] == 64 { ToolAnswer::passes(2) } else { ToolAnswer::OPT_OUT }
+        }));
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        // The smallest queue the agent makes: its rings fill after a few packets.
+        let mut failing: *mut hsa_queue_t = std::ptr::null_mut();
+        let create = app.core().hsa_queue_create_fn.expect("queue create");
+        // SAFETY: valid agent, out pointer and callback.
+        let status = unsafe {
+            create(gpu, 4, HSA_QUEUE_TYPE_MULTI, Some(count_queue_error), std::ptr::null_mut(), 0, 0, &raw mut failing)
+        };
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+        let failing = Queue(failing);
+        let faulting = kreplay_softhsa::register_kernel("lifecycle_fault", fault);
+        let args = kernel_args(&app, gpu, Ptr(0), 0, 0);
+        app.dispatch(failing, Aql::dispatch(faulting, 1, 1, args, app.signal(1)));
+        let deadline = Instant::now() + WAIT;
+        while QUEUE_ERRORS.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(QUEUE_ERRORS.load(Ordering::SeqCst), 1, "the queue failed");
+        let load_write = app.core().hsa_queue_load_write_index_scacquire_fn.expect("load write index");
+        // SAFETY: a live queue of this application.
+        let written = unsafe { load_write(failing.0) };
+
+        let q = app.queue(gpu);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_add", add);
+        let buf = app.buffer(pools.coarse, &[0; WORDS]);
+        let args = kernel_args(&app, gpu, buf, WORDS as u32, 1);
+        let mut slowest = Duration::ZERO;
+        for _ in 0..12 {
+            let done = app.signal(1);
+            let started = Instant::now();
+            let waited = bounded(drain * 3, vec![Box::new(move || {
+                app.dispatch(q, Aql::dispatch(kernel, WORDS as u32, 64, args, done));
+                app.wait_zero(done)
+            })]);
+            assert_eq!(waited, vec![0], "the dispatch completed");
+            slowest = slowest.max(started.elapsed());
+        }
+        assert_eq!(app.read(buf, WORDS), vec![12; WORDS], "each dispatch ran once");
+        // SAFETY: as above.
+        let written_after = unsafe { load_write(failing.0) };
+        assert_eq!(
+            (written_after - written, slowest < drain),
+            (0, true),
+            "(packets written into the failed queue, no replay waited out the drain's deadline: \
+             slowest {slowest:?})"
+        );
+    }
+}
