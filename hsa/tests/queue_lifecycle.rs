@@ -563,3 +563,72 @@ scenarios! {
         );
     }
 }
+
+/// The application's table, for [`destroy_on_error`].
+static APP_CORE: AtomicU64 = AtomicU64::new(0);
+/// The status of the destroy [`destroy_on_error`] made (u32::MAX: none yet).
+static DESTROYED_ON_ERROR: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// An application's queue error callback that destroys the queue that failed.
+unsafe extern "C" fn destroy_on_error(_: hsa_status_t, source: *mut hsa_queue_t, _: *mut std::ffi::c_void) {
+    // SAFETY: set to the application's core table (valid for the process) before the queue
+    // was created.
+    let core = unsafe { &*(APP_CORE.load(Ordering::SeqCst) as *const CoreApiTable) };
+    let destroy = core.hsa_queue_destroy_fn.expect("queue destroy");
+    // SAFETY: the queue that failed, which the application created and destroys once.
+    let status = unsafe { destroy(source) };
+    DESTROYED_ON_ERROR.store(status, Ordering::SeqCst);
+}
+
+scenarios! {
+    /// A kernel being replayed faults on its first pass, and the application's queue error
+    /// callback destroys the queue (from the runtime's thread), as applications that give up
+    /// on a failed queue do. The replay ends (the tool hears that the pass failed), the destroy
+    /// returns, the doorbell store returns, and another queue of the agent still replays.
+    fn a_queue_destroyed_by_its_error_callback_during_a_replay_neither_hangs_nor_faults() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(DRAIN), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(3));
+        APP_CORE.store(std::ptr::from_ref(app.core()) as u64, Ordering::SeqCst);
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let mut failing: *mut hsa_queue_t = std::ptr::null_mut();
+        let create = app.core().hsa_queue_create_fn.expect("queue create");
+        // SAFETY: valid agent, out pointer and callback.
+        let status = unsafe {
+            create(gpu, 64, HSA_QUEUE_TYPE_MULTI, Some(destroy_on_error), std::ptr::null_mut(), 0, 0, &raw mut failing)
+        };
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+        let failing = Queue(failing);
+        let faulting = kreplay_softhsa::register_kernel("lifecycle_fault", fault);
+        let args = kernel_args(&app, gpu, Ptr(0), 0, 0);
+        let fault_done = app.signal(1);
+        let returned = bounded(WAIT * 3, vec![Box::new(move || {
+            app.dispatch(failing, Aql::dispatch(faulting, 1, 1, args, fault_done));
+        })]);
+        assert_eq!(returned.len(), 1, "the doorbell store returned");
+        let deadline = Instant::now() + WAIT;
+        while DESTROYED_ON_ERROR.load(Ordering::SeqCst) == u32::MAX && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(DESTROYED_ON_ERROR.load(Ordering::SeqCst), HSA_STATUS_SUCCESS, "the callback destroyed the queue");
+        let first = hooks.configured_dispatches()[0].dispatch_id;
+        assert!(hooks.finished_record(first).outcome.is_failure(), "the tool heard that the replay failed");
+
+        let q = app.queue(gpu);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_add", add);
+        let buf = app.buffer(pools.coarse, &[0; WORDS]);
+        let args = kernel_args(&app, gpu, buf, WORDS as u32, 1);
+        let done = app.signal(1);
+        let waited = bounded(WAIT * 3, vec![Box::new(move || {
+            app.dispatch(q, Aql::dispatch(kernel, WORDS as u32, 64, args, done));
+            app.wait_zero(done)
+        })]);
+        assert_eq!(waited, vec![0]);
+        assert_eq!(app.read(buf, WORDS), vec![1; WORDS], "replayed, one run's result");
+    }
+}

@@ -280,6 +280,12 @@ impl Queue {
         }
     }
 
+    /// Makes the ring inaccessible ([`Ring::revoke`]): only once no thread of the runtime
+    /// reads or writes it any more.
+    pub(crate) fn revoke_ring_now(&self) {
+        self.ring.revoke();
+    }
+
     /// Whether the calling thread is this queue's packet-processor thread.
     fn on_processor_thread(&self) -> bool {
         self.processor_thread
@@ -545,19 +551,16 @@ pub(crate) fn stop_queue(rt: &Runtime, queue: &Queue) {
 }
 
 /// After [`stop_queue`] of a queue the application destroyed: its ring goes away, as a real
-/// queue's does ([`Ring::revoke`]), once no thread of the runtime reads it any more. Not where
-/// the calling thread itself still processes it (a queue destroyed from its own processor
-/// thread or from one of its intercept handlers), which would fault on return.
-pub(crate) fn revoke_ring(queue: &Arc<Queue>) {
-    if queue.on_processor_thread() {
-        return;
+/// queue's does ([`Ring::revoke`]), once no thread of the runtime reads it any more (for an
+/// intercept queue, once no thread processes it, see
+/// [`revoke_when_idle`](crate::intercept::revoke_when_idle)). Not where the calling thread is
+/// the queue's own processor thread, which reads it again on return.
+pub(crate) fn revoke_ring(queue: &Queue) {
+    match &queue.kind {
+        QueueKind::Intercept(state) => crate::intercept::revoke_when_idle(queue, state),
+        _ if queue.on_processor_thread() => {}
+        _ => queue.revoke_ring_now(),
     }
-    if let QueueKind::Intercept(state) = &queue.kind
-        && !crate::intercept::quiesce(queue, state)
-    {
-        return;
-    }
-    queue.ring.revoke();
 }
 
 /// Why packet execution stopped early.
