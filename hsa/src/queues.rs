@@ -136,11 +136,22 @@ impl QueueErrors {
             .status
             .compare_exchange(0, INACTIVATED, Ordering::AcqRel, Ordering::Acquire);
     }
+
+    /// The queue was destroyed: it runs nothing more (see [`DESTROYED`]).
+    fn destroyed(&self) {
+        let _ = self
+            .status
+            .compare_exchange(0, DESTROYED, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
 
 /// What [`QueueErrors::failed`] says of a queue the application inactivated
 /// (`hsa_queue_inactivate`), which reported no error.
 pub(crate) const INACTIVATED: hsa_status_t = u32::MAX;
+
+/// What [`QueueErrors::failed`] says of a queue destroyed while a handler call of it was in
+/// progress on another thread (one kreplay could not wait for): nothing runs on it any more.
+pub(crate) const DESTROYED: hsa_status_t = u32::MAX - 1;
 
 /// The error callback kreplay registers for every queue it creates: notes the error, then
 /// calls the application's callback with its own data, as the runtime would have.
@@ -622,6 +633,9 @@ pub(crate) struct QueueRegistry {
     /// kreplay's own side queue per agent, where re-entrant work runs (created on first use;
     /// also listed in `by_agent`, so drains wait for it).
     side: Mutex<HashMap<u64, Arc<QueueState>>>,
+    /// Destroyed queues with handler calls still in progress (see
+    /// [`keep_while_handled`](Self::keep_while_handled)).
+    destroyed: Mutex<Vec<Arc<QueueState>>>,
 }
 
 impl QueueRegistry {
@@ -715,6 +729,16 @@ impl QueueRegistry {
         side.insert(agent.handle, state.clone());
         self.add(state.clone());
         Some(state)
+    }
+
+    /// Keeps the state of a destroyed queue while handler calls of it are in progress (the
+    /// handler reaches it through a plain pointer); dropped by a later call once none is.
+    fn keep_while_handled(&self, state: Arc<QueueState>) {
+        let mut destroyed = self.destroyed.lock();
+        destroyed.retain(|s| *s.handlers.lock() > 0);
+        if *state.handlers.lock() > 0 {
+            destroyed.push(state);
+        }
     }
 
     /// Every queue on `agent` (the caller's own included).
@@ -976,8 +1000,13 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
                 // The queue is gone, with whatever markers it still held: nothing is in flight
                 // on it any more. Zero the signal so that a drain waiting on it goes on now; the
                 // signal itself is destroyed with the last `Arc` (a drain may still hold one).
-                // The handler's pointer to `state` died with the queue.
                 b.original.signal_store_screlease(state.in_flight, 0);
+                // A handler call not waited for above (this thread's own, or another thread's
+                // that may wait for the replay this thread is in) still uses `state`, through
+                // the handler's pointer, until it returns: kept until then. Its replay must not
+                // wait for passes on a queue that is gone: the queue counts as failed.
+                state.errors.destroyed();
+                b.queues.keep_while_handled(state);
             } else {
                 // The runtime kept the queue: the application may go on using it, so drains
                 // must go on seeing it, ringing it and mailing it markers. The markers dropped

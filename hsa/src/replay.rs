@@ -279,7 +279,13 @@ impl PassCompletion for PassSignal<'_> {
 
     fn failed(&self) -> Option<String> {
         self.queue.failed().map(|status| {
-            if status == crate::queues::INACTIVATED {
+            if status == crate::queues::DESTROYED {
+                format!(
+                    "queue {} was destroyed (hsa_queue_destroy) while this dispatch was being \
+                     handled: the pass will never complete",
+                    self.queue.id
+                )
+            } else if status == crate::queues::INACTIVATED {
                 format!(
                     "queue {} was inactivated by the application (hsa_queue_inactivate): the \
                      pass will never complete",
@@ -836,7 +842,7 @@ impl ReplayDevice for HsaReplay<'_> {
         // it had without kreplay), and not where one was aborted.
         let completes = match self.state.failed() {
             None => true,
-            Some(crate::queues::INACTIVATED) => !self.pass_lost,
+            Some(crate::queues::INACTIVATED | crate::queues::DESTROYED) => !self.pass_lost,
             Some(_) => false,
         };
         if self.dispatch.completion_signal.handle != 0 && completes {

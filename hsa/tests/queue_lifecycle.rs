@@ -189,12 +189,30 @@ fn reservations(app: &App) -> [(&'static str, Reserve); 6] {
     let cas = |f: Option<_>| Reserve::Cas(f.expect("a compare-and-swap entry"));
     let store = |f: Option<_>| Reserve::Store(f.expect("a store entry"));
     [
-        ("cas scacq_screl", cas(core.hsa_queue_cas_write_index_scacq_screl_fn)),
-        ("cas scacquire", cas(core.hsa_queue_cas_write_index_scacquire_fn)),
-        ("cas relaxed", cas(core.hsa_queue_cas_write_index_relaxed_fn)),
-        ("cas screlease", cas(core.hsa_queue_cas_write_index_screlease_fn)),
-        ("store relaxed", store(core.hsa_queue_store_write_index_relaxed_fn)),
-        ("store screlease", store(core.hsa_queue_store_write_index_screlease_fn)),
+        (
+            "cas scacq_screl",
+            cas(core.hsa_queue_cas_write_index_scacq_screl_fn),
+        ),
+        (
+            "cas scacquire",
+            cas(core.hsa_queue_cas_write_index_scacquire_fn),
+        ),
+        (
+            "cas relaxed",
+            cas(core.hsa_queue_cas_write_index_relaxed_fn),
+        ),
+        (
+            "cas screlease",
+            cas(core.hsa_queue_cas_write_index_screlease_fn),
+        ),
+        (
+            "store relaxed",
+            store(core.hsa_queue_store_write_index_relaxed_fn),
+        ),
+        (
+            "store screlease",
+            store(core.hsa_queue_store_write_index_screlease_fn),
+        ),
     ]
 }
 
@@ -203,11 +221,21 @@ fn reservations(app: &App) -> [(&'static str, Reserve); 6] {
 fn dispatch_reserving(app: &App, queue: Queue, reserve: Reserve, packet: Aql) {
     // SAFETY: `queue.0` is a live queue this application created.
     let q = unsafe { &*queue.0 };
-    let load_write = app.core().hsa_queue_load_write_index_scacquire_fn.expect("load write index");
-    let load_read = app.core().hsa_queue_load_read_index_scacquire_fn.expect("load read index");
+    let load_write = app
+        .core()
+        .hsa_queue_load_write_index_scacquire_fn
+        .expect("load write index");
+    let load_read = app
+        .core()
+        .hsa_queue_load_read_index_scacquire_fn
+        .expect("load read index");
     let deadline = Instant::now() + WAIT;
     let index = loop {
-        assert!(Instant::now() < deadline, "no slot of queue {} could be reserved", q.id);
+        assert!(
+            Instant::now() < deadline,
+            "no slot of queue {} could be reserved",
+            q.id
+        );
         // SAFETY: a live queue of this application.
         let write = unsafe { load_write(queue.0) };
         // SAFETY: as above.
@@ -217,9 +245,11 @@ fn dispatch_reserving(app: &App, queue: Queue, reserve: Reserve, packet: Aql) {
         }
         match reserve {
             // SAFETY: as above; the exchange reserves slot `write` if no producer took it.
-            Reserve::Cas(cas) => if unsafe { cas(queue.0, write, write + 1) } == write {
-                break write;
-            },
+            Reserve::Cas(cas) => {
+                if unsafe { cas(queue.0, write, write + 1) } == write {
+                    break write;
+                }
+            }
             Reserve::Store(store) => {
                 // SAFETY: as above; this thread is the queue's only producer now (the
                 // application's thread is inside the replay this callback is part of).
@@ -236,8 +266,14 @@ fn dispatch_reserving(app: &App, queue: Queue, reserve: Reserve, packet: Aql) {
     // SAFETY: the slot is 64-byte aligned, so its first 4 bytes are an aligned u32 that the
     // packet processor reads atomically; release order publishes the body.
     let header = unsafe { &*slot.cast::<std::sync::atomic::AtomicU32>() };
-    header.store(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]), Ordering::Release);
-    let store = app.core().hsa_signal_store_screlease_fn.expect("signal store");
+    header.store(
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+        Ordering::Release,
+    );
+    let store = app
+        .core()
+        .hsa_signal_store_screlease_fn
+        .expect("signal store");
     // SAFETY: the queue's own doorbell signal.
     unsafe { store(q.doorbell_signal, index as i64) };
 }
@@ -336,11 +372,18 @@ static DESTROY_DONE: AtomicBool = AtomicBool::new(false);
 /// only a drain asking it for a marker loads), another thread first destroys its queue: a
 /// queue is destroyed after the drain listed its agent's queues, before it looks at them.
 unsafe extern "C" fn load_read_index_destroying(queue: *const hsa_queue_t) -> u64 {
-    if queue as u64 == MARKED_QUEUE.load(Ordering::SeqCst) && DESTROY_ARMED.swap(false, Ordering::SeqCst) {
+    if queue as u64 == MARKED_QUEUE.load(Ordering::SeqCst)
+        && DESTROY_ARMED.swap(false, Ordering::SeqCst)
+    {
         DESTROY_ASKED.store(true, Ordering::SeqCst);
-        assert!(wait_flag(&DESTROY_DONE), "the other thread destroyed its queue");
+        assert!(
+            wait_flag(&DESTROY_DONE),
+            "the other thread destroyed its queue"
+        );
     }
-    let load = softhsa_core().hsa_queue_load_read_index_scacquire_fn.expect("load read index");
+    let load = softhsa_core()
+        .hsa_queue_load_read_index_scacquire_fn
+        .expect("load read index");
     // SAFETY: the caller's queue, forwarded unchanged.
     unsafe { load(queue) }
 }
@@ -425,13 +468,19 @@ fn enqueue(group: &WorkGroup) {
     ENQUEUES.fetch_add(1, Ordering::SeqCst);
     let q = queue as *mut hsa_queue_t;
     let core = softhsa_core();
-    let add = core.hsa_queue_add_write_index_screlease_fn.expect("add write index");
+    let add = core
+        .hsa_queue_add_write_index_screlease_fn
+        .expect("add write index");
     let store = core.hsa_signal_store_screlease_fn.expect("signal store");
     // SAFETY: the argument is a live soft queue; its ring holds `size` packets.
     unsafe {
         let slot = add(q, 1);
         let at = (slot % u64::from((*q).size)) as usize * AQL_PACKET_SIZE;
-        (*q).base_address.cast::<u8>().add(at).cast::<u16>().write(HSA_PACKET_TYPE_AGENT_DISPATCH as u16);
+        (*q).base_address
+            .cast::<u8>()
+            .add(at)
+            .cast::<u16>()
+            .write(HSA_PACKET_TYPE_AGENT_DISPATCH as u16);
         store((*q).doorbell_signal, slot as i64);
     }
 }
@@ -487,7 +536,11 @@ scenarios! {
 /// Queue errors the application's callback heard of.
 static QUEUE_ERRORS: AtomicU32 = AtomicU32::new(0);
 
-unsafe extern "C" fn count_queue_error(_: hsa_status_t, _: *mut hsa_queue_t, _: *mut std::ffi::c_void) {
+unsafe extern "C" fn count_queue_error(
+    _: hsa_status_t,
+    _: *mut hsa_queue_t,
+    _: *mut std::ffi::c_void,
+) {
     QUEUE_ERRORS.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -570,7 +623,11 @@ static APP_CORE: AtomicU64 = AtomicU64::new(0);
 static DESTROYED_ON_ERROR: AtomicU32 = AtomicU32::new(u32::MAX);
 
 /// An application's queue error callback that destroys the queue that failed.
-unsafe extern "C" fn destroy_on_error(_: hsa_status_t, source: *mut hsa_queue_t, _: *mut std::ffi::c_void) {
+unsafe extern "C" fn destroy_on_error(
+    _: hsa_status_t,
+    source: *mut hsa_queue_t,
+    _: *mut std::ffi::c_void,
+) {
     // SAFETY: set to the application's core table (valid for the process) before the queue
     // was created.
     let core = unsafe { &*(APP_CORE.load(Ordering::SeqCst) as *const CoreApiTable) };
@@ -630,5 +687,77 @@ scenarios! {
         })]);
         assert_eq!(waited, vec![0]);
         assert_eq!(app.read(buf, WORDS), vec![1; WORDS], "replayed, one run's result");
+    }
+}
+
+/// Set when the dispatch on the queue the tool destroys reached CONFIG ENTER.
+static OTHER_CONFIGURED: AtomicBool = AtomicBool::new(false);
+/// The status of the tool's destroy (u32::MAX: none yet).
+static TOOL_DESTROYED: AtomicU32 = AtomicU32::new(u32::MAX);
+/// The thread that dispatches onto the queue the tool destroys.
+static OTHER_THREAD: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>> =
+    parking_lot::Mutex::new(None);
+
+scenarios! {
+    /// A tool destroys queue Q2 (say, a queue it made for its own work) from a callback of a
+    /// replay on queue Q1, while another thread's dispatch on Q2 is in its handler call (past
+    /// CONFIG ENTER, waiting for Q1's replay, which holds the agent). kreplay cannot wait for
+    /// that call (it waits for this very replay), so the destroy goes through; the other
+    /// thread's handler call must still end without touching freed state and without running
+    /// passes on a queue that is gone: its replay ends (the tool hears it failed) and its
+    /// doorbell store returns.
+    fn a_queue_a_tool_destroys_while_another_thread_is_in_its_handler_neither_hangs_nor_faults() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(
+            hooks.clone(),
+            InstallOptions { drain: DrainConfig::new(DRAIN), ..Default::default() },
+        );
+        hooks.configure_replay(true);
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let q1 = app.queue(gpu);
+        let q2 = app.queue(gpu);
+        let kernel = kreplay_softhsa::register_kernel("lifecycle_add", add);
+        let buf = app.buffer(pools.coarse, &[0; WORDS]);
+        let other = app.buffer(pools.coarse, &[0; WORDS]);
+        let args = kernel_args(&app, gpu, buf, WORDS as u32, 1);
+        let other_args = kernel_args(&app, gpu, other, WORDS as u32, 1);
+        let (done, other_done) = (app.signal(1), app.signal(1));
+        hooks.set_script(
+            Script::new(|_, info| {
+                if info.workgroup_size[0] == 32 {
+                    OTHER_CONFIGURED.store(true, Ordering::SeqCst);
+                }
+                ToolAnswer::passes(2)
+            })
+            .on_pass_exit(move |_, info, pass, _| {
+                if info.workgroup_size[0] == 64 && pass == 0 {
+                    let q2 = q2; // the whole handle, which is Send
+                    *OTHER_THREAD.lock() = Some(std::thread::spawn(move || {
+                        let q2 = q2; // the whole handle, which is Send
+                        app.dispatch(q2, Aql::dispatch(kernel, WORDS as u32, 32, other_args, other_done));
+                    }));
+                    assert!(wait_flag(&OTHER_CONFIGURED), "the other dispatch is configured");
+                    let destroy = app.core().hsa_queue_destroy_fn.expect("queue destroy");
+                    // SAFETY: a live queue of this application, destroyed once.
+                    TOOL_DESTROYED.store(unsafe { destroy(q2.0) }, Ordering::SeqCst);
+                }
+                ContinueChange::Keep
+            }),
+        );
+        let finished = bounded(WAIT * 3, vec![Box::new(move || {
+            app.dispatch(q1, Aql::dispatch(kernel, WORDS as u32, 64, args, done));
+            app.wait_zero(done)
+        })]);
+        assert_eq!(finished, vec![0], "the replay on Q1 completed");
+        let other_thread = OTHER_THREAD.lock().take().expect("the other thread started");
+        let joined = bounded(WAIT * 3, vec![Box::new(move || other_thread.join().is_ok())]);
+        assert_eq!(joined, vec![true], "the other thread's doorbell store returned");
+        assert_eq!(TOOL_DESTROYED.load(Ordering::SeqCst), HSA_STATUS_SUCCESS, "the tool destroyed Q2");
+        assert_eq!(app.read(buf, WORDS), vec![1; WORDS], "Q1's dispatch ran as one run");
+        let infos = hooks.configured_dispatches();
+        let other_id = infos.iter().find(|i| i.workgroup_size[0] == 32).expect("Q2's dispatch").dispatch_id;
+        let outcome = hooks.finished_record(other_id).outcome;
+        assert!(outcome.is_failure(), "Q2's dispatch did not run: {outcome:?}");
     }
 }

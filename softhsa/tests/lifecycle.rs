@@ -192,7 +192,10 @@ fn a_destroyed_queues_ring_can_no_longer_be_read() {
         };
         // SAFETY: a live queue; its ring is `size` 64-byte slots at `base_address`.
         let (base, bytes) = unsafe {
-            ((*queue).base_address.cast::<u8>(), (*queue).size as usize * 64)
+            (
+                (*queue).base_address.cast::<u8>(),
+                (*queue).size as usize * 64,
+            )
         };
         let add = hsa.core().hsa_queue_add_write_index_scacq_screl_fn.unwrap();
         // SAFETY: a live queue (one slot reserved, never written).
@@ -200,10 +203,17 @@ fn a_destroyed_queues_ring_can_no_longer_be_read() {
         assert!(readable(base, bytes), "a live queue's ring is readable");
         // SAFETY: created above, destroyed once.
         unsafe { hsa.queue_destroy(queue) }.unwrap();
-        assert!(!readable(base, bytes), "a destroyed queue's ring is gone (intercept {intercept})");
+        assert!(
+            !readable(base, bytes),
+            "a destroyed queue's ring is gone (intercept {intercept})"
+        );
         let load = hsa.core().hsa_queue_load_write_index_relaxed_fn.unwrap();
         // SAFETY: the queue is destroyed on purpose: its memory stays readable in softhsa.
-        assert_eq!(unsafe { load(queue) }, 1, "its write index reads as it was left");
+        assert_eq!(
+            unsafe { load(queue) },
+            1,
+            "its write index reads as it was left"
+        );
     }
 }
 
