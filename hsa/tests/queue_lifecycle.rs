@@ -244,8 +244,8 @@ fn dispatch_reserving(app: &App, queue: Queue, reserve: Reserve, packet: Aql) {
             continue;
         }
         match reserve {
-            // SAFETY: as above; the exchange reserves slot `write` if no producer took it.
             Reserve::Cas(cas) => {
+                // SAFETY: as above; the exchange reserves slot `write` if no producer took it.
                 if unsafe { cas(queue.0, write, write + 1) } == write {
                     break write;
                 }

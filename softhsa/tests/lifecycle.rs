@@ -209,11 +209,8 @@ fn a_destroyed_queues_ring_can_no_longer_be_read() {
         );
         let load = hsa.core().hsa_queue_load_write_index_relaxed_fn.unwrap();
         // SAFETY: the queue is destroyed on purpose: its memory stays readable in softhsa.
-        assert_eq!(
-            unsafe { load(queue) },
-            1,
-            "its write index reads as it was left"
-        );
+        let write_index = unsafe { load(queue) };
+        assert_eq!(write_index, 1, "its write index reads as it was left");
     }
 }
 
