@@ -38,7 +38,10 @@
  *    kreplay rejects one smaller than it needs and ignores bytes it does not know.
  *  - Within one major version (KREPLAY_VERSION_MAJOR, the `0` of the SONAME libkreplay.so.0)
  *    functions are only added, never removed or changed.
- *  - Functions never abort the process: a failure is returned as a status.
+ *  - Functions never abort the process: a failure is returned as a status. Out-pointers and
+ *    arrays a tool passes are read and written without relying on their alignment (a field of a
+ *    packed struct will do); an element count larger than any array can be (SIZE_MAX, say) is
+ *    KREPLAY_STATUS_ERROR_INVALID_ARGUMENT.
  *  - kreplay supports 64-bit targets only; the layouts below are checked against that.
  *
  * When each function may be called:
@@ -739,9 +742,10 @@ kreplay_status_t kreplay_context_is_active(kreplay_context_id_t context_id, int*
  * `callback`.
  *
  * Errors: KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED after tool initialization has ended;
- * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown kind, an unknown operation
- * or `operations == NULL` with a non-zero count; KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an
- * unknown context; KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if the context already has this
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown kind, an unknown operation,
+ * `operations == NULL` with a non-zero count or a count larger than any array;
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context;
+ * KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if the context already has this
  * kind, or if `kind` is KERNEL_REPLAY and another context has configured it.
  */
 kreplay_status_t kreplay_configure_callback_tracing_service(kreplay_context_id_t context_id,
@@ -855,8 +859,9 @@ kreplay_status_t kreplay_iterate_agent_counters(kreplay_agent_id_t agent_id,
 /**
  * Creates a configuration counting `counters` (at least one, of `agent_id`) together in one
  * pass. KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when they do not fit one pass (the block and its
- * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters or an
- * unknown counter; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
+ * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters, an
+ * unknown counter or a count larger than any array; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before
+ * kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
                                                const kreplay_counter_id_t* counters,
@@ -869,8 +874,8 @@ kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
  * `*pass_count` (0 for no counters); when `pass_of_counter` is not NULL, writes the 0-based pass
  * of each counter there (`counters_count` entries; a counter listed twice is counted once).
  * KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when one counter alone cannot be counted in a pass;
- * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers or an unknown counter;
- * KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, an unknown counter or a count larger
+ * than any array; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_plan_counter_passes(kreplay_agent_id_t agent_id,
                                              const kreplay_counter_id_t* counters,

@@ -413,21 +413,18 @@ pub(crate) fn deliver(info: &DispatchInfo, pass: Option<u64>, ids: &[u32], value
 // The C functions
 // ------------------------------------------------------------------------------------------------
 
-/// Reads a C counter list into catalogue indices.
+/// Reads a C counter list (at any alignment) into catalogue indices, up to the first id that
+/// cannot be one. NULL with a non-zero count, or a count larger than any array, is
+/// [`Status::ERROR_INVALID_ARGUMENT`].
 ///
 /// # Safety
 /// When `count` is non-zero, `counters` is NULL or points to `count` readable ids.
 unsafe fn indices(counters: *const CounterId, count: usize) -> Result<Vec<u32>, Status> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    if counters.is_null() {
-        return Err(Status::ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null and, per the contract, `count` readable ids.
-    let ids = unsafe { std::slice::from_raw_parts(counters, count) };
-    ids.iter()
-        .map(|&id| counter_index(id).ok_or(Status::ERROR_INVALID_ARGUMENT))
+    // SAFETY: forwarded from the caller's contract.
+    let list = unsafe { crate::api::CArray::new(counters, count) }
+        .ok_or(Status::ERROR_INVALID_ARGUMENT)?;
+    list.iter()
+        .map(|id| counter_index(id).ok_or(Status::ERROR_INVALID_ARGUMENT))
         .collect()
 }
 
@@ -479,7 +476,7 @@ pub unsafe extern "C" fn kreplay_create_counter_config(
         match create_config(agent_id.handle, &ids) {
             Ok(config) => {
                 // SAFETY: non-null and, per the contract, writable.
-                unsafe { config_id.write(config) };
+                unsafe { crate::api::write_out(config_id, config) };
                 Status::SUCCESS
             }
             Err(e) => {
@@ -524,11 +521,11 @@ pub unsafe extern "C" fn kreplay_plan_counter_passes(
             for (i, id) in ids.iter().enumerate() {
                 let pass = groups.iter().position(|g| g.contains(id)).unwrap_or(0);
                 // SAFETY: per the contract, room for `counters_count` u32s.
-                unsafe { pass_of_counter.add(i).write(pass as u32) };
+                unsafe { crate::api::write_out(pass_of_counter.add(i), pass as u32) };
             }
         }
         // SAFETY: non-null and, per the contract, writable.
-        unsafe { pass_count.write(groups.len() as u64) };
+        unsafe { crate::api::write_out(pass_count, groups.len() as u64) };
         Status::SUCCESS
     })
 }
