@@ -914,7 +914,8 @@ typedef struct kreplay_client_id_t {
 typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);
 
 /** The tool's initialize: create, configure and start contexts here. Return 0 on success; any
- *  other value marks the tool as failed (its contexts are stopped and its services removed). */
+ *  other value marks the tool as failed (its contexts are stopped and every service it
+ *  configured is removed, also one on a context not its own). */
 typedef int (*kreplay_tool_initialize_t)(kreplay_client_finalize_t finalize_func,
                                          void* tool_data);
 

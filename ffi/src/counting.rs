@@ -304,7 +304,9 @@ pub fn configure_dispatch_counting(
         });
         CONFIGURED.store(true, Ordering::Relaxed);
         Ok(())
-    })
+    })?;
+    crate::lifecycle::note_service_configured(context, None);
+    Ok(())
 }
 
 /// The context of the dispatch counting service, if one is configured.

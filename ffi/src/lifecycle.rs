@@ -248,6 +248,8 @@ struct Tool {
     finalize: ToolFinalizeFn,
     tool_data: *mut c_void,
     finalize_requested: bool,
+    /// The services it configured (on its own contexts or another's).
+    services: Vec<ConfiguredService>,
 }
 
 // SAFETY: `tool_data` is the tool's opaque pointer, only handed back to the tool's own functions,
@@ -270,27 +272,63 @@ static STATE: Mutex<LifecycleState> = Mutex::new(LifecycleState {
     load_errors: Vec::new(),
 });
 
-/// Contexts created while a tool's configure or initialize runs, on any thread (tools are
-/// configured and initialized one at a time, and a tool may create its contexts on a thread of
-/// its own): that tool's.
-static CREATED_DURING_SETUP: Mutex<Option<Vec<ContextId>>> = Mutex::new(None);
+/// What one tool's configure or initialize made, on any thread (tools are configured and
+/// initialized one at a time, and a tool may work on a thread of its own).
+#[derive(Debug, Default)]
+struct Setup {
+    /// Contexts created: that tool's.
+    contexts: Vec<ContextId>,
+    /// Services configured, on any context (one of another tool's too): that tool's.
+    services: Vec<ConfiguredService>,
+}
+
+/// A service a tool configured: a callback tracing service of `kind` on `context`, or
+/// (`kind == None`) the dispatch counting service on `context`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConfiguredService {
+    context: ContextId,
+    kind: Option<crate::abi::CallbackKind>,
+}
+
+/// The setup of the tool whose configure or initialize is running, if one is.
+static CURRENT_SETUP: Mutex<Option<Setup>> = Mutex::new(None);
 
 fn begin_setup() {
-    *CREATED_DURING_SETUP.lock() = Some(Vec::new());
+    *CURRENT_SETUP.lock() = Some(Setup::default());
 }
 
-fn end_setup() -> Vec<ContextId> {
-    CREATED_DURING_SETUP.lock().take().unwrap_or_default()
+fn end_setup() -> Setup {
+    CURRENT_SETUP.lock().take().unwrap_or_default()
 }
 
-/// Stops `contexts` and removes their services: nothing of a tool that failed or stays
-/// inactive may reach it.
-fn stop_contexts(contexts: &[ContextId]) {
+/// Records a callback tracing service (`kind`) or the dispatch counting service (`None`) just
+/// configured on `context`: it belongs to the tool whose configure or initialize is running.
+pub(crate) fn note_service_configured(
+    context: ContextId,
+    kind: Option<crate::abi::CallbackKind>,
+) {
+    if let Some(setup) = CURRENT_SETUP.lock().as_mut() {
+        setup.services.push(ConfiguredService { context, kind });
+    }
+}
+
+/// Stops `contexts` and removes their services, and every service in `configured` (those the
+/// tool configured on contexts not its own): nothing of a tool that failed or stays inactive
+/// may reach it.
+fn stop_contexts(contexts: &[ContextId], configured: &[ConfiguredService]) {
     let registry = ContextRegistry::global();
     for &context in contexts {
         let _ = registry.stop(context);
         let _ = services::remove_context(context);
         crate::counting::remove_context(context);
+    }
+    for service in configured {
+        match service.kind {
+            Some(kind) => {
+                let _ = services::remove_service(service.context, kind);
+            }
+            None => crate::counting::remove_context(service.context),
+        }
     }
 }
 
@@ -335,8 +373,8 @@ pub fn force_configure_library(configure: ConfigureFn, library: &Path) -> Result
 /// initialized, to the one active tool where there is exactly one (with several, a context
 /// created later is nobody's: it is not stopped when one of them finalizes itself).
 pub(crate) fn note_context_created(context: ContextId) {
-    if let Some(list) = CREATED_DURING_SETUP.lock().as_mut() {
-        list.push(context);
+    if let Some(setup) = CURRENT_SETUP.lock().as_mut() {
+        setup.contexts.push(context);
         return;
     }
     let mut state = STATE.lock();
@@ -494,7 +532,7 @@ pub(crate) fn reset() {
     state.forced.clear();
     state.tools.clear();
     state.load_errors.clear();
-    *CREATED_DURING_SETUP.lock() = None;
+    *CURRENT_SETUP.lock() = None;
     RETIRED.lock().clear();
     services::reset();
     crate::counting::reset();
@@ -675,7 +713,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     // kreplay.h); the version string is a static NUL-terminated string and `client_id` is valid
     // for the call.
     let result = unsafe { configure(VERSION, VERSION_STRING.as_ptr(), priority, &mut client_id) };
-    let contexts = end_setup();
+    let setup = end_setup();
     let name = if client_id.name.is_null() {
         None
     } else {
@@ -692,16 +730,17 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             name,
             origin,
             state: ToolState::Declined,
-            contexts,
+            contexts: setup.contexts,
         },
         initialize: None,
         finalize: None,
         tool_data: std::ptr::null_mut(),
         finalize_requested: false,
+        services: setup.services,
     };
     if result.is_null() {
         crate::kreplay_info!("tool {} stays inactive", describe(&tool.summary));
-        stop_contexts(&tool.summary.contexts);
+        stop_contexts(&tool.summary.contexts, &tool.services);
         return tool;
     }
     // SAFETY: a non-null result points to a `kreplay_tool_configure_result_t` whose first field,
@@ -714,7 +753,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             size_of::<ToolConfigureResult>()
         );
         tool.summary.state = ToolState::Rejected;
-        stop_contexts(&tool.summary.contexts);
+        stop_contexts(&tool.summary.contexts, &tool.services);
         return tool;
     }
     // SAFETY: the size check above shows the whole struct was provided by the tool.
@@ -744,13 +783,15 @@ fn initialize_tool(index: usize) {
         Some(initialize) => unsafe { initialize(Some(client_finalize), tool_data) },
         None => 0,
     };
-    let created = end_setup();
+    let setup = end_setup();
 
-    let (early_finalize, description, contexts) = {
+    let (early_finalize, description, contexts, configured) = {
         let mut state = STATE.lock();
         let tool = &mut state.tools[index];
-        tool.summary.contexts.extend(created);
+        tool.summary.contexts.extend(setup.contexts);
+        tool.services.extend(setup.services);
         let contexts = tool.summary.contexts.clone();
+        let configured = tool.services.clone();
         let description = describe(&tool.summary);
         let early_finalize = if rc != 0 {
             tool.summary.state = ToolState::Failed;
@@ -762,11 +803,11 @@ fn initialize_tool(index: usize) {
             tool.summary.state = ToolState::Active;
             None
         };
-        (early_finalize, description, contexts)
+        (early_finalize, description, contexts, configured)
     };
 
     if rc != 0 {
-        stop_contexts(&contexts);
+        stop_contexts(&contexts, &configured);
         crate::kreplay_warn!(
             "tool {description} failed to initialize (returned {rc}); its {} context(s) were stopped",
             contexts.len()
@@ -775,7 +816,7 @@ fn initialize_tool(index: usize) {
         crate::kreplay_info!("tool {description} finalized itself during initialize");
         // Its services are given back, as a failed tool's are: configuration is still open, so
         // a tool initialized after it may take the replay service.
-        stop_contexts(&contexts);
+        stop_contexts(&contexts, &configured);
         job.run();
     } else if contexts.is_empty() {
         crate::kreplay_warn!(

@@ -546,6 +546,8 @@ pub fn configure_callback_tracing(
         callback_data,
     });
     publish(&services);
+    drop(services);
+    crate::lifecycle::note_service_configured(context, Some(kind));
     Ok(())
 }
 
@@ -577,6 +579,22 @@ pub(crate) fn remove_context(context: ContextId) -> Result<usize, Status> {
     services.retain(|s| s.context != context);
     let removed = before - services.len();
     if removed > 0 {
+        publish(&services);
+    }
+    Ok(removed)
+}
+
+/// Removes the service of `kind` on `context` (one a tool that failed configured on a context
+/// not its own). Refused once locked.
+pub(crate) fn remove_service(context: ContextId, kind: CallbackKind) -> Result<bool, Status> {
+    let mut services = SERVICES.lock();
+    if LOCKED.load(Ordering::Acquire) {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    let before = services.len();
+    services.retain(|s| !(s.context == context && s.kind == kind));
+    let removed = services.len() != before;
+    if removed {
         publish(&services);
     }
     Ok(removed)

@@ -51,3 +51,39 @@ fn counts_no_array_can_have_are_invalid_arguments() {
     }
     scenario(name, "huge_counts");
 }
+
+/// Two copies of tests/c_probe_tools/intruder.c: the host owns kernel replay; the intruder
+/// configures services on the host's context (not its own) and then fails or stays inactive.
+fn intruder_scenario(name: &str, mode: &str) {
+    let first = build_tool("intruder.c", name);
+    let second = first.with_file_name("libintruder_copy.so");
+    std::fs::copy(&first, &second).expect("copy the tool");
+    let (problems, run) = run_tools(name, &[first, second], &[("PROBE_MODE", mode)], DEADLINE);
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+}
+
+/// docs/abi.md: a tool whose initialize returns non-zero "is failed: its contexts are stopped
+/// and its services removed". Before, only the services on its own contexts went: one it
+/// configured on another tool's context stayed, and its callback ran for every dispatch.
+#[test]
+fn a_failed_tool_keeps_no_service_it_configured_on_another_tools_context() {
+    let name = "a_failed_tool_keeps_no_service_it_configured_on_another_tools_context";
+    if in_child(name) {
+        return standard_child(1, 2);
+    }
+    intruder_scenario(name, "fail");
+}
+
+/// The same for a tool whose kreplay_configure returns NULL (it stays inactive).
+#[test]
+fn an_inactive_tool_keeps_no_service_it_configured_on_another_tools_context() {
+    let name = "an_inactive_tool_keeps_no_service_it_configured_on_another_tools_context";
+    if in_child(name) {
+        return standard_child(1, 2);
+    }
+    intruder_scenario(name, "decline");
+}
