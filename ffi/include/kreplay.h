@@ -907,8 +907,9 @@ typedef struct kreplay_client_id_t {
 /** Given to the tool's initialize: calling it with the tool's client id finalizes the tool early
  *  (its contexts are stopped, then its finalize runs once). From a callback, nothing of the
  *  tool is called after it (its pass-count and continue callbacks neither: a replay in progress
- *  goes on without it); from another thread, its finalize waits (at most 10 s) for its callbacks
- *  running on other threads. From initialize, its services are given back for later tools.
+ *  goes on without it; nor a service it configured on another tool's context); from another
+ *  thread, its finalize waits (at most 10 s) for its callbacks running on other threads. From
+ *  initialize, its services are given back for later tools.
  *  A call from outside callbacks while another thread finalizes the tool (this function, or
  *  OnUnload) returns once that finalize has run (at most 10 s); OnUnload returns only after it. */
 typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);

@@ -343,6 +343,9 @@ pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
     let service = (*SERVICE.read())?;
     let mut config = CounterConfigId::default();
     crate::services::call_if_active(service.context, pass.is_some(), || {
+        if services::is_retired(service.context, None) {
+            return None;
+        }
         // SAFETY: the tool's callback of type `kreplay_dispatch_counting_cb_t`, registered for
         // this use; `config` is valid for the call.
         unsafe {
@@ -352,8 +355,9 @@ pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
                 &mut config,
                 service.data,
             )
-        }
-    })?;
+        };
+        Some(())
+    })??;
     if config.handle == 0 {
         return None;
     }
@@ -398,6 +402,9 @@ pub(crate) fn deliver(info: &DispatchInfo, pass: Option<u64>, ids: &[u32], value
     // Only while the context is started: one stopped (or whose tool was finalized) after the
     // dispatch picked its configuration receives nothing more. The mask was consulted at `pick`.
     crate::services::call_if_active(service.context, false, || {
+        if services::is_retired(service.context, None) {
+            return;
+        }
         // SAFETY: the tool's callback of type `kreplay_counter_record_cb_t`; the records are
         // alive for the call.
         unsafe {

@@ -926,6 +926,8 @@ fn wait_for_finalizes(client: Option<u32>) {
 struct FinalizeJob {
     client: u32,
     contexts: Vec<ContextId>,
+    /// The services the tool configured (some perhaps on contexts not its own).
+    services: Vec<ConfiguredService>,
     finalize: ToolFinalizeFn,
     tool_data: *mut c_void,
 }
@@ -940,12 +942,14 @@ impl FinalizeJob {
         FinalizeJob {
             client: tool.summary.client,
             contexts: tool.summary.contexts.clone(),
+            services: tool.services.clone(),
             finalize: tool.finalize,
             tool_data: tool.tool_data,
         }
     }
 
-    /// Stops the tool's contexts (no callback reaches it once finalize runs), then finalizes it.
+    /// Stops the tool's contexts and retires its services (no callback reaches it once
+    /// finalize runs, also through a service on a context not its own), then finalizes it.
     fn run(self) {
         let registry = ContextRegistry::global();
         {
@@ -957,9 +961,16 @@ impl FinalizeJob {
                 let _ = registry.stop(context);
             }
         }
+        let mut waited = self.contexts.clone();
+        for service in &self.services {
+            crate::services::retire_service(service.context, service.kind);
+            if !waited.contains(&service.context) {
+                waited.push(service.context);
+            }
+        }
         // Callbacks of the tool already running on other threads end first: its finalize
         // comes after its last callback (a callback that never returns is waited for a while).
-        if !crate::services::wait_for_callbacks(&self.contexts, FINALIZE_WAIT) {
+        if !crate::services::wait_for_callbacks(&waited, FINALIZE_WAIT) {
             crate::kreplay_warn!(
                 "a callback of a tool being finalized still ran after {} s; finalizing it anyway",
                 FINALIZE_WAIT.as_secs()

@@ -156,11 +156,15 @@ impl CallbackService {
     pub unsafe fn deliver(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
         self.wants(event.operation)
             && call_if_active(self.context, true, || {
+                if is_retired(self.context, Some(self.kind)) {
+                    return false;
+                }
                 // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
                 // reference.
-                unsafe { self.invoke(event, user_data) }
+                unsafe { self.invoke(event, user_data) };
+                true
             })
-            .is_some()
+            .unwrap_or(false)
     }
 
     /// Like [`deliver`](Self::deliver), but consults only the context's global started state,
@@ -172,11 +176,15 @@ impl CallbackService {
     pub unsafe fn deliver_if_started(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
         self.wants(event.operation)
             && call_if_active(self.context, false, || {
+                if is_retired(self.context, Some(self.kind)) {
+                    return false;
+                }
                 // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
                 // reference.
-                unsafe { self.invoke(event, user_data) }
+                unsafe { self.invoke(event, user_data) };
+                true
             })
-            .is_some()
+            .unwrap_or(false)
     }
 
     /// # Safety
@@ -308,6 +316,31 @@ pub(crate) fn call_if_active<R>(
         registry.is_started(context).unwrap_or(false)
     };
     active.then(call)
+}
+
+/// Services whose tool has been finalized, keyed by context and kind (`None`: the dispatch
+/// counting service): their context may be another tool's, still started, so stopping the
+/// finalized tool's contexts does not silence them. Checked by every delivery after its
+/// started check; [`ANY_RETIRED`] spares the look-up until one exists.
+static RETIRED_SERVICES: Mutex<Vec<(ContextId, Option<CallbackKind>)>> = Mutex::new(Vec::new());
+static ANY_RETIRED: AtomicBool = AtomicBool::new(false);
+
+/// Delivers nothing more through the service of `kind` (`None`: the dispatch counting service)
+/// on `context`: its tool has been finalized. Call before waiting for the callbacks of
+/// `context` ([`wait_for_callbacks`]): a callback that passed its check before is waited for,
+/// one that comes after sees the service retired.
+pub(crate) fn retire_service(context: ContextId, kind: Option<CallbackKind>) {
+    let mut retired = RETIRED_SERVICES.lock();
+    if !retired.contains(&(context, kind)) {
+        retired.push((context, kind));
+    }
+    ANY_RETIRED.store(true, Ordering::SeqCst);
+}
+
+/// Whether the service of `kind` (`None`: dispatch counting) on `context` was retired. One
+/// atomic load until a service has been retired.
+pub(crate) fn is_retired(context: ContextId, kind: Option<CallbackKind>) -> bool {
+    ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.lock().contains(&(context, kind))
 }
 
 /// Whether a tool callback runs on this thread now (this thread is inside it).
@@ -604,6 +637,8 @@ pub(crate) fn remove_service(context: ContextId, kind: CallbackKind) -> Result<b
 pub(crate) fn reset() {
     let mut services = SERVICES.lock();
     services.clear();
+    RETIRED_SERVICES.lock().clear();
+    ANY_RETIRED.store(false, Ordering::SeqCst);
     LOCKED.store(false, Ordering::Release);
     publish(&services);
 }

@@ -87,3 +87,15 @@ fn an_inactive_tool_keeps_no_service_it_configured_on_another_tools_context() {
     }
     intruder_scenario(name, "decline");
 }
+
+/// kreplay.h: a tool that finalizes itself from a callback gets nothing more, "nothing of the
+/// tool is called after it". Before, a service it had configured on another tool's context
+/// (still started) kept calling it for every later dispatch.
+#[test]
+fn a_tool_finalized_from_its_callback_gets_nothing_more_through_another_tools_context() {
+    let name = "a_tool_finalized_from_its_callback_gets_nothing_more_through_another_tools_context";
+    if in_child(name) {
+        return standard_child(1, 3);
+    }
+    intruder_scenario(name, "finalize");
+}

@@ -7,7 +7,9 @@
  * removed". No callback of the intruder may run afterwards, and the host's services must work
  * as before. PROBE_MODE=decline: the intruder configures the same services from its
  * kreplay_configure and returns NULL there (a tool that stays inactive: "its contexts are
- * stopped and its services removed" too) instead.
+ * stopped and its services removed" too) instead. PROBE_MODE=finalize: the intruder succeeds,
+ * and finalizes itself (its kreplay_client_finalize_t) from the first of its callbacks that
+ * runs: kreplay.h: "From a callback, nothing of the tool is called after it".
  */
 #include "kreplay.h"
 
@@ -20,6 +22,19 @@
 static uint32_t role; /* 0: host, 1: intruder */
 static kreplay_context_id_t own;
 static atomic_int intruder_calls, host_config_enters, intruder_services;
+static kreplay_client_id_t me;
+static kreplay_client_finalize_t finalize_me;
+static atomic_int finalizing, finalized, calls_after_finalize;
+
+/* A callback of the intruder: in PROBE_MODE=finalize the first one finalizes the tool. */
+static void intruder_called(void) {
+    atomic_fetch_add(&intruder_calls, 1);
+    if (atomic_load(&finalized)) atomic_fetch_add(&calls_after_finalize, 1);
+    if (finalize_me != NULL && !atomic_exchange(&finalizing, 1)) {
+        finalize_me(me);
+        atomic_store(&finalized, 1);
+    }
+}
 static char report[1024];
 
 static void problem(const char* fmt, long long a) {
@@ -49,7 +64,7 @@ static void intruder_record(kreplay_callback_tracing_record_t record, kreplay_us
     (void)record;
     (void)ud;
     (void)data;
-    atomic_fetch_add(&intruder_calls, 1);
+    intruder_called();
 }
 
 static void intruder_pick(kreplay_kernel_dispatch_info_t info, uint64_t pass, kreplay_counter_config_id_t* config,
@@ -58,7 +73,7 @@ static void intruder_pick(kreplay_kernel_dispatch_info_t info, uint64_t pass, kr
     (void)pass;
     (void)config;
     (void)data;
-    atomic_fetch_add(&intruder_calls, 1);
+    intruder_called();
 }
 
 static void intruder_counts(kreplay_kernel_dispatch_info_t info, const kreplay_counter_record_t* r, size_t n,
@@ -67,7 +82,7 @@ static void intruder_counts(kreplay_kernel_dispatch_info_t info, const kreplay_c
     (void)r;
     (void)n;
     (void)data;
-    atomic_fetch_add(&intruder_calls, 1);
+    intruder_called();
 }
 
 /* Services on every context but its own that it can reach. */
@@ -97,12 +112,16 @@ static int initialize(kreplay_client_finalize_t fini, void* tool_data) {
     }
     if (kreplay_create_context(&own) != KREPLAY_STATUS_SUCCESS) problem("no context for the intruder%lld", 0);
     intrude();
+    if (getenv("PROBE_MODE") != NULL && strcmp(getenv("PROBE_MODE"), "finalize") == 0) {
+        finalize_me = fini;
+        return 0;
+    }
     return 1; /* failed: nothing of it may be called from now on */
 }
 
 static void finalize(void* tool_data) {
     (void)tool_data;
-    if (role == 1) problem("the failed intruder was finalized%lld", 0);
+    if (role == 1 && finalize_me == NULL) problem("the failed intruder was finalized%lld", 0);
 }
 
 static kreplay_tool_configure_result_t result = {sizeof(kreplay_tool_configure_result_t), initialize, finalize, NULL};
@@ -113,6 +132,7 @@ kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char*
     (void)version;
     (void)runtime_version;
     role = priority;
+    me = *client_id;
     client_id->name = role == 0 ? "host" : "intruder";
     /* The host makes its context here, so that it exists when the intruder's configure runs. */
     if (role == 0 && kreplay_create_context(&own) != KREPLAY_STATUS_SUCCESS) problem("no host context%lld", 0);
@@ -127,8 +147,14 @@ kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char*
 const char* probe_report(void) {
     if (role == 1) {
         if (atomic_load(&intruder_services) == 0) problem("the intruder configured nothing (%lld)", 0);
-        if (atomic_load(&intruder_calls) != 0)
+        if (finalize_me != NULL) {
+            if (!atomic_load(&finalized)) problem("the intruder never finalized itself (%lld calls)", atomic_load(&intruder_calls));
+            if (atomic_load(&calls_after_finalize) != 0)
+                problem("a callback of the intruder ran %lld time(s) after it finalized itself",
+                        atomic_load(&calls_after_finalize));
+        } else if (atomic_load(&intruder_calls) != 0) {
             problem("a callback of the failed intruder ran %lld time(s)", atomic_load(&intruder_calls));
+        }
     } else if (atomic_load(&host_config_enters) == 0) {
         problem("the host never saw CONFIG ENTER (%lld)", 0);
     }
