@@ -303,10 +303,7 @@ fn end_setup() -> Setup {
 
 /// Records a callback tracing service (`kind`) or the dispatch counting service (`None`) just
 /// configured on `context`: it belongs to the tool whose configure or initialize is running.
-pub(crate) fn note_service_configured(
-    context: ContextId,
-    kind: Option<crate::abi::CallbackKind>,
-) {
+pub(crate) fn note_service_configured(context: ContextId, kind: Option<crate::abi::CallbackKind>) {
     if let Some(setup) = CURRENT_SETUP.lock().as_mut() {
         setup.services.push(ConfiguredService { context, kind });
     }
@@ -329,6 +326,40 @@ fn stop_contexts(contexts: &[ContextId], configured: &[ConfiguredService]) {
             }
             None => crate::counting::remove_context(service.context),
         }
+    }
+}
+
+/// Takes this module's locks before a fork (see `crate::fork`; FINALIZE_JOBS is not among them:
+/// the child keeps only its own thread's entries, see [`forget_finalizes_of_other_threads`]).
+pub(crate) fn fork_hold() {
+    crate::fork::hold(&STATE);
+    crate::fork::hold(&CURRENT_SETUP);
+    crate::fork::hold(&RETIRED);
+}
+
+/// Releases them in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took them on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::release(&RETIRED);
+        crate::fork::release(&CURRENT_SETUP);
+        crate::fork::release(&STATE);
+    }
+}
+
+/// Unlocks them in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::reset(&RETIRED);
+        crate::fork::reset(&CURRENT_SETUP);
+        crate::fork::reset(&STATE);
     }
 }
 

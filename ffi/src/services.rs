@@ -227,11 +227,20 @@ pub(crate) fn watch_forks() {
                 child: Option<extern "C" fn()>,
             ) -> std::ffi::c_int;
         }
-        // SAFETY: registers a plain extern "C" function that never unwinds (see below).
-        if unsafe { pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+        // SAFETY: registers plain extern "C" functions that never unwind (see below and
+        // `crate::fork`).
+        if unsafe {
+            pthread_atfork(
+                Some(crate::fork::prepare),
+                Some(crate::fork::in_parent),
+                Some(in_forked_child),
+            )
+        } != 0
+        {
             crate::kreplay_warn!(
                 "cannot register a fork handler: the unload of a forked child may wait for \
-                 callbacks of its parent's threads"
+                 callbacks of its parent's threads, and its kreplay calls for locks other \
+                 threads of the parent held"
             );
         }
     });
@@ -241,9 +250,12 @@ pub(crate) fn watch_forks() {
 /// parent's other threads were running never end there, so they are no longer counted (an
 /// unload or client finalize in the child would wait for them). The forking thread's own
 /// callbacks (a tool that forks from its callback) stay counted: they end, in the child too.
-/// Finalizes running on the parent's other threads are forgotten the same way. Only atomics
-/// and this thread's own lists are touched, and a lock only if it is free.
+/// Finalizes running on the parent's other threads are forgotten the same way. First, the locks
+/// the fork's prepare handler took are unlocked (`crate::fork`). Only atomics and this thread's
+/// own lists are touched, and a lock only if it is free.
 extern "C" fn in_forked_child() {
+    // Nothing here unwinds (a plain reset of atomics); guarded all the same.
+    let _ = std::panic::catch_unwind(crate::fork::in_child);
     let mut mine = [0usize; RUNNING_SLOTS];
     let _ = RUNNING_HERE.try_with(|h| {
         if let Ok(here) = h.try_borrow() {
@@ -341,6 +353,42 @@ pub(crate) fn retire_service(context: ContextId, kind: Option<CallbackKind>) {
 /// atomic load until a service has been retired.
 pub(crate) fn is_retired(context: ContextId, kind: Option<CallbackKind>) -> bool {
     ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.lock().contains(&(context, kind))
+}
+
+/// Takes this module's locks before a fork (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    crate::fork::hold(&SERVICES);
+    crate::fork::hold(&RETIRED_SERVICES);
+    crate::fork::hold_rw(&TABLE);
+    crate::fork::hold(&RUNNING_LOCK);
+}
+
+/// Releases them in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took them on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::release(&RUNNING_LOCK);
+        crate::fork::release_rw(&TABLE);
+        crate::fork::release(&RETIRED_SERVICES);
+        crate::fork::release(&SERVICES);
+    }
+}
+
+/// Unlocks them in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::reset(&RUNNING_LOCK);
+        crate::fork::reset_rw(&TABLE);
+        crate::fork::reset(&RETIRED_SERVICES);
+        crate::fork::reset(&SERVICES);
+    }
 }
 
 /// Whether a tool callback runs on this thread now (this thread is inside it).

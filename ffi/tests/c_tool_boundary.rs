@@ -14,12 +14,7 @@ use harness::*;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn scenario(name: &str, mode: &str) {
-    let (problems, run) = run_scenario(
-        name,
-        &["boundary.c"],
-        &[("PROBE_MODE", mode)],
-        DEADLINE,
-    );
+    let (problems, run) = run_scenario(name, &["boundary.c"], &[("PROBE_MODE", mode)], DEADLINE);
     assert!(
         problems.is_empty(),
         "problems: {problems:#?}\n{}",
