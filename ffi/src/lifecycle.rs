@@ -993,7 +993,13 @@ impl FinalizeJob {
             }
         }
         let mut waited = self.contexts.clone();
-        for service in &self.services {
+        // Those on its own contexts are silenced by the stop above; only a service on another's
+        // context needs retiring (which costs every later delivery a look-up).
+        for service in self
+            .services
+            .iter()
+            .filter(|s| !self.contexts.contains(&s.context))
+        {
             crate::services::retire_service(service.context, service.kind);
             if !waited.contains(&service.context) {
                 waited.push(service.context);

@@ -334,7 +334,7 @@ pub(crate) fn call_if_active<R>(
 /// counting service): their context may be another tool's, still started, so stopping the
 /// finalized tool's contexts does not silence them. Checked by every delivery after its
 /// started check; [`ANY_RETIRED`] spares the look-up until one exists.
-static RETIRED_SERVICES: Mutex<Vec<(ContextId, Option<CallbackKind>)>> = Mutex::new(Vec::new());
+static RETIRED_SERVICES: RwLock<Vec<(ContextId, Option<CallbackKind>)>> = RwLock::new(Vec::new());
 static ANY_RETIRED: AtomicBool = AtomicBool::new(false);
 
 /// Delivers nothing more through the service of `kind` (`None`: the dispatch counting service)
@@ -342,7 +342,7 @@ static ANY_RETIRED: AtomicBool = AtomicBool::new(false);
 /// `context` ([`wait_for_callbacks`]): a callback that passed its check before is waited for,
 /// one that comes after sees the service retired.
 pub(crate) fn retire_service(context: ContextId, kind: Option<CallbackKind>) {
-    let mut retired = RETIRED_SERVICES.lock();
+    let mut retired = RETIRED_SERVICES.write();
     if !retired.contains(&(context, kind)) {
         retired.push((context, kind));
     }
@@ -352,13 +352,13 @@ pub(crate) fn retire_service(context: ContextId, kind: Option<CallbackKind>) {
 /// Whether the service of `kind` (`None`: dispatch counting) on `context` was retired. One
 /// atomic load until a service has been retired.
 pub(crate) fn is_retired(context: ContextId, kind: Option<CallbackKind>) -> bool {
-    ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.lock().contains(&(context, kind))
+    ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.read().contains(&(context, kind))
 }
 
 /// Takes this module's locks before a fork (see `crate::fork`).
 pub(crate) fn fork_hold() {
     crate::fork::hold(&SERVICES);
-    crate::fork::hold(&RETIRED_SERVICES);
+    crate::fork::hold_rw(&RETIRED_SERVICES);
     crate::fork::hold_rw(&TABLE);
     crate::fork::hold(&RUNNING_LOCK);
 }
@@ -372,7 +372,7 @@ pub(crate) unsafe fn fork_release() {
     unsafe {
         crate::fork::release(&RUNNING_LOCK);
         crate::fork::release_rw(&TABLE);
-        crate::fork::release(&RETIRED_SERVICES);
+        crate::fork::release_rw(&RETIRED_SERVICES);
         crate::fork::release(&SERVICES);
     }
 }
@@ -386,7 +386,7 @@ pub(crate) unsafe fn fork_reset() {
     unsafe {
         crate::fork::reset(&RUNNING_LOCK);
         crate::fork::reset_rw(&TABLE);
-        crate::fork::reset(&RETIRED_SERVICES);
+        crate::fork::reset_rw(&RETIRED_SERVICES);
         crate::fork::reset(&SERVICES);
     }
 }
@@ -685,7 +685,7 @@ pub(crate) fn remove_service(context: ContextId, kind: CallbackKind) -> Result<b
 pub(crate) fn reset() {
     let mut services = SERVICES.lock();
     services.clear();
-    RETIRED_SERVICES.lock().clear();
+    RETIRED_SERVICES.write().clear();
     ANY_RETIRED.store(false, Ordering::SeqCst);
     LOCKED.store(false, Ordering::Release);
     publish(&services);
