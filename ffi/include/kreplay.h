@@ -905,7 +905,8 @@ typedef struct kreplay_client_id_t {
 } kreplay_client_id_t;
 
 /** Given to the tool's initialize: calling it with the tool's client id finalizes the tool early
- *  (its contexts are stopped, then its finalize runs once). From a callback, nothing of the
+ *  (its contexts are stopped, then its finalize runs once); with another client id it finalizes
+ *  no other tool (a warning says so). From a callback, nothing of the
  *  tool is called after it (its pass-count and continue callbacks neither: a replay in progress
  *  goes on without it; nor a service it configured on another tool's context); from another
  *  thread, its finalize waits (at most 10 s) for its callbacks running on other threads. From

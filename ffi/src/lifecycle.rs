@@ -797,21 +797,21 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
 }
 
 fn initialize_tool(index: usize) {
-    let (initialize, tool_data) = {
+    let (initialize, tool_data, client) = {
         let mut state = STATE.lock();
         let tool = &mut state.tools[index];
         if tool.summary.state != ToolState::Configured {
             return;
         }
         tool.summary.state = ToolState::Initializing;
-        (tool.initialize, tool.tool_data)
+        (tool.initialize, tool.tool_data, tool.summary.client)
     };
 
     begin_setup();
     let rc = match initialize {
         // SAFETY: the tool's initialize, called once with the finalize trampoline and the tool's
         // own data, exactly as kreplay.h documents.
-        Some(initialize) => unsafe { initialize(Some(client_finalize), tool_data) },
+        Some(initialize) => unsafe { initialize(Some(finalize_function(client)), tool_data) },
         None => 0,
     };
     let setup = end_setup();
@@ -1035,9 +1035,63 @@ impl Drop for FinalizeJob {
     }
 }
 
-/// `kreplay_client_finalize_t` handed to every tool's initialize.
-unsafe extern "C" fn client_finalize(client: ClientId) {
+/// The `kreplay_client_finalize_t` handed to the initialize of the tool with client handle
+/// `CLIENT`: it finalizes that tool, and no other (called with another client id, a stale or
+/// guessed one, it is refused with a warning).
+unsafe extern "C" fn client_finalize_of<const CLIENT: u32>(client: ClientId) {
+    let _ = std::panic::catch_unwind(|| {
+        if client.handle == CLIENT {
+            finalize_client(CLIENT);
+        } else {
+            crate::kreplay_warn!(
+                "tool {} called its finalize function with client id {}, which is not its own; \
+                 ignored (a tool finalizes only itself)",
+                tool_description(CLIENT),
+                client.handle
+            );
+        }
+    });
+}
+
+/// The finalize function of tools beyond [`CLIENT_FINALIZERS`]: it cannot tell whose it is, so
+/// it finalizes the tool the client id names.
+unsafe extern "C" fn client_finalize_any(client: ClientId) {
     let _ = std::panic::catch_unwind(|| finalize_client(client.handle));
+}
+
+macro_rules! client_finalizers {
+    ($($client:literal)*) => {
+        [$(client_finalize_of::<$client> as unsafe extern "C" fn(ClientId)),*]
+    };
+}
+
+/// One finalize function per client handle 1..=64 (a process has far fewer tools).
+static CLIENT_FINALIZERS: [unsafe extern "C" fn(ClientId); 64] = client_finalizers!(
+    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32
+    33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62
+    63 64
+);
+
+/// The finalize function handed to the tool with client handle `client`.
+fn finalize_function(client: u32) -> unsafe extern "C" fn(ClientId) {
+    client
+        .checked_sub(1)
+        .and_then(|index| CLIENT_FINALIZERS.get(index as usize))
+        .copied()
+        .unwrap_or(client_finalize_any)
+}
+
+/// How messages name the tool with client handle `client`.
+fn tool_description(client: u32) -> String {
+    STATE
+        .lock()
+        .tools
+        .iter()
+        .find(|tool| tool.summary.client == client)
+        .map_or_else(
+            || format!("client {client}"),
+            |tool| describe(&tool.summary),
+        )
 }
 
 fn finalize_client(handle: u32) {

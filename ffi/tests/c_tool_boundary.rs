@@ -94,3 +94,15 @@ fn a_tool_finalized_from_its_callback_gets_nothing_more_through_another_tools_co
     }
     intruder_scenario(name, "finalize");
 }
+
+/// The finalize function kreplay hands a tool finalizes that tool only: called with another
+/// tool's client id (a stale or guessed one: handles are small numbers) it finalizes nobody.
+/// Before, it finalized the other tool, whose replays then stopped.
+#[test]
+fn a_tools_finalize_function_called_with_another_client_id_finalizes_no_other_tool() {
+    let name = "a_tools_finalize_function_called_with_another_client_id_finalizes_no_other_tool";
+    if in_child(name) {
+        return standard_child(1, 2);
+    }
+    intruder_scenario(name, "other_id");
+}

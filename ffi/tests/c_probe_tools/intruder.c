@@ -10,6 +10,8 @@
  * stopped and its services removed" too) instead. PROBE_MODE=finalize: the intruder succeeds,
  * and finalizes itself (its kreplay_client_finalize_t) from the first of its callbacks that
  * runs: kreplay.h: "From a callback, nothing of the tool is called after it".
+ * PROBE_MODE=other_id: the intruder calls its kreplay_client_finalize_t with every client id
+ * but its own (the host's among them) and stays active: that finalizes no other tool.
  */
 #include "kreplay.h"
 
@@ -24,6 +26,7 @@ static kreplay_context_id_t own;
 static atomic_int intruder_calls, host_config_enters, intruder_services;
 static kreplay_client_id_t me;
 static kreplay_client_finalize_t finalize_me;
+static int failed;
 static atomic_int finalizing, finalized, calls_after_finalize;
 
 /* A callback of the intruder: in PROBE_MODE=finalize the first one finalizes the tool. */
@@ -111,17 +114,29 @@ static int initialize(kreplay_client_finalize_t fini, void* tool_data) {
         return 0;
     }
     if (kreplay_create_context(&own) != KREPLAY_STATUS_SUCCESS) problem("no context for the intruder%lld", 0);
+    if (getenv("PROBE_MODE") != NULL && strcmp(getenv("PROBE_MODE"), "other_id") == 0) {
+        kreplay_client_id_t other = me;
+        uint32_t h;
+        for (h = 0; h <= 8; h++) {
+            if (h == me.handle) continue;
+            other.handle = h;
+            fini(other);
+        }
+        atomic_fetch_add(&intruder_services, 1); /* nothing to configure in this mode */
+        return 0;
+    }
     intrude();
     if (getenv("PROBE_MODE") != NULL && strcmp(getenv("PROBE_MODE"), "finalize") == 0) {
         finalize_me = fini;
         return 0;
     }
+    failed = 1;
     return 1; /* failed: nothing of it may be called from now on */
 }
 
 static void finalize(void* tool_data) {
     (void)tool_data;
-    if (role == 1 && finalize_me == NULL) problem("the failed intruder was finalized%lld", 0);
+    if (failed) problem("the failed intruder was finalized%lld", 0);
 }
 
 static kreplay_tool_configure_result_t result = {sizeof(kreplay_tool_configure_result_t), initialize, finalize, NULL};
