@@ -475,7 +475,7 @@ static uint64_t pass_count(kreplay_kernel_dispatch_info_t info, kreplay_user_dat
     (void)info;
     (void)ud;
     random_calls(IN_CALLBACK);
-    return 1 + below(4);
+    return 2 + below(3);
 }
 
 static int keep_going(kreplay_kernel_dispatch_info_t info, uint64_t pass, uint64_t total, kreplay_user_data_t ud) {
@@ -500,11 +500,24 @@ static void on_replay(kreplay_callback_tracing_record_t record, kreplay_user_dat
         pthread_t helper;
         atomic_store(&saved_start, p->replay_start_context);
         atomic_store(&saved_stop, p->replay_stop_context);
+        /* One toggle every seed makes: a context started when the replay began. */
+        expect(IN_PASS_ENTER, "a toggle of a context started when the replay began",
+               p->replay_start_context(on_ctx[0]), KREPLAY_STATUS_SUCCESS);
+        atomic_fetch_add(&toggles_ok, 1);
         random_calls(IN_PASS_ENTER);
         if (pthread_create(&helper, NULL, pass_enter_helper, NULL) == 0) pthread_join(helper, NULL);
         return;
     }
     random_calls(IN_CALLBACK);
+    if (record.operation == KREPLAY_KERNEL_REPLAY_PASS && record.phase == KREPLAY_CALLBACK_PHASE_EXIT) {
+        /* And one refused every seed makes: PASS ENTER's toggle, kept, called at PASS EXIT. */
+        kreplay_context_toggle_cb_t kept = atomic_load(&saved_stop);
+        if (kept != NULL) {
+            expect(IN_CALLBACK, "a PASS ENTER toggle called at PASS EXIT", kept(on_ctx[0]),
+                   KREPLAY_STATUS_ERROR_CONTEXT_ERROR);
+            atomic_fetch_add(&toggles_refused, 1);
+        }
+    }
     if (record.operation == KREPLAY_KERNEL_REPLAY_CONFIG && record.phase == KREPLAY_CALLBACK_PHASE_ENTER) {
         switch (below(4)) {
         case 0: break; /* opt out */
