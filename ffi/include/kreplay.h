@@ -95,8 +95,9 @@
  *  - `callback_data`, `tool_data`: the tool's own; kreplay never dereferences or frees them and
  *    passes them until the tool is finalized.
  *  - `operations` of kreplay_configure_callback_tracing_service: read during the call only.
- *  - `client_id->name`: read when kreplay_configure returns (kreplay keeps a copy); a string
- *    literal is the usual choice.
+ *  - `client_id->name`: read when kreplay_configure returns (kreplay keeps a copy of at most
+ *    256 bytes: a longer name, or one without its NUL, is cut there); a string literal is the
+ *    usual choice.
  *  - The kreplay_tool_configure_result_t returned by kreplay_configure: must stay valid until the
  *    tool's finalize has run (a `static` object is the usual choice).
  *  - Strings returned by kreplay (names, descriptions, `runtime_version`): static storage, never

@@ -35,7 +35,7 @@
 //! assert_eq!(lifecycle::finalize_tools(), 0);
 //! ```
 
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::fmt;
 use std::mem::size_of;
 use std::path::{Path, PathBuf};
@@ -748,12 +748,9 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     let name = if client_id.name.is_null() {
         None
     } else {
-        // SAFETY: the contract asks the tool to set a NUL-terminated string with static storage.
-        Some(
-            unsafe { CStr::from_ptr(client_id.name) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        // SAFETY: the contract asks the tool to set a NUL-terminated string with static storage;
+        // at most `MAX_NAME` bytes of it are read.
+        Some(unsafe { bounded_name(client_id.name) })
     };
     let mut tool = Tool {
         summary: ToolSummary {
@@ -794,6 +791,32 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     tool.tool_data = result.tool_data;
     tool.summary.state = ToolState::Configured;
     tool
+}
+
+/// The longest tool name kreplay keeps, in bytes: the rest of a longer one (or of one whose
+/// NUL never comes) is neither read nor printed.
+const MAX_NAME: usize = 256;
+
+/// The tool name at `name`: up to its NUL, or its first [`MAX_NAME`] bytes with `...` appended
+/// (a warning says it was cut).
+///
+/// # Safety
+/// `name` points to a NUL-terminated string, or to at least `MAX_NAME` readable bytes.
+unsafe fn bounded_name(name: *const std::ffi::c_char) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < MAX_NAME {
+        // SAFETY: within the string (its NUL not reached yet) or its first MAX_NAME bytes.
+        let byte = unsafe { name.add(bytes.len()).cast::<u8>().read() };
+        if byte == 0 {
+            return String::from_utf8_lossy(&bytes).into_owned();
+        }
+        bytes.push(byte);
+    }
+    let kept = String::from_utf8_lossy(&bytes).into_owned();
+    crate::kreplay_warn!(
+        "a tool's name has no NUL within {MAX_NAME} bytes; it is cut there: \"{kept}...\""
+    );
+    format!("{kept}...")
 }
 
 fn initialize_tool(index: usize) {

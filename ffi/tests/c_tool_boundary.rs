@@ -106,3 +106,30 @@ fn a_tools_finalize_function_called_with_another_client_id_finalizes_no_other_to
     }
     intruder_scenario(name, "other_id");
 }
+
+/// A client name with no NUL within reason (64 KiB before it) is cut in kreplay's messages,
+/// which say so; before, every message naming the tool carried all of it.
+#[test]
+fn a_client_name_without_a_nul_within_reason_is_cut_in_messages() {
+    let name = "a_client_name_without_a_nul_within_reason_is_cut_in_messages";
+    if in_child(name) {
+        return standard_child(1, 1);
+    }
+    let (problems, run) =
+        run_scenario(name, &["long_name.c"], &[("KREPLAY_LOG", "info")], DEADLINE);
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+    let longest = run.stderr.lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest < 1024,
+        "a line of {longest} bytes on stderr: the tool's name was printed whole"
+    );
+    assert!(
+        run.stderr.contains("NNNNNNNN"),
+        "the tool is not named at all:\n{}",
+        run.stderr
+    );
+}
