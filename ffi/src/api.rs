@@ -340,7 +340,21 @@ pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
             callback,
             callback_data,
         ) {
-            Ok(()) => Status::SUCCESS,
+            Ok(()) => {
+                // Legal, but a replay owner that never receives CONFIG ENTER never answers a
+                // pass count: nothing is replayed, and nothing else would tell it why.
+                if kind == CallbackKind::KERNEL_REPLAY
+                    && operations.is_some_and(|list| {
+                        !list.contains(&crate::abi::KernelReplayOperation::CONFIG.0)
+                    })
+                {
+                    crate::kreplay_warn!(
+                        "kernel replay was configured without its CONFIG operation: the tool is \
+                         never asked for a pass count at CONFIG ENTER, so no dispatch is replayed"
+                    );
+                }
+                Status::SUCCESS
+            }
             Err(status) if status == Status::ERROR_SERVICE_ALREADY_CONFIGURED => status,
             Err(status) if status == Status::ERROR_INVALID_ARGUMENT => refused(
                 status,

@@ -133,3 +133,30 @@ fn a_client_name_without_a_nul_within_reason_is_cut_in_messages() {
         run.stderr
     );
 }
+
+/// A tool that owns kernel replay but left CONFIG out of its operations is never asked for a
+/// pass count, so no dispatch is replayed: kreplay says so when the service is configured
+/// (before, nothing told the tool why it saw no PASS record).
+#[test]
+fn kernel_replay_configured_without_config_is_warned_about() {
+    let name = "kernel_replay_configured_without_config_is_warned_about";
+    if in_child(name) {
+        return standard_child(1, 1);
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["boundary.c"],
+        &[("PROBE_MODE", "no_config")],
+        DEADLINE,
+    );
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+    assert!(
+        run.stderr.contains("without its CONFIG operation"),
+        "no warning:\n{}",
+        run.report()
+    );
+}

@@ -10,6 +10,9 @@
  *                the replay runs 2 passes.
  *   huge_counts  operation and counter lists with counts above what memory can hold (SIZE_MAX,
  *                SIZE_MAX / 2, the first count past the largest array); the replay runs 2 passes.
+ *   no_config    kernel replay configured without its CONFIG operation (PASS, SNAPSHOT and
+ *                RESTORE only): kreplay can never ask this tool for a pass count, so nothing is
+ *                ever replayed; the test reads kreplay's warning saying so.
  */
 #include "kreplay.h"
 
@@ -222,7 +225,14 @@ static int initialize(kreplay_client_finalize_t fini, void* tool_data) {
                        KREPLAY_KERNEL_REPLAY_SNAPSHOT, KREPLAY_KERNEL_REPLAY_RESTORE};
     (void)fini;
     (void)tool_data;
-    if (strcmp(mode, "misaligned") == 0) {
+    if (strcmp(mode, "no_config") == 0) {
+        expect("kreplay_create_context", kreplay_create_context(&replay_ctx), KREPLAY_STATUS_SUCCESS);
+        expect("kreplay_configure_callback_tracing_service(no CONFIG)",
+               kreplay_configure_callback_tracing_service(replay_ctx, KREPLAY_CALLBACK_TRACING_KERNEL_REPLAY,
+                                                          ops + 1, 3, on_replay, NULL),
+               KREPLAY_STATUS_SUCCESS);
+        counters_checked = 1; /* no CONFIG ENTER comes in this mode */
+    } else if (strcmp(mode, "misaligned") == 0) {
         kreplay_context_id_t* odd_ctx = (kreplay_context_id_t*)odd(0);
         uint32_t* odd_ops = (uint32_t*)odd(1);
         expect("kreplay_create_context(misaligned)", kreplay_create_context(odd_ctx),
