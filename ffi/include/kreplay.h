@@ -38,7 +38,10 @@
  *    kreplay rejects one smaller than it needs and ignores bytes it does not know.
  *  - Within one major version (KREPLAY_VERSION_MAJOR, the `0` of the SONAME libkreplay.so.0)
  *    functions are only added, never removed or changed.
- *  - Functions never abort the process: a failure is returned as a status.
+ *  - Functions never abort the process: a failure is returned as a status. Out-pointers and
+ *    arrays a tool passes are read and written without relying on their alignment (a field of a
+ *    packed struct will do); an element count larger than any array can be (SIZE_MAX, say) is
+ *    KREPLAY_STATUS_ERROR_INVALID_ARGUMENT.
  *  - kreplay supports 64-bit targets only; the layouts below are checked against that.
  *
  * When each function may be called:
@@ -92,8 +95,9 @@
  *  - `callback_data`, `tool_data`: the tool's own; kreplay never dereferences or frees them and
  *    passes them until the tool is finalized.
  *  - `operations` of kreplay_configure_callback_tracing_service: read during the call only.
- *  - `client_id->name`: read when kreplay_configure returns (kreplay keeps a copy); a string
- *    literal is the usual choice.
+ *  - `client_id->name`: read when kreplay_configure returns (kreplay keeps a copy of at most
+ *    256 bytes: a longer name, or one without its NUL, is cut there); a string literal is the
+ *    usual choice.
  *  - The kreplay_tool_configure_result_t returned by kreplay_configure: must stay valid until the
  *    tool's finalize has run (a `static` object is the usual choice).
  *  - Strings returned by kreplay (names, descriptions, `runtime_version`): static storage, never
@@ -739,9 +743,10 @@ kreplay_status_t kreplay_context_is_active(kreplay_context_id_t context_id, int*
  * `callback`.
  *
  * Errors: KREPLAY_STATUS_ERROR_CONFIGURATION_LOCKED after tool initialization has ended;
- * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown kind, an unknown operation
- * or `operations == NULL` with a non-zero count; KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an
- * unknown context; KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if the context already has this
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for a NULL callback, an unknown kind, an unknown operation,
+ * `operations == NULL` with a non-zero count or a count larger than any array;
+ * KREPLAY_STATUS_ERROR_CONTEXT_NOT_FOUND for an unknown context;
+ * KREPLAY_STATUS_ERROR_SERVICE_ALREADY_CONFIGURED if the context already has this
  * kind, or if `kind` is KERNEL_REPLAY and another context has configured it.
  */
 kreplay_status_t kreplay_configure_callback_tracing_service(kreplay_context_id_t context_id,
@@ -855,8 +860,9 @@ kreplay_status_t kreplay_iterate_agent_counters(kreplay_agent_id_t agent_id,
 /**
  * Creates a configuration counting `counters` (at least one, of `agent_id`) together in one
  * pass. KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when they do not fit one pass (the block and its
- * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters or an
- * unknown counter; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
+ * limit are logged); KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, no counters, an
+ * unknown counter or a count larger than any array; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before
+ * kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
                                                const kreplay_counter_id_t* counters,
@@ -869,8 +875,8 @@ kreplay_status_t kreplay_create_counter_config(kreplay_agent_id_t agent_id,
  * `*pass_count` (0 for no counters); when `pass_of_counter` is not NULL, writes the 0-based pass
  * of each counter there (`counters_count` entries; a counter listed twice is counted once).
  * KREPLAY_STATUS_ERROR_EXCEEDS_PASS_LIMIT when one counter alone cannot be counted in a pass;
- * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers or an unknown counter;
- * KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
+ * KREPLAY_STATUS_ERROR_INVALID_ARGUMENT for NULL pointers, an unknown counter or a count larger
+ * than any array; KREPLAY_STATUS_ERROR_NOT_INITIALIZED before kreplay is loaded into a runtime.
  */
 kreplay_status_t kreplay_plan_counter_passes(kreplay_agent_id_t agent_id,
                                              const kreplay_counter_id_t* counters,
@@ -900,16 +906,19 @@ typedef struct kreplay_client_id_t {
 } kreplay_client_id_t;
 
 /** Given to the tool's initialize: calling it with the tool's client id finalizes the tool early
- *  (its contexts are stopped, then its finalize runs once). From a callback, nothing of the
+ *  (its contexts are stopped, then its finalize runs once); with another client id it finalizes
+ *  no other tool (a warning says so). From a callback, nothing of the
  *  tool is called after it (its pass-count and continue callbacks neither: a replay in progress
- *  goes on without it); from another thread, its finalize waits (at most 10 s) for its callbacks
- *  running on other threads. From initialize, its services are given back for later tools.
+ *  goes on without it; nor a service it configured on another tool's context); from another
+ *  thread, its finalize waits (at most 10 s) for its callbacks running on other threads. From
+ *  initialize, its services are given back for later tools.
  *  A call from outside callbacks while another thread finalizes the tool (this function, or
  *  OnUnload) returns once that finalize has run (at most 10 s); OnUnload returns only after it. */
 typedef void (*kreplay_client_finalize_t)(kreplay_client_id_t client_id);
 
 /** The tool's initialize: create, configure and start contexts here. Return 0 on success; any
- *  other value marks the tool as failed (its contexts are stopped and its services removed). */
+ *  other value marks the tool as failed (its contexts are stopped and every service it
+ *  configured is removed, also one on a context not its own). */
 typedef int (*kreplay_tool_initialize_t)(kreplay_client_finalize_t finalize_func,
                                          void* tool_data);
 

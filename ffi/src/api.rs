@@ -27,6 +27,59 @@ pub(crate) fn guard(body: impl FnOnce() -> Status) -> Status {
     }
 }
 
+/// The elements of an array a C caller handed in, read one at a time wherever the array is
+/// aligned: a field of a packed struct or a pointer into a byte buffer is as good as an aligned
+/// array (Rust's aligned reads would abort the process on it).
+pub(crate) struct CArray<T> {
+    start: *const T,
+    len: usize,
+}
+
+impl<T: Copy> CArray<T> {
+    /// The array of `len` elements at `start`; `None` when `len` is non-zero and `start` is
+    /// NULL, or when no array of `len` `T`s can exist (more than `isize::MAX` bytes: a count
+    /// such as `SIZE_MAX`, which a caller cannot mean).
+    ///
+    /// # Safety
+    /// When this returns `Some` and `len` is non-zero, `start` points to `len` readable `T`s (at
+    /// any alignment) for as long as the array is read.
+    pub(crate) unsafe fn new(start: *const T, len: usize) -> Option<CArray<T>> {
+        let fits = len
+            .checked_mul(std::mem::size_of::<T>())
+            .is_some_and(|bytes| bytes <= isize::MAX as usize);
+        if len != 0 && (start.is_null() || !fits) {
+            return None;
+        }
+        Some(CArray { start, len })
+    }
+
+    /// The elements in order. No room for all of them is reserved up front: a caller that
+    /// lies about the count is read until an element is found wrong, never met with an
+    /// allocation the size of the count.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = T> + '_ {
+        let mut index = 0;
+        std::iter::from_fn(move || {
+            if index == self.len {
+                return None;
+            }
+            // SAFETY: `index < len`, and `new`'s caller promised `len` readable elements at
+            // `start` (alignment not required: the read is unaligned).
+            let value = unsafe { self.start.add(index).read_unaligned() };
+            index += 1;
+            Some(value)
+        })
+    }
+}
+
+/// Writes `value` through a C caller's out-pointer, wherever it is aligned.
+///
+/// # Safety
+/// `out` is non-null and valid for writing a `T` (at any alignment).
+pub(crate) unsafe fn write_out<T>(out: *mut T, value: T) {
+    // SAFETY: forwarded from the caller; the write is unaligned.
+    unsafe { out.write_unaligned(value) }
+}
+
 fn context_status(result: Result<(), ContextError>) -> Status {
     match result {
         Ok(()) => Status::SUCCESS,
@@ -64,7 +117,7 @@ pub unsafe extern "C" fn kreplay_get_version(
     ] {
         if !out.is_null() {
             // SAFETY: non-null and, per the contract, valid for writing a u32.
-            unsafe { out.write(value) };
+            unsafe { write_out(out, value) };
         }
     }
     Status::SUCCESS
@@ -126,6 +179,33 @@ pub unsafe extern "C" fn kreplay_get_counters(counters: *mut Counters) -> Status
     })
 }
 
+/// Held while a context is created (see [`kreplay_create_context`]); a leaf: nothing else is
+/// taken while it is held.
+static CREATING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Takes the context-creation lock before a fork (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    crate::fork::hold(&CREATING);
+}
+
+/// Releases it in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took it on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe { crate::fork::release(&CREATING) };
+}
+
+/// Unlocks it in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took it before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe { crate::fork::reset(&CREATING) };
+}
+
 /// `kreplay_create_context`: creates a stopped context without services.
 ///
 /// # Safety
@@ -136,10 +216,16 @@ pub unsafe extern "C" fn kreplay_create_context(context_id: *mut ContextHandle) 
         return Status::ERROR_INVALID_ARGUMENT;
     }
     guard(|| {
-        let id = ContextRegistry::global().create();
+        let id = {
+            // Held across the registry's creation, which may allocate a new segment of started
+            // flags once (a one-time initialization no other thread may be inside at a fork:
+            // the child would wait for it forever). See `crate::fork`.
+            let _creating = CREATING.lock();
+            ContextRegistry::global().create()
+        };
         lifecycle::note_context_created(id);
         // SAFETY: non-null and, per the contract, valid for writing.
-        unsafe { context_id.write(ContextHandle::from(id)) };
+        unsafe { write_out(context_id, ContextHandle::from(id)) };
         Status::SUCCESS
     })
 }
@@ -173,7 +259,7 @@ pub unsafe extern "C" fn kreplay_context_is_active(
         || match ContextRegistry::global().is_started(context_id.into()) {
             Ok(started) => {
                 // SAFETY: non-null and, per the contract, valid for writing.
-                unsafe { status.write(c_int::from(started)) };
+                unsafe { write_out(status, c_int::from(started)) };
                 Status::SUCCESS
             }
             Err(ContextError::UnknownContext) => Status::ERROR_CONTEXT_NOT_FOUND,
@@ -223,19 +309,30 @@ pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
         let Some(callback) = callback else {
             return refused(Status::ERROR_INVALID_ARGUMENT, "the callback is NULL");
         };
-        let operations = match (operations.is_null(), operations_count) {
-            (_, 0) => None,
-            (true, _) => {
-                return refused(
-                    Status::ERROR_INVALID_ARGUMENT,
-                    "operations is NULL with a non-zero count",
-                );
-            }
-            (false, count) => {
-                // SAFETY: non-null and, per the contract, `count` readable u32s.
-                Some(unsafe { std::slice::from_raw_parts(operations, count) })
-            }
+        // SAFETY: per the contract, `operations_count` readable u32s when the count is
+        // non-zero (at any alignment).
+        let Some(list) = (unsafe { CArray::new(operations, operations_count) }) else {
+            return refused(
+                Status::ERROR_INVALID_ARGUMENT,
+                "operations is NULL with a non-zero count, or the count is larger than any \
+                 array",
+            );
         };
+        // Each operation once, read up to the first that is not one of the kind's: the list
+        // handed on is never longer than the kind's operations.
+        let valid = services::OperationFilter::all_of(kind);
+        let mut wanted: Vec<u32> = Vec::new();
+        for operation in list.iter() {
+            if !valid.contains(operation) {
+                wanted.clear();
+                wanted.push(operation);
+                break;
+            }
+            if !wanted.contains(&operation) {
+                wanted.push(operation);
+            }
+        }
+        let operations = (operations_count != 0).then_some(&wanted[..]);
         match services::configure_callback_tracing(
             context_id.into(),
             kind,
@@ -243,7 +340,21 @@ pub unsafe extern "C" fn kreplay_configure_callback_tracing_service(
             callback,
             callback_data,
         ) {
-            Ok(()) => Status::SUCCESS,
+            Ok(()) => {
+                // Legal, but a replay owner that never receives CONFIG ENTER never answers a
+                // pass count: nothing is replayed, and nothing else would tell it why.
+                if kind == CallbackKind::KERNEL_REPLAY
+                    && operations.is_some_and(|list| {
+                        !list.contains(&crate::abi::KernelReplayOperation::CONFIG.0)
+                    })
+                {
+                    crate::kreplay_warn!(
+                        "kernel replay was configured without its CONFIG operation: the tool is \
+                         never asked for a pass count at CONFIG ENTER, so no dispatch is replayed"
+                    );
+                }
+                Status::SUCCESS
+            }
             Err(status) if status == Status::ERROR_SERVICE_ALREADY_CONFIGURED => status,
             Err(status) if status == Status::ERROR_INVALID_ARGUMENT => refused(
                 status,
@@ -281,7 +392,7 @@ pub unsafe extern "C" fn kreplay_is_initialized(status: *mut c_int) -> Status {
         return Status::ERROR_INVALID_ARGUMENT;
     }
     // SAFETY: non-null and, per the contract, valid for writing.
-    unsafe { status.write(c_int::from(lifecycle::is_initialized())) };
+    unsafe { write_out(status, c_int::from(lifecycle::is_initialized())) };
     Status::SUCCESS
 }
 
@@ -295,7 +406,7 @@ pub unsafe extern "C" fn kreplay_is_finalized(status: *mut c_int) -> Status {
         return Status::ERROR_INVALID_ARGUMENT;
     }
     // SAFETY: non-null and, per the contract, valid for writing.
-    unsafe { status.write(c_int::from(lifecycle::is_finalized())) };
+    unsafe { write_out(status, c_int::from(lifecycle::is_finalized())) };
     Status::SUCCESS
 }
 

@@ -140,6 +140,39 @@ fn publish(agent: u64, catalogue: Catalogue) -> Arc<Catalogue> {
     )
 }
 
+/// Takes this module's locks before a fork (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    crate::fork::hold_rw(&SERVICE);
+    crate::fork::hold_rw(&CONFIGS);
+    crate::fork::hold(&CATALOGUES);
+}
+
+/// Releases them in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took them on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::release(&CATALOGUES);
+        crate::fork::release_rw(&CONFIGS);
+        crate::fork::release_rw(&SERVICE);
+    }
+}
+
+/// Unlocks them in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::reset(&CATALOGUES);
+        crate::fork::reset_rw(&CONFIGS);
+        crate::fork::reset_rw(&SERVICE);
+    }
+}
+
 /// The counters of `agent` (for HSA: an `hsa_agent_t` handle).
 pub fn agent_counters(agent: u64) -> Result<Vec<CounterDesc>, CountingFailure> {
     Ok(catalogue(agent)?.counters.clone())
@@ -304,7 +337,9 @@ pub fn configure_dispatch_counting(
         });
         CONFIGURED.store(true, Ordering::Relaxed);
         Ok(())
-    })
+    })?;
+    crate::lifecycle::note_service_configured(context, None);
+    Ok(())
 }
 
 /// The context of the dispatch counting service, if one is configured.
@@ -341,6 +376,9 @@ pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
     let service = (*SERVICE.read())?;
     let mut config = CounterConfigId::default();
     crate::services::call_if_active(service.context, pass.is_some(), || {
+        if services::is_retired(service.context, None) {
+            return None;
+        }
         // SAFETY: the tool's callback of type `kreplay_dispatch_counting_cb_t`, registered for
         // this use; `config` is valid for the call.
         unsafe {
@@ -350,8 +388,9 @@ pub(crate) fn pick(info: &DispatchInfo, pass: Option<u64>) -> Option<Vec<u32>> {
                 &mut config,
                 service.data,
             )
-        }
-    })?;
+        };
+        Some(())
+    })??;
     if config.handle == 0 {
         return None;
     }
@@ -396,6 +435,9 @@ pub(crate) fn deliver(info: &DispatchInfo, pass: Option<u64>, ids: &[u32], value
     // Only while the context is started: one stopped (or whose tool was finalized) after the
     // dispatch picked its configuration receives nothing more. The mask was consulted at `pick`.
     crate::services::call_if_active(service.context, false, || {
+        if services::is_retired(service.context, None) {
+            return;
+        }
         // SAFETY: the tool's callback of type `kreplay_counter_record_cb_t`; the records are
         // alive for the call.
         unsafe {
@@ -413,21 +455,18 @@ pub(crate) fn deliver(info: &DispatchInfo, pass: Option<u64>, ids: &[u32], value
 // The C functions
 // ------------------------------------------------------------------------------------------------
 
-/// Reads a C counter list into catalogue indices.
+/// Reads a C counter list (at any alignment) into catalogue indices, up to the first id that
+/// cannot be one. NULL with a non-zero count, or a count larger than any array, is
+/// [`Status::ERROR_INVALID_ARGUMENT`].
 ///
 /// # Safety
 /// When `count` is non-zero, `counters` is NULL or points to `count` readable ids.
 unsafe fn indices(counters: *const CounterId, count: usize) -> Result<Vec<u32>, Status> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    if counters.is_null() {
-        return Err(Status::ERROR_INVALID_ARGUMENT);
-    }
-    // SAFETY: non-null and, per the contract, `count` readable ids.
-    let ids = unsafe { std::slice::from_raw_parts(counters, count) };
-    ids.iter()
-        .map(|&id| counter_index(id).ok_or(Status::ERROR_INVALID_ARGUMENT))
+    // SAFETY: forwarded from the caller's contract.
+    let list = unsafe { crate::api::CArray::new(counters, count) }
+        .ok_or(Status::ERROR_INVALID_ARGUMENT)?;
+    list.iter()
+        .map(|id| counter_index(id).ok_or(Status::ERROR_INVALID_ARGUMENT))
         .collect()
 }
 
@@ -479,7 +518,7 @@ pub unsafe extern "C" fn kreplay_create_counter_config(
         match create_config(agent_id.handle, &ids) {
             Ok(config) => {
                 // SAFETY: non-null and, per the contract, writable.
-                unsafe { config_id.write(config) };
+                unsafe { crate::api::write_out(config_id, config) };
                 Status::SUCCESS
             }
             Err(e) => {
@@ -524,11 +563,11 @@ pub unsafe extern "C" fn kreplay_plan_counter_passes(
             for (i, id) in ids.iter().enumerate() {
                 let pass = groups.iter().position(|g| g.contains(id)).unwrap_or(0);
                 // SAFETY: per the contract, room for `counters_count` u32s.
-                unsafe { pass_of_counter.add(i).write(pass as u32) };
+                unsafe { crate::api::write_out(pass_of_counter.add(i), pass as u32) };
             }
         }
         // SAFETY: non-null and, per the contract, writable.
-        unsafe { pass_count.write(groups.len() as u64) };
+        unsafe { crate::api::write_out(pass_count, groups.len() as u64) };
         Status::SUCCESS
     })
 }

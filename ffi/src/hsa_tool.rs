@@ -582,7 +582,12 @@ impl CReplayTool {
     /// `None` when the owner is gone.
     fn call_owner<R>(&self, call: impl FnOnce() -> R) -> Option<R> {
         let owner = self.owner?;
-        services::call_if_active(owner.context, false, call)
+        services::call_if_active(owner.context, false, || {
+            // A service its tool configured on a context not its own outlives the tool's
+            // finalize unless retired.
+            (!services::is_retired(owner.context, Some(owner.kind))).then(call)
+        })
+        .flatten()
     }
 
     /// Delivers a CONFIG or PASS record. The tool gets a copy of kreplay's payload: only the

@@ -42,6 +42,7 @@ pub mod config;
 pub mod counters;
 pub mod counting;
 pub mod cuda_tool;
+mod fork;
 pub mod hsa_tool;
 pub mod lifecycle;
 pub mod logging;

@@ -35,7 +35,7 @@
 //! assert_eq!(lifecycle::finalize_tools(), 0);
 //! ```
 
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::fmt;
 use std::mem::size_of;
 use std::path::{Path, PathBuf};
@@ -248,6 +248,8 @@ struct Tool {
     finalize: ToolFinalizeFn,
     tool_data: *mut c_void,
     finalize_requested: bool,
+    /// The services it configured (on its own contexts or another's).
+    services: Vec<ConfiguredService>,
 }
 
 // SAFETY: `tool_data` is the tool's opaque pointer, only handed back to the tool's own functions,
@@ -270,27 +272,94 @@ static STATE: Mutex<LifecycleState> = Mutex::new(LifecycleState {
     load_errors: Vec::new(),
 });
 
-/// Contexts created while a tool's configure or initialize runs, on any thread (tools are
-/// configured and initialized one at a time, and a tool may create its contexts on a thread of
-/// its own): that tool's.
-static CREATED_DURING_SETUP: Mutex<Option<Vec<ContextId>>> = Mutex::new(None);
+/// What one tool's configure or initialize made, on any thread (tools are configured and
+/// initialized one at a time, and a tool may work on a thread of its own).
+#[derive(Debug, Default)]
+struct Setup {
+    /// Contexts created: that tool's.
+    contexts: Vec<ContextId>,
+    /// Services configured, on any context (one of another tool's too): that tool's.
+    services: Vec<ConfiguredService>,
+}
+
+/// A service a tool configured: a callback tracing service of `kind` on `context`, or
+/// (`kind == None`) the dispatch counting service on `context`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ConfiguredService {
+    context: ContextId,
+    kind: Option<crate::abi::CallbackKind>,
+}
+
+/// The setup of the tool whose configure or initialize is running, if one is.
+static CURRENT_SETUP: Mutex<Option<Setup>> = Mutex::new(None);
 
 fn begin_setup() {
-    *CREATED_DURING_SETUP.lock() = Some(Vec::new());
+    *CURRENT_SETUP.lock() = Some(Setup::default());
 }
 
-fn end_setup() -> Vec<ContextId> {
-    CREATED_DURING_SETUP.lock().take().unwrap_or_default()
+fn end_setup() -> Setup {
+    CURRENT_SETUP.lock().take().unwrap_or_default()
 }
 
-/// Stops `contexts` and removes their services: nothing of a tool that failed or stays
-/// inactive may reach it.
-fn stop_contexts(contexts: &[ContextId]) {
+/// Records a callback tracing service (`kind`) or the dispatch counting service (`None`) just
+/// configured on `context`: it belongs to the tool whose configure or initialize is running.
+pub(crate) fn note_service_configured(context: ContextId, kind: Option<crate::abi::CallbackKind>) {
+    if let Some(setup) = CURRENT_SETUP.lock().as_mut() {
+        setup.services.push(ConfiguredService { context, kind });
+    }
+}
+
+/// Stops `contexts` and removes their services, and every service in `configured` (those the
+/// tool configured on contexts not its own): nothing of a tool that failed or stays inactive
+/// may reach it.
+fn stop_contexts(contexts: &[ContextId], configured: &[ConfiguredService]) {
     let registry = ContextRegistry::global();
     for &context in contexts {
         let _ = registry.stop(context);
         let _ = services::remove_context(context);
         crate::counting::remove_context(context);
+    }
+    for service in configured {
+        match service.kind {
+            Some(kind) => {
+                let _ = services::remove_service(service.context, kind);
+            }
+            None => crate::counting::remove_context(service.context),
+        }
+    }
+}
+
+/// Takes this module's locks before a fork (see `crate::fork`; FINALIZE_JOBS is not among them:
+/// the child keeps only its own thread's entries, see [`forget_finalizes_of_other_threads`]).
+pub(crate) fn fork_hold() {
+    crate::fork::hold(&STATE);
+    crate::fork::hold(&CURRENT_SETUP);
+    crate::fork::hold(&RETIRED);
+}
+
+/// Releases them in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took them on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::release(&RETIRED);
+        crate::fork::release(&CURRENT_SETUP);
+        crate::fork::release(&STATE);
+    }
+}
+
+/// Unlocks them in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::reset(&RETIRED);
+        crate::fork::reset(&CURRENT_SETUP);
+        crate::fork::reset(&STATE);
     }
 }
 
@@ -335,8 +404,8 @@ pub fn force_configure_library(configure: ConfigureFn, library: &Path) -> Result
 /// initialized, to the one active tool where there is exactly one (with several, a context
 /// created later is nobody's: it is not stopped when one of them finalizes itself).
 pub(crate) fn note_context_created(context: ContextId) {
-    if let Some(list) = CREATED_DURING_SETUP.lock().as_mut() {
-        list.push(context);
+    if let Some(setup) = CURRENT_SETUP.lock().as_mut() {
+        setup.contexts.push(context);
         return;
     }
     let mut state = STATE.lock();
@@ -494,7 +563,7 @@ pub(crate) fn reset() {
     state.forced.clear();
     state.tools.clear();
     state.load_errors.clear();
-    *CREATED_DURING_SETUP.lock() = None;
+    *CURRENT_SETUP.lock() = None;
     RETIRED.lock().clear();
     services::reset();
     crate::counting::reset();
@@ -675,16 +744,13 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     // kreplay.h); the version string is a static NUL-terminated string and `client_id` is valid
     // for the call.
     let result = unsafe { configure(VERSION, VERSION_STRING.as_ptr(), priority, &mut client_id) };
-    let contexts = end_setup();
+    let setup = end_setup();
     let name = if client_id.name.is_null() {
         None
     } else {
-        // SAFETY: the contract asks the tool to set a NUL-terminated string with static storage.
-        Some(
-            unsafe { CStr::from_ptr(client_id.name) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        // SAFETY: the contract asks the tool to set a NUL-terminated string with static storage;
+        // at most `MAX_NAME` bytes of it are read.
+        Some(unsafe { bounded_name(client_id.name) })
     };
     let mut tool = Tool {
         summary: ToolSummary {
@@ -692,16 +758,17 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             name,
             origin,
             state: ToolState::Declined,
-            contexts,
+            contexts: setup.contexts,
         },
         initialize: None,
         finalize: None,
         tool_data: std::ptr::null_mut(),
         finalize_requested: false,
+        services: setup.services,
     };
     if result.is_null() {
         crate::kreplay_info!("tool {} stays inactive", describe(&tool.summary));
-        stop_contexts(&tool.summary.contexts);
+        stop_contexts(&tool.summary.contexts, &tool.services);
         return tool;
     }
     // SAFETY: a non-null result points to a `kreplay_tool_configure_result_t` whose first field,
@@ -714,7 +781,7 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
             size_of::<ToolConfigureResult>()
         );
         tool.summary.state = ToolState::Rejected;
-        stop_contexts(&tool.summary.contexts);
+        stop_contexts(&tool.summary.contexts, &tool.services);
         return tool;
     }
     // SAFETY: the size check above shows the whole struct was provided by the tool.
@@ -726,31 +793,59 @@ fn configure_tool(configure: ConfigureFn, origin: ToolOrigin, client: u32, prior
     tool
 }
 
+/// The longest tool name kreplay keeps, in bytes: the rest of a longer one (or of one whose
+/// NUL never comes) is neither read nor printed.
+const MAX_NAME: usize = 256;
+
+/// The tool name at `name`: up to its NUL, or its first [`MAX_NAME`] bytes with `...` appended
+/// (a warning says it was cut).
+///
+/// # Safety
+/// `name` points to a NUL-terminated string, or to at least `MAX_NAME` readable bytes.
+unsafe fn bounded_name(name: *const std::ffi::c_char) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < MAX_NAME {
+        // SAFETY: within the string (its NUL not reached yet) or its first MAX_NAME bytes.
+        let byte = unsafe { name.add(bytes.len()).cast::<u8>().read() };
+        if byte == 0 {
+            return String::from_utf8_lossy(&bytes).into_owned();
+        }
+        bytes.push(byte);
+    }
+    let kept = String::from_utf8_lossy(&bytes).into_owned();
+    crate::kreplay_warn!(
+        "a tool's name has no NUL within {MAX_NAME} bytes; it is cut there: \"{kept}...\""
+    );
+    format!("{kept}...")
+}
+
 fn initialize_tool(index: usize) {
-    let (initialize, tool_data) = {
+    let (initialize, tool_data, client) = {
         let mut state = STATE.lock();
         let tool = &mut state.tools[index];
         if tool.summary.state != ToolState::Configured {
             return;
         }
         tool.summary.state = ToolState::Initializing;
-        (tool.initialize, tool.tool_data)
+        (tool.initialize, tool.tool_data, tool.summary.client)
     };
 
     begin_setup();
     let rc = match initialize {
         // SAFETY: the tool's initialize, called once with the finalize trampoline and the tool's
         // own data, exactly as kreplay.h documents.
-        Some(initialize) => unsafe { initialize(Some(client_finalize), tool_data) },
+        Some(initialize) => unsafe { initialize(Some(finalize_function(client)), tool_data) },
         None => 0,
     };
-    let created = end_setup();
+    let setup = end_setup();
 
-    let (early_finalize, description, contexts) = {
+    let (early_finalize, description, contexts, configured) = {
         let mut state = STATE.lock();
         let tool = &mut state.tools[index];
-        tool.summary.contexts.extend(created);
+        tool.summary.contexts.extend(setup.contexts);
+        tool.services.extend(setup.services);
         let contexts = tool.summary.contexts.clone();
+        let configured = tool.services.clone();
         let description = describe(&tool.summary);
         let early_finalize = if rc != 0 {
             tool.summary.state = ToolState::Failed;
@@ -762,11 +857,11 @@ fn initialize_tool(index: usize) {
             tool.summary.state = ToolState::Active;
             None
         };
-        (early_finalize, description, contexts)
+        (early_finalize, description, contexts, configured)
     };
 
     if rc != 0 {
-        stop_contexts(&contexts);
+        stop_contexts(&contexts, &configured);
         crate::kreplay_warn!(
             "tool {description} failed to initialize (returned {rc}); its {} context(s) were stopped",
             contexts.len()
@@ -775,7 +870,7 @@ fn initialize_tool(index: usize) {
         crate::kreplay_info!("tool {description} finalized itself during initialize");
         // Its services are given back, as a failed tool's are: configuration is still open, so
         // a tool initialized after it may take the replay service.
-        stop_contexts(&contexts);
+        stop_contexts(&contexts, &configured);
         job.run();
     } else if contexts.is_empty() {
         crate::kreplay_warn!(
@@ -885,6 +980,8 @@ fn wait_for_finalizes(client: Option<u32>) {
 struct FinalizeJob {
     client: u32,
     contexts: Vec<ContextId>,
+    /// The services the tool configured (some perhaps on contexts not its own).
+    services: Vec<ConfiguredService>,
     finalize: ToolFinalizeFn,
     tool_data: *mut c_void,
 }
@@ -899,12 +996,14 @@ impl FinalizeJob {
         FinalizeJob {
             client: tool.summary.client,
             contexts: tool.summary.contexts.clone(),
+            services: tool.services.clone(),
             finalize: tool.finalize,
             tool_data: tool.tool_data,
         }
     }
 
-    /// Stops the tool's contexts (no callback reaches it once finalize runs), then finalizes it.
+    /// Stops the tool's contexts and retires its services (no callback reaches it once
+    /// finalize runs, also through a service on a context not its own), then finalizes it.
     fn run(self) {
         let registry = ContextRegistry::global();
         {
@@ -916,9 +1015,22 @@ impl FinalizeJob {
                 let _ = registry.stop(context);
             }
         }
+        let mut waited = self.contexts.clone();
+        // Those on its own contexts are silenced by the stop above; only a service on another's
+        // context needs retiring (which costs every later delivery a look-up).
+        for service in self
+            .services
+            .iter()
+            .filter(|s| !self.contexts.contains(&s.context))
+        {
+            crate::services::retire_service(service.context, service.kind);
+            if !waited.contains(&service.context) {
+                waited.push(service.context);
+            }
+        }
         // Callbacks of the tool already running on other threads end first: its finalize
         // comes after its last callback (a callback that never returns is waited for a while).
-        if !crate::services::wait_for_callbacks(&self.contexts, FINALIZE_WAIT) {
+        if !crate::services::wait_for_callbacks(&waited, FINALIZE_WAIT) {
             crate::kreplay_warn!(
                 "a callback of a tool being finalized still ran after {} s; finalizing it anyway",
                 FINALIZE_WAIT.as_secs()
@@ -946,9 +1058,63 @@ impl Drop for FinalizeJob {
     }
 }
 
-/// `kreplay_client_finalize_t` handed to every tool's initialize.
-unsafe extern "C" fn client_finalize(client: ClientId) {
+/// The `kreplay_client_finalize_t` handed to the initialize of the tool with client handle
+/// `CLIENT`: it finalizes that tool, and no other (called with another client id, a stale or
+/// guessed one, it is refused with a warning).
+unsafe extern "C" fn client_finalize_of<const CLIENT: u32>(client: ClientId) {
+    let _ = std::panic::catch_unwind(|| {
+        if client.handle == CLIENT {
+            finalize_client(CLIENT);
+        } else {
+            crate::kreplay_warn!(
+                "tool {} called its finalize function with client id {}, which is not its own; \
+                 ignored (a tool finalizes only itself)",
+                tool_description(CLIENT),
+                client.handle
+            );
+        }
+    });
+}
+
+/// The finalize function of tools beyond [`CLIENT_FINALIZERS`]: it cannot tell whose it is, so
+/// it finalizes the tool the client id names.
+unsafe extern "C" fn client_finalize_any(client: ClientId) {
     let _ = std::panic::catch_unwind(|| finalize_client(client.handle));
+}
+
+macro_rules! client_finalizers {
+    ($($client:literal)*) => {
+        [$(client_finalize_of::<$client> as unsafe extern "C" fn(ClientId)),*]
+    };
+}
+
+/// One finalize function per client handle 1..=64 (a process has far fewer tools).
+static CLIENT_FINALIZERS: [unsafe extern "C" fn(ClientId); 64] = client_finalizers!(
+    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32
+    33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62
+    63 64
+);
+
+/// The finalize function handed to the tool with client handle `client`.
+fn finalize_function(client: u32) -> unsafe extern "C" fn(ClientId) {
+    client
+        .checked_sub(1)
+        .and_then(|index| CLIENT_FINALIZERS.get(index as usize))
+        .copied()
+        .unwrap_or(client_finalize_any)
+}
+
+/// How messages name the tool with client handle `client`.
+fn tool_description(client: u32) -> String {
+    STATE
+        .lock()
+        .tools
+        .iter()
+        .find(|tool| tool.summary.client == client)
+        .map_or_else(
+            || format!("client {client}"),
+            |tool| describe(&tool.summary),
+        )
 }
 
 fn finalize_client(handle: u32) {

@@ -156,11 +156,15 @@ impl CallbackService {
     pub unsafe fn deliver(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
         self.wants(event.operation)
             && call_if_active(self.context, true, || {
+                if is_retired(self.context, Some(self.kind)) {
+                    return false;
+                }
                 // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
                 // reference.
-                unsafe { self.invoke(event, user_data) }
+                unsafe { self.invoke(event, user_data) };
+                true
             })
-            .is_some()
+            .unwrap_or(false)
     }
 
     /// Like [`deliver`](Self::deliver), but consults only the context's global started state,
@@ -172,11 +176,15 @@ impl CallbackService {
     pub unsafe fn deliver_if_started(&self, event: &TraceEvent, user_data: &mut UserData) -> bool {
         self.wants(event.operation)
             && call_if_active(self.context, false, || {
+                if is_retired(self.context, Some(self.kind)) {
+                    return false;
+                }
                 // SAFETY: the caller guarantees the payload; `user_data` is a live exclusive
                 // reference.
-                unsafe { self.invoke(event, user_data) }
+                unsafe { self.invoke(event, user_data) };
+                true
             })
-            .is_some()
+            .unwrap_or(false)
     }
 
     /// # Safety
@@ -219,11 +227,20 @@ pub(crate) fn watch_forks() {
                 child: Option<extern "C" fn()>,
             ) -> std::ffi::c_int;
         }
-        // SAFETY: registers a plain extern "C" function that never unwinds (see below).
-        if unsafe { pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+        // SAFETY: registers plain extern "C" functions that never unwind (see below and
+        // `crate::fork`).
+        if unsafe {
+            pthread_atfork(
+                Some(crate::fork::prepare),
+                Some(crate::fork::in_parent),
+                Some(in_forked_child),
+            )
+        } != 0
+        {
             crate::kreplay_warn!(
                 "cannot register a fork handler: the unload of a forked child may wait for \
-                 callbacks of its parent's threads"
+                 callbacks of its parent's threads, and its kreplay calls for locks other \
+                 threads of the parent held"
             );
         }
     });
@@ -233,9 +250,12 @@ pub(crate) fn watch_forks() {
 /// parent's other threads were running never end there, so they are no longer counted (an
 /// unload or client finalize in the child would wait for them). The forking thread's own
 /// callbacks (a tool that forks from its callback) stay counted: they end, in the child too.
-/// Finalizes running on the parent's other threads are forgotten the same way. Only atomics
-/// and this thread's own lists are touched, and a lock only if it is free.
+/// Finalizes running on the parent's other threads are forgotten the same way. First, the locks
+/// the fork's prepare handler took are unlocked (`crate::fork`). Only atomics and this thread's
+/// own lists are touched, and a lock only if it is free.
 extern "C" fn in_forked_child() {
+    // Nothing here unwinds (a plain reset of atomics); guarded all the same.
+    let _ = std::panic::catch_unwind(crate::fork::in_child);
     let mut mine = [0usize; RUNNING_SLOTS];
     let _ = RUNNING_HERE.try_with(|h| {
         if let Ok(here) = h.try_borrow() {
@@ -308,6 +328,67 @@ pub(crate) fn call_if_active<R>(
         registry.is_started(context).unwrap_or(false)
     };
     active.then(call)
+}
+
+/// Services whose tool has been finalized, keyed by context and kind (`None`: the dispatch
+/// counting service): their context may be another tool's, still started, so stopping the
+/// finalized tool's contexts does not silence them. Checked by every delivery after its
+/// started check; [`ANY_RETIRED`] spares the look-up until one exists.
+static RETIRED_SERVICES: RwLock<Vec<(ContextId, Option<CallbackKind>)>> = RwLock::new(Vec::new());
+static ANY_RETIRED: AtomicBool = AtomicBool::new(false);
+
+/// Delivers nothing more through the service of `kind` (`None`: the dispatch counting service)
+/// on `context`: its tool has been finalized. Call before waiting for the callbacks of
+/// `context` ([`wait_for_callbacks`]): a callback that passed its check before is waited for,
+/// one that comes after sees the service retired.
+pub(crate) fn retire_service(context: ContextId, kind: Option<CallbackKind>) {
+    let mut retired = RETIRED_SERVICES.write();
+    if !retired.contains(&(context, kind)) {
+        retired.push((context, kind));
+    }
+    ANY_RETIRED.store(true, Ordering::SeqCst);
+}
+
+/// Whether the service of `kind` (`None`: dispatch counting) on `context` was retired. One
+/// atomic load until a service has been retired.
+pub(crate) fn is_retired(context: ContextId, kind: Option<CallbackKind>) -> bool {
+    ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.read().contains(&(context, kind))
+}
+
+/// Takes this module's locks before a fork (see `crate::fork`).
+pub(crate) fn fork_hold() {
+    crate::fork::hold(&SERVICES);
+    crate::fork::hold_rw(&RETIRED_SERVICES);
+    crate::fork::hold_rw(&TABLE);
+    crate::fork::hold(&RUNNING_LOCK);
+}
+
+/// Releases them in the parent after the fork.
+///
+/// # Safety
+/// [`fork_hold`] took them on this thread.
+pub(crate) unsafe fn fork_release() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::release(&RUNNING_LOCK);
+        crate::fork::release_rw(&TABLE);
+        crate::fork::release_rw(&RETIRED_SERVICES);
+        crate::fork::release(&SERVICES);
+    }
+}
+
+/// Unlocks them in the child after the fork.
+///
+/// # Safety
+/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
+pub(crate) unsafe fn fork_reset() {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        crate::fork::reset(&RUNNING_LOCK);
+        crate::fork::reset_rw(&TABLE);
+        crate::fork::reset_rw(&RETIRED_SERVICES);
+        crate::fork::reset(&SERVICES);
+    }
 }
 
 /// Whether a tool callback runs on this thread now (this thread is inside it).
@@ -546,6 +627,8 @@ pub fn configure_callback_tracing(
         callback_data,
     });
     publish(&services);
+    drop(services);
+    crate::lifecycle::note_service_configured(context, Some(kind));
     Ok(())
 }
 
@@ -582,10 +665,28 @@ pub(crate) fn remove_context(context: ContextId) -> Result<usize, Status> {
     Ok(removed)
 }
 
+/// Removes the service of `kind` on `context` (one a tool that failed configured on a context
+/// not its own). Refused once locked.
+pub(crate) fn remove_service(context: ContextId, kind: CallbackKind) -> Result<bool, Status> {
+    let mut services = SERVICES.lock();
+    if LOCKED.load(Ordering::Acquire) {
+        return Err(Status::ERROR_CONFIGURATION_LOCKED);
+    }
+    let before = services.len();
+    services.retain(|s| !(s.context == context && s.kind == kind));
+    let removed = services.len() != before;
+    if removed {
+        publish(&services);
+    }
+    Ok(removed)
+}
+
 /// Forgets every service and unlocks configuration (for test harnesses sharing one process).
 pub(crate) fn reset() {
     let mut services = SERVICES.lock();
     services.clear();
+    RETIRED_SERVICES.write().clear();
+    ANY_RETIRED.store(false, Ordering::SeqCst);
     LOCKED.store(false, Ordering::Release);
     publish(&services);
 }

@@ -1,0 +1,93 @@
+//! The application forks while another of its threads is inside a kreplay call that holds one
+//! of kreplay's locks (starting a context, creating one). Only the forking thread exists in the
+//! child: a lock held by another thread at the fork is never released there, and the child's
+//! first kreplay call that needs it would wait forever. Each child calls those functions and
+//! must finish.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kreplay::abi::{ContextHandle, Status};
+use kreplay::api::{kreplay_create_context, kreplay_start_context, kreplay_stop_context};
+use kreplay::lifecycle::{self, ToolSearch};
+
+unsafe extern "C" {
+    fn fork() -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn kill(pid: c_int, signal: c_int) -> c_int;
+    fn _exit(code: c_int) -> !;
+}
+
+const WNOHANG: c_int = 1;
+const SIGKILL: c_int = 9;
+
+/// Waits for child `pid` at most `limit` (killing it then); its exit code, or `None`.
+fn wait_child(pid: c_int, limit: Duration) -> Option<c_int> {
+    let deadline = Instant::now() + limit;
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: `pid` is our child; `status` is writable.
+        if unsafe { waitpid(pid, &mut status, WNOHANG) } == pid {
+            return ((status & 0x7f) == 0).then_some((status >> 8) & 0xff);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: our child, reaped right after.
+            unsafe {
+                kill(pid, SIGKILL);
+                waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_forked_child_can_use_kreplay_while_a_parent_thread_was_inside_it_at_the_fork() {
+    // kreplay loaded, as in an application whose runtime initialized it.
+    lifecycle::initialize_tools_with(&ToolSearch::default()).expect("tools initialize");
+    let mut ctx = ContextHandle::default();
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { kreplay_create_context(&mut ctx) }, Status::SUCCESS);
+    let stop = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        // Another thread of the application, in and out of kreplay's locks all the time.
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = kreplay_start_context(ctx);
+                let mut other = ContextHandle::default();
+                // SAFETY: a valid out-pointer.
+                let _ = unsafe { kreplay_create_context(&mut other) };
+            }
+        });
+        for round in 0..40 {
+            // SAFETY: the child only calls kreplay and leaves with _exit.
+            let pid = unsafe { fork() };
+            if pid == 0 {
+                let mut fresh = ContextHandle::default();
+                // SAFETY: a valid out-pointer.
+                let created = unsafe { kreplay_create_context(&mut fresh) };
+                let ok = created == Status::SUCCESS
+                    && kreplay_start_context(ctx) == Status::SUCCESS
+                    && kreplay_start_context(fresh) == Status::SUCCESS
+                    && kreplay_stop_context(fresh) == Status::SUCCESS;
+                // SAFETY: leaves the child at once.
+                unsafe { _exit(if ok { 0 } else { 1 }) };
+            }
+            assert!(pid > 0, "fork failed");
+            match wait_child(pid, Duration::from_secs(10)) {
+                Some(0) => {}
+                other => {
+                    failures.push(format!(
+                        "fork {round}: the child ended with {other:?} (None: hung)"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(failures.is_empty(), "{failures:#?}");
+}
