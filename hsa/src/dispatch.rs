@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
@@ -406,10 +407,9 @@ pub(crate) fn forward(
     track: bool,
     progress: &Cell<Progress>,
 ) {
-    // Declared first, so dropped last: the COMPLETE records of traced kernels that finished
-    // before ENQUEUE EXIT follow it on this thread, once the reader side below is released (a
-    // tool's COMPLETE callback may submit work that is replayed on this agent).
-    let mut _open: Option<OpenGate<'_>> = None;
+    // The COMPLETE records of traced kernels that finished before ENQUEUE EXIT returned go to
+    // a completion thread of kreplay's own once it has (`EnqueueGate`).
+    let mut _open: Option<OpenGate> = None;
     // A thread inside its own replay window on this agent proceeds without the reader side;
     // re-entrant work on the side queue never waits for a replay (it is issued from one).
     let _read = match sink {
@@ -447,7 +447,8 @@ pub(crate) fn forward(
     let tracing = (b.hooks.dispatch_tracing_configured() || b.hooks.counting_configured())
         && !b.is_finalized();
     let (patched, traced) = if tracing {
-        let (patched, traced) = trace_completions(b, state, packets, infos);
+        let (patched, traced, gate) = trace_completions(b, state, packets, infos);
+        _open = Some(gate);
         (std::borrow::Cow::Owned(patched), Some(traced))
     } else {
         (std::borrow::Cow::Borrowed(packets), None)
@@ -461,10 +462,9 @@ pub(crate) fn forward(
         progress.set(Progress::Done);
     };
     match traced {
-        Some((traced, gate)) => {
+        Some(traced) => {
             // The tool's ENQUEUE callbacks run on the application's thread (`crate::cancel`).
             let _no_cancel = crate::cancel::NoCancel::now();
-            _open = Some(OpenGate(b, gate));
             b.hooks.dispatch_enqueue(&traced, None, &mut write)
         }
         None => write(),
@@ -495,14 +495,17 @@ type Completion = Box<dyn FnOnce(&Backend) + Send>;
 /// finish while the submitting thread is still in the tool's ENQUEUE EXIT callbacks. Only the
 /// tool's records wait: the application's signal is completed when the kernel finished (a tool
 /// or a later packet of the same write may be waiting for it).
+///
+/// What waited is delivered on a completion thread of kreplay's own, as every other COMPLETE of
+/// a dispatch run once is (kreplay.h, "Threads"), never on the submitting thread: that thread
+/// may be inside the pass loop of the dispatch (where what a tool submits is re-entrant work,
+/// declined `reentrant_dispatch`) or inside the queue's handler call (whose queue a replay the
+/// callback starts must drain, and only that call writes its drain marker).
 struct EnqueueGate(parking_lot::Mutex<Option<Vec<Completion>>>);
 
 impl EnqueueGate {
-    fn closed() -> std::sync::Arc<EnqueueGate> {
-        std::sync::Arc::new(EnqueueGate(parking_lot::Mutex::new(Some(Vec::new()))))
-    }
-
-    /// Delivers `completion` now if the gate is open, or keeps it for [`open`](Self::open).
+    /// Delivers `completion` now (on the completion thread calling this) if the gate is open,
+    /// or keeps it for [`OpenGate`].
     fn deliver(&self, b: &Backend, completion: Completion) {
         let mut parked = self.0.lock();
         match parked.as_mut() {
@@ -513,25 +516,116 @@ impl EnqueueGate {
             }
         }
     }
+}
 
-    /// Opens the gate and delivers what waited for it, on the calling thread.
-    fn open(&self, b: &Backend) {
-        let parked = self.0.lock().take();
-        for completion in parked.into_iter().flatten() {
-            completion(b);
+/// A gate kept closed by the thread that made it, opened when dropped (however the ENQUEUE
+/// callbacks ended): what waited for it is handed, in order, to a completion thread. From its
+/// making until what waited was delivered it counts in [`HELD`], which `OnUnload` waits for
+/// ([`deliver_held`]): the application may have seen these kernels complete already.
+struct OpenGate(std::sync::Arc<EnqueueGate>);
+
+impl OpenGate {
+    fn closed() -> OpenGate {
+        HELD.count.fetch_add(1, Ordering::SeqCst);
+        let _ = HELD_HERE.try_with(|h| h.set(h.get() + 1));
+        OpenGate(std::sync::Arc::new(EnqueueGate(parking_lot::Mutex::new(
+            Some(Vec::new()),
+        ))))
+    }
+}
+
+impl Drop for OpenGate {
+    fn drop(&mut self) {
+        let _ = HELD_HERE.try_with(|h| h.set(h.get().saturating_sub(1)));
+        let parked = self.0.0.lock().take().unwrap_or_default();
+        if parked.is_empty() {
+            HELD.release();
+            return;
+        }
+        // Where no completion thread can be started, the job runs on this one, calling the
+        // tool: with the thread's cancellation held off (`crate::cancel`).
+        let _no_cancel = crate::cancel::NoCancel::now();
+        let b = crate::backend::backend();
+        b.watcher.run_now(Box::new(move || {
+            let b = crate::backend::backend();
+            let _ = HELD_HERE.try_with(|h| h.set(h.get() + 1));
+            for completion in parked {
+                if catch_unwind(AssertUnwindSafe(|| completion(b))).is_err() {
+                    log::error!("internal error while delivering a dispatch's completion");
+                }
+            }
+            let _ = HELD_HERE.try_with(|h| h.set(h.get().saturating_sub(1)));
+            HELD.release();
+        }));
+    }
+}
+
+/// Gates not opened yet, or whose held completions were not delivered yet.
+struct Held {
+    count: AtomicUsize,
+    /// Threads in [`deliver_held`]: a release wakes them only when there are some.
+    waiters: AtomicUsize,
+    lock: parking_lot::Mutex<()>,
+    released: parking_lot::Condvar,
+}
+
+static HELD: Held = Held {
+    count: AtomicUsize::new(0),
+    waiters: AtomicUsize::new(0),
+    lock: parking_lot::Mutex::new(()),
+    released: parking_lot::Condvar::new(),
+};
+
+thread_local! {
+    /// The gates this thread keeps closed or delivers the completions of now: [`deliver_held`]
+    /// on this thread does not wait for them.
+    static HELD_HERE: Cell<usize> = const { Cell::new(0) };
+}
+
+impl Held {
+    fn release(&self) {
+        // Sequentially consistent with the waiter's count of itself and its look at `count`:
+        // either it sees this release, or this sees it waiting and wakes it.
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _lock = self.lock.lock();
+            self.released.notify_all();
         }
     }
 }
 
-/// Opens its gate when dropped (however the ENQUEUE callbacks ended), with the thread's
-/// cancellation held off while the tool is called (`crate::cancel`).
-struct OpenGate<'b>(&'b Backend, std::sync::Arc<EnqueueGate>);
-
-impl Drop for OpenGate<'_> {
-    fn drop(&mut self) {
-        let _no_cancel = crate::cancel::NoCancel::now();
-        self.1.open(self.0);
+/// Waits, at most `limit`, until the completions gates held back reached the tool layer (the
+/// ENQUEUE callbacks of other threads in progress now ended and the COMPLETE records and
+/// counters they held were delivered): `OnUnload` calls it before the tools' contexts are
+/// stopped, so that a kernel the application saw complete before it unloaded kreplay is not
+/// missing its COMPLETE. False when some were still held at `limit`.
+pub(crate) fn deliver_held(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mine = HELD_HERE.try_with(Cell::get).unwrap_or(0);
+    // Nothing held: no lock taken (in a forked child the lock may be a copy held by a thread
+    // of the parent's).
+    if HELD.count.load(Ordering::SeqCst) <= mine {
+        return true;
     }
+    HELD.waiters.fetch_add(1, Ordering::SeqCst);
+    let mut lock = HELD.lock.lock();
+    let mut delivered = true;
+    while HELD.count.load(Ordering::SeqCst) > mine {
+        if HELD.released.wait_until(&mut lock, deadline).timed_out() {
+            delivered = HELD.count.load(Ordering::SeqCst) <= mine;
+            break;
+        }
+    }
+    drop(lock);
+    HELD.waiters.fetch_sub(1, Ordering::SeqCst);
+    delivered
+}
+
+/// In the child of a `fork`: the gates of the parent's other threads have nobody left to open
+/// them. Only an atomic is stored (async-signal-safe).
+pub(crate) fn forget_held_in_child() {
+    HELD.count.store(0, Ordering::SeqCst);
+    HELD.waiters.store(0, Ordering::SeqCst);
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.
@@ -587,18 +681,16 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
 
 /// Gives each dispatch a completion signal of kreplay's own whose handler delivers the
 /// dispatch record (through the returned gate, once it is open) and then completes the
-/// application's signal. Returns the packets to write and the dispatches among them.
+/// application's signal. Returns the packets to write, the dispatches among them and their
+/// gate, closed until dropped.
 fn trace_completions(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-) -> (
-    Vec<Packet>,
-    (Vec<DispatchInfo>, std::sync::Arc<EnqueueGate>),
-) {
+) -> (Vec<Packet>, Vec<DispatchInfo>, OpenGate) {
     let mut traced_infos = Vec::new();
-    let gate = EnqueueGate::closed();
+    let gate = OpenGate::closed();
     let patched = packets
         .iter()
         .enumerate()
@@ -633,7 +725,7 @@ fn trace_completions(
                 agent: state.agent,
                 info,
                 counted: crate::counting::program(b, &info, None, proxy),
-                gate: gate.clone(),
+                gate: gate.0.clone(),
             }));
             let status = crate::watcher::when_zero(b, proxy, traced_complete, traced.cast());
             if status != HSA_STATUS_SUCCESS {
@@ -648,7 +740,7 @@ fn trace_completions(
             dispatch_bytes(&dispatch)
         })
         .collect();
-    (patched, (traced_infos, gate))
+    (patched, traced_infos, gate)
 }
 
 /// The head of ROCm's `amd_signal_t` (hsa/amd_hsa_signal.h), which a signal handle points to
