@@ -633,3 +633,209 @@ fn onunload_while_a_complete_is_held_behind_enqueue_exit_still_delivers_it_befor
         run.report()
     );
 }
+
+/// A queue of 4 slots that fills up with dispatches replayed in 3 passes (their passes and
+/// drain markers take slots too), the tool slow in every callback.
+#[test]
+fn a_full_small_queue_of_replayed_dispatches_keeps_the_per_pass_order() {
+    let name = "a_full_small_queue_of_replayed_dispatches_keeps_the_per_pass_order";
+    if in_child(name) {
+        return order_child(Shape::SmallQueue { dispatches: 12 });
+    }
+    scenario(
+        name,
+        &[
+            ("PROBE_REPLAY", "3"),
+            ("PROBE_SLOW_MS", "1"),
+            ("PROBE_COUNT", "1"),
+        ],
+    );
+}
+
+/// Threads sharing queues, each dispatch run once with an ENQUEUE EXIT that outlasts its kernel,
+/// and COMPLETE callbacks that submit work of the tool's own, replayed in 3 passes, while the
+/// other threads keep dispatching on the same agent.
+#[test]
+fn complete_callbacks_of_threads_sharing_queues_have_their_work_replayed() {
+    let name = "complete_callbacks_of_threads_sharing_queues_have_their_work_replayed";
+    if in_child(name) {
+        return order_child(Shape::Threads {
+            threads: 4,
+            rounds: 3,
+        });
+    }
+    scenario(
+        name,
+        &[
+            ("PROBE_REPLAY", "opt"),
+            ("PROBE_EXIT_WAIT", "signal"),
+            ("PROBE_SUBMIT", "1"),
+            ("PROBE_COUNT", "1"),
+        ],
+    );
+}
+
+/// Set by the cancelled application thread once its doorbell store returned.
+static RETURNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the application's raw thread writes.
+struct Cancellable {
+    child: *const Child<'static>,
+    queue: usize,
+}
+
+/// glibc's and musl's value.
+const PTHREAD_CANCEL_DISABLE: i32 = 1;
+
+/// `pthread_t` on Linux (an unsigned long).
+type PthreadT = std::ffi::c_ulong;
+
+type StartRoutine = extern "C" fn(*mut std::ffi::c_void) -> *mut std::ffi::c_void;
+
+unsafe extern "C" {
+    fn pthread_create(
+        thread: *mut PthreadT,
+        attr: *const std::ffi::c_void,
+        start: StartRoutine,
+        arg: *mut std::ffi::c_void,
+    ) -> i32;
+    fn pthread_join(thread: PthreadT, ret: *mut *mut std::ffi::c_void) -> i32;
+    fn pthread_cancel(thread: PthreadT) -> i32;
+    fn pthread_setcancelstate(state: i32, old: *mut i32) -> i32;
+}
+
+/// The application's thread (a plain pthread, as a C application's): one dispatch, then
+/// cancellation off so that the request made meanwhile does not act in this test's own code.
+extern "C" fn cancellable(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
+    // SAFETY: `arg` is the `Cancellable` made for this thread, alive until it is joined.
+    let job = unsafe { &*arg.cast::<Cancellable>() };
+    // SAFETY: the child outlives this thread (joined before it is dropped).
+    let child = unsafe { &*job.child };
+    child.write(job.queue as *mut hsa_queue_t, &[Item::Add(0)]);
+    // SAFETY: a plain call on this thread's own cancellation state.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, std::ptr::null_mut()) };
+    RETURNED.store(true, Ordering::SeqCst);
+    std::ptr::null_mut()
+}
+
+/// One application thread dispatches once; the main thread cancels it (deferred) while the tool
+/// lingers in the dispatch's ENQUEUE EXIT after its kernel finished, and the tool then reaches a
+/// cancellation point there.
+fn cancel_child() {
+    let mut table = OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let mut problems = Vec::new();
+    if !loaded.loaded {
+        problems.push("OnLoad returned false".to_string());
+    }
+    let tool = std::env::var("KREPLAY_TOOL_LIBRARIES").unwrap();
+    // SAFETY: the tool is loaded by kreplay; these exports have these signatures.
+    let lib = unsafe { libloading::Library::new(&tool) }.expect("tool library");
+    {
+        // SAFETY: the table stays alive and valid while `hsa` is used.
+        let hsa = unsafe { Hsa::from_table(table.table()) };
+        let session = hsa.init().expect("hsa_init");
+        give_tool_gpu(&table, Path::new(&tool));
+        // SAFETY: as above.
+        unsafe {
+            lib.get::<unsafe extern "C" fn(extern "C" fn(u32, u32) -> i32)>(b"probe_set_app_wait\0")
+                .expect("probe_set_app_wait")(app_wait)
+        };
+        let agent = hsa.gpu_agents().expect("agents")[0];
+        let pool = hsa.coarse_pool(agent).expect("coarse pool");
+        let ptr = hsa
+            .allocate(pool, ELEMENTS * 4)
+            .expect("buffer")
+            .cast::<u32>();
+        let init: Vec<u32> = (0..ELEMENTS as u32).collect();
+        // SAFETY: softhsa device memory is host memory; ELEMENTS u32.
+        unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), ptr, ELEMENTS) };
+        let child = Child {
+            hsa: &hsa,
+            kernel: register_kernel("probe_c_add_one", add_one),
+            kernarg_pool: hsa.pool(agent, PoolKind::Kernarg).expect("kernarg pool"),
+            runs: vec![AtomicU32::new(0)],
+            buffers: vec![(ptr, init)],
+        };
+        let queue = hsa.queue_create(agent, 64).expect("queue") as usize;
+        let mut job = Cancellable {
+            // SAFETY: only the lifetime is erased; the thread is joined before `child` drops.
+            child: unsafe {
+                std::mem::transmute::<*const Child<'_>, *const Child<'static>>(&child)
+            },
+            queue,
+        };
+        let mut thread: PthreadT = 0;
+        // SAFETY: a start routine and its argument, alive until the thread is joined.
+        let created = unsafe {
+            pthread_create(
+                &mut thread,
+                std::ptr::null(),
+                cancellable,
+                std::ptr::from_mut(&mut job).cast(),
+            )
+        };
+        assert_eq!(created, 0);
+        let start = std::time::Instant::now();
+        let signal = loop {
+            let seen = SIGNALS
+                .lock()
+                .unwrap()
+                .as_ref()
+                .and_then(|m| m.values().next().copied());
+            if seen.is_some() || start.elapsed() > Duration::from_secs(10) {
+                break seen;
+            }
+            std::thread::yield_now();
+        };
+        match signal {
+            Some(signal) if hsa.wait_zero(signal, Duration::from_secs(10)) => {}
+            _ => problems.push("the dispatch did not complete within 10 s".to_string()),
+        }
+        // SAFETY: `thread` is alive: it is inside its doorbell store (the tool lingers).
+        assert_eq!(unsafe { pthread_cancel(thread) }, 0);
+        // SAFETY: as above.
+        unsafe {
+            lib.get::<unsafe extern "C" fn()>(b"probe_cancel_sent\0")
+                .expect("probe_cancel_sent")()
+        };
+        // SAFETY: joins the thread made above, once.
+        assert_eq!(
+            unsafe { pthread_join(thread, std::ptr::null_mut()) },
+            0
+        );
+        if !RETURNED.load(Ordering::SeqCst) {
+            problems.push(
+                "the application thread was cancelled inside its doorbell store".to_string(),
+            );
+        }
+        problems.extend(child.check());
+        std::mem::forget(session);
+    }
+    // SAFETY: the runtime's shutdown call.
+    unsafe { (loaded.on_unload)() };
+    let r = tool_report(Path::new(&tool));
+    if !r.is_empty() {
+        problems.push(format!("tool: {r}"));
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
+
+/// The application's thread cancelled (deferred) while the tool lingers in ENQUEUE EXIT after
+/// the kernel finished, the tool reaching a cancellation point there: the doorbell store
+/// returns, the COMPLETE comes once, after ENQUEUE EXIT, on kreplay's thread, and the process
+/// goes on.
+#[test]
+fn an_application_thread_cancelled_during_a_slow_enqueue_exit_gets_its_complete_once() {
+    let name = "an_application_thread_cancelled_during_a_slow_enqueue_exit_gets_its_complete_once";
+    if in_child(name) {
+        return cancel_child();
+    }
+    scenario(
+        name,
+        &[("PROBE_EXIT_WAIT", "cancel"), ("PROBE_REPLAY", "opt")],
+    );
+}

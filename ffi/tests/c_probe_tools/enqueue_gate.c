@@ -14,6 +14,10 @@
  *                           grid size), so its kernel surely finished before ENQUEUE EXIT returned;
  *   PROBE_EXIT_WAIT=complete  ENQUEUE EXIT waits (at most 300 ms) for that dispatch's COMPLETE,
  *                           which must not come while it waits;
+ *   PROBE_EXIT_WAIT=cancel  ENQUEUE EXIT of the first dispatch waits for its signal as for
+ *                           "signal", then (at most 5 s) until the child cancelled the
+ *                           submitting thread (`probe_cancel_sent`), then reaches a cancellation
+ *                           point (usleep), as a tool's printf would;
  *   PROBE_SLOW_MS=n         every callback sleeps n ms.
  * PROBE_REPLAY: absent, no KERNEL_REPLAY service; "opt" the tool owns it and opts out of the
  * application's dispatches (they run once); a number N, the application's dispatches are
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_IDS 4096
 #define LOG_LEN 96
@@ -71,6 +76,10 @@ void probe_set_submit(submit_fn f, uint64_t kernel) {
 }
 
 void probe_set_app_wait(app_wait_fn f) { app_wait = f; }
+
+static atomic_int cancel_sent, cancel_exits;
+
+void probe_cancel_sent(void) { atomic_store(&cancel_sent, 1); }
 
 static void nap(int ms) {
     struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -139,11 +148,16 @@ static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_d
         if (record.phase == KREPLAY_CALLBACK_PHASE_EXIT && pass == KREPLAY_REPLAY_PASS_NONE && !own && exit_wait &&
             id < MAX_IDS) {
             atomic_store(&in_exit[id], 1);
-            if (strcmp(exit_wait, "signal") == 0 && app_wait) {
+            if ((strcmp(exit_wait, "signal") == 0 || strcmp(exit_wait, "cancel") == 0) && app_wait) {
                 if (app_wait(p->dispatch_info.grid_size.x, 2000) == 0)
                     atomic_fetch_add(&forced_early, 1);
                 else
                     atomic_fetch_add(&exit_wait_failed, 1);
+                if (strcmp(exit_wait, "cancel") == 0 && atomic_fetch_add(&cancel_exits, 1) == 0) {
+                    int i;
+                    for (i = 0; i < 5000 && !atomic_load(&cancel_sent); i++) nap(1);
+                    usleep(1);
+                }
             } else if (strcmp(exit_wait, "complete") == 0) {
                 int i;
                 for (i = 0; i < 300; i++) nap(1);
@@ -326,7 +340,12 @@ const char* probe_report(void) {
         snprintf(report + used, sizeof report - used, "log overflow (%d); ", atomic_load(&overflow));
         used = strlen(report);
     }
-    if (exit_wait && strcmp(exit_wait, "signal") == 0 && (atomic_load(&exit_wait_failed) || !atomic_load(&forced_early))) {
+    if (exit_wait && strcmp(exit_wait, "cancel") == 0 && !atomic_load(&cancel_sent)) {
+        snprintf(report + used, sizeof report - used, "the submitting thread was never cancelled; ");
+        used = strlen(report);
+    }
+    if (exit_wait && strcmp(exit_wait, "complete") != 0 &&
+        (atomic_load(&exit_wait_failed) || !atomic_load(&forced_early))) {
         snprintf(report + used, sizeof report - used,
                  "ENQUEUE EXIT waited for the application's signal: reached 0 %d time(s), not within 2 s %d "
                  "time(s); ",
