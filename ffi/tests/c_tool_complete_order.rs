@@ -800,14 +800,10 @@ fn cancel_child() {
                 .expect("probe_cancel_sent")()
         };
         // SAFETY: joins the thread made above, once.
-        assert_eq!(
-            unsafe { pthread_join(thread, std::ptr::null_mut()) },
-            0
-        );
+        assert_eq!(unsafe { pthread_join(thread, std::ptr::null_mut()) }, 0);
         if !RETURNED.load(Ordering::SeqCst) {
-            problems.push(
-                "the application thread was cancelled inside its doorbell store".to_string(),
-            );
+            problems
+                .push("the application thread was cancelled inside its doorbell store".to_string());
         }
         problems.extend(child.check());
         std::mem::forget(session);

@@ -149,6 +149,7 @@ pub(crate) unsafe extern "C" fn intercept_handler(
                 writer,
                 &progress,
                 &handled,
+                0,
             );
         }
     }));
@@ -169,9 +170,12 @@ pub(crate) enum Progress {
     /// Passes ran, then memory was restored from the snapshot (the bytes the dispatch started
     /// from); the application's completion is still withheld.
     Restored,
-    /// The packets were forwarded (their own completion included) or the withheld completion
-    /// was fired.
+    /// The withheld completion was fired, or the dispatch (the first packet) was forwarded
+    /// alone.
     Done,
+    /// The first this many packets not handled yet were forwarded in one write (their own
+    /// completions included); the rest never reached the queue.
+    Forwarded(usize),
 }
 
 /// After a panic in the handler: `packets` are those not handled yet, the first of them the one
@@ -226,10 +230,23 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
                 unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
             }
         }
+        Progress::Forwarded(written) => {
+            log::error!(
+                "internal error after {written} packet(s) on queue {} were submitted: the \
+                 dispatch records of these are unreliable",
+                state.id
+            );
+            if let Some(rest) = packets.get(written..).filter(|rest| !rest.is_empty()) {
+                // SAFETY: as above; these never reached the queue.
+                unsafe { writer(rest.as_ptr().cast(), rest.len() as u64) };
+            }
+        }
     }
 }
 
-/// Handles `packets`, the first of them at index `first_index` of the application's ring.
+/// Handles `packets`, the first of them at index `first_index` of the application's ring and
+/// at index `base` of the handler call's packets (what `handled` counts).
+#[allow(clippy::too_many_arguments)]
 fn handle(
     b: &Backend,
     state: &QueueState,
@@ -238,9 +255,12 @@ fn handle(
     writer: Writer,
     progress: &Cell<Progress>,
     handled: &Cell<usize>,
+    base: usize,
 ) {
     // Where each forward ends in the application's ring (`crate::waits`).
     let end = |i: usize| first_index.wrapping_add(i as u64);
+    // How far the handler call got, for its recovery after a panic (`recover`).
+    let done = |i: usize| handled.set(base + i);
     if !b.replay_active() {
         // After finalization (`OnUnload`) a replay that began before it may still be running
         // on another thread: what is forwarded now waits for its window to close, as an
@@ -267,7 +287,7 @@ fn handle(
             false,
             progress,
         );
-        handled.set(packets.len());
+        done(packets.len());
         return;
     }
     // Several packets in one call are independent packets in queue order (one doorbell for
@@ -290,7 +310,7 @@ fn handle(
                 true,
                 progress,
             );
-            handled.set(i);
+            done(i);
             progress.set(Progress::Untouched);
         }
         let queued = Queued {
@@ -300,7 +320,7 @@ fn handle(
         replay_dispatch(b, state, dispatch, Sink::Handler(writer), queued, progress);
         // Its last pass (or its one run) is in the hardware queue now.
         state.note_forwarded(end(i + 1));
-        handled.set(i + 1);
+        done(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
     }
@@ -315,7 +335,7 @@ fn handle(
             true,
             progress,
         );
-        handled.set(packets.len());
+        done(packets.len());
     }
 }
 
@@ -345,7 +365,6 @@ fn handle_with_reentrant(
             continue;
         }
         if start < i {
-            let inner = Cell::new(0);
             let index = first_index.wrapping_add(start as u64);
             handle(
                 b,
@@ -354,7 +373,8 @@ fn handle_with_reentrant(
                 index,
                 writer,
                 progress,
-                &inner,
+                handled,
+                start,
             );
             progress.set(Progress::Untouched);
         }
@@ -368,10 +388,17 @@ fn handle_with_reentrant(
         start = i;
     }
     if start < packets.len() {
-        let inner = Cell::new(0);
         let index = first_index.wrapping_add(start as u64);
-        handle(b, state, &packets[start..], index, writer, progress, &inner);
-        handled.set(start + inner.get());
+        handle(
+            b,
+            state,
+            &packets[start..],
+            index,
+            writer,
+            progress,
+            handled,
+            start,
+        );
     }
 }
 
@@ -425,6 +452,8 @@ pub(crate) fn forward(
     // writes is folded into their snapshots, not erased by their restores (`crate::fold`).
     let _holds = matches!(sink, Sink::Side(_)).then(|| crate::fold::hold_open(b));
     deliver_mail(b, state, sink);
+    // What the write forwards of the packets the handler was given (a marker may follow them).
+    let given = packets.len();
     // A queue kreplay does not ring for a drain marker (single-producer, or with handlers of
     // others above kreplay's) gets one now, in the same write, after the packets.
     let mut packets = std::borrow::Cow::Borrowed(packets);
@@ -459,7 +488,7 @@ pub(crate) fn forward(
         if let Sink::Handler(_) = sink {
             state.forwarded();
         }
-        progress.set(Progress::Done);
+        progress.set(Progress::Forwarded(given));
     };
     match traced {
         Some(traced) => {
