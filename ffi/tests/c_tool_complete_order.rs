@@ -835,3 +835,47 @@ fn an_application_thread_cancelled_during_a_slow_enqueue_exit_gets_its_complete_
         &[("PROBE_EXIT_WAIT", "cancel"), ("PROBE_REPLAY", "opt")],
     );
 }
+
+/// A tool that stops its context in ENQUEUE EXIT, after the kernel finished: the COMPLETE held
+/// back and the counters of that dispatch do not come.
+#[test]
+fn a_context_stopped_in_enqueue_exit_after_its_kernel_finished_gets_no_complete_or_counters() {
+    let name =
+        "a_context_stopped_in_enqueue_exit_after_its_kernel_finished_gets_no_complete_or_counters";
+    if in_child(name) {
+        return unload_child();
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["unload_held.c"],
+        &[("PROBE_MODE", "stop")],
+        DEADLINE,
+    );
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+}
+
+/// A tool that finalizes itself in ENQUEUE EXIT, after the kernel finished: nothing more
+/// reaches it, the held COMPLETE and counters included.
+#[test]
+fn a_tool_finalized_in_enqueue_exit_after_its_kernel_finished_gets_no_complete_or_counters() {
+    let name =
+        "a_tool_finalized_in_enqueue_exit_after_its_kernel_finished_gets_no_complete_or_counters";
+    if in_child(name) {
+        return unload_child();
+    }
+    let (problems, run) = run_scenario(
+        name,
+        &["unload_held.c"],
+        &[("PROBE_MODE", "finalize")],
+        DEADLINE,
+    );
+    assert!(
+        problems.is_empty(),
+        "problems: {problems:#?}\n{}",
+        run.report()
+    );
+}
