@@ -201,9 +201,10 @@ enum Shape {
     /// One thread; each round one write of a dispatch, a barrier waiting for it, and two more
     /// dispatches.
     Batch { rounds: u32 },
-    /// One thread on a queue of 4 slots: `dispatches` single writes over 2 buffers, none
-    /// waited for before the last is written.
-    SmallQueue { dispatches: u32 },
+    /// One thread on a queue of 4 slots (single-producer where `single`, on which kreplay adds
+    /// its drain markers to the application's writes): `dispatches` single writes over 2
+    /// buffers, none waited for before the last is written.
+    SmallQueue { dispatches: u32, single: bool },
     /// `threads` threads on 2 shared queues, each over a buffer of its own, `rounds` dispatches
     /// each, each waited for.
     Threads { threads: usize, rounds: u32 },
@@ -283,8 +284,27 @@ fn order_child(shape: Shape) {
                     child.wait_all(&s, &mut problems);
                 }
             }
-            Shape::SmallQueue { dispatches } => {
-                let queue = hsa.queue_create(agent, 4).expect("queue");
+            Shape::SmallQueue { dispatches, single } => {
+                let queue = if single {
+                    let mut queue: *mut hsa_queue_t = std::ptr::null_mut();
+                    // SAFETY: the table's hsa_queue_create with valid arguments.
+                    let status = unsafe {
+                        hsa.core().hsa_queue_create_fn.unwrap()(
+                            agent,
+                            4,
+                            hsa_sys::HSA_QUEUE_TYPE_SINGLE,
+                            None,
+                            std::ptr::null_mut(),
+                            u32::MAX,
+                            u32::MAX,
+                            &mut queue,
+                        )
+                    };
+                    assert_eq!(status, hsa_sys::HSA_STATUS_SUCCESS, "single-producer queue");
+                    queue
+                } else {
+                    hsa.queue_create(agent, 4).expect("queue")
+                };
                 let mut all = Vec::new();
                 for k in 0..dispatches {
                     all.extend(child.write(queue, &[Item::Add(k as usize % 2)]));
@@ -476,7 +496,10 @@ fn a_write_of_replayed_dispatches_and_a_barrier_keeps_the_per_pass_order_with_sl
 fn a_full_small_queue_with_a_slow_enqueue_exit_keeps_the_record_order() {
     let name = "a_full_small_queue_with_a_slow_enqueue_exit_keeps_the_record_order";
     if in_child(name) {
-        return order_child(Shape::SmallQueue { dispatches: 24 });
+        return order_child(Shape::SmallQueue {
+            dispatches: 24,
+            single: false,
+        });
     }
     scenario(
         name,
@@ -640,7 +663,10 @@ fn onunload_while_a_complete_is_held_behind_enqueue_exit_still_delivers_it_befor
 fn a_full_small_queue_of_replayed_dispatches_keeps_the_per_pass_order() {
     let name = "a_full_small_queue_of_replayed_dispatches_keeps_the_per_pass_order";
     if in_child(name) {
-        return order_child(Shape::SmallQueue { dispatches: 12 });
+        return order_child(Shape::SmallQueue {
+            dispatches: 12,
+            single: false,
+        });
     }
     scenario(
         name,
@@ -877,5 +903,47 @@ fn a_tool_finalized_in_enqueue_exit_after_its_kernel_finished_gets_no_complete_o
         problems.is_empty(),
         "problems: {problems:#?}\n{}",
         run.report()
+    );
+}
+
+/// A single-producer queue of 4 slots (kreplay adds its drain markers to the application's
+/// writes there) that fills up while the tool is slow in ENQUEUE EXIT, the dispatches run once
+/// through the pass loop, counted.
+#[test]
+fn a_full_small_single_producer_queue_with_a_slow_enqueue_exit_keeps_the_record_order() {
+    let name = "a_full_small_single_producer_queue_with_a_slow_enqueue_exit_keeps_the_record_order";
+    if in_child(name) {
+        return order_child(Shape::SmallQueue {
+            dispatches: 24,
+            single: true,
+        });
+    }
+    scenario(
+        name,
+        &[
+            ("PROBE_REPLAY", "opt"),
+            ("PROBE_EXIT_WAIT", "signal"),
+            ("PROBE_COUNT", "1"),
+        ],
+    );
+}
+
+/// The same with every dispatch replayed in 3 passes, the tool slow in every callback.
+#[test]
+fn a_full_small_single_producer_queue_of_replayed_dispatches_keeps_the_per_pass_order() {
+    let name = "a_full_small_single_producer_queue_of_replayed_dispatches_keeps_the_per_pass_order";
+    if in_child(name) {
+        return order_child(Shape::SmallQueue {
+            dispatches: 12,
+            single: true,
+        });
+    }
+    scenario(
+        name,
+        &[
+            ("PROBE_REPLAY", "3"),
+            ("PROBE_SLOW_MS", "1"),
+            ("PROBE_COUNT", "1"),
+        ],
     );
 }
