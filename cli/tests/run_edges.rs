@@ -2315,8 +2315,27 @@ fn a_signal_sent_to_kreplays_process_group_reaches_the_program_once() {
     // without kreplay. kreplay run must not pass on a second one (a program that force-quits
     // on a second SIGINT would skip its cleanup). Several rounds, as a second one, where it
     // comes, comes only when the program handled the first before kreplay passed it on.
-    const ROUNDS: usize = 8;
-    let dir = scratch("group-signal-once");
+    group_sigints("group-signal-once", 8, None);
+}
+
+#[test]
+fn a_group_signal_reaches_the_program_once_though_kreplays_helper_answers_late() {
+    // kreplay asks its helper process (the witness) whether a signal was sent to the whole
+    // group. On a loaded machine the answer can take a while: it is waited for, not taken as
+    // "no" after a second, which passed the signal on a second time. Here the helper is
+    // stopped for 2.5 s while the first round's SIGINT is handled.
+    group_sigints(
+        "group-signal-late-witness",
+        2,
+        Some(Duration::from_millis(2500)),
+    );
+}
+
+/// Sends `rounds` SIGINTs to the process group of a `kreplay run` whose program counts them,
+/// each once the program counted the one before, and checks that it counted each once. With
+/// `stall`, kreplay's helper process is stopped that long while the first is handled.
+fn group_sigints(name: &str, rounds: usize, stall: Option<Duration>) {
+    let dir = scratch(name);
     let (ints, ready) = (dir.join("ints"), dir.join("ready"));
     let src = dir.join("count_each_sigint.c");
     std::fs::write(&src, COUNT_EACH_SIGINT).unwrap();
@@ -2360,9 +2379,20 @@ fn a_signal_sent_to_kreplays_process_group_reaches_the_program_once() {
         }
     };
     wait_for_file(&ready);
-    for round in 1..=ROUNDS {
+    let witness = witness_of(group);
+    for round in 1..=rounds {
+        let stalled = stall.filter(|_| round == 1).map(|d| (d, witness));
+        if let Some((_, witness)) = stalled {
+            // SAFETY: kreplay's own helper process, its child (found by parent and name).
+            unsafe { libc::kill(witness, libc::SIGSTOP) };
+        }
         // SAFETY: the process group of the kreplay this test started.
         unsafe { libc::kill(-group, libc::SIGINT) };
+        if let Some((d, witness)) = stalled {
+            std::thread::sleep(d);
+            // SAFETY: as above.
+            unsafe { libc::kill(witness, libc::SIGCONT) };
+        }
         let seen = read_until(&|text| {
             text.trim()
                 .rsplit(' ')
@@ -2375,6 +2405,13 @@ fn a_signal_sent_to_kreplays_process_group_reaches_the_program_once() {
             let _ = child.wait();
             panic!("round {round}: the program did not count the SIGINT: {seen:?}");
         }
+        // The next one is sent once kreplay asked the witness about this one (the witness took
+        // it): two SIGINTs pending at once in the witness are one (standard signals do not
+        // queue), and kreplay would take the second for one sent to it alone.
+        let t = Instant::now();
+        while holds_signal(witness, libc::SIGINT) && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     // SAFETY: the kreplay process this test started.
     unsafe { libc::kill(group, libc::SIGTERM) };
@@ -2383,7 +2420,41 @@ fn a_signal_sent_to_kreplays_process_group_reaches_the_program_once() {
     kill_all();
     assert_eq!(
         report,
-        format!("total {ROUNDS}\n"),
-        "SIGINTs the program got from {ROUNDS} sent to kreplay's process group"
+        format!("total {rounds}\n"),
+        "SIGINTs the program got from {rounds} sent to kreplay's process group"
     );
+}
+
+/// Whether process `pid` has `signal` pending (for the whole process), from /proc.
+fn holds_signal(pid: i32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("ShdPnd:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// The process id of `kreplay`'s helper process: its child that is a kreplay too.
+fn witness_of(kreplay: i32) -> i32 {
+    let t = Instant::now();
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let Some((head, rest)) = stat.rsplit_once(") ") else {
+                continue;
+            };
+            let parent = rest.split(' ').nth(1).and_then(|p| p.parse::<i32>().ok());
+            if parent == Some(kreplay) && head.ends_with("(kreplay") {
+                return head.split(' ').next().unwrap().parse().unwrap();
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no helper process of kreplay {kreplay} found"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

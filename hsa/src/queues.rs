@@ -136,11 +136,22 @@ impl QueueErrors {
             .status
             .compare_exchange(0, INACTIVATED, Ordering::AcqRel, Ordering::Acquire);
     }
+
+    /// The queue was destroyed: it runs nothing more (see [`DESTROYED`]).
+    fn destroyed(&self) {
+        let _ = self
+            .status
+            .compare_exchange(0, DESTROYED, Ordering::AcqRel, Ordering::Acquire);
+    }
 }
 
 /// What [`QueueErrors::failed`] says of a queue the application inactivated
 /// (`hsa_queue_inactivate`), which reported no error.
 pub(crate) const INACTIVATED: hsa_status_t = u32::MAX;
+
+/// What [`QueueErrors::failed`] says of a queue destroyed while a handler call of it was in
+/// progress on another thread (one kreplay could not wait for): nothing runs on it any more.
+pub(crate) const DESTROYED: hsa_status_t = u32::MAX - 1;
 
 /// The error callback kreplay registers for every queue it creates: notes the error, then
 /// calls the application's callback with its own data, as the runtime would have.
@@ -429,31 +440,46 @@ impl QueueState {
     /// indices up to `last`, in index order.
     fn claim_published(&self, last: u64) -> Vec<Packet> {
         let mut map = self.reentrant.lock();
-        let mut claimed = Vec::new();
-        for (&index, claim) in map.range_mut(..=last) {
-            if *claim != Claim::Reserved {
-                continue;
+        self.while_alive(|| {
+            let mut claimed = Vec::new();
+            for (&index, claim) in map.range_mut(..=last) {
+                if *claim != Claim::Reserved {
+                    continue;
+                }
+                let Some(packet) = self.published(index) else {
+                    // Not written yet: whoever handles the slot later runs it.
+                    continue;
+                };
+                *claim = Claim::Ran;
+                claimed.push(packet);
             }
-            let Some(packet) = self.published(index) else {
-                // Not written yet: whoever handles the slot later runs it.
-                continue;
-            };
-            *claim = Claim::Ran;
-            claimed.push(packet);
-        }
-        claimed
+            claimed
+        })
+        .unwrap_or_default()
+    }
+
+    /// Runs `f`, which reads the queue's `hsa_queue_t` or ring, unless the application
+    /// destroyed the queue: both went away with it (a drain may still hold the queue's state).
+    /// Holds `alive`, so a destroy waits until `f` is done before the runtime frees them.
+    fn while_alive<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let alive = self.alive.lock();
+        (*alive).then(f)
     }
 
     /// The published packets of the ring from index `first` on, with their indices (see
-    /// [`published_after`](Self::published_after)).
+    /// [`published_after`](Self::published_after)); none once the queue is destroyed.
     fn published_from(&self, b: &Backend, first: u64) -> Vec<(u64, Packet)> {
-        // SAFETY: `queue` is live while its state is registered.
-        let size = u64::from(unsafe { (*self.queue).size });
-        // Adding 0 reads the write index.
-        let write = b.original.queue_add_write_index(self.queue, 0);
-        (first..write.min(first.saturating_add(size)))
-            .map_while(|index| self.published(index).map(|p| (index, p)))
-            .collect()
+        self.while_alive(|| {
+            // SAFETY: `queue` is live: `alive` is held, and a destroy clears it before the
+            // runtime frees the queue.
+            let size = u64::from(unsafe { (*self.queue).size });
+            // Adding 0 reads the write index.
+            let write = b.original.queue_add_write_index(self.queue, 0);
+            (first..write.min(first.saturating_add(size)))
+                .map_while(|index| self.published(index).map(|p| (index, p)))
+                .collect()
+        })
+        .unwrap_or_default()
     }
 
     /// Notes that the packets the handler forwards next end before ring index `next` (only the
@@ -495,8 +521,10 @@ impl QueueState {
     }
 
     /// The packet at `index` of the application's ring, once its header says it is valid.
+    /// Called inside [`while_alive`](Self::while_alive) only.
     fn published(&self, index: u64) -> Option<Packet> {
-        // SAFETY: `queue` is live while its state is registered; base and size describe its ring.
+        // SAFETY: `queue` is live (the caller holds `alive`, set); base and size describe its
+        // ring.
         let (base, size) = unsafe { ((*self.queue).base_address, (*self.queue).size) };
         if base.is_null() || size == 0 {
             return None;
@@ -605,6 +633,9 @@ pub(crate) struct QueueRegistry {
     /// kreplay's own side queue per agent, where re-entrant work runs (created on first use;
     /// also listed in `by_agent`, so drains wait for it).
     side: Mutex<HashMap<u64, Arc<QueueState>>>,
+    /// Destroyed queues with handler calls still in progress (see
+    /// [`keep_while_handled`](Self::keep_while_handled)).
+    destroyed: Mutex<Vec<Arc<QueueState>>>,
 }
 
 impl QueueRegistry {
@@ -698,6 +729,16 @@ impl QueueRegistry {
         side.insert(agent.handle, state.clone());
         self.add(state.clone());
         Some(state)
+    }
+
+    /// Keeps the state of a destroyed queue while handler calls of it are in progress (the
+    /// handler reaches it through a plain pointer); dropped by a later call once none is.
+    fn keep_while_handled(&self, state: Arc<QueueState>) {
+        let mut destroyed = self.destroyed.lock();
+        destroyed.retain(|s| *s.handlers.lock() > 0);
+        if *state.handlers.lock() > 0 {
+            destroyed.push(state);
+        }
     }
 
     /// Every queue on `agent` (the caller's own included).
@@ -959,9 +1000,20 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
                 // The queue is gone, with whatever markers it still held: nothing is in flight
                 // on it any more. Zero the signal so that a drain waiting on it goes on now; the
                 // signal itself is destroyed with the last `Arc` (a drain may still hold one).
-                // The handler's pointer to `state` died with the queue.
                 b.original.signal_store_screlease(state.in_flight, 0);
+                // A handler call not waited for above (this thread's own, or another thread's
+                // that may wait for the replay this thread is in) still uses `state`, through
+                // the handler's pointer, until it returns: kept until then. Its replay must not
+                // wait for passes on a queue that is gone: the queue counts as failed.
+                state.errors.destroyed();
+                b.queues.keep_while_handled(state);
             } else {
+                // The runtime kept the queue: the application may go on using it, so drains
+                // must go on seeing it, ringing it and mailing it markers. The markers dropped
+                // above were counted as done: the queue counts as having forwarded work since
+                // its last marker, so that the next drain asks it for a new one.
+                *state.alive.lock() = true;
+                state.mark_dirty();
                 b.queues.add(state);
             }
         }
@@ -1224,6 +1276,74 @@ add_write_index_wrapper!(
     queue_add_write_index_scacquire => queue_add_write_index,
     queue_add_write_index_relaxed => queue_add_write_index,
     queue_add_write_index_screlease => queue_add_write_index,
+);
+
+macro_rules! cas_write_index_wrapper {
+    ($($name:ident => $entry:ident),* $(,)?) => {$(
+        /// Wrapper of the same-named `hsa_queue_cas_write_index_*`: a producer that reserves
+        /// packet slots by compare-and-swap (`expected` to `value`) is tracked as one that adds
+        /// to the write index ([`note_reservation`]), once the exchange succeeded.
+        pub(crate) unsafe extern "C" fn $name(
+            queue: *const hsa_queue_t,
+            expected: u64,
+            value: u64,
+        ) -> u64 {
+            // The wrappers are installed after the backend: unreachable without it. The write
+            // index seen is then said to differ from `expected`, so nothing counts as reserved.
+            let Some(b) = installed() else { return expected.wrapping_add(1) };
+            let Some(cas) = b.original.core().$entry else { return expected.wrapping_add(1) };
+            // SAFETY: the runtime's own entry (the one this wrapper replaced), called with the
+            // application's arguments unchanged.
+            let seen = unsafe { cas(queue, expected, value) };
+            if seen == expected && value > expected {
+                let _ = std::panic::catch_unwind(|| {
+                    note_reservation(queue, expected, value - expected)
+                });
+            }
+            seen
+        }
+    )*};
+}
+
+cas_write_index_wrapper!(
+    queue_cas_write_index_scacq_screl => hsa_queue_cas_write_index_scacq_screl_fn,
+    queue_cas_write_index_scacquire => hsa_queue_cas_write_index_scacquire_fn,
+    queue_cas_write_index_relaxed => hsa_queue_cas_write_index_relaxed_fn,
+    queue_cas_write_index_screlease => hsa_queue_cas_write_index_screlease_fn,
+);
+
+macro_rules! store_write_index_wrapper {
+    ($($name:ident => $entry:ident),* $(,)?) => {$(
+        /// Wrapper of the same-named `hsa_queue_store_write_index_*`: the sole producer of a
+        /// queue (a single-producer queue needs no atomic reservation) reserves the slots from
+        /// the write index it loaded up to `value` by storing `value`; it is tracked as one that
+        /// adds to the write index ([`note_reservation`]).
+        pub(crate) unsafe extern "C" fn $name(queue: *const hsa_queue_t, value: u64) {
+            let Some(b) = installed() else { return };
+            let Some(store) = b.original.core().$entry else { return };
+            let before = if in_tool_callbacks() {
+                b.original.core().hsa_queue_load_write_index_scacquire_fn.map(|load| {
+                    // SAFETY: the runtime's own entry, on the application's queue.
+                    unsafe { load(queue) }
+                })
+            } else {
+                None
+            };
+            // SAFETY: the runtime's own entry (the one this wrapper replaced), called with the
+            // application's arguments unchanged.
+            unsafe { store(queue, value) };
+            if let Some(before) = before.filter(|&before| value > before) {
+                let _ = std::panic::catch_unwind(|| {
+                    note_reservation(queue, before, value - before)
+                });
+            }
+        }
+    )*};
+}
+
+store_write_index_wrapper!(
+    queue_store_write_index_relaxed => hsa_queue_store_write_index_relaxed_fn,
+    queue_store_write_index_screlease => hsa_queue_store_write_index_screlease_fn,
 );
 
 /// A doorbell store from inside a replay window or a dispatch's tool callbacks: the re-entrant

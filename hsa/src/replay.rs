@@ -279,7 +279,13 @@ impl PassCompletion for PassSignal<'_> {
 
     fn failed(&self) -> Option<String> {
         self.queue.failed().map(|status| {
-            if status == crate::queues::INACTIVATED {
+            if status == crate::queues::DESTROYED {
+                format!(
+                    "queue {} was destroyed (hsa_queue_destroy) while this dispatch was being \
+                     handled: the pass will never complete",
+                    self.queue.id
+                )
+            } else if status == crate::queues::INACTIVATED {
                 format!(
                     "queue {} was inactivated by the application (hsa_queue_inactivate): the \
                      pass will never complete",
@@ -441,6 +447,13 @@ impl ReplayDevice for HsaReplay<'_> {
         let deadline = Backend::deadline_after(self.b.drain.timeout);
         for queue in &queues {
             let own = std::ptr::eq(Arc::as_ptr(queue), self.state);
+            if !own && queue.failed().is_some() {
+                // A queue that failed (or was inactivated) runs nothing more: idle to the drain
+                // (`QueueIdle::is_idle`). A marker would never complete, and a wake-up packet
+                // would take a slot of a ring nobody empties any more: once it is full, every
+                // later drain of the agent would wait out its deadline for one.
+                continue;
+            }
             if queue.markers_ride_batches() && !own {
                 // Its forwarded batches carry their markers, but for those forwarded while
                 // several were in flight: for them a marker waits in its mailbox.
@@ -829,7 +842,7 @@ impl ReplayDevice for HsaReplay<'_> {
         // it had without kreplay), and not where one was aborted.
         let completes = match self.state.failed() {
             None => true,
-            Some(crate::queues::INACTIVATED) => !self.pass_lost,
+            Some(crate::queues::INACTIVATED | crate::queues::DESTROYED) => !self.pass_lost,
             Some(_) => false,
         };
         if self.dispatch.completion_signal.handle != 0 && completes {

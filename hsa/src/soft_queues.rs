@@ -123,17 +123,29 @@ pub(crate) unsafe extern "C" fn soft_queue_create(
 
 /// Wrapper of `hsa_queue_destroy`: forgets a soft queue's ring buffer, then destroys the queue
 /// as every other queue is ([`crate::queues::queue_destroy`]).
+///
+/// Where the runtime refuses the destroy, the queue and its ring live on: the ring is tracked
+/// again, and a kernel given the queue is still known to reach it (`crate::reach`), rather
+/// than replayed, enqueueing once per pass.
 pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_status_t {
     guarded(|| {
         let b = backend();
         let ring = b.soft_queues.rings.lock().remove(&(queue as usize));
-        if let Some(base) = ring
-            && !b.is_finalized()
-        {
+        let forgotten = match ring {
             // Before the runtime frees it: waits for a restore in progress.
-            b.inventory.on_free(base);
-        }
+            Some(base) if !b.is_finalized() => b.inventory.on_free(base),
+            _ => None,
+        };
         // SAFETY: forwarded from the application's call.
-        unsafe { crate::queues::queue_destroy(queue) }
+        let status = unsafe { crate::queues::queue_destroy(queue) };
+        if status != HSA_STATUS_SUCCESS
+            && let Some(base) = ring
+        {
+            if let Some(allocation) = forgotten {
+                b.inventory.reinstate(allocation);
+            }
+            b.soft_queues.rings.lock().insert(queue as usize, base);
+        }
+        status
     })
 }

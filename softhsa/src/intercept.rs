@@ -59,6 +59,9 @@ pub(crate) struct InterceptState {
     pending: AtomicBool,
     /// Set while a doorbell thread serves stores made from inside other queues' handlers.
     deferred: AtomicBool,
+    /// Set once the queue is destroyed: its ring is revoked as soon as no thread processes it
+    /// ([`revoke_when_idle`]).
+    revoke: AtomicBool,
     /// Wraps what the chain writes into the hardware queue.
     observer: RwLock<Option<Arc<Observer>>>,
     /// What the chain wrote that the hardware ring had no room for (see the module's comment).
@@ -81,6 +84,7 @@ impl InterceptState {
             lock: Mutex::new(()),
             pending: AtomicBool::new(false),
             deferred: AtomicBool::new(false),
+            revoke: AtomicBool::new(false),
             observer: RwLock::new(None),
             overflow: Mutex::new(Overflow::default()),
         }
@@ -169,6 +173,26 @@ fn processing_on_this_thread(queue: usize) -> bool {
     frames(|frame| frame.queue == queue)
 }
 
+/// Revokes the ring of the stopped intercept queue `queue` once no thread processes it: now if
+/// none does, else when the last one leaves [`serve`] (a thread that was in [`process`] leaves
+/// at its next look at the stop flag; later ones return before reading the ring). Never waits:
+/// a thread processing the queue may be waiting for the very thread that destroys it (a
+/// handler waiting for a lock held around a destroy).
+pub(crate) fn revoke_when_idle(queue: &Queue, state: &InterceptState) {
+    state.revoke.store(true, Ordering::SeqCst);
+    revoke_if_idle(queue, state);
+}
+
+/// Revokes the ring if a revocation is pending and no thread processes the queue.
+fn revoke_if_idle(queue: &Queue, state: &InterceptState) {
+    if !state.revoke.load(Ordering::SeqCst) {
+        return;
+    }
+    if let Some(_serial) = state.lock.try_lock() {
+        queue.revoke_ring_now();
+    }
+}
+
 /// Called after every store to an intercept queue's doorbell, in the storing thread.
 ///
 /// Re-entry from a handler of the same queue on this thread returns at once: the outer loop
@@ -204,6 +228,8 @@ fn serve(queue: &Arc<Queue>, state: &InterceptState, id: usize) -> bool {
         state.pending.store(false, Ordering::SeqCst);
         process(queue, state, id);
         drop(serial);
+        // The queue was destroyed while this thread processed it: its ring goes now.
+        revoke_if_idle(queue, state);
         if !state.pending.load(Ordering::SeqCst) {
             return true;
         }

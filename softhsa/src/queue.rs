@@ -27,7 +27,6 @@ use hsa_sys::{
     hsa_kernel_dispatch_packet_t, hsa_queue_t, hsa_signal_t, hsa_status_t,
 };
 use parking_lot::Mutex;
-use std::alloc::Layout;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -93,10 +92,16 @@ impl Packet {
 pub(crate) type ErrorCallback =
     unsafe extern "C" fn(hsa_status_t, *mut hsa_queue_t, *mut std::ffi::c_void);
 
-/// The packet ring: `size` 64-byte slots, 64-byte aligned.
+/// The packet ring: `size` 64-byte slots in pages of their own (so 64-byte aligned).
+///
+/// As a real queue's ring goes away with the queue, the ring of a queue the application
+/// destroyed is made inaccessible ([`Ring::revoke`]) while its address stays reserved (no
+/// later mapping takes it): a read of a destroyed queue's packets faults at once instead of
+/// seeing stale or reused memory.
 struct Ring {
     base: *mut u8,
-    layout: Layout,
+    /// Bytes mapped at `base` (the slots, rounded up to whole pages).
+    len: usize,
 }
 
 impl Ring {
@@ -104,31 +109,68 @@ impl Ring {
         let bytes = (size as usize)
             .checked_mul(AQL_PACKET_SIZE)
             .ok_or(HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
-        let layout = Layout::from_size_align(bytes, AQL_PACKET_SIZE)
-            .map_err(|_| HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
-        // SAFETY: the layout is non-zero sized (size is a power of two, so at least 1).
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        if base.is_null() {
+        let len = bytes
+            .checked_next_multiple_of(page_size())
+            .ok_or(HSA_STATUS_ERROR_OUT_OF_RESOURCES)?;
+        // SAFETY: a fresh private anonymous mapping (zero-filled) at an address of the
+        // kernel's choosing; `len` is non-zero (size is a power of two, so at least 1).
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
             return Err(HSA_STATUS_ERROR_OUT_OF_RESOURCES);
         }
+        let base = base.cast::<u8>();
         for slot in 0..size as usize {
-            // SAFETY: the slot lies inside the fresh allocation, which is 64-byte aligned, so the
-            // u16 header write is aligned; nobody else sees the ring yet.
+            // SAFETY: the slot lies inside the fresh mapping, which is page (so 64-byte)
+            // aligned, so the u16 header write is aligned; nobody else sees the ring yet.
             unsafe {
                 base.add(slot * AQL_PACKET_SIZE)
                     .cast::<u16>()
                     .write(INVALID_HEADER)
             };
         }
-        Ok(Self { base, layout })
+        Ok(Self { base, len })
+    }
+
+    /// Makes the ring inaccessible (its pages are given back, its address stays reserved):
+    /// any later access faults. Only once nothing of the runtime's reads or writes it.
+    fn revoke(&self) {
+        // SAFETY: replaces exactly the mapping made in `Ring::new` (MAP_FIXED over our own
+        // range) with an inaccessible one; no reference into the ring is held by the runtime
+        // any more (the caller's contract), and the range is unmapped only in `drop`.
+        unsafe {
+            libc::mmap(
+                self.base.cast(),
+                self.len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
     }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // SAFETY: `base` was allocated with `layout` in Ring::new and is freed only here.
-        unsafe { std::alloc::dealloc(self.base, self.layout) };
+        // SAFETY: `base..base + len` was mapped in Ring::new and is unmapped only here.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
+}
+
+/// The size of a memory page.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096).max(AQL_PACKET_SIZE)
 }
 
 /// What drives a queue's packets.
@@ -236,6 +278,19 @@ impl Queue {
         if let QueueKind::Intercept(state) = &self.kind {
             state.hw.inactivate();
         }
+    }
+
+    /// Makes the ring inaccessible ([`Ring::revoke`]): only once no thread of the runtime
+    /// reads or writes it any more.
+    pub(crate) fn revoke_ring_now(&self) {
+        self.ring.revoke();
+    }
+
+    /// Whether the calling thread is this queue's packet-processor thread.
+    fn on_processor_thread(&self) -> bool {
+        self.processor_thread
+            .get()
+            .is_some_and(|t| t.id() == std::thread::current().id())
     }
 
     pub(crate) fn set_report_as(&self, queue: *mut hsa_queue_t) {
@@ -492,6 +547,19 @@ pub(crate) fn stop_queue(rt: &Runtime, queue: &Queue) {
     }
     if let QueueKind::Intercept(state) = &queue.kind {
         stop_queue(rt, &state.hw);
+    }
+}
+
+/// After [`stop_queue`] of a queue the application destroyed: its ring goes away, as a real
+/// queue's does ([`Ring::revoke`]), once no thread of the runtime reads it any more (for an
+/// intercept queue, once no thread processes it, see
+/// [`revoke_when_idle`](crate::intercept::revoke_when_idle)). Not where the calling thread is
+/// the queue's own processor thread, which reads it again on return.
+pub(crate) fn revoke_ring(queue: &Queue) {
+    match &queue.kind {
+        QueueKind::Intercept(state) => crate::intercept::revoke_when_idle(queue, state),
+        _ if queue.on_processor_thread() => {}
+        _ => queue.revoke_ring_now(),
     }
 }
 

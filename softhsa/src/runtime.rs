@@ -40,6 +40,10 @@ pub(crate) struct Runtime {
     signals: RwLock<HashMap<u64, Arc<Signal>>>,
     signal_groups: RwLock<HashMap<u64, Arc<[Arc<Signal>]>>>,
     queues: RwLock<HashMap<usize, Arc<Queue>>>,
+    /// Queues the application destroyed: their `hsa_queue_t` stays readable (and their revoked
+    /// ring's address reserved) until the instance stops, so that a read of a destroyed queue
+    /// reaches the revoked ring and faults, rather than reading memory reused meanwhile.
+    destroyed: Mutex<Vec<Arc<Queue>>>,
     next_queue_id: AtomicU64,
 }
 
@@ -59,6 +63,7 @@ impl Runtime {
             signals: RwLock::new(HashMap::new()),
             signal_groups: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
+            destroyed: Mutex::new(Vec::new()),
             next_queue_id: AtomicU64::new(0),
         }
     }
@@ -69,6 +74,7 @@ impl Runtime {
         for queue in &queues {
             crate::queue::stop_queue(self, queue);
         }
+        self.destroyed.lock().clear();
         self.copies.shutdown();
         self.handlers.shutdown();
         self.workers.shutdown();
@@ -152,9 +158,31 @@ impl Runtime {
             .ok_or(HSA_STATUS_ERROR_INVALID_QUEUE)
     }
 
+    /// [`queue`](Self::queue), or the destroyed queue kept at `ptr` (see `destroyed`).
+    pub(crate) fn queue_or_destroyed(
+        &self,
+        ptr: *const hsa_queue_t,
+    ) -> Result<Arc<Queue>, hsa_status_t> {
+        self.queue(ptr).or_else(|status| {
+            self.destroyed
+                .lock()
+                .iter()
+                .rev()
+                .find(|q| std::ptr::eq(q.hsa_ptr(), ptr))
+                .cloned()
+                .ok_or(status)
+        })
+    }
+
     /// Unregisters a queue; returns it if it was registered.
     pub(crate) fn unregister_queue(&self, ptr: *const hsa_queue_t) -> Option<Arc<Queue>> {
         self.queues.write().remove(&(ptr as usize))
+    }
+
+    /// Keeps a queue the application destroyed (stopped, its ring revoked) until the instance
+    /// stops (see `destroyed`).
+    pub(crate) fn keep_destroyed(&self, queue: Arc<Queue>) {
+        self.destroyed.lock().push(queue);
     }
 
     /// How many queues the application created on `agent` (an intercept queue counts once).

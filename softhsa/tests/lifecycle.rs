@@ -160,6 +160,60 @@ fn destroyed_queues_and_freed_allocations_are_no_longer_valid() {
     assert_eq!(hsa.free(buffer), Err(HSA_STATUS_ERROR_INVALID_ALLOCATION));
 }
 
+/// Whether the `len` bytes at `ptr` can be read, asked of the kernel (a write of them into a
+/// pipe fails with EFAULT where they cannot), so that the test itself never faults.
+fn readable(ptr: *const u8, len: usize) -> bool {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "a pipe");
+    // SAFETY: the kernel checks the source range itself; both descriptors are ours.
+    let written = unsafe { libc::write(fds[1], ptr.cast(), len) };
+    // SAFETY: the descriptors made above, closed once.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    written == len as isize
+}
+
+/// As a real queue's ring goes away with the queue, the ring of a destroyed queue is made
+/// inaccessible (a tool still reading it faults at once instead of reading reused memory),
+/// while its `hsa_queue_t` and indices stay readable as freed memory would.
+#[test]
+fn a_destroyed_queues_ring_can_no_longer_be_read() {
+    let _serial = serial();
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    for intercept in [false, true] {
+        let queue = if intercept {
+            hsa.intercept_queue_create(gpu, 16).unwrap()
+        } else {
+            hsa.queue_create(gpu, 16).unwrap()
+        };
+        // SAFETY: a live queue; its ring is `size` 64-byte slots at `base_address`.
+        let (base, bytes) = unsafe {
+            (
+                (*queue).base_address.cast::<u8>(),
+                (*queue).size as usize * 64,
+            )
+        };
+        let add = hsa.core().hsa_queue_add_write_index_scacq_screl_fn.unwrap();
+        // SAFETY: a live queue (one slot reserved, never written).
+        assert_eq!(unsafe { add(queue, 1) }, 0);
+        assert!(readable(base, bytes), "a live queue's ring is readable");
+        // SAFETY: created above, destroyed once.
+        unsafe { hsa.queue_destroy(queue) }.unwrap();
+        assert!(
+            !readable(base, bytes),
+            "a destroyed queue's ring is gone (intercept {intercept})"
+        );
+        let load = hsa.core().hsa_queue_load_write_index_relaxed_fn.unwrap();
+        // SAFETY: the queue is destroyed on purpose: its memory stays readable in softhsa.
+        let write_index = unsafe { load(queue) };
+        assert_eq!(write_index, 1, "its write index reads as it was left");
+    }
+}
+
 #[test]
 fn destroying_an_intercept_queue_also_stops_its_hardware_queue() {
     let _serial = serial();

@@ -61,8 +61,10 @@ const PASSED_ON: [libc::c_int; 6] = [
 fn interrupts(signal: libc::c_int) -> bool {
     matches!(signal, libc::SIGINT | libc::SIGTERM | libc::SIGHUP)
 }
-/// How long a handler waits for the witness's answer before it passes the signal on anyway.
-const WITNESS_ANSWER_MS: libc::c_int = 1000;
+/// How long a handler waits for the witness's answer before it passes the signal on anyway:
+/// the witness answers at once unless it is not running (a loaded machine, someone stopped
+/// it), and a "no" taken too early passes a group's signal on a second time.
+const WITNESS_ANSWER_MS: i64 = 10_000;
 
 /// How long, after the program exited, the rest of its standard output may take to arrive and
 /// the processes it leaves behind may take to end: what it wrote is in the pipe already, so
@@ -252,14 +254,25 @@ fn ask_witness(socket: libc::c_int, index: u8) -> bool {
     if unsafe { libc::send(socket, question.as_ptr().cast(), 2, libc::MSG_NOSIGNAL) } != 2 {
         return false;
     }
+    let deadline = monotonic_ms().saturating_add(WITNESS_ANSWER_MS);
     loop {
         let mut ready = libc::pollfd {
             fd: socket,
             events: libc::POLLIN,
             revents: 0,
         };
+        let left = deadline
+            .saturating_sub(monotonic_ms())
+            .clamp(0, i64::from(i32::MAX));
         // SAFETY: one pollfd, live for the call.
-        if unsafe { libc::poll(&mut ready, 1, WITNESS_ANSWER_MS) } != 1 {
+        let polled = unsafe { libc::poll(&mut ready, 1, left as libc::c_int) };
+        // SAFETY: errno is this thread's, read right after the call.
+        if polled < 0 && unsafe { *libc::__errno_location() } == libc::EINTR && left > 0 {
+            // Another signal was handled meanwhile (SIGCHLD when the witness or the program
+            // stopped or went on): the answer is still due.
+            continue;
+        }
+        if polled != 1 {
             return false;
         }
         let mut answer = [0u8; 2];
@@ -272,6 +285,17 @@ fn ask_witness(socket: libc::c_int, index: u8) -> bool {
             return answer[1] == 1;
         }
     }
+}
+
+/// Milliseconds of `CLOCK_MONOTONIC` (async-signal-safe: it runs in the signal handler).
+fn monotonic_ms() -> i64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime is async-signal-safe and writes the live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    i64::from(now.tv_sec) * 1000 + i64::from(now.tv_nsec) / 1_000_000
 }
 
 /// Starts the witness: a child process in kreplay's process group that keeps the signals

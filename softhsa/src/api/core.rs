@@ -513,6 +513,8 @@ pub(crate) unsafe extern "C" fn hsa_queue_destroy(queue: *mut hsa_queue_t) -> hs
             .unregister_queue(queue)
             .ok_or(HSA_STATUS_ERROR_INVALID_QUEUE)?;
         stop_queue(rt, &q);
+        crate::queue::revoke_ring(&q);
+        rt.keep_destroyed(q);
         Ok(())
     })
 }
@@ -525,8 +527,11 @@ pub(crate) unsafe extern "C" fn hsa_queue_inactivate(queue: *mut hsa_queue_t) ->
 }
 
 /// Runs `f` on the queue behind `queue`; an unknown queue (or no runtime) yields `fallback`.
+/// A destroyed queue's indices are still there, as the memory of a real queue stays readable
+/// a while after its destroy: the index entries act on them as ROCm's act on that memory (its
+/// ring is gone, see `Ring::revoke`).
 fn with_queue<T>(queue: *const hsa_queue_t, fallback: T, f: impl FnOnce(&Queue) -> T) -> T {
-    let run = || match runtime::current().and_then(|rt| rt.queue(queue)) {
+    let run = || match runtime::current().and_then(|rt| rt.queue_or_destroyed(queue)) {
         Ok(q) => Some(f(&q)),
         Err(_) => None,
     };
