@@ -177,6 +177,18 @@ extern "C" fn write_record_at_exit() {
 /// counters are printed (`KREPLAY_LOG=info`).
 pub fn on_unload() {
     kreplay_hsa::finalize();
+    // Kernels that finished while their ENQUEUE EXIT ran have their COMPLETE held until it
+    // returned; the application may have seen them complete: delivered before the contexts
+    // stop. Bounded like the wait for callbacks at finalization.
+    if !kreplay_hsa::deliver_held_completions(Duration::from_secs(10)) {
+        logging::log(
+            Severity::Warn,
+            format_args!(
+                "an ENQUEUE callback did not return within 10 s of OnUnload: the COMPLETE \
+                 records it held back are not delivered"
+            ),
+        );
+    }
     crate::lifecycle::finalize_tools();
     crate::run_record::write();
     if services::replay_configured() || crate::counters::snapshot().dispatches > 0 {

@@ -397,6 +397,7 @@ extern "C" fn in_forked_child() {
         b.finalized.store(true, Ordering::Release);
         b.locks.set_enabled(false);
     }
+    crate::dispatch::forget_held_in_child();
 }
 
 /// See [`crate::finalize`].

@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hsa_sys::*;
 use kreplay_passloop::DispatchInfo;
@@ -148,6 +149,7 @@ pub(crate) unsafe extern "C" fn intercept_handler(
                 writer,
                 &progress,
                 &handled,
+                0,
             );
         }
     }));
@@ -168,9 +170,12 @@ pub(crate) enum Progress {
     /// Passes ran, then memory was restored from the snapshot (the bytes the dispatch started
     /// from); the application's completion is still withheld.
     Restored,
-    /// The packets were forwarded (their own completion included) or the withheld completion
-    /// was fired.
+    /// The withheld completion was fired, or the dispatch (the first packet) was forwarded
+    /// alone.
     Done,
+    /// The first this many packets not handled yet were forwarded in one write (their own
+    /// completions included); the rest never reached the queue.
+    Forwarded(usize),
 }
 
 /// After a panic in the handler: `packets` are those not handled yet, the first of them the one
@@ -225,10 +230,23 @@ fn recover(state: &QueueState, packets: &[Packet], writer: Writer, progress: Pro
                 unsafe { writer(packets[1..].as_ptr().cast(), packets.len() as u64 - 1) };
             }
         }
+        Progress::Forwarded(written) => {
+            log::error!(
+                "internal error after {written} packet(s) on queue {} were submitted: the \
+                 dispatch records of these are unreliable",
+                state.id
+            );
+            if let Some(rest) = packets.get(written..).filter(|rest| !rest.is_empty()) {
+                // SAFETY: as above; these never reached the queue.
+                unsafe { writer(rest.as_ptr().cast(), rest.len() as u64) };
+            }
+        }
     }
 }
 
-/// Handles `packets`, the first of them at index `first_index` of the application's ring.
+/// Handles `packets`, the first of them at index `first_index` of the application's ring and
+/// at index `base` of the handler call's packets (what `handled` counts).
+#[allow(clippy::too_many_arguments)]
 fn handle(
     b: &Backend,
     state: &QueueState,
@@ -237,9 +255,12 @@ fn handle(
     writer: Writer,
     progress: &Cell<Progress>,
     handled: &Cell<usize>,
+    base: usize,
 ) {
     // Where each forward ends in the application's ring (`crate::waits`).
     let end = |i: usize| first_index.wrapping_add(i as u64);
+    // How far the handler call got, for its recovery after a panic (`recover`).
+    let done = |i: usize| handled.set(base + i);
     if !b.replay_active() {
         // After finalization (`OnUnload`) a replay that began before it may still be running
         // on another thread: what is forwarded now waits for its window to close, as an
@@ -266,7 +287,7 @@ fn handle(
             false,
             progress,
         );
-        handled.set(packets.len());
+        done(packets.len());
         return;
     }
     // Several packets in one call are independent packets in queue order (one doorbell for
@@ -289,7 +310,7 @@ fn handle(
                 true,
                 progress,
             );
-            handled.set(i);
+            done(i);
             progress.set(Progress::Untouched);
         }
         let queued = Queued {
@@ -299,7 +320,7 @@ fn handle(
         replay_dispatch(b, state, dispatch, Sink::Handler(writer), queued, progress);
         // Its last pass (or its one run) is in the hardware queue now.
         state.note_forwarded(end(i + 1));
-        handled.set(i + 1);
+        done(i + 1);
         progress.set(Progress::Untouched);
         start = i + 1;
     }
@@ -314,7 +335,7 @@ fn handle(
             true,
             progress,
         );
-        handled.set(packets.len());
+        done(packets.len());
     }
 }
 
@@ -344,7 +365,6 @@ fn handle_with_reentrant(
             continue;
         }
         if start < i {
-            let inner = Cell::new(0);
             let index = first_index.wrapping_add(start as u64);
             handle(
                 b,
@@ -353,7 +373,8 @@ fn handle_with_reentrant(
                 index,
                 writer,
                 progress,
-                &inner,
+                handled,
+                start,
             );
             progress.set(Progress::Untouched);
         }
@@ -367,10 +388,17 @@ fn handle_with_reentrant(
         start = i;
     }
     if start < packets.len() {
-        let inner = Cell::new(0);
         let index = first_index.wrapping_add(start as u64);
-        handle(b, state, &packets[start..], index, writer, progress, &inner);
-        handled.set(start + inner.get());
+        handle(
+            b,
+            state,
+            &packets[start..],
+            index,
+            writer,
+            progress,
+            handled,
+            start,
+        );
     }
 }
 
@@ -406,10 +434,9 @@ pub(crate) fn forward(
     track: bool,
     progress: &Cell<Progress>,
 ) {
-    // Declared first, so dropped last: the COMPLETE records of traced kernels that finished
-    // before ENQUEUE EXIT follow it on this thread, once the reader side below is released (a
-    // tool's COMPLETE callback may submit work that is replayed on this agent).
-    let mut _open: Option<OpenGate<'_>> = None;
+    // The COMPLETE records of traced kernels that finished before ENQUEUE EXIT returned go to
+    // a completion thread of kreplay's own once it has (`EnqueueGate`).
+    let mut _open: Option<OpenGate> = None;
     // A thread inside its own replay window on this agent proceeds without the reader side;
     // re-entrant work on the side queue never waits for a replay (it is issued from one).
     let _read = match sink {
@@ -425,6 +452,8 @@ pub(crate) fn forward(
     // writes is folded into their snapshots, not erased by their restores (`crate::fold`).
     let _holds = matches!(sink, Sink::Side(_)).then(|| crate::fold::hold_open(b));
     deliver_mail(b, state, sink);
+    // What the write forwards of the packets the handler was given (a marker may follow them).
+    let given = packets.len();
     // A queue kreplay does not ring for a drain marker (single-producer, or with handlers of
     // others above kreplay's) gets one now, in the same write, after the packets.
     let mut packets = std::borrow::Cow::Borrowed(packets);
@@ -447,7 +476,8 @@ pub(crate) fn forward(
     let tracing = (b.hooks.dispatch_tracing_configured() || b.hooks.counting_configured())
         && !b.is_finalized();
     let (patched, traced) = if tracing {
-        let (patched, traced) = trace_completions(b, state, packets, infos);
+        let (patched, traced, gate) = trace_completions(b, state, packets, infos);
+        _open = Some(gate);
         (std::borrow::Cow::Owned(patched), Some(traced))
     } else {
         (std::borrow::Cow::Borrowed(packets), None)
@@ -458,13 +488,12 @@ pub(crate) fn forward(
         if let Sink::Handler(_) = sink {
             state.forwarded();
         }
-        progress.set(Progress::Done);
+        progress.set(Progress::Forwarded(given));
     };
     match traced {
-        Some((traced, gate)) => {
+        Some(traced) => {
             // The tool's ENQUEUE callbacks run on the application's thread (`crate::cancel`).
             let _no_cancel = crate::cancel::NoCancel::now();
-            _open = Some(OpenGate(b, gate));
             b.hooks.dispatch_enqueue(&traced, None, &mut write)
         }
         None => write(),
@@ -495,14 +524,17 @@ type Completion = Box<dyn FnOnce(&Backend) + Send>;
 /// finish while the submitting thread is still in the tool's ENQUEUE EXIT callbacks. Only the
 /// tool's records wait: the application's signal is completed when the kernel finished (a tool
 /// or a later packet of the same write may be waiting for it).
+///
+/// What waited is delivered on a completion thread of kreplay's own, as every other COMPLETE of
+/// a dispatch run once is (kreplay.h, "Threads"), never on the submitting thread: that thread
+/// may be inside the pass loop of the dispatch (where what a tool submits is re-entrant work,
+/// declined `reentrant_dispatch`) or inside the queue's handler call (whose queue a replay the
+/// callback starts must drain, and only that call writes its drain marker).
 struct EnqueueGate(parking_lot::Mutex<Option<Vec<Completion>>>);
 
 impl EnqueueGate {
-    fn closed() -> std::sync::Arc<EnqueueGate> {
-        std::sync::Arc::new(EnqueueGate(parking_lot::Mutex::new(Some(Vec::new()))))
-    }
-
-    /// Delivers `completion` now if the gate is open, or keeps it for [`open`](Self::open).
+    /// Delivers `completion` now (on the completion thread calling this) if the gate is open,
+    /// or keeps it for [`OpenGate`].
     fn deliver(&self, b: &Backend, completion: Completion) {
         let mut parked = self.0.lock();
         match parked.as_mut() {
@@ -513,25 +545,116 @@ impl EnqueueGate {
             }
         }
     }
+}
 
-    /// Opens the gate and delivers what waited for it, on the calling thread.
-    fn open(&self, b: &Backend) {
-        let parked = self.0.lock().take();
-        for completion in parked.into_iter().flatten() {
-            completion(b);
+/// A gate kept closed by the thread that made it, opened when dropped (however the ENQUEUE
+/// callbacks ended): what waited for it is handed, in order, to a completion thread. From its
+/// making until what waited was delivered it counts in [`HELD`], which `OnUnload` waits for
+/// ([`deliver_held`]): the application may have seen these kernels complete already.
+struct OpenGate(std::sync::Arc<EnqueueGate>);
+
+impl OpenGate {
+    fn closed() -> OpenGate {
+        HELD.count.fetch_add(1, Ordering::SeqCst);
+        let _ = HELD_HERE.try_with(|h| h.set(h.get() + 1));
+        OpenGate(std::sync::Arc::new(EnqueueGate(parking_lot::Mutex::new(
+            Some(Vec::new()),
+        ))))
+    }
+}
+
+impl Drop for OpenGate {
+    fn drop(&mut self) {
+        let _ = HELD_HERE.try_with(|h| h.set(h.get().saturating_sub(1)));
+        let parked = self.0.0.lock().take().unwrap_or_default();
+        if parked.is_empty() {
+            HELD.release();
+            return;
+        }
+        // Where no completion thread can be started, the job runs on this one, calling the
+        // tool: with the thread's cancellation held off (`crate::cancel`).
+        let _no_cancel = crate::cancel::NoCancel::now();
+        let b = crate::backend::backend();
+        b.watcher.run_now(Box::new(move || {
+            let b = crate::backend::backend();
+            let _ = HELD_HERE.try_with(|h| h.set(h.get() + 1));
+            for completion in parked {
+                if catch_unwind(AssertUnwindSafe(|| completion(b))).is_err() {
+                    log::error!("internal error while delivering a dispatch's completion");
+                }
+            }
+            let _ = HELD_HERE.try_with(|h| h.set(h.get().saturating_sub(1)));
+            HELD.release();
+        }));
+    }
+}
+
+/// Gates not opened yet, or whose held completions were not delivered yet.
+struct Held {
+    count: AtomicUsize,
+    /// Threads in [`deliver_held`]: a release wakes them only when there are some.
+    waiters: AtomicUsize,
+    lock: parking_lot::Mutex<()>,
+    released: parking_lot::Condvar,
+}
+
+static HELD: Held = Held {
+    count: AtomicUsize::new(0),
+    waiters: AtomicUsize::new(0),
+    lock: parking_lot::Mutex::new(()),
+    released: parking_lot::Condvar::new(),
+};
+
+thread_local! {
+    /// The gates this thread keeps closed or delivers the completions of now: [`deliver_held`]
+    /// on this thread does not wait for them.
+    static HELD_HERE: Cell<usize> = const { Cell::new(0) };
+}
+
+impl Held {
+    fn release(&self) {
+        // Sequentially consistent with the waiter's count of itself and its look at `count`:
+        // either it sees this release, or this sees it waiting and wakes it.
+        self.count.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            let _lock = self.lock.lock();
+            self.released.notify_all();
         }
     }
 }
 
-/// Opens its gate when dropped (however the ENQUEUE callbacks ended), with the thread's
-/// cancellation held off while the tool is called (`crate::cancel`).
-struct OpenGate<'b>(&'b Backend, std::sync::Arc<EnqueueGate>);
-
-impl Drop for OpenGate<'_> {
-    fn drop(&mut self) {
-        let _no_cancel = crate::cancel::NoCancel::now();
-        self.1.open(self.0);
+/// Waits, at most `limit`, until the completions gates held back reached the tool layer (the
+/// ENQUEUE callbacks of other threads in progress now ended and the COMPLETE records and
+/// counters they held were delivered): `OnUnload` calls it before the tools' contexts are
+/// stopped, so that a kernel the application saw complete before it unloaded kreplay is not
+/// missing its COMPLETE. False when some were still held at `limit`.
+pub(crate) fn deliver_held(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mine = HELD_HERE.try_with(Cell::get).unwrap_or(0);
+    // Nothing held: no lock taken (in a forked child the lock may be a copy held by a thread
+    // of the parent's).
+    if HELD.count.load(Ordering::SeqCst) <= mine {
+        return true;
     }
+    HELD.waiters.fetch_add(1, Ordering::SeqCst);
+    let mut lock = HELD.lock.lock();
+    let mut delivered = true;
+    while HELD.count.load(Ordering::SeqCst) > mine {
+        if HELD.released.wait_until(&mut lock, deadline).timed_out() {
+            delivered = HELD.count.load(Ordering::SeqCst) <= mine;
+            break;
+        }
+    }
+    drop(lock);
+    HELD.waiters.fetch_sub(1, Ordering::SeqCst);
+    delivered
+}
+
+/// In the child of a `fork`: the gates of the parent's other threads have nobody left to open
+/// them. Only an atomic is stored (async-signal-safe).
+pub(crate) fn forget_held_in_child() {
+    HELD.count.store(0, Ordering::SeqCst);
+    HELD.waiters.store(0, Ordering::SeqCst);
 }
 
 /// What the completion handler of a traced ordinary dispatch needs.
@@ -587,18 +710,16 @@ unsafe extern "C" fn traced_complete(_value: hsa_signal_value_t, arg: *mut c_voi
 
 /// Gives each dispatch a completion signal of kreplay's own whose handler delivers the
 /// dispatch record (through the returned gate, once it is open) and then completes the
-/// application's signal. Returns the packets to write and the dispatches among them.
+/// application's signal. Returns the packets to write, the dispatches among them and their
+/// gate, closed until dropped.
 fn trace_completions(
     b: &Backend,
     state: &QueueState,
     packets: &[Packet],
     infos: &[Option<DispatchInfo>],
-) -> (
-    Vec<Packet>,
-    (Vec<DispatchInfo>, std::sync::Arc<EnqueueGate>),
-) {
+) -> (Vec<Packet>, Vec<DispatchInfo>, OpenGate) {
     let mut traced_infos = Vec::new();
-    let gate = EnqueueGate::closed();
+    let gate = OpenGate::closed();
     let patched = packets
         .iter()
         .enumerate()
@@ -633,7 +754,7 @@ fn trace_completions(
                 agent: state.agent,
                 info,
                 counted: crate::counting::program(b, &info, None, proxy),
-                gate: gate.clone(),
+                gate: gate.0.clone(),
             }));
             let status = crate::watcher::when_zero(b, proxy, traced_complete, traced.cast());
             if status != HSA_STATUS_SUCCESS {
@@ -648,7 +769,7 @@ fn trace_completions(
             dispatch_bytes(&dispatch)
         })
         .collect();
-    (patched, (traced_infos, gate))
+    (patched, traced_infos, gate)
 }
 
 /// The head of ROCm's `amd_signal_t` (hsa/amd_hsa_signal.h), which a signal handle points to

@@ -261,6 +261,15 @@ pub fn finalize() {
     backend::finalize();
 }
 
+/// Waits, at most `limit`, until the KERNEL_DISPATCH COMPLETE records and counters held back
+/// behind ENQUEUE EXIT callbacks (of kernels that finished while those ran) reached the tool
+/// layer: for `OnUnload`, after [`finalize`] and before the tools' contexts are stopped, so that
+/// a kernel the application saw complete is not left without its COMPLETE. False when some were
+/// still held at `limit` (an ENQUEUE callback of another thread had not returned).
+pub fn deliver_held_completions(limit: std::time::Duration) -> bool {
+    dispatch::deliver_held(limit)
+}
+
 /// Whether [`install`] succeeded in this process.
 pub fn is_installed() -> bool {
     backend::installed().is_some()

@@ -147,6 +147,12 @@ impl Watcher {
         Ok(())
     }
 
+    /// Runs `job` now on a completion thread of kreplay's own (on this thread if none can be
+    /// started), as a completion whose signal reached 0 runs.
+    pub(crate) fn run_now(&'static self, job: Job) {
+        self.runners.run(job);
+    }
+
     /// The jobs whose signal reached 0, taken off the list.
     fn take_done(&self, b: &Backend) -> Vec<Job> {
         let mut inner = self.inner.lock();
