@@ -91,3 +91,27 @@ fn a_forked_child_can_use_kreplay_while_a_parent_thread_was_inside_it_at_the_for
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+mod common;
+#[path = "c_probe_tools/harness.rs"]
+mod harness;
+
+#[test]
+fn a_tool_that_forks_inside_every_callback_neither_hangs_nor_leaves_its_children_stuck() {
+    // kreplay's fork handlers take its locks before every fork of the process: a fork from a
+    // thread that is inside a kreplay callback (while kreplay may hold one of them) must not
+    // wait for good. The tool forks in configure, initialize, every replay and dispatch record,
+    // the pass-count callback and finalize; the child exits at once.
+    let name =
+        "a_tool_that_forks_inside_every_callback_neither_hangs_nor_leaves_its_children_stuck";
+    if harness::in_child(name) {
+        return harness::standard_child(2, 2);
+    }
+    let (problems, run) = harness::run_scenario(
+        name,
+        &["fork_in_callbacks.c"],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(problems.is_empty(), "{problems:#?}\n{}", run.report());
+}
