@@ -41,8 +41,7 @@
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use kreplay_late::Late;
 
@@ -121,7 +120,8 @@ fn slot_position(index: u64) -> (usize, usize) {
     (segment, (index - segment_start) as usize)
 }
 
-/// Source of unique registry identities (used to tag replay frames).
+/// Source of unique registry identities (used to tag replay frames); 0 is the process-wide
+/// registry's.
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
 
 /// The set of contexts of a process (or of one test): creation, global start/stop, and the
@@ -129,13 +129,20 @@ static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
 ///
 /// Started flags live in a table of segments that never move once allocated, so reading a
 /// context's state takes no lock. The registry is `Send + Sync`.
+///
+/// Nothing in it waits for another thread, so it is safe across `fork`: a segment is allocated
+/// outside the table and put in with one compare-and-swap (a thread that loses the race frees
+/// its copy), and the process-wide registry is a plain static. A thread of the parent that was
+/// creating a context at the fork leaves at most a context id the child never hands out, never
+/// a one-time initialization the child would wait on for good.
 pub struct ContextRegistry {
     /// Identity of this registry, so a thread's replay frames know whom they belong to.
     identity: u64,
     /// Number of contexts created so far (ids `1..=created`).
     created: AtomicU64,
-    /// Started flag of context `id` at slot `id - 1`.
-    segments: [OnceLock<Box<[AtomicBool]>>; SEGMENTS],
+    /// Started flag of context `id` at slot `id - 1`: segment `k` is null until allocated, then
+    /// `FIRST_SEGMENT << k` flags (a `Box<[AtomicBool]>` of that length, freed on drop).
+    segments: [AtomicPtr<AtomicBool>; SEGMENTS],
     /// Number of replay loops of this registry running now, on all threads.
     replay_loops: AtomicUsize,
 }
@@ -158,18 +165,22 @@ impl Default for ContextRegistry {
 impl ContextRegistry {
     /// An empty registry (no contexts).
     pub fn new() -> Self {
+        Self::with_identity(NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed))
+    }
+
+    const fn with_identity(identity: u64) -> Self {
         ContextRegistry {
-            identity: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed),
+            identity,
             created: AtomicU64::new(0),
-            segments: [const { OnceLock::new() }; SEGMENTS],
+            segments: [const { AtomicPtr::new(std::ptr::null_mut()) }; SEGMENTS],
             replay_loops: AtomicUsize::new(0),
         }
     }
 
     /// The process-wide registry.
     pub fn global() -> &'static ContextRegistry {
-        static GLOBAL: OnceLock<ContextRegistry> = OnceLock::new();
-        GLOBAL.get_or_init(ContextRegistry::new)
+        static GLOBAL: ContextRegistry = ContextRegistry::with_identity(0);
+        &GLOBAL
     }
 
     /// Creates a new, stopped context.
@@ -282,13 +293,46 @@ impl ContextRegistry {
         Some(&self.segment(segment)[offset])
     }
 
-    /// Segment `segment`, allocating it on first use.
+    /// Segment `segment`, allocating it on first use (lock-free, see the type's doc).
     fn segment(&self, segment: usize) -> &[AtomicBool] {
-        self.segments[segment].get_or_init(|| {
-            (0..FIRST_SEGMENT << segment)
-                .map(|_| AtomicBool::new(false))
-                .collect()
-        })
+        let len = (FIRST_SEGMENT << segment) as usize;
+        let slot = &self.segments[segment];
+        let mut flags = slot.load(Ordering::Acquire);
+        if flags.is_null() {
+            let fresh: Box<[AtomicBool]> = (0..len).map(|_| AtomicBool::new(false)).collect();
+            let fresh = Box::into_raw(fresh).cast::<AtomicBool>();
+            flags = match slot.compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => fresh,
+                Err(installed) => {
+                    // SAFETY: `fresh` came from `Box::into_raw` of `len` flags just above and
+                    // was never published.
+                    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, len)) });
+                    installed
+                }
+            };
+        }
+        // SAFETY: a non-null segment pointer is a live allocation of `len` flags (put in above
+        // or by another thread, with Release), freed only when the registry is dropped.
+        unsafe { std::slice::from_raw_parts(flags, len) }
+    }
+}
+
+impl Drop for ContextRegistry {
+    fn drop(&mut self) {
+        for (segment, slot) in self.segments.iter_mut().enumerate() {
+            let flags = *slot.get_mut();
+            if !flags.is_null() {
+                let len = (FIRST_SEGMENT << segment) as usize;
+                // SAFETY: put in by `segment` from `Box::into_raw` of `len` flags; no borrow
+                // of the registry outlives this `&mut self`.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(flags, len)) });
+            }
+        }
     }
 }
 
