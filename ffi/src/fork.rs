@@ -12,8 +12,10 @@
 //! (held around the registry's one-time allocations, which a fork must not cut either); the
 //! lifecycle's state, current setup and retired contexts; the services, retired services,
 //! published table and running-callback lock; the counting service, configurations and
-//! catalogues; the warn-once keys. None is held while kreplay calls a tool or waits on anything but another of
-//! them, so taking them all before a fork cannot wait for long.
+//! catalogues; the warn-once keys; the run record's file name and record (`kreplay run`, which a
+//! child's exit handler writes); the replay records kept for `take_replay_records`. None is held
+//! while kreplay calls a tool or waits on anything but another of them, so taking them all
+//! before a fork cannot wait for long.
 
 use parking_lot::lock_api::{RawMutex as _, RawRwLock as _};
 use parking_lot::{Mutex, RawMutex, RawRwLock, RwLock};
@@ -84,6 +86,8 @@ pub(crate) extern "C" fn prepare() {
         crate::services::fork_hold();
         crate::counting::fork_hold();
         crate::logging::fork_hold();
+        crate::run_record::fork_hold();
+        crate::hsa_tool::fork_hold();
     });
 }
 
@@ -92,6 +96,8 @@ pub(crate) extern "C" fn in_parent() {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: `prepare` took them all on this thread, the one that forked.
         unsafe {
+            crate::hsa_tool::fork_release();
+            crate::run_record::fork_release();
             crate::logging::fork_release();
             crate::counting::fork_release();
             crate::services::fork_release();
@@ -106,6 +112,8 @@ pub(crate) extern "C" fn in_parent() {
 pub(crate) fn in_child() {
     // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
     unsafe {
+        crate::hsa_tool::fork_reset();
+        crate::run_record::fork_reset();
         crate::logging::fork_reset();
         crate::counting::fork_reset();
         crate::services::fork_reset();

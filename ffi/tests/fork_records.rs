@@ -1,0 +1,93 @@
+//! The application forks while another of its threads holds one of the run record's locks
+//! (`kreplay run` records the run: its record, its file name) or the list of replay records.
+//! Only the forking thread exists in the child: a lock held by another thread at the fork is
+//! never released there, and the child's exit handler (which writes the run record) or its
+//! own calls would wait forever. Each child does what its exit handler does, and must finish.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kreplay::lifecycle::{self, ToolSearch};
+use kreplay::{hsa_tool, run_record};
+
+unsafe extern "C" {
+    fn fork() -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn kill(pid: c_int, signal: c_int) -> c_int;
+    fn _exit(code: c_int) -> !;
+}
+
+const WNOHANG: c_int = 1;
+const SIGKILL: c_int = 9;
+
+/// Waits for child `pid` at most `limit` (killing it then); its exit code, or `None`.
+fn wait_child(pid: c_int, limit: Duration) -> Option<c_int> {
+    let deadline = Instant::now() + limit;
+    let mut status: c_int = 0;
+    loop {
+        // SAFETY: `pid` is our child; `status` is writable.
+        if unsafe { waitpid(pid, &mut status, WNOHANG) } == pid {
+            return ((status & 0x7f) == 0).then_some((status >> 8) & 0xff);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: our child, reaped right after.
+            unsafe {
+                kill(pid, SIGKILL);
+                waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_forked_child_writes_its_record_at_exit_while_a_parent_thread_held_the_record_at_the_fork() {
+    // kreplay loaded and recording, as under `kreplay run`.
+    lifecycle::initialize_tools_with(&ToolSearch::default()).expect("tools initialize");
+    let dir = std::env::temp_dir().join(format!("kreplay-fork-records-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    run_record::start(dir.clone(), "hsa", "built-in", 1, Vec::new(), Vec::new());
+    hsa_tool::set_collect_replay_records(true);
+    let stop = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        // Another thread of the application, in and out of the record's locks all the time.
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = run_record::file();
+                let _ = run_record::snapshot();
+                let _ = hsa_tool::take_replay_records();
+            }
+        });
+        for round in 0..40 {
+            // SAFETY: the child only calls kreplay and leaves with _exit.
+            let pid = unsafe { fork() };
+            if pid == 0 {
+                // What the exit handler does, then the record and the replay records read.
+                run_record::write();
+                let ok = run_record::snapshot().is_some() && run_record::file().is_some();
+                let _ = hsa_tool::take_replay_records();
+                // SAFETY: leaves the child at once.
+                unsafe { _exit(if ok { 0 } else { 1 }) };
+            }
+            assert!(pid > 0, "fork failed");
+            match wait_child(pid, Duration::from_secs(10)) {
+                Some(0) => {}
+                other => {
+                    failures.push(format!(
+                        "fork {round}: the child ended with {other:?} (None: hung)"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // The children wrote nothing: the one record file is the parent's.
+    let files = std::fs::read_dir(&dir).unwrap().count();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert_eq!(files, 1, "only the parent's record file");
+}
