@@ -179,33 +179,6 @@ pub unsafe extern "C" fn kreplay_get_counters(counters: *mut Counters) -> Status
     })
 }
 
-/// Held while a context is created (see [`kreplay_create_context`]); a leaf: nothing else is
-/// taken while it is held.
-static CREATING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
-/// Takes the context-creation lock before a fork (see `crate::fork`).
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&CREATING);
-}
-
-/// Releases it in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took it on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::release(&CREATING) };
-}
-
-/// Unlocks it in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took it before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::reset(&CREATING) };
-}
-
 /// `kreplay_create_context`: creates a stopped context without services.
 ///
 /// # Safety
@@ -216,13 +189,9 @@ pub unsafe extern "C" fn kreplay_create_context(context_id: *mut ContextHandle) 
         return Status::ERROR_INVALID_ARGUMENT;
     }
     guard(|| {
-        let id = {
-            // Held across the registry's creation, which may allocate a new segment of started
-            // flags once (a one-time initialization no other thread may be inside at a fork:
-            // the child would wait for it forever). See `crate::fork`.
-            let _creating = CREATING.lock();
-            ContextRegistry::global().create()
-        };
+        // Lock-free, so a fork while another thread creates a context leaves nothing half done
+        // that the child would wait on (see `kreplay_ctxmask::ContextRegistry`).
+        let id = ContextRegistry::global().create();
         lifecycle::note_context_created(id);
         // SAFETY: non-null and, per the contract, valid for writing.
         unsafe { write_out(context_id, ContextHandle::from(id)) };

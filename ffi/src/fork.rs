@@ -8,14 +8,14 @@
 //! half done; after it, the parent releases them and the child resets them to unlocked (no
 //! other thread exists there to hand them to, or to wake).
 //!
-//! The order (a lock is only ever taken while holding locks earlier in it): context creation
-//! (held around the registry's one-time allocations, which a fork must not cut either); the
-//! lifecycle's state, current setup and retired contexts; the services, retired services,
-//! published table and running-callback lock; the counting service, configurations and
-//! catalogues; the warn-once keys; the run record's file name and record (`kreplay run`, which a
+//! The order (a lock is only ever taken while holding locks earlier in it): the lifecycle's
+//! state, current setup and retired contexts; the services, retired services, published table
+//! and running-callback lock; the counting service, configurations and catalogues; the
+//! warn-once keys; the run record's file name and record (`kreplay run`, which a
 //! child's exit handler writes); the replay records kept for `take_replay_records`. None is held
 //! while kreplay calls a tool or waits on anything but another of them, so taking them all
-//! before a fork cannot wait for long.
+//! before a fork cannot wait for long. The context registry (`kreplay_ctxmask`) takes no lock:
+//! nothing of it needs handling here.
 
 use parking_lot::lock_api::{RawMutex as _, RawRwLock as _};
 use parking_lot::{Mutex, RawMutex, RawRwLock, RwLock};
@@ -81,7 +81,6 @@ pub(crate) unsafe fn reset_rw<T>(lock: &RwLock<T>) {
 /// `pthread_atfork` prepare handler: takes every lock, in order.
 pub(crate) extern "C" fn prepare() {
     let _ = std::panic::catch_unwind(|| {
-        crate::api::fork_hold();
         crate::lifecycle::fork_hold();
         crate::services::fork_hold();
         crate::counting::fork_hold();
@@ -102,7 +101,6 @@ pub(crate) extern "C" fn in_parent() {
             crate::counting::fork_release();
             crate::services::fork_release();
             crate::lifecycle::fork_release();
-            crate::api::fork_release();
         }
     });
 }
@@ -118,6 +116,5 @@ pub(crate) fn in_child() {
         crate::counting::fork_reset();
         crate::services::fork_reset();
         crate::lifecycle::fork_reset();
-        crate::api::fork_reset();
     }
 }
