@@ -157,6 +157,18 @@ pub fn isolated_with(name: &str, layout: &str) {
     );
 }
 
+/// The CPU time (user and system, every thread) this process used so far.
+pub fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out-pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// The CPU time (user and system, every thread) process `pid` used so far, from
 /// `/proc/<pid>/stat`; `None` once it cannot be read.
 fn cpu_time_of(pid: u32) -> Option<Duration> {
