@@ -926,7 +926,10 @@ fn wait_zero_while_progressing(app: &App, done: hsa_signal_t) -> i64 {
     loop {
         let value = app.wait_zero_within(done, WORKERS_WINDOW);
         let now = support::process_cpu_time();
-        if value == 0 || now - cpu < WORKERS_MIN_PROGRESS || started.elapsed() >= WORKERS_WAIT {
+        if value == 0
+            || now.saturating_sub(cpu) < WORKERS_MIN_PROGRESS
+            || started.elapsed() >= WORKERS_WAIT
+        {
             return value;
         }
         cpu = now;

@@ -123,11 +123,11 @@ pub fn isolated_with(name: &str, layout: &str) {
         } else if cpu >= CHILD_CPU_BUDGET {
             timed_out = Some(format!("used {CHILD_CPU_BUDGET:?} of CPU"));
         } else if now - window.0 >= PROGRESS_WINDOW {
-            if now - started >= CHILD_DEADLINE && cpu - window.1 < MIN_PROGRESS {
+            if now - started >= CHILD_DEADLINE && cpu.saturating_sub(window.1) < MIN_PROGRESS {
                 timed_out = Some(format!(
                     "ran {:?} and used {:?} of CPU in its last {PROGRESS_WINDOW:?} (hung)",
                     now - started,
-                    cpu - window.1
+                    cpu.saturating_sub(window.1)
                 ));
             }
             window = (now, cpu);
