@@ -1378,18 +1378,30 @@ scenarios! {
 
 /// Four threads share one queue, each dispatching the same kernel over a buffer of its own (so
 /// one handler call may carry several of their packets, replayed one by one in queue order).
+///
+/// The buffers are written with the CPU before any thread dispatches: a plain CPU store into the
+/// agent's memory while another thread's dispatch replays may be undone by that replay's restore
+/// (docs/rocm.md, "Plain CPU stores cannot be fenced"), so a thread initializing its buffer
+/// while the others already dispatch could see its own initialization reverted.
 fn threads_sharing_a_queue(strategy: RestoreStrategy, store: StoreTier) {
     let env = Arc::new(setup(strategy, store, SnapshotScope::Agent));
     env.hooks.set_script(Script::passes(3));
     let kernel = kreplay_softhsa::register_kernel("seq_prog", prog);
-    let jobs: Vec<Box<dyn FnOnce() + Send>> = (0..4usize)
+    let buffers: Vec<(Ptr, usize, Vec<u8>)> = (0..4usize)
         .map(|t| {
+            let len = (3 + t) * CHUNK + 5 * t + 1;
+            let buf = env.app.alloc(env.pools.coarse, len);
+            let init: Vec<u8> = (0..len).map(|i| (i * 13 + t) as u8).collect();
+            host(buf, len).copy_from_slice(&init);
+            (buf, len, init)
+        })
+        .collect();
+    let jobs: Vec<Box<dyn FnOnce() + Send>> = buffers
+        .into_iter()
+        .enumerate()
+        .map(|(t, (buf, len, init))| {
             let env = env.clone();
             Box::new(move || {
-                let len = (3 + t) * CHUNK + 5 * t + 1;
-                let buf = env.app.alloc(env.pools.coarse, len);
-                let init: Vec<u8> = (0..len).map(|i| (i * 13 + t) as u8).collect();
-                host(buf, len).copy_from_slice(&init);
                 let mut want = init;
                 for round in 0..10usize {
                     let tag = TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;

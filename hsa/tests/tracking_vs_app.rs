@@ -909,8 +909,32 @@ scenarios! {
     }
 }
 
-/// How long the application's rayon workers wait for the kernel below.
-const WORKERS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+/// The application's rayon workers below wait for the kernel in slices of this long ...
+const WORKERS_WINDOW: std::time::Duration = std::time::Duration::from_secs(5);
+/// ... and give up after a slice in which the whole process used less CPU than this: nothing
+/// runs then, so the kernel cannot complete (a replay that needs the workers waits for them,
+/// blocked). A replay that is merely slow, on a loaded machine, keeps using CPU.
+const WORKERS_MIN_PROGRESS: std::time::Duration = std::time::Duration::from_millis(100);
+/// The longest the workers wait, whatever happens.
+const WORKERS_WAIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Waits until `done` is 0 while the process makes progress ([`WORKERS_WINDOW`],
+/// [`WORKERS_MIN_PROGRESS`], [`WORKERS_WAIT`]); returns the value it ended at.
+fn wait_zero_while_progressing(app: &App, done: hsa_signal_t) -> i64 {
+    let started = std::time::Instant::now();
+    let mut cpu = support::process_cpu_time();
+    loop {
+        let value = app.wait_zero_within(done, WORKERS_WINDOW);
+        let now = support::process_cpu_time();
+        if value == 0
+            || now.saturating_sub(cpu) < WORKERS_MIN_PROGRESS
+            || started.elapsed() >= WORKERS_WAIT
+        {
+            return value;
+        }
+        cpu = now;
+    }
+}
 
 /// The application's rayon workers (the global pool, as many as cores) all wait for a kernel's
 /// completion signal while another thread dispatches that kernel, replayed in `passes` passes
@@ -936,9 +960,10 @@ fn rayon_workers_wait_for_a_kernel(strategy: kreplay_snapshot::RestoreStrategy, 
                 let started = job_started.clone();
                 rayon::spawn(move || {
                     started.fetch_add(1, Ordering::SeqCst);
-                    // Long enough for the replay on a loaded machine: without the fix the
-                    // kernel never completes while they wait, however long that is.
-                    let _ = tx.send(env.app.wait_zero_within(done, WORKERS_WAIT));
+                    // As long as the replay makes progress, however loaded the machine:
+                    // without the fix the kernel never completes while they wait, and nothing
+                    // runs.
+                    let _ = tx.send(wait_zero_while_progressing(&env.app, done));
                 });
             }
             while job_started.load(Ordering::SeqCst) < workers as u32 {
@@ -957,8 +982,7 @@ fn rayon_workers_wait_for_a_kernel(strategy: kreplay_snapshot::RestoreStrategy, 
     let (ok, took) = out[0];
     assert!(
         ok,
-        "{workers} rayon workers waited {}: the kernel ({passes} passes) did not complete while they waited (dispatch to release took {took:?})",
-        WORKERS_WAIT.as_secs()
+        "{workers} rayon workers waited until nothing ran (or {WORKERS_WAIT:?}): the kernel ({passes} passes) did not complete while they waited (dispatch to release took {took:?})"
     );
     let id = env
         .hooks

@@ -4,9 +4,60 @@ mod common;
 
 use common::*;
 use hsa_sys::*;
+use kreplay_softhsa::testing::{Hsa, Session};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+
+/// The tests of this file run side by side, but for the one that waits on a destroyed
+/// signal's handle, which runs alone: softhsa hands a destroyed signal's memory, and with it its
+/// handle (the address of its ABI block, as on ROCm), to the next signal created anywhere in the
+/// process, so a test creating a signal meanwhile would make that handle name its own, live
+/// signal.
+static HANDLES: RwLock<()> = RwLock::new(());
+
+/// A session of a test that runs beside the others (see [`HANDLES`]).
+struct Shared {
+    _session: Session,
+    _shared: RwLockReadGuard<'static, ()>,
+}
+
+/// A session of a test that runs alone (see [`HANDLES`]).
+struct Alone {
+    _session: Session,
+    _alone: RwLockWriteGuard<'static, ()>,
+}
+
+/// `common::open` for a test that runs beside the others.
+fn open() -> (Hsa, Shared) {
+    let shared = HANDLES
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (hsa, session) = common::open();
+    (
+        hsa,
+        Shared {
+            _session: session,
+            _shared: shared,
+        },
+    )
+}
+
+/// `common::open` for a test that no other test of this file runs beside.
+fn open_alone() -> (Hsa, Alone) {
+    let alone = HANDLES
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (hsa, session) = common::open();
+    (
+        hsa,
+        Alone {
+            _session: session,
+            _alone: alone,
+        },
+    )
+}
 
 type Op = unsafe extern "C" fn(hsa_signal_t, hsa_signal_value_t);
 type Xchg = unsafe extern "C" fn(hsa_signal_t, hsa_signal_value_t) -> hsa_signal_value_t;
@@ -245,7 +296,8 @@ fn wait_any_returns_the_index_of_the_satisfied_signal() {
 fn wait_any_skips_null_and_destroyed_signals() {
     // ROCm's hsa_amd_signal_wait_any ignores null and invalid signals (indices still refer to
     // the caller's array) and returns u32::MAX at once when no valid signal is left.
-    let (hsa, _session) = open();
+    // Alone: a signal another test created meanwhile could take the destroyed one's handle.
+    let (hsa, _session) = open_alone();
     let f = hsa.amd().hsa_amd_signal_wait_any_fn.unwrap();
     // `live` first, so it cannot reuse the destroyed signal's handle.
     let live = hsa.signal_create(1).unwrap();

@@ -27,24 +27,26 @@ pub fn build_tool(source: &str, test: &str) -> PathBuf {
         .join("tests")
         .join("c_probe_tools")
         .join(source);
-    let mut args: Vec<std::ffi::OsString> = vec![
-        "-std=c11".into(),
-        "-D_GNU_SOURCE".into(),
-        "-Wall".into(),
-        "-Wextra".into(),
-        "-Werror".into(),
-        "-fPIC".into(),
-        "-shared".into(),
-        "-pthread".into(),
-        "-I".into(),
-        super::common::include_dir().into(),
-        src.into(),
-        "-o".into(),
-        out.clone().into(),
-    ];
-    args.push("-lpthread".into());
-    let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-    super::common::run_ok("cc", &refs);
+    super::common::build_atomically(&out, |partial| {
+        let args: Vec<std::ffi::OsString> = vec![
+            "-std=c11".into(),
+            "-D_GNU_SOURCE".into(),
+            "-Wall".into(),
+            "-Wextra".into(),
+            "-Werror".into(),
+            "-fPIC".into(),
+            "-shared".into(),
+            "-pthread".into(),
+            "-I".into(),
+            super::common::include_dir().into(),
+            src.into(),
+            "-o".into(),
+            partial.into(),
+            "-lpthread".into(),
+        ];
+        let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        super::common::run_ok("cc", &refs);
+    });
     out
 }
 

@@ -79,6 +79,23 @@ pub fn run_ok(program: &str, args: &[&std::ffi::OsStr]) -> String {
     stdout
 }
 
+/// Runs `build`, which writes a build product to the path it is given, so that `output` appears
+/// complete or not at all: the product is written under a name of this process's own and then
+/// renamed over `output`. A process that loads `output` while another test process (a copy of
+/// the same test binary, or a scenario's parent and child) builds it again then never reads a
+/// half-written file ("file too short").
+pub fn build_atomically(output: &Path, build: impl FnOnce(&Path)) {
+    let mut name = output
+        .file_name()
+        .expect("a build product has a file name")
+        .to_os_string();
+    name.push(format!(".{}.partial", std::process::id()));
+    let partial = output.with_file_name(name);
+    build(&partial);
+    std::fs::rename(&partial, output)
+        .unwrap_or_else(|err| panic!("cannot rename {partial:?} to {output:?}: {err}"));
+}
+
 /// Compiles tests/c/tool.c into a shared library at `output`.
 pub fn build_tool_library(output: &Path) {
     build_c_library("tool.c", output);
@@ -100,22 +117,24 @@ pub fn build_c_library_from(
 ) {
     let include = include_dir();
     let standard = format!("-std={standard}");
-    let mut args: Vec<&std::ffi::OsStr> = vec![
-        standard.as_ref(),
-        "-Wall".as_ref(),
-        "-Wextra".as_ref(),
-        "-Werror".as_ref(),
-        "-pedantic".as_ref(),
-        "-fPIC".as_ref(),
-        "-shared".as_ref(),
-        "-I".as_ref(),
-        include.as_os_str(),
-        source.as_os_str(),
-        "-o".as_ref(),
-        output.as_os_str(),
-    ];
-    args.extend_from_slice(link);
-    run_ok("cc", &args);
+    build_atomically(output, |output| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            standard.as_ref(),
+            "-Wall".as_ref(),
+            "-Wextra".as_ref(),
+            "-Werror".as_ref(),
+            "-pedantic".as_ref(),
+            "-fPIC".as_ref(),
+            "-shared".as_ref(),
+            "-I".as_ref(),
+            include.as_os_str(),
+            source.as_os_str(),
+            "-o".as_ref(),
+            output.as_os_str(),
+        ];
+        args.extend_from_slice(link);
+        run_ok("cc", &args);
+    });
 }
 
 /// What tests/c/tool.c recorded: (configure, initialize, finalize) calls, (version, priority,

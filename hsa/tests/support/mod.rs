@@ -15,11 +15,25 @@ use std::time::{Duration, Instant};
 const CHILD_ENV: &str = "KREPLAY_HSA_E2E_SCENARIO";
 /// Printed by a child when its scenario returned (so a child that ran nothing cannot pass).
 const DONE_MARK: &str = "kreplay-e2e-scenario-done:";
-/// The longest a scenario's process may run: a hang fails the test after this long. The
-/// longest scenarios (a 96 MiB footprint followed over eleven dispatches, in a debug build)
-/// take about 25 s alone on a 2-core machine and longer beside other test processes, so this
-/// leaves them room; a scenario that finishes never waits for it.
+/// After this long a scenario's process that has stopped using CPU counts as hung. The longest
+/// scenarios (a 96 MiB footprint followed over eleven dispatches, in a debug build) use about
+/// 15 s of CPU; alone on a 2-core machine they take about 25 s, but beside other test processes
+/// on a loaded machine more than 90 s of wall-clock time, so wall-clock time alone cannot tell
+/// a slow scenario from a hung one: a scenario still using CPU past this point goes on, up to
+/// [`CHILD_CPU_BUDGET`] of CPU and [`CHILD_HARD_DEADLINE`] of wall-clock time. A scenario that
+/// finishes never waits for any of these.
 const CHILD_DEADLINE: Duration = Duration::from_secs(90);
+/// Past [`CHILD_DEADLINE`], a scenario's process that used less CPU than this over the last
+/// [`PROGRESS_WINDOW`] is hung (every thread blocked). A loaded machine still gives a runnable
+/// process far more than this.
+const MIN_PROGRESS: Duration = Duration::from_millis(50);
+/// The window [`MIN_PROGRESS`] is measured over.
+const PROGRESS_WINDOW: Duration = Duration::from_secs(10);
+/// The most CPU a scenario's process may use: one spinning without end (a livelock) fails after
+/// this, however loaded the machine.
+const CHILD_CPU_BUDGET: Duration = Duration::from_secs(90);
+/// The longest a scenario's process may run, whatever it does.
+const CHILD_HARD_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The API table layouts every scenario runs against (softhsa's `KREPLAY_SOFTHSA_TABLE`): the
 /// ROCm 5.2 layout of the bindings and the ROCm 6.x/7.x one.
@@ -83,19 +97,46 @@ pub fn isolated_with(name: &str, layout: &str) {
         });
     }
     drop(tx);
-    let deadline = Instant::now() + CHILD_DEADLINE;
+    let started = Instant::now();
     let mut output = [String::new(), String::new()];
-    let mut timed_out = false;
-    for _ in 0..2 {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((i, text)) => output[i] = text,
-            Err(_) => {
-                timed_out = true;
-                break;
+    let mut received = 0;
+    let mut timed_out = None;
+    // CPU time of the child at the start of each progress window.
+    let mut window: (Instant, Duration) = (started, Duration::ZERO);
+    while received < 2 {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok((i, text)) => {
+                output[i] = text;
+                received += 1;
+                continue;
             }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        // Unreadable once the child exited: its pipes close and the loop ends soon after.
+        let Some(cpu) = cpu_time_of(child.id()) else {
+            continue;
+        };
+        if now - started >= CHILD_HARD_DEADLINE {
+            timed_out = Some(format!("ran {CHILD_HARD_DEADLINE:?}"));
+        } else if cpu >= CHILD_CPU_BUDGET {
+            timed_out = Some(format!("used {CHILD_CPU_BUDGET:?} of CPU"));
+        } else if now - window.0 >= PROGRESS_WINDOW {
+            if now - started >= CHILD_DEADLINE && cpu.saturating_sub(window.1) < MIN_PROGRESS {
+                timed_out = Some(format!(
+                    "ran {:?} and used {:?} of CPU in its last {PROGRESS_WINDOW:?} (hung)",
+                    now - started,
+                    cpu.saturating_sub(window.1)
+                ));
+            }
+            window = (now, cpu);
+        }
+        if timed_out.is_some() {
+            break;
         }
     }
-    if timed_out {
+    if timed_out.is_some() {
         let _ = child.kill();
     }
     let status = child.wait().expect("the scenario's process is waited for");
@@ -103,10 +144,9 @@ pub fn isolated_with(name: &str, layout: &str) {
         "--- stdout of {name} (table layout {layout}) ---\n{}\n--- stderr of {name} ---\n{}",
         output[0], output[1]
     );
-    assert!(
-        !timed_out,
-        "scenario {name} (table layout {layout}) did not finish within {CHILD_DEADLINE:?}\n{report}"
-    );
+    if let Some(why) = timed_out {
+        panic!("scenario {name} (table layout {layout}) did not finish: it {why}\n{report}");
+    }
     assert!(
         status.success(),
         "scenario {name} (table layout {layout}) failed ({status})\n{report}"
@@ -115,6 +155,37 @@ pub fn isolated_with(name: &str, layout: &str) {
         output[0].contains(&format!("{DONE_MARK}{name}")),
         "scenario {name} did not run its body\n{report}"
     );
+}
+
+/// The CPU time (user and system, every thread) this process used so far.
+pub fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out-pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The CPU time (user and system, every thread) process `pid` used so far, from
+/// `/proc/<pid>/stat`; `None` once it cannot be read.
+fn cpu_time_of(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces, in parentheses): state is
+    // field 3, utime field 14 and stime field 15, in clock ticks.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_second = u64::try_from(per_second).ok().filter(|&t| t > 0)?;
+    Some(Duration::from_nanos(
+        ticks.saturating_mul(1_000_000_000) / per_second,
+    ))
 }
 
 /// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
