@@ -4,44 +4,13 @@
 //! first kreplay call that needs it would wait forever. Each child calls those functions and
 //! must finish.
 
-use std::ffi::c_int;
+use common::forked::{_exit, fork, wait_child};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kreplay::abi::{ContextHandle, Status};
 use kreplay::api::{kreplay_create_context, kreplay_start_context, kreplay_stop_context};
 use kreplay::lifecycle::{self, ToolSearch};
-
-unsafe extern "C" {
-    fn fork() -> c_int;
-    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
-    fn kill(pid: c_int, signal: c_int) -> c_int;
-    fn _exit(code: c_int) -> !;
-}
-
-const WNOHANG: c_int = 1;
-const SIGKILL: c_int = 9;
-
-/// Waits for child `pid` at most `limit` (killing it then); its exit code, or `None`.
-fn wait_child(pid: c_int, limit: Duration) -> Option<c_int> {
-    let deadline = Instant::now() + limit;
-    let mut status: c_int = 0;
-    loop {
-        // SAFETY: `pid` is our child; `status` is writable.
-        if unsafe { waitpid(pid, &mut status, WNOHANG) } == pid {
-            return ((status & 0x7f) == 0).then_some((status >> 8) & 0xff);
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: our child, reaped right after.
-            unsafe {
-                kill(pid, SIGKILL);
-                waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::yield_now();
-    }
-}
 
 #[test]
 fn a_forked_child_can_use_kreplay_while_a_parent_thread_was_inside_it_at_the_fork() {

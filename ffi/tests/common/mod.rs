@@ -177,3 +177,41 @@ pub fn libkreplay() -> PathBuf {
     .find(|p| p.is_file())
     .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
 }
+
+/// Forking inside a test process: `fork` and `_exit` for the child's side, and the child's end
+/// waited for with a limit.
+pub mod forked {
+    use std::ffi::c_int;
+    use std::time::{Duration, Instant};
+
+    unsafe extern "C" {
+        pub fn fork() -> c_int;
+        pub fn _exit(code: c_int) -> !;
+        fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+        fn kill(pid: c_int, signal: c_int) -> c_int;
+    }
+
+    const WNOHANG: c_int = 1;
+    const SIGKILL: c_int = 9;
+
+    /// Waits for child `pid` at most `limit` (killing it then); its exit code, or `None`.
+    pub fn wait_child(pid: c_int, limit: Duration) -> Option<c_int> {
+        let deadline = Instant::now() + limit;
+        let mut status: c_int = 0;
+        loop {
+            // SAFETY: `pid` is our child; `status` is writable.
+            if unsafe { waitpid(pid, &mut status, WNOHANG) } == pid {
+                return ((status & 0x7f) == 0).then_some((status >> 8) & 0xff);
+            }
+            if Instant::now() >= deadline {
+                // SAFETY: our child, reaped right after.
+                unsafe {
+                    kill(pid, SIGKILL);
+                    waitpid(pid, &mut status, 0);
+                }
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
