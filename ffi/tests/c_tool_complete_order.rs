@@ -545,10 +545,56 @@ fn threads_sharing_queues_with_replayed_dispatches_keep_the_per_pass_order() {
     );
 }
 
-/// One application thread dispatches once and waits; the main thread waits for that dispatch's
-/// signal and then unloads kreplay (OnUnload), while the tool still lingers in the dispatch's
-/// ENQUEUE EXIT (`unload_held.c`).
-fn unload_child() {
+/// What the body of a [`one_dispatch_child`] works with.
+struct OneDispatch<'a> {
+    hsa: &'a Hsa,
+    child: &'a Child<'a>,
+    /// The queue the application thread dispatches to (its address).
+    queue: usize,
+    /// The tool library (its `probe_*` exports).
+    lib: &'a libloading::Library,
+    loaded: &'a Loaded,
+}
+
+impl OneDispatch<'_> {
+    /// Calls the tool's `void name(void)` export.
+    fn tell_tool(&self, name: &[u8]) {
+        // SAFETY: the probe tool exports `name` with this signature.
+        unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn()>(name)
+                .expect("probe export")()
+        };
+    }
+
+    /// Waits (10 s at most) for the first dispatch the tool saw and then for its application
+    /// signal to reach 0; a problem when either does not come.
+    fn wait_first_dispatch(&self, problems: &mut Vec<String>) {
+        let start = std::time::Instant::now();
+        let signal = loop {
+            let seen = SIGNALS
+                .lock()
+                .unwrap()
+                .as_ref()
+                .and_then(|m| m.values().next().copied());
+            if seen.is_some() || start.elapsed() > Duration::from_secs(10) {
+                break seen;
+            }
+            std::thread::yield_now();
+        };
+        match signal {
+            Some(signal) if self.hsa.wait_zero(signal, Duration::from_secs(10)) => {}
+            _ => problems.push("the dispatch did not complete within 10 s".to_string()),
+        }
+    }
+}
+
+/// The child of the single-dispatch scenarios: kreplay loaded, the tool given GPU access and
+/// `app_wait`, one buffer of `ELEMENTS` on GPU agent 0 and a queue of 64 slots; `body` returns
+/// its problems. The runtime is not shut down (an application thread may still be inside
+/// kreplay); OnUnload is called after `body` unless `body` called it. Then the results are
+/// checked and the tool's report and the problems printed.
+fn one_dispatch_child(unloads: bool, body: impl FnOnce(&OneDispatch<'_>) -> Vec<String>) {
     let mut table = OwnedApiTable::softhsa();
     let loaded = load_kreplay(&mut table);
     let mut problems = Vec::new();
@@ -585,48 +631,19 @@ fn unload_child() {
             buffers: vec![(ptr, init)],
         };
         let queue = hsa.queue_create(agent, 64).expect("queue") as usize;
-        let child = &child;
-        let found = std::thread::scope(|s| {
-            let app = s.spawn(move || {
-                let mut problems = Vec::new();
-                let signals = child.write(queue as *mut hsa_queue_t, &[Item::Add(0)]);
-                child.wait_all(&signals, &mut problems);
-                problems
-            });
-            let start = std::time::Instant::now();
-            let signal = loop {
-                let seen = SIGNALS
-                    .lock()
-                    .unwrap()
-                    .as_ref()
-                    .and_then(|m| m.values().next().copied());
-                if let Some(signal) = seen {
-                    break Some(signal);
-                }
-                if start.elapsed() > Duration::from_secs(10) {
-                    break None;
-                }
-                std::thread::yield_now();
-            };
-            let mut problems = Vec::new();
-            match signal {
-                Some(signal) if hsa.wait_zero(signal, Duration::from_secs(10)) => {}
-                _ => problems.push("the dispatch did not complete within 10 s".to_string()),
-            }
-            // SAFETY: as above.
-            unsafe {
-                lib.get::<unsafe extern "C" fn()>(b"probe_unload_begins\0")
-                    .expect("probe_unload_begins")()
-            };
-            // SAFETY: the runtime's shutdown call, made while the application thread is still
-            // in its doorbell store.
-            unsafe { (loaded.on_unload)() };
-            problems.extend(app.join().unwrap());
-            problems
-        });
-        problems.extend(found);
+        problems.extend(body(&OneDispatch {
+            hsa: &hsa,
+            child: &child,
+            queue,
+            lib: &lib,
+            loaded: &loaded,
+        }));
         problems.extend(child.check());
         std::mem::forget(session);
+    }
+    if !unloads {
+        // SAFETY: the runtime's shutdown call.
+        unsafe { (loaded.on_unload)() };
     }
     let r = tool_report(Path::new(&tool));
     if !r.is_empty() {
@@ -636,6 +653,31 @@ fn unload_child() {
         println!("TOOL-PROBLEM: {p}");
     }
     println!("PROBE-DONE");
+}
+
+/// One application thread dispatches once and waits; the main thread waits for that dispatch's
+/// signal and then unloads kreplay (OnUnload), while the tool still lingers in the dispatch's
+/// ENQUEUE EXIT (`unload_held.c`).
+fn unload_child() {
+    one_dispatch_child(true, |d| {
+        let (child, queue) = (d.child, d.queue);
+        std::thread::scope(|s| {
+            let app = s.spawn(move || {
+                let mut problems = Vec::new();
+                let signals = child.write(queue as *mut hsa_queue_t, &[Item::Add(0)]);
+                child.wait_all(&signals, &mut problems);
+                problems
+            });
+            let mut problems = Vec::new();
+            d.wait_first_dispatch(&mut problems);
+            d.tell_tool(b"probe_unload_begins\0");
+            // SAFETY: the runtime's shutdown call, made while the application thread is still
+            // in its doorbell store.
+            unsafe { (d.loaded.on_unload)() };
+            problems.extend(app.join().unwrap());
+            problems
+        })
+    });
 }
 
 /// OnUnload while a COMPLETE is held behind an ENQUEUE EXIT of another thread, after the
@@ -748,48 +790,14 @@ extern "C" fn cancellable(arg: *mut std::ffi::c_void) -> *mut std::ffi::c_void {
 /// lingers in the dispatch's ENQUEUE EXIT after its kernel finished, and the tool then reaches a
 /// cancellation point there.
 fn cancel_child() {
-    let mut table = OwnedApiTable::softhsa();
-    let loaded = load_kreplay(&mut table);
-    let mut problems = Vec::new();
-    if !loaded.loaded {
-        problems.push("OnLoad returned false".to_string());
-    }
-    let tool = std::env::var("KREPLAY_TOOL_LIBRARIES").unwrap();
-    // SAFETY: the tool is loaded by kreplay; these exports have these signatures.
-    let lib = unsafe { libloading::Library::new(&tool) }.expect("tool library");
-    {
-        // SAFETY: the table stays alive and valid while `hsa` is used.
-        let hsa = unsafe { Hsa::from_table(table.table()) };
-        let session = hsa.init().expect("hsa_init");
-        give_tool_gpu(&table, Path::new(&tool));
-        // SAFETY: as above.
-        unsafe {
-            lib.get::<unsafe extern "C" fn(extern "C" fn(u32, u32) -> i32)>(b"probe_set_app_wait\0")
-                .expect("probe_set_app_wait")(app_wait)
-        };
-        let agent = hsa.gpu_agents().expect("agents")[0];
-        let pool = hsa.coarse_pool(agent).expect("coarse pool");
-        let ptr = hsa
-            .allocate(pool, ELEMENTS * 4)
-            .expect("buffer")
-            .cast::<u32>();
-        let init: Vec<u32> = (0..ELEMENTS as u32).collect();
-        // SAFETY: softhsa device memory is host memory; ELEMENTS u32.
-        unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), ptr, ELEMENTS) };
-        let child = Child {
-            hsa: &hsa,
-            kernel: register_kernel("probe_c_add_one", add_one),
-            kernarg_pool: hsa.pool(agent, PoolKind::Kernarg).expect("kernarg pool"),
-            runs: vec![AtomicU32::new(0)],
-            buffers: vec![(ptr, init)],
-        };
-        let queue = hsa.queue_create(agent, 64).expect("queue") as usize;
+    one_dispatch_child(false, |d| {
+        let mut problems = Vec::new();
         let mut job = Cancellable {
             // SAFETY: only the lifetime is erased; the thread is joined before `child` drops.
             child: unsafe {
-                std::mem::transmute::<*const Child<'_>, *const Child<'static>>(&child)
+                std::mem::transmute::<*const Child<'_>, *const Child<'static>>(d.child)
             },
-            queue,
+            queue: d.queue,
         };
         let mut thread: PthreadT = 0;
         // SAFETY: a start routine and its argument, alive until the thread is joined.
@@ -802,48 +810,18 @@ fn cancel_child() {
             )
         };
         assert_eq!(created, 0);
-        let start = std::time::Instant::now();
-        let signal = loop {
-            let seen = SIGNALS
-                .lock()
-                .unwrap()
-                .as_ref()
-                .and_then(|m| m.values().next().copied());
-            if seen.is_some() || start.elapsed() > Duration::from_secs(10) {
-                break seen;
-            }
-            std::thread::yield_now();
-        };
-        match signal {
-            Some(signal) if hsa.wait_zero(signal, Duration::from_secs(10)) => {}
-            _ => problems.push("the dispatch did not complete within 10 s".to_string()),
-        }
+        d.wait_first_dispatch(&mut problems);
         // SAFETY: `thread` is alive: it is inside its doorbell store (the tool lingers).
         assert_eq!(unsafe { pthread_cancel(thread) }, 0);
-        // SAFETY: as above.
-        unsafe {
-            lib.get::<unsafe extern "C" fn()>(b"probe_cancel_sent\0")
-                .expect("probe_cancel_sent")()
-        };
+        d.tell_tool(b"probe_cancel_sent\0");
         // SAFETY: joins the thread made above, once.
         assert_eq!(unsafe { pthread_join(thread, std::ptr::null_mut()) }, 0);
         if !RETURNED.load(Ordering::SeqCst) {
             problems
                 .push("the application thread was cancelled inside its doorbell store".to_string());
         }
-        problems.extend(child.check());
-        std::mem::forget(session);
-    }
-    // SAFETY: the runtime's shutdown call.
-    unsafe { (loaded.on_unload)() };
-    let r = tool_report(Path::new(&tool));
-    if !r.is_empty() {
-        problems.push(format!("tool: {r}"));
-    }
-    for p in &problems {
-        println!("TOOL-PROBLEM: {p}");
-    }
-    println!("PROBE-DONE");
+        problems
+    });
 }
 
 /// The application's thread cancelled (deferred) while the tool lingers in ENQUEUE EXIT after
