@@ -295,7 +295,7 @@ fn monotonic_ms() -> i64 {
     };
     // SAFETY: clock_gettime is async-signal-safe and writes the live local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    i64::from(now.tv_sec) * 1000 + i64::from(now.tv_nsec) / 1_000_000
+    now.tv_sec * 1000 + now.tv_nsec / 1_000_000
 }
 
 /// Starts the witness: a child process in kreplay's process group that keeps the signals
