@@ -350,7 +350,12 @@ fn many_threads_may_init_work_and_shut_down_concurrently() {
 
 /// The memory mappings of this process (Linux), or `None` elsewhere.
 fn mappings() -> Option<usize> {
-    Some(std::fs::read_to_string("/proc/self/maps").ok()?.lines().count())
+    Some(
+        std::fs::read_to_string("/proc/self/maps")
+            .ok()?
+            .lines()
+            .count(),
+    )
 }
 
 /// A program that creates and destroys queues all along (a queue per task) keeps what softhsa
