@@ -13,8 +13,9 @@
 //! and running-callback lock; the counting service, configurations and catalogues; the
 //! warn-once keys; the run record's file name and record (`kreplay run`, which a
 //! child's exit handler writes); the replay records kept for `take_replay_records`. None is held
-//! while kreplay calls a tool or waits on anything but another of them, so taking them all
-//! before a fork cannot wait for long. The context registry (`kreplay_ctxmask`) takes no lock:
+//! while kreplay calls a tool, logs (a Rust host's logger may fork, running these handlers on
+//! the logging thread) or waits on anything but another of them, so taking them all before a
+//! fork cannot wait for long. The context registry (`kreplay_ctxmask`) takes no lock:
 //! nothing of it needs handling here.
 
 use parking_lot::lock_api::{RawMutex as _, RawRwLock as _};

@@ -1118,7 +1118,9 @@ fn tool_description(client: u32) -> String {
 }
 
 fn finalize_client(handle: u32) {
-    let job = {
+    // What to warn about is decided under the state lock and said after it: the process's
+    // logger may fork, and kreplay's fork handlers take that lock (`crate::fork`).
+    let (job, refused) = {
         let mut state = STATE.lock();
         match state
             .tools
@@ -1127,29 +1129,34 @@ fn finalize_client(handle: u32) {
         {
             Some(tool) if tool.summary.state == ToolState::Active => {
                 tool.summary.state = ToolState::Finalized;
-                Some(FinalizeJob::of(tool))
+                (Some(FinalizeJob::of(tool)), None)
             }
             Some(tool) if tool.summary.state == ToolState::Initializing => {
                 tool.finalize_requested = true;
-                None
+                (None, None)
             }
             Some(tool) => {
                 let finalizing = FINALIZE_JOBS.lock().iter().any(|&(c, _)| c == handle);
-                if !finalizing {
-                    crate::kreplay_warn!(
+                let refused = (!finalizing).then(|| {
+                    format!(
                         "tool {} asked to be finalized while {:?}; ignored",
                         describe(&tool.summary),
                         tool.summary.state
-                    );
-                }
-                None
+                    )
+                });
+                (None, refused)
             }
-            None => {
-                crate::kreplay_warn!("finalize requested for unknown client {handle}; ignored");
-                None
-            }
+            None => (
+                None,
+                Some(format!(
+                    "finalize requested for unknown client {handle}; ignored"
+                )),
+            ),
         }
     };
+    if let Some(refused) = refused {
+        crate::kreplay_warn!("{refused}");
+    }
     match job {
         Some(job) => job.run(),
         // Finalized already, or being finalized by another thread: return once that is done.

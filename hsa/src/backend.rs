@@ -384,6 +384,16 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
     );
 }
 
+/// Set in the child of a `fork` (see [`in_forked_child`]).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is the child of a `fork` made after kreplay was installed: what the
+/// parent's other threads were doing in kreplay (a handler call in progress, a replay) never
+/// ends here, so nothing may wait for it.
+pub(crate) fn forked_child() -> bool {
+    FORKED.load(Ordering::SeqCst)
+}
+
 /// Runs in the child of a `fork`: only the forking thread exists there, so a replay window
 /// the parent had open (its agent locks, its drained queues, its snapshot) has nobody left to
 /// close it, and the child's copy of kreplay's state is a picture of the parent's threads
@@ -393,6 +403,7 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
 /// exists only in the parent. Only atomics are stored: a fork handler in a multithreaded
 /// process must be async-signal-safe.
 extern "C" fn in_forked_child() {
+    FORKED.store(true, Ordering::SeqCst);
     if let Some(b) = BACKEND.get() {
         b.finalized.store(true, Ordering::Release);
         b.locks.set_enabled(false);

@@ -651,9 +651,13 @@ pub(crate) fn deliver_held(limit: std::time::Duration) -> bool {
 }
 
 /// In the child of a `fork`: the gates of the parent's other threads have nobody left to open
-/// them. Only an atomic is stored (async-signal-safe).
+/// them. The forking thread's own (a tool forking from its ENQUEUE callback, or from a COMPLETE
+/// callback delivering held records) stay counted: that thread opens them in the child too,
+/// and each opening takes one off the count. Only atomics and this thread's own counter are
+/// touched (async-signal-safe).
 pub(crate) fn forget_held_in_child() {
-    HELD.count.store(0, Ordering::SeqCst);
+    let mine = HELD_HERE.try_with(Cell::get).unwrap_or(0);
+    HELD.count.store(mine, Ordering::SeqCst);
     HELD.waiters.store(0, Ordering::SeqCst);
 }
 

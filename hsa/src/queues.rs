@@ -987,8 +987,10 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
             // kreplay the doorbell store would have returned long ago and the destroy found the
             // dispatch in flight, its results undefined; here the dispatch completes first.
             // Not from a handler of this queue or a tool callback (a replay this very thread
-            // runs, which could not end while it waits).
-            if !handling(queue) && !in_tool_callbacks() {
+            // runs, which could not end while it waits), nor in the child of a fork, where the
+            // calls counted were the parent's other threads' (gone) and the child's own only
+            // forward packets (kreplay is finalized there): the state is kept below instead.
+            if !handling(queue) && !in_tool_callbacks() && !crate::backend::forked_child() {
                 DESTROYS_WAITING.fetch_add(1, Ordering::SeqCst);
                 state.wait_for_handlers();
                 DESTROYS_WAITING.fetch_sub(1, Ordering::SeqCst);

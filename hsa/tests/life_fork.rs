@@ -125,4 +125,53 @@ scenarios! {
             "{outcome:?}"
         );
     }
+
+    /// The child of a fork made while a replay window is open (its dispatch's handler call in
+    /// progress on another thread of the parent) destroys that queue: the destroy does not wait
+    /// for the handler call, whose thread does not exist in the child.
+    fn a_child_forked_during_a_replay_can_destroy_the_replayed_queue() {
+        let hooks = TestHooks::new(0);
+        let app = app::install(hooks.clone(), InstallOptions::default());
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(PASSES).on_pass_enter(|_, _, pass, _| {
+            if pass == 1 && !HELD.swap(true, Ordering::SeqCst) {
+                assert!(support::wait_flag(&RELEASE), "the scenario never released the replay");
+            }
+        }));
+        let pools = app.pools(app.gpus[0]);
+        let kernel = kreplay_softhsa::register_kernel("life_fork_add_one", add_one);
+        let init = values(LEN);
+        let buf = app.buffer(pools.coarse, &init);
+        let kernarg = app.kernargs(&pools, AddOneArgs { buf: buf.0, len: LEN, pad: 0 });
+        let queue = app.queue(app.gpus[0]);
+        let done = app.signal(1);
+        let held = Aql::dispatch(kernel, LEN, 64, kernarg, done);
+        let submitter = std::thread::spawn(move || app.dispatch(queue, held));
+        assert!(support::wait_flag(&HELD), "the replay never reached pass 1");
+
+        // SAFETY: the child only destroys the queue, then leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // The runtime may refuse to destroy a queue of the parent's (softhsa cannot stop
+            // its packet processor, a thread of the parent's): whatever it answers, the call
+            // returns.
+            let destroy = app.core().hsa_queue_destroy_fn.expect("hsa_queue_destroy");
+            // SAFETY: the queue the parent created; destroyed once in this process.
+            let code = std::panic::catch_unwind(|| unsafe { destroy(queue.0) })
+                .map_or(5, |_| 0);
+            // SAFETY: leaves the child without running the parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let child = wait_child(pid, Duration::from_secs(10));
+        RELEASE.store(true, Ordering::SeqCst);
+        submitter.join().expect("the submitting thread");
+        assert_eq!(app.wait_zero(done), 0);
+        assert_eq!(app.read(buf, LEN as usize), plus_one(&init));
+        assert_eq!(
+            child,
+            Some(0),
+            "the forked child's queue destroy (None: it hung and was killed; 5: it panicked)"
+        );
+    }
 }

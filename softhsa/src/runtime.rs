@@ -40,10 +40,13 @@ pub(crate) struct Runtime {
     signals: RwLock<HashMap<u64, Arc<Signal>>>,
     signal_groups: RwLock<HashMap<u64, Arc<[Arc<Signal>]>>>,
     queues: RwLock<HashMap<usize, Arc<Queue>>>,
-    /// Queues the application destroyed: their `hsa_queue_t` stays readable (and their revoked
-    /// ring's address reserved) until the instance stops, so that a read of a destroyed queue
-    /// reaches the revoked ring and faults, rather than reading memory reused meanwhile.
-    destroyed: Mutex<Vec<Arc<Queue>>>,
+    /// The queues the application destroyed last (at most [`KEPT_DESTROYED`], oldest first):
+    /// their `hsa_queue_t` stays readable (and their revoked ring's address reserved) until
+    /// more were destroyed or the instance stops, so that a read of a recently destroyed queue
+    /// reaches the revoked ring and faults, rather than reading memory reused meanwhile. Older
+    /// ones are freed: a program creating and destroying queues all along must not run out of
+    /// memory mappings (one per kept ring).
+    destroyed: Mutex<std::collections::VecDeque<Arc<Queue>>>,
     next_queue_id: AtomicU64,
 }
 
@@ -63,7 +66,7 @@ impl Runtime {
             signals: RwLock::new(HashMap::new()),
             signal_groups: RwLock::new(HashMap::new()),
             queues: RwLock::new(HashMap::new()),
-            destroyed: Mutex::new(Vec::new()),
+            destroyed: Mutex::new(std::collections::VecDeque::new()),
             next_queue_id: AtomicU64::new(0),
         }
     }
@@ -182,7 +185,15 @@ impl Runtime {
     /// Keeps a queue the application destroyed (stopped, its ring revoked) until the instance
     /// stops (see `destroyed`).
     pub(crate) fn keep_destroyed(&self, queue: Arc<Queue>) {
-        self.destroyed.lock().push(queue);
+        let oldest = {
+            let mut destroyed = self.destroyed.lock();
+            destroyed.push_back(queue);
+            (destroyed.len() > KEPT_DESTROYED)
+                .then(|| destroyed.pop_front())
+                .flatten()
+        };
+        // Freed (its ring unmapped, unless a thread still holds it) outside the lock.
+        drop(oldest);
     }
 
     /// How many queues the application created on `agent` (an intercept queue counts once).
@@ -194,6 +205,9 @@ impl Runtime {
             .count()
     }
 }
+
+/// How many destroyed queues a runtime instance keeps (see `Runtime::destroyed`).
+const KEPT_DESTROYED: usize = 256;
 
 struct Global {
     refcount: u32,

@@ -347,3 +347,45 @@ fn many_threads_may_init_work_and_shut_down_concurrently() {
     );
     assert!(settles_at("softhsa-", 0));
 }
+
+/// The memory mappings of this process (Linux), or `None` elsewhere.
+fn mappings() -> Option<usize> {
+    Some(
+        std::fs::read_to_string("/proc/self/maps")
+            .ok()?
+            .lines()
+            .count(),
+    )
+}
+
+/// A program that creates and destroys queues all along (a queue per task) keeps what softhsa
+/// holds of its destroyed queues bounded: a mapping kept per destroyed queue until
+/// `hsa_shut_down` would run the process out of mappings (`vm.max_map_count`), after which
+/// every allocation needing one fails.
+#[test]
+fn creating_and_destroying_many_queues_keeps_the_mappings_bounded() {
+    let _serial = serial();
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let round = |n: usize| {
+        for i in 0..n {
+            let queue = if i % 2 == 0 {
+                hsa.queue_create(gpu, 16).unwrap()
+            } else {
+                hsa.intercept_queue_create(gpu, 16).unwrap()
+            };
+            // SAFETY: created just above, destroyed once.
+            unsafe { hsa.queue_destroy(queue) }.unwrap();
+        }
+    };
+    // Whatever a first round keeps for good (thread stacks, caches).
+    round(600);
+    let Some(before) = mappings() else { return };
+    round(1200);
+    let after = mappings().unwrap();
+    assert!(
+        after < before + 200,
+        "{} more mappings after 1200 more queues were created and destroyed",
+        after - before.min(after)
+    );
+}
