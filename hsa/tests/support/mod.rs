@@ -189,7 +189,8 @@ fn cpu_time_of(pid: u32) -> Option<Duration> {
 }
 
 /// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
-/// it) when they do not all finish within `limit`.
+/// it) when they do not all finish within `limit`. A job that panics fails the scenario at
+/// once, with the job's panic message (not as a deadlock once `limit` has passed).
 pub fn bounded<T: Send + 'static>(
     limit: Duration,
     work: Vec<Box<dyn FnOnce() -> T + Send>>,
@@ -199,14 +200,24 @@ pub fn bounded<T: Send + 'static>(
     for (i, job) in work.into_iter().enumerate() {
         let tx = tx.clone();
         std::thread::spawn(move || {
-            let _ = tx.send((i, job()));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            let _ = tx.send((i, result));
         });
     }
+    drop(tx);
     let deadline = Instant::now() + limit;
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     for _ in 0..n {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((i, value)) => results[i] = Some(value),
+            Ok((i, Ok(value))) => results[i] = Some(value),
+            Ok((i, Err(payload))) => panic!(
+                "job {i} of {n} panicked: {}",
+                payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("(a panic payload that is not a string)")
+            ),
             Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
         }
     }
