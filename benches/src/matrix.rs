@@ -654,9 +654,15 @@ fn measure_footprint(
     Ok(bench)
 }
 
+/// What the benches' tests share (the free space of a spill folder).
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod test_support;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::matrix::test_support as support;
 
     #[test]
     fn footprints_split_into_equal_regions_and_dirty_bytes_count_whole_chunks() {
@@ -736,6 +742,10 @@ mod tests {
 
     #[test]
     fn full_copies_hash_detection_and_hash_restores_are_paired_in_equal_samples() {
+        // The file tier's samples spill to the system temporary directory.
+        if !support::spill_room(&std::env::temp_dir(), 16 << 20) {
+            return;
+        }
         let config = MatrixConfig {
             footprints: vec![256 << 10],
             dirty_fractions: vec![0.0, 0.25],

@@ -288,6 +288,10 @@ fn faults_come_from_the_environment_when_no_option_names_them() {
 /// change what is tested): it gave the options only, so the line ran another test.
 #[test]
 fn the_reproducing_command_line_carries_the_settings_of_the_run() {
+    // The run's replays spill their few KiB to the system temporary directory (file tier).
+    if !support::spill_room(&std::env::temp_dir(), 16 << 20) {
+        return;
+    }
     let output = kreplay(
         &["stress", "--seconds", "1", "--threads", "1", "--no-restore"],
         &[

@@ -17,6 +17,28 @@ fn scratch(test: &str) -> PathBuf {
     common::scratch_dir(&format!("tool_hosting/{test}"))
 }
 
+/// The example tool's summary in `dir`, named for this process: another copy of this test
+/// binary running the same test at once writes its own.
+fn summary_file(dir: &Path) -> PathBuf {
+    dir.join(format!("summary-{}.txt", std::process::id()))
+}
+
+/// Writes `text` to `path` so that a process reading it (the C compiler of another copy of this
+/// test binary) sees it whole or not at all.
+fn write_source(path: &Path, text: &str) {
+    common::build_atomically(path, |partial| {
+        std::fs::write(partial, text).expect("write")
+    });
+}
+
+/// Points `link` at `target`, replacing what was there in one step (never missing meanwhile
+/// for another copy of this test binary).
+fn install_link(target: &Path, link: &Path) {
+    common::build_atomically(link, |partial| {
+        std::os::unix::fs::symlink(target, partial).expect("symlink");
+    });
+}
+
 /// examples/c-tool/pass_counter.c as a shared library that resolves kreplay's functions from
 /// the process that loads it.
 fn example_tool(dir: &Path) -> PathBuf {
@@ -51,8 +73,7 @@ fn example_tool_linked(dir: &Path, lib_dir: &Path) -> PathBuf {
     let link_dir = dir.join("link");
     std::fs::create_dir_all(&link_dir).expect("link folder");
     let link_name = link_dir.join("libkreplay.so");
-    let _ = std::fs::remove_file(&link_name);
-    std::os::unix::fs::symlink(libkreplay(), &link_name).expect("symlink for -lkreplay");
+    install_link(&libkreplay(), &link_name);
     let out = dir.join("libpass_counter_linked.so");
     let rpath = format!("-Wl,-rpath,{}", lib_dir.display());
     common::build_c_library_from(
@@ -134,7 +155,7 @@ fn assert_replayed_by_example(output: &Output, summary: &Path, passes: u64) {
 fn demo_tool_option_hosts_a_c_tool_that_takes_its_kreplay_functions_from_the_binary() {
     let dir = scratch("from_binary");
     let tool = example_tool(&dir);
-    let summary = dir.join("summary.txt");
+    let summary = summary_file(&dir);
     let _ = std::fs::remove_file(&summary);
     let output = kreplay(
         &[
@@ -156,10 +177,9 @@ fn tool_libraries_variable_hosts_a_c_tool_linked_with_lkreplay_against_the_same_
     let lib_dir = dir.join("lib");
     std::fs::create_dir_all(&lib_dir).expect("lib folder");
     let soname = lib_dir.join("libkreplay.so.0");
-    let _ = std::fs::remove_file(&soname);
-    std::os::unix::fs::symlink(libkreplay(), &soname).expect("install libkreplay.so.0");
+    install_link(&libkreplay(), &soname);
     let tool = example_tool_linked(&dir, &lib_dir);
-    let summary = dir.join("summary.txt");
+    let summary = summary_file(&dir);
     let _ = std::fs::remove_file(&summary);
     let output = kreplay(
         &["demo".as_ref(), "--elements".as_ref(), "4k".as_ref()],
@@ -213,7 +233,7 @@ fn demo_fails_loudly_when_a_requested_tool_cannot_be_used() {
     assert_refused(&demo(&missing, &[]), &missing, "no such file");
 
     let not_a_tool_source = dir.join("not_a_tool.c");
-    std::fs::write(&not_a_tool_source, "int not_a_tool(void) { return 1; }\n").expect("write");
+    write_source(&not_a_tool_source, "int not_a_tool(void) { return 1; }\n");
     let not_a_tool = dir.join("libnot_a_tool.so");
     common::build_c_library_from(&not_a_tool_source, &not_a_tool, "c99", &[]);
     assert_refused(
@@ -281,7 +301,7 @@ fn demo_says_a_tool_path_that_names_a_folder_is_a_folder_not_a_missing_file() {
 fn demo_with_another_tool_driving_replay_claims_no_tier_strategy_or_sources_it_did_not_see() {
     let dir = scratch("unseen");
     let tool = example_tool(&dir);
-    let summary = dir.join("summary.txt");
+    let summary = summary_file(&dir);
     let output = kreplay(
         &[
             "demo".as_ref(),
@@ -354,11 +374,10 @@ fn demo_names_the_tool_library_in_kreplays_own_messages_about_a_tool() {
 /// entry point), not a function: calling it would jump into data.
 fn variable_tool(dir: &Path) -> PathBuf {
     let source = dir.join("variable.c");
-    std::fs::write(
+    write_source(
         &source,
         "void *kreplay_configure = 0; /* a slip: the pointer, not the function */\n",
-    )
-    .expect("write");
+    );
     let library = dir.join("libvariable.so");
     common::build_c_library_from(&source, &library, "c99", &[]);
     library
@@ -416,14 +435,16 @@ fn demo_explains_a_tool_file_that_is_32_bit_or_not_a_library() {
         )
     };
     let elf32 = dir.join("lib32.so");
-    std::fs::write(&elf32, elf32_header()).expect("write");
+    common::build_atomically(&elf32, |partial| {
+        std::fs::write(partial, elf32_header()).expect("write")
+    });
     assert_refused(
         &demo(&elf32),
         &elf32,
         "a 32-bit library: kreplay loads 64-bit tools only",
     );
     let source = dir.join("tool.c");
-    std::fs::write(&source, "int x;\n").expect("write");
+    write_source(&source, "int x;\n");
     assert_refused(
         &demo(&source),
         &source,
@@ -437,7 +458,7 @@ fn demo_refuses_passes_it_was_given_when_another_tool_chooses_the_passes() {
     // header saying only who chose.
     let dir = scratch("passes_given");
     let tool = example_tool(&dir);
-    let summary = dir.join("summary.txt");
+    let summary = summary_file(&dir);
     let output = kreplay(
         &[
             "demo".as_ref(),
@@ -493,13 +514,12 @@ fn demo_with_another_tool_driving_replay_reports_a_declined_replay_and_fails() {
 fn commands_hosting_a_tool_name_one_that_stayed_inactive() {
     let dir = scratch("stayed_inactive");
     let source = dir.join("inactive.c");
-    std::fs::write(
+    write_source(
         &source,
         "#include <stddef.h>\n\
          void *kreplay_configure(unsigned v, const char *r, unsigned p, void *id) {\n\
          (void)v; (void)r; (void)p; (void)id; return NULL; }\n",
-    )
-    .expect("write");
+    );
     let library = dir.join("libinactive.so");
     common::build_c_library_from(&source, &library, "c99", &[]);
     let out = kreplay(

@@ -139,12 +139,20 @@ fn a_runtime_loaded_again_after_hsa_shut_down_is_profiled_again() {
 }
 
 fn exit_scenario(name: &str, at: &str) {
-    let dir = common::scratch_dir(name).join("records");
+    // Folders of this process's own: another copy of this test binary running the same
+    // scenario at once writes its record (and spills) beside, not into, these.
+    let dir = common::scratch_dir(name).join(format!("records-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let spill = common::scratch_dir(name).join("spill");
+    let spill = common::scratch_dir(name).join(format!("spill-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&spill);
     std::fs::create_dir_all(&spill).unwrap();
+    // The scenario's buffers are small; the file tier needs room for them on `spill`'s disk.
+    if !common::spill_room(&spill, 16 << 20) {
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&spill);
+        return;
+    }
     let (_, run) = run_scenario(
         name,
         &["exit_in_callback.c"],
@@ -186,6 +194,8 @@ fn exit_scenario(name: &str, at: &str) {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "spill files left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&spill);
 }
 
 #[test]

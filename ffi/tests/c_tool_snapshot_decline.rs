@@ -67,7 +67,11 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     let scratch = common::scratch_dir("c_tool_snapshot_decline");
     let tool_path = scratch.join("liboutcomes_tool.so");
     common::build_c_library("outcomes_tool.c", &tool_path);
-    let missing = scratch.join("spill-folder-removed-after-start-up");
+    // Of this process: another copy of this test binary may remove its own at the same time.
+    let missing = scratch.join(format!(
+        "spill-folder-removed-after-start-up-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&missing).unwrap();
     // SAFETY: setting the environment before any other thread of this test reads it.
     unsafe {

@@ -170,23 +170,29 @@ fn header_constants_equal_rust_constants() {
     }
     program.push_str("    return 0;\n}\n");
     let dir = common::scratch_dir("header");
-    let source = dir.join("constants.c");
+    // Named for this process: another copy of this test binary may write and build its own
+    // at the same time (built under a name of its own and renamed, so that no process runs a
+    // program another is still writing: "Text file busy").
+    let source = dir.join(format!("constants-{}.c", std::process::id()));
     let binary = dir.join("constants");
     std::fs::write(&source, program).unwrap();
     let include = common::include_dir();
-    common::run_ok(
-        "cc",
-        &[
-            "-std=c99".as_ref(),
-            "-Wall".as_ref(),
-            "-Werror".as_ref(),
-            "-I".as_ref(),
-            include.as_os_str(),
-            source.as_os_str(),
-            "-o".as_ref(),
-            binary.as_os_str(),
-        ],
-    );
+    common::build_atomically(&binary, |binary| {
+        common::run_ok(
+            "cc",
+            &[
+                "-std=c99".as_ref(),
+                "-Wall".as_ref(),
+                "-Werror".as_ref(),
+                "-I".as_ref(),
+                include.as_os_str(),
+                source.as_os_str(),
+                "-o".as_ref(),
+                binary.as_os_str(),
+            ],
+        );
+    });
+    let _ = std::fs::remove_file(&source);
     let output = common::run_ok(binary.to_str().unwrap(), &[]);
     let from_header: BTreeMap<String, u64> = output
         .lines()
@@ -260,26 +266,31 @@ fn c_program_built_against_header_runs_against_libkreplay() {
     // The program records the library's SONAME (libkreplay.so.0), which is looked up at run
     // time: install that name beside the program, as a package would.
     let soname = dir.join(format!("libkreplay.so.{}", kreplay::abi::VERSION_MAJOR));
-    let _ = std::fs::remove_file(&soname);
-    std::os::unix::fs::symlink(&library, &soname).expect("install the SONAME link");
+    // Made under a name of this process's own and renamed over the SONAME, as the program is
+    // built, so that copies of this test binary running at once never meet half-done files.
+    common::build_atomically(&soname, |link| {
+        std::os::unix::fs::symlink(&library, link).expect("install the SONAME link");
+    });
     let rpath = format!("-Wl,-rpath,{}", dir.display());
-    common::run_ok(
-        "cc",
-        &[
-            "-std=c99".as_ref(),
-            "-Wall".as_ref(),
-            "-Wextra".as_ref(),
-            "-Werror".as_ref(),
-            "-pedantic".as_ref(),
-            "-I".as_ref(),
-            include.as_os_str(),
-            source.as_os_str(),
-            library.as_os_str(),
-            rpath.as_ref(),
-            "-o".as_ref(),
-            binary.as_os_str(),
-        ],
-    );
+    common::build_atomically(&binary, |binary| {
+        common::run_ok(
+            "cc",
+            &[
+                "-std=c99".as_ref(),
+                "-Wall".as_ref(),
+                "-Wextra".as_ref(),
+                "-Werror".as_ref(),
+                "-pedantic".as_ref(),
+                "-I".as_ref(),
+                include.as_os_str(),
+                source.as_os_str(),
+                library.as_os_str(),
+                rpath.as_ref(),
+                "-o".as_ref(),
+                binary.as_os_str(),
+            ],
+        );
+    });
     let output = common::run_ok(binary.to_str().unwrap(), &[]);
     assert!(output.contains("abi smoke: ok"), "{output}");
 }

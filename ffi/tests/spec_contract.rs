@@ -383,6 +383,10 @@ fn each_store_and_restore_setting_is_what_the_memory_records_report() {
     let tool = build_tool("spec_tiers.c", BASE);
     let mut problems = Vec::new();
     for (store, tier) in [("device", "1"), ("host", "2"), ("file", "3")] {
+        // The file tier spills the scenario's few KiB to the system temporary directory.
+        if store == "file" && !common::spill_room(&std::env::temp_dir(), 16 << 20) {
+            continue;
+        }
         for (restore, strategy, unverified) in [
             ("full", "1", "0"),
             ("hash", "2", "0"),

@@ -1662,3 +1662,29 @@ scenarios! {
         forked_between_dispatches(RestoreStrategy::Auto);
     }
 }
+
+/// The harness itself: a job of [`support::bounded`] that panics fails the scenario at once,
+/// with its message, instead of being reported as a deadlock once the limit has passed.
+#[test]
+fn a_panicking_bounded_job_is_reported_at_once_with_its_message() {
+    let limit = std::time::Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    let jobs: Vec<Box<dyn FnOnce() -> u32 + Send>> =
+        vec![Box::new(|| 1), Box::new(|| panic!("the job's own message"))];
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        support::bounded(limit, jobs)
+    }))
+    .expect_err("a panicking job fails bounded");
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(
+        started.elapsed() < limit / 2,
+        "reported after {:?}",
+        started.elapsed()
+    );
+    assert!(message.contains("the job's own message"), "{message}");
+    assert!(!message.contains("deadlock"), "{message}");
+}

@@ -164,7 +164,11 @@ scenarios! {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no spill file left behind");
         assert_eq!(dev.peek(big, 1 << 20), vec![3; 1 << 20], "device memory untouched");
 
-        // Exactly at the limit the file tier works as before.
+        // Exactly at the limit the file tier works as before, where its disk has room.
+        if !common::spill_room(&dir, 256 << 10) {
+            std::fs::remove_dir_all(&dir).unwrap();
+            return;
+        }
         dev.free(&inv, big);
         let small = dev.alloc(&inv, 256 << 10, 1, MemoryKind::CoarseDevice, 4);
         let mut s = snap.snapshot(&Filter::for_replay(1)).expect("a snapshot at the limit spills");

@@ -200,12 +200,21 @@ pub fn install(hooks: Arc<dyn ToolHooks>, options: InstallOptions) -> App {
     )
 }
 
+/// The most a scenario on the file tier spills at once (their buffers are a few MiB at most).
+const FILE_TIER_SPILL: u64 = 16 << 20;
+
 /// [`install`] into a table copy the scenario prepared (e.g. with a runtime entry replaced).
 pub fn install_into(
     table: &'static mut OwnedApiTable,
     hooks: Arc<dyn ToolHooks>,
     options: InstallOptions,
 ) -> App {
+    // A scenario forced onto the file tier needs room for its spill files where they go: on a
+    // machine with too little disk free it is skipped (kreplay would decline every snapshot).
+    if options.snapshot.store == kreplay_snapshot::StoreTier::File {
+        let dir = (options.snapshot.spill_dir.clone()).unwrap_or_else(std::env::temp_dir);
+        super::skip_unless_spill_room(&dir, FILE_TIER_SPILL);
+    }
     // The scenario runs on the table layout its process was started for (`isolated`).
     let layout = kreplay_softhsa::TableLayout::from_env().expect("a known table layout");
     // SAFETY: the copy's sub-tables are valid and as long as they declare.

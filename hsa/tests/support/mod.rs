@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 const CHILD_ENV: &str = "KREPLAY_HSA_E2E_SCENARIO";
 /// Printed by a child when its scenario returned (so a child that ran nothing cannot pass).
 const DONE_MARK: &str = "kreplay-e2e-scenario-done:";
+/// Printed by a child whose scenario was skipped, before the reason (passed on by the parent).
+const SKIP_MARK: &str = "skipped: ";
 /// After this long a scenario's process that has stopped using CPU counts as hung. The longest
 /// scenarios (a 96 MiB footprint followed over eleven dispatches, in a debug build) use about
 /// 15 s of CPU; alone on a 2-core machine they take about 25 s, but beside other test processes
@@ -155,6 +157,10 @@ pub fn isolated_with(name: &str, layout: &str) {
         output[0].contains(&format!("{DONE_MARK}{name}")),
         "scenario {name} did not run its body\n{report}"
     );
+    // The mark may follow the child's harness's "test NAME ... " on the same line.
+    for (_, why) in output[0].lines().filter_map(|l| l.split_once(SKIP_MARK)) {
+        eprintln!("{SKIP_MARK}{name} (table layout {layout}): {why}");
+    }
 }
 
 /// The CPU time (user and system, every thread) this process used so far.
@@ -189,7 +195,8 @@ fn cpu_time_of(pid: u32) -> Option<Duration> {
 }
 
 /// Runs `work` on threads and returns their results, failing the scenario (instead of hanging
-/// it) when they do not all finish within `limit`.
+/// it) when they do not all finish within `limit`. A job that panics fails the scenario at
+/// once, with the job's panic message (not as a deadlock once `limit` has passed).
 pub fn bounded<T: Send + 'static>(
     limit: Duration,
     work: Vec<Box<dyn FnOnce() -> T + Send>>,
@@ -199,14 +206,24 @@ pub fn bounded<T: Send + 'static>(
     for (i, job) in work.into_iter().enumerate() {
         let tx = tx.clone();
         std::thread::spawn(move || {
-            let _ = tx.send((i, job()));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            let _ = tx.send((i, result));
         });
     }
+    drop(tx);
     let deadline = Instant::now() + limit;
     let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     for _ in 0..n {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((i, value)) => results[i] = Some(value),
+            Ok((i, Ok(value))) => results[i] = Some(value),
+            Ok((i, Err(payload))) => panic!(
+                "job {i} of {n} panicked: {}",
+                payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("(a panic payload that is not a string)")
+            ),
             Err(_) => panic!("deadlock: the scenario's threads did not finish within {limit:?}"),
         }
     }
@@ -240,4 +257,50 @@ macro_rules! scenarios {
             }
         )*
     };
+}
+
+/// Room kept beyond a test's own spill files, for the other writers on the same file system
+/// (other tests, builds) between the check and the spill.
+const SPILL_SLACK: u64 = 64 << 20;
+
+/// Why spill files of `bytes` bytes in all would be declined in `dir` for want of free space,
+/// or `None` where they fit (or the free space cannot be read: then the test runs and the
+/// outcome is kreplay's). kreplay makes a spill file only where it leaves the larger of 512 MiB
+/// and a quarter of the free space (a `snapshot_failed` decline otherwise), so on a machine
+/// with little disk free the file tier's tests depend on the machine, not the code.
+pub fn short_of_spill_room(dir: &std::path::Path, bytes: u64) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `stat` points to
+    // writable memory of a `statvfs`'s size, which the call fills when it returns 0.
+    if unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled the whole struct.
+    let stat = unsafe { stat.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // c_ulong and fsblkcnt_t are not u64 everywhere
+    let free = (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64);
+    let room = free.saturating_sub((free / 4).max(512 << 20));
+    (room < bytes + SPILL_SLACK).then(|| {
+        format!(
+            "{} has {free} bytes free: too little for {bytes} bytes of spill files \
+             (kreplay leaves the larger of 512 MiB and a quarter of the free space)",
+            dir.display()
+        )
+    })
+}
+
+/// In a scenario's process ([`isolated`]): ends the scenario here, as passed and with the
+/// reason printed (the parent passes it on), when spill files of `bytes` bytes would not fit
+/// in `dir` (see [`short_of_spill_room`]).
+pub fn skip_unless_spill_room(dir: &std::path::Path, bytes: u64) {
+    let Some(why) = short_of_spill_room(dir, bytes) else {
+        return;
+    };
+    let name = std::env::var(CHILD_ENV).expect("skip_unless_spill_room runs in a scenario");
+    println!("{SKIP_MARK}{why}");
+    println!("{DONE_MARK}{name}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(0);
 }
