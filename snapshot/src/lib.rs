@@ -170,4 +170,4 @@ pub use snapshot::{
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 pub use source::{RegionSource, SourceBreakdown, SourceTally};
-pub use store::file_size_limit;
+pub use store::{file_size_limit, spill_room};

@@ -285,6 +285,46 @@ fn too_much_memory(len: u64) -> Option<u64> {
     crate::config::available_memory().filter(|&available| len > budget_from_available(available))
 }
 
+/// The bytes spill files in `dir` may take now: all but the larger of 512 MiB and a quarter of
+/// its file system's free space (a larger spill file is refused); `None` where the free space
+/// cannot be read. A tool (or a test) can ask before forcing the file tier.
+pub fn spill_room(dir: &Path) -> Option<u64> {
+    free_space(dir).map(budget_from_available)
+}
+
+/// Why a spill file of `len` bytes in `dir` would be refused now, or `None` where the file tier
+/// would make it: larger than the process may write (`RLIMIT_FSIZE`), on a file system that
+/// keeps its files in memory (tmpfs) with too little memory for it, or beyond [`spill_room`].
+fn spill_refusal(dir: &Path, len: u64) -> Option<String> {
+    if let Some(limit) = file_size_limit().filter(|limit| len > *limit) {
+        return Some(format!(
+            "a spill file of {len} bytes exceeds the process's file size limit \
+             (RLIMIT_FSIZE) of {limit} bytes"
+        ));
+    }
+    // A tmpfs keeps its files in memory: there a spill file is a host store the kernel
+    // would kill the process for (see the host tier).
+    if let Some(available) = too_much_memory(len).filter(|_| memory_backed(dir)) {
+        return Some(format!(
+            "{} keeps its files in memory (tmpfs): a spill file of {len} bytes would leave \
+             too little memory, {available} bytes are available",
+            dir.display()
+        ));
+    }
+    // Filling a file past what its file system has free would write until the disk is full
+    // (ENOSPC after minutes for a large store, with every other writer on that disk failing
+    // meanwhile): a spill file is made only within the room the file system leaves, under the
+    // same margin as memory.
+    if let Some(free) = free_space(dir).filter(|&free| len > budget_from_available(free)) {
+        return Some(format!(
+            "{} has {free} bytes free: a spill file of {len} bytes would leave too little room \
+             (all but a quarter of the free space or 512 MiB, whichever is larger, may be taken)",
+            dir.display()
+        ));
+    }
+    None
+}
+
 static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Create a spill file of `len` bytes in `dir`, with its blocks allocated up front (so a full
@@ -297,31 +337,8 @@ static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// its default action.
 fn spill_file(dir: &Path, len: u64) -> Result<Backing, String> {
     let size = usize::try_from(len).map_err(|_| "size exceeds the address space")?;
-    if let Some(limit) = file_size_limit().filter(|limit| len > *limit) {
-        return Err(format!(
-            "a spill file of {len} bytes exceeds the process's file size limit \
-             (RLIMIT_FSIZE) of {limit} bytes"
-        ));
-    }
-    // A tmpfs keeps its files in memory: there a spill file is a host store the kernel
-    // would kill the process for (see the host tier).
-    if let Some(available) = too_much_memory(len).filter(|_| memory_backed(dir)) {
-        return Err(format!(
-            "{} keeps its files in memory (tmpfs): a spill file of {len} bytes would leave \
-             too little memory, {available} bytes are available",
-            dir.display()
-        ));
-    }
-    // Filling a file past what its file system has free would write until the disk is full
-    // (ENOSPC after minutes for a large store, with every other writer on that disk failing
-    // meanwhile): a spill file is made only within the room the file system leaves, under the
-    // same margin as memory.
-    if let Some(free) = free_space(dir).filter(|&free| len > budget_from_available(free)) {
-        return Err(format!(
-            "{} has {free} bytes free: a spill file of {len} bytes would leave too little room \
-             (all but a quarter of the free space or 512 MiB, whichever is larger, may be taken)",
-            dir.display()
-        ));
+    if let Some(why) = spill_refusal(dir, len) {
+        return Err(why);
     }
     let (mut file, path) = unnamed_file(dir)
         .map_err(|e| format!("cannot create a spill file in {}: {e}", dir.display()))?;

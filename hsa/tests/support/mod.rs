@@ -263,29 +263,15 @@ macro_rules! scenarios {
 /// (other tests, builds) between the check and the spill.
 const SPILL_SLACK: u64 = 64 << 20;
 
-/// Why spill files of `bytes` bytes in all would be declined in `dir` for want of free space,
-/// or `None` where they fit (or the free space cannot be read: then the test runs and the
-/// outcome is kreplay's). kreplay makes a spill file only where it leaves the larger of 512 MiB
-/// and a quarter of the free space (a `snapshot_failed` decline otherwise), so on a machine
-/// with little disk free the file tier's tests depend on the machine, not the code.
+/// Why spill files of `bytes` bytes in all would be declined in `dir` now for want of room
+/// (`kreplay_snapshot::spill_room`), or `None` where they fit (or the room cannot be read):
+/// on a machine with little disk free the file tier's tests depend on the machine, not the
+/// code.
 pub fn short_of_spill_room(dir: &std::path::Path, bytes: u64) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a NUL-terminated string that outlives the call, and `stat` points to
-    // writable memory of a `statvfs`'s size, which the call fills when it returns 0.
-    if unsafe { libc::statvfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it filled the whole struct.
-    let stat = unsafe { stat.assume_init() };
-    #[allow(clippy::unnecessary_cast)] // c_ulong and fsblkcnt_t are not u64 everywhere
-    let free = (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64);
-    let room = free.saturating_sub((free / 4).max(512 << 20));
+    let room = kreplay_snapshot::spill_room(dir)?;
     (room < bytes + SPILL_SLACK).then(|| {
         format!(
-            "{} has {free} bytes free: too little for {bytes} bytes of spill files \
-             (kreplay leaves the larger of 512 MiB and a quarter of the free space)",
+            "{} leaves {room} bytes for spill files: too little for {bytes}",
             dir.display()
         )
     })
