@@ -140,38 +140,8 @@ fn publish(agent: u64, catalogue: Catalogue) -> Arc<Catalogue> {
     )
 }
 
-/// Takes this module's locks before a fork (see `crate::fork`).
-pub(crate) fn fork_hold() {
-    crate::fork::hold_rw(&SERVICE);
-    crate::fork::hold_rw(&CONFIGS);
-    crate::fork::hold(&CATALOGUES);
-}
-
-/// Releases them in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took them on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::release(&CATALOGUES);
-        crate::fork::release_rw(&CONFIGS);
-        crate::fork::release_rw(&SERVICE);
-    }
-}
-
-/// Unlocks them in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::reset(&CATALOGUES);
-        crate::fork::reset_rw(&CONFIGS);
-        crate::fork::reset_rw(&SERVICE);
-    }
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 3] = [&SERVICE, &CONFIGS, &CATALOGUES];
 
 /// The counters of `agent` (for HSA: an `hsa_agent_t` handle).
 pub fn agent_counters(agent: u64) -> Result<Vec<CounterDesc>, CountingFailure> {

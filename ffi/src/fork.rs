@@ -21,87 +21,97 @@
 use parking_lot::lock_api::{RawMutex as _, RawRwLock as _};
 use parking_lot::{Mutex, RawMutex, RawRwLock, RwLock};
 
-/// Takes `lock` until [`release`] or [`reset`] (the guard is forgotten).
-pub(crate) fn hold<T>(lock: &Mutex<T>) {
-    std::mem::forget(lock.lock());
+/// A lock of the fork set, whatever it guards.
+pub(crate) type Held = dyn ForkLock + Sync;
+
+/// What is done to a lock of the fork set around a fork.
+pub(crate) trait ForkLock {
+    /// Takes it (exclusively) until [`release`](Self::release) or [`reset`](Self::reset); the
+    /// guard is forgotten.
+    fn hold(&self);
+    /// Releases it in the parent, after the fork.
+    ///
+    /// # Safety
+    /// This thread took it with [`hold`](Self::hold) and has not released it since.
+    unsafe fn release(&self);
+    /// Makes it unlocked again in the child of the fork, without waking anyone: threads of the
+    /// parent parked on it do not exist here, and waking them would go through parking_lot's
+    /// shared table, which another of the parent's threads may have held at the fork.
+    ///
+    /// # Safety
+    /// Only in the child of a fork, on the forking thread, which took it with
+    /// [`hold`](Self::hold) before the fork; its value is consistent (no update was in
+    /// progress: it was held).
+    unsafe fn reset(&self);
 }
 
-/// Takes `lock` for writing until [`release_rw`] or [`reset_rw`].
-pub(crate) fn hold_rw<T>(lock: &RwLock<T>) {
-    std::mem::forget(lock.write());
+impl<T> ForkLock for Mutex<T> {
+    fn hold(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    unsafe fn release(&self) {
+        // SAFETY: per the caller, this thread holds it through a forgotten guard.
+        unsafe { self.force_unlock() };
+    }
+
+    unsafe fn reset(&self) {
+        // SAFETY: the raw lock is a single atomic (interior mutability), written whole with the
+        // unlocked state; no other thread exists to race with it (the caller's contract).
+        unsafe {
+            std::ptr::from_ref(self.raw())
+                .cast_mut()
+                .write(RawMutex::INIT)
+        };
+    }
 }
 
-/// Releases a lock [`hold`] took (in the parent, after the fork).
-///
-/// # Safety
-/// This thread took `lock` with [`hold`] and has not released it since.
-pub(crate) unsafe fn release<T>(lock: &Mutex<T>) {
-    // SAFETY: per the caller, this thread holds it through a forgotten guard.
-    unsafe { lock.force_unlock() };
+impl<T> ForkLock for RwLock<T> {
+    fn hold(&self) {
+        std::mem::forget(self.write());
+    }
+
+    unsafe fn release(&self) {
+        // SAFETY: per the caller, this thread holds it for writing through a forgotten guard.
+        unsafe { self.force_unlock_write() };
+    }
+
+    unsafe fn reset(&self) {
+        // SAFETY: as for a mutex: a single atomic written whole, no other thread.
+        unsafe {
+            std::ptr::from_ref(self.raw())
+                .cast_mut()
+                .write(RawRwLock::INIT)
+        };
+    }
 }
 
-/// Releases a lock [`hold_rw`] took (in the parent, after the fork).
-///
-/// # Safety
-/// This thread took `lock` with [`hold_rw`] and has not released it since.
-pub(crate) unsafe fn release_rw<T>(lock: &RwLock<T>) {
-    // SAFETY: per the caller, this thread holds it for writing through a forgotten guard.
-    unsafe { lock.force_unlock_write() };
-}
+/// Every lock of the fork set, module by module in the order they nest (see the module doc).
+static SET: [&[&Held]; 6] = [
+    &crate::lifecycle::FORK_LOCKS,
+    &crate::services::FORK_LOCKS,
+    &crate::counting::FORK_LOCKS,
+    &crate::logging::FORK_LOCKS,
+    &crate::run_record::FORK_LOCKS,
+    &crate::hsa_tool::FORK_LOCKS,
+];
 
-/// Makes a lock [`hold`] took unlocked again in the child of the fork, without waking anyone:
-/// threads of the parent parked on it do not exist here, and waking them would go through
-/// parking_lot's shared table, which another of the parent's threads may have held at the fork.
-///
-/// # Safety
-/// Only in the child of a fork, on the forking thread, which took `lock` with [`hold`] before
-/// the fork; the lock's value is consistent (no update was in progress: it was held).
-pub(crate) unsafe fn reset<T>(lock: &Mutex<T>) {
-    // SAFETY: the raw lock is a single atomic (interior mutability), written whole with the
-    // unlocked state; no other thread exists to race with it (the caller's contract).
-    unsafe {
-        std::ptr::from_ref(lock.raw())
-            .cast_mut()
-            .write(RawMutex::INIT)
-    };
-}
-
-/// [`reset`] for a lock [`hold_rw`] took.
-///
-/// # Safety
-/// As for [`reset`], with [`hold_rw`].
-pub(crate) unsafe fn reset_rw<T>(lock: &RwLock<T>) {
-    // SAFETY: as in `reset`: a single atomic written whole, no other thread.
-    unsafe {
-        std::ptr::from_ref(lock.raw())
-            .cast_mut()
-            .write(RawRwLock::INIT)
-    };
+/// The locks of [`SET`] in the order they are taken.
+fn in_order() -> impl DoubleEndedIterator<Item = &'static Held> {
+    SET.iter().flat_map(|module| module.iter()).copied()
 }
 
 /// `pthread_atfork` prepare handler: takes every lock, in order.
 pub(crate) extern "C" fn prepare() {
-    let _ = std::panic::catch_unwind(|| {
-        crate::lifecycle::fork_hold();
-        crate::services::fork_hold();
-        crate::counting::fork_hold();
-        crate::logging::fork_hold();
-        crate::run_record::fork_hold();
-        crate::hsa_tool::fork_hold();
-    });
+    let _ = std::panic::catch_unwind(|| in_order().for_each(|lock| lock.hold()));
 }
 
-/// `pthread_atfork` parent handler: releases them.
+/// `pthread_atfork` parent handler: releases them, last taken first.
 pub(crate) extern "C" fn in_parent() {
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: `prepare` took them all on this thread, the one that forked.
-        unsafe {
-            crate::hsa_tool::fork_release();
-            crate::run_record::fork_release();
-            crate::logging::fork_release();
-            crate::counting::fork_release();
-            crate::services::fork_release();
-            crate::lifecycle::fork_release();
+        for lock in in_order().rev() {
+            // SAFETY: `prepare` took them all on this thread, the one that forked.
+            unsafe { lock.release() };
         }
     });
 }
@@ -109,13 +119,8 @@ pub(crate) extern "C" fn in_parent() {
 /// The child's part: every lock unlocked again (before `services::in_forked_child` forgets the
 /// parent's running callbacks and finalizes).
 pub(crate) fn in_child() {
-    // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
-    unsafe {
-        crate::hsa_tool::fork_reset();
-        crate::run_record::fork_reset();
-        crate::logging::fork_reset();
-        crate::counting::fork_reset();
-        crate::services::fork_reset();
-        crate::lifecycle::fork_reset();
+    for lock in in_order().rev() {
+        // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
+        unsafe { lock.reset() };
     }
 }

@@ -40,29 +40,8 @@ static BUILTIN_PASSES: AtomicU64 = AtomicU64::new(1);
 static COLLECT_RECORDS: AtomicBool = AtomicBool::new(false);
 static RECORDS: Mutex<Vec<ReplayRecord>> = Mutex::new(Vec::new());
 
-/// Takes the replay records' lock before a fork (see `crate::fork`): a leaf, held only to add
-/// or take records.
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&RECORDS);
-}
-
-/// Releases it in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took it on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::release(&RECORDS) };
-}
-
-/// Unlocks it in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took it before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::reset(&RECORDS) };
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 1] = [&RECORDS];
 
 /// Makes replay skip every restore (set before [`on_load`]). Only to demonstrate the wrong
 /// results replay without restore gives; never in a real tool.

@@ -329,39 +329,8 @@ fn stop_contexts(contexts: &[ContextId], configured: &[ConfiguredService]) {
     }
 }
 
-/// Takes this module's locks before a fork (see `crate::fork`; FINALIZE_JOBS is not among them:
-/// the child keeps only its own thread's entries, see [`forget_finalizes_of_other_threads`]).
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&STATE);
-    crate::fork::hold(&CURRENT_SETUP);
-    crate::fork::hold(&RETIRED);
-}
-
-/// Releases them in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took them on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::release(&RETIRED);
-        crate::fork::release(&CURRENT_SETUP);
-        crate::fork::release(&STATE);
-    }
-}
-
-/// Unlocks them in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::reset(&RETIRED);
-        crate::fork::reset(&CURRENT_SETUP);
-        crate::fork::reset(&STATE);
-    }
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 3] = [&STATE, &CURRENT_SETUP, &RETIRED];
 
 /// Has tool initialization begun (from then on `kreplay_force_configure` is refused)?
 pub fn is_initialized() -> bool {

@@ -93,28 +93,8 @@ const LEVEL_UNSET: u8 = u8::MAX;
 static LEVEL: AtomicU8 = AtomicU8::new(LEVEL_UNSET);
 static ONCE_KEYS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
 
-/// Takes this module's lock before a fork (see `crate::fork`).
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&ONCE_KEYS);
-}
-
-/// Releases it in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took it on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::release(&ONCE_KEYS) };
-}
-
-/// Unlocks it in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took it before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::fork::reset(&ONCE_KEYS) };
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 1] = [&ONCE_KEYS];
 
 /// The current level (reads `KREPLAY_LOG` on first use).
 pub fn level() -> LogLevel {

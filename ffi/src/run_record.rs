@@ -202,37 +202,8 @@ static ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::ne
 /// The process that started recording (a forked child does not write its parent's record).
 static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Takes this module's locks before a fork (see `crate::fork`). Both are leaves: held only to
-/// read or update the record or the file name, never while another lock is taken or a tool or
-/// logger is called, and never one inside the other.
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&FILE);
-    crate::fork::hold(&RECORD);
-}
-
-/// Releases them in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took them on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::release(&RECORD);
-        crate::fork::release(&FILE);
-    }
-}
-
-/// Unlocks them in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::reset(&RECORD);
-        crate::fork::reset(&FILE);
-    }
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 2] = [&FILE, &RECORD];
 
 thread_local! {
     /// Tiers and strategies of the dispatch in progress on this thread.

@@ -355,41 +355,9 @@ pub(crate) fn is_retired(context: ContextId, kind: Option<CallbackKind>) -> bool
     ANY_RETIRED.load(Ordering::SeqCst) && RETIRED_SERVICES.read().contains(&(context, kind))
 }
 
-/// Takes this module's locks before a fork (see `crate::fork`).
-pub(crate) fn fork_hold() {
-    crate::fork::hold(&SERVICES);
-    crate::fork::hold_rw(&RETIRED_SERVICES);
-    crate::fork::hold_rw(&TABLE);
-    crate::fork::hold(&RUNNING_LOCK);
-}
-
-/// Releases them in the parent after the fork.
-///
-/// # Safety
-/// [`fork_hold`] took them on this thread.
-pub(crate) unsafe fn fork_release() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::release(&RUNNING_LOCK);
-        crate::fork::release_rw(&TABLE);
-        crate::fork::release_rw(&RETIRED_SERVICES);
-        crate::fork::release(&SERVICES);
-    }
-}
-
-/// Unlocks them in the child after the fork.
-///
-/// # Safety
-/// In the child, on the forking thread, after [`fork_hold`] took them before the fork.
-pub(crate) unsafe fn fork_reset() {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        crate::fork::reset(&RUNNING_LOCK);
-        crate::fork::reset_rw(&TABLE);
-        crate::fork::reset_rw(&RETIRED_SERVICES);
-        crate::fork::reset(&SERVICES);
-    }
-}
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 4] =
+    [&SERVICES, &RETIRED_SERVICES, &TABLE, &RUNNING_LOCK];
 
 /// Whether a tool callback runs on this thread now (this thread is inside it).
 pub(crate) fn in_callback() -> bool {
