@@ -203,13 +203,82 @@ pub struct Forgotten {
     pub reference: bool,
 }
 
-/// What the API ENTER of each call in progress (a free, an unmap) changed, by the address it
-/// names and the thread making it (a call's ENTER and EXIT come on one thread), until the
-/// call's API EXIT takes it back (to undo it when the driver refused the call). Two threads
-/// naming one address at once (a double free racing the free) each get their own back.
+/// What the API ENTER of each call in progress (a free, an unmap, a destroy) removed from
+/// kreplay's bookkeeping, by the address or handle it names and the thread making it (a call's
+/// ENTER and EXIT come on one thread), until the call's API EXIT says what to put back: what a
+/// call the driver refused removed, unless another call naming the same object destroyed it
+/// meanwhile.
+///
+/// Two threads naming one object at once (an application's double destroy or double free) are
+/// told apart: the first ENTER removes the object, the second finds nothing left, and the
+/// driver does one call and refuses the other, in either order. A call that removed nothing and
+/// that the driver did destroyed what the other ENTER removed: nothing of it comes back. So the
+/// record of a refused call is put back at once only when no call that removed nothing names
+/// the object still; otherwise it waits for their outcome (put back if they were all refused,
+/// dropped as soon as one succeeded), whichever EXIT comes first.
 #[derive(Debug)]
 pub struct InFlight<T> {
-    calls: Mutex<Vec<(usize, u64, T)>>,
+    state: Mutex<Calls<T>>,
+}
+
+#[derive(Debug)]
+struct Calls<T> {
+    /// Each call in progress: its thread, its address, what its ENTER removed (`None` once a
+    /// call of the same address destroyed it), and whether that ENTER removed nothing.
+    calls: Vec<(usize, u64, Option<T>, bool)>,
+    /// What refused calls removed, by address, waiting for the outcome of the calls in
+    /// progress there that removed nothing.
+    parked: Vec<(u64, T)>,
+}
+
+/// What a call's API ENTER removed, as [`InFlight`] keeps it.
+pub trait Removal {
+    /// Whether the ENTER found nothing to remove (the object was not tracked, or another
+    /// call's ENTER removed it first).
+    fn removed_nothing(&self) -> bool;
+}
+
+impl<T> Removal for Option<T> {
+    fn removed_nothing(&self) -> bool {
+        self.is_none()
+    }
+}
+
+impl<A: Removal, B> Removal for (A, B) {
+    fn removed_nothing(&self) -> bool {
+        self.0.removed_nothing()
+    }
+}
+
+impl Removal for Forgotten {
+    fn removed_nothing(&self) -> bool {
+        self.allocation.is_none()
+            && self.managed.is_none()
+            && self.shared.is_none()
+            && self.unattributed.is_none()
+            && !self.reference
+    }
+}
+
+impl Removal for UnmapUndo {
+    fn removed_nothing(&self) -> bool {
+        self.mapped.is_empty() && self.untracked.is_empty() && self.allocations.is_empty()
+    }
+}
+
+impl Removal for GraphicsUnmapped {
+    fn removed_nothing(&self) -> bool {
+        self.ended.is_empty()
+    }
+}
+
+/// What [`InFlight::exit`] hands back.
+#[derive(Debug)]
+pub struct Exited<T> {
+    /// What this call's ENTER removed, when the driver did the call.
+    pub own: Option<T>,
+    /// What to put back now: refused calls' removals of objects no call destroyed.
+    pub back: Vec<T>,
 }
 
 thread_local! {
@@ -226,31 +295,69 @@ fn thread_key() -> usize {
 impl<T> Default for InFlight<T> {
     fn default() -> Self {
         InFlight {
-            calls: Mutex::new(Vec::new()),
+            state: Mutex::new(Calls {
+                calls: Vec::new(),
+                parked: Vec::new(),
+            }),
         }
     }
 }
 
-impl<T> InFlight<T> {
+impl<T: Removal> InFlight<T> {
     /// Nothing in progress.
     pub fn new() -> InFlight<T> {
         InFlight::default()
     }
 
-    /// The API ENTER of a call naming `address` did `what`.
+    /// The API ENTER of a call naming `address` removed `what`.
     pub fn enter(&self, address: u64, what: T) {
-        self.calls.lock().push((thread_key(), address, what));
+        let nothing = what.removed_nothing();
+        self.state
+            .lock()
+            .calls
+            .push((thread_key(), address, Some(what), nothing));
     }
 
-    /// The API EXIT of a call naming `address`, on the thread of its ENTER: what that ENTER
-    /// did, if anything was kept.
-    pub fn exit(&self, address: u64) -> Option<T> {
+    /// The API EXIT of a call naming `address`, on the thread of its ENTER, which the driver
+    /// did (`succeeded`) or refused.
+    pub fn exit(&self, address: u64, succeeded: bool) -> Exited<T> {
         let thread = thread_key();
-        let mut calls = self.calls.lock();
-        let at = calls
+        let mut s = self.state.lock();
+        let mut out = Exited {
+            own: None,
+            back: Vec::new(),
+        };
+        let Some(at) = s
+            .calls
             .iter()
-            .rposition(|(t, a, _)| *t == thread && *a == address)?;
-        Some(calls.swap_remove(at).2)
+            .rposition(|(t, a, _, _)| *t == thread && *a == address)
+        else {
+            return out;
+        };
+        let (_, _, kept, nothing) = s.calls.swap_remove(at);
+        if succeeded {
+            if nothing {
+                // It destroyed what another call's ENTER removed: none of that comes back.
+                for call in s.calls.iter_mut().filter(|c| c.1 == address) {
+                    call.2 = None;
+                }
+                s.parked.retain(|(a, _)| *a != address);
+            }
+            out.own = kept;
+            return out;
+        }
+        if let Some(kept) = kept {
+            s.parked.push((address, kept));
+        }
+        if s.calls.iter().any(|c| c.1 == address && c.3) {
+            return out; // a call that removed nothing may yet destroy it
+        }
+        let (back, parked) = std::mem::take(&mut s.parked)
+            .into_iter()
+            .partition(|(a, _)| *a == address);
+        s.parked = parked;
+        out.back = back.into_iter().map(|(_, t)| t).collect();
+        out
     }
 }
 
@@ -1053,6 +1160,181 @@ mod tests {
     /// A context, for the rules that do not depend on it.
     const CTX: usize = 0x5000;
 
+    /// An application thread for a test of calls racing on several threads: each closure it is
+    /// given runs on it, in turn, and [`Worker::run`] returns once it returned (at most 10 s).
+    /// [`InFlight`] tells calls apart by thread, so a call's ENTER and EXIT run on one worker.
+    struct Worker {
+        work: Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+        done: std::sync::mpsc::Receiver<()>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Worker {
+        fn new() -> Worker {
+            let (work, todo) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+            let (finished, done) = std::sync::mpsc::channel();
+            let thread = std::thread::spawn(move || {
+                for f in todo {
+                    f();
+                    let _ = finished.send(());
+                }
+            });
+            Worker {
+                work: Some(work),
+                done,
+                thread: Some(thread),
+            }
+        }
+
+        fn run(&self, f: impl FnOnce() + Send + 'static) {
+            self.work.as_ref().unwrap().send(Box::new(f)).unwrap();
+            self.done
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the worker's step returned");
+        }
+    }
+
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            drop(self.work.take());
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// The state one racing-destroy scenario runs on.
+    struct Race {
+        watch: MemoryWatch,
+        graphs: crate::graphmem::GraphMemory,
+        inventory: Inventory,
+        surfaces: InFlight<Option<SurfaceDestroyed>>,
+        execs: InFlight<Option<crate::graphmem::ExecDestroyed>>,
+        frees: InFlight<Forgotten>,
+        unmaps: InFlight<UnmapUndo>,
+    }
+
+    const EXEC: usize = 0xe0;
+    const SURFACE: u64 = 5;
+    const FREED: u64 = 0x10_0000;
+    const MAPPED: u64 = 0x40_0000;
+
+    impl Race {
+        fn new() -> Race {
+            let r = Race {
+                watch: MemoryWatch::new(),
+                graphs: crate::graphmem::GraphMemory::new(),
+                inventory: Inventory::new(),
+                surfaces: InFlight::new(),
+                execs: InFlight::new(),
+                frees: InFlight::new(),
+                unmaps: InFlight::new(),
+            };
+            r.watch.on_surface_created(SURFACE, CTX);
+            let nodes = crate::graphmem::GraphNodes {
+                allocs: vec![crate::graphmem::GraphAlloc {
+                    base: 0x80_0000,
+                    size: 0x1000,
+                    place: crate::graphmem::Place::Device(0),
+                }],
+                frees: Vec::new(),
+            };
+            r.graphs.on_instantiated(EXEC, Ok(nodes), 0);
+            r.inventory.on_alloc(NewAllocation {
+                base: FREED,
+                size: 0x1000,
+                owner_agent: 0,
+                kind: MemoryKind::CoarseDevice,
+            });
+            r.watch
+                .record_map(&r.inventory, MAPPED, 0x20_0000, HandleLocation::Device(0))
+                .unwrap();
+            let access = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
+            r.watch
+                .record_access(&r.inventory, MAPPED, 0x20_0000, &access);
+            r
+        }
+
+        /// The API ENTER of a destroy of the surface, the executable graph, the allocation
+        /// and the mapping, as `inject` handles each.
+        fn enter(&self) {
+            self.surfaces
+                .enter(SURFACE, self.watch.surface_destroy_enter(SURFACE));
+            self.execs
+                .enter(EXEC as u64, self.graphs.exec_destroy_enter(EXEC));
+            self.frees
+                .enter(FREED, self.watch.free_enter(Some(&self.inventory), FREED));
+            let (out, mut undo) = self.watch.unmap_enter(MAPPED, 0x20_0000);
+            for base in out.removed {
+                undo.allocations.extend(self.inventory.on_free(base));
+            }
+            self.unmaps.enter(MAPPED, undo);
+        }
+
+        /// Their API EXITs, each `refused` by the driver or not.
+        fn exit(&self, refused: bool) {
+            let ok = !refused;
+            for back in self.surfaces.exit(SURFACE, ok).back.into_iter().flatten() {
+                self.watch.surface_destroy_failed(back);
+            }
+            for back in self.execs.exit(EXEC as u64, ok).back.into_iter().flatten() {
+                self.graphs.exec_destroy_failed(back);
+            }
+            for back in self.frees.exit(FREED, ok).back {
+                self.watch.free_failed(&self.inventory, back);
+            }
+            for back in self.unmaps.exit(MAPPED, ok).back {
+                self.watch.unmap_failed(&self.inventory, back);
+            }
+        }
+
+        /// What is live: the surface, the executable graph, the allocation, the mapping.
+        fn live(&self) -> [bool; 4] {
+            [
+                self.watch.untracked_reason(CTX).is_some(),
+                self.graphs.allocates(EXEC),
+                self.inventory.get(FREED).is_some(),
+                self.inventory.get(MAPPED).is_some(),
+            ]
+        }
+    }
+
+    /// Two threads destroy the same surface object, executable graph, allocation and mapping
+    /// at once (an application's double destroy, double free, double unmap): B's API ENTER
+    /// forgets each, A's finds nothing left, and the driver does A's and refuses B's (the
+    /// handle is gone). B's refused EXIT tracked them all again though none was live: launches
+    /// in the surface's context declined for the rest of its life, later graph launches taken
+    /// for allocating ones, freed and unmapped memory snapshotted and restored (an illegal
+    /// address). Whatever order the EXITs come in, what A destroyed stays forgotten; when the
+    /// driver refuses both, it is all live again.
+    #[test]
+    fn a_refused_destroy_racing_a_successful_one_leaves_the_object_destroyed() {
+        for (a_refused, a_exits_first) in [(false, false), (false, true), (true, false), (true, true)] {
+            let race = std::sync::Arc::new(Race::new());
+            assert_eq!(race.live(), [true; 4]);
+            let (a, b) = (Worker::new(), Worker::new());
+            let r = race.clone();
+            b.run(move || r.enter());
+            let r = race.clone();
+            a.run(move || r.enter());
+            let (ra, rb) = (race.clone(), race.clone());
+            let exit_a = move || ra.exit(a_refused);
+            let exit_b = move || rb.exit(true);
+            if a_exits_first {
+                a.run(exit_a);
+                b.run(exit_b);
+            } else {
+                b.run(exit_b);
+                a.run(exit_a);
+            }
+            assert_eq!(
+                race.live(),
+                [a_refused; 4],
+                "A refused: {a_refused}, A's EXIT first: {a_exits_first}"
+            );
+        }
+    }
+
     #[test]
     fn a_live_surface_object_blocks_replay_until_destroyed_and_a_bound_reference_for_good() {
         let w = MemoryWatch::new();
@@ -1404,18 +1686,22 @@ mod tests {
     #[test]
     fn a_calls_exit_takes_what_its_own_enter_kept_not_another_threads() {
         let calls = std::sync::Arc::new(InFlight::new());
-        calls.enter(0x10_0000, "this thread's free");
+        calls.enter(0x10_0000, Some("this thread's free"));
         let other = calls.clone();
-        std::thread::spawn(move || other.enter(0x10_0000, "the other thread's free"))
+        std::thread::spawn(move || other.enter(0x10_0000, Some("the other thread's free")))
             .join()
             .unwrap();
-        assert_eq!(calls.exit(0x10_0000), Some("this thread's free"));
-        assert_eq!(calls.exit(0x10_0000), None, "nothing else of this thread's");
+        assert_eq!(calls.exit(0x10_0000, false).back, vec![Some("this thread's free")]);
+        assert!(
+            calls.exit(0x10_0000, false).back.is_empty(),
+            "nothing else of this thread's"
+        );
         let other = calls.clone();
-        let theirs = std::thread::spawn(move || other.exit(0x10_0000))
+        let theirs = std::thread::spawn(move || other.exit(0x10_0000, true))
             .join()
             .unwrap();
-        assert_eq!(theirs, Some("the other thread's free"));
+        assert_eq!(theirs.own, Some(Some("the other thread's free")));
+        assert!(theirs.back.is_empty());
     }
 
     /// A free that failed puts nothing back over memory the application allocated meanwhile

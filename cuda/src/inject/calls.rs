@@ -174,20 +174,25 @@ impl Backend {
                 let exec = unsafe { (*(params as *const GraphLaunchParams)).exec } as usize;
                 // Forgotten at ENTER (the driver may hand the handle to another thread's next
                 // instantiation once it destroyed it), tracked again at the EXIT of a destroy
-                // it refused: that graph is still live, and its launches still allocate.
+                // it refused: that graph is still live, and its launches still allocate
+                // (unless another thread's destroy of it succeeded meanwhile, see `InFlight`).
                 if enter {
-                    if let Some(destroyed) = self.graphs.exec_destroy_enter(exec) {
-                        self.exec_destroys.enter(exec as u64, destroyed);
+                    let destroyed = self.graphs.exec_destroy_enter(exec);
+                    self.exec_destroys.enter(exec as u64, destroyed);
+                } else if exit {
+                    let exited = self
+                        .exec_destroys
+                        .exit(exec as u64, result() == CUDA_SUCCESS);
+                    for destroyed in exited.back.into_iter().flatten() {
+                        if self.graphs.exec_destroy_failed(destroyed) {
+                            log(
+                                LogLevel::Debug,
+                                format!(
+                                    "cuGraphExecDestroy of {exec:#x} failed: it is tracked again"
+                                ),
+                            );
+                        }
                     }
-                } else if exit
-                    && let Some(destroyed) = self.exec_destroys.exit(exec as u64)
-                    && result() != CUDA_SUCCESS
-                    && self.graphs.exec_destroy_failed(destroyed)
-                {
-                    log(
-                        LogLevel::Debug,
-                        format!("cuGraphExecDestroy of {exec:#x} failed: it is tracked again"),
-                    );
                 }
             }
             cbid::CU_MEM_ALLOC_MANAGED if exit && result() == CUDA_SUCCESS => {
@@ -279,21 +284,21 @@ impl Backend {
                 let handle = unsafe { (*(params as *const SurfObjectDestroyParams)).surface };
                 // As a graph's destroy: forgotten at ENTER, live again if the driver refused.
                 if enter {
-                    if let Some(destroyed) = self.watch.surface_destroy_enter(handle) {
-                        self.surface_destroys.enter(handle, destroyed);
+                    let destroyed = self.watch.surface_destroy_enter(handle);
+                    self.surface_destroys.enter(handle, destroyed);
+                } else if exit {
+                    let exited = self.surface_destroys.exit(handle, result() == CUDA_SUCCESS);
+                    for destroyed in exited.back.into_iter().flatten() {
+                        if self.watch.surface_destroy_failed(destroyed) {
+                            log(
+                                LogLevel::Debug,
+                                format!(
+                                    "cuSurfObjectDestroy of {handle:#x} failed: launches in its \
+                                     context run once again while it is live"
+                                ),
+                            );
+                        }
                     }
-                } else if exit
-                    && let Some(destroyed) = self.surface_destroys.exit(handle)
-                    && result() != CUDA_SUCCESS
-                    && self.watch.surface_destroy_failed(destroyed)
-                {
-                    log(
-                        LogLevel::Debug,
-                        format!(
-                            "cuSurfObjectDestroy of {handle:#x} failed: launches in its context \
-                             run once again while it is live"
-                        ),
-                    );
                 }
             }
             cbid::CU_SURF_REF_SET_ARRAY if exit && result() == CUDA_SUCCESS => {
@@ -389,21 +394,22 @@ impl Backend {
                         })
                         .collect();
                     self.graphics_unmaps.enter(key, (unmapped, owners));
-                } else if exit
-                    && let Some((unmapped, owners)) = self.graphics_unmaps.exit(key)
-                    && result() != CUDA_SUCCESS
-                {
-                    for base in self.watch.graphics_unmap_failed(&self.inventory, unmapped) {
-                        if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base) {
-                            self.contexts.note_allocation(ctx, base);
+                } else if exit {
+                    let exited = self.graphics_unmaps.exit(key, result() == CUDA_SUCCESS);
+                    for (unmapped, owners) in exited.back {
+                        for base in self.watch.graphics_unmap_failed(&self.inventory, unmapped) {
+                            if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base)
+                            {
+                                self.contexts.note_allocation(ctx, base);
+                            }
+                            log(
+                                LogLevel::Debug,
+                                format!(
+                                    "cuGraphicsUnmapResources failed: the memory at {base:#x} \
+                                     is tracked again"
+                                ),
+                            );
                         }
-                        log(
-                            LogLevel::Debug,
-                            format!(
-                                "cuGraphicsUnmapResources failed: the memory at {base:#x} is \
-                                 tracked again"
-                            ),
-                        );
                     }
                 }
             }
@@ -450,11 +456,8 @@ impl Backend {
             cbid::CU_MEM_UNMAP if exit => {
                 // SAFETY: cuMemUnmap_params.
                 let p = unsafe { *(params as *const MemUnmapParams) };
-                let undo = self.unmaps.exit(p.ptr);
-                if let Some(undo) = &undo
-                    && undo.partial
-                    && result() == CUDA_SUCCESS
-                {
+                let exited = self.unmaps.exit(p.ptr, result() == CUDA_SUCCESS);
+                if exited.own.is_some_and(|undo| undo.partial) {
                     // Said only once the driver has cut it: a refused unmap (the driver's
                     // answer to a part of a mapping) leaves the mapping whole and tracked.
                     log(
@@ -466,10 +469,9 @@ impl Backend {
                         ),
                     );
                 }
-                if let Some(undo) = undo
-                    && result() != CUDA_SUCCESS
-                {
-                    // Still mapped: tracked again as before.
+                for undo in exited.back {
+                    // Still mapped: tracked again as before (unless another thread's unmap of
+                    // it succeeded meanwhile, see `InFlight`).
                     self.watch.unmap_failed(&self.inventory, undo);
                     log(
                         LogLevel::Debug,

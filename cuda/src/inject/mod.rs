@@ -72,7 +72,7 @@ use crate::scope::{ArgumentsUnknown, Param, argument_values, launch_filter, untr
 use crate::timing::PassTimer;
 use crate::toolwork::{self, Before, Target, ToolWorkIo};
 use crate::tracking::{
-    Forgotten, GraphicsUnmapped, InFlight, MemoryWatch, SurfaceDestroyed, UnmapUndo,
+    Forgotten, GraphicsUnmapped, InFlight, MemoryWatch, Removal, SurfaceDestroyed, UnmapUndo,
 };
 use crate::watchdog::Watchdog;
 use crate::window::{Enqueued, LaunchOps, Mark, Window, WindowContext};
@@ -175,9 +175,9 @@ struct Backend {
     unmaps: InFlight<UnmapUndo>,
     /// What the API ENTER of each `cuGraphExecDestroy` in progress forgot (by its executable
     /// graph): put back at the API EXIT of one the driver refused.
-    exec_destroys: InFlight<ExecDestroyed>,
+    exec_destroys: InFlight<Option<ExecDestroyed>>,
     /// The same for each `cuSurfObjectDestroy` in progress (by its surface object).
-    surface_destroys: InFlight<SurfaceDestroyed>,
+    surface_destroys: InFlight<Option<SurfaceDestroyed>>,
     /// The same for each `cuGraphicsUnmapResources` in progress (by its resource array), with
     /// the context each ended pointer was noted in.
     graphics_unmaps: InFlight<(GraphicsUnmapped, Vec<Owner>)>,
@@ -214,11 +214,21 @@ type Owner = (u64, Option<usize>);
 
 /// What the API ENTER of a free forgot ([`Backend::on_app_free`]), to put back at its API
 /// EXIT should the driver refuse the free.
+#[derive(Debug)]
 enum Freed {
     /// Memory of the watch or the inventory.
     Tracked(Forgotten),
     /// A backed graph allocation.
     Graph(GraphFreed),
+}
+
+impl Removal for Freed {
+    fn removed_nothing(&self) -> bool {
+        match self {
+            Freed::Tracked(forgotten) => forgotten.removed_nothing(),
+            Freed::Graph(_) => false,
+        }
+    }
 }
 
 static BACKEND: OnceLock<Backend> = OnceLock::new();
@@ -633,24 +643,21 @@ impl Backend {
     /// The API EXIT of a free whose ENTER forgot the memory at `base`: a free that failed left
     /// the memory live, and it is tracked again as it was.
     fn free_exit(&self, base: u64, result: CuResult) {
-        let Some((forgotten, owner)) = self.frees.exit(base) else {
-            return;
-        };
-        if result == CUDA_SUCCESS {
-            return;
-        }
-        let back = match forgotten {
-            Freed::Tracked(forgotten) => self.watch.free_failed(&self.inventory, forgotten),
-            Freed::Graph(freed) => self.graphs.free_failed(&self.inventory, freed),
-        };
-        if back {
-            if let Some(ctx) = owner {
-                self.contexts.note_allocation(ctx, base);
+        let exited = self.frees.exit(base, result == CUDA_SUCCESS);
+        for (forgotten, owner) in exited.back {
+            let back = match forgotten {
+                Freed::Tracked(forgotten) => self.watch.free_failed(&self.inventory, forgotten),
+                Freed::Graph(freed) => self.graphs.free_failed(&self.inventory, freed),
+            };
+            if back {
+                if let Some(ctx) = owner {
+                    self.contexts.note_allocation(ctx, base);
+                }
+                log(
+                    LogLevel::Debug,
+                    format!("free at {base:#x} failed ({result}): its memory is tracked again"),
+                );
             }
-            log(
-                LogLevel::Debug,
-                format!("free at {base:#x} failed ({result}): its memory is tracked again"),
-            );
         }
     }
 
