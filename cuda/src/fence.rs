@@ -267,6 +267,29 @@ pub fn enter(locks: &AgentLocks, devices: &[u64]) {
     with_held(|h| h.borrow_mut().push(held));
 }
 
+/// The reader sides a launch that gets no replay window of its device holds from its API ENTER
+/// to its EXIT, so that it is not submitted inside another thread's window (whose restores
+/// would undo what it writes): its device's, or, where its device could not be told
+/// (`device` is `None`), those of every device in `known` (it may run on any of them), taken
+/// in ascending order as [`enter`] takes them. A side this thread's own window holds is skipped
+/// (a launch from inside a replay callback, which must not wait for itself).
+pub fn launch_readers(
+    locks: &AgentLocks,
+    device: Option<u64>,
+    known: &[u64],
+) -> Vec<OwnedReadAccess> {
+    let mut devices = match device {
+        Some(d) => vec![d],
+        None => known.to_vec(),
+    };
+    devices.sort_unstable();
+    devices.dedup();
+    devices
+        .iter()
+        .filter_map(|&d| locks.read_owned(d).ok())
+        .collect()
+}
+
 /// API EXIT of the call [`enter`] fenced: its reader side is given back.
 pub fn exit() {
     let access = with_held(|h| h.borrow_mut().pop());
@@ -291,6 +314,36 @@ pub fn depth() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launch whose device could not be told ran with no reader side at all: a replay
+    /// window open on any device could snapshot, let it write, and restore over its writes.
+    /// It now holds every known device's reader side (a window waits for it, and it for a
+    /// window), each once; a launch of a known device holds its own only.
+    #[test]
+    fn a_launch_of_unknown_device_holds_every_known_devices_reader_side() {
+        let locks = AgentLocks::new();
+        locks.set_enabled(true);
+        let held = launch_readers(&locks, None, &[2, 0, 2, 1]);
+        assert_eq!(held.len(), 3);
+        for d in 0..3 {
+            assert!(locks.agent_lock(d).is_locked(), "device {d}");
+        }
+        let window = std::thread::scope(|s| {
+            s.spawn(|| {
+                locks
+                    .try_write_for(1, std::time::Duration::from_millis(50))
+                    .is_ok()
+            })
+            .join()
+            .unwrap()
+        });
+        assert!(!window, "a window on device 1 opened during the launch");
+        drop(held);
+        assert!(!locks.agent_lock(1).is_locked());
+        let own = launch_readers(&locks, Some(1), &[0, 1, 2]);
+        assert_eq!(own.len(), 1);
+        assert!(locks.agent_lock(1).is_locked() && !locks.agent_lock(0).is_locked());
+    }
 
     #[test]
     fn copies_and_memsets_are_classified_and_launches_are_not() {

@@ -519,9 +519,10 @@ impl Backend {
             | cbid::CU_LAUNCH_COOPERATIVE_KERNEL
             | cbid::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ => {
                 if enter {
-                    let Some(ordinal) = self.ordinal(data.context) else {
-                        return;
-                    };
+                    // A launch whose device cannot be told still goes through `launch_enter`:
+                    // counted, its tool asked (a replay is declined), and the reader sides of
+                    // every known device held while it runs.
+                    let ordinal = self.ordinal(data.context).unwrap_or(UNKNOWN_DEVICE);
                     // SAFETY: params is the call's parameter struct for this callback id.
                     let Some(launch) =
                         (unsafe { decode_launch(id, params, data.context, ordinal) })

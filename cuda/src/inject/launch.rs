@@ -16,6 +16,9 @@ struct Pending {
     /// No tool decides launches: the window only times the launch for dispatch tracing (it
     /// runs once and is not accounted as a replay decision).
     trace_only: bool,
+    /// The reader sides a launch whose device could not be told holds beside its window's
+    /// (see [`fence::launch_readers`]).
+    readers: Vec<kreplay_locks::OwnedReadAccess>,
 }
 
 /// A launch's operations as the injected library runs them: the driver's, plus the check
@@ -171,14 +174,20 @@ impl ModuleLookup for DriverModules<'_> {
     }
 }
 
+/// A launch without a window between its API ENTER and EXIT, and the reader sides it holds.
+struct Unwindowed {
+    launch: Launch,
+    readers: Vec<kreplay_locks::OwnedReadAccess>,
+}
+
 thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
-    /// The reader side a launch without a window holds from its API ENTER to its EXIT.
-    static UNWINDOWED: RefCell<Option<kreplay_locks::OwnedReadAccess>> = const { RefCell::new(None) };
+    /// The reader sides a launch without a window holds from its API ENTER to its EXIT.
+    static UNWINDOWED: RefCell<Option<Unwindowed>> = const { RefCell::new(None) };
     /// [`PENDING`] and [`UNWINDOWED`] once they are destroyed: a launch from a thread-local
     /// destructor at thread exit (see `kreplay_late`).
     static PENDING_LATE: Late<Option<Pending>> = const { Late::new() };
-    static UNWINDOWED_LATE: Late<Option<kreplay_locks::OwnedReadAccess>> = const { Late::new() };
+    static UNWINDOWED_LATE: Late<Option<Unwindowed>> = const { Late::new() };
     /// `auto`'s choice for the launch this thread is replaying: its key and whether detection
     /// runs on the device, made when the window asks for the launch's scope (see `launch_scope`).
     static CHOSEN: std::cell::Cell<Option<(ChoiceKey, bool)>> = const { std::cell::Cell::new(None) };
@@ -370,7 +379,12 @@ impl Backend {
         };
         // Without the device's state nothing a replay needs is there: the tool is still asked,
         // and a replay it wants is declined with the cause (`Window::enter_unprepared`).
-        let (device, unprepared) = match self.device(launch.ctx) {
+        let state = if launch.device == UNKNOWN_DEVICE {
+            Err("cannot tell the launch's device (cuCtxGetDevice failed)".to_owned())
+        } else {
+            self.device(launch.ctx)
+        };
+        let (device, unprepared) = match state {
             Ok(d) => (Some(d), None),
             Err(e) => {
                 log(
@@ -436,6 +450,13 @@ impl Backend {
                 why.as_deref().unwrap_or("unknown"),
             ),
         };
+        // A launch of unknown device may run on any device: it waits for their windows, and
+        // they for it (after its tool's CONFIG ENTER, as a window's own locks are taken).
+        let readers = if launch.device == UNKNOWN_DEVICE {
+            fence::launch_readers(&self.locks, None, &self.known_devices())
+        } else {
+            Vec::new()
+        };
         kreplay_late::with(&PENDING, &PENDING_LATE, |p| {
             *p.borrow_mut() = Some(Pending {
                 window,
@@ -444,6 +465,7 @@ impl Backend {
                 tool,
                 timer,
                 trace_only,
+                readers,
             })
         });
     }
@@ -451,13 +473,50 @@ impl Backend {
     /// A launch that gets no window still runs as an ordinary one: it holds the reader side of
     /// its device until its API EXIT, so it is not submitted inside a replay window another
     /// thread holds there (whose restores would undo what it writes).
+    /// A launch whose device could not be told holds every known device's (see
+    /// [`fence::launch_readers`]).
     fn ordinary_without_window(&self, launch: &Launch) {
-        let read = self.locks.read_owned(launch.device as u64).ok();
-        kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| *u.borrow_mut() = read);
+        let device = (launch.device != UNKNOWN_DEVICE).then_some(launch.device as u64);
+        let readers = fence::launch_readers(&self.locks, device, &self.known_devices());
+        let unwindowed = Unwindowed {
+            launch: *launch,
+            readers,
+        };
+        kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| {
+            *u.borrow_mut() = Some(unwindowed)
+        });
+    }
+
+    /// The API EXIT of a launch whose device could not be told, before it gives back the reader
+    /// sides of every known device: no window's drain would wait for its kernel (its context
+    /// is no device's), so it is waited for here, unless its stream is being captured (nothing
+    /// runs, and a wait would end the capture) or the launch failed.
+    fn settle_unknown_device(&self, launch: Launch, result: CuResult) {
+        if launch.device != UNKNOWN_DEVICE || result != CUDA_SUCCESS {
+            return;
+        }
+        let ran = CudaLaunch {
+            driver: self.driver,
+            launch,
+            drainer: None,
+        };
+        if ran.replayable().is_ok()
+            && let Err(e) = ran.wait()
+        {
+            log(
+                LogLevel::Warn,
+                format!("a launch of unknown device: waiting for its kernel: {e}"),
+            );
+        }
     }
 
     pub(super) fn launch_exit(&self, result: CuResult, symbol: Option<&CStr>) {
-        kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| u.borrow_mut().take());
+        if let Some(Unwindowed { launch, readers }) =
+            kreplay_late::with(&UNWINDOWED, &UNWINDOWED_LATE, |u| u.borrow_mut().take())
+        {
+            self.settle_unknown_device(launch, result);
+            drop(readers);
+        }
         let Some(Pending {
             window,
             launch,
@@ -465,10 +524,13 @@ impl Backend {
             mut tool,
             timer,
             trace_only,
+            readers,
         }) = kreplay_late::with(&PENDING, &PENDING_LATE, |p| p.borrow_mut().take())
         else {
             return;
         };
+        self.settle_unknown_device(launch, result);
+        drop(readers);
         let ops = InjectedLaunch {
             inner: CudaLaunch {
                 driver: self.driver,

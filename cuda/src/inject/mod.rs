@@ -231,6 +231,11 @@ impl Removal for Freed {
     }
 }
 
+/// The device ordinal of a launch whose context's device cannot be told (`cuCtxGetDevice`
+/// failed inside its callback): its `DispatchInfo::agent_id` is `u64::MAX`, and it is never
+/// replayed.
+const UNKNOWN_DEVICE: i32 = -1;
+
 static BACKEND: OnceLock<Backend> = OnceLock::new();
 static CUPTI: OnceLock<(Cupti, usize)> = OnceLock::new();
 
