@@ -1212,12 +1212,15 @@ mod tests {
         execs: InFlight<Option<crate::graphmem::ExecDestroyed>>,
         frees: InFlight<Forgotten>,
         unmaps: InFlight<UnmapUndo>,
+        graphics: InFlight<GraphicsUnmapped>,
     }
 
     const EXEC: usize = 0xe0;
     const SURFACE: u64 = 5;
     const FREED: u64 = 0x10_0000;
     const MAPPED: u64 = 0x40_0000;
+    const RESOURCE: usize = 0x9e;
+    const GRAPHICS: u64 = 0x90_0000;
 
     impl Race {
         fn new() -> Race {
@@ -1229,6 +1232,7 @@ mod tests {
                 execs: InFlight::new(),
                 frees: InFlight::new(),
                 unmaps: InFlight::new(),
+                graphics: InFlight::new(),
             };
             r.watch.on_surface_created(SURFACE, CTX);
             let nodes = crate::graphmem::GraphNodes {
@@ -1252,6 +1256,10 @@ mod tests {
             let access = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
             r.watch
                 .record_access(&r.inventory, MAPPED, 0x20_0000, &access);
+            r.watch
+                .record_shared(&r.inventory, GRAPHICS, Some(0x1000), Some(0))
+                .unwrap();
+            r.watch.on_graphics_mapped(RESOURCE, GRAPHICS);
             r
         }
 
@@ -1269,6 +1277,10 @@ mod tests {
                 undo.allocations.extend(self.inventory.on_free(base));
             }
             self.unmaps.enter(MAPPED, undo);
+            let unmapped = self
+                .watch
+                .graphics_unmap_enter(&self.inventory, &[RESOURCE]);
+            self.graphics.enter(RESOURCE as u64, unmapped);
         }
 
         /// Their API EXITs, each `refused` by the driver or not.
@@ -1286,21 +1298,27 @@ mod tests {
             for back in self.unmaps.exit(MAPPED, ok).back {
                 self.watch.unmap_failed(&self.inventory, back);
             }
+            for back in self.graphics.exit(RESOURCE as u64, ok).back {
+                self.watch.graphics_unmap_failed(&self.inventory, back);
+            }
         }
 
-        /// What is live: the surface, the executable graph, the allocation, the mapping.
-        fn live(&self) -> [bool; 4] {
+        /// What is live: the surface, the executable graph, the allocation, the mapping, the
+        /// graphics resource's mapped memory.
+        fn live(&self) -> [bool; 5] {
             [
                 self.watch.untracked_reason(CTX).is_some(),
                 self.graphs.allocates(EXEC),
                 self.inventory.get(FREED).is_some(),
                 self.inventory.get(MAPPED).is_some(),
+                self.inventory.get(GRAPHICS).is_some(),
             ]
         }
     }
 
-    /// Two threads destroy the same surface object, executable graph, allocation and mapping
-    /// at once (an application's double destroy, double free, double unmap): B's API ENTER
+    /// Two threads destroy the same surface object, executable graph, allocation, mapping and
+    /// graphics resource mapping at once (an application's double destroy, double free, double
+    /// unmap; `inject` keeps a `cuGraphicsUnmapResources` per resource): B's API ENTER
     /// forgets each, A's finds nothing left, and the driver does A's and refuses B's (the
     /// handle is gone). B's refused EXIT tracked them all again though none was live: launches
     /// in the surface's context declined for the rest of its life, later graph launches taken
@@ -1309,9 +1327,11 @@ mod tests {
     /// driver refuses both, it is all live again.
     #[test]
     fn a_refused_destroy_racing_a_successful_one_leaves_the_object_destroyed() {
-        for (a_refused, a_exits_first) in [(false, false), (false, true), (true, false), (true, true)] {
+        for (a_refused, a_exits_first) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
             let race = std::sync::Arc::new(Race::new());
-            assert_eq!(race.live(), [true; 4]);
+            assert_eq!(race.live(), [true; 5]);
             let (a, b) = (Worker::new(), Worker::new());
             let r = race.clone();
             b.run(move || r.enter());
@@ -1329,7 +1349,7 @@ mod tests {
             }
             assert_eq!(
                 race.live(),
-                [a_refused; 4],
+                [a_refused; 5],
                 "A refused: {a_refused}, A's EXIT first: {a_exits_first}"
             );
         }
@@ -1691,7 +1711,10 @@ mod tests {
         std::thread::spawn(move || other.enter(0x10_0000, Some("the other thread's free")))
             .join()
             .unwrap();
-        assert_eq!(calls.exit(0x10_0000, false).back, vec![Some("this thread's free")]);
+        assert_eq!(
+            calls.exit(0x10_0000, false).back,
+            vec![Some("this thread's free")]
+        );
         assert!(
             calls.exit(0x10_0000, false).back.is_empty(),
             "nothing else of this thread's"

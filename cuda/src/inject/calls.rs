@@ -362,7 +362,7 @@ impl Backend {
             }
             cbid::CU_GRAPHICS_UNMAP_RESOURCES | cbid::CU_GRAPHICS_UNMAP_RESOURCES_PTSZ => {
                 // SAFETY: cuGraphicsUnmapResources_params, its resource array `count` long.
-                let (key, resources): (u64, Vec<usize>) = unsafe {
+                let resources: Vec<usize> = unsafe {
                     let p = &*(params as *const GraphicsUnmapParams);
                     let resources = if p.resources.is_null() {
                         Vec::new()
@@ -372,34 +372,43 @@ impl Backend {
                             .map(|&r| r as usize)
                             .collect()
                     };
-                    (p.resources as u64, resources)
+                    resources
                 };
                 // Ended at ENTER, as a free: the driver unmaps the memory during the call, and
                 // no snapshot may copy it from then on. Mapped again at the EXIT of an unmap
-                // the driver refused (a resource not mapped): none of them was unmapped.
+                // the driver refused (a resource not mapped): none of them was unmapped. Kept
+                // per resource, so that two threads unmapping one resource at once (in arrays of
+                // their own) are told apart as two frees of one address are (`InFlight`).
                 if enter {
-                    let unmapped = self.watch.graphics_unmap_enter(&self.inventory, &resources);
-                    let owners = unmapped
-                        .ended()
-                        .map(|(base, reference, tracked)| {
-                            let owner = self.contexts.note_free(base);
-                            if let (true, Some(ctx)) = (reference, owner) {
-                                // References left: it still ends with its context.
-                                self.contexts.note_allocation(ctx, base);
-                            }
-                            if tracked {
-                                self.stats.frees.fetch_add(1, Ordering::Relaxed);
-                            }
-                            (base, owner)
-                        })
-                        .collect();
-                    self.graphics_unmaps.enter(key, (unmapped, owners));
+                    for &resource in &resources {
+                        let unmapped = self
+                            .watch
+                            .graphics_unmap_enter(&self.inventory, &[resource]);
+                        let owners = unmapped
+                            .ended()
+                            .map(|(base, reference, tracked)| {
+                                let owner = self.contexts.note_free(base);
+                                if let (true, Some(ctx)) = (reference, owner) {
+                                    // References left: it still ends with its context.
+                                    self.contexts.note_allocation(ctx, base);
+                                }
+                                if tracked {
+                                    self.stats.frees.fetch_add(1, Ordering::Relaxed);
+                                }
+                                (base, owner)
+                            })
+                            .collect();
+                        self.graphics_unmaps
+                            .enter(resource as u64, (unmapped, owners));
+                    }
                 } else if exit {
-                    let exited = self.graphics_unmaps.exit(key, result() == CUDA_SUCCESS);
-                    for (unmapped, owners) in exited.back {
+                    let exited = resources.iter().flat_map(|&resource| {
+                        let ok = result() == CUDA_SUCCESS;
+                        self.graphics_unmaps.exit(resource as u64, ok).back
+                    });
+                    for (unmapped, owners) in exited {
                         for base in self.watch.graphics_unmap_failed(&self.inventory, unmapped) {
-                            if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base)
-                            {
+                            if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base) {
                                 self.contexts.note_allocation(ctx, base);
                             }
                             log(

@@ -178,8 +178,8 @@ struct Backend {
     exec_destroys: InFlight<Option<ExecDestroyed>>,
     /// The same for each `cuSurfObjectDestroy` in progress (by its surface object).
     surface_destroys: InFlight<Option<SurfaceDestroyed>>,
-    /// The same for each `cuGraphicsUnmapResources` in progress (by its resource array), with
-    /// the context each ended pointer was noted in.
+    /// The same for each `cuGraphicsUnmapResources` in progress (by each resource it names),
+    /// with the context each ended pointer was noted in.
     graphics_unmaps: InFlight<(GraphicsUnmapped, Vec<Owner>)>,
     /// Memory CUDA graphs allocate: unbacked until a graph holding it is launched.
     graphs: GraphMemory,
