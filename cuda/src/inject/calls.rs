@@ -364,15 +364,14 @@ impl Backend {
                 // SAFETY: cuGraphicsUnmapResources_params, its resource array `count` long.
                 let resources: Vec<usize> = unsafe {
                     let p = &*(params as *const GraphicsUnmapParams);
-                    let resources = if p.resources.is_null() {
+                    if p.resources.is_null() {
                         Vec::new()
                     } else {
                         std::slice::from_raw_parts(p.resources, p.count as usize)
                             .iter()
                             .map(|&r| r as usize)
                             .collect()
-                    };
-                    resources
+                    }
                 };
                 // Ended at ENTER, as a free: the driver unmaps the memory during the call, and
                 // no snapshot may copy it from then on. Mapped again at the EXIT of an unmap
