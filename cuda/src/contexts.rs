@@ -36,6 +36,20 @@ pub struct Contexts {
     /// The context of each live `cuMemAlloc`, `cuMemAllocPitch` and `cuMemAllocManaged`
     /// allocation, by base.
     owners: Mutex<HashMap<u64, usize>>,
+    /// How many times a context of each handle was forgotten (a handle may be a new context's
+    /// after one ended). Locked inside `owners`, never the other way round.
+    ends: Mutex<HashMap<usize, u64>>,
+}
+
+/// The context a freed allocation was noted in, as its free's API ENTER found it
+/// ([`Contexts::note_free_in`]): a free the driver refuses puts the allocation back only while
+/// that context lives ([`Contexts::ended_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreedIn {
+    /// The context.
+    pub ctx: usize,
+    /// How many times a context of that handle had ended then.
+    ends: u64,
 }
 
 impl Contexts {
@@ -62,11 +76,27 @@ impl Contexts {
         self.owners.lock().remove(&base)
     }
 
+    /// Notes that `base` was freed, as [`note_free`](Self::note_free), and returns the context
+    /// it was noted in with that context's ends so far.
+    pub fn note_free_in(&self, base: u64) -> Option<FreedIn> {
+        let mut owners = self.owners.lock();
+        let ctx = owners.remove(&base)?;
+        let ends = self.ends.lock().get(&ctx).copied().unwrap_or(0);
+        Some(FreedIn { ctx, ends })
+    }
+
+    /// Whether the context of `freed` ended after the free that returned it noted it (its
+    /// allocations ended with it, that one too).
+    pub fn ended_since(&self, freed: &FreedIn) -> bool {
+        self.ends.lock().get(&freed.ctx).copied().unwrap_or(0) != freed.ends
+    }
+
     /// Forgets context `ctx` (it is being destroyed) and returns the bases of the allocations
     /// made in it that are still live, which die with it.
     pub fn forget(&self, ctx: usize) -> Vec<u64> {
         self.seen.lock().retain(|(c, _)| *c != ctx);
         let mut owners = self.owners.lock();
+        *self.ends.lock().entry(ctx).or_default() += 1;
         let mut dying: Vec<u64> = owners
             .iter()
             .filter(|&(_, &c)| c == ctx)

@@ -1727,6 +1727,70 @@ mod tests {
         assert!(theirs.back.is_empty());
     }
 
+    /// A `cuMemFree` whose API ENTER forgot the allocation, then refused by the driver because
+    /// another thread destroyed the allocation's context meanwhile (`cuCtxDestroy`,
+    /// `cudaDeviceReset`), put the allocation back at its EXIT: memory that ended with its
+    /// context stayed in the inventory, and the next snapshot of its device copied freed
+    /// memory (an illegal address that poisons the new context). The EXIT (as `inject`'s
+    /// `free_exit` makes it) now puts back nothing whose context ended since its ENTER; a
+    /// refused free in a live context still does.
+    #[test]
+    fn a_refused_free_after_its_context_ended_puts_nothing_back() {
+        use crate::contexts::{Contexts, FreedIn};
+        const OWNER: usize = 0xc7;
+        let w = MemoryWatch::new();
+        let inventory = Inventory::new();
+        let contexts = Contexts::default();
+        let frees: InFlight<(Forgotten, Option<FreedIn>)> = InFlight::new();
+        let alloc = |base| {
+            inventory.on_alloc(NewAllocation {
+                base,
+                size: 0x1000,
+                owner_agent: 0,
+                kind: MemoryKind::CoarseDevice,
+            });
+            contexts.note_allocation(OWNER, base);
+        };
+        let enter = |base| {
+            let owner = contexts.note_free_in(base);
+            frees.enter(base, (w.free_enter(Some(&inventory), base), owner));
+        };
+        // `inject`'s `free_exit` of a refused free.
+        let refused = |base| {
+            for (forgotten, owner) in frees.exit(base, false).back {
+                if owner.is_some_and(|o| contexts.ended_since(&o)) {
+                    continue;
+                }
+                if w.free_failed(&inventory, forgotten)
+                    && let Some(o) = owner
+                {
+                    contexts.note_allocation(o.ctx, base);
+                }
+            }
+        };
+        alloc(0x10_0000);
+        enter(0x10_0000);
+        // The context ends while the free is in the driver.
+        assert_eq!(contexts.forget(OWNER), Vec::<u64>::new());
+        w.on_context_destroyed(OWNER);
+        refused(0x10_0000);
+        assert_eq!(
+            inventory.get(0x10_0000),
+            None,
+            "freed memory is tracked again"
+        );
+        // A new context of the same handle: a refused free there puts its allocation back.
+        alloc(0x20_0000);
+        enter(0x20_0000);
+        refused(0x20_0000);
+        assert!(inventory.get(0x20_0000).is_some());
+        assert_eq!(
+            contexts.forget(OWNER),
+            vec![0x20_0000],
+            "it ends with its context"
+        );
+    }
+
     /// A free that failed puts nothing back over memory the application allocated meanwhile
     /// at the same place (what the driver handed out is live, the old entry is not).
     #[test]

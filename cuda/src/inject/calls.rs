@@ -106,13 +106,13 @@ impl Backend {
                         return;
                     }
                 }
-                let owner = self.contexts.note_free(base);
+                let owner = self.contexts.note_free_in(base);
                 let freed = self.on_app_free(base);
-                if let (Freed::Tracked(f), Some(ctx)) = (&freed, owner)
+                if let (Freed::Tracked(f), Some(owner)) = (&freed, owner)
                     && f.reference
                 {
                     // Shared memory with references left: it still ends with its context.
-                    self.contexts.note_allocation(ctx, base);
+                    self.contexts.note_allocation(owner.ctx, base);
                 }
                 self.frees.enter(base, (freed, owner));
             }
@@ -386,10 +386,10 @@ impl Backend {
                         let owners = unmapped
                             .ended()
                             .map(|(base, reference, tracked)| {
-                                let owner = self.contexts.note_free(base);
-                                if let (true, Some(ctx)) = (reference, owner) {
+                                let owner = self.contexts.note_free_in(base);
+                                if let (true, Some(owner)) = (reference, owner) {
                                     // References left: it still ends with its context.
-                                    self.contexts.note_allocation(ctx, base);
+                                    self.contexts.note_allocation(owner.ctx, base);
                                 }
                                 if tracked {
                                     self.stats.frees.fetch_add(1, Ordering::Relaxed);
@@ -406,9 +406,18 @@ impl Backend {
                         self.graphics_unmaps.exit(resource as u64, ok).back
                     });
                     for (unmapped, owners) in exited {
+                        if owners
+                            .iter()
+                            .any(|(_, o)| o.is_some_and(|o| self.contexts.ended_since(&o)))
+                        {
+                            // Its context ended meanwhile, and the memory with it (a record
+                            // holds one resource's pointer).
+                            continue;
+                        }
                         for base in self.watch.graphics_unmap_failed(&self.inventory, unmapped) {
-                            if let Some(&(_, Some(ctx))) = owners.iter().find(|(b, _)| *b == base) {
-                                self.contexts.note_allocation(ctx, base);
+                            if let Some(&(_, Some(owner))) = owners.iter().find(|(b, _)| *b == base)
+                            {
+                                self.contexts.note_allocation(owner.ctx, base);
                             }
                             log(
                                 LogLevel::Debug,

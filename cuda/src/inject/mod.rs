@@ -40,7 +40,7 @@ use crate::choice::{
     ChoiceKey, DeviceChoice, chosen_strategy, detection_for, hash_on_device_for, per_restore_ns,
 };
 use crate::config::{Config, LogLevel};
-use crate::contexts::{Contexts, SyncError};
+use crate::contexts::{Contexts, FreedIn, SyncError};
 use crate::cupti::{
     self, API_ENTER, API_EXIT, CB_DOMAIN_DRIVER_API, CB_DOMAIN_RESOURCE,
     CBID_RESOURCE_CONTEXT_DESTROY_STARTING, CBID_RESOURCE_MODULE_LOADED,
@@ -169,7 +169,7 @@ struct Backend {
     watch: MemoryWatch,
     /// What the API ENTER of each free in progress forgot, and the context its allocation was
     /// noted in: put back at the API EXIT of a free that failed.
-    frees: InFlight<(Freed, Option<usize>)>,
+    frees: InFlight<(Freed, Option<FreedIn>)>,
     /// What the API ENTER of each `cuMemUnmap` in progress changed (by its address): put back
     /// at the API EXIT of one that failed.
     unmaps: InFlight<UnmapUndo>,
@@ -209,8 +209,9 @@ struct Backend {
     watchdog: Watchdog,
 }
 
-/// An allocation's base and the context it was noted in ([`Contexts::note_allocation`]).
-type Owner = (u64, Option<usize>);
+/// An allocation's base and the context it was noted in ([`Contexts::note_allocation`]), as
+/// the API ENTER of its end found it.
+type Owner = (u64, Option<FreedIn>);
 
 /// What the API ENTER of a free forgot ([`Backend::on_app_free`]), to put back at its API
 /// EXIT should the driver refuse the free.
@@ -650,6 +651,18 @@ impl Backend {
     fn free_exit(&self, base: u64, result: CuResult) {
         let exited = self.frees.exit(base, result == CUDA_SUCCESS);
         for (forgotten, owner) in exited.back {
+            if let Some(owner) = &owner
+                && self.contexts.ended_since(owner)
+            {
+                // Its context ended meanwhile (another thread's cuCtxDestroy or
+                // cudaDeviceReset), and the memory with it: nothing is live to put back.
+                log(
+                    LogLevel::Debug,
+                    format!("free at {base:#x} failed ({result}) after its context ended"),
+                );
+                continue;
+            }
+            let owner = owner.map(|o| o.ctx);
             let back = match forgotten {
                 Freed::Tracked(forgotten) => self.watch.free_failed(&self.inventory, forgotten),
                 Freed::Graph(freed) => self.graphs.free_failed(&self.inventory, freed),
