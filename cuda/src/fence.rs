@@ -222,7 +222,9 @@ pub fn links_devices(id: CallbackId) -> bool {
 /// for a call whose memory the parameters do not describe (`described` false: 2D, 3D, peer,
 /// batched and array copies, stream writes, graph launches), every device that
 /// may have windows (`all`). A copy that reads another device's memory waits too: it must not
-/// read a pass's bytes.
+/// read a pass's bytes. So does a call whose context's device cannot be told (`current`
+/// `None`): memory the inventory does not hold but a snapshot does (a module's variables) may
+/// be any device's, so it waits for every device in `all`.
 pub fn devices_to_fence(
     current: Option<u64>,
     owners: &[Option<u64>],
@@ -233,7 +235,7 @@ pub fn devices_to_fence(
         .into_iter()
         .chain(owners.iter().flatten().copied())
         .collect();
-    if !described {
+    if !described || current.is_none() {
         devices.extend_from_slice(all);
     }
     devices.sort_unstable();
@@ -546,8 +548,24 @@ mod tests {
             "a 2D or peer copy: every device"
         );
         assert_eq!(
-            devices_to_fence(None, &[None, None], true, &[0]),
+            devices_to_fence(None, &[None, None], true, &[]),
             Vec::<u64>::new()
+        );
+    }
+
+    /// A copy or memset whose context's device could not be told, into memory the inventory
+    /// does not hold (a module's `__device__` variable, which a snapshot of its device holds),
+    /// waited for no window at all: written between a replay's snapshot and its restores, it
+    /// was undone by them. It now waits for every device that may have windows.
+    #[test]
+    fn a_fenced_call_of_unknown_device_waits_for_every_device() {
+        assert_eq!(
+            devices_to_fence(None, &[None, None], true, &[2, 0]),
+            vec![0, 2]
+        );
+        assert_eq!(
+            devices_to_fence(None, &[Some(1), None], true, &[0, 1]),
+            vec![0, 1]
         );
     }
 

@@ -505,7 +505,7 @@ impl Backend {
             Some(addresses) => addresses.map(|a| self.inventory.lookup(a).map(|x| x.owner_agent)),
             None => [None, None],
         };
-        let all = if described {
+        let all = if described && current.is_some() {
             Vec::new()
         } else {
             self.known_devices()
