@@ -223,12 +223,35 @@ pub struct InFlight<T> {
 
 #[derive(Debug)]
 struct Calls<T> {
-    /// Each call in progress: its thread, its address, what its ENTER removed (`None` once a
-    /// call of the same address destroyed it), and whether that ENTER removed nothing.
-    calls: Vec<(usize, u64, Option<T>, bool)>,
-    /// What refused calls removed, by address, waiting for the outcome of the calls in
-    /// progress there that removed nothing.
-    parked: Vec<(u64, T)>,
+    calls: Vec<Call<T>>,
+    /// What refused calls removed, with the range they named, waiting for the outcome of the
+    /// calls in progress there that removed nothing.
+    parked: Vec<(Span, T)>,
+}
+
+/// The addresses a call names: `[start, end)` (one address for a free or a destroy, the range
+/// of a `cuMemUnmap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: u64,
+    end: u64,
+}
+
+impl Span {
+    fn overlaps(&self, other: &Span) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+}
+
+/// One call in progress.
+#[derive(Debug)]
+struct Call<T> {
+    thread: usize,
+    span: Span,
+    /// What its ENTER removed (`None` once calls naming the same addresses destroyed it all).
+    kept: Option<T>,
+    /// Whether that ENTER removed nothing.
+    nothing: bool,
 }
 
 /// What a call's API ENTER removed, as [`InFlight`] keeps it.
@@ -236,6 +259,12 @@ pub trait Removal {
     /// Whether the ENTER found nothing to remove (the object was not tracked, or another
     /// call's ENTER removed it first).
     fn removed_nothing(&self) -> bool;
+
+    /// Another call naming `[start, end)` destroyed what lay there: forgets that part. True when
+    /// nothing is left to put back (the default: a call names one object, all of it).
+    fn destroyed(&mut self, _start: u64, _end: u64) -> bool {
+        true
+    }
 }
 
 impl<T> Removal for Option<T> {
@@ -263,6 +292,54 @@ impl Removal for Forgotten {
 impl Removal for UnmapUndo {
     fn removed_nothing(&self) -> bool {
         self.mapped.is_empty() && self.untracked.is_empty() && self.allocations.is_empty()
+    }
+
+    /// The mappings inside `[start, end)` were unmapped by another call: none of them is put
+    /// back. One the range cuts in part is not either, and its rest is put back as untracked
+    /// memory (mapped still, but no longer one mapping kreplay can describe).
+    fn destroyed(&mut self, start: u64, end: u64) -> bool {
+        let cut = Span { start, end };
+        let mut gone = Vec::new();
+        self.mapped.retain(|&(b, sz)| {
+            let m = Span {
+                start: b,
+                end: b.saturating_add(sz),
+            };
+            if !m.overlaps(&cut) {
+                return true;
+            }
+            gone.push(m);
+            false
+        });
+        for m in gone {
+            self.access.retain(|(b, _)| *b != m.start);
+            self.allocations.retain(|a| a.base != m.start);
+            if m.start < start {
+                self.untracked.push((m.start, start - m.start));
+            }
+            if m.end > end {
+                self.untracked.push((end, m.end - end));
+            }
+        }
+        // Untracked ranges it covers are unmapped too; the rest of one it cuts stays.
+        let untracked = std::mem::take(&mut self.untracked);
+        for (b, sz) in untracked {
+            let u = Span {
+                start: b,
+                end: b.saturating_add(sz),
+            };
+            if !u.overlaps(&cut) {
+                self.untracked.push((b, sz));
+                continue;
+            }
+            if u.start < start {
+                self.untracked.push((u.start, start - u.start));
+            }
+            if u.end > end {
+                self.untracked.push((end, u.end - end));
+            }
+        }
+        self.removed_nothing()
     }
 }
 
@@ -309,13 +386,25 @@ impl<T: Removal> InFlight<T> {
         InFlight::default()
     }
 
-    /// The API ENTER of a call naming `address` removed `what`.
+    /// The API ENTER of a call naming `address` (a free, a destroy) removed `what`.
     pub fn enter(&self, address: u64, what: T) {
+        self.enter_range(address, 1, what);
+    }
+
+    /// The API ENTER of a call naming the `len` bytes at `address` (a `cuMemUnmap`) removed
+    /// `what`. Calls whose ranges overlap name the same objects.
+    pub fn enter_range(&self, address: u64, len: u64, what: T) {
         let nothing = what.removed_nothing();
-        self.state
-            .lock()
-            .calls
-            .push((thread_key(), address, Some(what), nothing));
+        let span = Span {
+            start: address,
+            end: address.saturating_add(len.max(1)),
+        };
+        self.state.lock().calls.push(Call {
+            thread: thread_key(),
+            span,
+            kept: Some(what),
+            nothing,
+        });
     }
 
     /// The API EXIT of a call naming `address`, on the thread of its ENTER, which the driver
@@ -330,31 +419,38 @@ impl<T: Removal> InFlight<T> {
         let Some(at) = s
             .calls
             .iter()
-            .rposition(|(t, a, _, _)| *t == thread && *a == address)
+            .rposition(|c| c.thread == thread && c.span.start == address)
         else {
             return out;
         };
-        let (_, _, kept, nothing) = s.calls.swap_remove(at);
+        let call = s.calls.swap_remove(at);
+        let span = call.span;
         if succeeded {
-            if nothing {
-                // It destroyed what another call's ENTER removed: none of that comes back.
-                for call in s.calls.iter_mut().filter(|c| c.1 == address) {
-                    call.2 = None;
+            if call.nothing {
+                // It destroyed what other calls' ENTERs removed there: that does not come back.
+                for other in s.calls.iter_mut().filter(|c| c.span.overlaps(&span)) {
+                    if let Some(kept) = &mut other.kept
+                        && kept.destroyed(span.start, span.end)
+                    {
+                        other.kept = None;
+                    }
                 }
-                s.parked.retain(|(a, _)| *a != address);
+                s.parked.retain_mut(|(p, kept)| {
+                    !p.overlaps(&span) || !kept.destroyed(span.start, span.end)
+                });
             }
-            out.own = kept;
-            return out;
+            out.own = call.kept;
+        } else if let Some(kept) = call.kept {
+            s.parked.push((span, kept));
         }
-        if let Some(kept) = kept {
-            s.parked.push((address, kept));
-        }
-        if s.calls.iter().any(|c| c.1 == address && c.3) {
-            return out; // a call that removed nothing may yet destroy it
-        }
-        let (back, parked) = std::mem::take(&mut s.parked)
-            .into_iter()
-            .partition(|(a, _)| *a == address);
+        // What no call that removed nothing may still destroy goes back now (what was left of
+        // it, where this call destroyed part); the rest waits.
+        let (back, parked): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut s.parked)
+                .into_iter()
+                .partition(|(p, _)| {
+                    p.overlaps(&span) && !s.calls.iter().any(|c| c.nothing && c.span.overlaps(p))
+                });
         s.parked = parked;
         out.back = back.into_iter().map(|(_, t)| t).collect();
         out
@@ -1276,7 +1372,7 @@ mod tests {
             for base in out.removed {
                 undo.allocations.extend(self.inventory.on_free(base));
             }
-            self.unmaps.enter(MAPPED, undo);
+            self.unmaps.enter_range(MAPPED, 0x20_0000, undo);
             let unmapped = self
                 .watch
                 .graphics_unmap_enter(&self.inventory, &[RESOURCE]);
@@ -1725,6 +1821,76 @@ mod tests {
             .unwrap();
         assert_eq!(theirs.own, Some(Some("the other thread's free")));
         assert!(theirs.back.is_empty());
+    }
+
+    /// Two threads unmap overlapping ranges at once: B the range of two mappings, A the second
+    /// mapping alone (found already removed by B's API ENTER). The driver unmaps A's and
+    /// refuses B's (part of its range is no longer mapped). Calls were kept by their start
+    /// address, so A's success said nothing about B's: B's refused EXIT tracked both mappings
+    /// again, the one A unmapped included, for snapshots to copy (an illegal address). Now
+    /// calls whose ranges overlap name the same mappings: the first mapping is tracked again
+    /// (still mapped), the second not, whatever order the EXITs come in; when the driver
+    /// refuses both, both are.
+    #[test]
+    fn a_refused_unmap_overlapping_a_successful_one_puts_back_only_what_is_still_mapped() {
+        const M1: u64 = 0x10_0000;
+        const M2: u64 = 0x30_0000;
+        const SIZE: u64 = 0x20_0000;
+        struct Unmaps {
+            watch: MemoryWatch,
+            inventory: Inventory,
+            calls: InFlight<UnmapUndo>,
+        }
+        impl Unmaps {
+            fn enter(&self, base: u64, size: u64) {
+                let (out, mut undo) = self.watch.unmap_enter(base, size);
+                for b in out.removed {
+                    undo.allocations.extend(self.inventory.on_free(b));
+                }
+                self.calls.enter_range(base, size, undo);
+            }
+            fn exit(&self, base: u64, refused: bool) {
+                for undo in self.calls.exit(base, !refused).back {
+                    self.watch.unmap_failed(&self.inventory, undo);
+                }
+            }
+        }
+        for (a_refused, a_exits_first) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
+            let u = std::sync::Arc::new(Unmaps {
+                watch: MemoryWatch::new(),
+                inventory: Inventory::new(),
+                calls: InFlight::new(),
+            });
+            let access = [(0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)];
+            for base in [M1, M2] {
+                u.watch
+                    .record_map(&u.inventory, base, SIZE, HandleLocation::Device(0))
+                    .unwrap();
+                u.watch.record_access(&u.inventory, base, SIZE, &access);
+            }
+            let (a, b) = (Worker::new(), Worker::new());
+            let r = u.clone();
+            b.run(move || r.enter(M1, 2 * SIZE));
+            let r = u.clone();
+            a.run(move || r.enter(M2, SIZE));
+            let (ra, rb) = (u.clone(), u.clone());
+            let exit_a = move || ra.exit(M2, a_refused);
+            let exit_b = move || rb.exit(M1, true);
+            if a_exits_first {
+                a.run(exit_a);
+                b.run(exit_b);
+            } else {
+                b.run(exit_b);
+                a.run(exit_a);
+            }
+            let case = format!("A refused: {a_refused}, A's EXIT first: {a_exits_first}");
+            assert!(u.inventory.get(M1).is_some(), "{case}: M1 is mapped");
+            assert_eq!(u.inventory.get(M2).is_some(), a_refused, "{case}: M2");
+            assert_eq!(u.watch.mapping_device(M2), a_refused.then_some(0), "{case}");
+            assert_eq!(u.watch.untracked_reason(CTX), None, "{case}");
+        }
     }
 
     /// A `cuMemFree` whose API ENTER forgot the allocation, then refused by the driver because

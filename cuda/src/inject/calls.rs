@@ -468,7 +468,9 @@ impl Backend {
                 for base in out.removed {
                     undo.allocations.extend(self.on_free(base));
                 }
-                self.unmaps.enter(p.ptr, undo);
+                // By its range: an unmap overlapping it on another thread names the same
+                // mappings (see `InFlight`).
+                self.unmaps.enter_range(p.ptr, p.size as u64, undo);
             }
             cbid::CU_MEM_UNMAP if exit => {
                 // SAFETY: cuMemUnmap_params.
@@ -493,7 +495,8 @@ impl Backend {
                     log(
                         LogLevel::Debug,
                         format!(
-                            "cuMemUnmap at {:#x} failed: its mappings are tracked again",
+                            "a refused cuMemUnmap's mappings that are still mapped are tracked \
+                             again (at the EXIT of the one at {:#x})",
                             p.ptr
                         ),
                     );
