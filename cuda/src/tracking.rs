@@ -215,7 +215,10 @@ pub struct Forgotten {
 /// that the driver did destroyed what the other ENTER removed: nothing of it comes back. So the
 /// record of a refused call is put back at once only when no call that removed nothing names
 /// the object still; otherwise it waits for their outcome (put back if they were all refused,
-/// dropped as soon as one succeeded), whichever EXIT comes first.
+/// dropped as soon as one succeeded), whichever EXIT comes first. A call names one address (a
+/// free, a destroy) or a range (an unmap, [`enter_range`](Self::enter_range)); calls whose
+/// ranges overlap name the same objects, and a successful one drops from the others' records
+/// only what lay in its range ([`Removal::destroyed`]).
 #[derive(Debug)]
 pub struct InFlight<T> {
     state: Mutex<Calls<T>>,
