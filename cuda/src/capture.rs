@@ -128,6 +128,11 @@ impl Captures {
             .count()
     }
 
+    /// Whether any capture is in progress, on any device.
+    pub fn any(&self) -> bool {
+        !self.active.lock().is_empty()
+    }
+
     /// `Err` with the reason when a replay on `device` must not drain it (a capture is in
     /// progress there).
     pub fn check_drainable(&self, device: u64) -> Result<(), String> {

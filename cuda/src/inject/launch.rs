@@ -489,23 +489,25 @@ impl Backend {
 
     /// The API EXIT of a launch whose device could not be told, before it gives back the reader
     /// sides of every known device: no window's drain would wait for its kernel (its context
-    /// is no device's), so it is waited for here, unless its stream is being captured (nothing
-    /// runs, and a wait would end the capture) or the launch failed.
+    /// is no device's), so it is waited for here, on the drain thread and at most the drain
+    /// timeout (a kernel may wait for a later launch, see [`crate::drainer`]); not when no
+    /// replay can happen, when the launch failed, or while a stream is being captured anywhere
+    /// (a synchronisation would end the capture; the launch itself, if captured, runs nothing).
     fn settle_unknown_device(&self, launch: Launch, result: CuResult) {
-        if launch.device != UNKNOWN_DEVICE || result != CUDA_SUCCESS {
+        if launch.device != UNKNOWN_DEVICE
+            || result != CUDA_SUCCESS
+            || !self.locks.is_enabled()
+            || self.captures.any()
+        {
             return;
         }
-        let ran = CudaLaunch {
-            driver: self.driver,
-            launch,
-            drainer: None,
-        };
-        if ran.replayable().is_ok()
-            && let Err(e) = ran.wait()
-        {
+        if let Err(e) = self.unknown_drainer.drain(launch.ctx as usize) {
             log(
                 LogLevel::Warn,
-                format!("a launch of unknown device: waiting for its kernel: {e}"),
+                format!(
+                    "a launch whose device cannot be told was not waited for ({e}): a replay \
+                     window on its device may open while it runs"
+                ),
             );
         }
     }

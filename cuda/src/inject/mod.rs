@@ -207,6 +207,9 @@ struct Backend {
     warned_cubin: AtomicBool,
     /// Warns about a pass that does not end, every drain timeout (see [`crate::watchdog`]).
     watchdog: Watchdog,
+    /// The wait, bounded by the drain timeout, for the kernel of a launch whose device could
+    /// not be told (see `settle_unknown_device`).
+    unknown_drainer: Drainer,
 }
 
 /// An allocation's base and the context it was noted in ([`Contexts::note_allocation`]), as
@@ -368,14 +371,19 @@ impl Backend {
             .filter(|(_, d)| Some(d.ordinal) == ordinal)
             .map(|(_, d)| d.clone())
             .collect();
-        for d in drainers {
-            if !d.drainer.wait_idle(Instant::now() + d.drainer.timeout()) {
+        // And the wait for a launch of unknown device, which may be synchronising it.
+        let drainers = drainers
+            .iter()
+            .map(|d| &d.drainer)
+            .chain([&self.unknown_drainer]);
+        for drainer in drainers {
+            if !drainer.wait_idle(Instant::now() + drainer.timeout()) {
                 log(
                     LogLevel::Warn,
                     format!(
                         "context {key:#x} is destroyed while a drain of its device still runs \
                          after {:?}",
-                        d.drainer.timeout()
+                        drainer.timeout()
                     ),
                 );
             }
@@ -1214,6 +1222,7 @@ fn initialize(
     locks.set_enabled(tools.replay_wanted());
     let passes = config.passes;
     let drain_timeout = config.drain_timeout;
+    let contexts = Arc::new(Contexts::default());
     let backend = Backend {
         driver,
         config,
@@ -1229,7 +1238,8 @@ fn initialize(
         locks,
         captures: Captures::new(),
         devices: Mutex::new(Vec::new()),
-        contexts: Arc::new(Contexts::default()),
+        unknown_drainer: context_drainer(driver, drain_timeout, contexts.clone()),
+        contexts,
         peers: AgentGroups::new(),
         next_dispatch: AtomicU64::new(1),
         stats: Stats::default(),
