@@ -472,8 +472,8 @@ impl Backend {
 
     /// A launch that gets no window still runs as an ordinary one: it holds the reader side of
     /// its device until its API EXIT, so it is not submitted inside a replay window another
-    /// thread holds there (whose restores would undo what it writes).
-    /// A launch whose device could not be told holds every known device's (see
+    /// thread holds there (whose restores would undo what it writes). A launch whose device
+    /// could not be told holds every known device's (see
     /// [`fence::launch_readers`]).
     fn ordinary_without_window(&self, launch: &Launch) {
         let device = (launch.device != UNKNOWN_DEVICE).then_some(launch.device as u64);
