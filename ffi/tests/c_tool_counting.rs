@@ -83,17 +83,21 @@ fn a_counting_service_on_a_context_never_started_is_warned_about() {
 
 use libloading::os::unix::Symbol;
 
+/// `kreplay_agent_counters_cb_t` (a counter info read as its six words).
+type AgentCountersFn =
+    unsafe extern "C" fn(u64, *const [u64; 6], usize, *mut std::ffi::c_void) -> i32;
+/// `kreplay_iterate_agent_counters`.
+type IterateFn = unsafe extern "C" fn(u64, Option<AgentCountersFn>, *mut std::ffi::c_void) -> i32;
+/// `kreplay_create_counter_config`.
+type CreateFn = unsafe extern "C" fn(u64, *const u64, usize, *mut u64) -> i32;
+/// `kreplay_plan_counter_passes`.
+type PlanFn = unsafe extern "C" fn(u64, *const u64, usize, *mut u32, *mut u64) -> i32;
+
 /// The three counter functions as a tool calls them, through this build's libkreplay.
 struct CounterCalls {
-    iterate: Symbol<
-        unsafe extern "C" fn(
-            u64,
-            Option<unsafe extern "C" fn(u64, *const [u64; 6], usize, *mut std::ffi::c_void) -> i32>,
-            *mut std::ffi::c_void,
-        ) -> i32,
-    >,
-    create: Symbol<unsafe extern "C" fn(u64, *const u64, usize, *mut u64) -> i32>,
-    plan: Symbol<unsafe extern "C" fn(u64, *const u64, usize, *mut u32, *mut u64) -> i32>,
+    iterate: Symbol<IterateFn>,
+    create: Symbol<CreateFn>,
+    plan: Symbol<PlanFn>,
 }
 
 /// Collects the ids of the counters listed (`user_data`: a `Vec<u64>`).
