@@ -773,6 +773,12 @@ kreplay_status_t kreplay_configure_callback_tracing_service(kreplay_context_id_t
  * replay context toggle). Once the kernel has completed, the record callback receives one record
  * per counter, each carrying dispatch_id and replay_pass. Values of different passes are never
  * added together: a counter counted in two passes gives a record in each.
+ *
+ * An agent's counters are read from the runtime the first time one of the three counter
+ * functions asks about that agent, and kept for the process: from then on all three answer from
+ * them, also after hsa_shut_down (a configuration made then is accepted or refused as before; it
+ * counts nothing, since no dispatch comes). An agent first asked about after hsa_shut_down is
+ * unknown to all three (KREPLAY_STATUS_ERROR_INVALID_ARGUMENT).
  */
 
 /** A counter of an agent. Handle 0 is never valid. */

@@ -226,6 +226,43 @@ pub fn plan(agent: u64, ids: &[u32]) -> Result<Vec<Vec<u32>>, CountingFailure> {
     }
 }
 
+/// Whether `ids` (known to `c`) fit one pass by the catalogue's blocks and their per-pass
+/// limits (counters sharing a hardware counter share it), as [`plan`] packs them; the message
+/// names the block over its limit.
+fn fits_one_pass(c: &Catalogue, ids: &[u32]) -> Result<(), CountingFailure> {
+    let mut hardware: Vec<u32> = ids
+        .iter()
+        .flat_map(|&id| c.counters[id as usize].inputs.iter().copied())
+        .collect();
+    hardware.sort_unstable();
+    hardware.dedup();
+    let mut blocks: Vec<(&str, u32, Vec<&str>)> = Vec::new();
+    for input in hardware {
+        let Some(hw) = c.counters.get(input as usize) else {
+            continue;
+        };
+        match blocks.iter_mut().find(|(block, _, _)| *block == hw.block) {
+            Some((_, _, used)) => used.push(&hw.name),
+            None => blocks.push((&hw.block, hw.block_limit, vec![&hw.name])),
+        }
+    }
+    match blocks
+        .iter()
+        .find(|(_, limit, used)| used.len() > *limit as usize)
+    {
+        Some((block, limit, used)) => Err(failure(
+            Status::ERROR_EXCEEDS_PASS_LIMIT,
+            format!(
+                "block {block} can count at most {limit} counters in one pass, but this set \
+                 needs {} ({})",
+                used.len(),
+                used.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 struct Config {
     agent: u64,
     ids: Vec<u32>,
@@ -245,7 +282,14 @@ pub fn create_config(agent: u64, ids: &[u32]) -> Result<CounterConfigId, Countin
         ));
     }
     check_known(&c, ids)?;
-    kreplay_hsa::check_counters(agent, ids)?;
+    match kreplay_hsa::check_counters(agent, ids) {
+        Ok(()) => {}
+        // The runtime no longer knows an agent whose counters it listed: it was shut down
+        // (`hsa_shut_down`). The catalogue, kept for the process, answers as it does for
+        // `plan`, rather than this one function calling the agent unknown.
+        Err(CountingError::InvalidAgent) => fits_one_pass(&c, ids)?,
+        Err(e) => return Err(e.into()),
+    }
     // A configuration is a set: a counter listed twice is counted (and reported) once.
     let mut unique: Vec<u32> = Vec::with_capacity(ids.len());
     for &id in ids {

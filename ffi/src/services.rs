@@ -31,6 +31,7 @@
 //! assert!(services::dispatch_tracers().iter().any(|s| s.context == ctx));
 //! ```
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -211,9 +212,18 @@ static RUNNING_LOCK: Mutex<()> = Mutex::new(());
 static RUNNING_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
 
 thread_local! {
-    /// Contexts whose callback runs on this thread now (outermost first).
-    static RUNNING_HERE: std::cell::RefCell<Vec<ContextId>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// Callbacks running on this thread now, per slot of [`RUNNING`]. Plain counters with no
+    /// destructor, so that they stay usable while the thread's thread-locals are destroyed: a
+    /// callback of a dispatch an application makes from a thread-local destructor (at thread
+    /// exit) is still known as this thread's, and an unload or finalize it calls does not wait
+    /// for it (which could only end once that wait did).
+    static RUNNING_HERE: [Cell<usize>; RUNNING_SLOTS] =
+        const { [const { Cell::new(0) }; RUNNING_SLOTS] };
+}
+
+/// This thread's count of callbacks running in `slot` (an index of [`RUNNING`]).
+fn running_here(slot: usize) -> usize {
+    RUNNING_HERE.try_with(|h| h[slot].get()).unwrap_or(0)
 }
 
 /// Registers [`in_forked_child`] to run in the child of every `fork` of the process (once).
@@ -256,16 +266,8 @@ pub(crate) fn watch_forks() {
 extern "C" fn in_forked_child() {
     // Nothing here unwinds (a plain reset of atomics); guarded all the same.
     let _ = std::panic::catch_unwind(crate::fork::in_child);
-    let mut mine = [0usize; RUNNING_SLOTS];
-    let _ = RUNNING_HERE.try_with(|h| {
-        if let Ok(here) = h.try_borrow() {
-            for &context in here.iter() {
-                mine[(context.0 % RUNNING_SLOTS as u64) as usize] += 1;
-            }
-        }
-    });
-    for (slot, count) in RUNNING.iter().zip(mine) {
-        slot.store(count, Ordering::SeqCst);
+    for (index, slot) in RUNNING.iter().enumerate() {
+        slot.store(running_here(index), Ordering::SeqCst);
     }
     // No finalize of the parent's waits here.
     RUNNING_WAITERS.store(0, Ordering::SeqCst);
@@ -273,8 +275,12 @@ extern "C" fn in_forked_child() {
     let _ = std::panic::catch_unwind(crate::lifecycle::forget_finalizes_of_other_threads);
 }
 
+fn slot_index(context: ContextId) -> usize {
+    (context.0 % RUNNING_SLOTS as u64) as usize
+}
+
 fn running_slot(context: ContextId) -> &'static AtomicUsize {
-    &RUNNING[(context.0 % RUNNING_SLOTS as u64) as usize]
+    &RUNNING[slot_index(context)]
 }
 
 /// One callback of a context in progress, from before its started check to its return.
@@ -287,7 +293,10 @@ impl Running {
         // (after the fence) sees the stop, or the finalize's count (after its fence) sees this
         // callback. The stop and the check are not SeqCst themselves, so the fences order them.
         std::sync::atomic::fence(Ordering::SeqCst);
-        let _ = RUNNING_HERE.try_with(|h| h.borrow_mut().push(context));
+        let _ = RUNNING_HERE.try_with(|h| {
+            let here = &h[slot_index(context)];
+            here.set(here.get() + 1);
+        });
         Running(context)
     }
 }
@@ -295,10 +304,8 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = RUNNING_HERE.try_with(|h| {
-            let mut here = h.borrow_mut();
-            if let Some(i) = here.iter().rposition(|&c| c == self.0) {
-                here.remove(i);
-            }
+            let here = &h[slot_index(self.0)];
+            here.set(here.get().saturating_sub(1));
         });
         running_slot(self.0).fetch_sub(1, Ordering::SeqCst);
         if RUNNING_WAITERS.load(Ordering::SeqCst) > 0 {
@@ -362,7 +369,7 @@ pub(crate) static FORK_LOCKS: [&crate::fork::Held; 4] =
 /// Whether a tool callback runs on this thread now (this thread is inside it).
 pub(crate) fn in_callback() -> bool {
     RUNNING_HERE
-        .try_with(|h| !h.borrow().is_empty())
+        .try_with(|h| h.iter().any(|c| c.get() > 0))
         .unwrap_or(false)
 }
 
@@ -370,18 +377,10 @@ pub(crate) fn in_callback() -> bool {
 /// which is inside them, are not waited for), at most `limit`; false when some still ran then.
 /// Called once the contexts are stopped: no new callback of theirs starts.
 pub(crate) fn wait_for_callbacks(contexts: &[ContextId], limit: std::time::Duration) -> bool {
-    let here: Vec<ContextId> = RUNNING_HERE
-        .try_with(|h| h.borrow().clone())
-        .unwrap_or_default();
-    let here_in = |slot: &AtomicUsize| {
-        here.iter()
-            .filter(|&&c| std::ptr::eq(running_slot(c), slot))
-            .count()
-    };
     let busy = || {
         contexts.iter().any(|&c| {
-            let slot = running_slot(c);
-            slot.load(Ordering::SeqCst) > here_in(slot)
+            let index = slot_index(c);
+            RUNNING[index].load(Ordering::SeqCst) > running_here(index)
         })
     };
     // The contexts were stopped before this call (a Release store): the fence orders that

@@ -216,3 +216,49 @@ fn a_tool_exiting_the_process_in_restore_exit_ends_it_promptly_with_its_record_w
     }
     exit_scenario(name, "restore_exit");
 }
+
+/// ROCm's `hsa_shut_down` calls every tools library's `OnUnload`, then closes the libraries
+/// (`dlclose`), on the application's thread that shut the runtime down; that thread goes on and
+/// ends later. Here it is a thread of its own that ends once it has done so.
+fn shut_down_on_a_thread_child() {
+    let mut table = kreplay_softhsa::OwnedApiTable::softhsa();
+    let loaded = load_kreplay(&mut table);
+    let mut problems = Vec::new();
+    {
+        // SAFETY: the table stays alive and valid while `hsa` is used.
+        let hsa = unsafe { kreplay_softhsa::testing::Hsa::from_table(table.table()) };
+        let session = hsa.init().expect("hsa_init");
+        let mut app = App::new(&hsa, 0, 1);
+        problems.extend(app.round());
+        problems.extend(app.check());
+        drop(session);
+    }
+    let Loaded {
+        library, on_unload, ..
+    } = loaded;
+    let shutting_down = std::thread::spawn(move || {
+        // SAFETY: the runtime's shutdown call, then its closing of the tools library.
+        unsafe { on_unload() };
+        drop(library);
+    });
+    if shutting_down.join().is_err() {
+        problems.push("the thread that shut the runtime down panicked".into());
+    }
+    for p in &problems {
+        println!("TOOL-PROBLEM: {p}");
+    }
+    println!("PROBE-DONE");
+}
+
+/// The thread that shut the runtime down ends normally after the runtime closed libkreplay:
+/// it was killed by SIGSEGV at its end, in a thread-exit hook libkreplay had registered there
+/// (its code unmapped by the close).
+#[test]
+fn a_thread_that_shut_the_runtime_down_ends_normally_after_libkreplay_is_closed() {
+    let name = "a_thread_that_shut_the_runtime_down_ends_normally_after_libkreplay_is_closed";
+    if in_child(name) {
+        return shut_down_on_a_thread_child();
+    }
+    let (problems, run) = run_tools(name, &[], &[], DEADLINE);
+    assert_clean(&problems, &run);
+}

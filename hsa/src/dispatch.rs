@@ -113,9 +113,21 @@ pub(crate) unsafe extern "C" fn intercept_handler(
             .iter()
             .map(|p| Packet(*p))
             .collect();
-    // SAFETY: `data` is the `QueueState` registered with this queue; the registry keeps it alive
-    // until the queue is destroyed, and the runtime calls no handler after that.
-    let state = unsafe { &*data.cast::<QueueState>() };
+    // SAFETY: `data` is the `HandlerData` registered with this queue, never freed.
+    let data = unsafe { &*data.cast::<crate::queues::HandlerData>() };
+    // A reference of this call's own: the state outlives the call whatever destroy comes.
+    let Some(state) = data.state() else {
+        // The queue was destroyed while this call began: nothing of kreplay's is left for it.
+        // Its packets go on as the runtime gave them, but for kreplay's own wake-up packets.
+        let rest: SmallVec<[Packet; INLINE_PACKETS]> =
+            packets.iter().filter(|p| !is_wake_up(p)).copied().collect();
+        if !rest.is_empty() {
+            // SAFETY: the writer is valid for this handler call; the packets are ours.
+            unsafe { writer(rest.as_ptr().cast(), rest.len() as u64) };
+        }
+        return;
+    };
+    let state: &QueueState = &state;
     let progress = Cell::new(Progress::Untouched);
     let handled = Cell::new(0usize);
     let outcome = catch_unwind(AssertUnwindSafe(|| {

@@ -87,6 +87,39 @@ pub(crate) struct QueueState {
     handlers: Mutex<usize>,
     /// Notified when `handlers` drops to 0.
     handlers_done: Condvar,
+    /// What kreplay's handler was registered with for this queue (none for a side queue).
+    handler_data: std::sync::OnceLock<&'static HandlerData>,
+}
+
+/// The data kreplay registers its handler with for one queue: the queue's state while the queue
+/// exists. A handler call takes its own reference from here before it reads anything of the
+/// queue's, so the state outlives every call that began before the destroy (one may be at its
+/// very start while the destroy runs: on a doorbell thread of the runtime's, serving a drain
+/// marker's wake-up); a call that finds none is of a destroyed queue. The runtime keeps the
+/// pointer for as long as it may call the handler, so this is never freed: a few words per
+/// queue ever created.
+pub(crate) struct HandlerData(Mutex<Option<Arc<QueueState>>>);
+
+impl HandlerData {
+    /// Registers `state` as the queue's, for the rest of the process.
+    fn leak(state: &Arc<QueueState>) -> &'static HandlerData {
+        let data: &'static HandlerData =
+            Box::leak(Box::new(HandlerData(Mutex::new(Some(state.clone())))));
+        let _ = state.handler_data.set(data);
+        data
+    }
+
+    /// The queue's state, unless the queue was destroyed.
+    pub(crate) fn state(&self) -> Option<Arc<QueueState>> {
+        self.0.lock().clone()
+    }
+
+    /// The queue is gone: handler calls that begin from now on find no state.
+    fn forget(&self) {
+        let state = self.0.lock().take();
+        // Dropped outside the lock (the last reference destroys the queue's signals).
+        drop(state);
+    }
 }
 
 /// A queue's error callback as the application gave it, and the first error the runtime
@@ -252,6 +285,7 @@ impl QueueState {
             forwarding_to: AtomicU64::new(0),
             handlers: Mutex::new(0),
             handlers_done: Condvar::new(),
+            handler_data: std::sync::OnceLock::new(),
         }
     }
 
@@ -633,9 +667,6 @@ pub(crate) struct QueueRegistry {
     /// kreplay's own side queue per agent, where re-entrant work runs (created on first use;
     /// also listed in `by_agent`, so drains wait for it).
     side: Mutex<HashMap<u64, Arc<QueueState>>>,
-    /// Destroyed queues with handler calls still in progress (see
-    /// [`keep_while_handled`](Self::keep_while_handled)).
-    destroyed: Mutex<Vec<Arc<QueueState>>>,
 }
 
 impl QueueRegistry {
@@ -729,16 +760,6 @@ impl QueueRegistry {
         side.insert(agent.handle, state.clone());
         self.add(state.clone());
         Some(state)
-    }
-
-    /// Keeps the state of a destroyed queue while handler calls of it are in progress (the
-    /// handler reaches it through a plain pointer); dropped by a later call once none is.
-    fn keep_while_handled(&self, state: Arc<QueueState>) {
-        let mut destroyed = self.destroyed.lock();
-        destroyed.retain(|s| *s.handlers.lock() > 0);
-        if *state.handlers.lock() > 0 {
-            destroyed.push(state);
-        }
     }
 
     /// Every queue on `agent` (the caller's own included).
@@ -954,13 +975,15 @@ fn create_intercepted(b: &Backend, request: QueueRequest) -> hsa_status_t {
     let state = Arc::new(QueueState::new(q, request.agent, in_flight, errors));
     // Per-pass timestamps for dispatch records; harmless for the application.
     b.original.set_profiler_enabled(q, true);
+    let data = HandlerData::leak(&state);
     let status = b.original.intercept_register(
         q,
         Some(crate::dispatch::intercept_handler),
-        Arc::as_ptr(&state).cast_mut().cast(),
+        std::ptr::from_ref(data).cast_mut().cast(),
     );
     if status != HSA_STATUS_SUCCESS {
         b.original.queue_destroy(q);
+        data.forget();
         // `state` owns `in_flight`: dropping it destroys the signal.
         return status;
     }
@@ -1003,12 +1026,14 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
                 // on it any more. Zero the signal so that a drain waiting on it goes on now; the
                 // signal itself is destroyed with the last `Arc` (a drain may still hold one).
                 b.original.signal_store_screlease(state.in_flight, 0);
-                // A handler call not waited for above (this thread's own, or another thread's
-                // that may wait for the replay this thread is in) still uses `state`, through
-                // the handler's pointer, until it returns: kept until then. Its replay must not
-                // wait for passes on a queue that is gone: the queue counts as failed.
+                // A handler call not waited for above (this thread's own, another thread's
+                // that may wait for the replay this thread is in, or one still at its start)
+                // holds `state` of its own until it returns; later ones find none. Its replay
+                // must not wait for passes on a queue that is gone: the queue counts as failed.
                 state.errors.destroyed();
-                b.queues.keep_while_handled(state);
+                if let Some(data) = state.handler_data.get() {
+                    data.forget();
+                }
             } else {
                 // The runtime kept the queue: the application may go on using it, so drains
                 // must go on seeing it, ringing it and mailing it markers. The markers dropped

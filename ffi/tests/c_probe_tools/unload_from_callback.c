@@ -1,11 +1,16 @@
 /*
  * A tool that tears kreplay down from inside its own callback: it calls OnUnload (exported by
  * libkreplay, declared in kreplay.h for runtimes) from the record PROBE_AT names: config_enter,
- * pass_enter, snapshot_exit, restore_enter, enqueue_enter or complete. The call must return
- * (nothing waits for the callback it is made from), the tool's finalize must run once, no
+ * pass_enter, snapshot_exit, restore_enter, enqueue_enter, enqueue_exit or complete. The call
+ * must return promptly (nothing waits for the callback it is made from: within 5 s, where every
+ * wait of kreplay's for other threads is 10 s), the tool's finalize must run once, no
  * callback of the tool may begin after the call returned, kreplay must say it is finalized and
  * refuse to start the tool's contexts again, and the application's results must stay those of
  * one run (the harness checks them; its own OnUnload later finds nothing left to do).
+ *
+ * PROBE_ARMED=0: the call is made only once the harness armed the tool (`probe_arm`), so that it
+ * comes from the record of one dispatch the harness chose (one made from a thread-local
+ * destructor, say).
  */
 #include "kreplay.h"
 
@@ -13,10 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char* at;
 static kreplay_context_id_t replay_ctx, trace_ctx;
-static atomic_int unloading, unloaded, finalizes, late_calls, finalize_inside;
+static atomic_int unloading, unloaded, finalizes, late_calls, finalize_inside, armed = 1;
 static char report[512];
 
 static void problem(const char* fmt, long long a) {
@@ -26,14 +32,25 @@ static void problem(const char* fmt, long long a) {
     strcat(report, "; ");
 }
 
+void probe_arm(void) { atomic_store(&armed, 1); }
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
 static void entered(void) {
     if (atomic_load(&unloaded)) atomic_fetch_add(&late_calls, 1);
 }
 
 static void maybe_unload(const char* here) {
     int flag = -1;
-    if (strcmp(here, at) != 0 || atomic_exchange(&unloading, 1)) return;
+    double began;
+    if (strcmp(here, at) != 0 || !atomic_load(&armed) || atomic_exchange(&unloading, 1)) return;
+    began = now_s();
     OnUnload();
+    if (now_s() - began > 5.0) problem("OnUnload took %lld ms", (long long)((now_s() - began) * 1000.0));
     atomic_store(&unloaded, 1);
     if (atomic_load(&finalizes) != 1) problem("after OnUnload the tool was finalized %lld time(s)", atomic_load(&finalizes));
     if (kreplay_is_finalized(&flag) != KREPLAY_STATUS_SUCCESS || flag != 1)
@@ -72,6 +89,8 @@ static void on_dispatch(kreplay_callback_tracing_record_t record, kreplay_user_d
     entered();
     if (record.operation == KREPLAY_KERNEL_DISPATCH_ENQUEUE && record.phase == KREPLAY_CALLBACK_PHASE_ENTER)
         maybe_unload("enqueue_enter");
+    else if (record.operation == KREPLAY_KERNEL_DISPATCH_ENQUEUE && record.phase == KREPLAY_CALLBACK_PHASE_EXIT)
+        maybe_unload("enqueue_exit");
     else if (record.operation == KREPLAY_KERNEL_DISPATCH_COMPLETE)
         maybe_unload("complete");
 }
@@ -107,6 +126,7 @@ kreplay_tool_configure_result_t* kreplay_configure(uint32_t version, const char*
     client_id->name = "unload_from_callback";
     at = getenv("PROBE_AT");
     if (at == NULL) at = "pass_enter";
+    if (getenv("PROBE_ARMED") != NULL && strcmp(getenv("PROBE_ARMED"), "0") == 0) atomic_store(&armed, 0);
     return &result;
 }
 
