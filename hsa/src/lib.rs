@@ -84,6 +84,7 @@ mod backend;
 mod cancel;
 mod copies;
 mod counting;
+mod devruntime;
 mod dispatch;
 mod fold;
 mod images;
