@@ -187,6 +187,13 @@ scenarios! {
             "{why}"
         );
         assert_eq!(record, exit, "the run record says the same");
+        let warnings = env.hooks.warnings();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("may print (hidden_printf_buffer)")),
+            "the log says why: {warnings:?}"
+        );
         // Declined before any snapshot.
         let id = env.hooks.configured_dispatches().last().unwrap().dispatch_id;
         let labels = env.hooks.labels_of(id);
