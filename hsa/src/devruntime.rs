@@ -23,6 +23,10 @@
 //! Code objects in another format (softhsa's own), without MessagePack metadata (code object
 //! V2) or loaded before kreplay was installed teach nothing: their kernels replay as before.
 //! Metadata that cannot be read is warned about, and teaches nothing either.
+//!
+//! After finalization (and in the child of a `fork`, which is finalized at its start) nothing is
+//! replayed, so nothing is learned or forgotten any more: the wrappers pass straight through and
+//! never take this module's locks, which a thread of the parent may have held at the fork.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
@@ -201,7 +205,7 @@ pub(crate) unsafe extern "C" fn reader_destroy(reader: hsa_code_object_reader_t)
     guarded(|| {
         let b = backend();
         let status = forward!(b, core.hsa_code_object_reader_destroy_fn(reader));
-        if status == HSA_STATUS_SUCCESS {
+        if status == HSA_STATUS_SUCCESS && !b.is_finalized() {
             READERS.lock().retain(|(h, _)| *h != reader.handle);
         }
         status
@@ -209,7 +213,7 @@ pub(crate) unsafe extern "C" fn reader_destroy(reader: hsa_code_object_reader_t)
 }
 
 fn loaded(status: hsa_status_t, exe: hsa_executable_t, agent: Option<u64>, reader: u64) {
-    if status != HSA_STATUS_SUCCESS {
+    if status != HSA_STATUS_SUCCESS || backend().is_finalized() {
         return;
     }
     let users = READERS
@@ -343,6 +347,9 @@ fn describe(sym: hsa_executable_symbol_t) -> Option<KernelSymbol> {
 /// `exe` was frozen: ties the kernels its code objects said use the device runtime to their
 /// kernel objects. Called by the freeze wrapper (`crate::reach::executable_freeze`).
 pub(crate) fn frozen(exe: hsa_executable_t) {
+    if backend().is_finalized() {
+        return;
+    }
     let loads: Vec<(Option<u64>, Users)> = {
         let mut loaded = LOADED.lock();
         let mine = loaded
@@ -381,6 +388,9 @@ pub(crate) fn frozen(exe: hsa_executable_t) {
 /// `exe` is being destroyed: its kernel objects may name other kernels later. Called by the
 /// destroy wrapper (`crate::reach::executable_destroy`).
 pub(crate) fn destroyed(exe: hsa_executable_t) {
+    if backend().is_finalized() {
+        return;
+    }
     LOADED.lock().retain(|(e, _, _)| *e != exe.handle);
     if !ANY.load(Ordering::Acquire) {
         return;
