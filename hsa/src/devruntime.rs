@@ -344,6 +344,22 @@ fn describe(sym: hsa_executable_symbol_t) -> Option<KernelSymbol> {
     Some((name, agent, object))
 }
 
+/// The kernel a symbol named `name` of `agent` is, among the code objects `loads` loaded (each
+/// for an agent, or for none: a program code object): by its kernel descriptor's symbol
+/// (`name.kd`, what ROCm names kernel symbols) or by its name. A symbol or load whose agent is
+/// unknown matches any.
+fn matching<'a>(
+    loads: &'a [(Option<u64>, Users)],
+    name: &str,
+    agent: Option<u64>,
+) -> Option<&'a Kernel> {
+    loads
+        .iter()
+        .filter(|(a, _)| a.is_none() || agent.is_none() || *a == agent)
+        .flat_map(|(_, users)| users.iter())
+        .find(|k| k.symbol == name || k.name == name)
+}
+
 /// `exe` was frozen: ties the kernels its code objects said use the device runtime to their
 /// kernel objects. Called by the freeze wrapper (`crate::reach::executable_freeze`).
 pub(crate) fn frozen(exe: hsa_executable_t) {
@@ -365,12 +381,7 @@ pub(crate) fn frozen(exe: hsa_executable_t) {
     }
     let mut found: Vec<(u64, Arc<str>)> = Vec::new();
     for (name, agent, object) in kernel_symbols(exe) {
-        let kernel = loads
-            .iter()
-            .filter(|(a, _)| a.is_none() || agent.is_none() || *a == agent)
-            .flat_map(|(_, users)| users.iter())
-            .find(|k| k.symbol == name || k.name == name);
-        if let Some(why) = kernel.and_then(Kernel::why_not_replayable) {
+        if let Some(why) = matching(&loads, &name, agent).and_then(Kernel::why_not_replayable) {
             found.push((object, why.into()));
         }
     }
@@ -400,5 +411,37 @@ pub(crate) fn destroyed(exe: hsa_executable_t) {
             owners.retain(|(e, _)| *e != exe.handle);
             !owners.is_empty()
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(name: &str) -> Kernel {
+        Kernel {
+            name: name.into(),
+            symbol: format!("{name}.kd"),
+            printf: true,
+            ..Kernel::default()
+        }
+    }
+
+    #[test]
+    fn symbols_match_by_descriptor_or_name_for_their_agent() {
+        let loads: Vec<(Option<u64>, Users)> = vec![
+            (Some(1), vec![kernel("a")].into()),
+            (None, vec![kernel("p")].into()),
+        ];
+        assert_eq!(matching(&loads, "a.kd", Some(1)).unwrap().name, "a");
+        assert_eq!(matching(&loads, "a", Some(1)).unwrap().name, "a");
+        assert!(
+            matching(&loads, "a.kd", Some(2)).is_none(),
+            "loaded for agent 1"
+        );
+        assert_eq!(matching(&loads, "a.kd", None).unwrap().name, "a");
+        assert_eq!(matching(&loads, "p.kd", Some(7)).unwrap().name, "p");
+        assert!(matching(&loads, "b.kd", Some(1)).is_none());
+        assert!(matching(&loads, "a.k", Some(1)).is_none());
     }
 }

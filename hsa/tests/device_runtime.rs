@@ -111,7 +111,12 @@ impl Env {
     ) -> (u32, u32, ReplayOutcome, ReplayOutcome) {
         let gpu = self.app.gpus[0];
         let hsa = self.app.hsa();
-        let symbol = hsa.symbol(exe, gpu, name).expect("the kernel's symbol");
+        // The ELF form names a kernel's symbol after its descriptor, `name.kd`, as ROCm does;
+        // softhsa's own format by the name.
+        let symbol = hsa
+            .symbol(exe, gpu, &format!("{name}.kd"))
+            .or_else(|_| hsa.symbol(exe, gpu, name))
+            .expect("the kernel's symbol");
         let object = hsa
             .symbol_u64(symbol, HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT)
             .unwrap();

@@ -12,7 +12,8 @@
 //! `SHSACO01`) or as an AMDGPU ELF file ([`CodeObject::to_elf`]) carrying the metadata note a
 //! ROCm code object carries (its kernels' names and arguments, hidden ones included, as declared
 //! with [`CodeObject::hidden_args`]), with the same declarations in a `.softhsa` section: its
-//! kernels resolve to the same registered host kernels. Both load the same way (from memory or
+//! kernels resolve to the same registered host kernels, under the symbol names ROCm gives them
+//! (`name.kd`). Both load the same way (from memory or
 //! from a file); the ELF form lets tests see what a tool reads from a real code object's
 //! metadata.
 
@@ -136,7 +137,8 @@ impl CodeObject {
     /// (`NT_AMDGPU_METADATA`, MessagePack) describing every kernel (`.name`, `.symbol` =
     /// `name.kd`, its argument block passed by value, then its hidden arguments), and the
     /// declarations of [`to_bytes`](Self::to_bytes) in a `.softhsa` section. Loads like those
-    /// bytes.
+    /// bytes, except that each kernel's executable symbol is named after its kernel descriptor,
+    /// `name.kd`, as ROCm names the kernels of an ELF code object.
     ///
     /// ```
     /// use kreplay_softhsa::{CodeObject, WorkGroup, register_kernel};
@@ -199,7 +201,17 @@ impl CodeObject {
             .collect();
         described.sort_unstable();
         declared.sort_unstable();
-        (described == declared).then_some(code)
+        if described != declared {
+            return None;
+        }
+        // As ROCm's loader does, a kernel's symbol is its kernel descriptor's, `name.kd`.
+        let mut code = code;
+        for s in &mut code.symbols {
+            if let Declared::Kernel { name, .. } = s {
+                name.push_str(".kd");
+            }
+        }
+        Some(code)
     }
 
     /// The bytes an application loads.
@@ -1014,7 +1026,13 @@ mod tests {
             .variable("v", &[1, 2, 3, 4]);
         let elf = co.to_elf();
         let loaded = CodeObject::load(&elf).expect("the ELF form loads");
-        assert_eq!(loaded.symbols, co.symbols);
+        let names: Vec<&str> = loaded.symbols.iter().map(Declared::name).collect();
+        assert_eq!(names, ["executable_unit_elf.kd", "v"]);
+        assert!(matches!(
+            loaded.symbols[0],
+            Declared::Kernel { kernel_object, kernarg_size: 16, .. } if kernel_object == k
+        ));
+        assert_eq!(loaded.symbols[1], co.symbols[1]);
         assert!(kreplay_codeobj::kernels(&elf).unwrap().unwrap()[0].printf);
         for cut in 0..elf.len() {
             assert_eq!(CodeObject::load(&elf[..cut]), None, "truncated at {cut}");

@@ -306,13 +306,18 @@ fn symbols_describe_themselves_as_the_hsa_specification_says() {
     );
 }
 
-/// Runs `executables_bump_counter` of `exe` once on `gpu` and returns the variable's value.
-fn bump_once(hsa: &kreplay_softhsa::testing::Hsa, gpu: hsa_agent_t, exe: hsa_executable_t) -> u32 {
+/// Runs kernel symbol `kernel` of `exe` once on `gpu` and returns the variable's value.
+fn bump_once(
+    hsa: &kreplay_softhsa::testing::Hsa,
+    gpu: hsa_agent_t,
+    exe: hsa_executable_t,
+    kernel: &str,
+) -> u32 {
     let counter = hsa.symbol(exe, gpu, "counter").unwrap();
     let addr = hsa
         .symbol_u64(counter, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS)
         .unwrap();
-    let kernel = hsa.symbol(exe, gpu, "executables_bump_counter").unwrap();
+    let kernel = hsa.symbol(exe, gpu, kernel).unwrap();
     let object = hsa
         .symbol_u64(kernel, HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT)
         .unwrap();
@@ -346,8 +351,11 @@ fn the_elf_form_loads_from_memory_and_from_a_file_with_its_metadata() {
     assert!(kernels[0].printf && !kernels[0].hostcall && !kernels[0].heap);
 
     let exe = hsa.load_executable_bytes(gpu, &elf).unwrap();
+    // The kernel's symbol is its kernel descriptor's, as on ROCm.
+    assert!(hsa.symbol(exe, gpu, "executables_bump_counter").is_err());
+    let kd = "executables_bump_counter.kd";
     assert_eq!(
-        bump_once(&hsa, gpu, exe),
+        bump_once(&hsa, gpu, exe, kd),
         42,
         "initialized to 41, one increment"
     );
@@ -358,7 +366,7 @@ fn the_elf_form_loads_from_memory_and_from_a_file_with_its_metadata() {
     let _ = std::fs::remove_file(&path);
     let exe = hsa.load_executable_file(gpu, &file).unwrap();
     assert_eq!(
-        bump_once(&hsa, gpu, exe),
+        bump_once(&hsa, gpu, exe, kd),
         42,
         "a fresh executable, its own variable"
     );
