@@ -12,6 +12,9 @@ const ELFDATA2LSB: u8 = 1;
 const EHDR_SIZE: usize = 64;
 const PHDR_SIZE: usize = 56;
 const SHDR_SIZE: usize = 64;
+/// The most notes read from one file (code objects have one or two): segments or sections
+/// that overlap, or many headers naming the same bytes, cannot make the reading grow past it.
+const MAX_NOTES: usize = 4096;
 pub(crate) const PT_NOTE: u32 = 4;
 pub(crate) const SHT_NOTE: u32 = 7;
 
@@ -191,6 +194,9 @@ fn align_up(v: usize, align: usize) -> Option<usize> {
 fn read_notes<'a>(mut b: &'a [u8], align: u64, out: &mut Vec<Note<'a>>) -> Result<(), Error> {
     let align = if align == 8 { 8 } else { 4 };
     while !b.is_empty() {
+        if out.len() >= MAX_NOTES {
+            return Err(Error::Elf(format!("more than {MAX_NOTES} notes")));
+        }
         if b.len() < 12 {
             return Err(bad("truncated note header"));
         }

@@ -9,6 +9,10 @@ use crate::Error;
 
 /// The deepest nesting of arrays and maps accepted (metadata nests four levels).
 const MAX_DEPTH: usize = 32;
+/// The most elements reserved at once for an array or map: a count is only a claim, and
+/// elements are added as they are read (each takes at least one byte), so memory grows with
+/// what the input really holds, never with what its counts say at every level of nesting.
+const MAX_RESERVE: usize = 64;
 
 /// One decoded value, borrowing its strings from the input.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,7 +119,7 @@ impl<'a> Cursor<'a> {
 
     fn array(&mut self, count: usize, depth: usize) -> Result<Value<'a>, Error> {
         self.check_count(count, 1)?;
-        let mut items = Vec::with_capacity(count);
+        let mut items = Vec::with_capacity(count.min(MAX_RESERVE));
         for _ in 0..count {
             items.push(self.value(depth + 1)?);
         }
@@ -124,7 +128,7 @@ impl<'a> Cursor<'a> {
 
     fn map(&mut self, count: usize, depth: usize) -> Result<Value<'a>, Error> {
         self.check_count(count, 2)?;
-        let mut entries = Vec::with_capacity(count);
+        let mut entries = Vec::with_capacity(count.min(MAX_RESERVE));
         for _ in 0..count {
             let k = self.value(depth + 1)?;
             let v = self.value(depth + 1)?;
@@ -347,6 +351,14 @@ mod tests {
         assert!(decode(&[0xc9, 0xff, 0xff, 0xff, 0xff, 1]).is_err());
         // The reserved byte.
         assert!(decode(&[0xc1]).is_err());
+        // Nested arrays each claiming as many elements as bytes are left: an error, having
+        // reserved no more than a few elements at each level.
+        let mut claims = Vec::new();
+        for _ in 0..30 {
+            claims.extend_from_slice(&[0xdd, 0x00, 0x10, 0x00, 0x00]);
+        }
+        claims.resize(1 << 20, 0xc0);
+        assert!(decode(&claims).is_err());
         // Deep nesting: 1000 one-element arrays.
         let deep = vec![0x91u8; 1000];
         assert!(decode(&deep).is_err());

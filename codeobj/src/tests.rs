@@ -211,3 +211,22 @@ fn malformed_metadata_is_an_error() {
     e.str("x");
     assert_eq!(from_metadata(&e.out).unwrap()[0].symbol, "x.kd");
 }
+
+#[test]
+fn many_headers_naming_the_same_notes_are_an_error() {
+    // 8000 program headers, each a PT_NOTE segment over the same metadata note: the reading
+    // stops at its limit instead of growing with the headers.
+    let base = sample();
+    let note = base[64..120].to_vec();
+    let mut b = base.clone();
+    let phoff = b.len() as u64;
+    for _ in 0..8000 {
+        b.extend_from_slice(&note);
+    }
+    b[32..40].copy_from_slice(&phoff.to_le_bytes());
+    b[56..58].copy_from_slice(&8000u16.to_le_bytes());
+    assert!(matches!(kernels(&b), Err(Error::Elf(why)) if why.contains("notes")));
+    // A handful of them is still read.
+    b[56..58].copy_from_slice(&3u16.to_le_bytes());
+    assert_eq!(kernels(&b), Ok(Some(expected())));
+}
