@@ -344,6 +344,18 @@ unsafe fn install_wrappers(table: *mut HsaApiTable, original: &Original) {
             hsa_executable_destroy_fn = crate::reach::executable_destroy,
             hsa_executable_freeze_fn = crate::reach::executable_freeze,
         );
+        // Code object metadata: which kernels may print or call the host (`crate::devruntime`).
+        wrap_core!(
+            core,
+            original,
+            hsa_code_object_reader_create_from_memory_fn =
+                crate::devruntime::reader_create_from_memory,
+            hsa_code_object_reader_create_from_file_fn = crate::devruntime::reader_create_from_file,
+            hsa_code_object_reader_destroy_fn = crate::devruntime::reader_destroy,
+            hsa_executable_load_agent_code_object_fn = crate::devruntime::load_agent_code_object,
+            hsa_executable_load_program_code_object_fn =
+                crate::devruntime::load_program_code_object,
+        );
     }
     wrap_amd!(
         amd,

@@ -20,6 +20,9 @@
 //!   `hsa_memory_copy`, `hsa_amd_memory_fill`, and the image extension's `hsa_ext_image_import`,
 //!   `_copy`, `_clear` and `_export`) is serialized against replays on the agents it touches, the
 //!   asynchronous ones counted until their completion signal fires (docs/abi.md §3 rule 9).
+//! - `hsa_code_object_reader_create_from_memory`/`_from_file` and the executable loads: the
+//!   code objects' metadata says which kernels may print, call the host or use the device heap,
+//!   and their dispatches are declined (`untracked_memory`) instead of replayed.
 //!
 //! The tool side (which contexts exist, the replay callbacks, dispatch records) is reached
 //! through [`ToolHooks`], implemented by the C ABI crate. The replay service may be configured
@@ -84,6 +87,7 @@ mod backend;
 mod cancel;
 mod copies;
 mod counting;
+mod devruntime;
 mod dispatch;
 mod fold;
 mod images;

@@ -205,6 +205,7 @@ pub(crate) unsafe extern "C" fn executable_destroy(exe: hsa_executable_t) -> hsa
         let gpus = b.gpus().to_vec();
         let _fence = crate::copies::readers(b, &gpus);
         EXECUTABLES.lock().retain(|t| t.handle != exe.handle);
+        crate::devruntime::destroyed(exe);
         let api = API.get().expect("installed with the entries");
         // SAFETY: the runtime's own entry, called with the caller's argument.
         unsafe { (api.destroy)(exe) }
@@ -219,6 +220,9 @@ pub(crate) unsafe extern "C" fn executable_freeze(
         let api = API.get().expect("installed with the entries");
         // SAFETY: the runtime's own entry, called with the caller's arguments.
         let status = unsafe { (api.freeze)(exe, options) };
+        if status == HSA_STATUS_SUCCESS {
+            crate::devruntime::frozen(exe);
+        }
         if status == HSA_STATUS_SUCCESS
             && let Some(t) = EXECUTABLES
                 .lock()

@@ -373,6 +373,11 @@ impl ReplayDevice for HsaReplay<'_> {
                 "issued from inside a replay window: runs once, at once, on the agent's side queue",
             ));
         }
+        // A kernel whose code object says it may print, call the host or use the device heap
+        // would do so once per pass (`crate::devruntime`).
+        if let Some(decline) = crate::devruntime::decline(self.dispatch.kernel_object) {
+            return Err(decline);
+        }
         // A dispatch that reached the handler with other packets is replayed like a lone one:
         // the packets before it were forwarded first, so the drain covers them.
         Ok(())

@@ -7,6 +7,15 @@
 //! specification describes. Loading places every variable of the code object in one segment of
 //! the agent's coarse-grained memory (as a GPU loader does), initialized from the declared bytes;
 //! read-only variables live in the same segment. Destroying the executable frees the segments.
+//!
+//! A code object is written in softhsa's own format ([`CodeObject::to_bytes`], starting with
+//! `SHSACO01`) or as an AMDGPU ELF file ([`CodeObject::to_elf`]) carrying the metadata note a
+//! ROCm code object carries (its kernels' names and arguments, hidden ones included, as declared
+//! with [`CodeObject::hidden_args`]), with the same declarations in a `.softhsa` section: its
+//! kernels resolve to the same registered host kernels, under the symbol names ROCm gives them
+//! (`name.kd`). Both load the same way (from memory or
+//! from a file); the ELF form lets tests see what a tool reads from a real code object's
+//! metadata.
 
 use crate::api::{HsaResult, put, put_bytes, with_runtime};
 use crate::handles::next_handle;
@@ -58,7 +67,12 @@ enum Declared {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CodeObject {
     symbols: Vec<Declared>,
+    /// Hidden arguments per kernel name, written into the ELF form's metadata only.
+    hidden: Vec<(String, Vec<String>)>,
 }
+
+/// The section of the ELF form holding the declarations in softhsa's own format.
+const ELF_PAYLOAD: &str = ".softhsa";
 
 impl CodeObject {
     /// An empty code object.
@@ -95,6 +109,109 @@ impl CodeObject {
             init: init.to_vec(),
         });
         self
+    }
+
+    /// Declares hidden arguments of kernel `kernel` (declared before), such as
+    /// `hidden_printf_buffer`, `hidden_hostcall_buffer` or `hidden_heap_v1`: what the compiler
+    /// gives a kernel that may print, call the host or use the device heap. Only the ELF form
+    /// ([`to_elf`](Self::to_elf)) carries them, in its metadata, after the kernel's explicit
+    /// argument block; they change nothing in how the kernel runs.
+    ///
+    /// Panics if no kernel of that name was declared.
+    pub fn hidden_args(mut self, kernel: &str, kinds: &[&str]) -> Self {
+        assert!(
+            self.symbols
+                .iter()
+                .any(|s| matches!(s, Declared::Kernel { name, .. } if name == kernel)),
+            "hidden arguments of undeclared kernel {kernel}"
+        );
+        let kinds = kinds.iter().map(|k| (*k).to_owned());
+        match self.hidden.iter_mut().find(|(k, _)| k == kernel) {
+            Some((_, list)) => list.extend(kinds),
+            None => self.hidden.push((kernel.to_owned(), kinds.collect())),
+        }
+        self
+    }
+
+    /// The code object as an AMDGPU ELF file (`e_machine` 224): a metadata note
+    /// (`NT_AMDGPU_METADATA`, MessagePack) describing every kernel (`.name`, `.symbol` =
+    /// `name.kd`, its argument block passed by value, then its hidden arguments), and the
+    /// declarations of [`to_bytes`](Self::to_bytes) in a `.softhsa` section. Loads like those
+    /// bytes, except that each kernel's executable symbol is named after its kernel descriptor,
+    /// `name.kd`, as ROCm names the kernels of an ELF code object.
+    ///
+    /// ```
+    /// use kreplay_softhsa::{CodeObject, WorkGroup, register_kernel};
+    /// fn say(_: &WorkGroup) {}
+    /// let kernel = register_kernel("doc_say", say);
+    /// let elf = CodeObject::new()
+    ///     .kernel("doc_say", kernel, 8)
+    ///     .hidden_args("doc_say", &["hidden_printf_buffer"])
+    ///     .to_elf();
+    /// assert!(elf.starts_with(b"\x7fELF"));
+    /// ```
+    pub fn to_elf(&self) -> Vec<u8> {
+        let kernels: Vec<kreplay_codeobj::write::KernelMeta> = self
+            .symbols
+            .iter()
+            .filter_map(|s| match s {
+                Declared::Kernel {
+                    name, kernarg_size, ..
+                } => {
+                    let hidden: Vec<&str> = self
+                        .hidden
+                        .iter()
+                        .filter(|(k, _)| k == name)
+                        .flat_map(|(_, kinds)| kinds.iter().map(String::as_str))
+                        .collect();
+                    Some(kreplay_codeobj::write::KernelMeta::new(
+                        name,
+                        *kernarg_size,
+                        &hidden,
+                    ))
+                }
+                Declared::Variable { .. } => None,
+            })
+            .collect();
+        kreplay_codeobj::write::amdgpu_elf(&kernels, &[(ELF_PAYLOAD, &self.to_bytes())])
+    }
+
+    /// Parses either form: an ELF file made by [`to_elf`](Self::to_elf) (its metadata must be
+    /// well formed and name the kernels its payload declares), or softhsa's own bytes.
+    fn load(bytes: &[u8]) -> Option<CodeObject> {
+        if !kreplay_codeobj::Elf::is_elf(bytes) {
+            return CodeObject::parse(bytes);
+        }
+        let elf = kreplay_codeobj::Elf::parse(bytes).ok()?;
+        if elf.machine != kreplay_codeobj::EM_AMDGPU {
+            return None;
+        }
+        let payload = elf.section(ELF_PAYLOAD).ok()??;
+        let code = CodeObject::parse(payload)?;
+        let mut described: Vec<String> = kreplay_codeobj::kernels(bytes)
+            .ok()??
+            .into_iter()
+            .map(|k| k.name)
+            .collect();
+        let mut declared: Vec<String> = code
+            .symbols
+            .iter()
+            .filter(|s| matches!(s, Declared::Kernel { .. }))
+            .map(|s| s.name().to_owned())
+            .collect();
+        described.sort_unstable();
+        declared.sort_unstable();
+        if described != declared {
+            return None;
+        }
+        // As ROCm's loader does, a kernel's symbol is its kernel descriptor's, `name.kd`.
+        let mut code = code;
+        for s in &mut code.symbols {
+            if let Declared::Kernel { name, .. } = s {
+                name.push_str(".kd");
+            }
+        }
+        Some(code)
     }
 
     /// The bytes an application loads.
@@ -187,7 +304,10 @@ impl CodeObject {
         names.sort_unstable();
         let before = names.len();
         names.dedup();
-        (r.0.is_empty() && names.len() == before).then_some(CodeObject { symbols })
+        (r.0.is_empty() && names.len() == before).then_some(CodeObject {
+            symbols,
+            hidden: Vec::new(),
+        })
     }
 }
 
@@ -352,7 +472,66 @@ pub(crate) unsafe extern "C" fn hsa_code_object_reader_create_from_memory(
         }
         // SAFETY: HSA contract: `code_object` points to `size` readable bytes.
         let bytes = unsafe { std::slice::from_raw_parts(code_object.cast::<u8>(), size) };
-        let parsed = CodeObject::parse(bytes).ok_or(HSA_STATUS_ERROR_INVALID_CODE_OBJECT)?;
+        let parsed = CodeObject::load(bytes).ok_or(HSA_STATUS_ERROR_INVALID_CODE_OBJECT)?;
+        let handle = next_handle();
+        rt.executables.readers.lock().insert(handle, parsed);
+        // SAFETY: checked non-null; the caller's out pointer.
+        unsafe { put(reader, hsa_code_object_reader_t { handle }) }
+    })
+}
+
+/// The most bytes a code object file may have.
+const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// Reads the whole file `file` from its start, whatever its offset (which is left as it is).
+fn read_file(file: hsa_file_t) -> Result<Vec<u8>, hsa_status_t> {
+    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out pointer; an invalid descriptor is an error return.
+    if unsafe { libc::fstat(file, &mut st) } != 0 {
+        return Err(HSA_STATUS_ERROR_INVALID_FILE);
+    }
+    let size = u64::try_from(st.st_size).map_err(|_| HSA_STATUS_ERROR_INVALID_FILE)?;
+    if size == 0 || size > MAX_FILE_BYTES {
+        return Err(HSA_STATUS_ERROR_INVALID_CODE_OBJECT);
+    }
+    let mut bytes = vec![0u8; size as usize];
+    let mut done = 0usize;
+    while done < bytes.len() {
+        // SAFETY: the destination is the unfilled tail of `bytes`, of the length passed.
+        let n = unsafe {
+            libc::pread(
+                file,
+                bytes[done..].as_mut_ptr().cast(),
+                bytes.len() - done,
+                done as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n < 0 => {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(HSA_STATUS_ERROR_INVALID_FILE);
+            }
+            n => done += n as usize,
+        }
+    }
+    bytes.truncate(done);
+    Ok(bytes)
+}
+
+pub(crate) unsafe extern "C" fn hsa_code_object_reader_create_from_file(
+    file: hsa_file_t,
+    reader: *mut hsa_code_object_reader_t,
+) -> hsa_status_t {
+    with_runtime(|rt| {
+        if reader.is_null() {
+            return Err(HSA_STATUS_ERROR_INVALID_ARGUMENT);
+        }
+        let bytes = read_file(file)?;
+        let parsed = CodeObject::load(&bytes).ok_or(HSA_STATUS_ERROR_INVALID_CODE_OBJECT)?;
         let handle = next_handle();
         rt.executables.readers.lock().insert(handle, parsed);
         // SAFETY: checked non-null; the caller's out pointer.
@@ -837,6 +1016,34 @@ mod tests {
     use super::*;
 
     fn noop(_: &crate::WorkGroup) {}
+
+    #[test]
+    fn the_elf_form_loads_like_the_own_form_and_malformed_ones_are_refused() {
+        let k = crate::register_kernel("executable_unit_elf", noop);
+        let co = CodeObject::new()
+            .kernel("executable_unit_elf", k, 16)
+            .hidden_args("executable_unit_elf", &["hidden_printf_buffer"])
+            .variable("v", &[1, 2, 3, 4]);
+        let elf = co.to_elf();
+        let loaded = CodeObject::load(&elf).expect("the ELF form loads");
+        let names: Vec<&str> = loaded.symbols.iter().map(Declared::name).collect();
+        assert_eq!(names, ["executable_unit_elf.kd", "v"]);
+        assert!(matches!(
+            loaded.symbols[0],
+            Declared::Kernel { kernel_object, kernarg_size: 16, .. } if kernel_object == k
+        ));
+        assert_eq!(loaded.symbols[1], co.symbols[1]);
+        assert!(kreplay_codeobj::kernels(&elf).unwrap().unwrap()[0].printf);
+        for cut in 0..elf.len() {
+            assert_eq!(CodeObject::load(&elf[..cut]), None, "truncated at {cut}");
+        }
+        // Metadata naming another kernel than the payload declares.
+        let other = kreplay_codeobj::write::amdgpu_elf(
+            &[kreplay_codeobj::write::KernelMeta::new("nothing", 0, &[])],
+            &[(ELF_PAYLOAD, &co.to_bytes())],
+        );
+        assert_eq!(CodeObject::load(&other), None);
+    }
 
     #[test]
     fn a_code_object_round_trips_and_malformed_bytes_are_refused() {

@@ -530,7 +530,17 @@ impl Hsa {
         agent: hsa_agent_t,
         code: &crate::CodeObject,
     ) -> HsaResult<hsa_executable_t> {
-        let bytes = code.to_bytes();
+        self.load_executable_bytes(agent, &code.to_bytes())
+    }
+
+    /// [`load_executable`](Self::load_executable) from code object bytes in either form
+    /// (`CodeObject::to_bytes` or `CodeObject::to_elf`), read from memory
+    /// (`hsa_code_object_reader_create_from_memory`).
+    pub fn load_executable_bytes(
+        &self,
+        agent: hsa_agent_t,
+        bytes: &[u8],
+    ) -> HsaResult<hsa_executable_t> {
         let mut reader = hsa_code_object_reader_t { handle: 0 };
         call!(
             self.core,
@@ -540,6 +550,32 @@ impl Hsa {
                 &mut reader
             )
         )?;
+        self.load_reader(agent, reader)
+    }
+
+    /// [`load_executable`](Self::load_executable) from a code object file, read by the runtime
+    /// (`hsa_code_object_reader_create_from_file`).
+    pub fn load_executable_file(
+        &self,
+        agent: hsa_agent_t,
+        file: &std::fs::File,
+    ) -> HsaResult<hsa_executable_t> {
+        use std::os::fd::AsRawFd;
+        let mut reader = hsa_code_object_reader_t { handle: 0 };
+        call!(
+            self.core,
+            hsa_code_object_reader_create_from_file_fn(file.as_raw_fd(), &mut reader)
+        )?;
+        self.load_reader(agent, reader)
+    }
+
+    /// Creates an executable, loads `reader`'s code object on `agent`, freezes it and destroys
+    /// the reader.
+    fn load_reader(
+        &self,
+        agent: hsa_agent_t,
+        reader: hsa_code_object_reader_t,
+    ) -> HsaResult<hsa_executable_t> {
         let mut exe = hsa_executable_t { handle: 0 };
         let loaded = call!(
             self.core,

@@ -305,3 +305,75 @@ fn symbols_describe_themselves_as_the_hsa_specification_says() {
         Err(HSA_STATUS_ERROR_INVALID_EXECUTABLE)
     );
 }
+
+/// Runs kernel symbol `kernel` of `exe` once on `gpu` and returns the variable's value.
+fn bump_once(
+    hsa: &kreplay_softhsa::testing::Hsa,
+    gpu: hsa_agent_t,
+    exe: hsa_executable_t,
+    kernel: &str,
+) -> u32 {
+    let counter = hsa.symbol(exe, gpu, "counter").unwrap();
+    let addr = hsa
+        .symbol_u64(counter, HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS)
+        .unwrap();
+    let kernel = hsa.symbol(exe, gpu, kernel).unwrap();
+    let object = hsa
+        .symbol_u64(kernel, HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT)
+        .unwrap();
+    let mut args = CounterArgs { counter: addr };
+    let queue = hsa.queue_create(gpu, 64).unwrap();
+    let done = hsa.signal_create(1).unwrap();
+    // SAFETY: a live queue; the kernarg block outlives the dispatch (waited for below).
+    unsafe {
+        hsa.dispatch(
+            queue,
+            &Dispatch::linear(object, 1, 1, (&raw mut args).cast::<c_void>(), done),
+        )
+    };
+    assert!(hsa.wait_zero(done, PROMPT));
+    // SAFETY: the variable is a live u32 in the executable's segment.
+    unsafe { *(addr as *const u32) }
+}
+
+#[test]
+fn the_elf_form_loads_from_memory_and_from_a_file_with_its_metadata() {
+    let (hsa, _session) = open();
+    let gpu = hsa.gpu_agents().unwrap()[0];
+    let elf = code()
+        .hidden_args("executables_bump_counter", &["hidden_printf_buffer"])
+        .to_elf();
+    // What a tool reads from it: the kernel and its hidden argument.
+    let kernels = kreplay_codeobj::kernels(&elf).unwrap().unwrap();
+    assert_eq!(kernels.len(), 1);
+    assert_eq!(kernels[0].name, "executables_bump_counter");
+    assert_eq!(kernels[0].symbol, "executables_bump_counter.kd");
+    assert!(kernels[0].printf && !kernels[0].hostcall && !kernels[0].heap);
+
+    let exe = hsa.load_executable_bytes(gpu, &elf).unwrap();
+    // The kernel's symbol is its kernel descriptor's, as on ROCm.
+    assert!(hsa.symbol(exe, gpu, "executables_bump_counter").is_err());
+    let kd = "executables_bump_counter.kd";
+    assert_eq!(
+        bump_once(&hsa, gpu, exe, kd),
+        42,
+        "initialized to 41, one increment"
+    );
+
+    let path = std::env::temp_dir().join(format!("softhsa-elf-{}.co", std::process::id()));
+    std::fs::write(&path, &elf).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let exe = hsa.load_executable_file(gpu, &file).unwrap();
+    assert_eq!(
+        bump_once(&hsa, gpu, exe, kd),
+        42,
+        "a fresh executable, its own variable"
+    );
+
+    // A truncated ELF is no code object.
+    assert!(
+        hsa.load_executable_bytes(gpu, &elf[..elf.len() / 2])
+            .is_err()
+    );
+}

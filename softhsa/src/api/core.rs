@@ -1003,16 +1003,16 @@ pub(crate) unsafe extern "C" fn hsa_signal_group_wait_any_relaxed(
 
 // ---------------------------------------------------------------------------------------------
 // Code objects and executables: softhsa loads its own host code objects (see
-// `crate::executable`); the older code object API is not supported.
+// `crate::executable`), from memory or from a file; the older code object API is not supported.
 
 pub(crate) use crate::executable::{
-    hsa_code_object_reader_create_from_memory, hsa_code_object_reader_destroy,
-    hsa_executable_create, hsa_executable_create_alt, hsa_executable_destroy,
-    hsa_executable_freeze, hsa_executable_get_info, hsa_executable_get_symbol,
-    hsa_executable_get_symbol_by_name, hsa_executable_iterate_agent_symbols,
-    hsa_executable_iterate_program_symbols, hsa_executable_iterate_symbols,
-    hsa_executable_load_agent_code_object, hsa_executable_symbol_get_info, hsa_executable_validate,
-    hsa_executable_validate_alt,
+    hsa_code_object_reader_create_from_file, hsa_code_object_reader_create_from_memory,
+    hsa_code_object_reader_destroy, hsa_executable_create, hsa_executable_create_alt,
+    hsa_executable_destroy, hsa_executable_freeze, hsa_executable_get_info,
+    hsa_executable_get_symbol, hsa_executable_get_symbol_by_name,
+    hsa_executable_iterate_agent_symbols, hsa_executable_iterate_program_symbols,
+    hsa_executable_iterate_symbols, hsa_executable_load_agent_code_object,
+    hsa_executable_symbol_get_info, hsa_executable_validate, hsa_executable_validate_alt,
 };
 
 type SerializeAlloc =
@@ -1029,7 +1029,6 @@ unsupported_entries! {
     hsa_code_object_get_symbol_from_name(hsa_code_object_t, *const c_char, *const c_char, *mut hsa_code_symbol_t);
     hsa_code_symbol_get_info(hsa_code_symbol_t, hsa_code_symbol_info_t, *mut c_void);
     hsa_code_object_iterate_symbols(hsa_code_object_t, CodeSymbolCallback, *mut c_void);
-    hsa_code_object_reader_create_from_file(hsa_file_t, *mut hsa_code_object_reader_t);
     hsa_executable_load_code_object(hsa_executable_t, hsa_agent_t, hsa_code_object_t, *const c_char);
     hsa_executable_load_program_code_object(hsa_executable_t, hsa_code_object_reader_t, *const c_char, *mut hsa_loaded_code_object_t);
     hsa_executable_global_variable_define(hsa_executable_t, *const c_char, *mut c_void);
