@@ -250,12 +250,22 @@ pub(crate) unsafe fn install(
         .set(backend)
         .map_err(|_| InstallError::AlreadyInstalled)?;
     let b = installed().expect("set just above");
-    // SAFETY: registers a plain extern "C" function that only stores atomics (async-signal-safe,
-    // as a handler run in the child of a multithreaded process must be) and never unwinds.
-    if unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+    // SAFETY: registers plain extern "C" functions that never unwind: the prepare and parent
+    // handlers take and release the backend's locks (`crate::fork`), the child's resets them and
+    // stores atomics (no allocation, no lock that could be held: async-signal-safe, as a
+    // handler run in the child of a multithreaded process must be).
+    if unsafe {
+        libc::pthread_atfork(
+            Some(crate::fork::prepare),
+            Some(crate::fork::in_parent),
+            Some(in_forked_child),
+        )
+    } != 0
+    {
         log::warn!(
-            "cannot register kreplay's fork handler: a child forked during a replay may wait \
-             for the parent's replay"
+            "cannot register kreplay's fork handlers: a child forked during a replay may wait \
+             for the parent's replay, and its HSA calls for locks other threads of the parent \
+             held"
         );
     }
     // SAFETY: `Original::capture` checked the table's shape and that both sub-tables are
@@ -400,9 +410,12 @@ pub(crate) fn forked_child() -> bool {
 /// mid-way. The child replays nothing: kreplay is finalized there, as after `OnUnload` (every
 /// wrapper passes through, queues created from now on are the runtime's own), and the agents'
 /// reader side is switched off so that no dispatch of the child waits for a writer that
-/// exists only in the parent. Only atomics are stored: a fork handler in a multithreaded
-/// process must be async-signal-safe.
+/// exists only in the parent. First the backend's locks, which the fork's prepare handler
+/// took, are unlocked again and the parent's completion threads forgotten (`crate::fork`);
+/// then only atomics are stored: a fork handler in a multithreaded process must be
+/// async-signal-safe.
 extern "C" fn in_forked_child() {
+    let _ = catch_unwind(crate::fork::in_child);
     FORKED.store(true, Ordering::SeqCst);
     if let Some(b) = BACKEND.get() {
         b.finalized.store(true, Ordering::Release);

@@ -65,6 +65,11 @@ pub(crate) struct CopyTimes {
 }
 
 impl CopyTimes {
+    /// The times' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.by_signal
+    }
+
     /// Entries kept at most; past it the answers are dropped all at once (those of signals the
     /// application destroys are dropped at the destroy, `crate::signals::signal_destroy`).
     const MOST: usize = 1 << 16;

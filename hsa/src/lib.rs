@@ -86,6 +86,7 @@ mod copies;
 mod counting;
 mod dispatch;
 mod fold;
+mod fork;
 mod images;
 mod layout;
 mod memory;

@@ -639,6 +639,12 @@ pub(crate) struct QueueRegistry {
 }
 
 impl QueueRegistry {
+    /// The registry's locks for the fork set (`crate::fork`), in its order: side queues (held
+    /// while one is created and added), queues by agent, destroyed queues.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 3] {
+        [&self.side, &self.by_agent, &self.destroyed]
+    }
+
     /// The application queue whose doorbell signal is `doorbell`.
     fn by_doorbell(&self, doorbell: hsa_signal_t) -> Option<Arc<QueueState>> {
         self.by_agent

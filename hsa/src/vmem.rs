@@ -52,6 +52,11 @@ pub(crate) struct VmemTracker {
 }
 
 impl VmemTracker {
+    /// The tracker's locks for the fork set (`crate::fork`): handles, mappings, reservations.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 3] {
+        [&self.handles, &self.mappings, &self.reservations]
+    }
+
     /// The bases of the mappings inside the reservation `addr` lies in, or ends (one past its
     /// last byte: an end pointer); none when `addr` is in no reservation.
     pub(crate) fn mappings_reached(&self, addr: u64) -> Vec<u64> {
