@@ -324,7 +324,7 @@ scenarios! {
                     }
                 }
             });
-            for round in 0..40 {
+            for round in 0..100 {
                 let pid = fork_running(|| use_hsa(app, kernel));
                 match wait_child(pid, Duration::from_secs(10)) {
                     Some(0) => {}
