@@ -31,8 +31,10 @@
 //!
 //! Locks of one queue (its mailbox, its handler count), of an open replay window, and the
 //! agents' replay locks are not in the set: some are held while a replay waits, so taking them
-//! before a fork could make the fork wait for a replay. The child needs none of them for its
-//! own work: its queues are the runtime's own, and its agents' reader side is off.
+//! before a fork could make the fork wait for a replay (a drain ringing a queue holds that
+//! queue's liveness while it waits for room in its ring). The child needs none of them: its
+//! queues are the runtime's own, its agents' reader side is off, and its destroy of a queue of
+//! the parent's takes none of that queue's locks (`queues::destroy_in_forked_child`).
 
 use parking_lot::lock_api::RawMutex as _;
 use parking_lot::{Mutex, RawMutex};

@@ -141,11 +141,37 @@ type Iterate = unsafe extern "C" fn(
     >,
     *mut std::ffi::c_void,
 ) -> hsa_status_t;
+type LoadReadIndex = unsafe extern "C" fn(*const hsa_queue_t) -> u64;
 type SignalDestroy = unsafe extern "C" fn(hsa_signal_t) -> hsa_status_t;
 type Profiling = unsafe extern "C" fn(*mut hsa_queue_t, std::ffi::c_int) -> hsa_status_t;
 
 static ITERATE: OnceLock<Iterate> = OnceLock::new();
 static SIGNAL_DESTROY: OnceLock<SignalDestroy> = OnceLock::new();
+static LOAD_READ_INDEX: OnceLock<LoadReadIndex> = OnceLock::new();
+
+/// Set by the scenario to a queue: the next read of its read index waits until [`RELEASE`].
+static PARK_READ_OF: AtomicUsize = AtomicUsize::new(0);
+/// That read is waiting (kreplay's caller inside the queue's critical section).
+static READ_PARKED: AtomicBool = AtomicBool::new(false);
+
+/// softhsa's read-index load; the armed queue's first waits (bounded) for [`RELEASE`].
+unsafe extern "C" fn parking_load_read_index(queue: *const hsa_queue_t) -> u64 {
+    let armed = PARK_READ_OF.load(Ordering::SeqCst);
+    if armed != 0
+        && armed == queue as usize
+        && PARK_READ_OF
+            .compare_exchange(armed, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        READ_PARKED.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !RELEASE.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(5));
+        }
+    }
+    // SAFETY: softhsa's own entry with the caller's argument.
+    unsafe { LOAD_READ_INDEX.get().expect("saved")(queue) }
+}
 static PROFILING: OnceLock<Profiling> = OnceLock::new();
 
 /// Set by the scenario: the next symbol walk waits in the runtime until [`RELEASE`].
@@ -210,6 +236,8 @@ fn table_with_stand_ins() -> &'static mut OwnedApiTable {
         core.hsa_executable_iterate_agent_symbols_fn = Some(parking_iterate);
         let _ = SIGNAL_DESTROY.set(core.hsa_signal_destroy_fn.expect("signal destroy"));
         core.hsa_signal_destroy_fn = Some(quick_signal_destroy);
+        let _ = LOAD_READ_INDEX.set(core.hsa_queue_load_read_index_scacquire_fn.expect("read"));
+        core.hsa_queue_load_read_index_scacquire_fn = Some(parking_load_read_index);
         let amd = (*table.as_mut_ptr()).amd_ext_;
         let slot = match layout {
             TableLayout::Rocm52 => {
@@ -339,6 +367,58 @@ scenarios! {
             stop.store(true, Ordering::Relaxed);
         });
         assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    /// A replay drains the other queue of its agent: it asks that queue for a drain marker and
+    /// rings it, reading its ring's indices under the queue's own lock, and the runtime's read
+    /// is held there while the main thread forks. The child destroys that queue (as its own
+    /// teardown would): the destroy returns, whatever the runtime answers for a queue of the
+    /// parent's, and the child goes on using HSA; it must not wait for the queue's lock, which
+    /// the draining thread, absent from the child, held at the fork.
+    fn a_child_forked_while_a_replay_rings_another_queue_can_destroy_that_queue() {
+        let hooks = TestHooks::new(0);
+        let app = app::install_into(table_with_stand_ins(), hooks.clone(), InstallOptions::default());
+        let gpu = app.gpus[0];
+        let pools = app.pools(gpu);
+        let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
+        let init = values(LEN);
+        let buf = app.buffer(pools.coarse, &init);
+        let kernarg = app.kernargs(&pools, AddOneArgs { buf: buf.0, len: LEN, pad: 0 });
+        let replayed = app.queue(gpu);
+        let other = app.queue(gpu);
+        // Work forwarded on the other queue before replay is configured: the next replay's
+        // drain asks it for a marker.
+        let first = app.signal(1);
+        app.dispatch(other, Aql::dispatch(kernel, LEN, 64, kernarg, first));
+        assert_eq!(app.wait_zero(first), 0);
+        hooks.configure_replay(true);
+        hooks.set_script(Script::passes(2));
+        PARK_READ_OF.store(other.0 as usize, Ordering::SeqCst);
+        let done = app.signal(1);
+        let packet = Aql::dispatch(kernel, LEN, 64, kernarg, done);
+        let submitter = std::thread::spawn(move || app.dispatch(replayed, packet));
+        assert!(support::wait_flag(&READ_PARKED), "the replay never rang the other queue");
+
+        let pid = fork_running(|| {
+            let destroy = app.core().hsa_queue_destroy_fn.expect("hsa_queue_destroy");
+            // SAFETY: a queue the parent created, destroyed once in this process.
+            let _ = unsafe { destroy(other.0) };
+            use_hsa(app, kernel)
+        });
+        let child = wait_child(pid, Duration::from_secs(20));
+        RELEASE.store(true, Ordering::SeqCst);
+        submitter.join().expect("the submitting thread");
+        assert_eq!(app.wait_zero(done), 0);
+        assert_eq!(app.read(buf, LEN as usize), plus_one(&plus_one(&init)));
+        assert_eq!(
+            child,
+            Some(0),
+            "the forked child (None: it hung and was killed; 3: its completion never fired; \
+             4: wrong result; 6: a call failed; 100: it panicked)"
+        );
+        let id = hooks.configured_dispatches().first().expect("CONFIG ENTER").dispatch_id;
+        let outcome = hooks.finished_record(id).outcome;
+        assert!(matches!(outcome, ReplayOutcome::Replayed { passes: 2, .. }), "{outcome:?}");
     }
 
     /// A tool forks from its ENQUEUE EXIT callback once the write's kernel finished, its COMPLETE
