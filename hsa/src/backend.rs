@@ -52,8 +52,9 @@ pub(crate) struct Backend {
     pub(crate) locked_host: parking_lot::Mutex<Vec<(usize, usize, usize)>>,
     /// The CPU agent, looked up on first use.
     pub(crate) cpu_agent: OnceLock<Option<hsa_agent_t>>,
-    /// Every GPU agent of the system, ascending, looked up on first use (see [`Backend::gpus`]).
-    gpus: OnceLock<Vec<u64>>,
+    /// Every GPU agent of the system, ascending, looked up at installation (see
+    /// [`Backend::gpus`]).
+    gpus: Vec<u64>,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
     /// Agents reach any host memory of the process (SVM accessible by default, XNACK on): a
@@ -95,10 +96,12 @@ pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
 
 impl Backend {
     /// Every GPU agent of the system (handles, ascending): the agents whose kernels may write
-    /// memory the CPU owns. The runtime's agents do not change while it runs.
+    /// memory the CPU owns. The runtime's agents do not change while it runs. Looked up at
+    /// installation, not on first use: a one-time lookup another thread of the parent was
+    /// inside at a `fork` would never end in the child, whose next module unload or fenced call
+    /// would wait for it for good.
     pub(crate) fn gpus(&self) -> &[u64] {
-        self.gpus
-            .get_or_init(|| crate::copies::gpu_agents(self, self.original.agents()))
+        &self.gpus
     }
 
     pub(crate) fn is_finalized(&self) -> bool {
@@ -207,6 +210,7 @@ pub(crate) unsafe fn install(
     let images = unsafe { crate::images::Images::capture(table) };
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
     let svm_by_default = original.svm_accessible_by_default();
+    let gpus = crate::copies::gpus_among(&original, original.agents());
     let inventory = Arc::new(Inventory::new());
     let auto_store = options.snapshot.store == kreplay_snapshot::StoreTier::Auto;
     let snapshotter = Snapshotter::new(
@@ -239,7 +243,7 @@ pub(crate) unsafe fn install(
         force_runtime_copies: options.force_runtime_copies,
         locked_host: parking_lot::Mutex::default(),
         cpu_agent: OnceLock::new(),
-        gpus: OnceLock::new(),
+        gpus,
         ticks_per_second,
         svm_by_default,
         host_visible: parking_lot::Mutex::default(),

@@ -141,6 +141,10 @@ type Iterate = unsafe extern "C" fn(
     >,
     *mut std::ffi::c_void,
 ) -> hsa_status_t;
+type IterateAgents = unsafe extern "C" fn(
+    Option<unsafe extern "C" fn(hsa_agent_t, *mut std::ffi::c_void) -> hsa_status_t>,
+    *mut std::ffi::c_void,
+) -> hsa_status_t;
 type LoadReadIndex = unsafe extern "C" fn(*const hsa_queue_t) -> u64;
 type SignalDestroy = unsafe extern "C" fn(hsa_signal_t) -> hsa_status_t;
 type Profiling = unsafe extern "C" fn(*mut hsa_queue_t, std::ffi::c_int) -> hsa_status_t;
@@ -148,6 +152,28 @@ type Profiling = unsafe extern "C" fn(*mut hsa_queue_t, std::ffi::c_int) -> hsa_
 static ITERATE: OnceLock<Iterate> = OnceLock::new();
 static SIGNAL_DESTROY: OnceLock<SignalDestroy> = OnceLock::new();
 static LOAD_READ_INDEX: OnceLock<LoadReadIndex> = OnceLock::new();
+static ITERATE_AGENTS: OnceLock<IterateAgents> = OnceLock::new();
+
+/// Set by the scenario: the next walk of the agents waits until [`RELEASE`].
+static PARK_AGENTS: AtomicBool = AtomicBool::new(false);
+/// That walk is waiting.
+static AGENTS_PARKED: AtomicBool = AtomicBool::new(false);
+
+/// softhsa's walk of the agents; the armed one first waits (bounded) for [`RELEASE`].
+unsafe extern "C" fn parking_iterate_agents(
+    callback: Option<unsafe extern "C" fn(hsa_agent_t, *mut std::ffi::c_void) -> hsa_status_t>,
+    data: *mut std::ffi::c_void,
+) -> hsa_status_t {
+    if PARK_AGENTS.swap(false, Ordering::SeqCst) {
+        AGENTS_PARKED.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !RELEASE.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(5));
+        }
+    }
+    // SAFETY: softhsa's own entry with the caller's arguments.
+    unsafe { ITERATE_AGENTS.get().expect("saved")(callback, data) }
+}
 
 /// Set by the scenario to a queue: the next read of its read index waits until [`RELEASE`].
 static PARK_READ_OF: AtomicUsize = AtomicUsize::new(0);
@@ -238,6 +264,8 @@ fn table_with_stand_ins() -> &'static mut OwnedApiTable {
         core.hsa_signal_destroy_fn = Some(quick_signal_destroy);
         let _ = LOAD_READ_INDEX.set(core.hsa_queue_load_read_index_scacquire_fn.expect("read"));
         core.hsa_queue_load_read_index_scacquire_fn = Some(parking_load_read_index);
+        let _ = ITERATE_AGENTS.set(core.hsa_iterate_agents_fn.expect("agents"));
+        core.hsa_iterate_agents_fn = Some(parking_iterate_agents);
         let amd = (*table.as_mut_ptr()).amd_ext_;
         let slot = match layout {
             TableLayout::Rocm52 => {
@@ -419,6 +447,62 @@ scenarios! {
         let id = hooks.configured_dispatches().first().expect("CONFIG ENTER").dispatch_id;
         let outcome = hooks.finished_record(id).outcome;
         assert!(matches!(outcome, ReplayOutcome::Replayed { passes: 2, .. }), "{outcome:?}");
+    }
+
+    /// The application unloads a module (`hsa_executable_destroy`, which kreplay fences against
+    /// the replays of every GPU) on one thread while another forks; should kreplay look the
+    /// system's GPUs up then, the runtime's walk of the agents is held until the child is done.
+    /// The child loads and unloads a module of its own: it must not wait for a one-time lookup
+    /// that a thread absent from the child began.
+    fn a_child_forked_while_a_module_unload_looks_up_the_gpus_can_unload_a_module() {
+        let hooks = TestHooks::new(0);
+        let app = app::install_into(table_with_stand_ins(), hooks.clone(), InstallOptions::default());
+        let gpu = app.gpus[0];
+        let unrelated = kreplay_softhsa::register_kernel("life_fork_locks_unrelated", nothing);
+        let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
+        let code = kreplay_softhsa::CodeObject::new()
+            .kernel("life_fork_locks_unrelated", unrelated, 0);
+        let exe = app.hsa().load_executable(gpu, &code).expect("a module loads");
+        PARK_AGENTS.store(true, Ordering::SeqCst);
+        let unloaded = Arc::new(AtomicBool::new(false));
+        let unloader = {
+            let unloaded = unloaded.clone();
+            std::thread::spawn(move || {
+                app.hsa().destroy_executable(exe).expect("the module unloads");
+                unloaded.store(true, Ordering::SeqCst);
+            })
+        };
+        // Either the unload is inside the lookup now, or it needed none and is done.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !AGENTS_PARKED.load(Ordering::SeqCst)
+            && !unloaded.load(Ordering::SeqCst)
+            && Instant::now() < deadline
+        {
+            std::thread::yield_now();
+        }
+        assert!(
+            AGENTS_PARKED.load(Ordering::SeqCst) || unloaded.load(Ordering::SeqCst),
+            "the unload neither looked the agents up nor ended"
+        );
+        let pid = fork_running(|| {
+            let Ok(mine) = app.hsa().load_executable(gpu, &code) else {
+                return 7;
+            };
+            if app.hsa().destroy_executable(mine).is_err() {
+                return 8;
+            }
+            use_hsa(app, kernel)
+        });
+        let child = wait_child(pid, Duration::from_secs(20));
+        RELEASE.store(true, Ordering::SeqCst);
+        unloader.join().expect("the unloading thread");
+        assert_eq!(
+            child,
+            Some(0),
+            "the forked child (None: it hung and was killed; 3: its completion never fired; \
+             4: wrong result; 6: a call failed; 7: its module did not load; 8: nor unload; \
+             100: it panicked)"
+        );
     }
 
     /// A tool forks from its ENQUEUE EXIT callback once the write's kernel finished, its COMPLETE
