@@ -35,6 +35,12 @@
 //! queue's liveness while it waits for room in its ring). The child needs none of them: its
 //! queues are the runtime's own, its agents' reader side is off, and its destroy of a queue of
 //! the parent's takes none of that queue's locks (`queues::destroy_in_forked_child`).
+//!
+//! One-time initializations are cut by a fork the same way (a `OnceLock` another thread was
+//! filling stays "in progress" in the child, and the child's first use waits for good): the
+//! system's GPUs, which module unloads and fenced calls need, are looked up at installation
+//! (`Backend::gpus`); the CPU agent is looked up on first use by a replay's restore only, and
+//! the soft counters table is filled with what was read before its `OnceLock` is entered.
 
 use parking_lot::lock_api::RawMutex as _;
 use parking_lot::{Mutex, RawMutex};
