@@ -29,8 +29,9 @@
 //! interface's own locks (kreplay's ffi crate) are never held while the backend takes one of
 //! these, nor the reverse, so the two sets may be taken in either order.
 //!
-//! Locks of one queue (its mailbox, its handler count), of an open replay window, and the
-//! agents' replay locks are not in the set: some are held while a replay waits, so taking them
+//! Locks of one queue (its mailbox, its handler count), of an open replay window, the replay
+//! groups (`crate::peers`, which a finalized backend no longer links), and the agents' replay
+//! locks are not in the set: some are held while a replay waits, so taking them
 //! before a fork could make the fork wait for a replay (a drain ringing a queue holds that
 //! queue's liveness while it waits for room in its ring). The child needs none of them: its
 //! queues are the runtime's own, its agents' reader side is off, and its destroy of a queue of

@@ -392,7 +392,10 @@ pub(crate) unsafe extern "C" fn set_access(
             .then(|| crate::copies::readers(b, &members));
         let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
         if status == HSA_STATUS_SUCCESS && !desc.is_null() {
-            b.peers.link(&members);
+            // Not once finalized: see `crate::memory::agents_allow_access`.
+            if !b.is_finalized() {
+                b.peers.link(&members);
+            }
             // Each call replaces the previous permissions of every agent.
             if let Some(m) = b.vmem.mappings.lock().get_mut(&(va as u64)) {
                 m.access = access;

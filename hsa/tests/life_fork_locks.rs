@@ -505,6 +505,52 @@ scenarios! {
         );
     }
 
+    /// Another thread asks for the replay groups of an agent all the time (as every replay does
+    /// when it starts) while the main thread forks again and again: every child grants a second
+    /// GPU access to a buffer (`hsa_amd_agents_allow_access`, as a peer-access enable or a
+    /// pinned allocation does), dispatches, and must finish.
+    fn children_forked_while_a_thread_reads_the_replay_groups_can_grant_access() {
+        let hooks = TestHooks::new(0);
+        let app = app::install_into(table_with_stand_ins(), hooks.clone(), InstallOptions::default());
+        hooks.configure_replay(true);
+        let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
+        let [gpu0, gpu1] = app.gpus;
+        let pools = app.pools(gpu0);
+        let allow = app.amd().hsa_amd_agents_allow_access_fn.expect("allow access");
+        let stop = AtomicBool::new(false);
+        let mut failures = Vec::new();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(kreplay_hsa::replay_group(gpu0.handle));
+                }
+            });
+            for round in 0..100 {
+                let pid = fork_running(|| {
+                    let buf = app.buffer(pools.coarse, &values(LEN));
+                    // SAFETY: one agent handle; a buffer of this process.
+                    if unsafe { allow(1, &gpu1, std::ptr::null(), buf.raw()) }
+                        != HSA_STATUS_SUCCESS
+                    {
+                        return 6;
+                    }
+                    use_hsa(app, kernel)
+                });
+                match wait_child(pid, Duration::from_secs(10)) {
+                    Some(0) => {}
+                    other => {
+                        failures.push(format!(
+                            "fork {round}: the child ended with {other:?} (None: hung)"
+                        ));
+                        break;
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+
     /// A tool forks from its ENQUEUE EXIT callback once the write's kernel finished, its COMPLETE
     /// record held back until the callback returns; kreplay's completion threads were idle at the
     /// fork. In the child the callback returns and the held record must be delivered there, by a
