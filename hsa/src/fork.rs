@@ -3,10 +3,10 @@
 //! Only the forking thread exists in the child. A lock another thread of the parent held at the
 //! fork (inside a signal create, a queue lookup, a walk of a module's symbols) would stay held
 //! there for good, and the child's first HSA call that needs it would wait forever: every
-//! wrapper passes through in the child (it is finalized, `crate::backend`), but some still keep
-//! the lists a wrapper keeps after finalization (signals, executables, soft queues, the queue
-//! registry that profiling switches and queue destroys look through), and a gate the forking
-//! thread opens there hands its held completions to a completion thread. So, around every fork
+//! wrapper passes through in the child (it is finalized, `crate::backend`), but some still
+//! update or read kreplay's lists (signals, executables, soft queue rings, the queue registry
+//! that profiling switches and queue destroys look through), and a gate the forking thread
+//! opens there hands its held completions to a completion thread. So, around every fork
 //! of the process (`pthread_atfork`, registered at installation): before it, the forking thread
 //! takes every lock of [`in_order`], in that order, which leaves no update half done; after it,
 //! the parent releases them, and the child resets them to unlocked (no other thread exists
@@ -29,13 +29,14 @@
 //! interface's own locks (kreplay's ffi crate) are never held while the backend takes one of
 //! these, nor the reverse, so the two sets may be taken in either order.
 //!
-//! Locks of one queue (its mailbox, its handler count), of an open replay window, the replay
-//! groups (`crate::peers`, which a finalized backend no longer links), and the agents' replay
-//! locks are not in the set: some are held while a replay waits, so taking them
-//! before a fork could make the fork wait for a replay (a drain ringing a queue holds that
-//! queue's liveness while it waits for room in its ring). The child needs none of them: its
-//! queues are the runtime's own, its agents' reader side is off, and its destroy of a queue of
-//! the parent's takes none of that queue's locks (`queues::destroy_in_forked_child`).
+//! Locks of one queue (its liveness, mailbox and handler count), of an open replay window, the
+//! replay groups (`crate::peers`, kreplay-locks' own) and the agents' replay locks are not in
+//! the set: some of them are held while a replay waits, so taking them before a fork could make
+//! the fork wait for a replay (a drain ringing a queue holds that queue's liveness while it
+//! waits for room in its ring). The child needs none of them: its queues are the runtime's
+//! own, its agents' reader side is off, a finalized backend links no replay groups, and its
+//! destroy of a queue of the parent's takes none of that queue's locks
+//! (`queues::destroy_in_forked_child`).
 //!
 //! One-time initializations are cut by a fork the same way (a `OnceLock` another thread was
 //! filling stays "in progress" in the child, and the child's first use waits for good): the
