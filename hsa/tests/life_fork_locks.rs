@@ -26,6 +26,8 @@ use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
 
 const LEN: u32 = 256;
+/// What a child dispatches: one work-group.
+const CHILD_LEN: u32 = 64;
 
 /// The kernel of a module no one dispatches.
 fn nothing(_: &kreplay_softhsa::WorkGroup) {}
@@ -81,11 +83,14 @@ fn fork_running(child: impl FnOnce() -> i32) -> libc::pid_t {
 /// What every child does, as an application would after a fork: a queue of its own with
 /// profiling on (as HIP turns it on for every stream's queue), a signal, a buffer, one dispatch
 /// whose completion it waits for and whose result it checks; the queue and signal destroyed.
-/// `kernel` is registered by the parent (softhsa's kernel list is a lock of its own).
+/// `kernel` is registered by the parent (softhsa's kernel list is a lock of its own). One
+/// work-group: softhsa then hands nothing to its worker threads, which are the parent's (it
+/// takes no fork handlers, and waking them goes through parking_lot's process-wide table of
+/// parked threads, which a thread of the parent may have been changing at the fork).
 /// 0 on success; 3: the completion never fired; 4: a wrong result; 6: a call failed.
 fn use_hsa(app: App, kernel: u64) -> i32 {
     let pools = app.pools(app.gpus[0]);
-    let init = values(LEN);
+    let init = values(CHILD_LEN);
     let buf = app.buffer(pools.coarse, &init);
     let queue = app.queue(app.gpus[0]);
     let profile = app
@@ -101,15 +106,15 @@ fn use_hsa(app: App, kernel: u64) -> i32 {
         &pools,
         AddOneArgs {
             buf: buf.0,
-            len: LEN,
+            len: CHILD_LEN,
             pad: 0,
         },
     );
-    app.dispatch(queue, Aql::dispatch(kernel, LEN, 64, kernarg, done));
+    app.dispatch(queue, Aql::dispatch(kernel, CHILD_LEN, 64, kernarg, done));
     if app.wait_zero_within(done, Duration::from_secs(5)) != 0 {
         return 3;
     }
-    if app.read(buf, LEN as usize) != plus_one(&init) {
+    if app.read(buf, CHILD_LEN as usize) != plus_one(&init) {
         return 4;
     }
     let destroy = app
@@ -364,8 +369,8 @@ scenarios! {
         hooks.set_script(Script::passes(2));
         let destroy = app.core().hsa_signal_destroy_fn.expect("hsa_signal_destroy");
         let profile = app.amd().hsa_amd_profiling_set_profiler_enabled_fn.expect("profiling");
-        // A queue of the parent's, so that the registry has something to look through.
-        let _mine = app.queue(app.gpus[0]);
+        // No queue of the parent's: softhsa's threads for one, starting up, may hold softhsa's
+        // own locks at the first fork (softhsa takes no fork handlers).
         let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
         let stop = AtomicBool::new(false);
         let mut failures = Vec::new();
