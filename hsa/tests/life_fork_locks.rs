@@ -1,11 +1,12 @@
 //! The application forks while another of its threads is inside one of the HSA backend's short
-//! critical sections (the executables it tracks, its signals, its queue registry, its completion
-//! runners). Only the forking thread exists in the child: a lock another thread held at the fork
-//! would stay held there for good, and the child's first HSA call that needs it (loading a
-//! module, creating a signal, turning profiling on for its queue) would wait forever. Each child
-//! uses HSA as an application does (loads a module, creates a queue, dispatches, waits for the
-//! completion) and must finish within a bound; a child still running then is killed and counts
-//! as hung.
+//! critical sections (the executables it tracks, its signals, its queue registry, a queue's own
+//! lock, its replay groups, its one-time lookup of the GPUs) or while its completion threads
+//! are idle. Only the forking thread exists in the child: a lock another thread held at the
+//! fork would stay held there for good, and the child's first HSA call that needs it (loading or
+//! unloading a module, creating a signal, turning profiling on for its queue, destroying a
+//! queue, granting access) would wait forever. Each child uses HSA as an application does
+//! (creates a queue, dispatches, waits for the completion) and must finish within a bound; a
+//! child still running then is killed and counts as hung.
 
 #[allow(dead_code)]
 #[macro_use]
