@@ -9,7 +9,7 @@
 //! other thread exists there to hand them to, or to wake).
 //!
 //! The order (a lock is only ever taken while holding locks earlier in it): the lifecycle's
-//! state, current setup and retired contexts; the services, retired services, published table
+//! state, current setup, retired contexts and finalizes in progress; the services, retired services, published table
 //! and running-callback lock; the counting service, configurations and catalogues; the
 //! warn-once keys; the run record's file name and record (`kreplay run`, which a
 //! child's exit handler writes); the replay records kept for `take_replay_records`. None is held

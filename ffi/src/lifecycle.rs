@@ -329,8 +329,10 @@ fn stop_contexts(contexts: &[ContextId], configured: &[ConfiguredService]) {
     }
 }
 
-/// This module's locks in the order they nest, taken before a fork (see `crate::fork`).
-pub(crate) static FORK_LOCKS: [&crate::fork::Held; 3] = [&STATE, &CURRENT_SETUP, &RETIRED];
+/// This module's locks in the order they nest, taken before a fork (see `crate::fork`): the
+/// finalizes in progress are registered and looked at under the state lock.
+pub(crate) static FORK_LOCKS: [&crate::fork::Held; 4] =
+    [&STATE, &CURRENT_SETUP, &RETIRED, &FINALIZE_JOBS];
 
 /// Has tool initialization begun (from then on `kreplay_force_configure` is refused)?
 pub fn is_initialized() -> bool {
@@ -904,10 +906,12 @@ const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 static FINALIZE_JOBS: Mutex<Vec<(u32, std::thread::ThreadId)>> = Mutex::new(Vec::new());
 static FINALIZE_ENDED: parking_lot::Condvar = parking_lot::Condvar::new();
 
-/// In the child of a `fork` (from `services::in_forked_child`): finalizes the parent's other
-/// threads were running never end there, so nothing waits for them. The list is left as it is
-/// if a thread of the parent held its lock at the fork (it cannot be taken safely then).
+/// In the child of a `fork` (from `services::in_forked_child`, once the fork set's locks are
+/// unlocked again, this list's among them): finalizes the parent's other threads were running
+/// never end there, so nothing waits for them.
 pub(crate) fn forget_finalizes_of_other_threads() {
+    // Free in the child (`crate::fork`); `try_lock` all the same, so that a fork whose prepare
+    // handler did not run leaves the list as it is rather than waiting in a fork handler.
     if let Some(mut running) = FINALIZE_JOBS.try_lock() {
         let me = std::thread::current().id();
         running.retain(|&(_, thread)| thread == me);
@@ -934,7 +938,11 @@ fn wait_for_finalizes(client: Option<u32>) {
             .wait_until(&mut running, deadline)
             .timed_out()
         {
-            if busy(&running) {
+            let still = busy(&running);
+            // Said after the lock: the process's logger may fork, and kreplay's fork handlers
+            // take it (`crate::fork`).
+            drop(running);
+            if still {
                 crate::kreplay_warn!(
                     "a tool's finalize running on another thread still ran after {} s; not \
                      waiting for it any longer",

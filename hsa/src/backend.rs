@@ -52,8 +52,9 @@ pub(crate) struct Backend {
     pub(crate) locked_host: parking_lot::Mutex<Vec<(usize, usize, usize)>>,
     /// The CPU agent, looked up on first use.
     pub(crate) cpu_agent: OnceLock<Option<hsa_agent_t>>,
-    /// Every GPU agent of the system, ascending, looked up on first use (see [`Backend::gpus`]).
-    gpus: OnceLock<Vec<u64>>,
+    /// Every GPU agent of the system, ascending, looked up at installation (see
+    /// [`Backend::gpus`]).
+    gpus: Vec<u64>,
     /// Signal-wait timeouts are in timestamp ticks; this converts.
     pub(crate) ticks_per_second: u64,
     /// Agents reach any host memory of the process (SVM accessible by default, XNACK on): a
@@ -95,10 +96,12 @@ pub(crate) fn guarded(f: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
 
 impl Backend {
     /// Every GPU agent of the system (handles, ascending): the agents whose kernels may write
-    /// memory the CPU owns. The runtime's agents do not change while it runs.
+    /// memory the CPU owns. The runtime's agents do not change while it runs. Looked up at
+    /// installation, not on first use: a one-time lookup another thread of the parent was
+    /// inside at a `fork` would never end in the child, whose next module unload or fenced call
+    /// would wait for it for good.
     pub(crate) fn gpus(&self) -> &[u64] {
-        self.gpus
-            .get_or_init(|| crate::copies::gpu_agents(self, self.original.agents()))
+        &self.gpus
     }
 
     pub(crate) fn is_finalized(&self) -> bool {
@@ -207,6 +210,7 @@ pub(crate) unsafe fn install(
     let images = unsafe { crate::images::Images::capture(table) };
     let ticks_per_second = original.timestamp_frequency().unwrap_or(1_000_000_000);
     let svm_by_default = original.svm_accessible_by_default();
+    let gpus = crate::copies::gpus_among(&original, original.agents());
     let inventory = Arc::new(Inventory::new());
     let auto_store = options.snapshot.store == kreplay_snapshot::StoreTier::Auto;
     let snapshotter = Snapshotter::new(
@@ -239,7 +243,7 @@ pub(crate) unsafe fn install(
         force_runtime_copies: options.force_runtime_copies,
         locked_host: parking_lot::Mutex::default(),
         cpu_agent: OnceLock::new(),
-        gpus: OnceLock::new(),
+        gpus,
         ticks_per_second,
         svm_by_default,
         host_visible: parking_lot::Mutex::default(),
@@ -250,12 +254,22 @@ pub(crate) unsafe fn install(
         .set(backend)
         .map_err(|_| InstallError::AlreadyInstalled)?;
     let b = installed().expect("set just above");
-    // SAFETY: registers a plain extern "C" function that only stores atomics (async-signal-safe,
-    // as a handler run in the child of a multithreaded process must be) and never unwinds.
-    if unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) } != 0 {
+    // SAFETY: registers plain extern "C" functions that never unwind: the prepare and parent
+    // handlers take and release the backend's locks (`crate::fork`), the child's resets them and
+    // stores atomics (no allocation, no lock that could be held: async-signal-safe, as a
+    // handler run in the child of a multithreaded process must be).
+    if unsafe {
+        libc::pthread_atfork(
+            Some(crate::fork::prepare),
+            Some(crate::fork::in_parent),
+            Some(in_forked_child),
+        )
+    } != 0
+    {
         log::warn!(
-            "cannot register kreplay's fork handler: a child forked during a replay may wait \
-             for the parent's replay"
+            "cannot register kreplay's fork handlers: a child forked during a replay may wait \
+             for the parent's replay, and its HSA calls for locks other threads of the parent \
+             held"
         );
     }
     // SAFETY: `Original::capture` checked the table's shape and that both sub-tables are
@@ -412,9 +426,12 @@ pub(crate) fn forked_child() -> bool {
 /// mid-way. The child replays nothing: kreplay is finalized there, as after `OnUnload` (every
 /// wrapper passes through, queues created from now on are the runtime's own), and the agents'
 /// reader side is switched off so that no dispatch of the child waits for a writer that
-/// exists only in the parent. Only atomics are stored: a fork handler in a multithreaded
-/// process must be async-signal-safe.
+/// exists only in the parent. First the backend's locks, which the fork's prepare handler
+/// took, are unlocked again and the parent's completion threads forgotten (`crate::fork`);
+/// then only atomics are stored: a fork handler in a multithreaded process must be
+/// async-signal-safe.
 extern "C" fn in_forked_child() {
+    let _ = catch_unwind(crate::fork::in_child);
     FORKED.store(true, Ordering::SeqCst);
     if let Some(b) = BACKEND.get() {
         b.finalized.store(true, Ordering::Release);

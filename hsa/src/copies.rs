@@ -65,6 +65,11 @@ pub(crate) struct CopyTimes {
 }
 
 impl CopyTimes {
+    /// The times' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.by_signal
+    }
+
     /// Entries kept at most; past it the answers are dropped all at once (those of signals the
     /// application destroys are dropped at the destroy, `crate::signals::signal_destroy`).
     const MOST: usize = 1 << 16;
@@ -174,11 +179,19 @@ unsafe extern "C" fn copy_landed(_value: hsa_signal_value_t, arg: *mut c_void) -
 
 /// The GPU agents among `agents`, deduplicated and sorted (one lock order for every thread).
 pub(crate) fn gpu_agents(b: &Backend, agents: impl IntoIterator<Item = hsa_agent_t>) -> Vec<u64> {
+    gpus_among(&b.original, agents)
+}
+
+/// [`gpu_agents`] from the runtime's entries alone (before the backend exists).
+pub(crate) fn gpus_among(
+    original: &crate::original::Original,
+    agents: impl IntoIterator<Item = hsa_agent_t>,
+) -> Vec<u64> {
     let mut gpus: Vec<u64> = Vec::with_capacity(2);
     for agent in agents {
         if agent.handle != 0
             && !gpus.contains(&agent.handle)
-            && b.original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU)
+            && original.agent_device_type(agent) == Some(HSA_DEVICE_TYPE_GPU)
         {
             gpus.push(agent.handle);
         }

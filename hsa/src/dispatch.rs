@@ -635,6 +635,11 @@ impl Held {
     }
 }
 
+/// The held completions' lock, for the fork set (`crate::fork`).
+pub(crate) fn fork_lock() -> crate::fork::Lock<'static> {
+    &HELD.lock
+}
+
 /// Waits, at most `limit`, until the completions gates held back reached the tool layer (the
 /// ENQUEUE callbacks of other threads in progress now ended and the COMPLETE records and
 /// counters they held were delivered): `OnUnload` calls it before the tools' contexts are

@@ -67,6 +67,11 @@ unsafe impl Send for Images {}
 unsafe impl Sync for Images {}
 
 impl Images {
+    /// The images' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.by_handle
+    }
+
     /// Copies the runtime's image extension table, if the root has one kreplay knows.
     ///
     /// # Safety

@@ -90,6 +90,7 @@ mod counting;
 mod devruntime;
 mod dispatch;
 mod fold;
+mod fork;
 mod images;
 mod layout;
 mod memory;

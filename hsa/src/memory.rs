@@ -215,7 +215,10 @@ pub(crate) unsafe extern "C" fn agents_allow_access(
             b,
             amd.hsa_amd_agents_allow_access_fn(num_agents, agents, flags, ptr)
         );
-        if status == HSA_STATUS_SUCCESS {
+        // Once finalized (the child of a fork included) no replay starts any more: the groups
+        // are left as they are. Their lock is not in the fork set (`crate::fork`): a replay of
+        // the parent's may have been reading them at the fork.
+        if status == HSA_STATUS_SUCCESS && !b.is_finalized() {
             b.peers.link(&members);
         }
         status

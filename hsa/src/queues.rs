@@ -670,6 +670,12 @@ pub(crate) struct QueueRegistry {
 }
 
 impl QueueRegistry {
+    /// The registry's locks for the fork set (`crate::fork`), in its order: side queues (held
+    /// while one is created and added), queues by agent, destroyed queues.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 3] {
+        [&self.side, &self.by_agent, &self.destroyed]
+    }
+
     /// The application queue whose doorbell signal is `doorbell`.
     fn by_doorbell(&self, doorbell: hsa_signal_t) -> Option<Arc<QueueState>> {
         self.by_agent
@@ -997,6 +1003,9 @@ fn create_intercepted(b: &Backend, request: QueueRequest) -> hsa_status_t {
 pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_status_t {
     guarded(|| {
         let b = backend();
+        if crate::backend::forked_child() {
+            return destroy_in_forked_child(b, queue);
+        }
         let state = b.queues.remove(queue);
         if let Some(state) = &state {
             // No drain may ring it from now on, and markers still in its mailbox will never be
@@ -1010,10 +1019,10 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
             // kreplay the doorbell store would have returned long ago and the destroy found the
             // dispatch in flight, its results undefined; here the dispatch completes first.
             // Not from a handler of this queue or a tool callback (a replay this very thread
-            // runs, which could not end while it waits), nor in the child of a fork, where the
-            // calls counted were the parent's other threads' (gone) and the child's own only
-            // forward packets (kreplay is finalized there): the state is kept below instead.
-            if !handling(queue) && !in_tool_callbacks() && !crate::backend::forked_child() {
+            // runs, which could not end while it waits): the state is kept below instead. (In
+            // the child of a fork, where the calls counted were the parent's other threads',
+            // `destroy_in_forked_child` waits for none.)
+            if !handling(queue) && !in_tool_callbacks() {
                 DESTROYS_WAITING.fetch_add(1, Ordering::SeqCst);
                 state.wait_for_handlers();
                 DESTROYS_WAITING.fetch_sub(1, Ordering::SeqCst);
@@ -1046,6 +1055,29 @@ pub(crate) unsafe extern "C" fn queue_destroy(queue: *mut hsa_queue_t) -> hsa_st
         }
         status
     })
+}
+
+/// [`queue_destroy`] in the child of a fork. The queue's own locks (its liveness, its mailbox,
+/// its handler count) are not in the fork set (`crate::fork`): a thread of the parent's, which
+/// does not exist here, may have held one at the fork (a replay's drain ringing the queue holds
+/// its liveness while it waits for room in the ring), so none is taken. Nothing here needs
+/// them: no drain runs in the child (it is finalized), the handler calls counted were the
+/// parent's, and the state of a queue of the parent's is kept for good rather than dropped
+/// (the parent's handler calls reached it through a plain pointer, and the forking thread may
+/// be inside one of them).
+fn destroy_in_forked_child(b: &Backend, queue: *mut hsa_queue_t) -> hsa_status_t {
+    let state = b.queues.remove(queue);
+    let status = b.original.queue_destroy(queue);
+    if let Some(state) = state {
+        if status == HSA_STATUS_SUCCESS {
+            state.errors.destroyed();
+            std::mem::forget(state);
+        } else {
+            // The runtime kept the queue: it stays known, as in the parent.
+            b.queues.add(state);
+        }
+    }
+    status
 }
 
 /// Wrapper of `hsa_queue_inactivate`: the queue's packet processor stops and what is pending

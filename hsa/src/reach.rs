@@ -109,6 +109,11 @@ static API: OnceLock<ExecutableApi> = OnceLock::new();
 /// Executables the application created (and has not destroyed) since installation.
 static EXECUTABLES: Mutex<Vec<Tracked>> = Mutex::new(Vec::new());
 
+/// [`EXECUTABLES`], for the fork set (`crate::fork`).
+pub(crate) fn fork_lock() -> crate::fork::Lock<'static> {
+    &EXECUTABLES
+}
+
 /// One executable and, once it is frozen (its symbols no longer change), its symbols per agent,
 /// enumerated on first use and kept: a replay's fixed cost must not grow with the number of
 /// kernels an application loaded.

@@ -29,6 +29,11 @@ pub(crate) struct Signals {
 }
 
 impl Signals {
+    /// The signals' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.live
+    }
+
     /// The handle of the live signal whose `amd_signal_t` holds `value`, if any.
     pub(crate) fn holding(&self, value: u64) -> Option<u64> {
         let live = self.live.lock();

@@ -26,6 +26,11 @@ pub(crate) struct SoftQueues {
 const QUEUE_BYTES: u64 = 256;
 
 impl SoftQueues {
+    /// The rings' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.rings
+    }
+
     /// The live soft queue whose `hsa_queue_t` (with the runtime's fields after it: its write
     /// index) `value` points into, if any. A kernel given it can enqueue packets for the host,
     /// which sees each one; no snapshot holds the write index or the doorbell.

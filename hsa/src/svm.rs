@@ -23,6 +23,11 @@ pub(crate) struct SvmRanges {
 }
 
 impl SvmRanges {
+    /// The ranges' lock, for the fork set (`crate::fork`).
+    pub(crate) fn fork_lock(&self) -> crate::fork::Lock<'_> {
+        &self.ranges
+    }
+
     /// The range containing `addr`, as (base, size).
     pub(crate) fn containing(&self, addr: u64) -> Option<(u64, u64)> {
         crate::reach::range_containing(&self.ranges.lock(), addr)

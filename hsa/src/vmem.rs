@@ -52,6 +52,11 @@ pub(crate) struct VmemTracker {
 }
 
 impl VmemTracker {
+    /// The tracker's locks for the fork set (`crate::fork`): handles, mappings, reservations.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 3] {
+        [&self.handles, &self.mappings, &self.reservations]
+    }
+
     /// The bases of the mappings inside the reservation `addr` lies in, or ends (one past its
     /// last byte: an end pointer); none when `addr` is in no reservation.
     pub(crate) fn mappings_reached(&self, addr: u64) -> Vec<u64> {
@@ -387,7 +392,10 @@ pub(crate) unsafe extern "C" fn set_access(
             .then(|| crate::copies::readers(b, &members));
         let status = forward!(b, amd.hsa_amd_vmem_set_access_fn(va, size, desc, count));
         if status == HSA_STATUS_SUCCESS && !desc.is_null() {
-            b.peers.link(&members);
+            // Not once finalized: see `crate::memory::agents_allow_access`.
+            if !b.is_finalized() {
+                b.peers.link(&members);
+            }
             // Each call replaces the previous permissions of every agent.
             if let Some(m) = b.vmem.mappings.lock().get_mut(&(va as u64)) {
                 m.access = access;

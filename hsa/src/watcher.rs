@@ -116,6 +116,30 @@ struct Inner {
 }
 
 impl Watcher {
+    /// The watcher's locks for the fork set (`crate::fork`): its signal list (held while the
+    /// runtime creates and rings its wake-up signal), then the runners' queue.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 2] {
+        [&self.inner, &self.runners.state]
+    }
+
+    /// In the child of a fork, once the fork set's locks are unlocked again: the watcher thread
+    /// and the completion threads are the parent's and do not exist here. Counted as idle, a
+    /// job handed to them (the completions a gate of the forking thread held, opened in the
+    /// child) would wait for them for ever; the next job starts a thread of the child's own
+    /// instead, as does the next watched signal. What was pending or queued is the parent's
+    /// (its completions are delivered there) and is forgotten, not run nor dropped (dropping
+    /// would free memory in a fork handler).
+    pub(crate) fn forget_threads_in_child(&self) {
+        let mut runners = self.runners.state.lock();
+        std::mem::forget(std::mem::take(&mut runners.jobs));
+        runners.idle = 0;
+        runners.threads = 0;
+        drop(runners);
+        let mut inner = self.inner.lock();
+        std::mem::forget(std::mem::take(&mut inner.pending));
+        inner.wake = None;
+    }
+
     /// Runs `job` on kreplay's watcher thread once `signal` reaches 0. Gives `job` back when
     /// the thread cannot be had (the caller then uses the runtime's handler).
     pub(crate) fn on_zero(&self, b: &Backend, signal: hsa_signal_t, job: Job) -> Result<(), Job> {
