@@ -15,8 +15,8 @@
 //!
 //! The order (a lock is only ever taken while holding locks earlier in it): the executables
 //! (`crate::reach`; held while the runtime walks a module's symbols); the queue registry's side
-//! queues (held while the runtime creates one, which registers it), its queues by agent, its
-//! destroyed queues; the watcher's signal list (held while the runtime creates and rings its
+//! queues (held while the runtime creates one, which registers it), then its queues by agent;
+//! the watcher's signal list (held while the runtime creates and rings its
 //! wake-up signal) and the completion runners' queue; the held completions' lock
 //! (`crate::dispatch`); images; virtual memory handles, mappings and reservations; SVM ranges;
 //! soft queue rings; async copy times; the application's signals (last: a runtime layer below
@@ -93,15 +93,14 @@ impl<T> ForkLock for Mutex<T> {
 }
 
 /// Every lock of the fork set, in the order they are taken (see the module doc).
-fn in_order(b: &'static Backend) -> [Lock<'static>; 15] {
-    let [side, by_agent, destroyed] = b.queues.fork_locks();
+fn in_order(b: &'static Backend) -> [Lock<'static>; 14] {
+    let [side, by_agent] = b.queues.fork_locks();
     let [watched, runners] = b.watcher.fork_locks();
     let [handles, mappings, reservations] = b.vmem.fork_locks();
     [
         crate::reach::fork_lock(),
         side,
         by_agent,
-        destroyed,
         watched,
         runners,
         crate::dispatch::fork_lock(),

@@ -671,9 +671,9 @@ pub(crate) struct QueueRegistry {
 
 impl QueueRegistry {
     /// The registry's locks for the fork set (`crate::fork`), in its order: side queues (held
-    /// while one is created and added), queues by agent, destroyed queues.
-    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 3] {
-        [&self.side, &self.by_agent, &self.destroyed]
+    /// while one is created and added), then queues by agent.
+    pub(crate) fn fork_locks(&self) -> [crate::fork::Lock<'_>; 2] {
+        [&self.side, &self.by_agent]
     }
 
     /// The application queue whose doorbell signal is `doorbell`.
