@@ -123,12 +123,15 @@ pub fn kernels(bytes: &[u8]) -> Result<Option<Vec<Kernel>>, Error> {
     if elf.machine != EM_AMDGPU {
         return Ok(None);
     }
-    let Some(note) = elf
-        .notes()?
-        .into_iter()
-        .find(|n| n.name == NOTE_OWNER && n.kind == NT_AMDGPU_METADATA)
-    else {
-        return Ok(None);
+    // Where the segments hold no metadata note, the sections may (as the runtime's own
+    // metadata reader looks for it).
+    let is_metadata = |n: &Note<'_>| n.name == NOTE_OWNER && n.kind == NT_AMDGPU_METADATA;
+    let note = match elf.segment_notes()?.into_iter().find(is_metadata) {
+        Some(note) => note,
+        None => match elf.section_notes()?.into_iter().find(is_metadata) {
+            Some(note) => note,
+            None => return Ok(None),
+        },
     };
     from_metadata(note.desc).map(Some)
 }

@@ -230,3 +230,30 @@ fn many_headers_naming_the_same_notes_are_an_error() {
     b[56..58].copy_from_slice(&3u16.to_le_bytes());
     assert_eq!(kernels(&b), Ok(Some(expected())));
 }
+
+/// A code object whose note segment holds other notes only (a build ID, say) and whose
+/// metadata note lies in a `SHT_NOTE` section no segment covers was read as carrying no
+/// metadata (`Ok(None)`): its printing kernels were replayed, printing once per pass. The
+/// runtime's metadata readers look in the sections when the segments do not have it; so does
+/// this one now.
+#[test]
+fn metadata_in_a_section_is_found_when_the_segments_hold_only_other_notes() {
+    let mut b = sample();
+    // A GNU build-ID note at the end of the file, the only one the note segment covers.
+    let at = b.len();
+    b.extend_from_slice(&4u32.to_le_bytes()); // namesz: "GNU\0"
+    b.extend_from_slice(&8u32.to_le_bytes()); // descsz
+    b.extend_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
+    b.extend_from_slice(b"GNU\0");
+    b.extend_from_slice(&[0x5a; 8]);
+    let len = b.len() - at;
+    let p = 64;
+    b[p + 8..p + 16].copy_from_slice(&(at as u64).to_le_bytes()); // p_offset
+    b[p + 32..p + 40].copy_from_slice(&(len as u64).to_le_bytes()); // p_filesz
+    let elf = Elf::parse(&b).unwrap();
+    assert!(
+        elf.notes().unwrap().iter().all(|n| n.name == b"GNU"),
+        "the segment holds the build ID only"
+    );
+    assert_eq!(kernels(&b), Ok(Some(expected())));
+}
