@@ -257,3 +257,50 @@ fn metadata_in_a_section_is_found_when_the_segments_hold_only_other_notes() {
     );
     assert_eq!(kernels(&b), Ok(Some(expected())));
 }
+
+/// The bytes of one note (4-byte padding).
+fn raw_note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
+    let mut n = Vec::new();
+    n.extend_from_slice(&(owner.len() as u32 + 1).to_le_bytes());
+    n.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+    n.extend_from_slice(&kind.to_le_bytes());
+    n.extend_from_slice(owner);
+    n.push(0);
+    while n.len() % 4 != 0 {
+        n.push(0);
+    }
+    n.extend_from_slice(desc);
+    while n.len() % 4 != 0 {
+        n.push(0);
+    }
+    n
+}
+
+/// A code object linked from several objects has one metadata note per object (the linker
+/// puts their `.note` sections end to end), each listing its own kernels. Only the first was
+/// read: a printing kernel listed in another note was replayed, printing once per pass. The
+/// runtime's metadata reader merges the kernels of every note; so does this one now.
+#[test]
+fn kernels_of_every_metadata_note_are_read() {
+    let mut b = sample();
+    let first = b[note_range(&b)].to_vec();
+    let second = raw_note(
+        NOTE_OWNER,
+        NT_AMDGPU_METADATA,
+        &metadata(&[KernelMeta::new("later", 8, &[HIDDEN_PRINTF_BUFFER])]),
+    );
+    let at = b.len();
+    b.extend_from_slice(&first);
+    b.extend_from_slice(&second);
+    let len = b.len() - at;
+    b[64 + 8..64 + 16].copy_from_slice(&(at as u64).to_le_bytes()); // p_offset
+    b[64 + 32..64 + 40].copy_from_slice(&(len as u64).to_le_bytes()); // p_filesz
+    let mut want = expected();
+    want.push(Kernel {
+        name: "later".into(),
+        symbol: "later.kd".into(),
+        printf: true,
+        ..Kernel::default()
+    });
+    assert_eq!(kernels(&b), Ok(Some(want)));
+}
