@@ -138,6 +138,15 @@ impl<'a> Elf<'a> {
     /// Every note of the file: those of its `PT_NOTE` segments where it has any, else those of
     /// its `SHT_NOTE` sections (the two usually hold the same bytes).
     pub fn notes(&self) -> Result<Vec<Note<'a>>, Error> {
+        let notes = self.segment_notes()?;
+        if !notes.is_empty() {
+            return Ok(notes);
+        }
+        self.section_notes()
+    }
+
+    /// The notes of the file's `PT_NOTE` segments.
+    pub fn segment_notes(&self) -> Result<Vec<Note<'a>>, Error> {
         let mut notes = Vec::new();
         for i in 0..self.phnum {
             let p = self.phdr(i)?;
@@ -146,9 +155,12 @@ impl<'a> Elf<'a> {
                 read_notes(&self.bytes[s..e], u64_at(p, 48), &mut notes)?;
             }
         }
-        if !notes.is_empty() {
-            return Ok(notes);
-        }
+        Ok(notes)
+    }
+
+    /// The notes of the file's `SHT_NOTE` sections.
+    pub fn section_notes(&self) -> Result<Vec<Note<'a>>, Error> {
+        let mut notes = Vec::new();
         for i in 0..self.shnum {
             let h = self.shdr(i)?;
             if u32_at(h, 4) == SHT_NOTE {

@@ -2,7 +2,8 @@
 //!
 //! A code object for ROCm is an ELF64 file (`e_machine` `EM_AMDGPU`) carrying a note (owner
 //! `AMDGPU`, type `NT_AMDGPU_METADATA`) whose descriptor is a MessagePack map (code object V3
-//! and later). Its `amdhsa.kernels` array describes every kernel: its `.name`, its kernel
+//! and later): one per object it was linked from, in its note segments (else its note
+//! sections), each listing its own kernels. Its `amdhsa.kernels` array describes every kernel: its `.name`, its kernel
 //! descriptor's `.symbol` (`name.kd`) and its `.args`, each with a `.value_kind`. The compiler
 //! gives a kernel hidden arguments for the device-runtime services it may use:
 //!
@@ -123,14 +124,40 @@ pub fn kernels(bytes: &[u8]) -> Result<Option<Vec<Kernel>>, Error> {
     if elf.machine != EM_AMDGPU {
         return Ok(None);
     }
-    let Some(note) = elf
-        .notes()?
+    // Every metadata note counts (a code object linked from several objects has one per
+    // object, each listing its own kernels); where the segments hold none, the sections may (as
+    // the runtime's own metadata reader looks for them).
+    let is_metadata = |n: &Note<'_>| n.name == NOTE_OWNER && n.kind == NT_AMDGPU_METADATA;
+    let mut notes: Vec<Note<'_>> = elf
+        .segment_notes()?
         .into_iter()
-        .find(|n| n.name == NOTE_OWNER && n.kind == NT_AMDGPU_METADATA)
-    else {
+        .filter(is_metadata)
+        .collect();
+    if notes.is_empty() {
+        notes = elf
+            .section_notes()?
+            .into_iter()
+            .filter(is_metadata)
+            .collect();
+    }
+    if notes.is_empty() {
         return Ok(None);
-    };
-    from_metadata(note.desc).map(Some)
+    }
+    // Headers naming the same bytes give the same note more than once: it is read once. Notes
+    // of one file do not overlap, so what is decoded is no more than the file.
+    notes.sort_by_key(|n| (n.desc.as_ptr() as usize, n.desc.len()));
+    notes.dedup_by_key(|n| (n.desc.as_ptr() as usize, n.desc.len()));
+    let total = notes
+        .iter()
+        .try_fold(0usize, |sum, n| sum.checked_add(n.desc.len()));
+    if total.is_none_or(|t| t > bytes.len()) {
+        return Err(Error::Elf("metadata notes overlap".into()));
+    }
+    let mut out = Vec::new();
+    for note in notes {
+        out.extend(from_metadata(note.desc)?);
+    }
+    Ok(Some(out))
 }
 
 fn meta(what: &str) -> Error {

@@ -230,3 +230,77 @@ fn many_headers_naming_the_same_notes_are_an_error() {
     b[56..58].copy_from_slice(&3u16.to_le_bytes());
     assert_eq!(kernels(&b), Ok(Some(expected())));
 }
+
+/// A code object whose note segment holds other notes only (a build ID, say) and whose
+/// metadata note lies in a `SHT_NOTE` section no segment covers was read as carrying no
+/// metadata (`Ok(None)`): its printing kernels were replayed, printing once per pass. The
+/// runtime's metadata readers look in the sections when the segments do not have it; so does
+/// this one now.
+#[test]
+fn metadata_in_a_section_is_found_when_the_segments_hold_only_other_notes() {
+    let mut b = sample();
+    // A GNU build-ID note at the end of the file, the only one the note segment covers.
+    let at = b.len();
+    b.extend_from_slice(&4u32.to_le_bytes()); // namesz: "GNU\0"
+    b.extend_from_slice(&8u32.to_le_bytes()); // descsz
+    b.extend_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
+    b.extend_from_slice(b"GNU\0");
+    b.extend_from_slice(&[0x5a; 8]);
+    let len = b.len() - at;
+    let p = 64;
+    b[p + 8..p + 16].copy_from_slice(&(at as u64).to_le_bytes()); // p_offset
+    b[p + 32..p + 40].copy_from_slice(&(len as u64).to_le_bytes()); // p_filesz
+    let elf = Elf::parse(&b).unwrap();
+    assert!(
+        elf.notes().unwrap().iter().all(|n| n.name == b"GNU"),
+        "the segment holds the build ID only"
+    );
+    assert_eq!(kernels(&b), Ok(Some(expected())));
+}
+
+/// The bytes of one note (4-byte padding).
+fn raw_note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
+    let mut n = Vec::new();
+    n.extend_from_slice(&(owner.len() as u32 + 1).to_le_bytes());
+    n.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+    n.extend_from_slice(&kind.to_le_bytes());
+    n.extend_from_slice(owner);
+    n.push(0);
+    while n.len() % 4 != 0 {
+        n.push(0);
+    }
+    n.extend_from_slice(desc);
+    while n.len() % 4 != 0 {
+        n.push(0);
+    }
+    n
+}
+
+/// A code object linked from several objects has one metadata note per object (the linker
+/// puts their `.note` sections end to end), each listing its own kernels. Only the first was
+/// read: a printing kernel listed in another note was replayed, printing once per pass. The
+/// runtime's metadata reader merges the kernels of every note; so does this one now.
+#[test]
+fn kernels_of_every_metadata_note_are_read() {
+    let mut b = sample();
+    let first = b[note_range(&b)].to_vec();
+    let second = raw_note(
+        NOTE_OWNER,
+        NT_AMDGPU_METADATA,
+        &metadata(&[KernelMeta::new("later", 8, &[HIDDEN_PRINTF_BUFFER])]),
+    );
+    let at = b.len();
+    b.extend_from_slice(&first);
+    b.extend_from_slice(&second);
+    let len = b.len() - at;
+    b[64 + 8..64 + 16].copy_from_slice(&(at as u64).to_le_bytes()); // p_offset
+    b[64 + 32..64 + 40].copy_from_slice(&(len as u64).to_le_bytes()); // p_filesz
+    let mut want = expected();
+    want.push(Kernel {
+        name: "later".into(),
+        symbol: "later.kd".into(),
+        printf: true,
+        ..Kernel::default()
+    });
+    assert_eq!(kernels(&b), Ok(Some(want)));
+}

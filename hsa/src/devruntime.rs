@@ -100,10 +100,15 @@ fn remember_reader(status: hsa_status_t, reader: *mut hsa_code_object_reader_t, 
     if status == HSA_STATUS_SUCCESS && !reader.is_null() {
         // SAFETY: the runtime wrote the new reader through the caller's valid out pointer.
         let handle = unsafe { reader.read_unaligned() }.handle;
-        let mut readers = READERS.lock();
-        readers.retain(|(h, _)| *h != handle);
-        readers.push((handle, users));
+        remember(handle, users);
     }
+}
+
+/// The reader `handle` was just created: what its code object said.
+fn remember(handle: u64, users: Users) {
+    let mut readers = READERS.lock();
+    readers.retain(|(h, _)| *h != handle);
+    readers.push((handle, users));
 }
 
 /// Wrapper of `hsa_code_object_reader_create_from_memory`: reads the code object's metadata.
@@ -204,12 +209,33 @@ pub(crate) unsafe extern "C" fn reader_create_from_file(
 pub(crate) unsafe extern "C" fn reader_destroy(reader: hsa_code_object_reader_t) -> hsa_status_t {
     guarded(|| {
         let b = backend();
-        let status = forward!(b, core.hsa_code_object_reader_destroy_fn(reader));
-        if status == HSA_STATUS_SUCCESS && !b.is_finalized() {
-            READERS.lock().retain(|(h, _)| *h != reader.handle);
+        if b.is_finalized() {
+            return forward!(b, core.hsa_code_object_reader_destroy_fn(reader));
         }
-        status
+        destroy_reader(reader.handle, || {
+            forward!(b, core.hsa_code_object_reader_destroy_fn(reader))
+        })
     })
+}
+
+/// Forgets reader `handle` around `destroy`, the runtime's destroy of it: before it, since once
+/// the runtime has freed the reader another thread may be given its handle for a new one (whose
+/// record must stay); remembered again if the runtime refuses (the reader lives on, so its
+/// handle cannot have been given to another meanwhile).
+fn destroy_reader(handle: u64, destroy: impl FnOnce() -> hsa_status_t) -> hsa_status_t {
+    let kept: Vec<(u64, Users)> = {
+        let mut readers = READERS.lock();
+        let (mine, others) = std::mem::take(&mut *readers)
+            .into_iter()
+            .partition(|(h, _)| *h == handle);
+        *readers = others;
+        mine
+    };
+    let status = destroy();
+    if status != HSA_STATUS_SUCCESS {
+        READERS.lock().extend(kept);
+    }
+    status
 }
 
 fn loaded(status: hsa_status_t, exe: hsa_executable_t, agent: Option<u64>, reader: u64) {
@@ -425,6 +451,49 @@ mod tests {
             printf: true,
             ..Kernel::default()
         }
+    }
+
+    fn remembered(handle: u64) -> Option<Users> {
+        READERS
+            .lock()
+            .iter()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, u)| u.clone())
+    }
+
+    /// Once the runtime destroyed a reader, another thread may be given its handle for a new
+    /// reader before the destroy's wrapper forgot the old one: the wrapper then forgot the new
+    /// reader's kernels, which were replayed, printing once per pass. The old reader is now
+    /// forgotten before the runtime destroys it (and remembered again if it refuses).
+    #[test]
+    fn a_reader_made_while_another_with_its_handle_is_destroyed_is_remembered() {
+        const H: u64 = 0xdead_0001;
+        let old: Users = vec![kernel("old")].into();
+        let new: Users = vec![kernel("new")].into();
+        remember(H, old.clone());
+        let status = destroy_reader(H, || {
+            // The runtime freed the reader; another thread's create gets the same handle.
+            remember(H, new.clone());
+            HSA_STATUS_SUCCESS
+        });
+        assert_eq!(status, HSA_STATUS_SUCCESS);
+        assert_eq!(
+            remembered(H).map(|u| u[0].name.clone()).as_deref(),
+            Some("new")
+        );
+
+        // A destroy the runtime refuses leaves the reader as it was.
+        const R: u64 = 0xdead_0002;
+        remember(R, old.clone());
+        let status = destroy_reader(R, || HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER);
+        assert_eq!(status, HSA_STATUS_ERROR_INVALID_CODE_OBJECT_READER);
+        assert_eq!(
+            remembered(R).map(|u| u[0].name.clone()).as_deref(),
+            Some("old")
+        );
+        // One it does forgets it.
+        assert_eq!(destroy_reader(R, || HSA_STATUS_SUCCESS), HSA_STATUS_SUCCESS);
+        assert!(remembered(R).is_none());
     }
 
     #[test]
