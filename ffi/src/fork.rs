@@ -18,73 +18,10 @@
 //! fork cannot wait for long. The context registry (`kreplay_ctxmask`) takes no lock:
 //! nothing of it needs handling here.
 
-use parking_lot::lock_api::{RawMutex as _, RawRwLock as _};
-use parking_lot::{Mutex, RawMutex, RawRwLock, RwLock};
+use kreplay_locks::fork::{self, ForkLock};
 
 /// A lock of the fork set, whatever it guards.
 pub(crate) type Held = dyn ForkLock + Sync;
-
-/// What is done to a lock of the fork set around a fork.
-pub(crate) trait ForkLock {
-    /// Takes it (exclusively) until [`release`](Self::release) or [`reset`](Self::reset); the
-    /// guard is forgotten.
-    fn hold(&self);
-    /// Releases it in the parent, after the fork.
-    ///
-    /// # Safety
-    /// This thread took it with [`hold`](Self::hold) and has not released it since.
-    unsafe fn release(&self);
-    /// Makes it unlocked again in the child of the fork, without waking anyone: threads of the
-    /// parent parked on it do not exist here, and waking them would go through parking_lot's
-    /// shared table, which another of the parent's threads may have held at the fork.
-    ///
-    /// # Safety
-    /// Only in the child of a fork, on the forking thread, which took it with
-    /// [`hold`](Self::hold) before the fork; its value is consistent (no update was in
-    /// progress: it was held).
-    unsafe fn reset(&self);
-}
-
-impl<T> ForkLock for Mutex<T> {
-    fn hold(&self) {
-        std::mem::forget(self.lock());
-    }
-
-    unsafe fn release(&self) {
-        // SAFETY: per the caller, this thread holds it through a forgotten guard.
-        unsafe { self.force_unlock() };
-    }
-
-    unsafe fn reset(&self) {
-        // SAFETY: the raw lock is a single atomic (interior mutability), written whole with the
-        // unlocked state; no other thread exists to race with it (the caller's contract).
-        unsafe {
-            std::ptr::from_ref(self.raw())
-                .cast_mut()
-                .write(RawMutex::INIT)
-        };
-    }
-}
-
-impl<T> ForkLock for RwLock<T> {
-    fn hold(&self) {
-        std::mem::forget(self.write());
-    }
-
-    unsafe fn release(&self) {
-        // SAFETY: per the caller, this thread holds it for writing through a forgotten guard.
-        unsafe { self.force_unlock_write() };
-    }
-
-    unsafe fn reset(&self) {
-        // SAFETY: as for a mutex: a single atomic written whole, no other thread.
-        unsafe {
-            std::ptr::from_ref(self.raw())
-                .cast_mut()
-                .write(RawRwLock::INIT)
-        };
-    }
-}
 
 /// Every lock of the fork set, module by module in the order they nest (see the module doc).
 static SET: [&[&Held]; 6] = [
@@ -103,24 +40,20 @@ fn in_order() -> impl DoubleEndedIterator<Item = &'static Held> {
 
 /// `pthread_atfork` prepare handler: takes every lock, in order.
 pub(crate) extern "C" fn prepare() {
-    let _ = std::panic::catch_unwind(|| in_order().for_each(|lock| lock.hold()));
+    let _ = std::panic::catch_unwind(|| fork::hold_all(in_order()));
 }
 
 /// `pthread_atfork` parent handler: releases them, last taken first.
 pub(crate) extern "C" fn in_parent() {
     let _ = std::panic::catch_unwind(|| {
-        for lock in in_order().rev() {
-            // SAFETY: `prepare` took them all on this thread, the one that forked.
-            unsafe { lock.release() };
-        }
+        // SAFETY: `prepare` took them all on this thread, the one that forked.
+        unsafe { fork::release_all(in_order()) };
     });
 }
 
 /// The child's part: every lock unlocked again (before `services::in_forked_child` forgets the
 /// parent's running callbacks and finalizes).
 pub(crate) fn in_child() {
-    for lock in in_order().rev() {
-        // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
-        unsafe { lock.reset() };
-    }
+    // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
+    unsafe { fork::reset_all(in_order()) };
 }

@@ -44,53 +44,12 @@
 //! (`Backend::gpus`); the CPU agent is looked up on first use by a replay's restore only, and
 //! the soft counters table is filled with what was read before its `OnceLock` is entered.
 
-use parking_lot::lock_api::RawMutex as _;
-use parking_lot::{Mutex, RawMutex};
+use kreplay_locks::fork::{self, ForkLock};
 
 use crate::backend::Backend;
 
 /// A lock of the fork set, whatever it guards.
 pub(crate) type Lock<'a> = &'a (dyn ForkLock + Sync);
-
-/// What is done to a lock of the fork set around a fork.
-pub(crate) trait ForkLock {
-    /// Takes it until [`release`](Self::release) or [`reset`](Self::reset); the guard is
-    /// forgotten.
-    fn hold(&self);
-    /// Releases it in the parent, after the fork.
-    ///
-    /// # Safety
-    /// This thread took it with [`hold`](Self::hold) and has not released it since.
-    unsafe fn release(&self);
-    /// Makes it unlocked again in the child of the fork, without waking anyone: the parent's
-    /// threads parked on it do not exist here.
-    ///
-    /// # Safety
-    /// Only in the child of a fork, on the forking thread, which took it with
-    /// [`hold`](Self::hold) before the fork.
-    unsafe fn reset(&self);
-}
-
-impl<T> ForkLock for Mutex<T> {
-    fn hold(&self) {
-        std::mem::forget(self.lock());
-    }
-
-    unsafe fn release(&self) {
-        // SAFETY: per the caller, this thread holds it through a forgotten guard.
-        unsafe { self.force_unlock() };
-    }
-
-    unsafe fn reset(&self) {
-        // SAFETY: the raw lock is a single atomic (interior mutability), written whole with the
-        // unlocked state; no other thread exists to race with it (the caller's contract).
-        unsafe {
-            std::ptr::from_ref(self.raw())
-                .cast_mut()
-                .write(RawMutex::INIT)
-        };
-    }
-}
 
 /// Every lock of the fork set, in the order they are taken (see the module doc).
 fn in_order(b: &'static Backend) -> [Lock<'static>; 14] {
@@ -119,7 +78,7 @@ fn in_order(b: &'static Backend) -> [Lock<'static>; 14] {
 pub(crate) extern "C" fn prepare() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(b) = crate::backend::installed() {
-            in_order(b).iter().for_each(|lock| lock.hold());
+            fork::hold_all(in_order(b).into_iter());
         }
     });
 }
@@ -128,10 +87,8 @@ pub(crate) extern "C" fn prepare() {
 pub(crate) extern "C" fn in_parent() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(b) = crate::backend::installed() {
-            for lock in in_order(b).iter().rev() {
-                // SAFETY: `prepare` took them all on this thread, the one that forked.
-                unsafe { lock.release() };
-            }
+            // SAFETY: `prepare` took them all on this thread, the one that forked.
+            unsafe { fork::release_all(in_order(b).into_iter()) };
         }
     });
 }
@@ -140,10 +97,8 @@ pub(crate) extern "C" fn in_parent() {
 /// (`crate::watcher`).
 pub(crate) fn in_child() {
     if let Some(b) = crate::backend::installed() {
-        for lock in in_order(b).iter().rev() {
-            // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
-            unsafe { lock.reset() };
-        }
+        // SAFETY: in the child, on the forking thread, which `prepare` had take them all.
+        unsafe { fork::reset_all(in_order(b).into_iter()) };
         b.watcher.forget_threads_in_child();
     }
 }

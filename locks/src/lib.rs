@@ -855,6 +855,7 @@ impl fmt::Debug for WriteGuard {
     }
 }
 
+pub mod fork;
 mod groups;
 pub use groups::AgentGroups;
 
