@@ -178,6 +178,50 @@ pub fn libkreplay() -> PathBuf {
     .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
 }
 
+/// `OnLoad` as libkreplay.so exports it (kreplay.h): the runtime's table, its version, the
+/// count and the names of the tools libraries it failed to load.
+pub type OnLoad = unsafe extern "C" fn(
+    *mut hsa_sys::HsaApiTable,
+    u64,
+    u64,
+    *const *const std::ffi::c_char,
+) -> bool;
+/// `OnUnload` as libkreplay.so exports it.
+pub type OnUnload = unsafe extern "C" fn();
+
+/// libkreplay.so loaded as a runtime loads a tools library, with its two entry points. They are
+/// valid while `library` stays loaded: keep this until after the last call.
+pub struct Libkreplay {
+    pub library: libloading::os::unix::Library,
+    pub on_load: OnLoad,
+    pub on_unload: OnUnload,
+}
+
+/// Loads this build's libkreplay.so ([`libkreplay`]) with the `dlopen` flags `flags`: as ROCm
+/// loads `HSA_TOOLS_LIB`, or `RTLD_NOW | RTLD_GLOBAL` so that the `kreplay_*` references of a
+/// C tool it loads resolve to it.
+pub fn load_libkreplay(flags: std::ffi::c_int) -> Libkreplay {
+    // SAFETY: libkreplay.so's initializers do nothing.
+    let library = unsafe { libloading::os::unix::Library::open(Some(libkreplay()), flags) }
+        .expect("load libkreplay.so");
+    // SAFETY: the entry points kreplay.h declares, with these signatures.
+    let (on_load, on_unload) = unsafe {
+        (
+            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
+            *library
+                .get::<OnUnload>(b"OnUnload\0")
+                .expect("OnUnload exported"),
+        )
+    };
+    Libkreplay {
+        library,
+        on_load,
+        on_unload,
+    }
+}
+
+pub mod outcomes_tool;
+
 /// Forking inside a test process: `fork` and `_exit` for the child's side, and the child's end
 /// waited for with a limit.
 pub mod forked {
