@@ -222,6 +222,69 @@ pub fn load_libkreplay(flags: std::ffi::c_int) -> Libkreplay {
 
 pub mod outcomes_tool;
 
+/// A Rust tool, configured through `kreplay_force_configure(Some(finalizing_tool::configure))`,
+/// that keeps its client id and the client finalize function kreplay hands its initialize, so
+/// that a test can have it ask to be finalized.
+pub mod finalizing_tool {
+    use std::ffi::{c_char, c_int, c_void};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use kreplay::abi::{ClientFinalizeFn, ClientId, ToolConfigureResult};
+
+    /// The tool's client handle.
+    static HANDLE: AtomicU32 = AtomicU32::new(0);
+    /// The client finalize function kreplay handed the tool.
+    static FINALIZE: OnceLock<unsafe extern "C" fn(ClientId)> = OnceLock::new();
+
+    /// The tool's configure function.
+    pub unsafe extern "C" fn configure(
+        _: u32,
+        _: *const c_char,
+        _: u32,
+        client: *mut ClientId,
+    ) -> *mut ToolConfigureResult {
+        static mut RESULT: ToolConfigureResult = ToolConfigureResult {
+            size: size_of::<ToolConfigureResult>(),
+            initialize: Some(initialize),
+            finalize: None,
+            tool_data: std::ptr::null_mut(),
+        };
+        // SAFETY: kreplay passes a valid client id.
+        HANDLE.store(unsafe { (*client).handle }, Ordering::SeqCst);
+        &raw mut RESULT
+    }
+
+    unsafe extern "C" fn initialize(finalize: ClientFinalizeFn, _: *mut c_void) -> c_int {
+        if let Some(finalize) = finalize {
+            let _ = FINALIZE.set(finalize);
+        }
+        0
+    }
+
+    /// The tool's client handle (once configured).
+    pub fn handle() -> u32 {
+        HANDLE.load(Ordering::SeqCst)
+    }
+
+    /// The client finalize function kreplay handed the tool (once initialized).
+    pub fn finalize_fn() -> unsafe extern "C" fn(ClientId) {
+        *FINALIZE
+            .get()
+            .expect("the tool's initialize received a client finalize function")
+    }
+
+    /// The tool asks to be finalized, with its own client id.
+    pub fn ask_for_finalize() {
+        let client = ClientId {
+            name: std::ptr::null(),
+            handle: handle(),
+        };
+        // SAFETY: kreplay's client finalize function, with the tool's own client id.
+        unsafe { finalize_fn()(client) };
+    }
+}
+
 /// Forking inside a test process: `fork` and `_exit` for the child's side, and the child's end
 /// waited for with a limit.
 pub mod forked {
