@@ -12,10 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use kreplay_drain::DrainConfig;
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::DispatchInfo;
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, App, Aql, Pools, Ptr, WAIT};
-use support::tool::{TestHooks, Wrap, Wrapped};
+use support::tool::{Wrap, Wrapped};
 
 /// Runs of `add_one` per tag.
 static RUNS: [AtomicU32; 8] = [const { AtomicU32::new(0) }; 8];
@@ -60,13 +59,7 @@ struct Panicking {
 }
 
 impl Wrap for Panicking {
-    fn dispatch_enqueue(
-        &self,
-        _: &TestHooks,
-        _: &[DispatchInfo],
-        _: Option<u64>,
-        submit: &mut dyn FnMut(),
-    ) {
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
         let panics = self.armed.swap(false, Ordering::SeqCst);
         if panics && self.at == PanicAt::Enter {
             panic!("the tool layer fails before ENQUEUE");

@@ -12,10 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use kreplay_hsa::InstallOptions;
-use kreplay_passloop::DispatchInfo;
 use support::app::{self, Aql};
 use support::counted::{AddOneArgs, add_one};
-use support::tool::{TestHooks, Wrap, Wrapped};
+use support::tool::{Wrap, Wrapped};
 use support::wait_child;
 
 /// Set in the child of the fork (its own copy of memory).
@@ -29,13 +28,7 @@ struct Forking {
 }
 
 impl Wrap for Forking {
-    fn dispatch_enqueue(
-        &self,
-        _: &TestHooks,
-        _: &[DispatchInfo],
-        _: Option<u64>,
-        submit: &mut dyn FnMut(),
-    ) {
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
         submit();
         if self.armed.swap(false, Ordering::SeqCst) {
             // SAFETY: the child only returns from this callback, asks for the held records and

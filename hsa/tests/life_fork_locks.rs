@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
 use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
-use kreplay_passloop::{DispatchInfo, ReplayOutcome};
+use kreplay_passloop::ReplayOutcome;
 use kreplay_softhsa::{OwnedApiTable, TableLayout};
 use support::app::{self, App, Aql};
 use support::counted::{AddOneArgs, add_one};
@@ -53,6 +53,35 @@ fn fork_running(child: impl FnOnce() -> i32) -> libc::pid_t {
         unsafe { libc::_exit(code) };
     }
     pid
+}
+
+/// Forks 100 times while another thread runs `churn` over and over, each child running
+/// `child` ([`fork_running`]) and waited for at most 10 s; asserts that every child ended with
+/// 0 (the forks stop at the first that did not).
+fn fork_while(churn: impl Fn() + Sync, child: impl Fn() -> i32) {
+    let stop = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                churn();
+            }
+        });
+        for round in 0..100 {
+            let pid = fork_running(&child);
+            match wait_child(pid, Duration::from_secs(10)) {
+                Some(0) => {}
+                other => {
+                    failures.push(format!(
+                        "fork {round}: the child ended with {other:?} (None: hung)"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// What every child does, as an application would after a fork: a queue of its own with
@@ -347,34 +376,15 @@ scenarios! {
         // No queue of the parent's: softhsa's threads for one, starting up, may hold softhsa's
         // own locks at the first fork (softhsa takes no fork handlers).
         let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
-        let stop = AtomicBool::new(false);
-        let mut failures = Vec::new();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: a zero handle and a null queue: both refused (by the runtime's
-                    // stand-ins), after kreplay looked them up in its lists.
-                    unsafe {
-                        destroy(hsa_signal_t { handle: 0 });
-                        profile(std::ptr::null_mut(), 0);
-                    }
-                }
-            });
-            for round in 0..100 {
-                let pid = fork_running(|| use_hsa(app, kernel));
-                match wait_child(pid, Duration::from_secs(10)) {
-                    Some(0) => {}
-                    other => {
-                        failures.push(format!(
-                            "fork {round}: the child ended with {other:?} (None: hung)"
-                        ));
-                        break;
-                    }
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        assert!(failures.is_empty(), "{failures:#?}");
+        fork_while(
+            // SAFETY: a zero handle and a null queue: both refused (by the runtime's
+            // stand-ins), after kreplay looked them up in its lists.
+            || unsafe {
+                destroy(hsa_signal_t { handle: 0 });
+                profile(std::ptr::null_mut(), 0);
+            },
+            || use_hsa(app, kernel),
+        );
     }
 
     /// A replay drains the other queue of its agent: it asks that queue for a drain marker and
@@ -497,38 +507,19 @@ scenarios! {
         let [gpu0, gpu1] = app.gpus;
         let pools = app.pools(gpu0);
         let allow = app.amd().hsa_amd_agents_allow_access_fn.expect("allow access");
-        let stop = AtomicBool::new(false);
-        let mut failures = Vec::new();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(kreplay_hsa::replay_group(gpu0.handle));
+        fork_while(
+            || {
+                std::hint::black_box(kreplay_hsa::replay_group(gpu0.handle));
+            },
+            || {
+                let buf = app.buffer(pools.coarse, &values(LEN));
+                // SAFETY: one agent handle; a buffer of this process.
+                if unsafe { allow(1, &gpu1, std::ptr::null(), buf.raw()) } != HSA_STATUS_SUCCESS {
+                    return 6;
                 }
-            });
-            for round in 0..100 {
-                let pid = fork_running(|| {
-                    let buf = app.buffer(pools.coarse, &values(LEN));
-                    // SAFETY: one agent handle; a buffer of this process.
-                    if unsafe { allow(1, &gpu1, std::ptr::null(), buf.raw()) }
-                        != HSA_STATUS_SUCCESS
-                    {
-                        return 6;
-                    }
-                    use_hsa(app, kernel)
-                });
-                match wait_child(pid, Duration::from_secs(10)) {
-                    Some(0) => {}
-                    other => {
-                        failures.push(format!(
-                            "fork {round}: the child ended with {other:?} (None: hung)"
-                        ));
-                        break;
-                    }
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        assert!(failures.is_empty(), "{failures:#?}");
+                use_hsa(app, kernel)
+            },
+        );
     }
 
     /// A tool forks from its ENQUEUE EXIT callback once the write's kernel finished, its COMPLETE
@@ -628,13 +619,7 @@ impl Wrap for Forking {
             }
         }
     }
-    fn dispatch_enqueue(
-        &self,
-        _: &TestHooks,
-        _: &[DispatchInfo],
-        _: Option<u64>,
-        submit: &mut dyn FnMut(),
-    ) {
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
         submit();
         if self.armed.swap(false, Ordering::SeqCst) {
             // The kernel finishes (its COMPLETE is held until this callback returns) before the
