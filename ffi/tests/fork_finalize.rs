@@ -8,9 +8,7 @@
 mod common;
 
 use common::finalizing_tool::{self, ask_for_finalize};
-use common::forked::{_exit, fork, wait_child};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use common::forked::fork_while;
 
 use kreplay::abi::Status;
 use kreplay::api::kreplay_force_configure;
@@ -27,42 +25,10 @@ fn a_forked_child_can_ask_for_a_finalize_while_a_parent_thread_was_asking_at_the
     );
     lifecycle::initialize_tools_with(&ToolSearch::default()).expect("tools initialize");
     assert_eq!(lifecycle::finalize_tools(), 1, "the tool finalizes");
-    let stop = AtomicBool::new(false);
-    let asked = AtomicU32::new(0);
-    let mut failures = Vec::new();
-    std::thread::scope(|scope| {
-        // Another thread of the application: the tool asks for its finalize over and over.
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                ask_for_finalize();
-                asked.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        for round in 0..1000 {
-            // The other thread is at it (not still starting) before each fork.
-            let before = asked.load(Ordering::Relaxed);
-            while asked.load(Ordering::Relaxed) < before + 2 {
-                std::thread::yield_now();
-            }
-            // SAFETY: the child only calls kreplay and leaves with _exit.
-            let pid = unsafe { fork() };
-            if pid == 0 {
-                ask_for_finalize();
-                // SAFETY: leaves the child at once.
-                unsafe { _exit(0) };
-            }
-            assert!(pid > 0, "fork failed");
-            match wait_child(pid, Duration::from_secs(10)) {
-                Some(0) => {}
-                other => {
-                    failures.push(format!(
-                        "fork {round}: the child ended with {other:?} (None: hung)"
-                    ));
-                    break;
-                }
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
+    // Another thread of the application: the tool asks for its finalize over and over.
+    let failures = fork_while(1000, ask_for_finalize, || {
+        ask_for_finalize();
+        true
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -289,6 +289,7 @@ pub mod finalizing_tool {
 /// waited for with a limit.
 pub mod forked {
     use std::ffi::c_int;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
     unsafe extern "C" {
@@ -320,6 +321,67 @@ pub mod forked {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Forks `rounds` times while another thread of the process runs `churn` over and over
+    /// (each fork waits until that thread is at it: two more runs since the last fork). Each
+    /// child runs `child` and leaves with `_exit`: 0 when it returned true, 1 when false, 2 when
+    /// it panicked; it is waited for at most 10 s. Describes the child that did not end with 0
+    /// (the forks stop at the first), or the other thread stalling: none when all went well.
+    pub fn fork_while(
+        rounds: usize,
+        churn: impl Fn() + Sync,
+        child: impl Fn() -> bool,
+    ) -> Vec<String> {
+        let stop = AtomicBool::new(false);
+        let churned = AtomicU64::new(0);
+        let mut failures = Vec::new();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    churn();
+                    churned.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for round in 0..rounds {
+                let before = churned.load(Ordering::Relaxed);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while churned.load(Ordering::Relaxed) < before + 2 {
+                    if Instant::now() >= deadline {
+                        failures.push(format!("fork {round}: the other thread stalled"));
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                if !failures.is_empty() {
+                    break;
+                }
+                // SAFETY: the child runs `child`, which only calls kreplay, and leaves with _exit.
+                let pid = unsafe { fork() };
+                if pid == 0 {
+                    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&child))
+                    {
+                        Ok(true) => 0,
+                        Ok(false) => 1,
+                        Err(_) => 2,
+                    };
+                    // SAFETY: leaves the child at once.
+                    unsafe { _exit(code) };
+                }
+                assert!(pid > 0, "fork failed");
+                match wait_child(pid, Duration::from_secs(10)) {
+                    Some(0) => {}
+                    other => {
+                        failures.push(format!(
+                            "fork {round}: the child ended with {other:?} (None: hung)"
+                        ));
+                        break;
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        failures
     }
 }
 
