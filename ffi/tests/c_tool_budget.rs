@@ -8,35 +8,14 @@
 
 mod common;
 
-use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hsa_sys::HsaApiTable;
+use common::outcomes_tool::{self, OutcomesTool};
 use kreplay::abi::{KernelReplayOperation, ReplayEnd, ReplayOutcomeKind, Status};
 use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
 use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
-
-/// Mirror of `outcomes_event_t` in tests/c/outcomes_tool.c (the fields read here first).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Event {
-    operation: u32,
-    record_decline_reason: u32,
-    dispatch_id: u64,
-    current_pass: u64,
-    outcome: u32,
-    end_reason: u32,
-    status: i32,
-    decline_reason: u32,
-    passes_run: u64,
-    bytes_lost: u64,
-    bytes_moved: u64,
-    chunks_restored: u64,
-    chunks_repaired: u64,
-    unverified: u32,
-    strategy: u32,
-}
+use libloading::os::unix::{RTLD_GLOBAL, RTLD_NOW};
 
 /// Long enough that the quick three-pass dispatch fits even on a loaded machine.
 const BUDGET: Duration = Duration::from_millis(1000);
@@ -80,40 +59,17 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
         common::have_compiler("cc"),
         "the C ABI test needs the system C compiler `cc`"
     );
-    let tool_path = common::scratch_dir("c_tool_budget").join("liboutcomes_tool.so");
-    common::build_c_library("outcomes_tool.c", &tool_path);
+    let tool_path = outcomes_tool::build("c_tool_budget");
     // SAFETY: setting the environment before any other thread of this test reads it.
     unsafe {
         std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
         std::env::set_var("KREPLAY_REPLAY_BUDGET_MS", BUDGET.as_millis().to_string());
     }
-    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
-    let library = unsafe {
-        libloading::os::unix::Library::open(
-            Some(common::libkreplay()),
-            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-        )
-    }
-    .expect("load libkreplay.so");
-    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
-    type OnUnload = unsafe extern "C" fn();
-    // SAFETY: the exported entry points have exactly these signatures.
-    let (on_load, on_unload) = unsafe {
-        (
-            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
-            *library
-                .get::<OnUnload>(b"OnUnload\0")
-                .expect("OnUnload exported"),
-        )
-    };
+    let kreplay = common::load_libkreplay(RTLD_NOW | RTLD_GLOBAL);
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table we own for the rest of the test.
-    assert!(unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
-    // SAFETY: kreplay loaded the tool library; this opens the same one.
-    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
-    type Answer = unsafe extern "C" fn(u64, c_int);
-    // SAFETY: signature as defined in outcomes_tool.c.
-    let answer = unsafe { *tool.get::<Answer>(b"outcomes_tool_answer\0").unwrap() };
+    assert!(unsafe { (kreplay.on_load)(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
+    let tool = OutcomesTool::open(&tool_path);
 
     // SAFETY: the table stays alive and valid while `hsa` is used.
     let hsa = unsafe { Hsa::from_table(table.table()) };
@@ -139,8 +95,8 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
 
     // Five passes wanted; pass 0 stays blocked until the budget is spent. The replay runs in
     // this thread, so a second thread releases the kernel, and first looks at the completion.
-    // SAFETY: the tool reads its answer between dispatches only.
-    unsafe { answer(5, 0) };
+    // SAFETY: no dispatch is in flight.
+    unsafe { tool.answer(5, false) };
     GATE_OPEN.store(false, Ordering::SeqCst);
     let done = hsa.signal_create(1).expect("signal");
     let completion_while_running = std::thread::scope(|scope| {
@@ -175,7 +131,7 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
 
     // Within the budget: all passes.
     // SAFETY: as above.
-    unsafe { answer(3, 0) };
+    unsafe { tool.answer(3, false) };
     let quick = hsa.signal_create(1).expect("signal");
     // SAFETY: as above.
     unsafe {
@@ -192,17 +148,8 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
     let expected: Vec<u32> = init.iter().map(|x| x + 2).collect();
     assert_eq!(now, &expected[..], "as after two ordinary runs");
 
-    type Count = unsafe extern "C" fn() -> usize;
-    type Events = unsafe extern "C" fn() -> *const Event;
-    // SAFETY: signatures as defined in outcomes_tool.c; no replay runs any more.
-    let events = unsafe {
-        let count = tool.get::<Count>(b"outcomes_tool_event_count\0").unwrap()();
-        std::slice::from_raw_parts(
-            tool.get::<Events>(b"outcomes_tool_events\0").unwrap()(),
-            count,
-        )
-        .to_vec()
-    };
+    // SAFETY: no replay runs any more.
+    let events = unsafe { tool.events() };
     let exits: Vec<(ReplayOutcomeKind, ReplayEnd, Status, u64)> = events
         .iter()
         .filter(|e| e.operation == KernelReplayOperation::CONFIG.0)
@@ -239,5 +186,5 @@ fn a_spent_budget_stops_further_passes_but_never_the_running_one() {
     unsafe { hsa.queue_destroy(queue) }.expect("queue destroy");
     hsa.free(data.cast()).expect("free");
     // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
-    unsafe { on_unload() };
+    unsafe { (kreplay.on_unload)() };
 }

@@ -9,38 +9,17 @@
 
 mod common;
 
-use std::ffi::{CStr, c_char, c_int};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hsa_sys::HsaApiTable;
+use common::outcomes_tool::{self, Event, OutcomesTool};
 use kreplay::abi::{
     Counters, DeclineReason, KernelReplayOperation, ReplayEnd, ReplayOutcomeKind, Status,
 };
 use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
 use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
-
-/// Mirror of `outcomes_event_t` in tests/c/outcomes_tool.c.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Event {
-    operation: u32,
-    record_decline_reason: u32,
-    dispatch_id: u64,
-    current_pass: u64,
-    outcome: u32,
-    end_reason: u32,
-    status: i32,
-    decline_reason: u32,
-    passes_run: u64,
-    bytes_lost: u64,
-    bytes_moved: u64,
-    chunks_restored: u64,
-    chunks_repaired: u64,
-    unverified: u32,
-    strategy: u32,
-}
+use libloading::os::unix::{RTLD_GLOBAL, RTLD_NOW};
 
 /// Elements of the buffer: 2 MiB, many 64 KiB chunks.
 const ELEMENTS: usize = 512 * 1024;
@@ -92,8 +71,7 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
         common::have_compiler("cc"),
         "the C ABI test needs the system C compiler `cc`"
     );
-    let tool_path = common::scratch_dir("c_tool_outcomes").join("liboutcomes_tool.so");
-    common::build_c_library("outcomes_tool.c", &tool_path);
+    let tool_path = outcomes_tool::build("c_tool_outcomes");
     // SAFETY: setting the environment before any other thread of this test reads it.
     unsafe {
         std::env::set_var("KREPLAY_TOOL_LIBRARIES", &tool_path);
@@ -103,25 +81,8 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
         std::env::set_var("KREPLAY_RESTORE", "writeset");
     }
 
-    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
-    let library = unsafe {
-        libloading::os::unix::Library::open(
-            Some(common::libkreplay()),
-            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-        )
-    }
-    .expect("load libkreplay.so");
-    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
-    type OnUnload = unsafe extern "C" fn();
-    // SAFETY: the exported entry points have exactly these signatures.
-    let (on_load, on_unload) = unsafe {
-        (
-            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
-            *library
-                .get::<OnUnload>(b"OnUnload\0")
-                .expect("OnUnload exported"),
-        )
-    };
+    let kreplay = common::load_libkreplay(RTLD_NOW | RTLD_GLOBAL);
+    let on_load = kreplay.on_load;
 
     // Bad tables are refused before any tool is initialized...
     // SAFETY: OnLoad must cope with a null table (that is what is tested).
@@ -133,17 +94,8 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     // SAFETY: OnLoad must refuse a table without a core table (that is what is tested).
     let loaded = unsafe { on_load(hollow.as_mut_ptr(), 1, 0, std::ptr::null()) };
     assert!(!loaded, "OnLoad with a table lacking its core table fails");
-    // SAFETY: the tool library's kreplay_* references resolve to the global libkreplay.
-    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
-    type Initialized = unsafe extern "C" fn() -> c_int;
-    // SAFETY: signature as defined in outcomes_tool.c.
-    let initialized = unsafe {
-        *tool
-            .get::<Initialized>(b"outcomes_tool_initialized\0")
-            .unwrap()
-    };
-    // SAFETY: a plain accessor of the tool.
-    let before = unsafe { initialized() };
+    let tool = OutcomesTool::open(&tool_path);
+    let before = tool.initialized();
     assert_eq!(
         before, 0,
         "no tool's initialize ran for a table kreplay cannot use"
@@ -153,8 +105,7 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     // SAFETY: `table` is a valid table we own for the rest of the test.
     let loaded = unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
     assert!(loaded, "OnLoad succeeds after a refused OnLoad(NULL)");
-    // SAFETY: a plain accessor.
-    assert_eq!(unsafe { initialized() }, 1, "the tool initialized once");
+    assert_eq!(tool.initialized(), 1, "the tool initialized once");
 
     // SAFETY: the table stays alive and valid while `hsa` is used.
     let hsa = unsafe { Hsa::from_table(table.table()) };
@@ -180,14 +131,11 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     // SAFETY: the kernarg allocation holds one Args.
     unsafe { args.write(Args { data }) };
 
-    type Answer = unsafe extern "C" fn(u64, c_int);
-    // SAFETY: signature as defined in outcomes_tool.c.
-    let answer = unsafe { *tool.get::<Answer>(b"outcomes_tool_answer\0").unwrap() };
     let mut expected_runs = 0usize;
     let mut ran = 0u32;
     let mut dispatch = |passes: u64, with_continue: bool, stray_on_pass: Option<usize>| {
-        // SAFETY: the tool reads these between dispatches only.
-        unsafe { answer(passes, c_int::from(with_continue)) };
+        // SAFETY: the previous dispatch completed; the next is not made yet.
+        unsafe { tool.answer(passes, with_continue) };
         let before = RUNS.load(Ordering::SeqCst);
         STRAY_ON_RUN.store(
             stray_on_pass.map_or(0, |p| before + p + 1),
@@ -252,31 +200,9 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     }
 
     // What the C tool saw.
-    type Count = unsafe extern "C" fn() -> usize;
-    type Events = unsafe extern "C" fn() -> *const Event;
-    type Failures = unsafe extern "C" fn(*mut *const c_char) -> c_int;
-    type GetCounters = unsafe extern "C" fn(*mut Counters) -> Status;
-    // SAFETY: signatures as defined in outcomes_tool.c; no replay runs any more.
-    let (events, failures, counters) = unsafe {
-        let count = tool.get::<Count>(b"outcomes_tool_event_count\0").unwrap()();
-        let events = std::slice::from_raw_parts(
-            tool.get::<Events>(b"outcomes_tool_events\0").unwrap()(),
-            count,
-        )
-        .to_vec();
-        let mut first: *const c_char = std::ptr::null();
-        let failures = tool.get::<Failures>(b"outcomes_tool_failures\0").unwrap()(&mut first);
-        let first = CStr::from_ptr(first).to_string_lossy().into_owned();
-        let mut counters = Counters {
-            size: 0,
-            ..Counters::default()
-        };
-        let status = tool
-            .get::<GetCounters>(b"outcomes_tool_counters\0")
-            .unwrap()(&mut counters);
-        assert_eq!(status, Status::SUCCESS);
-        (events, (failures, first), counters)
-    };
+    // SAFETY: no replay runs any more.
+    let (events, failures) = unsafe { (tool.events(), tool.failures()) };
+    let counters = tool.counters();
     assert_eq!(
         failures.0, 0,
         "the C tool's own checks failed: {}",
@@ -412,9 +338,11 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     assert!(counters.bytes_restored > 0);
 
     // A caller that provides only the first fields gets only those.
+    type GetCounters = unsafe extern "C" fn(*mut Counters) -> Status;
     // SAFETY: the exported function with the header's signature.
     let get = unsafe {
-        *library
+        *kreplay
+            .library
             .get::<GetCounters>(b"kreplay_get_counters\0")
             .expect("kreplay_get_counters exported")
     };
@@ -435,5 +363,5 @@ fn a_c_tool_learns_every_outcome_and_reads_the_counters() {
     unsafe { hsa.queue_destroy(queue) }.expect("queue destroy");
     hsa.free(data.cast()).expect("free");
     // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
-    unsafe { on_unload() };
+    unsafe { (kreplay.on_unload)() };
 }

@@ -13,9 +13,9 @@ use std::ffi::{CStr, c_char, c_int};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hsa_sys::HsaApiTable;
 use kreplay_softhsa::testing::{Dispatch, Hsa};
 use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
+use libloading::os::unix::{RTLD_GLOBAL, RTLD_NOW};
 
 /// Mirror of `c_tool_event_t` in tests/c/replay_tool.c.
 #[repr(C)]
@@ -85,29 +85,11 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
 
     // As ROCm does with HSA_TOOLS_LIB: load the tools library with its symbols global (so the C
     // tool's kreplay_* calls resolve to it) and call OnLoad with the runtime's table.
-    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
-    let library = unsafe {
-        libloading::os::unix::Library::open(
-            Some(common::libkreplay()),
-            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-        )
-    }
-    .expect("load libkreplay.so");
-    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
-    type OnUnload = unsafe extern "C" fn();
-    // SAFETY: the exported entry points have exactly these signatures.
-    let (on_load, on_unload) = unsafe {
-        (
-            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
-            *library
-                .get::<OnUnload>(b"OnUnload\0")
-                .expect("OnUnload exported"),
-        )
-    };
+    let kreplay = common::load_libkreplay(RTLD_NOW | RTLD_GLOBAL);
 
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table we own for the rest of the test.
-    let loaded = unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
+    let loaded = unsafe { (kreplay.on_load)(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
     assert!(loaded, "OnLoad succeeds");
 
     // The application, through the (now wrapped) table only.
@@ -310,5 +292,5 @@ fn c_tool_replays_a_dispatch_through_the_c_abi_on_softhsa() {
         hsa.free(ptr.cast()).expect("free");
     }
     // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
-    unsafe { on_unload() };
+    unsafe { (kreplay.on_unload)() };
 }

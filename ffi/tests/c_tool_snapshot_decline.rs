@@ -8,34 +8,13 @@
 
 mod common;
 
-use std::ffi::{c_char, c_int};
 use std::time::Duration;
 
-use hsa_sys::HsaApiTable;
-use kreplay::abi::{Counters, DeclineReason, KernelReplayOperation, ReplayOutcomeKind, Status};
+use common::outcomes_tool::{self, OutcomesTool};
+use kreplay::abi::{DeclineReason, KernelReplayOperation, ReplayOutcomeKind, Status};
 use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
 use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
-
-/// Mirror of `outcomes_event_t` in tests/c/outcomes_tool.c (the fields read here first).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-struct Event {
-    operation: u32,
-    record_decline_reason: u32,
-    dispatch_id: u64,
-    current_pass: u64,
-    outcome: u32,
-    end_reason: u32,
-    status: i32,
-    decline_reason: u32,
-    passes_run: u64,
-    bytes_lost: u64,
-    bytes_moved: u64,
-    chunks_restored: u64,
-    chunks_repaired: u64,
-    unverified: u32,
-    strategy: u32,
-}
+use libloading::os::unix::{RTLD_GLOBAL, RTLD_NOW};
 
 /// Long enough that the quick three-pass dispatch fits even on a loaded machine.
 const ELEMENTS: u32 = 256;
@@ -64,9 +43,8 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
         common::have_compiler("cc"),
         "the C ABI test needs the system C compiler `cc`"
     );
+    let tool_path = outcomes_tool::build("c_tool_snapshot_decline");
     let scratch = common::scratch_dir("c_tool_snapshot_decline");
-    let tool_path = scratch.join("liboutcomes_tool.so");
-    common::build_c_library("outcomes_tool.c", &tool_path);
     // Of this process: another copy of this test binary may remove its own at the same time.
     let missing = scratch.join(format!(
         "spill-folder-removed-after-start-up-{}",
@@ -79,36 +57,14 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
         std::env::set_var("KREPLAY_SNAPSHOT_STORE", "file");
         std::env::set_var("KREPLAY_SPILL_DIR", &missing);
     }
-    // SAFETY: libkreplay.so's initializers do nothing; RTLD_NOW|RTLD_GLOBAL as a runtime would.
-    let library = unsafe {
-        libloading::os::unix::Library::open(
-            Some(common::libkreplay()),
-            libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-        )
-    }
-    .expect("load libkreplay.so");
-    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
-    type OnUnload = unsafe extern "C" fn();
-    // SAFETY: the exported entry points have exactly these signatures.
-    let (on_load, on_unload) = unsafe {
-        (
-            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
-            *library
-                .get::<OnUnload>(b"OnUnload\0")
-                .expect("OnUnload exported"),
-        )
-    };
+    let kreplay = common::load_libkreplay(RTLD_NOW | RTLD_GLOBAL);
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table we own for the rest of the test.
-    assert!(unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
+    assert!(unsafe { (kreplay.on_load)(table.as_mut_ptr(), 1, 0, std::ptr::null()) });
     std::fs::remove_dir(&missing).unwrap();
-    // SAFETY: kreplay loaded the tool library; this opens the same one.
-    let tool = unsafe { libloading::Library::new(&tool_path) }.expect("tool library");
-    type Answer = unsafe extern "C" fn(u64, c_int);
-    // SAFETY: signature as defined in outcomes_tool.c.
-    let answer = unsafe { *tool.get::<Answer>(b"outcomes_tool_answer\0").unwrap() };
-    // SAFETY: the tool reads its answer between dispatches only.
-    unsafe { answer(3, 0) };
+    let tool = OutcomesTool::open(&tool_path);
+    // SAFETY: no dispatch yet.
+    unsafe { tool.answer(3, false) };
 
     // SAFETY: the table stays alive and valid while `hsa` is used.
     let hsa = unsafe { Hsa::from_table(table.table()) };
@@ -149,24 +105,9 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     let expected: Vec<u32> = init.iter().map(|x| x + 1).collect();
     assert_eq!(now, &expected[..], "ran once, memory as after one run");
 
-    type Count = unsafe extern "C" fn() -> usize;
-    type Events = unsafe extern "C" fn() -> *const Event;
-    type GetCounters = unsafe extern "C" fn(*mut Counters) -> Status;
-    // SAFETY: signatures as defined in outcomes_tool.c; no replay runs any more.
-    let (events, counters) = unsafe {
-        let count = tool.get::<Count>(b"outcomes_tool_event_count\0").unwrap()();
-        let events = std::slice::from_raw_parts(
-            tool.get::<Events>(b"outcomes_tool_events\0").unwrap()(),
-            count,
-        )
-        .to_vec();
-        let mut counters = Counters::default();
-        let status = tool
-            .get::<GetCounters>(b"outcomes_tool_counters\0")
-            .unwrap()(&mut counters);
-        assert_eq!(status, Status::SUCCESS);
-        (events, counters)
-    };
+    // SAFETY: no replay runs any more.
+    let events = unsafe { tool.events() };
+    let counters = tool.counters();
     assert_eq!(
         events.len(),
         2,
@@ -205,5 +146,5 @@ fn a_snapshot_that_cannot_be_stored_is_a_decline_the_tool_sees_at_snapshot_exit(
     unsafe { hsa.queue_destroy(queue) }.expect("queue destroy");
     hsa.free(data.cast()).expect("free");
     // SAFETY: OnUnload takes no arguments; kreplay finalizes its tools.
-    unsafe { on_unload() };
+    unsafe { (kreplay.on_unload)() };
 }

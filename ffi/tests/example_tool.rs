@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hsa_sys::HsaApiTable;
 use kreplay_softhsa::testing::{Dispatch, Hsa, PoolKind};
 use kreplay_softhsa::{OwnedApiTable, WorkGroup, register_kernel};
+use libloading::os::unix::{RTLD_LAZY, RTLD_LOCAL};
 
 const ELEMENTS: usize = 2048;
 const DISPATCHES: usize = 4;
@@ -73,28 +72,10 @@ fn example_c_tool_linked_with_lkreplay_replays_dispatches_when_loaded_as_rocm_lo
     }
 
     // As ROCm's runtime loads HSA_TOOLS_LIB: RTLD_LAZY, local scope.
-    // SAFETY: libkreplay.so's initializers do nothing.
-    let library = unsafe {
-        libloading::os::unix::Library::open(
-            Some(common::libkreplay()),
-            libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL,
-        )
-    }
-    .expect("load libkreplay.so");
-    type OnLoad = unsafe extern "C" fn(*mut HsaApiTable, u64, u64, *const *const c_char) -> bool;
-    type OnUnload = unsafe extern "C" fn();
-    // SAFETY: the entry points kreplay.h declares, with these signatures.
-    let (on_load, on_unload) = unsafe {
-        (
-            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
-            *library
-                .get::<OnUnload>(b"OnUnload\0")
-                .expect("OnUnload exported"),
-        )
-    };
+    let kreplay = common::load_libkreplay(RTLD_LAZY | RTLD_LOCAL);
     let mut table = OwnedApiTable::softhsa();
     // SAFETY: `table` is a valid table this test owns until the end.
-    let loaded = unsafe { on_load(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
+    let loaded = unsafe { (kreplay.on_load)(table.as_mut_ptr(), 1, 0, std::ptr::null()) };
     assert!(loaded, "OnLoad succeeds");
 
     // SAFETY: the table stays alive and valid while `hsa` is used.
@@ -146,7 +127,7 @@ fn example_c_tool_linked_with_lkreplay_replays_dispatches_when_loaded_as_rocm_lo
     );
     drop(session);
     // SAFETY: the runtime's shutdown entry point; nothing runs through the table afterwards.
-    unsafe { on_unload() };
+    unsafe { (kreplay.on_unload)() };
 
     let summary = std::fs::read_to_string(&summary)
         .expect("the tool wrote its summary at finalize (it was initialized by this libkreplay)");

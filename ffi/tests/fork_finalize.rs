@@ -7,99 +7,28 @@
 
 mod common;
 
-use common::forked::{_exit, fork, wait_child};
-use std::ffi::{c_char, c_int, c_void};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
+use common::finalizing_tool::{self, ask_for_finalize};
+use common::forked::fork_while;
 
-use kreplay::abi::{ClientFinalizeFn, ClientId, Status, ToolConfigureResult};
+use kreplay::abi::Status;
 use kreplay::api::kreplay_force_configure;
 use kreplay::lifecycle::{self, ToolSearch};
 use kreplay::logging::{self, LogLevel};
-
-/// The tool's client handle.
-static HANDLE: AtomicU32 = AtomicU32::new(0);
-/// The client finalize function kreplay handed the tool.
-static FINALIZE: OnceLock<unsafe extern "C" fn(ClientId)> = OnceLock::new();
-
-unsafe extern "C" fn initialize(finalize: ClientFinalizeFn, _: *mut c_void) -> c_int {
-    if let Some(finalize) = finalize {
-        let _ = FINALIZE.set(finalize);
-    }
-    0
-}
-
-unsafe extern "C" fn configure(
-    _: u32,
-    _: *const c_char,
-    _: u32,
-    client: *mut ClientId,
-) -> *mut ToolConfigureResult {
-    static mut RESULT: ToolConfigureResult = ToolConfigureResult {
-        size: size_of::<ToolConfigureResult>(),
-        initialize: Some(initialize),
-        finalize: None,
-        tool_data: std::ptr::null_mut(),
-    };
-    // SAFETY: kreplay passes a valid client id.
-    HANDLE.store(unsafe { (*client).handle }, Ordering::SeqCst);
-    &raw mut RESULT
-}
-
-/// The tool asks to be finalized (it already is: kreplay says so, and waits for no one).
-fn ask_for_finalize() {
-    let client = ClientId {
-        name: std::ptr::null(),
-        handle: HANDLE.load(Ordering::SeqCst),
-    };
-    // SAFETY: kreplay's client finalize function, with the tool's own client id.
-    unsafe { FINALIZE.get().expect("initialized")(client) };
-}
 
 #[test]
 fn a_forked_child_can_ask_for_a_finalize_while_a_parent_thread_was_asking_at_the_fork() {
     // Every refused finalize is warned about: not printed here.
     logging::set_level(LogLevel::Off);
-    assert_eq!(kreplay_force_configure(Some(configure)), Status::SUCCESS);
+    assert_eq!(
+        kreplay_force_configure(Some(finalizing_tool::configure)),
+        Status::SUCCESS
+    );
     lifecycle::initialize_tools_with(&ToolSearch::default()).expect("tools initialize");
     assert_eq!(lifecycle::finalize_tools(), 1, "the tool finalizes");
-    let stop = AtomicBool::new(false);
-    let asked = AtomicU32::new(0);
-    let mut failures = Vec::new();
-    std::thread::scope(|scope| {
-        // Another thread of the application: the tool asks for its finalize over and over.
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                ask_for_finalize();
-                asked.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        for round in 0..1000 {
-            // The other thread is at it (not still starting) before each fork.
-            let before = asked.load(Ordering::Relaxed);
-            while asked.load(Ordering::Relaxed) < before + 2 {
-                std::thread::yield_now();
-            }
-            // SAFETY: the child only calls kreplay and leaves with _exit.
-            let pid = unsafe { fork() };
-            if pid == 0 {
-                ask_for_finalize();
-                // SAFETY: leaves the child at once.
-                unsafe { _exit(0) };
-            }
-            assert!(pid > 0, "fork failed");
-            match wait_child(pid, Duration::from_secs(10)) {
-                Some(0) => {}
-                other => {
-                    failures.push(format!(
-                        "fork {round}: the child ended with {other:?} (None: hung)"
-                    ));
-                    break;
-                }
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
+    // Another thread of the application: the tool asks for its finalize over and over.
+    let failures = fork_while(1000, ask_for_finalize, || {
+        ask_for_finalize();
+        true
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -4,8 +4,7 @@
 //! first kreplay call that needs it would wait forever. Each child calls those functions and
 //! must finish.
 
-use common::forked::{_exit, fork, wait_child};
-use std::sync::atomic::{AtomicBool, Ordering};
+use common::forked::fork_while;
 use std::time::Duration;
 
 use kreplay::abi::{ContextHandle, Status};
@@ -19,45 +18,25 @@ fn a_forked_child_can_use_kreplay_while_a_parent_thread_was_inside_it_at_the_for
     let mut ctx = ContextHandle::default();
     // SAFETY: a valid out-pointer.
     assert_eq!(unsafe { kreplay_create_context(&mut ctx) }, Status::SUCCESS);
-    let stop = AtomicBool::new(false);
-    let mut failures = Vec::new();
-    std::thread::scope(|scope| {
+    let failures = fork_while(
+        40,
         // Another thread of the application, in and out of kreplay's locks all the time.
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = kreplay_start_context(ctx);
-                let mut other = ContextHandle::default();
-                // SAFETY: a valid out-pointer.
-                let _ = unsafe { kreplay_create_context(&mut other) };
-            }
-        });
-        for round in 0..40 {
-            // SAFETY: the child only calls kreplay and leaves with _exit.
-            let pid = unsafe { fork() };
-            if pid == 0 {
-                let mut fresh = ContextHandle::default();
-                // SAFETY: a valid out-pointer.
-                let created = unsafe { kreplay_create_context(&mut fresh) };
-                let ok = created == Status::SUCCESS
-                    && kreplay_start_context(ctx) == Status::SUCCESS
-                    && kreplay_start_context(fresh) == Status::SUCCESS
-                    && kreplay_stop_context(fresh) == Status::SUCCESS;
-                // SAFETY: leaves the child at once.
-                unsafe { _exit(if ok { 0 } else { 1 }) };
-            }
-            assert!(pid > 0, "fork failed");
-            match wait_child(pid, Duration::from_secs(10)) {
-                Some(0) => {}
-                other => {
-                    failures.push(format!(
-                        "fork {round}: the child ended with {other:?} (None: hung)"
-                    ));
-                    break;
-                }
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-    });
+        || {
+            let _ = kreplay_start_context(ctx);
+            let mut other = ContextHandle::default();
+            // SAFETY: a valid out-pointer.
+            let _ = unsafe { kreplay_create_context(&mut other) };
+        },
+        || {
+            let mut fresh = ContextHandle::default();
+            // SAFETY: a valid out-pointer.
+            let created = unsafe { kreplay_create_context(&mut fresh) };
+            created == Status::SUCCESS
+                && kreplay_start_context(ctx) == Status::SUCCESS
+                && kreplay_start_context(fresh) == Status::SUCCESS
+                && kreplay_stop_context(fresh) == Status::SUCCESS
+        },
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

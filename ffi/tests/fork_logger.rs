@@ -3,12 +3,14 @@
 //! program) makes kreplay's fork handlers run inside the logging call: kreplay must not be
 //! holding one of the locks they take then, or the forking thread waits for itself for good.
 
-use std::ffi::{c_char, c_int, c_void};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+mod common;
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kreplay::abi::{ClientFinalizeFn, ClientId, Status, ToolConfigureResult};
+use common::finalizing_tool;
+use kreplay::abi::{ClientId, Status};
 use kreplay::api::kreplay_force_configure;
 use kreplay::lifecycle::{self, ToolSearch};
 
@@ -48,42 +50,17 @@ impl log::Log for ForkingLogger {
     fn flush(&self) {}
 }
 
-static HANDLE: AtomicU32 = AtomicU32::new(0);
-static FINALIZE: Mutex<ClientFinalizeFn> = Mutex::new(None);
-
-unsafe extern "C" fn configure(
-    _: u32,
-    _: *const c_char,
-    _: u32,
-    client: *mut ClientId,
-) -> *mut ToolConfigureResult {
-    static mut RESULT: ToolConfigureResult = ToolConfigureResult {
-        size: size_of::<ToolConfigureResult>(),
-        initialize: Some(initialize),
-        finalize: None,
-        tool_data: std::ptr::null_mut(),
-    };
-    // SAFETY: kreplay passes a valid client id.
-    HANDLE.store(unsafe { (*client).handle }, Ordering::SeqCst);
-    &raw mut RESULT
-}
-
-unsafe extern "C" fn initialize(finalize: ClientFinalizeFn, _: *mut c_void) -> c_int {
-    *FINALIZE.lock().unwrap() = finalize;
-    0
-}
-
 #[test]
 fn a_logger_that_forks_receives_kreplays_warnings_without_hanging() {
     log::set_logger(&ForkingLogger).expect("the test's logger");
     log::set_max_level(log::LevelFilter::Trace);
-    assert_eq!(kreplay_force_configure(Some(configure)), Status::SUCCESS);
+    assert_eq!(
+        kreplay_force_configure(Some(finalizing_tool::configure)),
+        Status::SUCCESS
+    );
     lifecycle::initialize_tools_with(&ToolSearch::default()).expect("tools initialize");
-    let finalize = FINALIZE
-        .lock()
-        .unwrap()
-        .expect("the tool's finalize function");
-    let handle = HANDLE.load(Ordering::SeqCst);
+    let finalize = finalizing_tool::finalize_fn();
+    let handle = finalizing_tool::handle();
     // The tool finalizes itself, then asks again (warned: finalized already), and calls its
     // finalize with an id not its own (warned), on a thread the test can give up on.
     let (done, finished) = std::sync::mpsc::channel();

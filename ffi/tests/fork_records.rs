@@ -6,9 +6,7 @@
 
 mod common;
 
-use common::forked::{_exit, fork, wait_child};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use common::forked::fork_while;
 
 use kreplay::lifecycle::{self, ToolSearch};
 use kreplay::{hsa_tool, run_record};
@@ -21,41 +19,22 @@ fn a_forked_child_writes_its_record_at_exit_while_a_parent_thread_held_the_recor
     std::fs::create_dir_all(&dir).unwrap();
     run_record::start(dir.clone(), "hsa", "built-in", 1, Vec::new(), Vec::new());
     hsa_tool::set_collect_replay_records(true);
-    let stop = AtomicBool::new(false);
-    let mut failures = Vec::new();
-    std::thread::scope(|scope| {
+    let failures = fork_while(
+        40,
         // Another thread of the application, in and out of the record's locks all the time.
-        scope.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = run_record::file();
-                let _ = run_record::snapshot();
-                let _ = hsa_tool::take_replay_records();
-            }
-        });
-        for round in 0..40 {
-            // SAFETY: the child only calls kreplay and leaves with _exit.
-            let pid = unsafe { fork() };
-            if pid == 0 {
-                // What the exit handler does, then the record and the replay records read.
-                run_record::write();
-                let ok = run_record::snapshot().is_some() && run_record::file().is_some();
-                let _ = hsa_tool::take_replay_records();
-                // SAFETY: leaves the child at once.
-                unsafe { _exit(if ok { 0 } else { 1 }) };
-            }
-            assert!(pid > 0, "fork failed");
-            match wait_child(pid, Duration::from_secs(10)) {
-                Some(0) => {}
-                other => {
-                    failures.push(format!(
-                        "fork {round}: the child ended with {other:?} (None: hung)"
-                    ));
-                    break;
-                }
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-    });
+        || {
+            let _ = run_record::file();
+            let _ = run_record::snapshot();
+            let _ = hsa_tool::take_replay_records();
+        },
+        || {
+            // What the exit handler does, then the record and the replay records read.
+            run_record::write();
+            let ok = run_record::snapshot().is_some() && run_record::file().is_some();
+            let _ = hsa_tool::take_replay_records();
+            ok
+        },
+    );
     // The children wrote nothing: the one record file is the parent's.
     let files = std::fs::read_dir(&dir).unwrap().count();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -10,13 +10,11 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use kreplay_ctxmask::ContextRegistry;
 use kreplay_drain::DrainConfig;
-use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
-use kreplay_passloop::{DispatchInfo, ReplayRecord, ReplayTool};
+use kreplay_hsa::InstallOptions;
 use kreplay_softhsa::WorkGroup;
 use support::app::{self, App, Aql, Pools, Ptr, WAIT};
-use support::tool::TestHooks;
+use support::tool::{Wrap, Wrapped};
 
 /// Runs of `add_one` per tag.
 static RUNS: [AtomicU32; 8] = [const { AtomicU32::new(0) }; 8];
@@ -54,30 +52,14 @@ enum PanicAt {
     Enter,
 }
 
-/// [`TestHooks`] whose `dispatch_enqueue` panics once while armed.
+/// `dispatch_enqueue` panics once while armed.
 struct Panicking {
-    inner: Arc<TestHooks>,
     at: PanicAt,
     armed: AtomicBool,
 }
 
-impl ToolHooks for Panicking {
-    fn replay_configured(&self) -> bool {
-        self.inner.replay_configured()
-    }
-    fn dispatch_tracing_configured(&self) -> bool {
-        self.inner.dispatch_tracing_configured()
-    }
-    fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
-        self.inner.replay_tool()
-    }
-    fn contexts(&self) -> &ContextRegistry {
-        self.inner.contexts()
-    }
-    fn dispatch_completed(&self, record: &DispatchRecord) {
-        self.inner.dispatch_completed(record)
-    }
-    fn dispatch_enqueue(&self, _: &[DispatchInfo], _: Option<u64>, submit: &mut dyn FnMut()) {
+impl Wrap for Panicking {
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
         let panics = self.armed.swap(false, Ordering::SeqCst);
         if panics && self.at == PanicAt::Enter {
             panic!("the tool layer fails before ENQUEUE");
@@ -87,29 +69,22 @@ impl ToolHooks for Panicking {
             panic!("the tool layer fails in ENQUEUE EXIT");
         }
     }
-    fn replay_finished(&self, record: &ReplayRecord) {
-        self.inner.replay_finished(record)
-    }
-    fn warn(&self, message: &str) {
-        self.inner.warn(message)
-    }
-    fn warn_once(&self, key: &'static str, message: &str) {
-        self.inner.warn_once(key, message)
-    }
 }
 
 struct Env {
     app: App,
-    hooks: Arc<Panicking>,
+    hooks: Arc<Wrapped<Panicking>>,
     pools: Pools,
 }
 
 fn setup(at: PanicAt) -> Env {
-    let hooks = Arc::new(Panicking {
-        inner: TestHooks::new(1),
-        at,
-        armed: AtomicBool::new(false),
-    });
+    let hooks = Wrapped::new(
+        1,
+        Panicking {
+            at,
+            armed: AtomicBool::new(false),
+        },
+    );
     let app = app::install(
         hooks.clone(),
         InstallOptions {
@@ -146,7 +121,7 @@ impl Env {
         let packets: Vec<Aql> = (0..3)
             .map(|i| self.add(bufs[i], i as u32 + 1, done[i]))
             .collect();
-        self.hooks.armed.store(true, Ordering::SeqCst);
+        self.hooks.wrap.armed.store(true, Ordering::SeqCst);
         self.app.submit(q, &packets);
         for &d in &done {
             assert_eq!(self.app.wait_zero(d), 0, "each completion fires");

@@ -11,12 +11,13 @@
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kreplay_hsa::InstallOptions;
 use support::app::{self, Aql};
 use support::counted::{AddOneArgs, add_one};
 use support::tool::{Script, TestHooks};
+use support::wait_child;
 
 static HELD: AtomicBool = AtomicBool::new(false);
 static RELEASE: AtomicBool = AtomicBool::new(false);
@@ -30,33 +31,6 @@ fn values(len: u32) -> Vec<u32> {
 
 fn plus_one(v: &[u32]) -> Vec<u32> {
     v.iter().map(|x| x + 1).collect()
-}
-
-/// Waits for process `pid` at most `limit`; kills it when it is still running then. Returns
-/// its exit status, or `None` when it had to be killed.
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        // SAFETY: `pid` is a child of this process; `status` is a valid out pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            return Some(if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                -libc::WTERMSIG(status)
-            });
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: ends the child we started; reaped right after.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
 }
 
 scenarios! {

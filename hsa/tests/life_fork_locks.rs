@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 
 use hsa_sys::layouts::AmdExtTableV2;
 use hsa_sys::*;
-use kreplay_ctxmask::ContextRegistry;
 use kreplay_hsa::{DispatchRecord, InstallOptions, ToolHooks};
-use kreplay_passloop::{DispatchInfo, ReplayOutcome, ReplayRecord, ReplayTool};
+use kreplay_passloop::ReplayOutcome;
 use kreplay_softhsa::{OwnedApiTable, TableLayout};
 use support::app::{self, App, Aql};
 use support::counted::{AddOneArgs, add_one};
-use support::tool::{Script, TestHooks};
+use support::tool::{Script, TestHooks, Wrap, Wrapped};
+use support::wait_child;
 
 const LEN: u32 = 256;
 /// What a child dispatches: one work-group.
@@ -41,32 +41,6 @@ fn plus_one(v: &[u32]) -> Vec<u32> {
     v.iter().map(|x| x + 1).collect()
 }
 
-/// Waits for process `pid` at most `limit`; kills it when it is still running then. Returns
-/// its exit status, or `None` when it had to be killed.
-fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        // SAFETY: `pid` is a child of this process; `status` is a valid out pointer.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            return Some(if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                -libc::WTERMSIG(status)
-            });
-        }
-        if Instant::now() >= deadline {
-            // SAFETY: ends the child we started; reaped right after.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
-
 /// Forks; the child runs `child` (its exit code; a panic is 100) and leaves with `_exit`.
 /// Returns the child's pid in the parent.
 fn fork_running(child: impl FnOnce() -> i32) -> libc::pid_t {
@@ -79,6 +53,35 @@ fn fork_running(child: impl FnOnce() -> i32) -> libc::pid_t {
         unsafe { libc::_exit(code) };
     }
     pid
+}
+
+/// Forks 100 times while another thread runs `churn` over and over, each child running
+/// `child` ([`fork_running`]) and waited for at most 10 s; asserts that every child ended with
+/// 0 (the forks stop at the first that did not).
+fn fork_while(churn: impl Fn() + Sync, child: impl Fn() -> i32) {
+    let stop = AtomicBool::new(false);
+    let mut failures = Vec::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                churn();
+            }
+        });
+        for round in 0..100 {
+            let pid = fork_running(&child);
+            match wait_child(pid, Duration::from_secs(10)) {
+                Some(0) => {}
+                other => {
+                    failures.push(format!(
+                        "fork {round}: the child ended with {other:?} (None: hung)"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// What every child does, as an application would after a fork: a queue of its own with
@@ -373,34 +376,15 @@ scenarios! {
         // No queue of the parent's: softhsa's threads for one, starting up, may hold softhsa's
         // own locks at the first fork (softhsa takes no fork handlers).
         let kernel = kreplay_softhsa::register_kernel("life_fork_locks_add_one", add_one);
-        let stop = AtomicBool::new(false);
-        let mut failures = Vec::new();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: a zero handle and a null queue: both refused (by the runtime's
-                    // stand-ins), after kreplay looked them up in its lists.
-                    unsafe {
-                        destroy(hsa_signal_t { handle: 0 });
-                        profile(std::ptr::null_mut(), 0);
-                    }
-                }
-            });
-            for round in 0..100 {
-                let pid = fork_running(|| use_hsa(app, kernel));
-                match wait_child(pid, Duration::from_secs(10)) {
-                    Some(0) => {}
-                    other => {
-                        failures.push(format!(
-                            "fork {round}: the child ended with {other:?} (None: hung)"
-                        ));
-                        break;
-                    }
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        assert!(failures.is_empty(), "{failures:#?}");
+        fork_while(
+            // SAFETY: a zero handle and a null queue: both refused (by the runtime's
+            // stand-ins), after kreplay looked them up in its lists.
+            || unsafe {
+                destroy(hsa_signal_t { handle: 0 });
+                profile(std::ptr::null_mut(), 0);
+            },
+            || use_hsa(app, kernel),
+        );
     }
 
     /// A replay drains the other queue of its agent: it asks that queue for a drain marker and
@@ -523,38 +507,19 @@ scenarios! {
         let [gpu0, gpu1] = app.gpus;
         let pools = app.pools(gpu0);
         let allow = app.amd().hsa_amd_agents_allow_access_fn.expect("allow access");
-        let stop = AtomicBool::new(false);
-        let mut failures = Vec::new();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(kreplay_hsa::replay_group(gpu0.handle));
+        fork_while(
+            || {
+                std::hint::black_box(kreplay_hsa::replay_group(gpu0.handle));
+            },
+            || {
+                let buf = app.buffer(pools.coarse, &values(LEN));
+                // SAFETY: one agent handle; a buffer of this process.
+                if unsafe { allow(1, &gpu1, std::ptr::null(), buf.raw()) } != HSA_STATUS_SUCCESS {
+                    return 6;
                 }
-            });
-            for round in 0..100 {
-                let pid = fork_running(|| {
-                    let buf = app.buffer(pools.coarse, &values(LEN));
-                    // SAFETY: one agent handle; a buffer of this process.
-                    if unsafe { allow(1, &gpu1, std::ptr::null(), buf.raw()) }
-                        != HSA_STATUS_SUCCESS
-                    {
-                        return 6;
-                    }
-                    use_hsa(app, kernel)
-                });
-                match wait_child(pid, Duration::from_secs(10)) {
-                    Some(0) => {}
-                    other => {
-                        failures.push(format!(
-                            "fork {round}: the child ended with {other:?} (None: hung)"
-                        ));
-                        break;
-                    }
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        assert!(failures.is_empty(), "{failures:#?}");
+                use_hsa(app, kernel)
+            },
+        );
     }
 
     /// A tool forks from its ENQUEUE EXIT callback once the write's kernel finished, its COMPLETE
@@ -562,12 +527,14 @@ scenarios! {
     /// fork. In the child the callback returns and the held record must be delivered there, by a
     /// completion thread of the child's own: the parent's idle ones do not exist in it.
     fn a_child_forked_in_enqueue_exit_gets_its_held_completion_delivered() {
-        let hooks = Arc::new(Forking {
-            inner: TestHooks::new(1),
-            armed: AtomicBool::new(false),
-            completed: AtomicUsize::new(0),
-            first_waits: AtomicBool::new(true),
-        });
+        let hooks = Wrapped::new(
+            1,
+            Forking {
+                armed: AtomicBool::new(false),
+                completed: AtomicUsize::new(0),
+                first_waits: AtomicBool::new(true),
+            },
+        );
         let app = app::install(hooks.clone(), InstallOptions::default());
         let _ = APP.set(app);
         let pools = app.pools(app.gpus[0]);
@@ -580,7 +547,7 @@ scenarios! {
         let first = app.signal(1);
         app.dispatch(queue, Aql::dispatch(kernel, LEN, 64, kernarg, first));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while hooks.completed.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+        while hooks.wrap.completed.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
             std::thread::yield_now();
         }
         let second = app.signal(1);
@@ -594,7 +561,7 @@ scenarios! {
         assert_eq!(hooks.inner.records().len(), 2, "the two warm-up records");
 
         let third = app.signal(1);
-        hooks.armed.store(true, Ordering::SeqCst);
+        hooks.wrap.armed.store(true, Ordering::SeqCst);
         FORK_WAITS_FOR.store(third.handle as usize, Ordering::SeqCst);
         app.dispatch(queue, Aql::dispatch(kernel, LEN, 64, kernarg, third));
         if IN_CHILD.load(Ordering::SeqCst) {
@@ -633,30 +600,17 @@ static APP: OnceLock<App> = OnceLock::new();
 /// The application signal whose kernel the forking callback waits for before it forks.
 static FORK_WAITS_FOR: AtomicUsize = AtomicUsize::new(0);
 
-/// [`TestHooks`] whose ENQUEUE EXIT forks once (armed), after the write's kernel finished, and
-/// whose first COMPLETE waits for the second.
+/// ENQUEUE EXIT forks once (armed), after the write's kernel finished; the first COMPLETE
+/// waits for the second.
 struct Forking {
-    inner: Arc<TestHooks>,
     armed: AtomicBool,
     completed: AtomicUsize,
     first_waits: AtomicBool,
 }
 
-impl ToolHooks for Forking {
-    fn replay_configured(&self) -> bool {
-        self.inner.replay_configured()
-    }
-    fn dispatch_tracing_configured(&self) -> bool {
-        self.inner.dispatch_tracing_configured()
-    }
-    fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
-        self.inner.replay_tool()
-    }
-    fn contexts(&self) -> &ContextRegistry {
-        self.inner.contexts()
-    }
-    fn dispatch_completed(&self, record: &DispatchRecord) {
-        self.inner.dispatch_completed(record);
+impl Wrap for Forking {
+    fn dispatch_completed(&self, inner: &TestHooks, record: &DispatchRecord) {
+        inner.dispatch_completed(record);
         self.completed.fetch_add(1, Ordering::SeqCst);
         if self.first_waits.swap(false, Ordering::SeqCst) {
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -665,7 +619,7 @@ impl ToolHooks for Forking {
             }
         }
     }
-    fn dispatch_enqueue(&self, _: &[DispatchInfo], _: Option<u64>, submit: &mut dyn FnMut()) {
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
         submit();
         if self.armed.swap(false, Ordering::SeqCst) {
             // The kernel finishes (its COMPLETE is held until this callback returns) before the
@@ -687,14 +641,5 @@ impl ToolHooks for Forking {
                 CHILD.store(pid, Ordering::SeqCst);
             }
         }
-    }
-    fn replay_finished(&self, record: &ReplayRecord) {
-        self.inner.replay_finished(record)
-    }
-    fn warn(&self, message: &str) {
-        self.inner.warn(message)
-    }
-    fn warn_once(&self, key: &'static str, message: &str) {
-        self.inner.warn_once(key, message)
     }
 }

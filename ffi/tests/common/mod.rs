@@ -178,10 +178,118 @@ pub fn libkreplay() -> PathBuf {
     .expect("cargo builds libkreplay.so (the cdylib) beside this test binary")
 }
 
+/// `OnLoad` as libkreplay.so exports it (kreplay.h): the runtime's table, its version, the
+/// count and the names of the tools libraries it failed to load.
+pub type OnLoad = unsafe extern "C" fn(
+    *mut hsa_sys::HsaApiTable,
+    u64,
+    u64,
+    *const *const std::ffi::c_char,
+) -> bool;
+/// `OnUnload` as libkreplay.so exports it.
+pub type OnUnload = unsafe extern "C" fn();
+
+/// libkreplay.so loaded as a runtime loads a tools library, with its two entry points. They are
+/// valid while `library` stays loaded: keep this until after the last call.
+pub struct Libkreplay {
+    pub library: libloading::os::unix::Library,
+    pub on_load: OnLoad,
+    pub on_unload: OnUnload,
+}
+
+/// Loads this build's libkreplay.so ([`libkreplay`]) with the `dlopen` flags `flags`: as ROCm
+/// loads `HSA_TOOLS_LIB`, or `RTLD_NOW | RTLD_GLOBAL` so that the `kreplay_*` references of a
+/// C tool it loads resolve to it.
+pub fn load_libkreplay(flags: std::ffi::c_int) -> Libkreplay {
+    // SAFETY: libkreplay.so's initializers do nothing.
+    let library = unsafe { libloading::os::unix::Library::open(Some(libkreplay()), flags) }
+        .expect("load libkreplay.so");
+    // SAFETY: the entry points kreplay.h declares, with these signatures.
+    let (on_load, on_unload) = unsafe {
+        (
+            *library.get::<OnLoad>(b"OnLoad\0").expect("OnLoad exported"),
+            *library
+                .get::<OnUnload>(b"OnUnload\0")
+                .expect("OnUnload exported"),
+        )
+    };
+    Libkreplay {
+        library,
+        on_load,
+        on_unload,
+    }
+}
+
+pub mod outcomes_tool;
+
+/// A Rust tool, configured through `kreplay_force_configure(Some(finalizing_tool::configure))`,
+/// that keeps its client id and the client finalize function kreplay hands its initialize, so
+/// that a test can have it ask to be finalized.
+pub mod finalizing_tool {
+    use std::ffi::{c_char, c_int, c_void};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use kreplay::abi::{ClientFinalizeFn, ClientId, ToolConfigureResult};
+
+    /// The tool's client handle.
+    static HANDLE: AtomicU32 = AtomicU32::new(0);
+    /// The client finalize function kreplay handed the tool.
+    static FINALIZE: OnceLock<unsafe extern "C" fn(ClientId)> = OnceLock::new();
+
+    /// The tool's configure function.
+    pub unsafe extern "C" fn configure(
+        _: u32,
+        _: *const c_char,
+        _: u32,
+        client: *mut ClientId,
+    ) -> *mut ToolConfigureResult {
+        static mut RESULT: ToolConfigureResult = ToolConfigureResult {
+            size: size_of::<ToolConfigureResult>(),
+            initialize: Some(initialize),
+            finalize: None,
+            tool_data: std::ptr::null_mut(),
+        };
+        // SAFETY: kreplay passes a valid client id.
+        HANDLE.store(unsafe { (*client).handle }, Ordering::SeqCst);
+        &raw mut RESULT
+    }
+
+    unsafe extern "C" fn initialize(finalize: ClientFinalizeFn, _: *mut c_void) -> c_int {
+        if let Some(finalize) = finalize {
+            let _ = FINALIZE.set(finalize);
+        }
+        0
+    }
+
+    /// The tool's client handle (once configured).
+    pub fn handle() -> u32 {
+        HANDLE.load(Ordering::SeqCst)
+    }
+
+    /// The client finalize function kreplay handed the tool (once initialized).
+    pub fn finalize_fn() -> unsafe extern "C" fn(ClientId) {
+        *FINALIZE
+            .get()
+            .expect("the tool's initialize received a client finalize function")
+    }
+
+    /// The tool asks to be finalized, with its own client id.
+    pub fn ask_for_finalize() {
+        let client = ClientId {
+            name: std::ptr::null(),
+            handle: handle(),
+        };
+        // SAFETY: kreplay's client finalize function, with the tool's own client id.
+        unsafe { finalize_fn()(client) };
+    }
+}
+
 /// Forking inside a test process: `fork` and `_exit` for the child's side, and the child's end
 /// waited for with a limit.
 pub mod forked {
     use std::ffi::c_int;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
     unsafe extern "C" {
@@ -213,6 +321,67 @@ pub mod forked {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Forks `rounds` times while another thread of the process runs `churn` over and over
+    /// (each fork waits until that thread is at it: two more runs since the last fork). Each
+    /// child runs `child` and leaves with `_exit`: 0 when it returned true, 1 when false, 2 when
+    /// it panicked; it is waited for at most 10 s. Describes the child that did not end with 0
+    /// (the forks stop at the first), or the other thread stalling: none when all went well.
+    pub fn fork_while(
+        rounds: usize,
+        churn: impl Fn() + Sync,
+        child: impl Fn() -> bool,
+    ) -> Vec<String> {
+        let stop = AtomicBool::new(false);
+        let churned = AtomicU64::new(0);
+        let mut failures = Vec::new();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    churn();
+                    churned.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for round in 0..rounds {
+                let before = churned.load(Ordering::Relaxed);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while churned.load(Ordering::Relaxed) < before + 2 {
+                    if Instant::now() >= deadline {
+                        failures.push(format!("fork {round}: the other thread stalled"));
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                if !failures.is_empty() {
+                    break;
+                }
+                // SAFETY: the child runs `child`, which only calls kreplay, and leaves with _exit.
+                let pid = unsafe { fork() };
+                if pid == 0 {
+                    let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(&child))
+                    {
+                        Ok(true) => 0,
+                        Ok(false) => 1,
+                        Err(_) => 2,
+                    };
+                    // SAFETY: leaves the child at once.
+                    unsafe { _exit(code) };
+                }
+                assert!(pid > 0, "fork failed");
+                match wait_child(pid, Duration::from_secs(10)) {
+                    Some(0) => {}
+                    other => {
+                        failures.push(format!(
+                            "fork {round}: the child ended with {other:?} (None: hung)"
+                        ));
+                        break;
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        failures
     }
 }
 

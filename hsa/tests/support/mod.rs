@@ -245,6 +245,34 @@ pub fn wait_flag(flag: &AtomicBool) -> bool {
     true
 }
 
+/// Waits for child process `pid` at most `limit`, killing it when it is still running then.
+/// Returns its exit status (minus the signal's number when a signal ended it), or `None` when
+/// it had to be killed.
+#[allow(dead_code)] // for the scenario files that fork
+pub fn wait_child(pid: libc::pid_t, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: `pid` is a child of this process; `status` is a valid out pointer.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -libc::WTERMSIG(status)
+            });
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: ends the child we started; reaped right after.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
 /// Declares scenarios: each becomes a `#[test]` that runs its body in a process of its own.
 macro_rules! scenarios {
     ($( $(#[$meta:meta])* fn $name:ident() $body:block )*) => {

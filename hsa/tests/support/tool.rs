@@ -450,3 +450,68 @@ impl ReplayTool for Adapter<'_> {
         });
     }
 }
+
+/// What a test changes of [`TestHooks`] behind [`Wrapped`]: the tool layer's KERNEL_DISPATCH
+/// ENQUEUE (where [`TestHooks`] just submits) and COMPLETE (by default the wrapped
+/// [`TestHooks`]' own).
+#[allow(dead_code)] // for the scenario files whose tool layer does more than TestHooks
+pub trait Wrap: Send + Sync + 'static {
+    /// [`ToolHooks::dispatch_enqueue`]: `submit` writes the packets to the hardware queue.
+    fn dispatch_enqueue(&self, submit: &mut dyn FnMut()) {
+        submit()
+    }
+
+    /// [`ToolHooks::dispatch_completed`].
+    fn dispatch_completed(&self, inner: &TestHooks, record: &DispatchRecord) {
+        inner.dispatch_completed(record)
+    }
+}
+
+/// [`TestHooks`] (`inner`) with its ENQUEUE and COMPLETE as `wrap` changes them; everything
+/// else is `inner`'s.
+#[allow(dead_code)] // for the scenario files whose tool layer does more than TestHooks
+pub struct Wrapped<W> {
+    pub inner: Arc<TestHooks>,
+    pub wrap: W,
+}
+
+#[allow(dead_code)] // for the scenario files whose tool layer does more than TestHooks
+impl<W: Wrap> Wrapped<W> {
+    /// A new [`TestHooks`] with `tracing_contexts` tracing contexts, wrapped by `wrap`.
+    pub fn new(tracing_contexts: usize, wrap: W) -> Arc<Self> {
+        Arc::new(Wrapped {
+            inner: TestHooks::new(tracing_contexts),
+            wrap,
+        })
+    }
+}
+
+impl<W: Wrap> ToolHooks for Wrapped<W> {
+    fn replay_configured(&self) -> bool {
+        self.inner.replay_configured()
+    }
+    fn dispatch_tracing_configured(&self) -> bool {
+        self.inner.dispatch_tracing_configured()
+    }
+    fn replay_tool(&self) -> Box<dyn ReplayTool + '_> {
+        self.inner.replay_tool()
+    }
+    fn contexts(&self) -> &ContextRegistry {
+        self.inner.contexts()
+    }
+    fn dispatch_completed(&self, record: &DispatchRecord) {
+        self.wrap.dispatch_completed(&self.inner, record)
+    }
+    fn dispatch_enqueue(&self, _: &[DispatchInfo], _: Option<u64>, submit: &mut dyn FnMut()) {
+        self.wrap.dispatch_enqueue(submit)
+    }
+    fn replay_finished(&self, record: &ReplayRecord) {
+        self.inner.replay_finished(record)
+    }
+    fn warn(&self, message: &str) {
+        self.inner.warn(message)
+    }
+    fn warn_once(&self, key: &'static str, message: &str) {
+        self.inner.warn_once(key, message)
+    }
+}
