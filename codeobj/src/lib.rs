@@ -15,7 +15,8 @@
 //!
 //! A kernel with one of them may print, call the host or allocate on every run: replayed, it
 //! would do so once per pass, which the application sees. [`kernels`] reads these facts from
-//! code object bytes; [`write`] builds such code objects (for tests and the software runtime).
+//! code object bytes; [`write`](mod@write) builds such code objects (for tests and the software
+//! runtime).
 //!
 //! Only what is needed is read, with every offset and length checked: truncated or hostile
 //! bytes give an [`Error`], never a panic or a read out of bounds. The crate has no
