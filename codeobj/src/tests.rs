@@ -1,4 +1,4 @@
-use super::write::{KernelMeta, amdgpu_elf, metadata};
+use super::write::{KernelMeta, amdgpu_elf, metadata, note};
 use super::*;
 
 fn sample() -> Vec<u8> {
@@ -258,24 +258,6 @@ fn metadata_in_a_section_is_found_when_the_segments_hold_only_other_notes() {
     assert_eq!(kernels(&b), Ok(Some(expected())));
 }
 
-/// The bytes of one note (4-byte padding).
-fn raw_note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
-    let mut n = Vec::new();
-    n.extend_from_slice(&(owner.len() as u32 + 1).to_le_bytes());
-    n.extend_from_slice(&(desc.len() as u32).to_le_bytes());
-    n.extend_from_slice(&kind.to_le_bytes());
-    n.extend_from_slice(owner);
-    n.push(0);
-    while n.len() % 4 != 0 {
-        n.push(0);
-    }
-    n.extend_from_slice(desc);
-    while n.len() % 4 != 0 {
-        n.push(0);
-    }
-    n
-}
-
 /// A code object linked from several objects has one metadata note per object (the linker
 /// puts their `.note` sections end to end), each listing its own kernels. Only the first was
 /// read: a printing kernel listed in another note was replayed, printing once per pass. The
@@ -284,7 +266,7 @@ fn raw_note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
 fn kernels_of_every_metadata_note_are_read() {
     let mut b = sample();
     let first = b[note_range(&b)].to_vec();
-    let second = raw_note(
+    let second = note(
         NOTE_OWNER,
         NT_AMDGPU_METADATA,
         &metadata(&[KernelMeta::new("later", 8, &[HIDDEN_PRINTF_BUFFER])]),

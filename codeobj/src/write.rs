@@ -100,7 +100,8 @@ fn pad(out: &mut Vec<u8>, align: usize) {
     }
 }
 
-fn note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
+/// The bytes of one ELF note: `owner` (NUL-terminated) and `desc`, each padded to 4 bytes.
+pub fn note(owner: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
     let mut n = Vec::new();
     n.extend_from_slice(&(owner.len() as u32 + 1).to_le_bytes());
     n.extend_from_slice(&(desc.len() as u32).to_le_bytes());
